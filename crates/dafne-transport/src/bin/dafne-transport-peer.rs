@@ -1,0 +1,186 @@
+//! A dafne transport peer for tests and benchmarks: `serve` runs the
+//! reference service; `hammer` is a client that keeps large transfers in
+//! flight (to be killed mid-transfer by a test); `garbage` sends malformed
+//! frames at a server.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use clap::{Parser, Subcommand};
+use dafne_transport::testsvc::{self, SegDesc};
+use dafne_transport::{Access, Client, Region, Runtime, RuntimeOptions};
+
+#[derive(Parser)]
+#[command(about = "dafne transport peer (tests and benchmarks)")]
+struct Cli {
+    /// UCX overrides as KEY=VALUE (UCX_ prefix optional), repeatable.
+    #[arg(long = "ucx", value_name = "KEY=VALUE")]
+    ucx: Vec<String>,
+    /// Busy-poll window after activity, microseconds.
+    #[arg(long, default_value_t = 50)]
+    spin_us: u64,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Serve the reference service; prints `listening on ADDR` when ready.
+    Serve {
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: SocketAddr,
+        /// Credits granted per connection.
+        #[arg(long, default_value_t = 64)]
+        credits: u32,
+    },
+    /// Keep 16 MiB server puts in flight forever (prints `hammering` once going).
+    Hammer {
+        #[arg(long)]
+        connect: SocketAddr,
+    },
+    /// Send malformed frames over raw UCX endpoints, then exit.
+    Garbage {
+        #[arg(long)]
+        connect: SocketAddr,
+    },
+}
+
+fn ucx_overrides(v: &[String]) -> Result<Vec<(String, String)>> {
+    v.iter()
+        .map(|kv| {
+            let (k, val) = kv
+                .split_once('=')
+                .with_context(|| format!("--ucx {kv}: expected KEY=VALUE, e.g. TLS=tcp"))?;
+            Ok((k.trim_start_matches("UCX_").to_string(), val.to_string()))
+        })
+        .collect()
+}
+
+fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_env("DAFNE_LOG"))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let opts = RuntimeOptions {
+        name: "peer".into(),
+        ucx_config: ucx_overrides(&cli.ucx)?,
+        spin: Duration::from_micros(cli.spin_us),
+        ..Default::default()
+    };
+    match cli.cmd {
+        Cmd::Serve { listen, credits } => {
+            let rt = Runtime::new(RuntimeOptions { credits, ..opts })?;
+            let addr = testsvc::serve(&rt, listen)?;
+            println!("listening on {addr}");
+            // Serve until killed or stdin closes.
+            let mut sink = String::new();
+            while std::io::stdin()
+                .read_line(&mut sink)
+                .map(|n| n > 0)
+                .unwrap_or(false)
+            {
+                sink.clear();
+            }
+            std::thread::sleep(Duration::from_secs(u64::MAX / 4));
+            Ok(())
+        }
+        Cmd::Hammer { connect } => {
+            let rt = Runtime::new(opts)?;
+            let client = Client::connect(&rt, connect)?;
+            let regions: Vec<Region> = (0..4)
+                .map(|_| {
+                    Region::allocate(client.context(), testsvc::SLOT_SIZE, Access::RemoteWrite)
+                })
+                .collect::<Result<_, _>>()?;
+            let reqs: Vec<Vec<u8>> = regions
+                .iter()
+                .map(|r| {
+                    let seg = SegDesc {
+                        addr: r.addr(),
+                        len: r.len() as u64,
+                        key: r.pack_key().unwrap_or_default(),
+                    };
+                    testsvc::encode_rma(testsvc::OP_PUT, 0, 0, &[seg])
+                })
+                .collect();
+            let mut first = true;
+            loop {
+                let futs: Vec<_> = reqs.iter().map(|r| client.call_async(r.clone())).collect();
+                if first {
+                    println!("hammering");
+                    first = false;
+                }
+                for f in futs {
+                    futures::executor::block_on(f)?;
+                }
+            }
+        }
+        Cmd::Garbage { connect } => garbage(connect, opts),
+    }
+}
+
+/// Malformed traffic that bypasses the transport's encoder: raw frames with
+/// bad magic, wrong versions, lying lengths, unknown connections, and raw
+/// bytes, sent on a UCX endpoint to the server's listener.
+fn garbage(connect: SocketAddr, opts: RuntimeOptions) -> Result<()> {
+    use dafne_transport::frame::{FrameHeader, FrameKind, AM_ID};
+    let ctx = dafne_ucx::Context::new(&dafne_ucx::ContextOptions {
+        name: "garbage".into(),
+        config: opts.ucx_config,
+    })?;
+    let worker = dafne_ucx::Worker::new(&ctx)?;
+    let ep = worker.connect_sockaddr(connect)?;
+    let good = |k: FrameKind| {
+        let mut h = FrameHeader::new(k);
+        h.conn_id = 1;
+        h.token = 12345;
+        h
+    };
+    let mut frames: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+    let mut bad_magic = good(FrameKind::Request).encode().to_vec();
+    bad_magic[0] ^= 0xff;
+    frames.push((bad_magic, vec![1, 2, 3]));
+    let mut bad_version = good(FrameKind::Request).encode().to_vec();
+    bad_version[2] = 99;
+    frames.push((bad_version, vec![]));
+    frames.push((good(FrameKind::Request).encode()[..20].to_vec(), vec![])); // truncated header
+    frames.push((vec![], vec![0xAB; 64])); // no header at all
+    let mut lying = good(FrameKind::Request);
+    lying.payload_len = 1_000_000;
+    frames.push((lying.encode().to_vec(), vec![0; 10])); // announced length lies
+    let mut unknown = good(FrameKind::Request);
+    unknown.payload_len = 4;
+    frames.push((unknown.encode().to_vec(), vec![1, 2, 3, 4])); // unknown connection
+    let mut hello = good(FrameKind::Hello);
+    hello.payload_len = 7;
+    frames.push((hello.encode().to_vec(), vec![9; 7])); // hello without reply endpoint, garbage body
+    let mut x: u64 = 0x1234_5678;
+    for _ in 0..50 {
+        let hdr: Vec<u8> = (0..40)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        frames.push((hdr, vec![x as u8; (x % 300) as usize]));
+    }
+    // An oversized rendezvous payload with a valid-looking header.
+    let mut big = good(FrameKind::Request);
+    big.payload_len = 32 << 20;
+    frames.push((big.encode().to_vec(), vec![0x5A; 32 << 20]));
+    let mut ops = Vec::new();
+    for (h, p) in frames {
+        ops.push(ep.am_send(AM_ID, h.clone(), p.clone(), false)?);
+        ops.push(ep.am_send(AM_ID, h, p, true)?);
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while ops.iter().any(|o| o.poll_done().is_none()) && std::time::Instant::now() < deadline {
+        worker.progress();
+    }
+    println!("sent {} malformed frames", ops.len());
+    Ok(())
+}

@@ -1,0 +1,550 @@
+//! The client half of a connection: handshake, calls with credits,
+//! keepalive, failure of everything pending when the peer dies.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dafne_ucx::{Context, Endpoint, ErrMode};
+use futures::channel::oneshot;
+
+use crate::error::{Result, TransportError};
+use crate::frame::{FrameHeader, FrameKind, Hello, TransportStatus, Welcome, AM_ID};
+use crate::runtime::{random_u64, DataPath, Inbound, Local, Runtime, Shared};
+use crate::stats::TransportStats;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Connecting,
+    Ready,
+    Dead,
+}
+
+struct Pending {
+    tx: oneshot::Sender<Result<Vec<u8>>>,
+    deadline: Instant,
+}
+
+struct ClientConn {
+    addr: SocketAddr,
+    ctrl: RefCell<Option<Endpoint>>,
+    data: RefCell<Option<Endpoint>>,
+    conn_id: Cell<u32>,
+    token: Cell<u64>,
+    nonce: u64,
+    granted: Cell<u32>,
+    credits: Cell<u32>,
+    max_request: Cell<usize>,
+    queue: RefCell<VecDeque<(u64, Vec<u8>)>>,
+    pending: RefCell<HashMap<u64, Pending>>,
+    next_corr: Cell<u64>,
+    state: Cell<State>,
+    failure: RefCell<Option<TransportError>>,
+    ready_tx: RefCell<Option<oneshot::Sender<Result<()>>>>,
+    connect_deadline: Instant,
+    last_heard: Cell<Instant>,
+    last_ping: Cell<Instant>,
+}
+
+/// The client connections of one runtime (lives on the loop thread).
+#[derive(Default)]
+pub(crate) struct ClientSide {
+    conns: RefCell<HashMap<u64, Rc<ClientConn>>>,
+    by_nonce: RefCell<HashMap<u64, u64>>,
+    by_token: RefCell<HashMap<u64, u64>>,
+    by_ep: RefCell<HashMap<usize, u64>>,
+    next_id: Cell<u64>,
+}
+
+impl ClientSide {
+    fn get(l: &Local, id: u64) -> Option<Rc<ClientConn>> {
+        l.client.conns.borrow().get(&id).cloned()
+    }
+
+    fn connect(l: &Rc<Local>, addr: SocketAddr, ready: oneshot::Sender<Result<()>>) -> u64 {
+        let cs = &l.client;
+        let id = cs.next_id.get() + 1;
+        cs.next_id.set(id);
+        let now = Instant::now();
+        let conn = Rc::new(ClientConn {
+            addr,
+            ctrl: RefCell::new(None),
+            data: RefCell::new(None),
+            conn_id: Cell::new(0),
+            token: Cell::new(0),
+            nonce: random_u64(),
+            granted: Cell::new(0),
+            credits: Cell::new(0),
+            max_request: Cell::new(l.options().max_request),
+            queue: RefCell::new(VecDeque::new()),
+            pending: RefCell::new(HashMap::new()),
+            next_corr: Cell::new(1),
+            state: Cell::new(State::Connecting),
+            failure: RefCell::new(None),
+            ready_tx: RefCell::new(Some(ready)),
+            connect_deadline: now + l.options().connect_timeout,
+            last_heard: Cell::new(now),
+            last_ping: Cell::new(now),
+        });
+        cs.conns.borrow_mut().insert(id, conn.clone());
+        let ctrl = match l.worker.connect_sockaddr(addr) {
+            Ok(ep) => ep,
+            Err(e) => {
+                Self::fail(
+                    l,
+                    id,
+                    TransportError::Unreachable {
+                        addr,
+                        reason: e.to_string(),
+                    },
+                );
+                return id;
+            }
+        };
+        l.watch_failure(&ctrl);
+        cs.by_ep.borrow_mut().insert(ctrl.id(), id);
+        cs.by_nonce.borrow_mut().insert(conn.nonce, id);
+        let hello = Hello {
+            host_id: l.shared.host_id,
+            worker_address: match l.worker.address() {
+                Ok(a) => a,
+                Err(e) => {
+                    Self::fail(l, id, e.into());
+                    return id;
+                }
+            },
+        }
+        .encode();
+        let mut h = FrameHeader::new(FrameKind::Hello);
+        h.corr = conn.nonce;
+        h.payload_len = hello.len() as u32;
+        let sent = ctrl.am_send(AM_ID, h.encode().to_vec(), hello, true);
+        *conn.ctrl.borrow_mut() = Some(ctrl);
+        if let Err(e) = sent {
+            Self::fail(
+                l,
+                id,
+                TransportError::Unreachable {
+                    addr,
+                    reason: e.to_string(),
+                },
+            );
+        }
+        id
+    }
+
+    pub(crate) fn on_frame(l: &Rc<Local>, m: Inbound) {
+        let cs = &l.client;
+        let id = match m.hdr.kind {
+            FrameKind::Welcome => cs.by_nonce.borrow().get(&m.hdr.corr).copied(),
+            _ => cs.by_token.borrow().get(&m.hdr.token).copied(),
+        };
+        let Some(conn) = id.and_then(|id| Self::get(l, id)) else {
+            TransportStats::inc(&l.stats().malformed_frames);
+            tracing::debug!("client: {:?} frame for no known connection", m.hdr.kind);
+            return;
+        };
+        let id = id.unwrap_or_default();
+        conn.last_heard.set(Instant::now());
+        match m.hdr.kind {
+            FrameKind::Welcome => Self::on_welcome(l, id, &conn, &m),
+            FrameKind::Reply => {
+                TransportStats::inc(&l.stats().replies_received);
+                // A reply returns credits; never beyond what was granted.
+                let c = (conn.credits.get() + m.hdr.credits).min(conn.granted.get());
+                conn.credits.set(c);
+                let p = conn.pending.borrow_mut().remove(&m.hdr.corr);
+                if let Some(p) = p {
+                    let r = match TransportStatus::from_i32(m.hdr.status) {
+                        Some(TransportStatus::Ok) => Ok(m.payload),
+                        Some(s) => Err(TransportError::Rejected(s)),
+                        None => Err(TransportError::Protocol(format!(
+                            "unknown transport status {}",
+                            m.hdr.status
+                        ))),
+                    };
+                    let _ = p.tx.send(r);
+                }
+                Self::pump(l, &conn);
+            }
+            FrameKind::Pong => {}
+            _ => TransportStats::inc(&l.stats().malformed_frames),
+        }
+    }
+
+    fn on_welcome(l: &Rc<Local>, id: u64, conn: &Rc<ClientConn>, m: &Inbound) {
+        if conn.state.get() != State::Connecting {
+            TransportStats::inc(&l.stats().malformed_frames);
+            return;
+        }
+        let w = match Welcome::decode(&m.payload) {
+            Ok(w) => w,
+            Err(e) => {
+                return Self::fail(l, id, TransportError::Protocol(format!("bad welcome: {e}")))
+            }
+        };
+        if m.hdr.credits == 0 || m.hdr.token == 0 {
+            return Self::fail(
+                l,
+                id,
+                TransportError::Protocol("welcome granted no credit or no token".into()),
+            );
+        }
+        let mode = match l.options().data_path {
+            DataPath::Auto if w.host_id == l.shared.host_id && w.host_id != [0; 16] => {
+                ErrMode::None
+            }
+            DataPath::Auto => ErrMode::Peer,
+            DataPath::NoErrorHandling => ErrMode::None,
+            DataPath::PeerErrorHandling => ErrMode::Peer,
+        };
+        let data = match l.worker.connect_address(&w.worker_address, mode) {
+            Ok(ep) => ep,
+            Err(e) => {
+                return Self::fail(
+                    l,
+                    id,
+                    TransportError::Protocol(format!("data endpoint: {e}")),
+                )
+            }
+        };
+        if mode == ErrMode::Peer {
+            l.watch_failure(&data);
+            l.client.by_ep.borrow_mut().insert(data.id(), id);
+        }
+        *conn.data.borrow_mut() = Some(data);
+        conn.conn_id.set(m.hdr.conn_id);
+        conn.token.set(m.hdr.token);
+        let granted = m.hdr.credits.min(4096);
+        conn.granted.set(granted);
+        conn.credits.set(granted);
+        conn.max_request
+            .set(conn.max_request.get().min(w.max_request as usize));
+        conn.state.set(State::Ready);
+        l.client.by_nonce.borrow_mut().remove(&conn.nonce);
+        l.client.by_token.borrow_mut().insert(m.hdr.token, id);
+        if let Some(tx) = conn.ready_tx.borrow_mut().take() {
+            let _ = tx.send(Ok(()));
+        }
+        Self::pump(l, conn);
+    }
+
+    fn call(l: &Rc<Local>, id: u64, payload: Vec<u8>, tx: oneshot::Sender<Result<Vec<u8>>>) {
+        let Some(conn) = Self::get(l, id) else {
+            let _ = tx.send(Err(TransportError::Shutdown));
+            return;
+        };
+        if conn.state.get() == State::Dead {
+            let e = conn
+                .failure
+                .borrow()
+                .clone()
+                .unwrap_or(TransportError::Shutdown);
+            let _ = tx.send(Err(e));
+            return;
+        }
+        if payload.len() > conn.max_request.get() {
+            let _ = tx.send(Err(TransportError::TooLarge {
+                len: payload.len(),
+                limit: conn.max_request.get(),
+            }));
+            return;
+        }
+        let corr = conn.next_corr.get();
+        conn.next_corr.set(corr + 1);
+        let deadline = Instant::now() + l.options().call_timeout;
+        conn.pending
+            .borrow_mut()
+            .insert(corr, Pending { tx, deadline });
+        if conn.credits.get() == 0 {
+            TransportStats::inc(&l.stats().credit_waits);
+        }
+        conn.queue.borrow_mut().push_back((corr, payload));
+        Self::pump(l, &conn);
+    }
+
+    /// Sends queued requests while credits last.
+    fn pump(l: &Rc<Local>, conn: &Rc<ClientConn>) {
+        if conn.state.get() != State::Ready {
+            return;
+        }
+        while conn.credits.get() > 0 {
+            let Some((corr, payload)) = conn.queue.borrow_mut().pop_front() else {
+                break;
+            };
+            if !conn.pending.borrow().contains_key(&corr) {
+                continue; // timed out while queued
+            }
+            conn.credits.set(conn.credits.get() - 1);
+            let mut h = FrameHeader::new(FrameKind::Request);
+            h.conn_id = conn.conn_id.get();
+            h.token = conn.token.get();
+            h.corr = corr;
+            h.payload_len = payload.len() as u32;
+            let r = match &*conn.data.borrow() {
+                Some(ep) => ep
+                    .am_send(AM_ID, h.encode().to_vec(), payload, false)
+                    .map(|_| ()),
+                None => Err(dafne_ucx::Error::Invalid {
+                    op: "send",
+                    reason: "no data endpoint".into(),
+                }),
+            };
+            TransportStats::inc(&l.stats().requests_sent);
+            if let Err(e) = r {
+                conn.credits.set(conn.credits.get() + 1);
+                if let Some(p) = conn.pending.borrow_mut().remove(&corr) {
+                    let _ = p.tx.send(Err(e.into()));
+                }
+            }
+        }
+    }
+
+    pub(crate) fn housekeeping(l: &Rc<Local>, now: Instant) {
+        let conns: Vec<(u64, Rc<ClientConn>)> = l
+            .client
+            .conns
+            .borrow()
+            .iter()
+            .map(|(k, v)| (*k, v.clone()))
+            .collect();
+        let ka = l.options().keepalive;
+        for (id, c) in conns {
+            match c.state.get() {
+                State::Dead => continue,
+                State::Connecting if now > c.connect_deadline => {
+                    Self::fail(
+                        l,
+                        id,
+                        TransportError::Unreachable {
+                            addr: c.addr,
+                            reason: format!("no answer within {:?}", l.options().connect_timeout),
+                        },
+                    );
+                    continue;
+                }
+                State::Connecting => {}
+                State::Ready => {
+                    if now.duration_since(c.last_ping.get()) >= ka {
+                        c.last_ping.set(now);
+                        let mut h = FrameHeader::new(FrameKind::Ping);
+                        h.conn_id = c.conn_id.get();
+                        h.token = c.token.get();
+                        if let Some(ep) = &*c.ctrl.borrow() {
+                            let _ = ep.am_send(AM_ID, h.encode().to_vec(), Vec::new(), false);
+                        }
+                    }
+                    let silence = now.duration_since(c.last_heard.get());
+                    if silence > ka * l.options().keepalive_misses {
+                        Self::fail(
+                            l,
+                            id,
+                            TransportError::PeerFailed {
+                                peer: c.addr.to_string(),
+                                reason: format!("no keepalive answer for {silence:?}"),
+                            },
+                        );
+                        continue;
+                    }
+                }
+            }
+            let expired: Vec<u64> = c
+                .pending
+                .borrow()
+                .iter()
+                .filter(|(_, p)| p.deadline <= now)
+                .map(|(k, _)| *k)
+                .collect();
+            for corr in expired {
+                if let Some(p) = c.pending.borrow_mut().remove(&corr) {
+                    TransportStats::inc(&l.stats().call_timeouts);
+                    let _ = p.tx.send(Err(TransportError::TimedOut {
+                        what: "call",
+                        after: l.options().call_timeout,
+                    }));
+                }
+            }
+        }
+    }
+
+    pub(crate) fn on_ep_failed(l: &Rc<Local>, ep_id: usize) {
+        let id = l.client.by_ep.borrow_mut().remove(&ep_id);
+        if let Some(id) = id {
+            let Some(c) = Self::get(l, id) else { return };
+            let err = if c.state.get() == State::Connecting {
+                TransportError::Unreachable {
+                    addr: c.addr,
+                    reason: "connection refused or reset".into(),
+                }
+            } else {
+                TransportError::PeerFailed {
+                    peer: c.addr.to_string(),
+                    reason: "the peer closed or crashed".into(),
+                }
+            };
+            Self::fail(l, id, err);
+        }
+    }
+
+    /// Marks a connection dead and fails everything that waits on it.
+    fn fail(l: &Rc<Local>, id: u64, err: TransportError) {
+        let Some(c) = Self::get(l, id) else { return };
+        if c.state.get() == State::Dead {
+            return;
+        }
+        if c.state.get() == State::Ready {
+            TransportStats::inc(&l.stats().peer_failures);
+        }
+        tracing::debug!("client connection to {} failed: {err}", c.addr);
+        c.state.set(State::Dead);
+        *c.failure.borrow_mut() = Some(err.clone());
+        if let Some(tx) = c.ready_tx.borrow_mut().take() {
+            let _ = tx.send(Err(err.clone()));
+        }
+        for (_, p) in c.pending.borrow_mut().drain() {
+            let _ = p.tx.send(Err(err.clone()));
+        }
+        c.queue.borrow_mut().clear();
+        Self::forget_endpoints(l, &c);
+    }
+
+    fn forget_endpoints(l: &Local, c: &ClientConn) {
+        let cs = &l.client;
+        cs.by_token.borrow_mut().remove(&c.token.get());
+        cs.by_nonce.borrow_mut().remove(&c.nonce);
+        for ep in [c.ctrl.borrow_mut().take(), c.data.borrow_mut().take()]
+            .into_iter()
+            .flatten()
+        {
+            cs.by_ep.borrow_mut().remove(&ep.id());
+        }
+    }
+
+    fn close(l: &Rc<Local>, id: u64) {
+        let Some(c) = l.client.conns.borrow_mut().remove(&id) else {
+            return;
+        };
+        if c.state.get() == State::Ready {
+            let mut h = FrameHeader::new(FrameKind::Bye);
+            h.conn_id = c.conn_id.get();
+            h.token = c.token.get();
+            if let Some(ep) = &*c.ctrl.borrow() {
+                let _ = ep.am_send(AM_ID, h.encode().to_vec(), Vec::new(), false);
+            }
+        }
+        for (_, p) in c.pending.borrow_mut().drain() {
+            let _ = p.tx.send(Err(TransportError::Shutdown));
+        }
+        Self::forget_endpoints(l, &c);
+    }
+
+    pub(crate) fn shutdown(l: &Rc<Local>) {
+        let ids: Vec<u64> = l.client.conns.borrow().keys().copied().collect();
+        for id in ids {
+            Self::fail(l, id, TransportError::Shutdown);
+            Self::close(l, id);
+        }
+    }
+}
+
+struct ClientInner {
+    shared: Arc<Shared>,
+    id: u64,
+    addr: SocketAddr,
+}
+
+impl Drop for ClientInner {
+    fn drop(&mut self) {
+        let id = self.id;
+        let _ = self.shared.submit(move |l| ClientSide::close(l, id));
+    }
+}
+
+/// A connection to one dafne server. `Send + Sync + Clone`: any thread may
+/// call; the calls run on the runtime's loop thread. Never call the
+/// blocking methods from inside a runtime task (use [`Client::call_async`]).
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<ClientInner>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("addr", &self.inner.addr)
+            .finish()
+    }
+}
+
+impl Client {
+    /// Connects to the server listening at `addr` and completes the handshake
+    /// (control endpoint, worker addresses, data endpoints, credits).
+    pub fn connect(rt: &Runtime, addr: SocketAddr) -> Result<Client> {
+        let (tx, rx) = oneshot::channel();
+        let (idtx, idrx) = crossbeam_channel::bounded(1);
+        rt.shared.submit(move |l| {
+            let _ = idtx.send(ClientSide::connect(l, addr, tx));
+        })?;
+        let id = idrx.recv().map_err(|_| TransportError::Shutdown)?;
+        let client = Client {
+            inner: Arc::new(ClientInner {
+                shared: rt.shared.clone(),
+                id,
+                addr,
+            }),
+        };
+        futures::executor::block_on(rx).map_err(|_| TransportError::Shutdown)??;
+        Ok(client)
+    }
+
+    pub fn remote_addr(&self) -> SocketAddr {
+        self.inner.addr
+    }
+
+    /// The UCX context to register memory with (the runtime's).
+    pub fn context(&self) -> &Context {
+        &self.inner.shared.ctx
+    }
+
+    /// Sends a request and waits for its reply.
+    pub fn call(&self, payload: Vec<u8>) -> Result<Vec<u8>> {
+        futures::executor::block_on(self.call_async(payload))
+    }
+
+    /// Sends a request; the future resolves with the reply. The future is
+    /// `Send` and may be awaited on any executor.
+    pub fn call_async(
+        &self,
+        payload: Vec<u8>,
+    ) -> impl Future<Output = Result<Vec<u8>>> + Send + 'static {
+        let (tx, rx) = oneshot::channel();
+        let id = self.inner.id;
+        let submitted = self
+            .inner
+            .shared
+            .submit(move |l| ClientSide::call(l, id, payload, tx));
+        async move {
+            submitted?;
+            rx.await.unwrap_or(Err(TransportError::Shutdown))
+        }
+    }
+
+    /// UCX's description of this connection's data endpoint: which
+    /// transports carry messages and RMA.
+    pub fn data_path_info(&self) -> Result<String> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let id = self.inner.id;
+        self.inner.shared.submit(move |l| {
+            let s = ClientSide::get(l, id)
+                .and_then(|c| c.data.borrow().as_ref().map(|e| e.print_info()))
+                .unwrap_or_else(|| "no data endpoint".into());
+            let _ = tx.send(s);
+        })?;
+        rx.recv_timeout(Duration::from_secs(10))
+            .map_err(|_| TransportError::Shutdown)
+    }
+}

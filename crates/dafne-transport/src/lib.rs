@@ -1,0 +1,41 @@
+//! dafne's transport: every message and every bulk byte dafne moves goes
+//! through this crate, over UCX.
+//!
+//! # Shape
+//! * A [`Runtime`] is one event-loop thread that owns one UCX worker
+//!   (`UCS_THREAD_MODE_SINGLE`). Everything that touches the worker runs on
+//!   that thread: UCX callbacks, the frame dispatcher, and the server's
+//!   request handlers, which are `async` tasks on a small local executor.
+//!   Other threads talk to it through a command channel plus an eventfd.
+//! * A connection is two endpoints. The *control* endpoint is made from the
+//!   server's socket address, with UCX peer-failure detection: it carries the
+//!   handshake and keepalives and tells us when the peer dies. The *data*
+//!   endpoints (one each way) are made from exchanged worker addresses; on one
+//!   host with error handling off UCX gives them shared memory and cma, on a
+//!   cluster RDMA. Because on one host the data endpoints cannot detect a dead
+//!   peer, liveness comes from the control endpoint, keepalives, and a timeout
+//!   on every call and every RMA.
+//! * Requests carry a correlation id and consume a credit; replies return
+//!   the credit. The server grants the credits (it decides how much work a
+//!   client may have in flight), and refuses requests beyond them.
+//! * Bulk data never travels in messages: the server drives RMA put/get
+//!   against keys the client packed into its request ([`ConnHandle`]).
+//!
+//! See `ARCHITECTURE.md` for the rules and the reasoning.
+
+mod client;
+mod error;
+pub mod frame;
+mod runtime;
+mod server;
+mod stats;
+pub mod testsvc;
+mod timer;
+
+pub use client::Client;
+pub use dafne_ucx::{Access, Context, Local, Region, RemoteKey};
+pub use error::TransportError;
+pub use runtime::{DataPath, Runtime, RuntimeOptions};
+pub use server::{ConnHandle, Request, RmaSeg, Service};
+pub use stats::{TransportStats, TransportStatsSnapshot};
+pub use timer::sleep;

@@ -1,0 +1,509 @@
+//! The server half: accepting connections, granting credits, running the
+//! service's handlers, and the server-driven RMA they use.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::task::{Context as TaskContext, Poll, Waker};
+use std::time::Instant;
+
+use dafne_ucx::{ConnRequest, Endpoint, ErrMode, Local as LocalMem, Op, RemoteKey};
+
+use crate::error::{Result, TransportError};
+use crate::frame::{FrameHeader, FrameKind, Hello, TransportStatus, Welcome, AM_ID};
+use crate::runtime::{random_u64, DataPath, Inbound, Local, Runtime, Shared};
+use crate::stats::TransportStats;
+use crate::timer::{sleep_until, Sleep};
+
+/// What a server does with requests. Runs on the runtime's loop thread; the
+/// returned future may await RMA on `req.conn` and timers.
+pub trait Service: 'static {
+    fn call(&self, req: Request) -> Pin<Box<dyn Future<Output = Vec<u8>>>>;
+}
+
+/// One request as the service sees it.
+#[derive(Debug)]
+pub struct Request {
+    pub conn: ConnHandle,
+    pub payload: Vec<u8>,
+}
+
+/// Unpacked remote keys kept per connection. Unpacking costs ~8 µs
+/// (UCX-NOTES); a client reuses a handful of regions, so a small bound
+/// suffices, and overflowing it simply starts over.
+const KEY_CACHE_ENTRIES: usize = 256;
+
+pub(crate) struct ServerConn {
+    id: u32,
+    token: u64,
+    ctrl: RefCell<Option<Endpoint>>,
+    data: RefCell<Option<Endpoint>>,
+    granted: u32,
+    inflight: Cell<u32>,
+    keys: RefCell<HashMap<Vec<u8>, Rc<RemoteKey>>>,
+    dead: Cell<bool>,
+    dead_wakers: RefCell<Vec<Waker>>,
+    last_heard: Cell<Instant>,
+    shared: Arc<Shared>,
+}
+
+/// A client connection as seen by a handler: the way to reach the client's
+/// memory. Cheap to clone; `!Send` (lives on the loop thread).
+#[derive(Clone)]
+pub struct ConnHandle(Rc<ServerConn>);
+
+impl std::fmt::Debug for ConnHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnHandle")
+            .field("id", &self.0.id)
+            .field("dead", &self.0.dead.get())
+            .finish()
+    }
+}
+
+/// One segment of a vectored RMA: local memory and the remote range.
+#[derive(Debug)]
+pub struct RmaSeg {
+    pub local: LocalMem,
+    pub remote_addr: u64,
+    pub rkey: Rc<RemoteKey>,
+}
+
+impl ConnHandle {
+    pub fn id(&self) -> u32 {
+        self.0.id
+    }
+
+    pub fn is_alive(&self) -> bool {
+        !self.0.dead.get()
+    }
+
+    fn data(&self) -> Result<Endpoint> {
+        if self.0.dead.get() {
+            return Err(TransportError::PeerFailed {
+                peer: format!("connection {}", self.0.id),
+                reason: "closed".into(),
+            });
+        }
+        self.0.data.borrow().clone().ok_or(TransportError::Shutdown)
+    }
+
+    /// The client's packed key, unpacked on this connection (cached).
+    pub fn remote_key(&self, packed: &[u8]) -> Result<Rc<RemoteKey>> {
+        if let Some(k) = self.0.keys.borrow().get(packed) {
+            TransportStats::inc(&self.0.shared.stats.rkey_cache_hits);
+            return Ok(k.clone());
+        }
+        TransportStats::inc(&self.0.shared.stats.rkey_cache_misses);
+        let k = Rc::new(self.data()?.unpack_key(packed)?);
+        let mut keys = self.0.keys.borrow_mut();
+        if keys.len() >= KEY_CACHE_ENTRIES {
+            keys.clear();
+        }
+        keys.insert(packed.to_vec(), k.clone());
+        Ok(k)
+    }
+
+    /// Forgets cached keys (the client revoked its regions).
+    pub fn forget_keys(&self) {
+        self.0.keys.borrow_mut().clear();
+    }
+
+    /// Writes every segment's local bytes into the client's memory, then
+    /// flushes so the data is at the client before this resolves.
+    pub async fn put(&self, segs: Vec<RmaSeg>) -> Result<()> {
+        self.rma(true, segs).await.map(|_| ())
+    }
+
+    /// Reads the client's memory into every segment's local memory. Returns,
+    /// per segment, the filled `Vec` for `Local::Bytes` segments.
+    pub async fn get(&self, segs: Vec<RmaSeg>) -> Result<Vec<Option<Vec<u8>>>> {
+        let ops = self.rma(false, segs).await?;
+        Ok(ops
+            .into_iter()
+            .map(|op| {
+                op.take_kept()
+                    .into_iter()
+                    .find_map(|b| b.downcast::<Vec<u8>>().ok())
+                    .map(|b| *b)
+            })
+            .collect())
+    }
+
+    async fn rma(&self, put: bool, segs: Vec<RmaSeg>) -> Result<Vec<Op>> {
+        let stats = &self.0.shared.stats;
+        let ep = self.data()?;
+        let mut ops = Vec::with_capacity(segs.len());
+        for s in segs {
+            let r = if put {
+                ep.put(s.local, s.remote_addr, &s.rkey)
+            } else {
+                ep.get(s.local, s.remote_addr, &s.rkey)
+            };
+            match r {
+                Ok(op) => ops.push(op),
+                Err(e) => {
+                    TransportStats::inc(&stats.rma_failures);
+                    return Err(e.into());
+                }
+            }
+        }
+        let flush = ep
+            .flush()
+            .inspect_err(|_| TransportStats::inc(&stats.rma_failures))?;
+        let deadline = Instant::now() + self.0.shared.opts.call_timeout;
+        let done = Guarded {
+            conn: self.0.clone(),
+            ops: &ops,
+            flush: &flush,
+            sleep: sleep_until(deadline),
+        }
+        .await;
+        if let Err(e) = done {
+            TransportStats::inc(&stats.rma_failures);
+            return Err(e);
+        }
+        Ok(ops)
+    }
+
+    /// UCX's description of the data endpoint to this client.
+    pub fn data_path_info(&self) -> String {
+        self.data()
+            .map(|e| e.print_info())
+            .unwrap_or_else(|e| e.to_string())
+    }
+}
+
+/// Resolves when every op and the flush completed, the connection died, or
+/// the deadline passed, whichever comes first.
+struct Guarded<'a> {
+    conn: Rc<ServerConn>,
+    ops: &'a [Op],
+    flush: &'a Op,
+    sleep: Sleep,
+}
+
+impl Future for Guarded<'_> {
+    type Output = Result<()>;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Result<()>> {
+        let mut all_done = true;
+        for op in self.ops.iter().chain(std::iter::once(self.flush)) {
+            match op.poll_done() {
+                Some(Err(e)) => return Poll::Ready(Err(e.into())),
+                Some(Ok(())) => {}
+                None => all_done = false,
+            }
+        }
+        if all_done {
+            return Poll::Ready(Ok(()));
+        }
+        if self.conn.dead.get() {
+            return Poll::Ready(Err(TransportError::PeerFailed {
+                peer: format!("connection {}", self.conn.id),
+                reason: "the client died during RMA".into(),
+            }));
+        }
+        // Register for op completion (the flush completes last), death, and the deadline.
+        let mut flush = Op::clone_handle(self.flush);
+        let _ = Pin::new(&mut flush).poll(cx);
+        for op in self.ops {
+            let mut h = Op::clone_handle(op);
+            let _ = Pin::new(&mut h).poll(cx);
+        }
+        self.conn.dead_wakers.borrow_mut().push(cx.waker().clone());
+        if Pin::new(&mut self.sleep).poll(cx).is_ready() {
+            return Poll::Ready(Err(TransportError::TimedOut {
+                what: "RMA",
+                after: self.conn.shared.opts.call_timeout,
+            }));
+        }
+        Poll::Pending
+    }
+}
+
+/// The server of one runtime (lives on the loop thread).
+#[derive(Default)]
+pub(crate) struct ServerSide {
+    listener: RefCell<Option<dafne_ucx::Listener>>,
+    service: RefCell<Option<Rc<dyn Service>>>,
+    accepted: RefCell<HashMap<usize, (Endpoint, Instant)>>,
+    conns: RefCell<HashMap<u32, Rc<ServerConn>>>,
+    by_ctrl: RefCell<HashMap<usize, u32>>,
+    next_id: Cell<u32>,
+}
+
+impl ServerSide {
+    pub(crate) fn accept(l: &Rc<Local>, req: ConnRequest) {
+        if l.server.service.borrow().is_none() {
+            return; // dropping the request rejects it
+        }
+        match l.worker.accept(req) {
+            Ok(ep) => {
+                l.watch_failure(&ep);
+                l.server
+                    .accepted
+                    .borrow_mut()
+                    .insert(ep.id(), (ep, Instant::now()));
+            }
+            Err(e) => tracing::warn!("accepting a connection failed: {e}"),
+        }
+    }
+
+    fn conn_for(l: &Local, h: &FrameHeader) -> Option<Rc<ServerConn>> {
+        let c = l.server.conns.borrow().get(&h.conn_id).cloned()?;
+        (c.token == h.token).then_some(c)
+    }
+
+    pub(crate) fn on_frame(l: &Rc<Local>, m: Inbound) {
+        let stats = l.stats();
+        match m.hdr.kind {
+            FrameKind::Hello => Self::on_hello(l, m),
+            FrameKind::Request => {
+                let Some(conn) = Self::conn_for(l, &m.hdr) else {
+                    TransportStats::inc(&stats.malformed_frames);
+                    tracing::warn!(
+                        "request for unknown connection {} (or wrong token): dropped",
+                        m.hdr.conn_id
+                    );
+                    return;
+                };
+                conn.last_heard.set(Instant::now());
+                if m.payload.len() > l.options().max_request {
+                    TransportStats::inc(&stats.malformed_frames);
+                    return Self::reply(&conn, m.hdr.corr, TransportStatus::TooLarge, Vec::new());
+                }
+                if conn.inflight.get() >= conn.granted {
+                    TransportStats::inc(&stats.credit_refusals);
+                    return Self::reply(&conn, m.hdr.corr, TransportStatus::NoCredit, Vec::new());
+                }
+                let Some(service) = l.server.service.borrow().clone() else {
+                    return Self::reply(
+                        &conn,
+                        m.hdr.corr,
+                        TransportStatus::ShuttingDown,
+                        Vec::new(),
+                    );
+                };
+                conn.inflight.set(conn.inflight.get() + 1);
+                TransportStats::inc(&stats.requests_served);
+                let corr = m.hdr.corr;
+                let fut = service.call(Request {
+                    conn: ConnHandle(conn.clone()),
+                    payload: m.payload,
+                });
+                l.spawn(async move {
+                    let reply = fut.await;
+                    conn.inflight.set(conn.inflight.get() - 1);
+                    Self::reply(&conn, corr, TransportStatus::Ok, reply);
+                });
+            }
+            FrameKind::Ping => {
+                let Some(conn) = Self::conn_for(l, &m.hdr) else {
+                    TransportStats::inc(&stats.malformed_frames);
+                    return;
+                };
+                conn.last_heard.set(Instant::now());
+                let mut h = FrameHeader::new(FrameKind::Pong);
+                h.conn_id = conn.id;
+                h.token = conn.token;
+                let ctrl = conn.ctrl.borrow().clone();
+                if let Some(ep) = ctrl {
+                    let _ = ep.am_send(AM_ID, h.encode().to_vec(), Vec::new(), false);
+                }
+            }
+            FrameKind::Bye => match Self::conn_for(l, &m.hdr) {
+                Some(conn) => Self::drop_conn(l, conn.id, false),
+                None => TransportStats::inc(&stats.malformed_frames),
+            },
+            _ => TransportStats::inc(&stats.malformed_frames),
+        }
+    }
+
+    fn on_hello(l: &Rc<Local>, m: Inbound) {
+        let stats = l.stats();
+        let ctrl = m
+            .reply_ep
+            .and_then(|id| l.server.accepted.borrow_mut().remove(&id))
+            .map(|(ep, _)| ep);
+        let Some(ctrl) = ctrl else {
+            TransportStats::inc(&stats.malformed_frames);
+            tracing::warn!("hello on an endpoint that is not a fresh control connection: dropped");
+            return;
+        };
+        let hello = match Hello::decode(&m.payload) {
+            Ok(h) => h,
+            Err(e) => {
+                TransportStats::inc(&stats.malformed_frames);
+                tracing::warn!("bad hello ({e}): closing the connection");
+                return;
+            }
+        };
+        let mode = match l.options().data_path {
+            DataPath::Auto if hello.host_id == l.shared.host_id && hello.host_id != [0; 16] => {
+                ErrMode::None
+            }
+            DataPath::Auto => ErrMode::Peer,
+            DataPath::NoErrorHandling => ErrMode::None,
+            DataPath::PeerErrorHandling => ErrMode::Peer,
+        };
+        let data = match l.worker.connect_address(&hello.worker_address, mode) {
+            Ok(ep) => ep,
+            Err(e) => {
+                TransportStats::inc(&stats.malformed_frames);
+                tracing::warn!(
+                    "cannot reach the client's worker address ({e}): closing the connection"
+                );
+                return;
+            }
+        };
+        let id = l.server.next_id.get().wrapping_add(1).max(1);
+        l.server.next_id.set(id);
+        let token = random_u64() | 1;
+        let conn = Rc::new(ServerConn {
+            id,
+            token,
+            ctrl: RefCell::new(None),
+            data: RefCell::new(Some(data)),
+            granted: l.options().credits.max(1),
+            inflight: Cell::new(0),
+            keys: RefCell::new(HashMap::new()),
+            dead: Cell::new(false),
+            dead_wakers: RefCell::new(Vec::new()),
+            last_heard: Cell::new(Instant::now()),
+            shared: l.shared.clone(),
+        });
+        let address = match l.worker.address() {
+            Ok(a) => a,
+            Err(e) => return tracing::error!("worker address: {e}"),
+        };
+        let w = Welcome {
+            host_id: l.shared.host_id,
+            max_request: l.options().max_request as u32,
+            worker_address: address,
+        }
+        .encode();
+        let mut h = FrameHeader::new(FrameKind::Welcome);
+        h.corr = m.hdr.corr;
+        h.conn_id = id;
+        h.token = token;
+        h.credits = conn.granted;
+        h.payload_len = w.len() as u32;
+        if let Err(e) = ctrl.am_send(AM_ID, h.encode().to_vec(), w, false) {
+            tracing::warn!("sending welcome failed: {e}");
+            return;
+        }
+        l.server.by_ctrl.borrow_mut().insert(ctrl.id(), id);
+        *conn.ctrl.borrow_mut() = Some(ctrl);
+        l.server.conns.borrow_mut().insert(id, conn);
+        TransportStats::inc(&stats.connections_accepted);
+    }
+
+    fn reply(conn: &ServerConn, corr: u64, status: TransportStatus, payload: Vec<u8>) {
+        if conn.dead.get() {
+            return;
+        }
+        let mut h = FrameHeader::new(FrameKind::Reply);
+        h.status = status as i32;
+        h.conn_id = conn.id;
+        h.token = conn.token;
+        h.corr = corr;
+        h.credits = 1;
+        h.payload_len = payload.len() as u32;
+        if let Some(ep) = &*conn.data.borrow() {
+            if let Err(e) = ep.am_send(AM_ID, h.encode().to_vec(), payload, false) {
+                tracing::debug!("reply to connection {} failed: {e}", conn.id);
+            }
+        }
+    }
+
+    pub(crate) fn on_ep_failed(l: &Rc<Local>, ep_id: usize) {
+        l.server.accepted.borrow_mut().remove(&ep_id);
+        let id = l.server.by_ctrl.borrow().get(&ep_id).copied();
+        if let Some(id) = id {
+            Self::drop_conn(l, id, true);
+        }
+    }
+
+    fn drop_conn(l: &Rc<Local>, id: u32, failed: bool) {
+        let Some(conn) = l.server.conns.borrow_mut().remove(&id) else {
+            return;
+        };
+        if failed {
+            TransportStats::inc(&l.stats().peer_failures);
+            tracing::info!("client connection {id} failed: releasing it");
+        }
+        conn.dead.set(true);
+        for w in conn.dead_wakers.borrow_mut().drain(..) {
+            w.wake();
+        }
+        conn.keys.borrow_mut().clear();
+        if let Some(ep) = conn.ctrl.borrow_mut().take() {
+            l.server.by_ctrl.borrow_mut().remove(&ep.id());
+        }
+        conn.data.borrow_mut().take();
+    }
+
+    pub(crate) fn housekeeping(l: &Rc<Local>, now: Instant) {
+        let o = l.options();
+        let limit = o.keepalive * o.keepalive_misses * 2;
+        let silent: Vec<u32> = l
+            .server
+            .conns
+            .borrow()
+            .values()
+            .filter(|c| now.duration_since(c.last_heard.get()) > limit)
+            .map(|c| c.id)
+            .collect();
+        for id in silent {
+            Self::drop_conn(l, id, true);
+        }
+        let timeout = o.connect_timeout;
+        l.server
+            .accepted
+            .borrow_mut()
+            .retain(|_, (_, t)| now.duration_since(*t) < timeout);
+    }
+
+    pub(crate) fn shutdown(l: &Rc<Local>) {
+        l.server.listener.borrow_mut().take();
+        l.server.service.borrow_mut().take();
+        l.server.accepted.borrow_mut().clear();
+        let ids: Vec<u32> = l.server.conns.borrow().keys().copied().collect();
+        for id in ids {
+            Self::drop_conn(l, id, false);
+        }
+    }
+}
+
+impl Runtime {
+    /// Starts serving on `addr` (port 0 picks one); returns the bound address.
+    /// `make` builds the service on the loop thread.
+    pub fn serve<S: Service>(
+        &self,
+        addr: SocketAddr,
+        make: impl FnOnce(&Rc<Local>) -> S + Send + 'static,
+    ) -> Result<SocketAddr> {
+        self.run_on_loop(move |l| -> Result<SocketAddr> {
+            if l.server.listener.borrow().is_some() {
+                return Err(TransportError::Protocol(
+                    "this runtime already serves".into(),
+                ));
+            }
+            let q = l.accepts.clone();
+            let listener = l.worker.listen(addr, move |req| q.borrow_mut().push(req))?;
+            let bound = listener.local_addr()?;
+            *l.server.listener.borrow_mut() = Some(listener);
+            *l.server.service.borrow_mut() = Some(Rc::new(make(l)));
+            Ok(bound)
+        })?
+    }
+
+    /// Number of live server connections.
+    pub fn server_connections(&self) -> Result<usize> {
+        self.run_on_loop(|l| l.server.conns.borrow().len())
+    }
+}

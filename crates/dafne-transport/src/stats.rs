@@ -1,0 +1,58 @@
+//! Transport counters, beside the UCX-level ones in [`dafne_ucx::Stats`].
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+macro_rules! counters {
+    ($($(#[$m:meta])* $f:ident),* $(,)?) => {
+        /// Live transport counters of one runtime.
+        #[derive(Debug, Default)]
+        pub struct TransportStats { $($(#[$m])* pub(crate) $f: AtomicU64,)* }
+        /// A copy of [`TransportStats`].
+        #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+        pub struct TransportStatsSnapshot { $($(#[$m])* pub $f: u64,)* }
+        impl TransportStats {
+            pub fn snapshot(&self) -> TransportStatsSnapshot {
+                TransportStatsSnapshot { $($f: self.$f.load(Relaxed),)* }
+            }
+        }
+        impl TransportStatsSnapshot {
+            /// `(name, value)` pairs, for printing.
+            pub fn fields(&self) -> Vec<(&'static str, u64)> { vec![$((stringify!($f), self.$f),)*] }
+        }
+    };
+}
+
+counters! {
+    /// Requests sent by clients of this runtime.
+    requests_sent,
+    /// Replies received by clients.
+    replies_received,
+    /// Requests handled by a server on this runtime.
+    requests_served,
+    /// Frames that failed validation (bad header, unknown connection, ...).
+    malformed_frames,
+    /// Requests refused because the client had no credit.
+    credit_refusals,
+    /// Calls that had to wait for a credit before being sent.
+    credit_waits,
+    /// Calls that timed out.
+    call_timeouts,
+    /// RMA batches that failed or timed out.
+    rma_failures,
+    /// Peers declared dead (control endpoint error or keepalive silence).
+    peer_failures,
+    /// Connections accepted by a server.
+    connections_accepted,
+    /// Rendezvous payloads received.
+    rndv_payloads,
+    /// Remote keys unpacked (cache misses).
+    rkey_cache_misses,
+    /// Remote keys found in the per-connection cache.
+    rkey_cache_hits,
+}
+
+impl TransportStats {
+    pub(crate) fn inc(c: &AtomicU64) {
+        c.fetch_add(1, Relaxed);
+    }
+}

@@ -1,0 +1,349 @@
+//! The transport's reference service: echo, server-driven put/get against
+//! client keys with data checks, sleep, stats. It is what the multi-process
+//! tests and the transport benchmark run against (through the
+//! `dafne-transport-peer` binary), so that both exercise the real
+//! request → RMA → flush → reply path of a dafne server.
+//!
+//! Request encoding (little-endian): `op: u8` then the op's body.
+//! * `ECHO`  body = bytes echoed back.
+//! * `PUT` / `GET` body = `flags: u8, seed: u64, nseg: u32, nseg ×
+//!   (addr: u64, len: u64, key_len: u32, key)`. PUT writes
+//!   [`pattern`]`(seed, i)` (i = byte index over the concatenated segments,
+//!   when `FLAG_VERIFY`) into the client's segments; GET reads them and
+//!   answers their [`fnv1a`] hash. `FLAG_PLAIN` makes the server use plain
+//!   unregistered memory instead of its registered pool.
+//! * `SLEEP` body = `ms: u32`.
+//! * `STATS` → JSON of the server's transport and UCX counters.
+//!
+//! Reply: `ok: u8` (1 = success) then, on success, op-specific bytes
+//! (`GET`: `hash: u64, len: u64`), on failure a UTF-8 message.
+
+use std::cell::RefCell;
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use dafne_ucx::{Access, Context, Local as LocalMem, Region};
+
+use crate::runtime::{Local, Runtime};
+use crate::server::{ConnHandle, Request, RmaSeg, Service};
+
+pub const OP_ECHO: u8 = 1;
+pub const OP_PUT: u8 = 2;
+pub const OP_GET: u8 = 3;
+pub const OP_SLEEP: u8 = 4;
+pub const OP_STATS: u8 = 5;
+
+pub const FLAG_VERIFY: u8 = 1;
+pub const FLAG_PLAIN: u8 = 2;
+
+/// Size of one pool slot: the largest transfer one request may ask for.
+pub const SLOT_SIZE: usize = 16 << 20;
+/// Slots in the server's registered pool (bounds concurrent RMA requests
+/// served from registered memory: 4 × 16 MiB = 64 MiB).
+pub const SLOTS: usize = 4;
+/// Largest number of segments in one request.
+pub const MAX_SEGS: usize = 1024;
+
+/// The byte at index `i` of a PUT with `seed`.
+pub fn pattern(seed: u64, i: u64) -> u8 {
+    (i.wrapping_mul(31).wrapping_add(seed) ^ (i >> 8) ^ (i >> 16)) as u8
+}
+
+/// FNV-1a over several slices, as if concatenated.
+pub fn fnv1a<'a>(parts: impl IntoIterator<Item = &'a [u8]>) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        for &b in p {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    h
+}
+
+/// One client segment as named in a request.
+#[derive(Debug, Clone)]
+pub struct SegDesc {
+    pub addr: u64,
+    pub len: u64,
+    pub key: Vec<u8>,
+}
+
+pub fn encode_rma(op: u8, flags: u8, seed: u64, segs: &[SegDesc]) -> Vec<u8> {
+    let mut v = vec![op, flags];
+    v.extend_from_slice(&seed.to_le_bytes());
+    v.extend_from_slice(&(segs.len() as u32).to_le_bytes());
+    for s in segs {
+        v.extend_from_slice(&s.addr.to_le_bytes());
+        v.extend_from_slice(&s.len.to_le_bytes());
+        v.extend_from_slice(&(s.key.len() as u32).to_le_bytes());
+        v.extend_from_slice(&s.key);
+    }
+    v
+}
+
+struct Reader<'a>(&'a [u8]);
+impl Reader<'_> {
+    fn take(&mut self, n: usize) -> Result<&[u8], String> {
+        if self.0.len() < n {
+            return Err(format!(
+                "request truncated: wanted {n} more bytes, {} left",
+                self.0.len()
+            ));
+        }
+        let (a, b) = self.0.split_at(n);
+        self.0 = b;
+        Ok(a)
+    }
+    fn u8(&mut self) -> Result<u8, String> {
+        Ok(self.take(1)?[0])
+    }
+    fn u32(&mut self) -> Result<u32, String> {
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().unwrap_or_default(),
+        ))
+    }
+    fn u64(&mut self) -> Result<u64, String> {
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().unwrap_or_default(),
+        ))
+    }
+}
+
+/// Decodes a PUT/GET body (after the op byte). Hostile input gets an error.
+pub fn decode_rma(body: &[u8]) -> Result<(u8, u64, Vec<SegDesc>), String> {
+    let mut r = Reader(body);
+    let flags = r.u8()?;
+    let seed = r.u64()?;
+    let n = r.u32()? as usize;
+    if n == 0 || n > MAX_SEGS {
+        return Err(format!("{n} segments: must be 1..={MAX_SEGS}"));
+    }
+    let mut segs = Vec::with_capacity(n);
+    let mut total: u64 = 0;
+    for _ in 0..n {
+        let addr = r.u64()?;
+        let len = r.u64()?;
+        let klen = r.u32()? as usize;
+        if klen > dafne_ucx::MAX_PACKED_KEY {
+            return Err(format!("key of {klen} bytes"));
+        }
+        let key = r.take(klen)?.to_vec();
+        total = total.saturating_add(len);
+        segs.push(SegDesc { addr, len, key });
+    }
+    if total as usize > SLOT_SIZE {
+        return Err(format!(
+            "{total} bytes requested, at most {SLOT_SIZE} per request"
+        ));
+    }
+    if !r.0.is_empty() {
+        return Err(format!("{} trailing bytes", r.0.len()));
+    }
+    Ok((flags, seed, segs))
+}
+
+/// The reference service.
+pub struct TestService {
+    ctx: Context,
+    rt_stats: Rc<dyn Fn() -> String>,
+    slots: RefCell<Vec<Arc<Region>>>,
+}
+
+impl TestService {
+    /// Builds the service with its registered pool (allocated once here).
+    pub fn new(l: &Rc<Local>) -> TestService {
+        let ctx = l.context().clone();
+        let slots = (0..SLOTS)
+            .filter_map(|_| {
+                Region::allocate(&ctx, SLOT_SIZE, Access::Local)
+                    .ok()
+                    .map(Arc::new)
+            })
+            .collect();
+        let sh = l.shared.clone();
+        TestService {
+            ctx: ctx.clone(),
+            rt_stats: Rc::new(move || {
+                serde_json::json!({
+                    "transport": sh.stats.snapshot(),
+                    "ucx": format!("{:?}", sh.ctx.stats().snapshot()),
+                })
+                .to_string()
+            }),
+            slots: RefCell::new(slots),
+        }
+    }
+
+    async fn slot(&self) -> Result<Arc<Region>, String> {
+        for _ in 0..10_000 {
+            if let Some(s) = self.slots.borrow_mut().pop() {
+                return Ok(s);
+            }
+            crate::timer::sleep(std::time::Duration::from_micros(200)).await;
+        }
+        Err("no pool slot became free".into())
+    }
+
+    fn give_back(&self, slot: Arc<Region>) {
+        self.slots.borrow_mut().push(slot);
+    }
+
+    async fn rma(
+        self: Rc<Self>,
+        conn: ConnHandle,
+        put: bool,
+        body: Vec<u8>,
+    ) -> Result<Vec<u8>, String> {
+        let (flags, seed, segs) = decode_rma(&body)?;
+        let total: usize = segs.iter().map(|s| s.len as usize).sum();
+        let keys = segs
+            .iter()
+            .map(|s| conn.remote_key(&s.key).map_err(|e| e.to_string()))
+            .collect::<Result<Vec<_>, _>>()?;
+        if flags & FLAG_PLAIN != 0 {
+            // Unpooled user memory: UCX registers or copies it internally.
+            let mut off = 0u64;
+            let mut rsegs = Vec::new();
+            for (s, k) in segs.iter().zip(&keys) {
+                let mut v = vec![0u8; s.len as usize];
+                if put && flags & FLAG_VERIFY != 0 {
+                    for (i, b) in v.iter_mut().enumerate() {
+                        *b = pattern(seed, off + i as u64);
+                    }
+                }
+                off += s.len;
+                rsegs.push(RmaSeg {
+                    local: LocalMem::Bytes(v),
+                    remote_addr: s.addr,
+                    rkey: k.clone(),
+                });
+            }
+            if put {
+                conn.put(rsegs).await.map_err(|e| e.to_string())?;
+                return Ok(Vec::new());
+            }
+            let got = conn.get(rsegs).await.map_err(|e| e.to_string())?;
+            let parts: Vec<Vec<u8>> = got.into_iter().flatten().collect();
+            return Ok(hash_reply(
+                &parts.iter().map(|v| v.as_slice()).collect::<Vec<_>>(),
+                total,
+            ));
+        }
+        let mut slot = self.slot().await?;
+        if put && flags & FLAG_VERIFY != 0 {
+            match Arc::get_mut(&mut slot) {
+                Some(r) => {
+                    for (i, b) in r.as_mut_slice()[..total].iter_mut().enumerate() {
+                        *b = pattern(seed, i as u64);
+                    }
+                }
+                None => return Err("pool slot still referenced".into()),
+            }
+        }
+        let mut off = 0usize;
+        let mut rsegs = Vec::new();
+        for (s, k) in segs.iter().zip(&keys) {
+            rsegs.push(RmaSeg {
+                local: LocalMem::Region {
+                    region: slot.clone(),
+                    offset: off,
+                    len: s.len as usize,
+                },
+                remote_addr: s.addr,
+                rkey: k.clone(),
+            });
+            off += s.len as usize;
+        }
+        let res = if put {
+            conn.put(rsegs).await
+        } else {
+            conn.get(rsegs).await.map(|_| ())
+        };
+        let out = match res {
+            Ok(_) if !put && flags & FLAG_VERIFY != 0 => {
+                Ok(hash_reply(&[&slot.as_slice()[..total]], total))
+            }
+            Ok(_) => Ok(Vec::new()),
+            Err(e) => Err(e.to_string()),
+        };
+        // Only a slot no operation still holds goes back into the pool (an
+        // abandoned operation keeps its memory alive).
+        if Arc::strong_count(&slot) == 1 {
+            self.give_back(slot);
+        } else if let Ok(r) = Region::allocate(&self.ctx, SLOT_SIZE, Access::Local) {
+            self.give_back(Arc::new(r));
+        }
+        out
+    }
+}
+
+fn hash_reply(parts: &[&[u8]], total: usize) -> Vec<u8> {
+    let mut v = fnv1a(parts.iter().copied()).to_le_bytes().to_vec();
+    v.extend_from_slice(&(total as u64).to_le_bytes());
+    v
+}
+
+/// `Service` for an `Rc<TestService>`.
+pub struct TestServiceHandle(pub Rc<TestService>);
+
+impl Service for TestServiceHandle {
+    fn call(&self, req: Request) -> Pin<Box<dyn Future<Output = Vec<u8>>>> {
+        let svc = self.0.clone();
+        Box::pin(async move {
+            let Request { conn, payload } = req;
+            let Some((&op, body)) = payload.split_first() else {
+                return err_reply("empty request");
+            };
+            let r = match op {
+                OP_ECHO => Ok(body.to_vec()),
+                OP_PUT => svc.rma(conn, true, body.to_vec()).await,
+                OP_GET => svc.rma(conn, false, body.to_vec()).await,
+                OP_SLEEP => match <[u8; 4]>::try_from(body) {
+                    Ok(ms) => {
+                        crate::timer::sleep(std::time::Duration::from_millis(
+                            u32::from_le_bytes(ms) as u64,
+                        ))
+                        .await;
+                        Ok(Vec::new())
+                    }
+                    Err(_) => Err("sleep wants 4 bytes".into()),
+                },
+                OP_STATS => Ok((svc.rt_stats)().into_bytes()),
+                other => Err(format!("unknown op {other}")),
+            };
+            match r {
+                Ok(mut v) => {
+                    v.insert(0, 1);
+                    v
+                }
+                Err(e) => err_reply(&e),
+            }
+        })
+    }
+}
+
+fn err_reply(msg: &str) -> Vec<u8> {
+    let mut v = vec![0u8];
+    v.extend_from_slice(msg.as_bytes());
+    v
+}
+
+/// Starts the reference service on `rt`.
+pub fn serve(
+    rt: &Runtime,
+    addr: std::net::SocketAddr,
+) -> crate::error::Result<std::net::SocketAddr> {
+    rt.serve(addr, |l| TestServiceHandle(Rc::new(TestService::new(l))))
+}
+
+/// Splits a reply into `Ok(body)` or `Err(message)`.
+pub fn parse_reply(r: &[u8]) -> Result<&[u8], String> {
+    match r.split_first() {
+        Some((1, rest)) => Ok(rest),
+        Some((_, msg)) => Err(String::from_utf8_lossy(msg).into_owned()),
+        None => Err("empty reply".into()),
+    }
+}

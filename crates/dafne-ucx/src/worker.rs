@@ -1,0 +1,696 @@
+//! The UCP worker: progress, wakeup, listeners, and active-message handlers.
+
+use std::cell::{Cell, RefCell};
+use std::net::SocketAddr;
+use std::os::fd::{BorrowedFd, RawFd};
+use std::ptr;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use ucx_sys as sys;
+
+use crate::context::Context;
+use crate::endpoint::{self, Endpoint, EpErr, ErrMode};
+use crate::error::{check, Error, Result, Status};
+use crate::request::{recv_am_cb, Op};
+use crate::stats::Stats;
+
+/// An endpoint handed back for closing; closed on the next safe progress.
+pub(crate) struct PendingClose {
+    pub(crate) h: sys::ucp_ep_h,
+    pub(crate) force: bool,
+    /// Keeps the error-callback argument alive until the close completes.
+    pub(crate) err: Rc<EpErr>,
+}
+
+pub(crate) struct WorkerInner {
+    pub(crate) h: sys::ucp_worker_h,
+    pub(crate) ctx: Context,
+    pending_close: RefCell<Vec<PendingClose>>,
+    closing: RefCell<Vec<(Op, Rc<EpErr>, Instant)>>,
+    handlers: RefCell<Vec<Box<AmHandlerBox>>>,
+    efd: RawFd,
+}
+
+impl WorkerInner {
+    pub(crate) fn defer_close(&self, c: PendingClose) {
+        self.pending_close.borrow_mut().push(c);
+    }
+
+    fn start_closes(&self) {
+        let pending = std::mem::take(&mut *self.pending_close.borrow_mut());
+        for c in pending {
+            let op = Op::new("ucp_ep_close_nbx", Vec::new());
+            let ud = op.user_data();
+            let mut param = crate::request::send_param(ud, None);
+            if c.force {
+                param.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_FLAGS;
+                param.flags = sys::UCP_EP_CLOSE_FLAG_FORCE;
+            }
+            // SAFETY: c.h is a live endpoint of this worker that no Rust
+            // handle refers to any more (its EpInner was dropped); param is
+            // valid for the call.
+            let ret = unsafe { sys::ucp_ep_close_nbx(c.h, &param) };
+            if let Ok(op) = op.started(ret, ud) {
+                if op.poll_done().is_none() {
+                    self.closing.borrow_mut().push((op, c.err, Instant::now()));
+                }
+            }
+        }
+        // Closes that never finish (a dead peer on an endpoint without error
+        // handling) are abandoned after a while: the endpoint's resources are
+        // reclaimed with the worker.
+        self.closing.borrow_mut().retain(|(op, err, t)| {
+            if op.poll_done().is_some() {
+                return false;
+            }
+            if t.elapsed() < CLOSE_PATIENCE {
+                return true;
+            }
+            // UCX may still call the error callback of an endpoint whose
+            // close never finished: leak its argument rather than free it.
+            std::mem::forget(err.clone());
+            false
+        });
+    }
+}
+
+const CLOSE_PATIENCE: Duration = Duration::from_secs(10);
+
+impl Drop for WorkerInner {
+    fn drop(&mut self) {
+        self.start_closes();
+        let deadline = Instant::now() + Duration::from_millis(500);
+        while !self.closing.borrow().is_empty() && Instant::now() < deadline {
+            // SAFETY: not inside a callback (Drop of the last handle runs in
+            // user code, never in UCX callbacks: callbacks hold no Worker).
+            unsafe { sys::ucp_worker_progress(self.h) };
+            self.closing
+                .borrow_mut()
+                .retain(|(op, _, _)| op.poll_done().is_none());
+        }
+        // SAFETY: endpoints, listeners and keys hold Rc<WorkerInner>, so none
+        // remain; the handler boxes (fields) are freed after this call.
+        unsafe { sys::ucp_worker_destroy(self.h) };
+    }
+}
+
+/// A UCP worker driven by one thread. `!Send` by construction (`Rc`).
+#[derive(Clone)]
+pub struct Worker {
+    pub(crate) inner: Rc<WorkerInner>,
+}
+
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker").field("h", &self.inner.h).finish()
+    }
+}
+
+impl Worker {
+    pub fn new(ctx: &Context) -> Result<Worker> {
+        let params = sys::ucp_worker_params_t {
+            field_mask: sys::UCP_WORKER_PARAM_FIELD_THREAD_MODE as u64,
+            thread_mode: sys::UCS_THREAD_MODE_SINGLE,
+            ..Default::default()
+        };
+        let mut h: sys::ucp_worker_h = ptr::null_mut();
+        // SAFETY: the context is live (held by the returned worker); h is an out-pointer.
+        check("ucp_worker_create", unsafe {
+            sys::ucp_worker_create(ctx.inner.h, &params, &mut h)
+        })?;
+        let mut efd: std::ffi::c_int = -1;
+        // SAFETY: h was just created; efd is an out-pointer.
+        if let Err(e) = check("ucp_worker_get_efd", unsafe {
+            sys::ucp_worker_get_efd(h, &mut efd)
+        }) {
+            // SAFETY: destroy the worker we just created; it is not used again.
+            unsafe { sys::ucp_worker_destroy(h) };
+            return Err(e);
+        }
+        Ok(Worker {
+            inner: Rc::new(WorkerInner {
+                h,
+                ctx: ctx.clone(),
+                pending_close: RefCell::new(Vec::new()),
+                closing: RefCell::new(Vec::new()),
+                handlers: RefCell::new(Vec::new()),
+                efd,
+            }),
+        })
+    }
+
+    pub fn context(&self) -> &Context {
+        &self.inner.ctx
+    }
+
+    /// Progresses communication once; returns the number of events handled.
+    /// Also starts closes of endpoints dropped since the last call.
+    /// Must not be called from a UCX callback (nothing here hands a Worker
+    /// to a callback, so it cannot be).
+    pub fn progress(&self) -> u32 {
+        if !self.inner.pending_close.borrow().is_empty() || !self.inner.closing.borrow().is_empty()
+        {
+            self.inner.start_closes();
+        }
+        // SAFETY: the worker is live; we are on its only thread and outside
+        // any callback.
+        unsafe { sys::ucp_worker_progress(self.inner.h) }
+    }
+
+    /// The worker's event file descriptor: readable when [`Worker::arm`]
+    /// returned `true` and new events arrived.
+    pub fn event_fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: the fd belongs to the worker and stays open while it lives,
+        // which outlives the borrow of &self.
+        unsafe { BorrowedFd::borrow_raw(self.inner.efd) }
+    }
+
+    /// Arms the event fd. `Ok(false)` means events are pending (UCS_ERR_BUSY):
+    /// progress again instead of sleeping.
+    pub fn arm(&self) -> Result<bool> {
+        // SAFETY: live worker, owning thread.
+        let st = unsafe { sys::ucp_worker_arm(self.inner.h) };
+        if st == sys::UCS_ERR_BUSY as sys::ucs_status_t {
+            return Ok(false);
+        }
+        check("ucp_worker_arm", st).map(|_| true)
+    }
+
+    /// This worker's address, to be sent to peers that will connect to it
+    /// with [`Worker::connect_address`].
+    pub fn address(&self) -> Result<Vec<u8>> {
+        let mut addr: *mut sys::ucp_address_t = ptr::null_mut();
+        let mut len = 0usize;
+        // SAFETY: live worker; out-pointers.
+        check("ucp_worker_get_address", unsafe {
+            sys::ucp_worker_get_address(self.inner.h, &mut addr, &mut len)
+        })?;
+        // SAFETY: UCX returned `len` readable bytes at addr.
+        let v = unsafe { std::slice::from_raw_parts(addr as *const u8, len) }.to_vec();
+        // SAFETY: addr came from ucp_worker_get_address on this worker.
+        unsafe { sys::ucp_worker_release_address(self.inner.h, addr) };
+        Ok(v)
+    }
+
+    /// Connects to a listener by socket address. Such endpoints only get TCP
+    /// lanes in UCX 1.13 (see UCX-NOTES): dafne uses them as control
+    /// connections, always with peer error handling.
+    pub fn connect_sockaddr(&self, addr: SocketAddr) -> Result<Endpoint> {
+        let sa = SockAddr::from(addr);
+        let (err, err_arg) = EpErr::new();
+        let params = sys::ucp_ep_params_t {
+            field_mask: (sys::UCP_EP_PARAM_FIELD_FLAGS
+                | sys::UCP_EP_PARAM_FIELD_SOCK_ADDR
+                | sys::UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE
+                | sys::UCP_EP_PARAM_FIELD_ERR_HANDLER) as u64,
+            flags: sys::UCP_EP_PARAMS_FLAGS_CLIENT_SERVER,
+            sockaddr: sa.as_ucs(),
+            err_mode: sys::UCP_ERR_HANDLING_MODE_PEER,
+            err_handler: sys::ucp_err_handler {
+                cb: Some(endpoint::err_cb),
+                arg: err_arg,
+            },
+            ..Default::default()
+        };
+        endpoint::create(
+            self,
+            &params,
+            err,
+            err_arg,
+            ErrMode::Peer,
+            "ucp_ep_create(sockaddr)",
+        )
+    }
+
+    /// Creates an endpoint to a peer worker from its address blob. With
+    /// [`ErrMode::None`] UCX may choose shared memory and cma on one host;
+    /// with [`ErrMode::Peer`] it detects peer failure but (in 1.13, on one
+    /// host) only over TCP.
+    pub fn connect_address(&self, address: &[u8], mode: ErrMode) -> Result<Endpoint> {
+        if address.is_empty() || address.len() > MAX_WORKER_ADDRESS {
+            return Err(Error::Invalid {
+                op: "ucp_ep_create(address)",
+                reason: format!(
+                    "worker address of {} bytes (expected 1..={MAX_WORKER_ADDRESS})",
+                    address.len()
+                ),
+            });
+        }
+        // The address is parsed by UCX without a length: copy it into a
+        // zero-padded buffer so a truncated or hostile blob cannot make the
+        // parser read outside our memory.
+        let mut padded = vec![0u8; address.len() + ADDRESS_SLACK];
+        padded[..address.len()].copy_from_slice(address);
+        let (err, err_arg) = EpErr::new();
+        let mut mask =
+            sys::UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | sys::UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+        if mode == ErrMode::Peer {
+            mask |= sys::UCP_EP_PARAM_FIELD_ERR_HANDLER;
+        }
+        let params = sys::ucp_ep_params_t {
+            field_mask: mask as u64,
+            address: padded.as_ptr().cast(),
+            err_mode: mode.raw(),
+            err_handler: sys::ucp_err_handler {
+                cb: Some(endpoint::err_cb),
+                arg: err_arg,
+            },
+            ..Default::default()
+        };
+        endpoint::create(self, &params, err, err_arg, mode, "ucp_ep_create(address)")
+    }
+
+    /// Accepts a connection request from a [`Listener`] (peer error handling on).
+    pub fn accept(&self, mut req: ConnRequest) -> Result<Endpoint> {
+        let (err, err_arg) = EpErr::new();
+        let params = sys::ucp_ep_params_t {
+            field_mask: (sys::UCP_EP_PARAM_FIELD_CONN_REQUEST
+                | sys::UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE
+                | sys::UCP_EP_PARAM_FIELD_ERR_HANDLER) as u64,
+            conn_request: req.h,
+            err_mode: sys::UCP_ERR_HANDLING_MODE_PEER,
+            err_handler: sys::ucp_err_handler {
+                cb: Some(endpoint::err_cb),
+                arg: err_arg,
+            },
+            ..Default::default()
+        };
+        req.consumed = true;
+        endpoint::create(
+            self,
+            &params,
+            err,
+            err_arg,
+            ErrMode::Peer,
+            "ucp_ep_create(conn_request)",
+        )
+    }
+
+    /// Listens on `addr` (port 0 picks a free port: see [`Listener::local_addr`]).
+    /// `on_request` runs inside progress for every incoming connection; it
+    /// must not progress the worker, only queue the request.
+    pub fn listen(
+        &self,
+        addr: SocketAddr,
+        on_request: impl FnMut(ConnRequest) + 'static,
+    ) -> Result<Listener> {
+        let sa = SockAddr::from(addr);
+        let boxed: Box<ConnHandlerBox> = Box::new(ConnHandlerBox {
+            f: RefCell::new(Box::new(on_request)),
+            listener: Cell::new(ptr::null_mut()),
+            worker: Rc::downgrade(&self.inner),
+        });
+        let arg = &*boxed as *const ConnHandlerBox as *mut std::ffi::c_void;
+        let params = sys::ucp_listener_params_t {
+            field_mask: (sys::UCP_LISTENER_PARAM_FIELD_SOCK_ADDR
+                | sys::UCP_LISTENER_PARAM_FIELD_CONN_HANDLER) as u64,
+            sockaddr: sa.as_ucs(),
+            conn_handler: sys::ucp_listener_conn_handler {
+                cb: Some(conn_cb),
+                arg,
+            },
+            ..Default::default()
+        };
+        let mut h: sys::ucp_listener_h = ptr::null_mut();
+        // SAFETY: params (and the sockaddr it points to) are valid for the
+        // call; `boxed` outlives the listener because Listener owns both and
+        // destroys the listener first.
+        check("ucp_listener_create", unsafe {
+            sys::ucp_listener_create(self.inner.h, &params, &mut h)
+        })
+        .map_err(|e| match e.status() {
+            Some(s) if s == Status::BUSY => Error::Invalid {
+                op: "ucp_listener_create",
+                reason: format!(
+                    "{addr} is already in use: pick another port or stop the process holding it"
+                ),
+            },
+            _ => e,
+        })?;
+        boxed.listener.set(h);
+        Ok(Listener {
+            h,
+            _handler: boxed,
+            worker: self.inner.clone(),
+        })
+    }
+
+    /// Installs the handler for active-message `id`. The handler runs inside
+    /// progress; it must not progress the worker.
+    pub fn set_am_handler(
+        &self,
+        id: u16,
+        f: impl FnMut(AmRecv<'_>) -> AmVerdict + 'static,
+    ) -> Result<()> {
+        if id > crate::MAX_AM_ID {
+            return Err(Error::Invalid {
+                op: "ucp_worker_set_am_recv_handler",
+                reason: format!("AM id {id} too large"),
+            });
+        }
+        let boxed = Box::new(AmHandlerBox {
+            f: RefCell::new(Box::new(f)),
+            worker: self.inner.h,
+            ctx: self.inner.ctx.clone(),
+        });
+        let param = sys::ucp_am_handler_param_t {
+            field_mask: (sys::UCP_AM_HANDLER_PARAM_FIELD_ID
+                | sys::UCP_AM_HANDLER_PARAM_FIELD_CB
+                | sys::UCP_AM_HANDLER_PARAM_FIELD_ARG) as u64,
+            id: id as u32,
+            cb: Some(am_cb),
+            arg: &*boxed as *const AmHandlerBox as *mut std::ffi::c_void,
+            ..Default::default()
+        };
+        // SAFETY: live worker; the box is kept in `handlers` until the worker
+        // is destroyed, so `arg` stays valid as long as UCX may call am_cb.
+        check("ucp_worker_set_am_recv_handler", unsafe {
+            sys::ucp_worker_set_am_recv_handler(self.inner.h, &param)
+        })?;
+        self.inner.handlers.borrow_mut().push(boxed);
+        Ok(())
+    }
+
+    /// UCX's description of the worker (transports, devices).
+    pub fn print_info(&self) -> String {
+        // SAFETY: live worker; the stream is valid for the call.
+        endpoint::capture_file(|f| unsafe { sys::ucp_worker_print_info(self.inner.h, f) })
+    }
+}
+
+/// Largest worker address accepted from a peer (UCX 1.13 gives ~100-600 B).
+pub const MAX_WORKER_ADDRESS: usize = 4096;
+/// Alias exported at the crate root.
+pub use MAX_WORKER_ADDRESS as MAX_WORKER_ADDRESS_BYTES;
+const ADDRESS_SLACK: usize = 64 * 1024;
+
+/// A listening socket address; dropping it stops listening.
+pub struct Listener {
+    h: sys::ucp_listener_h,
+    _handler: Box<ConnHandlerBox>,
+    worker: Rc<WorkerInner>,
+}
+
+impl std::fmt::Debug for Listener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Listener")
+            .field("addr", &self.local_addr().ok())
+            .finish()
+    }
+}
+
+impl Listener {
+    /// The address actually bound (useful with port 0).
+    pub fn local_addr(&self) -> Result<SocketAddr> {
+        let mut attr = sys::ucp_listener_attr_t {
+            field_mask: sys::UCP_LISTENER_ATTR_FIELD_SOCKADDR as u64,
+            ..Default::default()
+        };
+        // SAFETY: live listener; attr is an out-struct.
+        check("ucp_listener_query", unsafe {
+            sys::ucp_listener_query(self.h, &mut attr)
+        })?;
+        let storage: &libc::sockaddr_storage =
+            // SAFETY: bindgen's sockaddr_storage and libc's have the same C layout.
+            unsafe { &*(&attr.sockaddr as *const sys::sockaddr_storage as *const libc::sockaddr_storage) };
+        sockaddr_to_std(storage).ok_or(Error::Invalid {
+            op: "ucp_listener_query",
+            reason: "unknown address family".into(),
+        })
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        let _ = &self.worker;
+        // SAFETY: live listener, destroyed once; the handler box is freed after.
+        unsafe { sys::ucp_listener_destroy(self.h) };
+    }
+}
+
+struct ConnHandlerBox {
+    f: RefCell<Box<dyn FnMut(ConnRequest)>>,
+    listener: Cell<sys::ucp_listener_h>,
+    worker: std::rc::Weak<WorkerInner>,
+}
+
+unsafe extern "C" fn conn_cb(conn_request: sys::ucp_conn_request_h, arg: *mut std::ffi::c_void) {
+    // SAFETY: arg is the ConnHandlerBox owned by the Listener, alive while
+    // the listener exists (UCX calls this only then).
+    let hb = unsafe { &*(arg as *const ConnHandlerBox) };
+    let req = ConnRequest {
+        h: conn_request,
+        listener: hb.listener.get(),
+        consumed: false,
+        _worker: hb.worker.upgrade(),
+    };
+    if let Ok(mut f) = hb.f.try_borrow_mut() {
+        f(req);
+    }
+}
+
+/// An incoming connection; accept it with [`Worker::accept`]. Dropping it
+/// rejects the connection.
+pub struct ConnRequest {
+    h: sys::ucp_conn_request_h,
+    listener: sys::ucp_listener_h,
+    consumed: bool,
+    _worker: Option<Rc<WorkerInner>>,
+}
+
+impl std::fmt::Debug for ConnRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnRequest").field("h", &self.h).finish()
+    }
+}
+
+impl Drop for ConnRequest {
+    fn drop(&mut self) {
+        if !self.consumed && !self.listener.is_null() {
+            // SAFETY: the request came from this listener and was neither
+            // accepted nor rejected before.
+            unsafe { sys::ucp_listener_reject(self.listener, self.h) };
+        }
+    }
+}
+
+struct AmHandlerBox {
+    f: RefCell<Box<dyn FnMut(AmRecv<'_>) -> AmVerdict>>,
+    worker: sys::ucp_worker_h,
+    ctx: Context,
+}
+
+/// One received active message, valid only inside the handler.
+#[derive(Debug)]
+pub struct AmRecv<'a> {
+    pub header: &'a [u8],
+    /// Identity of the endpoint the message came in on, when the sender
+    /// asked for a reply endpoint ([`Endpoint::am_send`] with `reply`). Only
+    /// for matching against [`Endpoint::id`]: never used for RMA (UCX 1.13
+    /// asserts on RMA over the AM reply endpoint).
+    pub reply_ep: Option<usize>,
+    pub payload: AmPayload<'a>,
+}
+
+/// The payload of an active message.
+#[derive(Debug)]
+pub enum AmPayload<'a> {
+    /// Delivered eagerly; valid only during the handler (copy what you keep).
+    Inline(&'a [u8]),
+    /// Too large for eager delivery: receive it with [`RndvDesc::receive`]
+    /// or leave it, and the sender's send fails with the handler's verdict.
+    Rendezvous(RndvDesc<'a>),
+}
+
+/// A rendezvous descriptor of `len` bytes.
+pub struct RndvDesc<'a> {
+    worker: sys::ucp_worker_h,
+    desc: *mut std::ffi::c_void,
+    len: usize,
+    used: &'a Cell<bool>,
+}
+
+impl std::fmt::Debug for RndvDesc<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RndvDesc").field("len", &self.len).finish()
+    }
+}
+
+impl RndvDesc<'_> {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Starts receiving the payload into `buf` (resized to `len`). When the
+    /// op completes, `take_kept()` gives back the `Vec<u8>`.
+    pub fn receive(self, mut buf: Vec<u8>) -> Result<Op> {
+        buf.resize(self.len, 0);
+        let ptr_ = buf.as_mut_ptr();
+        let op = Op::new("ucp_am_recv_data_nbx", vec![Box::new(buf)]);
+        let ud = op.user_data();
+        let mut param = sys::ucp_request_param_t {
+            op_attr_mask: sys::UCP_OP_ATTR_FIELD_CALLBACK | sys::UCP_OP_ATTR_FIELD_USER_DATA,
+            user_data: ud,
+            ..Default::default()
+        };
+        param.cb.recv_am = Some(recv_am_cb);
+        self.used.set(true);
+        // SAFETY: desc is the rendezvous descriptor of the message being
+        // handled (UCX takes ownership of it in this call even on failure);
+        // the buffer is `len` bytes and is kept alive by the op until the
+        // receive completes.
+        let ret = unsafe {
+            sys::ucp_am_recv_data_nbx(self.worker, self.desc, ptr_.cast(), self.len, &param)
+        };
+        op.started(ret, ud)
+    }
+}
+
+/// What the handler decided about a rendezvous payload it did not receive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AmVerdict {
+    /// Message handled.
+    Done,
+    /// Refuse a rendezvous payload: the sender's operation completes with
+    /// this status. Ignored for inline payloads.
+    Reject(Status),
+}
+
+unsafe extern "C" fn am_cb(
+    arg: *mut std::ffi::c_void,
+    header: *const std::ffi::c_void,
+    header_length: usize,
+    data: *mut std::ffi::c_void,
+    length: usize,
+    param: *const sys::ucp_am_recv_param_t,
+) -> sys::ucs_status_t {
+    // SAFETY: arg is the AmHandlerBox kept in WorkerInner::handlers for the
+    // worker's whole life.
+    let hb = unsafe { &*(arg as *const AmHandlerBox) };
+    let header: &[u8] = if header_length == 0 || header.is_null() {
+        &[]
+    } else {
+        // SAFETY: UCX gives header_length readable bytes valid during the callback.
+        unsafe { std::slice::from_raw_parts(header as *const u8, header_length) }
+    };
+    // SAFETY: param is valid during the callback.
+    let attr = unsafe { (*param).recv_attr };
+    let reply_ep = if attr & sys::UCP_AM_RECV_ATTR_FIELD_REPLY_EP as u64 != 0 {
+        // SAFETY: the field is valid when its bit is set in recv_attr.
+        Some(unsafe { (*param).reply_ep } as usize)
+    } else {
+        None
+    };
+    let rndv = attr & sys::UCP_AM_RECV_ATTR_FLAG_RNDV as u64 != 0;
+    let used = Cell::new(false);
+    let payload = if rndv {
+        AmPayload::Rendezvous(RndvDesc {
+            worker: hb.worker,
+            desc: data,
+            len: length,
+            used: &used,
+        })
+    } else if length == 0 || data.is_null() {
+        AmPayload::Inline(&[])
+    } else {
+        // SAFETY: eager data: `length` bytes valid during the callback.
+        AmPayload::Inline(unsafe { std::slice::from_raw_parts(data as *const u8, length) })
+    };
+    let s = hb.ctx.stats();
+    Stats::add(&s.am_received, 1);
+    Stats::add(&s.am_bytes_received, (header_length + length) as u64);
+    if rndv {
+        Stats::add(&s.am_rndv_received, 1);
+    }
+    let verdict = match hb.f.try_borrow_mut() {
+        Ok(mut f) => f(AmRecv {
+            header,
+            reply_ep,
+            payload,
+        }),
+        Err(_) => AmVerdict::Reject(Status::BUSY),
+    };
+    if rndv && used.get() {
+        sys::UCS_INPROGRESS as sys::ucs_status_t
+    } else if rndv {
+        match verdict {
+            AmVerdict::Reject(st) if !st.is_ok() => st.0 as sys::ucs_status_t,
+            _ => sys::UCS_ERR_REJECTED as sys::ucs_status_t,
+        }
+    } else {
+        sys::UCS_OK as sys::ucs_status_t
+    }
+}
+
+/// A socket address in the C layout UCX wants.
+pub(crate) struct SockAddr {
+    storage: libc::sockaddr_storage,
+    len: libc::socklen_t,
+}
+
+impl From<SocketAddr> for SockAddr {
+    fn from(a: SocketAddr) -> Self {
+        // SAFETY: sockaddr_storage is plain old data; all-zero is valid.
+        let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        let len = match a {
+            SocketAddr::V4(v4) => {
+                // SAFETY: sockaddr_storage is large and aligned enough for sockaddr_in.
+                let sin = unsafe { &mut *(&mut storage as *mut _ as *mut libc::sockaddr_in) };
+                sin.sin_family = libc::AF_INET as libc::sa_family_t;
+                sin.sin_port = v4.port().to_be();
+                sin.sin_addr = libc::in_addr {
+                    s_addr: u32::from_ne_bytes(v4.ip().octets()),
+                };
+                std::mem::size_of::<libc::sockaddr_in>()
+            }
+            SocketAddr::V6(v6) => {
+                // SAFETY: sockaddr_storage is large and aligned enough for sockaddr_in6.
+                let sin6 = unsafe { &mut *(&mut storage as *mut _ as *mut libc::sockaddr_in6) };
+                sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+                sin6.sin6_port = v6.port().to_be();
+                sin6.sin6_addr = libc::in6_addr {
+                    s6_addr: v6.ip().octets(),
+                };
+                sin6.sin6_flowinfo = v6.flowinfo();
+                sin6.sin6_scope_id = v6.scope_id();
+                std::mem::size_of::<libc::sockaddr_in6>()
+            }
+        };
+        SockAddr {
+            storage,
+            len: len as libc::socklen_t,
+        }
+    }
+}
+
+impl SockAddr {
+    pub(crate) fn as_ucs(&self) -> sys::ucs_sock_addr_t {
+        sys::ucs_sock_addr_t {
+            addr: &self.storage as *const _ as *const sys::sockaddr,
+            addrlen: self.len,
+        }
+    }
+}
+
+fn sockaddr_to_std(s: &libc::sockaddr_storage) -> Option<SocketAddr> {
+    match s.ss_family as i32 {
+        libc::AF_INET => {
+            // SAFETY: the family says this storage holds a sockaddr_in.
+            let sin = unsafe { &*(s as *const _ as *const libc::sockaddr_in) };
+            let ip = std::net::Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes());
+            Some(SocketAddr::new(ip.into(), u16::from_be(sin.sin_port)))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the family says this storage holds a sockaddr_in6.
+            let sin6 = unsafe { &*(s as *const _ as *const libc::sockaddr_in6) };
+            let ip = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+            Some(SocketAddr::new(ip.into(), u16::from_be(sin6.sin6_port)))
+        }
+        _ => None,
+    }
+}

@@ -1,0 +1,27 @@
+//! Generates the UCP bindings from the system's `ucp/api/ucp.h` (Debian
+//! `libucx-dev`). Only the `ucp_*` / `ucs_*` names are kept; enums become
+//! plain integer constants because UCX uses them as bit flags.
+
+use std::env;
+use std::path::PathBuf;
+
+fn main() {
+    println!("cargo:rerun-if-changed=wrapper.h");
+    println!("cargo:rustc-link-lib=ucp");
+    println!("cargo:rustc-link-lib=ucs");
+    let bindings = bindgen::Builder::default()
+        .header("wrapper.h")
+        .allowlist_function("ucp_.*|ucs_.*")
+        .allowlist_type("ucp_.*|ucs_.*")
+        .allowlist_var("UCP_.*|UCS_.*")
+        .default_enum_style(bindgen::EnumVariation::Consts)
+        .prepend_enum_name(false)
+        .derive_default(true)
+        .layout_tests(false)
+        .generate_comments(false)
+        .parse_callbacks(Box::new(bindgen::CargoCallbacks::new()))
+        .generate()
+        .expect("bindgen could not process ucp/api/ucp.h: install libucx-dev and libclang-dev");
+    let out = PathBuf::from(env::var("OUT_DIR").unwrap()).join("bindings.rs");
+    bindings.write_to_file(out).expect("write bindings.rs");
+}
