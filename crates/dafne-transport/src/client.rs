@@ -94,14 +94,7 @@ impl ClientSide {
         let ctrl = match l.worker.connect_sockaddr(addr) {
             Ok(ep) => ep,
             Err(e) => {
-                Self::fail(
-                    l,
-                    id,
-                    TransportError::Unreachable {
-                        addr,
-                        reason: e.to_string(),
-                    },
-                );
+                Self::fail(l, id, TransportError::Unreachable { addr, reason: e.to_string() });
                 return id;
             }
         };
@@ -125,14 +118,7 @@ impl ClientSide {
         let sent = ctrl.am_send(AM_ID, h.encode().to_vec(), hello, true);
         *conn.ctrl.borrow_mut() = Some(ctrl);
         if let Err(e) = sent {
-            Self::fail(
-                l,
-                id,
-                TransportError::Unreachable {
-                    addr,
-                    reason: e.to_string(),
-                },
-            );
+            Self::fail(l, id, TransportError::Unreachable { addr, reason: e.to_string() });
         }
         id
     }
@@ -162,10 +148,7 @@ impl ClientSide {
                     let r = match TransportStatus::from_i32(m.hdr.status) {
                         Some(TransportStatus::Ok) => Ok(m.payload),
                         Some(s) => Err(TransportError::Rejected(s)),
-                        None => Err(TransportError::Protocol(format!(
-                            "unknown transport status {}",
-                            m.hdr.status
-                        ))),
+                        None => Err(TransportError::Protocol(format!("unknown transport status {}", m.hdr.status))),
                     };
                     let _ = p.tx.send(r);
                 }
@@ -183,34 +166,20 @@ impl ClientSide {
         }
         let w = match Welcome::decode(&m.payload) {
             Ok(w) => w,
-            Err(e) => {
-                return Self::fail(l, id, TransportError::Protocol(format!("bad welcome: {e}")))
-            }
+            Err(e) => return Self::fail(l, id, TransportError::Protocol(format!("bad welcome: {e}"))),
         };
         if m.hdr.credits == 0 || m.hdr.token == 0 {
-            return Self::fail(
-                l,
-                id,
-                TransportError::Protocol("welcome granted no credit or no token".into()),
-            );
+            return Self::fail(l, id, TransportError::Protocol("welcome granted no credit or no token".into()));
         }
         let mode = match l.options().data_path {
-            DataPath::Auto if w.host_id == l.shared.host_id && w.host_id != [0; 16] => {
-                ErrMode::None
-            }
+            DataPath::Auto if w.host_id == l.shared.host_id && w.host_id != [0; 16] => ErrMode::None,
             DataPath::Auto => ErrMode::Peer,
             DataPath::NoErrorHandling => ErrMode::None,
             DataPath::PeerErrorHandling => ErrMode::Peer,
         };
         let data = match l.worker.connect_address(&w.worker_address, mode) {
             Ok(ep) => ep,
-            Err(e) => {
-                return Self::fail(
-                    l,
-                    id,
-                    TransportError::Protocol(format!("data endpoint: {e}")),
-                )
-            }
+            Err(e) => return Self::fail(l, id, TransportError::Protocol(format!("data endpoint: {e}"))),
         };
         if mode == ErrMode::Peer {
             l.watch_failure(&data);
@@ -222,8 +191,7 @@ impl ClientSide {
         let granted = m.hdr.credits.min(4096);
         conn.granted.set(granted);
         conn.credits.set(granted);
-        conn.max_request
-            .set(conn.max_request.get().min(w.max_request as usize));
+        conn.max_request.set(conn.max_request.get().min(w.max_request as usize));
         conn.state.set(State::Ready);
         l.client.by_nonce.borrow_mut().remove(&conn.nonce);
         l.client.by_token.borrow_mut().insert(m.hdr.token, id);
@@ -239,27 +207,18 @@ impl ClientSide {
             return;
         };
         if conn.state.get() == State::Dead {
-            let e = conn
-                .failure
-                .borrow()
-                .clone()
-                .unwrap_or(TransportError::Shutdown);
+            let e = conn.failure.borrow().clone().unwrap_or(TransportError::Shutdown);
             let _ = tx.send(Err(e));
             return;
         }
         if payload.len() > conn.max_request.get() {
-            let _ = tx.send(Err(TransportError::TooLarge {
-                len: payload.len(),
-                limit: conn.max_request.get(),
-            }));
+            let _ = tx.send(Err(TransportError::TooLarge { len: payload.len(), limit: conn.max_request.get() }));
             return;
         }
         let corr = conn.next_corr.get();
         conn.next_corr.set(corr + 1);
         let deadline = Instant::now() + l.options().call_timeout;
-        conn.pending
-            .borrow_mut()
-            .insert(corr, Pending { tx, deadline });
+        conn.pending.borrow_mut().insert(corr, Pending { tx, deadline });
         if conn.credits.get() == 0 {
             TransportStats::inc(&l.stats().credit_waits);
         }
@@ -286,13 +245,8 @@ impl ClientSide {
             h.corr = corr;
             h.payload_len = payload.len() as u32;
             let r = match &*conn.data.borrow() {
-                Some(ep) => ep
-                    .am_send(AM_ID, h.encode().to_vec(), payload, false)
-                    .map(|_| ()),
-                None => Err(dafne_ucx::Error::Invalid {
-                    op: "send",
-                    reason: "no data endpoint".into(),
-                }),
+                Some(ep) => ep.am_send(AM_ID, h.encode().to_vec(), payload, false).map(|_| ()),
+                None => Err(dafne_ucx::Error::Invalid { op: "send", reason: "no data endpoint".into() }),
             };
             TransportStats::inc(&l.stats().requests_sent);
             if let Err(e) = r {
@@ -305,13 +259,7 @@ impl ClientSide {
     }
 
     pub(crate) fn housekeeping(l: &Rc<Local>, now: Instant) {
-        let conns: Vec<(u64, Rc<ClientConn>)> = l
-            .client
-            .conns
-            .borrow()
-            .iter()
-            .map(|(k, v)| (*k, v.clone()))
-            .collect();
+        let conns: Vec<(u64, Rc<ClientConn>)> = l.client.conns.borrow().iter().map(|(k, v)| (*k, v.clone())).collect();
         let ka = l.options().keepalive;
         for (id, c) in conns {
             match c.state.get() {
@@ -352,38 +300,27 @@ impl ClientSide {
                     }
                 }
             }
-            let expired: Vec<u64> = c
-                .pending
-                .borrow()
-                .iter()
-                .filter(|(_, p)| p.deadline <= now)
-                .map(|(k, _)| *k)
-                .collect();
+            let expired: Vec<u64> =
+                c.pending.borrow().iter().filter(|(_, p)| p.deadline <= now).map(|(k, _)| *k).collect();
             for corr in expired {
                 if let Some(p) = c.pending.borrow_mut().remove(&corr) {
                     TransportStats::inc(&l.stats().call_timeouts);
-                    let _ = p.tx.send(Err(TransportError::TimedOut {
-                        what: "call",
-                        after: l.options().call_timeout,
-                    }));
+                    let _ = p.tx.send(Err(TransportError::TimedOut { what: "call", after: l.options().call_timeout }));
                 }
             }
         }
     }
 
-    pub(crate) fn on_ep_failed(l: &Rc<Local>, ep_id: usize) {
+    pub(crate) fn on_ep_failed(l: &Rc<Local>, ep_id: usize, st: dafne_ucx::Status) {
         let id = l.client.by_ep.borrow_mut().remove(&ep_id);
         if let Some(id) = id {
             let Some(c) = Self::get(l, id) else { return };
             let err = if c.state.get() == State::Connecting {
-                TransportError::Unreachable {
-                    addr: c.addr,
-                    reason: "connection refused or reset".into(),
-                }
+                TransportError::Unreachable { addr: c.addr, reason: format!("connection failed: {st}") }
             } else {
                 TransportError::PeerFailed {
                     peer: c.addr.to_string(),
-                    reason: "the peer closed or crashed".into(),
+                    reason: format!("the peer closed or crashed: {st}"),
                 }
             };
             Self::fail(l, id, err);
@@ -416,10 +353,7 @@ impl ClientSide {
         let cs = &l.client;
         cs.by_token.borrow_mut().remove(&c.token.get());
         cs.by_nonce.borrow_mut().remove(&c.nonce);
-        for ep in [c.ctrl.borrow_mut().take(), c.data.borrow_mut().take()]
-            .into_iter()
-            .flatten()
-        {
+        for ep in [c.ctrl.borrow_mut().take(), c.data.borrow_mut().take()].into_iter().flatten() {
             cs.by_ep.borrow_mut().remove(&ep.id());
         }
     }
@@ -474,9 +408,7 @@ pub struct Client {
 
 impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Client")
-            .field("addr", &self.inner.addr)
-            .finish()
+        f.debug_struct("Client").field("addr", &self.inner.addr).finish()
     }
 }
 
@@ -490,13 +422,7 @@ impl Client {
             let _ = idtx.send(ClientSide::connect(l, addr, tx));
         })?;
         let id = idrx.recv().map_err(|_| TransportError::Shutdown)?;
-        let client = Client {
-            inner: Arc::new(ClientInner {
-                shared: rt.shared.clone(),
-                id,
-                addr,
-            }),
-        };
+        let client = Client { inner: Arc::new(ClientInner { shared: rt.shared.clone(), id, addr }) };
         futures::executor::block_on(rx).map_err(|_| TransportError::Shutdown)??;
         Ok(client)
     }
@@ -517,16 +443,10 @@ impl Client {
 
     /// Sends a request; the future resolves with the reply. The future is
     /// `Send` and may be awaited on any executor.
-    pub fn call_async(
-        &self,
-        payload: Vec<u8>,
-    ) -> impl Future<Output = Result<Vec<u8>>> + Send + 'static {
+    pub fn call_async(&self, payload: Vec<u8>) -> impl Future<Output = Result<Vec<u8>>> + Send + 'static {
         let (tx, rx) = oneshot::channel();
         let id = self.inner.id;
-        let submitted = self
-            .inner
-            .shared
-            .submit(move |l| ClientSide::call(l, id, payload, tx));
+        let submitted = self.inner.shared.submit(move |l| ClientSide::call(l, id, payload, tx));
         async move {
             submitted?;
             rx.await.unwrap_or(Err(TransportError::Shutdown))
@@ -544,7 +464,6 @@ impl Client {
                 .unwrap_or_else(|| "no data endpoint".into());
             let _ = tx.send(s);
         })?;
-        rx.recv_timeout(Duration::from_secs(10))
-            .map_err(|_| TransportError::Shutdown)
+        rx.recv_timeout(Duration::from_secs(10)).map_err(|_| TransportError::Shutdown)
     }
 }

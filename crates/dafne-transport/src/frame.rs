@@ -126,15 +126,7 @@ pub enum FrameError {
 
 impl FrameHeader {
     pub fn new(kind: FrameKind) -> FrameHeader {
-        FrameHeader {
-            kind,
-            status: 0,
-            conn_id: 0,
-            credits: 0,
-            corr: 0,
-            token: 0,
-            payload_len: 0,
-        }
+        FrameHeader { kind, status: 0, conn_id: 0, credits: 0, corr: 0, token: 0, payload_len: 0 }
     }
 
     pub fn encode(&self) -> [u8; FRAME_HEADER_LEN] {
@@ -153,11 +145,7 @@ impl FrameHeader {
 
     /// Decodes and validates a header. `payload_len` is checked against the
     /// payload size UCX reports and against `max_payload`.
-    pub fn decode(
-        b: &[u8],
-        actual_payload: usize,
-        max_payload: usize,
-    ) -> Result<FrameHeader, FrameError> {
+    pub fn decode(b: &[u8], actual_payload: usize, max_payload: usize) -> Result<FrameHeader, FrameError> {
         if b.len() != FRAME_HEADER_LEN {
             return Err(FrameError::BadLength(b.len()));
         }
@@ -182,16 +170,10 @@ impl FrameHeader {
         }
         let payload_len = u32_at(32);
         if payload_len as usize != actual_payload {
-            return Err(FrameError::LengthMismatch {
-                announced: payload_len,
-                actual: actual_payload,
-            });
+            return Err(FrameError::LengthMismatch { announced: payload_len, actual: actual_payload });
         }
         if actual_payload > max_payload {
-            return Err(FrameError::TooLarge {
-                len: actual_payload,
-                limit: max_payload,
-            });
+            return Err(FrameError::TooLarge { len: actual_payload, limit: max_payload });
         }
         Ok(FrameHeader {
             kind,
@@ -238,10 +220,7 @@ impl Hello {
     pub fn decode(b: &[u8]) -> Result<Hello, String> {
         let (host_id, rest) = take_host(b)?;
         let worker_address = take_blob(rest)?;
-        Ok(Hello {
-            host_id,
-            worker_address,
-        })
+        Ok(Hello { host_id, worker_address })
     }
 }
 
@@ -262,11 +241,7 @@ impl Welcome {
         }
         let max_request = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]);
         let worker_address = take_blob(&rest[4..])?;
-        Ok(Welcome {
-            host_id,
-            max_request,
-            worker_address,
-        })
+        Ok(Welcome { host_id, max_request, worker_address })
     }
 }
 
@@ -285,15 +260,10 @@ fn take_blob(b: &[u8]) -> Result<Vec<u8>, String> {
     }
     let n = u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize;
     if n == 0 || n > MAX_ADDRESS {
-        return Err(format!(
-            "worker address length {n} outside 1..={MAX_ADDRESS}"
-        ));
+        return Err(format!("worker address length {n} outside 1..={MAX_ADDRESS}"));
     }
     if b.len() != 4 + n {
-        return Err(format!(
-            "address announces {n} bytes, {} present",
-            b.len() - 4
-        ));
+        return Err(format!("address announces {n} bytes, {} present", b.len() - 4));
     }
     Ok(b[4..].to_vec())
 }
@@ -323,48 +293,24 @@ mod tests {
     #[test]
     fn every_corruption_is_named() {
         let good = sample().encode();
-        assert_eq!(
-            FrameHeader::decode(&good[..39], 100, 1000),
-            Err(FrameError::BadLength(39))
-        );
+        assert_eq!(FrameHeader::decode(&good[..39], 100, 1000), Err(FrameError::BadLength(39)));
         let mut b = good;
         b[0] = 0;
-        assert!(matches!(
-            FrameHeader::decode(&b, 100, 1000),
-            Err(FrameError::BadMagic(_))
-        ));
+        assert!(matches!(FrameHeader::decode(&b, 100, 1000), Err(FrameError::BadMagic(_))));
         let mut b = good;
         b[2] = 9;
-        assert_eq!(
-            FrameHeader::decode(&b, 100, 1000),
-            Err(FrameError::BadVersion(9))
-        );
+        assert_eq!(FrameHeader::decode(&b, 100, 1000), Err(FrameError::BadVersion(9)));
         let mut b = good;
         b[3] = 200;
-        assert_eq!(
-            FrameHeader::decode(&b, 100, 1000),
-            Err(FrameError::BadKind(200))
-        );
+        assert_eq!(FrameHeader::decode(&b, 100, 1000), Err(FrameError::BadKind(200)));
         let mut b = good;
         b[39] = 1;
-        assert!(matches!(
-            FrameHeader::decode(&b, 100, 1000),
-            Err(FrameError::Reserved(_))
-        ));
+        assert!(matches!(FrameHeader::decode(&b, 100, 1000), Err(FrameError::Reserved(_))));
         assert_eq!(
             FrameHeader::decode(&good, 99, 1000),
-            Err(FrameError::LengthMismatch {
-                announced: 100,
-                actual: 99
-            })
+            Err(FrameError::LengthMismatch { announced: 100, actual: 99 })
         );
-        assert_eq!(
-            FrameHeader::decode(&good, 100, 50),
-            Err(FrameError::TooLarge {
-                len: 100,
-                limit: 50
-            })
-        );
+        assert_eq!(FrameHeader::decode(&good, 100, 50), Err(FrameError::TooLarge { len: 100, limit: 50 }));
     }
 
     #[test]
@@ -390,16 +336,9 @@ mod tests {
 
     #[test]
     fn hello_and_welcome_round_trip_and_reject_lies() {
-        let h = Hello {
-            host_id: [3; 16],
-            worker_address: vec![1, 2, 3],
-        };
+        let h = Hello { host_id: [3; 16], worker_address: vec![1, 2, 3] };
         assert_eq!(Hello::decode(&h.encode()), Ok(h.clone()));
-        let w = Welcome {
-            host_id: [4; 16],
-            max_request: 1 << 20,
-            worker_address: vec![9; 200],
-        };
+        let w = Welcome { host_id: [4; 16], max_request: 1 << 20, worker_address: vec![9; 200] };
         assert_eq!(Welcome::decode(&w.encode()), Ok(w));
         let mut lie = h.encode();
         lie[16..20].copy_from_slice(&(u32::MAX).to_le_bytes());

@@ -107,9 +107,7 @@ impl Shared {
         if self.stopping.load(SeqCst) {
             return Err(TransportError::Shutdown);
         }
-        self.cmd_tx
-            .send(Box::new(f))
-            .map_err(|_| TransportError::Shutdown)?;
+        self.cmd_tx.send(Box::new(f)).map_err(|_| TransportError::Shutdown)?;
         self.wake();
         Ok(())
     }
@@ -130,25 +128,18 @@ pub struct Runtime {
 
 impl std::fmt::Debug for Runtime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Runtime")
-            .field("name", &self.shared.opts.name)
-            .finish()
+        f.debug_struct("Runtime").field("name", &self.shared.opts.name).finish()
     }
 }
 
 impl Runtime {
     pub fn new(opts: RuntimeOptions) -> Result<Runtime> {
-        let ctx = Context::new(&ContextOptions {
-            name: opts.name.clone(),
-            config: opts.ucx_config.clone(),
-        })?;
+        let ctx = Context::new(&ContextOptions { name: opts.name.clone(), config: opts.ucx_config.clone() })?;
         let (cmd_tx, cmd_rx) = crossbeam_channel::unbounded::<Cmd>();
         let (run_tx, run_rx) = crossbeam_channel::unbounded::<async_task::Runnable>();
-        let wake_fd = rustix::event::eventfd(
-            0,
-            rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
-        )
-        .map_err(|e| TransportError::Ucx(format!("eventfd: {e}")))?;
+        let wake_fd =
+            rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK)
+                .map_err(|e| TransportError::Ucx(format!("eventfd: {e}")))?;
         let shared = Arc::new(Shared {
             ctx,
             opts: opts.clone(),
@@ -167,10 +158,7 @@ impl Runtime {
             .spawn(move || run_loop(sh, cmd_rx, run_rx, ready_tx))
             .map_err(|e| TransportError::Ucx(format!("spawning the event loop thread: {e}")))?;
         ready_rx.recv().map_err(|_| TransportError::Shutdown)??;
-        Ok(Runtime {
-            shared,
-            thread: Some(thread),
-        })
+        Ok(Runtime { shared, thread: Some(thread) })
     }
 
     /// The UCX context: register memory here ([`crate::Region`]).
@@ -187,10 +175,7 @@ impl Runtime {
     }
 
     /// Runs `f` on the loop thread and waits for its result.
-    pub fn run_on_loop<T: Send + 'static>(
-        &self,
-        f: impl FnOnce(&Rc<Local>) -> T + Send + 'static,
-    ) -> Result<T> {
+    pub fn run_on_loop<T: Send + 'static>(&self, f: impl FnOnce(&Rc<Local>) -> T + Send + 'static) -> Result<T> {
         let (tx, rx) = crossbeam_channel::bounded(1);
         self.shared.submit(move |l| {
             let _ = tx.send(f(l));
@@ -230,7 +215,7 @@ pub struct Local {
     pub(crate) inbound: Rc<RefCell<VecDeque<Inbound>>>,
     rndv: RndvList,
     pub(crate) accepts: Rc<RefCell<Vec<ConnRequest>>>,
-    pub(crate) failed_eps: Rc<RefCell<Vec<usize>>>,
+    pub(crate) failed_eps: Rc<RefCell<Vec<(usize, Status)>>>,
     pub(crate) server: ServerSide,
     pub(crate) client: ClientSide,
 }
@@ -278,17 +263,13 @@ impl Local {
     pub(crate) fn watch_failure(&self, ep: &dafne_ucx::Endpoint) {
         let q = self.failed_eps.clone();
         let id = ep.id();
-        ep.on_error(move |_st: Status| q.borrow_mut().push(id));
+        ep.on_error(move |st: Status| q.borrow_mut().push((id, st)));
     }
 
     fn dispatch(self: &Rc<Self>, m: Inbound) {
         match m.hdr.kind {
-            FrameKind::Hello | FrameKind::Request | FrameKind::Ping | FrameKind::Bye => {
-                ServerSide::on_frame(self, m)
-            }
-            FrameKind::Welcome | FrameKind::Reply | FrameKind::Pong => {
-                ClientSide::on_frame(self, m)
-            }
+            FrameKind::Hello | FrameKind::Request | FrameKind::Ping | FrameKind::Bye => ServerSide::on_frame(self, m),
+            FrameKind::Welcome | FrameKind::Reply | FrameKind::Pong => ClientSide::on_frame(self, m),
         }
     }
 
@@ -306,8 +287,7 @@ fn install_am_handler(
     let q = inbound.clone();
     let sh = shared.clone();
     let max_payload = shared.opts.max_request.max(shared.opts.max_reply);
-    let pending_rndv: Rc<RefCell<Vec<(FrameHeader, Option<usize>, dafne_ucx::Op)>>> =
-        Rc::new(RefCell::new(Vec::new()));
+    let pending_rndv: Rc<RefCell<Vec<(FrameHeader, Option<usize>, dafne_ucx::Op)>>> = Rc::new(RefCell::new(Vec::new()));
     let pr = pending_rndv.clone();
     worker.set_am_handler(AM_ID, move |m| {
         // Rendezvous receives that completed since the last message.
@@ -329,11 +309,7 @@ fn install_am_handler(
         };
         match m.payload {
             AmPayload::Inline(d) => {
-                q.borrow_mut().push_back(Inbound {
-                    hdr,
-                    payload: d.to_vec(),
-                    reply_ep: m.reply_ep,
-                });
+                q.borrow_mut().push_back(Inbound { hdr, payload: d.to_vec(), reply_ep: m.reply_ep });
                 AmVerdict::Done
             }
             AmPayload::Rendezvous(r) => {
@@ -370,16 +346,8 @@ fn finish_rndv(pr: &RndvList, q: &Rc<RefCell<VecDeque<Inbound>>>) {
             Some(res) => {
                 let (hdr, reply_ep, op) = list.swap_remove(i);
                 if res.is_ok() {
-                    if let Some(v) = op
-                        .take_kept()
-                        .into_iter()
-                        .find_map(|b| b.downcast::<Vec<u8>>().ok())
-                    {
-                        q.borrow_mut().push_back(Inbound {
-                            hdr,
-                            payload: *v,
-                            reply_ep,
-                        });
+                    if let Some(v) = op.take_kept().into_iter().find_map(|b| b.downcast::<Vec<u8>>().ok()) {
+                        q.borrow_mut().push_back(Inbound { hdr, payload: *v, reply_ep });
                     }
                 } else {
                     tracing::warn!("rendezvous payload lost: {:?}", res);
@@ -420,17 +388,16 @@ fn run_loop(
             return;
         }
     };
-    let tick =
-        (shared.opts.keepalive / 4).clamp(Duration::from_millis(5), Duration::from_millis(250));
+    let tick = (shared.opts.keepalive / 4).clamp(Duration::from_millis(5), Duration::from_millis(250));
     let mut next_housekeeping = Instant::now() + tick;
     let mut last_activity = Instant::now();
     loop {
         let mut active = local.worker.progress() > 0;
         finish_rndv(&local.rndv, &local.inbound);
-        for id in std::mem::take(&mut *local.failed_eps.borrow_mut()) {
+        for (id, st) in std::mem::take(&mut *local.failed_eps.borrow_mut()) {
             active = true;
             ServerSide::on_ep_failed(&local, id);
-            ClientSide::on_ep_failed(&local, id);
+            ClientSide::on_ep_failed(&local, id, st);
         }
         let accepts = std::mem::take(&mut *local.accepts.borrow_mut());
         for req in accepts {
@@ -488,15 +455,9 @@ fn run_loop(
             deadline = deadline.min(t);
         }
         let wait = deadline.saturating_duration_since(Instant::now());
-        let ts = rustix::time::Timespec {
-            tv_sec: wait.as_secs() as i64,
-            tv_nsec: wait.subsec_nanos() as i64,
-        };
+        let ts = rustix::time::Timespec { tv_sec: wait.as_secs() as i64, tv_nsec: wait.subsec_nanos() as i64 };
         let (efd, wfd) = (local.worker.event_fd(), shared.wake_fd.as_fd());
-        let mut fds = [
-            PollFd::new(&efd, PollFlags::IN),
-            PollFd::new(&wfd, PollFlags::IN),
-        ];
+        let mut fds = [PollFd::new(&efd, PollFlags::IN), PollFd::new(&wfd, PollFlags::IN)];
         let _ = rustix::event::poll(&mut fds, Some(&ts));
         let woke_by_fd = fds[1].revents().contains(PollFlags::IN);
         shared.sleeping.store(false, SeqCst);

@@ -58,10 +58,7 @@ pub struct ConnHandle(Rc<ServerConn>);
 
 impl std::fmt::Debug for ConnHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ConnHandle")
-            .field("id", &self.0.id)
-            .field("dead", &self.0.dead.get())
-            .finish()
+        f.debug_struct("ConnHandle").field("id", &self.0.id).field("dead", &self.0.dead.get()).finish()
     }
 }
 
@@ -125,12 +122,7 @@ impl ConnHandle {
         let ops = self.rma(false, segs).await?;
         Ok(ops
             .into_iter()
-            .map(|op| {
-                op.take_kept()
-                    .into_iter()
-                    .find_map(|b| b.downcast::<Vec<u8>>().ok())
-                    .map(|b| *b)
-            })
+            .map(|op| op.take_kept().into_iter().find_map(|b| b.downcast::<Vec<u8>>().ok()).map(|b| *b))
             .collect())
     }
 
@@ -139,11 +131,7 @@ impl ConnHandle {
         let ep = self.data()?;
         let mut ops = Vec::with_capacity(segs.len());
         for s in segs {
-            let r = if put {
-                ep.put(s.local, s.remote_addr, &s.rkey)
-            } else {
-                ep.get(s.local, s.remote_addr, &s.rkey)
-            };
+            let r = if put { ep.put(s.local, s.remote_addr, &s.rkey) } else { ep.get(s.local, s.remote_addr, &s.rkey) };
             match r {
                 Ok(op) => ops.push(op),
                 Err(e) => {
@@ -152,17 +140,9 @@ impl ConnHandle {
                 }
             }
         }
-        let flush = ep
-            .flush()
-            .inspect_err(|_| TransportStats::inc(&stats.rma_failures))?;
+        let flush = ep.flush().inspect_err(|_| TransportStats::inc(&stats.rma_failures))?;
         let deadline = Instant::now() + self.0.shared.opts.call_timeout;
-        let done = Guarded {
-            conn: self.0.clone(),
-            ops: &ops,
-            flush: &flush,
-            sleep: sleep_until(deadline),
-        }
-        .await;
+        let done = Guarded { conn: self.0.clone(), ops: &ops, flush: &flush, sleep: sleep_until(deadline) }.await;
         if let Err(e) = done {
             TransportStats::inc(&stats.rma_failures);
             return Err(e);
@@ -172,9 +152,7 @@ impl ConnHandle {
 
     /// UCX's description of the data endpoint to this client.
     pub fn data_path_info(&self) -> String {
-        self.data()
-            .map(|e| e.print_info())
-            .unwrap_or_else(|e| e.to_string())
+        self.data().map(|e| e.print_info()).unwrap_or_else(|e| e.to_string())
     }
 }
 
@@ -244,10 +222,7 @@ impl ServerSide {
         match l.worker.accept(req) {
             Ok(ep) => {
                 l.watch_failure(&ep);
-                l.server
-                    .accepted
-                    .borrow_mut()
-                    .insert(ep.id(), (ep, Instant::now()));
+                l.server.accepted.borrow_mut().insert(ep.id(), (ep, Instant::now()));
             }
             Err(e) => tracing::warn!("accepting a connection failed: {e}"),
         }
@@ -265,10 +240,7 @@ impl ServerSide {
             FrameKind::Request => {
                 let Some(conn) = Self::conn_for(l, &m.hdr) else {
                     TransportStats::inc(&stats.malformed_frames);
-                    tracing::warn!(
-                        "request for unknown connection {} (or wrong token): dropped",
-                        m.hdr.conn_id
-                    );
+                    tracing::warn!("request for unknown connection {} (or wrong token): dropped", m.hdr.conn_id);
                     return;
                 };
                 conn.last_heard.set(Instant::now());
@@ -281,20 +253,12 @@ impl ServerSide {
                     return Self::reply(&conn, m.hdr.corr, TransportStatus::NoCredit, Vec::new());
                 }
                 let Some(service) = l.server.service.borrow().clone() else {
-                    return Self::reply(
-                        &conn,
-                        m.hdr.corr,
-                        TransportStatus::ShuttingDown,
-                        Vec::new(),
-                    );
+                    return Self::reply(&conn, m.hdr.corr, TransportStatus::ShuttingDown, Vec::new());
                 };
                 conn.inflight.set(conn.inflight.get() + 1);
                 TransportStats::inc(&stats.requests_served);
                 let corr = m.hdr.corr;
-                let fut = service.call(Request {
-                    conn: ConnHandle(conn.clone()),
-                    payload: m.payload,
-                });
+                let fut = service.call(Request { conn: ConnHandle(conn.clone()), payload: m.payload });
                 l.spawn(async move {
                     let reply = fut.await;
                     conn.inflight.set(conn.inflight.get() - 1);
@@ -325,10 +289,7 @@ impl ServerSide {
 
     fn on_hello(l: &Rc<Local>, m: Inbound) {
         let stats = l.stats();
-        let ctrl = m
-            .reply_ep
-            .and_then(|id| l.server.accepted.borrow_mut().remove(&id))
-            .map(|(ep, _)| ep);
+        let ctrl = m.reply_ep.and_then(|id| l.server.accepted.borrow_mut().remove(&id)).map(|(ep, _)| ep);
         let Some(ctrl) = ctrl else {
             TransportStats::inc(&stats.malformed_frames);
             tracing::warn!("hello on an endpoint that is not a fresh control connection: dropped");
@@ -343,9 +304,7 @@ impl ServerSide {
             }
         };
         let mode = match l.options().data_path {
-            DataPath::Auto if hello.host_id == l.shared.host_id && hello.host_id != [0; 16] => {
-                ErrMode::None
-            }
+            DataPath::Auto if hello.host_id == l.shared.host_id && hello.host_id != [0; 16] => ErrMode::None,
             DataPath::Auto => ErrMode::Peer,
             DataPath::NoErrorHandling => ErrMode::None,
             DataPath::PeerErrorHandling => ErrMode::Peer,
@@ -354,9 +313,7 @@ impl ServerSide {
             Ok(ep) => ep,
             Err(e) => {
                 TransportStats::inc(&stats.malformed_frames);
-                tracing::warn!(
-                    "cannot reach the client's worker address ({e}): closing the connection"
-                );
+                tracing::warn!("cannot reach the client's worker address ({e}): closing the connection");
                 return;
             }
         };
@@ -380,12 +337,9 @@ impl ServerSide {
             Ok(a) => a,
             Err(e) => return tracing::error!("worker address: {e}"),
         };
-        let w = Welcome {
-            host_id: l.shared.host_id,
-            max_request: l.options().max_request as u32,
-            worker_address: address,
-        }
-        .encode();
+        let w =
+            Welcome { host_id: l.shared.host_id, max_request: l.options().max_request as u32, worker_address: address }
+                .encode();
         let mut h = FrameHeader::new(FrameKind::Welcome);
         h.corr = m.hdr.corr;
         h.conn_id = id;
@@ -462,10 +416,7 @@ impl ServerSide {
             Self::drop_conn(l, id, true);
         }
         let timeout = o.connect_timeout;
-        l.server
-            .accepted
-            .borrow_mut()
-            .retain(|_, (_, t)| now.duration_since(*t) < timeout);
+        l.server.accepted.borrow_mut().retain(|_, (_, t)| now.duration_since(*t) < timeout);
     }
 
     pub(crate) fn shutdown(l: &Rc<Local>) {
@@ -489,9 +440,7 @@ impl Runtime {
     ) -> Result<SocketAddr> {
         self.run_on_loop(move |l| -> Result<SocketAddr> {
             if l.server.listener.borrow().is_some() {
-                return Err(TransportError::Protocol(
-                    "this runtime already serves".into(),
-                ));
+                return Err(TransportError::Protocol("this runtime already serves".into()));
             }
             let q = l.accepts.clone();
             let listener = l.worker.listen(addr, move |req| q.borrow_mut().push(req))?;

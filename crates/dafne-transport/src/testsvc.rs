@@ -88,10 +88,7 @@ struct Reader<'a>(&'a [u8]);
 impl Reader<'_> {
     fn take(&mut self, n: usize) -> Result<&[u8], String> {
         if self.0.len() < n {
-            return Err(format!(
-                "request truncated: wanted {n} more bytes, {} left",
-                self.0.len()
-            ));
+            return Err(format!("request truncated: wanted {n} more bytes, {} left", self.0.len()));
         }
         let (a, b) = self.0.split_at(n);
         self.0 = b;
@@ -101,14 +98,10 @@ impl Reader<'_> {
         Ok(self.take(1)?[0])
     }
     fn u32(&mut self) -> Result<u32, String> {
-        Ok(u32::from_le_bytes(
-            self.take(4)?.try_into().unwrap_or_default(),
-        ))
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap_or_default()))
     }
     fn u64(&mut self) -> Result<u64, String> {
-        Ok(u64::from_le_bytes(
-            self.take(8)?.try_into().unwrap_or_default(),
-        ))
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap_or_default()))
     }
 }
 
@@ -135,9 +128,7 @@ pub fn decode_rma(body: &[u8]) -> Result<(u8, u64, Vec<SegDesc>), String> {
         segs.push(SegDesc { addr, len, key });
     }
     if total as usize > SLOT_SIZE {
-        return Err(format!(
-            "{total} bytes requested, at most {SLOT_SIZE} per request"
-        ));
+        return Err(format!("{total} bytes requested, at most {SLOT_SIZE} per request"));
     }
     if !r.0.is_empty() {
         return Err(format!("{} trailing bytes", r.0.len()));
@@ -156,13 +147,8 @@ impl TestService {
     /// Builds the service with its registered pool (allocated once here).
     pub fn new(l: &Rc<Local>) -> TestService {
         let ctx = l.context().clone();
-        let slots = (0..SLOTS)
-            .filter_map(|_| {
-                Region::allocate(&ctx, SLOT_SIZE, Access::Local)
-                    .ok()
-                    .map(Arc::new)
-            })
-            .collect();
+        let slots =
+            (0..SLOTS).filter_map(|_| Region::allocate(&ctx, SLOT_SIZE, Access::Local).ok().map(Arc::new)).collect();
         let sh = l.shared.clone();
         TestService {
             ctx: ctx.clone(),
@@ -191,18 +177,11 @@ impl TestService {
         self.slots.borrow_mut().push(slot);
     }
 
-    async fn rma(
-        self: Rc<Self>,
-        conn: ConnHandle,
-        put: bool,
-        body: Vec<u8>,
-    ) -> Result<Vec<u8>, String> {
+    async fn rma(self: Rc<Self>, conn: ConnHandle, put: bool, body: Vec<u8>) -> Result<Vec<u8>, String> {
         let (flags, seed, segs) = decode_rma(&body)?;
         let total: usize = segs.iter().map(|s| s.len as usize).sum();
-        let keys = segs
-            .iter()
-            .map(|s| conn.remote_key(&s.key).map_err(|e| e.to_string()))
-            .collect::<Result<Vec<_>, _>>()?;
+        let keys =
+            segs.iter().map(|s| conn.remote_key(&s.key).map_err(|e| e.to_string())).collect::<Result<Vec<_>, _>>()?;
         if flags & FLAG_PLAIN != 0 {
             // Unpooled user memory: UCX registers or copies it internally.
             let mut off = 0u64;
@@ -215,11 +194,7 @@ impl TestService {
                     }
                 }
                 off += s.len;
-                rsegs.push(RmaSeg {
-                    local: LocalMem::Bytes(v),
-                    remote_addr: s.addr,
-                    rkey: k.clone(),
-                });
+                rsegs.push(RmaSeg { local: LocalMem::Bytes(v), remote_addr: s.addr, rkey: k.clone() });
             }
             if put {
                 conn.put(rsegs).await.map_err(|e| e.to_string())?;
@@ -227,10 +202,7 @@ impl TestService {
             }
             let got = conn.get(rsegs).await.map_err(|e| e.to_string())?;
             let parts: Vec<Vec<u8>> = got.into_iter().flatten().collect();
-            return Ok(hash_reply(
-                &parts.iter().map(|v| v.as_slice()).collect::<Vec<_>>(),
-                total,
-            ));
+            return Ok(hash_reply(&parts.iter().map(|v| v.as_slice()).collect::<Vec<_>>(), total));
         }
         let mut slot = self.slot().await?;
         if put && flags & FLAG_VERIFY != 0 {
@@ -247,25 +219,15 @@ impl TestService {
         let mut rsegs = Vec::new();
         for (s, k) in segs.iter().zip(&keys) {
             rsegs.push(RmaSeg {
-                local: LocalMem::Region {
-                    region: slot.clone(),
-                    offset: off,
-                    len: s.len as usize,
-                },
+                local: LocalMem::Region { region: slot.clone(), offset: off, len: s.len as usize },
                 remote_addr: s.addr,
                 rkey: k.clone(),
             });
             off += s.len as usize;
         }
-        let res = if put {
-            conn.put(rsegs).await
-        } else {
-            conn.get(rsegs).await.map(|_| ())
-        };
+        let res = if put { conn.put(rsegs).await } else { conn.get(rsegs).await.map(|_| ()) };
         let out = match res {
-            Ok(_) if !put && flags & FLAG_VERIFY != 0 => {
-                Ok(hash_reply(&[&slot.as_slice()[..total]], total))
-            }
+            Ok(_) if !put && flags & FLAG_VERIFY != 0 => Ok(hash_reply(&[&slot.as_slice()[..total]], total)),
             Ok(_) => Ok(Vec::new()),
             Err(e) => Err(e.to_string()),
         };
@@ -303,10 +265,7 @@ impl Service for TestServiceHandle {
                 OP_GET => svc.rma(conn, false, body.to_vec()).await,
                 OP_SLEEP => match <[u8; 4]>::try_from(body) {
                     Ok(ms) => {
-                        crate::timer::sleep(std::time::Duration::from_millis(
-                            u32::from_le_bytes(ms) as u64,
-                        ))
-                        .await;
+                        crate::timer::sleep(std::time::Duration::from_millis(u32::from_le_bytes(ms) as u64)).await;
                         Ok(Vec::new())
                     }
                     Err(_) => Err("sleep wants 4 bytes".into()),
@@ -332,10 +291,7 @@ fn err_reply(msg: &str) -> Vec<u8> {
 }
 
 /// Starts the reference service on `rt`.
-pub fn serve(
-    rt: &Runtime,
-    addr: std::net::SocketAddr,
-) -> crate::error::Result<std::net::SocketAddr> {
+pub fn serve(rt: &Runtime, addr: std::net::SocketAddr) -> crate::error::Result<std::net::SocketAddr> {
     rt.serve(addr, |l| TestServiceHandle(Rc::new(TestService::new(l))))
 }
 

@@ -50,10 +50,7 @@ pub struct Sleep {
 
 /// Sleeps for `d` on the runtime's event loop.
 pub fn sleep(d: Duration) -> Sleep {
-    Sleep {
-        deadline: Instant::now() + d,
-        id: None,
-    }
+    Sleep { deadline: Instant::now() + d, id: None }
 }
 
 pub(crate) fn sleep_until(deadline: Instant) -> Sleep {

@@ -22,6 +22,7 @@ pub struct ContextOptions {
 pub(crate) struct ContextInner {
     pub(crate) h: sys::ucp_context_h,
     pub(crate) stats: Stats,
+    key_shape: std::sync::OnceLock<crate::memory::KeyShape>,
 }
 
 // SAFETY: the context is created with mt_workers_shared = 1, which makes UCX
@@ -56,33 +57,16 @@ impl Context {
         let mut config: *mut sys::ucp_config_t = ptr::null_mut();
         // SAFETY: null env prefix and file name mean "defaults + UCX_* env";
         // `config` is a valid out-pointer.
-        check("ucp_config_read", unsafe {
-            sys::ucp_config_read(ptr::null(), ptr::null(), &mut config)
-        })?;
+        check("ucp_config_read", unsafe { sys::ucp_config_read(ptr::null(), ptr::null(), &mut config) })?;
         let guard = ConfigGuard(config);
         for (k, v) in &opts.config {
-            let (ck, cv) = (
-                cstring("ucp_config_modify", k)?,
-                cstring("ucp_config_modify", v)?,
-            );
+            let (ck, cv) = (cstring("ucp_config_modify", k)?, cstring("ucp_config_modify", v)?);
             // SAFETY: config is live (guard), strings are NUL-terminated and
             // outlive the call.
-            check("ucp_config_modify", unsafe {
-                sys::ucp_config_modify(guard.0, ck.as_ptr(), cv.as_ptr())
-            })
-            .map_err(|e| Error::Invalid {
-                op: "ucp_config_modify",
-                reason: format!("UCX_{k}={v}: {e}"),
-            })?;
+            check("ucp_config_modify", unsafe { sys::ucp_config_modify(guard.0, ck.as_ptr(), cv.as_ptr()) })
+                .map_err(|e| Error::Invalid { op: "ucp_config_modify", reason: format!("UCX_{k}={v}: {e}") })?;
         }
-        let name = cstring(
-            "ucp_init",
-            if opts.name.is_empty() {
-                "dafne"
-            } else {
-                &opts.name
-            },
-        )?;
+        let name = cstring("ucp_init", if opts.name.is_empty() { "dafne" } else { &opts.name })?;
         let params = sys::ucp_params_t {
             field_mask: (sys::UCP_PARAM_FIELD_FEATURES
                 | sys::UCP_PARAM_FIELD_MT_WORKERS_SHARED
@@ -94,15 +78,15 @@ impl Context {
         };
         let mut h: sys::ucp_context_h = ptr::null_mut();
         // SAFETY: params and config are valid for the call; h is an out-pointer.
-        check("ucp_init", unsafe {
-            sys::ucp_init(&params, guard.0, &mut h)
-        })?;
+        check("ucp_init", unsafe { sys::ucp_init(&params, guard.0, &mut h) })?;
         Ok(Context {
-            inner: Arc::new(ContextInner {
-                h,
-                stats: Stats::default(),
-            }),
+            inner: Arc::new(ContextInner { h, stats: Stats::default(), key_shape: std::sync::OnceLock::new() }),
         })
+    }
+
+    /// The shape of this process's packed keys (learned on first use).
+    pub(crate) fn key_shape(&self) -> &crate::memory::KeyShape {
+        self.inner.key_shape.get_or_init(|| crate::memory::KeyShape::learn(self))
     }
 
     /// Counters of everything done through this context.
@@ -121,8 +105,5 @@ impl Drop for ConfigGuard {
 }
 
 pub(crate) fn cstring(op: &'static str, s: &str) -> Result<CString> {
-    CString::new(s).map_err(|_| Error::Invalid {
-        op,
-        reason: format!("{s:?} contains a NUL byte"),
-    })
+    CString::new(s).map_err(|_| Error::Invalid { op, reason: format!("{s:?} contains a NUL byte") })
 }

@@ -43,20 +43,13 @@ impl EpErr {
     /// A new error cell and the raw argument for UCX's error callback
     /// (one strong reference, owned by the endpoint's lifetime; see `create`).
     pub(crate) fn new() -> (Rc<EpErr>, *mut std::ffi::c_void) {
-        let e = Rc::new(EpErr {
-            failed: Cell::new(None),
-            hook: RefCell::new(None),
-        });
+        let e = Rc::new(EpErr { failed: Cell::new(None), hook: RefCell::new(None) });
         let arg = Rc::as_ptr(&e) as *mut std::ffi::c_void;
         (e, arg)
     }
 }
 
-pub(crate) unsafe extern "C" fn err_cb(
-    arg: *mut std::ffi::c_void,
-    _ep: sys::ucp_ep_h,
-    status: sys::ucs_status_t,
-) {
+pub(crate) unsafe extern "C" fn err_cb(arg: *mut std::ffi::c_void, _ep: sys::ucp_ep_h, status: sys::ucs_status_t) {
     // SAFETY: arg points into an Rc<EpErr> that the endpoint (and after its
     // drop, the worker's close list) keeps alive while UCX may call us.
     let e = unsafe { &*(arg as *const EpErr) };
@@ -93,11 +86,7 @@ impl Drop for EpInner {
         // Closing needs progress, which may not happen here (we could be
         // inside a callback): hand the endpoint to the worker.
         let force = self.mode == ErrMode::Peer && self.err.failed.get().is_some();
-        self.worker.defer_close(PendingClose {
-            h: self.h,
-            force,
-            err: self.err.clone(),
-        });
+        self.worker.defer_close(PendingClose { h: self.h, force, err: self.err.clone() });
     }
 }
 
@@ -113,17 +102,14 @@ pub(crate) fn create(
     // SAFETY: params is initialised for its field_mask and everything it
     // points to (sockaddr, address, conn_request) is valid for the call; the
     // error-callback argument lives in `err`, kept until the close completes.
-    crate::error::check(op, unsafe {
-        sys::ucp_ep_create(worker.inner.h, params, &mut h)
-    })?;
-    Ok(Endpoint {
-        inner: Rc::new(EpInner {
-            h,
-            worker: worker.inner.clone(),
-            err,
-            mode,
-        }),
-    })
+    let st = unsafe { sys::ucp_ep_create(worker.inner.h, params, &mut h) };
+    if let Err(e) = crate::error::check(op, st) {
+        // UCX may have registered the error-callback argument on an
+        // endpoint it tears down later: never free it under UCX.
+        std::mem::forget(err);
+        return Err(e);
+    }
+    Ok(Endpoint { inner: Rc::new(EpInner { h, worker: worker.inner.clone(), err, mode }) })
 }
 
 /// A connection to one peer worker.
@@ -134,10 +120,7 @@ pub struct Endpoint {
 
 impl std::fmt::Debug for Endpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Endpoint")
-            .field("h", &self.inner.h)
-            .field("mode", &self.inner.mode)
-            .finish()
+        f.debug_struct("Endpoint").field("h", &self.inner.h).field("mode", &self.inner.mode).finish()
     }
 }
 
@@ -145,11 +128,7 @@ impl std::fmt::Debug for Endpoint {
 /// bytes that UCX handles internally (copied or registered on the fly).
 #[derive(Debug)]
 pub enum Local {
-    Region {
-        region: Arc<Region>,
-        offset: usize,
-        len: usize,
-    },
+    Region { region: Arc<Region>, offset: usize, len: usize },
     Bytes(Vec<u8>),
 }
 
@@ -180,12 +159,7 @@ impl Endpoint {
     /// on ([`crate::AmRecv::reply_ep`]).
     pub fn am_send(&self, id: u16, header: Vec<u8>, payload: Vec<u8>, reply: bool) -> Result<Op> {
         let h = self.inner.handle()?;
-        let (hp, hl, pp, pl) = (
-            header.as_ptr(),
-            header.len(),
-            payload.as_ptr(),
-            payload.len(),
-        );
+        let (hp, hl, pp, pl) = (header.as_ptr(), header.len(), payload.as_ptr(), payload.len());
         let s = &self.inner.worker.ctx.inner.stats;
         Stats::add(&s.am_sent, 1);
         Stats::add(&s.am_bytes_sent, (hl + pl) as u64);
@@ -198,8 +172,7 @@ impl Endpoint {
         }
         // SAFETY: live endpoint; header and payload buffers are owned by the
         // op (moving a Vec does not move its heap data) until completion.
-        let ret =
-            unsafe { sys::ucp_am_send_nbx(h, id as u32, hp.cast(), hl, pp.cast(), pl, &param) };
+        let ret = unsafe { sys::ucp_am_send_nbx(h, id as u32, hp.cast(), hl, pp.cast(), pl, &param) };
         op.started(ret, ud)
     }
 
@@ -219,36 +192,25 @@ impl Endpoint {
     fn rma(&self, put: bool, local: Local, remote_addr: u64, rkey: &Rc<RemoteKey>) -> Result<Op> {
         let h = self.inner.handle()?;
         if !Rc::ptr_eq(&rkey.ep, &self.inner) {
-            return Err(Error::Invalid {
-                op: "rma",
-                reason: "remote key was unpacked on another endpoint".into(),
-            });
+            return Err(Error::Invalid { op: "rma", reason: "remote key was unpacked on another endpoint".into() });
         }
-        let (ptr, len, memh, keep): (*mut u8, usize, Option<sys::ucp_mem_h>, Box<dyn Any>) =
-            match local {
-                Local::Region {
-                    region,
-                    offset,
-                    len,
-                } => {
-                    if offset.checked_add(len).is_none_or(|end| end > region.len()) {
-                        return Err(Error::Invalid {
-                            op: "rma",
-                            reason: format!(
-                                "range {offset}+{len} outside a region of {} bytes",
-                                region.len()
-                            ),
-                        });
-                    }
-                    // SAFETY: offset+len is within the region (checked above).
-                    let p = unsafe { region.ptr().add(offset) };
-                    (p, len, Some(region.memh()), Box::new(region))
+        let (ptr, len, memh, keep): (*mut u8, usize, Option<sys::ucp_mem_h>, Box<dyn Any>) = match local {
+            Local::Region { region, offset, len } => {
+                if offset.checked_add(len).is_none_or(|end| end > region.len()) {
+                    return Err(Error::Invalid {
+                        op: "rma",
+                        reason: format!("range {offset}+{len} outside a region of {} bytes", region.len()),
+                    });
                 }
-                Local::Bytes(mut v) => {
-                    let (p, l) = (v.as_mut_ptr(), v.len());
-                    (p, l, None, Box::new(v))
-                }
-            };
+                // SAFETY: offset+len is within the region (checked above).
+                let p = unsafe { region.ptr().add(offset) };
+                (p, len, Some(region.memh()), Box::new(region))
+            }
+            Local::Bytes(mut v) => {
+                let (p, l) = (v.as_mut_ptr(), v.len());
+                (p, l, None, Box::new(v))
+            }
+        };
         let s = &self.inner.worker.ctx.inner.stats;
         if put {
             Stats::add(&s.puts, 1);
@@ -319,8 +281,7 @@ pub(crate) fn capture_file(f: impl FnOnce(*mut sys::FILE)) -> String {
         return String::new();
     }
     // SAFETY: buf holds `size` bytes written by the stream.
-    let s = String::from_utf8_lossy(unsafe { std::slice::from_raw_parts(buf as *const u8, size) })
-        .into_owned();
+    let s = String::from_utf8_lossy(unsafe { std::slice::from_raw_parts(buf as *const u8, size) }).into_owned();
     // SAFETY: buf was malloc'ed by open_memstream and is freed once.
     unsafe { libc::free(buf.cast()) };
     s

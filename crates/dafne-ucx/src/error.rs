@@ -32,9 +32,7 @@ impl Status {
             return "unknown UCX status";
         }
         // SAFETY: non-null, static and NUL-terminated (see above).
-        unsafe { CStr::from_ptr(p) }
-            .to_str()
-            .unwrap_or("unknown UCX status")
+        unsafe { CStr::from_ptr(p) }.to_str().unwrap_or("unknown UCX status")
     }
 
     pub fn is_ok(self) -> bool {
@@ -86,9 +84,6 @@ pub(crate) fn check(op: &'static str, status: sys::ucs_status_t) -> Result<()> {
     if status == sys::UCS_OK as sys::ucs_status_t {
         Ok(())
     } else {
-        Err(Error::Ucx {
-            op,
-            status: Status(status as i8),
-        })
+        Err(Error::Ucx { op, status: Status(status as i8) })
     }
 }

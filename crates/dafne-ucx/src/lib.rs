@@ -41,9 +41,7 @@ pub use memory::MAX_PACKED_KEY;
 pub use memory::{Access, Region, RemoteKey};
 pub use request::Op;
 pub use stats::{Stats, StatsSnapshot};
-pub use worker::{
-    AmPayload, AmRecv, AmVerdict, ConnRequest, Listener, RndvDesc, Worker, MAX_WORKER_ADDRESS_BYTES,
-};
+pub use worker::{AmPayload, AmRecv, AmVerdict, ConnRequest, Listener, RndvDesc, Worker, MAX_WORKER_ADDRESS_BYTES};
 
 /// Largest active-message id dafne registers handlers for.
 pub const MAX_AM_ID: u16 = 64;

@@ -42,9 +42,7 @@ impl Access {
                 Access::Local => 0,
                 Access::RemoteRead => sys::UCP_MEM_MAP_PROT_REMOTE_READ,
                 Access::RemoteWrite => sys::UCP_MEM_MAP_PROT_REMOTE_WRITE,
-                Access::RemoteReadWrite => {
-                    sys::UCP_MEM_MAP_PROT_REMOTE_READ | sys::UCP_MEM_MAP_PROT_REMOTE_WRITE
-                }
+                Access::RemoteReadWrite => sys::UCP_MEM_MAP_PROT_REMOTE_READ | sys::UCP_MEM_MAP_PROT_REMOTE_WRITE,
             }
     }
 }
@@ -88,10 +86,7 @@ impl Region {
     /// promised). This is the fast path for pools: registered once, reused.
     pub fn allocate(ctx: &Context, len: usize, access: Access) -> Result<Region> {
         if len == 0 {
-            return Err(Error::Invalid {
-                op: "ucp_mem_map",
-                reason: "cannot register an empty region".into(),
-            });
+            return Err(Error::Invalid { op: "ucp_mem_map", reason: "cannot register an empty region".into() });
         }
         let params = sys::ucp_mem_map_params_t {
             field_mask: (sys::UCP_MEM_MAP_PARAM_FIELD_LENGTH
@@ -103,14 +98,7 @@ impl Region {
             ..Default::default()
         };
         let (memh, addr) = map(ctx, &params)?;
-        let mut region = Region {
-            ctx: ctx.clone(),
-            memh,
-            addr,
-            len,
-            access,
-            backing: Backing::Ucx,
-        };
+        let mut region = Region { ctx: ctx.clone(), memh, addr, len, access, backing: Backing::Ucx };
         region.as_mut_slice().fill(0);
         Ok(region)
     }
@@ -119,10 +107,7 @@ impl Region {
     /// from [`Region::into_vec`] after deregistration.
     pub fn register(ctx: &Context, mut buf: Vec<u8>, access: Access) -> Result<Region> {
         if buf.is_empty() {
-            return Err(Error::Invalid {
-                op: "ucp_mem_map",
-                reason: "cannot register an empty buffer".into(),
-            });
+            return Err(Error::Invalid { op: "ucp_mem_map", reason: "cannot register an empty buffer".into() });
         }
         let params = sys::ucp_mem_map_params_t {
             field_mask: (sys::UCP_MEM_MAP_PARAM_FIELD_ADDRESS
@@ -135,14 +120,7 @@ impl Region {
         };
         let (memh, _) = map(ctx, &params)?;
         let (addr, len) = (buf.as_mut_ptr(), buf.len());
-        Ok(Region {
-            ctx: ctx.clone(),
-            memh,
-            addr,
-            len,
-            access,
-            backing: Backing::Owned(buf),
-        })
+        Ok(Region { ctx: ctx.clone(), memh, addr, len, access, backing: Backing::Owned(buf) })
     }
 
     /// Deregisters and gives back the caller's buffer (`None` for UCX memory).
@@ -206,9 +184,7 @@ impl Region {
         let mut buf: *mut std::ffi::c_void = ptr::null_mut();
         let mut size = 0usize;
         // SAFETY: context and memh are live; buf/size are out-pointers.
-        check("ucp_rkey_pack", unsafe {
-            sys::ucp_rkey_pack(self.ctx.inner.h, self.memh, &mut buf, &mut size)
-        })?;
+        check("ucp_rkey_pack", unsafe { sys::ucp_rkey_pack(self.ctx.inner.h, self.memh, &mut buf, &mut size) })?;
         // SAFETY: UCX returned a buffer of `size` bytes that we copy then release.
         let out = unsafe { std::slice::from_raw_parts(buf as *const u8, size) }.to_vec();
         // SAFETY: buf came from ucp_rkey_pack and is released once.
@@ -244,17 +220,13 @@ fn map(ctx: &Context, params: &sys::ucp_mem_map_params_t) -> Result<(sys::ucp_me
     // SAFETY: params is fully initialised for the fields in field_mask; when
     // an address is given it points to `length` bytes owned by the caller,
     // which the returned Region keeps alive.
-    check("ucp_mem_map", unsafe {
-        sys::ucp_mem_map(ctx.inner.h, params, &mut memh)
-    })?;
+    check("ucp_mem_map", unsafe { sys::ucp_mem_map(ctx.inner.h, params, &mut memh) })?;
     let mut attr = sys::ucp_mem_attr_t {
         field_mask: (sys::UCP_MEM_ATTR_FIELD_ADDRESS | sys::UCP_MEM_ATTR_FIELD_LENGTH) as u64,
         ..Default::default()
     };
     // SAFETY: memh was just created; attr is an out-struct.
-    let q = check("ucp_mem_query", unsafe {
-        sys::ucp_mem_query(memh, &mut attr)
-    });
+    let q = check("ucp_mem_query", unsafe { sys::ucp_mem_query(memh, &mut attr) });
     if let Err(e) = q {
         // SAFETY: undo the mapping we just made; memh is not used afterwards.
         unsafe { sys::ucp_mem_unmap(ctx.inner.h, memh) };
@@ -287,20 +259,15 @@ impl std::fmt::Debug for RemoteKey {
 impl RemoteKey {
     pub(crate) fn unpack(ep: Rc<EpInner>, packed: &[u8]) -> Result<RemoteKey> {
         if packed.is_empty() {
-            return Err(Error::Invalid {
-                op: "ucp_ep_rkey_unpack",
-                reason: "empty packed key".into(),
-            });
+            return Err(Error::Invalid { op: "ucp_ep_rkey_unpack", reason: "empty packed key".into() });
         }
         if packed.len() > MAX_PACKED_KEY {
             return Err(Error::Invalid {
                 op: "ucp_ep_rkey_unpack",
-                reason: format!(
-                    "packed key of {} bytes exceeds the {MAX_PACKED_KEY}-byte limit",
-                    packed.len()
-                ),
+                reason: format!("packed key of {} bytes exceeds the {MAX_PACKED_KEY}-byte limit", packed.len()),
             });
         }
+        ep.worker.ctx.key_shape().check(packed)?;
         // ucp_ep_rkey_unpack takes no length: it walks the buffer by the sizes
         // written inside it. A hostile or truncated key could send it past the
         // end of `packed`, so the bytes are copied into a zeroed buffer large
@@ -313,9 +280,7 @@ impl RemoteKey {
         // SAFETY: the endpoint is live (we hold it); `padded` is readable for
         // every offset UCX's parser can reach (see above). A hostile buffer
         // may make UCX return an error status, which we propagate.
-        check("ucp_ep_rkey_unpack", unsafe {
-            sys::ucp_ep_rkey_unpack(ep.handle()?, padded.as_ptr().cast(), &mut h)
-        })?;
+        check("ucp_ep_rkey_unpack", unsafe { sys::ucp_ep_rkey_unpack(ep.handle()?, padded.as_ptr().cast(), &mut h) })?;
         let s = &ep.worker.ctx.inner.stats;
         Stats::add(&s.rkey_unpacks, 1);
         Stats::add(&s.rkey_unpack_ns, t.elapsed().as_nanos() as u64);
@@ -328,5 +293,131 @@ impl Drop for RemoteKey {
         // SAFETY: the key was unpacked on `ep`, which this struct keeps alive,
         // and is destroyed exactly once.
         unsafe { sys::ucp_rkey_destroy(self.h) };
+    }
+}
+
+/// The layout of the keys this process packs, learned once per context.
+///
+/// UCX 1.13's `ucp_ep_rkey_unpack` is not safe on hostile input: a key that
+/// names memory domains the endpoint does not know makes its error path
+/// release uninitialised state and crash (seen in this repository's tests).
+/// So a peer's key is checked structurally before UCX sees it. The 1.13
+/// layout is `md_map: u64`, `mem_type: u8`, then for each bit of `md_map`
+/// in increasing order `size: u8` and `size` bytes. Every dafne process of a
+/// cluster runs the same UCX configuration, so a peer's key must name a
+/// subset of the memory domains of our own keys, with the same sizes.
+#[derive(Debug, Clone)]
+pub(crate) struct KeyShape {
+    sizes: [Option<u8>; 64],
+}
+
+impl KeyShape {
+    pub(crate) fn learn(ctx: &Context) -> KeyShape {
+        let mut sizes = [None; 64];
+        let mut samples = Vec::new();
+        if let Ok(r) = Region::allocate(ctx, 4096, Access::RemoteReadWrite) {
+            samples.extend(r.pack_key());
+        }
+        if let Ok(r) = Region::register(ctx, vec![0u8; 4096], Access::RemoteReadWrite) {
+            samples.extend(r.pack_key());
+        }
+        for k in samples {
+            if let Ok(parts) = parse_key(&k) {
+                for (md, size) in parts.1 {
+                    sizes[md] = Some(size);
+                }
+            }
+        }
+        KeyShape { sizes }
+    }
+
+    pub(crate) fn check(&self, packed: &[u8]) -> Result<()> {
+        let bad = |reason: String| Err(Error::Invalid { op: "ucp_ep_rkey_unpack", reason });
+        let (mem_type, parts) = match parse_key(packed) {
+            Ok(p) => p,
+            Err(e) => return bad(e),
+        };
+        if mem_type != sys::UCS_MEMORY_TYPE_HOST as u8 {
+            return bad(format!("key for memory type {mem_type}, only host memory is supported"));
+        }
+        for (md, size) in parts {
+            match self.sizes[md] {
+                Some(s) if s == size => {}
+                Some(s) => return bad(format!("key part for memory domain {md} has {size} bytes, expected {s}")),
+                None => {
+                    return bad(format!(
+                        "key names memory domain {md}, which this process does not have \
+                         (do both ends run the same UCX_TLS?)"
+                    ))
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Splits a packed key into its memory type and `(md index, size)` parts,
+/// checking that the sizes account for every byte.
+fn parse_key(k: &[u8]) -> Result<(u8, Vec<(usize, u8)>), String> {
+    if k.len() < 9 {
+        return Err(format!("key of {} bytes is shorter than its 9-byte header", k.len()));
+    }
+    let md_map = u64::from_le_bytes(k[..8].try_into().map_err(|_| "short key")?);
+    if md_map == 0 {
+        return Err("key names no memory domain".into());
+    }
+    let mem_type = k[8];
+    let mut p = 9usize;
+    let mut parts = Vec::new();
+    for md in 0..64 {
+        if md_map & (1u64 << md) == 0 {
+            continue;
+        }
+        let Some(&size) = k.get(p) else {
+            return Err(format!("key ends before the part for memory domain {md}"));
+        };
+        p += 1 + size as usize;
+        if p > k.len() {
+            return Err(format!("key part for memory domain {md} runs past the end"));
+        }
+        parts.push((md, size));
+    }
+    if p != k.len() {
+        return Err(format!("{} unexpected bytes after the key", k.len() - p));
+    }
+    Ok((mem_type, parts))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_parser_rejects_lies() {
+        let mut k = vec![0b101, 0, 0, 0, 0, 0, 0, 0, 0];
+        k.extend([2, 0xaa, 0xbb]);
+        k.extend([1, 0xcc]);
+        assert_eq!(parse_key(&k), Ok((0, vec![(0, 2), (2, 1)])));
+        assert!(parse_key(&k[..k.len() - 1]).is_err());
+        let mut long = k.clone();
+        long.push(0);
+        assert!(parse_key(&long).is_err());
+        assert!(parse_key(&[0xEE; 40]).is_err());
+        assert!(parse_key(&[]).is_err());
+    }
+
+    #[test]
+    fn own_keys_pass_and_foreign_shapes_fail() {
+        let ctx = Context::new(&crate::ContextOptions::default()).unwrap();
+        let shape = KeyShape::learn(&ctx);
+        let r = Region::allocate(&ctx, 8192, Access::RemoteWrite).unwrap();
+        let k = r.pack_key().unwrap();
+        shape.check(&k).unwrap();
+        let mut wrong_type = k.clone();
+        wrong_type[8] = 3;
+        assert!(shape.check(&wrong_type).is_err());
+        let mut foreign = k.clone();
+        foreign[7] |= 0x80; // memory domain 63
+        assert!(shape.check(&foreign).is_err());
     }
 }

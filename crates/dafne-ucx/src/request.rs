@@ -34,10 +34,7 @@ pub struct Op {
 
 impl std::fmt::Debug for Op {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Op")
-            .field("op", &self.state.op)
-            .field("status", &self.state.status.get())
-            .finish()
+        f.debug_struct("Op").field("op", &self.state.op).field("status", &self.state.status.get()).finish()
     }
 }
 
@@ -69,11 +66,7 @@ impl Op {
 
     /// Interprets what an `*_nbx` call returned, given that `user_data()`
     /// was passed in its parameters.
-    pub(crate) fn started(
-        self,
-        ret: sys::ucs_status_ptr_t,
-        user_data: *mut std::ffi::c_void,
-    ) -> Result<Op> {
+    pub(crate) fn started(self, ret: sys::ucs_status_ptr_t, user_data: *mut std::ffi::c_void) -> Result<Op> {
         if sys::UCS_PTR_IS_PTR(ret) {
             // UCX owns the reference until the callback runs.
             return Ok(self);
@@ -89,10 +82,7 @@ impl Op {
         } else {
             let status = Status(sys::UCS_PTR_STATUS(ret) as i8);
             self.complete(status);
-            Err(Error::Ucx {
-                op: self.state.op,
-                status,
-            })
+            Err(Error::Ucx { op: self.state.op, status })
         }
     }
 
@@ -123,10 +113,7 @@ impl Op {
         if s.is_ok() {
             Ok(())
         } else {
-            Err(Error::Ucx {
-                op: self.state.op,
-                status: s,
-            })
+            Err(Error::Ucx { op: self.state.op, status: s })
         }
     }
 }
@@ -184,10 +171,7 @@ pub(crate) unsafe extern "C" fn recv_am_cb(
 }
 
 /// Parameters for an operation reporting into `user_data` via `send_cb`.
-pub(crate) fn send_param(
-    user_data: *mut std::ffi::c_void,
-    memh: Option<sys::ucp_mem_h>,
-) -> sys::ucp_request_param_t {
+pub(crate) fn send_param(user_data: *mut std::ffi::c_void, memh: Option<sys::ucp_mem_h>) -> sys::ucp_request_param_t {
     let mut p = sys::ucp_request_param_t {
         op_attr_mask: sys::UCP_OP_ATTR_FIELD_CALLBACK | sys::UCP_OP_ATTR_FIELD_USER_DATA,
         user_data,
@@ -205,8 +189,6 @@ impl Op {
     /// Another handle to the same operation (to register a waker from a
     /// second place, e.g. a combinator that also watches a deadline).
     pub fn clone_handle(op: &Op) -> Op {
-        Op {
-            state: op.state.clone(),
-        }
+        Op { state: op.state.clone() }
     }
 }

@@ -85,9 +85,7 @@ impl Drop for WorkerInner {
             // SAFETY: not inside a callback (Drop of the last handle runs in
             // user code, never in UCX callbacks: callbacks hold no Worker).
             unsafe { sys::ucp_worker_progress(self.h) };
-            self.closing
-                .borrow_mut()
-                .retain(|(op, _, _)| op.poll_done().is_none());
+            self.closing.borrow_mut().retain(|(op, _, _)| op.poll_done().is_none());
         }
         // SAFETY: endpoints, listeners and keys hold Rc<WorkerInner>, so none
         // remain; the handler boxes (fields) are freed after this call.
@@ -116,14 +114,10 @@ impl Worker {
         };
         let mut h: sys::ucp_worker_h = ptr::null_mut();
         // SAFETY: the context is live (held by the returned worker); h is an out-pointer.
-        check("ucp_worker_create", unsafe {
-            sys::ucp_worker_create(ctx.inner.h, &params, &mut h)
-        })?;
+        check("ucp_worker_create", unsafe { sys::ucp_worker_create(ctx.inner.h, &params, &mut h) })?;
         let mut efd: std::ffi::c_int = -1;
         // SAFETY: h was just created; efd is an out-pointer.
-        if let Err(e) = check("ucp_worker_get_efd", unsafe {
-            sys::ucp_worker_get_efd(h, &mut efd)
-        }) {
+        if let Err(e) = check("ucp_worker_get_efd", unsafe { sys::ucp_worker_get_efd(h, &mut efd) }) {
             // SAFETY: destroy the worker we just created; it is not used again.
             unsafe { sys::ucp_worker_destroy(h) };
             return Err(e);
@@ -149,8 +143,7 @@ impl Worker {
     /// Must not be called from a UCX callback (nothing here hands a Worker
     /// to a callback, so it cannot be).
     pub fn progress(&self) -> u32 {
-        if !self.inner.pending_close.borrow().is_empty() || !self.inner.closing.borrow().is_empty()
-        {
+        if !self.inner.pending_close.borrow().is_empty() || !self.inner.closing.borrow().is_empty() {
             self.inner.start_closes();
         }
         // SAFETY: the worker is live; we are on its only thread and outside
@@ -183,9 +176,7 @@ impl Worker {
         let mut addr: *mut sys::ucp_address_t = ptr::null_mut();
         let mut len = 0usize;
         // SAFETY: live worker; out-pointers.
-        check("ucp_worker_get_address", unsafe {
-            sys::ucp_worker_get_address(self.inner.h, &mut addr, &mut len)
-        })?;
+        check("ucp_worker_get_address", unsafe { sys::ucp_worker_get_address(self.inner.h, &mut addr, &mut len) })?;
         // SAFETY: UCX returned `len` readable bytes at addr.
         let v = unsafe { std::slice::from_raw_parts(addr as *const u8, len) }.to_vec();
         // SAFETY: addr came from ucp_worker_get_address on this worker.
@@ -207,20 +198,10 @@ impl Worker {
             flags: sys::UCP_EP_PARAMS_FLAGS_CLIENT_SERVER,
             sockaddr: sa.as_ucs(),
             err_mode: sys::UCP_ERR_HANDLING_MODE_PEER,
-            err_handler: sys::ucp_err_handler {
-                cb: Some(endpoint::err_cb),
-                arg: err_arg,
-            },
+            err_handler: sys::ucp_err_handler { cb: Some(endpoint::err_cb), arg: err_arg },
             ..Default::default()
         };
-        endpoint::create(
-            self,
-            &params,
-            err,
-            err_arg,
-            ErrMode::Peer,
-            "ucp_ep_create(sockaddr)",
-        )
+        endpoint::create(self, &params, err, err_arg, ErrMode::Peer, "ucp_ep_create(sockaddr)")
     }
 
     /// Creates an endpoint to a peer worker from its address blob. With
@@ -231,10 +212,7 @@ impl Worker {
         if address.is_empty() || address.len() > MAX_WORKER_ADDRESS {
             return Err(Error::Invalid {
                 op: "ucp_ep_create(address)",
-                reason: format!(
-                    "worker address of {} bytes (expected 1..={MAX_WORKER_ADDRESS})",
-                    address.len()
-                ),
+                reason: format!("worker address of {} bytes (expected 1..={MAX_WORKER_ADDRESS})", address.len()),
             });
         }
         // The address is parsed by UCX without a length: copy it into a
@@ -243,8 +221,7 @@ impl Worker {
         let mut padded = vec![0u8; address.len() + ADDRESS_SLACK];
         padded[..address.len()].copy_from_slice(address);
         let (err, err_arg) = EpErr::new();
-        let mut mask =
-            sys::UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | sys::UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+        let mut mask = sys::UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | sys::UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
         if mode == ErrMode::Peer {
             mask |= sys::UCP_EP_PARAM_FIELD_ERR_HANDLER;
         }
@@ -252,10 +229,7 @@ impl Worker {
             field_mask: mask as u64,
             address: padded.as_ptr().cast(),
             err_mode: mode.raw(),
-            err_handler: sys::ucp_err_handler {
-                cb: Some(endpoint::err_cb),
-                arg: err_arg,
-            },
+            err_handler: sys::ucp_err_handler { cb: Some(endpoint::err_cb), arg: err_arg },
             ..Default::default()
         };
         endpoint::create(self, &params, err, err_arg, mode, "ucp_ep_create(address)")
@@ -270,31 +244,17 @@ impl Worker {
                 | sys::UCP_EP_PARAM_FIELD_ERR_HANDLER) as u64,
             conn_request: req.h,
             err_mode: sys::UCP_ERR_HANDLING_MODE_PEER,
-            err_handler: sys::ucp_err_handler {
-                cb: Some(endpoint::err_cb),
-                arg: err_arg,
-            },
+            err_handler: sys::ucp_err_handler { cb: Some(endpoint::err_cb), arg: err_arg },
             ..Default::default()
         };
         req.consumed = true;
-        endpoint::create(
-            self,
-            &params,
-            err,
-            err_arg,
-            ErrMode::Peer,
-            "ucp_ep_create(conn_request)",
-        )
+        endpoint::create(self, &params, err, err_arg, ErrMode::Peer, "ucp_ep_create(conn_request)")
     }
 
     /// Listens on `addr` (port 0 picks a free port: see [`Listener::local_addr`]).
     /// `on_request` runs inside progress for every incoming connection; it
     /// must not progress the worker, only queue the request.
-    pub fn listen(
-        &self,
-        addr: SocketAddr,
-        on_request: impl FnMut(ConnRequest) + 'static,
-    ) -> Result<Listener> {
+    pub fn listen(&self, addr: SocketAddr, on_request: impl FnMut(ConnRequest) + 'static) -> Result<Listener> {
         let sa = SockAddr::from(addr);
         let boxed: Box<ConnHandlerBox> = Box::new(ConnHandlerBox {
             f: RefCell::new(Box::new(on_request)),
@@ -303,57 +263,39 @@ impl Worker {
         });
         let arg = &*boxed as *const ConnHandlerBox as *mut std::ffi::c_void;
         let params = sys::ucp_listener_params_t {
-            field_mask: (sys::UCP_LISTENER_PARAM_FIELD_SOCK_ADDR
-                | sys::UCP_LISTENER_PARAM_FIELD_CONN_HANDLER) as u64,
+            field_mask: (sys::UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | sys::UCP_LISTENER_PARAM_FIELD_CONN_HANDLER) as u64,
             sockaddr: sa.as_ucs(),
-            conn_handler: sys::ucp_listener_conn_handler {
-                cb: Some(conn_cb),
-                arg,
-            },
+            conn_handler: sys::ucp_listener_conn_handler { cb: Some(conn_cb), arg },
             ..Default::default()
         };
         let mut h: sys::ucp_listener_h = ptr::null_mut();
         // SAFETY: params (and the sockaddr it points to) are valid for the
         // call; `boxed` outlives the listener because Listener owns both and
         // destroys the listener first.
-        check("ucp_listener_create", unsafe {
-            sys::ucp_listener_create(self.inner.h, &params, &mut h)
-        })
-        .map_err(|e| match e.status() {
-            Some(s) if s == Status::BUSY => Error::Invalid {
-                op: "ucp_listener_create",
-                reason: format!(
-                    "{addr} is already in use: pick another port or stop the process holding it"
-                ),
+        check("ucp_listener_create", unsafe { sys::ucp_listener_create(self.inner.h, &params, &mut h) }).map_err(
+            |e| match e.status() {
+                Some(s) if s == Status::BUSY => Error::Invalid {
+                    op: "ucp_listener_create",
+                    reason: format!("{addr} is already in use: pick another port or stop the process holding it"),
+                },
+                _ => e,
             },
-            _ => e,
-        })?;
+        )?;
         boxed.listener.set(h);
-        Ok(Listener {
-            h,
-            _handler: boxed,
-            worker: self.inner.clone(),
-        })
+        Ok(Listener { h, _handler: boxed, worker: self.inner.clone() })
     }
 
     /// Installs the handler for active-message `id`. The handler runs inside
     /// progress; it must not progress the worker.
-    pub fn set_am_handler(
-        &self,
-        id: u16,
-        f: impl FnMut(AmRecv<'_>) -> AmVerdict + 'static,
-    ) -> Result<()> {
+    pub fn set_am_handler(&self, id: u16, f: impl FnMut(AmRecv<'_>) -> AmVerdict + 'static) -> Result<()> {
         if id > crate::MAX_AM_ID {
             return Err(Error::Invalid {
                 op: "ucp_worker_set_am_recv_handler",
                 reason: format!("AM id {id} too large"),
             });
         }
-        let boxed = Box::new(AmHandlerBox {
-            f: RefCell::new(Box::new(f)),
-            worker: self.inner.h,
-            ctx: self.inner.ctx.clone(),
-        });
+        let boxed =
+            Box::new(AmHandlerBox { f: RefCell::new(Box::new(f)), worker: self.inner.h, ctx: self.inner.ctx.clone() });
         let param = sys::ucp_am_handler_param_t {
             field_mask: (sys::UCP_AM_HANDLER_PARAM_FIELD_ID
                 | sys::UCP_AM_HANDLER_PARAM_FIELD_CB
@@ -365,9 +307,7 @@ impl Worker {
         };
         // SAFETY: live worker; the box is kept in `handlers` until the worker
         // is destroyed, so `arg` stays valid as long as UCX may call am_cb.
-        check("ucp_worker_set_am_recv_handler", unsafe {
-            sys::ucp_worker_set_am_recv_handler(self.inner.h, &param)
-        })?;
+        check("ucp_worker_set_am_recv_handler", unsafe { sys::ucp_worker_set_am_recv_handler(self.inner.h, &param) })?;
         self.inner.handlers.borrow_mut().push(boxed);
         Ok(())
     }
@@ -394,30 +334,22 @@ pub struct Listener {
 
 impl std::fmt::Debug for Listener {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Listener")
-            .field("addr", &self.local_addr().ok())
-            .finish()
+        f.debug_struct("Listener").field("addr", &self.local_addr().ok()).finish()
     }
 }
 
 impl Listener {
     /// The address actually bound (useful with port 0).
     pub fn local_addr(&self) -> Result<SocketAddr> {
-        let mut attr = sys::ucp_listener_attr_t {
-            field_mask: sys::UCP_LISTENER_ATTR_FIELD_SOCKADDR as u64,
-            ..Default::default()
-        };
+        let mut attr =
+            sys::ucp_listener_attr_t { field_mask: sys::UCP_LISTENER_ATTR_FIELD_SOCKADDR as u64, ..Default::default() };
         // SAFETY: live listener; attr is an out-struct.
-        check("ucp_listener_query", unsafe {
-            sys::ucp_listener_query(self.h, &mut attr)
-        })?;
+        check("ucp_listener_query", unsafe { sys::ucp_listener_query(self.h, &mut attr) })?;
         let storage: &libc::sockaddr_storage =
             // SAFETY: bindgen's sockaddr_storage and libc's have the same C layout.
             unsafe { &*(&attr.sockaddr as *const sys::sockaddr_storage as *const libc::sockaddr_storage) };
-        sockaddr_to_std(storage).ok_or(Error::Invalid {
-            op: "ucp_listener_query",
-            reason: "unknown address family".into(),
-        })
+        sockaddr_to_std(storage)
+            .ok_or(Error::Invalid { op: "ucp_listener_query", reason: "unknown address family".into() })
     }
 }
 
@@ -439,12 +371,8 @@ unsafe extern "C" fn conn_cb(conn_request: sys::ucp_conn_request_h, arg: *mut st
     // SAFETY: arg is the ConnHandlerBox owned by the Listener, alive while
     // the listener exists (UCX calls this only then).
     let hb = unsafe { &*(arg as *const ConnHandlerBox) };
-    let req = ConnRequest {
-        h: conn_request,
-        listener: hb.listener.get(),
-        consumed: false,
-        _worker: hb.worker.upgrade(),
-    };
+    let req =
+        ConnRequest { h: conn_request, listener: hb.listener.get(), consumed: false, _worker: hb.worker.upgrade() };
     if let Ok(mut f) = hb.f.try_borrow_mut() {
         f(req);
     }
@@ -544,9 +472,7 @@ impl RndvDesc<'_> {
         // handled (UCX takes ownership of it in this call even on failure);
         // the buffer is `len` bytes and is kept alive by the op until the
         // receive completes.
-        let ret = unsafe {
-            sys::ucp_am_recv_data_nbx(self.worker, self.desc, ptr_.cast(), self.len, &param)
-        };
+        let ret = unsafe { sys::ucp_am_recv_data_nbx(self.worker, self.desc, ptr_.cast(), self.len, &param) };
         op.started(ret, ud)
     }
 }
@@ -589,12 +515,7 @@ unsafe extern "C" fn am_cb(
     let rndv = attr & sys::UCP_AM_RECV_ATTR_FLAG_RNDV as u64 != 0;
     let used = Cell::new(false);
     let payload = if rndv {
-        AmPayload::Rendezvous(RndvDesc {
-            worker: hb.worker,
-            desc: data,
-            len: length,
-            used: &used,
-        })
+        AmPayload::Rendezvous(RndvDesc { worker: hb.worker, desc: data, len: length, used: &used })
     } else if length == 0 || data.is_null() {
         AmPayload::Inline(&[])
     } else {
@@ -608,11 +529,7 @@ unsafe extern "C" fn am_cb(
         Stats::add(&s.am_rndv_received, 1);
     }
     let verdict = match hb.f.try_borrow_mut() {
-        Ok(mut f) => f(AmRecv {
-            header,
-            reply_ep,
-            payload,
-        }),
+        Ok(mut f) => f(AmRecv { header, reply_ep, payload }),
         Err(_) => AmVerdict::Reject(Status::BUSY),
     };
     if rndv && used.get() {
@@ -643,9 +560,7 @@ impl From<SocketAddr> for SockAddr {
                 let sin = unsafe { &mut *(&mut storage as *mut _ as *mut libc::sockaddr_in) };
                 sin.sin_family = libc::AF_INET as libc::sa_family_t;
                 sin.sin_port = v4.port().to_be();
-                sin.sin_addr = libc::in_addr {
-                    s_addr: u32::from_ne_bytes(v4.ip().octets()),
-                };
+                sin.sin_addr = libc::in_addr { s_addr: u32::from_ne_bytes(v4.ip().octets()) };
                 std::mem::size_of::<libc::sockaddr_in>()
             }
             SocketAddr::V6(v6) => {
@@ -653,27 +568,19 @@ impl From<SocketAddr> for SockAddr {
                 let sin6 = unsafe { &mut *(&mut storage as *mut _ as *mut libc::sockaddr_in6) };
                 sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
                 sin6.sin6_port = v6.port().to_be();
-                sin6.sin6_addr = libc::in6_addr {
-                    s6_addr: v6.ip().octets(),
-                };
+                sin6.sin6_addr = libc::in6_addr { s6_addr: v6.ip().octets() };
                 sin6.sin6_flowinfo = v6.flowinfo();
                 sin6.sin6_scope_id = v6.scope_id();
                 std::mem::size_of::<libc::sockaddr_in6>()
             }
         };
-        SockAddr {
-            storage,
-            len: len as libc::socklen_t,
-        }
+        SockAddr { storage, len: len as libc::socklen_t }
     }
 }
 
 impl SockAddr {
     pub(crate) fn as_ucs(&self) -> sys::ucs_sock_addr_t {
-        sys::ucs_sock_addr_t {
-            addr: &self.storage as *const _ as *const sys::sockaddr,
-            addrlen: self.len,
-        }
+        sys::ucs_sock_addr_t { addr: &self.storage as *const _ as *const sys::sockaddr, addrlen: self.len }
     }
 }
 
@@ -689,8 +596,42 @@ fn sockaddr_to_std(s: &libc::sockaddr_storage) -> Option<SocketAddr> {
             // SAFETY: the family says this storage holds a sockaddr_in6.
             let sin6 = unsafe { &*(s as *const _ as *const libc::sockaddr_in6) };
             let ip = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
-            Some(SocketAddr::new(ip.into(), u16::from_be(sin6.sin6_port)))
+            Some(SocketAddr::V6(std::net::SocketAddrV6::new(
+                ip,
+                u16::from_be(sin6.sin6_port),
+                sin6.sin6_flowinfo,
+                sin6.sin6_scope_id,
+            )))
         }
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn socket_addresses_round_trip_in_c_layout() {
+        for a in ["127.0.0.1:5000", "[::1]:6000", "[fe80::1%2]:7", "10.1.2.3:65535"] {
+            let std_addr: SocketAddr = a.parse().unwrap();
+            let c = SockAddr::from(std_addr);
+            assert_eq!(sockaddr_to_std(&c.storage), Some(std_addr), "{a}");
+            let ucs = c.as_ucs();
+            let expected = if std_addr.is_ipv4() { 16 } else { 28 };
+            assert_eq!(ucs.addrlen as usize, expected);
+        }
+    }
+
+    #[test]
+    fn listener_binds_ipv4_and_ipv6() {
+        let ctx = Context::new(&crate::ContextOptions::default()).unwrap();
+        let w = Worker::new(&ctx).unwrap();
+        for a in ["127.0.0.1:0", "[::1]:0"] {
+            let l = w.listen(a.parse().unwrap(), |_| {}).unwrap();
+            let bound = l.local_addr().unwrap();
+            assert_eq!(bound.ip(), a.parse::<SocketAddr>().unwrap().ip());
+            assert_ne!(bound.port(), 0);
+        }
     }
 }

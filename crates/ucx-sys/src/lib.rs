@@ -6,12 +6,7 @@
 //! this crate is safe to call without reading the UCX documentation of the
 //! function: the safe layer is `dafne-ucx`.
 
-#![allow(
-    non_upper_case_globals,
-    non_camel_case_types,
-    non_snake_case,
-    dead_code
-)]
+#![allow(non_upper_case_globals, non_camel_case_types, non_snake_case, dead_code)]
 #![allow(clippy::all, clippy::undocumented_unsafe_blocks)]
 
 include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
@@ -77,10 +72,7 @@ mod tests {
 
     #[test]
     fn contig_datatype_is_byte_elements() {
-        assert_eq!(
-            ucp_dt_make_contig(1) & UCP_DATATYPE_CLASS_MASK as u64,
-            UCP_DATATYPE_CONTIG as u64
-        );
+        assert_eq!(ucp_dt_make_contig(1) & UCP_DATATYPE_CLASS_MASK as u64, UCP_DATATYPE_CONTIG as u64);
         assert_eq!(ucp_dt_make_contig(1) >> UCP_DATATYPE_SHIFT, 1);
     }
 

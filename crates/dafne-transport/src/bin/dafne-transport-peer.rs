@@ -49,9 +49,8 @@ enum Cmd {
 fn ucx_overrides(v: &[String]) -> Result<Vec<(String, String)>> {
     v.iter()
         .map(|kv| {
-            let (k, val) = kv
-                .split_once('=')
-                .with_context(|| format!("--ucx {kv}: expected KEY=VALUE, e.g. TLS=tcp"))?;
+            let (k, val) =
+                kv.split_once('=').with_context(|| format!("--ucx {kv}: expected KEY=VALUE, e.g. TLS=tcp"))?;
             Ok((k.trim_start_matches("UCX_").to_string(), val.to_string()))
         })
         .collect()
@@ -76,11 +75,7 @@ fn main() -> Result<()> {
             println!("listening on {addr}");
             // Serve until killed or stdin closes.
             let mut sink = String::new();
-            while std::io::stdin()
-                .read_line(&mut sink)
-                .map(|n| n > 0)
-                .unwrap_or(false)
-            {
+            while std::io::stdin().read_line(&mut sink).map(|n| n > 0).unwrap_or(false) {
                 sink.clear();
             }
             std::thread::sleep(Duration::from_secs(u64::MAX / 4));
@@ -90,18 +85,12 @@ fn main() -> Result<()> {
             let rt = Runtime::new(opts)?;
             let client = Client::connect(&rt, connect)?;
             let regions: Vec<Region> = (0..4)
-                .map(|_| {
-                    Region::allocate(client.context(), testsvc::SLOT_SIZE, Access::RemoteWrite)
-                })
+                .map(|_| Region::allocate(client.context(), testsvc::SLOT_SIZE, Access::RemoteWrite))
                 .collect::<Result<_, _>>()?;
             let reqs: Vec<Vec<u8>> = regions
                 .iter()
                 .map(|r| {
-                    let seg = SegDesc {
-                        addr: r.addr(),
-                        len: r.len() as u64,
-                        key: r.pack_key().unwrap_or_default(),
-                    };
+                    let seg = SegDesc { addr: r.addr(), len: r.len() as u64, key: r.pack_key().unwrap_or_default() };
                     testsvc::encode_rma(testsvc::OP_PUT, 0, 0, &[seg])
                 })
                 .collect();
@@ -126,10 +115,7 @@ fn main() -> Result<()> {
 /// bytes, sent on a UCX endpoint to the server's listener.
 fn garbage(connect: SocketAddr, opts: RuntimeOptions) -> Result<()> {
     use dafne_transport::frame::{FrameHeader, FrameKind, AM_ID};
-    let ctx = dafne_ucx::Context::new(&dafne_ucx::ContextOptions {
-        name: "garbage".into(),
-        config: opts.ucx_config,
-    })?;
+    let ctx = dafne_ucx::Context::new(&dafne_ucx::ContextOptions { name: "garbage".into(), config: opts.ucx_config })?;
     let worker = dafne_ucx::Worker::new(&ctx)?;
     let ep = worker.connect_sockaddr(connect)?;
     let good = |k: FrameKind| {
@@ -153,9 +139,6 @@ fn garbage(connect: SocketAddr, opts: RuntimeOptions) -> Result<()> {
     let mut unknown = good(FrameKind::Request);
     unknown.payload_len = 4;
     frames.push((unknown.encode().to_vec(), vec![1, 2, 3, 4])); // unknown connection
-    let mut hello = good(FrameKind::Hello);
-    hello.payload_len = 7;
-    frames.push((hello.encode().to_vec(), vec![9; 7])); // hello without reply endpoint, garbage body
     let mut x: u64 = 0x1234_5678;
     for _ in 0..50 {
         let hdr: Vec<u8> = (0..40)
@@ -172,13 +155,23 @@ fn garbage(connect: SocketAddr, opts: RuntimeOptions) -> Result<()> {
     let mut big = good(FrameKind::Request);
     big.payload_len = 32 << 20;
     frames.push((big.encode().to_vec(), vec![0x5A; 32 << 20]));
+    // Last, because the server answers a bad hello by closing the session.
+    let mut hello = good(FrameKind::Hello);
+    hello.payload_len = 7;
+    frames.push((hello.encode().to_vec(), vec![9; 7]));
     let mut ops = Vec::new();
     for (h, p) in frames {
         ops.push(ep.am_send(AM_ID, h.clone(), p.clone(), false)?);
         ops.push(ep.am_send(AM_ID, h, p, true)?);
     }
+    // Make sure everything left this process before exiting.
+    ops.push(ep.flush()?);
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while ops.iter().any(|o| o.poll_done().is_none()) && std::time::Instant::now() < deadline {
+        worker.progress();
+    }
+    let linger = std::time::Instant::now() + Duration::from_millis(300);
+    while std::time::Instant::now() < linger {
         worker.progress();
     }
     println!("sent {} malformed frames", ops.len());

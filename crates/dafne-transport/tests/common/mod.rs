@@ -30,17 +30,11 @@ impl Tls {
             Tls::Shm => "posix,sysv,self,tcp",
             Tls::Cma => "cma,tcp,self",
         };
-        vec![
-            ("TLS".into(), tls.into()),
-            ("NET_DEVICES".into(), "lo".into()),
-        ]
+        vec![("TLS".into(), tls.into()), ("NET_DEVICES".into(), "lo".into())]
     }
 
     pub fn args(self) -> Vec<String> {
-        self.ucx()
-            .into_iter()
-            .flat_map(|(k, v)| ["--ucx".to_string(), format!("{k}={v}")])
-            .collect()
+        self.ucx().into_iter().flat_map(|(k, v)| ["--ucx".to_string(), format!("{k}={v}")]).collect()
     }
 }
 
@@ -73,17 +67,9 @@ pub fn spawn_server(tls: Tls, extra: &[&str]) -> Peer {
         .expect("spawn dafne-transport-peer");
     let out = child.stdout.take().unwrap();
     let mut line = String::new();
-    BufReader::new(out)
-        .read_line(&mut line)
-        .expect("read server banner");
-    let addr = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("unexpected banner {line:?}"));
-    Peer {
-        addr: addr.parse().unwrap(),
-        child,
-    }
+    BufReader::new(out).read_line(&mut line).expect("read server banner");
+    let addr = line.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("unexpected banner {line:?}"));
+    Peer { addr: addr.parse().unwrap(), child }
 }
 
 pub fn client_runtime(tls: Tls) -> Runtime {
@@ -91,11 +77,7 @@ pub fn client_runtime(tls: Tls) -> Runtime {
 }
 
 pub fn client_runtime_with(tls: Tls, f: impl FnOnce(&mut RuntimeOptions)) -> Runtime {
-    let mut o = RuntimeOptions {
-        name: format!("test-{tls:?}"),
-        ucx_config: tls.ucx(),
-        ..Default::default()
-    };
+    let mut o = RuntimeOptions { name: format!("test-{tls:?}"), ucx_config: tls.ucx(), ..Default::default() };
     o.call_timeout = Duration::from_secs(20);
     f(&mut o);
     Runtime::new(o).expect("client runtime")
