@@ -453,6 +453,20 @@ impl Client {
         }
     }
 
+    /// Sends a request from a task running on this client's runtime loop
+    /// (`l` proves the caller is on the loop thread): no thread hop on the
+    /// way out or back, which is what the benchmark and a loop-resident
+    /// client library use.
+    pub fn call_on_loop(&self, l: &Rc<Local>, payload: Vec<u8>) -> impl Future<Output = Result<Vec<u8>>> + 'static {
+        let (tx, rx) = oneshot::channel();
+        if Arc::ptr_eq(&l.shared, &self.inner.shared) {
+            ClientSide::call(l, self.inner.id, payload, tx);
+        } else {
+            let _ = tx.send(Err(TransportError::Protocol("call_on_loop from another runtime's loop".into())));
+        }
+        async move { rx.await.unwrap_or(Err(TransportError::Shutdown)) }
+    }
+
     /// UCX's description of this connection's data endpoint: which
     /// transports carry messages and RMA.
     pub fn data_path_info(&self) -> Result<String> {

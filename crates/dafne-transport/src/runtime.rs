@@ -183,6 +183,22 @@ impl Runtime {
         rx.recv().map_err(|_| TransportError::Shutdown)
     }
 
+    /// Runs the future built by `f` as a task on the loop and waits for its
+    /// output. For work that should stay on the loop thread end to end.
+    pub fn block_on_loop<T: Send + 'static, F>(&self, f: impl FnOnce(Rc<Local>) -> F + Send + 'static) -> Result<T>
+    where
+        F: std::future::Future<Output = T> + 'static,
+    {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.shared.submit(move |l| {
+            let fut = f(l.clone());
+            l.spawn(async move {
+                let _ = tx.send(fut.await);
+            });
+        })?;
+        rx.recv().map_err(|_| TransportError::Shutdown)
+    }
+
     /// The worker's UCX description (transports and devices in use).
     pub fn worker_info(&self) -> Result<String> {
         self.run_on_loop(|l| l.worker.print_info())

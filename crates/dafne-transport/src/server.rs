@@ -17,7 +17,6 @@ use crate::error::{Result, TransportError};
 use crate::frame::{FrameHeader, FrameKind, Hello, TransportStatus, Welcome, AM_ID};
 use crate::runtime::{random_u64, DataPath, Inbound, Local, Runtime, Shared};
 use crate::stats::TransportStats;
-use crate::timer::{sleep_until, Sleep};
 
 /// What a server does with requests. Runs on the runtime's loop thread; the
 /// returned future may await RMA on `req.conn` and timers.
@@ -46,7 +45,11 @@ pub(crate) struct ServerConn {
     inflight: Cell<u32>,
     keys: RefCell<HashMap<Vec<u8>, Rc<RemoteKey>>>,
     dead: Cell<bool>,
-    dead_wakers: RefCell<Vec<Waker>>,
+    /// RMA waiters to wake if the connection dies or their deadline passes
+    /// (checked by housekeeping: no timer per request), keyed by waiter id;
+    /// each waiter replaces its own entry on every poll and removes it on drop.
+    dead_wakers: RefCell<HashMap<u64, (Waker, Instant)>>,
+    next_waiter: Cell<u64>,
     last_heard: Cell<Instant>,
     shared: Arc<Shared>,
 }
@@ -142,7 +145,9 @@ impl ConnHandle {
         }
         let flush = ep.flush().inspect_err(|_| TransportStats::inc(&stats.rma_failures))?;
         let deadline = Instant::now() + self.0.shared.opts.call_timeout;
-        let done = Guarded { conn: self.0.clone(), ops: &ops, flush: &flush, sleep: sleep_until(deadline) }.await;
+        let waiter = self.0.next_waiter.get() + 1;
+        self.0.next_waiter.set(waiter);
+        let done = Guarded { conn: self.0.clone(), waiter, ops: &ops, flush: &flush, deadline }.await;
         if let Err(e) = done {
             TransportStats::inc(&stats.rma_failures);
             return Err(e);
@@ -160,14 +165,15 @@ impl ConnHandle {
 /// the deadline passed, whichever comes first.
 struct Guarded<'a> {
     conn: Rc<ServerConn>,
+    waiter: u64,
     ops: &'a [Op],
     flush: &'a Op,
-    sleep: Sleep,
+    deadline: Instant,
 }
 
 impl Future for Guarded<'_> {
     type Output = Result<()>;
-    fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Result<()>> {
+    fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Result<()>> {
         let mut all_done = true;
         for op in self.ops.iter().chain(std::iter::once(self.flush)) {
             match op.poll_done() {
@@ -192,14 +198,21 @@ impl Future for Guarded<'_> {
             let mut h = Op::clone_handle(op);
             let _ = Pin::new(&mut h).poll(cx);
         }
-        self.conn.dead_wakers.borrow_mut().push(cx.waker().clone());
-        if Pin::new(&mut self.sleep).poll(cx).is_ready() {
+        let (id, deadline) = (self.waiter, self.deadline);
+        self.conn.dead_wakers.borrow_mut().insert(id, (cx.waker().clone(), deadline));
+        if Instant::now() >= deadline {
             return Poll::Ready(Err(TransportError::TimedOut {
                 what: "RMA",
                 after: self.conn.shared.opts.call_timeout,
             }));
         }
         Poll::Pending
+    }
+}
+
+impl Drop for Guarded<'_> {
+    fn drop(&mut self) {
+        self.conn.dead_wakers.borrow_mut().remove(&self.waiter);
     }
 }
 
@@ -329,7 +342,8 @@ impl ServerSide {
             inflight: Cell::new(0),
             keys: RefCell::new(HashMap::new()),
             dead: Cell::new(false),
-            dead_wakers: RefCell::new(Vec::new()),
+            dead_wakers: RefCell::new(HashMap::new()),
+            next_waiter: Cell::new(0),
             last_heard: Cell::new(Instant::now()),
             shared: l.shared.clone(),
         });
@@ -391,7 +405,7 @@ impl ServerSide {
             tracing::info!("client connection {id} failed: releasing it");
         }
         conn.dead.set(true);
-        for w in conn.dead_wakers.borrow_mut().drain(..) {
+        for (_, (w, _)) in conn.dead_wakers.borrow_mut().drain() {
             w.wake();
         }
         conn.keys.borrow_mut().clear();
@@ -414,6 +428,13 @@ impl ServerSide {
             .collect();
         for id in silent {
             Self::drop_conn(l, id, true);
+        }
+        for c in l.server.conns.borrow().values() {
+            for (w, deadline) in c.dead_wakers.borrow().values() {
+                if *deadline <= now {
+                    w.wake_by_ref();
+                }
+            }
         }
         let timeout = o.connect_timeout;
         l.server.accepted.borrow_mut().retain(|_, (_, t)| now.duration_since(*t) < timeout);

@@ -303,3 +303,22 @@ pub fn parse_reply(r: &[u8]) -> Result<&[u8], String> {
         None => Err("empty reply".into()),
     }
 }
+
+/// Runs the reference service until the process is killed or its stdin
+/// closes: prints `listening on ADDR` once ready (what tests and the
+/// benchmark wait for).
+pub fn serve_forever(opts: crate::RuntimeOptions, listen: std::net::SocketAddr) -> crate::error::Result<()> {
+    let rt = Runtime::new(opts)?;
+    let addr = serve(&rt, listen)?;
+    println!("listening on {addr}");
+    use std::io::Write as _;
+    let _ = std::io::stdout().flush();
+    let mut sink = String::new();
+    while std::io::stdin().read_line(&mut sink).map(|n| n > 0).unwrap_or(false) {
+        sink.clear();
+    }
+    // stdin closed (or was never open): keep serving until killed.
+    loop {
+        std::thread::sleep(std::time::Duration::from_secs(3600));
+    }
+}

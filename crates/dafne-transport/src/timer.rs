@@ -53,10 +53,6 @@ pub fn sleep(d: Duration) -> Sleep {
     Sleep { deadline: Instant::now() + d, id: None }
 }
 
-pub(crate) fn sleep_until(deadline: Instant) -> Sleep {
-    Sleep { deadline, id: None }
-}
-
 impl Future for Sleep {
     type Output = ();
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {

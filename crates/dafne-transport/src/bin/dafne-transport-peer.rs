@@ -69,18 +69,7 @@ fn main() -> Result<()> {
         ..Default::default()
     };
     match cli.cmd {
-        Cmd::Serve { listen, credits } => {
-            let rt = Runtime::new(RuntimeOptions { credits, ..opts })?;
-            let addr = testsvc::serve(&rt, listen)?;
-            println!("listening on {addr}");
-            // Serve until killed or stdin closes.
-            let mut sink = String::new();
-            while std::io::stdin().read_line(&mut sink).map(|n| n > 0).unwrap_or(false) {
-                sink.clear();
-            }
-            std::thread::sleep(Duration::from_secs(u64::MAX / 4));
-            Ok(())
-        }
+        Cmd::Serve { listen, credits } => Ok(testsvc::serve_forever(RuntimeOptions { credits, ..opts }, listen)?),
         Cmd::Hammer { connect } => {
             let rt = Runtime::new(opts)?;
             let client = Client::connect(&rt, connect)?;

@@ -17,7 +17,8 @@ pub enum Tls {
     /// Shared memory (posix, sysv) for messages and RMA; TCP only for the
     /// control connection.
     Shm,
-    /// cma (process_vm_readv/writev) for RMA; TCP for messages.
+    /// cma (process_vm_readv/writev) for RMA on ordinary memory, sysv shared
+    /// memory for messages and UCX-allocated memory; TCP for control.
     Cma,
 }
 
@@ -28,7 +29,7 @@ impl Tls {
         let tls = match self {
             Tls::Tcp => "tcp",
             Tls::Shm => "posix,sysv,self,tcp",
-            Tls::Cma => "cma,tcp,self",
+            Tls::Cma => "cma,sysv,self,tcp",
         };
         vec![("TLS".into(), tls.into()), ("NET_DEVICES".into(), "lo".into())]
     }

@@ -1,0 +1,5 @@
+//! Benchmarks of dafne, as library functions that `dafne bench` runs and
+//! prints. Each returns a report that serialises to JSON.
+
+pub mod perftest;
+pub mod transport;

@@ -1,0 +1,409 @@
+//! The transport benchmark: server-driven put and get bandwidth and
+//! request/reply latency through dafne's real request → RMA → flush → reply
+//! path, beside `ucx_perftest` on the same transports and sizes.
+//!
+//! For each transport a real server process runs the transport's reference
+//! service (`dafne_transport::testsvc`); this process is the client. A
+//! client keeps `window` requests in flight; each names one client segment of
+//! `size` bytes and its packed key; the server puts into it (a client read)
+//! or gets from it (a client write) and replies after a flush.
+//!
+//! Memory: `pooled` uses the server's registered pool and UCX-allocated
+//! client regions (the design's data path); `plain` makes the server move
+//! bytes from/to ordinary heap memory it allocates per request and the
+//! client register ordinary `Vec`s, to show what the pools buy.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context as _, Result};
+use dafne_transport::testsvc::{self, SegDesc, FLAG_PLAIN, OP_ECHO, OP_GET, OP_PUT};
+use dafne_transport::{Access, Client, Region, Runtime, RuntimeOptions};
+use futures::stream::{FuturesUnordered, StreamExt};
+
+use crate::perftest;
+
+/// A UCX transport set to benchmark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum Transport {
+    Tcp,
+    Shm,
+    Cma,
+}
+
+impl Transport {
+    pub const ALL: [Transport; 3] = [Transport::Tcp, Transport::Shm, Transport::Cma];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Transport::Tcp => "tcp",
+            Transport::Shm => "shm",
+            Transport::Cma => "cma",
+        }
+    }
+
+    /// `UCX_*` settings (without the prefix). TCP stays on loopback; the
+    /// shared-memory and cma sets keep TCP for dafne's control endpoint.
+    pub fn ucx(self) -> Vec<(String, String)> {
+        let tls = match self {
+            Transport::Tcp => "tcp",
+            Transport::Shm => "posix,sysv,self,tcp",
+            Transport::Cma => "cma,sysv,self,tcp",
+        };
+        vec![("TLS".into(), tls.into()), ("NET_DEVICES".into(), "lo".into())]
+    }
+
+    pub fn parse(s: &str) -> Result<Transport> {
+        match s {
+            "tcp" => Ok(Transport::Tcp),
+            "shm" => Ok(Transport::Shm),
+            "cma" => Ok(Transport::Cma),
+            _ => bail!("unknown transport {s:?}: choose among tcp, shm, cma"),
+        }
+    }
+}
+
+/// How to start a server process running the reference service: a program
+/// and the arguments that precede the peer's own (`--ucx K=V … serve`).
+#[derive(Debug, Clone)]
+pub struct ServerCommand {
+    pub program: PathBuf,
+    pub prefix: Vec<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub transports: Vec<Transport>,
+    pub sizes: Vec<usize>,
+    pub window: usize,
+    /// Time per bandwidth cell.
+    pub duration: Duration,
+    /// Echo round trips per latency cell.
+    pub latency_iters: usize,
+    pub with_perftest: bool,
+    pub server: ServerCommand,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct BwRow {
+    pub transport: Transport,
+    /// `put` = server puts into client memory (a read); `get` = a write.
+    pub op: &'static str,
+    pub memory: &'static str,
+    pub size: usize,
+    pub window: usize,
+    pub requests: u64,
+    pub mib_per_s: f64,
+    pub perftest_mib_per_s: Option<f64>,
+    pub ratio: Option<f64>,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct LatRow {
+    pub transport: Transport,
+    /// Busy-poll window of both ends after activity (0 = pure event loop).
+    pub spin_us: u64,
+    pub iterations: usize,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub perftest_am_lat_p50_us: Option<f64>,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Report {
+    pub machine: String,
+    pub ucx_version: String,
+    pub bandwidth: Vec<BwRow>,
+    pub latency: Vec<LatRow>,
+    /// Which UCX lanes carried the data endpoint, per transport.
+    pub lanes: Vec<(Transport, String)>,
+}
+
+struct ServerProc(Child);
+impl Drop for ServerProc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_server(cmd: &ServerCommand, t: Transport, spin_us: u64) -> Result<(ServerProc, SocketAddr)> {
+    let mut c = Command::new(&cmd.program);
+    c.args(&cmd.prefix);
+    for (k, v) in t.ucx() {
+        c.arg("--ucx").arg(format!("{k}={v}"));
+    }
+    c.args(["--spin-us", &spin_us.to_string(), "serve", "--listen", "127.0.0.1:0"]);
+    let mut child = c
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .with_context(|| format!("starting the benchmark server {:?}", cmd.program))?;
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().ok_or_else(|| anyhow!("no stdout"))?).read_line(&mut line)?;
+    let proc_ = ServerProc(child);
+    let addr = line
+        .trim()
+        .strip_prefix("listening on ")
+        .ok_or_else(|| anyhow!("benchmark server did not start: {line:?}"))?
+        .parse()?;
+    Ok((proc_, addr))
+}
+
+fn runtime(t: Transport, spin_us: u64) -> Result<Runtime> {
+    Ok(Runtime::new(RuntimeOptions {
+        name: format!("bench-{}", t.name()),
+        ucx_config: t.ucx(),
+        spin: Duration::from_micros(spin_us),
+        ..Default::default()
+    })?)
+}
+
+type Call = Pin<Box<dyn std::future::Future<Output = (usize, Result<Vec<u8>, dafne_transport::TransportError>)>>>;
+
+/// Keeps `reqs.len()` requests in flight for `dur`; returns completed count
+/// and elapsed time. Runs as a task on the client's loop thread, so no
+/// thread hop is measured (on 2 cores an extra busy thread would be).
+fn pump(rt: &Runtime, client: &Client, reqs: Vec<Vec<u8>>, dur: Duration) -> Result<(u64, Duration)> {
+    let client = client.clone();
+    rt.block_on_loop(move |l| async move {
+        let issue = |slot: usize| -> Call {
+            let f = client.call_on_loop(&l, reqs[slot].clone());
+            Box::pin(async move { (slot, f.await) })
+        };
+        // Warm-up: two rounds.
+        for _ in 0..2 {
+            let mut w: FuturesUnordered<Call> = (0..reqs.len()).map(issue).collect();
+            while let Some((_, r)) = w.next().await {
+                testsvc::parse_reply(&r?).map_err(|e| anyhow!("server: {e}"))?;
+            }
+        }
+        let start = Instant::now();
+        let mut inflight: FuturesUnordered<Call> = (0..reqs.len()).map(issue).collect();
+        let mut done = 0u64;
+        while let Some((slot, r)) = inflight.next().await {
+            testsvc::parse_reply(&r?).map_err(|e| anyhow!("server: {e}"))?;
+            done += 1;
+            if start.elapsed() < dur {
+                inflight.push(issue(slot));
+            }
+        }
+        Ok((done, start.elapsed()))
+    })?
+}
+
+fn bandwidth(rt: &Runtime, client: &Client, op: u8, size: usize, window: usize, plain: bool, dur: Duration) -> Result<(u64, f64)> {
+    let access = if op == OP_PUT { Access::RemoteWrite } else { Access::RemoteRead };
+    let regions: Vec<Region> = (0..window)
+        .map(|_| {
+            if plain {
+                Region::register(client.context(), vec![1u8; size], access)
+            } else {
+                Region::allocate(client.context(), size, access)
+            }
+        })
+        .collect::<Result<_, _>>()?;
+    let flags = if plain { FLAG_PLAIN } else { 0 };
+    let reqs: Vec<Vec<u8>> = regions
+        .iter()
+        .map(|r| {
+            let seg = SegDesc { addr: r.addr(), len: size as u64, key: r.pack_key()? };
+            Ok(testsvc::encode_rma(op, flags, 0, &[seg]))
+        })
+        .collect::<Result<_, dafne_transport::TransportError>>()?;
+    let (n, el) = pump(rt, client, reqs, dur)?;
+    Ok((n, (n as f64 * size as f64) / el.as_secs_f64() / (1u64 << 20) as f64))
+}
+
+/// Round-trip times of an 8-byte echo, one in flight, measured on the
+/// loop thread (the application-thread hop is a property of the caller).
+fn latency(rt: &Runtime, client: &Client, iters: usize) -> Result<(f64, f64)> {
+    let client = client.clone();
+    let mut v: Vec<f64> = rt.block_on_loop(move |l| async move {
+        let mut req = vec![OP_ECHO];
+        req.extend_from_slice(&[0u8; 8]);
+        for _ in 0..iters / 10 + 10 {
+            client.call_on_loop(&l, req.clone()).await?;
+        }
+        let mut v = Vec::with_capacity(iters);
+        for _ in 0..iters {
+            let t = Instant::now();
+            client.call_on_loop(&l, req.clone()).await?;
+            v.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        Ok::<_, dafne_transport::TransportError>(v)
+    })??;
+    v.sort_by(|a, b| a.total_cmp(b));
+    Ok((v[v.len() / 2], v[(v.len() * 99 / 100).min(v.len() - 1)]))
+}
+
+fn lanes_summary(info: &str) -> String {
+    info.lines()
+        .filter(|l| l.contains("lane[") || l.contains("put[") || l.contains("rma_bw"))
+        .map(|l| l.trim_start_matches('#').trim())
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+fn perftest_iters(size: usize) -> usize {
+    ((1usize << 31) / size).clamp(500, 200_000)
+}
+
+/// Runs the whole benchmark; `progress` is told what is being measured.
+pub fn run(o: &Options, mut progress: impl FnMut(&str)) -> Result<Report> {
+    let mut report = Report { machine: machine(), ucx_version: ucx_version(), bandwidth: vec![], latency: vec![], lanes: vec![] };
+    let perftest_ok = o.with_perftest && perftest::available();
+    for &t in &o.transports {
+        let spin = 50;
+        let (_srv, addr) = start_server(&o.server, t, spin)?;
+        let rt = runtime(t, spin)?;
+        let client = Client::connect(&rt, addr)?;
+        report.lanes.push((t, lanes_summary(&client.data_path_info()?)));
+        for &size in &o.sizes {
+            for (op, name, pt) in [(OP_PUT, "put", "ucp_put_bw"), (OP_GET, "get", "ucp_get")] {
+                let reference = if perftest_ok {
+                    progress(&format!("{} {name} {size} B: ucx_perftest", t.name()));
+                    match perftest::run(pt, size, o.window, perftest_iters(size), &t.ucx()) {
+                        Ok(r) => Some(r.mib_per_s),
+                        Err(e) => {
+                            progress(&format!("ucx_perftest failed: {e:#}"));
+                            None
+                        }
+                    }
+                } else {
+                    None
+                };
+                for plain in [false, true] {
+                    let memory = if plain { "plain" } else { "pooled" };
+                    progress(&format!("{} {name} {size} B {memory}: dafne", t.name()));
+                    let (requests, mib) = bandwidth(&rt, &client, op, size, o.window, plain, o.duration)?;
+                    report.bandwidth.push(BwRow {
+                        transport: t,
+                        op: name,
+                        memory,
+                        size,
+                        window: o.window,
+                        requests,
+                        mib_per_s: mib,
+                        perftest_mib_per_s: reference,
+                        ratio: reference.map(|r| mib / r),
+                    });
+                }
+            }
+        }
+        drop(client);
+        drop(rt);
+        for spin_us in [0u64, 50] {
+            progress(&format!("{} latency, spin {spin_us} µs", t.name()));
+            let (_srv, addr) = start_server(&o.server, t, spin_us)?;
+            let rt = runtime(t, spin_us)?;
+            let client = Client::connect(&rt, addr)?;
+            let (p50, p99) = latency(&rt, &client, o.latency_iters)?;
+            let am = if perftest_ok && spin_us == 0 {
+                perftest::run("ucp_am_lat", 8, 1, 20_000, &t.ucx()).ok().map(|r| r.p50_lat_us)
+            } else {
+                None
+            };
+            report.latency.push(LatRow {
+                transport: t,
+                spin_us,
+                iterations: o.latency_iters,
+                p50_us: p50,
+                p99_us: p99,
+                perftest_am_lat_p50_us: am,
+            });
+        }
+    }
+    Ok(report)
+}
+
+fn human(size: usize) -> String {
+    if size >= 1 << 20 && size % (1 << 20) == 0 {
+        format!("{} MiB", size >> 20)
+    } else if size >= 1024 && size % 1024 == 0 {
+        format!("{} KiB", size >> 10)
+    } else {
+        format!("{size} B")
+    }
+}
+
+impl Report {
+    /// The tables as Markdown (what `dafne bench transport` prints).
+    pub fn to_markdown(&self) -> String {
+        let mut s = String::new();
+        s.push_str(&format!("machine: {}\nUCX: {}\n\n", self.machine, self.ucx_version));
+        s.push_str("Bandwidth (MiB/s), server-driven RMA, one segment per request\n\n");
+        s.push_str("| transport | op | size | window | dafne pooled | dafne plain | ucx_perftest | pooled / perftest |\n");
+        s.push_str("|---|---|---|---|---|---|---|---|\n");
+        let mut keys: Vec<(Transport, &str, usize)> = Vec::new();
+        for r in &self.bandwidth {
+            if !keys.contains(&(r.transport, r.op, r.size)) {
+                keys.push((r.transport, r.op, r.size));
+            }
+        }
+        for (t, op, size) in keys {
+            let find = |m: &str| self.bandwidth.iter().find(|r| r.transport == t && r.op == op && r.size == size && r.memory == m);
+            let (p, pl) = (find("pooled"), find("plain"));
+            let pt = p.and_then(|r| r.perftest_mib_per_s);
+            s.push_str(&format!(
+                "| {} | {} | {} | {} | {:.0} | {:.0} | {} | {} |\n",
+                t.name(),
+                if op == "put" { "put (read)" } else { "get (write)" },
+                human(size),
+                p.map(|r| r.window).unwrap_or(0),
+                p.map(|r| r.mib_per_s).unwrap_or(0.0),
+                pl.map(|r| r.mib_per_s).unwrap_or(0.0),
+                pt.map(|v| format!("{v:.0}")).unwrap_or_else(|| "-".into()),
+                p.and_then(|r| r.ratio).map(|v| format!("{:.0}%", v * 100.0)).unwrap_or_else(|| "-".into()),
+            ));
+        }
+        s.push_str("\nRequest/reply latency (8-byte echo, one in flight, µs)\n\n");
+        s.push_str("| transport | spin | p50 | p99 | ucx_perftest ucp_am_lat p50 |\n|---|---|---|---|---|\n");
+        for r in &self.latency {
+            s.push_str(&format!(
+                "| {} | {} µs | {:.1} | {:.1} | {} |\n",
+                r.transport.name(),
+                r.spin_us,
+                r.p50_us,
+                r.p99_us,
+                r.perftest_am_lat_p50_us.map(|v| format!("{v:.1}")).unwrap_or_else(|| "-".into())
+            ));
+        }
+        s.push_str("\nData endpoint lanes\n\n");
+        for (t, l) in &self.lanes {
+            s.push_str(&format!("- {}: {}\n", t.name(), l));
+        }
+        s
+    }
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| c.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
+        .unwrap_or_default();
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| m.lines().next().map(|l| l.split_whitespace().nth(1).unwrap_or("0").to_string()))
+        .and_then(|kb| kb.parse::<u64>().ok())
+        .map(|kb| format!("{} GiB", kb >> 20))
+        .unwrap_or_default();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!("{cpu}, {cores} cores, {mem}, Linux {}", kernel.trim())
+}
+
+fn ucx_version() -> String {
+    Command::new("ucx_info")
+        .arg("-v")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.lines().next().map(|l| l.trim_start_matches('#').trim().to_string()))
+        .unwrap_or_else(|| "unknown".into())
+}

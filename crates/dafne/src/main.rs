@@ -1,0 +1,175 @@
+//! `dafne`: the one command of the project. Thin: parsing, progress and
+//! printing here; the work lives in the library crates.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+use dafne_bench::transport::{Options, ServerCommand, Transport};
+use dafne_transport::RuntimeOptions;
+
+#[derive(Parser)]
+#[command(name = "dafne", version, about = "dafne: a user-level, RDMA-native parallel file system on UCX")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run a benchmark and print its table (and write JSON).
+    #[command(subcommand)]
+    Bench(Bench),
+    /// Serve the transport's reference service (used by `dafne bench transport`).
+    #[command(hide = true)]
+    TransportPeer(PeerArgs),
+}
+
+#[derive(Subcommand)]
+enum Bench {
+    /// Server-driven put/get bandwidth and request/reply latency over tcp,
+    /// shared memory and cma, beside ucx_perftest.
+    Transport(TransportBench),
+}
+
+#[derive(Args)]
+struct TransportBench {
+    /// Transports to measure (comma-separated: tcp, shm, cma).
+    #[arg(long, default_value = "tcp,shm,cma", value_delimiter = ',')]
+    transports: Vec<String>,
+    /// Transfer sizes in bytes (comma-separated; K and M suffixes allowed).
+    #[arg(long, default_value = "4K,64K,1M,4M", value_delimiter = ',')]
+    sizes: Vec<String>,
+    /// Requests in flight.
+    #[arg(long, default_value_t = 16)]
+    window: usize,
+    /// Seconds per bandwidth measurement.
+    #[arg(long, default_value_t = 1.0)]
+    seconds: f64,
+    /// Round trips per latency measurement.
+    #[arg(long, default_value_t = 20_000)]
+    latency_iters: usize,
+    /// Skip the ucx_perftest reference runs.
+    #[arg(long)]
+    no_perftest: bool,
+    /// A short run (0.2 s per cell, 2000 round trips) for smoke checks.
+    #[arg(long)]
+    quick: bool,
+    /// Where to write the JSON report.
+    #[arg(long, default_value = "bench-results/transport.json")]
+    json: PathBuf,
+}
+
+#[derive(Args)]
+struct PeerArgs {
+    #[arg(long = "ucx", value_name = "KEY=VALUE")]
+    ucx: Vec<String>,
+    #[arg(long, default_value_t = 50)]
+    spin_us: u64,
+    #[command(subcommand)]
+    cmd: PeerCmd,
+}
+
+#[derive(Subcommand)]
+enum PeerCmd {
+    Serve {
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: SocketAddr,
+    },
+}
+
+fn parse_size(s: &str) -> Result<usize> {
+    let s = s.trim();
+    let (num, mult) = match s.chars().last() {
+        Some('K' | 'k') => (&s[..s.len() - 1], 1 << 10),
+        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
+        Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    let n: usize = num.parse().with_context(|| format!("size {s:?}: expected a number with an optional K/M/G suffix, e.g. 64K"))?;
+    if n == 0 {
+        bail!("size {s:?} must be positive");
+    }
+    Ok(n * mult)
+}
+
+fn bench_transport(a: TransportBench) -> Result<()> {
+    let transports = a.transports.iter().map(|t| Transport::parse(t.trim())).collect::<Result<Vec<_>>>()?;
+    let sizes = a.sizes.iter().map(|s| parse_size(s)).collect::<Result<Vec<_>>>()?;
+    if let Some(&s) = sizes.iter().find(|&&s| s > dafne_transport::testsvc::SLOT_SIZE) {
+        bail!("size {s} is larger than one request may move ({} bytes)", dafne_transport::testsvc::SLOT_SIZE);
+    }
+    if a.window == 0 || a.window > 64 {
+        bail!("--window {} must be between 1 and 64 (the server grants 64 credits)", a.window);
+    }
+    let (seconds, iters) = if a.quick { (0.2, 2000) } else { (a.seconds, a.latency_iters) };
+    let opts = Options {
+        transports,
+        sizes,
+        window: a.window,
+        duration: Duration::from_secs_f64(seconds),
+        latency_iters: iters.max(10),
+        with_perftest: !a.no_perftest,
+        server: ServerCommand {
+            program: std::env::current_exe().context("locating the dafne executable")?,
+            prefix: vec!["transport-peer".into()],
+        },
+    };
+    let started = std::time::Instant::now();
+    let report = dafne_bench::transport::run(&opts, |what| eprintln!("[{:>6.1}s] measuring {what}", started.elapsed().as_secs_f64()))?;
+    println!("{}", report.to_markdown());
+    if let Some(dir) = a.json.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::write(&a.json, serde_json::to_string_pretty(&report)?).with_context(|| format!("writing {}", a.json.display()))?;
+    eprintln!("JSON report written to {}", a.json.display());
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("DAFNE_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match cli.cmd {
+        Cmd::Bench(Bench::Transport(a)) => bench_transport(a),
+        Cmd::TransportPeer(p) => {
+            let ucx = p
+                .ucx
+                .iter()
+                .map(|kv| {
+                    kv.split_once('=')
+                        .map(|(k, v)| (k.trim_start_matches("UCX_").to_string(), v.to_string()))
+                        .with_context(|| format!("--ucx {kv}: expected KEY=VALUE"))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let opts = RuntimeOptions {
+                name: "bench-server".into(),
+                ucx_config: ucx,
+                spin: Duration::from_micros(p.spin_us),
+                ..Default::default()
+            };
+            match p.cmd {
+                PeerCmd::Serve { listen } => Ok(dafne_transport::testsvc::serve_forever(opts, listen)?),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes_parse_with_suffixes_and_refuse_nonsense() {
+        assert_eq!(parse_size("4K").unwrap(), 4096);
+        assert_eq!(parse_size("1M").unwrap(), 1 << 20);
+        assert_eq!(parse_size("100").unwrap(), 100);
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("x").is_err());
+        assert!(parse_size("4Q").is_err());
+    }
+}
