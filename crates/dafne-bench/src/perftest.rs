@@ -38,7 +38,13 @@ pub fn available() -> bool {
 
 /// Runs `ucx_perftest -t TEST -s SIZE -O WINDOW` between two processes on
 /// loopback with the given UCX environment.
-pub fn run(test: &str, size: usize, window: usize, iterations: usize, env: &[(String, String)]) -> Result<PerftestResult> {
+pub fn run(
+    test: &str,
+    size: usize,
+    window: usize,
+    iterations: usize,
+    env: &[(String, String)],
+) -> Result<PerftestResult> {
     let port = free_port()?;
     let mut srv = Command::new("ucx_perftest");
     srv.args(["-p", &port.to_string()]).stdout(Stdio::null()).stderr(Stdio::null());
@@ -52,8 +58,16 @@ pub fn run(test: &str, size: usize, window: usize, iterations: usize, env: &[(St
     for _ in 0..50 {
         std::thread::sleep(Duration::from_millis(100));
         let mut cli = Command::new("ucx_perftest");
-        cli.args(["127.0.0.1", "-p", &port.to_string(), "-t", test, "-s", &size.to_string()])
-            .args(["-n", &iterations.to_string(), "-w", &warmup.to_string(), "-O", &window.to_string(), "-f", "-v"]);
+        cli.args(["127.0.0.1", "-p", &port.to_string(), "-t", test, "-s", &size.to_string()]).args([
+            "-n",
+            &iterations.to_string(),
+            "-w",
+            &warmup.to_string(),
+            "-O",
+            &window.to_string(),
+            "-f",
+            "-v",
+        ]);
         for (k, v) in env {
             cli.env(format!("UCX_{k}"), v);
         }

@@ -197,7 +197,15 @@ fn pump(rt: &Runtime, client: &Client, reqs: Vec<Vec<u8>>, dur: Duration) -> Res
     })?
 }
 
-fn bandwidth(rt: &Runtime, client: &Client, op: u8, size: usize, window: usize, plain: bool, dur: Duration) -> Result<(u64, f64)> {
+fn bandwidth(
+    rt: &Runtime,
+    client: &Client,
+    op: u8,
+    size: usize,
+    window: usize,
+    plain: bool,
+    dur: Duration,
+) -> Result<(u64, f64)> {
     let access = if op == OP_PUT { Access::RemoteWrite } else { Access::RemoteRead };
     let regions: Vec<Region> = (0..window)
         .map(|_| {
@@ -256,7 +264,8 @@ fn perftest_iters(size: usize) -> usize {
 
 /// Runs the whole benchmark; `progress` is told what is being measured.
 pub fn run(o: &Options, mut progress: impl FnMut(&str)) -> Result<Report> {
-    let mut report = Report { machine: machine(), ucx_version: ucx_version(), bandwidth: vec![], latency: vec![], lanes: vec![] };
+    let mut report =
+        Report { machine: machine(), ucx_version: ucx_version(), bandwidth: vec![], latency: vec![], lanes: vec![] };
     let perftest_ok = o.with_perftest && perftest::available();
     for &t in &o.transports {
         let spin = 50;
@@ -323,9 +332,9 @@ pub fn run(o: &Options, mut progress: impl FnMut(&str)) -> Result<Report> {
 }
 
 fn human(size: usize) -> String {
-    if size >= 1 << 20 && size % (1 << 20) == 0 {
+    if size >= 1 << 20 && size.is_multiple_of(1 << 20) {
         format!("{} MiB", size >> 20)
-    } else if size >= 1024 && size % 1024 == 0 {
+    } else if size >= 1024 && size.is_multiple_of(1024) {
         format!("{} KiB", size >> 10)
     } else {
         format!("{size} B")
@@ -338,7 +347,9 @@ impl Report {
         let mut s = String::new();
         s.push_str(&format!("machine: {}\nUCX: {}\n\n", self.machine, self.ucx_version));
         s.push_str("Bandwidth (MiB/s), server-driven RMA, one segment per request\n\n");
-        s.push_str("| transport | op | size | window | dafne pooled | dafne plain | ucx_perftest | pooled / perftest |\n");
+        s.push_str(
+            "| transport | op | size | window | dafne pooled | dafne plain | ucx_perftest | pooled / perftest |\n",
+        );
         s.push_str("|---|---|---|---|---|---|---|---|\n");
         let mut keys: Vec<(Transport, &str, usize)> = Vec::new();
         for r in &self.bandwidth {
@@ -347,7 +358,9 @@ impl Report {
             }
         }
         for (t, op, size) in keys {
-            let find = |m: &str| self.bandwidth.iter().find(|r| r.transport == t && r.op == op && r.size == size && r.memory == m);
+            let find = |m: &str| {
+                self.bandwidth.iter().find(|r| r.transport == t && r.op == op && r.size == size && r.memory == m)
+            };
             let (p, pl) = (find("pooled"), find("plain"));
             let pt = p.and_then(|r| r.perftest_mib_per_s);
             s.push_str(&format!(
@@ -385,7 +398,11 @@ impl Report {
 fn machine() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|c| c.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
         .unwrap_or_default();
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
     let mem = std::fs::read_to_string("/proc/meminfo")

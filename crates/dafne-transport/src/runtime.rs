@@ -303,7 +303,7 @@ fn install_am_handler(
     let q = inbound.clone();
     let sh = shared.clone();
     let max_payload = shared.opts.max_request.max(shared.opts.max_reply);
-    let pending_rndv: Rc<RefCell<Vec<(FrameHeader, Option<usize>, dafne_ucx::Op)>>> = Rc::new(RefCell::new(Vec::new()));
+    let pending_rndv: RndvList = Rc::new(RefCell::new(Vec::new()));
     let pr = pending_rndv.clone();
     worker.set_am_handler(AM_ID, move |m| {
         // Rendezvous receives that completed since the last message.
@@ -344,7 +344,7 @@ fn install_am_handler(
             }
         }
     })?;
-    const _: () = assert!(FRAME_HEADER_LEN % 8 == 0);
+    const _: () = assert!(FRAME_HEADER_LEN.is_multiple_of(8));
     Ok(pending_rndv)
 }
 

@@ -242,6 +242,12 @@ impl TestService {
     }
 }
 
+impl std::fmt::Debug for TestService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TestService").field("free_slots", &self.slots.borrow().len()).finish()
+    }
+}
+
 fn hash_reply(parts: &[&[u8]], total: usize) -> Vec<u8> {
     let mut v = fnv1a(parts.iter().copied()).to_le_bytes().to_vec();
     v.extend_from_slice(&(total as u64).to_le_bytes());
@@ -249,6 +255,7 @@ fn hash_reply(parts: &[&[u8]], total: usize) -> Vec<u8> {
 }
 
 /// `Service` for an `Rc<TestService>`.
+#[derive(Debug)]
 pub struct TestServiceHandle(pub Rc<TestService>);
 
 impl Service for TestServiceHandle {

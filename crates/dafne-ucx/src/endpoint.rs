@@ -33,10 +33,12 @@ impl ErrMode {
     }
 }
 
+type ErrorHook = Box<dyn FnMut(Status)>;
+
 /// Shared between an endpoint and UCX's error callback.
 pub(crate) struct EpErr {
     failed: Cell<Option<Status>>,
-    hook: RefCell<Option<Box<dyn FnMut(Status)>>>,
+    hook: RefCell<Option<ErrorHook>>,
 }
 
 impl EpErr {
@@ -53,7 +55,7 @@ pub(crate) unsafe extern "C" fn err_cb(arg: *mut std::ffi::c_void, _ep: sys::ucp
     // SAFETY: arg points into an Rc<EpErr> that the endpoint (and after its
     // drop, the worker's close list) keeps alive while UCX may call us.
     let e = unsafe { &*(arg as *const EpErr) };
-    let st = Status(status as i8);
+    let st = Status(status);
     e.failed.set(Some(st));
     let hook = e.hook.try_borrow_mut().ok().and_then(|mut h| h.take());
     if let Some(mut f) = hook {

@@ -10,18 +10,18 @@ use ucx_sys as sys;
 pub struct Status(pub i8);
 
 impl Status {
-    pub const OK: Status = Status(sys::UCS_OK as i8);
-    pub const IN_PROGRESS: Status = Status(sys::UCS_INPROGRESS as i8);
-    pub const BUSY: Status = Status(sys::UCS_ERR_BUSY as i8);
-    pub const CANCELED: Status = Status(sys::UCS_ERR_CANCELED as i8);
-    pub const TIMED_OUT: Status = Status(sys::UCS_ERR_TIMED_OUT as i8);
-    pub const REJECTED: Status = Status(sys::UCS_ERR_REJECTED as i8);
-    pub const MESSAGE_TRUNCATED: Status = Status(sys::UCS_ERR_MESSAGE_TRUNCATED as i8);
-    pub const ENDPOINT_TIMEOUT: Status = Status(sys::UCS_ERR_ENDPOINT_TIMEOUT as i8);
-    pub const CONNECTION_RESET: Status = Status(sys::UCS_ERR_CONNECTION_RESET as i8);
-    pub const UNREACHABLE: Status = Status(sys::UCS_ERR_UNREACHABLE as i8);
-    pub const INVALID_PARAM: Status = Status(sys::UCS_ERR_INVALID_PARAM as i8);
-    pub const NO_MEMORY: Status = Status(sys::UCS_ERR_NO_MEMORY as i8);
+    pub const OK: Status = Status(sys::UCS_OK);
+    pub const IN_PROGRESS: Status = Status(sys::UCS_INPROGRESS);
+    pub const BUSY: Status = Status(sys::UCS_ERR_BUSY);
+    pub const CANCELED: Status = Status(sys::UCS_ERR_CANCELED);
+    pub const TIMED_OUT: Status = Status(sys::UCS_ERR_TIMED_OUT);
+    pub const REJECTED: Status = Status(sys::UCS_ERR_REJECTED);
+    pub const MESSAGE_TRUNCATED: Status = Status(sys::UCS_ERR_MESSAGE_TRUNCATED);
+    pub const ENDPOINT_TIMEOUT: Status = Status(sys::UCS_ERR_ENDPOINT_TIMEOUT);
+    pub const CONNECTION_RESET: Status = Status(sys::UCS_ERR_CONNECTION_RESET);
+    pub const UNREACHABLE: Status = Status(sys::UCS_ERR_UNREACHABLE);
+    pub const INVALID_PARAM: Status = Status(sys::UCS_ERR_INVALID_PARAM);
+    pub const NO_MEMORY: Status = Status(sys::UCS_ERR_NO_MEMORY);
 
     /// UCX's own description of the status.
     pub fn describe(self) -> &'static str {
@@ -84,6 +84,6 @@ pub(crate) fn check(op: &'static str, status: sys::ucs_status_t) -> Result<()> {
     if status == sys::UCS_OK as sys::ucs_status_t {
         Ok(())
     } else {
-        Err(Error::Ucx { op, status: Status(status as i8) })
+        Err(Error::Ucx { op, status: Status(status) })
     }
 }

@@ -150,7 +150,7 @@ pub(crate) unsafe extern "C" fn send_cb(
     // SAFETY: user_data is the Rc reference handed to UCX in user_data();
     // UCX calls this callback exactly once per request.
     let state = unsafe { Rc::from_raw(user_data as *const OpState) };
-    complete_state(&state, Status(status as i8));
+    complete_state(&state, Status(status));
     // SAFETY: the request came from an *_nbx call and is freed once, here.
     unsafe { sys::ucp_request_free(request) };
 }
@@ -165,7 +165,7 @@ pub(crate) unsafe extern "C" fn recv_am_cb(
     // SAFETY: as in send_cb.
     let state = unsafe { Rc::from_raw(user_data as *const OpState) };
     state.length.set(length);
-    complete_state(&state, Status(status as i8));
+    complete_state(&state, Status(status));
     // SAFETY: as in send_cb.
     unsafe { sys::ucp_request_free(request) };
 }

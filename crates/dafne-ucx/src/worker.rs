@@ -28,6 +28,9 @@ pub(crate) struct WorkerInner {
     pub(crate) ctx: Context,
     pending_close: RefCell<Vec<PendingClose>>,
     closing: RefCell<Vec<(Op, Rc<EpErr>, Instant)>>,
+    // Boxed on purpose: UCX holds a pointer to each handler, which must not
+    // move when the Vec grows.
+    #[allow(clippy::vec_box)]
     handlers: RefCell<Vec<Box<AmHandlerBox>>>,
     efd: RawFd,
 }
@@ -403,8 +406,10 @@ impl Drop for ConnRequest {
     }
 }
 
+type AmHandlerFn = Box<dyn FnMut(AmRecv<'_>) -> AmVerdict>;
+
 struct AmHandlerBox {
-    f: RefCell<Box<dyn FnMut(AmRecv<'_>) -> AmVerdict>>,
+    f: RefCell<AmHandlerFn>,
     worker: sys::ucp_worker_h,
     ctx: Context,
 }

@@ -88,7 +88,9 @@ fn parse_size(s: &str) -> Result<usize> {
         Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
         _ => (s, 1),
     };
-    let n: usize = num.parse().with_context(|| format!("size {s:?}: expected a number with an optional K/M/G suffix, e.g. 64K"))?;
+    let n: usize = num
+        .parse()
+        .with_context(|| format!("size {s:?}: expected a number with an optional K/M/G suffix, e.g. 64K"))?;
     if n == 0 {
         bail!("size {s:?} must be positive");
     }
@@ -118,12 +120,15 @@ fn bench_transport(a: TransportBench) -> Result<()> {
         },
     };
     let started = std::time::Instant::now();
-    let report = dafne_bench::transport::run(&opts, |what| eprintln!("[{:>6.1}s] measuring {what}", started.elapsed().as_secs_f64()))?;
+    let report = dafne_bench::transport::run(&opts, |what| {
+        eprintln!("[{:>6.1}s] measuring {what}", started.elapsed().as_secs_f64())
+    })?;
     println!("{}", report.to_markdown());
     if let Some(dir) = a.json.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
-    std::fs::write(&a.json, serde_json::to_string_pretty(&report)?).with_context(|| format!("writing {}", a.json.display()))?;
+    std::fs::write(&a.json, serde_json::to_string_pretty(&report)?)
+        .with_context(|| format!("writing {}", a.json.display()))?;
     eprintln!("JSON report written to {}", a.json.display());
     Ok(())
 }

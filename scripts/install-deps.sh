@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs what dafne needs on Debian 12 (idempotent: safe to run again).
+# UCX 1.13 headers and tools, libclang for bindgen, FUSE for the mount.
+set -euo pipefail
+
+pkgs=(libucx-dev ucx-utils libclang-dev clang pkg-config fuse3 libfuse3-dev)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  echo "installing: ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+  [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
+fi
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "error: cargo (Rust >= 1.80) is not installed; install it with rustup (https://rustup.rs) and run this again" >&2
+  exit 1
+fi
+for c in clippy rustfmt; do
+  if ! cargo "$c" --version >/dev/null 2>&1; then
+    rustup component add "$c" >/dev/null 2>&1 || { echo "error: cargo $c is missing: rustup component add $c" >&2; exit 1; }
+  fi
+done
