@@ -18,11 +18,13 @@
 //! Reply: `ok: u8` (1 = success) then, on success, op-specific bytes
 //! (`GET`: `hash: u64, len: u64`), on failure a UTF-8 message.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
+use std::task::{Poll, Waker};
 
 use dafne_ucx::{Access, Context, Local as LocalMem, Region};
 
@@ -38,11 +40,15 @@ pub const OP_STATS: u8 = 5;
 pub const FLAG_VERIFY: u8 = 1;
 pub const FLAG_PLAIN: u8 = 2;
 
-/// Size of one pool slot: the largest transfer one request may ask for.
+/// The largest transfer one request may ask for (size of a large slot).
 pub const SLOT_SIZE: usize = 16 << 20;
-/// Slots in the server's registered pool (bounds concurrent RMA requests
-/// served from registered memory: 4 × 16 MiB = 64 MiB).
-pub const SLOTS: usize = 4;
+/// Small slots: requests up to this size take one of `SMALL_SLOTS` slots.
+pub const SMALL_SLOT_SIZE: usize = 4 << 20;
+/// One small slot per credit a client may use in the benchmark (window 16):
+/// 16 × 4 MiB = 64 MiB registered once at start.
+pub const SMALL_SLOTS: usize = 16;
+/// Large slots (16 MiB each), allocated on first use: 2 × 16 MiB.
+pub const LARGE_SLOTS: usize = 2;
 /// Largest number of segments in one request.
 pub const MAX_SEGS: usize = 1024;
 
@@ -136,22 +142,89 @@ pub fn decode_rma(body: &[u8]) -> Result<(u8, u64, Vec<SegDesc>), String> {
     Ok((flags, seed, segs))
 }
 
+/// A size class of registered slots with an async wait queue.
+struct SlotClass {
+    size: usize,
+    max: usize,
+    made: Cell<usize>,
+    free: RefCell<Vec<Arc<Region>>>,
+    waiters: RefCell<VecDeque<Waker>>,
+}
+
+impl SlotClass {
+    fn new(ctx: &Context, size: usize, max: usize, eager: bool) -> SlotClass {
+        let free: Vec<Arc<Region>> = if eager {
+            (0..max).filter_map(|_| Region::allocate(ctx, size, Access::Local).ok().map(Arc::new)).collect()
+        } else {
+            Vec::new()
+        };
+        SlotClass {
+            size,
+            max,
+            made: Cell::new(free.len()),
+            free: RefCell::new(free),
+            waiters: RefCell::new(VecDeque::new()),
+        }
+    }
+
+    /// Takes a slot, allocating up to `max`, else waits for one to come back.
+    async fn take(&self, ctx: &Context) -> Result<Arc<Region>, String> {
+        std::future::poll_fn(|cx| {
+            if let Some(s) = self.free.borrow_mut().pop() {
+                return Poll::Ready(Ok(s));
+            }
+            if self.made.get() < self.max {
+                self.made.set(self.made.get() + 1);
+                return Poll::Ready(
+                    Region::allocate(ctx, self.size, Access::Local).map(Arc::new).map_err(|e| e.to_string()),
+                );
+            }
+            self.waiters.borrow_mut().push_back(cx.waker().clone());
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// Returns a slot. One an abandoned operation still holds (its memory
+    /// must stay alive) is replaced by counting it as never made.
+    fn give_back(&self, slot: Arc<Region>) {
+        if Arc::strong_count(&slot) == 1 {
+            self.free.borrow_mut().push(slot);
+        } else {
+            self.made.set(self.made.get() - 1);
+        }
+        if let Some(w) = self.waiters.borrow_mut().pop_front() {
+            w.wake();
+        }
+    }
+}
+
 /// The reference service.
 pub struct TestService {
     ctx: Context,
     rt_stats: Rc<dyn Fn() -> String>,
-    slots: RefCell<Vec<Arc<Region>>>,
+    small: SlotClass,
+    large: SlotClass,
+    /// The slot non-verifying puts read from: concurrent readers share one
+    /// registered buffer, as cached reads of one Unifier unit will.
+    shared_source: Arc<Region>,
 }
 
 impl TestService {
-    /// Builds the service with its registered pool (allocated once here).
+    /// Builds the service with its registered pool (small slots allocated
+    /// once here, large ones on first use).
     pub fn new(l: &Rc<Local>) -> TestService {
         let ctx = l.context().clone();
-        let slots =
-            (0..SLOTS).filter_map(|_| Region::allocate(&ctx, SLOT_SIZE, Access::Local).ok().map(Arc::new)).collect();
         let sh = l.shared.clone();
+        let shared_source = Arc::new(
+            Region::allocate(&ctx, SLOT_SIZE, Access::Local)
+                .expect("registering the reference service's source buffer"),
+        );
         TestService {
-            ctx: ctx.clone(),
+            small: SlotClass::new(&ctx, SMALL_SLOT_SIZE, SMALL_SLOTS, true),
+            large: SlotClass::new(&ctx, SLOT_SIZE, LARGE_SLOTS, false),
+            shared_source,
+            ctx,
             rt_stats: Rc::new(move || {
                 serde_json::json!({
                     "transport": sh.stats.snapshot(),
@@ -159,22 +232,15 @@ impl TestService {
                 })
                 .to_string()
             }),
-            slots: RefCell::new(slots),
         }
     }
 
-    async fn slot(&self) -> Result<Arc<Region>, String> {
-        for _ in 0..10_000 {
-            if let Some(s) = self.slots.borrow_mut().pop() {
-                return Ok(s);
-            }
-            crate::timer::sleep(std::time::Duration::from_micros(200)).await;
+    fn class(&self, total: usize) -> &SlotClass {
+        if total <= SMALL_SLOT_SIZE {
+            &self.small
+        } else {
+            &self.large
         }
-        Err("no pool slot became free".into())
-    }
-
-    fn give_back(&self, slot: Arc<Region>) {
-        self.slots.borrow_mut().push(slot);
     }
 
     async fn rma(self: Rc<Self>, conn: ConnHandle, put: bool, body: Vec<u8>) -> Result<Vec<u8>, String> {
@@ -204,7 +270,8 @@ impl TestService {
             let parts: Vec<Vec<u8>> = got.into_iter().flatten().collect();
             return Ok(hash_reply(&parts.iter().map(|v| v.as_slice()).collect::<Vec<_>>(), total));
         }
-        let mut slot = self.slot().await?;
+        let shared_read = put && flags & FLAG_VERIFY == 0;
+        let mut slot = if shared_read { self.shared_source.clone() } else { self.class(total).take(&self.ctx).await? };
         if put && flags & FLAG_VERIFY != 0 {
             match Arc::get_mut(&mut slot) {
                 Some(r) => {
@@ -212,7 +279,10 @@ impl TestService {
                         *b = pattern(seed, i as u64);
                     }
                 }
-                None => return Err("pool slot still referenced".into()),
+                None => {
+                    self.class(total).give_back(slot);
+                    return Err("pool slot still referenced".into());
+                }
             }
         }
         let mut off = 0usize;
@@ -231,12 +301,8 @@ impl TestService {
             Ok(_) => Ok(Vec::new()),
             Err(e) => Err(e.to_string()),
         };
-        // Only a slot no operation still holds goes back into the pool (an
-        // abandoned operation keeps its memory alive).
-        if Arc::strong_count(&slot) == 1 {
-            self.give_back(slot);
-        } else if let Ok(r) = Region::allocate(&self.ctx, SLOT_SIZE, Access::Local) {
-            self.give_back(Arc::new(r));
+        if !shared_read {
+            self.class(total).give_back(slot);
         }
         out
     }
@@ -244,7 +310,10 @@ impl TestService {
 
 impl std::fmt::Debug for TestService {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TestService").field("free_slots", &self.slots.borrow().len()).finish()
+        f.debug_struct("TestService")
+            .field("free_small_slots", &self.small.free.borrow().len())
+            .field("free_large_slots", &self.large.free.borrow().len())
+            .finish()
     }
 }
 

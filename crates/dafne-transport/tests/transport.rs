@@ -306,10 +306,13 @@ fn calls_time_out_and_oversized_requests_are_refused() {
     assert!(matches!(c.call(req), Err(TransportError::TimedOut { .. })));
     let big = vec![testsvc::OP_ECHO; (1 << 20) + 1];
     assert!(matches!(c.call(big), Err(TransportError::TooLarge { .. })));
-    // The connection is still usable.
+    // The connection is still usable, also for payloads large enough to
+    // travel by rendezvous both ways (TCP's eager limit is ~20 KiB).
+    let before = rt.stats().snapshot().rndv_payloads;
     let mut req = vec![testsvc::OP_ECHO];
     req.extend_from_slice(&[5; 100_000]);
     assert_eq!(testsvc::parse_reply(&c.call(req).unwrap()).unwrap(), &[5; 100_000][..]);
+    assert!(rt.stats().snapshot().rndv_payloads > before, "the 100 kB reply did not arrive by rendezvous");
 }
 
 /// IPv6 socket addresses go through the same path as IPv4: the listener
