@@ -331,3 +331,38 @@ fn ipv6_listener_binds_and_reports_its_address() {
     // The port is really bound: binding it again fails.
     assert!(std::net::TcpListener::bind(server.addr).is_err());
 }
+
+/// Data endpoints with UCX peer error handling (what RDMA clusters use) work
+/// and detect a dead server on the data path too; the default on one host
+/// turns error handling off so that shared memory can be used.
+#[test]
+fn data_endpoints_with_peer_error_handling() {
+    for tls in [Tls::Tcp, Tls::Shm] {
+        let mut child = Command::new(peer_bin())
+            .args(tls.args())
+            .args(["--data-path", "peer", "serve"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let mut server = Peer { addr: line.trim().strip_prefix("listening on ").unwrap().parse().unwrap(), child };
+        let rt = client_runtime_with(tls, |o| {
+            o.data_path = dafne_transport::DataPath::PeerErrorHandling;
+            o.call_timeout = Duration::from_secs(120);
+        });
+        let c = Client::connect(&rt, server.addr).unwrap();
+        put_and_check(&c, 1 << 20, true, 0, 11);
+        get_and_check(&c, 1 << 20, false, 0, 12);
+        let info = c.data_path_info().unwrap();
+        assert!(info.contains("tcp"), "{tls:?}: peer error handling should put the data path on TCP here: {info}");
+        let mut req = vec![testsvc::OP_SLEEP];
+        req.extend_from_slice(&30_000u32.to_le_bytes());
+        let pending = c.call_async(req);
+        std::thread::sleep(Duration::from_millis(200));
+        server.child.kill().unwrap();
+        server.child.wait().unwrap();
+        assert!(matches!(futures::executor::block_on(pending), Err(TransportError::PeerFailed { .. })));
+    }
+}

@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{Context as _, Result};
 use clap::{Parser, Subcommand};
 use dafne_transport::testsvc::{self, SegDesc};
-use dafne_transport::{Access, Client, Region, Runtime, RuntimeOptions};
+use dafne_transport::{Access, Client, DataPath, Region, Runtime, RuntimeOptions};
 
 #[derive(Parser)]
 #[command(about = "dafne transport peer (tests and benchmarks)")]
@@ -20,6 +20,9 @@ struct Cli {
     /// Busy-poll window after activity, microseconds.
     #[arg(long, default_value_t = 50)]
     spin_us: u64,
+    /// Data endpoints: auto, none (no UCX error handling), peer (UCX error handling).
+    #[arg(long, default_value = "auto")]
+    data_path: String,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -62,8 +65,15 @@ fn main() -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    let data_path = match cli.data_path.as_str() {
+        "auto" => DataPath::Auto,
+        "none" => DataPath::NoErrorHandling,
+        "peer" => DataPath::PeerErrorHandling,
+        other => anyhow::bail!("--data-path {other}: expected auto, none or peer"),
+    };
     let opts = RuntimeOptions {
         name: "peer".into(),
+        data_path,
         ucx_config: ucx_overrides(&cli.ucx)?,
         spin: Duration::from_micros(cli.spin_us),
         ..Default::default()
