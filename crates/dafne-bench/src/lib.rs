@@ -1,5 +1,6 @@
 //! Benchmarks of dafne, as library functions that `dafne bench` runs and
 //! prints. Each returns a report that serialises to JSON.
 
+pub mod meta;
 pub mod perftest;
 pub mod transport;

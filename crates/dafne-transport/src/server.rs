@@ -22,6 +22,9 @@ use crate::stats::TransportStats;
 /// returned future may await RMA on `req.conn` and timers.
 pub trait Service: 'static {
     fn call(&self, req: Request) -> Pin<Box<dyn Future<Output = Vec<u8>>>>;
+
+    /// The connection `conn_id` is gone (closed or dead): forget its state.
+    fn disconnected(&self, _conn_id: u32) {}
 }
 
 /// One request as the service sees it.
@@ -405,6 +408,9 @@ impl ServerSide {
             tracing::info!("client connection {id} failed: releasing it");
         }
         conn.dead.set(true);
+        if let Some(svc) = l.server.service.borrow().clone() {
+            svc.disconnected(id);
+        }
         for (_, (w, _)) in conn.dead_wakers.borrow_mut().drain() {
             w.wake();
         }

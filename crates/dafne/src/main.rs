@@ -22,9 +22,37 @@ enum Cmd {
     /// Run a benchmark and print its table (and write JSON).
     #[command(subcommand)]
     Bench(Bench),
+    /// Run one dafne server in the foreground.
+    #[command(subcommand)]
+    Serve(Serve),
     /// Serve the transport's reference service (used by `dafne bench transport`).
     #[command(hide = true)]
     TransportPeer(PeerArgs),
+}
+
+#[derive(Subcommand)]
+enum Serve {
+    /// The metadata server: namespace, layouts, capabilities (prints `listening on ADDR`).
+    Meta(MetaArgs),
+}
+
+#[derive(Args)]
+struct MetaArgs {
+    /// Directory holding the metadata store (meta.redb).
+    #[arg(long)]
+    data_dir: PathBuf,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:7700")]
+    listen: SocketAddr,
+    /// Cluster secret file (default DATA_DIR/cluster.secret, created if absent).
+    #[arg(long)]
+    secret: Option<PathBuf>,
+    /// Number of io servers (ids 0..N) that file layouts stripe over.
+    #[arg(long, default_value_t = 0)]
+    io_servers: u32,
+    /// UCX overrides as KEY=VALUE, repeatable.
+    #[arg(long = "ucx", value_name = "KEY=VALUE")]
+    ucx: Vec<String>,
 }
 
 #[derive(Subcommand)]
@@ -32,6 +60,24 @@ enum Bench {
     /// Server-driven put/get bandwidth and request/reply latency over tcp,
     /// shared memory and cma, beside ucx_perftest.
     Transport(TransportBench),
+    /// Metadata creates, stats and unlinks per second, 1 and several clients.
+    Meta(MetaBench),
+}
+
+#[derive(Args)]
+struct MetaBench {
+    /// Client counts to measure (comma-separated).
+    #[arg(long, default_value = "1,4", value_delimiter = ',')]
+    clients: Vec<usize>,
+    /// Files each client creates, stats and unlinks.
+    #[arg(long, default_value_t = 2000)]
+    files: usize,
+    /// Scratch directory for the server's store.
+    #[arg(long, default_value = "/tmp")]
+    scratch: PathBuf,
+    /// Where to write the JSON report.
+    #[arg(long, default_value = "bench-results/meta.json")]
+    json: PathBuf,
 }
 
 #[derive(Args)]
@@ -133,6 +179,49 @@ fn bench_transport(a: TransportBench) -> Result<()> {
     Ok(())
 }
 
+fn parse_ucx(v: &[String]) -> Result<Vec<(String, String)>> {
+    v.iter()
+        .map(|kv| {
+            kv.split_once('=')
+                .map(|(k, val)| (k.trim_start_matches("UCX_").to_string(), val.to_string()))
+                .with_context(|| format!("--ucx {kv}: expected KEY=VALUE, e.g. TLS=tcp"))
+        })
+        .collect()
+}
+
+fn bench_meta(a: MetaBench) -> Result<()> {
+    if a.clients.is_empty() || a.clients.iter().any(|&c| c == 0 || c > 64) {
+        bail!("--clients: each count must be between 1 and 64");
+    }
+    if a.files == 0 {
+        bail!("--files must be at least 1");
+    }
+    let opts = dafne_bench::meta::Options {
+        clients: a.clients,
+        files: a.files,
+        server: ServerCommand {
+            program: std::env::current_exe().context("locating the dafne executable")?,
+            prefix: vec!["serve".into(), "meta".into()],
+        },
+        scratch: a.scratch,
+    };
+    let started = std::time::Instant::now();
+    let report = dafne_bench::meta::run(&opts, |what| {
+        eprintln!("[{:>6.1}s] measuring {what}", started.elapsed().as_secs_f64())
+    })?;
+    println!("{}", report.to_markdown());
+    write_json(&a.json, &serde_json::to_string_pretty(&report)?)
+}
+
+fn write_json(path: &std::path::Path, body: &str) -> Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::write(path, body).with_context(|| format!("writing {}", path.display()))?;
+    eprintln!("JSON report written to {}", path.display());
+    Ok(())
+}
+
 fn main() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("DAFNE_LOG").unwrap_or_else(|_| "warn".into()))
@@ -141,16 +230,16 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.cmd {
         Cmd::Bench(Bench::Transport(a)) => bench_transport(a),
+        Cmd::Bench(Bench::Meta(a)) => bench_meta(a),
+        Cmd::Serve(Serve::Meta(a)) => dafne_meta::server::serve_forever(&dafne_meta::server::ServeOptions {
+            data_dir: a.data_dir,
+            listen: a.listen,
+            secret: a.secret,
+            policy: dafne_meta::LayoutPolicy { servers: (0..a.io_servers).collect(), ..Default::default() },
+            ucx: parse_ucx(&a.ucx)?,
+        }),
         Cmd::TransportPeer(p) => {
-            let ucx = p
-                .ucx
-                .iter()
-                .map(|kv| {
-                    kv.split_once('=')
-                        .map(|(k, v)| (k.trim_start_matches("UCX_").to_string(), v.to_string()))
-                        .with_context(|| format!("--ucx {kv}: expected KEY=VALUE"))
-                })
-                .collect::<Result<Vec<_>>>()?;
+            let ucx = parse_ucx(&p.ucx)?;
             let opts = RuntimeOptions {
                 name: "bench-server".into(),
                 ucx_config: ucx,

@@ -1,0 +1,323 @@
+//! The dafne client library, in the application's process (DAFS style).
+//!
+//! This is its namespace half: [`MetaSession`] opens an authenticated
+//! session to the metadata server and offers every namespace operation as a
+//! blocking method and as an `async` one (`*_async`), plus path resolution
+//! and compounds (several dependent operations in one round trip). Errors
+//! are [`Errno`] values, 1:1 with what the server decided, so a FUSE layer
+//! can return them as they are. The data half (layouts, striping, RMA) comes
+//! with the io servers.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use dafne_proto::{decode_reply, encode_request, Capability, Envelope, Layout, Request};
+pub use dafne_proto::{
+    Attr, CompoundOp, DirEntry, Errno, FileType, Ino, LayoutHint, Response, SetAttr, StatFs, TimeSet, ROOT_INO,
+};
+use dafne_transport::{Client, Runtime, TransportError};
+
+/// Errors of session set-up (operations themselves fail with [`Errno`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConnectError {
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+    #[error("the metadata server refused the session: {0} (does this client use the cluster's secret file?)")]
+    Refused(Errno),
+    #[error("protocol error opening the session: {0}")]
+    Protocol(String),
+}
+
+/// What `open` returns: attributes, where the data lives, and the
+/// capability io servers will check.
+#[derive(Debug, Clone)]
+pub struct OpenFile {
+    pub attr: Attr,
+    pub layout: Layout,
+    pub cap: Capability,
+}
+
+struct Inner {
+    client: Client,
+    next_tag: AtomicU64,
+    root: Ino,
+}
+
+/// An authenticated session to the metadata server, acting as one user.
+/// Cheap to clone; `Send + Sync`.
+#[derive(Clone)]
+pub struct MetaSession {
+    inner: Arc<Inner>,
+    uid: u32,
+    gid: u32,
+}
+
+impl std::fmt::Debug for MetaSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MetaSession").field("uid", &self.uid).field("gid", &self.gid).finish()
+    }
+}
+
+fn io_err(e: TransportError) -> Errno {
+    match e {
+        TransportError::TimedOut { .. } => Errno::EAGAIN,
+        TransportError::TooLarge { .. } => Errno::EINVAL,
+        _ => Errno::EIO,
+    }
+}
+
+impl MetaSession {
+    /// Connects to the metadata server at `addr` and authenticates with the
+    /// cluster secret. Operations run as `uid`/`gid`.
+    pub fn connect(
+        rt: &Runtime,
+        addr: SocketAddr,
+        secret: &dafne_auth::Secret,
+        client_name: &str,
+        uid: u32,
+        gid: u32,
+    ) -> Result<MetaSession, ConnectError> {
+        let client = Client::connect(rt, addr)?;
+        let mut nonce = [0u8; 16];
+        for (i, b) in nonce.iter_mut().enumerate() {
+            *b = (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos()
+                >> (i % 8 * 8)) as u8
+                ^ (std::process::id() >> (i % 4 * 8)) as u8
+                ^ i as u8;
+        }
+        let mac = secret.session_mac(&nonce, client_name);
+        let req = Request::SessionOpen { client_name: client_name.to_string(), nonce, mac };
+        let bytes = client.call(encode_request(Envelope { tag: 0, uid, gid }, &req))?;
+        let (_, _, result) = decode_reply(&bytes).map_err(|e| ConnectError::Protocol(e.to_string()))?;
+        match result {
+            Ok(Response::Session { root, .. }) => {
+                Ok(MetaSession { inner: Arc::new(Inner { client, next_tag: AtomicU64::new(1), root }), uid, gid })
+            }
+            Ok(other) => Err(ConnectError::Protocol(format!("unexpected reply {other:?}"))),
+            Err(e) => Err(ConnectError::Refused(e)),
+        }
+    }
+
+    /// The same session acting as another user (what a FUSE daemon does for
+    /// each caller).
+    pub fn as_user(&self, uid: u32, gid: u32) -> MetaSession {
+        MetaSession { inner: self.inner.clone(), uid, gid }
+    }
+
+    pub fn root(&self) -> Ino {
+        self.inner.root
+    }
+
+    /// Sends one request; resolves with the server's answer.
+    pub fn request_async(&self, req: Request) -> impl Future<Output = Result<Response, Errno>> + Send + 'static {
+        let tag = self.inner.next_tag.fetch_add(1, Ordering::Relaxed);
+        let call = self.inner.client.call_async(encode_request(Envelope { tag, uid: self.uid, gid: self.gid }, &req));
+        async move {
+            let bytes = call.await.map_err(io_err)?;
+            let (rtag, _, result) = decode_reply(&bytes).map_err(|_| Errno::EPROTO)?;
+            if rtag != tag {
+                return Err(Errno::EPROTO);
+            }
+            result
+        }
+    }
+
+    pub fn request(&self, req: Request) -> Result<Response, Errno> {
+        futures::executor::block_on(self.request_async(req))
+    }
+
+    fn entry(r: Result<Response, Errno>) -> Result<Attr, Errno> {
+        match r? {
+            Response::Entry { attr } | Response::Attr { attr } => Ok(attr),
+            _ => Err(Errno::EPROTO),
+        }
+    }
+
+    fn done(r: Result<Response, Errno>) -> Result<(), Errno> {
+        match r? {
+            Response::Done => Ok(()),
+            _ => Err(Errno::EPROTO),
+        }
+    }
+
+    pub fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr, Errno> {
+        Self::entry(self.request(Request::Lookup { parent, name: name.to_vec() }))
+    }
+
+    pub async fn lookup_async(&self, parent: Ino, name: &[u8]) -> Result<Attr, Errno> {
+        Self::entry(self.request_async(Request::Lookup { parent, name: name.to_vec() }).await)
+    }
+
+    pub fn getattr(&self, ino: Ino) -> Result<Attr, Errno> {
+        Self::entry(self.request(Request::GetAttr { ino }))
+    }
+
+    pub async fn getattr_async(&self, ino: Ino) -> Result<Attr, Errno> {
+        Self::entry(self.request_async(Request::GetAttr { ino }).await)
+    }
+
+    pub fn setattr(&self, ino: Ino, set: SetAttr) -> Result<Attr, Errno> {
+        Self::entry(self.request(Request::SetAttr { ino, set }))
+    }
+
+    pub fn create(&self, parent: Ino, name: &[u8], mode: u32, exclusive: bool) -> Result<Attr, Errno> {
+        self.create_with(parent, name, mode, exclusive, None)
+    }
+
+    /// Create with layout advice (stripe unit and count; 0 = cluster default).
+    pub fn create_with(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        exclusive: bool,
+        hint: Option<LayoutHint>,
+    ) -> Result<Attr, Errno> {
+        Self::entry(self.request(Request::Create { parent, name: name.to_vec(), mode, exclusive, hint }))
+    }
+
+    pub async fn create_async(&self, parent: Ino, name: &[u8], mode: u32, exclusive: bool) -> Result<Attr, Errno> {
+        Self::entry(
+            self.request_async(Request::Create { parent, name: name.to_vec(), mode, exclusive, hint: None }).await,
+        )
+    }
+
+    pub fn mkdir(&self, parent: Ino, name: &[u8], mode: u32) -> Result<Attr, Errno> {
+        Self::entry(self.request(Request::Mkdir { parent, name: name.to_vec(), mode }))
+    }
+
+    /// One page of a directory listing after `cookie` (0 = from the start).
+    pub fn readdir_page(&self, ino: Ino, cookie: u64, max_entries: u32) -> Result<(Vec<DirEntry>, bool), Errno> {
+        match self.request(Request::Readdir { ino, cookie, max_entries })? {
+            Response::Dir { entries, eof } => Ok((entries, eof)),
+            _ => Err(Errno::EPROTO),
+        }
+    }
+
+    /// The whole directory, paging with cookies.
+    pub fn readdir(&self, ino: Ino) -> Result<Vec<DirEntry>, Errno> {
+        let mut out = Vec::new();
+        let mut cookie = 0;
+        loop {
+            let (page, eof) = self.readdir_page(ino, cookie, 512)?;
+            if let Some(last) = page.last() {
+                cookie = last.cookie;
+            }
+            out.extend(page);
+            if eof {
+                return Ok(out);
+            }
+        }
+    }
+
+    pub fn unlink(&self, parent: Ino, name: &[u8]) -> Result<(), Errno> {
+        Self::done(self.request(Request::Unlink { parent, name: name.to_vec() }))
+    }
+
+    pub async fn unlink_async(&self, parent: Ino, name: &[u8]) -> Result<(), Errno> {
+        Self::done(self.request_async(Request::Unlink { parent, name: name.to_vec() }).await)
+    }
+
+    pub fn rmdir(&self, parent: Ino, name: &[u8]) -> Result<(), Errno> {
+        Self::done(self.request(Request::Rmdir { parent, name: name.to_vec() }))
+    }
+
+    pub fn rename(&self, src_parent: Ino, src_name: &[u8], dst_parent: Ino, dst_name: &[u8]) -> Result<(), Errno> {
+        Self::done(self.request(Request::Rename {
+            src_parent,
+            src_name: src_name.to_vec(),
+            dst_parent,
+            dst_name: dst_name.to_vec(),
+        }))
+    }
+
+    pub fn symlink(&self, parent: Ino, name: &[u8], target: &[u8]) -> Result<Attr, Errno> {
+        Self::entry(self.request(Request::Symlink { parent, name: name.to_vec(), target: target.to_vec() }))
+    }
+
+    pub fn readlink(&self, ino: Ino) -> Result<Vec<u8>, Errno> {
+        match self.request(Request::Readlink { ino })? {
+            Response::Link { target } => Ok(target),
+            _ => Err(Errno::EPROTO),
+        }
+    }
+
+    pub fn link(&self, ino: Ino, new_parent: Ino, new_name: &[u8]) -> Result<Attr, Errno> {
+        Self::entry(self.request(Request::Link { ino, new_parent, new_name: new_name.to_vec() }))
+    }
+
+    pub fn statfs(&self) -> Result<StatFs, Errno> {
+        match self.request(Request::Statfs)? {
+            Response::StatFs(s) => Ok(s),
+            _ => Err(Errno::EPROTO),
+        }
+    }
+
+    /// Opens a regular file: its layout and a capability for the io servers.
+    pub fn open(&self, ino: Ino, flags: u32) -> Result<OpenFile, Errno> {
+        match self.request(Request::Open { ino, flags })? {
+            Response::Opened { attr, layout, cap } => Ok(OpenFile { attr, layout, cap }),
+            _ => Err(Errno::EPROTO),
+        }
+    }
+
+    /// Several dependent operations in one round trip. With `chain` set, an
+    /// operation works on the inode the previous one produced. Results stop
+    /// at the first error.
+    pub fn compound(&self, ops: Vec<CompoundOp>) -> Result<Vec<Result<Response, Errno>>, Errno> {
+        match self.request(Request::Compound { ops })? {
+            Response::Compound { results } => Ok(results),
+            _ => Err(Errno::EPROTO),
+        }
+    }
+
+    /// Lookup + open + getattr of `name` in `parent` in one round trip.
+    pub fn open_at(&self, parent: Ino, name: &[u8], flags: u32) -> Result<OpenFile, Errno> {
+        let ops = vec![
+            CompoundOp { chain: false, req: Request::Lookup { parent, name: name.to_vec() } },
+            CompoundOp { chain: true, req: Request::Open { ino: 0, flags } },
+        ];
+        let mut results = self.compound(ops)?;
+        match results.pop() {
+            Some(Ok(Response::Opened { attr, layout, cap })) => Ok(OpenFile { attr, layout, cap }),
+            Some(Err(e)) => Err(e),
+            _ => Err(Errno::EPROTO),
+        }
+    }
+
+    /// Resolves an absolute path (`/a/b/c`) component by component, following
+    /// symlinks in the middle of the path (at most 40, as Linux) but not the
+    /// last component.
+    pub fn resolve(&self, path: &str) -> Result<Attr, Errno> {
+        self.resolve_from(self.inner.root, path.as_bytes(), 0)
+    }
+
+    fn resolve_from(&self, start: Ino, path: &[u8], depth: u32) -> Result<Attr, Errno> {
+        if depth > 40 {
+            return Err(Errno::ELOOP);
+        }
+        if path.len() >= dafne_proto::MAX_SYMLINK {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        let mut cur = if path.first() == Some(&b'/') { self.getattr(self.inner.root)? } else { self.getattr(start)? };
+        let comps: Vec<&[u8]> = path.split(|&b| b == b'/').filter(|c| !c.is_empty()).collect();
+        for (i, c) in comps.iter().enumerate() {
+            if cur.kind != FileType::Directory {
+                return Err(Errno::ENOTDIR);
+            }
+            let parent = cur.ino;
+            let next = self.lookup(parent, c)?;
+            let last = i + 1 == comps.len();
+            cur = if next.kind == FileType::Symlink && !last {
+                let target = self.readlink(next.ino)?;
+                self.resolve_from(parent, &target, depth + 1)?
+            } else {
+                next
+            };
+        }
+        Ok(cur)
+    }
+}

@@ -1,0 +1,17 @@
+//! The metadata server of dafne.
+//!
+//! * [`store`]: the [`MetaStore`] trait — execute batches of namespace
+//!   operations atomically and durably — and [`RedbStore`], its
+//!   implementation on the embedded ACID store redb.
+//! * [`posix`]: permission and name rules, pure functions.
+//! * Authentication and capabilities come from `dafne-auth`.
+//! * [`service`]: the server on dafne's transport: sessions, decoding,
+//!   group commit of concurrent writes, compounds.
+//! * [`server`]: starting one (store + secret + runtime + service).
+
+pub mod posix;
+pub mod server;
+pub mod service;
+pub mod store;
+
+pub use store::{Cred, LayoutPolicy, MetaStore, RedbStore, StoreError};

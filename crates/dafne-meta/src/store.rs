@@ -1,0 +1,919 @@
+//! The namespace store.
+//!
+//! [`MetaStore`] is the seam where a distributed engine can replace the
+//! embedded one: it executes *batches* of namespace operations. Each batch
+//! is atomic and durable as a whole (one commit, fsynced before any result
+//! is returned), which gives group commit for free: the service collects the
+//! writes of concurrent clients into one batch. Within a batch every job
+//! (one client request: a single operation or a compound chain) gets its
+//! own results; an operation that fails changes nothing, because every
+//! operation checks all its preconditions before its first write.
+//!
+//! # Schema (redb tables)
+//! | table | key | value |
+//! |---|---|---|
+//! | `inodes` | ino `u64` | encoded [`Inode`] (attributes, dir parent and entry sequence, file layout, symlink target) |
+//! | `dirents` | (parent `u64`, name bytes) | (ino `u64`, seq `u64`) |
+//! | `dirseq` | (parent `u64`, seq `u64`) | name bytes |
+//! | `counters` | `"next_ino"`, `"next_object"` | `u64` |
+//! | `orphans` | object id `u64` | ino `u64` — objects whose file is gone, for io servers to reclaim |
+//!
+//! `dirseq` gives every entry a per-directory sequence number at insertion;
+//! readdir walks it in order and its cookie is the last sequence returned,
+//! so paging survives concurrent inserts and removals: no entry present for
+//! the whole listing is skipped or returned twice.
+
+use std::path::Path;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use dafne_proto::{
+    Attr, CompoundOp, DirEntry, Errno, FileType, Ino, Layout, LayoutHint, Request, Response, SetAttr, StatFs, TimeSet,
+    Timespec, MAX_READDIR_ENTRIES, NAME_MAX, ROOT_INO,
+};
+use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
+
+use crate::posix::{self, MAY_EXEC, MAY_READ, MAY_WRITE, S_ISGID, S_ISUID};
+
+const INODES: TableDefinition<u64, &[u8]> = TableDefinition::new("inodes");
+const DIRENTS: TableDefinition<(u64, &[u8]), (u64, u64)> = TableDefinition::new("dirents");
+const DIRSEQ: TableDefinition<(u64, u64), &[u8]> = TableDefinition::new("dirseq");
+const COUNTERS: TableDefinition<&str, u64> = TableDefinition::new("counters");
+const ORPHANS: TableDefinition<u64, u64> = TableDefinition::new("orphans");
+
+/// Most hard links to one inode.
+pub const LINK_MAX: u32 = 65_000;
+
+/// Who asks (AUTH_SYS style: trusted once the session is authenticated).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cred {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl Cred {
+    pub fn new(uid: u32, gid: u32) -> Cred {
+        Cred { uid, gid }
+    }
+    pub fn root() -> Cred {
+        Cred { uid: 0, gid: 0 }
+    }
+    pub fn in_group(&self, gid: u32) -> bool {
+        self.gid == gid
+    }
+}
+
+/// A storage failure (not a POSIX outcome): the service answers EIO.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    #[error("metadata store: {0}")]
+    Redb(String),
+    #[error("corrupt inode record {ino}: {why}")]
+    Corrupt { ino: u64, why: &'static str },
+}
+
+macro_rules! from_redb {
+    ($($t:ty),*) => { $(impl From<$t> for StoreError { fn from(e: $t) -> Self { StoreError::Redb(e.to_string()) } })* };
+}
+from_redb!(
+    redb::Error,
+    redb::DatabaseError,
+    redb::TransactionError,
+    redb::TableError,
+    redb::StorageError,
+    redb::CommitError
+);
+
+enum Fail {
+    Errno(Errno),
+    Store(StoreError),
+}
+impl From<Errno> for Fail {
+    fn from(e: Errno) -> Self {
+        Fail::Errno(e)
+    }
+}
+impl<E: Into<StoreError>> From<E> for Fail {
+    fn from(e: E) -> Self {
+        Fail::Store(e.into())
+    }
+}
+type R<T> = Result<T, Fail>;
+
+/// How files are laid out across io servers.
+#[derive(Debug, Clone)]
+pub struct LayoutPolicy {
+    /// Io server ids in the cluster.
+    pub servers: Vec<u32>,
+    pub default_stripe_unit: u32,
+    pub default_stripe_count: u32,
+}
+
+impl Default for LayoutPolicy {
+    fn default() -> Self {
+        LayoutPolicy { servers: Vec::new(), default_stripe_unit: 1 << 20, default_stripe_count: 4 }
+    }
+}
+
+impl LayoutPolicy {
+    /// The layout of a new file: the client's advice if sane, else the
+    /// cluster default; servers chosen round-robin from the object id.
+    fn choose(&self, object_id: u64, hint: Option<LayoutHint>) -> Result<Layout, Errno> {
+        let (mut unit, mut count) = (self.default_stripe_unit, self.default_stripe_count);
+        if let Some(h) = hint {
+            if h.stripe_unit != 0 {
+                if h.stripe_unit % 4096 != 0 || h.stripe_unit > (64 << 20) {
+                    return Err(Errno::EINVAL);
+                }
+                unit = h.stripe_unit;
+            }
+            if h.stripe_count != 0 {
+                count = h.stripe_count;
+            }
+        }
+        let n = self.servers.len();
+        let count = (count as usize).min(n);
+        let start = if n == 0 { 0 } else { (object_id % n as u64) as usize };
+        let servers = (0..count).map(|i| self.servers[(start + i) % n]).collect();
+        Ok(Layout { object_id, stripe_unit: unit, stripe_count: count as u32, servers })
+    }
+}
+
+/// One client request for [`MetaStore::execute`]: its credentials and its
+/// operations (one, or a compound chain).
+#[derive(Debug, Clone)]
+pub struct Job {
+    pub cred: Cred,
+    pub ops: Vec<CompoundOp>,
+}
+
+/// Per-job results: one per operation executed (a chain stops at its first
+/// error, which is the last result).
+pub type JobResult = Vec<Result<Response, Errno>>;
+
+/// The namespace, behind a trait so another engine can take redb's place.
+pub trait MetaStore: Send + Sync + 'static {
+    /// Executes a batch atomically and durably; results in job order.
+    fn execute(&self, jobs: &[Job]) -> Result<Vec<JobResult>, StoreError>;
+}
+
+/// An inode as stored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Inode {
+    pub attr: Attr,
+    /// Directories: the parent directory (root: itself).
+    pub parent: Ino,
+    /// Directories: the next entry sequence number.
+    pub next_seq: u64,
+    /// Regular files: where the data lives.
+    pub layout: Option<Layout>,
+    /// Symlinks: the target.
+    pub target: Vec<u8>,
+}
+
+const INODE_FORMAT: u8 = 1;
+
+impl Inode {
+    fn encode(&self) -> Vec<u8> {
+        let a = &self.attr;
+        let mut v = Vec::with_capacity(128 + self.target.len());
+        v.push(INODE_FORMAT);
+        v.push(a.kind as u8);
+        for x in [a.mode, a.nlink, a.uid, a.gid] {
+            v.extend_from_slice(&x.to_le_bytes());
+        }
+        for x in [a.size, a.blocks, self.parent, self.next_seq] {
+            v.extend_from_slice(&x.to_le_bytes());
+        }
+        for t in [a.atime, a.mtime, a.ctime] {
+            v.extend_from_slice(&t.sec.to_le_bytes());
+            v.extend_from_slice(&t.nsec.to_le_bytes());
+        }
+        match &self.layout {
+            Some(l) => {
+                v.push(1);
+                v.extend_from_slice(&l.object_id.to_le_bytes());
+                v.extend_from_slice(&l.stripe_unit.to_le_bytes());
+                v.extend_from_slice(&l.stripe_count.to_le_bytes());
+                v.extend_from_slice(&(l.servers.len() as u32).to_le_bytes());
+                for s in &l.servers {
+                    v.extend_from_slice(&s.to_le_bytes());
+                }
+            }
+            None => v.push(0),
+        }
+        v.extend_from_slice(&(self.target.len() as u32).to_le_bytes());
+        v.extend_from_slice(&self.target);
+        v
+    }
+
+    fn decode(ino: Ino, b: &[u8]) -> Result<Inode, StoreError> {
+        let bad = |why| StoreError::Corrupt { ino, why };
+        let mut p = 0usize;
+        let mut take = |n: usize| -> Result<&[u8], StoreError> {
+            let s = b.get(p..p + n).ok_or(bad("truncated"))?;
+            p += n;
+            Ok(s)
+        };
+        if take(1)?[0] != INODE_FORMAT {
+            return Err(bad("unknown format"));
+        }
+        let kind = match take(1)?[0] {
+            1 => FileType::Regular,
+            2 => FileType::Directory,
+            3 => FileType::Symlink,
+            _ => return Err(bad("unknown kind")),
+        };
+        let mut u32s = [0u32; 4];
+        for x in &mut u32s {
+            *x = u32::from_le_bytes(take(4)?.try_into().map_err(|_| bad("u32"))?);
+        }
+        let mut u64s = [0u64; 4];
+        for x in &mut u64s {
+            *x = u64::from_le_bytes(take(8)?.try_into().map_err(|_| bad("u64"))?);
+        }
+        let mut ts = [Timespec { sec: 0, nsec: 0 }; 3];
+        for t in &mut ts {
+            let sec = i64::from_le_bytes(take(8)?.try_into().map_err(|_| bad("time"))?);
+            let nsec = u32::from_le_bytes(take(4)?.try_into().map_err(|_| bad("time"))?);
+            *t = Timespec { sec, nsec };
+        }
+        let layout = if take(1)?[0] == 1 {
+            let object_id = u64::from_le_bytes(take(8)?.try_into().map_err(|_| bad("layout"))?);
+            let stripe_unit = u32::from_le_bytes(take(4)?.try_into().map_err(|_| bad("layout"))?);
+            let stripe_count = u32::from_le_bytes(take(4)?.try_into().map_err(|_| bad("layout"))?);
+            let n = u32::from_le_bytes(take(4)?.try_into().map_err(|_| bad("layout"))?) as usize;
+            if n > 4096 {
+                return Err(bad("layout server count"));
+            }
+            let mut servers = Vec::with_capacity(n);
+            for _ in 0..n {
+                servers.push(u32::from_le_bytes(take(4)?.try_into().map_err(|_| bad("layout"))?));
+            }
+            Some(Layout { object_id, stripe_unit, stripe_count, servers })
+        } else {
+            None
+        };
+        let tlen = u32::from_le_bytes(take(4)?.try_into().map_err(|_| bad("target"))?) as usize;
+        let target = take(tlen)?.to_vec();
+        let [mode, nlink, uid, gid] = u32s;
+        let [size, blocks, parent, next_seq] = u64s;
+        let [atime, mtime, ctime] = ts;
+        Ok(Inode {
+            attr: Attr { ino, kind, mode, nlink, uid, gid, size, blocks, atime, mtime, ctime },
+            parent,
+            next_seq,
+            layout,
+            target,
+        })
+    }
+}
+
+fn now() -> Timespec {
+    let d = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    Timespec { sec: d.as_secs() as i64, nsec: d.subsec_nanos() }
+}
+
+/// The embedded implementation: one redb file.
+pub struct RedbStore {
+    db: Database,
+    policy: LayoutPolicy,
+}
+
+impl std::fmt::Debug for RedbStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedbStore").field("policy", &self.policy).finish()
+    }
+}
+
+impl RedbStore {
+    /// Opens (or creates, with an empty root directory owned by root, mode
+    /// 0755) the store at `path`.
+    pub fn open(path: &Path, policy: LayoutPolicy) -> Result<RedbStore, StoreError> {
+        let db = Database::create(path)?;
+        let txn = db.begin_write()?;
+        {
+            let mut inodes = txn.open_table(INODES)?;
+            txn.open_table(DIRENTS)?;
+            txn.open_table(DIRSEQ)?;
+            txn.open_table(ORPHANS)?;
+            let mut counters = txn.open_table(COUNTERS)?;
+            if inodes.get(ROOT_INO)?.is_none() {
+                let t = now();
+                let root = Inode {
+                    attr: Attr {
+                        ino: ROOT_INO,
+                        kind: FileType::Directory,
+                        mode: 0o755,
+                        nlink: 2,
+                        uid: 0,
+                        gid: 0,
+                        size: 0,
+                        blocks: 0,
+                        atime: t,
+                        mtime: t,
+                        ctime: t,
+                    },
+                    parent: ROOT_INO,
+                    next_seq: 1,
+                    layout: None,
+                    target: Vec::new(),
+                };
+                inodes.insert(ROOT_INO, root.encode().as_slice())?;
+                counters.insert("next_ino", ROOT_INO + 1)?;
+                counters.insert("next_object", 1)?;
+            }
+        }
+        txn.commit()?;
+        Ok(RedbStore { db, policy })
+    }
+
+    /// Number of inodes (for statfs and tests).
+    pub fn inode_count(&self) -> Result<u64, StoreError> {
+        let r = self.db.begin_read()?;
+        Ok(r.open_table(INODES)?.len()?)
+    }
+}
+
+/// Whether an operation never changes the namespace (its batch then needs
+/// no commit and no fsync).
+pub fn is_read_only(req: &Request) -> bool {
+    match req {
+        Request::Lookup { .. }
+        | Request::GetAttr { .. }
+        | Request::Readdir { .. }
+        | Request::Readlink { .. }
+        | Request::Statfs => true,
+        Request::Open { flags, .. } => flags & dafne_proto::OPEN_TRUNC == 0,
+        _ => false,
+    }
+}
+
+impl MetaStore for RedbStore {
+    fn execute(&self, jobs: &[Job]) -> Result<Vec<JobResult>, StoreError> {
+        let read_only = jobs.iter().all(|j| j.ops.iter().all(|o| is_read_only(&o.req)));
+        let txn = self.db.begin_write()?;
+        let mut out = Vec::with_capacity(jobs.len());
+        {
+            let mut t = Tables {
+                inodes: txn.open_table(INODES)?,
+                dirents: txn.open_table(DIRENTS)?,
+                dirseq: txn.open_table(DIRSEQ)?,
+                counters: txn.open_table(COUNTERS)?,
+                orphans: txn.open_table(ORPHANS)?,
+                policy: &self.policy,
+                now: now(),
+            };
+            for job in jobs {
+                out.push(t.run_job(job)?);
+            }
+        }
+        if read_only {
+            txn.abort()?;
+        } else {
+            txn.commit()?;
+        }
+        Ok(out)
+    }
+}
+
+struct Tables<'t> {
+    inodes: redb::Table<'t, u64, &'static [u8]>,
+    dirents: redb::Table<'t, (u64, &'static [u8]), (u64, u64)>,
+    dirseq: redb::Table<'t, (u64, u64), &'static [u8]>,
+    counters: redb::Table<'t, &'static str, u64>,
+    orphans: redb::Table<'t, u64, u64>,
+    policy: &'t LayoutPolicy,
+    now: Timespec,
+}
+
+impl Tables<'_> {
+    fn run_job(&mut self, job: &Job) -> Result<JobResult, StoreError> {
+        let mut results: JobResult = Vec::with_capacity(job.ops.len());
+        let mut prev: Option<Ino> = None;
+        for op in &job.ops {
+            let mut op = op.clone();
+            if op.chain {
+                match (prev, op.primary_ino_mut()) {
+                    (Some(p), Some(slot)) => *slot = p,
+                    _ => {
+                        results.push(Err(Errno::EINVAL));
+                        break;
+                    }
+                }
+            }
+            match self.run(&job.cred, &op.req) {
+                Ok(resp) => {
+                    prev = resp.ino();
+                    results.push(Ok(resp));
+                }
+                Err(Fail::Errno(e)) => {
+                    results.push(Err(e));
+                    break;
+                }
+                Err(Fail::Store(e)) => return Err(e),
+            }
+        }
+        Ok(results)
+    }
+
+    fn inode(&self, ino: Ino) -> R<Inode> {
+        match self.inodes.get(ino)? {
+            Some(v) => Ok(Inode::decode(ino, v.value())?),
+            None => Err(Errno::ENOENT.into()),
+        }
+    }
+
+    fn put(&mut self, i: &Inode) -> R<()> {
+        self.inodes.insert(i.attr.ino, i.encode().as_slice())?;
+        Ok(())
+    }
+
+    fn dir(&self, ino: Ino) -> R<Inode> {
+        let d = self.inode(ino)?;
+        if d.attr.kind != FileType::Directory {
+            return Err(Errno::ENOTDIR.into());
+        }
+        Ok(d)
+    }
+
+    fn entry(&self, parent: Ino, name: &[u8]) -> R<Option<(Ino, u64)>> {
+        Ok(self.dirents.get((parent, name))?.map(|v| v.value()))
+    }
+
+    fn next(&mut self, counter: &'static str) -> R<u64> {
+        let v = self.counters.get(counter)?.map(|v| v.value()).unwrap_or(1);
+        self.counters.insert(counter, v + 1)?;
+        Ok(v)
+    }
+
+    fn add_entry(&mut self, dir: &mut Inode, name: &[u8], ino: Ino) -> R<()> {
+        let seq = dir.next_seq;
+        dir.next_seq += 1;
+        self.dirents.insert((dir.attr.ino, name), (ino, seq))?;
+        self.dirseq.insert((dir.attr.ino, seq), name)?;
+        Ok(())
+    }
+
+    fn remove_entry(&mut self, dir: Ino, name: &[u8], seq: u64) -> R<()> {
+        self.dirents.remove((dir, name))?;
+        self.dirseq.remove((dir, seq))?;
+        Ok(())
+    }
+
+    fn is_empty_dir(&self, ino: Ino) -> R<bool> {
+        Ok(self.dirseq.range((ino, 0)..=(ino, u64::MAX))?.next().is_none())
+    }
+
+    fn touch_dir(&self, d: &mut Inode) {
+        d.attr.mtime = self.now;
+        d.attr.ctime = self.now;
+    }
+
+    /// Drops one link of `ino`; deletes it (recording its data object as an
+    /// orphan for the io servers) when none remain.
+    fn unlink_inode(&mut self, mut victim: Inode) -> R<()> {
+        let dirs = victim.attr.kind == FileType::Directory;
+        victim.attr.nlink = if dirs { 0 } else { victim.attr.nlink.saturating_sub(1) };
+        victim.attr.ctime = self.now;
+        if victim.attr.nlink == 0 {
+            self.inodes.remove(victim.attr.ino)?;
+            if let Some(l) = &victim.layout {
+                self.orphans.insert(l.object_id, victim.attr.ino)?;
+            }
+        } else {
+            self.put(&victim)?;
+        }
+        Ok(())
+    }
+
+    fn new_inode(&mut self, cred: &Cred, parent: &Inode, kind: FileType, mode: u32) -> R<Inode> {
+        let ino = self.next("next_ino")?;
+        // BSD group semantics under a setgid directory; new subdirectories
+        // inherit the setgid bit.
+        let (gid, mut mode) = if parent.attr.mode & S_ISGID != 0 { (parent.attr.gid, mode) } else { (cred.gid, mode) };
+        if kind == FileType::Directory && parent.attr.mode & S_ISGID != 0 {
+            mode |= S_ISGID;
+        }
+        let t = self.now;
+        Ok(Inode {
+            attr: Attr {
+                ino,
+                kind,
+                mode: mode & 0o7777,
+                nlink: if kind == FileType::Directory { 2 } else { 1 },
+                uid: cred.uid,
+                gid,
+                size: 0,
+                blocks: 0,
+                atime: t,
+                mtime: t,
+                ctime: t,
+            },
+            parent: parent.attr.ino,
+            next_seq: 1,
+            layout: None,
+            target: Vec::new(),
+        })
+    }
+
+    fn run(&mut self, cred: &Cred, req: &Request) -> R<Response> {
+        match req {
+            Request::Lookup { parent, name } => {
+                posix::valid_lookup_name(name)?;
+                let d = self.dir(*parent)?;
+                posix::check(cred, &d.attr, MAY_EXEC)?;
+                let ino = match name.as_slice() {
+                    b"." => d.attr.ino,
+                    b".." => d.parent,
+                    _ => self.entry(*parent, name)?.ok_or(Errno::ENOENT)?.0,
+                };
+                Ok(Response::Entry { attr: self.inode(ino)?.attr })
+            }
+            Request::GetAttr { ino } => Ok(Response::Attr { attr: self.inode(*ino)?.attr }),
+            Request::SetAttr { ino, set } => self.setattr(cred, *ino, set),
+            Request::Create { parent, name, mode, exclusive, hint } => {
+                posix::valid_new_name(name)?;
+                let mut d = self.dir(*parent)?;
+                posix::check(cred, &d.attr, MAY_WRITE | MAY_EXEC)?;
+                if let Some((ino, _)) = self.entry(*parent, name)? {
+                    if *exclusive {
+                        return Err(Errno::EEXIST.into());
+                    }
+                    let existing = self.inode(ino)?;
+                    if existing.attr.kind == FileType::Directory {
+                        return Err(Errno::EISDIR.into());
+                    }
+                    return Ok(Response::Entry { attr: existing.attr });
+                }
+                let object_id = self.counters.get("next_object")?.map(|v| v.value()).unwrap_or(1);
+                let layout = self.policy.choose(object_id, *hint)?;
+                self.next("next_object")?;
+                let mut f = self.new_inode(cred, &d, FileType::Regular, *mode)?;
+                f.layout = Some(layout);
+                self.put(&f)?;
+                self.add_entry(&mut d, name, f.attr.ino)?;
+                self.touch_dir(&mut d);
+                self.put(&d)?;
+                Ok(Response::Entry { attr: f.attr })
+            }
+            Request::Mkdir { parent, name, mode } => {
+                posix::valid_new_name(name)?;
+                let mut d = self.dir(*parent)?;
+                posix::check(cred, &d.attr, MAY_WRITE | MAY_EXEC)?;
+                if self.entry(*parent, name)?.is_some() {
+                    return Err(Errno::EEXIST.into());
+                }
+                if d.attr.nlink >= LINK_MAX {
+                    return Err(Errno::EMLINK.into());
+                }
+                let sub = self.new_inode(cred, &d, FileType::Directory, *mode)?;
+                self.put(&sub)?;
+                self.add_entry(&mut d, name, sub.attr.ino)?;
+                d.attr.nlink += 1;
+                self.touch_dir(&mut d);
+                self.put(&d)?;
+                Ok(Response::Entry { attr: sub.attr })
+            }
+            Request::Readdir { ino, cookie, max_entries } => {
+                let d = self.dir(*ino)?;
+                posix::check(cred, &d.attr, MAY_READ)?;
+                let max = (*max_entries as usize).clamp(1, MAX_READDIR_ENTRIES);
+                let mut entries = Vec::new();
+                let mut eof = true;
+                let start = cookie.saturating_add(1);
+                for item in self.dirseq.range((*ino, start)..=(*ino, u64::MAX))? {
+                    let (k, v) = item?;
+                    if entries.len() == max {
+                        eof = false;
+                        break;
+                    }
+                    let seq = k.value().1;
+                    let name = v.value().to_vec();
+                    let child = self
+                        .entry(*ino, &name)?
+                        .map(|e| e.0)
+                        .ok_or(StoreError::Corrupt { ino: *ino, why: "dirseq entry without dirent" })?;
+                    let kind = self.inode(child)?.attr.kind;
+                    entries.push(DirEntry { name, ino: child, kind, cookie: seq });
+                }
+                Ok(Response::Dir { entries, eof })
+            }
+            Request::Unlink { parent, name } => {
+                posix::valid_lookup_name(name)?;
+                let mut d = self.dir(*parent)?;
+                posix::check(cred, &d.attr, MAY_WRITE | MAY_EXEC)?;
+                let (ino, seq) = self.entry(*parent, name)?.ok_or(Errno::ENOENT)?;
+                let victim = self.inode(ino)?;
+                if victim.attr.kind == FileType::Directory {
+                    return Err(Errno::EISDIR.into());
+                }
+                if !posix::sticky_allows(cred, &d.attr, &victim.attr) {
+                    return Err(Errno::EPERM.into());
+                }
+                self.remove_entry(*parent, name, seq)?;
+                self.unlink_inode(victim)?;
+                self.touch_dir(&mut d);
+                self.put(&d)?;
+                Ok(Response::Done)
+            }
+            Request::Rmdir { parent, name } => {
+                posix::valid_lookup_name(name)?;
+                if name.as_slice() == b"." {
+                    return Err(Errno::EINVAL.into());
+                }
+                if name.as_slice() == b".." {
+                    return Err(Errno::ENOTEMPTY.into());
+                }
+                let mut d = self.dir(*parent)?;
+                posix::check(cred, &d.attr, MAY_WRITE | MAY_EXEC)?;
+                let (ino, seq) = self.entry(*parent, name)?.ok_or(Errno::ENOENT)?;
+                let victim = self.inode(ino)?;
+                if victim.attr.kind != FileType::Directory {
+                    return Err(Errno::ENOTDIR.into());
+                }
+                if !self.is_empty_dir(ino)? {
+                    return Err(Errno::ENOTEMPTY.into());
+                }
+                if !posix::sticky_allows(cred, &d.attr, &victim.attr) {
+                    return Err(Errno::EPERM.into());
+                }
+                self.remove_entry(*parent, name, seq)?;
+                self.unlink_inode(victim)?;
+                d.attr.nlink = d.attr.nlink.saturating_sub(1);
+                self.touch_dir(&mut d);
+                self.put(&d)?;
+                Ok(Response::Done)
+            }
+            Request::Rename { src_parent, src_name, dst_parent, dst_name } => {
+                self.rename(cred, *src_parent, src_name, *dst_parent, dst_name)
+            }
+            Request::Symlink { parent, name, target } => {
+                posix::valid_new_name(name)?;
+                if target.is_empty() {
+                    return Err(Errno::ENOENT.into());
+                }
+                if target.len() >= dafne_proto::MAX_SYMLINK {
+                    return Err(Errno::ENAMETOOLONG.into());
+                }
+                let mut d = self.dir(*parent)?;
+                posix::check(cred, &d.attr, MAY_WRITE | MAY_EXEC)?;
+                if self.entry(*parent, name)?.is_some() {
+                    return Err(Errno::EEXIST.into());
+                }
+                let mut l = self.new_inode(cred, &d, FileType::Symlink, 0o777)?;
+                l.attr.mode = 0o777;
+                l.attr.size = target.len() as u64;
+                l.target = target.clone();
+                self.put(&l)?;
+                self.add_entry(&mut d, name, l.attr.ino)?;
+                self.touch_dir(&mut d);
+                self.put(&d)?;
+                Ok(Response::Entry { attr: l.attr })
+            }
+            Request::Readlink { ino } => {
+                let l = self.inode(*ino)?;
+                if l.attr.kind != FileType::Symlink {
+                    return Err(Errno::EINVAL.into());
+                }
+                Ok(Response::Link { target: l.target })
+            }
+            Request::Link { ino, new_parent, new_name } => {
+                posix::valid_new_name(new_name)?;
+                let mut src = self.inode(*ino)?;
+                if src.attr.kind == FileType::Directory {
+                    return Err(Errno::EPERM.into());
+                }
+                let mut d = self.dir(*new_parent)?;
+                posix::check(cred, &d.attr, MAY_WRITE | MAY_EXEC)?;
+                if self.entry(*new_parent, new_name)?.is_some() {
+                    return Err(Errno::EEXIST.into());
+                }
+                if src.attr.nlink >= LINK_MAX {
+                    return Err(Errno::EMLINK.into());
+                }
+                src.attr.nlink += 1;
+                src.attr.ctime = self.now;
+                self.put(&src)?;
+                self.add_entry(&mut d, new_name, *ino)?;
+                self.touch_dir(&mut d);
+                self.put(&d)?;
+                Ok(Response::Entry { attr: src.attr })
+            }
+            Request::Statfs => {
+                let files = self.inodes.len()?;
+                Ok(Response::StatFs(StatFs {
+                    blocks: 0,
+                    bfree: 0,
+                    bavail: 0,
+                    files,
+                    ffree: u64::MAX / 2 - files,
+                    bsize: 4096,
+                    namelen: NAME_MAX as u32,
+                }))
+            }
+            Request::Open { ino, flags } => {
+                let mut f = self.inode(*ino)?;
+                let (rd, wr, tr) = (
+                    flags & dafne_proto::OPEN_READ != 0,
+                    flags & dafne_proto::OPEN_WRITE != 0,
+                    flags & dafne_proto::OPEN_TRUNC != 0,
+                );
+                match f.attr.kind {
+                    FileType::Directory => return Err(Errno::EISDIR.into()),
+                    FileType::Symlink => return Err(Errno::ELOOP.into()),
+                    FileType::Regular => {}
+                }
+                let mut want = 0;
+                if rd {
+                    want |= MAY_READ;
+                }
+                if wr || tr {
+                    want |= MAY_WRITE;
+                }
+                posix::check(cred, &f.attr, want)?;
+                if tr && f.attr.size != 0 {
+                    f.attr.size = 0;
+                    f.attr.blocks = 0;
+                    f.attr.mtime = self.now;
+                    f.attr.ctime = self.now;
+                    self.put(&f)?;
+                }
+                let layout = f.layout.clone().ok_or(StoreError::Corrupt { ino: *ino, why: "file without layout" })?;
+                let rights =
+                    (if rd { dafne_proto::RIGHT_READ } else { 0 }) | (if wr { dafne_proto::RIGHT_WRITE } else { 0 });
+                let cap =
+                    dafne_proto::Capability { object_id: layout.object_id, rights, expiry_unix_ns: 0, mac: [0; 32] };
+                Ok(Response::Opened { attr: f.attr, layout, cap })
+            }
+            Request::SessionOpen { .. } | Request::Compound { .. } => Err(Errno::EINVAL.into()),
+        }
+    }
+
+    fn setattr(&mut self, cred: &Cred, ino: Ino, set: &SetAttr) -> R<Response> {
+        let mut i = self.inode(ino)?;
+        let owner = cred.uid == 0 || cred.uid == i.attr.uid;
+        // Check everything first.
+        if set.mode.is_some() && !owner {
+            return Err(Errno::EPERM.into());
+        }
+        if let Some(uid) = set.uid {
+            if cred.uid != 0 && uid != i.attr.uid {
+                return Err(Errno::EPERM.into());
+            }
+        }
+        if let Some(gid) = set.gid {
+            if cred.uid != 0 && gid != i.attr.gid && !(owner && cred.in_group(gid)) {
+                return Err(Errno::EPERM.into());
+            }
+        }
+        if set.size.is_some() {
+            match i.attr.kind {
+                FileType::Directory => return Err(Errno::EISDIR.into()),
+                FileType::Symlink => return Err(Errno::EINVAL.into()),
+                FileType::Regular => posix::check(cred, &i.attr, MAY_WRITE)?,
+            }
+        }
+        for t in [&set.atime, &set.mtime].into_iter().flatten() {
+            match t {
+                TimeSet::At(_) if !owner => return Err(Errno::EPERM.into()),
+                TimeSet::Now if !owner && !posix::may(cred, &i.attr, MAY_WRITE) => return Err(Errno::EACCES.into()),
+                _ => {}
+            }
+        }
+        // Then apply.
+        let now = self.now;
+        if let Some(mut mode) = set.mode {
+            if cred.uid != 0 && !cred.in_group(i.attr.gid) && i.attr.kind != FileType::Directory {
+                mode &= !S_ISGID;
+            }
+            i.attr.mode = mode & 0o7777;
+        }
+        let chown = set.uid.is_some_and(|u| u != i.attr.uid) || set.gid.is_some_and(|g| g != i.attr.gid);
+        if let Some(uid) = set.uid {
+            i.attr.uid = uid;
+        }
+        if let Some(gid) = set.gid {
+            i.attr.gid = gid;
+        }
+        if chown && cred.uid != 0 && i.attr.kind == FileType::Regular {
+            i.attr.mode &= !(S_ISUID | S_ISGID);
+        }
+        if let Some(size) = set.size {
+            if size != i.attr.size {
+                i.attr.mtime = now;
+            }
+            i.attr.size = size;
+            i.attr.blocks = size.div_ceil(512);
+            i.attr.mtime = now;
+        }
+        if let Some(t) = &set.atime {
+            i.attr.atime = match t {
+                TimeSet::Now => now,
+                TimeSet::At(ts) => *ts,
+            };
+        }
+        if let Some(t) = &set.mtime {
+            i.attr.mtime = match t {
+                TimeSet::Now => now,
+                TimeSet::At(ts) => *ts,
+            };
+        }
+        i.attr.ctime = now;
+        self.put(&i)?;
+        Ok(Response::Attr { attr: i.attr })
+    }
+
+    fn rename(&mut self, cred: &Cred, sp: Ino, sn: &[u8], dp: Ino, dn: &[u8]) -> R<Response> {
+        posix::valid_lookup_name(sn)?;
+        posix::valid_new_name(dn).map_err(|e| if e == Errno::EEXIST { Errno::EBUSY } else { e })?;
+        if sn == b"." || sn == b".." {
+            return Err(Errno::EBUSY.into());
+        }
+        let sdir = self.dir(sp)?;
+        let ddir = self.dir(dp)?;
+        posix::check(cred, &sdir.attr, MAY_WRITE | MAY_EXEC)?;
+        posix::check(cred, &ddir.attr, MAY_WRITE | MAY_EXEC)?;
+        let (sino, sseq) = self.entry(sp, sn)?.ok_or(Errno::ENOENT)?;
+        let mut src = self.inode(sino)?;
+        if !posix::sticky_allows(cred, &sdir.attr, &src.attr) {
+            return Err(Errno::EPERM.into());
+        }
+        let is_dir = src.attr.kind == FileType::Directory;
+        let existing = self.entry(dp, dn)?;
+        if let Some((dino, _)) = existing {
+            if dino == sino {
+                return Ok(Response::Done); // same file: POSIX says do nothing
+            }
+        }
+        // A directory may not move into its own subtree.
+        if is_dir && sp != dp {
+            let mut cur = dp;
+            loop {
+                if cur == sino {
+                    return Err(Errno::EINVAL.into());
+                }
+                if cur == ROOT_INO {
+                    break;
+                }
+                cur = self.inode(cur)?.parent;
+            }
+        }
+        let victim = match existing {
+            Some((dino, dseq)) => {
+                let v = self.inode(dino)?;
+                let vdir = v.attr.kind == FileType::Directory;
+                if is_dir && !vdir {
+                    return Err(Errno::ENOTDIR.into());
+                }
+                if !is_dir && vdir {
+                    return Err(Errno::EISDIR.into());
+                }
+                if vdir && !self.is_empty_dir(dino)? {
+                    return Err(Errno::ENOTEMPTY.into());
+                }
+                if !posix::sticky_allows(cred, &ddir.attr, &v.attr) {
+                    return Err(Errno::EPERM.into());
+                }
+                Some((v, dseq))
+            }
+            None => None,
+        };
+        if is_dir && sp != dp && victim.is_none() && ddir.attr.nlink >= LINK_MAX {
+            return Err(Errno::EMLINK.into());
+        }
+        // All checks passed: apply.
+        if let Some((v, dseq)) = victim {
+            let vdir = v.attr.kind == FileType::Directory;
+            self.remove_entry(dp, dn, dseq)?;
+            self.unlink_inode(v)?;
+            if vdir {
+                let mut d = self.inode(dp)?;
+                d.attr.nlink = d.attr.nlink.saturating_sub(1);
+                self.put(&d)?;
+            }
+        }
+        self.remove_entry(sp, sn, sseq)?;
+        let mut d = self.inode(dp)?;
+        self.add_entry(&mut d, dn, sino)?;
+        if is_dir && sp != dp {
+            d.attr.nlink += 1;
+        }
+        self.touch_dir(&mut d);
+        self.put(&d)?;
+        if sp != dp {
+            let mut s = self.inode(sp)?;
+            if is_dir {
+                s.attr.nlink = s.attr.nlink.saturating_sub(1);
+            }
+            self.touch_dir(&mut s);
+            self.put(&s)?;
+        }
+        if is_dir {
+            src.parent = dp;
+        }
+        src.attr.ctime = self.now;
+        self.put(&src)?;
+        Ok(Response::Done)
+    }
+}

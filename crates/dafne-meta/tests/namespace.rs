@@ -1,0 +1,367 @@
+//! The metadata server as a real process (`dafne-meta`), driven through the
+//! client library: POSIX semantics and their errors, races, crash-restart
+//! durability, hostile requests, authentication.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use dafne_auth::Secret;
+use dafne_client::{CompoundOp, Errno, FileType, MetaSession, Response, SetAttr, TimeSet, ROOT_INO};
+use dafne_proto::{Request, Timespec};
+use dafne_transport::{Client, Runtime, RuntimeOptions};
+
+struct Meta {
+    child: Child,
+    addr: SocketAddr,
+    dir: PathBuf,
+}
+
+impl Drop for Meta {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn ucx() -> Vec<(String, String)> {
+    vec![("TLS".into(), "posix,sysv,self,tcp".into()), ("NET_DEVICES".into(), "lo".into())]
+}
+
+fn start_meta(dir: &Path, io_servers: u32) -> Meta {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dafne-meta"))
+        .args(["--data-dir", dir.to_str().unwrap(), "--listen", "127.0.0.1:0", "--io-servers", &io_servers.to_string()])
+        .args(ucx().iter().flat_map(|(k, v)| ["--ucx".to_string(), format!("{k}={v}")]))
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn dafne-meta");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let addr = line.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("banner {line:?}")).parse().unwrap();
+    Meta { child, addr, dir: dir.to_path_buf() }
+}
+
+fn runtime() -> Runtime {
+    Runtime::new(RuntimeOptions { name: "meta-test".into(), ucx_config: ucx(), ..Default::default() }).unwrap()
+}
+
+fn secret(m: &Meta) -> Secret {
+    Secret::load_or_create(&m.dir.join("cluster.secret")).unwrap()
+}
+
+fn session(rt: &Runtime, m: &Meta, uid: u32, gid: u32) -> MetaSession {
+    MetaSession::connect(rt, m.addr, &secret(m), "test", uid, gid).expect("session")
+}
+
+#[test]
+fn posix_semantics_and_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = start_meta(dir.path(), 4);
+    let rt = runtime();
+    let root = session(&rt, &m, 0, 0);
+
+    // create / lookup / getattr
+    let d = root.mkdir(ROOT_INO, b"d", 0o755).unwrap();
+    assert_eq!(d.kind, FileType::Directory);
+    assert_eq!(root.getattr(ROOT_INO).unwrap().nlink, 3);
+    let f = root.create(d.ino, b"f", 0o644, true).unwrap();
+    assert_eq!((f.kind, f.mode, f.nlink, f.size), (FileType::Regular, 0o644, 1, 0));
+    assert_eq!(root.lookup(d.ino, b"f").unwrap(), f);
+    assert_eq!(root.lookup(d.ino, b".").unwrap().ino, d.ino);
+    assert_eq!(root.lookup(d.ino, b"..").unwrap().ino, ROOT_INO);
+    assert_eq!(root.lookup(d.ino, b"nope"), Err(Errno::ENOENT));
+    assert_eq!(root.create(d.ino, b"f", 0o644, true), Err(Errno::EEXIST));
+    assert_eq!(root.create(d.ino, b"f", 0o600, false).unwrap().ino, f.ino, "non-exclusive create opens");
+    assert_eq!(root.create(ROOT_INO, b"d", 0o644, false), Err(Errno::EISDIR));
+    assert_eq!(root.mkdir(d.ino, b"f", 0o755), Err(Errno::EEXIST));
+    assert_eq!(root.lookup(f.ino, b"x"), Err(Errno::ENOTDIR));
+    assert_eq!(root.create(f.ino, b"x", 0o644, true), Err(Errno::ENOTDIR));
+    assert_eq!(root.create(d.ino, &[b'n'; 256], 0o644, true), Err(Errno::ENAMETOOLONG));
+    assert!(root.create(d.ino, &[b'n'; 255], 0o644, true).is_ok());
+    assert_eq!(root.getattr(9_999_999), Err(Errno::ENOENT));
+
+    // unlink / rmdir
+    assert_eq!(root.unlink(ROOT_INO, b"d"), Err(Errno::EISDIR));
+    assert_eq!(root.rmdir(ROOT_INO, b"d"), Err(Errno::ENOTEMPTY));
+    assert_eq!(root.rmdir(d.ino, b"f"), Err(Errno::ENOTDIR));
+    assert_eq!(root.unlink(d.ino, b"missing"), Err(Errno::ENOENT));
+    root.unlink(d.ino, &[b'n'; 255]).unwrap();
+    let e = root.mkdir(d.ino, b"e", 0o755).unwrap();
+    root.rmdir(d.ino, b"e").unwrap();
+    assert_eq!(root.getattr(e.ino), Err(Errno::ENOENT));
+    assert_eq!(root.getattr(d.ino).unwrap().nlink, 2);
+
+    // rename
+    let g = root.create(d.ino, b"g", 0o644, true).unwrap();
+    root.rename(d.ino, b"f", d.ino, b"g").unwrap(); // over an existing file
+    assert_eq!(root.lookup(d.ino, b"g").unwrap().ino, f.ino);
+    assert_eq!(root.lookup(d.ino, b"f"), Err(Errno::ENOENT));
+    assert_eq!(root.getattr(g.ino), Err(Errno::ENOENT), "the replaced file is gone");
+    let d2 = root.mkdir(ROOT_INO, b"d2", 0o755).unwrap();
+    root.rename(d.ino, b"g", d2.ino, b"moved").unwrap(); // across directories
+    assert_eq!(root.lookup(d2.ino, b"moved").unwrap().ino, f.ino);
+    let sub = root.mkdir(d.ino, b"sub", 0o755).unwrap();
+    assert_eq!(root.rename(ROOT_INO, b"d", sub.ino, b"loop"), Err(Errno::EINVAL), "into its own subtree");
+    assert_eq!(root.rename(ROOT_INO, b"d", d.ino, b"self"), Err(Errno::EINVAL));
+    root.create(sub.ino, b"x", 0o644, true).unwrap();
+    assert_eq!(root.rename(ROOT_INO, b"d2", d.ino, b"sub"), Err(Errno::ENOTEMPTY));
+    assert_eq!(root.rename(d2.ino, b"moved", d.ino, b"sub"), Err(Errno::EISDIR));
+    assert_eq!(root.rename(d.ino, b"sub", d2.ino, b"moved"), Err(Errno::ENOTDIR));
+    root.rename(d.ino, b"sub", d2.ino, b"sub2").unwrap(); // a directory across parents
+    assert_eq!(root.lookup(sub.ino, b"..").unwrap().ino, d2.ino);
+    assert_eq!(root.getattr(d.ino).unwrap().nlink, 2);
+    assert_eq!(root.getattr(d2.ino).unwrap().nlink, 3);
+    assert_eq!(root.rename(ROOT_INO, b"nope", ROOT_INO, b"x"), Err(Errno::ENOENT));
+
+    // symlink / readlink / link
+    let l = root.symlink(ROOT_INO, b"ln", b"d2/sub2/x").unwrap();
+    assert_eq!(l.kind, FileType::Symlink);
+    assert_eq!(root.readlink(l.ino).unwrap(), b"d2/sub2/x");
+    assert_eq!(root.readlink(f.ino), Err(Errno::EINVAL));
+    let h = root.link(f.ino, ROOT_INO, b"hard").unwrap();
+    assert_eq!(h.nlink, 2);
+    assert_eq!(root.link(d.ino, ROOT_INO, b"dirlink"), Err(Errno::EPERM));
+    assert_eq!(root.link(f.ino, ROOT_INO, b"hard"), Err(Errno::EEXIST));
+    root.unlink(d2.ino, b"moved").unwrap();
+    assert_eq!(root.getattr(f.ino).unwrap().nlink, 1, "the other link keeps the file");
+    assert_eq!(root.resolve("/ln").unwrap().ino, l.ino);
+    assert_eq!(root.resolve("/d2/sub2/x").unwrap().kind, FileType::Regular);
+    let via_link = root.symlink(ROOT_INO, b"dirln", b"/d2").unwrap();
+    assert_eq!(via_link.kind, FileType::Symlink);
+    assert_eq!(root.resolve("/dirln/sub2/x").unwrap(), root.resolve("/d2/sub2/x").unwrap());
+
+    // setattr: size, mode, times with nanoseconds
+    let t = Timespec { sec: 1_234_567_890, nsec: 123_456_789 };
+    let a = root
+        .setattr(
+            f.ino,
+            SetAttr { size: Some(4096), mode: Some(0o600), mtime: Some(TimeSet::At(t)), ..Default::default() },
+        )
+        .unwrap();
+    assert_eq!((a.size, a.mode, a.mtime), (4096, 0o600, t));
+    assert_eq!(root.getattr(f.ino).unwrap().mtime, t);
+    assert_eq!(root.setattr(d.ino, SetAttr { size: Some(1), ..Default::default() }), Err(Errno::EISDIR));
+
+    // statfs, open, capabilities
+    assert!(root.statfs().unwrap().files >= 5);
+    let o = root.open(f.ino, dafne_proto::OPEN_READ | dafne_proto::OPEN_WRITE).unwrap();
+    assert_eq!(o.layout.stripe_count, 4);
+    assert_eq!(o.layout.servers.len(), 4);
+    let s = secret(&m);
+    let now = std::time::SystemTime::now();
+    assert!(s.verify_cap(&o.cap, o.layout.object_id, dafne_proto::RIGHT_READ | dafne_proto::RIGHT_WRITE, now));
+    let ro = root.open(f.ino, dafne_proto::OPEN_READ).unwrap();
+    assert!(!s.verify_cap(&ro.cap, ro.layout.object_id, dafne_proto::RIGHT_WRITE, now), "read cap used for write");
+    assert_eq!(root.open(d.ino, dafne_proto::OPEN_READ).map(|_| ()), Err(Errno::EISDIR));
+    let t0 = root.open(f.ino, dafne_proto::OPEN_WRITE | dafne_proto::OPEN_TRUNC).unwrap();
+    assert_eq!(t0.attr.size, 0);
+}
+
+#[test]
+fn permissions_are_checked_on_the_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = start_meta(dir.path(), 0);
+    let rt = runtime();
+    let root = session(&rt, &m, 0, 0);
+    let alice = root.as_user(1000, 1000);
+    let bob = root.as_user(1001, 1001);
+
+    assert_eq!(alice.create(ROOT_INO, b"a", 0o644, true), Err(Errno::EACCES), "root dir is 0755 root");
+    let pub_ = root.mkdir(ROOT_INO, b"pub", 0o777).unwrap();
+    let fa = alice.create(pub_.ino, b"a", 0o600, true).unwrap();
+    assert_eq!((fa.uid, fa.gid), (1000, 1000));
+    assert_eq!(bob.open(fa.ino, dafne_proto::OPEN_READ).map(|_| ()), Err(Errno::EACCES));
+    assert!(alice.open(fa.ino, dafne_proto::OPEN_READ).is_ok());
+    assert_eq!(bob.setattr(fa.ino, SetAttr { mode: Some(0o666), ..Default::default() }), Err(Errno::EPERM));
+    assert_eq!(alice.setattr(fa.ino, SetAttr { uid: Some(1001), ..Default::default() }), Err(Errno::EPERM));
+    assert_eq!(bob.setattr(fa.ino, SetAttr { size: Some(0), ..Default::default() }), Err(Errno::EACCES));
+    assert_eq!(
+        bob.setattr(fa.ino, SetAttr { mtime: Some(TimeSet::At(Timespec { sec: 1, nsec: 0 })), ..Default::default() }),
+        Err(Errno::EPERM)
+    );
+    root.setattr(fa.ino, SetAttr { uid: Some(1001), ..Default::default() }).unwrap();
+    assert!(bob.open(fa.ino, dafne_proto::OPEN_READ).is_ok(), "chown by root gave bob the file");
+
+    // Search and read permission on directories.
+    let private = alice.mkdir(pub_.ino, b"private", 0o700).unwrap();
+    alice.create(private.ino, b"secret", 0o644, true).unwrap();
+    assert_eq!(bob.lookup(private.ino, b"secret"), Err(Errno::EACCES));
+    assert_eq!(bob.readdir(private.ino).map(|_| ()), Err(Errno::EACCES));
+    assert_eq!(alice.readdir(private.ino).unwrap().len(), 1);
+
+    // Sticky directory: bob cannot remove or rename alice's file.
+    let tmp = root.mkdir(ROOT_INO, b"tmp", 0o1777).unwrap();
+    alice.create(tmp.ino, b"mine", 0o644, true).unwrap();
+    assert_eq!(bob.unlink(tmp.ino, b"mine"), Err(Errno::EPERM));
+    assert_eq!(bob.rename(tmp.ino, b"mine", tmp.ino, b"theirs"), Err(Errno::EPERM));
+    alice.unlink(tmp.ino, b"mine").unwrap();
+}
+
+#[test]
+fn readdir_paging_survives_concurrent_inserts_and_removals() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = start_meta(dir.path(), 0);
+    let rt = runtime();
+    let s = session(&rt, &m, 0, 0);
+    let d = s.mkdir(ROOT_INO, b"big", 0o755).unwrap();
+    for i in 0..50 {
+        s.create(d.ino, format!("f{i:03}").as_bytes(), 0o644, true).unwrap();
+    }
+    let mut seen = Vec::new();
+    let mut cookie = 0;
+    let mut round = 0;
+    loop {
+        let (page, eof) = s.readdir_page(d.ino, cookie, 7).unwrap();
+        assert!(page.len() <= 7);
+        if let Some(last) = page.last() {
+            cookie = last.cookie;
+        }
+        seen.extend(page.into_iter().map(|e| String::from_utf8(e.name).unwrap()));
+        // Between pages: remove an entry already listed, one not yet listed,
+        // and add a new one.
+        s.unlink(d.ino, format!("f{:03}", round).as_bytes()).unwrap();
+        s.unlink(d.ino, format!("f{:03}", 49 - round).as_bytes()).unwrap();
+        s.create(d.ino, format!("new{round}").as_bytes(), 0o644, true).unwrap();
+        round += 1;
+        if eof {
+            break;
+        }
+    }
+    let mut dedup = seen.clone();
+    dedup.sort();
+    dedup.dedup();
+    assert_eq!(dedup.len(), seen.len(), "an entry was returned twice: {seen:?}");
+    // Every entry present for the whole listing was returned.
+    for i in round..(50 - round) {
+        let name = format!("f{i:03}");
+        assert!(seen.contains(&name), "{name} was skipped");
+    }
+}
+
+#[test]
+fn two_clients_racing_to_create_exactly_one_wins() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = start_meta(dir.path(), 0);
+    let sec = secret(&m);
+    let addr = m.addr;
+    let workers: Vec<_> = (0..2)
+        .map(|w| {
+            let sec = sec.clone();
+            std::thread::spawn(move || {
+                let rt = runtime();
+                let s = MetaSession::connect(&rt, addr, &sec, &format!("racer{w}"), 0, 0).unwrap();
+                (0..100)
+                    .map(|i| s.create(ROOT_INO, format!("race{i}").as_bytes(), 0o644, true).is_ok())
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    let results: Vec<Vec<bool>> = workers.into_iter().map(|h| h.join().unwrap()).collect();
+    for (i, (a, b)) in results[0].iter().zip(&results[1]).enumerate() {
+        assert_eq!(*a as u32 + *b as u32, 1, "name race{i}: winners {a} {b}");
+    }
+}
+
+#[test]
+fn acknowledged_operations_survive_kill_9_and_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut m = start_meta(dir.path(), 2);
+    let rt = runtime();
+    let s = session(&rt, &m, 0, 0);
+    let d = s.mkdir(ROOT_INO, b"durable", 0o750).unwrap();
+    let mut made = Vec::new();
+    for i in 0..100 {
+        made.push(s.create(d.ino, format!("file{i}").as_bytes(), 0o640, true).unwrap());
+    }
+    s.rename(d.ino, b"file0", ROOT_INO, b"renamed").unwrap();
+    s.unlink(d.ino, b"file1").unwrap();
+    m.child.kill().unwrap(); // SIGKILL: no chance to flush anything
+    m.child.wait().unwrap();
+    drop(s);
+    drop(rt);
+    let m2 = start_meta(&m.dir, 2);
+    let rt = runtime();
+    let s = session(&rt, &m2, 0, 0);
+    assert_eq!(s.lookup(ROOT_INO, b"durable").unwrap(), s.getattr(d.ino).unwrap());
+    for (i, f) in made.iter().enumerate().skip(2) {
+        assert_eq!(s.lookup(d.ino, format!("file{i}").as_bytes()).unwrap().ino, f.ino);
+    }
+    assert_eq!(s.lookup(ROOT_INO, b"renamed").unwrap().ino, made[0].ino);
+    assert_eq!(s.lookup(d.ino, b"file1"), Err(Errno::ENOENT));
+    // New inodes do not reuse old numbers after the restart.
+    let n = s.create(d.ino, b"after", 0o644, true).unwrap();
+    assert!(made.iter().all(|f| f.ino != n.ino));
+}
+
+#[test]
+fn compounds_chain_and_stop_at_the_first_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = start_meta(dir.path(), 1);
+    let rt = runtime();
+    let s = session(&rt, &m, 0, 0);
+    s.mkdir(ROOT_INO, b"c", 0o755).unwrap();
+    // mkdir + create inside it + getattr, chained, one round trip.
+    let results = s
+        .compound(vec![
+            CompoundOp { chain: false, req: Request::Lookup { parent: ROOT_INO, name: b"c".to_vec() } },
+            CompoundOp {
+                chain: true,
+                req: Request::Create { parent: 0, name: b"inner".to_vec(), mode: 0o644, exclusive: true, hint: None },
+            },
+            CompoundOp { chain: true, req: Request::GetAttr { ino: 0 } },
+        ])
+        .unwrap();
+    assert_eq!(results.len(), 3);
+    let created = match &results[1] {
+        Ok(Response::Entry { attr }) => *attr,
+        other => panic!("{other:?}"),
+    };
+    assert!(matches!(&results[2], Ok(Response::Attr { attr }) if attr.ino == created.ino));
+    let o = s.open_at(s.lookup(ROOT_INO, b"c").unwrap().ino, b"inner", dafne_proto::OPEN_READ).unwrap();
+    assert_eq!(o.attr.ino, created.ino);
+    // The chain stops at the failing lookup.
+    let results = s
+        .compound(vec![
+            CompoundOp { chain: false, req: Request::Lookup { parent: ROOT_INO, name: b"missing".to_vec() } },
+            CompoundOp { chain: true, req: Request::GetAttr { ino: 0 } },
+        ])
+        .unwrap();
+    assert_eq!(results, vec![Err(Errno::ENOENT)]);
+}
+
+#[test]
+fn wrong_secret_and_hostile_requests_are_refused_while_others_carry_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = start_meta(dir.path(), 0);
+    let rt = runtime();
+    let good = session(&rt, &m, 0, 0);
+    good.mkdir(ROOT_INO, b"x", 0o755).unwrap();
+    let wrong = Secret::from_bytes([9; dafne_auth::SECRET_LEN]);
+    match MetaSession::connect(&rt, m.addr, &wrong, "intruder", 0, 0) {
+        Err(dafne_client::ConnectError::Refused(e)) => assert_eq!(e, Errno::EACCES),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    // A raw transport client: no session, garbage, truncation.
+    let raw = Client::connect(&rt, m.addr).unwrap();
+    let env = dafne_proto::Envelope { tag: 5, uid: 0, gid: 0 };
+    let getattr = dafne_proto::encode_request(env, &Request::GetAttr { ino: ROOT_INO });
+    let reply = raw.call(getattr.clone()).unwrap();
+    assert_eq!(dafne_proto::decode_reply(&reply).unwrap().2, Err(Errno::EACCES), "no session, no service");
+    let mut x: u64 = 7;
+    for len in [0usize, 1, 7, 31, 32, 33, 100, 1000] {
+        let junk: Vec<u8> = (0..len)
+            .map(|_| {
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+                (x >> 33) as u8
+            })
+            .collect();
+        let reply = raw.call(junk).unwrap();
+        assert_eq!(dafne_proto::decode_reply(&reply).unwrap().2, Err(Errno::EPROTO));
+    }
+    for cut in [1, 16, 31, getattr.len() - 1] {
+        let reply = raw.call(getattr[..cut].to_vec()).unwrap();
+        assert_eq!(dafne_proto::decode_reply(&reply).unwrap().2, Err(Errno::EPROTO), "truncated at {cut}");
+    }
+    assert_eq!(good.lookup(ROOT_INO, b"x").unwrap().kind, FileType::Directory, "the good session carries on");
+}

@@ -1,0 +1,740 @@
+//! Headers and whole messages: what the transport carries as a request or
+//! reply payload.
+
+use crate::msg::get_errno;
+use crate::wire::{Reader, Writer};
+use crate::{DecodeError, Errno, Op, Request, Response, PROTO_VERSION};
+
+/// Who sends a request and under which id: the header fields a caller
+/// chooses.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Envelope {
+    /// The client's request id, echoed in the reply (for matching and for
+    /// recognising a retry).
+    pub tag: u64,
+    /// Credentials the server checks permissions against.
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// The 32-byte header in front of every request body. Its fields are in wire
+/// order and `#[repr(C)]` without padding (asserted below), so the struct
+/// is the byte layout of the crate docs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(C)]
+pub struct RequestHeader {
+    /// [`PROTO_VERSION`].
+    pub version: u16,
+    pub op: Op,
+    /// Must be 0.
+    pub flags: u32,
+    pub tag: u64,
+    pub uid: u32,
+    pub gid: u32,
+    /// Bytes of body that follow the header.
+    pub body_len: u32,
+    /// Must be 0.
+    pub reserved: u32,
+}
+
+const _: () = assert!(std::mem::size_of::<RequestHeader>() == RequestHeader::SIZE);
+
+impl RequestHeader {
+    /// Encoded size.
+    pub const SIZE: usize = 32;
+
+    /// A valid header for a body of `body_len` bytes.
+    pub fn new(op: Op, env: Envelope, body_len: u32) -> RequestHeader {
+        RequestHeader {
+            version: PROTO_VERSION,
+            op,
+            flags: 0,
+            tag: env.tag,
+            uid: env.uid,
+            gid: env.gid,
+            body_len,
+            reserved: 0,
+        }
+    }
+
+    /// The caller-chosen fields.
+    pub fn envelope(&self) -> Envelope {
+        Envelope { tag: self.tag, uid: self.uid, gid: self.gid }
+    }
+
+    /// The header's bytes, fields written as they are (a header with
+    /// non-zero `flags` encodes, and the receiver refuses it).
+    pub fn encode(&self) -> [u8; Self::SIZE] {
+        let mut w = Writer::default();
+        w.put_u16(self.version);
+        w.put_u16(self.op.into());
+        w.put_u32(self.flags);
+        w.put_u64(self.tag);
+        w.put_u32(self.uid);
+        w.put_u32(self.gid);
+        w.put_u32(self.body_len);
+        w.put_u32(self.reserved);
+        let mut out = [0u8; Self::SIZE];
+        out.copy_from_slice(&w.into_vec());
+        out
+    }
+
+    /// Decodes and checks the header at the start of `buf` (bytes after the
+    /// first [`Self::SIZE`] are not looked at). A server that gets this far
+    /// can answer a bad body with an error reply carrying the tag.
+    pub fn decode(buf: &[u8]) -> Result<RequestHeader, DecodeError> {
+        Self::read(&mut Reader::new(buf))
+    }
+
+    fn read(r: &mut Reader<'_>) -> Result<RequestHeader, DecodeError> {
+        let mut r = Reader::new(r.take(Self::SIZE, "request header")?);
+        let version = r.u16("version")?;
+        if version != PROTO_VERSION {
+            return Err(DecodeError::BadVersion(version));
+        }
+        let raw = r.u16("op")?;
+        let op = Op::from_u16(raw).ok_or(DecodeError::UnknownOp(raw))?;
+        let hdr = RequestHeader {
+            version,
+            op,
+            flags: r.u32("flags")?,
+            tag: r.u64("tag")?,
+            uid: r.u32("uid")?,
+            gid: r.u32("gid")?,
+            body_len: r.u32("body_len")?,
+            reserved: r.u32("reserved")?,
+        };
+        if hdr.flags != 0 || hdr.reserved != 0 {
+            return Err(DecodeError::Reserved);
+        }
+        Ok(hdr)
+    }
+}
+
+/// The 32-byte header in front of every reply body, `#[repr(C)]` in wire
+/// order like [`RequestHeader`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(C)]
+pub struct ReplyHeader {
+    /// [`PROTO_VERSION`].
+    pub version: u16,
+    /// The op of the request this answers.
+    pub op: Op,
+    /// 0 for success, else an errno in `1..=MAX_ERRNO` and an empty body.
+    pub errno: i32,
+    /// The request's tag.
+    pub tag: u64,
+    pub body_len: u32,
+    /// Must be zero.
+    pub reserved: [u8; 12],
+}
+
+const _: () = assert!(std::mem::size_of::<ReplyHeader>() == ReplyHeader::SIZE);
+
+impl ReplyHeader {
+    /// Encoded size.
+    pub const SIZE: usize = 32;
+
+    /// A valid header; `errno` 0 for success.
+    pub fn new(op: Op, tag: u64, errno: i32, body_len: u32) -> ReplyHeader {
+        ReplyHeader { version: PROTO_VERSION, op, errno, tag, body_len, reserved: [0; 12] }
+    }
+
+    /// The header's bytes, fields written as they are.
+    pub fn encode(&self) -> [u8; Self::SIZE] {
+        let mut w = Writer::default();
+        w.put_u16(self.version);
+        w.put_u16(self.op.into());
+        w.put_i32(self.errno);
+        w.put_u64(self.tag);
+        w.put_u32(self.body_len);
+        w.put_raw(&self.reserved);
+        let mut out = [0u8; Self::SIZE];
+        out.copy_from_slice(&w.into_vec());
+        out
+    }
+
+    /// Decodes and checks the header at the start of `buf` (bytes after the
+    /// first [`Self::SIZE`] are not looked at).
+    pub fn decode(buf: &[u8]) -> Result<ReplyHeader, DecodeError> {
+        Self::read(&mut Reader::new(buf))
+    }
+
+    fn read(r: &mut Reader<'_>) -> Result<ReplyHeader, DecodeError> {
+        let mut r = Reader::new(r.take(Self::SIZE, "reply header")?);
+        let version = r.u16("version")?;
+        if version != PROTO_VERSION {
+            return Err(DecodeError::BadVersion(version));
+        }
+        let raw = r.u16("op")?;
+        let op = Op::from_u16(raw).ok_or(DecodeError::UnknownOp(raw))?;
+        let hdr = ReplyHeader {
+            version,
+            op,
+            errno: r.i32("errno")?,
+            tag: r.u64("tag")?,
+            body_len: r.u32("body_len")?,
+            reserved: r.array("reserved")?,
+        };
+        if hdr.reserved != [0; 12] {
+            return Err(DecodeError::Reserved);
+        }
+        if hdr.errno != 0 {
+            get_errno(hdr.errno, "reply errno")?;
+            if hdr.body_len != 0 {
+                return Err(DecodeError::BadValue {
+                    what: "body_len of an error reply (must be 0)",
+                    value: hdr.body_len.into(),
+                });
+            }
+        }
+        Ok(hdr)
+    }
+}
+
+fn body_len(total: usize, header: usize) -> u32 {
+    u32::try_from(total - header).expect("a message body above u32::MAX bytes")
+}
+
+/// The bytes of a request: header with `env` and `req.op()`, then the body.
+/// Limits are not checked here (the receiver checks them).
+///
+/// # Panics
+/// If the body exceeds 4 GiB.
+pub fn encode_request(env: Envelope, req: &Request) -> Vec<u8> {
+    let mut w = Writer::with_prefix(RequestHeader::SIZE);
+    req.put_body(&mut w);
+    let mut buf = w.into_vec();
+    let hdr = RequestHeader::new(req.op(), env, body_len(buf.len(), RequestHeader::SIZE));
+    buf[..RequestHeader::SIZE].copy_from_slice(&hdr.encode());
+    buf
+}
+
+/// Decodes a whole request message: header, a body of exactly `body_len`
+/// bytes, and nothing else.
+pub fn decode_request(buf: &[u8]) -> Result<(Envelope, Request), DecodeError> {
+    let mut r = Reader::new(buf);
+    let hdr = RequestHeader::read(&mut r)?;
+    check_body_len(hdr.body_len, r.left())?;
+    let req = Request::get_body(hdr.op, &mut r)?;
+    r.finish()?;
+    Ok((hdr.envelope(), req))
+}
+
+/// The bytes of the reply to request `tag` of `op`: on success the body of
+/// `Ok`, on failure the errno and no body.
+///
+/// # Panics
+/// If the result is not a well-formed answer to `op` (see
+/// [`Response::answers`]) or its errno is outside `1..=MAX_ERRNO`: the
+/// server built a reply its client could not decode.
+pub fn encode_reply(tag: u64, op: Op, result: &Result<Response, Errno>) -> Vec<u8> {
+    let mut w = Writer::with_prefix(ReplyHeader::SIZE);
+    let errno = match result {
+        Ok(resp) => {
+            assert!(resp.answers(op), "not a well-formed answer to {op}: {resp:?}");
+            resp.put_body(&mut w);
+            0
+        }
+        Err(e) => {
+            assert!(e.is_valid(), "errno {} cannot travel in a reply", e.0);
+            e.0
+        }
+    };
+    let mut buf = w.into_vec();
+    let hdr = ReplyHeader::new(op, tag, errno, body_len(buf.len(), ReplyHeader::SIZE));
+    buf[..ReplyHeader::SIZE].copy_from_slice(&hdr.encode());
+    buf
+}
+
+/// Decodes a whole reply message into (tag, op, result); the body is read as
+/// the answer to `op`.
+pub fn decode_reply(buf: &[u8]) -> Result<(u64, Op, Result<Response, Errno>), DecodeError> {
+    let mut r = Reader::new(buf);
+    let hdr = ReplyHeader::read(&mut r)?;
+    check_body_len(hdr.body_len, r.left())?;
+    if hdr.errno != 0 {
+        // The header check made it a valid errno with an empty body.
+        return Ok((hdr.tag, hdr.op, Err(Errno(hdr.errno))));
+    }
+    let resp = Response::get_body(hdr.op, &mut r)?;
+    r.finish()?;
+    Ok((hdr.tag, hdr.op, Ok(resp)))
+}
+
+fn check_body_len(announced: u32, actual: usize) -> Result<(), DecodeError> {
+    if announced as usize != actual {
+        return Err(DecodeError::BodyLength { announced, actual });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::msg::Kind;
+    use crate::types::tests::attr;
+    use crate::*;
+
+    const ENV: Envelope = Envelope { tag: 0x1122_3344_5566_7788, uid: 1000, gid: 100 };
+
+    fn cap() -> Capability {
+        Capability { object_id: 77, rights: RIGHT_READ, expiry_unix_ns: 123, mac: [9; 32] }
+    }
+
+    /// One request of every op (Compound with chaining).
+    fn requests() -> Vec<Request> {
+        let n = |s: &str| s.as_bytes().to_vec();
+        vec![
+            Request::SessionOpen { client_name: "host-1/pid 42 ✓".into(), nonce: [1; 16], mac: [2; 32] },
+            Request::Lookup { parent: ROOT_INO, name: n("etc") },
+            Request::GetAttr { ino: 5 },
+            Request::SetAttr {
+                ino: 5,
+                set: SetAttr { size: Some(0), mtime: Some(TimeSet::Now), ..SetAttr::default() },
+            },
+            Request::Create {
+                parent: 2,
+                name: n("f"),
+                mode: 0o644,
+                exclusive: true,
+                hint: Some(LayoutHint { stripe_unit: 1 << 20, stripe_count: 4 }),
+            },
+            Request::Mkdir { parent: 2, name: vec![0xff, 0xfe], mode: 0o1777 },
+            Request::Readdir { ino: 2, cookie: 9, max_entries: 100 },
+            Request::Unlink { parent: 2, name: n("f") },
+            Request::Rmdir { parent: 2, name: n("d") },
+            Request::Rename { src_parent: 2, src_name: n("a"), dst_parent: 3, dst_name: n("b") },
+            Request::Symlink { parent: 2, name: n("l"), target: vec![b'x'; MAX_SYMLINK] },
+            Request::Readlink { ino: 8 },
+            Request::Link { ino: 8, new_parent: 2, new_name: vec![b'n'; MAX_NAME_WIRE] },
+            Request::Statfs,
+            Request::Open { ino: 8, flags: OPEN_READ | OPEN_WRITE | OPEN_TRUNC },
+            Request::Compound {
+                ops: vec![
+                    CompoundOp { chain: false, req: Request::Lookup { parent: 1, name: n("a") } },
+                    CompoundOp { chain: true, req: Request::Lookup { parent: 0, name: n("b") } },
+                    CompoundOp { chain: true, req: Request::Open { ino: 0, flags: 1 } },
+                    CompoundOp { chain: false, req: Request::Statfs },
+                ],
+            },
+        ]
+    }
+
+    /// One response of every variant, with the op it answers.
+    fn responses() -> Vec<(Op, Response)> {
+        let a = attr();
+        let entry = |name: &str, cookie| DirEntry {
+            name: name.as_bytes().to_vec(),
+            ino: cookie + 10,
+            kind: FileType::Directory,
+            cookie,
+        };
+        vec![
+            (Op::SessionOpen, Response::Session { session_id: 3, root: ROOT_INO }),
+            (Op::Lookup, Response::Entry { attr: a }),
+            (Op::SetAttr, Response::Attr { attr: a }),
+            (Op::Readdir, Response::Dir { entries: vec![entry(".", 1), entry("..", 2), entry("x", 3)], eof: true }),
+            (Op::Rename, Response::Done),
+            (Op::Readlink, Response::Link { target: b"/a/b".to_vec() }),
+            (
+                Op::Statfs,
+                Response::StatFs(StatFs {
+                    blocks: 10,
+                    bfree: 5,
+                    bavail: 4,
+                    files: 100,
+                    ffree: 50,
+                    bsize: 4096,
+                    namelen: NAME_MAX as u32,
+                }),
+            ),
+            (
+                Op::Open,
+                Response::Opened {
+                    attr: a,
+                    layout: Layout { object_id: 77, stripe_unit: 1 << 20, stripe_count: 2, servers: vec![0, 1] },
+                    cap: cap(),
+                },
+            ),
+            (
+                Op::Compound,
+                Response::Compound {
+                    results: vec![Ok(Response::Entry { attr: a }), Ok(Response::Done), Err(Errno::ENOENT)],
+                },
+            ),
+        ]
+    }
+
+    #[test]
+    fn every_request_round_trips() {
+        let reqs = requests();
+        for op in Op::ALL {
+            assert!(reqs.iter().any(|r| r.op() == *op), "no sample of {op}");
+        }
+        for req in reqs {
+            let b = encode_request(ENV, &req);
+            let hdr = RequestHeader::decode(&b).unwrap();
+            assert_eq!(b.len(), RequestHeader::SIZE + hdr.body_len as usize);
+            assert_eq!(decode_request(&b), Ok((ENV, req.clone())), "{req:?}");
+        }
+    }
+
+    #[test]
+    fn every_response_round_trips() {
+        for (op, resp) in responses() {
+            assert!(resp.answers(op));
+            let b = encode_reply(7, op, &Ok(resp.clone()));
+            assert_eq!(decode_reply(&b), Ok((7, op, Ok(resp))));
+        }
+        // Every op's answer has a sample variant.
+        for op in Op::ALL {
+            assert!(responses().iter().any(|(_, r)| Kind::answering(*op) == r.kind()), "{op}");
+        }
+        let b = encode_reply(8, Op::Mkdir, &Err(Errno::EEXIST));
+        assert_eq!(b.len(), ReplyHeader::SIZE);
+        assert_eq!(decode_reply(&b), Ok((8, Op::Mkdir, Err(Errno::EEXIST))));
+    }
+
+    #[test]
+    fn header_layout_is_the_documented_one() {
+        let b = RequestHeader::new(Op::Rename, ENV, 0x0a0b_0c0d).encode();
+        assert_eq!(&b[0..2], &PROTO_VERSION.to_le_bytes());
+        assert_eq!(&b[2..4], &10u16.to_le_bytes());
+        assert_eq!(&b[4..8], &[0; 4]);
+        assert_eq!(&b[8..16], &ENV.tag.to_le_bytes());
+        assert_eq!(&b[16..20], &ENV.uid.to_le_bytes());
+        assert_eq!(&b[20..24], &ENV.gid.to_le_bytes());
+        assert_eq!(&b[24..28], &0x0a0b_0c0du32.to_le_bytes());
+        assert_eq!(&b[28..32], &[0; 4]);
+        let b = ReplyHeader::new(Op::Open, 5, 2, 0).encode();
+        assert_eq!(&b[0..2], &PROTO_VERSION.to_le_bytes());
+        assert_eq!(&b[2..4], &15u16.to_le_bytes());
+        assert_eq!(&b[4..8], &2i32.to_le_bytes());
+        assert_eq!(&b[8..16], &5u64.to_le_bytes());
+        assert_eq!(&b[16..20], &[0; 4]);
+        assert_eq!(&b[20..32], &[0; 12]);
+    }
+
+    fn lookup() -> Vec<u8> {
+        encode_request(ENV, &Request::Lookup { parent: 1, name: b"abc".to_vec() })
+    }
+
+    fn set(b: &mut [u8], at: usize, v: &[u8]) {
+        b[at..at + v.len()].copy_from_slice(v);
+    }
+
+    #[test]
+    fn request_header_corruption_is_caught() {
+        let good = lookup();
+        let mut b = good.clone();
+        set(&mut b, 0, &2u16.to_le_bytes());
+        assert_eq!(decode_request(&b), Err(DecodeError::BadVersion(2)));
+        let mut b = good.clone();
+        set(&mut b, 2, &17u16.to_le_bytes());
+        assert_eq!(decode_request(&b), Err(DecodeError::UnknownOp(17)));
+        let mut b = good.clone();
+        set(&mut b, 2, &0u16.to_le_bytes());
+        assert_eq!(decode_request(&b), Err(DecodeError::UnknownOp(0)));
+        let mut b = good.clone();
+        b[4] = 1;
+        assert_eq!(decode_request(&b), Err(DecodeError::Reserved));
+        let mut b = good.clone();
+        b[31] = 0x80;
+        assert_eq!(decode_request(&b), Err(DecodeError::Reserved));
+        let mut b = good.clone();
+        set(&mut b, 24, &100u32.to_le_bytes());
+        assert_eq!(decode_request(&b), Err(DecodeError::BodyLength { announced: 100, actual: 15 }));
+        assert_eq!(
+            decode_request(&good[..31]),
+            Err(DecodeError::Truncated { what: "request header", needed: 32, left: 31 })
+        );
+        // A body cut short, with a header that agrees.
+        let mut b = good[..good.len() - 1].to_vec();
+        set(&mut b, 24, &14u32.to_le_bytes());
+        assert_eq!(decode_request(&b), Err(DecodeError::Truncated { what: "name", needed: 3, left: 2 }));
+        // Extra bytes the header counts but the body does not use.
+        let mut b = good.clone();
+        b.push(0);
+        set(&mut b, 24, &16u32.to_le_bytes());
+        assert_eq!(decode_request(&b), Err(DecodeError::Trailing(1)));
+        // The header alone decodes for a server that must reply.
+        let hdr = RequestHeader::decode(&good).unwrap();
+        assert_eq!((hdr.op, hdr.envelope(), hdr.body_len), (Op::Lookup, ENV, 15));
+    }
+
+    #[test]
+    fn reply_header_corruption_is_caught() {
+        let good = encode_reply(3, Op::Rmdir, &Ok(Response::Done));
+        let mut b = good.clone();
+        set(&mut b, 0, &0u16.to_le_bytes());
+        assert_eq!(decode_reply(&b), Err(DecodeError::BadVersion(0)));
+        let mut b = good.clone();
+        set(&mut b, 2, &999u16.to_le_bytes());
+        assert_eq!(decode_reply(&b), Err(DecodeError::UnknownOp(999)));
+        let mut b = good.clone();
+        b[20] = 1;
+        assert_eq!(decode_reply(&b), Err(DecodeError::Reserved));
+        let mut b = good.clone();
+        set(&mut b, 4, &(-5i32).to_le_bytes());
+        assert!(matches!(decode_reply(&b), Err(DecodeError::BadValue { what: "reply errno", .. })));
+        let mut b = good.clone();
+        set(&mut b, 4, &(MAX_ERRNO + 1).to_le_bytes());
+        assert!(matches!(decode_reply(&b), Err(DecodeError::BadValue { value: 4096, .. })));
+        // An error reply with a body.
+        let mut b = encode_reply(3, Op::Rmdir, &Err(Errno::ENOTEMPTY));
+        set(&mut b, 16, &1u32.to_le_bytes());
+        b.push(0);
+        assert!(matches!(decode_reply(&b), Err(DecodeError::BadValue { value: 1, .. })));
+        let mut b = good.clone();
+        b.push(0);
+        assert_eq!(decode_reply(&b), Err(DecodeError::BodyLength { announced: 0, actual: 1 }));
+        // Done with a byte of body the header counts.
+        set(&mut b, 16, &1u32.to_le_bytes());
+        assert_eq!(decode_reply(&b), Err(DecodeError::Trailing(1)));
+        assert!(matches!(decode_reply(&good[..0]), Err(DecodeError::Truncated { left: 0, .. })));
+    }
+
+    /// A request whose body is `body`, with a header that agrees.
+    fn raw_request(op: Op, body: &[u8]) -> Vec<u8> {
+        let mut b = RequestHeader::new(op, ENV, body.len() as u32).encode().to_vec();
+        b.extend_from_slice(body);
+        b
+    }
+
+    fn raw_reply(op: Op, body: &[u8]) -> Vec<u8> {
+        let mut b = ReplyHeader::new(op, 1, 0, body.len() as u32).encode().to_vec();
+        b.extend_from_slice(body);
+        b
+    }
+
+    fn le32(v: u32) -> [u8; 4] {
+        v.to_le_bytes()
+    }
+
+    #[test]
+    fn body_limits_are_enforced() {
+        // Name one byte over the wire limit.
+        let mut body = 1u64.to_le_bytes().to_vec();
+        body.extend_from_slice(&le32(MAX_NAME_WIRE as u32 + 1));
+        assert_eq!(
+            decode_request(&raw_request(Op::Lookup, &body)),
+            Err(DecodeError::TooLong { what: "name", len: 1025, max: 1024 })
+        );
+        // A huge count allocates nothing.
+        let body = le32(u32::MAX);
+        assert!(matches!(
+            decode_request(&raw_request(Op::Compound, &body)),
+            Err(DecodeError::TooLong { what: "compound ops", .. })
+        ));
+        assert!(matches!(
+            decode_reply(&raw_reply(Op::Readdir, &body)),
+            Err(DecodeError::TooLong { what: "readdir entries", max: 4096, .. })
+        ));
+        // 4096 entries promised, 21 bytes each needed, none there.
+        assert_eq!(
+            decode_reply(&raw_reply(Op::Readdir, &le32(4096))),
+            Err(DecodeError::Truncated { what: "readdir entries", needed: 4096 * 21, left: 0 })
+        );
+        let mut body = le32(MAX_CLIENT_NAME as u32 + 1).to_vec();
+        body.extend_from_slice(&[b'a'; MAX_CLIENT_NAME + 1 + 48]);
+        assert!(matches!(
+            decode_request(&raw_request(Op::SessionOpen, &body)),
+            Err(DecodeError::TooLong { max: 256, .. })
+        ));
+        let mut body = 1u64.to_le_bytes().to_vec();
+        body.extend_from_slice(&le32(0));
+        body.extend_from_slice(&le32(MAX_SYMLINK as u32 + 1));
+        assert!(matches!(
+            decode_request(&raw_request(Op::Symlink, &body)),
+            Err(DecodeError::TooLong { what: "symlink target", .. })
+        ));
+    }
+
+    #[test]
+    fn bad_values_in_bodies() {
+        let mut body = le32(2).to_vec();
+        body.extend_from_slice(&[0xc3, 0x28]);
+        body.extend_from_slice(&[0; 48]);
+        assert_eq!(decode_request(&raw_request(Op::SessionOpen, &body)), Err(DecodeError::NotUtf8("client name")));
+        let mut body = 8u64.to_le_bytes().to_vec();
+        body.extend_from_slice(&le32(8));
+        assert_eq!(
+            decode_request(&raw_request(Op::Open, &body)),
+            Err(DecodeError::BadValue { what: "open flags", value: 8 })
+        );
+        let mut body = 2u64.to_le_bytes().to_vec();
+        body.extend_from_slice(&le32(1));
+        body.push(b'f');
+        body.extend_from_slice(&le32(0o644));
+        body.push(2); // exclusive must be 0 or 1
+        body.push(0);
+        assert_eq!(
+            decode_request(&raw_request(Op::Create, &body)),
+            Err(DecodeError::BadValue { what: "create exclusive", value: 2 })
+        );
+        let mut body = 2u64.to_le_bytes().to_vec();
+        body.extend_from_slice(&le32(0));
+        body.extend_from_slice(&le32(0o40_755));
+        assert!(matches!(
+            decode_request(&raw_request(Op::Mkdir, &body)),
+            Err(DecodeError::BadValue { what: "mkdir mode", .. })
+        ));
+        // Readdir eof byte.
+        let mut body = le32(0).to_vec();
+        body.push(7);
+        assert!(matches!(
+            decode_reply(&raw_reply(Op::Readdir, &body)),
+            Err(DecodeError::BadValue { what: "readdir eof", value: 7 })
+        ));
+    }
+
+    /// A compound request body from (flags, op, body) triples.
+    fn compound(ops: &[(u8, Op, &[u8])]) -> Vec<u8> {
+        let mut body = le32(ops.len() as u32).to_vec();
+        for (flags, op, b) in ops {
+            body.push(*flags);
+            body.extend_from_slice(&u16::from(*op).to_le_bytes());
+            body.extend_from_slice(b);
+        }
+        raw_request(Op::Compound, &body)
+    }
+
+    #[test]
+    fn compound_request_rules() {
+        let ino = 5u64.to_le_bytes();
+        assert!(decode_request(&compound(&[(0, Op::GetAttr, &ino), (1, Op::Readlink, &ino)])).is_ok());
+        let inner = compound(&[(0, Op::Statfs, &[])]);
+        let nested = compound(&[(0, Op::Compound, &inner[RequestHeader::SIZE..])]);
+        assert_eq!(decode_request(&nested), Err(DecodeError::NestedCompound));
+        let mut sess = le32(0).to_vec();
+        sess.extend_from_slice(&[0; 48]);
+        assert!(matches!(
+            decode_request(&compound(&[(0, Op::SessionOpen, &sess)])),
+            Err(DecodeError::BadValue { value: 1, .. })
+        ));
+        assert!(matches!(
+            decode_request(&compound(&[(1, Op::GetAttr, &ino)])),
+            Err(DecodeError::BadValue { what: "chain flag on the first op of a Compound", .. })
+        ));
+        assert!(matches!(
+            decode_request(&compound(&[(0, Op::GetAttr, &ino), (1, Op::Statfs, &[])])),
+            Err(DecodeError::BadValue { what: "chain flag on an op without an inode argument", value: 14 })
+        ));
+        assert!(matches!(
+            decode_request(&compound(&[(2, Op::GetAttr, &ino)])),
+            Err(DecodeError::BadValue { what: "compound op flags", value: 2 })
+        ));
+        let mut b = compound(&[(0, Op::GetAttr, &ino)]);
+        set(&mut b, RequestHeader::SIZE + 5, &40u16.to_le_bytes());
+        assert_eq!(decode_request(&b), Err(DecodeError::UnknownOp(40)));
+        let seventeen: Vec<(u8, Op, &[u8])> = vec![(0, Op::Statfs, &[]); MAX_COMPOUND + 1];
+        assert!(matches!(decode_request(&compound(&seventeen)), Err(DecodeError::TooLong { len: 17, max: 16, .. })));
+        assert_eq!(decode_request(&compound(&[])), Ok((ENV, Request::Compound { ops: vec![] })));
+    }
+
+    #[test]
+    fn compound_reply_rules() {
+        let results = |rs: Vec<Result<Response, Errno>>| Response::Compound { results: rs };
+        // Only the last result may be an error.
+        let bad = results(vec![Err(Errno::EIO), Ok(Response::Done)]);
+        assert!(!bad.answers(Op::Compound));
+        let mut w = Writer::default();
+        bad.put_body(&mut w);
+        assert!(matches!(
+            decode_reply(&raw_reply(Op::Compound, &w.into_vec())),
+            Err(DecodeError::BadValue { value: 1, .. })
+        ));
+        // No Compound or Session inside.
+        for (inner, want) in [
+            (results(vec![]), DecodeError::NestedCompound),
+            (
+                Response::Session { session_id: 1, root: 1 },
+                DecodeError::BadValue { what: "compound result kind", value: 1 },
+            ),
+        ] {
+            let r = results(vec![Ok(inner)]);
+            assert!(!r.answers(Op::Compound));
+            let mut w = Writer::default();
+            r.put_body(&mut w);
+            assert_eq!(decode_reply(&raw_reply(Op::Compound, &w.into_vec())), Err(want));
+        }
+        let mut body = le32(1).to_vec();
+        body.extend_from_slice(&0i32.to_le_bytes());
+        body.push(10);
+        assert!(matches!(decode_reply(&raw_reply(Op::Compound, &body)), Err(DecodeError::BadValue { value: 10, .. })));
+        let mut body = le32(1).to_vec();
+        body.extend_from_slice(&(-1i32).to_le_bytes());
+        assert!(matches!(
+            decode_reply(&raw_reply(Op::Compound, &body)),
+            Err(DecodeError::BadValue { what: "compound result errno", value: 0xffff_ffff })
+        ));
+    }
+
+    #[test]
+    fn answers_matches_ops() {
+        assert!(Response::Done.answers(Op::Unlink));
+        assert!(!Response::Done.answers(Op::Lookup));
+        assert!(Response::Entry { attr: attr() }.answers(Op::Link));
+        assert!(!Response::Entry { attr: attr() }.answers(Op::GetAttr));
+    }
+
+    #[test]
+    #[should_panic(expected = "not a well-formed answer to Lookup")]
+    fn encoding_a_wrong_answer_panics() {
+        encode_reply(1, Op::Lookup, &Ok(Response::Done));
+    }
+
+    #[test]
+    #[should_panic(expected = "errno 0 cannot travel")]
+    fn encoding_errno_zero_panics() {
+        encode_reply(1, Op::Lookup, &Err(Errno(0)));
+    }
+
+    #[test]
+    fn chaining() {
+        let mut op = CompoundOp {
+            chain: true,
+            req: Request::Rename { src_parent: 0, src_name: vec![], dst_parent: 9, dst_name: vec![] },
+        };
+        *op.primary_ino_mut().unwrap() = 4;
+        assert!(matches!(op.req, Request::Rename { src_parent: 4, dst_parent: 9, .. }));
+        assert_eq!(
+            op.clone().resolve(Some(6)).unwrap(),
+            Request::Rename { src_parent: 6, src_name: vec![], dst_parent: 9, dst_name: vec![] }
+        );
+        assert_eq!(op.clone().resolve(None), Err(Errno::EINVAL));
+        let statfs = CompoundOp { chain: true, req: Request::Statfs };
+        assert_eq!(statfs.resolve(Some(1)), Err(Errno::EINVAL));
+        let unchained = CompoundOp { chain: false, req: Request::GetAttr { ino: 3 } };
+        assert_eq!(unchained.resolve(Some(1)), Ok(Request::GetAttr { ino: 3 }));
+        let produced = Response::Opened {
+            attr: attr(),
+            layout: Layout { object_id: 1, stripe_unit: 0, stripe_count: 0, servers: vec![] },
+            cap: cap(),
+        };
+        assert_eq!(produced.ino(), Some(attr().ino));
+        assert_eq!(Response::Session { session_id: 1, root: ROOT_INO }.ino(), Some(ROOT_INO));
+        assert_eq!(Response::Done.ino(), None);
+    }
+
+    #[test]
+    fn op_numbers_are_stable() {
+        let want: Vec<u16> = (1..=16).collect();
+        let got: Vec<u16> = Op::ALL.iter().map(|op| u16::from(*op)).collect();
+        assert_eq!(got, want);
+        for op in Op::ALL {
+            assert_eq!(Op::from_u16(u16::from(*op)), Some(*op));
+        }
+        assert_eq!(Op::Compound.to_string(), "Compound");
+    }
+
+    #[test]
+    fn errors_say_why() {
+        assert_eq!(
+            DecodeError::Truncated { what: "name", needed: 3, left: 2 }.to_string(),
+            "truncated name: needs 3 bytes, 2 left"
+        );
+        assert_eq!(DecodeError::BadVersion(9).to_string(), "protocol version 9 is not supported (this side speaks 1)");
+    }
+}

@@ -1,0 +1,167 @@
+//! dafne's metadata wire contract: what a client and the metadata server say
+//! to each other inside the transport's `Request`/`Reply` frames.
+//!
+//! This crate does no I/O. It turns [`Request`]s and [`Response`]s into bytes
+//! and back, and treats every byte it decodes as hostile: decoding never
+//! panics, never allocates more than the input's length justifies (every
+//! count read from the wire is checked against a stated maximum *and* against
+//! the bytes that remain before anything is reserved), and says exactly why
+//! it refused, with a [`DecodeError`].
+//!
+//! # Messages
+//!
+//! Every message is a 32-byte header followed by a body. All integers are
+//! little-endian; there is no padding and no alignment inside a body.
+//!
+//! Request header ([`RequestHeader`]):
+//! ```text
+//! offset size field
+//!      0    2 version   PROTO_VERSION
+//!      2    2 op        Op (table below)
+//!      4    4 flags     must be 0
+//!      8    8 tag       the client's request id, echoed in the reply
+//!     16    4 uid       caller's credentials, checked by the server
+//!     20    4 gid
+//!     24    4 body_len  bytes that follow the header, exactly
+//!     28    4 reserved  must be 0
+//! ```
+//! Reply header ([`ReplyHeader`]):
+//! ```text
+//! offset size field
+//!      0    2 version   PROTO_VERSION
+//!      2    2 op        the op of the request answered
+//!      4    4 errno     i32: 0 = success, else a Linux errno in 1..=MAX_ERRNO
+//!      8    8 tag       the request's tag
+//!     16    4 body_len  bytes that follow; 0 when errno != 0
+//!     20   12 reserved  must be 0
+//! ```
+//!
+//! # Ops
+//!
+//! | op | number | request body | reply body ([`Response`]) |
+//! |---|---|---|---|
+//! | SessionOpen | 1 | client_name str, nonce \[16\], mac \[32\] | `Session`: session_id u64, root u64 |
+//! | Lookup | 2 | parent u64, name | `Entry`: attr |
+//! | GetAttr | 3 | ino u64 | `Attr`: attr |
+//! | SetAttr | 4 | ino u64, setattr | `Attr`: attr |
+//! | Create | 5 | parent u64, name, mode u32, exclusive u8, hint? | `Entry`: attr |
+//! | Mkdir | 6 | parent u64, name, mode u32 | `Entry`: attr |
+//! | Readdir | 7 | ino u64, cookie u64, max_entries u32 | `Dir`: n u32, n × dirent, eof u8 |
+//! | Unlink | 8 | parent u64, name | `Done`: empty |
+//! | Rmdir | 9 | parent u64, name | `Done`: empty |
+//! | Rename | 10 | src_parent u64, src_name, dst_parent u64, dst_name | `Done`: empty |
+//! | Symlink | 11 | parent u64, name, target | `Entry`: attr |
+//! | Readlink | 12 | ino u64 | `Link`: target |
+//! | Link | 13 | ino u64, new_parent u64, new_name | `Entry`: attr |
+//! | Statfs | 14 | empty | `StatFs`: blocks, bfree, bavail, files, ffree u64; bsize, namelen u32 |
+//! | Open | 15 | ino u64, flags u32 | `Opened`: attr, layout, capability |
+//! | Compound | 16 | n u32 (≤ MAX_COMPOUND), n × {flags u8, op u16, body} | `Compound`: n u32, n × {errno i32, if 0: kind u8, body} |
+//!
+//! Numbers are never reused: a retired op keeps its number, unassigned.
+//!
+//! Building blocks:
+//! * `name`, `target`, `str`: u32 length + bytes. A name is at most
+//!   [`MAX_NAME_WIRE`] bytes on the wire (the server itself answers
+//!   `ENAMETOOLONG` above [`NAME_MAX`]), a symlink target at most
+//!   [`MAX_SYMLINK`], a client name at most [`MAX_CLIENT_NAME`] and UTF-8.
+//! * bool, and the presence byte of an optional field: u8, 0 or 1.
+//! * `hint?`: presence u8, then stripe_unit u32, stripe_count u32.
+//! * `timespec`: sec i64, nsec u32 (< 10⁹). 12 bytes.
+//! * `attr`: ino u64, kind u8 ([`FileType`]), mode u32 (only bits of
+//!   [`MODE_MASK`]), nlink u32, uid u32, gid u32, size u64, blocks u64,
+//!   atime, mtime, ctime. 77 bytes.
+//! * `setattr`: mask u32, then the fields the mask names, in bit order:
+//!   bit 0 mode u32, 1 uid u32, 2 gid u32, 3 size u64, 4 atime timespec,
+//!   5 atime = now (no bytes), 6 mtime timespec, 7 mtime = now (no bytes).
+//!   Bits 4 and 5 (6 and 7) together, or any other bit, are refused.
+//! * `dirent`: name, ino u64, kind u8, cookie u64; at most
+//!   [`MAX_READDIR_ENTRIES`] per reply.
+//! * `layout`: object_id u64, stripe_unit u32, stripe_count u32, n u32
+//!   (≤ [`MAX_LAYOUT_SERVERS`]), n × server id u32.
+//! * `capability`: object_id u64, rights u8 ([`RIGHT_READ`] | [`RIGHT_WRITE`]),
+//!   expiry_unix_ns u64, mac \[32\].
+//!
+//! # Compound requests and chaining
+//!
+//! A `Compound` carries up to [`MAX_COMPOUND`] ops, each with a flags byte
+//! whose bit 0 is `chain` (other bits are refused). As in DAFS, a chained op's
+//! primary inode argument is replaced by the inode the previous op produced
+//! ([`Response::ino`]); see [`CompoundOp::primary_ino_mut`] for which argument
+//! that is. The decoder refuses a Compound inside a Compound, a SessionOpen
+//! inside a Compound, `chain` on the first op, and `chain` on an op without
+//! an inode argument (Statfs). The server runs the ops in order and stops at
+//! the first error, so in the reply only the last result may be an error.
+//! A compound result names its [`Response`] variant with a kind byte:
+//! Entry 2, Attr 3, Dir 4, Done 5, Link 6, StatFs 7, Opened 8 (Session 1 and
+//! Compound 9 cannot occur there).
+//!
+//! # Canonical encoding
+//!
+//! Every value has exactly one encoding and the decoder accepts nothing else,
+//! so `encode(decode(bytes)) == bytes` whenever `decode` succeeds (the fuzz
+//! target `proto` checks this). Encoders do not validate limits: a value
+//! beyond a limit (a 2000-byte name, a Compound inside a Compound) encodes,
+//! and the receiver refuses it.
+//!
+//! # Versions
+//!
+//! Both ends must speak the same [`PROTO_VERSION`]; a receiver refuses any
+//! other with [`DecodeError::BadVersion`] (there is no negotiation yet). Bump
+//! it for *every* change to what a decoder accepts or how it reads it: a new
+//! op, a field added, removed, resized or reordered, a new flag or mask bit,
+//! a new enum value, a changed limit. Numbers (ops, errno values, file types,
+//! compound result kinds, bits) are never reused for something else.
+#![forbid(unsafe_code)]
+
+mod errno;
+mod error;
+mod frame;
+mod msg;
+mod types;
+mod wire;
+
+pub use errno::{Errno, MAX_ERRNO};
+pub use error::DecodeError;
+pub use frame::{decode_reply, decode_request, encode_reply, encode_request, Envelope, ReplyHeader, RequestHeader};
+pub use msg::{CompoundOp, Op, Request, Response};
+pub use types::{Attr, Capability, DirEntry, FileType, Layout, LayoutHint, SetAttr, StatFs, TimeSet, Timespec};
+
+/// Version of this wire contract, first field of every header.
+pub const PROTO_VERSION: u16 = 1;
+
+/// An inode number.
+pub type Ino = u64;
+/// The inode of the file system's root directory.
+pub const ROOT_INO: Ino = 1;
+
+/// Most bytes a name (a path component) may have on the wire.
+pub const MAX_NAME_WIRE: usize = 1024;
+/// Most bytes of a name the server accepts; it answers `ENAMETOOLONG` for a
+/// longer name that still fits [`MAX_NAME_WIRE`].
+pub const NAME_MAX: usize = 255;
+/// Most bytes of a symbolic link's target.
+pub const MAX_SYMLINK: usize = 4096;
+/// Most bytes of the client name in `SessionOpen`.
+pub const MAX_CLIENT_NAME: usize = 256;
+/// Most ops in one `Compound`.
+pub const MAX_COMPOUND: usize = 16;
+/// Most entries in one `Readdir` reply; the server clamps `max_entries` to it.
+pub const MAX_READDIR_ENTRIES: usize = 4096;
+/// Most io servers in one [`Layout`].
+pub const MAX_LAYOUT_SERVERS: usize = 256;
+
+/// The permission bits a mode may carry (rwx for user, group, other, plus
+/// setuid, setgid and sticky); the file type travels separately.
+pub const MODE_MASK: u32 = 0o7777;
+
+/// [`Capability::rights`]: may read the object.
+pub const RIGHT_READ: u8 = 1;
+/// [`Capability::rights`]: may write the object.
+pub const RIGHT_WRITE: u8 = 2;
+
+/// `Open` flags: open for reading.
+pub const OPEN_READ: u32 = 1;
+/// `Open` flags: open for writing.
+pub const OPEN_WRITE: u32 = 2;
+/// `Open` flags: truncate to zero length.
+pub const OPEN_TRUNC: u32 = 4;

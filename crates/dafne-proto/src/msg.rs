@@ -1,0 +1,640 @@
+//! Ops, request bodies and reply bodies.
+
+use std::fmt;
+
+use crate::types::{get_mode, DIRENT_MIN_SIZE};
+use crate::wire::{Reader, Wire, Writer};
+use crate::{
+    Attr, Capability, DecodeError, DirEntry, Errno, Ino, Layout, LayoutHint, SetAttr, StatFs, MAX_CLIENT_NAME,
+    MAX_COMPOUND, MAX_NAME_WIRE, MAX_READDIR_ENTRIES, MAX_SYMLINK, OPEN_READ, OPEN_TRUNC, OPEN_WRITE,
+};
+
+macro_rules! ops {
+    ($($(#[$doc:meta])* $name:ident = $num:literal,)*) => {
+        /// What a request asks for. The numbers are the wire's and are never
+        /// reused (the table with bodies is in the crate docs).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[repr(u16)]
+        pub enum Op {
+            $($(#[$doc])* $name = $num,)*
+        }
+
+        impl Op {
+            /// Every op, in number order.
+            pub const ALL: &'static [Op] = &[$(Op::$name,)*];
+
+            /// The op with this wire number.
+            pub fn from_u16(v: u16) -> Option<Op> {
+                match v {
+                    $($num => Some(Op::$name),)*
+                    _ => None,
+                }
+            }
+
+            /// The op's name, as in the table.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(Op::$name => stringify!($name),)*
+                }
+            }
+        }
+    };
+}
+
+ops! {
+    /// Open a session: authenticates the client, returns the root inode.
+    SessionOpen = 1,
+    /// Find a name in a directory.
+    Lookup = 2,
+    GetAttr = 3,
+    SetAttr = 4,
+    /// Create a regular file.
+    Create = 5,
+    Mkdir = 6,
+    Readdir = 7,
+    Unlink = 8,
+    Rmdir = 9,
+    Rename = 10,
+    Symlink = 11,
+    Readlink = 12,
+    /// Make a hard link.
+    Link = 13,
+    Statfs = 14,
+    /// Open a regular file for I/O: returns its layout and a capability.
+    Open = 15,
+    /// Several ops run in order, possibly chained.
+    Compound = 16,
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl From<Op> for u16 {
+    fn from(op: Op) -> u16 {
+        op as u16
+    }
+}
+
+/// A request body. Names and targets are bytes (POSIX names need not be
+/// UTF-8); the server applies `NAME_MAX` and the rules about `/`, NUL, `.`
+/// and `..`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Request {
+    SessionOpen {
+        /// UTF-8, at most [`MAX_CLIENT_NAME`] bytes.
+        client_name: String,
+        nonce: [u8; 16],
+        /// The client's proof of the cluster secret (the metadata server
+        /// defines what it covers).
+        mac: [u8; 32],
+    },
+    Lookup {
+        parent: Ino,
+        name: Vec<u8>,
+    },
+    GetAttr {
+        ino: Ino,
+    },
+    SetAttr {
+        ino: Ino,
+        set: SetAttr,
+    },
+    Create {
+        parent: Ino,
+        name: Vec<u8>,
+        mode: u32,
+        /// Fail with `EEXIST` if the name exists (`O_EXCL`).
+        exclusive: bool,
+        hint: Option<LayoutHint>,
+    },
+    Mkdir {
+        parent: Ino,
+        name: Vec<u8>,
+        mode: u32,
+    },
+    Readdir {
+        ino: Ino,
+        /// 0 to start; else the cookie of the last entry received.
+        cookie: u64,
+        /// Most entries wanted; the server sends at most
+        /// `min(max_entries, MAX_READDIR_ENTRIES)`.
+        max_entries: u32,
+    },
+    Unlink {
+        parent: Ino,
+        name: Vec<u8>,
+    },
+    Rmdir {
+        parent: Ino,
+        name: Vec<u8>,
+    },
+    Rename {
+        src_parent: Ino,
+        src_name: Vec<u8>,
+        dst_parent: Ino,
+        dst_name: Vec<u8>,
+    },
+    Symlink {
+        parent: Ino,
+        name: Vec<u8>,
+        /// At most [`MAX_SYMLINK`] bytes.
+        target: Vec<u8>,
+    },
+    Readlink {
+        ino: Ino,
+    },
+    Link {
+        ino: Ino,
+        new_parent: Ino,
+        new_name: Vec<u8>,
+    },
+    Statfs,
+    Open {
+        ino: Ino,
+        /// [`OPEN_READ`] | [`OPEN_WRITE`] | [`OPEN_TRUNC`].
+        flags: u32,
+    },
+    Compound {
+        /// At most [`MAX_COMPOUND`]; no `Compound` or `SessionOpen` inside.
+        ops: Vec<CompoundOp>,
+    },
+}
+
+/// One op of a `Compound`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CompoundOp {
+    /// Replace this op's primary inode argument with the inode the previous
+    /// op produced ([`Response::ino`]).
+    pub chain: bool,
+    pub req: Request,
+}
+
+/// Compound op flags: bit 0.
+const CHAIN: u8 = 1;
+/// Smallest encoded compound op: flags u8 + op u16 + empty body (Statfs).
+const COMPOUND_OP_MIN_SIZE: usize = 3;
+
+impl CompoundOp {
+    /// The argument chaining replaces: `parent` for Lookup, Create, Mkdir,
+    /// Unlink, Rmdir and Symlink; `ino` for GetAttr, SetAttr, Readdir,
+    /// Readlink, Open and Link; `src_parent` for Rename. `None` for Statfs
+    /// (and for SessionOpen and Compound, which cannot be inside a Compound).
+    pub fn primary_ino_mut(&mut self) -> Option<&mut Ino> {
+        match &mut self.req {
+            Request::Lookup { parent, .. }
+            | Request::Create { parent, .. }
+            | Request::Mkdir { parent, .. }
+            | Request::Unlink { parent, .. }
+            | Request::Rmdir { parent, .. }
+            | Request::Symlink { parent, .. } => Some(parent),
+            Request::GetAttr { ino }
+            | Request::SetAttr { ino, .. }
+            | Request::Readdir { ino, .. }
+            | Request::Readlink { ino }
+            | Request::Open { ino, .. }
+            | Request::Link { ino, .. } => Some(ino),
+            Request::Rename { src_parent, .. } => Some(src_parent),
+            Request::Statfs | Request::SessionOpen { .. } | Request::Compound { .. } => None,
+        }
+    }
+
+    /// The request to run, given the inode the previous op produced (`None`
+    /// for the first op, or when the previous op produced none): chaining
+    /// applied. `EINVAL` if the op is chained but there is nothing to chain
+    /// from, or it has no inode argument.
+    pub fn resolve(mut self, prev: Option<Ino>) -> Result<Request, Errno> {
+        if self.chain {
+            let prev = prev.ok_or(Errno::EINVAL)?;
+            *self.primary_ino_mut().ok_or(Errno::EINVAL)? = prev;
+        }
+        Ok(self.req)
+    }
+}
+
+fn get_name(r: &mut Reader<'_>, what: &'static str) -> Result<Vec<u8>, DecodeError> {
+    r.bytes(what, MAX_NAME_WIRE)
+}
+
+impl Request {
+    /// The op this request is.
+    pub fn op(&self) -> Op {
+        match self {
+            Request::SessionOpen { .. } => Op::SessionOpen,
+            Request::Lookup { .. } => Op::Lookup,
+            Request::GetAttr { .. } => Op::GetAttr,
+            Request::SetAttr { .. } => Op::SetAttr,
+            Request::Create { .. } => Op::Create,
+            Request::Mkdir { .. } => Op::Mkdir,
+            Request::Readdir { .. } => Op::Readdir,
+            Request::Unlink { .. } => Op::Unlink,
+            Request::Rmdir { .. } => Op::Rmdir,
+            Request::Rename { .. } => Op::Rename,
+            Request::Symlink { .. } => Op::Symlink,
+            Request::Readlink { .. } => Op::Readlink,
+            Request::Link { .. } => Op::Link,
+            Request::Statfs => Op::Statfs,
+            Request::Open { .. } => Op::Open,
+            Request::Compound { .. } => Op::Compound,
+        }
+    }
+
+    pub(crate) fn put_body(&self, w: &mut Writer) {
+        match self {
+            Request::SessionOpen { client_name, nonce, mac } => {
+                w.put_bytes(client_name.as_bytes());
+                w.put_raw(nonce);
+                w.put_raw(mac);
+            }
+            Request::Lookup { parent, name } | Request::Unlink { parent, name } | Request::Rmdir { parent, name } => {
+                w.put_u64(*parent);
+                w.put_bytes(name);
+            }
+            Request::GetAttr { ino } | Request::Readlink { ino } => w.put_u64(*ino),
+            Request::SetAttr { ino, set } => {
+                w.put_u64(*ino);
+                set.put(w);
+            }
+            Request::Create { parent, name, mode, exclusive, hint } => {
+                w.put_u64(*parent);
+                w.put_bytes(name);
+                w.put_u32(*mode);
+                w.put_bool(*exclusive);
+                hint.put(w);
+            }
+            Request::Mkdir { parent, name, mode } => {
+                w.put_u64(*parent);
+                w.put_bytes(name);
+                w.put_u32(*mode);
+            }
+            Request::Readdir { ino, cookie, max_entries } => {
+                w.put_u64(*ino);
+                w.put_u64(*cookie);
+                w.put_u32(*max_entries);
+            }
+            Request::Rename { src_parent, src_name, dst_parent, dst_name } => {
+                w.put_u64(*src_parent);
+                w.put_bytes(src_name);
+                w.put_u64(*dst_parent);
+                w.put_bytes(dst_name);
+            }
+            Request::Symlink { parent, name, target } => {
+                w.put_u64(*parent);
+                w.put_bytes(name);
+                w.put_bytes(target);
+            }
+            Request::Link { ino, new_parent, new_name } => {
+                w.put_u64(*ino);
+                w.put_u64(*new_parent);
+                w.put_bytes(new_name);
+            }
+            Request::Statfs => {}
+            Request::Open { ino, flags } => {
+                w.put_u64(*ino);
+                w.put_u32(*flags);
+            }
+            Request::Compound { ops } => {
+                w.put_len(ops.len());
+                for op in ops {
+                    w.put_u8(if op.chain { CHAIN } else { 0 });
+                    w.put_u16(op.req.op().into());
+                    op.req.put_body(w);
+                }
+            }
+        }
+    }
+
+    /// Decodes the body of an `op` request (the caller checks that nothing
+    /// trails it).
+    pub(crate) fn get_body(op: Op, r: &mut Reader<'_>) -> Result<Request, DecodeError> {
+        Ok(match op {
+            Op::SessionOpen => {
+                let name = r.bytes("client name", MAX_CLIENT_NAME)?;
+                Request::SessionOpen {
+                    client_name: String::from_utf8(name).map_err(|_| DecodeError::NotUtf8("client name"))?,
+                    nonce: r.array("session nonce")?,
+                    mac: r.array("session mac")?,
+                }
+            }
+            Op::Lookup => Request::Lookup { parent: r.u64("parent")?, name: get_name(r, "name")? },
+            Op::GetAttr => Request::GetAttr { ino: r.u64("ino")? },
+            Op::SetAttr => Request::SetAttr { ino: r.u64("ino")?, set: SetAttr::get(r)? },
+            Op::Create => Request::Create {
+                parent: r.u64("parent")?,
+                name: get_name(r, "name")?,
+                mode: get_mode(r, "create mode")?,
+                exclusive: r.bool("create exclusive")?,
+                hint: Option::get(r)?,
+            },
+            Op::Mkdir => Request::Mkdir {
+                parent: r.u64("parent")?,
+                name: get_name(r, "name")?,
+                mode: get_mode(r, "mkdir mode")?,
+            },
+            Op::Readdir => Request::Readdir {
+                ino: r.u64("ino")?,
+                cookie: r.u64("readdir cookie")?,
+                max_entries: r.u32("readdir max_entries")?,
+            },
+            Op::Unlink => Request::Unlink { parent: r.u64("parent")?, name: get_name(r, "name")? },
+            Op::Rmdir => Request::Rmdir { parent: r.u64("parent")?, name: get_name(r, "name")? },
+            Op::Rename => Request::Rename {
+                src_parent: r.u64("rename src_parent")?,
+                src_name: get_name(r, "rename src_name")?,
+                dst_parent: r.u64("rename dst_parent")?,
+                dst_name: get_name(r, "rename dst_name")?,
+            },
+            Op::Symlink => Request::Symlink {
+                parent: r.u64("parent")?,
+                name: get_name(r, "name")?,
+                target: r.bytes("symlink target", MAX_SYMLINK)?,
+            },
+            Op::Readlink => Request::Readlink { ino: r.u64("ino")? },
+            Op::Link => Request::Link {
+                ino: r.u64("ino")?,
+                new_parent: r.u64("link new_parent")?,
+                new_name: get_name(r, "link new_name")?,
+            },
+            Op::Statfs => Request::Statfs,
+            Op::Open => {
+                let ino = r.u64("ino")?;
+                let flags = r.u32("open flags")?;
+                if flags & !(OPEN_READ | OPEN_WRITE | OPEN_TRUNC) != 0 {
+                    return Err(DecodeError::BadValue { what: "open flags", value: flags.into() });
+                }
+                Request::Open { ino, flags }
+            }
+            Op::Compound => Request::Compound { ops: get_compound_ops(r)? },
+        })
+    }
+}
+
+fn get_compound_ops(r: &mut Reader<'_>) -> Result<Vec<CompoundOp>, DecodeError> {
+    let n = r.count("compound ops", MAX_COMPOUND, COMPOUND_OP_MIN_SIZE)?;
+    let mut ops = Vec::with_capacity(n);
+    for i in 0..n {
+        let flags = r.u8("compound op flags")?;
+        if flags & !CHAIN != 0 {
+            return Err(DecodeError::BadValue { what: "compound op flags", value: flags.into() });
+        }
+        let raw = r.u16("compound op")?;
+        let op = Op::from_u16(raw).ok_or(DecodeError::UnknownOp(raw))?;
+        match op {
+            Op::Compound => return Err(DecodeError::NestedCompound),
+            Op::SessionOpen => {
+                return Err(DecodeError::BadValue {
+                    what: "op inside a Compound (SessionOpen is not allowed there)",
+                    value: raw.into(),
+                })
+            }
+            _ => {}
+        }
+        let mut cop = CompoundOp { chain: flags & CHAIN != 0, req: Request::get_body(op, r)? };
+        if cop.chain && i == 0 {
+            return Err(DecodeError::BadValue {
+                what: "chain flag on the first op of a Compound",
+                value: flags.into(),
+            });
+        }
+        if cop.chain && cop.primary_ino_mut().is_none() {
+            return Err(DecodeError::BadValue {
+                what: "chain flag on an op without an inode argument",
+                value: raw.into(),
+            });
+        }
+        ops.push(cop);
+    }
+    Ok(ops)
+}
+
+/// The body of a successful reply. Which variant answers which op is in the
+/// crate docs' table ([`Response::answers`]).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Response {
+    /// SessionOpen.
+    Session { session_id: u64, root: Ino },
+    /// Lookup, Create, Mkdir, Symlink, Link.
+    Entry { attr: Attr },
+    /// GetAttr, SetAttr.
+    Attr { attr: Attr },
+    /// Readdir: at most [`MAX_READDIR_ENTRIES`] entries; `eof` when the
+    /// directory has no more.
+    Dir { entries: Vec<DirEntry>, eof: bool },
+    /// Unlink, Rmdir, Rename.
+    Done,
+    /// Readlink.
+    Link { target: Vec<u8> },
+    /// Statfs.
+    StatFs(StatFs),
+    /// Open.
+    Opened { attr: Attr, layout: Layout, cap: Capability },
+    /// Compound: one result per op run, in order. The server stops at the
+    /// first error, so only the last may be `Err`.
+    Compound { results: Vec<Result<Response, Errno>> },
+}
+
+/// Which [`Response`] variant a body is: the wire's kind byte in compound
+/// results.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum Kind {
+    Session = 1,
+    Entry = 2,
+    Attr = 3,
+    Dir = 4,
+    Done = 5,
+    Link = 6,
+    StatFs = 7,
+    Opened = 8,
+    Compound = 9,
+}
+
+impl Kind {
+    fn from_u8(v: u8) -> Option<Kind> {
+        Some(match v {
+            1 => Kind::Session,
+            2 => Kind::Entry,
+            3 => Kind::Attr,
+            4 => Kind::Dir,
+            5 => Kind::Done,
+            6 => Kind::Link,
+            7 => Kind::StatFs,
+            8 => Kind::Opened,
+            9 => Kind::Compound,
+            _ => return None,
+        })
+    }
+
+    /// The variant that answers `op`.
+    pub(crate) fn answering(op: Op) -> Kind {
+        match op {
+            Op::SessionOpen => Kind::Session,
+            Op::Lookup | Op::Create | Op::Mkdir | Op::Symlink | Op::Link => Kind::Entry,
+            Op::GetAttr | Op::SetAttr => Kind::Attr,
+            Op::Readdir => Kind::Dir,
+            Op::Unlink | Op::Rmdir | Op::Rename => Kind::Done,
+            Op::Readlink => Kind::Link,
+            Op::Statfs => Kind::StatFs,
+            Op::Open => Kind::Opened,
+            Op::Compound => Kind::Compound,
+        }
+    }
+}
+
+/// Smallest encoded compound result: errno i32 + kind u8 + empty body.
+const COMPOUND_RESULT_MIN_SIZE: usize = 4;
+
+impl Response {
+    /// The inode this result produced, which a chained next op uses: the
+    /// attributes' inode for Entry, Attr and Opened, the root for Session.
+    pub fn ino(&self) -> Option<Ino> {
+        match self {
+            Response::Entry { attr } | Response::Attr { attr } | Response::Opened { attr, .. } => Some(attr.ino),
+            Response::Session { root, .. } => Some(*root),
+            Response::Dir { .. }
+            | Response::Done
+            | Response::Link { .. }
+            | Response::StatFs(_)
+            | Response::Compound { .. } => None,
+        }
+    }
+
+    /// Whether this is a well-formed answer to `op`: the right variant, and
+    /// for a Compound, results that may appear there (no Session or
+    /// Compound; only the last an error, with a valid errno).
+    pub fn answers(&self, op: Op) -> bool {
+        if self.kind() != Kind::answering(op) {
+            return false;
+        }
+        let Response::Compound { results } = self else {
+            return true;
+        };
+        results.len() <= MAX_COMPOUND
+            && results.iter().enumerate().all(|(i, res)| match res {
+                Ok(r) => !matches!(r.kind(), Kind::Session | Kind::Compound),
+                Err(e) => e.is_valid() && i + 1 == results.len(),
+            })
+    }
+
+    pub(crate) fn kind(&self) -> Kind {
+        match self {
+            Response::Session { .. } => Kind::Session,
+            Response::Entry { .. } => Kind::Entry,
+            Response::Attr { .. } => Kind::Attr,
+            Response::Dir { .. } => Kind::Dir,
+            Response::Done => Kind::Done,
+            Response::Link { .. } => Kind::Link,
+            Response::StatFs(_) => Kind::StatFs,
+            Response::Opened { .. } => Kind::Opened,
+            Response::Compound { .. } => Kind::Compound,
+        }
+    }
+
+    pub(crate) fn put_body(&self, w: &mut Writer) {
+        match self {
+            Response::Session { session_id, root } => {
+                w.put_u64(*session_id);
+                w.put_u64(*root);
+            }
+            Response::Entry { attr } | Response::Attr { attr } => attr.put(w),
+            Response::Dir { entries, eof } => {
+                w.put_len(entries.len());
+                for e in entries {
+                    e.put(w);
+                }
+                w.put_bool(*eof);
+            }
+            Response::Done => {}
+            Response::Link { target } => w.put_bytes(target),
+            Response::StatFs(s) => s.put(w),
+            Response::Opened { attr, layout, cap } => {
+                attr.put(w);
+                layout.put(w);
+                cap.put(w);
+            }
+            Response::Compound { results } => {
+                w.put_len(results.len());
+                for res in results {
+                    match res {
+                        Ok(resp) => {
+                            w.put_i32(0);
+                            w.put_u8(resp.kind() as u8);
+                            resp.put_body(w);
+                        }
+                        Err(e) => w.put_i32(e.0),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Decodes the body of the reply to `op` (the caller checks that
+    /// nothing trails it).
+    pub(crate) fn get_body(op: Op, r: &mut Reader<'_>) -> Result<Response, DecodeError> {
+        Response::get_kind(Kind::answering(op), r)
+    }
+
+    fn get_kind(kind: Kind, r: &mut Reader<'_>) -> Result<Response, DecodeError> {
+        Ok(match kind {
+            Kind::Session => Response::Session { session_id: r.u64("session id")?, root: r.u64("session root")? },
+            Kind::Entry => Response::Entry { attr: Attr::get(r)? },
+            Kind::Attr => Response::Attr { attr: Attr::get(r)? },
+            Kind::Dir => {
+                let n = r.count("readdir entries", MAX_READDIR_ENTRIES, DIRENT_MIN_SIZE)?;
+                let mut entries = Vec::with_capacity(n);
+                for _ in 0..n {
+                    entries.push(DirEntry::get(r)?);
+                }
+                Response::Dir { entries, eof: r.bool("readdir eof")? }
+            }
+            Kind::Done => Response::Done,
+            Kind::Link => Response::Link { target: r.bytes("symlink target", MAX_SYMLINK)? },
+            Kind::StatFs => Response::StatFs(StatFs::get(r)?),
+            Kind::Opened => Response::Opened { attr: Attr::get(r)?, layout: Layout::get(r)?, cap: Capability::get(r)? },
+            Kind::Compound => Response::Compound { results: get_compound_results(r)? },
+        })
+    }
+}
+
+fn get_compound_results(r: &mut Reader<'_>) -> Result<Vec<Result<Response, Errno>>, DecodeError> {
+    let n = r.count("compound results", MAX_COMPOUND, COMPOUND_RESULT_MIN_SIZE)?;
+    let mut results = Vec::with_capacity(n);
+    for i in 0..n {
+        if matches!(results.last(), Some(Err(_))) {
+            return Err(DecodeError::BadValue {
+                what: "compound result after an error (the server stops at the first)",
+                value: i as u64,
+            });
+        }
+        let errno = r.i32("compound result errno")?;
+        if errno != 0 {
+            results.push(Err(get_errno(errno, "compound result errno")?));
+            continue;
+        }
+        let raw = r.u8("compound result kind")?;
+        let kind = match Kind::from_u8(raw) {
+            Some(Kind::Compound) => return Err(DecodeError::NestedCompound),
+            Some(Kind::Session) | None => {
+                return Err(DecodeError::BadValue { what: "compound result kind", value: raw.into() })
+            }
+            Some(k) => k,
+        };
+        results.push(Ok(Response::get_kind(kind, r)?));
+    }
+    Ok(results)
+}
+
+/// A non-zero errno from the wire, which must be in `1..=MAX_ERRNO`.
+pub(crate) fn get_errno(raw: i32, what: &'static str) -> Result<Errno, DecodeError> {
+    let e = Errno(raw);
+    if !e.is_valid() {
+        return Err(DecodeError::BadValue {
+            what,
+            // Shown as the i32's bit pattern, so -1 reads as 4294967295.
+            value: u64::from(raw as u32),
+        });
+    }
+    Ok(e)
+}

@@ -1,0 +1,574 @@
+//! The values messages are made of, each with its wire encoding (layouts in
+//! the crate docs).
+
+use crate::wire::{Reader, Wire, Writer};
+use crate::{DecodeError, Ino, MAX_LAYOUT_SERVERS, MAX_NAME_WIRE, MODE_MASK, RIGHT_READ, RIGHT_WRITE};
+
+const NSEC_PER_SEC: u32 = 1_000_000_000;
+
+/// A point in time: seconds since the Unix epoch and nanoseconds
+/// (`nsec < 10⁹`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Timespec {
+    pub sec: i64,
+    pub nsec: u32,
+}
+
+impl Wire for Timespec {
+    fn put(&self, w: &mut Writer) {
+        w.put_i64(self.sec);
+        w.put_u32(self.nsec);
+    }
+
+    fn get(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        let sec = r.i64("timespec sec")?;
+        let nsec = r.u32("timespec nsec")?;
+        if nsec >= NSEC_PER_SEC {
+            return Err(DecodeError::BadValue { what: "timespec nsec (must be below 10^9)", value: nsec.into() });
+        }
+        Ok(Timespec { sec, nsec })
+    }
+}
+
+/// What an inode is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum FileType {
+    Regular = 1,
+    Directory = 2,
+    Symlink = 3,
+}
+
+impl FileType {
+    /// The file type with this wire number.
+    pub fn from_u8(v: u8) -> Option<FileType> {
+        match v {
+            1 => Some(FileType::Regular),
+            2 => Some(FileType::Directory),
+            3 => Some(FileType::Symlink),
+            _ => None,
+        }
+    }
+}
+
+impl Wire for FileType {
+    fn put(&self, w: &mut Writer) {
+        w.put_u8(*self as u8);
+    }
+
+    fn get(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        let v = r.u8("file type")?;
+        FileType::from_u8(v).ok_or(DecodeError::BadValue { what: "file type", value: v.into() })
+    }
+}
+
+/// Reads a mode and refuses bits outside [`MODE_MASK`].
+pub(crate) fn get_mode(r: &mut Reader<'_>, what: &'static str) -> Result<u32, DecodeError> {
+    let mode = r.u32(what)?;
+    if mode & !MODE_MASK != 0 {
+        return Err(DecodeError::BadValue { what, value: mode.into() });
+    }
+    Ok(mode)
+}
+
+/// An inode's attributes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Attr {
+    pub ino: Ino,
+    pub kind: FileType,
+    /// Permission bits including setuid, setgid and sticky (only bits of
+    /// [`MODE_MASK`]).
+    pub mode: u32,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    /// Bytes.
+    pub size: u64,
+    /// 512-byte blocks allocated.
+    pub blocks: u64,
+    pub atime: Timespec,
+    pub mtime: Timespec,
+    pub ctime: Timespec,
+}
+
+impl Wire for Attr {
+    fn put(&self, w: &mut Writer) {
+        w.put_u64(self.ino);
+        self.kind.put(w);
+        w.put_u32(self.mode);
+        w.put_u32(self.nlink);
+        w.put_u32(self.uid);
+        w.put_u32(self.gid);
+        w.put_u64(self.size);
+        w.put_u64(self.blocks);
+        self.atime.put(w);
+        self.mtime.put(w);
+        self.ctime.put(w);
+    }
+
+    fn get(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        Ok(Attr {
+            ino: r.u64("attr ino")?,
+            kind: FileType::get(r)?,
+            mode: get_mode(r, "attr mode")?,
+            nlink: r.u32("attr nlink")?,
+            uid: r.u32("attr uid")?,
+            gid: r.u32("attr gid")?,
+            size: r.u64("attr size")?,
+            blocks: r.u64("attr blocks")?,
+            atime: Timespec::get(r)?,
+            mtime: Timespec::get(r)?,
+            ctime: Timespec::get(r)?,
+        })
+    }
+}
+
+/// How a new file should be striped; 0 in a field means "the cluster's
+/// default".
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct LayoutHint {
+    pub stripe_unit: u32,
+    pub stripe_count: u32,
+}
+
+impl Wire for LayoutHint {
+    fn put(&self, w: &mut Writer) {
+        w.put_u32(self.stripe_unit);
+        w.put_u32(self.stripe_count);
+    }
+
+    fn get(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        Ok(LayoutHint { stripe_unit: r.u32("hint stripe_unit")?, stripe_count: r.u32("hint stripe_count")? })
+    }
+}
+
+impl<T: Wire> Wire for Option<T> {
+    fn put(&self, w: &mut Writer) {
+        w.put_bool(self.is_some());
+        if let Some(v) = self {
+            v.put(w);
+        }
+    }
+
+    fn get(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        if r.bool("presence byte of an optional field")? {
+            T::get(r).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+}
+
+/// Where a file's bytes live: which io servers hold its stripes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Layout {
+    pub object_id: u64,
+    pub stripe_unit: u32,
+    pub stripe_count: u32,
+    /// Io server ids, at most [`MAX_LAYOUT_SERVERS`].
+    pub servers: Vec<u32>,
+}
+
+impl Wire for Layout {
+    fn put(&self, w: &mut Writer) {
+        w.put_u64(self.object_id);
+        w.put_u32(self.stripe_unit);
+        w.put_u32(self.stripe_count);
+        w.put_len(self.servers.len());
+        for s in &self.servers {
+            w.put_u32(*s);
+        }
+    }
+
+    fn get(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        let object_id = r.u64("layout object_id")?;
+        let stripe_unit = r.u32("layout stripe_unit")?;
+        let stripe_count = r.u32("layout stripe_count")?;
+        let n = r.count("layout servers", MAX_LAYOUT_SERVERS, 4)?;
+        let mut servers = Vec::with_capacity(n);
+        for _ in 0..n {
+            servers.push(r.u32("layout server id")?);
+        }
+        Ok(Layout { object_id, stripe_unit, stripe_count, servers })
+    }
+}
+
+/// The metadata server's permission for a client to read and/or write an
+/// object on the io servers until `expiry_unix_ns`. The io servers check
+/// `mac` over [`Capability::signed_bytes`] with the cluster's secret.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Capability {
+    pub object_id: u64,
+    /// [`RIGHT_READ`] | [`RIGHT_WRITE`].
+    pub rights: u8,
+    pub expiry_unix_ns: u64,
+    pub mac: [u8; 32],
+}
+
+impl Capability {
+    /// Length of [`Capability::signed_bytes`].
+    pub const SIGNED_LEN: usize = 17;
+
+    /// The bytes the MAC covers: object_id (LE), rights, expiry_unix_ns (LE).
+    pub fn signed_bytes(&self) -> [u8; Self::SIGNED_LEN] {
+        let mut b = [0u8; Self::SIGNED_LEN];
+        b[..8].copy_from_slice(&self.object_id.to_le_bytes());
+        b[8] = self.rights;
+        b[9..].copy_from_slice(&self.expiry_unix_ns.to_le_bytes());
+        b
+    }
+}
+
+impl Wire for Capability {
+    fn put(&self, w: &mut Writer) {
+        w.put_u64(self.object_id);
+        w.put_u8(self.rights);
+        w.put_u64(self.expiry_unix_ns);
+        w.put_raw(&self.mac);
+    }
+
+    fn get(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        let object_id = r.u64("capability object_id")?;
+        let rights = r.u8("capability rights")?;
+        if rights & !(RIGHT_READ | RIGHT_WRITE) != 0 {
+            return Err(DecodeError::BadValue { what: "capability rights", value: rights.into() });
+        }
+        Ok(Capability {
+            object_id,
+            rights,
+            expiry_unix_ns: r.u64("capability expiry")?,
+            mac: r.array("capability mac")?,
+        })
+    }
+}
+
+/// One directory entry of a `Readdir` reply.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct DirEntry {
+    pub name: Vec<u8>,
+    pub ino: Ino,
+    pub kind: FileType,
+    /// Pass as `Readdir::cookie` to continue after this entry.
+    pub cookie: u64,
+}
+
+/// Smallest encoded [`DirEntry`] (empty name).
+pub(crate) const DIRENT_MIN_SIZE: usize = 4 + 8 + 1 + 8;
+
+impl Wire for DirEntry {
+    fn put(&self, w: &mut Writer) {
+        w.put_bytes(&self.name);
+        w.put_u64(self.ino);
+        self.kind.put(w);
+        w.put_u64(self.cookie);
+    }
+
+    fn get(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        Ok(DirEntry {
+            name: r.bytes("dirent name", MAX_NAME_WIRE)?,
+            ino: r.u64("dirent ino")?,
+            kind: FileType::get(r)?,
+            cookie: r.u64("dirent cookie")?,
+        })
+    }
+}
+
+/// A time to set: the server's clock, or a given time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TimeSet {
+    Now,
+    At(Timespec),
+}
+
+/// Which attributes `SetAttr` changes; `None` leaves one alone. A `size`
+/// truncates or extends.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct SetAttr {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<TimeSet>,
+    pub mtime: Option<TimeSet>,
+}
+
+// SetAttr mask bits; the fields follow in this order.
+const SET_MODE: u32 = 1 << 0;
+const SET_UID: u32 = 1 << 1;
+const SET_GID: u32 = 1 << 2;
+const SET_SIZE: u32 = 1 << 3;
+const SET_ATIME: u32 = 1 << 4;
+const SET_ATIME_NOW: u32 = 1 << 5;
+const SET_MTIME: u32 = 1 << 6;
+const SET_MTIME_NOW: u32 = 1 << 7;
+const SET_ALL: u32 = (1 << 8) - 1;
+
+impl SetAttr {
+    /// Whether it changes nothing.
+    pub fn is_empty(&self) -> bool {
+        *self == SetAttr::default()
+    }
+
+    fn mask(&self) -> u32 {
+        let bit = |present: bool, b: u32| if present { b } else { 0 };
+        let time = |t: Option<TimeSet>, at: u32, now: u32| match t {
+            None => 0,
+            Some(TimeSet::Now) => now,
+            Some(TimeSet::At(_)) => at,
+        };
+        bit(self.mode.is_some(), SET_MODE)
+            | bit(self.uid.is_some(), SET_UID)
+            | bit(self.gid.is_some(), SET_GID)
+            | bit(self.size.is_some(), SET_SIZE)
+            | time(self.atime, SET_ATIME, SET_ATIME_NOW)
+            | time(self.mtime, SET_MTIME, SET_MTIME_NOW)
+    }
+}
+
+fn put_time(w: &mut Writer, t: Option<TimeSet>) {
+    if let Some(TimeSet::At(ts)) = t {
+        ts.put(w);
+    }
+}
+
+fn get_time(r: &mut Reader<'_>, mask: u32, at: u32, now: u32) -> Result<Option<TimeSet>, DecodeError> {
+    Ok(match (mask & at != 0, mask & now != 0) {
+        (false, false) => None,
+        (true, false) => Some(TimeSet::At(Timespec::get(r)?)),
+        (false, true) => Some(TimeSet::Now),
+        (true, true) => {
+            return Err(DecodeError::BadValue {
+                what: "setattr mask (a time both 'now' and given)",
+                value: mask.into(),
+            })
+        }
+    })
+}
+
+impl Wire for SetAttr {
+    fn put(&self, w: &mut Writer) {
+        w.put_u32(self.mask());
+        if let Some(v) = self.mode {
+            w.put_u32(v);
+        }
+        if let Some(v) = self.uid {
+            w.put_u32(v);
+        }
+        if let Some(v) = self.gid {
+            w.put_u32(v);
+        }
+        if let Some(v) = self.size {
+            w.put_u64(v);
+        }
+        put_time(w, self.atime);
+        put_time(w, self.mtime);
+    }
+
+    fn get(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        let mask = r.u32("setattr mask")?;
+        if mask & !SET_ALL != 0 {
+            return Err(DecodeError::BadValue { what: "setattr mask (unknown bits)", value: mask.into() });
+        }
+        let has = |b: u32| mask & b != 0;
+        Ok(SetAttr {
+            mode: has(SET_MODE).then(|| get_mode(r, "setattr mode")).transpose()?,
+            uid: has(SET_UID).then(|| r.u32("setattr uid")).transpose()?,
+            gid: has(SET_GID).then(|| r.u32("setattr gid")).transpose()?,
+            size: has(SET_SIZE).then(|| r.u64("setattr size")).transpose()?,
+            atime: get_time(r, mask, SET_ATIME, SET_ATIME_NOW)?,
+            mtime: get_time(r, mask, SET_MTIME, SET_MTIME_NOW)?,
+        })
+    }
+}
+
+/// File-system totals, as `statfs(2)` reports them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct StatFs {
+    /// Total blocks of `bsize` bytes.
+    pub blocks: u64,
+    pub bfree: u64,
+    /// Free blocks available to unprivileged users.
+    pub bavail: u64,
+    /// Total inodes.
+    pub files: u64,
+    pub ffree: u64,
+    pub bsize: u32,
+    /// Longest name accepted ([`crate::NAME_MAX`]).
+    pub namelen: u32,
+}
+
+impl Wire for StatFs {
+    fn put(&self, w: &mut Writer) {
+        for v in [self.blocks, self.bfree, self.bavail, self.files, self.ffree] {
+            w.put_u64(v);
+        }
+        w.put_u32(self.bsize);
+        w.put_u32(self.namelen);
+    }
+
+    fn get(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        Ok(StatFs {
+            blocks: r.u64("statfs blocks")?,
+            bfree: r.u64("statfs bfree")?,
+            bavail: r.u64("statfs bavail")?,
+            files: r.u64("statfs files")?,
+            ffree: r.u64("statfs ffree")?,
+            bsize: r.u32("statfs bsize")?,
+            namelen: r.u32("statfs namelen")?,
+        })
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    fn round_trip<T: Wire + PartialEq + std::fmt::Debug>(v: &T) -> Vec<u8> {
+        let mut w = Writer::default();
+        v.put(&mut w);
+        let b = w.into_vec();
+        let mut r = Reader::new(&b);
+        assert_eq!(&T::get(&mut r).unwrap(), v);
+        assert_eq!(r.finish(), Ok(()));
+        b
+    }
+
+    fn decode<T: Wire>(b: &[u8]) -> Result<T, DecodeError> {
+        let mut r = Reader::new(b);
+        let v = T::get(&mut r)?;
+        r.finish()?;
+        Ok(v)
+    }
+
+    pub(crate) fn attr() -> Attr {
+        Attr {
+            ino: 42,
+            kind: FileType::Regular,
+            mode: 0o4755,
+            nlink: 1,
+            uid: 1000,
+            gid: 100,
+            size: 1 << 40,
+            blocks: 7,
+            atime: Timespec { sec: -1, nsec: 5 },
+            mtime: Timespec { sec: 1_700_000_000, nsec: 999_999_999 },
+            ctime: Timespec::default(),
+        }
+    }
+
+    #[test]
+    fn attr_round_trips_at_its_size() {
+        // ino, kind, mode, nlink, uid, gid, size, blocks, 3 × timespec.
+        assert_eq!(round_trip(&attr()).len(), 8 + 1 + 4 * 4 + 8 + 8 + 3 * 12);
+        assert_eq!(round_trip(&Timespec::default()).len(), 12);
+    }
+
+    #[test]
+    fn attr_refuses_mode_bits_and_file_type() {
+        let mut b = round_trip(&attr());
+        b[9..13].copy_from_slice(&0o10_0644u32.to_le_bytes());
+        assert_eq!(decode::<Attr>(&b), Err(DecodeError::BadValue { what: "attr mode", value: 0o10_0644 }));
+        let mut b = round_trip(&attr());
+        b[8] = 4;
+        assert_eq!(decode::<Attr>(&b), Err(DecodeError::BadValue { what: "file type", value: 4 }));
+    }
+
+    #[test]
+    fn timespec_refuses_nsec_of_a_second() {
+        let mut b = round_trip(&Timespec { sec: 3, nsec: 0 });
+        b[8..].copy_from_slice(&NSEC_PER_SEC.to_le_bytes());
+        assert!(matches!(decode::<Timespec>(&b), Err(DecodeError::BadValue { value: 1_000_000_000, .. })));
+    }
+
+    #[test]
+    fn setattr_mask_names_what_follows() {
+        assert_eq!(round_trip(&SetAttr::default()), vec![0, 0, 0, 0]);
+        let full = SetAttr {
+            mode: Some(0o644),
+            uid: Some(1),
+            gid: Some(2),
+            size: Some(3),
+            atime: Some(TimeSet::Now),
+            mtime: Some(TimeSet::At(Timespec { sec: 4, nsec: 5 })),
+        };
+        let b = round_trip(&full);
+        assert_eq!(b[..4], 0b0110_1111u32.to_le_bytes());
+        assert_eq!(b.len(), 4 + 4 + 4 + 4 + 8 + 12);
+        round_trip(&SetAttr {
+            atime: Some(TimeSet::At(Timespec { sec: 9, nsec: 0 })),
+            mtime: Some(TimeSet::Now),
+            ..SetAttr::default()
+        });
+        assert!(!full.is_empty());
+        assert!(SetAttr::default().is_empty());
+    }
+
+    #[test]
+    fn setattr_refuses_bad_masks() {
+        assert!(matches!(decode::<SetAttr>(&(1u32 << 8).to_le_bytes()), Err(DecodeError::BadValue { value: 256, .. })));
+        assert!(matches!(
+            decode::<SetAttr>(&(SET_MTIME | SET_MTIME_NOW).to_le_bytes()),
+            Err(DecodeError::BadValue { value: 0xc0, .. })
+        ));
+        let mut b = SET_MODE.to_le_bytes().to_vec();
+        b.extend_from_slice(&0o20_000u32.to_le_bytes());
+        assert!(matches!(decode::<SetAttr>(&b), Err(DecodeError::BadValue { what: "setattr mode", .. })));
+        // Mask promises a size that is not there.
+        assert!(matches!(
+            decode::<SetAttr>(&SET_SIZE.to_le_bytes()),
+            Err(DecodeError::Truncated { what: "setattr size", needed: 8, left: 0 })
+        ));
+    }
+
+    #[test]
+    fn layout_server_count_is_bounded() {
+        let l = Layout { object_id: 9, stripe_unit: 1 << 20, stripe_count: 2, servers: vec![3, 4] };
+        let b = round_trip(&l);
+        let mut over = b[..16].to_vec();
+        over.extend_from_slice(&(MAX_LAYOUT_SERVERS as u32 + 1).to_le_bytes());
+        assert!(matches!(decode::<Layout>(&over), Err(DecodeError::TooLong { len: 257, max: 256, .. })));
+        // A count within the limit whose elements are missing allocates
+        // nothing and says how many bytes it needed.
+        let mut short = b[..16].to_vec();
+        short.extend_from_slice(&200u32.to_le_bytes());
+        assert_eq!(
+            decode::<Layout>(&short),
+            Err(DecodeError::Truncated { what: "layout servers", needed: 800, left: 0 })
+        );
+    }
+
+    #[test]
+    fn capability_signed_bytes_and_rights() {
+        let c = Capability {
+            object_id: 0x0102_0304_0506_0708,
+            rights: RIGHT_READ | RIGHT_WRITE,
+            expiry_unix_ns: 0x1112_1314_1516_1718,
+            mac: [7; 32],
+        };
+        let b = round_trip(&c);
+        assert_eq!(b.len(), 8 + 1 + 8 + 32);
+        assert_eq!(&c.signed_bytes()[..], &b[..17]);
+        assert_eq!(c.signed_bytes()[8], 3);
+        let mut bad = b.clone();
+        bad[8] = 4;
+        assert!(matches!(
+            decode::<Capability>(&bad),
+            Err(DecodeError::BadValue { what: "capability rights", value: 4 })
+        ));
+    }
+
+    #[test]
+    fn dirent_and_statfs_round_trip() {
+        let e = DirEntry { name: b"a".to_vec(), ino: 5, kind: FileType::Symlink, cookie: 77 };
+        assert_eq!(round_trip(&e).len(), DIRENT_MIN_SIZE + 1);
+        let s = StatFs { blocks: 1, bfree: 2, bavail: 3, files: 4, ffree: 5, bsize: 4096, namelen: 255 };
+        assert_eq!(round_trip(&s).len(), 48);
+    }
+
+    #[test]
+    fn option_presence_byte() {
+        round_trip(&Some(LayoutHint { stripe_unit: 1, stripe_count: 2 }));
+        assert_eq!(round_trip(&None::<LayoutHint>), vec![0]);
+        assert!(matches!(decode::<Option<LayoutHint>>(&[2]), Err(DecodeError::BadValue { value: 2, .. })));
+    }
+}

@@ -1,0 +1,305 @@
+//! Properties of the wire contract over generated values and bytes:
+//! everything encodable decodes to itself, encodings are canonical, and no
+//! input makes a decoder panic.
+
+use dafne_proto::*;
+use proptest::collection::vec;
+use proptest::option;
+use proptest::prelude::*;
+
+fn name() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        8 => vec(any::<u8>(), 0..24),
+        1 => vec(any::<u8>(), 0..=MAX_NAME_WIRE),
+        1 => Just(vec![b'n'; MAX_NAME_WIRE]),
+    ]
+}
+
+fn target() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        8 => vec(any::<u8>(), 0..64),
+        1 => vec(any::<u8>(), 0..=MAX_SYMLINK),
+        1 => Just(vec![b't'; MAX_SYMLINK]),
+    ]
+}
+
+fn timespec() -> impl Strategy<Value = Timespec> {
+    (any::<i64>(), 0..1_000_000_000u32).prop_map(|(sec, nsec)| Timespec { sec, nsec })
+}
+
+fn file_type() -> impl Strategy<Value = FileType> {
+    prop_oneof![Just(FileType::Regular), Just(FileType::Directory), Just(FileType::Symlink),]
+}
+
+fn mode() -> impl Strategy<Value = u32> {
+    0..=MODE_MASK
+}
+
+fn attr() -> impl Strategy<Value = Attr> {
+    (
+        any::<u64>(),
+        file_type(),
+        mode(),
+        any::<u32>(),
+        any::<u32>(),
+        any::<u32>(),
+        any::<u64>(),
+        any::<u64>(),
+        timespec(),
+        timespec(),
+        timespec(),
+    )
+        .prop_map(|(ino, kind, mode, nlink, uid, gid, size, blocks, atime, mtime, ctime)| Attr {
+            ino,
+            kind,
+            mode,
+            nlink,
+            uid,
+            gid,
+            size,
+            blocks,
+            atime,
+            mtime,
+            ctime,
+        })
+}
+
+fn time_set() -> impl Strategy<Value = TimeSet> {
+    prop_oneof![Just(TimeSet::Now), timespec().prop_map(TimeSet::At)]
+}
+
+fn set_attr() -> impl Strategy<Value = SetAttr> {
+    (
+        option::of(mode()),
+        option::of(any::<u32>()),
+        option::of(any::<u32>()),
+        option::of(any::<u64>()),
+        option::of(time_set()),
+        option::of(time_set()),
+    )
+        .prop_map(|(mode, uid, gid, size, atime, mtime)| SetAttr { mode, uid, gid, size, atime, mtime })
+}
+
+fn hint() -> impl Strategy<Value = Option<LayoutHint>> {
+    option::of(
+        (any::<u32>(), any::<u32>()).prop_map(|(stripe_unit, stripe_count)| LayoutHint { stripe_unit, stripe_count }),
+    )
+}
+
+fn envelope() -> impl Strategy<Value = Envelope> {
+    (any::<u64>(), any::<u32>(), any::<u32>()).prop_map(|(tag, uid, gid)| Envelope { tag, uid, gid })
+}
+
+/// Any request but Compound; SessionOpen only if `session`.
+fn simple_request(session: bool) -> BoxedStrategy<Request> {
+    let ino = any::<Ino>;
+    let others = prop_oneof![
+        (ino(), name()).prop_map(|(parent, name)| Request::Lookup { parent, name }),
+        ino().prop_map(|ino| Request::GetAttr { ino }),
+        (ino(), set_attr()).prop_map(|(ino, set)| Request::SetAttr { ino, set }),
+        (ino(), name(), mode(), any::<bool>(), hint())
+            .prop_map(|(parent, name, mode, exclusive, hint)| Request::Create { parent, name, mode, exclusive, hint }),
+        (ino(), name(), mode()).prop_map(|(parent, name, mode)| Request::Mkdir { parent, name, mode }),
+        (ino(), any::<u64>(), any::<u32>())
+            .prop_map(|(ino, cookie, max_entries)| { Request::Readdir { ino, cookie, max_entries } }),
+        (ino(), name()).prop_map(|(parent, name)| Request::Unlink { parent, name }),
+        (ino(), name()).prop_map(|(parent, name)| Request::Rmdir { parent, name }),
+        (ino(), name(), ino(), name()).prop_map(|(src_parent, src_name, dst_parent, dst_name)| {
+            Request::Rename { src_parent, src_name, dst_parent, dst_name }
+        }),
+        (ino(), name(), target()).prop_map(|(parent, name, target)| Request::Symlink { parent, name, target }),
+        ino().prop_map(|ino| Request::Readlink { ino }),
+        (ino(), ino(), name()).prop_map(|(ino, new_parent, new_name)| Request::Link { ino, new_parent, new_name }),
+        Just(Request::Statfs),
+        (ino(), 0..=(OPEN_READ | OPEN_WRITE | OPEN_TRUNC)).prop_map(|(ino, flags)| Request::Open { ino, flags }),
+    ];
+    if !session {
+        return others.boxed();
+    }
+    let session = ("\\PC{0,64}", any::<[u8; 16]>(), any::<[u8; 32]>())
+        .prop_map(|(client_name, nonce, mac)| Request::SessionOpen { client_name, nonce, mac });
+    prop_oneof![1 => session, 14 => others].boxed()
+}
+
+/// A Compound the decoder accepts: chain only where there is a previous op
+/// and an inode argument to replace.
+fn compound_request() -> impl Strategy<Value = Request> {
+    vec((any::<bool>(), simple_request(false)), 0..=MAX_COMPOUND).prop_map(|ops| {
+        let ops = ops
+            .into_iter()
+            .enumerate()
+            .map(|(i, (chain, req))| {
+                let mut op = CompoundOp { chain, req };
+                op.chain = chain && i > 0 && op.primary_ino_mut().is_some();
+                op
+            })
+            .collect();
+        Request::Compound { ops }
+    })
+}
+
+fn request() -> impl Strategy<Value = Request> {
+    prop_oneof![3 => simple_request(true), 1 => compound_request()]
+}
+
+fn errno() -> impl Strategy<Value = Errno> {
+    prop_oneof![(1..=MAX_ERRNO).prop_map(Errno), Just(Errno::ENOENT), Just(Errno::ESTALE),]
+}
+
+fn dir_entry() -> impl Strategy<Value = DirEntry> {
+    (name(), any::<Ino>(), file_type(), any::<u64>()).prop_map(|(name, ino, kind, cookie)| DirEntry {
+        name,
+        ino,
+        kind,
+        cookie,
+    })
+}
+
+fn layout() -> impl Strategy<Value = Layout> {
+    let servers = prop_oneof![
+        4 => vec(any::<u32>(), 0..8),
+        1 => vec(any::<u32>(), 0..=MAX_LAYOUT_SERVERS),
+    ];
+    (any::<u64>(), any::<u32>(), any::<u32>(), servers).prop_map(|(object_id, stripe_unit, stripe_count, servers)| {
+        Layout { object_id, stripe_unit, stripe_count, servers }
+    })
+}
+
+fn capability() -> impl Strategy<Value = Capability> {
+    (any::<u64>(), 0..=(RIGHT_READ | RIGHT_WRITE), any::<u64>(), any::<[u8; 32]>())
+        .prop_map(|(object_id, rights, expiry_unix_ns, mac)| Capability { object_id, rights, expiry_unix_ns, mac })
+}
+
+fn stat_fs() -> impl Strategy<Value = StatFs> {
+    (any::<[u64; 5]>(), any::<u32>(), any::<u32>()).prop_map(|(n, bsize, namelen)| StatFs {
+        blocks: n[0],
+        bfree: n[1],
+        bavail: n[2],
+        files: n[3],
+        ffree: n[4],
+        bsize,
+        namelen,
+    })
+}
+
+fn one_of(ops: &'static [Op]) -> impl Strategy<Value = Op> {
+    proptest::sample::select(ops)
+}
+
+/// A successful answer (not Session, not Compound) with an op it answers.
+fn simple_response() -> BoxedStrategy<(Op, Response)> {
+    prop_oneof![
+        (one_of(&[Op::Lookup, Op::Create, Op::Mkdir, Op::Symlink, Op::Link]), attr())
+            .prop_map(|(op, attr)| (op, Response::Entry { attr })),
+        (one_of(&[Op::GetAttr, Op::SetAttr]), attr()).prop_map(|(op, attr)| (op, Response::Attr { attr })),
+        (
+            prop_oneof![
+                4 => vec(dir_entry(), 0..8),
+                1 => vec(dir_entry(), 0..=MAX_READDIR_ENTRIES),
+            ],
+            any::<bool>()
+        )
+            .prop_map(|(entries, eof)| (Op::Readdir, Response::Dir { entries, eof })),
+        one_of(&[Op::Unlink, Op::Rmdir, Op::Rename]).prop_map(|op| (op, Response::Done)),
+        target().prop_map(|target| (Op::Readlink, Response::Link { target })),
+        stat_fs().prop_map(|s| (Op::Statfs, Response::StatFs(s))),
+        (attr(), layout(), capability())
+            .prop_map(|(attr, layout, cap)| (Op::Open, Response::Opened { attr, layout, cap })),
+    ]
+    .boxed()
+}
+
+/// A Compound answer: successes, possibly ended by one error.
+fn compound_response() -> impl Strategy<Value = Response> {
+    (vec(simple_response(), 0..MAX_COMPOUND), option::of(errno())).prop_map(|(oks, err)| {
+        let mut results: Vec<_> = oks.into_iter().map(|(_, r)| Ok(r)).collect();
+        results.extend(err.map(Err));
+        Response::Compound { results }
+    })
+}
+
+/// What a server may answer: (op, result).
+fn reply() -> impl Strategy<Value = (Op, Result<Response, Errno>)> {
+    let session = (any::<u64>(), any::<Ino>())
+        .prop_map(|(session_id, root)| (Op::SessionOpen, Ok(Response::Session { session_id, root })));
+    prop_oneof![
+        6 => simple_response().prop_map(|(op, r)| (op, Ok(r))),
+        1 => session,
+        2 => compound_response().prop_map(|r| (Op::Compound, Ok(r))),
+        2 => (one_of(Op::ALL), errno()).prop_map(|(op, e)| (op, Err(e))),
+    ]
+}
+
+/// If `b` decodes as a request or reply, it is the canonical encoding of
+/// what it decodes to.
+fn check_canonical(b: &[u8]) -> Result<(), TestCaseError> {
+    if let Ok((env, req)) = decode_request(b) {
+        prop_assert_eq!(encode_request(env, &req), b);
+    }
+    if let Ok((tag, op, res)) = decode_reply(b) {
+        prop_assert!(res.as_ref().map_or(true, |r| r.answers(op)));
+        prop_assert_eq!(encode_reply(tag, op, &res), b);
+    }
+    Ok(())
+}
+
+proptest! {
+    #[test]
+    fn requests_round_trip(env in envelope(), req in request()) {
+        let b = encode_request(env, &req);
+        prop_assert_eq!(decode_request(&b), Ok((env, req)));
+    }
+
+    #[test]
+    fn replies_round_trip(tag in any::<u64>(), (op, res) in reply()) {
+        let b = encode_reply(tag, op, &res);
+        prop_assert_eq!(decode_reply(&b), Ok((tag, op, res)));
+    }
+
+    #[test]
+    fn decoders_never_panic_on_bytes(b in vec(any::<u8>(), 0..2048)) {
+        check_canonical(&b)?;
+    }
+
+    /// Random bodies behind valid headers reach the body decoders.
+    #[test]
+    fn decoders_never_panic_on_bodies(
+        op in one_of(Op::ALL),
+        env in envelope(),
+        body in vec(any::<u8>(), 0..2048),
+    ) {
+        let len = body.len() as u32;
+        let mut b = RequestHeader::new(op, env, len).encode().to_vec();
+        b.extend_from_slice(&body);
+        check_canonical(&b)?;
+        let mut b = ReplyHeader::new(op, env.tag, 0, len).encode().to_vec();
+        b.extend_from_slice(&body);
+        check_canonical(&b)?;
+    }
+
+    /// A corrupted byte either is refused or yields a canonical message.
+    #[test]
+    fn corrupted_requests(env in envelope(), req in request(), at in any::<usize>(), x in 1..=255u8) {
+        let mut b = encode_request(env, &req);
+        let i = at % b.len();
+        b[i] ^= x;
+        check_canonical(&b)?;
+    }
+
+    #[test]
+    fn corrupted_replies(tag in any::<u64>(), (op, res) in reply(), at in any::<usize>(), x in 1..=255u8) {
+        let mut b = encode_reply(tag, op, &res);
+        let i = at % b.len();
+        b[i] ^= x;
+        check_canonical(&b)?;
+    }
+
+    /// Every strict prefix of a message is refused.
+    #[test]
+    fn truncation_is_refused(env in envelope(), req in request(), (op, res) in reply(), at in any::<usize>()) {
+        let b = encode_request(env, &req);
+        prop_assert!(decode_request(&b[..at % b.len()]).is_err());
+        let b = encode_reply(env.tag, op, &res);
+        prop_assert!(decode_reply(&b[..at % b.len()]).is_err());
+    }
+}
