@@ -143,32 +143,24 @@ impl MetaSession {
         }
     }
 
-    pub fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr, Errno> {
-        Self::entry(self.request(Request::Lookup { parent, name: name.to_vec() }))
-    }
-
     pub async fn lookup_async(&self, parent: Ino, name: &[u8]) -> Result<Attr, Errno> {
         Self::entry(self.request_async(Request::Lookup { parent, name: name.to_vec() }).await)
-    }
-
-    pub fn getattr(&self, ino: Ino) -> Result<Attr, Errno> {
-        Self::entry(self.request(Request::GetAttr { ino }))
     }
 
     pub async fn getattr_async(&self, ino: Ino) -> Result<Attr, Errno> {
         Self::entry(self.request_async(Request::GetAttr { ino }).await)
     }
 
-    pub fn setattr(&self, ino: Ino, set: SetAttr) -> Result<Attr, Errno> {
-        Self::entry(self.request(Request::SetAttr { ino, set }))
+    pub async fn setattr_async(&self, ino: Ino, set: SetAttr) -> Result<Attr, Errno> {
+        Self::entry(self.request_async(Request::SetAttr { ino, set }).await)
     }
 
-    pub fn create(&self, parent: Ino, name: &[u8], mode: u32, exclusive: bool) -> Result<Attr, Errno> {
-        self.create_with(parent, name, mode, exclusive, None)
+    pub async fn create_async(&self, parent: Ino, name: &[u8], mode: u32, exclusive: bool) -> Result<Attr, Errno> {
+        self.create_with_async(parent, name, mode, exclusive, None).await
     }
 
     /// Create with layout advice (stripe unit and count; 0 = cluster default).
-    pub fn create_with(
+    pub async fn create_with_async(
         &self,
         parent: Ino,
         name: &[u8],
@@ -176,33 +168,33 @@ impl MetaSession {
         exclusive: bool,
         hint: Option<LayoutHint>,
     ) -> Result<Attr, Errno> {
-        Self::entry(self.request(Request::Create { parent, name: name.to_vec(), mode, exclusive, hint }))
+        Self::entry(self.request_async(Request::Create { parent, name: name.to_vec(), mode, exclusive, hint }).await)
     }
 
-    pub async fn create_async(&self, parent: Ino, name: &[u8], mode: u32, exclusive: bool) -> Result<Attr, Errno> {
-        Self::entry(
-            self.request_async(Request::Create { parent, name: name.to_vec(), mode, exclusive, hint: None }).await,
-        )
+    pub async fn mkdir_async(&self, parent: Ino, name: &[u8], mode: u32) -> Result<Attr, Errno> {
+        Self::entry(self.request_async(Request::Mkdir { parent, name: name.to_vec(), mode }).await)
     }
 
-    pub fn mkdir(&self, parent: Ino, name: &[u8], mode: u32) -> Result<Attr, Errno> {
-        Self::entry(self.request(Request::Mkdir { parent, name: name.to_vec(), mode }))
-    }
-
-    /// One page of a directory listing after `cookie` (0 = from the start).
-    pub fn readdir_page(&self, ino: Ino, cookie: u64, max_entries: u32) -> Result<(Vec<DirEntry>, bool), Errno> {
-        match self.request(Request::Readdir { ino, cookie, max_entries })? {
+    /// One page of a directory listing after `cookie` (0 = from the start);
+    /// `true` when the listing is complete.
+    pub async fn readdir_page_async(
+        &self,
+        ino: Ino,
+        cookie: u64,
+        max_entries: u32,
+    ) -> Result<(Vec<DirEntry>, bool), Errno> {
+        match self.request_async(Request::Readdir { ino, cookie, max_entries }).await? {
             Response::Dir { entries, eof } => Ok((entries, eof)),
             _ => Err(Errno::EPROTO),
         }
     }
 
     /// The whole directory, paging with cookies.
-    pub fn readdir(&self, ino: Ino) -> Result<Vec<DirEntry>, Errno> {
+    pub async fn readdir_async(&self, ino: Ino) -> Result<Vec<DirEntry>, Errno> {
         let mut out = Vec::new();
         let mut cookie = 0;
         loop {
-            let (page, eof) = self.readdir_page(ino, cookie, 512)?;
+            let (page, eof) = self.readdir_page_async(ino, cookie, 512).await?;
             if let Some(last) = page.last() {
                 cookie = last.cookie;
             }
@@ -213,52 +205,58 @@ impl MetaSession {
         }
     }
 
-    pub fn unlink(&self, parent: Ino, name: &[u8]) -> Result<(), Errno> {
-        Self::done(self.request(Request::Unlink { parent, name: name.to_vec() }))
-    }
-
     pub async fn unlink_async(&self, parent: Ino, name: &[u8]) -> Result<(), Errno> {
         Self::done(self.request_async(Request::Unlink { parent, name: name.to_vec() }).await)
     }
 
-    pub fn rmdir(&self, parent: Ino, name: &[u8]) -> Result<(), Errno> {
-        Self::done(self.request(Request::Rmdir { parent, name: name.to_vec() }))
+    pub async fn rmdir_async(&self, parent: Ino, name: &[u8]) -> Result<(), Errno> {
+        Self::done(self.request_async(Request::Rmdir { parent, name: name.to_vec() }).await)
     }
 
-    pub fn rename(&self, src_parent: Ino, src_name: &[u8], dst_parent: Ino, dst_name: &[u8]) -> Result<(), Errno> {
-        Self::done(self.request(Request::Rename {
-            src_parent,
-            src_name: src_name.to_vec(),
-            dst_parent,
-            dst_name: dst_name.to_vec(),
-        }))
+    /// Atomic rename, replacing an existing destination.
+    pub async fn rename_async(
+        &self,
+        src_parent: Ino,
+        src_name: &[u8],
+        dst_parent: Ino,
+        dst_name: &[u8],
+    ) -> Result<(), Errno> {
+        Self::done(
+            self.request_async(Request::Rename {
+                src_parent,
+                src_name: src_name.to_vec(),
+                dst_parent,
+                dst_name: dst_name.to_vec(),
+            })
+            .await,
+        )
     }
 
-    pub fn symlink(&self, parent: Ino, name: &[u8], target: &[u8]) -> Result<Attr, Errno> {
-        Self::entry(self.request(Request::Symlink { parent, name: name.to_vec(), target: target.to_vec() }))
+    pub async fn symlink_async(&self, parent: Ino, name: &[u8], target: &[u8]) -> Result<Attr, Errno> {
+        Self::entry(self.request_async(Request::Symlink { parent, name: name.to_vec(), target: target.to_vec() }).await)
     }
 
-    pub fn readlink(&self, ino: Ino) -> Result<Vec<u8>, Errno> {
-        match self.request(Request::Readlink { ino })? {
+    pub async fn readlink_async(&self, ino: Ino) -> Result<Vec<u8>, Errno> {
+        match self.request_async(Request::Readlink { ino }).await? {
             Response::Link { target } => Ok(target),
             _ => Err(Errno::EPROTO),
         }
     }
 
-    pub fn link(&self, ino: Ino, new_parent: Ino, new_name: &[u8]) -> Result<Attr, Errno> {
-        Self::entry(self.request(Request::Link { ino, new_parent, new_name: new_name.to_vec() }))
+    pub async fn link_async(&self, ino: Ino, new_parent: Ino, new_name: &[u8]) -> Result<Attr, Errno> {
+        Self::entry(self.request_async(Request::Link { ino, new_parent, new_name: new_name.to_vec() }).await)
     }
 
-    pub fn statfs(&self) -> Result<StatFs, Errno> {
-        match self.request(Request::Statfs)? {
+    pub async fn statfs_async(&self) -> Result<StatFs, Errno> {
+        match self.request_async(Request::Statfs).await? {
             Response::StatFs(s) => Ok(s),
             _ => Err(Errno::EPROTO),
         }
     }
 
     /// Opens a regular file: its layout and a capability for the io servers.
-    pub fn open(&self, ino: Ino, flags: u32) -> Result<OpenFile, Errno> {
-        match self.request(Request::Open { ino, flags })? {
+    pub async fn open_async(&self, ino: Ino, flags: u32) -> Result<OpenFile, Errno> {
+        match self.request_async(Request::Open { ino, flags }).await? {
             Response::Opened { attr, layout, cap } => Ok(OpenFile { attr, layout, cap }),
             _ => Err(Errno::EPROTO),
         }
@@ -267,27 +265,62 @@ impl MetaSession {
     /// Several dependent operations in one round trip. With `chain` set, an
     /// operation works on the inode the previous one produced. Results stop
     /// at the first error.
-    pub fn compound(&self, ops: Vec<CompoundOp>) -> Result<Vec<Result<Response, Errno>>, Errno> {
-        match self.request(Request::Compound { ops })? {
+    pub async fn compound_async(&self, ops: Vec<CompoundOp>) -> Result<Vec<Result<Response, Errno>>, Errno> {
+        match self.request_async(Request::Compound { ops }).await? {
             Response::Compound { results } => Ok(results),
             _ => Err(Errno::EPROTO),
         }
     }
 
-    /// Lookup + open + getattr of `name` in `parent` in one round trip.
-    pub fn open_at(&self, parent: Ino, name: &[u8], flags: u32) -> Result<OpenFile, Errno> {
+    /// Lookup + open of `name` in `parent` in one round trip.
+    pub async fn open_at_async(&self, parent: Ino, name: &[u8], flags: u32) -> Result<OpenFile, Errno> {
         let ops = vec![
             CompoundOp { chain: false, req: Request::Lookup { parent, name: name.to_vec() } },
             CompoundOp { chain: true, req: Request::Open { ino: 0, flags } },
         ];
-        let mut results = self.compound(ops)?;
+        let mut results = self.compound_async(ops).await?;
         match results.pop() {
             Some(Ok(Response::Opened { attr, layout, cap })) => Ok(OpenFile { attr, layout, cap }),
             Some(Err(e)) => Err(e),
             _ => Err(Errno::EPROTO),
         }
     }
+}
 
+/// The blocking twin of every `*_async` operation (never call these from a
+/// task running on the transport's loop thread).
+macro_rules! blocking {
+    ($( $(#[$m:meta])* $name:ident => $async_name:ident ( $($arg:ident : $ty:ty),* ) -> $ret:ty; )*) => {
+        impl MetaSession {
+            $( $(#[$m])* pub fn $name(&self, $($arg: $ty),*) -> $ret {
+                futures::executor::block_on(self.$async_name($($arg),*))
+            } )*
+        }
+    };
+}
+
+blocking! {
+    lookup => lookup_async(parent: Ino, name: &[u8]) -> Result<Attr, Errno>;
+    getattr => getattr_async(ino: Ino) -> Result<Attr, Errno>;
+    setattr => setattr_async(ino: Ino, set: SetAttr) -> Result<Attr, Errno>;
+    create => create_async(parent: Ino, name: &[u8], mode: u32, exclusive: bool) -> Result<Attr, Errno>;
+    create_with => create_with_async(parent: Ino, name: &[u8], mode: u32, exclusive: bool, hint: Option<LayoutHint>) -> Result<Attr, Errno>;
+    mkdir => mkdir_async(parent: Ino, name: &[u8], mode: u32) -> Result<Attr, Errno>;
+    readdir_page => readdir_page_async(ino: Ino, cookie: u64, max_entries: u32) -> Result<(Vec<DirEntry>, bool), Errno>;
+    readdir => readdir_async(ino: Ino) -> Result<Vec<DirEntry>, Errno>;
+    unlink => unlink_async(parent: Ino, name: &[u8]) -> Result<(), Errno>;
+    rmdir => rmdir_async(parent: Ino, name: &[u8]) -> Result<(), Errno>;
+    rename => rename_async(src_parent: Ino, src_name: &[u8], dst_parent: Ino, dst_name: &[u8]) -> Result<(), Errno>;
+    symlink => symlink_async(parent: Ino, name: &[u8], target: &[u8]) -> Result<Attr, Errno>;
+    readlink => readlink_async(ino: Ino) -> Result<Vec<u8>, Errno>;
+    link => link_async(ino: Ino, new_parent: Ino, new_name: &[u8]) -> Result<Attr, Errno>;
+    statfs => statfs_async() -> Result<StatFs, Errno>;
+    open => open_async(ino: Ino, flags: u32) -> Result<OpenFile, Errno>;
+    compound => compound_async(ops: Vec<CompoundOp>) -> Result<Vec<Result<Response, Errno>>, Errno>;
+    open_at => open_at_async(parent: Ino, name: &[u8], flags: u32) -> Result<OpenFile, Errno>;
+}
+
+impl MetaSession {
     /// Resolves an absolute path (`/a/b/c`) component by component, following
     /// symlinks in the middle of the path (at most 40, as Linux) but not the
     /// last component.

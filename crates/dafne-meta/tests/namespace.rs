@@ -365,3 +365,23 @@ fn wrong_secret_and_hostile_requests_are_refused_while_others_carry_on() {
     }
     assert_eq!(good.lookup(ROOT_INO, b"x").unwrap().kind, FileType::Directory, "the good session carries on");
 }
+
+#[test]
+fn async_api_keeps_many_operations_in_flight() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = start_meta(dir.path(), 0);
+    let rt = runtime();
+    let s = session(&rt, &m, 0, 0);
+    let d = s.mkdir(ROOT_INO, b"async", 0o755).unwrap();
+    let names: Vec<Vec<u8>> = (0..64).map(|i| format!("a{i}").into_bytes()).collect();
+    let created = futures::executor::block_on(futures::future::join_all(
+        names.iter().map(|n| s.create_async(d.ino, n, 0o644, true)),
+    ));
+    assert!(created.iter().all(|r| r.is_ok()), "{created:?}");
+    let listed = futures::executor::block_on(s.readdir_async(d.ino)).unwrap();
+    assert_eq!(listed.len(), 64);
+    let looked = futures::executor::block_on(futures::future::join_all(names.iter().map(|n| s.lookup_async(d.ino, n))));
+    for (c, l) in created.iter().zip(&looked) {
+        assert_eq!(c.as_ref().unwrap().ino, l.as_ref().unwrap().ino);
+    }
+}
