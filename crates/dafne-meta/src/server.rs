@@ -25,6 +25,49 @@ pub struct ServeOptions {
     pub ucx: Vec<(String, String)>,
 }
 
+/// The command-line arguments of a metadata server, shared by the
+/// `dafne-meta` binary and `dafne serve meta`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct MetaArgs {
+    /// Directory holding the metadata store (meta.redb).
+    #[arg(long)]
+    pub data_dir: PathBuf,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:7700")]
+    pub listen: SocketAddr,
+    /// Cluster secret file (default DATA_DIR/cluster.secret, created if absent).
+    #[arg(long)]
+    pub secret: Option<PathBuf>,
+    /// Number of io servers (ids 0..N) that file layouts stripe over.
+    #[arg(long, default_value_t = 0)]
+    pub io_servers: u32,
+    /// Default stripe unit in bytes.
+    #[arg(long, default_value_t = 1 << 20)]
+    pub stripe_unit: u32,
+    /// Default stripe count.
+    #[arg(long, default_value_t = 4)]
+    pub stripe_count: u32,
+    /// UCX overrides as KEY=VALUE, repeatable.
+    #[arg(long = "ucx", value_name = "KEY=VALUE")]
+    pub ucx: Vec<String>,
+}
+
+impl MetaArgs {
+    pub fn to_options(&self) -> Result<ServeOptions> {
+        Ok(ServeOptions {
+            data_dir: self.data_dir.clone(),
+            listen: self.listen,
+            secret: self.secret.clone(),
+            policy: LayoutPolicy {
+                servers: (0..self.io_servers).collect(),
+                default_stripe_unit: self.stripe_unit,
+                default_stripe_count: self.stripe_count,
+            },
+            ucx: dafne_transport::parse_ucx_overrides(&self.ucx).map_err(anyhow::Error::msg)?,
+        })
+    }
+}
+
 /// A running metadata server; dropping it stops the server.
 #[derive(Debug)]
 pub struct MetaServer {

@@ -14,7 +14,7 @@ use futures::channel::oneshot;
 
 use crate::error::{Result, TransportError};
 use crate::frame::{FrameHeader, FrameKind, Hello, TransportStatus, Welcome, AM_ID};
-use crate::runtime::{random_u64, DataPath, Inbound, Local, Runtime, Shared};
+use crate::runtime::{random_u64, Inbound, Local, Runtime, Shared};
 use crate::stats::TransportStats;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -171,12 +171,7 @@ impl ClientSide {
         if m.hdr.credits == 0 || m.hdr.token == 0 {
             return Self::fail(l, id, TransportError::Protocol("welcome granted no credit or no token".into()));
         }
-        let mode = match l.options().data_path {
-            DataPath::Auto if w.host_id == l.shared.host_id && w.host_id != [0; 16] => ErrMode::None,
-            DataPath::Auto => ErrMode::Peer,
-            DataPath::NoErrorHandling => ErrMode::None,
-            DataPath::PeerErrorHandling => ErrMode::Peer,
-        };
+        let mode = l.options().data_path.mode_for(&w.host_id, &l.shared.host_id);
         let data = match l.worker.connect_address(&w.worker_address, mode) {
             Ok(ep) => ep,
             Err(e) => return Self::fail(l, id, TransportError::Protocol(format!("data endpoint: {e}"))),

@@ -42,6 +42,29 @@ pub enum DataPath {
     PeerErrorHandling,
 }
 
+impl DataPath {
+    /// The error-handling mode of a data endpoint to a peer on `peer_host`
+    /// (its boot id) from this host.
+    pub(crate) fn mode_for(self, peer_host: &[u8; 16], our_host: &[u8; 16]) -> dafne_ucx::ErrMode {
+        match self {
+            DataPath::Auto if peer_host == our_host && *peer_host != [0; 16] => dafne_ucx::ErrMode::None,
+            DataPath::Auto | DataPath::PeerErrorHandling => dafne_ucx::ErrMode::Peer,
+            DataPath::NoErrorHandling => dafne_ucx::ErrMode::None,
+        }
+    }
+}
+
+/// Parses `KEY=VALUE` UCX overrides as given on command lines (the `UCX_`
+/// prefix is optional), with an error that shows the expected form.
+pub fn parse_ucx_overrides(v: &[String]) -> std::result::Result<Vec<(String, String)>, String> {
+    v.iter()
+        .map(|kv| match kv.split_once('=') {
+            Some((k, val)) if !k.is_empty() => Ok((k.trim_start_matches("UCX_").to_string(), val.to_string())),
+            _ => Err(format!("--ucx {kv}: expected KEY=VALUE, e.g. TLS=tcp")),
+        })
+        .collect()
+}
+
 /// Settings of a runtime; every limit has a stated default.
 #[derive(Debug, Clone)]
 pub struct RuntimeOptions {
@@ -519,4 +542,32 @@ pub(crate) fn random_u64() -> u64 {
         return t.wrapping_mul(0x9E37_79B9_7F4A_7C15);
     }
     u64::from_le_bytes(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ucx_overrides_parse_and_refuse_nonsense() {
+        let ok = parse_ucx_overrides(&["TLS=tcp".into(), "UCX_NET_DEVICES=lo".into()]).unwrap();
+        assert_eq!(ok, vec![("TLS".into(), "tcp".into()), ("NET_DEVICES".into(), "lo".into())]);
+        let e = parse_ucx_overrides(&["TLS".into()]).unwrap_err();
+        assert!(e.contains("KEY=VALUE"), "{e}");
+        assert!(parse_ucx_overrides(&["=x".into()]).is_err());
+    }
+
+    #[test]
+    fn data_path_modes() {
+        let (a, b) = ([1u8; 16], [2u8; 16]);
+        assert_eq!(DataPath::Auto.mode_for(&a, &a), dafne_ucx::ErrMode::None);
+        assert_eq!(DataPath::Auto.mode_for(&a, &b), dafne_ucx::ErrMode::Peer);
+        assert_eq!(
+            DataPath::Auto.mode_for(&[0; 16], &[0; 16]),
+            dafne_ucx::ErrMode::Peer,
+            "unknown host: assume remote"
+        );
+        assert_eq!(DataPath::NoErrorHandling.mode_for(&a, &b), dafne_ucx::ErrMode::None);
+        assert_eq!(DataPath::PeerErrorHandling.mode_for(&a, &a), dafne_ucx::ErrMode::Peer);
+    }
 }

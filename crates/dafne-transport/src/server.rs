@@ -11,11 +11,11 @@ use std::sync::Arc;
 use std::task::{Context as TaskContext, Poll, Waker};
 use std::time::Instant;
 
-use dafne_ucx::{ConnRequest, Endpoint, ErrMode, Local as LocalMem, Op, RemoteKey};
+use dafne_ucx::{ConnRequest, Endpoint, Local as LocalMem, Op, RemoteKey};
 
 use crate::error::{Result, TransportError};
 use crate::frame::{FrameHeader, FrameKind, Hello, TransportStatus, Welcome, AM_ID};
-use crate::runtime::{random_u64, DataPath, Inbound, Local, Runtime, Shared};
+use crate::runtime::{random_u64, Inbound, Local, Runtime, Shared};
 use crate::stats::TransportStats;
 
 /// What a server does with requests. Runs on the runtime's loop thread; the
@@ -319,12 +319,7 @@ impl ServerSide {
                 return;
             }
         };
-        let mode = match l.options().data_path {
-            DataPath::Auto if hello.host_id == l.shared.host_id && hello.host_id != [0; 16] => ErrMode::None,
-            DataPath::Auto => ErrMode::Peer,
-            DataPath::NoErrorHandling => ErrMode::None,
-            DataPath::PeerErrorHandling => ErrMode::Peer,
-        };
+        let mode = l.options().data_path.mode_for(&hello.host_id, &l.shared.host_id);
         let data = match l.worker.connect_address(&hello.worker_address, mode) {
             Ok(ep) => ep,
             Err(e) => {

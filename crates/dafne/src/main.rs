@@ -33,26 +33,7 @@ enum Cmd {
 #[derive(Subcommand)]
 enum Serve {
     /// The metadata server: namespace, layouts, capabilities (prints `listening on ADDR`).
-    Meta(MetaArgs),
-}
-
-#[derive(Args)]
-struct MetaArgs {
-    /// Directory holding the metadata store (meta.redb).
-    #[arg(long)]
-    data_dir: PathBuf,
-    /// Address to listen on.
-    #[arg(long, default_value = "127.0.0.1:7700")]
-    listen: SocketAddr,
-    /// Cluster secret file (default DATA_DIR/cluster.secret, created if absent).
-    #[arg(long)]
-    secret: Option<PathBuf>,
-    /// Number of io servers (ids 0..N) that file layouts stripe over.
-    #[arg(long, default_value_t = 0)]
-    io_servers: u32,
-    /// UCX overrides as KEY=VALUE, repeatable.
-    #[arg(long = "ucx", value_name = "KEY=VALUE")]
-    ucx: Vec<String>,
+    Meta(dafne_meta::server::MetaArgs),
 }
 
 #[derive(Subcommand)]
@@ -179,16 +160,6 @@ fn bench_transport(a: TransportBench) -> Result<()> {
     Ok(())
 }
 
-fn parse_ucx(v: &[String]) -> Result<Vec<(String, String)>> {
-    v.iter()
-        .map(|kv| {
-            kv.split_once('=')
-                .map(|(k, val)| (k.trim_start_matches("UCX_").to_string(), val.to_string()))
-                .with_context(|| format!("--ucx {kv}: expected KEY=VALUE, e.g. TLS=tcp"))
-        })
-        .collect()
-}
-
 fn bench_meta(a: MetaBench) -> Result<()> {
     if a.clients.is_empty() || a.clients.iter().any(|&c| c == 0 || c > 64) {
         bail!("--clients: each count must be between 1 and 64");
@@ -231,15 +202,9 @@ fn main() -> Result<()> {
     match cli.cmd {
         Cmd::Bench(Bench::Transport(a)) => bench_transport(a),
         Cmd::Bench(Bench::Meta(a)) => bench_meta(a),
-        Cmd::Serve(Serve::Meta(a)) => dafne_meta::server::serve_forever(&dafne_meta::server::ServeOptions {
-            data_dir: a.data_dir,
-            listen: a.listen,
-            secret: a.secret,
-            policy: dafne_meta::LayoutPolicy { servers: (0..a.io_servers).collect(), ..Default::default() },
-            ucx: parse_ucx(&a.ucx)?,
-        }),
+        Cmd::Serve(Serve::Meta(a)) => dafne_meta::server::serve_forever(&a.to_options()?),
         Cmd::TransportPeer(p) => {
-            let ucx = parse_ucx(&p.ucx)?;
+            let ucx = dafne_transport::parse_ucx_overrides(&p.ucx).map_err(anyhow::Error::msg)?;
             let opts = RuntimeOptions {
                 name: "bench-server".into(),
                 ucx_config: ucx,

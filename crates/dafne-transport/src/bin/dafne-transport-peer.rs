@@ -6,7 +6,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use anyhow::{Context as _, Result};
+use anyhow::Result;
 use clap::{Parser, Subcommand};
 use dafne_transport::testsvc::{self, SegDesc};
 use dafne_transport::{Access, Client, DataPath, Region, Runtime, RuntimeOptions};
@@ -49,16 +49,6 @@ enum Cmd {
     },
 }
 
-fn ucx_overrides(v: &[String]) -> Result<Vec<(String, String)>> {
-    v.iter()
-        .map(|kv| {
-            let (k, val) =
-                kv.split_once('=').with_context(|| format!("--ucx {kv}: expected KEY=VALUE, e.g. TLS=tcp"))?;
-            Ok((k.trim_start_matches("UCX_").to_string(), val.to_string()))
-        })
-        .collect()
-}
-
 fn main() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_env("DAFNE_LOG"))
@@ -74,7 +64,7 @@ fn main() -> Result<()> {
     let opts = RuntimeOptions {
         name: "peer".into(),
         data_path,
-        ucx_config: ucx_overrides(&cli.ucx)?,
+        ucx_config: dafne_transport::parse_ucx_overrides(&cli.ucx).map_err(anyhow::Error::msg)?,
         spin: Duration::from_micros(cli.spin_us),
         ..Default::default()
     };
