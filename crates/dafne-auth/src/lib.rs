@@ -2,9 +2,11 @@
 //! shared by the metadata server (issues capabilities), io servers (verify
 //! them) and clients (open sessions).
 //!
-//! * A session opens with `HMAC-SHA256(secret, "dafne-session-v1" ‖ nonce ‖
-//!   client name)`: proof that the client holds the cluster secret, without
-//!   sending it.
+//! * A session opens with `HMAC-SHA256(secret, "dafne-session-v2" ‖
+//!   connection token ‖ nonce ‖ client name)`: proof that the client holds
+//!   the cluster secret, without sending it. The token is the transport
+//!   connection's random id, so a captured login cannot be replayed on
+//!   another connection.
 //! * On open, meta issues a capability: `HMAC-SHA256(secret,
 //!   "dafne-cap-v1" ‖ object id ‖ rights ‖ expiry)`. An io server holding the
 //!   same secret verifies it alone, without asking meta (DESIGN, "Security").
@@ -92,14 +94,17 @@ impl Secret {
         m
     }
 
-    /// The MAC a client sends to open a session.
-    pub fn session_mac(&self, nonce: &[u8; 16], client_name: &str) -> [u8; 32] {
-        self.mac(&[b"dafne-session-v1", nonce, client_name.as_bytes()]).finalize().into_bytes().into()
+    /// The MAC a client sends to open a session on the connection `token`.
+    pub fn session_mac(&self, token: u64, nonce: &[u8; 16], client_name: &str) -> [u8; 32] {
+        self.mac(&[b"dafne-session-v2", &token.to_le_bytes(), nonce, client_name.as_bytes()])
+            .finalize()
+            .into_bytes()
+            .into()
     }
 
-    /// Constant-time check of a session MAC.
-    pub fn verify_session(&self, nonce: &[u8; 16], client_name: &str, mac: &[u8; 32]) -> bool {
-        self.mac(&[b"dafne-session-v1", nonce, client_name.as_bytes()]).verify_slice(mac).is_ok()
+    /// Constant-time check of a session MAC for the connection `token`.
+    pub fn verify_session(&self, token: u64, nonce: &[u8; 16], client_name: &str, mac: &[u8; 32]) -> bool {
+        self.mac(&[b"dafne-session-v2", &token.to_le_bytes(), nonce, client_name.as_bytes()]).verify_slice(mac).is_ok()
     }
 
     /// Fills in expiry and MAC of a capability.
@@ -137,10 +142,11 @@ mod tests {
         let s = Secret([7; SECRET_LEN]);
         let other = Secret([8; SECRET_LEN]);
         let nonce = [1u8; 16];
-        let mac = s.session_mac(&nonce, "client-a");
-        assert!(s.verify_session(&nonce, "client-a", &mac));
-        assert!(!s.verify_session(&nonce, "client-b", &mac));
-        assert!(!other.verify_session(&nonce, "client-a", &mac));
+        let mac = s.session_mac(77, &nonce, "client-a");
+        assert!(s.verify_session(77, &nonce, "client-a", &mac));
+        assert!(!s.verify_session(77, &nonce, "client-b", &mac));
+        assert!(!s.verify_session(78, &nonce, "client-a", &mac), "replayed on another connection");
+        assert!(!other.verify_session(77, &nonce, "client-a", &mac));
 
         let now = SystemTime::now();
         let mut cap = Capability { object_id: 42, rights: dafne_proto::RIGHT_READ, expiry_unix_ns: 0, mac: [0; 32] };

@@ -88,7 +88,7 @@ impl MetaSession {
                 ^ (std::process::id() >> (i % 4 * 8)) as u8
                 ^ i as u8;
         }
-        let mac = secret.session_mac(&nonce, client_name);
+        let mac = secret.session_mac(client.token(), &nonce, client_name);
         let req = Request::SessionOpen { client_name: client_name.to_string(), nonce, mac };
         let bytes = client.call(encode_request(Envelope { tag: 0, uid, gid }, &req))?;
         let (_, _, result) = decode_reply(&bytes).map_err(|e| ConnectError::Protocol(e.to_string()))?;
@@ -321,17 +321,17 @@ blocking! {
 }
 
 impl MetaSession {
-    /// Resolves an absolute path (`/a/b/c`) component by component, following
-    /// symlinks in the middle of the path (at most 40, as Linux) but not the
-    /// last component.
+    /// Resolves a path (`/a/b/c`, or relative to the root), component by
+    /// component. Symlinks met before the last component are followed (the
+    /// whole resolution follows at most 40, as Linux); the last component is
+    /// followed only when the path ends in `/`.
     pub fn resolve(&self, path: &str) -> Result<Attr, Errno> {
-        self.resolve_from(self.inner.root, path.as_bytes(), 0)
+        let mut budget = 40u32;
+        let follow_last = path.ends_with('/');
+        self.resolve_from(self.inner.root, path.as_bytes(), follow_last, &mut budget)
     }
 
-    fn resolve_from(&self, start: Ino, path: &[u8], depth: u32) -> Result<Attr, Errno> {
-        if depth > 40 {
-            return Err(Errno::ELOOP);
-        }
+    fn resolve_from(&self, start: Ino, path: &[u8], follow_last: bool, budget: &mut u32) -> Result<Attr, Errno> {
         if path.len() >= dafne_proto::MAX_SYMLINK {
             return Err(Errno::ENAMETOOLONG);
         }
@@ -344,12 +344,21 @@ impl MetaSession {
             let parent = cur.ino;
             let next = self.lookup(parent, c)?;
             let last = i + 1 == comps.len();
-            cur = if next.kind == FileType::Symlink && !last {
+            cur = if next.kind == FileType::Symlink && (!last || follow_last) {
+                if *budget == 0 {
+                    return Err(Errno::ELOOP);
+                }
+                *budget -= 1;
                 let target = self.readlink(next.ino)?;
-                self.resolve_from(parent, &target, depth + 1)?
+                // A link's target is resolved completely, its own last
+                // component included.
+                self.resolve_from(parent, &target, true, budget)?
             } else {
                 next
             };
+        }
+        if follow_last && cur.kind != FileType::Directory && path.ends_with(b"/") {
+            return Err(Errno::ENOTDIR);
         }
         Ok(cur)
     }

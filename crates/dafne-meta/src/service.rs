@@ -48,6 +48,15 @@ fn start_store_thread(store: Arc<dyn MetaStore>) -> Sender<Work> {
                             let _ = tx.send(Ok(r));
                         }
                     }
+                    Err(e) if batch.len() > 1 => {
+                        // One bad job must not fail its neighbours: run each
+                        // alone, so only the failing one gets EIO.
+                        tracing::warn!("metadata batch of {} failed ({e}): retrying one by one", batch.len());
+                        for (job, tx) in batch {
+                            let r = store.execute(std::slice::from_ref(&job)).map_err(|e| e.to_string());
+                            let _ = tx.send(r.map(|mut v| v.pop().unwrap_or_default()));
+                        }
+                    }
                     Err(e) => {
                         tracing::error!("metadata store failure: {e}");
                         for (_, tx) in batch {
@@ -119,7 +128,7 @@ impl MetaService {
         let conn = req.conn.id();
         let result = match request {
             Request::SessionOpen { client_name, nonce, mac } => {
-                if self.secret.verify_session(&nonce, &client_name, &mac) {
+                if self.secret.verify_session(req.conn.token(), &nonce, &client_name, &mac) {
                     self.sessions.borrow_mut().insert(conn);
                     let id = self.next_session.get();
                     self.next_session.set(id + 1);

@@ -492,8 +492,14 @@ impl Tables<'_> {
         // BSD group semantics under a setgid directory; new subdirectories
         // inherit the setgid bit.
         let (gid, mut mode) = if parent.attr.mode & S_ISGID != 0 { (parent.attr.gid, mode) } else { (cred.gid, mode) };
-        if kind == FileType::Directory && parent.attr.mode & S_ISGID != 0 {
-            mode |= S_ISGID;
+        if kind == FileType::Directory {
+            mode &= 0o1777;
+            if parent.attr.mode & S_ISGID != 0 {
+                mode |= S_ISGID;
+            }
+        } else if mode & S_ISGID != 0 && cred.uid != 0 && !cred.in_group(gid) {
+            // As Linux: a setgid file may only be made by a member of its group.
+            mode &= !S_ISGID;
         }
         let t = self.now;
         Ok(Inode {
@@ -535,7 +541,10 @@ impl Tables<'_> {
             Request::Create { parent, name, mode, exclusive, hint } => {
                 posix::valid_new_name(name)?;
                 let mut d = self.dir(*parent)?;
-                posix::check(cred, &d.attr, MAY_WRITE | MAY_EXEC)?;
+                // Search permission to find the name; write permission only
+                // if it must be created (Linux opens an existing file in a
+                // read-only directory, and says EEXIST before EACCES).
+                posix::check(cred, &d.attr, MAY_EXEC)?;
                 if let Some((ino, _)) = self.entry(*parent, name)? {
                     if *exclusive {
                         return Err(Errno::EEXIST.into());
@@ -546,6 +555,7 @@ impl Tables<'_> {
                     }
                     return Ok(Response::Entry { attr: existing.attr });
                 }
+                posix::check(cred, &d.attr, MAY_WRITE)?;
                 let object_id = self.counters.get("next_object")?.map(|v| v.value()).unwrap_or(1);
                 let layout = self.policy.choose(object_id, *hint)?;
                 self.next("next_object")?;
@@ -560,10 +570,11 @@ impl Tables<'_> {
             Request::Mkdir { parent, name, mode } => {
                 posix::valid_new_name(name)?;
                 let mut d = self.dir(*parent)?;
-                posix::check(cred, &d.attr, MAY_WRITE | MAY_EXEC)?;
+                posix::check(cred, &d.attr, MAY_EXEC)?;
                 if self.entry(*parent, name)?.is_some() {
                     return Err(Errno::EEXIST.into());
                 }
+                posix::check(cred, &d.attr, MAY_WRITE)?;
                 if d.attr.nlink >= LINK_MAX {
                     return Err(Errno::EMLINK.into());
                 }
@@ -601,6 +612,9 @@ impl Tables<'_> {
             }
             Request::Unlink { parent, name } => {
                 posix::valid_lookup_name(name)?;
+                if name.as_slice() == b"." || name.as_slice() == b".." {
+                    return Err(Errno::EISDIR.into());
+                }
                 let mut d = self.dir(*parent)?;
                 posix::check(cred, &d.attr, MAY_WRITE | MAY_EXEC)?;
                 let (ino, seq) = self.entry(*parent, name)?.ok_or(Errno::ENOENT)?;
@@ -657,10 +671,11 @@ impl Tables<'_> {
                     return Err(Errno::ENAMETOOLONG.into());
                 }
                 let mut d = self.dir(*parent)?;
-                posix::check(cred, &d.attr, MAY_WRITE | MAY_EXEC)?;
+                posix::check(cred, &d.attr, MAY_EXEC)?;
                 if self.entry(*parent, name)?.is_some() {
                     return Err(Errno::EEXIST.into());
                 }
+                posix::check(cred, &d.attr, MAY_WRITE)?;
                 let mut l = self.new_inode(cred, &d, FileType::Symlink, 0o777)?;
                 l.attr.mode = 0o777;
                 l.attr.size = target.len() as u64;
@@ -685,10 +700,11 @@ impl Tables<'_> {
                     return Err(Errno::EPERM.into());
                 }
                 let mut d = self.dir(*new_parent)?;
-                posix::check(cred, &d.attr, MAY_WRITE | MAY_EXEC)?;
+                posix::check(cred, &d.attr, MAY_EXEC)?;
                 if self.entry(*new_parent, new_name)?.is_some() {
                     return Err(Errno::EEXIST.into());
                 }
+                posix::check(cred, &d.attr, MAY_WRITE)?;
                 if src.attr.nlink >= LINK_MAX {
                     return Err(Errno::EMLINK.into());
                 }
@@ -732,7 +748,8 @@ impl Tables<'_> {
                     want |= MAY_WRITE;
                 }
                 posix::check(cred, &f.attr, want)?;
-                if tr && f.attr.size != 0 {
+                if tr {
+                    // POSIX marks mtime and ctime on every truncating open.
                     f.attr.size = 0;
                     f.attr.blocks = 0;
                     f.attr.mtime = self.now;
@@ -757,13 +774,17 @@ impl Tables<'_> {
         if set.mode.is_some() && !owner {
             return Err(Errno::EPERM.into());
         }
+        if *set == SetAttr::default() {
+            return Ok(Response::Attr { attr: i.attr });
+        }
         if let Some(uid) = set.uid {
-            if cred.uid != 0 && uid != i.attr.uid {
+            // Only root gives a file away; the owner may "chown" to itself.
+            if cred.uid != 0 && (uid != i.attr.uid || !owner) {
                 return Err(Errno::EPERM.into());
             }
         }
         if let Some(gid) = set.gid {
-            if cred.uid != 0 && gid != i.attr.gid && !(owner && cred.in_group(gid)) {
+            if cred.uid != 0 && (!owner || (gid != i.attr.gid && !cred.in_group(gid))) {
                 return Err(Errno::EPERM.into());
             }
         }
@@ -840,6 +861,10 @@ impl Tables<'_> {
             return Err(Errno::EPERM.into());
         }
         let is_dir = src.attr.kind == FileType::Directory;
+        if is_dir && sp != dp && cred.uid != 0 {
+            // Its ".." entry changes: Linux asks for write permission on it.
+            posix::check(cred, &src.attr, MAY_WRITE)?;
+        }
         let existing = self.entry(dp, dn)?;
         if let Some((dino, _)) = existing {
             if dino == sino {

@@ -130,6 +130,14 @@ fn posix_semantics_and_errors() {
     let via_link = root.symlink(ROOT_INO, b"dirln", b"/d2").unwrap();
     assert_eq!(via_link.kind, FileType::Symlink);
     assert_eq!(root.resolve("/dirln/sub2/x").unwrap(), root.resolve("/d2/sub2/x").unwrap());
+    // A chain of links in the middle of a path, and a loop.
+    root.symlink(ROOT_INO, b"chain", b"dirln").unwrap();
+    assert_eq!(root.resolve("/chain/sub2/x").unwrap(), root.resolve("/d2/sub2/x").unwrap());
+    assert_eq!(root.resolve("/chain/").unwrap().ino, d2.ino);
+    root.symlink(ROOT_INO, b"loop1", b"loop2").unwrap();
+    root.symlink(ROOT_INO, b"loop2", b"loop1").unwrap();
+    assert_eq!(root.resolve("/loop1/x"), Err(Errno::ELOOP));
+    assert_eq!(root.unlink(ROOT_INO, b".."), Err(Errno::EISDIR));
 
     // setattr: size, mode, times with nanoseconds
     let t = Timespec { sec: 1_234_567_890, nsec: 123_456_789 };
@@ -189,6 +197,31 @@ fn permissions_are_checked_on_the_server() {
     assert_eq!(bob.lookup(private.ino, b"secret"), Err(Errno::EACCES));
     assert_eq!(bob.readdir(private.ino).map(|_| ()), Err(Errno::EACCES));
     assert_eq!(alice.readdir(private.ino).unwrap().len(), 1);
+
+    // An existing name wins over a missing write permission (EEXIST, and a
+    // non-exclusive create opens the file), as on Linux.
+    assert_eq!(bob.create(private.ino, b"secret", 0o644, false), Err(Errno::EACCES), "no search permission");
+    let ro = root.mkdir(ROOT_INO, b"ro", 0o755).unwrap();
+    let existing = root.create(ro.ino, b"e", 0o644, true).unwrap();
+    assert_eq!(bob.create(ro.ino, b"e", 0o644, false).unwrap().ino, existing.ino);
+    assert_eq!(bob.create(ro.ino, b"e", 0o644, true), Err(Errno::EEXIST));
+    assert_eq!(bob.mkdir(ro.ino, b"e", 0o755), Err(Errno::EEXIST));
+    assert_eq!(bob.create(ro.ino, b"new", 0o644, true), Err(Errno::EACCES));
+    // A setgid file is only made by a member of its group.
+    // (mkdir ignores a requested setgid bit, as Linux; chmod sets it.)
+    let shared = root.mkdir(ROOT_INO, b"shared", 0o2777).unwrap();
+    assert_eq!(shared.mode, 0o777);
+    root.setattr(shared.ino, SetAttr { mode: Some(0o2777), ..Default::default() }).unwrap();
+    let sg = bob.create(shared.ino, b"sg", 0o2755, true).unwrap();
+    assert_eq!(sg.gid, 0, "inherits the directory's group");
+    assert_eq!(sg.mode & 0o2000, 0, "setgid dropped: bob is not in group 0");
+    // A non-owner cannot chown, even to the current values.
+    assert_eq!(bob.setattr(existing.ino, SetAttr { uid: Some(0), ..Default::default() }), Err(Errno::EPERM));
+    // Moving someone else's directory to another parent needs write on it.
+    let grp = root.mkdir(ROOT_INO, b"grp", 0o777).unwrap();
+    let theirs = alice.mkdir(grp.ino, b"theirs", 0o755).unwrap();
+    assert_eq!(bob.rename(grp.ino, b"theirs", pub_.ino, b"stolen"), Err(Errno::EACCES));
+    assert_eq!(alice.lookup(grp.ino, b"theirs").unwrap().ino, theirs.ino);
 
     // Sticky directory: bob cannot remove or rename alice's file.
     let tmp = root.mkdir(ROOT_INO, b"tmp", 0o1777).unwrap();
@@ -363,6 +396,16 @@ fn wrong_secret_and_hostile_requests_are_refused_while_others_carry_on() {
         let reply = raw.call(getattr[..cut].to_vec()).unwrap();
         assert_eq!(dafne_proto::decode_reply(&reply).unwrap().2, Err(Errno::EPROTO), "truncated at {cut}");
     }
+    // A login captured on one connection is refused on another.
+    let other = Client::connect(&rt, m.addr).unwrap();
+    let nonce = [3u8; 16];
+    let mac = secret(&m).session_mac(other.token(), &nonce, "replay");
+    let open = dafne_proto::encode_request(env, &Request::SessionOpen { client_name: "replay".into(), nonce, mac });
+    assert!(matches!(
+        dafne_proto::decode_reply(&other.call(open.clone()).unwrap()).unwrap().2,
+        Ok(Response::Session { .. })
+    ));
+    assert_eq!(dafne_proto::decode_reply(&raw.call(open).unwrap()).unwrap().2, Err(Errno::EACCES), "replayed login");
     assert_eq!(good.lookup(ROOT_INO, b"x").unwrap().kind, FileType::Directory, "the good session carries on");
 }
 

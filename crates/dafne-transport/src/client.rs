@@ -103,6 +103,7 @@ impl ClientSide {
         cs.by_nonce.borrow_mut().insert(conn.nonce, id);
         let hello = Hello {
             host_id: l.shared.host_id,
+            max_reply: l.options().max_reply.min(u32::MAX as usize) as u32,
             worker_address: match l.worker.address() {
                 Ok(a) => a,
                 Err(e) => {
@@ -141,7 +142,7 @@ impl ClientSide {
             FrameKind::Reply => {
                 TransportStats::inc(&l.stats().replies_received);
                 // A reply returns credits; never beyond what was granted.
-                let c = (conn.credits.get() + m.hdr.credits).min(conn.granted.get());
+                let c = conn.credits.get().saturating_add(m.hdr.credits).min(conn.granted.get());
                 conn.credits.set(c);
                 let p = conn.pending.borrow_mut().remove(&m.hdr.corr);
                 if let Some(p) = p {
@@ -384,6 +385,7 @@ struct ClientInner {
     shared: Arc<Shared>,
     id: u64,
     addr: SocketAddr,
+    token: std::sync::atomic::AtomicU64,
 }
 
 impl Drop for ClientInner {
@@ -417,9 +419,18 @@ impl Client {
             let _ = idtx.send(ClientSide::connect(l, addr, tx));
         })?;
         let id = idrx.recv().map_err(|_| TransportError::Shutdown)?;
-        let client = Client { inner: Arc::new(ClientInner { shared: rt.shared.clone(), id, addr }) };
+        let client =
+            Client { inner: Arc::new(ClientInner { shared: rt.shared.clone(), id, addr, token: Default::default() }) };
         futures::executor::block_on(rx).map_err(|_| TransportError::Shutdown)??;
+        let token = rt.run_on_loop(move |l| ClientSide::get(l, id).map(|c| c.token.get()).unwrap_or(0))?;
+        client.inner.token.store(token, std::sync::atomic::Ordering::Relaxed);
         Ok(client)
+    }
+
+    /// The connection's random token (see `ConnHandle::token` on the server):
+    /// what session authentication binds to.
+    pub fn token(&self) -> u64 {
+        self.inner.token.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn remote_addr(&self) -> SocketAddr {

@@ -22,7 +22,7 @@
 /// Size of the encoded header.
 pub const FRAME_HEADER_LEN: usize = 40;
 pub const FRAME_MAGIC: u16 = 0xDAF0;
-pub const FRAME_VERSION: u8 = 1;
+pub const FRAME_VERSION: u8 = 2;
 
 /// The UCX active-message id all dafne frames use.
 pub const AM_ID: u16 = 7;
@@ -192,6 +192,8 @@ impl FrameHeader {
 pub struct Hello {
     /// Identifies the host (boot id): equal ids mean shared memory may work.
     pub host_id: [u8; 16],
+    /// Largest reply payload the client accepts.
+    pub max_reply: u32,
     /// The client worker's UCX address.
     pub worker_address: Vec<u8>,
 }
@@ -210,8 +212,9 @@ pub const MAX_ADDRESS: usize = dafne_ucx::MAX_WORKER_ADDRESS_BYTES;
 
 impl Hello {
     pub fn encode(&self) -> Vec<u8> {
-        let mut v = Vec::with_capacity(20 + self.worker_address.len());
+        let mut v = Vec::with_capacity(24 + self.worker_address.len());
         v.extend_from_slice(&self.host_id);
+        v.extend_from_slice(&self.max_reply.to_le_bytes());
         v.extend_from_slice(&(self.worker_address.len() as u32).to_le_bytes());
         v.extend_from_slice(&self.worker_address);
         v
@@ -219,8 +222,12 @@ impl Hello {
 
     pub fn decode(b: &[u8]) -> Result<Hello, String> {
         let (host_id, rest) = take_host(b)?;
-        let worker_address = take_blob(rest)?;
-        Ok(Hello { host_id, worker_address })
+        if rest.len() < 4 {
+            return Err("hello truncated before max_reply".into());
+        }
+        let max_reply = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]);
+        let worker_address = take_blob(&rest[4..])?;
+        Ok(Hello { host_id, max_reply, worker_address })
     }
 }
 
@@ -336,12 +343,12 @@ mod tests {
 
     #[test]
     fn hello_and_welcome_round_trip_and_reject_lies() {
-        let h = Hello { host_id: [3; 16], worker_address: vec![1, 2, 3] };
+        let h = Hello { host_id: [3; 16], max_reply: 1 << 24, worker_address: vec![1, 2, 3] };
         assert_eq!(Hello::decode(&h.encode()), Ok(h.clone()));
         let w = Welcome { host_id: [4; 16], max_request: 1 << 20, worker_address: vec![9; 200] };
         assert_eq!(Welcome::decode(&w.encode()), Ok(w));
         let mut lie = h.encode();
-        lie[16..20].copy_from_slice(&(u32::MAX).to_le_bytes());
+        lie[20..24].copy_from_slice(&(u32::MAX).to_le_bytes());
         assert!(Hello::decode(&lie).is_err());
         let mut short = h.encode();
         short.pop();

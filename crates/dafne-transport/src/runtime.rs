@@ -270,12 +270,15 @@ impl Local {
     pub fn spawn(&self, fut: impl std::future::Future<Output = ()> + 'static) {
         let tx = self.shared.run_tx.clone();
         let sh = Arc::downgrade(&self.shared);
-        let schedule = move |r: async_task::Runnable| {
-            if tx.send(r).is_ok() {
+        let schedule = move |r: async_task::Runnable| match tx.send(r) {
+            Ok(()) => {
                 if let Some(sh) = sh.upgrade() {
                     sh.wake();
                 }
             }
+            // The loop is gone. The task is local to it and may not be
+            // dropped on this (possibly foreign) thread: leak it.
+            Err(e) => std::mem::forget(e.into_inner()),
         };
         let (runnable, task) = async_task::spawn_local(fut, schedule);
         task.detach();

@@ -54,6 +54,11 @@ pub(crate) struct ServerConn {
     dead_wakers: RefCell<HashMap<u64, (Waker, Instant)>>,
     next_waiter: Cell<u64>,
     last_heard: Cell<Instant>,
+    /// Set when the connection can no longer be used safely (a reply could
+    /// not be sent, an RMA timed out); housekeeping tears it down.
+    broken: Cell<bool>,
+    /// Largest reply the client accepts (from its hello).
+    max_reply: usize,
     shared: Arc<Shared>,
 }
 
@@ -82,7 +87,14 @@ impl ConnHandle {
     }
 
     pub fn is_alive(&self) -> bool {
-        !self.0.dead.get()
+        !self.0.dead.get() && !self.0.broken.get()
+    }
+
+    /// The connection's random token, known to both ends: protocols above
+    /// bind authentication to it so that a captured login cannot be
+    /// replayed on another connection.
+    pub fn token(&self) -> u64 {
+        self.0.token
     }
 
     fn data(&self) -> Result<Endpoint> {
@@ -136,26 +148,51 @@ impl ConnHandle {
         let stats = &self.0.shared.stats;
         let ep = self.data()?;
         let mut ops = Vec::with_capacity(segs.len());
+        let mut first_err: Option<TransportError> = None;
         for s in segs {
             let r = if put { ep.put(s.local, s.remote_addr, &s.rkey) } else { ep.get(s.local, s.remote_addr, &s.rkey) };
             match r {
                 Ok(op) => ops.push(op),
                 Err(e) => {
-                    TransportStats::inc(&stats.rma_failures);
-                    return Err(e.into());
+                    first_err = Some(e.into());
+                    break;
                 }
             }
         }
-        let flush = ep.flush().inspect_err(|_| TransportStats::inc(&stats.rma_failures))?;
+        // Fence what was posted, even after a failed post: the handler must
+        // not answer (and the client must not reuse its buffers) while an
+        // earlier put or get of this request may still land.
+        let flush = match ep.flush() {
+            Ok(f) => Some(f),
+            Err(e) => {
+                first_err.get_or_insert(e.into());
+                None
+            }
+        };
         let deadline = Instant::now() + self.0.shared.opts.call_timeout;
         let waiter = self.0.next_waiter.get() + 1;
         self.0.next_waiter.set(waiter);
-        let done = Guarded { conn: self.0.clone(), waiter, ops: &ops, flush: &flush, deadline }.await;
-        if let Err(e) = done {
+        let waited = Guarded { conn: self.0.clone(), waiter, ops: &ops, flush: flush.as_ref(), deadline }.await;
+        let outcome = match waited {
+            Err(e) => {
+                // Timed out (or the connection died) with operations possibly
+                // still in flight: the connection cannot be trusted with
+                // another request, so it is torn down instead of answered.
+                self.0.broken.set(true);
+                Err(e)
+            }
+            Ok(()) => match first_err {
+                Some(e) => Err(e),
+                None => match ops.iter().chain(flush.as_ref()).find_map(|o| o.poll_done().and_then(|r| r.err())) {
+                    Some(e) => Err(e.into()),
+                    None => Ok(()),
+                },
+            },
+        };
+        if outcome.is_err() {
             TransportStats::inc(&stats.rma_failures);
-            return Err(e);
         }
-        Ok(ops)
+        outcome.map(|_| ops)
     }
 
     /// UCX's description of the data endpoint to this client.
@@ -164,28 +201,20 @@ impl ConnHandle {
     }
 }
 
-/// Resolves when every op and the flush completed, the connection died, or
-/// the deadline passed, whichever comes first.
+/// Resolves `Ok` when every op and the flush completed (successfully or
+/// not), `Err` if the connection died or the deadline passed first.
 struct Guarded<'a> {
     conn: Rc<ServerConn>,
     waiter: u64,
     ops: &'a [Op],
-    flush: &'a Op,
+    flush: Option<&'a Op>,
     deadline: Instant,
 }
 
 impl Future for Guarded<'_> {
     type Output = Result<()>;
     fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Result<()>> {
-        let mut all_done = true;
-        for op in self.ops.iter().chain(std::iter::once(self.flush)) {
-            match op.poll_done() {
-                Some(Err(e)) => return Poll::Ready(Err(e.into())),
-                Some(Ok(())) => {}
-                None => all_done = false,
-            }
-        }
-        if all_done {
+        if self.ops.iter().chain(self.flush).all(|op| op.poll_done().is_some()) {
             return Poll::Ready(Ok(()));
         }
         if self.conn.dead.get() {
@@ -194,21 +223,20 @@ impl Future for Guarded<'_> {
                 reason: "the client died during RMA".into(),
             }));
         }
-        // Register for op completion (the flush completes last), death, and the deadline.
-        let mut flush = Op::clone_handle(self.flush);
-        let _ = Pin::new(&mut flush).poll(cx);
-        for op in self.ops {
-            let mut h = Op::clone_handle(op);
-            let _ = Pin::new(&mut h).poll(cx);
-        }
-        let (id, deadline) = (self.waiter, self.deadline);
-        self.conn.dead_wakers.borrow_mut().insert(id, (cx.waker().clone(), deadline));
-        if Instant::now() >= deadline {
+        if Instant::now() >= self.deadline {
             return Poll::Ready(Err(TransportError::TimedOut {
                 what: "RMA",
                 after: self.conn.shared.opts.call_timeout,
             }));
         }
+        // Register for completion of every op, death, and the deadline
+        // (housekeeping wakes waiters whose deadline passed).
+        for op in self.ops.iter().chain(self.flush) {
+            let mut h = Op::clone_handle(op);
+            let _ = Pin::new(&mut h).poll(cx);
+        }
+        let (id, deadline) = (self.waiter, self.deadline);
+        self.conn.dead_wakers.borrow_mut().insert(id, (cx.waker().clone(), deadline));
         Poll::Pending
     }
 }
@@ -226,7 +254,7 @@ pub(crate) struct ServerSide {
     service: RefCell<Option<Rc<dyn Service>>>,
     accepted: RefCell<HashMap<usize, (Endpoint, Instant)>>,
     conns: RefCell<HashMap<u32, Rc<ServerConn>>>,
-    by_ctrl: RefCell<HashMap<usize, u32>>,
+    by_ep: RefCell<HashMap<usize, u32>>,
     next_id: Cell<u32>,
 }
 
@@ -330,6 +358,12 @@ impl ServerSide {
         };
         let id = l.server.next_id.get().wrapping_add(1).max(1);
         l.server.next_id.set(id);
+        if mode == dafne_ucx::ErrMode::Peer {
+            // Across hosts the data endpoint detects failures itself (e.g. a
+            // remote access error): it must tear the connection down too.
+            l.watch_failure(&data);
+            l.server.by_ep.borrow_mut().insert(data.id(), id);
+        }
         let token = random_u64() | 1;
         let conn = Rc::new(ServerConn {
             id,
@@ -343,6 +377,8 @@ impl ServerSide {
             dead_wakers: RefCell::new(HashMap::new()),
             next_waiter: Cell::new(0),
             last_heard: Cell::new(Instant::now()),
+            broken: Cell::new(false),
+            max_reply: hello.max_reply as usize,
             shared: l.shared.clone(),
         });
         let address = match l.worker.address() {
@@ -362,16 +398,20 @@ impl ServerSide {
             tracing::warn!("sending welcome failed: {e}");
             return;
         }
-        l.server.by_ctrl.borrow_mut().insert(ctrl.id(), id);
+        l.server.by_ep.borrow_mut().insert(ctrl.id(), id);
         *conn.ctrl.borrow_mut() = Some(ctrl);
         l.server.conns.borrow_mut().insert(id, conn);
         TransportStats::inc(&stats.connections_accepted);
     }
 
     fn reply(conn: &ServerConn, corr: u64, status: TransportStatus, payload: Vec<u8>) {
-        if conn.dead.get() {
+        if conn.dead.get() || conn.broken.get() {
             return;
         }
+        // A reply the client would refuse would also lose its credit:
+        // answer TooLarge instead.
+        let (status, payload) =
+            if payload.len() > conn.max_reply { (TransportStatus::TooLarge, Vec::new()) } else { (status, payload) };
         let mut h = FrameHeader::new(FrameKind::Reply);
         h.status = status as i32;
         h.conn_id = conn.id;
@@ -381,14 +421,15 @@ impl ServerSide {
         h.payload_len = payload.len() as u32;
         if let Some(ep) = &*conn.data.borrow() {
             if let Err(e) = ep.am_send(AM_ID, h.encode().to_vec(), payload, false) {
-                tracing::debug!("reply to connection {} failed: {e}", conn.id);
+                tracing::warn!("reply to connection {} failed ({e}): closing it", conn.id);
+                conn.broken.set(true);
             }
         }
     }
 
     pub(crate) fn on_ep_failed(l: &Rc<Local>, ep_id: usize) {
         l.server.accepted.borrow_mut().remove(&ep_id);
-        let id = l.server.by_ctrl.borrow().get(&ep_id).copied();
+        let id = l.server.by_ep.borrow().get(&ep_id).copied();
         if let Some(id) = id {
             Self::drop_conn(l, id, true);
         }
@@ -410,10 +451,9 @@ impl ServerSide {
             w.wake();
         }
         conn.keys.borrow_mut().clear();
-        if let Some(ep) = conn.ctrl.borrow_mut().take() {
-            l.server.by_ctrl.borrow_mut().remove(&ep.id());
+        for ep in [conn.ctrl.borrow_mut().take(), conn.data.borrow_mut().take()].into_iter().flatten() {
+            l.server.by_ep.borrow_mut().remove(&ep.id());
         }
-        conn.data.borrow_mut().take();
     }
 
     pub(crate) fn housekeeping(l: &Rc<Local>, now: Instant) {
@@ -428,6 +468,10 @@ impl ServerSide {
             .map(|c| c.id)
             .collect();
         for id in silent {
+            Self::drop_conn(l, id, true);
+        }
+        let broken: Vec<u32> = l.server.conns.borrow().values().filter(|c| c.broken.get()).map(|c| c.id).collect();
+        for id in broken {
             Self::drop_conn(l, id, true);
         }
         for c in l.server.conns.borrow().values() {

@@ -198,6 +198,12 @@ impl Endpoint {
         }
         let (ptr, len, memh, keep): (*mut u8, usize, Option<sys::ucp_mem_h>, Box<dyn Any>) = match local {
             Local::Region { region, offset, len } => {
+                if !region.belongs_to(&self.inner.worker.ctx) {
+                    return Err(Error::Invalid {
+                        op: "rma",
+                        reason: "the local region was registered with another UCX context".into(),
+                    });
+                }
                 if offset.checked_add(len).is_none_or(|end| end > region.len()) {
                     return Err(Error::Invalid {
                         op: "rma",

@@ -157,6 +157,12 @@ impl Region {
         self.memh
     }
 
+    /// Whether this region was registered with `ctx` (a memory handle is
+    /// only meaningful to the context that made it).
+    pub(crate) fn belongs_to(&self, ctx: &Context) -> bool {
+        std::sync::Arc::ptr_eq(&self.ctx.inner, &ctx.inner)
+    }
+
     pub(crate) fn ptr(&self) -> *mut u8 {
         self.addr
     }

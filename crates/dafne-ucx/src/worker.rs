@@ -33,6 +33,9 @@ pub(crate) struct WorkerInner {
     #[allow(clippy::vec_box)]
     handlers: RefCell<Vec<Box<AmHandlerBox>>>,
     efd: RawFd,
+    /// Set while a UCX callback of this worker runs: progress from inside
+    /// one is forbidden by UCX and refused here.
+    in_callback: Rc<Cell<bool>>,
 }
 
 impl WorkerInner {
@@ -133,6 +136,7 @@ impl Worker {
                 closing: RefCell::new(Vec::new()),
                 handlers: RefCell::new(Vec::new()),
                 efd,
+                in_callback: Rc::new(Cell::new(false)),
             }),
         })
     }
@@ -146,6 +150,10 @@ impl Worker {
     /// Must not be called from a UCX callback (nothing here hands a Worker
     /// to a callback, so it cannot be).
     pub fn progress(&self) -> u32 {
+        if self.inner.in_callback.get() {
+            debug_assert!(false, "Worker::progress called from inside a UCX callback");
+            return 0;
+        }
         if !self.inner.pending_close.borrow().is_empty() || !self.inner.closing.borrow().is_empty() {
             self.inner.start_closes();
         }
@@ -240,6 +248,12 @@ impl Worker {
 
     /// Accepts a connection request from a [`Listener`] (peer error handling on).
     pub fn accept(&self, mut req: ConnRequest) -> Result<Endpoint> {
+        if !req.listener.as_ref().is_some_and(|l| Rc::ptr_eq(&l.worker, &self.inner)) {
+            return Err(Error::Invalid {
+                op: "ucp_ep_create(conn_request)",
+                reason: "request of another worker's listener".into(),
+            });
+        }
         let (err, err_arg) = EpErr::new();
         let params = sys::ucp_ep_params_t {
             field_mask: (sys::UCP_EP_PARAM_FIELD_CONN_REQUEST
@@ -261,8 +275,8 @@ impl Worker {
         let sa = SockAddr::from(addr);
         let boxed: Box<ConnHandlerBox> = Box::new(ConnHandlerBox {
             f: RefCell::new(Box::new(on_request)),
-            listener: Cell::new(ptr::null_mut()),
-            worker: Rc::downgrade(&self.inner),
+            core: RefCell::new(std::rc::Weak::new()),
+            in_callback: self.inner.in_callback.clone(),
         });
         let arg = &*boxed as *const ConnHandlerBox as *mut std::ffi::c_void;
         let params = sys::ucp_listener_params_t {
@@ -284,8 +298,9 @@ impl Worker {
                 _ => e,
             },
         )?;
-        boxed.listener.set(h);
-        Ok(Listener { h, _handler: boxed, worker: self.inner.clone() })
+        let core = Rc::new(ListenerCore { h, _handler: boxed, worker: self.inner.clone() });
+        *core._handler.core.borrow_mut() = Rc::downgrade(&core);
+        Ok(Listener { core })
     }
 
     /// Installs the handler for active-message `id`. The handler runs inside
@@ -297,8 +312,12 @@ impl Worker {
                 reason: format!("AM id {id} too large"),
             });
         }
-        let boxed =
-            Box::new(AmHandlerBox { f: RefCell::new(Box::new(f)), worker: self.inner.h, ctx: self.inner.ctx.clone() });
+        let boxed = Box::new(AmHandlerBox {
+            f: RefCell::new(Box::new(f)),
+            worker: self.inner.h,
+            ctx: self.inner.ctx.clone(),
+            in_callback: self.inner.in_callback.clone(),
+        });
         let param = sys::ucp_am_handler_param_t {
             field_mask: (sys::UCP_AM_HANDLER_PARAM_FIELD_ID
                 | sys::UCP_AM_HANDLER_PARAM_FIELD_CB
@@ -328,8 +347,14 @@ pub const MAX_WORKER_ADDRESS: usize = 4096;
 pub use MAX_WORKER_ADDRESS as MAX_WORKER_ADDRESS_BYTES;
 const ADDRESS_SLACK: usize = 64 * 1024;
 
-/// A listening socket address; dropping it stops listening.
+/// A listening socket address; dropping it (and every pending
+/// [`ConnRequest`], which keeps the listener alive to reject or accept
+/// against it) stops listening.
 pub struct Listener {
+    core: Rc<ListenerCore>,
+}
+
+struct ListenerCore {
     h: sys::ucp_listener_h,
     _handler: Box<ConnHandlerBox>,
     worker: Rc<WorkerInner>,
@@ -347,7 +372,7 @@ impl Listener {
         let mut attr =
             sys::ucp_listener_attr_t { field_mask: sys::UCP_LISTENER_ATTR_FIELD_SOCKADDR as u64, ..Default::default() };
         // SAFETY: live listener; attr is an out-struct.
-        check("ucp_listener_query", unsafe { sys::ucp_listener_query(self.h, &mut attr) })?;
+        check("ucp_listener_query", unsafe { sys::ucp_listener_query(self.core.h, &mut attr) })?;
         let storage: &libc::sockaddr_storage =
             // SAFETY: bindgen's sockaddr_storage and libc's have the same C layout.
             unsafe { &*(&attr.sockaddr as *const sys::sockaddr_storage as *const libc::sockaddr_storage) };
@@ -356,38 +381,42 @@ impl Listener {
     }
 }
 
-impl Drop for Listener {
+impl Drop for ListenerCore {
     fn drop(&mut self) {
         let _ = &self.worker;
-        // SAFETY: live listener, destroyed once; the handler box is freed after.
+        // SAFETY: live listener, destroyed once, after every ConnRequest
+        // (they hold this core); the handler box is freed after.
         unsafe { sys::ucp_listener_destroy(self.h) };
     }
 }
 
+type ConnHandlerFn = Box<dyn FnMut(ConnRequest)>;
+
 struct ConnHandlerBox {
-    f: RefCell<Box<dyn FnMut(ConnRequest)>>,
-    listener: Cell<sys::ucp_listener_h>,
-    worker: std::rc::Weak<WorkerInner>,
+    f: RefCell<ConnHandlerFn>,
+    core: RefCell<std::rc::Weak<ListenerCore>>,
+    in_callback: Rc<Cell<bool>>,
 }
 
 unsafe extern "C" fn conn_cb(conn_request: sys::ucp_conn_request_h, arg: *mut std::ffi::c_void) {
     // SAFETY: arg is the ConnHandlerBox owned by the Listener, alive while
     // the listener exists (UCX calls this only then).
     let hb = unsafe { &*(arg as *const ConnHandlerBox) };
-    let req =
-        ConnRequest { h: conn_request, listener: hb.listener.get(), consumed: false, _worker: hb.worker.upgrade() };
+    let core = hb.core.borrow().upgrade();
+    let req = ConnRequest { h: conn_request, listener: core, consumed: false };
+    hb.in_callback.set(true);
     if let Ok(mut f) = hb.f.try_borrow_mut() {
         f(req);
     }
+    hb.in_callback.set(false);
 }
 
 /// An incoming connection; accept it with [`Worker::accept`]. Dropping it
 /// rejects the connection.
 pub struct ConnRequest {
     h: sys::ucp_conn_request_h,
-    listener: sys::ucp_listener_h,
+    listener: Option<Rc<ListenerCore>>,
     consumed: bool,
-    _worker: Option<Rc<WorkerInner>>,
 }
 
 impl std::fmt::Debug for ConnRequest {
@@ -398,10 +427,10 @@ impl std::fmt::Debug for ConnRequest {
 
 impl Drop for ConnRequest {
     fn drop(&mut self) {
-        if !self.consumed && !self.listener.is_null() {
-            // SAFETY: the request came from this listener and was neither
-            // accepted nor rejected before.
-            unsafe { sys::ucp_listener_reject(self.listener, self.h) };
+        if let (false, Some(l)) = (self.consumed, &self.listener) {
+            // SAFETY: the request came from this listener, which it keeps
+            // alive, and was neither accepted nor rejected before.
+            unsafe { sys::ucp_listener_reject(l.h, self.h) };
         }
     }
 }
@@ -412,6 +441,7 @@ struct AmHandlerBox {
     f: RefCell<AmHandlerFn>,
     worker: sys::ucp_worker_h,
     ctx: Context,
+    in_callback: Rc<Cell<bool>>,
 }
 
 /// One received active message, valid only inside the handler.
@@ -533,10 +563,12 @@ unsafe extern "C" fn am_cb(
     if rndv {
         Stats::add(&s.am_rndv_received, 1);
     }
+    hb.in_callback.set(true);
     let verdict = match hb.f.try_borrow_mut() {
         Ok(mut f) => f(AmRecv { header, reply_ep, payload }),
         Err(_) => AmVerdict::Reject(Status::BUSY),
     };
+    hb.in_callback.set(false);
     if rndv && used.get() {
         sys::UCS_INPROGRESS as sys::ucs_status_t
     } else if rndv {
