@@ -1,0 +1,136 @@
+//! The Unifier: the io server's cache, which is also its pool of registered
+//! communication buffers.
+//!
+//! # Why
+//! An io server that caches file data in one place and keeps its RDMA
+//! buffers in another copies every byte it serves (cache → send buffer), or
+//! registers and deregisters memory per request (the Unifier paper measured
+//! both: the copy halves cached read bandwidth, registration dominates small
+//! requests). The Unifier merges the two, so that:
+//!
+//! * **one copy of each block**: storage reads land in a unit, the
+//!   transport puts to clients straight from that unit, clients' data is
+//!   fetched (RMA get) straight into it, and it is written back from it.
+//!   The Unifier never copies bytes between buffers (`bytes_copied` stays 0);
+//! * **no registration on the hot path**: "ready" memory is registered once,
+//!   at start; optional "raw" memory is registered unit by unit the first
+//!   time each unit is used, and stays registered;
+//! * **sharing instead of copying**: a unit has one owner, the Unifier, and
+//!   is lent out with reference counts (the paper's allocate/release).
+//!   Readers share it; a writer waits until readers release it and then
+//!   modifies it in place. No copy is made to dodge a conflict (write
+//!   sharing is rare in parallel I/O, and the wait is one RMA long).
+//!
+//! # Memory: slabs, size classes, unit slots
+//! The cache is `ready_slabs + raw_slabs` slabs of `slab_size` bytes. A slab
+//! is carved into unit slots of one size class (4, 8, 16, 32 or 64 KiB) the
+//! first time that class needs space; ready slabs are carved into
+//! `default_unit` slots at start. A class without a free unit takes a raw
+//! slab never carved, else evicts within itself, and only when it has
+//! nothing evictable takes a slab from another class: an empty one, else
+//! the coldest one whose units can all be evicted. Re-carving a ready slab
+//! registers each of its units again (16 ms for 8 MiB of 4 KiB units here),
+//! which is why a class takes memory from another only as a last resort;
+//! it is counted (`carves`, `registrations`). Set `default_unit` to the
+//! common unit size so that advice rarely triggers it. (A class therefore
+//! keeps the slabs it has until it runs dry; moving slabs by hit rates is
+//! left for later.)
+//!
+//! Each unit slot is its own registered [`dafne_ucx::Region`] held as an
+//! `Arc`, so that an RMA operation can keep exactly the memory it touches
+//! alive. Why not one region per slab: filling or writing a unit in place
+//! needs `&mut` access to its bytes, which safe Rust grants only to the sole
+//! owner of the `Arc` (`Arc::get_mut`). With one region per slab, an RMA
+//! operation in flight on any unit would block fills and writes of every
+//! other unit of the slab. Per-unit regions cost one registration per unit
+//! at start (measured here: 1024 × 64 KiB in ~35 ms, 4096 × 4 KiB in
+//! ~32 ms; memory keys are never sent, since the server only does RMA from
+//! its own side). A sub-region type in `dafne-ucx` (one registration, units
+//! as disjoint views) would remove that cost without changing this crate's
+//! interface.
+//!
+//! # Index and replacement
+//! `(object, unit_index) → slot`, where a unit caches bytes
+//! `[unit_index * unit_size, +unit_size)` of the object; `unit_size` comes
+//! from per-file advice ([`FileAdvice`]) or the default. Each size class
+//! has two rings of its units, one per [`Policy`]; a unit is in the ring of
+//! its file's policy. Only unreferenced units are evictable (no guard, no
+//! fill, no waiter); a dirty victim is written back first.
+//!
+//! **Mixed policies share one pool** by letting each policy choose *which of
+//! its own units* should go, and age decide *which policy* gives one up: LRU
+//! nominates its least recently used unreferenced unit, CLOCK sweeps its
+//! hand (clearing reference bits) to its first unreferenced unit with a
+//! clear bit, and the nominee whose last use (a cache-wide tick) is older
+//! is evicted. So a file's advice changes the order in which its own units
+//! leave, but no policy can starve the other: a CLOCK file that stops being
+//! used loses its units to an active LRU file, and vice versa. There are no
+//! per-policy quotas to tune. (A CLOCK nominee that loses keeps the hand on
+//! it, bit clear: it is the first candidate next time.)
+//!
+//! # Allocate/release: readers share, a writer waits
+//! Every unit has a FIFO queue of waiting acquisitions, each with its
+//! [`std::task::Waker`]. A reader enters when no writer holds or fills the
+//! unit and no writer waits ahead of it; a writer enters when nobody holds
+//! the unit and it is first in line. So a writer waits for the readers that
+//! came before it, and readers that come after a waiting writer wait behind
+//! it (the writer cannot starve). Releasing a guard wakes the waiters that
+//! may now enter. A unit being filled from storage is held by its filler:
+//! concurrent readers of a missing unit queue on it and are let in when the
+//! one fill completes (no double fill); if the fill fails, they retry.
+//! Waiting is a future; nothing blocks or spins. Dropping a waiting future
+//! leaves the queue. As with any lock, a task must not wait for a unit it
+//! already holds (e.g. `flush` or `truncate` of an object while holding a
+//! write guard on it): that wait never ends.
+//!
+//! The exclusive holder of a unit (filler or writer) holds the cache's
+//! `Arc` itself, which is how it may write the bytes in place; readers hold
+//! clones. An RMA operation that is abandoned (its peer died) keeps its
+//! clone; the Unifier notices the extra reference when it next needs the
+//! unit exclusively or frees it, writes back any dirty bytes, and retires
+//! the slot (`retired_units`) instead of reusing memory UCX may still touch.
+//! The io server therefore completes and drops each RMA operation before
+//! releasing the guard it came from.
+//!
+//! # Dirty units and write-back
+//! A write marks the range it wrote dirty (one covering range per unit).
+//! Write-back writes that range from the unit: on eviction, on
+//! [`Unifier::flush`] / [`Unifier::flush_all`] (then `sync`), when a
+//! request asks for stability ([`WriteGuard::commit_stable`]:
+//! write-through), and when a writer would push dirty bytes past
+//! `max_dirty_bytes` (bounded write-behind: the oldest dirty units go
+//! first). Storage is synchronous: see [`storage`] for why.
+//!
+//! # Limits
+//! * Cache memory: `(ready_slabs + raw_slabs) * slab_size` ≤ 1 TiB; slab ≤ 1 GiB.
+//!   Default 8 × 8 MiB = 64 MiB = 1024 units of 64 KiB.
+//! * Unit slots ≤ cache / 4 KiB = 2^28 (slot numbers are `u32`).
+//! * Units held at once ≤ unit slots; beyond that an acquisition fails with
+//!   [`Error::NoSpace`] (the io server answers "retry"). Size the cache for
+//!   the requests in flight: credits (64 per connection) × units per request
+//!   (a 1 MiB request in 64 KiB units is 16) × connections; the defaults
+//!   hold one connection's full window (64 × 16 = 1024 units).
+//! * Dirty bytes ≤ `max_dirty_bytes` + (writers in flight − 1) × 64 KiB.
+//! * Objects with advice ≤ [`MAX_ADVISED_OBJECTS`].
+//!
+//! # Threading
+//! Single-threaded: the types are `!Send` (`Rc`, `RefCell`) and live on the
+//! io server's event loop. No borrow of the cache's state is held across a
+//! storage call or an `await`.
+
+pub mod config;
+pub mod error;
+mod ring;
+mod state;
+mod stats;
+pub mod storage;
+mod unifier;
+
+#[cfg(test)]
+mod tests;
+
+pub use config::{FileAdvice, Policy, UnifierConfig, MAX_ADVISED_OBJECTS, MAX_CACHE_BYTES, MAX_SLAB_SIZE, UNIT_SIZES};
+pub use error::{ConfigError, Error, Result};
+pub use stats::UnifierStats;
+pub use storage::{MemStorage, MemStorageStats, Storage};
+pub use unifier::{spans, ReadGuard, Span, Unifier, WriteGuard};

@@ -1,0 +1,657 @@
+//! The cache's bookkeeping: slabs and unit slots, the index, the replacement
+//! rings, the sharing rules and the dirty accounting. Everything here runs
+//! under one `RefCell` borrow and never calls storage; the caller
+//! ([`crate::unifier`]) releases the borrow around every storage call.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::task::Waker;
+use std::time::Instant;
+
+use dafne_ucx::{Access, Context, Region};
+
+use crate::config::{class_of, FileAdvice, Policy, UnifierConfig, UNIT_SIZES};
+use crate::error::{Error, Result};
+use crate::ring::{Links, Ring, NIL};
+use crate::stats::UnifierStats;
+
+pub(crate) const NCLASSES: usize = UNIT_SIZES.len();
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SlabKind {
+    /// Registered at start, unit by unit.
+    Ready,
+    /// Ordinary memory: each unit is registered the first time it is used.
+    Raw,
+}
+
+#[derive(Debug)]
+pub(crate) struct Slab {
+    pub(crate) kind: SlabKind,
+    /// The size class it is carved into (`None`: not carved yet).
+    pub(crate) class: Option<usize>,
+    pub(crate) slots: Vec<u32>,
+}
+
+/// Where a slot's memory is.
+#[derive(Debug)]
+pub(crate) enum Mem {
+    /// Registered memory. This `Arc` is the cache's own reference; read
+    /// guards, write-backs and RMA operations hold clones.
+    Registered(Arc<Region>),
+    /// A raw unit, not registered yet (its memory is allocated then too).
+    Raw,
+    /// Lent to the one filler or writer that owns the unit exclusively;
+    /// the guard gives it back on release.
+    Lent,
+    /// Given up: the slab was re-carved, or an abandoned RMA operation
+    /// still holds the memory (which then lives as long as that operation).
+    Gone,
+}
+
+#[derive(Debug)]
+pub(crate) struct Slot {
+    pub(crate) slab: u32,
+    pub(crate) class: usize,
+    pub(crate) mem: Mem,
+    /// Changes whenever the slot takes or drops a unit, so that a waiter
+    /// that remembers (slot, gen) can tell its unit is gone.
+    pub(crate) gen: u64,
+    pub(crate) unit: Option<Unit>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Waiter {
+    pub(crate) id: u64,
+    pub(crate) exclusive: bool,
+    pub(crate) waker: Option<Waker>,
+}
+
+/// A cached unit: bytes `[index * size, (index + 1) * size)` of `object`.
+#[derive(Debug)]
+pub(crate) struct Unit {
+    pub(crate) object: u64,
+    pub(crate) index: u64,
+    pub(crate) policy: Policy,
+    /// In the index and a ring. A detached unit (invalidated, truncated
+    /// away, removed) lives on only until its holders release it.
+    pub(crate) attached: bool,
+    /// Being read from storage; nobody else may touch it.
+    pub(crate) filling: bool,
+    /// Shared holders (read guards).
+    pub(crate) readers: u32,
+    /// An exclusive holder (a write guard).
+    pub(crate) writer: bool,
+    /// Internal write-backs reading the unit without a guard.
+    pub(crate) pins: u32,
+    /// Acquisitions waiting their turn, first come first served.
+    pub(crate) waiters: VecDeque<Waiter>,
+    /// Dirty bytes within the unit, as one covering range `[lo, hi)`.
+    pub(crate) dirty: Option<(usize, usize)>,
+    /// When the unit became dirty (orders write-behind, oldest first).
+    pub(crate) dirty_seq: u64,
+    /// CLOCK's reference bit.
+    pub(crate) ref_bit: bool,
+    /// The cache-wide tick of the last acquisition (arbitrates between
+    /// policies).
+    pub(crate) last_use: u64,
+}
+
+impl Unit {
+    /// May not be evicted or re-carved: someone holds it, fills it, writes
+    /// it back, or waits for it.
+    pub(crate) fn pinned(&self) -> bool {
+        self.readers > 0 || self.writer || self.filling || self.pins > 0 || !self.waiters.is_empty()
+    }
+
+    /// A shared holder may enter: no writer or filler, and no exclusive
+    /// waiter ahead of `me` (a waiting writer holds back later readers, so
+    /// readers cannot starve it).
+    pub(crate) fn can_share(&self, me: Option<u64>) -> bool {
+        if self.writer || self.filling {
+            return false;
+        }
+        for w in &self.waiters {
+            if Some(w.id) == me {
+                return true;
+            }
+            if w.exclusive {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// An exclusive holder may enter: nobody holds or fills the unit, and
+    /// `me` is first in line (or, arriving, the line is empty).
+    pub(crate) fn can_exclusive(&self, me: Option<u64>) -> bool {
+        if self.writer || self.filling || self.readers > 0 || self.pins > 0 {
+            return false;
+        }
+        match me {
+            None => self.waiters.is_empty(),
+            Some(id) => self.waiters.front().map(|w| w.id) == Some(id),
+        }
+    }
+
+    /// Wakes the waiters that may now enter: an exclusive one at the front
+    /// if the unit is free, else the shared ones before the first exclusive.
+    pub(crate) fn wake_eligible(&self) {
+        if self.writer || self.filling {
+            return;
+        }
+        for (i, w) in self.waiters.iter().enumerate() {
+            if w.exclusive {
+                if i == 0 && self.readers == 0 && self.pins == 0 {
+                    wake(w);
+                }
+                return;
+            }
+            wake(w);
+        }
+    }
+
+    pub(crate) fn wake_all(&self) {
+        self.waiters.iter().for_each(wake);
+    }
+
+    pub(crate) fn remove_waiter(&mut self, id: u64) {
+        if let Some(i) = self.waiters.iter().position(|w| w.id == id) {
+            self.waiters.remove(i);
+        }
+    }
+}
+
+fn wake(w: &Waiter) {
+    if let Some(k) = &w.waker {
+        k.wake_by_ref();
+    }
+}
+
+/// What the cache knows of an object.
+#[derive(Debug, Default)]
+pub(crate) struct Obj {
+    pub(crate) advice: FileAdvice,
+    /// unit index -> slot.
+    pub(crate) units: BTreeMap<u64, u32>,
+}
+
+/// The outcome of asking for a unit right away.
+#[derive(Debug)]
+pub(crate) enum Grant {
+    /// Entered: the memory (a clone for a reader, the lent `Arc` for a writer).
+    Held { slot: u32, gen: u64, arc: Arc<Region> },
+    /// The unit's memory is held by an abandoned operation: retire the slot.
+    Leaked(u32),
+}
+
+#[derive(Debug)]
+pub(crate) struct State {
+    slab_size: usize,
+    pub(crate) slabs: Vec<Slab>,
+    pub(crate) slots: Vec<Slot>,
+    /// Slot numbers of re-carved slabs, reused by the next carve.
+    dead: Vec<u32>,
+    pub(crate) free: [Vec<u32>; NCLASSES],
+    links: Links,
+    /// rings[class][policy]
+    rings: [[Ring; 2]; NCLASSES],
+    pub(crate) objects: HashMap<u64, Obj>,
+    /// Objects with non-default advice (bounded by MAX_ADVISED_OBJECTS).
+    pub(crate) advised: usize,
+    /// dirty_seq -> slot, oldest first.
+    pub(crate) dirty_order: BTreeMap<u64, u32>,
+    pub(crate) dirty_bytes: u64,
+    /// Objects written back since their last sync (flush_all syncs them).
+    pub(crate) unsynced: HashSet<u64>,
+    pub(crate) units_in_use: u64,
+    tick: u64,
+    next_dirty_seq: u64,
+    next_waiter: u64,
+    /// Monotonic counters (gauges are filled in by `snapshot`).
+    pub(crate) c: UnifierStats,
+}
+
+impl State {
+    pub(crate) fn new(cfg: &UnifierConfig) -> State {
+        let mut slabs = Vec::with_capacity(cfg.ready_slabs + cfg.raw_slabs);
+        for kind in std::iter::repeat_n(SlabKind::Ready, cfg.ready_slabs)
+            .chain(std::iter::repeat_n(SlabKind::Raw, cfg.raw_slabs))
+        {
+            slabs.push(Slab { kind, class: None, slots: Vec::new() });
+        }
+        State {
+            slab_size: cfg.slab_size,
+            slabs,
+            slots: Vec::new(),
+            dead: Vec::new(),
+            free: Default::default(),
+            links: Links::default(),
+            rings: Default::default(),
+            objects: HashMap::new(),
+            advised: 0,
+            dirty_order: BTreeMap::new(),
+            dirty_bytes: 0,
+            unsynced: HashSet::new(),
+            units_in_use: 0,
+            tick: 0,
+            next_dirty_seq: 0,
+            next_waiter: 0,
+            c: UnifierStats::default(),
+        }
+    }
+
+    pub(crate) fn unit(&self, s: u32) -> &Unit {
+        self.slots[s as usize].unit.as_ref().expect("slot holds a unit")
+    }
+
+    pub(crate) fn unit_mut(&mut self, s: u32) -> &mut Unit {
+        self.slots[s as usize].unit.as_mut().expect("slot holds a unit")
+    }
+
+    /// The unit size, its class and the policy for `object`.
+    pub(crate) fn advice_for(&self, object: u64, cfg: &UnifierConfig) -> (usize, usize, Policy) {
+        let a = self.objects.get(&object).map(|o| o.advice).unwrap_or_default();
+        let size = a.unit_size.unwrap_or(cfg.default_unit);
+        let class = class_of(size).expect("advice and config hold size classes");
+        (size, class, a.policy.unwrap_or(cfg.default_policy))
+    }
+
+    pub(crate) fn lookup(&self, object: u64, index: u64) -> Option<u32> {
+        self.objects.get(&object)?.units.get(&index).copied()
+    }
+
+    // ---- memory: carving and registration ------------------------------
+
+    fn new_slot(&mut self, slab: usize, class: usize, mem: Mem) -> u32 {
+        let slot = Slot { slab: slab as u32, class, mem, gen: 0, unit: None };
+        let s = match self.dead.pop() {
+            Some(s) => {
+                let gen = self.slots[s as usize].gen + 1;
+                self.slots[s as usize] = Slot { gen, ..slot };
+                s
+            }
+            None => {
+                self.slots.push(slot);
+                (self.slots.len() - 1) as u32
+            }
+        };
+        // MAX_CACHE_BYTES / 4 KiB = 2^28 live slots, far below the nil link.
+        assert!(s < NIL, "slot numbers exhausted");
+        self.links.grow(self.slots.len());
+        s
+    }
+
+    /// Carves `slab` into units of `class`. Every slot of the slab must be
+    /// empty. Ready slabs register each unit now (deregistering the old
+    /// carving, whose memory an abandoned operation may keep alive); raw
+    /// slabs register each unit on first use.
+    pub(crate) fn carve(&mut self, ctx: &Context, slab: usize, class: usize, at_start: bool) -> Result<()> {
+        let old = std::mem::take(&mut self.slabs[slab].slots);
+        if let Some(oc) = self.slabs[slab].class {
+            let slots = &self.slots;
+            self.free[oc].retain(|&s| slots[s as usize].slab as usize != slab);
+        }
+        for s in old {
+            let slot = &mut self.slots[s as usize];
+            assert!(slot.unit.is_none(), "carving a slab with a live unit");
+            slot.mem = Mem::Gone;
+            slot.gen += 1;
+            self.dead.push(s);
+        }
+        let size = UNIT_SIZES[class];
+        let kind = self.slabs[slab].kind;
+        self.slabs[slab].class = Some(class);
+        if !at_start {
+            self.c.carves += 1;
+        }
+        tracing::debug!(slab, unit_size = size, ?kind, "carving slab");
+        // slab_size is a multiple of 64 KiB, so of every class: no tail.
+        let n = self.slab_size / size;
+        for _ in 0..n {
+            let mem = match kind {
+                SlabKind::Ready => Mem::Registered(Arc::new(self.register(ctx, size, None, at_start)?)),
+                SlabKind::Raw => Mem::Raw,
+            };
+            let s = self.new_slot(slab, class, mem);
+            self.slabs[slab].slots.push(s);
+            self.free[class].push(s);
+        }
+        Ok(())
+    }
+
+    /// Registers `size` bytes: UCX-allocated memory, or the given buffer.
+    fn register(&mut self, ctx: &Context, size: usize, buf: Option<Vec<u8>>, at_start: bool) -> Result<Region> {
+        let t = Instant::now();
+        let r = match buf {
+            None => Region::allocate(ctx, size, Access::Local),
+            Some(v) => Region::register(ctx, v, Access::Local),
+        }
+        .map_err(|source| Error::Register { bytes: size, source })?;
+        let ns = t.elapsed().as_nanos() as u64;
+        if at_start {
+            self.c.startup_registrations += 1;
+            self.c.startup_registration_ns += ns;
+        } else {
+            self.c.registrations += 1;
+            self.c.registration_ns += ns;
+            self.c.registered_bytes += size as u64;
+        }
+        Ok(r)
+    }
+
+    /// Registers a raw unit the first time it is used.
+    pub(crate) fn ensure_registered(&mut self, ctx: &Context, s: u32) -> Result<()> {
+        if matches!(self.slots[s as usize].mem, Mem::Raw) {
+            let size = UNIT_SIZES[self.slots[s as usize].class];
+            let r = self.register(ctx, size, Some(vec![0u8; size]), false)?;
+            self.slots[s as usize].mem = Mem::Registered(Arc::new(r));
+        }
+        Ok(())
+    }
+
+    /// A slab of another class with no unit in it (re-carving it evicts nothing).
+    pub(crate) fn idle_slab(&self, class: usize) -> Option<usize> {
+        let empty = |sl: &Slab| sl.slots.iter().all(|&s| self.slots[s as usize].unit.is_none());
+        self.slabs.iter().position(|sl| sl.class.is_some_and(|c| c != class) && empty(sl))
+    }
+
+    /// A slab of another class whose units can all be evicted, the one used
+    /// least recently (its most recent use is the oldest).
+    pub(crate) fn coldest_evictable_slab(&self, class: usize) -> Option<usize> {
+        let mut best: Option<(u64, usize)> = None;
+        for (i, sl) in self.slabs.iter().enumerate() {
+            if sl.class.is_none_or(|c| c == class) {
+                continue;
+            }
+            let mut newest = 0u64;
+            let mut ok = true;
+            for &s in &sl.slots {
+                if let Some(u) = &self.slots[s as usize].unit {
+                    if u.pinned() || !u.attached {
+                        ok = false;
+                        break;
+                    }
+                    newest = newest.max(u.last_use);
+                }
+            }
+            if ok && best.is_none_or(|(b, _)| newest < b) {
+                best = Some((newest, i));
+            }
+        }
+        best.map(|(_, i)| i)
+    }
+
+    /// Units that cannot be evicted now (for `NoSpace`).
+    pub(crate) fn pinned_units(&self) -> usize {
+        self.slots.iter().filter(|s| s.unit.as_ref().is_some_and(|u| u.pinned() || !u.attached)).count()
+    }
+
+    // ---- units: attach, detach, free ------------------------------------
+
+    /// Puts a new unit into free slot `s` and the index. The filler or
+    /// writer that creates it holds it exclusively (`filling` or `writer`).
+    pub(crate) fn attach(&mut self, s: u32, object: u64, index: u64, policy: Policy, filling: bool) {
+        self.tick += 1;
+        let class = self.slots[s as usize].class;
+        let slot = &mut self.slots[s as usize];
+        assert!(slot.unit.is_none(), "attaching to a busy slot");
+        slot.gen += 1;
+        slot.unit = Some(Unit {
+            object,
+            index,
+            policy,
+            attached: true,
+            filling,
+            readers: 0,
+            writer: !filling,
+            pins: 0,
+            waiters: VecDeque::new(),
+            dirty: None,
+            dirty_seq: 0,
+            ref_bit: true,
+            last_use: self.tick,
+        });
+        self.units_in_use += 1;
+        let prev = self.objects.entry(object).or_default().units.insert(index, s);
+        assert!(prev.is_none(), "unit ({object}, {index}) cached twice");
+        self.ring_insert(s, class, policy);
+    }
+
+    fn ring_insert(&mut self, s: u32, class: usize, policy: Policy) {
+        let ring = &mut self.rings[class][policy.slot()];
+        match policy {
+            Policy::Lru => self.links.push_back(ring, s),
+            Policy::Clock => self.links.insert_behind_hand(ring, s),
+        }
+    }
+
+    fn ring_remove(&mut self, s: u32) {
+        let class = self.slots[s as usize].class;
+        let policy = self.unit(s).policy;
+        self.links.remove(&mut self.rings[class][policy.slot()], s);
+    }
+
+    /// Moves a cached unit to another policy's ring.
+    pub(crate) fn set_unit_policy(&mut self, s: u32, policy: Policy) {
+        if self.unit(s).policy != policy {
+            self.ring_remove(s);
+            self.unit_mut(s).policy = policy;
+            let class = self.slots[s as usize].class;
+            self.ring_insert(s, class, policy);
+        }
+    }
+
+    /// Records an acquisition: LRU moves the unit to the back, CLOCK sets
+    /// its reference bit; both stamp the cache-wide tick.
+    pub(crate) fn touch(&mut self, s: u32) {
+        self.tick += 1;
+        let tick = self.tick;
+        let class = self.slots[s as usize].class;
+        let u = self.unit_mut(s);
+        u.last_use = tick;
+        u.ref_bit = true;
+        if u.policy == Policy::Lru {
+            self.links.move_back(&mut self.rings[class][0], s);
+        }
+    }
+
+    /// Takes the unit out of the index (waiters restart their lookup). With
+    /// `discard`, its dirty bytes are dropped (the object was removed or
+    /// truncated). It is freed now if nobody holds it, else at the last
+    /// release.
+    pub(crate) fn detach(&mut self, s: u32, discard: bool) {
+        if self.unit(s).attached {
+            self.ring_remove(s);
+            let (object, index) = (self.unit(s).object, self.unit(s).index);
+            if let Some(o) = self.objects.get_mut(&object) {
+                o.units.remove(&index);
+                if o.units.is_empty() && o.advice.is_default() {
+                    self.objects.remove(&object);
+                }
+            }
+            self.unit_mut(s).attached = false;
+        }
+        if discard {
+            self.clear_dirty(s);
+        }
+        self.unit(s).wake_all();
+        self.free_if_idle(s);
+    }
+
+    /// Frees a detached unit nobody holds any more.
+    pub(crate) fn free_if_idle(&mut self, s: u32) {
+        let u = self.unit(s);
+        if !u.attached && u.readers == 0 && !u.writer && !u.filling && u.pins == 0 {
+            debug_assert!(u.dirty.is_none() || !u.attached);
+            self.clear_dirty(s);
+            let slot = &mut self.slots[s as usize];
+            slot.unit = None;
+            slot.gen += 1;
+            self.units_in_use -= 1;
+            match &slot.mem {
+                // Another reference now can only be an RMA operation that
+                // was abandoned before it completed: UCX may still touch the
+                // memory, so the slot is never reused. The operation keeps
+                // the region alive (and registered) as long as it needs.
+                Mem::Registered(arc) if Arc::strong_count(arc) > 1 => {
+                    tracing::warn!(slot = s, "unit memory still held by an abandoned RMA operation; retiring it");
+                    slot.mem = Mem::Gone;
+                    self.c.retired_units += 1;
+                }
+                Mem::Registered(_) | Mem::Raw => self.free[slot.class].push(s),
+                Mem::Gone => {}
+                Mem::Lent => unreachable!("freeing a unit whose memory is lent"),
+            }
+        }
+    }
+
+    /// Evicts an unpinned, clean, attached unit.
+    pub(crate) fn evict(&mut self, s: u32) {
+        debug_assert!(!self.unit(s).pinned() && self.unit(s).dirty.is_none());
+        self.c.evictions += 1;
+        self.detach(s, false);
+    }
+
+    /// The victim for a unit of `class`: each policy nominates one of its
+    /// own unpinned units (LRU its least recently used, CLOCK the first its
+    /// hand finds with a clear bit), and the nominee used longer ago wins.
+    pub(crate) fn victim(&mut self, class: usize) -> Option<u32> {
+        let lru = {
+            let ring = &self.rings[class][Policy::Lru.slot()];
+            let mut s = ring.head;
+            let mut found = None;
+            for _ in 0..ring.len {
+                if !self.unit(s).pinned() {
+                    found = Some(s);
+                    break;
+                }
+                s = self.links.next(s);
+            }
+            found
+        };
+        let clock = {
+            // Two laps: the first may only clear bits.
+            let steps = 2 * self.rings[class][Policy::Clock.slot()].len;
+            let mut found = None;
+            for _ in 0..steps {
+                let s = self.rings[class][Policy::Clock.slot()].hand;
+                let next = self.links.next(s);
+                let u = self.slots[s as usize].unit.as_mut().expect("ring holds units");
+                if u.pinned() {
+                    self.rings[class][Policy::Clock.slot()].hand = next;
+                } else if u.ref_bit {
+                    u.ref_bit = false;
+                    self.rings[class][Policy::Clock.slot()].hand = next;
+                } else {
+                    found = Some(s);
+                    break;
+                }
+            }
+            found
+        };
+        match (lru, clock) {
+            (Some(a), Some(b)) => Some(if self.unit(a).last_use <= self.unit(b).last_use { a } else { b }),
+            (a, b) => a.or(b),
+        }
+    }
+
+    // ---- sharing ---------------------------------------------------------
+
+    pub(crate) fn enqueue(&mut self, s: u32, exclusive: bool) -> u64 {
+        self.next_waiter += 1;
+        let id = self.next_waiter;
+        self.unit_mut(s).waiters.push_back(Waiter { id, exclusive, waker: None });
+        id
+    }
+
+    pub(crate) fn grant_shared(&mut self, s: u32) -> Grant {
+        let slot = &mut self.slots[s as usize];
+        let Mem::Registered(arc) = &slot.mem else { unreachable!("a shareable unit's memory is registered") };
+        let arc = arc.clone();
+        slot.unit.as_mut().expect("unit").readers += 1;
+        Grant::Held { slot: s, gen: slot.gen, arc }
+    }
+
+    /// Lends the unit's memory to an exclusive holder. Nobody else holds it,
+    /// so the cache's `Arc` must be the only one; if it is not, an
+    /// abandoned operation holds it and the slot must be retired.
+    pub(crate) fn grant_exclusive(&mut self, s: u32) -> Grant {
+        let slot = &mut self.slots[s as usize];
+        let arc = match std::mem::replace(&mut slot.mem, Mem::Lent) {
+            Mem::Registered(arc) => arc,
+            other => unreachable!("an unheld unit's memory is registered, found {other:?}"),
+        };
+        if Arc::strong_count(&arc) != 1 {
+            slot.mem = Mem::Registered(arc);
+            return Grant::Leaked(s);
+        }
+        slot.unit.as_mut().expect("unit").writer = true;
+        Grant::Held { slot: s, gen: slot.gen, arc }
+    }
+
+    // ---- dirty accounting ------------------------------------------------
+
+    /// Adds `[lo, hi)` to the unit's dirty range (kept as one covering range).
+    pub(crate) fn mark_dirty(&mut self, s: u32, lo: usize, hi: usize) {
+        let u = self.slots[s as usize].unit.as_mut().expect("unit");
+        if !u.attached || lo >= hi {
+            return;
+        }
+        match u.dirty {
+            Some((a, b)) => {
+                let (na, nb) = (a.min(lo), b.max(hi));
+                self.dirty_bytes += ((nb - na) - (b - a)) as u64;
+                u.dirty = Some((na, nb));
+            }
+            None => {
+                self.next_dirty_seq += 1;
+                u.dirty = Some((lo, hi));
+                u.dirty_seq = self.next_dirty_seq;
+                self.dirty_bytes += (hi - lo) as u64;
+                self.dirty_order.insert(self.next_dirty_seq, s);
+            }
+        }
+    }
+
+    pub(crate) fn clear_dirty(&mut self, s: u32) {
+        let u = self.slots[s as usize].unit.as_mut().expect("unit");
+        if let Some((lo, hi)) = u.dirty.take() {
+            self.dirty_bytes -= (hi - lo) as u64;
+            self.dirty_order.remove(&u.dirty_seq);
+        }
+    }
+
+    /// Keeps only the dirty bytes below `cut` (a truncate inside the unit).
+    pub(crate) fn clip_dirty(&mut self, s: u32, cut: usize) {
+        match self.unit(s).dirty {
+            Some((lo, _)) if lo >= cut => self.clear_dirty(s),
+            Some((lo, hi)) if hi > cut => {
+                self.unit_mut(s).dirty = Some((lo, cut));
+                self.dirty_bytes -= (hi - cut) as u64;
+            }
+            _ => {}
+        }
+    }
+
+    /// The oldest dirty unit a write-back can read now (not lent to a writer).
+    pub(crate) fn oldest_writable_back(&self) -> Option<u32> {
+        self.dirty_order.values().copied().find(|&s| matches!(self.slots[s as usize].mem, Mem::Registered(_)))
+    }
+
+    pub(crate) fn snapshot(&self) -> UnifierStats {
+        let mut c = self.c;
+        c.units_in_use = self.units_in_use;
+        c.units_referenced =
+            self.slots.iter().filter(|s| s.unit.as_ref().is_some_and(|u| u.pinned() || !u.attached)).count() as u64;
+        c.dirty_units = self.dirty_order.len() as u64;
+        c.dirty_bytes = self.dirty_bytes;
+        c.unit_slots = self
+            .slabs
+            .iter()
+            .flat_map(|sl| &sl.slots)
+            .filter(|&&s| !matches!(self.slots[s as usize].mem, Mem::Gone))
+            .count() as u64;
+        c
+    }
+}

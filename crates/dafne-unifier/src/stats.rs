@@ -1,0 +1,57 @@
+//! Counters that show what the cache did: how often it hit, what it cost in
+//! storage traffic and registrations, and that it never copied bytes.
+
+/// A snapshot of the Unifier's counters (monotonic) and gauges (current).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct UnifierStats {
+    /// Acquisitions that found their unit cached (or being filled by another).
+    pub hits: u64,
+    /// Acquisitions that had to allocate a unit.
+    pub misses: u64,
+    /// Storage reads that filled a unit, and the bytes they returned.
+    pub fills: u64,
+    pub fill_bytes: u64,
+    /// Acquisitions that waited for another's fill of the same unit.
+    pub fill_waits: u64,
+    /// Acquisitions that waited for a conflicting holder (a writer waiting
+    /// for readers, readers waiting for a writer).
+    pub conflict_waits: u64,
+    /// Units dropped to make room.
+    pub evictions: u64,
+    /// Dirty ranges written to storage, and their bytes.
+    pub writebacks: u64,
+    pub writeback_bytes: u64,
+    /// Write-backs forced by the `max_dirty_bytes` bound.
+    pub write_behind: u64,
+    /// Bytes copied between buffers. The Unifier itself never copies (storage
+    /// reads and writes use unit memory directly; RMA reads and writes it in
+    /// place), so this stays 0 unless a serving mode that copies (the
+    /// `normal` comparison mode) records its copies with
+    /// [`crate::Unifier::record_copy`].
+    pub bytes_copied: u64,
+    /// Registrations made while serving (raw units on first use, slabs
+    /// re-carved into another size class), their total time and bytes.
+    pub registrations: u64,
+    pub registration_ns: u64,
+    pub registered_bytes: u64,
+    /// Registrations made at start (ready slabs).
+    pub startup_registrations: u64,
+    pub startup_registration_ns: u64,
+    /// Slabs carved into units (raw slabs first used, slabs re-carved).
+    pub carves: u64,
+    /// Unit slots given up because an abandoned RMA operation still holds
+    /// their memory.
+    pub retired_units: u64,
+    /// Storage calls that failed.
+    pub storage_errors: u64,
+    /// Acquisitions refused because every candidate unit was in use.
+    pub no_space: u64,
+    /// Gauges: unit slots holding data, those referenced by a guard, being
+    /// filled or waited for, dirty units and their dirty bytes, and unit
+    /// slots that exist (carved and not retired).
+    pub units_in_use: u64,
+    pub units_referenced: u64,
+    pub dirty_units: u64,
+    pub dirty_bytes: u64,
+    pub unit_slots: u64,
+}

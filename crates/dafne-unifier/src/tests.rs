@@ -1,0 +1,678 @@
+//! Behaviour tests of the Unifier on real registered memory (UCX runs here
+//! without RDMA hardware), and a randomized reference-model test.
+
+use std::cell::RefCell;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::OnceLock;
+use std::task::{Context as TaskContext, Poll};
+
+use dafne_ucx::{Context, ContextOptions, Local};
+use futures::executor::block_on;
+
+use crate::*;
+
+const K: usize = 1024;
+
+fn ctx() -> Context {
+    static CTX: OnceLock<Context> = OnceLock::new();
+    CTX.get_or_init(|| Context::new(&ContextOptions::default()).expect("UCX context")).clone()
+}
+
+/// One 64 KiB slab per `slabs`, carved into `unit`-byte units at start.
+fn cfg(slabs: usize, unit: usize, policy: Policy) -> UnifierConfig {
+    UnifierConfig {
+        slab_size: 64 * K,
+        ready_slabs: slabs,
+        raw_slabs: 0,
+        max_dirty_bytes: 64 * K,
+        default_unit: unit,
+        default_policy: policy,
+    }
+}
+
+fn pattern(object: u64, off: usize) -> u8 {
+    (off as u64).wrapping_mul(31).wrapping_add(object.wrapping_mul(7)).wrapping_add((off >> 12) as u64) as u8
+}
+
+fn patterned(object: u64, len: usize) -> Vec<u8> {
+    (0..len).map(|i| pattern(object, i)).collect()
+}
+
+fn setup(config: UnifierConfig) -> (Unifier, Rc<MemStorage>) {
+    let storage = Rc::new(MemStorage::new());
+    let u = Unifier::new(&ctx(), config, storage.clone()).expect("unifier");
+    (u, storage)
+}
+
+fn poll_once<F: Future + Unpin>(f: &mut F) -> Poll<F::Output> {
+    let mut cx = TaskContext::from_waker(futures::task::noop_waker_ref());
+    Pin::new(f).poll(&mut cx)
+}
+
+fn read_unit(u: &Unifier, object: u64, index: u64) -> Vec<u8> {
+    block_on(u.read(object, index)).expect("read").to_vec()
+}
+
+fn write_unit(u: &Unifier, object: u64, index: u64, range: std::ops::Range<usize>, byte: u8) {
+    let mut g = block_on(u.write(object, index, range)).expect("write");
+    g.bytes_mut().expect("bytes").fill(byte);
+}
+
+#[test]
+fn lru_hits_misses_and_evicts_least_recent() {
+    let (u, s) = setup(cfg(1, 4 * K, Policy::Lru)); // 16 units of 4 KiB
+    s.set(1, patterned(1, 32 * 4 * K));
+    for i in 0..16 {
+        assert_eq!(read_unit(&u, 1, i), &patterned(1, 32 * 4 * K)[i as usize * 4 * K..][..4 * K]);
+    }
+    let st = u.stats();
+    assert_eq!((st.misses, st.hits, st.fills, st.evictions), (16, 0, 16, 0));
+    read_unit(&u, 1, 0); // hit: unit 0 becomes most recent
+    read_unit(&u, 1, 16); // miss: evicts unit 1, the least recent
+    let st = u.stats();
+    assert_eq!((st.misses, st.hits, st.evictions), (17, 1, 1));
+    assert!(u.is_cached(1, 0) && !u.is_cached(1, 1) && u.is_cached(1, 16));
+    read_unit(&u, 1, 17);
+    assert!(!u.is_cached(1, 2));
+    assert_eq!(u.stats().units_in_use, 16);
+    assert_eq!(s.stats().reads, 18);
+}
+
+#[test]
+fn clock_gives_a_second_chance() {
+    let (u, s) = setup(cfg(1, 4 * K, Policy::Clock));
+    s.set(1, patterned(1, 32 * 4 * K));
+    for i in 0..16 {
+        read_unit(&u, 1, i);
+    }
+    // Every unit's bit is set: the hand clears them all in one lap and
+    // takes the first (unit 0) on the second.
+    read_unit(&u, 1, 16);
+    assert!(!u.is_cached(1, 0));
+    // The hand now rests on unit 1. Use it: it gets a second chance, and
+    // unit 2 (bit cleared in the first lap) goes instead.
+    read_unit(&u, 1, 1);
+    read_unit(&u, 1, 17);
+    assert!(u.is_cached(1, 1) && !u.is_cached(1, 2) && u.is_cached(1, 16));
+    assert_eq!(u.stats().evictions, 2);
+    assert_eq!(read_unit(&u, 1, 17), &patterned(1, 32 * 4 * K)[17 * 4 * K..][..4 * K]);
+}
+
+#[test]
+fn mixed_policies_give_up_the_older_nominee() {
+    let (u, _s) = setup(cfg(1, 4 * K, Policy::Lru));
+    u.set_file_advice(2, FileAdvice { unit_size: None, policy: Some(Policy::Clock) }).unwrap();
+    for i in 0..8 {
+        read_unit(&u, 1, i); // LRU file, older
+    }
+    for i in 0..8 {
+        read_unit(&u, 2, i); // CLOCK file, newer
+    }
+    read_unit(&u, 3, 0); // LRU nominates (1,0), CLOCK (2,0): (1,0) is older
+    assert!(!u.is_cached(1, 0) && u.is_cached(2, 0));
+    for i in 1..8 {
+        read_unit(&u, 1, i); // the LRU file is used again: now the CLOCK file is older
+    }
+    read_unit(&u, 3, 1); // LRU nominates (3,0), CLOCK (2,0): (2,0) is older
+    assert!(!u.is_cached(2, 0) && u.is_cached(3, 0));
+    assert_eq!(u.policy_for(2), Policy::Clock);
+    assert_eq!(u.policy_for(1), Policy::Lru);
+}
+
+#[test]
+fn readers_share_and_a_writer_waits_for_their_release() {
+    let (u, s) = setup(cfg(1, 4 * K, Policy::Lru));
+    s.set(1, patterned(1, 4 * K));
+    let r1 = block_on(u.read(1, 0)).unwrap();
+    let r2 = block_on(u.read(1, 0)).unwrap();
+    // One copy: both readers see the same memory.
+    assert_eq!(r1.as_ptr(), r2.as_ptr());
+    let mut w = Box::pin(u.write(1, 0, 0..100));
+    assert!(poll_once(&mut w).is_pending(), "a writer must wait while readers hold the unit");
+    // A reader that comes after the waiting writer queues behind it.
+    let mut r3 = Box::pin(u.read(1, 0));
+    assert!(poll_once(&mut r3).is_pending(), "a later reader must not overtake a waiting writer");
+    drop(r1);
+    assert!(poll_once(&mut w).is_pending(), "one reader still holds the unit");
+    drop(r2);
+    let mut g = match poll_once(&mut w) {
+        Poll::Ready(g) => g.unwrap(),
+        Poll::Pending => panic!("the writer must enter once the readers released"),
+    };
+    // Modified in place: the writer has the very memory the readers had.
+    assert!(poll_once(&mut r3).is_pending());
+    g.bytes_mut().unwrap().fill(0xAB);
+    drop(g);
+    let r3 = match poll_once(&mut r3) {
+        Poll::Ready(r) => r.unwrap(),
+        Poll::Pending => panic!("the reader must enter after the writer"),
+    };
+    assert!(r3[..100].iter().all(|&b| b == 0xAB));
+    assert_eq!(&r3[100..], &patterned(1, 4 * K)[100..]);
+    let st = u.stats();
+    assert_eq!(st.conflict_waits, 2);
+    assert_eq!(st.bytes_copied, 0);
+    assert_eq!(s.stats().reads, 1);
+}
+
+#[test]
+fn a_cancelled_waiter_leaves_the_queue() {
+    let (u, _s) = setup(cfg(1, 4 * K, Policy::Lru));
+    let r1 = block_on(u.read(1, 0)).unwrap();
+    let mut w = Box::pin(u.write(1, 0, 0..10));
+    assert!(poll_once(&mut w).is_pending());
+    let mut r2 = Box::pin(u.read(1, 0));
+    assert!(poll_once(&mut r2).is_pending());
+    drop(w); // the writer gives up
+    assert!(poll_once(&mut r2).is_ready(), "with the writer gone the reader shares with r1");
+    drop(r1);
+}
+
+#[test]
+fn concurrent_readers_of_a_missing_unit_fill_it_once() {
+    let (u, s) = setup(cfg(1, 4 * K, Policy::Lru));
+    s.set(1, patterned(1, 8 * K));
+    let guards: Vec<ReadGuard> =
+        block_on(futures::future::join_all((0..8).map(|_| u.read(1, 1)))).into_iter().map(Result::unwrap).collect();
+    for g in &guards {
+        assert_eq!(&g[..], &patterned(1, 8 * K)[4 * K..]);
+    }
+    assert_eq!(s.stats().reads, 1);
+    let st = u.stats();
+    assert_eq!((st.misses, st.hits, st.fills), (1, 7, 1));
+}
+
+/// Storage whose reads run a hook first: lets a test act while a fill is
+/// in progress.
+struct HookStorage {
+    mem: MemStorage,
+    hook: RefCell<Option<Box<dyn FnMut()>>>,
+}
+
+impl Storage for HookStorage {
+    fn read_at(&self, object: u64, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        let hook = self.hook.borrow_mut().take();
+        if let Some(mut h) = hook {
+            h();
+        }
+        self.mem.read_at(object, offset, buf)
+    }
+    fn write_at(&self, object: u64, offset: u64, buf: &[u8]) -> io::Result<()> {
+        self.mem.write_at(object, offset, buf)
+    }
+    fn sync(&self, object: u64) -> io::Result<()> {
+        self.mem.sync(object)
+    }
+}
+
+#[test]
+fn a_unit_being_filled_is_not_readable_until_filled() {
+    let hs = Rc::new(HookStorage { mem: MemStorage::new(), hook: RefCell::new(None) });
+    hs.mem.set(5, patterned(5, 4 * K));
+    let u = Unifier::new(&ctx(), cfg(1, 4 * K, Policy::Lru), hs.clone()).unwrap();
+    type Pending = Pin<Box<dyn Future<Output = Result<ReadGuard>>>>;
+    let second: Rc<RefCell<Option<Pending>>> = Rc::default();
+    let (u2, second2) = (u.clone(), second.clone());
+    *hs.hook.borrow_mut() = Some(Box::new(move || {
+        // Mid-fill, a second reader of the same unit arrives: it must wait.
+        let mut f: Pending = Box::pin(u2.read(5, 0));
+        assert!(poll_once(&mut f).is_pending(), "a unit being filled must not be readable");
+        *second2.borrow_mut() = Some(f);
+    }));
+    let g1 = block_on(u.read(5, 0)).unwrap();
+    let mut f = second.borrow_mut().take().expect("the hook ran");
+    let g2 = match poll_once(&mut f) {
+        Poll::Ready(g) => g.unwrap(),
+        Poll::Pending => panic!("the waiting reader must enter after the fill"),
+    };
+    assert_eq!(&g2[..], &patterned(5, 4 * K)[..]);
+    assert_eq!(g1.as_ptr(), g2.as_ptr());
+    assert_eq!(hs.mem.stats().reads, 1, "no double fill");
+    assert_eq!(u.stats().fill_waits, 1);
+}
+
+#[test]
+fn dirty_units_are_written_back_when_evicted() {
+    // 16 units of 4 KiB; the file is 64 units.
+    let (u, s) = setup(cfg(1, 4 * K, Policy::Lru));
+    let data = patterned(9, 64 * 4 * K);
+    for i in 0..64u64 {
+        let mut g = block_on(u.write(9, i, 0..4 * K)).unwrap(); // full unit: no fill
+        g.bytes_mut().unwrap().copy_from_slice(&data[i as usize * 4 * K..][..4 * K]);
+    }
+    let st = u.stats();
+    assert!(st.evictions >= 48, "{st:?}");
+    assert_eq!(s.stats().reads, 0, "full-unit writes need no fill");
+    // Evicted units reached storage before they were dropped.
+    assert_eq!(&s.contents(9)[..48 * 4 * K], &data[..48 * 4 * K]);
+    // Read everything back through the (smaller) cache.
+    for i in 0..64u64 {
+        assert_eq!(read_unit(&u, 9, i), &data[i as usize * 4 * K..][..4 * K], "unit {i}");
+    }
+    block_on(u.flush_all()).unwrap();
+    assert_eq!(s.contents(9), data);
+    assert_eq!(u.stats().dirty_bytes, 0);
+    assert_eq!(u.stats().bytes_copied, 0);
+}
+
+#[test]
+fn write_behind_keeps_dirty_bytes_bounded() {
+    // 4 slabs of 64 KiB in 4 KiB units (64 units); at most 64 KiB dirty.
+    let (u, s) = setup(cfg(4, 4 * K, Policy::Lru));
+    for i in 0..40u64 {
+        write_unit(&u, 3, i, 0..4 * K, i as u8);
+        let st = u.stats();
+        assert!(st.dirty_bytes <= 64 * K as u64, "after write {i}: {st:?}");
+    }
+    let st = u.stats();
+    assert!(st.write_behind >= 24, "{st:?}");
+    assert_eq!(st.evictions, 0, "room came from write-behind, not eviction");
+    // The oldest went first.
+    assert_eq!(s.contents(3)[0], 0);
+    assert_eq!(s.contents(3)[23 * 4 * K], 23);
+    block_on(u.flush(3)).unwrap();
+    let c = s.contents(3);
+    for i in 0..40usize {
+        assert!(c[i * 4 * K..][..4 * K].iter().all(|&b| b == i as u8));
+    }
+    assert!(s.stats().syncs >= 1);
+}
+
+#[test]
+fn partial_writes_fill_first_and_track_the_dirty_range() {
+    let (u, s) = setup(cfg(1, 4 * K, Policy::Lru));
+    s.set(1, patterned(1, 4 * K));
+    write_unit(&u, 1, 0, 100..200, 7);
+    assert_eq!(s.stats().reads, 1, "a partial write fills the unit first");
+    write_unit(&u, 1, 0, 1000..1010, 8);
+    assert_eq!(u.stats().dirty_bytes, 910, "one covering range 100..1010");
+    block_on(u.flush(1)).unwrap();
+    let st = s.stats();
+    assert_eq!((st.writes, st.bytes_written), (1, 910));
+    let mut want = patterned(1, 4 * K);
+    want[100..200].fill(7);
+    want[1000..1010].fill(8);
+    assert_eq!(s.contents(1), want);
+}
+
+#[test]
+fn commit_stable_writes_through() {
+    let (u, s) = setup(cfg(1, 4 * K, Policy::Lru));
+    let mut g = block_on(u.write(4, 2, 0..4 * K)).unwrap();
+    g.bytes_mut().unwrap().fill(0x5A);
+    g.commit_stable().unwrap();
+    assert_eq!(u.stats().dirty_bytes, 0);
+    assert_eq!(s.stats().syncs, 1);
+    assert!(s.contents(4)[8 * K..].iter().all(|&b| b == 0x5A));
+    assert!(s.contents(4)[..8 * K].iter().all(|&b| b == 0));
+}
+
+#[test]
+fn per_file_advice_sets_unit_size_and_policy() {
+    let mut c = cfg(2, 64 * K, Policy::Lru); // 2 slabs, 1 unit of 64 KiB each
+    c.max_dirty_bytes = 128 * K;
+    let (u, s) = setup(c);
+    assert_eq!(u.unit_size_for(7), 64 * K);
+    assert!(matches!(
+        u.set_file_advice(7, FileAdvice { unit_size: Some(12 * K), policy: None }),
+        Err(Error::UnitSize { .. })
+    ));
+    u.set_file_advice(7, FileAdvice { unit_size: Some(16 * K), policy: Some(Policy::Clock) }).unwrap();
+    assert_eq!((u.unit_size_for(7), u.policy_for(7)), (16 * K, Policy::Clock));
+    s.set(7, patterned(7, 64 * K));
+    // Unit 1 of a 16 KiB-unit file is bytes 16..32 KiB.
+    assert_eq!(read_unit(&u, 7, 1), &patterned(7, 64 * K)[16 * K..32 * K]);
+    let st = u.stats();
+    assert_eq!(st.carves, 1, "an idle slab was re-carved into 16 KiB units");
+    assert_eq!(st.registrations, 4, "64 KiB / 16 KiB units registered");
+    assert_eq!(st.unit_slots, 1 + 4);
+    // The default-size file still has its slab.
+    read_unit(&u, 8, 0);
+    // Changing the unit size drops cached units (after writing them back)...
+    write_unit(&u, 7, 0, 0..10, 1);
+    u.set_file_advice(7, FileAdvice { unit_size: Some(4 * K), policy: None }).unwrap();
+    assert!(!u.is_cached(7, 0) && !u.is_cached(7, 1));
+    assert_eq!(&s.contents(7)[..10], &[1; 10]);
+    assert_eq!(u.policy_for(7), Policy::Lru);
+    // ...and is refused while one is in use.
+    let g = block_on(u.read(7, 0)).unwrap();
+    assert_eq!(g.len(), 4 * K);
+    assert!(matches!(u.set_file_advice(7, FileAdvice::default()), Err(Error::Busy { object: 7 })));
+    drop(g);
+    u.set_file_advice(7, FileAdvice::default()).unwrap();
+    assert_eq!(u.unit_size_for(7), 64 * K);
+}
+
+#[test]
+fn a_class_with_nothing_to_evict_recarves_the_coldest_slab() {
+    let mut c = cfg(3, 4 * K, Policy::Lru); // 3 slabs of 16 units of 4 KiB
+    c.max_dirty_bytes = 192 * K;
+    let (u, s) = setup(c);
+    write_unit(&u, 1, 3, 0..4 * K, 0x77); // dirty
+    for i in (0..48).filter(|&i| i != 3) {
+        read_unit(&u, 1, i); // slabs fill one after another: units 0..16 share one
+    }
+    let pinned = block_on(u.read(1, 47)).unwrap(); // pins the newest slab
+    u.set_file_advice(2, FileAdvice { unit_size: Some(64 * K), policy: None }).unwrap();
+    // No 64 KiB unit anywhere: a whole slab must go. The coldest slab is the
+    // one whose most recent use is oldest (units 0..16); the newest is pinned.
+    read_unit(&u, 2, 0);
+    let st = u.stats();
+    assert_eq!((st.carves, st.evictions), (1, 16), "{st:?}");
+    assert!((0..16).all(|i| !u.is_cached(1, i)), "the coldest slab was re-carved");
+    assert!((16..48).all(|i| u.is_cached(1, i)));
+    assert!(s.contents(1)[3 * 4 * K..4 * 4 * K].iter().all(|&b| b == 0x77), "written back before eviction");
+    assert_eq!(st.unit_slots, 32 + 1);
+    drop(pinned);
+}
+
+#[test]
+fn a_policy_change_moves_cached_units() {
+    let (u, _s) = setup(cfg(1, 4 * K, Policy::Lru));
+    for i in 0..4 {
+        read_unit(&u, 1, i);
+    }
+    u.set_file_advice(1, FileAdvice { unit_size: None, policy: Some(Policy::Clock) }).unwrap();
+    for i in 0..16 {
+        read_unit(&u, 2, i); // forces evictions from the CLOCK ring too
+    }
+    assert!((0..4).all(|i| !u.is_cached(1, i)));
+}
+
+#[test]
+fn truncate_drops_and_zeroes_and_remove_forgets() {
+    let (u, s) = setup(cfg(1, 4 * K, Policy::Lru));
+    for i in 0..3 {
+        write_unit(&u, 1, i, 0..4 * K, 0xEE);
+    }
+    block_on(u.truncate(1, 4 * K as u64 + 100)).unwrap();
+    s.truncate(1, 4 * K + 100);
+    assert!(u.is_cached(1, 0) && u.is_cached(1, 1) && !u.is_cached(1, 2));
+    let g = block_on(u.read(1, 1)).unwrap();
+    assert!(g[..100].iter().all(|&b| b == 0xEE) && g[100..].iter().all(|&b| b == 0));
+    drop(g);
+    assert_eq!(u.stats().dirty_bytes, 4 * K as u64 + 100);
+    block_on(u.flush(1)).unwrap();
+    assert_eq!(s.contents(1).len(), 4 * K + 100);
+    // Growing again reads zeros past the old end.
+    write_unit(&u, 1, 3, 0..1, 1);
+    assert!(read_unit(&u, 1, 2).iter().all(|&b| b == 0));
+
+    // A truncate waits for the writer of the unit holding the new end.
+    let w = block_on(u.write(1, 0, 0..4 * K)).unwrap();
+    let mut t = Box::pin(u.truncate(1, 10));
+    assert!(poll_once(&mut t).is_pending());
+    drop(w);
+    assert!(poll_once(&mut t).is_ready());
+    assert!(read_unit(&u, 1, 0)[10..].iter().all(|&b| b == 0));
+
+    // remove: everything goes, dirty bytes are not written.
+    let writes = s.stats().writes;
+    write_unit(&u, 1, 0, 0..4 * K, 3);
+    u.set_file_advice(1, FileAdvice { unit_size: None, policy: Some(Policy::Clock) }).unwrap();
+    u.remove(1);
+    assert!(!u.is_cached(1, 0));
+    assert_eq!(u.file_advice(1), FileAdvice::default());
+    assert_eq!(u.stats().dirty_bytes, 0);
+    block_on(u.flush_all()).unwrap();
+    assert_eq!(s.stats().writes, writes);
+    assert_eq!(u.stats().units_in_use, 0);
+}
+
+#[test]
+fn invalidate_writes_back_then_drops() {
+    let (u, s) = setup(cfg(1, 4 * K, Policy::Lru));
+    write_unit(&u, 1, 0, 0..4, 9);
+    read_unit(&u, 1, 1);
+    block_on(u.invalidate(1)).unwrap();
+    assert!(!u.is_cached(1, 0) && !u.is_cached(1, 1));
+    assert_eq!(&s.contents(1)[..4], &[9; 4]);
+    s.set(1, vec![2; 8 * K]); // storage changed underneath
+    assert!(read_unit(&u, 1, 1).iter().all(|&b| b == 2));
+}
+
+#[test]
+fn storage_failures_leave_the_cache_consistent() {
+    let (u, s) = setup(cfg(1, 4 * K, Policy::Lru));
+    s.set(1, patterned(1, 4 * K));
+    s.fail_next_reads(1);
+    assert!(matches!(block_on(u.read(1, 0)), Err(Error::Storage { op: "read_at", .. })));
+    assert!(!u.is_cached(1, 0));
+    assert_eq!(read_unit(&u, 1, 0), patterned(1, 4 * K));
+    write_unit(&u, 1, 0, 0..1, 0);
+    s.fail_next_writes(1);
+    assert!(block_on(u.flush(1)).is_err());
+    assert_eq!(u.stats().dirty_bytes, 1, "a failed write-back leaves the unit dirty");
+    s.fail_next_syncs(1);
+    assert!(matches!(block_on(u.flush(1)), Err(Error::Storage { op: "sync", .. })));
+    block_on(u.flush(1)).unwrap();
+    assert_eq!(s.contents(1)[0], 0);
+    assert_eq!(u.stats().storage_errors, 3);
+}
+
+#[test]
+fn no_space_when_every_unit_is_held() {
+    let (u, _s) = setup(cfg(1, 16 * K, Policy::Lru)); // 4 units
+    let held: Vec<ReadGuard> = (0..4).map(|i| block_on(u.read(1, i)).unwrap()).collect();
+    assert!(matches!(block_on(u.read(1, 4)), Err(Error::NoSpace { unit_size: 16384, pinned: 4 })));
+    assert_eq!(u.stats().units_referenced, 4);
+    drop(held);
+    read_unit(&u, 1, 4);
+    assert_eq!(u.stats().no_space, 1);
+}
+
+#[test]
+fn raw_units_are_registered_on_first_use_only() {
+    let c = UnifierConfig { ready_slabs: 0, raw_slabs: 1, ..cfg(0, 4 * K, Policy::Lru) };
+    let (u, _s) = setup(c);
+    assert_eq!((u.stats().startup_registrations, u.stats().registrations), (0, 0));
+    read_unit(&u, 1, 0);
+    read_unit(&u, 1, 1);
+    read_unit(&u, 1, 0);
+    let st = u.stats();
+    assert_eq!((st.registrations, st.registered_bytes, st.carves), (2, 8 * K as u64, 1));
+    for i in 0..40 {
+        read_unit(&u, 1, i);
+    }
+    assert_eq!(u.stats().registrations, 16, "each of the 16 units once");
+}
+
+#[test]
+fn the_cached_path_copies_nothing_and_registers_nothing() {
+    // Its own UCX context: the shared one counts other tests' registrations.
+    let ctx = Context::new(&ContextOptions::default()).unwrap();
+    let s = Rc::new(MemStorage::new());
+    let u = Unifier::new(&ctx, cfg(4, 16 * K, Policy::Clock), s.clone()).unwrap();
+    s.set(1, patterned(1, 256 * K));
+    let before = ctx.stats().snapshot();
+    let regs = u.stats().startup_registrations;
+    assert_eq!(regs, 16);
+    for round in 0..3 {
+        for i in 0..16u64 {
+            let g = block_on(u.read(1, i)).unwrap();
+            match g.rma_local(100, 1000) {
+                Local::Region { region, offset, len } => {
+                    assert_eq!((region.len(), offset, len), (16 * K, 100, 1000));
+                    assert_eq!(region.as_slice().as_ptr(), g.as_ptr(), "RMA reads the unit itself");
+                }
+                Local::Bytes(_) => panic!("the unit's own memory must be lent"),
+            }
+            drop(g);
+            let mut w = block_on(u.write(1, i, 0..512)).unwrap();
+            w.bytes_mut().unwrap().fill(round);
+            let l = w.rma_local(0, 512);
+            drop(l);
+        }
+    }
+    block_on(u.flush_all()).unwrap();
+    let st = u.stats();
+    assert_eq!(st.bytes_copied, 0);
+    assert_eq!(st.registrations, 0);
+    let d = ctx.stats().snapshot().since(&before);
+    assert_eq!(d.registrations, 0, "nothing registered while serving: {d:?}");
+}
+
+#[test]
+fn memory_held_by_an_abandoned_operation_is_retired() {
+    let (u, s) = setup(cfg(1, 4 * K, Policy::Lru));
+    s.set(1, patterned(1, 4 * K));
+    let g = block_on(u.read(1, 0)).unwrap();
+    let abandoned = g.rma_local(0, 4 * K); // an operation that never completes
+    drop(g);
+    write_unit(&u, 1, 0, 0..10, 1); // needs the unit exclusively
+    let st = u.stats();
+    assert_eq!((st.retired_units, st.unit_slots), (1, 15));
+    let mut want = patterned(1, 4 * K);
+    want[..10].fill(1);
+    assert_eq!(read_unit(&u, 1, 0), want, "the write went to a fresh unit, refilled from storage");
+    if let Local::Region { region, .. } = &abandoned {
+        assert_eq!(region.as_slice(), &patterned(1, 4 * K)[..], "the held memory was never reused");
+    }
+    drop(abandoned);
+    // A write guard's in-flight operation blocks direct access.
+    let mut w = block_on(u.write(1, 0, 0..10)).unwrap();
+    let op = w.rma_local(0, 10);
+    assert!(matches!(w.bytes_mut(), Err(Error::MemoryInFlight)));
+    drop(op);
+    assert!(w.bytes_mut().is_ok());
+}
+
+#[test]
+fn bad_requests_are_refused() {
+    let (u, _s) = setup(cfg(1, 4 * K, Policy::Lru));
+    assert!(matches!(block_on(u.write(1, 0, 10..10)), Err(Error::BadRange { .. })));
+    assert!(matches!(block_on(u.write(1, 0, 0..4 * K + 1)), Err(Error::BadRange { .. })));
+    assert!(matches!(block_on(u.read(1, u64::MAX / 4096)), Err(Error::OffsetOverflow { .. })));
+    assert!(block_on(u.read(1, u64::MAX / 4096 - 1)).is_ok());
+    let mut c = cfg(1, 4 * K, Policy::Lru);
+    c.slab_size = 100;
+    assert!(matches!(Unifier::new(&ctx(), c, MemStorage::new()), Err(Error::Config(ConfigError::SlabSize { .. }))));
+}
+
+#[test]
+fn spans_cover_ranges_exactly() {
+    let v: Vec<Span> = spans(4096, 4000, 5000).collect();
+    assert_eq!(
+        v,
+        [
+            Span { unit_index: 0, range: 4000..4096, buf_offset: 0 },
+            Span { unit_index: 1, range: 0..4096, buf_offset: 96 },
+            Span { unit_index: 2, range: 0..808, buf_offset: 4192 },
+        ]
+    );
+    assert_eq!(spans(4096, 0, 0).count(), 0);
+    assert_eq!(spans(4096, u64::MAX - 1, 10).count(), 0);
+}
+
+/// xorshift64*: deterministic, no extra crates.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// Reads, writes, truncates, flushes and invalidates over several objects
+/// with different unit sizes and policies, through a cache about a quarter
+/// of the data, checked against plain `Vec`s.
+#[test]
+fn reference_model() {
+    const OBJECTS: u64 = 3;
+    const MAX_LEN: u64 = 512 * K as u64;
+    for seed in 1..=6u64 {
+        let config = UnifierConfig {
+            slab_size: 64 * K,
+            ready_slabs: 4,
+            raw_slabs: 2,
+            max_dirty_bytes: 128 * K,
+            default_unit: 64 * K,
+            default_policy: Policy::Lru,
+        };
+        let (u, s) = setup(config);
+        u.set_file_advice(0, FileAdvice { unit_size: Some(4 * K), policy: Some(Policy::Lru) }).unwrap();
+        u.set_file_advice(1, FileAdvice { unit_size: Some(16 * K), policy: Some(Policy::Clock) }).unwrap();
+        let mut model: Vec<Vec<u8>> = vec![Vec::new(); OBJECTS as usize];
+        let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        for step in 0..1500 {
+            let o = rng.below(OBJECTS);
+            let m = &mut model[o as usize];
+            let size = u.unit_size_for(o);
+            match rng.below(100) {
+                0..=39 => {
+                    let off = rng.below(MAX_LEN - 1);
+                    let len = 1 + rng.below((MAX_LEN - off).min(40_000));
+                    let byte = rng.next() as u8;
+                    let end = (off + len) as usize;
+                    if m.len() < end {
+                        m.resize(end, 0);
+                    }
+                    for sp in spans(size, off, len) {
+                        let mut g = block_on(u.write(o, sp.unit_index, sp.range.clone())).unwrap();
+                        let b = g.bytes_mut().unwrap();
+                        for (i, x) in b.iter_mut().enumerate() {
+                            *x = byte ^ (i as u8);
+                        }
+                        let at = (off + sp.buf_offset) as usize;
+                        for i in 0..sp.range.len() {
+                            m[at + i] = byte ^ (i as u8);
+                        }
+                        if rng.below(20) == 0 {
+                            g.commit_stable().unwrap();
+                        }
+                    }
+                }
+                40..=79 => {
+                    let off = rng.below(MAX_LEN);
+                    let len = 1 + rng.below((MAX_LEN - off).min(60_000));
+                    for sp in spans(size, off, len) {
+                        let g = block_on(u.read(o, sp.unit_index)).unwrap();
+                        let at = (off + sp.buf_offset) as usize;
+                        for (i, &got) in g[sp.range.clone()].iter().enumerate() {
+                            let want = m.get(at + i).copied().unwrap_or(0);
+                            assert_eq!(got, want, "seed {seed} step {step}: object {o} byte {}", at + i);
+                        }
+                    }
+                }
+                80..=89 => {
+                    let new_len = rng.below(MAX_LEN);
+                    block_on(u.truncate(o, new_len)).unwrap();
+                    s.truncate(o, new_len as usize);
+                    m.resize(new_len as usize, 0);
+                }
+                90..=95 => {
+                    block_on(u.flush(o)).unwrap();
+                    let c = s.contents(o);
+                    assert!(c.len() <= m.len(), "seed {seed} step {step}: storage longer than the object");
+                    assert!(c[..] == m[..c.len()], "seed {seed} step {step}: object {o} differs after flush");
+                    assert!(m[c.len()..].iter().all(|&b| b == 0));
+                }
+                96..=97 => block_on(u.invalidate(o)).unwrap(),
+                _ => block_on(u.flush_all()).unwrap(),
+            }
+            let st = u.stats();
+            assert!(st.dirty_bytes <= 128 * K as u64, "seed {seed} step {step}: {st:?}");
+            assert!(st.units_in_use <= st.unit_slots);
+            assert_eq!(st.units_referenced, 0);
+            assert_eq!(st.bytes_copied, 0);
+        }
+        block_on(u.flush_all()).unwrap();
+        for o in 0..OBJECTS {
+            let c = s.contents(o);
+            let m = &model[o as usize];
+            assert!(c[..] == m[..c.len()] && m[c.len()..].iter().all(|&b| b == 0), "seed {seed}: object {o}");
+        }
+        let st = u.stats();
+        assert!(st.evictions > 100 && st.hits > 100 && st.write_behind > 0, "seed {seed}: {st:?}");
+        assert_eq!(st.dirty_bytes, 0);
+    }
+}

@@ -1,0 +1,1015 @@
+//! The Unifier handle, acquisition futures, guards, fills and write-backs.
+
+use std::cell::RefCell;
+use std::future::Future;
+use std::ops::{Deref, Range};
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::task::{Context as TaskContext, Poll};
+
+use dafne_ucx::{Context, Local, Region};
+
+use crate::config::{class_of, FileAdvice, Policy, UnifierConfig, MAX_ADVISED_OBJECTS, UNIT_SIZES};
+use crate::error::{Error, Result};
+use crate::state::{Grant, Mem, State};
+use crate::stats::UnifierStats;
+use crate::storage::Storage;
+
+/// The io server's cache, which is also its pool of registered
+/// communication buffers. A cheap handle (`Rc`): clones share one cache.
+/// Single-threaded (`!Send`): it lives on the io server's event loop.
+#[derive(Clone)]
+pub struct Unifier {
+    inner: Rc<Inner>,
+}
+
+impl std::fmt::Debug for Unifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Unifier").field("config", &self.inner.cfg).field("stats", &self.stats()).finish()
+    }
+}
+
+struct Inner {
+    ctx: Context,
+    cfg: UnifierConfig,
+    storage: Box<dyn Storage>,
+    st: RefCell<State>,
+}
+
+/// What an acquisition wants.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Mode {
+    /// Shared; fill on a miss.
+    Read,
+    /// Exclusive, to write `range`; fill on a miss unless `range` covers the unit.
+    Write(Range<usize>),
+}
+
+/// A unit entered: its slot, generation and memory.
+#[derive(Debug)]
+struct Held {
+    slot: u32,
+    gen: u64,
+    arc: Arc<Region>,
+    /// Created without a fill (a full-unit write): its bytes are garbage
+    /// until the writer has written them.
+    fresh: bool,
+}
+
+/// The outcome of one synchronous attempt to acquire.
+#[derive(Debug)]
+enum Step {
+    Held(Held),
+    /// A miss this acquisition owns: fill the unit from storage.
+    Claimed(Held),
+    /// Queued behind a conflicting holder, filler or earlier waiter.
+    Wait {
+        slot: u32,
+        gen: u64,
+        id: u64,
+        exclusive: bool,
+    },
+    /// The index changed while room was made: look up again.
+    Retry,
+    /// The unit's memory is held by an abandoned operation.
+    Leaked(u32),
+}
+
+/// Why a unit is written back (for the counters).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cause {
+    Evict,
+    WriteBehind,
+    Flush,
+    Stable,
+    Retire,
+    Advice,
+}
+
+/// What a released exclusive holder leaves behind.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Outcome {
+    /// The written range becomes dirty.
+    Commit(Range<usize>),
+    /// The unit is dropped (its bytes are not to be trusted).
+    Discard,
+    /// Nothing changes (maintenance that managed dirty state itself).
+    Keep,
+}
+
+fn unit_base(index: u64, size: usize) -> Result<u64> {
+    // The unit's last byte must be addressable: (index + 1) * size <= 2^64.
+    index
+        .checked_add(1)
+        .and_then(|n| n.checked_mul(size as u64))
+        .map(|_| index * size as u64)
+        .ok_or(Error::OffsetOverflow { unit_index: index, unit_size: size })
+}
+
+impl Unifier {
+    /// Builds the cache: validates `config`, registers the ready slabs
+    /// (carved into `default_unit` units) now, and keeps raw slabs for later.
+    pub fn new(ctx: &Context, config: UnifierConfig, storage: impl Storage + 'static) -> Result<Unifier> {
+        config.validate()?;
+        let mut st = State::new(&config);
+        let class = class_of(config.default_unit).expect("validated");
+        for slab in 0..config.ready_slabs {
+            st.carve(ctx, slab, class, true)?;
+        }
+        tracing::debug!(
+            ready_bytes = config.ready_slabs * config.slab_size,
+            raw_bytes = config.raw_slabs * config.slab_size,
+            registrations = st.c.startup_registrations,
+            "Unifier ready"
+        );
+        Ok(Unifier {
+            inner: Rc::new(Inner { ctx: ctx.clone(), cfg: config, storage: Box::new(storage), st: RefCell::new(st) }),
+        })
+    }
+
+    pub fn config(&self) -> &UnifierConfig {
+        &self.inner.cfg
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> UnifierStats {
+        self.inner.st.borrow().snapshot()
+    }
+
+    /// Records bytes a serving mode copied between buffers (the `normal`
+    /// comparison mode); the Unifier's own paths never copy.
+    pub fn record_copy(&self, bytes: u64) {
+        self.inner.st.borrow_mut().c.bytes_copied += bytes;
+    }
+
+    /// The advice in force for `object` (default: no advice).
+    pub fn file_advice(&self, object: u64) -> FileAdvice {
+        self.inner.st.borrow().objects.get(&object).map(|o| o.advice).unwrap_or_default()
+    }
+
+    /// The unit size of `object`: its advice, else `default_unit`.
+    pub fn unit_size_for(&self, object: u64) -> usize {
+        self.inner.st.borrow().advice_for(object, &self.inner.cfg).0
+    }
+
+    /// The replacement policy of `object`: its advice, else `default_policy`.
+    pub fn policy_for(&self, object: u64) -> Policy {
+        self.inner.st.borrow().advice_for(object, &self.inner.cfg).2
+    }
+
+    /// Whether unit `unit_index` of `object` is cached (a cache-information
+    /// query; it does not count as a use).
+    pub fn is_cached(&self, object: u64, unit_index: u64) -> bool {
+        self.inner.st.borrow().lookup(object, unit_index).is_some()
+    }
+
+    /// Sets (or with `FileAdvice::default()`, clears) the advice for
+    /// `object`, normally at open. A new policy moves the object's cached
+    /// units to that policy at once. A new unit size changes what a unit
+    /// index means, so the object's cached units are written back and
+    /// dropped first; if any is in use, nothing changes and `Busy` is
+    /// returned.
+    pub fn set_file_advice(&self, object: u64, advice: FileAdvice) -> Result<()> {
+        if let Some(size) = advice.unit_size {
+            if class_of(size).is_none() {
+                return Err(Error::UnitSize { unit_size: size });
+            }
+        }
+        let inner = &self.inner;
+        let (old_size, _, _) = inner.st.borrow().advice_for(object, &inner.cfg);
+        let new_size = advice.unit_size.unwrap_or(inner.cfg.default_unit);
+        if old_size != new_size {
+            // Write back, then drop, every cached unit of the object.
+            loop {
+                let dirty = {
+                    let st = inner.st.borrow();
+                    let Some(o) = st.objects.get(&object) else { break };
+                    if o.units.values().any(|&s| st.unit(s).pinned() || !st.unit(s).attached) {
+                        return Err(Error::Busy { object });
+                    }
+                    o.units.values().copied().find(|&s| st.unit(s).dirty.is_some())
+                };
+                match dirty {
+                    Some(s) => inner.write_back(s, None, Cause::Advice)?,
+                    None => break,
+                }
+            }
+            let mut st = inner.st.borrow_mut();
+            let units: Vec<u32> =
+                st.objects.get(&object).map(|o| o.units.values().copied().collect()).unwrap_or_default();
+            for s in units {
+                st.detach(s, false);
+            }
+        }
+        let mut st = inner.st.borrow_mut();
+        let was_default = st.objects.get(&object).is_none_or(|o| o.advice.is_default());
+        if was_default && !advice.is_default() && st.advised >= MAX_ADVISED_OBJECTS {
+            return Err(Error::TooManyAdvised { limit: MAX_ADVISED_OBJECTS });
+        }
+        let policy = advice.policy.unwrap_or(inner.cfg.default_policy);
+        let units: Vec<u32> = st.objects.get(&object).map(|o| o.units.values().copied().collect()).unwrap_or_default();
+        for s in units {
+            st.set_unit_policy(s, policy);
+        }
+        match (was_default, advice.is_default()) {
+            (true, false) => st.advised += 1,
+            (false, true) => st.advised -= 1,
+            _ => {}
+        }
+        let o = st.objects.entry(object).or_default();
+        o.advice = advice;
+        if o.units.is_empty() && advice.is_default() {
+            st.objects.remove(&object);
+        }
+        Ok(())
+    }
+
+    /// Shares unit `unit_index` of `object` for reading: bytes
+    /// `[unit_index * unit_size, +unit_size)`. On a miss the unit is filled
+    /// from storage (bytes past the end of the object read as zeros);
+    /// acquisitions of a unit being filled wait for that one fill. Waits
+    /// while a writer holds the unit or is queued before this reader.
+    pub fn read(&self, object: u64, unit_index: u64) -> impl Future<Output = Result<ReadGuard>> + 'static {
+        let inner = self.inner.clone();
+        async move {
+            let h = Inner::acquire(&inner, object, unit_index, Mode::Read).await?;
+            Ok(ReadGuard { inner, slot: h.slot, gen: h.gen, object, index: unit_index, arc: Some(h.arc) })
+        }
+    }
+
+    /// Takes unit `unit_index` of `object` exclusively to write `range`
+    /// (offsets within the unit). Waits for the unit's readers and earlier
+    /// writers to release it: the unit is modified in place, never copied
+    /// to dodge a conflict. On a miss the unit is filled first, unless
+    /// `range` covers all of it. If dirty bytes would exceed
+    /// `max_dirty_bytes`, the oldest dirty units are written back first.
+    /// Releasing the guard marks `range` dirty.
+    pub fn write(
+        &self,
+        object: u64,
+        unit_index: u64,
+        range: Range<usize>,
+    ) -> impl Future<Output = Result<WriteGuard>> + 'static {
+        let inner = self.inner.clone();
+        async move {
+            inner.make_room(object, unit_index, &range)?;
+            let h = Inner::acquire(&inner, object, unit_index, Mode::Write(range.clone())).await?;
+            Ok(WriteGuard {
+                inner,
+                slot: h.slot,
+                gen: h.gen,
+                object,
+                index: unit_index,
+                range,
+                arc: Some(h.arc),
+                fresh: h.fresh,
+            })
+        }
+    }
+
+    /// Writes back `object`'s dirty units and syncs the object (an fsync or
+    /// a COMMIT). A unit a writer holds is waited for: its earlier
+    /// (completed) writes must be in storage when this returns.
+    pub fn flush(&self, object: u64) -> impl Future<Output = Result<()>> + 'static {
+        let inner = self.inner.clone();
+        async move { Inner::flush(&inner, object).await }
+    }
+
+    /// Flushes every object with dirty units or with write-backs not yet synced.
+    pub fn flush_all(&self) -> impl Future<Output = Result<()>> + 'static {
+        let inner = self.inner.clone();
+        async move {
+            let objects: Vec<u64> = {
+                let mut st = inner.st.borrow_mut();
+                let mut v: Vec<u64> = st.unsynced.drain().collect();
+                for &s in st.dirty_order.values() {
+                    v.push(st.unit(s).object);
+                }
+                v.sort_unstable();
+                v.dedup();
+                v
+            };
+            for object in objects {
+                Inner::flush(&inner, object).await?;
+            }
+            Ok(())
+        }
+    }
+
+    /// Drops `object`'s cached units (its storage changed underneath):
+    /// each is taken exclusively in turn, written back if dirty, and dropped.
+    pub fn invalidate(&self, object: u64) -> impl Future<Output = Result<()>> + 'static {
+        let inner = self.inner.clone();
+        async move {
+            for (s, gen) in inner.units_of(object, |_| true) {
+                let Some(h) = Inner::acquire_existing(&inner, s, gen, true).await? else { continue };
+                let res = inner.write_back(s, Some(&h.arc), Cause::Flush);
+                let outcome = if res.is_ok() { Outcome::Discard } else { Outcome::Keep };
+                inner.release_exclusive(s, h.gen, h.arc, outcome);
+                res?;
+            }
+            Ok(())
+        }
+    }
+
+    /// Cuts `object` to `new_len` in the cache: units wholly past the end
+    /// are dropped with their dirty bytes; the unit holding the new end is
+    /// taken exclusively, zeroed past it, and its dirty range clipped. The
+    /// caller truncates storage after this completes (so that no later
+    /// write-back re-extends the file). A write that holds a unit past the
+    /// end while this completes is ordered before the truncate.
+    pub fn truncate(&self, object: u64, new_len: u64) -> impl Future<Output = Result<()>> + 'static {
+        let inner = self.inner.clone();
+        async move {
+            let size = inner.st.borrow().advice_for(object, &inner.cfg).0;
+            let cut_index = new_len / size as u64;
+            let cut = (new_len % size as u64) as usize;
+            if cut > 0 {
+                let found =
+                    inner.st.borrow().lookup(object, cut_index).map(|s| (s, inner.st.borrow().slots[s as usize].gen));
+                if let Some((s, gen)) = found {
+                    if let Some(mut h) = Inner::acquire_existing(&inner, s, gen, true).await? {
+                        let region = Arc::get_mut(&mut h.arc).expect("an exclusive holder's memory is unique");
+                        region.as_mut_slice()[cut..].fill(0);
+                        inner.st.borrow_mut().clip_dirty(s, cut);
+                        inner.release_exclusive(s, h.gen, h.arc, Outcome::Keep);
+                    }
+                }
+            }
+            let first_gone = cut_index + u64::from(cut > 0);
+            let mut st = inner.st.borrow_mut();
+            let gone: Vec<u32> = st
+                .objects
+                .get(&object)
+                .map(|o| o.units.range(first_gone..).map(|(_, &s)| s).collect())
+                .unwrap_or_default();
+            for s in gone {
+                st.detach(s, true);
+            }
+            Ok(())
+        }
+    }
+
+    /// Forgets `object` (it was deleted): its units and their dirty bytes
+    /// are dropped at once, and its advice. Units still held are freed when
+    /// released; a writer's bytes are discarded then.
+    pub fn remove(&self, object: u64) {
+        let mut st = self.inner.st.borrow_mut();
+        let units: Vec<u32> = st.objects.get(&object).map(|o| o.units.values().copied().collect()).unwrap_or_default();
+        for s in units {
+            st.detach(s, true);
+        }
+        if let Some(o) = st.objects.remove(&object) {
+            if !o.advice.is_default() {
+                st.advised -= 1;
+            }
+        }
+        st.unsynced.remove(&object);
+    }
+}
+
+impl Inner {
+    /// Acquires a unit by (object, index): hit, miss-and-fill, or wait.
+    async fn acquire(inner: &Rc<Inner>, object: u64, index: u64, mode: Mode) -> Result<Held> {
+        loop {
+            match inner.try_acquire(object, index, &mode)? {
+                Step::Held(h) => return Ok(h),
+                Step::Claimed(h) => return inner.fill(h, object, index, &mode),
+                Step::Retry => {}
+                Step::Leaked(s) => inner.retire(s)?,
+                Step::Wait { slot, gen, id, exclusive } => {
+                    match (WaitTurn { inner: inner.clone(), slot, gen, id, exclusive, done: false }).await {
+                        Turn::Held(h) => return Ok(h),
+                        Turn::Gone => {}
+                        Turn::Leaked(s) => inner.retire(s)?,
+                    }
+                }
+            }
+        }
+    }
+
+    /// Acquires a unit known by (slot, gen), without filling: `None` if it
+    /// is gone (or was retired).
+    async fn acquire_existing(inner: &Rc<Inner>, s: u32, gen: u64, exclusive: bool) -> Result<Option<Held>> {
+        let step = {
+            let mut st = inner.st.borrow_mut();
+            let slot = &st.slots[s as usize];
+            match slot.unit.as_ref() {
+                Some(u) if slot.gen == gen && u.attached => {
+                    if exclusive && u.can_exclusive(None) {
+                        Some(st.grant_exclusive(s))
+                    } else if !exclusive && u.can_share(None) {
+                        Some(st.grant_shared(s))
+                    } else {
+                        None
+                    }
+                }
+                _ => return Ok(None),
+            }
+        };
+        let grant = match step {
+            Some(g) => g,
+            None => {
+                let id = inner.st.borrow_mut().enqueue(s, exclusive);
+                match (WaitTurn { inner: inner.clone(), slot: s, gen, id, exclusive, done: false }).await {
+                    Turn::Held(h) => return Ok(Some(h)),
+                    Turn::Gone => return Ok(None),
+                    Turn::Leaked(s) => Grant::Leaked(s),
+                }
+            }
+        };
+        match grant {
+            Grant::Held { slot, gen, arc } => Ok(Some(Held { slot, gen, arc, fresh: false })),
+            Grant::Leaked(s) => inner.retire(s).map(|()| None),
+        }
+    }
+
+    /// One synchronous attempt: a hit is granted or queued; a miss makes
+    /// room, takes a slot and claims the unit for this acquisition.
+    fn try_acquire(&self, object: u64, index: u64, mode: &Mode) -> Result<Step> {
+        let mut st = self.st.borrow_mut();
+        let (size, class, policy) = st.advice_for(object, &self.cfg);
+        unit_base(index, size)?;
+        if let Mode::Write(r) = mode {
+            if r.start >= r.end || r.end > size {
+                return Err(Error::BadRange { start: r.start, end: r.end, unit_size: size });
+            }
+        }
+        let exclusive = matches!(mode, Mode::Write(_));
+        if let Some(s) = st.lookup(object, index) {
+            st.c.hits += 1;
+            st.touch(s);
+            let u = st.unit(s);
+            let grant = if exclusive {
+                u.can_exclusive(None).then(|| st.grant_exclusive(s))
+            } else {
+                u.can_share(None).then(|| st.grant_shared(s))
+            };
+            return Ok(match grant {
+                Some(Grant::Held { slot, gen, arc }) => Step::Held(Held { slot, gen, arc, fresh: false }),
+                Some(Grant::Leaked(s)) => Step::Leaked(s),
+                None => {
+                    if st.unit(s).filling {
+                        st.c.fill_waits += 1;
+                    } else {
+                        st.c.conflict_waits += 1;
+                    }
+                    let gen = st.slots[s as usize].gen;
+                    let id = st.enqueue(s, exclusive);
+                    Step::Wait { slot: s, gen, id, exclusive }
+                }
+            });
+        }
+        st.c.misses += 1;
+        drop(st);
+        let s = self.alloc(class)?;
+        let mut st = self.st.borrow_mut();
+        if st.lookup(object, index).is_some() || st.advice_for(object, &self.cfg).1 != class {
+            // Making room ran storage calls; something cached the unit or
+            // changed the advice meanwhile. Give the slot back, start over.
+            st.free[class].push(s);
+            return Ok(Step::Retry);
+        }
+        let fill = match mode {
+            Mode::Read => true,
+            Mode::Write(r) => !(r.start == 0 && r.end == size),
+        };
+        st.attach(s, object, index, policy, fill);
+        let slot = &mut st.slots[s as usize];
+        let arc = match std::mem::replace(&mut slot.mem, Mem::Lent) {
+            Mem::Registered(arc) => arc,
+            other => unreachable!("a free slot's memory is registered, found {other:?}"),
+        };
+        let h = Held { slot: s, gen: slot.gen, arc, fresh: !fill };
+        Ok(if fill { Step::Claimed(h) } else { Step::Held(h) })
+    }
+
+    /// Fills a claimed unit from storage, straight into its memory, then
+    /// hands it to the claimer as reader or writer and lets waiters in.
+    fn fill(&self, mut h: Held, object: u64, index: u64, mode: &Mode) -> Result<Held> {
+        let size = h.arc.len();
+        let offset = index * size as u64; // checked by unit_base
+        let res = {
+            // Free slots' memory is unique: `free_if_idle` retires a slot
+            // whose memory an abandoned operation still holds.
+            let buf = Arc::get_mut(&mut h.arc).expect("a claimed unit's memory is unique").as_mut_slice();
+            self.storage.read_at(object, offset, buf).map(|n| {
+                let n = n.min(size);
+                buf[n..].fill(0);
+                n
+            })
+        };
+        let mut st = self.st.borrow_mut();
+        st.unit_mut(h.slot).filling = false;
+        match res {
+            Err(source) => {
+                st.c.storage_errors += 1;
+                st.slots[h.slot as usize].mem = Mem::Registered(h.arc);
+                st.detach(h.slot, true);
+                Err(Error::Storage { op: "read_at", object, offset, source })
+            }
+            Ok(n) => {
+                st.c.fills += 1;
+                st.c.fill_bytes += n as u64;
+                match mode {
+                    Mode::Read => {
+                        st.slots[h.slot as usize].mem = Mem::Registered(h.arc.clone());
+                        st.unit_mut(h.slot).readers += 1;
+                        st.unit(h.slot).wake_eligible();
+                    }
+                    Mode::Write(_) => st.unit_mut(h.slot).writer = true,
+                }
+                Ok(h)
+            }
+        }
+    }
+
+    /// Finds a free slot of `class`, in this order: a free unit; a slab
+    /// never carved (raw memory: its units register lazily, so carving it
+    /// costs nothing); the replacement policies' victim in `class` (written
+    /// back first if dirty); an empty slab of another class, re-carved; the
+    /// coldest slab of another class whose units can all be evicted,
+    /// re-carved. Re-carving a ready slab registers all its units again
+    /// (~8 µs each here: 16 ms for 8 MiB of 4 KiB units), so a class takes
+    /// memory from another only when it has nothing of its own to evict.
+    /// Otherwise every candidate is in use: `NoSpace`.
+    fn alloc(&self, class: usize) -> Result<u32> {
+        loop {
+            let mut st = self.st.borrow_mut();
+            if let Some(s) = st.free[class].pop() {
+                if let Err(e) = st.ensure_registered(&self.ctx, s) {
+                    st.free[class].push(s);
+                    return Err(e);
+                }
+                return Ok(s);
+            }
+            if let Some(slab) = st.slabs.iter().position(|sl| sl.class.is_none()) {
+                st.carve(&self.ctx, slab, class, false)?;
+                continue;
+            }
+            if let Some(v) = st.victim(class) {
+                if st.unit(v).dirty.is_some() {
+                    drop(st);
+                    self.write_back(v, None, Cause::Evict)?;
+                } else {
+                    st.evict(v);
+                }
+                continue;
+            }
+            if let Some(slab) = st.idle_slab(class) {
+                st.carve(&self.ctx, slab, class, false)?;
+                continue;
+            }
+            if let Some(slab) = st.coldest_evictable_slab(class) {
+                let units: Vec<u32> =
+                    st.slabs[slab].slots.iter().copied().filter(|&s| st.slots[s as usize].unit.is_some()).collect();
+                if let Some(&d) = units.iter().find(|&&s| st.unit(s).dirty.is_some()) {
+                    drop(st);
+                    self.write_back(d, None, Cause::Evict)?;
+                    continue;
+                }
+                for s in units {
+                    st.evict(s);
+                }
+                st.carve(&self.ctx, slab, class, false)?;
+                continue;
+            }
+            st.c.no_space += 1;
+            return Err(Error::NoSpace { unit_size: UNIT_SIZES[class], pinned: st.pinned_units() });
+        }
+    }
+
+    /// Writes the unit's dirty range to storage, straight from its memory.
+    /// With `held`, the caller holds the unit (as reader or writer) and
+    /// passes its memory; without, the unit is pinned for the call (if a
+    /// writer holds it, nothing is done: its release decides).
+    fn write_back(&self, s: u32, held: Option<&Arc<Region>>, cause: Cause) -> Result<()> {
+        let (object, offset, lo, hi, pinned) = {
+            let mut st = self.st.borrow_mut();
+            let slot = &st.slots[s as usize];
+            let Some(u) = slot.unit.as_ref() else { return Ok(()) };
+            let Some((lo, hi)) = u.dirty else { return Ok(()) };
+            // Cannot overflow: unit_base checked (index + 1) * size.
+            let offset = u.index * UNIT_SIZES[slot.class] as u64 + lo as u64;
+            let object = u.object;
+            let pinned = match (held, &slot.mem) {
+                (Some(_), _) => None,
+                (None, Mem::Registered(arc)) => Some(arc.clone()),
+                (None, _) => return Ok(()),
+            };
+            if pinned.is_some() {
+                st.unit_mut(s).pins += 1;
+            }
+            (object, offset, lo, hi, pinned)
+        };
+        let region: &Region = held.map(|a| &**a).or(pinned.as_deref()).expect("memory to write from");
+        let res = self.storage.write_at(object, offset, &region.as_slice()[lo..hi]);
+        let was_pinned = pinned.is_some();
+        drop(pinned);
+        let mut st = self.st.borrow_mut();
+        if was_pinned {
+            st.unit_mut(s).pins -= 1;
+        }
+        match &res {
+            Ok(()) => {
+                // Holders and pins exclude writers, so the range is unchanged.
+                if st.unit(s).dirty == Some((lo, hi)) {
+                    st.clear_dirty(s);
+                }
+                st.c.writebacks += 1;
+                st.c.writeback_bytes += (hi - lo) as u64;
+                if cause == Cause::WriteBehind {
+                    st.c.write_behind += 1;
+                }
+                st.unsynced.insert(object);
+            }
+            Err(_) => st.c.storage_errors += 1,
+        }
+        if was_pinned {
+            st.unit(s).wake_eligible();
+            st.free_if_idle(s);
+        }
+        drop(st);
+        res.map_err(|source| Error::Storage { op: "write_at", object, offset, source })
+    }
+
+    /// Bounded write-behind: before a write of `range` of a unit, write back
+    /// the oldest dirty units until the bytes the write will add (the growth
+    /// of the unit's covering dirty range) fit under `max_dirty_bytes`.
+    /// Units a writer holds cannot be written back now, so the bound can be
+    /// passed by at most the writers in flight:
+    /// dirty bytes <= max_dirty_bytes + (writers in flight - 1) * 64 KiB.
+    fn make_room(&self, object: u64, index: u64, range: &Range<usize>) -> Result<()> {
+        loop {
+            let s = {
+                let st = self.st.borrow();
+                let growth = match st.lookup(object, index).and_then(|s| st.unit(s).dirty) {
+                    Some((lo, hi)) => (hi.max(range.end) - lo.min(range.start)) - (hi - lo),
+                    None => range.len(),
+                };
+                if st.dirty_bytes + growth as u64 <= self.cfg.max_dirty_bytes as u64 {
+                    return Ok(());
+                }
+                match st.oldest_writable_back() {
+                    Some(s) => s,
+                    None => return Ok(()),
+                }
+            };
+            self.write_back(s, None, Cause::WriteBehind)?;
+        }
+    }
+
+    /// Gives up a slot whose memory an abandoned RMA operation holds: its
+    /// dirty bytes go to storage first, then the unit is dropped; the slot
+    /// is retired when the last holder lets go (`free_if_idle`).
+    fn retire(&self, s: u32) -> Result<()> {
+        self.write_back(s, None, Cause::Retire)?;
+        let mut st = self.st.borrow_mut();
+        if st.slots[s as usize].unit.is_some() {
+            st.detach(s, true);
+        }
+        Ok(())
+    }
+
+    /// The (slot, gen) of `object`'s units that satisfy `keep`.
+    fn units_of(&self, object: u64, keep: impl Fn(&crate::state::Unit) -> bool) -> Vec<(u32, u64)> {
+        let st = self.st.borrow();
+        st.objects
+            .get(&object)
+            .map(|o| o.units.values().filter(|&&s| keep(st.unit(s))).map(|&s| (s, st.slots[s as usize].gen)).collect())
+            .unwrap_or_default()
+    }
+
+    async fn flush(inner: &Rc<Inner>, object: u64) -> Result<()> {
+        for (s, gen) in inner.units_of(object, |u| u.dirty.is_some() || u.writer) {
+            // Shared access: waits for a writer, not for readers.
+            let Some(h) = Inner::acquire_existing(inner, s, gen, false).await? else { continue };
+            let res = inner.write_back(s, Some(&h.arc), Cause::Flush);
+            drop(h.arc);
+            inner.release_shared(s, h.gen);
+            res?;
+        }
+        inner.sync(object)
+    }
+
+    fn sync(&self, object: u64) -> Result<()> {
+        match self.storage.sync(object) {
+            Ok(()) => {
+                self.st.borrow_mut().unsynced.remove(&object);
+                Ok(())
+            }
+            Err(source) => {
+                self.st.borrow_mut().c.storage_errors += 1;
+                Err(Error::Storage { op: "sync", object, offset: 0, source })
+            }
+        }
+    }
+
+    fn release_shared(&self, s: u32, gen: u64) {
+        let mut st = self.st.borrow_mut();
+        debug_assert_eq!(st.slots[s as usize].gen, gen, "a held unit keeps its slot");
+        let u = st.unit_mut(s);
+        u.readers -= 1;
+        u.wake_eligible();
+        st.free_if_idle(s);
+    }
+
+    fn release_exclusive(&self, s: u32, gen: u64, arc: Arc<Region>, outcome: Outcome) {
+        let mut st = self.st.borrow_mut();
+        debug_assert_eq!(st.slots[s as usize].gen, gen, "a held unit keeps its slot");
+        st.slots[s as usize].mem = Mem::Registered(arc);
+        st.unit_mut(s).writer = false;
+        match outcome {
+            Outcome::Commit(r) => st.mark_dirty(s, r.start, r.end),
+            Outcome::Discard => st.detach(s, true),
+            Outcome::Keep => {}
+        }
+        if st.slots[s as usize].unit.is_some() && st.slots[s as usize].gen == gen {
+            st.unit(s).wake_eligible();
+            st.free_if_idle(s);
+        }
+    }
+}
+
+/// Waits for this acquisition's turn in a unit's queue.
+struct WaitTurn {
+    inner: Rc<Inner>,
+    slot: u32,
+    gen: u64,
+    id: u64,
+    exclusive: bool,
+    done: bool,
+}
+
+enum Turn {
+    Held(Held),
+    /// The unit was dropped or replaced: look it up again.
+    Gone,
+    Leaked(u32),
+}
+
+impl Future for WaitTurn {
+    type Output = Turn;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Turn> {
+        let this = &mut *self;
+        let mut st = this.inner.st.borrow_mut();
+        let s = this.slot;
+        let slot = &mut st.slots[s as usize];
+        let live = slot.gen == this.gen && slot.unit.as_ref().is_some_and(|u| u.attached);
+        if !live {
+            if slot.gen == this.gen {
+                if let Some(u) = slot.unit.as_mut() {
+                    u.remove_waiter(this.id);
+                }
+            }
+            this.done = true;
+            return Poll::Ready(Turn::Gone);
+        }
+        let u = slot.unit.as_mut().expect("live");
+        let ok = if this.exclusive { u.can_exclusive(Some(this.id)) } else { u.can_share(Some(this.id)) };
+        if !ok {
+            if let Some(w) = u.waiters.iter_mut().find(|w| w.id == this.id) {
+                if !w.waker.as_ref().is_some_and(|k| k.will_wake(cx.waker())) {
+                    w.waker = Some(cx.waker().clone());
+                }
+            }
+            return Poll::Pending;
+        }
+        u.remove_waiter(this.id);
+        this.done = true;
+        let grant = if this.exclusive { st.grant_exclusive(s) } else { st.grant_shared(s) };
+        st.unit(s).wake_eligible();
+        Poll::Ready(match grant {
+            Grant::Held { slot, gen, arc } => Turn::Held(Held { slot, gen, arc, fresh: false }),
+            Grant::Leaked(s) => Turn::Leaked(s),
+        })
+    }
+}
+
+impl Drop for WaitTurn {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        // Cancelled: leave the queue and let the next in line try.
+        if let Ok(mut st) = self.inner.st.try_borrow_mut() {
+            let slot = &mut st.slots[self.slot as usize];
+            if slot.gen == self.gen {
+                if let Some(u) = slot.unit.as_mut() {
+                    u.remove_waiter(self.id);
+                    u.wake_eligible();
+                }
+            }
+        }
+    }
+}
+
+/// Shared access to a cached unit. Derefs to the unit's bytes; hands out
+/// the unit's registered memory for an RMA put. Dropping it releases the
+/// unit (and may let a waiting writer in).
+///
+/// An RMA operation started with [`ReadGuard::rma_local`] must complete,
+/// and its `Op` be dropped, before the guard is: the operation holds the
+/// memory, and memory still held when the unit is freed is retired
+/// (counted in `retired_units`) rather than reused.
+pub struct ReadGuard {
+    inner: Rc<Inner>,
+    slot: u32,
+    gen: u64,
+    object: u64,
+    index: u64,
+    /// `None` only inside `drop`.
+    arc: Option<Arc<Region>>,
+}
+
+impl std::fmt::Debug for ReadGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReadGuard").field("object", &self.object).field("unit_index", &self.index).finish()
+    }
+}
+
+impl ReadGuard {
+    fn region(&self) -> &Arc<Region> {
+        self.arc.as_ref().expect("guard holds memory until dropped")
+    }
+
+    pub fn object(&self) -> u64 {
+        self.object
+    }
+
+    pub fn unit_index(&self) -> u64 {
+        self.index
+    }
+
+    /// The object offset of the unit's first byte.
+    pub fn object_offset(&self) -> u64 {
+        self.index * self.region().len() as u64
+    }
+
+    /// The unit's registered memory, bytes `[offset, offset + len)` of the
+    /// unit, as the transport's local side of a put. Panics if the range is
+    /// not inside the unit (a caller bug: ranges come from `spans`).
+    pub fn rma_local(&self, offset: usize, len: usize) -> Local {
+        let size = self.region().len();
+        assert!(offset.checked_add(len).is_some_and(|e| e <= size), "range {offset}+{len} outside a {size}-byte unit");
+        Local::Region { region: self.region().clone(), offset, len }
+    }
+}
+
+impl Deref for ReadGuard {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.region().as_slice()
+    }
+}
+
+impl Drop for ReadGuard {
+    fn drop(&mut self) {
+        // Our reference goes first, so the release sees only others'.
+        drop(self.arc.take());
+        self.inner.release_shared(self.slot, self.gen);
+    }
+}
+
+/// Exclusive access to a cached unit for writing one range of it.
+///
+/// The range is written in place: through [`WriteGuard::bytes_mut`] (an
+/// inline write) or by an RMA get into [`WriteGuard::rma_local`]. Dropping
+/// the guard commits: the range becomes dirty and waiters may enter.
+/// [`WriteGuard::commit_stable`] writes the unit through to storage first;
+/// [`WriteGuard::abort`] handles a write that failed part-way.
+pub struct WriteGuard {
+    inner: Rc<Inner>,
+    slot: u32,
+    gen: u64,
+    object: u64,
+    index: u64,
+    range: Range<usize>,
+    /// `None` once released.
+    arc: Option<Arc<Region>>,
+    fresh: bool,
+}
+
+impl std::fmt::Debug for WriteGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WriteGuard")
+            .field("object", &self.object)
+            .field("unit_index", &self.index)
+            .field("range", &self.range)
+            .finish()
+    }
+}
+
+impl WriteGuard {
+    fn region(&self) -> &Arc<Region> {
+        self.arc.as_ref().expect("guard holds memory until released")
+    }
+
+    pub fn object(&self) -> u64 {
+        self.object
+    }
+
+    pub fn unit_index(&self) -> u64 {
+        self.index
+    }
+
+    /// The object offset of the unit's first byte.
+    pub fn object_offset(&self) -> u64 {
+        self.index * self.region().len() as u64
+    }
+
+    /// The range of the unit this guard writes.
+    pub fn range(&self) -> Range<usize> {
+        self.range.clone()
+    }
+
+    /// The whole unit's bytes (outside the range: the cached data; inside:
+    /// whatever has been written so far).
+    pub fn unit_bytes(&self) -> &[u8] {
+        self.region().as_slice()
+    }
+
+    /// The guard's range of the unit, writable in place (index 0 is unit
+    /// offset `range().start`). Fails while an operation started with
+    /// [`WriteGuard::rma_local`] still holds the memory.
+    pub fn bytes_mut(&mut self) -> Result<&mut [u8]> {
+        let range = self.range.clone();
+        let arc = self.arc.as_mut().expect("guard holds memory until released");
+        Arc::get_mut(arc).map(|r| &mut r.as_mut_slice()[range]).ok_or(Error::MemoryInFlight)
+    }
+
+    /// Bytes `[offset, offset + len)` of the unit as the local side of an
+    /// RMA get. Panics if they are not inside the guard's range (bytes
+    /// outside it would be written without being marked dirty).
+    pub fn rma_local(&self, offset: usize, len: usize) -> Local {
+        assert!(
+            offset >= self.range.start && offset.checked_add(len).is_some_and(|e| e <= self.range.end),
+            "range {offset}+{len} outside the guard's range {:?}",
+            self.range
+        );
+        Local::Region { region: self.region().clone(), offset, len }
+    }
+
+    /// Commits and writes the unit through to storage before releasing it:
+    /// for a request that asks for stability. Data and a sync are in
+    /// storage when this returns `Ok`. On error the unit stays dirty.
+    pub fn commit_stable(mut self) -> Result<()> {
+        let arc = self.arc.take().expect("guard holds memory until released");
+        let inner = self.inner.clone();
+        inner.st.borrow_mut().mark_dirty(self.slot, self.range.start, self.range.end);
+        let res = inner.write_back(self.slot, Some(&arc), Cause::Stable).and_then(|()| inner.sync(self.object));
+        inner.release_exclusive(self.slot, self.gen, arc, Outcome::Keep);
+        res
+    }
+
+    /// Releases after a write that failed part-way (e.g. the RMA get
+    /// failed). A unit that was not filled from storage holds garbage
+    /// outside what arrived, so it is dropped; a filled unit keeps what
+    /// arrived (each byte old or new, as a partial POSIX write) and the
+    /// range is marked dirty.
+    pub fn abort(mut self) {
+        let arc = self.arc.take().expect("guard holds memory until released");
+        let outcome = if self.fresh { Outcome::Discard } else { Outcome::Commit(self.range.clone()) };
+        self.inner.release_exclusive(self.slot, self.gen, arc, outcome);
+    }
+}
+
+impl Drop for WriteGuard {
+    fn drop(&mut self) {
+        if let Some(arc) = self.arc.take() {
+            self.inner.release_exclusive(self.slot, self.gen, arc, Outcome::Commit(self.range.clone()));
+        }
+    }
+}
+
+/// One unit's share of a byte range: see [`spans`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Span {
+    pub unit_index: u64,
+    /// Bytes of the unit.
+    pub range: Range<usize>,
+    /// Offset of `range.start` from the start of the byte range.
+    pub buf_offset: u64,
+}
+
+/// Splits `len` bytes at object offset `offset` into per-unit spans for
+/// units of `unit_size` bytes (for list I/O: call once per (offset, length)
+/// pair). Empty if `len` is 0 or the range passes 2^64.
+pub fn spans(unit_size: usize, offset: u64, len: u64) -> impl Iterator<Item = Span> {
+    let size = unit_size.max(1) as u64;
+    let end = if offset.checked_add(len).is_some() { offset + len } else { offset };
+    let mut pos = offset;
+    std::iter::from_fn(move || {
+        if pos >= end {
+            return None;
+        }
+        let unit_index = pos / size;
+        let start = (pos % size) as usize;
+        let n = (size - start as u64).min(end - pos);
+        let span = Span { unit_index, range: start..start + n as usize, buf_offset: pos - offset };
+        pos += n;
+        Some(span)
+    })
+}
