@@ -55,6 +55,16 @@ impl Secret {
         Secret(b)
     }
 
+    /// Loads an existing secret (io servers and clients: the metadata server
+    /// creates it).
+    pub fn load(path: &Path) -> Result<Secret, SecretError> {
+        let p = path.display().to_string();
+        let b = std::fs::read(path).map_err(|source| SecretError::Read { path: p.clone(), source })?;
+        let arr: [u8; SECRET_LEN] =
+            b.as_slice().try_into().map_err(|_| SecretError::Length { path: p, len: b.len() })?;
+        Ok(Secret(arr))
+    }
+
     /// Loads the secret at `path`, creating it (mode 0600, random) if absent.
     pub fn load_or_create(path: &Path) -> Result<Secret, SecretError> {
         let p = path.display().to_string();

@@ -8,6 +8,8 @@
 //! can return them as they are. The data half (layouts, striping, RMA) comes
 //! with the io servers.
 
+pub mod data;
+
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -3,7 +3,7 @@
 
 use crate::msg::get_errno;
 use crate::wire::{Reader, Writer};
-use crate::{DecodeError, Errno, Op, Request, Response, PROTO_VERSION};
+use crate::{DecodeError, Errno, IoOp, Op, Request, Response, PROTO_VERSION};
 
 /// Who sends a request and under which id: the header fields a caller
 /// chooses.
@@ -17,182 +17,211 @@ pub struct Envelope {
     pub gid: u32,
 }
 
-/// The 32-byte header in front of every request body. Its fields are in wire
-/// order and `#[repr(C)]` without padding (asserted below), so the struct
-/// is the byte layout of the crate docs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(C)]
-pub struct RequestHeader {
-    /// [`PROTO_VERSION`].
-    pub version: u16,
-    pub op: Op,
-    /// Must be 0.
-    pub flags: u32,
-    pub tag: u64,
-    pub uid: u32,
-    pub gid: u32,
-    /// Bytes of body that follow the header.
-    pub body_len: u32,
-    /// Must be 0.
-    pub reserved: u32,
-}
-
-const _: () = assert!(std::mem::size_of::<RequestHeader>() == RequestHeader::SIZE);
-
-impl RequestHeader {
-    /// Encoded size.
-    pub const SIZE: usize = 32;
-
-    /// A valid header for a body of `body_len` bytes.
-    pub fn new(op: Op, env: Envelope, body_len: u32) -> RequestHeader {
-        RequestHeader {
-            version: PROTO_VERSION,
-            op,
-            flags: 0,
-            tag: env.tag,
-            uid: env.uid,
-            gid: env.gid,
-            body_len,
-            reserved: 0,
+/// Defines a request header and a reply header whose op field is of the
+/// given op enum: [`RequestHeader`]/[`ReplyHeader`] for [`Op`],
+/// [`crate::IoRequestHeader`]/[`crate::IoReplyHeader`] for [`crate::IoOp`].
+/// One definition, so the two protocols' headers cannot drift apart; a
+/// header decoder refuses the other protocol's op numbers (`UnknownOp`).
+macro_rules! headers {
+    ($(#[$rqdoc:meta])* $req:ident, $(#[$rpdoc:meta])* $rep:ident, $op:ident) => {
+        $(#[$rqdoc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[repr(C)]
+        pub struct $req {
+            /// [`PROTO_VERSION`].
+            pub version: u16,
+            pub op: $op,
+            /// Must be 0.
+            pub flags: u32,
+            pub tag: u64,
+            pub uid: u32,
+            pub gid: u32,
+            /// Bytes of body that follow the header.
+            pub body_len: u32,
+            /// Must be 0.
+            pub reserved: u32,
         }
-    }
 
-    /// The caller-chosen fields.
-    pub fn envelope(&self) -> Envelope {
-        Envelope { tag: self.tag, uid: self.uid, gid: self.gid }
-    }
+        const _: () = assert!(std::mem::size_of::<$req>() == $req::SIZE);
 
-    /// The header's bytes, fields written as they are (a header with
-    /// non-zero `flags` encodes, and the receiver refuses it).
-    pub fn encode(&self) -> [u8; Self::SIZE] {
-        let mut w = Writer::default();
-        w.put_u16(self.version);
-        w.put_u16(self.op.into());
-        w.put_u32(self.flags);
-        w.put_u64(self.tag);
-        w.put_u32(self.uid);
-        w.put_u32(self.gid);
-        w.put_u32(self.body_len);
-        w.put_u32(self.reserved);
-        let mut out = [0u8; Self::SIZE];
-        out.copy_from_slice(&w.into_vec());
-        out
-    }
+        impl $req {
+            /// Encoded size.
+            pub const SIZE: usize = 32;
 
-    /// Decodes and checks the header at the start of `buf` (bytes after the
-    /// first [`Self::SIZE`] are not looked at). A server that gets this far
-    /// can answer a bad body with an error reply carrying the tag.
-    pub fn decode(buf: &[u8]) -> Result<RequestHeader, DecodeError> {
-        Self::read(&mut Reader::new(buf))
-    }
+            /// A valid header for a body of `body_len` bytes.
+            pub fn new(op: $op, env: Envelope, body_len: u32) -> $req {
+                $req {
+                    version: PROTO_VERSION,
+                    op,
+                    flags: 0,
+                    tag: env.tag,
+                    uid: env.uid,
+                    gid: env.gid,
+                    body_len,
+                    reserved: 0,
+                }
+            }
 
-    fn read(r: &mut Reader<'_>) -> Result<RequestHeader, DecodeError> {
-        let mut r = Reader::new(r.take(Self::SIZE, "request header")?);
-        let version = r.u16("version")?;
-        if version != PROTO_VERSION {
-            return Err(DecodeError::BadVersion(version));
-        }
-        let raw = r.u16("op")?;
-        let op = Op::from_u16(raw).ok_or(DecodeError::UnknownOp(raw))?;
-        let hdr = RequestHeader {
-            version,
-            op,
-            flags: r.u32("flags")?,
-            tag: r.u64("tag")?,
-            uid: r.u32("uid")?,
-            gid: r.u32("gid")?,
-            body_len: r.u32("body_len")?,
-            reserved: r.u32("reserved")?,
-        };
-        if hdr.flags != 0 || hdr.reserved != 0 {
-            return Err(DecodeError::Reserved);
-        }
-        Ok(hdr)
-    }
-}
+            /// The caller-chosen fields.
+            pub fn envelope(&self) -> Envelope {
+                Envelope { tag: self.tag, uid: self.uid, gid: self.gid }
+            }
 
-/// The 32-byte header in front of every reply body, `#[repr(C)]` in wire
-/// order like [`RequestHeader`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(C)]
-pub struct ReplyHeader {
-    /// [`PROTO_VERSION`].
-    pub version: u16,
-    /// The op of the request this answers.
-    pub op: Op,
-    /// 0 for success, else an errno in `1..=MAX_ERRNO` and an empty body.
-    pub errno: i32,
-    /// The request's tag.
-    pub tag: u64,
-    pub body_len: u32,
-    /// Must be zero.
-    pub reserved: [u8; 12],
-}
+            /// The header's bytes, fields written as they are (a header with
+            /// non-zero `flags` encodes, and the receiver refuses it).
+            pub fn encode(&self) -> [u8; Self::SIZE] {
+                let mut w = Writer::default();
+                w.put_u16(self.version);
+                w.put_u16(self.op.into());
+                w.put_u32(self.flags);
+                w.put_u64(self.tag);
+                w.put_u32(self.uid);
+                w.put_u32(self.gid);
+                w.put_u32(self.body_len);
+                w.put_u32(self.reserved);
+                let mut out = [0u8; Self::SIZE];
+                out.copy_from_slice(&w.into_vec());
+                out
+            }
 
-const _: () = assert!(std::mem::size_of::<ReplyHeader>() == ReplyHeader::SIZE);
+            /// Decodes and checks the header at the start of `buf` (bytes
+            /// after the first [`Self::SIZE`] are not looked at). A server
+            /// that gets this far can answer a bad body with an error reply
+            /// carrying the tag.
+            pub fn decode(buf: &[u8]) -> Result<$req, DecodeError> {
+                Self::read(&mut Reader::new(buf))
+            }
 
-impl ReplyHeader {
-    /// Encoded size.
-    pub const SIZE: usize = 32;
-
-    /// A valid header; `errno` 0 for success.
-    pub fn new(op: Op, tag: u64, errno: i32, body_len: u32) -> ReplyHeader {
-        ReplyHeader { version: PROTO_VERSION, op, errno, tag, body_len, reserved: [0; 12] }
-    }
-
-    /// The header's bytes, fields written as they are.
-    pub fn encode(&self) -> [u8; Self::SIZE] {
-        let mut w = Writer::default();
-        w.put_u16(self.version);
-        w.put_u16(self.op.into());
-        w.put_i32(self.errno);
-        w.put_u64(self.tag);
-        w.put_u32(self.body_len);
-        w.put_raw(&self.reserved);
-        let mut out = [0u8; Self::SIZE];
-        out.copy_from_slice(&w.into_vec());
-        out
-    }
-
-    /// Decodes and checks the header at the start of `buf` (bytes after the
-    /// first [`Self::SIZE`] are not looked at).
-    pub fn decode(buf: &[u8]) -> Result<ReplyHeader, DecodeError> {
-        Self::read(&mut Reader::new(buf))
-    }
-
-    fn read(r: &mut Reader<'_>) -> Result<ReplyHeader, DecodeError> {
-        let mut r = Reader::new(r.take(Self::SIZE, "reply header")?);
-        let version = r.u16("version")?;
-        if version != PROTO_VERSION {
-            return Err(DecodeError::BadVersion(version));
-        }
-        let raw = r.u16("op")?;
-        let op = Op::from_u16(raw).ok_or(DecodeError::UnknownOp(raw))?;
-        let hdr = ReplyHeader {
-            version,
-            op,
-            errno: r.i32("errno")?,
-            tag: r.u64("tag")?,
-            body_len: r.u32("body_len")?,
-            reserved: r.array("reserved")?,
-        };
-        if hdr.reserved != [0; 12] {
-            return Err(DecodeError::Reserved);
-        }
-        if hdr.errno != 0 {
-            get_errno(hdr.errno, "reply errno")?;
-            if hdr.body_len != 0 {
-                return Err(DecodeError::BadValue {
-                    what: "body_len of an error reply (must be 0)",
-                    value: hdr.body_len.into(),
-                });
+            pub(crate) fn read(r: &mut Reader<'_>) -> Result<$req, DecodeError> {
+                let mut r = Reader::new(r.take(Self::SIZE, "request header")?);
+                let version = r.u16("version")?;
+                if version != PROTO_VERSION {
+                    return Err(DecodeError::BadVersion(version));
+                }
+                let raw = r.u16("op")?;
+                let op = $op::from_u16(raw).ok_or(DecodeError::UnknownOp(raw))?;
+                let hdr = $req {
+                    version,
+                    op,
+                    flags: r.u32("flags")?,
+                    tag: r.u64("tag")?,
+                    uid: r.u32("uid")?,
+                    gid: r.u32("gid")?,
+                    body_len: r.u32("body_len")?,
+                    reserved: r.u32("reserved")?,
+                };
+                if hdr.flags != 0 || hdr.reserved != 0 {
+                    return Err(DecodeError::Reserved);
+                }
+                Ok(hdr)
             }
         }
-        Ok(hdr)
-    }
+
+        $(#[$rpdoc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[repr(C)]
+        pub struct $rep {
+            /// [`PROTO_VERSION`].
+            pub version: u16,
+            /// The op of the request this answers.
+            pub op: $op,
+            /// 0 for success, else an errno in `1..=MAX_ERRNO` and an empty
+            /// body.
+            pub errno: i32,
+            /// The request's tag.
+            pub tag: u64,
+            pub body_len: u32,
+            /// Must be zero.
+            pub reserved: [u8; 12],
+        }
+
+        const _: () = assert!(std::mem::size_of::<$rep>() == $rep::SIZE);
+
+        impl $rep {
+            /// Encoded size.
+            pub const SIZE: usize = 32;
+
+            /// A valid header; `errno` 0 for success.
+            pub fn new(op: $op, tag: u64, errno: i32, body_len: u32) -> $rep {
+                $rep { version: PROTO_VERSION, op, errno, tag, body_len, reserved: [0; 12] }
+            }
+
+            /// The header's bytes, fields written as they are.
+            pub fn encode(&self) -> [u8; Self::SIZE] {
+                let mut w = Writer::default();
+                w.put_u16(self.version);
+                w.put_u16(self.op.into());
+                w.put_i32(self.errno);
+                w.put_u64(self.tag);
+                w.put_u32(self.body_len);
+                w.put_raw(&self.reserved);
+                let mut out = [0u8; Self::SIZE];
+                out.copy_from_slice(&w.into_vec());
+                out
+            }
+
+            /// Decodes and checks the header at the start of `buf` (bytes
+            /// after the first [`Self::SIZE`] are not looked at).
+            pub fn decode(buf: &[u8]) -> Result<$rep, DecodeError> {
+                Self::read(&mut Reader::new(buf))
+            }
+
+            pub(crate) fn read(r: &mut Reader<'_>) -> Result<$rep, DecodeError> {
+                let mut r = Reader::new(r.take(Self::SIZE, "reply header")?);
+                let version = r.u16("version")?;
+                if version != PROTO_VERSION {
+                    return Err(DecodeError::BadVersion(version));
+                }
+                let raw = r.u16("op")?;
+                let op = $op::from_u16(raw).ok_or(DecodeError::UnknownOp(raw))?;
+                let hdr = $rep {
+                    version,
+                    op,
+                    errno: r.i32("errno")?,
+                    tag: r.u64("tag")?,
+                    body_len: r.u32("body_len")?,
+                    reserved: r.array("reserved")?,
+                };
+                if hdr.reserved != [0; 12] {
+                    return Err(DecodeError::Reserved);
+                }
+                if hdr.errno != 0 {
+                    get_errno(hdr.errno, "reply errno")?;
+                    if hdr.body_len != 0 {
+                        return Err(DecodeError::BadValue {
+                            what: "body_len of an error reply (must be 0)",
+                            value: hdr.body_len.into(),
+                        });
+                    }
+                }
+                Ok(hdr)
+            }
+        }
+    };
 }
 
-fn body_len(total: usize, header: usize) -> u32 {
+headers! {
+    /// The 32-byte header in front of every metadata request body. Its
+    /// fields are in wire order and `#[repr(C)]` without padding (asserted
+    /// below), so the struct is the byte layout of the crate docs.
+    RequestHeader,
+    /// The 32-byte header in front of every metadata reply body,
+    /// `#[repr(C)]` in wire order like [`RequestHeader`].
+    ReplyHeader,
+    Op
+}
+
+headers! {
+    /// The 32-byte header in front of every io request body: the layout of
+    /// [`RequestHeader`], with an [`IoOp`] (crate docs, "Op numbers").
+    IoRequestHeader,
+    /// The 32-byte header in front of every io reply body: the layout of
+    /// [`ReplyHeader`], with an [`IoOp`].
+    IoReplyHeader,
+    IoOp
+}
+
+pub(crate) fn body_len(total: usize, header: usize) -> u32 {
     u32::try_from(total - header).expect("a message body above u32::MAX bytes")
 }
 
@@ -262,7 +291,7 @@ pub fn decode_reply(buf: &[u8]) -> Result<(u64, Op, Result<Response, Errno>), De
     Ok((hdr.tag, hdr.op, Ok(resp)))
 }
 
-fn check_body_len(announced: u32, actual: usize) -> Result<(), DecodeError> {
+pub(crate) fn check_body_len(announced: u32, actual: usize) -> Result<(), DecodeError> {
     if announced as usize != actual {
         return Err(DecodeError::BodyLength { announced, actual });
     }
@@ -428,8 +457,8 @@ mod tests {
     fn request_header_corruption_is_caught() {
         let good = lookup();
         let mut b = good.clone();
-        set(&mut b, 0, &2u16.to_le_bytes());
-        assert_eq!(decode_request(&b), Err(DecodeError::BadVersion(2)));
+        set(&mut b, 0, &(PROTO_VERSION + 1).to_le_bytes());
+        assert_eq!(decode_request(&b), Err(DecodeError::BadVersion(PROTO_VERSION + 1)));
         let mut b = good.clone();
         set(&mut b, 2, &17u16.to_le_bytes());
         assert_eq!(decode_request(&b), Err(DecodeError::UnknownOp(17)));
@@ -735,6 +764,6 @@ mod tests {
             DecodeError::Truncated { what: "name", needed: 3, left: 2 }.to_string(),
             "truncated name: needs 3 bytes, 2 left"
         );
-        assert_eq!(DecodeError::BadVersion(9).to_string(), "protocol version 9 is not supported (this side speaks 1)");
+        assert_eq!(DecodeError::BadVersion(9).to_string(), "protocol version 9 is not supported (this side speaks 2)");
     }
 }

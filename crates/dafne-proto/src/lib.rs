@@ -1,23 +1,25 @@
-//! dafne's metadata wire contract: what a client and the metadata server say
-//! to each other inside the transport's `Request`/`Reply` frames.
+//! dafne's wire contracts: what a client says to the metadata server
+//! (this page) and to the io servers (module [`io`]) inside the transport's
+//! `Request`/`Reply` frames.
 //!
-//! This crate does no I/O. It turns [`Request`]s and [`Response`]s into bytes
-//! and back, and treats every byte it decodes as hostile: decoding never
-//! panics, never allocates more than the input's length justifies (every
-//! count read from the wire is checked against a stated maximum *and* against
-//! the bytes that remain before anything is reserved), and says exactly why
-//! it refused, with a [`DecodeError`].
+//! This crate does no I/O. It turns [`Request`]s and [`Response`]s (and
+//! [`IoRequest`]s and [`IoResponse`]s) into bytes and back, and treats every
+//! byte it decodes as hostile: decoding never panics, never allocates more
+//! than the input's length justifies (every count read from the wire is
+//! checked against a stated maximum *and* against the bytes that remain
+//! before anything is reserved), and says exactly why it refused, with a
+//! [`DecodeError`].
 //!
 //! # Messages
 //!
 //! Every message is a 32-byte header followed by a body. All integers are
 //! little-endian; there is no padding and no alignment inside a body.
 //!
-//! Request header ([`RequestHeader`]):
+//! Request header ([`RequestHeader`]; [`IoRequestHeader`] for io ops):
 //! ```text
 //! offset size field
 //!      0    2 version   PROTO_VERSION
-//!      2    2 op        Op (table below)
+//!      2    2 op        Op (table below) or IoOp (module io)
 //!      4    4 flags     must be 0
 //!      8    8 tag       the client's request id, echoed in the reply
 //!     16    4 uid       caller's credentials, checked by the server
@@ -25,7 +27,7 @@
 //!     24    4 body_len  bytes that follow the header, exactly
 //!     28    4 reserved  must be 0
 //! ```
-//! Reply header ([`ReplyHeader`]):
+//! Reply header ([`ReplyHeader`]; [`IoReplyHeader`] for io ops):
 //! ```text
 //! offset size field
 //!      0    2 version   PROTO_VERSION
@@ -35,6 +37,23 @@
 //!     16    4 body_len  bytes that follow; 0 when errno != 0
 //!     20   12 reserved  must be 0
 //! ```
+//!
+//! # Op numbers
+//!
+//! The header's op field is one number space shared by the two protocols,
+//! so that a number names one op wherever it appears:
+//!
+//! | numbers | protocol | enum | decoders |
+//! |---|---|---|---|
+//! | 0 | never assigned | | |
+//! | 1–63 ([`META_OP_NUMBERS`]) | metadata | [`Op`] | [`decode_request`], [`decode_reply`] |
+//! | 64–127 ([`IO_OP_NUMBERS`]) | io servers | [`IoOp`] | [`decode_io_request`], [`decode_io_reply`] |
+//! | 128–65535 | unassigned | | |
+//!
+//! Each decoder knows only its protocol's ops and refuses any other number,
+//! the other protocol's included, with [`DecodeError::UnknownOp`] (so a
+//! request sent to the wrong kind of server is refused, not misread). Both
+//! enums are checked at compile time to stay inside their ranges.
 //!
 //! # Ops
 //!
@@ -57,7 +76,9 @@
 //! | Open | 15 | ino u64, flags u32 | `Opened`: attr, layout, capability |
 //! | Compound | 16 | n u32 (≤ MAX_COMPOUND), n × {flags u8, op u16, body} | `Compound`: n u32, n × {errno i32, if 0: kind u8, body} |
 //!
-//! Numbers are never reused: a retired op keeps its number, unassigned.
+//! Numbers are never reused: a retired op keeps its number, unassigned. The
+//! io ops (Read 64, Write 65, Truncate 66, Remove 67, Sync 68, Stat 69) are
+//! tabled, with their bodies, in module [`io`].
 //!
 //! Building blocks:
 //! * `name`, `target`, `str`: u32 length + bytes. A name is at most
@@ -99,14 +120,16 @@
 //!
 //! Every value has exactly one encoding and the decoder accepts nothing else,
 //! so `encode(decode(bytes)) == bytes` whenever `decode` succeeds (the fuzz
-//! target `proto` checks this). Encoders do not validate limits: a value
-//! beyond a limit (a 2000-byte name, a Compound inside a Compound) encodes,
-//! and the receiver refuses it.
+//! targets `proto` and `io` check this, for the metadata and io protocols).
+//! Encoders do not validate limits: a value beyond a limit (a 2000-byte
+//! name, a Compound inside a Compound, an extent of 0 bytes) encodes, and
+//! the receiver refuses it.
 //!
 //! # Versions
 //!
 //! Both ends must speak the same [`PROTO_VERSION`]; a receiver refuses any
-//! other with [`DecodeError::BadVersion`] (there is no negotiation yet). Bump
+//! other with [`DecodeError::BadVersion`] (there is no negotiation yet). The
+//! version covers both protocols. Version 2 added the io ops. Bump
 //! it for *every* change to what a decoder accepts or how it reads it: a new
 //! op, a field added, removed, resized or reordered, a new flag or mask bit,
 //! a new enum value, a changed limit. Numbers (ops, errno values, file types,
@@ -116,18 +139,53 @@
 mod errno;
 mod error;
 mod frame;
+pub mod io;
 mod msg;
 mod types;
 mod wire;
 
+use std::ops::RangeInclusive;
+
 pub use errno::{Errno, MAX_ERRNO};
 pub use error::DecodeError;
-pub use frame::{decode_reply, decode_request, encode_reply, encode_request, Envelope, ReplyHeader, RequestHeader};
+pub use frame::{
+    decode_reply, decode_request, encode_reply, encode_request, Envelope, IoReplyHeader, IoRequestHeader, ReplyHeader,
+    RequestHeader,
+};
+pub use io::{
+    decode_io_reply, decode_io_request, encode_io_reply, encode_io_request, IoExtent, IoOp, IoRequest, IoResponse,
+    Stability, MAX_INLINE, MAX_IO_BYTES, MAX_IO_EXTENTS, MAX_IO_KEYS, MAX_IO_KEY_BYTES, MAX_IO_REPLY_LEN,
+    MAX_IO_REQUEST_LEN, NO_KEY,
+};
 pub use msg::{CompoundOp, Op, Request, Response};
 pub use types::{Attr, Capability, DirEntry, FileType, Layout, LayoutHint, SetAttr, StatFs, TimeSet, Timespec};
 
-/// Version of this wire contract, first field of every header.
-pub const PROTO_VERSION: u16 = 1;
+/// Version of this wire contract, first field of every header (metadata
+/// and io alike). 2: io ops added.
+pub const PROTO_VERSION: u16 = 2;
+
+/// The op numbers of the metadata protocol ([`Op`]).
+pub const META_OP_NUMBERS: RangeInclusive<u16> = 1..=63;
+/// The op numbers of the io protocol ([`IoOp`]).
+pub const IO_OP_NUMBERS: RangeInclusive<u16> = 64..=127;
+
+// Each op enum stays inside its range, and the ranges do not meet.
+const _: () = {
+    let (meta, io) = (&META_OP_NUMBERS, &IO_OP_NUMBERS);
+    assert!(*meta.end() < *io.start());
+    let mut i = 0;
+    while i < Op::ALL.len() {
+        let n = Op::ALL[i] as u16;
+        assert!(*meta.start() <= n && n <= *meta.end(), "an Op number outside META_OP_NUMBERS");
+        i += 1;
+    }
+    let mut i = 0;
+    while i < IoOp::ALL.len() {
+        let n = IoOp::ALL[i] as u16;
+        assert!(*io.start() <= n && n <= *io.end(), "an IoOp number outside IO_OP_NUMBERS");
+        i += 1;
+    }
+};
 
 /// An inode number.
 pub type Ino = u64;

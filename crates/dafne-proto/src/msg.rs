@@ -1,7 +1,5 @@
 //! Ops, request bodies and reply bodies.
 
-use std::fmt;
-
 use crate::types::{get_mode, DIRENT_MIN_SIZE};
 use crate::wire::{Reader, Wire, Writer};
 use crate::{
@@ -9,24 +7,27 @@ use crate::{
     MAX_COMPOUND, MAX_NAME_WIRE, MAX_READDIR_ENTRIES, MAX_SYMLINK, OPEN_READ, OPEN_TRUNC, OPEN_WRITE,
 };
 
+/// Defines an op enum: `#[repr(u16)]` with the wire numbers, `ALL`,
+/// `from_u16`, `name`, `Display` and `From<_> for u16`. Used for [`Op`] and
+/// [`crate::IoOp`], which share the header's op field (see the crate docs,
+/// "Op numbers").
 macro_rules! ops {
-    ($($(#[$doc:meta])* $name:ident = $num:literal,)*) => {
-        /// What a request asks for. The numbers are the wire's and are never
-        /// reused (the table with bodies is in the crate docs).
+    ($(#[$edoc:meta])* $enum:ident { $($(#[$doc:meta])* $name:ident = $num:literal,)* }) => {
+        $(#[$edoc])*
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
         #[repr(u16)]
-        pub enum Op {
+        pub enum $enum {
             $($(#[$doc])* $name = $num,)*
         }
 
-        impl Op {
+        impl $enum {
             /// Every op, in number order.
-            pub const ALL: &'static [Op] = &[$(Op::$name,)*];
+            pub const ALL: &'static [$enum] = &[$($enum::$name,)*];
 
             /// The op with this wire number.
-            pub fn from_u16(v: u16) -> Option<Op> {
+            pub fn from_u16(v: u16) -> Option<$enum> {
                 match v {
-                    $($num => Some(Op::$name),)*
+                    $($num => Some($enum::$name),)*
                     _ => None,
                 }
             }
@@ -34,47 +35,52 @@ macro_rules! ops {
             /// The op's name, as in the table.
             pub fn name(self) -> &'static str {
                 match self {
-                    $(Op::$name => stringify!($name),)*
+                    $($enum::$name => stringify!($name),)*
                 }
+            }
+        }
+
+        impl std::fmt::Display for $enum {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.name())
+            }
+        }
+
+        impl From<$enum> for u16 {
+            fn from(op: $enum) -> u16 {
+                op as u16
             }
         }
     };
 }
+pub(crate) use ops;
 
 ops! {
-    /// Open a session: authenticates the client, returns the root inode.
-    SessionOpen = 1,
-    /// Find a name in a directory.
-    Lookup = 2,
-    GetAttr = 3,
-    SetAttr = 4,
-    /// Create a regular file.
-    Create = 5,
-    Mkdir = 6,
-    Readdir = 7,
-    Unlink = 8,
-    Rmdir = 9,
-    Rename = 10,
-    Symlink = 11,
-    Readlink = 12,
-    /// Make a hard link.
-    Link = 13,
-    Statfs = 14,
-    /// Open a regular file for I/O: returns its layout and a capability.
-    Open = 15,
-    /// Several ops run in order, possibly chained.
-    Compound = 16,
-}
-
-impl fmt::Display for Op {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl From<Op> for u16 {
-    fn from(op: Op) -> u16 {
-        op as u16
+    /// What a metadata request asks for. The numbers are the wire's and are
+    /// never reused (the table with bodies is in the crate docs).
+    Op {
+        /// Open a session: authenticates the client, returns the root inode.
+        SessionOpen = 1,
+        /// Find a name in a directory.
+        Lookup = 2,
+        GetAttr = 3,
+        SetAttr = 4,
+        /// Create a regular file.
+        Create = 5,
+        Mkdir = 6,
+        Readdir = 7,
+        Unlink = 8,
+        Rmdir = 9,
+        Rename = 10,
+        Symlink = 11,
+        Readlink = 12,
+        /// Make a hard link.
+        Link = 13,
+        Statfs = 14,
+        /// Open a regular file for I/O: returns its layout and a capability.
+        Open = 15,
+        /// Several ops run in order, possibly chained.
+        Compound = 16,
     }
 }
 

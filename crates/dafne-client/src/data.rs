@@ -1,0 +1,262 @@
+//! The client's data half: files striped over io servers, moved by the
+//! servers' RMA against memory this client registers for each request.
+//!
+//! A file range is cut at stripe-unit boundaries; the piece at file offset
+//! `o` lives on `layout.servers[(o / stripe_unit) % stripe_count]`, stored
+//! there at the same file offset. Each server gets one request listing its
+//! extents; all servers are asked at once. Small I/O (≤ [`INLINE_MAX`] per
+//! server request) travels inline in the request or reply instead.
+//!
+//! Memory: [`DataClient::read_region`] / [`DataClient::write_region`] are
+//! zero-copy on memory the application registered (`register`); the slice
+//! APIs register a fresh region per call and copy (the registration cache
+//! that removes that cost is not built yet).
+
+use std::net::SocketAddr;
+
+use dafne_proto::io::{decode_io_reply, encode_io_request, IoExtent, IoRequest, IoResponse, Stability, NO_KEY};
+use dafne_proto::{Envelope, Errno};
+use dafne_transport::{Access, Client, Region, Runtime};
+
+use crate::{ConnectError, OpenFile};
+
+/// Largest inline payload per server request (the protocol's limit).
+pub const INLINE_MAX: usize = dafne_proto::io::MAX_INLINE;
+
+/// Connections to every io server of a cluster, by server id.
+#[derive(Debug, Clone)]
+pub struct DataClient {
+    servers: Vec<Client>,
+}
+
+/// The part of an I/O that one server handles.
+struct Part {
+    server: usize,
+    extents: Vec<IoExtent>,
+    bytes: usize,
+}
+
+fn io_err(e: dafne_transport::TransportError) -> Errno {
+    match e {
+        dafne_transport::TransportError::TimedOut { .. } => Errno::EAGAIN,
+        _ => Errno::EIO,
+    }
+}
+
+impl DataClient {
+    /// Connects to the io servers; `addrs[i]` is server id `i`.
+    pub fn connect(rt: &Runtime, addrs: &[SocketAddr]) -> Result<DataClient, ConnectError> {
+        let servers = addrs.iter().map(|a| Client::connect(rt, *a)).collect::<Result<_, _>>()?;
+        Ok(DataClient { servers })
+    }
+
+    pub fn context(&self) -> Option<&dafne_transport::Context> {
+        self.servers.first().map(|c| c.context())
+    }
+
+    /// Registers memory for zero-copy I/O.
+    pub fn register(&self, buf: Vec<u8>, access: Access) -> Result<Region, Errno> {
+        let ctx = self.context().ok_or(Errno::EIO)?;
+        Region::register(ctx, buf, access).map_err(|_| Errno::ENOMEM)
+    }
+
+    /// Splits `[offset, offset+len)` by stripe; `addr` is the client address
+    /// of the range's first byte (or the inline position when `None`).
+    fn parts(f: &OpenFile, offset: u64, len: usize, addr: Option<u64>) -> Result<Vec<Part>, Errno> {
+        let l = &f.layout;
+        if l.stripe_count == 0 || l.servers.is_empty() || l.stripe_unit == 0 {
+            return Err(Errno::EIO);
+        }
+        let unit = l.stripe_unit as u64;
+        let mut parts: Vec<Part> = Vec::new();
+        let mut pos = offset;
+        let end = offset.checked_add(len as u64).ok_or(Errno::EFBIG)?;
+        while pos < end {
+            let stripe = pos / unit;
+            let n = ((stripe + 1) * unit).min(end) - pos;
+            let server = l.servers[(stripe % l.stripe_count as u64) as usize] as usize;
+            let ext = IoExtent {
+                offset: pos,
+                len: n as u32,
+                key: if addr.is_some() { 0 } else { NO_KEY },
+                addr: addr.map(|a| a + (pos - offset)).unwrap_or(0),
+            };
+            match parts.iter_mut().find(|p| p.server == server) {
+                Some(p) => {
+                    p.extents.push(ext);
+                    p.bytes += n as usize;
+                }
+                None => parts.push(Part { server, extents: vec![ext], bytes: n as usize }),
+            }
+            pos += n;
+        }
+        Ok(parts)
+    }
+
+    fn server(&self, id: usize) -> Result<&Client, Errno> {
+        self.servers.get(id).ok_or(Errno::EIO)
+    }
+
+    async fn call(&self, server: usize, req: &IoRequest) -> Result<IoResponse, Errno> {
+        let c = self.server(server)?;
+        let bytes = c.call_async(encode_io_request(Envelope { tag: 0, uid: 0, gid: 0 }, req)).await.map_err(io_err)?;
+        decode_io_reply(&bytes).map_err(|_| Errno::EPROTO)?.2
+    }
+
+    /// Writes `len` bytes of `region` at `region_offset` to the file at
+    /// `offset`: the servers get them straight from the region.
+    pub async fn write_region(
+        &self,
+        f: &OpenFile,
+        offset: u64,
+        region: &Region,
+        region_offset: usize,
+        len: usize,
+        stability: Stability,
+    ) -> Result<usize, Errno> {
+        if region_offset.checked_add(len).is_none_or(|e| e > region.len()) {
+            return Err(Errno::EINVAL);
+        }
+        let key = region.pack_key().map_err(|_| Errno::EIO)?;
+        let parts = Self::parts(f, offset, len, Some(region.addr() + region_offset as u64))?;
+        let calls = parts.into_iter().map(|p| {
+            let req = IoRequest::Write {
+                cap: f.cap,
+                keys: vec![key.clone()],
+                extents: p.extents,
+                stability,
+                inline: Vec::new(),
+            };
+            async move { self.call(p.server, &req).await }
+        });
+        for r in futures::future::join_all(calls).await {
+            r?;
+        }
+        Ok(len)
+    }
+
+    /// Reads into `region` at `region_offset` from the file at `offset`:
+    /// the servers put straight into the region. Bytes never written read
+    /// as zeros (the caller clamps to the file size).
+    pub async fn read_region(
+        &self,
+        f: &OpenFile,
+        offset: u64,
+        region: &Region,
+        region_offset: usize,
+        len: usize,
+    ) -> Result<usize, Errno> {
+        if region_offset.checked_add(len).is_none_or(|e| e > region.len()) {
+            return Err(Errno::EINVAL);
+        }
+        let key = region.pack_key().map_err(|_| Errno::EIO)?;
+        let parts = Self::parts(f, offset, len, Some(region.addr() + region_offset as u64))?;
+        let calls = parts.into_iter().map(|p| {
+            let req = IoRequest::Read { cap: f.cap, keys: vec![key.clone()], extents: p.extents, inline_reply: false };
+            async move { self.call(p.server, &req).await }
+        });
+        for r in futures::future::join_all(calls).await {
+            r?;
+        }
+        Ok(len)
+    }
+
+    /// Writes a slice: inline when small, else through a registered copy.
+    pub async fn write_at(&self, f: &OpenFile, offset: u64, data: &[u8], stability: Stability) -> Result<usize, Errno> {
+        let parts = Self::parts(f, offset, data.len(), None)?;
+        if parts.iter().all(|p| p.bytes <= INLINE_MAX) {
+            let calls = parts.into_iter().map(|p| {
+                let mut inline = Vec::with_capacity(p.bytes);
+                for e in &p.extents {
+                    let at = (e.offset - offset) as usize;
+                    inline.extend_from_slice(&data[at..at + e.len as usize]);
+                }
+                let req = IoRequest::Write { cap: f.cap, keys: Vec::new(), extents: p.extents, stability, inline };
+                async move { self.call(p.server, &req).await }
+            });
+            for r in futures::future::join_all(calls).await {
+                r?;
+            }
+            return Ok(data.len());
+        }
+        let region = self.register(data.to_vec(), Access::RemoteRead)?;
+        self.write_region(f, offset, &region, 0, data.len(), stability).await
+    }
+
+    /// Reads into a slice: inline replies when small, else through a
+    /// registered buffer.
+    pub async fn read_at(&self, f: &OpenFile, offset: u64, buf: &mut [u8]) -> Result<usize, Errno> {
+        let parts = Self::parts(f, offset, buf.len(), None)?;
+        if parts.iter().all(|p| p.bytes <= INLINE_MAX) {
+            let calls = parts.into_iter().map(|p| {
+                let req =
+                    IoRequest::Read { cap: f.cap, keys: Vec::new(), extents: p.extents.clone(), inline_reply: true };
+                async move { (p.extents, self.call(p.server, &req).await) }
+            });
+            for (extents, r) in futures::future::join_all(calls).await {
+                let data = match r? {
+                    IoResponse::Read { data, .. } => data,
+                    _ => return Err(Errno::EPROTO),
+                };
+                let mut at = 0usize;
+                for e in extents {
+                    let dst = (e.offset - offset) as usize;
+                    let n = e.len as usize;
+                    let src = data.get(at..at + n).ok_or(Errno::EPROTO)?;
+                    buf[dst..dst + n].copy_from_slice(src);
+                    at += n;
+                }
+            }
+            return Ok(buf.len());
+        }
+        let ctx = self.context().ok_or(Errno::EIO)?;
+        let region = Region::allocate(ctx, buf.len(), Access::RemoteWrite).map_err(|_| Errno::ENOMEM)?;
+        self.read_region(f, offset, &region, 0, buf.len()).await?;
+        buf.copy_from_slice(region.as_slice());
+        Ok(buf.len())
+    }
+
+    async fn every_server<T>(
+        &self,
+        f: &OpenFile,
+        req: IoRequest,
+        mut each: impl FnMut(IoResponse) -> T,
+    ) -> Result<Vec<T>, Errno> {
+        let mut ids: Vec<usize> = f.layout.servers.iter().map(|s| *s as usize).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let calls = ids.into_iter().map(|id| {
+            let req = req.clone();
+            async move { self.call(id, &req).await }
+        });
+        let mut out = Vec::new();
+        for r in futures::future::join_all(calls).await {
+            out.push(each(r?));
+        }
+        Ok(out)
+    }
+
+    /// Makes everything written durable on every server of the file.
+    pub async fn sync(&self, f: &OpenFile) -> Result<(), Errno> {
+        self.every_server(f, IoRequest::Sync { cap: f.cap }, |_| ()).await.map(|_| ())
+    }
+
+    /// The file's size as the servers hold it: the largest byte stored + 1.
+    pub async fn stored_size(&self, f: &OpenFile) -> Result<u64, Errno> {
+        let sizes = self
+            .every_server(f, IoRequest::Stat { cap: f.cap }, |r| match r {
+                IoResponse::Stat { size } => size,
+                _ => 0,
+            })
+            .await?;
+        Ok(sizes.into_iter().max().unwrap_or(0))
+    }
+
+    pub async fn truncate(&self, f: &OpenFile, size: u64) -> Result<(), Errno> {
+        self.every_server(f, IoRequest::Truncate { cap: f.cap, size }, |_| ()).await.map(|_| ())
+    }
+
+    pub async fn remove(&self, f: &OpenFile) -> Result<(), Errno> {
+        self.every_server(f, IoRequest::Remove { cap: f.cap }, |_| ()).await.map(|_| ())
+    }
+}

@@ -1,0 +1,21 @@
+//! The io server process: `dafne-io --data-dir DIR --secret FILE --listen ADDR`.
+//! Prints `listening on ADDR` once it serves.
+
+use anyhow::Result;
+use clap::Parser;
+use dafne_io::server::{serve_forever, IoArgs};
+
+#[derive(Parser)]
+#[command(about = "dafne io server")]
+struct Cli {
+    #[command(flatten)]
+    args: IoArgs,
+}
+
+fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("DAFNE_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    serve_forever(&Cli::parse().args)
+}

@@ -1,0 +1,126 @@
+//! Chunk files: one sparse file per object.
+//!
+//! Storage I/O here is plain positioned `pread`/`pwrite` through the page
+//! cache. O_DIRECT through io_uring (issue 4) is not implemented yet: the
+//! Unifier's `Storage` trait is where it will go.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use dafne_unifier::Storage;
+
+/// Open files kept (each costs a descriptor).
+const OPEN_FILES: usize = 256;
+
+/// The objects of one io server.
+#[derive(Debug)]
+pub struct ChunkStore {
+    dir: PathBuf,
+    open: RefCell<HashMap<u64, File>>,
+}
+
+impl ChunkStore {
+    pub fn open(data_dir: &Path) -> io::Result<ChunkStore> {
+        let dir = data_dir.join("objects");
+        std::fs::create_dir_all(&dir)?;
+        Ok(ChunkStore { dir, open: RefCell::new(HashMap::new()) })
+    }
+
+    fn path(&self, object: u64) -> PathBuf {
+        self.dir.join(format!("{object:016x}"))
+    }
+
+    /// Runs `f` on the object's file, opening (and with `create`, creating) it.
+    fn with_file<T>(&self, object: u64, create: bool, f: impl FnOnce(&File) -> io::Result<T>) -> io::Result<Option<T>> {
+        if let Some(file) = self.open.borrow().get(&object) {
+            return f(file).map(Some);
+        }
+        let file =
+            match OpenOptions::new().read(true).write(true).create(create).truncate(false).open(self.path(object)) {
+                Ok(file) => file,
+                Err(e) if e.kind() == io::ErrorKind::NotFound && !create => return Ok(None),
+                Err(e) => return Err(e),
+            };
+        let r = f(&file);
+        let mut open = self.open.borrow_mut();
+        if open.len() >= OPEN_FILES {
+            open.clear();
+        }
+        open.insert(object, file);
+        r.map(Some)
+    }
+
+    /// Bytes stored (the file length: the largest byte written or truncated to).
+    pub fn size(&self, object: u64) -> io::Result<u64> {
+        Ok(self.with_file(object, false, |f| Ok(f.metadata()?.len()))?.unwrap_or(0))
+    }
+
+    pub fn truncate(&self, object: u64, size: u64) -> io::Result<()> {
+        self.with_file(object, true, |f| f.set_len(size)).map(|_| ())
+    }
+
+    pub fn remove(&self, object: u64) -> io::Result<()> {
+        self.open.borrow_mut().remove(&object);
+        match std::fs::remove_file(self.path(object)) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Storage for ChunkStore {
+    fn read_at(&self, object: u64, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.with_file(object, false, |f| {
+            let mut done = 0;
+            while done < buf.len() {
+                match f.read_at(&mut buf[done..], offset + done as u64) {
+                    Ok(0) => break,
+                    Ok(n) => done += n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(done)
+        })?;
+        Ok(n.unwrap_or(0))
+    }
+
+    fn write_at(&self, object: u64, offset: u64, buf: &[u8]) -> io::Result<()> {
+        self.with_file(object, true, |f| f.write_all_at(buf, offset)).map(|_| ())
+    }
+
+    fn sync(&self, object: u64) -> io::Result<()> {
+        self.with_file(object, false, |f| f.sync_data()).map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sparse_objects_read_back_with_holes_as_zeros() {
+        let d = tempfile::tempdir().unwrap();
+        let s = ChunkStore::open(d.path()).unwrap();
+        let mut buf = [9u8; 8];
+        assert_eq!(s.read_at(7, 0, &mut buf).unwrap(), 0, "missing object reads empty");
+        s.write_at(7, 1 << 20, b"hello").unwrap();
+        assert_eq!(s.size(7).unwrap(), (1 << 20) + 5);
+        let mut hole = [1u8; 16];
+        assert_eq!(s.read_at(7, 100, &mut hole).unwrap(), 16);
+        assert_eq!(hole, [0u8; 16]);
+        let mut tail = [0u8; 8];
+        assert_eq!(s.read_at(7, 1 << 20, &mut tail).unwrap(), 5);
+        assert_eq!(&tail[..5], b"hello");
+        s.truncate(7, 3).unwrap();
+        assert_eq!(s.size(7).unwrap(), 3);
+        s.sync(7).unwrap();
+        s.remove(7).unwrap();
+        assert_eq!(s.size(7).unwrap(), 0);
+        s.remove(7).unwrap();
+    }
+}

@@ -1,0 +1,15 @@
+//! The io server of dafne.
+//!
+//! * [`chunk`]: each object's bytes, stored sparsely at their file offsets in
+//!   one file per object under the data directory (an io server holds only
+//!   the stripes the layout gives it; the rest are holes).
+//! * [`service`]: requests checked against their capability (verified with
+//!   the cluster secret, without asking meta), served through the Unifier:
+//!   a read fills units on a miss and **puts** from them straight into the
+//!   client's segments; a write **gets** from the client's segments straight
+//!   into units. Small I/O travels inline.
+//! * [`server`]: starting one.
+
+pub mod chunk;
+pub mod server;
+pub mod service;

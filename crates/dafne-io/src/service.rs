@@ -1,0 +1,311 @@
+//! The io service: capability check, then reads and writes through the
+//! Unifier with server-driven RMA.
+//!
+//! A request names extents of one object (file offsets, lengths, client
+//! segments). Each extent is cut into Unifier units; units are taken in
+//! batches of at most [`UNITS_PER_BATCH`] (so one request never needs more
+//! cache than that, whatever its size), the RMA of a batch is issued as one
+//! vectored put or get with a single flush, and the guards are released
+//! when it completed. A read puts straight from the cache units; a write
+//! gets straight into them: no copy on either path. Inline data (small
+//! I/O) is the exception, copied once between the message and the unit
+//! and counted as such.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::time::SystemTime;
+
+use dafne_auth::Secret;
+use dafne_proto::io::{IoRequest, IoResponse, Stability, NO_KEY};
+use dafne_proto::{Errno, RIGHT_READ, RIGHT_WRITE};
+use dafne_transport::{ConnHandle, Request as TRequest, RmaSeg, Service};
+use dafne_unifier::{spans, Unifier};
+
+use crate::chunk::ChunkStore;
+
+/// Units held by one request at a time: 64 × 64 KiB = 4 MiB of cache.
+pub const UNITS_PER_BATCH: usize = 64;
+
+/// The io service of one server.
+pub struct IoService {
+    secret: Secret,
+    unifier: Unifier,
+    store: Rc<ChunkStore>,
+}
+
+impl std::fmt::Debug for IoService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IoService").finish_non_exhaustive()
+    }
+}
+
+fn eio<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> Errno {
+    move |e| {
+        tracing::warn!("{what}: {e}");
+        Errno::EIO
+    }
+}
+
+/// One unit's part of an extent, before it is acquired.
+struct Piece {
+    range: std::ops::Range<usize>,
+    /// Where the piece's bytes are on the client (RMA) or in the inline data.
+    remote: Remote,
+}
+
+enum Remote {
+    Rma { addr: u64, key: usize },
+    Inline { at: usize },
+}
+
+impl IoService {
+    pub fn new(secret: Secret, unifier: Unifier, store: Rc<ChunkStore>) -> IoService {
+        IoService { secret, unifier, store }
+    }
+
+    pub fn unifier(&self) -> &Unifier {
+        &self.unifier
+    }
+
+    async fn handle(self: Rc<Self>, req: TRequest) -> Vec<u8> {
+        let (env, request) = match dafne_proto::io::decode_io_request(&req.payload) {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!("undecodable io request from connection {}: {e}", req.conn.id());
+                return dafne_proto::io::encode_io_reply(0, dafne_proto::io::IoOp::Stat, &Err(Errno::EPROTO));
+            }
+        };
+        let op = request.op();
+        let result = self.serve(&req.conn, request).await;
+        dafne_proto::io::encode_io_reply(env.tag, op, &result)
+    }
+
+    async fn serve(&self, conn: &ConnHandle, req: IoRequest) -> Result<IoResponse, Errno> {
+        let cap = *req.cap();
+        let rights = match &req {
+            IoRequest::Read { .. } => RIGHT_READ,
+            IoRequest::Stat { .. } => RIGHT_READ,
+            _ => RIGHT_WRITE,
+        };
+        if !self.secret.verify_cap(&cap, cap.object_id, rights, SystemTime::now()) {
+            return Err(Errno::EACCES);
+        }
+        let object = cap.object_id;
+        match req {
+            IoRequest::Read { keys, extents, inline_reply, .. } => {
+                let work = cut(&self.unifier, object, &extents)?;
+                self.read(conn, object, &keys, work, inline_reply).await
+            }
+            IoRequest::Write { keys, extents, stability, inline, .. } => {
+                let work = cut(&self.unifier, object, &extents)?;
+                let bytes = extents.iter().map(|e| e.len as u64).sum();
+                self.write(conn, object, &keys, work, &inline, stability).await?;
+                Ok(IoResponse::Write { bytes })
+            }
+            IoRequest::Sync { .. } => {
+                self.unifier.flush(object).await.map_err(eio("flush"))?;
+                dafne_unifier::Storage::sync(&*self.store, object).map_err(eio("sync"))?;
+                Ok(IoResponse::Done)
+            }
+            IoRequest::Truncate { size, .. } => {
+                self.unifier.truncate(object, size).await.map_err(eio("truncate (cache)"))?;
+                self.store.truncate(object, size).map_err(eio("truncate"))?;
+                Ok(IoResponse::Done)
+            }
+            IoRequest::Remove { .. } => {
+                self.unifier.remove(object);
+                self.store.remove(object).map_err(eio("remove"))?;
+                Ok(IoResponse::Done)
+            }
+            IoRequest::Stat { .. } => {
+                // Cached writes count: write them back first.
+                self.unifier.flush(object).await.map_err(eio("flush"))?;
+                Ok(IoResponse::Stat { size: self.store.size(object).map_err(eio("stat"))? })
+            }
+        }
+    }
+
+    /// Units one request may hold at once: a quarter of the cache, at most
+    /// [`UNITS_PER_BATCH`], so that concurrent requests can all progress.
+    fn batch_units(&self, object: u64) -> usize {
+        let c = self.unifier.config();
+        let units = c.ready_slabs.saturating_add(c.raw_slabs) * c.slab_size / self.unifier.unit_size_for(object).max(1);
+        (units / 4).clamp(1, UNITS_PER_BATCH)
+    }
+
+    async fn read(
+        &self,
+        conn: &ConnHandle,
+        object: u64,
+        keys: &[Vec<u8>],
+        work: Vec<UnitWork>,
+        inline_reply: bool,
+    ) -> Result<IoResponse, Errno> {
+        let rkeys = keys.iter().map(|k| conn.remote_key(k)).collect::<Result<Vec<_>, _>>().map_err(|e| {
+            tracing::debug!("bad key: {e}");
+            Errno::EINVAL
+        })?;
+        let mut data = Vec::new();
+        let mut bytes = 0u64;
+        for batch in work.chunks(self.batch_units(object)) {
+            let mut guards = Vec::with_capacity(batch.len());
+            for w in batch {
+                guards.push(retry_no_space(|| self.unifier.read(object, w.unit_index)).await?);
+            }
+            let mut segs = Vec::new();
+            for (w, g) in batch.iter().zip(&guards) {
+                for p in &w.pieces {
+                    bytes += p.range.len() as u64;
+                    match p.remote {
+                        Remote::Rma { addr, key } if !inline_reply => segs.push(RmaSeg {
+                            local: g.rma_local(p.range.start, p.range.len()),
+                            remote_addr: addr,
+                            rkey: rkeys[key].clone(),
+                        }),
+                        _ => {
+                            data.extend_from_slice(&g[p.range.clone()]);
+                            self.unifier.record_copy(p.range.len() as u64);
+                        }
+                    }
+                }
+            }
+            if !segs.is_empty() {
+                conn.put(segs).await.map_err(eio("put to client"))?;
+            }
+        }
+        Ok(IoResponse::Read { bytes, data })
+    }
+
+    async fn write(
+        &self,
+        conn: &ConnHandle,
+        object: u64,
+        keys: &[Vec<u8>],
+        work: Vec<UnitWork>,
+        inline: &[u8],
+        stability: Stability,
+    ) -> Result<(), Errno> {
+        let rkeys = keys.iter().map(|k| conn.remote_key(k)).collect::<Result<Vec<_>, _>>().map_err(|e| {
+            tracing::debug!("bad key: {e}");
+            Errno::EINVAL
+        })?;
+        for batch in work.chunks(self.batch_units(object)) {
+            let mut guards = Vec::with_capacity(batch.len());
+            for w in batch {
+                let span = w.span();
+                guards.push(retry_no_space(|| self.unifier.write(object, w.unit_index, span.clone())).await?);
+            }
+            let mut segs = Vec::new();
+            for (w, g) in batch.iter().zip(guards.iter_mut()) {
+                let base = g.range().start;
+                for p in &w.pieces {
+                    match p.remote {
+                        Remote::Rma { addr, key } => segs.push(RmaSeg {
+                            local: g.rma_local(p.range.start, p.range.len()),
+                            remote_addr: addr,
+                            rkey: rkeys[key].clone(),
+                        }),
+                        Remote::Inline { at } => {
+                            let dst = g.bytes_mut().map_err(eio("unit busy"))?;
+                            dst[p.range.start - base..p.range.end - base]
+                                .copy_from_slice(&inline[at..at + p.range.len()]);
+                            self.unifier.record_copy(p.range.len() as u64);
+                        }
+                    }
+                }
+            }
+            if !segs.is_empty() {
+                if let Err(e) = conn.get(segs).await {
+                    tracing::warn!("get from client failed: {e}");
+                    for g in guards {
+                        g.abort();
+                    }
+                    return Err(Errno::EIO);
+                }
+            }
+            for g in guards {
+                if stability == Stability::Unstable {
+                    drop(g);
+                } else {
+                    g.commit_stable().map_err(eio("write-through"))?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Acquires a unit, waiting out `NoSpace` (every unit held by requests in
+/// flight) a bounded number of times: "no buffer, retry" on the server,
+/// never a failure the client sees for a transient shortage.
+async fn retry_no_space<T, F>(mut acquire: impl FnMut() -> F) -> Result<T, Errno>
+where
+    F: Future<Output = dafne_unifier::Result<T>>,
+{
+    for _ in 0..10_000 {
+        match acquire().await {
+            Ok(g) => return Ok(g),
+            Err(dafne_unifier::Error::NoSpace { .. }) => {
+                dafne_transport::sleep(std::time::Duration::from_micros(200)).await
+            }
+            Err(e) => return Err(eio("cache")(e)),
+        }
+    }
+    Err(Errno::EAGAIN)
+}
+
+/// Cuts extents into per-unit pieces, grouped by unit: one request takes
+/// each unit once (a task waiting for a unit it already holds would wait
+/// forever), whatever the order or overlap of its extents.
+fn cut(unifier: &Unifier, object: u64, extents: &[dafne_proto::io::IoExtent]) -> Result<Vec<UnitWork>, Errno> {
+    let unit = unifier.unit_size_for(object);
+    let mut work: Vec<UnitWork> = Vec::new();
+    let mut index: std::collections::HashMap<u64, usize> = std::collections::HashMap::new();
+    let mut inline_at = 0usize;
+    for e in extents {
+        for s in spans(unit, e.offset, e.len as u64) {
+            let remote = if e.key == NO_KEY {
+                Remote::Inline { at: inline_at + s.buf_offset as usize }
+            } else {
+                Remote::Rma { addr: e.addr + s.buf_offset, key: e.key as usize }
+            };
+            let i = *index.entry(s.unit_index).or_insert_with(|| {
+                work.push(UnitWork { unit_index: s.unit_index, pieces: Vec::new() });
+                work.len() - 1
+            });
+            work[i].pieces.push(Piece { range: s.range, remote });
+        }
+        if e.key == NO_KEY {
+            inline_at += e.len as usize;
+        }
+    }
+    Ok(work)
+}
+
+/// The pieces of one request that fall in one unit.
+struct UnitWork {
+    unit_index: u64,
+    pieces: Vec<Piece>,
+}
+
+impl UnitWork {
+    /// The unit range a writer must hold: from the first to the last byte
+    /// any piece touches.
+    fn span(&self) -> std::ops::Range<usize> {
+        let start = self.pieces.iter().map(|p| p.range.start).min().unwrap_or(0);
+        let end = self.pieces.iter().map(|p| p.range.end).max().unwrap_or(0);
+        start..end
+    }
+}
+
+/// `Service` for an `Rc<IoService>`.
+#[derive(Debug, Clone)]
+pub struct IoHandler(pub Rc<IoService>);
+
+impl Service for IoHandler {
+    fn call(&self, req: TRequest) -> Pin<Box<dyn Future<Output = Vec<u8>>>> {
+        let svc = self.0.clone();
+        Box::pin(async move { svc.handle(req).await })
+    }
+}

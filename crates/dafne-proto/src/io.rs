@@ -1,0 +1,1019 @@
+//! The io-server wire contract: what a client and an io server say to each
+//! other inside the transport's `Request`/`Reply` frames.
+//!
+//! Io servers store each file's data. The client splits a file range by
+//! stripe and sends each io server one request listing *extents*: byte
+//! ranges of the file, each with where its bytes are. Bulk data moves by
+//! RMA driven by the server against memory keys the client packed into the
+//! request (the server *puts* read data into client memory and *gets* write
+//! data from it; the server never exposes memory of its own), or inline in
+//! the request (small writes) or in the reply (small reads). The object is
+//! the capability's `object_id`; an io server stores each object sparsely,
+//! at file offsets.
+//!
+//! Framing is the metadata protocol's (crate docs): the same 32-byte
+//! headers ([`IoRequestHeader`], [`IoReplyHeader`] are
+//! [`RequestHeader`](crate::RequestHeader) and
+//! [`ReplyHeader`](crate::ReplyHeader) with an [`IoOp`] in the op field), little-endian, no
+//! padding, one canonical encoding per value, hostile decoding, errors as
+//! Linux errno values. Io op numbers are 64 and up, in the one op number
+//! space the two protocols share (crate docs, "Op numbers"): a metadata
+//! decoder refuses them with [`DecodeError::UnknownOp`], and the io
+//! decoders refuse metadata op numbers the same way.
+//!
+//! # Ops
+//!
+//! | op | number | request body | reply body ([`IoResponse`]) |
+//! |---|---|---|---|
+//! | Read | 64 | capability, keys, extents, inline_reply u8 | `Read`: bytes u64, data |
+//! | Write | 65 | capability, keys, extents, stability u8, inline | `Write`: bytes u64 |
+//! | Truncate | 66 | capability, size u64 | `Done`: empty |
+//! | Remove | 67 | capability | `Done`: empty |
+//! | Sync | 68 | capability | `Done`: empty |
+//! | Stat | 69 | capability | `Stat`: size u64 |
+//!
+//! Numbers are never reused: a retired op keeps its number, unassigned.
+//!
+//! Building blocks:
+//! * `capability`: as in the metadata protocol (object_id u64, rights u8,
+//!   expiry_unix_ns u64, mac \[32\]; 49 bytes). The io server checks it.
+//! * `keys`: n u32 (≤ [`MAX_IO_KEYS`]), n × {len u32 (1..=[`MAX_IO_KEY_BYTES`]),
+//!   packed memory key bytes}. Keys no extent names are allowed (and
+//!   useless).
+//! * `extent` ([`IoExtent`]): offset u64, len u32, key u16, addr u64. 22
+//!   bytes. `offset` is the byte offset in the *file*; `len` is at least 1
+//!   and `offset + len` does not overflow u64; `key` indexes the request's
+//!   keys, or is [`NO_KEY`] for inline data, in which case `addr` (the
+//!   client address of the segment under that key) must be 0.
+//! * `extents`: n u32 (≤ [`MAX_IO_EXTENTS`]), n × extent. The lengths add up
+//!   to at most [`MAX_IO_BYTES`]. Extents may overlap and come in any order;
+//!   none is also fine (a no-op).
+//! * `data`, `inline`: u32 length (≤ [`MAX_INLINE`]) + bytes.
+//! * `stability` ([`Stability`]): 0 Unstable, 1 DataSync, 2 FileSync.
+//!
+//! # Read and Write
+//!
+//! * `Read` without `inline_reply`: every extent has a key; the server puts
+//!   the file's bytes `[offset, offset + len)` at `addr` under that key. The
+//!   reply's `data` is empty.
+//! * `Read` with `inline_reply`: every extent is [`NO_KEY`], their lengths
+//!   add up to at most [`MAX_INLINE`], and the reply's `data` holds the
+//!   extents' bytes concatenated in request order.
+//! * `Write`: an extent with a key is got from `addr` under that key; the
+//!   [`NO_KEY`] extents take their bytes, in order, from `inline`, whose
+//!   length must equal the sum of their lengths (so at most [`MAX_INLINE`]).
+//!   `stability` says what must be stable before the reply: nothing
+//!   (`Unstable`, made stable later by `Sync`), the data (`DataSync`, as
+//!   `fdatasync`), or the data and the object's metadata (`FileSync`, as
+//!   `fsync`).
+//! * The reply's `bytes` counts bytes transferred, at most [`MAX_IO_BYTES`];
+//!   when `data` is not empty it equals `data.len()`.
+//!
+//! `Truncate` discards the object's bytes at file offsets `size` and beyond
+//! on this server; `Remove` deletes the object here; `Sync` makes every
+//! acknowledged write of the object on this server stable; `Stat` answers
+//! the end of the bytes stored here (largest offset stored + 1, 0 if none).
+//!
+//! # Sizes
+//!
+//! The largest request is [`MAX_IO_REQUEST_LEN`] bytes (153 758, under the
+//! transport's default 1 MiB request limit), the largest reply
+//! [`MAX_IO_REPLY_LEN`] (65 580).
+
+use crate::frame::{body_len, check_body_len};
+use crate::msg::{get_errno, ops};
+use crate::wire::{Reader, Wire, Writer};
+use crate::{Capability, DecodeError, Envelope, Errno, IoReplyHeader, IoRequestHeader};
+
+ops! {
+    /// What an io request asks for. The numbers are the wire's, in the op
+    /// number space shared with [`crate::Op`] (io ops are 64..=127), and are
+    /// never reused (the table with bodies is in the [module docs](self)).
+    IoOp {
+        /// Read extents of the object: into client memory by RMA, or inline
+        /// in the reply.
+        Read = 64,
+        /// Write extents of the object: from client memory by RMA, or from
+        /// inline bytes in the request.
+        Write = 65,
+        /// Discard the object's bytes at and beyond a file offset.
+        Truncate = 66,
+        /// Delete the object on this server.
+        Remove = 67,
+        /// Make the object's acknowledged writes stable.
+        Sync = 68,
+        /// How far the object extends on this server.
+        Stat = 69,
+    }
+}
+
+/// Most extents in one Read or Write request.
+pub const MAX_IO_EXTENTS: usize = 1024;
+/// Most memory keys in one Read or Write request.
+pub const MAX_IO_KEYS: usize = 16;
+/// Most bytes of one packed memory key (restates `dafne_ucx`'s
+/// `MAX_PACKED_KEY`, which this crate does not depend on).
+pub const MAX_IO_KEY_BYTES: usize = 4096;
+/// Most bytes of inline data: a Write's `inline`, an inline Read's reply
+/// `data` (64 KiB).
+pub const MAX_INLINE: usize = 64 << 10;
+/// Most bytes one Read or Write moves: the sum of its extents' lengths
+/// (64 MiB).
+pub const MAX_IO_BYTES: usize = 64 << 20;
+/// The extent index that means "inline data" rather than a key.
+pub const NO_KEY: u16 = u16::MAX;
+
+/// Encoded size of a capability: object_id u64, rights u8, expiry u64, mac.
+const CAPABILITY_SIZE: usize = 8 + 1 + 8 + 32;
+/// Encoded size of an [`IoExtent`]: offset u64, len u32, key u16, addr u64.
+const EXTENT_SIZE: usize = 8 + 4 + 2 + 8;
+
+/// The largest io request: header + a Write with every limit reached:
+/// 32 + 49 (capability) + 4 + 16 × (4 + 4096) (keys) + 4 + 1024 × 22
+/// (extents) + 1 (stability) + 4 + 65 536 (inline) = 153 758 bytes.
+pub const MAX_IO_REQUEST_LEN: usize = IoRequestHeader::SIZE
+    + CAPABILITY_SIZE
+    + 4
+    + MAX_IO_KEYS * (4 + MAX_IO_KEY_BYTES)
+    + 4
+    + MAX_IO_EXTENTS * EXTENT_SIZE
+    + 1
+    + 4
+    + MAX_INLINE;
+/// The largest io reply: header + an inline Read reply:
+/// 32 + 8 (bytes) + 4 + 65 536 (data) = 65 580 bytes.
+pub const MAX_IO_REPLY_LEN: usize = IoReplyHeader::SIZE + 8 + 4 + MAX_INLINE;
+
+const _: () = assert!(MAX_IO_REQUEST_LEN == 153_758 && MAX_IO_REPLY_LEN == 65_580);
+// Extent key indexes and NO_KEY cannot meet.
+const _: () = assert!(MAX_IO_KEYS < NO_KEY as usize);
+
+/// What must be stable storage before a Write is acknowledged.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum Stability {
+    /// Nothing: the data may still be in the server's memory (a later
+    /// `Sync` makes it stable).
+    #[default]
+    Unstable = 0,
+    /// The data, as `fdatasync`.
+    DataSync = 1,
+    /// The data and the object's metadata, as `fsync`.
+    FileSync = 2,
+}
+
+impl Stability {
+    /// The stability with this wire number.
+    pub fn from_u8(v: u8) -> Option<Stability> {
+        match v {
+            0 => Some(Stability::Unstable),
+            1 => Some(Stability::DataSync),
+            2 => Some(Stability::FileSync),
+            _ => None,
+        }
+    }
+}
+
+impl Wire for Stability {
+    fn put(&self, w: &mut Writer) {
+        w.put_u8(*self as u8);
+    }
+
+    fn get(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        let v = r.u8("io write stability")?;
+        Stability::from_u8(v).ok_or(DecodeError::BadValue { what: "io write stability", value: v.into() })
+    }
+}
+
+/// One byte range of a Read or Write, and where its bytes are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct IoExtent {
+    /// Byte offset in the file (io servers store each object sparsely at
+    /// file offsets).
+    pub offset: u64,
+    /// Bytes, at least 1.
+    pub len: u32,
+    /// Index into the request's keys, or [`NO_KEY`] for inline data.
+    pub key: u16,
+    /// Client address of the segment under `key`; 0 for inline data.
+    pub addr: u64,
+}
+
+impl IoExtent {
+    /// An extent whose bytes travel inline.
+    pub fn inline(offset: u64, len: u32) -> IoExtent {
+        IoExtent { offset, len, key: NO_KEY, addr: 0 }
+    }
+
+    /// Whether its bytes travel inline ([`NO_KEY`]).
+    pub fn is_inline(&self) -> bool {
+        self.key == NO_KEY
+    }
+}
+
+impl Wire for IoExtent {
+    fn put(&self, w: &mut Writer) {
+        w.put_u64(self.offset);
+        w.put_u32(self.len);
+        w.put_u16(self.key);
+        w.put_u64(self.addr);
+    }
+
+    /// Field checks only; the request decoder checks `key` against the
+    /// keys and adds up the lengths.
+    fn get(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        let e = IoExtent {
+            offset: r.u64("io extent offset")?,
+            len: r.u32("io extent len")?,
+            key: r.u16("io extent key")?,
+            addr: r.u64("io extent addr")?,
+        };
+        if e.len == 0 {
+            return Err(DecodeError::BadValue { what: "io extent len (must not be 0)", value: 0 });
+        }
+        if e.offset.checked_add(e.len.into()).is_none() {
+            return Err(DecodeError::BadValue {
+                what: "io extent offset (offset + len overflows u64)",
+                value: e.offset,
+            });
+        }
+        if e.is_inline() && e.addr != 0 {
+            return Err(DecodeError::BadValue { what: "io extent addr (must be 0 for inline data)", value: e.addr });
+        }
+        Ok(e)
+    }
+}
+
+/// An io request body. The object is the capability's `object_id`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum IoRequest {
+    Read {
+        cap: Capability,
+        /// Packed memory keys, at most [`MAX_IO_KEYS`] of 1 to
+        /// [`MAX_IO_KEY_BYTES`] bytes each.
+        keys: Vec<Vec<u8>>,
+        /// At most [`MAX_IO_EXTENTS`], at most [`MAX_IO_BYTES`] in all.
+        extents: Vec<IoExtent>,
+        /// Return the data in the reply: then every extent is [`NO_KEY`]
+        /// and they add up to at most [`MAX_INLINE`]. Otherwise none is.
+        inline_reply: bool,
+    },
+    Write {
+        cap: Capability,
+        /// As for `Read`.
+        keys: Vec<Vec<u8>>,
+        /// As for `Read`; the [`NO_KEY`] ones take their bytes from
+        /// `inline`.
+        extents: Vec<IoExtent>,
+        stability: Stability,
+        /// The bytes of the [`NO_KEY`] extents, concatenated in order:
+        /// exactly their total length, at most [`MAX_INLINE`].
+        inline: Vec<u8>,
+    },
+    /// Discard the bytes at file offsets `size` and beyond.
+    Truncate {
+        cap: Capability,
+        size: u64,
+    },
+    Remove {
+        cap: Capability,
+    },
+    Sync {
+        cap: Capability,
+    },
+    Stat {
+        cap: Capability,
+    },
+}
+
+impl IoRequest {
+    /// The op this request is.
+    pub fn op(&self) -> IoOp {
+        match self {
+            IoRequest::Read { .. } => IoOp::Read,
+            IoRequest::Write { .. } => IoOp::Write,
+            IoRequest::Truncate { .. } => IoOp::Truncate,
+            IoRequest::Remove { .. } => IoOp::Remove,
+            IoRequest::Sync { .. } => IoOp::Sync,
+            IoRequest::Stat { .. } => IoOp::Stat,
+        }
+    }
+
+    /// The capability; its `object_id` names the object.
+    pub fn cap(&self) -> &Capability {
+        match self {
+            IoRequest::Read { cap, .. }
+            | IoRequest::Write { cap, .. }
+            | IoRequest::Truncate { cap, .. }
+            | IoRequest::Remove { cap }
+            | IoRequest::Sync { cap }
+            | IoRequest::Stat { cap } => cap,
+        }
+    }
+
+    /// The bytes a Read or Write moves: the sum of its extents' lengths (0
+    /// for the other ops). At most [`MAX_IO_BYTES`] in a decoded request.
+    pub fn total_bytes(&self) -> u64 {
+        match self {
+            IoRequest::Read { extents, .. } | IoRequest::Write { extents, .. } => {
+                extents.iter().map(|e| u64::from(e.len)).sum()
+            }
+            IoRequest::Truncate { .. } | IoRequest::Remove { .. } | IoRequest::Sync { .. } | IoRequest::Stat { .. } => {
+                0
+            }
+        }
+    }
+
+    fn put_body(&self, w: &mut Writer) {
+        self.cap().put(w);
+        match self {
+            IoRequest::Read { keys, extents, inline_reply, .. } => {
+                put_keys_extents(w, keys, extents);
+                w.put_bool(*inline_reply);
+            }
+            IoRequest::Write { keys, extents, stability, inline, .. } => {
+                put_keys_extents(w, keys, extents);
+                stability.put(w);
+                w.put_bytes(inline);
+            }
+            IoRequest::Truncate { size, .. } => w.put_u64(*size),
+            IoRequest::Remove { .. } | IoRequest::Sync { .. } | IoRequest::Stat { .. } => {}
+        }
+    }
+
+    fn get_body(op: IoOp, r: &mut Reader<'_>) -> Result<IoRequest, DecodeError> {
+        let cap = Capability::get(r)?;
+        Ok(match op {
+            IoOp::Read => {
+                let (keys, extents) = get_keys_extents(r)?;
+                let inline_reply = r.bool("io read inline_reply")?;
+                if inline_reply {
+                    if let Some(e) = extents.iter().find(|e| !e.is_inline()) {
+                        return Err(DecodeError::BadValue {
+                            what: "io extent key (an inline-reply read takes only NO_KEY extents)",
+                            value: e.key.into(),
+                        });
+                    }
+                    let total = sum_len(extents.iter());
+                    if total > MAX_INLINE as u64 {
+                        return Err(too_long("io read inline reply bytes", total, MAX_INLINE));
+                    }
+                } else if extents.iter().any(IoExtent::is_inline) {
+                    return Err(DecodeError::BadValue {
+                        what: "io extent key (NO_KEY in a read without inline_reply)",
+                        value: NO_KEY.into(),
+                    });
+                }
+                IoRequest::Read { cap, keys, extents, inline_reply }
+            }
+            IoOp::Write => {
+                let (keys, extents) = get_keys_extents(r)?;
+                let stability = Stability::get(r)?;
+                let want = sum_len(extents.iter().filter(|e| e.is_inline()));
+                if want > MAX_INLINE as u64 {
+                    return Err(too_long("io write inline extents", want, MAX_INLINE));
+                }
+                let inline = r.bytes("io write inline data", MAX_INLINE)?;
+                if inline.len() as u64 != want {
+                    return Err(DecodeError::BadValue {
+                        what: "io write inline data length (must equal the NO_KEY extents' total)",
+                        value: inline.len() as u64,
+                    });
+                }
+                IoRequest::Write { cap, keys, extents, stability, inline }
+            }
+            IoOp::Truncate => IoRequest::Truncate { cap, size: r.u64("io truncate size")? },
+            IoOp::Remove => IoRequest::Remove { cap },
+            IoOp::Sync => IoRequest::Sync { cap },
+            IoOp::Stat => IoRequest::Stat { cap },
+        })
+    }
+}
+
+/// A reply's byte count, at most [`MAX_IO_BYTES`].
+fn get_bytes(r: &mut Reader<'_>, what: &'static str) -> Result<u64, DecodeError> {
+    let bytes = r.u64(what)?;
+    if bytes > MAX_IO_BYTES as u64 {
+        return Err(too_long(what, bytes, MAX_IO_BYTES));
+    }
+    Ok(bytes)
+}
+
+fn sum_len<'a>(extents: impl Iterator<Item = &'a IoExtent>) -> u64 {
+    extents.map(|e| u64::from(e.len)).sum()
+}
+
+fn too_long(what: &'static str, len: u64, max: usize) -> DecodeError {
+    DecodeError::TooLong { what, len: usize::try_from(len).unwrap_or(usize::MAX), max }
+}
+
+fn put_keys_extents(w: &mut Writer, keys: &[Vec<u8>], extents: &[IoExtent]) {
+    w.put_len(keys.len());
+    for k in keys {
+        w.put_bytes(k);
+    }
+    w.put_len(extents.len());
+    for e in extents {
+        e.put(w);
+    }
+}
+
+/// Keys and extents, each extent's key in range and the total within
+/// [`MAX_IO_BYTES`].
+fn get_keys_extents(r: &mut Reader<'_>) -> Result<(Vec<Vec<u8>>, Vec<IoExtent>), DecodeError> {
+    // A key is at least its u32 length and one byte.
+    let n = r.count("io keys", MAX_IO_KEYS, 4 + 1)?;
+    let mut keys = Vec::with_capacity(n);
+    for _ in 0..n {
+        let k = r.bytes("io key", MAX_IO_KEY_BYTES)?;
+        if k.is_empty() {
+            return Err(DecodeError::BadValue { what: "io key length (must not be 0)", value: 0 });
+        }
+        keys.push(k);
+    }
+    let n = r.count("io extents", MAX_IO_EXTENTS, EXTENT_SIZE)?;
+    let mut extents = Vec::with_capacity(n);
+    let mut total = 0u64;
+    for _ in 0..n {
+        let e = IoExtent::get(r)?;
+        if !e.is_inline() && usize::from(e.key) >= keys.len() {
+            return Err(DecodeError::BadValue { what: "io extent key (past the request's keys)", value: e.key.into() });
+        }
+        total += u64::from(e.len);
+        if total > MAX_IO_BYTES as u64 {
+            return Err(too_long("io request bytes (sum of extent lengths)", total, MAX_IO_BYTES));
+        }
+        extents.push(e);
+    }
+    Ok((keys, extents))
+}
+
+/// The body of a successful io reply. Which variant answers which op is in
+/// the [module docs](self)' table ([`IoResponse::answers`]).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum IoResponse {
+    /// Read: `bytes` transferred (at most [`MAX_IO_BYTES`]); `data` only
+    /// for an inline-reply read (then `bytes == data.len()`, at most
+    /// [`MAX_INLINE`]).
+    Read { bytes: u64, data: Vec<u8> },
+    /// Write: `bytes` transferred (at most [`MAX_IO_BYTES`]).
+    Write { bytes: u64 },
+    /// Truncate, Remove, Sync.
+    Done,
+    /// Stat: the largest file offset stored on this server + 1, 0 if none.
+    Stat { size: u64 },
+}
+
+impl IoResponse {
+    /// Whether this is a well-formed answer to `op`: the right variant, and
+    /// within the limits the decoder checks.
+    pub fn answers(&self, op: IoOp) -> bool {
+        match (self, op) {
+            (IoResponse::Read { bytes, data }, IoOp::Read) => {
+                *bytes <= MAX_IO_BYTES as u64
+                    && data.len() <= MAX_INLINE
+                    && (data.is_empty() || *bytes == data.len() as u64)
+            }
+            (IoResponse::Write { bytes }, IoOp::Write) => *bytes <= MAX_IO_BYTES as u64,
+            (IoResponse::Done, IoOp::Truncate | IoOp::Remove | IoOp::Sync) => true,
+            (IoResponse::Stat { .. }, IoOp::Stat) => true,
+            _ => false,
+        }
+    }
+
+    fn put_body(&self, w: &mut Writer) {
+        match self {
+            IoResponse::Read { bytes, data } => {
+                w.put_u64(*bytes);
+                w.put_bytes(data);
+            }
+            IoResponse::Write { bytes } => w.put_u64(*bytes),
+            IoResponse::Done => {}
+            IoResponse::Stat { size } => w.put_u64(*size),
+        }
+    }
+
+    fn get_body(op: IoOp, r: &mut Reader<'_>) -> Result<IoResponse, DecodeError> {
+        Ok(match op {
+            IoOp::Read => {
+                let bytes = get_bytes(r, "io read reply bytes")?;
+                let data = r.bytes("io read reply data", MAX_INLINE)?;
+                if !data.is_empty() && bytes != data.len() as u64 {
+                    return Err(DecodeError::BadValue {
+                        what: "io read reply bytes (must equal the inline data's length)",
+                        value: bytes,
+                    });
+                }
+                IoResponse::Read { bytes, data }
+            }
+            IoOp::Write => IoResponse::Write { bytes: get_bytes(r, "io write reply bytes")? },
+            IoOp::Truncate | IoOp::Remove | IoOp::Sync => IoResponse::Done,
+            IoOp::Stat => IoResponse::Stat { size: r.u64("io stat size")? },
+        })
+    }
+}
+
+/// The bytes of an io request: header with `env` and `req.op()`, then the
+/// body. Limits are not checked here (the receiver checks them).
+///
+/// # Panics
+/// If the body exceeds 4 GiB.
+pub fn encode_io_request(env: Envelope, req: &IoRequest) -> Vec<u8> {
+    let mut w = Writer::with_prefix(IoRequestHeader::SIZE);
+    req.put_body(&mut w);
+    let mut buf = w.into_vec();
+    let hdr = IoRequestHeader::new(req.op(), env, body_len(buf.len(), IoRequestHeader::SIZE));
+    buf[..IoRequestHeader::SIZE].copy_from_slice(&hdr.encode());
+    buf
+}
+
+/// Decodes a whole io request message: header, a body of exactly
+/// `body_len` bytes, and nothing else. Metadata op numbers are refused with
+/// [`DecodeError::UnknownOp`].
+pub fn decode_io_request(buf: &[u8]) -> Result<(Envelope, IoRequest), DecodeError> {
+    let mut r = Reader::new(buf);
+    let hdr = IoRequestHeader::read(&mut r)?;
+    check_body_len(hdr.body_len, r.left())?;
+    let req = IoRequest::get_body(hdr.op, &mut r)?;
+    r.finish()?;
+    Ok((hdr.envelope(), req))
+}
+
+/// The bytes of the reply to io request `tag` of `op`: on success the body
+/// of `Ok`, on failure the errno and no body.
+///
+/// # Panics
+/// If the result is not a well-formed answer to `op` (see
+/// [`IoResponse::answers`]) or its errno is outside `1..=MAX_ERRNO`: the
+/// server built a reply its client could not decode.
+pub fn encode_io_reply(tag: u64, op: IoOp, result: &Result<IoResponse, Errno>) -> Vec<u8> {
+    let mut w = Writer::with_prefix(IoReplyHeader::SIZE);
+    let errno = match result {
+        Ok(resp) => {
+            assert!(resp.answers(op), "not a well-formed answer to {op}: {resp:?}");
+            resp.put_body(&mut w);
+            0
+        }
+        Err(e) => {
+            assert!(e.is_valid(), "errno {} cannot travel in a reply", e.0);
+            e.0
+        }
+    };
+    let mut buf = w.into_vec();
+    let hdr = IoReplyHeader::new(op, tag, errno, body_len(buf.len(), IoReplyHeader::SIZE));
+    buf[..IoReplyHeader::SIZE].copy_from_slice(&hdr.encode());
+    buf
+}
+
+/// Decodes a whole io reply message into (tag, op, result); the body is
+/// read as the answer to `op`.
+pub fn decode_io_reply(buf: &[u8]) -> Result<(u64, IoOp, Result<IoResponse, Errno>), DecodeError> {
+    let mut r = Reader::new(buf);
+    let hdr = IoReplyHeader::read(&mut r)?;
+    check_body_len(hdr.body_len, r.left())?;
+    if hdr.errno != 0 {
+        // The header check made it a valid errno with an empty body.
+        return Ok((hdr.tag, hdr.op, Err(get_errno(hdr.errno, "reply errno")?)));
+    }
+    let resp = IoResponse::get_body(hdr.op, &mut r)?;
+    r.finish()?;
+    Ok((hdr.tag, hdr.op, Ok(resp)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{decode_reply, decode_request, encode_reply, encode_request, Op, Request, Response, RIGHT_READ};
+
+    const ENV: Envelope = Envelope { tag: 0x0102_0304_0506_0708, uid: 1000, gid: 100 };
+
+    fn cap() -> Capability {
+        Capability { object_id: 77, rights: RIGHT_READ, expiry_unix_ns: 123, mac: [9; 32] }
+    }
+
+    fn ext(offset: u64, len: u32, key: u16, addr: u64) -> IoExtent {
+        IoExtent { offset, len, key, addr }
+    }
+
+    fn read(keys: Vec<Vec<u8>>, extents: Vec<IoExtent>, inline_reply: bool) -> IoRequest {
+        IoRequest::Read { cap: cap(), keys, extents, inline_reply }
+    }
+
+    fn write(keys: Vec<Vec<u8>>, extents: Vec<IoExtent>, inline: Vec<u8>) -> IoRequest {
+        IoRequest::Write { cap: cap(), keys, extents, stability: Stability::DataSync, inline }
+    }
+
+    /// Requests of every op, in several shapes.
+    fn requests() -> Vec<IoRequest> {
+        let keys = vec![vec![1; 40], vec![2; MAX_IO_KEY_BYTES]];
+        vec![
+            read(keys.clone(), vec![ext(0, 4096, 0, 0x7f00_0000_1000), ext(1 << 40, 1, 1, 8)], false),
+            read(vec![], vec![IoExtent::inline(10, 5), IoExtent::inline(0, 3)], true),
+            read(vec![], vec![], false),
+            read(vec![vec![3]], vec![], true),
+            write(keys.clone(), vec![ext(0, 100, 1, 64), IoExtent::inline(100, 3), ext(50, 100, 0, 0)], vec![7, 8, 9]),
+            write(vec![], vec![IoExtent::inline(u64::MAX - 2, 2)], vec![1, 2]),
+            IoRequest::Write {
+                cap: cap(),
+                keys,
+                extents: vec![ext(5, 5, 0, 5)],
+                stability: Stability::Unstable,
+                inline: vec![],
+            },
+            IoRequest::Write {
+                cap: cap(),
+                keys: vec![],
+                extents: vec![],
+                stability: Stability::FileSync,
+                inline: vec![],
+            },
+            IoRequest::Truncate { cap: cap(), size: 12345 },
+            IoRequest::Remove { cap: cap() },
+            IoRequest::Sync { cap: cap() },
+            IoRequest::Stat { cap: cap() },
+        ]
+    }
+
+    fn responses() -> Vec<(IoOp, IoResponse)> {
+        vec![
+            (IoOp::Read, IoResponse::Read { bytes: MAX_IO_BYTES as u64, data: vec![] }),
+            (IoOp::Read, IoResponse::Read { bytes: 3, data: vec![1, 2, 3] }),
+            (IoOp::Read, IoResponse::Read { bytes: 0, data: vec![] }),
+            (IoOp::Write, IoResponse::Write { bytes: 4096 }),
+            (IoOp::Truncate, IoResponse::Done),
+            (IoOp::Remove, IoResponse::Done),
+            (IoOp::Sync, IoResponse::Done),
+            (IoOp::Stat, IoResponse::Stat { size: u64::MAX }),
+        ]
+    }
+
+    #[test]
+    fn every_request_round_trips() {
+        let reqs = requests();
+        for op in IoOp::ALL {
+            assert!(reqs.iter().any(|r| r.op() == *op), "no sample of {op}");
+        }
+        for req in reqs {
+            let b = encode_io_request(ENV, &req);
+            let hdr = IoRequestHeader::decode(&b).unwrap();
+            assert_eq!((hdr.op, hdr.envelope()), (req.op(), ENV));
+            assert_eq!(b.len(), IoRequestHeader::SIZE + hdr.body_len as usize);
+            assert_eq!(decode_io_request(&b), Ok((ENV, req.clone())), "{req:?}");
+        }
+    }
+
+    #[test]
+    fn every_response_round_trips() {
+        let resps = responses();
+        for op in IoOp::ALL {
+            assert!(resps.iter().any(|(o, _)| o == op), "no answer to {op}");
+        }
+        for (op, resp) in resps {
+            assert!(resp.answers(op));
+            let b = encode_io_reply(7, op, &Ok(resp.clone()));
+            assert_eq!(decode_io_reply(&b), Ok((7, op, Ok(resp))));
+        }
+        let b = encode_io_reply(8, IoOp::Write, &Err(Errno::ENOSPC));
+        assert_eq!(b.len(), IoReplyHeader::SIZE);
+        assert_eq!(decode_io_reply(&b), Ok((8, IoOp::Write, Err(Errno::ENOSPC))));
+    }
+
+    #[test]
+    fn accessors() {
+        let reqs = requests();
+        assert_eq!(reqs[0].total_bytes(), 4097);
+        assert_eq!(reqs[1].total_bytes(), 8);
+        assert_eq!(reqs[4].total_bytes(), 203);
+        assert_eq!(IoRequest::Truncate { cap: cap(), size: 9 }.total_bytes(), 0);
+        for r in &reqs {
+            assert_eq!(r.cap(), &cap());
+        }
+        assert!(IoExtent::inline(1, 2).is_inline());
+        assert!(!ext(1, 2, 0, 0).is_inline());
+        assert_eq!(Stability::default(), Stability::Unstable);
+        assert!(Stability::Unstable < Stability::DataSync && Stability::DataSync < Stability::FileSync);
+    }
+
+    #[test]
+    fn body_layout_is_the_documented_one() {
+        let req = write(vec![vec![0xaa, 0xbb]], vec![ext(0x11, 0x22, 0, 0x33), IoExtent::inline(0x44, 1)], vec![0xcc]);
+        let b = encode_io_request(ENV, &req);
+        assert_eq!(&b[2..4], &65u16.to_le_bytes());
+        let body = &b[IoRequestHeader::SIZE..];
+        let mut want = Vec::new();
+        want.extend_from_slice(&77u64.to_le_bytes()); // capability
+        want.push(RIGHT_READ);
+        want.extend_from_slice(&123u64.to_le_bytes());
+        want.extend_from_slice(&[9; 32]);
+        want.extend_from_slice(&1u32.to_le_bytes()); // keys
+        want.extend_from_slice(&2u32.to_le_bytes());
+        want.extend_from_slice(&[0xaa, 0xbb]);
+        want.extend_from_slice(&2u32.to_le_bytes()); // extents
+        want.extend_from_slice(&0x11u64.to_le_bytes());
+        want.extend_from_slice(&0x22u32.to_le_bytes());
+        want.extend_from_slice(&0u16.to_le_bytes());
+        want.extend_from_slice(&0x33u64.to_le_bytes());
+        want.extend_from_slice(&0x44u64.to_le_bytes());
+        want.extend_from_slice(&1u32.to_le_bytes());
+        want.extend_from_slice(&[0xff, 0xff]);
+        want.extend_from_slice(&0u64.to_le_bytes());
+        want.push(1); // stability
+        want.extend_from_slice(&1u32.to_le_bytes()); // inline
+        want.push(0xcc);
+        assert_eq!(body, &want[..]);
+        assert_eq!(CAPABILITY_SIZE, 49);
+        // Read: the same up to the extents, then inline_reply.
+        let b = encode_io_request(ENV, &read(vec![], vec![], true));
+        assert_eq!(&b[2..4], &64u16.to_le_bytes());
+        assert_eq!(&b[IoRequestHeader::SIZE + 49..], &[0, 0, 0, 0, 0, 0, 0, 0, 1]);
+        let b = encode_io_request(ENV, &IoRequest::Truncate { cap: cap(), size: 5 });
+        assert_eq!(&b[IoRequestHeader::SIZE + 49..], &5u64.to_le_bytes());
+        let b = encode_io_reply(1, IoOp::Read, &Ok(IoResponse::Read { bytes: 2, data: vec![5, 6] }));
+        assert_eq!(&b[IoReplyHeader::SIZE..], &[2, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 5, 6]);
+    }
+
+    #[test]
+    fn largest_messages_fit_their_stated_sizes() {
+        let keys = vec![vec![b'k'; MAX_IO_KEY_BYTES]; MAX_IO_KEYS];
+        // 1023 keyed extents of 64 KiB (≈ 64 MiB) and one inline of 64 KiB.
+        let each = (MAX_IO_BYTES / MAX_IO_EXTENTS) as u32;
+        let mut extents: Vec<IoExtent> =
+            (0..MAX_IO_EXTENTS as u64 - 1).map(|i| ext(i * u64::from(each), each, (i % 16) as u16, i)).collect();
+        extents.push(IoExtent::inline(1 << 50, MAX_INLINE as u32));
+        let req =
+            IoRequest::Write { cap: cap(), keys, extents, stability: Stability::FileSync, inline: vec![1; MAX_INLINE] };
+        assert_eq!(req.total_bytes(), MAX_IO_BYTES as u64);
+        let b = encode_io_request(ENV, &req);
+        assert_eq!(b.len(), MAX_IO_REQUEST_LEN);
+        assert_eq!(decode_io_request(&b), Ok((ENV, req)));
+        let resp = IoResponse::Read { bytes: MAX_INLINE as u64, data: vec![2; MAX_INLINE] };
+        let b = encode_io_reply(1, IoOp::Read, &Ok(resp.clone()));
+        assert_eq!(b.len(), MAX_IO_REPLY_LEN);
+        assert_eq!(decode_io_reply(&b), Ok((1, IoOp::Read, Ok(resp))));
+    }
+
+    #[test]
+    fn each_protocol_refuses_the_others_ops() {
+        let io = encode_io_request(ENV, &IoRequest::Stat { cap: cap() });
+        assert_eq!(decode_request(&io), Err(DecodeError::UnknownOp(69)));
+        assert_eq!(crate::RequestHeader::decode(&io), Err(DecodeError::UnknownOp(69)));
+        let meta = encode_request(ENV, &Request::GetAttr { ino: 1 });
+        assert_eq!(decode_io_request(&meta), Err(DecodeError::UnknownOp(3)));
+        assert_eq!(IoRequestHeader::decode(&meta), Err(DecodeError::UnknownOp(3)));
+        let io = encode_io_reply(1, IoOp::Read, &Ok(IoResponse::Read { bytes: 1, data: vec![] }));
+        assert_eq!(decode_reply(&io), Err(DecodeError::UnknownOp(64)));
+        let meta = encode_reply(1, Op::Unlink, &Ok(Response::Done));
+        assert_eq!(decode_io_reply(&meta), Err(DecodeError::UnknownOp(8)));
+        assert_eq!(IoReplyHeader::decode(&meta), Err(DecodeError::UnknownOp(8)));
+        for n in 0..=u16::MAX {
+            assert!(Op::from_u16(n).is_none() || IoOp::from_u16(n).is_none(), "{n} in both tables");
+            if let Some(op) = IoOp::from_u16(n) {
+                assert!(crate::IO_OP_NUMBERS.contains(&n), "{op}");
+            }
+            if let Some(op) = Op::from_u16(n) {
+                assert!(crate::META_OP_NUMBERS.contains(&n), "{op}");
+            }
+        }
+    }
+
+    #[test]
+    fn op_numbers_are_stable() {
+        let got: Vec<u16> = IoOp::ALL.iter().map(|op| u16::from(*op)).collect();
+        assert_eq!(got, (64..=69).collect::<Vec<u16>>());
+        for op in IoOp::ALL {
+            assert_eq!(IoOp::from_u16(u16::from(*op)), Some(*op));
+        }
+        assert_eq!(IoOp::Truncate.to_string(), "Truncate");
+        assert_eq!([Stability::Unstable as u8, Stability::DataSync as u8, Stability::FileSync as u8], [0, 1, 2]);
+        assert_eq!(Stability::from_u8(3), None);
+    }
+
+    fn refused(req: &IoRequest) -> DecodeError {
+        decode_io_request(&encode_io_request(ENV, req)).unwrap_err()
+    }
+
+    fn bad_value(e: DecodeError) -> (&'static str, u64) {
+        match e {
+            DecodeError::BadValue { what, value } => (what, value),
+            other => panic!("expected BadValue, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn extent_refusals() {
+        let k = || vec![vec![1u8; 8]];
+        let (what, v) = bad_value(refused(&read(k(), vec![ext(0, 0, 0, 0)], false)));
+        assert_eq!((what, v), ("io extent len (must not be 0)", 0));
+        let (what, v) = bad_value(refused(&read(k(), vec![ext(u64::MAX, 1, 0, 0)], false)));
+        assert_eq!((what, v), ("io extent offset (offset + len overflows u64)", u64::MAX));
+        let (what, _) = bad_value(refused(&read(k(), vec![ext(u64::MAX - 1, 2, 0, 0)], false)));
+        assert!(what.contains("overflows"));
+        // The last byte of the offset space is reachable.
+        let ok = read(k(), vec![ext(u64::MAX - 1, 1, 0, 0)], false);
+        assert!(decode_io_request(&encode_io_request(ENV, &ok)).is_ok());
+        let (what, v) = bad_value(refused(&read(k(), vec![ext(0, 1, 1, 0)], false)));
+        assert_eq!((what, v), ("io extent key (past the request's keys)", 1));
+        let (what, v) = bad_value(refused(&write(vec![], vec![ext(0, 1, 0, 0)], vec![])));
+        assert_eq!((what, v), ("io extent key (past the request's keys)", 0));
+        let (what, v) = bad_value(refused(&write(vec![], vec![ext(0, 1, NO_KEY, 4)], vec![0])));
+        assert_eq!((what, v), ("io extent addr (must be 0 for inline data)", 4));
+        // Too many extents, and a count whose extents are missing.
+        let many = vec![ext(0, 1, 0, 0); MAX_IO_EXTENTS + 1];
+        assert!(matches!(
+            refused(&read(k(), many, false)),
+            DecodeError::TooLong { what: "io extents", len: 1025, max: 1024 }
+        ));
+        let mut b = encode_io_request(ENV, &read(vec![], vec![], false));
+        let at = b.len() - 5; // the extents count, before inline_reply
+        b[at..at + 4].copy_from_slice(&1000u32.to_le_bytes());
+        assert_eq!(decode_io_request(&b), Err(DecodeError::Truncated { what: "io extents", needed: 22_000, left: 1 }));
+    }
+
+    #[test]
+    fn byte_total_is_bounded() {
+        let quarter = (MAX_IO_BYTES / 4) as u32;
+        let exact = vec![ext(0, quarter, 0, 0); 4];
+        assert!(decode_io_request(&encode_io_request(ENV, &read(vec![vec![1]], exact.clone(), false))).is_ok());
+        let mut over = exact;
+        over.push(ext(0, 1, 0, 0));
+        assert!(matches!(
+            refused(&read(vec![vec![1]], over, false)),
+            DecodeError::TooLong { what: "io request bytes (sum of extent lengths)", len, max }
+                if len == MAX_IO_BYTES + 1 && max == MAX_IO_BYTES
+        ));
+        // A single extent of u32::MAX bytes is above the total.
+        assert!(matches!(
+            refused(&write(vec![vec![1]], vec![ext(0, u32::MAX, 0, 0)], vec![])),
+            DecodeError::TooLong { max: MAX_IO_BYTES, .. }
+        ));
+    }
+
+    #[test]
+    fn key_refusals() {
+        let many = vec![vec![1u8]; MAX_IO_KEYS + 1];
+        assert!(matches!(
+            refused(&read(many, vec![], false)),
+            DecodeError::TooLong { what: "io keys", len: 17, max: 16 }
+        ));
+        let long = vec![vec![1u8; MAX_IO_KEY_BYTES + 1]];
+        assert!(matches!(
+            refused(&read(long, vec![], false)),
+            DecodeError::TooLong { what: "io key", len: 4097, max: 4096 }
+        ));
+        let (what, v) = bad_value(refused(&write(vec![vec![1], vec![]], vec![], vec![])));
+        assert_eq!((what, v), ("io key length (must not be 0)", 0));
+        // A key count the input cannot hold allocates nothing.
+        let mut b = encode_io_request(ENV, &read(vec![], vec![], false));
+        let at = IoRequestHeader::SIZE + CAPABILITY_SIZE;
+        b[at..at + 4].copy_from_slice(&16u32.to_le_bytes());
+        assert_eq!(decode_io_request(&b), Err(DecodeError::Truncated { what: "io keys", needed: 80, left: 5 }));
+    }
+
+    #[test]
+    fn read_refusals() {
+        let (what, v) = bad_value(refused(&read(vec![vec![1]], vec![IoExtent::inline(0, 1)], false)));
+        assert_eq!((what, v), ("io extent key (NO_KEY in a read without inline_reply)", u64::from(NO_KEY)));
+        let (what, v) = bad_value(refused(&read(vec![vec![1]], vec![IoExtent::inline(0, 1), ext(0, 1, 0, 0)], true)));
+        assert_eq!((what, v), ("io extent key (an inline-reply read takes only NO_KEY extents)", 0));
+        let half = (MAX_INLINE / 2) as u32;
+        let fits = read(vec![], vec![IoExtent::inline(0, half), IoExtent::inline(half.into(), half)], true);
+        assert!(decode_io_request(&encode_io_request(ENV, &fits)).is_ok());
+        let over = read(vec![], vec![IoExtent::inline(0, half), IoExtent::inline(0, half + 1)], true);
+        assert!(matches!(
+            refused(&over),
+            DecodeError::TooLong { what: "io read inline reply bytes", len, max: MAX_INLINE } if len == MAX_INLINE + 1
+        ));
+        let mut b = encode_io_request(ENV, &read(vec![], vec![], false));
+        *b.last_mut().unwrap() = 2;
+        assert_eq!(decode_io_request(&b), Err(DecodeError::BadValue { what: "io read inline_reply", value: 2 }));
+    }
+
+    #[test]
+    fn write_refusals() {
+        let inl = |len| IoExtent::inline(0, len);
+        let (what, v) = bad_value(refused(&write(vec![], vec![inl(3)], vec![1, 2])));
+        assert_eq!((what, v), ("io write inline data length (must equal the NO_KEY extents' total)", 2));
+        let (_, v) = bad_value(refused(&write(vec![], vec![inl(1)], vec![1, 2])));
+        assert_eq!(v, 2);
+        // Keyed extents take nothing from inline.
+        let (_, v) = bad_value(refused(&write(vec![vec![1]], vec![ext(0, 4, 0, 0)], vec![1, 2, 3, 4])));
+        assert_eq!(v, 4);
+        let half = (MAX_INLINE / 2) as u32;
+        assert!(matches!(
+            refused(&write(vec![], vec![inl(half), inl(half + 1)], vec![])),
+            DecodeError::TooLong { what: "io write inline extents", len, max: MAX_INLINE } if len == MAX_INLINE + 1
+        ));
+        assert!(matches!(
+            refused(&write(vec![], vec![inl(1)], vec![0; MAX_INLINE + 1])),
+            DecodeError::TooLong { what: "io write inline data", len, max: MAX_INLINE } if len == MAX_INLINE + 1
+        ));
+        // Stability byte: after the extents, before the inline data.
+        let mut b = encode_io_request(ENV, &write(vec![], vec![inl(2)], vec![5, 6]));
+        let at = b.len() - 2 - 4 - 1;
+        assert_eq!(b[at], Stability::DataSync as u8);
+        b[at] = 3;
+        assert_eq!(decode_io_request(&b), Err(DecodeError::BadValue { what: "io write stability", value: 3 }));
+    }
+
+    #[test]
+    fn framing_refusals() {
+        let good = encode_io_request(ENV, &IoRequest::Truncate { cap: cap(), size: 1 });
+        // Capability rights outside the known bits.
+        let mut b = good.clone();
+        b[IoRequestHeader::SIZE + 8] = 4;
+        assert_eq!(decode_io_request(&b), Err(DecodeError::BadValue { what: "capability rights", value: 4 }));
+        // A body one byte short, with a header that agrees.
+        let mut b = good[..good.len() - 1].to_vec();
+        b[24..28].copy_from_slice(&(CAPABILITY_SIZE as u32 + 7).to_le_bytes());
+        assert_eq!(decode_io_request(&b), Err(DecodeError::Truncated { what: "io truncate size", needed: 8, left: 7 }));
+        // A trailing byte the header counts.
+        let mut b = good.clone();
+        b.push(0);
+        assert_eq!(decode_io_request(&b), Err(DecodeError::BodyLength { announced: 57, actual: 58 }));
+        b[24..28].copy_from_slice(&58u32.to_le_bytes());
+        assert_eq!(decode_io_request(&b), Err(DecodeError::Trailing(1)));
+        let mut b = good.clone();
+        b[0..2].copy_from_slice(&1u16.to_le_bytes());
+        assert_eq!(decode_io_request(&b), Err(DecodeError::BadVersion(1)));
+        let mut b = good.clone();
+        b[4] = 1;
+        assert_eq!(decode_io_request(&b), Err(DecodeError::Reserved));
+        let mut b = good.clone();
+        b[2..4].copy_from_slice(&70u16.to_le_bytes());
+        assert_eq!(decode_io_request(&b), Err(DecodeError::UnknownOp(70)));
+        // The header alone decodes for a server that must reply.
+        let hdr = IoRequestHeader::decode(&good).unwrap();
+        assert_eq!((hdr.op, hdr.envelope(), hdr.body_len), (IoOp::Truncate, ENV, 57));
+    }
+
+    /// A reply whose body is `body`, with a header that agrees.
+    fn raw_reply(op: IoOp, body: &[u8]) -> Vec<u8> {
+        let mut b = IoReplyHeader::new(op, 1, 0, body.len() as u32).encode().to_vec();
+        b.extend_from_slice(body);
+        b
+    }
+
+    #[test]
+    fn reply_refusals() {
+        let over = (MAX_IO_BYTES as u64 + 1).to_le_bytes();
+        let mut body = over.to_vec();
+        body.extend_from_slice(&0u32.to_le_bytes());
+        assert!(matches!(
+            decode_io_reply(&raw_reply(IoOp::Read, &body)),
+            Err(DecodeError::TooLong { what: "io read reply bytes", .. })
+        ));
+        assert!(matches!(
+            decode_io_reply(&raw_reply(IoOp::Write, &over)),
+            Err(DecodeError::TooLong { what: "io write reply bytes", .. })
+        ));
+        let mut body = 3u64.to_le_bytes().to_vec();
+        body.extend_from_slice(&2u32.to_le_bytes());
+        body.extend_from_slice(&[1, 2]);
+        assert_eq!(
+            decode_io_reply(&raw_reply(IoOp::Read, &body)),
+            Err(DecodeError::BadValue { what: "io read reply bytes (must equal the inline data's length)", value: 3 })
+        );
+        let mut body = 0u64.to_le_bytes().to_vec();
+        body.extend_from_slice(&(MAX_INLINE as u32 + 1).to_le_bytes());
+        assert!(matches!(
+            decode_io_reply(&raw_reply(IoOp::Read, &body)),
+            Err(DecodeError::TooLong { what: "io read reply data", max: MAX_INLINE, .. })
+        ));
+        assert_eq!(decode_io_reply(&raw_reply(IoOp::Sync, &[0])), Err(DecodeError::Trailing(1)));
+        assert!(matches!(
+            decode_io_reply(&raw_reply(IoOp::Stat, &[0; 7])),
+            Err(DecodeError::Truncated { what: "io stat size", .. })
+        ));
+        // An error reply with a body.
+        let mut b = encode_io_reply(3, IoOp::Remove, &Err(Errno::ENOENT));
+        b[16..20].copy_from_slice(&1u32.to_le_bytes());
+        b.push(0);
+        assert!(matches!(decode_io_reply(&b), Err(DecodeError::BadValue { value: 1, .. })));
+        let mut b = encode_io_reply(3, IoOp::Remove, &Ok(IoResponse::Done));
+        b[20] = 1;
+        assert_eq!(decode_io_reply(&b), Err(DecodeError::Reserved));
+    }
+
+    #[test]
+    fn answers_matches_ops() {
+        assert!(IoResponse::Done.answers(IoOp::Truncate));
+        assert!(!IoResponse::Done.answers(IoOp::Read));
+        assert!(!IoResponse::Write { bytes: 1 }.answers(IoOp::Read));
+        assert!(!IoResponse::Write { bytes: MAX_IO_BYTES as u64 + 1 }.answers(IoOp::Write));
+        assert!(!IoResponse::Read { bytes: 2, data: vec![1] }.answers(IoOp::Read));
+        assert!(!IoResponse::Read { bytes: 0, data: vec![0; MAX_INLINE + 1] }.answers(IoOp::Read));
+        assert!(IoResponse::Stat { size: 0 }.answers(IoOp::Stat));
+    }
+
+    #[test]
+    #[should_panic(expected = "not a well-formed answer to Stat")]
+    fn encoding_a_wrong_answer_panics() {
+        encode_io_reply(1, IoOp::Stat, &Ok(IoResponse::Done));
+    }
+
+    #[test]
+    #[should_panic(expected = "errno 0 cannot travel")]
+    fn encoding_errno_zero_panics() {
+        encode_io_reply(1, IoOp::Read, &Err(Errno(0)));
+    }
+}

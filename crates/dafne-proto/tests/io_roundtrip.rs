@@ -1,0 +1,244 @@
+//! Properties of the io wire contract over generated values and bytes:
+//! everything encodable decodes to itself, encodings are canonical, no input
+//! makes a decoder panic, and neither protocol accepts the other's messages.
+
+use dafne_proto::*;
+use proptest::collection::vec;
+use proptest::prelude::*;
+
+fn capability() -> impl Strategy<Value = Capability> {
+    (any::<u64>(), 0..=(RIGHT_READ | RIGHT_WRITE), any::<u64>(), any::<[u8; 32]>())
+        .prop_map(|(object_id, rights, expiry_unix_ns, mac)| Capability { object_id, rights, expiry_unix_ns, mac })
+}
+
+fn envelope() -> impl Strategy<Value = Envelope> {
+    (any::<u64>(), any::<u32>(), any::<u32>()).prop_map(|(tag, uid, gid)| Envelope { tag, uid, gid })
+}
+
+fn stability() -> impl Strategy<Value = Stability> {
+    prop_oneof![Just(Stability::Unstable), Just(Stability::DataSync), Just(Stability::FileSync)]
+}
+
+fn key() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        8 => vec(any::<u8>(), 1..64),
+        1 => vec(any::<u8>(), 1..=MAX_IO_KEY_BYTES),
+        1 => Just(vec![b'k'; MAX_IO_KEY_BYTES]),
+    ]
+}
+
+/// 1 to `max` keys.
+fn keys(max: usize) -> impl Strategy<Value = Vec<Vec<u8>>> {
+    vec(key(), 1..=max)
+}
+
+/// An offset for an extent of `len` bytes that does not run past u64::MAX,
+/// often near either end.
+fn offset(len: u32) -> BoxedStrategy<u64> {
+    let last = u64::MAX - u64::from(len);
+    prop_oneof![
+        4 => 0..(1u64 << 40),
+        2 => 0..=last,
+        1 => Just(last),
+        1 => (last.saturating_sub(1 << 20))..=last,
+    ]
+    .boxed()
+}
+
+/// An extent with a key below `nkeys` and at most `max_len` bytes.
+fn keyed_extent(nkeys: usize, max_len: u32) -> impl Strategy<Value = IoExtent> {
+    (1..=max_len, 0..nkeys as u16, any::<u64>())
+        .prop_flat_map(|(len, key, addr)| offset(len).prop_map(move |offset| IoExtent { offset, len, key, addr }))
+}
+
+fn inline_extent(max_len: u32) -> impl Strategy<Value = IoExtent> {
+    (1..=max_len).prop_flat_map(|len| offset(len).prop_map(move |offset| IoExtent::inline(offset, len)))
+}
+
+/// Up to 16 inline extents of up to 4 KiB: at most MAX_INLINE in all.
+fn inline_extents() -> impl Strategy<Value = Vec<IoExtent>> {
+    const _: () = assert!(16 * 4096 <= MAX_INLINE);
+    vec(inline_extent(4096), 0..=16)
+}
+
+/// Keys and keyed extents within the limits (1024 × 64 KiB = MAX_IO_BYTES).
+fn keys_and_extents() -> impl Strategy<Value = (Vec<Vec<u8>>, Vec<IoExtent>)> {
+    const _: () = assert!(MAX_IO_EXTENTS * 65536 <= MAX_IO_BYTES);
+    prop_oneof![
+        1 => Just((vec![], vec![])),
+        8 => keys(4).prop_flat_map(|ks| {
+            let n = ks.len();
+            (Just(ks), vec(keyed_extent(n, 65536), 0..8))
+        }),
+        1 => keys(MAX_IO_KEYS).prop_flat_map(|ks| {
+            let n = ks.len();
+            (Just(ks), vec(keyed_extent(n, 65536), 0..=MAX_IO_EXTENTS))
+        }),
+    ]
+}
+
+fn read() -> impl Strategy<Value = IoRequest> {
+    let rma = (capability(), keys_and_extents()).prop_map(|(cap, (keys, extents))| IoRequest::Read {
+        cap,
+        keys,
+        extents,
+        inline_reply: false,
+    });
+    let inline = (capability(), inline_extents()).prop_map(|(cap, extents)| IoRequest::Read {
+        cap,
+        keys: vec![],
+        extents,
+        inline_reply: true,
+    });
+    prop_oneof![rma, inline]
+}
+
+fn write() -> impl Strategy<Value = IoRequest> {
+    (capability(), keys_and_extents(), inline_extents(), stability())
+        .prop_flat_map(|(cap, (keys, keyed), inlined, stability)| {
+            let inline_len: usize = inlined.iter().map(|e| e.len as usize).sum();
+            // Keyed and inline extents interleaved in any order; the total
+            // stays within MAX_IO_BYTES only if the keyed part leaves room.
+            let keyed: Vec<IoExtent> = {
+                let mut total = inline_len as u64;
+                keyed
+                    .into_iter()
+                    .take_while(|e| {
+                        total += u64::from(e.len);
+                        total <= MAX_IO_BYTES as u64
+                    })
+                    .collect()
+            };
+            let mut extents = keyed;
+            extents.extend(inlined);
+            (Just(cap), Just(keys), Just(extents).prop_shuffle(), Just(stability), vec(any::<u8>(), inline_len))
+        })
+        .prop_map(|(cap, keys, extents, stability, inline)| IoRequest::Write { cap, keys, extents, stability, inline })
+}
+
+fn request() -> impl Strategy<Value = IoRequest> {
+    prop_oneof![
+        3 => read(),
+        3 => write(),
+        1 => (capability(), any::<u64>()).prop_map(|(cap, size)| IoRequest::Truncate { cap, size }),
+        1 => capability().prop_map(|cap| IoRequest::Remove { cap }),
+        1 => capability().prop_map(|cap| IoRequest::Sync { cap }),
+        1 => capability().prop_map(|cap| IoRequest::Stat { cap }),
+    ]
+}
+
+fn errno() -> impl Strategy<Value = Errno> {
+    prop_oneof![(1..=MAX_ERRNO).prop_map(Errno), Just(Errno::EACCES), Just(Errno::ENOSPC)]
+}
+
+fn one_of(ops: &'static [IoOp]) -> impl Strategy<Value = IoOp> {
+    proptest::sample::select(ops)
+}
+
+/// What an io server may answer: (op, result).
+fn reply() -> impl Strategy<Value = (IoOp, Result<IoResponse, Errno>)> {
+    let bytes = || prop_oneof![0..=MAX_IO_BYTES as u64, Just(MAX_IO_BYTES as u64)];
+    let data = prop_oneof![
+        4 => vec(any::<u8>(), 1..256),
+        1 => vec(any::<u8>(), 1..=MAX_INLINE),
+    ];
+    prop_oneof![
+        2 => bytes().prop_map(|bytes| (IoOp::Read, Ok(IoResponse::Read { bytes, data: vec![] }))),
+        2 => data.prop_map(|data| (IoOp::Read, Ok(IoResponse::Read { bytes: data.len() as u64, data }))),
+        2 => bytes().prop_map(|bytes| (IoOp::Write, Ok(IoResponse::Write { bytes }))),
+        2 => one_of(&[IoOp::Truncate, IoOp::Remove, IoOp::Sync]).prop_map(|op| (op, Ok(IoResponse::Done))),
+        1 => any::<u64>().prop_map(|size| (IoOp::Stat, Ok(IoResponse::Stat { size }))),
+        2 => (one_of(IoOp::ALL), errno()).prop_map(|(op, e)| (op, Err(e))),
+    ]
+}
+
+/// If `b` decodes as an io request or reply, it is the canonical encoding
+/// of what it decodes to; and no message decodes in both protocols.
+fn check_canonical(b: &[u8]) -> Result<(), TestCaseError> {
+    if let Ok((env, req)) = decode_io_request(b) {
+        prop_assert_eq!(encode_io_request(env, &req), b);
+        prop_assert!(req.total_bytes() <= MAX_IO_BYTES as u64);
+        prop_assert!(decode_request(b).is_err());
+    }
+    if let Ok((tag, op, res)) = decode_io_reply(b) {
+        prop_assert!(res.as_ref().map_or(true, |r| r.answers(op)));
+        prop_assert_eq!(encode_io_reply(tag, op, &res), b);
+        prop_assert!(decode_reply(b).is_err());
+    }
+    Ok(())
+}
+
+proptest! {
+    #[test]
+    fn requests_round_trip(env in envelope(), req in request()) {
+        let b = encode_io_request(env, &req);
+        prop_assert!(b.len() <= MAX_IO_REQUEST_LEN);
+        prop_assert_eq!(decode_io_request(&b), Ok((env, req)));
+        // A metadata server refuses it by its op number.
+        prop_assert_eq!(decode_request(&b), Err(DecodeError::UnknownOp(u16::from_le_bytes([b[2], b[3]]))));
+    }
+
+    #[test]
+    fn replies_round_trip(tag in any::<u64>(), (op, res) in reply()) {
+        let b = encode_io_reply(tag, op, &res);
+        prop_assert!(b.len() <= MAX_IO_REPLY_LEN);
+        prop_assert_eq!(decode_io_reply(&b), Ok((tag, op, res)));
+        prop_assert_eq!(decode_reply(&b), Err(DecodeError::UnknownOp(op.into())));
+    }
+
+    #[test]
+    fn decoders_never_panic_on_bytes(b in vec(any::<u8>(), 0..2048)) {
+        check_canonical(&b)?;
+    }
+
+    /// Random bodies behind valid headers reach the body decoders.
+    #[test]
+    fn decoders_never_panic_on_bodies(
+        op in one_of(IoOp::ALL),
+        env in envelope(),
+        body in vec(any::<u8>(), 0..2048),
+    ) {
+        let len = body.len() as u32;
+        let mut b = IoRequestHeader::new(op, env, len).encode().to_vec();
+        b.extend_from_slice(&body);
+        check_canonical(&b)?;
+        let mut b = IoReplyHeader::new(op, env.tag, 0, len).encode().to_vec();
+        b.extend_from_slice(&body);
+        check_canonical(&b)?;
+    }
+
+    /// A corrupted byte either is refused or yields a canonical message.
+    #[test]
+    fn corrupted_requests(env in envelope(), req in request(), at in any::<usize>(), x in 1..=255u8) {
+        let mut b = encode_io_request(env, &req);
+        let i = at % b.len();
+        b[i] ^= x;
+        check_canonical(&b)?;
+    }
+
+    #[test]
+    fn corrupted_replies(tag in any::<u64>(), (op, res) in reply(), at in any::<usize>(), x in 1..=255u8) {
+        let mut b = encode_io_reply(tag, op, &res);
+        let i = at % b.len();
+        b[i] ^= x;
+        check_canonical(&b)?;
+    }
+
+    /// Every strict prefix of a message is refused.
+    #[test]
+    fn truncation_is_refused(env in envelope(), req in request(), (op, res) in reply(), at in any::<usize>()) {
+        let b = encode_io_request(env, &req);
+        prop_assert!(decode_io_request(&b[..at % b.len()]).is_err());
+        let b = encode_io_reply(env.tag, op, &res);
+        prop_assert!(decode_io_reply(&b[..at % b.len()]).is_err());
+    }
+
+    /// Metadata messages are refused by the io decoders.
+    #[test]
+    fn metadata_messages_are_not_io(env in envelope(), ino in any::<u64>(), errno in errno()) {
+        let b = encode_request(env, &Request::GetAttr { ino });
+        prop_assert_eq!(decode_io_request(&b), Err(DecodeError::UnknownOp(Op::GetAttr.into())));
+        let b = encode_reply(env.tag, Op::Open, &Err(errno));
+        prop_assert_eq!(decode_io_reply(&b), Err(DecodeError::UnknownOp(Op::Open.into())));
+    }
+}
