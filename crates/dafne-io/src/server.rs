@@ -7,7 +7,9 @@ use std::rc::Rc;
 use anyhow::{Context, Result};
 use dafne_auth::Secret;
 use dafne_transport::{Runtime, RuntimeOptions};
-use dafne_unifier::{Unifier, UnifierConfig};
+use std::sync::{Arc, Mutex};
+
+use dafne_unifier::{Unifier, UnifierConfig, UnifierStats};
 
 use crate::chunk::ChunkStore;
 use crate::service::{IoHandler, IoService};
@@ -36,7 +38,21 @@ pub struct IoArgs {
 #[derive(Debug)]
 pub struct IoServer {
     pub addr: SocketAddr,
-    _rt: Runtime,
+    stats: Arc<Mutex<UnifierStats>>,
+    rt: Runtime,
+}
+
+impl IoServer {
+    /// The Unifier's counters (hits, misses, evictions, bytes copied,
+    /// registrations) as of the last request served.
+    pub fn unifier_stats(&self) -> UnifierStats {
+        self.stats.lock().map(|s| *s).unwrap_or_default()
+    }
+
+    /// The UCX counters of the server (RMA bytes, registrations).
+    pub fn ucx_stats(&self) -> dafne_ucx::StatsSnapshot {
+        self.rt.context().stats().snapshot()
+    }
 }
 
 pub fn start(a: &IoArgs) -> Result<IoServer> {
@@ -56,12 +72,14 @@ pub fn start(a: &IoArgs) -> Result<IoServer> {
     };
     config.validate().map_err(|e| anyhow::anyhow!("--cache-mib {}: {e}", a.cache_mib))?;
     let dir = a.data_dir.clone();
+    let stats = Arc::new(Mutex::new(UnifierStats::default()));
+    let published = stats.clone();
     let addr = rt.serve(a.listen, move |l| {
         let store = Rc::new(ChunkStore::open(&dir).expect("chunk store opened above"));
         let unifier = Unifier::new(l.context(), config, store.clone()).expect("registering the Unifier's slabs");
-        IoHandler(Rc::new(IoService::new(secret, unifier, store)))
+        IoHandler(Rc::new(IoService::new(secret, unifier, store, published)))
     })?;
-    Ok(IoServer { addr, _rt: rt })
+    Ok(IoServer { addr, stats, rt })
 }
 
 /// Starts an io server, prints `listening on ADDR`, serves until killed.

@@ -32,6 +32,9 @@ pub struct IoService {
     secret: Secret,
     unifier: Unifier,
     store: Rc<ChunkStore>,
+    /// The Unifier's counters as of the last request, readable from other
+    /// threads (`IoServer::stats`, `dafne status`).
+    published: std::sync::Arc<std::sync::Mutex<dafne_unifier::UnifierStats>>,
 }
 
 impl std::fmt::Debug for IoService {
@@ -60,8 +63,13 @@ enum Remote {
 }
 
 impl IoService {
-    pub fn new(secret: Secret, unifier: Unifier, store: Rc<ChunkStore>) -> IoService {
-        IoService { secret, unifier, store }
+    pub fn new(
+        secret: Secret,
+        unifier: Unifier,
+        store: Rc<ChunkStore>,
+        published: std::sync::Arc<std::sync::Mutex<dafne_unifier::UnifierStats>>,
+    ) -> IoService {
+        IoService { secret, unifier, store, published }
     }
 
     pub fn unifier(&self) -> &Unifier {
@@ -78,6 +86,9 @@ impl IoService {
         };
         let op = request.op();
         let result = self.serve(&req.conn, request).await;
+        if let Ok(mut p) = self.published.lock() {
+            *p = self.unifier.stats();
+        }
         dafne_proto::io::encode_io_reply(env.tag, op, &result)
     }
 

@@ -199,3 +199,53 @@ fn capabilities_are_checked_by_io_servers() {
     forged.cap.object_id = f.cap.object_id;
     assert_eq!(futures::executor::block_on(d.read_at(&forged, 0, &mut buf)), Err(Errno::EACCES));
 }
+
+/// The unifier serving mode copies nothing on the cached read and write
+/// paths: the server puts from and gets into cache units, and the client's
+/// registered regions are the other end. Inline (small) I/O is the one
+/// copy, and it is counted.
+#[test]
+fn cached_reads_and_writes_copy_nothing() {
+    let root = tempfile::tempdir().unwrap();
+    let meta_dir = root.path().join("meta");
+    let meta = dafne_meta::server::start(&dafne_meta::server::ServeOptions {
+        data_dir: meta_dir.clone(),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        secret: None,
+        policy: dafne_meta::LayoutPolicy { servers: vec![0], default_stripe_unit: 1 << 20, default_stripe_count: 1 },
+        ucx: ucx(),
+    })
+    .unwrap();
+    let io = dafne_io::server::start(&dafne_io::server::IoArgs {
+        data_dir: root.path().join("io0"),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        secret: meta_dir.join("cluster.secret"),
+        cache_mib: 16,
+        ucx: ucx().iter().map(|(k, v)| format!("{k}={v}")).collect(),
+    })
+    .unwrap();
+    let rt = runtime();
+    let secret = dafne_auth::Secret::load(&meta_dir.join("cluster.secret")).unwrap();
+    let m = MetaSession::connect(&rt, meta.addr, &secret, "zc", 0, 0).unwrap();
+    let d = DataClient::connect(&rt, &[io.addr]).unwrap();
+    let a = m.create(ROOT_INO, b"zc", 0o644, true).unwrap();
+    let f = m.open(a.ino, dafne_proto::OPEN_READ | dafne_proto::OPEN_WRITE).unwrap();
+    let src =
+        d.register((0..(4u32 << 20)).map(|i| (i * 7) as u8).collect(), dafne_transport::Access::RemoteRead).unwrap();
+    let dst = d.register(vec![0u8; 4 << 20], dafne_transport::Access::RemoteWrite).unwrap();
+    let server_regs = io.ucx_stats().registrations;
+    let before = io.unifier_stats();
+    futures::executor::block_on(d.write_region(&f, 0, &src, 0, src.len(), Stability::Unstable)).unwrap();
+    for _ in 0..3 {
+        futures::executor::block_on(d.read_region(&f, 0, &dst, 0, dst.len())).unwrap();
+    }
+    assert!(dst.as_slice() == src.as_slice());
+    let after = io.unifier_stats();
+    assert_eq!(after.bytes_copied - before.bytes_copied, 0, "the cached path copied: {after:?}");
+    assert!(after.hits - before.hits >= 3 * 64, "re-reads were not cache hits: {after:?}");
+    assert_eq!(io.ucx_stats().registrations, server_regs, "the server registered memory on the hot path");
+    assert!(io.ucx_stats().bytes_put >= 3 * (4 << 20) as u64 && io.ucx_stats().bytes_got >= (4 << 20) as u64);
+    // Inline I/O is the exception, and it is counted.
+    futures::executor::block_on(d.write_at(&f, 100, b"tiny", Stability::Unstable)).unwrap();
+    assert_eq!(io.unifier_stats().bytes_copied - after.bytes_copied, 4);
+}

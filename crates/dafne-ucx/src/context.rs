@@ -79,12 +79,16 @@ impl Context {
         let mut h: sys::ucp_context_h = ptr::null_mut();
         // SAFETY: params and config are valid for the call; h is an out-pointer.
         check("ucp_init", unsafe { sys::ucp_init(&params, guard.0, &mut h) })?;
-        Ok(Context {
+        let ctx = Context {
             inner: Arc::new(ContextInner { h, stats: Stats::default(), key_shape: std::sync::OnceLock::new() }),
-        })
+        };
+        // Learn the key layout now (two small registrations) rather than on
+        // the first peer key a server unpacks, which is on its hot path.
+        let _ = ctx.key_shape();
+        Ok(ctx)
     }
 
-    /// The shape of this process's packed keys (learned on first use).
+    /// The shape of this process's packed keys (learned when the context is made).
     pub(crate) fn key_shape(&self) -> &crate::memory::KeyShape {
         self.inner.key_shape.get_or_init(|| crate::memory::KeyShape::learn(self))
     }

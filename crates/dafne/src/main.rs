@@ -34,6 +34,8 @@ enum Cmd {
 enum Serve {
     /// The metadata server: namespace, layouts, capabilities (prints `listening on ADDR`).
     Meta(dafne_meta::server::MetaArgs),
+    /// An io server: chunk files behind the Unifier cache (prints `listening on ADDR`).
+    Io(dafne_io::server::IoArgs),
 }
 
 #[derive(Subcommand)]
@@ -203,6 +205,7 @@ fn main() -> Result<()> {
         Cmd::Bench(Bench::Transport(a)) => bench_transport(a),
         Cmd::Bench(Bench::Meta(a)) => bench_meta(a),
         Cmd::Serve(Serve::Meta(a)) => dafne_meta::server::serve_forever(&a.to_options()?),
+        Cmd::Serve(Serve::Io(a)) => dafne_io::server::serve_forever(&a),
         Cmd::TransportPeer(p) => {
             let ucx = dafne_transport::parse_ucx_overrides(&p.ucx).map_err(anyhow::Error::msg)?;
             let opts = RuntimeOptions {
