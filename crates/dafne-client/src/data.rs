@@ -18,10 +18,20 @@ use dafne_proto::io::{decode_io_reply, encode_io_request, IoExtent, IoRequest, I
 use dafne_proto::{Envelope, Errno};
 use dafne_transport::{Access, Client, Region, Runtime};
 
+use crate::cq::{CompletionQueue, Ticket};
 use crate::{ConnectError, OpenFile};
 
 /// Largest inline payload per server request (the protocol's limit).
 pub const INLINE_MAX: usize = dafne_proto::io::MAX_INLINE;
+
+/// Part of a registered region, owned (for operations posted to a
+/// completion queue, which outlive the caller's borrows).
+#[derive(Debug, Clone)]
+pub struct RegionSlice {
+    pub region: std::sync::Arc<Region>,
+    pub offset: usize,
+    pub len: usize,
+}
 
 /// Connections to every io server of a cluster, by server id.
 #[derive(Debug, Clone)]
@@ -234,6 +244,25 @@ impl DataClient {
             out.push(each(r?));
         }
         Ok(out)
+    }
+
+    /// Posts a zero-copy read from the file at `offset` into `into` on `cq`.
+    pub fn post_read(&self, cq: &CompletionQueue, f: &OpenFile, offset: u64, into: RegionSlice) -> Ticket {
+        let (me, f) = (self.clone(), f.clone());
+        cq.post(async move { me.read_region(&f, offset, &into.region, into.offset, into.len).await })
+    }
+
+    /// Posts a zero-copy write of `from` to the file at `offset` on `cq`.
+    pub fn post_write(
+        &self,
+        cq: &CompletionQueue,
+        f: &OpenFile,
+        offset: u64,
+        from: RegionSlice,
+        stability: Stability,
+    ) -> Ticket {
+        let (me, f) = (self.clone(), f.clone());
+        cq.post(async move { me.write_region(&f, offset, &from.region, from.offset, from.len, stability).await })
     }
 
     /// Makes everything written durable on every server of the file.

@@ -8,6 +8,7 @@
 //! can return them as they are. The data half (layouts, striping, RMA) comes
 //! with the io servers.
 
+pub mod cq;
 pub mod data;
 
 use std::future::Future;

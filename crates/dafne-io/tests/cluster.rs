@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use dafne_client::data::DataClient;
+use dafne_client::data::{DataClient, RegionSlice};
 use dafne_client::{Errno, MetaSession, OpenFile, ROOT_INO};
 use dafne_proto::io::Stability;
 use dafne_proto::LayoutHint;
@@ -248,4 +248,43 @@ fn cached_reads_and_writes_copy_nothing() {
     // Inline I/O is the exception, and it is counted.
     futures::executor::block_on(d.write_at(&f, 100, b"tiny", Stability::Unstable)).unwrap();
     assert_eq!(io.unifier_stats().bytes_copied - after.bytes_copied, 4);
+}
+
+#[test]
+fn completion_queues_run_many_reads_and_writes_at_once() {
+    let c = cluster(8);
+    let rt = runtime();
+    let (m, d) = clients(&c, &rt);
+    let f = open_new(&m, "cq", 64 << 10);
+    let cq = dafne_client::cq::CompletionQueue::new();
+    let chunk = 256 << 10;
+    let srcs: Vec<std::sync::Arc<dafne_transport::Region>> = (0..8)
+        .map(|i| {
+            std::sync::Arc::new(d.register(vec![i as u8 + 1; chunk], dafne_transport::Access::RemoteRead).unwrap())
+        })
+        .collect();
+    let writes: Vec<_> = srcs
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let from = RegionSlice { region: r.clone(), offset: 0, len: chunk };
+            d.post_write(&cq, &f, (i * chunk) as u64, from, Stability::Unstable)
+        })
+        .collect();
+    for t in &writes {
+        assert_eq!(cq.wait(*t, std::time::Duration::from_secs(30)), Ok(chunk));
+    }
+    let dst = std::sync::Arc::new(d.register(vec![0u8; 8 * chunk], dafne_transport::Access::RemoteWrite).unwrap());
+    for i in 0..8 {
+        d.post_read(&cq, &f, (i * chunk) as u64, RegionSlice { region: dst.clone(), offset: i * chunk, len: chunk });
+    }
+    let mut n = 0;
+    while let Some((_, r)) = cq.wait_any(std::time::Duration::from_secs(30)) {
+        assert_eq!(r, Ok(chunk));
+        n += 1;
+    }
+    assert_eq!(n, 8);
+    for i in 0..8 {
+        assert!(dst.as_slice()[i * chunk..(i + 1) * chunk].iter().all(|&b| b == i as u8 + 1), "chunk {i}");
+    }
 }
