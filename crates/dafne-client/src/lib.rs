@@ -10,6 +10,7 @@
 
 pub mod cq;
 pub mod data;
+pub mod file;
 
 use std::future::Future;
 use std::net::SocketAddr;

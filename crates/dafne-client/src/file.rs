@@ -1,0 +1,113 @@
+//! Files: the namespace session and the data client together, with the
+//! size rule of the design: a file's length may lag while it is open for
+//! writing, and is exact in meta after `fsync` or `close`, also with several
+//! writers on several stripes (each publishes the largest byte any io
+//! server holds, which the servers compute after writing back their cache).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use dafne_proto::io::Stability;
+use dafne_proto::{Errno, Ino, LayoutHint, SetAttr};
+
+use crate::data::DataClient;
+use crate::{Attr, MetaSession, OpenFile};
+
+/// A client of one cluster: namespace and data.
+#[derive(Debug, Clone)]
+pub struct Fs {
+    pub meta: MetaSession,
+    pub data: DataClient,
+}
+
+/// An open file.
+#[derive(Debug)]
+pub struct File {
+    fs: Fs,
+    open: OpenFile,
+    /// The size known to this handle: meta's at open, grown by own writes.
+    size: AtomicU64,
+}
+
+impl Fs {
+    pub fn new(meta: MetaSession, data: DataClient) -> Fs {
+        Fs { meta, data }
+    }
+
+    /// Creates (exclusively) and opens a file for reading and writing.
+    pub fn create(&self, parent: Ino, name: &[u8], mode: u32, hint: Option<LayoutHint>) -> Result<File, Errno> {
+        let a = self.meta.create_with(parent, name, mode, true, hint)?;
+        self.open(a.ino, dafne_proto::OPEN_READ | dafne_proto::OPEN_WRITE)
+    }
+
+    /// Opens by inode (`OPEN_*` flags; `OPEN_TRUNC` also empties the data).
+    pub fn open(&self, ino: Ino, flags: u32) -> Result<File, Errno> {
+        let open = self.meta.open(ino, flags)?;
+        if flags & dafne_proto::OPEN_TRUNC != 0 {
+            futures::executor::block_on(self.data.truncate(&open, 0))?;
+        }
+        let size = AtomicU64::new(open.attr.size);
+        Ok(File { fs: self.clone(), open, size })
+    }
+}
+
+impl File {
+    pub fn attr(&self) -> &Attr {
+        &self.open.attr
+    }
+
+    pub fn handle(&self) -> &OpenFile {
+        &self.open
+    }
+
+    /// The size as this handle knows it.
+    pub fn size(&self) -> u64 {
+        self.size.load(Ordering::Relaxed)
+    }
+
+    pub fn write_at(&self, offset: u64, data: &[u8], stability: Stability) -> Result<usize, Errno> {
+        let n = futures::executor::block_on(self.fs.data.write_at(&self.open, offset, data, stability))?;
+        self.size.fetch_max(offset + n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+
+    /// Reads up to `buf.len()` bytes, never past the size this handle knows.
+    pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<usize, Errno> {
+        let size = self.size();
+        if offset >= size {
+            return Ok(0);
+        }
+        let n = buf.len().min((size - offset) as usize);
+        futures::executor::block_on(self.fs.data.read_at(&self.open, offset, &mut buf[..n]))
+    }
+
+    /// Sets the size on every io server and in meta.
+    pub fn truncate(&self, size: u64) -> Result<(), Errno> {
+        futures::executor::block_on(self.fs.data.truncate(&self.open, size))?;
+        self.fs.meta.setattr(self.open.attr.ino, SetAttr { size: Some(size), ..Default::default() })?;
+        self.size.store(size, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Makes the data durable and the size exact in meta.
+    pub fn fsync(&self) -> Result<(), Errno> {
+        futures::executor::block_on(self.fs.data.sync(&self.open))?;
+        self.publish_size()
+    }
+
+    /// Publishes the size (without forcing data to disk) and closes.
+    pub fn close(self) -> Result<(), Errno> {
+        self.publish_size()
+    }
+
+    /// Meta's size becomes the largest byte any io server holds. Sizes only
+    /// grow here; shrinking is `truncate`'s job.
+    fn publish_size(&self) -> Result<(), Errno> {
+        let stored = futures::executor::block_on(self.fs.data.stored_size(&self.open))?;
+        let current = self.fs.meta.getattr(self.open.attr.ino)?.size;
+        if stored > current {
+            self.fs.meta.setattr(self.open.attr.ino, SetAttr { size: Some(stored), ..Default::default() })?;
+        }
+        self.size.store(stored.max(current), Ordering::Relaxed);
+        Ok(())
+    }
+}

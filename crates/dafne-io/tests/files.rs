@@ -1,0 +1,194 @@
+//! Files through `dafne_client::file`: size after close with several
+//! writers, readers racing a writer on one range, and a large file through
+//! a cache much smaller than it.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+use dafne_client::data::DataClient;
+use dafne_client::file::Fs;
+use dafne_client::{MetaSession, ROOT_INO};
+use dafne_proto::io::Stability;
+use dafne_proto::LayoutHint;
+use dafne_transport::{Runtime, RuntimeOptions};
+
+fn ucx() -> Vec<(String, String)> {
+    vec![("TLS".into(), "posix,sysv,cma,self,tcp".into()), ("NET_DEVICES".into(), "lo".into())]
+}
+
+struct Proc(Child, SocketAddr);
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn io_server(dir: &Path, secret: &Path, cache_mib: usize) -> Proc {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dafne-io"))
+        .args(["--data-dir", dir.to_str().unwrap(), "--secret", secret.to_str().unwrap(), "--listen", "127.0.0.1:0"])
+        .args(["--cache-mib", &cache_mib.to_string()])
+        .args(ucx().iter().flat_map(|(k, v)| ["--ucx".to_string(), format!("{k}={v}")]))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let addr = line.trim().strip_prefix("listening on ").unwrap().parse().unwrap();
+    Proc(child, addr)
+}
+
+struct Cluster {
+    _meta: dafne_meta::server::MetaServer,
+    meta_addr: SocketAddr,
+    ios: Vec<Proc>,
+    secret: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+fn cluster(cache_mib: usize) -> Cluster {
+    let dir = tempfile::tempdir().unwrap();
+    let meta_dir = dir.path().join("meta");
+    let meta = dafne_meta::server::start(&dafne_meta::server::ServeOptions {
+        data_dir: meta_dir.clone(),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        secret: None,
+        policy: dafne_meta::LayoutPolicy {
+            servers: (0..4).collect(),
+            default_stripe_unit: 64 << 10,
+            default_stripe_count: 4,
+        },
+        ucx: ucx(),
+    })
+    .unwrap();
+    let secret = meta_dir.join("cluster.secret");
+    let ios = (0..4).map(|i| io_server(&dir.path().join(format!("io{i}")), &secret, cache_mib)).collect();
+    Cluster { meta_addr: meta.addr, _meta: meta, ios, secret, _dir: dir }
+}
+
+fn fs(c: &Cluster, rt: &Runtime) -> Fs {
+    let secret = dafne_auth::Secret::load(&c.secret).unwrap();
+    let meta = MetaSession::connect(rt, c.meta_addr, &secret, "files", 0, 0).unwrap();
+    let addrs: Vec<SocketAddr> = c.ios.iter().map(|p| p.1).collect();
+    Fs::new(meta, DataClient::connect(rt, &addrs).unwrap())
+}
+
+fn runtime() -> Runtime {
+    Runtime::new(RuntimeOptions { name: "files".into(), ucx_config: ucx(), ..Default::default() }).unwrap()
+}
+
+#[test]
+fn size_is_exact_after_close_with_several_writers_on_several_stripes() {
+    let c = cluster(8);
+    let rt = runtime();
+    let a = fs(&c, &rt);
+    let f = a.create(ROOT_INO, b"shared", 0o644, Some(LayoutHint { stripe_unit: 64 << 10, stripe_count: 4 })).unwrap();
+    let ino = f.attr().ino;
+    f.close().unwrap();
+    // Three writers, each in its own runtime, on different stripes; the
+    // farthest byte is written by the second.
+    let ends = [(0u64, 100_000usize), (5 << 20, 70_000), (1 << 20, 300_000)];
+    std::thread::scope(|s| {
+        for (i, (off, len)) in ends.into_iter().enumerate() {
+            let c = &c;
+            s.spawn(move || {
+                let rt = runtime();
+                let w = fs(c, &rt).open(ino, dafne_proto::OPEN_WRITE | dafne_proto::OPEN_READ).unwrap();
+                w.write_at(off, &vec![i as u8 + 1; len], Stability::Unstable).unwrap();
+                w.close().unwrap();
+            });
+        }
+    });
+    let end = ends.iter().map(|(o, l)| o + *l as u64).max().unwrap();
+    assert_eq!(a.meta.getattr(ino).unwrap().size, end);
+    let r = a.open(ino, dafne_proto::OPEN_READ).unwrap();
+    assert_eq!(r.size(), end);
+    for (i, (off, len)) in ends.into_iter().enumerate() {
+        let mut buf = vec![0u8; len];
+        assert_eq!(r.read_at(off, &mut buf).unwrap(), len);
+        assert!(buf.iter().all(|&b| b == i as u8 + 1), "writer {i}'s bytes");
+    }
+    let mut past = [0u8; 10];
+    assert_eq!(r.read_at(end, &mut past).unwrap(), 0, "nothing past the end");
+    // A read-only handle cannot truncate; a writable one shrinks everywhere.
+    assert_eq!(r.truncate(1000), Err(dafne_client::Errno::EACCES));
+    let w = a.open(ino, dafne_proto::OPEN_WRITE).unwrap();
+    w.truncate(1000).unwrap();
+    assert_eq!(a.meta.getattr(ino).unwrap().size, 1000);
+    assert_eq!(futures::executor::block_on(a.data.stored_size(r.handle())).unwrap(), 1000);
+    drop(w);
+}
+
+/// A writer rewrites one 1 MiB range with a new version byte while readers
+/// read it: every 64 KiB unit a reader sees is one version, never torn (the
+/// server serves a unit to readers or to the writer, not both at once).
+#[test]
+fn readers_and_a_writer_on_one_range_never_see_a_torn_unit() {
+    let c = cluster(16);
+    let rt = runtime();
+    let a = fs(&c, &rt);
+    let f = a.create(ROOT_INO, b"race", 0o644, Some(LayoutHint { stripe_unit: 64 << 10, stripe_count: 4 })).unwrap();
+    f.write_at(0, &vec![0u8; 1 << 20], Stability::Unstable).unwrap();
+    f.close().unwrap();
+    let ino = a.meta.lookup(ROOT_INO, b"race").unwrap().ino;
+    std::thread::scope(|s| {
+        let c = &c;
+        s.spawn(move || {
+            let rt = runtime();
+            let w = fs(c, &rt).open(ino, dafne_proto::OPEN_WRITE | dafne_proto::OPEN_READ).unwrap();
+            for v in 1..=40u8 {
+                w.write_at(0, &vec![v; 1 << 20], Stability::Unstable).unwrap();
+            }
+        });
+        for _ in 0..2 {
+            s.spawn(move || {
+                let rt = runtime();
+                let r = fs(c, &rt).open(ino, dafne_proto::OPEN_READ).unwrap();
+                let mut buf = vec![0u8; 1 << 20];
+                for _ in 0..40 {
+                    assert_eq!(r.read_at(0, &mut buf).unwrap(), 1 << 20);
+                    for (u, unit) in buf.chunks(64 << 10).enumerate() {
+                        assert!(
+                            unit.iter().all(|&b| b == unit[0]),
+                            "unit {u} torn: {} and {}",
+                            unit[0],
+                            unit[unit.len() - 1]
+                        );
+                    }
+                }
+            });
+        }
+    });
+}
+
+#[test]
+fn a_256_mib_file_through_caches_much_smaller_than_it() {
+    // 4 io servers × 8 MiB of cache against 256 MiB: every unit is evicted
+    // and written back on the way.
+    let c = cluster(8);
+    let rt = runtime();
+    let a = fs(&c, &rt);
+    let f = a.create(ROOT_INO, b"big", 0o644, Some(LayoutHint { stripe_unit: 1 << 20, stripe_count: 4 })).unwrap();
+    let chunk = 4usize << 20;
+    let total = 256usize << 20;
+    let pattern = |off: usize, i: usize| ((off + i) as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15).to_le_bytes()[3];
+    let src = a.data.register(vec![0u8; chunk], dafne_transport::Access::RemoteRead).unwrap();
+    let mut src = src;
+    for off in (0..total).step_by(chunk) {
+        for (i, b) in src.as_mut_slice().iter_mut().enumerate() {
+            *b = pattern(off, i);
+        }
+        futures::executor::block_on(a.data.write_region(f.handle(), off as u64, &src, 0, chunk, Stability::Unstable))
+            .unwrap();
+    }
+    f.fsync().unwrap();
+    assert_eq!(a.meta.getattr(f.attr().ino).unwrap().size, total as u64);
+    let dst = a.data.register(vec![0u8; chunk], dafne_transport::Access::RemoteWrite).unwrap();
+    for off in (0..total).step_by(chunk) {
+        futures::executor::block_on(a.data.read_region(f.handle(), off as u64, &dst, 0, chunk)).unwrap();
+        let bad = dst.as_slice().iter().enumerate().position(|(i, &b)| b != pattern(off, i));
+        assert!(bad.is_none(), "byte {} differs", off + bad.unwrap_or(0));
+    }
+}
