@@ -331,7 +331,7 @@ pub fn run(o: &Options, mut progress: impl FnMut(&str)) -> Result<Report> {
     Ok(report)
 }
 
-fn human(size: usize) -> String {
+pub(crate) fn human(size: usize) -> String {
     if size >= 1 << 20 && size.is_multiple_of(1 << 20) {
         format!("{} MiB", size >> 20)
     } else if size >= 1024 && size.is_multiple_of(1024) {
@@ -395,7 +395,7 @@ impl Report {
     }
 }
 
-fn machine() -> String {
+pub(crate) fn machine() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|c| {
@@ -415,7 +415,7 @@ fn machine() -> String {
     format!("{cpu}, {cores} cores, {mem}, Linux {}", kernel.trim())
 }
 
-fn ucx_version() -> String {
+pub(crate) fn ucx_version() -> String {
     Command::new("ucx_info")
         .arg("-v")
         .output()

@@ -2,9 +2,23 @@
 //!
 //! Storage I/O here is plain positioned `pread`/`pwrite` through the page
 //! cache. O_DIRECT through io_uring (issue 4) is not implemented yet: the
-//! Unifier's `Storage` trait is where it will go.
+//! Unifier's `Storage` trait is where it will go. Until then, *drop-behind*
+//! ([`ChunkStore::set_drop_behind`]) approximates it for the Unifier, so
+//! that its units are the only cached copy of the data:
+//!
+//! * after a storage read, the aligned [`DROP_CHUNK`] before the one read
+//!   is dropped from the page cache (`POSIX_FADV_DONTNEED`). Not the range
+//!   just read: readahead fills the page cache with folios of up to 2 MiB,
+//!   and `DONTNEED` drops only folios wholly inside its range, so dropping
+//!   a 64 KiB unit's range would keep its pages, and dropping its whole
+//!   chunk would throw away what readahead fetched for the next units. A
+//!   sequential reader therefore keeps at most about a chunk (plus the
+//!   readahead window) in the page cache; a random reader may keep more;
+//! * after a storage write, the range written is advised `DONTNEED`, which
+//!   starts its write-back; the pages go once clean (a later read's
+//!   drop-behind, or the kernel).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -16,26 +30,64 @@ use dafne_unifier::Storage;
 /// Open files kept (each costs a descriptor).
 const OPEN_FILES: usize = 256;
 
+/// The granularity of page-cache drops: the largest page-cache folio on
+/// x86-64 (a PMD, 2 MiB). `POSIX_FADV_DONTNEED` drops only folios wholly
+/// inside its range, and folios are aligned to their size, so an aligned
+/// chunk of this size is dropped whole whatever folios hold it.
+pub const DROP_CHUNK: u64 = 2 << 20;
+
 /// The objects of one io server.
 #[derive(Debug)]
 pub struct ChunkStore {
     dir: PathBuf,
     open: RefCell<HashMap<u64, File>>,
+    drop_behind: Cell<bool>,
+    /// Per object, the chunk most recently dropped behind a read.
+    dropped: RefCell<HashMap<u64, u64>>,
 }
 
 impl ChunkStore {
     pub fn open(data_dir: &Path) -> io::Result<ChunkStore> {
         let dir = data_dir.join("objects");
         std::fs::create_dir_all(&dir)?;
-        Ok(ChunkStore { dir, open: RefCell::new(HashMap::new()) })
+        Ok(ChunkStore {
+            dir,
+            open: RefCell::new(HashMap::new()),
+            drop_behind: Cell::new(false),
+            dropped: RefCell::new(HashMap::new()),
+        })
+    }
+
+    /// Drop each range read or written through [`Storage`] from the page
+    /// cache afterwards (see the module docs).
+    pub fn set_drop_behind(&self, on: bool) {
+        self.drop_behind.set(on);
+    }
+
+    /// Asks the kernel to drop the object's `[offset, offset + len)` from the
+    /// page cache (`POSIX_FADV_DONTNEED`): clean pages go at once, dirty ones
+    /// are queued for write-back. Data is never lost. A missing object is
+    /// not an error.
+    pub fn drop_cache(&self, object: u64, offset: u64, len: u64) -> io::Result<()> {
+        self.with_file(object, false, |f| {
+            rustix::fs::fadvise(f, offset, std::num::NonZeroU64::new(len), rustix::fs::Advice::DontNeed)
+                .map_err(io::Error::from)
+        })
+        .map(|_| ())
     }
 
     fn path(&self, object: u64) -> PathBuf {
         self.dir.join(format!("{object:016x}"))
     }
 
-    /// Runs `f` on the object's file, opening (and with `create`, creating) it.
-    fn with_file<T>(&self, object: u64, create: bool, f: impl FnOnce(&File) -> io::Result<T>) -> io::Result<Option<T>> {
+    /// Runs `f` on the object's file, opening (and with `create`, creating)
+    /// it. `Ok(None)`: the object does not exist and `create` is false.
+    pub fn with_file<T>(
+        &self,
+        object: u64,
+        create: bool,
+        f: impl FnOnce(&File) -> io::Result<T>,
+    ) -> io::Result<Option<T>> {
         if let Some(file) = self.open.borrow().get(&object) {
             return f(file).map(Some);
         }
@@ -65,6 +117,7 @@ impl ChunkStore {
 
     pub fn remove(&self, object: u64) -> io::Result<()> {
         self.open.borrow_mut().remove(&object);
+        self.dropped.borrow_mut().remove(&object);
         match std::fs::remove_file(self.path(object)) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
             _ => Ok(()),
@@ -84,13 +137,38 @@ impl Storage for ChunkStore {
                     Err(e) => return Err(e),
                 }
             }
+            let chunk = offset / DROP_CHUNK;
+            if self.drop_behind.get() && chunk > 0 {
+                let behind = chunk - 1;
+                let mut dropped = self.dropped.borrow_mut();
+                if dropped.get(&object) != Some(&behind) {
+                    if dropped.len() >= OPEN_FILES {
+                        dropped.clear();
+                    }
+                    dropped.insert(object, behind);
+                    let len = std::num::NonZeroU64::new(DROP_CHUNK);
+                    let _ = rustix::fs::fadvise(f, behind * DROP_CHUNK, len, rustix::fs::Advice::DontNeed);
+                }
+            }
             Ok(done)
         })?;
         Ok(n.unwrap_or(0))
     }
 
     fn write_at(&self, object: u64, offset: u64, buf: &[u8]) -> io::Result<()> {
-        self.with_file(object, true, |f| f.write_all_at(buf, offset)).map(|_| ())
+        self.with_file(object, true, |f| {
+            f.write_all_at(buf, offset)?;
+            if self.drop_behind.get() {
+                let _ = rustix::fs::fadvise(
+                    f,
+                    offset,
+                    std::num::NonZeroU64::new(buf.len() as u64),
+                    rustix::fs::Advice::DontNeed,
+                );
+            }
+            Ok(())
+        })
+        .map(|_| ())
     }
 
     fn sync(&self, object: u64) -> io::Result<()> {

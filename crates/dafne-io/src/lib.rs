@@ -8,8 +8,13 @@
 //!   a read fills units on a miss and **puts** from them straight into the
 //!   client's segments; a write **gets** from the client's segments straight
 //!   into units. Small I/O travels inline.
+//! * [`modes`]: the comparison serving modes `normal` (copy through a
+//!   registered pool) and `mmap` (register a mapping per read), as in the
+//!   Unifier paper's micro-benchmarks; the mode is chosen at start
+//!   ([`server::ServingMode`]).
 //! * [`server`]: starting one.
 
 pub mod chunk;
+pub mod modes;
 pub mod server;
 pub mod service;

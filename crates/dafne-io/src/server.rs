@@ -1,18 +1,20 @@
-//! Starting an io server: chunk store, Unifier, secret, runtime, service.
+//! Starting an io server: chunk store, serving mode (Unifier, or one of the
+//! comparison modes), secret, runtime, service.
 
+use std::cell::RefCell;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::rc::Rc;
+use std::rc::{Rc, Weak};
 
 use anyhow::{Context, Result};
 use dafne_auth::Secret;
 use dafne_transport::{Runtime, RuntimeOptions};
-use std::sync::{Arc, Mutex};
 
 use dafne_unifier::{Unifier, UnifierConfig, UnifierStats};
 
 use crate::chunk::ChunkStore;
-use crate::service::{IoHandler, IoService};
+use crate::modes::{Direct, ModeStats};
+use crate::service::{Backend, IoHandler, IoService};
 
 /// The command-line arguments of an io server.
 #[derive(Debug, Clone, clap::Args)]
@@ -26,7 +28,9 @@ pub struct IoArgs {
     /// The cluster secret file (written by the metadata server).
     #[arg(long)]
     pub secret: PathBuf,
-    /// Unifier cache size in MiB (registered once at start).
+    /// Cache size in MiB: the Unifier's registered cache (registered once at
+    /// start), or in the `normal` and `mmap` modes the page cache the
+    /// server counts on (see --mode and --strict-cache).
     #[arg(long, default_value_t = 64)]
     pub cache_mib: usize,
     /// UCX overrides as KEY=VALUE, repeatable.
@@ -34,33 +38,269 @@ pub struct IoArgs {
     pub ucx: Vec<String>,
 }
 
+/// How an io server serves reads and writes: the three methods of the
+/// Unifier paper's micro-benchmarks (its section 6.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, clap::ValueEnum)]
+pub enum ServingMode {
+    /// pread into a private buffer, copy into a pre-registered send buffer,
+    /// put; writes: get into a pre-registered buffer, copy, pwrite. Two
+    /// copies per byte; the page cache is the cache.
+    Normal,
+    /// Map the file range read-only, register it, put from it, deregister,
+    /// unmap: no copy, a registration per request. Writes as `normal`
+    /// (PVFS used mmap only for reads).
+    Mmap,
+    /// The Unifier: cache units are the registered buffers; put from and
+    /// get into them. No copy, no registration on the cached path.
+    #[default]
+    Unifier,
+}
+
+impl ServingMode {
+    pub const ALL: [ServingMode; 3] = [ServingMode::Normal, ServingMode::Mmap, ServingMode::Unifier];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ServingMode::Normal => "normal",
+            ServingMode::Mmap => "mmap",
+            ServingMode::Unifier => "unifier",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<ServingMode> {
+        ServingMode::ALL.into_iter().find(|m| m.name() == s)
+    }
+}
+
+impl std::fmt::Display for ServingMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// How the server serves: mode and cache discipline.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::Args)]
+pub struct ModeArgs {
+    /// Serving mode: normal (copy through a registered pool), mmap (register
+    /// a mapping per read) or unifier (the Unifier cache is the buffer pool).
+    #[arg(long, value_enum, default_value_t = ServingMode::Unifier)]
+    pub mode: ServingMode,
+    /// Hold cached file data to about --cache-mib in every mode, as on a
+    /// machine with that much memory for caching: `unifier` drops from the
+    /// page cache what its storage reads and writes leave there
+    /// (drop-behind: the Unifier is the only copy, as O_DIRECT would make
+    /// it); `normal` and `mmap` keep an LRU of 64 KiB blocks holding
+    /// --cache-mib less their registered pool and drop from the page cache
+    /// what falls out of it (in 2 MiB chunks). Without it the page cache
+    /// keeps what the kernel likes.
+    #[arg(long)]
+    pub strict_cache: bool,
+    /// Busy-poll window of the server's event loop after activity, in µs
+    /// (default: the transport's, 50). 0 makes the loop sleep whenever it
+    /// is idle, so that its CPU time is the work it did (benchmarks).
+    #[arg(long, hide = true)]
+    pub spin_us: Option<u64>,
+}
+
+/// The command line of an io server process (`dafne serve io`, `dafne-io`):
+/// [`IoArgs`] and the serving mode.
+///
+/// The mode lives beside `IoArgs` rather than in it so that code building
+/// an `IoArgs` literal keeps compiling; [`start`] serves in the default
+/// (`unifier`) mode and [`start_with`] in any.
+#[derive(Debug, Clone, clap::Args)]
+pub struct IoCommand {
+    #[command(flatten)]
+    pub args: IoArgs,
+    #[command(flatten)]
+    pub serving: ModeArgs,
+    /// Answer each `stats` line on stdin with one [`Counters`] line on
+    /// stdout, and exit when stdin closes (for benchmarks driving the
+    /// server as a child process).
+    #[arg(long, hide = true)]
+    pub stats_on_stdin: bool,
+}
+
+/// Everything an io server counts, as of the last request served.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct IoStats {
+    pub mode: ServingMode,
+    /// The serving mode's counters (copies, registrations and the page-cache
+    /// model in `normal`/`mmap`; zero in `unifier`).
+    pub serving: ModeStats,
+    /// The Unifier's counters (zero in `normal`/`mmap`).
+    pub unifier: UnifierStats,
+    /// The UCX counters of the server's context.
+    pub ucx: dafne_ucx::StatsSnapshot,
+}
+
+impl IoStats {
+    /// The Unifier's counters with the serving mode's merged in: the one
+    /// view of hits, misses, evictions, bytes copied and registrations that
+    /// holds for every mode.
+    pub fn merged(&self) -> UnifierStats {
+        let (u, m) = (&self.unifier, &self.serving);
+        UnifierStats {
+            hits: u.hits + m.hits,
+            misses: u.misses + m.misses,
+            evictions: u.evictions + m.evictions,
+            bytes_copied: u.bytes_copied + m.bytes_copied,
+            registrations: u.registrations + m.registrations,
+            registration_ns: u.registration_ns + m.registration_ns,
+            registered_bytes: u.registered_bytes + m.registered_bytes,
+            startup_registrations: u.startup_registrations + m.startup_registrations,
+            ..*u
+        }
+    }
+
+    /// The counters a benchmark reads, plus the process's CPU time.
+    pub fn counters(&self) -> Counters {
+        let m = self.merged();
+        let cpu = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+        Counters {
+            mode: self.mode,
+            cpu_ns: cpu.tv_sec as u64 * 1_000_000_000 + cpu.tv_nsec as u64,
+            bytes_copied: m.bytes_copied,
+            registrations: m.registrations,
+            registration_ns: m.registration_ns,
+            deregistrations: self.serving.deregistrations,
+            deregistration_ns: self.serving.deregistration_ns,
+            hits: m.hits,
+            misses: m.misses,
+            evictions: m.evictions,
+            fills: m.fills,
+            writebacks: m.writebacks,
+            pool_waits: self.serving.pool_waits,
+            ucx_registrations: self.ucx.registrations,
+            ucx_bytes_put: self.ucx.bytes_put,
+            ucx_bytes_got: self.ucx.bytes_got,
+        }
+    }
+}
+
+macro_rules! counters {
+    ($($f:ident),*) => {
+        /// A flat summary of [`IoStats`] that travels as one text line
+        /// (`stats mode=… cpu_ns=… …`) from a server process to a benchmark.
+        #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+        pub struct Counters {
+            pub mode: ServingMode,
+            $(pub $f: u64,)*
+        }
+
+        impl Counters {
+            pub fn to_line(&self) -> String {
+                let mut s = format!("stats mode={}", self.mode);
+                $(s.push_str(&format!(" {}={}", stringify!($f), self.$f));)*
+                s
+            }
+
+            /// Parses [`Counters::to_line`]'s output (unknown keys ignored).
+            pub fn parse_line(line: &str) -> Option<Counters> {
+                let mut c = Counters::default();
+                let mut words = line.split_whitespace();
+                if words.next()? != "stats" {
+                    return None;
+                }
+                for w in words {
+                    let (k, v) = w.split_once('=')?;
+                    match k {
+                        "mode" => c.mode = ServingMode::parse(v)?,
+                        $(stringify!($f) => c.$f = v.parse().ok()?,)*
+                        _ => {}
+                    }
+                }
+                Some(c)
+            }
+
+            /// Counter-wise `self - earlier` (saturating); `mode` is kept.
+            pub fn since(&self, earlier: &Counters) -> Counters {
+                Counters { mode: self.mode, $($f: self.$f.saturating_sub(earlier.$f),)* }
+            }
+        }
+    };
+}
+
+counters!(
+    cpu_ns,
+    bytes_copied,
+    registrations,
+    registration_ns,
+    deregistrations,
+    deregistration_ns,
+    hits,
+    misses,
+    evictions,
+    fills,
+    writebacks,
+    pool_waits,
+    ucx_registrations,
+    ucx_bytes_put,
+    ucx_bytes_got
+);
+
+thread_local! {
+    /// The io service served by this thread's runtime (a runtime serves one
+    /// listener), so that its counters can be read on its loop thread when
+    /// asked rather than published after every request.
+    static SERVICE: RefCell<Option<Weak<IoService>>> = const { RefCell::new(None) };
+}
+
 /// A running io server; dropping it stops the server.
 #[derive(Debug)]
 pub struct IoServer {
     pub addr: SocketAddr,
-    stats: Arc<Mutex<UnifierStats>>,
+    mode: ServingMode,
     rt: Runtime,
 }
 
 impl IoServer {
-    /// The Unifier's counters (hits, misses, evictions, bytes copied,
-    /// registrations) as of the last request served.
+    /// Hits, misses, evictions, bytes copied and registrations so far: the
+    /// Unifier's counters, with the serving mode's merged in
+    /// ([`IoStats::merged`]) so that they mean the same in every mode.
     pub fn unifier_stats(&self) -> UnifierStats {
-        self.stats.lock().map(|s| *s).unwrap_or_default()
+        self.stats().merged()
+    }
+
+    /// Every counter: serving mode, Unifier, UCX. Read on the server's loop
+    /// thread (one round trip to it), so every request answered before the
+    /// call is counted.
+    pub fn stats(&self) -> IoStats {
+        let s = self
+            .rt
+            .run_on_loop(|_| SERVICE.with(|s| s.borrow().as_ref().and_then(Weak::upgrade).map(|svc| svc.stats())))
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        IoStats { mode: self.mode, serving: s.mode, unifier: s.unifier, ucx: self.ucx_stats() }
     }
 
     /// The UCX counters of the server (RMA bytes, registrations).
     pub fn ucx_stats(&self) -> dafne_ucx::StatsSnapshot {
         self.rt.context().stats().snapshot()
     }
+
+    pub fn mode(&self) -> ServingMode {
+        self.mode
+    }
 }
 
+/// Starts an io server in the default (`unifier`) mode.
 pub fn start(a: &IoArgs) -> Result<IoServer> {
+    start_with(a, ModeArgs::default())
+}
+
+/// Starts an io server in the given mode.
+pub fn start_with(a: &IoArgs, m: ModeArgs) -> Result<IoServer> {
     let secret =
         Secret::load(&a.secret).context("the io server needs the cluster secret the metadata server created")?;
     ChunkStore::open(&a.data_dir).with_context(|| format!("opening {}", a.data_dir.display()))?;
     let ucx = dafne_transport::parse_ucx_overrides(&a.ucx).map_err(anyhow::Error::msg)?;
-    let rt = Runtime::new(RuntimeOptions { name: "io".into(), ucx_config: ucx, ..Default::default() })?;
+    let mut opts = RuntimeOptions { name: "io".into(), ucx_config: ucx, ..Default::default() };
+    if let Some(us) = m.spin_us {
+        opts.spin = std::time::Duration::from_micros(us);
+    }
+    let rt = Runtime::new(opts)?;
     // 1 MiB slabs: the cache is `cache_mib` of them, registered once here.
     // Write-behind may hold a quarter of the cache dirty.
     let cache = a.cache_mib.max(1) << 20;
@@ -72,23 +312,61 @@ pub fn start(a: &IoArgs) -> Result<IoServer> {
     };
     config.validate().map_err(|e| anyhow::anyhow!("--cache-mib {}: {e}", a.cache_mib))?;
     let dir = a.data_dir.clone();
-    let stats = Arc::new(Mutex::new(UnifierStats::default()));
-    let published = stats.clone();
     let addr = rt.serve(a.listen, move |l| {
         let store = Rc::new(ChunkStore::open(&dir).expect("chunk store opened above"));
-        let unifier = Unifier::new(l.context(), config, store.clone()).expect("registering the Unifier's slabs");
-        IoHandler(Rc::new(IoService::new(secret, unifier, store, published)))
+        let backend = match m.mode {
+            ServingMode::Unifier => {
+                store.set_drop_behind(m.strict_cache);
+                Backend::Unifier(
+                    Unifier::new(l.context(), config, store.clone()).expect("registering the Unifier's slabs"),
+                )
+            }
+            mode => Backend::Direct(Box::new(
+                Direct::new(mode, l.context(), store.clone(), cache as u64, m.strict_cache)
+                    .expect("registering the pool of send buffers"),
+            )),
+        };
+        let service = Rc::new(IoService::new(secret, backend, store));
+        SERVICE.with(|s| *s.borrow_mut() = Some(Rc::downgrade(&service)));
+        IoHandler(service)
     })?;
-    Ok(IoServer { addr, stats, rt })
+    Ok(IoServer { addr, mode: m.mode, rt })
 }
 
-/// Starts an io server, prints `listening on ADDR`, serves until killed.
-pub fn serve_forever(a: &IoArgs) -> Result<()> {
-    let s = start(a)?;
+/// Starts an io server, prints `listening on ADDR`, serves until killed
+/// (or, with `--stats-on-stdin`, until stdin closes).
+pub fn serve_forever(c: &IoCommand) -> Result<()> {
+    use std::io::{BufRead as _, Write as _};
+    let s = start_with(&c.args, c.serving)?;
     println!("listening on {}", s.addr);
-    use std::io::Write as _;
     std::io::stdout().flush()?;
+    if c.stats_on_stdin {
+        for line in std::io::stdin().lock().lines() {
+            if line?.trim() == "stats" {
+                println!("{}", s.stats().counters().to_line());
+                std::io::stdout().flush()?;
+            }
+        }
+        return Ok(());
+    }
     loop {
         std::thread::park();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_travel_as_a_line() {
+        let c = Counters { mode: ServingMode::Mmap, cpu_ns: 7, hits: 3, ucx_bytes_got: u64::MAX, ..Default::default() };
+        let line = c.to_line();
+        assert!(line.starts_with("stats mode=mmap cpu_ns=7 "), "{line}");
+        assert_eq!(Counters::parse_line(&line), Some(c));
+        assert_eq!(Counters::parse_line(&format!("{line} future=1")), Some(c));
+        assert_eq!(Counters::parse_line("listening on x"), None);
+        assert_eq!(Counters::parse_line("stats mode=fast"), None);
+        assert_eq!(c.since(&Counters { hits: 1, ..c }).hits, 2);
     }
 }

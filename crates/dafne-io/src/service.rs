@@ -1,15 +1,17 @@
-//! The io service: capability check, then reads and writes through the
-//! Unifier with server-driven RMA.
+//! The io service: capability check, then reads and writes in the server's
+//! serving mode ([`crate::server::ServingMode`]): through the Unifier with
+//! server-driven RMA (`unifier`, below), or the comparison methods `normal`
+//! and `mmap` ([`crate::modes`]).
 //!
-//! A request names extents of one object (file offsets, lengths, client
-//! segments). Each extent is cut into Unifier units; units are taken in
-//! batches of at most [`UNITS_PER_BATCH`] (so one request never needs more
-//! cache than that, whatever its size), the RMA of a batch is issued as one
-//! vectored put or get with a single flush, and the guards are released
-//! when it completed. A read puts straight from the cache units; a write
-//! gets straight into them: no copy on either path. Inline data (small
-//! I/O) is the exception, copied once between the message and the unit
-//! and counted as such.
+//! In the `unifier` mode a request names extents of one object (file
+//! offsets, lengths, client segments). Each extent is cut into Unifier
+//! units; units are taken in batches of at most [`UNITS_PER_BATCH`] (so one
+//! request never needs more cache than that, whatever its size), the RMA of
+//! a batch is issued as one vectored put or get with a single flush, and
+//! the guards are released when it completed. A read puts straight from the
+//! cache units; a write gets straight into them: no copy on either path.
+//! Inline data (small I/O) is the exception, copied once between the
+//! message and the unit and counted as such.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -23,18 +25,35 @@ use dafne_transport::{ConnHandle, Request as TRequest, RmaSeg, Service};
 use dafne_unifier::{spans, Unifier};
 
 use crate::chunk::ChunkStore;
+use crate::modes::{Direct, ModeStats};
 
 /// Units held by one request at a time: 64 × 64 KiB = 4 MiB of cache.
 pub const UNITS_PER_BATCH: usize = 64;
 
-/// The io service of one server.
+/// What serves reads and writes: the Unifier, or a comparison mode.
+#[derive(Debug)]
+pub enum Backend {
+    Unifier(Unifier),
+    /// `normal` or `mmap`.
+    Direct(Box<Direct>),
+}
+
+/// The counters of a service.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ServingStats {
+    /// The serving mode's own counters (zero in the `unifier` mode).
+    pub mode: ModeStats,
+    /// The Unifier's counters (zero in `normal` and `mmap`).
+    pub unifier: dafne_unifier::UnifierStats,
+}
+
+/// The io service of one server. Its counters are read on demand, on the
+/// loop thread ([`IoService::stats`], reached by `IoServer::stats` through
+/// the runtime): nothing is published per request.
 pub struct IoService {
     secret: Secret,
-    unifier: Unifier,
+    backend: Backend,
     store: Rc<ChunkStore>,
-    /// The Unifier's counters as of the last request, readable from other
-    /// threads (`IoServer::stats`, `dafne status`).
-    published: std::sync::Arc<std::sync::Mutex<dafne_unifier::UnifierStats>>,
 }
 
 impl std::fmt::Debug for IoService {
@@ -63,17 +82,23 @@ enum Remote {
 }
 
 impl IoService {
-    pub fn new(
-        secret: Secret,
-        unifier: Unifier,
-        store: Rc<ChunkStore>,
-        published: std::sync::Arc<std::sync::Mutex<dafne_unifier::UnifierStats>>,
-    ) -> IoService {
-        IoService { secret, unifier, store, published }
+    pub fn new(secret: Secret, backend: Backend, store: Rc<ChunkStore>) -> IoService {
+        IoService { secret, backend, store }
     }
 
-    pub fn unifier(&self) -> &Unifier {
-        &self.unifier
+    /// The Unifier, in the `unifier` mode.
+    pub fn unifier(&self) -> Option<&Unifier> {
+        match &self.backend {
+            Backend::Unifier(u) => Some(u),
+            Backend::Direct(_) => None,
+        }
+    }
+
+    pub fn stats(&self) -> ServingStats {
+        match &self.backend {
+            Backend::Unifier(u) => ServingStats { mode: ModeStats::default(), unifier: u.stats() },
+            Backend::Direct(d) => ServingStats { mode: d.stats(), unifier: Default::default() },
+        }
     }
 
     async fn handle(self: Rc<Self>, req: TRequest) -> Vec<u8> {
@@ -86,9 +111,6 @@ impl IoService {
         };
         let op = request.op();
         let result = self.serve(&req.conn, request).await;
-        if let Ok(mut p) = self.published.lock() {
-            *p = self.unifier.stats();
-        }
         dafne_proto::io::encode_io_reply(env.tag, op, &result)
     }
 
@@ -103,51 +125,72 @@ impl IoService {
             return Err(Errno::EACCES);
         }
         let object = cap.object_id;
-        match req {
-            IoRequest::Read { keys, extents, inline_reply, .. } => {
-                let work = cut(&self.unifier, object, &extents)?;
-                self.read(conn, object, &keys, work, inline_reply).await
+        let store = &*self.store;
+        match (req, &self.backend) {
+            (IoRequest::Read { keys, extents, inline_reply, .. }, Backend::Unifier(u)) => {
+                let work = cut(u, object, &extents)?;
+                self.read(conn, u, object, &keys, work, inline_reply).await
             }
-            IoRequest::Write { keys, extents, stability, inline, .. } => {
-                let work = cut(&self.unifier, object, &extents)?;
+            (IoRequest::Read { keys, extents, inline_reply, .. }, Backend::Direct(d)) => {
+                d.read(conn, object, &keys, &extents, inline_reply).await
+            }
+            (IoRequest::Write { keys, extents, stability, inline, .. }, backend) => {
                 let bytes = extents.iter().map(|e| e.len as u64).sum();
-                self.write(conn, object, &keys, work, &inline, stability).await?;
+                match backend {
+                    Backend::Unifier(u) => {
+                        let work = cut(u, object, &extents)?;
+                        self.write(conn, u, object, &keys, work, &inline, stability).await?
+                    }
+                    Backend::Direct(d) => d.write(conn, object, &keys, &extents, &inline, stability).await?,
+                }
                 Ok(IoResponse::Write { bytes })
             }
-            IoRequest::Sync { .. } => {
-                self.unifier.flush(object).await.map_err(eio("flush"))?;
-                dafne_unifier::Storage::sync(&*self.store, object).map_err(eio("sync"))?;
+            (IoRequest::Sync { .. }, backend) => {
+                if let Backend::Unifier(u) = backend {
+                    u.flush(object).await.map_err(eio("flush"))?;
+                }
+                dafne_unifier::Storage::sync(store, object).map_err(eio("sync"))?;
                 Ok(IoResponse::Done)
             }
-            IoRequest::Truncate { size, .. } => {
-                self.unifier.truncate(object, size).await.map_err(eio("truncate (cache)"))?;
-                self.store.truncate(object, size).map_err(eio("truncate"))?;
+            (IoRequest::Truncate { size, .. }, Backend::Unifier(u)) => {
+                u.truncate(object, size).await.map_err(eio("truncate (cache)"))?;
+                store.truncate(object, size).map_err(eio("truncate"))?;
                 Ok(IoResponse::Done)
             }
-            IoRequest::Remove { .. } => {
-                self.unifier.remove(object);
-                self.store.remove(object).map_err(eio("remove"))?;
+            (IoRequest::Truncate { size, .. }, Backend::Direct(d)) => {
+                d.truncate(object, size).await?;
                 Ok(IoResponse::Done)
             }
-            IoRequest::Stat { .. } => {
+            (IoRequest::Remove { .. }, backend) => {
+                match backend {
+                    Backend::Unifier(u) => u.remove(object),
+                    Backend::Direct(d) => d.remove(object),
+                }
+                store.remove(object).map_err(eio("remove"))?;
+                Ok(IoResponse::Done)
+            }
+            (IoRequest::Stat { .. }, backend) => {
                 // Cached writes count: write them back first.
-                self.unifier.flush(object).await.map_err(eio("flush"))?;
-                Ok(IoResponse::Stat { size: self.store.size(object).map_err(eio("stat"))? })
+                if let Backend::Unifier(u) = backend {
+                    u.flush(object).await.map_err(eio("flush"))?;
+                }
+                Ok(IoResponse::Stat { size: store.size(object).map_err(eio("stat"))? })
             }
         }
     }
 
     /// Units one request may hold at once: a quarter of the cache, at most
     /// [`UNITS_PER_BATCH`], so that concurrent requests can all progress.
-    fn batch_units(&self, object: u64) -> usize {
-        let c = self.unifier.config();
-        let units = c.ready_slabs.saturating_add(c.raw_slabs) * c.slab_size / self.unifier.unit_size_for(object).max(1);
+    fn batch_units(unifier: &Unifier, object: u64) -> usize {
+        let c = unifier.config();
+        let units = c.ready_slabs.saturating_add(c.raw_slabs) * c.slab_size / unifier.unit_size_for(object).max(1);
         (units / 4).clamp(1, UNITS_PER_BATCH)
     }
 
     async fn read(
         &self,
         conn: &ConnHandle,
+        unifier: &Unifier,
         object: u64,
         keys: &[Vec<u8>],
         work: Vec<UnitWork>,
@@ -159,10 +202,10 @@ impl IoService {
         })?;
         let mut data = Vec::new();
         let mut bytes = 0u64;
-        for batch in work.chunks(self.batch_units(object)) {
+        for batch in work.chunks(Self::batch_units(unifier, object)) {
             let mut guards = Vec::with_capacity(batch.len());
             for w in batch {
-                guards.push(retry_no_space(|| self.unifier.read(object, w.unit_index)).await?);
+                guards.push(retry_no_space(|| unifier.read(object, w.unit_index)).await?);
             }
             let mut segs = Vec::new();
             for (w, g) in batch.iter().zip(&guards) {
@@ -176,7 +219,7 @@ impl IoService {
                         }),
                         _ => {
                             data.extend_from_slice(&g[p.range.clone()]);
-                            self.unifier.record_copy(p.range.len() as u64);
+                            unifier.record_copy(p.range.len() as u64);
                         }
                     }
                 }
@@ -188,9 +231,11 @@ impl IoService {
         Ok(IoResponse::Read { bytes, data })
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn write(
         &self,
         conn: &ConnHandle,
+        unifier: &Unifier,
         object: u64,
         keys: &[Vec<u8>],
         work: Vec<UnitWork>,
@@ -201,11 +246,11 @@ impl IoService {
             tracing::debug!("bad key: {e}");
             Errno::EINVAL
         })?;
-        for batch in work.chunks(self.batch_units(object)) {
+        for batch in work.chunks(Self::batch_units(unifier, object)) {
             let mut guards = Vec::with_capacity(batch.len());
             for w in batch {
                 let span = w.span();
-                guards.push(retry_no_space(|| self.unifier.write(object, w.unit_index, span.clone())).await?);
+                guards.push(retry_no_space(|| unifier.write(object, w.unit_index, span.clone())).await?);
             }
             let mut segs = Vec::new();
             for (w, g) in batch.iter().zip(guards.iter_mut()) {
@@ -221,7 +266,7 @@ impl IoService {
                             let dst = g.bytes_mut().map_err(eio("unit busy"))?;
                             dst[p.range.start - base..p.range.end - base]
                                 .copy_from_slice(&inline[at..at + p.range.len()]);
-                            self.unifier.record_copy(p.range.len() as u64);
+                            unifier.record_copy(p.range.len() as u64);
                         }
                     }
                 }

@@ -204,6 +204,12 @@ impl Endpoint {
                         reason: "the local region was registered with another UCX context".into(),
                     });
                 }
+                if !put && region.is_read_only() {
+                    return Err(Error::Invalid {
+                        op: "rma",
+                        reason: "cannot get into a read-only file mapping".into(),
+                    });
+                }
                 if offset.checked_add(len).is_none_or(|end| end > region.len()) {
                     return Err(Error::Invalid {
                         op: "rma",

@@ -65,6 +65,9 @@ pub enum Error {
     /// The endpoint has failed (peer error callback fired) earlier.
     #[error("endpoint failed earlier: {0}")]
     EndpointFailed(Status),
+    /// A system call around UCX failed (e.g. `mmap` of a file to register).
+    #[error("{op} failed: {source}")]
+    Os { op: &'static str, source: std::io::Error },
 }
 
 impl Error {
@@ -72,7 +75,7 @@ impl Error {
     pub fn status(&self) -> Option<Status> {
         match self {
             Error::Ucx { status, .. } | Error::EndpointFailed(status) => Some(*status),
-            Error::Invalid { .. } => None,
+            Error::Invalid { .. } | Error::Os { .. } => None,
         }
     }
 }

@@ -3,9 +3,12 @@
 //! A [`Region`] is memory registered with the context's memory domains
 //! (`ucp_mem_map`) with explicit access rights. Either UCX allocates it
 //! ([`Region::allocate`], which on one host gives shared-memory segments that
-//! peers map directly) or the caller hands over a buffer ([`Region::register`],
-//! which pins the caller's memory). Either way the region owns its memory, so
-//! the memory cannot be freed while it is registered.
+//! peers map directly), the caller hands over a buffer ([`Region::register`],
+//! which pins the caller's memory), or a range of a file is mapped
+//! ([`Region::map_file`]: the file's page-cache pages themselves, registered
+//! on the fly, as an io server's `mmap` serving mode does). In every case the
+//! region owns its memory, so the memory cannot be freed (or unmapped) while
+//! it is registered.
 //!
 //! A packed key ([`Region::pack_key`]) is plain bytes that travel inside a
 //! message; the peer turns them into a [`RemoteKey`] bound to its endpoint.
@@ -36,7 +39,10 @@ pub enum Access {
 
 impl Access {
     fn prot(self) -> u32 {
-        let local = sys::UCP_MEM_MAP_PROT_LOCAL_READ | sys::UCP_MEM_MAP_PROT_LOCAL_WRITE;
+        self.prot_with_local(sys::UCP_MEM_MAP_PROT_LOCAL_READ | sys::UCP_MEM_MAP_PROT_LOCAL_WRITE)
+    }
+
+    fn prot_with_local(self, local: u32) -> u32 {
         local
             | match self {
                 Access::Local => 0,
@@ -52,6 +58,40 @@ enum Backing {
     Ucx,
     /// The caller's buffer, pinned while registered and returned on `into_vec`.
     Owned(Vec<u8>),
+    /// A file range mapped by [`Region::map_file`]; unmapped (`munmap`) when
+    /// the backing is dropped, which is after `ucp_mem_unmap` (see `Drop`).
+    Mapped(Mapping),
+}
+
+/// An `mmap` of a file range, released with `munmap` on drop.
+struct Mapping {
+    base: *mut libc::c_void,
+    len: usize,
+    writable: bool,
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: base/len are exactly what a successful mmap returned and
+        // are unmapped once, here. Every user of the memory is gone: the
+        // region that owned this mapping deregistered it from UCX first
+        // (`Region::drop` runs `unmap` before its fields drop, `into_vec`
+        // calls `unmap` before replacing the backing), and operations keep
+        // their `Arc<Region>` until UCX reports completion.
+        let r = unsafe { libc::munmap(self.base, self.len) };
+        debug_assert_eq!(r, 0, "munmap: {}", std::io::Error::last_os_error());
+    }
+}
+
+/// The system page size (mmap offsets must be multiples of it).
+fn page_size() -> usize {
+    // SAFETY: sysconf with a valid name has no preconditions and touches no memory.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 {
+        p as usize
+    } else {
+        4096
+    }
 }
 
 /// Registered memory. `Send + Sync`: registration is a context-level call.
@@ -64,7 +104,8 @@ pub struct Region {
     backing: Backing,
 }
 
-// SAFETY: a Region owns its memory and its memh; UCX's context lock (the
+// SAFETY: a Region owns its memory (UCX-allocated, a Vec, or a file mapping
+// unmapped only in its own Drop) and its memh; UCX's context lock (the
 // context is mt_workers_shared) serialises mem_unmap/rkey_pack. Shared access
 // from several threads only reads the memory through &self accessors.
 unsafe impl Send for Region {}
@@ -123,17 +164,102 @@ impl Region {
         Ok(Region { ctx: ctx.clone(), memh, addr, len, access, backing: Backing::Owned(buf) })
     }
 
-    /// Deregisters and gives back the caller's buffer (`None` for UCX memory).
+    /// Maps `len` bytes of `file` at `offset` (`mmap`, `MAP_SHARED`) and
+    /// registers the mapping in place: the region's bytes *are* the file's
+    /// page-cache pages, so an RMA put from it moves file data without a
+    /// copy. This is the registration-on-the-fly of the Unifier paper's
+    /// `Mmap` method: each call pays an `mmap` and a registration, and
+    /// dropping the region deregisters it and then `munmap`s it.
+    ///
+    /// `access` decides the mapping's protection: [`Access::Local`] and
+    /// [`Access::RemoteRead`] map it read-only (`PROT_READ`; the file may be
+    /// open read-only), which makes the region a source only: an RMA get
+    /// into it is refused and [`Region::as_mut_slice`] panics.
+    /// [`Access::RemoteWrite`] and [`Access::RemoteReadWrite`] map it
+    /// writable (the file must be open for writing), and bytes written to
+    /// the region go to the file.
+    ///
+    /// The range must lie inside the file (`offset + len` ≤ its length),
+    /// checked here. While the region lives, the file must not be shrunk
+    /// below the range by anyone: the kernel answers an access to a mapped
+    /// page past the end of file with `SIGBUS`, which kills the process
+    /// (no memory is corrupted, but it is a crash). Whoever maps must own
+    /// the file's size, as an io server owns its chunk files. Other writers
+    /// of the file change the region's bytes, as a peer with a remote-write
+    /// key may change any region's (see [`Region::as_slice`]).
+    pub fn map_file(ctx: &Context, file: &std::fs::File, offset: u64, len: usize, access: Access) -> Result<Region> {
+        use std::os::fd::AsRawFd;
+        if len == 0 {
+            return Err(Error::Invalid { op: "mmap", reason: "cannot map an empty range".into() });
+        }
+        let size = file.metadata().map_err(|source| Error::Os { op: "fstat", source })?.len();
+        if offset.checked_add(len as u64).is_none_or(|end| end > size) {
+            return Err(Error::Invalid {
+                op: "mmap",
+                reason: format!(
+                    "range {offset}+{len} is not inside the file ({size} bytes): mapped pages past its end fault"
+                ),
+            });
+        }
+        let page = page_size() as u64;
+        let start = offset - offset % page;
+        let delta = (offset - start) as usize;
+        let map_len = delta + len; // ≤ size + page: no overflow, offset + len fits a u64
+        let file_offset = libc::off_t::try_from(start)
+            .map_err(|_| Error::Invalid { op: "mmap", reason: format!("offset {offset} exceeds off_t") })?;
+        let writable = matches!(access, Access::RemoteWrite | Access::RemoteReadWrite);
+        let prot = if writable { libc::PROT_READ | libc::PROT_WRITE } else { libc::PROT_READ };
+        // SAFETY: a new mapping at an address the kernel chooses (null hint,
+        // no MAP_FIXED), so no existing memory is replaced; the descriptor is
+        // live for the call (borrowed from `file`); the result is checked
+        // against MAP_FAILED before use.
+        let base =
+            unsafe { libc::mmap(ptr::null_mut(), map_len, prot, libc::MAP_SHARED, file.as_raw_fd(), file_offset) };
+        if base == libc::MAP_FAILED {
+            return Err(Error::Os { op: "mmap", source: std::io::Error::last_os_error() });
+        }
+        // From here the mapping is released by `Mapping::drop`, also when
+        // registration fails below.
+        let mapping = Mapping { base, len: map_len, writable };
+        // SAFETY: delta < page ≤ map_len, so the pointer stays inside the mapping.
+        let addr = unsafe { base.cast::<u8>().add(delta) };
+        let local = if writable {
+            sys::UCP_MEM_MAP_PROT_LOCAL_READ | sys::UCP_MEM_MAP_PROT_LOCAL_WRITE
+        } else {
+            sys::UCP_MEM_MAP_PROT_LOCAL_READ
+        };
+        let params = sys::ucp_mem_map_params_t {
+            field_mask: (sys::UCP_MEM_MAP_PARAM_FIELD_ADDRESS
+                | sys::UCP_MEM_MAP_PARAM_FIELD_LENGTH
+                | sys::UCP_MEM_MAP_PARAM_FIELD_PROT) as u64,
+            address: addr.cast(),
+            length: len,
+            prot: access.prot_with_local(local),
+            ..Default::default()
+        };
+        let (memh, _) = map(ctx, &params)?;
+        Ok(Region { ctx: ctx.clone(), memh, addr, len, access, backing: Backing::Mapped(mapping) })
+    }
+
+    /// Deregisters and gives back the caller's buffer (`None` for UCX memory
+    /// and file mappings, which are released).
     pub fn into_vec(mut self) -> Option<Vec<u8>> {
         self.unmap();
+        // Deregistered above, so a mapping may be unmapped as it drops here.
         match std::mem::replace(&mut self.backing, Backing::Ucx) {
             Backing::Owned(v) => {
                 // Already unmapped: make Drop a no-op.
                 self.memh = ptr::null_mut();
                 Some(v)
             }
-            Backing::Ucx => None,
+            Backing::Ucx | Backing::Mapped(_) => None,
         }
+    }
+
+    /// Whether the region's memory cannot be written (a read-only file
+    /// mapping): it may only be the source of an RMA put.
+    pub fn is_read_only(&self) -> bool {
+        matches!(&self.backing, Backing::Mapped(m) if !m.writable)
     }
 
     /// Address of the first byte, as peers name it in RMA.
@@ -178,9 +304,14 @@ impl Region {
 
     /// Mutable bytes; `&mut self` proves no in-flight local operation holds
     /// the region (operations keep an `Arc<Region>` alive).
+    ///
+    /// # Panics
+    /// On a read-only file mapping ([`Region::is_read_only`]): its pages
+    /// cannot be written.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        assert!(!self.is_read_only(), "a read-only file mapping cannot be written");
         // SAFETY: as in as_slice, and &mut self gives exclusive access on
-        // the Rust side.
+        // the Rust side; the memory is writable (checked above).
         unsafe { std::slice::from_raw_parts_mut(self.addr, self.len) }
     }
 
@@ -410,6 +541,80 @@ mod tests {
         assert!(parse_key(&long).is_err());
         assert!(parse_key(&[0xEE; 40]).is_err());
         assert!(parse_key(&[]).is_err());
+    }
+
+    /// A scratch file removed on drop (this crate has no tempfile dependency).
+    struct TempFile(std::path::PathBuf);
+    impl Drop for TempFile {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+
+    #[test]
+    fn file_ranges_map_register_put_and_release() {
+        use std::io::Write as _;
+        let ctx = Context::new(&crate::ContextOptions::default()).unwrap();
+        let path = std::env::temp_dir().join(format!("dafne-ucx-map-{}", std::process::id()));
+        let _cleanup = TempFile(path.clone());
+        let data: Vec<u8> = (0..100_000u32).map(|i| (i * 31 % 251) as u8).collect();
+        std::fs::File::create(&path).unwrap().write_all(&data).unwrap();
+        let ro = std::fs::File::open(&path).unwrap();
+
+        // An unaligned range of a file opened read-only: the region's bytes
+        // are the file's, and it is registered (and later deregistered).
+        let before = ctx.stats().snapshot();
+        let r = Region::map_file(&ctx, &ro, 5000, 70_000, Access::RemoteRead).unwrap();
+        assert_eq!(r.len(), 70_000);
+        assert!(r.is_read_only());
+        assert_eq!(r.as_slice(), &data[5000..75_000]);
+        let mid = ctx.stats().snapshot().since(&before);
+        assert_eq!((mid.registrations, mid.registered_bytes), (1, 70_000));
+        ctx.key_shape().check(&r.pack_key().unwrap()).unwrap();
+
+        // It is a valid source for a put (loopback endpoint on one worker).
+        let w = crate::Worker::new(&ctx).unwrap();
+        let ep = w.connect_address(&w.address().unwrap(), crate::ErrMode::None).unwrap();
+        let mut dst = Region::allocate(&ctx, 70_000, Access::RemoteWrite).unwrap();
+        dst.as_mut_slice().fill(0);
+        let rkey = Rc::new(ep.unpack_key(&dst.pack_key().unwrap()).unwrap());
+        let src = std::sync::Arc::new(r);
+        let put =
+            ep.put(crate::Local::Region { region: src.clone(), offset: 0, len: 70_000 }, dst.addr(), &rkey).unwrap();
+        let flush = ep.flush().unwrap();
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        while put.poll_done().is_none() || flush.poll_done().is_none() {
+            assert!(Instant::now() < deadline, "put did not complete");
+            w.progress();
+        }
+        put.poll_done().unwrap().unwrap();
+        assert_eq!(dst.as_slice(), &data[5000..75_000]);
+        // ... but never a destination.
+        let get = ep.get(crate::Local::Region { region: src.clone(), offset: 0, len: 8 }, dst.addr(), &rkey);
+        assert!(get.is_err(), "a get into a read-only mapping was accepted");
+        drop((put, flush, rkey, ep));
+        let src = std::sync::Arc::try_unwrap(src).unwrap();
+        assert!(std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let mut src = src;
+            src.as_mut_slice()[0] = 1;
+        }))
+        .is_err());
+        let after = ctx.stats().snapshot().since(&before);
+        assert_eq!(after.deregistrations, 1, "dropping the region deregisters it");
+
+        // Writable mappings write the file.
+        let rw = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
+        let mut m = Region::map_file(&ctx, &rw, 4096, 10, Access::RemoteReadWrite).unwrap();
+        m.as_mut_slice().copy_from_slice(b"0123456789");
+        drop(m);
+        assert_eq!(&std::fs::read(&path).unwrap()[4096..4106], b"0123456789");
+
+        // Ranges outside the file, empty ranges, and a writable mapping of
+        // a read-only descriptor are refused.
+        assert!(Region::map_file(&ctx, &ro, 99_000, 2000, Access::Local).is_err());
+        assert!(Region::map_file(&ctx, &ro, u64::MAX, 1, Access::Local).is_err());
+        assert!(Region::map_file(&ctx, &ro, 0, 0, Access::Local).is_err());
+        assert!(matches!(Region::map_file(&ctx, &ro, 0, 10, Access::RemoteWrite), Err(Error::Os { .. })));
     }
 
     #[test]

@@ -35,7 +35,7 @@ enum Serve {
     /// The metadata server: namespace, layouts, capabilities (prints `listening on ADDR`).
     Meta(dafne_meta::server::MetaArgs),
     /// An io server: chunk files behind the Unifier cache (prints `listening on ADDR`).
-    Io(dafne_io::server::IoArgs),
+    Io(dafne_io::server::IoCommand),
 }
 
 #[derive(Subcommand)]
@@ -45,6 +45,59 @@ enum Bench {
     Transport(TransportBench),
     /// Metadata creates, stats and unlinks per second, 1 and several clients.
     Meta(MetaBench),
+    /// The io server's serving modes (normal, mmap, unifier): cached read and
+    /// write bandwidth vs access size, the re-read test, aggregate bandwidth
+    /// over io servers × clients, CPU per MiB.
+    Io(IoBench),
+}
+
+#[derive(Args)]
+struct IoBench {
+    /// Serving modes to compare (comma-separated: normal, mmap, unifier).
+    #[arg(long, default_value = "normal,mmap,unifier", value_delimiter = ',')]
+    modes: Vec<String>,
+    /// Access sizes of the cached-bandwidth table (comma-separated; K and M suffixes).
+    #[arg(long, default_value = "4K,16K,64K,128K,256K,1M", value_delimiter = ',')]
+    sizes: Vec<String>,
+    /// Requests in flight per client.
+    #[arg(long, default_value_t = 8)]
+    window: usize,
+    /// Seconds per cached-bandwidth measurement.
+    #[arg(long, default_value_t = 0.5)]
+    seconds: f64,
+    /// Size of the cached-bandwidth file (fits in --cache-mib).
+    #[arg(long, default_value = "8M")]
+    file_size: String,
+    /// Cache of the io servers of the bandwidth tables, in MiB.
+    #[arg(long, default_value_t = 64)]
+    cache_mib: usize,
+    /// Cache C of the re-read test, in MiB (files of 0.5, 1 and 2 × C).
+    #[arg(long, default_value_t = 32)]
+    reread_cache_mib: usize,
+    /// Io server counts of the aggregate table (comma-separated).
+    #[arg(long, default_value = "1,2,4", value_delimiter = ',')]
+    servers: Vec<usize>,
+    /// Client counts of the aggregate table (comma-separated).
+    #[arg(long, default_value = "1,2,4", value_delimiter = ',')]
+    clients: Vec<usize>,
+    /// Cache of each io server of the aggregate table, in MiB. Every 64 KiB
+    /// Unifier unit is its own UCX allocation, which UCX makes a SysV
+    /// segment: 4 servers × 48 MiB = 3072 segments stays under the usual
+    /// kernel limit of 4096 (`ipcs -l`).
+    #[arg(long, default_value_t = 48)]
+    scaling_cache_mib: usize,
+    /// Seconds per aggregate measurement.
+    #[arg(long, default_value_t = 0.3)]
+    scaling_seconds: f64,
+    /// A short run (0.1 s per cell, an 8 MiB re-read cache) for smoke checks.
+    #[arg(long)]
+    quick: bool,
+    /// Scratch directory for the servers' data (a fresh directory inside).
+    #[arg(long, default_value = "/tmp")]
+    scratch: PathBuf,
+    /// Where to write the JSON report.
+    #[arg(long, default_value = "bench-results/io.json")]
+    json: PathBuf,
 }
 
 #[derive(Args)]
@@ -186,6 +239,64 @@ fn bench_meta(a: MetaBench) -> Result<()> {
     write_json(&a.json, &serde_json::to_string_pretty(&report)?)
 }
 
+fn bench_io(a: IoBench) -> Result<()> {
+    let modes = a
+        .modes
+        .iter()
+        .map(|m| {
+            dafne_io::server::ServingMode::parse(m.trim())
+                .with_context(|| format!("unknown mode {m:?}: choose among normal, mmap, unifier"))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let sizes = a.sizes.iter().map(|s| parse_size(s)).collect::<Result<Vec<_>>>()?;
+    let file_size = parse_size(&a.file_size)?;
+    if a.window == 0 || a.window > 64 {
+        bail!("--window {} must be between 1 and 64 (the server grants 64 credits)", a.window);
+    }
+    if a.servers.iter().chain(&a.clients).any(|&n| n == 0 || n > 16) {
+        bail!("--servers and --clients: each count must be between 1 and 16");
+    }
+    if a.scaling_cache_mib
+        < 8 * a.clients.iter().max().copied().unwrap_or(1) / a.servers.iter().min().copied().unwrap_or(1) + 4
+    {
+        bail!("--scaling-cache-mib must hold every client's 8 MiB file on the fewest servers, plus 4 MiB");
+    }
+    if a.cache_mib == 0 || file_size > a.cache_mib << 20 {
+        bail!("--file-size must fit in --cache-mib (the bandwidth tables measure cached I/O)");
+    }
+    let (seconds, scaling_seconds, reread_cache_mib) = if a.quick {
+        (0.1, 0.1, a.reread_cache_mib.min(8))
+    } else {
+        (a.seconds, a.scaling_seconds, a.reread_cache_mib)
+    };
+    if reread_cache_mib < 8 {
+        bail!("--reread-cache-mib must be at least 8 (normal and mmap hold a 4 MiB registered pool)");
+    }
+    let opts = dafne_bench::io::Options {
+        modes,
+        sizes,
+        window: a.window,
+        duration: Duration::from_secs_f64(seconds),
+        file_size,
+        cache_mib: a.cache_mib,
+        reread_cache_mib,
+        reread_ratios: vec![0.5, 1.0, 2.0],
+        reread_size: 128 << 10,
+        servers: a.servers,
+        scaling_cache_mib: a.scaling_cache_mib,
+        clients: a.clients,
+        scaling_duration: Duration::from_secs_f64(scaling_seconds),
+        scaling_file: 8 << 20,
+        program: std::env::current_exe().context("locating the dafne executable")?,
+        scratch: a.scratch,
+    };
+    let started = std::time::Instant::now();
+    let report =
+        dafne_bench::io::run(&opts, |what| eprintln!("[{:>6.1}s] measuring {what}", started.elapsed().as_secs_f64()))?;
+    println!("{}", report.to_markdown());
+    write_json(&a.json, &serde_json::to_string_pretty(&report)?)
+}
+
 fn write_json(path: &std::path::Path, body: &str) -> Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -204,6 +315,7 @@ fn main() -> Result<()> {
     match cli.cmd {
         Cmd::Bench(Bench::Transport(a)) => bench_transport(a),
         Cmd::Bench(Bench::Meta(a)) => bench_meta(a),
+        Cmd::Bench(Bench::Io(a)) => bench_io(a),
         Cmd::Serve(Serve::Meta(a)) => dafne_meta::server::serve_forever(&a.to_options()?),
         Cmd::Serve(Serve::Io(a)) => dafne_io::server::serve_forever(&a),
         Cmd::TransportPeer(p) => {

@@ -1,15 +1,15 @@
-//! The io server process: `dafne-io --data-dir DIR --secret FILE --listen ADDR`.
+//! The io server process: `dafne-io --data-dir DIR --secret FILE --listen ADDR [--mode normal|mmap|unifier]`.
 //! Prints `listening on ADDR` once it serves.
 
 use anyhow::Result;
 use clap::Parser;
-use dafne_io::server::{serve_forever, IoArgs};
+use dafne_io::server::{serve_forever, IoCommand};
 
 #[derive(Parser)]
 #[command(about = "dafne io server")]
 struct Cli {
     #[command(flatten)]
-    args: IoArgs,
+    args: IoCommand,
 }
 
 fn main() -> Result<()> {
