@@ -113,6 +113,33 @@ impl DataClient {
         decode_io_reply(&bytes).map_err(|_| Errno::EPROTO)?.2
     }
 
+    /// Sends each server its extents of `[offset, offset+len)` mapped onto
+    /// `region` at `region_offset`, as the request `make` builds from the
+    /// region's key and the extents; all servers at once.
+    async fn rma_region(
+        &self,
+        f: &OpenFile,
+        offset: u64,
+        region: &Region,
+        region_offset: usize,
+        len: usize,
+        make: impl Fn(Vec<Vec<u8>>, Vec<IoExtent>) -> IoRequest,
+    ) -> Result<usize, Errno> {
+        if region_offset.checked_add(len).is_none_or(|e| e > region.len()) {
+            return Err(Errno::EINVAL);
+        }
+        let key = region.pack_key().map_err(|_| Errno::EIO)?;
+        let parts = Self::parts(f, offset, len, Some(region.addr() + region_offset as u64))?;
+        let calls = parts.into_iter().map(|p| {
+            let req = make(vec![key.clone()], p.extents);
+            async move { self.call(p.server, &req).await }
+        });
+        for r in futures::future::join_all(calls).await {
+            r?;
+        }
+        Ok(len)
+    }
+
     /// Writes `len` bytes of `region` at `region_offset` to the file at
     /// `offset`: the servers get them straight from the region.
     pub async fn write_region(
@@ -124,25 +151,14 @@ impl DataClient {
         len: usize,
         stability: Stability,
     ) -> Result<usize, Errno> {
-        if region_offset.checked_add(len).is_none_or(|e| e > region.len()) {
-            return Err(Errno::EINVAL);
-        }
-        let key = region.pack_key().map_err(|_| Errno::EIO)?;
-        let parts = Self::parts(f, offset, len, Some(region.addr() + region_offset as u64))?;
-        let calls = parts.into_iter().map(|p| {
-            let req = IoRequest::Write {
-                cap: f.cap,
-                keys: vec![key.clone()],
-                extents: p.extents,
-                stability,
-                inline: Vec::new(),
-            };
-            async move { self.call(p.server, &req).await }
-        });
-        for r in futures::future::join_all(calls).await {
-            r?;
-        }
-        Ok(len)
+        self.rma_region(f, offset, region, region_offset, len, |keys, extents| IoRequest::Write {
+            cap: f.cap,
+            keys,
+            extents,
+            stability,
+            inline: Vec::new(),
+        })
+        .await
     }
 
     /// Reads into `region` at `region_offset` from the file at `offset`:
@@ -156,19 +172,13 @@ impl DataClient {
         region_offset: usize,
         len: usize,
     ) -> Result<usize, Errno> {
-        if region_offset.checked_add(len).is_none_or(|e| e > region.len()) {
-            return Err(Errno::EINVAL);
-        }
-        let key = region.pack_key().map_err(|_| Errno::EIO)?;
-        let parts = Self::parts(f, offset, len, Some(region.addr() + region_offset as u64))?;
-        let calls = parts.into_iter().map(|p| {
-            let req = IoRequest::Read { cap: f.cap, keys: vec![key.clone()], extents: p.extents, inline_reply: false };
-            async move { self.call(p.server, &req).await }
-        });
-        for r in futures::future::join_all(calls).await {
-            r?;
-        }
-        Ok(len)
+        self.rma_region(f, offset, region, region_offset, len, |keys, extents| IoRequest::Read {
+            cap: f.cap,
+            keys,
+            extents,
+            inline_reply: false,
+        })
+        .await
     }
 
     /// Writes a slice: inline when small, else through a registered copy.

@@ -2,79 +2,37 @@
 //! writes, reads and truncates striped files and is checked byte for byte
 //! against a reference model.
 
-use std::io::{BufRead, BufReader};
+mod common;
+
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::PathBuf;
+
+use common::{spawn_io, start_meta, IoProc};
 
 use dafne_client::data::{DataClient, RegionSlice};
 use dafne_client::{Errno, MetaSession, OpenFile, ROOT_INO};
 use dafne_proto::io::Stability;
 use dafne_proto::LayoutHint;
-use dafne_transport::{Runtime, RuntimeOptions};
-
-fn ucx() -> Vec<(String, String)> {
-    vec![("TLS".into(), "posix,sysv,cma,self,tcp".into()), ("NET_DEVICES".into(), "lo".into())]
-}
-
-struct Io {
-    child: Child,
-    addr: SocketAddr,
-    dir: PathBuf,
-}
-
-impl Drop for Io {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_io(dir: &Path, secret: &Path, cache_mib: usize, listen: &str) -> Io {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_dafne-io"))
-        .args(["--data-dir", dir.to_str().unwrap(), "--secret", secret.to_str().unwrap(), "--listen", listen])
-        .args(["--cache-mib", &cache_mib.to_string()])
-        .args(ucx().iter().flat_map(|(k, v)| ["--ucx".to_string(), format!("{k}={v}")]))
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("spawn dafne-io");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let addr = line.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("banner {line:?}")).parse().unwrap();
-    Io { child, addr, dir: dir.to_path_buf() }
-}
+use dafne_transport::Runtime;
 
 struct Cluster {
     _meta: dafne_meta::server::MetaServer,
     meta_addr: SocketAddr,
-    ios: Vec<Io>,
+    ios: Vec<IoProc>,
     secret: PathBuf,
     _root: tempfile::TempDir,
 }
 
 fn cluster(cache_mib: usize) -> Cluster {
     let root = tempfile::tempdir().unwrap();
-    let meta_dir = root.path().join("meta");
-    let meta = dafne_meta::server::start(&dafne_meta::server::ServeOptions {
-        data_dir: meta_dir.clone(),
-        listen: "127.0.0.1:0".parse().unwrap(),
-        secret: None,
-        policy: dafne_meta::LayoutPolicy {
-            servers: (0..4).collect(),
-            default_stripe_unit: 64 << 10,
-            default_stripe_count: 4,
-        },
-        ucx: ucx(),
-    })
-    .unwrap();
-    let secret = meta_dir.join("cluster.secret");
+    let (meta, secret) = start_meta(root.path(), 4, 64 << 10, 4);
     let ios =
-        (0..4).map(|i| start_io(&root.path().join(format!("io{i}")), &secret, cache_mib, "127.0.0.1:0")).collect();
+        (0..4).map(|i| spawn_io(&root.path().join(format!("io{i}")), &secret, cache_mib, "127.0.0.1:0")).collect();
     Cluster { meta_addr: meta.addr, _meta: meta, ios, secret, _root: root }
 }
 
 fn runtime() -> Runtime {
-    Runtime::new(RuntimeOptions { name: "io-test".into(), ucx_config: ucx(), ..Default::default() }).unwrap()
+    common::runtime("io-test")
 }
 
 fn clients(c: &Cluster, rt: &Runtime) -> (MetaSession, DataClient) {
@@ -171,7 +129,7 @@ fn file_sync_writes_survive_kill_9_of_an_io_server() {
     let dir = c.ios[victim].dir.clone();
     c.ios[victim].child.kill().unwrap();
     c.ios[victim].child.wait().unwrap();
-    c.ios[victim] = start_io(&dir, &c.secret, 8, "127.0.0.1:0");
+    c.ios[victim] = spawn_io(&dir, &c.secret, 8, "127.0.0.1:0");
     let rt2 = runtime();
     let (_, d2) = clients(&c, &rt2);
     let mut back = vec![0u8; data.len()];
@@ -207,25 +165,17 @@ fn capabilities_are_checked_by_io_servers() {
 #[test]
 fn cached_reads_and_writes_copy_nothing() {
     let root = tempfile::tempdir().unwrap();
-    let meta_dir = root.path().join("meta");
-    let meta = dafne_meta::server::start(&dafne_meta::server::ServeOptions {
-        data_dir: meta_dir.clone(),
-        listen: "127.0.0.1:0".parse().unwrap(),
-        secret: None,
-        policy: dafne_meta::LayoutPolicy { servers: vec![0], default_stripe_unit: 1 << 20, default_stripe_count: 1 },
-        ucx: ucx(),
-    })
-    .unwrap();
+    let (meta, secret_path) = start_meta(root.path(), 1, 1 << 20, 1);
     let io = dafne_io::server::start(&dafne_io::server::IoArgs {
         data_dir: root.path().join("io0"),
         listen: "127.0.0.1:0".parse().unwrap(),
-        secret: meta_dir.join("cluster.secret"),
+        secret: secret_path.clone(),
         cache_mib: 16,
-        ucx: ucx().iter().map(|(k, v)| format!("{k}={v}")).collect(),
+        ucx: common::ucx_args(),
     })
     .unwrap();
     let rt = runtime();
-    let secret = dafne_auth::Secret::load(&meta_dir.join("cluster.secret")).unwrap();
+    let secret = dafne_auth::Secret::load(&secret_path).unwrap();
     let m = MetaSession::connect(&rt, meta.addr, &secret, "zc", 0, 0).unwrap();
     let d = DataClient::connect(&rt, &[io.addr]).unwrap();
     let a = m.create(ROOT_INO, b"zc", 0o644, true).unwrap();

@@ -2,81 +2,43 @@
 //! writers, readers racing a writer on one range, and a large file through
 //! a cache much smaller than it.
 
-use std::io::{BufRead, BufReader};
+mod common;
+
 use std::net::SocketAddr;
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+
+use common::{spawn_io, start_meta, IoProc};
 
 use dafne_client::data::DataClient;
 use dafne_client::file::Fs;
 use dafne_client::{MetaSession, ROOT_INO};
 use dafne_proto::io::Stability;
 use dafne_proto::LayoutHint;
-use dafne_transport::{Runtime, RuntimeOptions};
-
-fn ucx() -> Vec<(String, String)> {
-    vec![("TLS".into(), "posix,sysv,cma,self,tcp".into()), ("NET_DEVICES".into(), "lo".into())]
-}
-
-struct Proc(Child, SocketAddr);
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn io_server(dir: &Path, secret: &Path, cache_mib: usize) -> Proc {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_dafne-io"))
-        .args(["--data-dir", dir.to_str().unwrap(), "--secret", secret.to_str().unwrap(), "--listen", "127.0.0.1:0"])
-        .args(["--cache-mib", &cache_mib.to_string()])
-        .args(ucx().iter().flat_map(|(k, v)| ["--ucx".to_string(), format!("{k}={v}")]))
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let addr = line.trim().strip_prefix("listening on ").unwrap().parse().unwrap();
-    Proc(child, addr)
-}
+use dafne_transport::Runtime;
 
 struct Cluster {
     _meta: dafne_meta::server::MetaServer,
     meta_addr: SocketAddr,
-    ios: Vec<Proc>,
+    ios: Vec<IoProc>,
     secret: std::path::PathBuf,
     _dir: tempfile::TempDir,
 }
 
 fn cluster(cache_mib: usize) -> Cluster {
     let dir = tempfile::tempdir().unwrap();
-    let meta_dir = dir.path().join("meta");
-    let meta = dafne_meta::server::start(&dafne_meta::server::ServeOptions {
-        data_dir: meta_dir.clone(),
-        listen: "127.0.0.1:0".parse().unwrap(),
-        secret: None,
-        policy: dafne_meta::LayoutPolicy {
-            servers: (0..4).collect(),
-            default_stripe_unit: 64 << 10,
-            default_stripe_count: 4,
-        },
-        ucx: ucx(),
-    })
-    .unwrap();
-    let secret = meta_dir.join("cluster.secret");
-    let ios = (0..4).map(|i| io_server(&dir.path().join(format!("io{i}")), &secret, cache_mib)).collect();
+    let (meta, secret) = start_meta(dir.path(), 4, 64 << 10, 4);
+    let ios = (0..4).map(|i| spawn_io(&dir.path().join(format!("io{i}")), &secret, cache_mib, "127.0.0.1:0")).collect();
     Cluster { meta_addr: meta.addr, _meta: meta, ios, secret, _dir: dir }
 }
 
 fn fs(c: &Cluster, rt: &Runtime) -> Fs {
     let secret = dafne_auth::Secret::load(&c.secret).unwrap();
     let meta = MetaSession::connect(rt, c.meta_addr, &secret, "files", 0, 0).unwrap();
-    let addrs: Vec<SocketAddr> = c.ios.iter().map(|p| p.1).collect();
+    let addrs: Vec<SocketAddr> = c.ios.iter().map(|p| p.addr).collect();
     Fs::new(meta, DataClient::connect(rt, &addrs).unwrap())
 }
 
 fn runtime() -> Runtime {
-    Runtime::new(RuntimeOptions { name: "files".into(), ucx_config: ucx(), ..Default::default() }).unwrap()
+    common::runtime("files")
 }
 
 #[test]

@@ -16,9 +16,9 @@ use dafne_proto::LayoutHint;
 use dafne_transport::{Access, Region, Runtime, RuntimeOptions};
 use futures::executor::block_on;
 
-fn ucx() -> Vec<(String, String)> {
-    vec![("TLS".into(), "posix,sysv,cma,self,tcp".into()), ("NET_DEVICES".into(), "lo".into())]
-}
+mod common;
+
+use common::ucx;
 
 struct Setup {
     _meta: dafne_meta::server::MetaServer,
@@ -29,16 +29,8 @@ struct Setup {
 
 fn meta() -> Setup {
     let root = tempfile::tempdir().unwrap();
-    let meta_dir = root.path().join("meta");
-    let meta = dafne_meta::server::start(&dafne_meta::server::ServeOptions {
-        data_dir: meta_dir.clone(),
-        listen: "127.0.0.1:0".parse().unwrap(),
-        secret: None,
-        policy: dafne_meta::LayoutPolicy { servers: vec![0], default_stripe_unit: 1 << 20, default_stripe_count: 1 },
-        ucx: ucx(),
-    })
-    .unwrap();
-    Setup { meta_addr: meta.addr, _meta: meta, secret: meta_dir.join("cluster.secret"), root }
+    let (meta, secret) = common::start_meta(root.path(), 1, 1 << 20, 1);
+    Setup { meta_addr: meta.addr, _meta: meta, secret, root }
 }
 
 fn io_args(s: &Setup, name: &str, cache_mib: usize) -> IoArgs {
@@ -47,7 +39,7 @@ fn io_args(s: &Setup, name: &str, cache_mib: usize) -> IoArgs {
         listen: "127.0.0.1:0".parse().unwrap(),
         secret: s.secret.clone(),
         cache_mib,
-        ucx: ucx().iter().map(|(k, v)| format!("{k}={v}")).collect(),
+        ucx: common::ucx_args(),
     }
 }
 

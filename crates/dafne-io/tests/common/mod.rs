@@ -1,0 +1,75 @@
+//! Shared harness of the io tests: UCX settings, an in-process metadata
+//! server, and io server processes (`dafne-io`).
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use dafne_transport::{Runtime, RuntimeOptions};
+
+pub fn ucx() -> Vec<(String, String)> {
+    vec![("TLS".into(), "posix,sysv,cma,self,tcp".into()), ("NET_DEVICES".into(), "lo".into())]
+}
+
+pub fn ucx_args() -> Vec<String> {
+    ucx().iter().map(|(k, v)| format!("{k}={v}")).collect()
+}
+
+pub fn runtime(name: &str) -> Runtime {
+    Runtime::new(RuntimeOptions { name: name.into(), ucx_config: ucx(), ..Default::default() }).unwrap()
+}
+
+/// Starts a metadata server in this process, storing under `dir/meta`;
+/// returns it and the path of the cluster secret it created.
+pub fn start_meta(
+    dir: &Path,
+    servers: u32,
+    stripe_unit: u32,
+    stripe_count: u32,
+) -> (dafne_meta::server::MetaServer, PathBuf) {
+    let meta_dir = dir.join("meta");
+    let meta = dafne_meta::server::start(&dafne_meta::server::ServeOptions {
+        data_dir: meta_dir.clone(),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        secret: None,
+        policy: dafne_meta::LayoutPolicy {
+            servers: (0..servers).collect(),
+            default_stripe_unit: stripe_unit,
+            default_stripe_count: stripe_count,
+        },
+        ucx: ucx(),
+    })
+    .unwrap();
+    (meta, meta_dir.join("cluster.secret"))
+}
+
+/// An io server process; killed when dropped.
+pub struct IoProc {
+    pub child: Child,
+    pub addr: SocketAddr,
+    pub dir: PathBuf,
+}
+
+impl Drop for IoProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `dafne-io` and waits for its address.
+pub fn spawn_io(dir: &Path, secret: &Path, cache_mib: usize, listen: &str) -> IoProc {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dafne-io"))
+        .args(["--data-dir", dir.to_str().unwrap(), "--secret", secret.to_str().unwrap(), "--listen", listen])
+        .args(["--cache-mib", &cache_mib.to_string()])
+        .args(ucx_args().into_iter().flat_map(|kv| ["--ucx".to_string(), kv]))
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn dafne-io");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let addr = line.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("banner {line:?}")).parse().unwrap();
+    IoProc { child, addr, dir: dir.to_path_buf() }
+}
