@@ -7,10 +7,11 @@
 //! extents; all servers are asked at once. Small I/O (≤ [`INLINE_MAX`] per
 //! server request) travels inline in the request or reply instead.
 //!
-//! Memory: [`DataClient::read_region`] / [`DataClient::write_region`] are
-//! zero-copy on memory the application registered (`register`); the slice
-//! APIs register a fresh region per call and copy (the registration cache
-//! that removes that cost is not built yet).
+//! Memory: [`DataClient::read_region`] / [`DataClient::write_region`] (and
+//! the list forms) are zero-copy on memory the application registered
+//! (`register`). The slice APIs copy once through pre-registered 1 MiB
+//! bounce buffers, so nothing is registered on their hot path either (a
+//! registration cache for application memory is not built yet).
 
 use std::net::SocketAddr;
 
@@ -33,10 +34,18 @@ pub struct RegionSlice {
     pub len: usize,
 }
 
+/// Size of one pre-registered bounce buffer for slice I/O above the
+/// inline limit.
+pub const BOUNCE_SIZE: usize = 1 << 20;
+/// Bounce buffers kept between calls (8 × 1 MiB registered once); a larger
+/// I/O allocates more for its duration.
+pub const BOUNCE_KEEP: usize = 8;
+
 /// Connections to every io server of a cluster, by server id.
 #[derive(Debug, Clone)]
 pub struct DataClient {
     servers: Vec<Client>,
+    bounce: std::sync::Arc<std::sync::Mutex<Vec<Region>>>,
 }
 
 /// The part of an I/O that one server handles.
@@ -57,11 +66,28 @@ impl DataClient {
     /// Connects to the io servers; `addrs[i]` is server id `i`.
     pub fn connect(rt: &Runtime, addrs: &[SocketAddr]) -> Result<DataClient, ConnectError> {
         let servers = addrs.iter().map(|a| Client::connect(rt, *a)).collect::<Result<_, _>>()?;
-        Ok(DataClient { servers })
+        Ok(DataClient { servers, bounce: Default::default() })
     }
 
     pub fn context(&self) -> Option<&dafne_transport::Context> {
         self.servers.first().map(|c| c.context())
+    }
+
+    /// A registered bounce buffer: from the pool, or registered now.
+    fn take_bounce(&self) -> Result<Region, Errno> {
+        if let Some(r) = self.bounce.lock().ok().and_then(|mut p| p.pop()) {
+            return Ok(r);
+        }
+        let ctx = self.context().ok_or(Errno::EIO)?;
+        Region::allocate(ctx, BOUNCE_SIZE, Access::RemoteReadWrite).map_err(|_| Errno::ENOMEM)
+    }
+
+    fn give_bounce(&self, r: Region) {
+        if let Ok(mut p) = self.bounce.lock() {
+            if p.len() < BOUNCE_KEEP {
+                p.push(r);
+            }
+        }
     }
 
     /// Registers memory for zero-copy I/O.
@@ -73,12 +99,19 @@ impl DataClient {
     /// Splits `[offset, offset+len)` by stripe; `addr` is the client address
     /// of the range's first byte (or the inline position when `None`).
     fn parts(f: &OpenFile, offset: u64, len: usize, addr: Option<u64>) -> Result<Vec<Part>, Errno> {
+        let mut parts = Vec::new();
+        Self::add_parts(&mut parts, f, offset, len, addr)?;
+        Ok(parts)
+    }
+
+    /// [`Self::parts`] into an existing list (one request per server for a
+    /// whole list of ranges).
+    fn add_parts(parts: &mut Vec<Part>, f: &OpenFile, offset: u64, len: usize, addr: Option<u64>) -> Result<(), Errno> {
         let l = &f.layout;
         if l.stripe_count == 0 || l.servers.is_empty() || l.stripe_unit == 0 {
             return Err(Errno::EIO);
         }
         let unit = l.stripe_unit as u64;
-        let mut parts: Vec<Part> = Vec::new();
         let mut pos = offset;
         let end = offset.checked_add(len as u64).ok_or(Errno::EFBIG)?;
         while pos < end {
@@ -100,7 +133,7 @@ impl DataClient {
             }
             pos += n;
         }
-        Ok(parts)
+        Ok(())
     }
 
     fn server(&self, id: usize) -> Result<&Client, Errno> {
@@ -113,9 +146,42 @@ impl DataClient {
         decode_io_reply(&bytes).map_err(|_| Errno::EPROTO)?.2
     }
 
-    /// Sends each server its extents of `[offset, offset+len)` mapped onto
-    /// `region` at `region_offset`, as the request `make` builds from the
-    /// region's key and the extents; all servers at once.
+    /// Sends each server its extents of the file `ranges`, mapped one after
+    /// the other onto `region` from `region_offset`, as the request `make`
+    /// builds from the region's key and the extents; all servers at once.
+    async fn rma_list(
+        &self,
+        f: &OpenFile,
+        ranges: &[(u64, usize)],
+        region: &Region,
+        region_offset: usize,
+        make: impl Fn(Vec<Vec<u8>>, Vec<IoExtent>) -> IoRequest,
+    ) -> Result<usize, Errno> {
+        let total = ranges.iter().try_fold(0usize, |a, (_, l)| a.checked_add(*l)).ok_or(Errno::EINVAL)?;
+        if region_offset.checked_add(total).is_none_or(|e| e > region.len()) {
+            return Err(Errno::EINVAL);
+        }
+        let key = region.pack_key().map_err(|_| Errno::EIO)?;
+        let mut parts = Vec::new();
+        let mut at = region.addr() + region_offset as u64;
+        for &(offset, len) in ranges {
+            Self::add_parts(&mut parts, f, offset, len, Some(at))?;
+            at += len as u64;
+        }
+        let mut calls = Vec::new();
+        for p in parts {
+            // A request carries at most MAX_IO_EXTENTS extents.
+            for chunk in p.extents.chunks(dafne_proto::io::MAX_IO_EXTENTS) {
+                let req = make(vec![key.clone()], chunk.to_vec());
+                calls.push(async move { self.call(p.server, &req).await });
+            }
+        }
+        for r in futures::future::join_all(calls).await {
+            r?;
+        }
+        Ok(total)
+    }
+
     async fn rma_region(
         &self,
         f: &OpenFile,
@@ -125,19 +191,46 @@ impl DataClient {
         len: usize,
         make: impl Fn(Vec<Vec<u8>>, Vec<IoExtent>) -> IoRequest,
     ) -> Result<usize, Errno> {
-        if region_offset.checked_add(len).is_none_or(|e| e > region.len()) {
-            return Err(Errno::EINVAL);
-        }
-        let key = region.pack_key().map_err(|_| Errno::EIO)?;
-        let parts = Self::parts(f, offset, len, Some(region.addr() + region_offset as u64))?;
-        let calls = parts.into_iter().map(|p| {
-            let req = make(vec![key.clone()], p.extents);
-            async move { self.call(p.server, &req).await }
-        });
-        for r in futures::future::join_all(calls).await {
-            r?;
-        }
-        Ok(len)
+        self.rma_list(f, &[(offset, len)], region, region_offset, make).await
+    }
+
+    /// List I/O: writes the file ranges `ranges` from `region`, whose bytes
+    /// from `region_offset` hold them one after the other; one request per
+    /// io server for the whole list.
+    pub async fn write_list(
+        &self,
+        f: &OpenFile,
+        ranges: &[(u64, usize)],
+        region: &Region,
+        region_offset: usize,
+        stability: Stability,
+    ) -> Result<usize, Errno> {
+        self.rma_list(f, ranges, region, region_offset, |keys, extents| IoRequest::Write {
+            cap: f.cap,
+            keys,
+            extents,
+            stability,
+            inline: Vec::new(),
+        })
+        .await
+    }
+
+    /// List I/O: reads the file ranges `ranges` into `region` one after the
+    /// other from `region_offset`.
+    pub async fn read_list(
+        &self,
+        f: &OpenFile,
+        ranges: &[(u64, usize)],
+        region: &Region,
+        region_offset: usize,
+    ) -> Result<usize, Errno> {
+        self.rma_list(f, ranges, region, region_offset, |keys, extents| IoRequest::Read {
+            cap: f.cap,
+            keys,
+            extents,
+            inline_reply: false,
+        })
+        .await
     }
 
     /// Writes `len` bytes of `region` at `region_offset` to the file at
@@ -199,8 +292,25 @@ impl DataClient {
             }
             return Ok(data.len());
         }
-        let region = self.register(data.to_vec(), Access::RemoteRead)?;
-        self.write_region(f, offset, &region, 0, data.len(), stability).await
+        // Larger slices go through pre-registered bounce buffers (one copy,
+        // no registration on the hot path), 1 MiB pieces in parallel.
+        let mut bufs = Vec::new();
+        for piece in data.chunks(BOUNCE_SIZE) {
+            let mut r = self.take_bounce()?;
+            r.as_mut_slice()[..piece.len()].copy_from_slice(piece);
+            bufs.push(r);
+        }
+        let calls = bufs.iter().zip(data.chunks(BOUNCE_SIZE)).enumerate().map(|(i, (r, piece))| {
+            self.write_region(f, offset + (i * BOUNCE_SIZE) as u64, r, 0, piece.len(), stability)
+        });
+        let results = futures::future::join_all(calls).await;
+        for r in bufs {
+            self.give_bounce(r);
+        }
+        for r in results {
+            r?;
+        }
+        Ok(data.len())
     }
 
     /// Reads into a slice: inline replies when small, else through a
@@ -229,11 +339,21 @@ impl DataClient {
             }
             return Ok(buf.len());
         }
-        let ctx = self.context().ok_or(Errno::EIO)?;
-        let region = Region::allocate(ctx, buf.len(), Access::RemoteWrite).map_err(|_| Errno::ENOMEM)?;
-        self.read_region(f, offset, &region, 0, buf.len()).await?;
-        buf.copy_from_slice(region.as_slice());
-        Ok(buf.len())
+        let n = buf.len();
+        let bufs = (0..n.div_ceil(BOUNCE_SIZE)).map(|_| self.take_bounce()).collect::<Result<Vec<_>, _>>()?;
+        let calls = bufs.iter().enumerate().map(|(i, r)| {
+            let len = BOUNCE_SIZE.min(n - i * BOUNCE_SIZE);
+            self.read_region(f, offset + (i * BOUNCE_SIZE) as u64, r, 0, len)
+        });
+        let results = futures::future::join_all(calls).await;
+        let ok = results.into_iter().collect::<Result<Vec<_>, _>>();
+        for (piece, r) in buf.chunks_mut(BOUNCE_SIZE).zip(&bufs) {
+            piece.copy_from_slice(&r.as_slice()[..piece.len()]);
+        }
+        for r in bufs {
+            self.give_bounce(r);
+        }
+        ok.map(|_| n)
     }
 
     async fn every_server<T>(
