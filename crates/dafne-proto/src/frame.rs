@@ -197,6 +197,55 @@ macro_rules! headers {
                 Ok(hdr)
             }
         }
+
+        impl Framed for $req {
+            type Op = $op;
+            const SIZE: usize = <$req>::SIZE;
+            fn read(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+                <$req>::read(r)
+            }
+            fn body_len(&self) -> u32 {
+                self.body_len
+            }
+        }
+
+        impl RequestFrame for $req {
+            fn make(op: $op, env: Envelope, body_len: u32) -> Self {
+                <$req>::new(op, env, body_len)
+            }
+            fn bytes(&self) -> [u8; 32] {
+                self.encode()
+            }
+            fn op(&self) -> $op {
+                self.op
+            }
+            fn envelope(&self) -> Envelope {
+                <$req>::envelope(self)
+            }
+        }
+
+        impl Framed for $rep {
+            type Op = $op;
+            const SIZE: usize = <$rep>::SIZE;
+            fn read(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+                <$rep>::read(r)
+            }
+            fn body_len(&self) -> u32 {
+                self.body_len
+            }
+        }
+
+        impl ReplyFrame for $rep {
+            fn make(op: $op, tag: u64, errno: i32, body_len: u32) -> Self {
+                <$rep>::new(op, tag, errno, body_len)
+            }
+            fn bytes(&self) -> [u8; 32] {
+                self.encode()
+            }
+            fn parts(&self) -> (u64, $op, i32) {
+                (self.tag, self.op, self.errno)
+            }
+        }
     };
 }
 
@@ -225,40 +274,78 @@ pub(crate) fn body_len(total: usize, header: usize) -> u32 {
     u32::try_from(total - header).expect("a message body above u32::MAX bytes")
 }
 
-/// The bytes of a request: header with `env` and `req.op()`, then the body.
-/// Limits are not checked here (the receiver checks them).
-///
-/// # Panics
-/// If the body exceeds 4 GiB.
-pub fn encode_request(env: Envelope, req: &Request) -> Vec<u8> {
-    let mut w = Writer::with_prefix(RequestHeader::SIZE);
+/// A 32-byte header of either protocol.
+pub(crate) trait Framed: Sized {
+    type Op: Copy + std::fmt::Display;
+    const SIZE: usize;
+    fn read(r: &mut Reader<'_>) -> Result<Self, DecodeError>;
+    fn body_len(&self) -> u32;
+}
+
+pub(crate) trait RequestFrame: Framed {
+    fn make(op: Self::Op, env: Envelope, body_len: u32) -> Self;
+    fn bytes(&self) -> [u8; 32];
+    fn op(&self) -> Self::Op;
+    fn envelope(&self) -> Envelope;
+}
+
+pub(crate) trait ReplyFrame: Framed {
+    fn make(op: Self::Op, tag: u64, errno: i32, body_len: u32) -> Self;
+    fn bytes(&self) -> [u8; 32];
+    fn parts(&self) -> (u64, Self::Op, i32);
+}
+
+/// A request body of either protocol.
+pub(crate) trait RequestBody: Sized {
+    type Op;
+    fn op(&self) -> Self::Op;
+    fn put_body(&self, w: &mut Writer);
+    fn get_body(op: Self::Op, r: &mut Reader<'_>) -> Result<Self, DecodeError>;
+}
+
+/// A successful reply body of either protocol.
+pub(crate) trait ReplyBody: Sized + std::fmt::Debug {
+    type Op;
+    fn answers(&self, op: Self::Op) -> bool;
+    fn put_body(&self, w: &mut Writer);
+    fn get_body(op: Self::Op, r: &mut Reader<'_>) -> Result<Self, DecodeError>;
+}
+
+/// Header + body of a request (`H` and `B` of the same protocol).
+pub(crate) fn encode_req<H: RequestFrame, B: RequestBody<Op = H::Op>>(env: Envelope, req: &B) -> Vec<u8> {
+    let mut w = Writer::with_prefix(H::SIZE);
     req.put_body(&mut w);
     let mut buf = w.into_vec();
-    let hdr = RequestHeader::new(req.op(), env, body_len(buf.len(), RequestHeader::SIZE));
-    buf[..RequestHeader::SIZE].copy_from_slice(&hdr.encode());
+    let hdr = H::make(req.op(), env, body_len(buf.len(), H::SIZE));
+    buf[..H::SIZE].copy_from_slice(&hdr.bytes());
     buf
 }
 
-/// Decodes a whole request message: header, a body of exactly `body_len`
-/// bytes, and nothing else.
-pub fn decode_request(buf: &[u8]) -> Result<(Envelope, Request), DecodeError> {
+/// A whole request: header, a body of exactly `body_len` bytes, nothing else.
+pub(crate) fn decode_req<H: RequestFrame, B: RequestBody<Op = H::Op>>(
+    buf: &[u8],
+) -> Result<(Envelope, B), DecodeError> {
     let mut r = Reader::new(buf);
-    let hdr = RequestHeader::read(&mut r)?;
-    check_body_len(hdr.body_len, r.left())?;
-    let req = Request::get_body(hdr.op, &mut r)?;
+    let hdr = H::read(&mut r)?;
+    check_body_len(hdr.body_len(), r.left())?;
+    let req = B::get_body(hdr.op(), &mut r)?;
     r.finish()?;
     Ok((hdr.envelope(), req))
 }
 
-/// The bytes of the reply to request `tag` of `op`: on success the body of
-/// `Ok`, on failure the errno and no body.
+/// The reply to request `tag` of `op`: the body of `Ok`, or the errno and
+/// no body.
 ///
 /// # Panics
-/// If the result is not a well-formed answer to `op` (see
-/// [`Response::answers`]) or its errno is outside `1..=MAX_ERRNO`: the
-/// server built a reply its client could not decode.
-pub fn encode_reply(tag: u64, op: Op, result: &Result<Response, Errno>) -> Vec<u8> {
-    let mut w = Writer::with_prefix(ReplyHeader::SIZE);
+/// If the result is not a well-formed answer to `op` or its errno is
+/// outside `1..=MAX_ERRNO`: the server built a reply its client could not
+/// decode.
+pub(crate) fn encode_rep<H: ReplyFrame, A: ReplyBody<Op = H::Op>>(
+    tag: u64,
+    op: H::Op,
+    result: &Result<A, Errno>,
+) -> Vec<u8> {
+    let mut w = Writer::with_prefix(H::SIZE);
     let errno = match result {
         Ok(resp) => {
             assert!(resp.answers(op), "not a well-formed answer to {op}: {resp:?}");
@@ -271,24 +358,59 @@ pub fn encode_reply(tag: u64, op: Op, result: &Result<Response, Errno>) -> Vec<u
         }
     };
     let mut buf = w.into_vec();
-    let hdr = ReplyHeader::new(op, tag, errno, body_len(buf.len(), ReplyHeader::SIZE));
-    buf[..ReplyHeader::SIZE].copy_from_slice(&hdr.encode());
+    let hdr = H::make(op, tag, errno, body_len(buf.len(), H::SIZE));
+    buf[..H::SIZE].copy_from_slice(&hdr.bytes());
     buf
+}
+
+/// A whole reply into (tag, op, result); the body is read as the answer to `op`.
+#[allow(clippy::type_complexity)]
+pub(crate) fn decode_rep<H: ReplyFrame, A: ReplyBody<Op = H::Op>>(
+    buf: &[u8],
+) -> Result<(u64, H::Op, Result<A, Errno>), DecodeError> {
+    let mut r = Reader::new(buf);
+    let hdr = H::read(&mut r)?;
+    check_body_len(hdr.body_len(), r.left())?;
+    let (tag, op, errno) = hdr.parts();
+    if errno != 0 {
+        // The header check made it a valid errno with an empty body.
+        return Ok((tag, op, Err(get_errno(errno, "reply errno")?)));
+    }
+    let resp = A::get_body(op, &mut r)?;
+    r.finish()?;
+    Ok((tag, op, Ok(resp)))
+}
+
+/// The bytes of a request: header with `env` and `req.op()`, then the body.
+/// Limits are not checked here (the receiver checks them).
+///
+/// # Panics
+/// If the body exceeds 4 GiB.
+pub fn encode_request(env: Envelope, req: &Request) -> Vec<u8> {
+    encode_req::<RequestHeader, _>(env, req)
+}
+
+/// Decodes a whole request message: header, a body of exactly `body_len`
+/// bytes, and nothing else.
+pub fn decode_request(buf: &[u8]) -> Result<(Envelope, Request), DecodeError> {
+    decode_req::<RequestHeader, _>(buf)
+}
+
+/// The bytes of the reply to request `tag` of `op`: on success the body of
+/// `Ok`, on failure the errno and no body.
+///
+/// # Panics
+/// If the result is not a well-formed answer to `op` (see
+/// [`Response::answers`]) or its errno is outside `1..=MAX_ERRNO`: the
+/// server built a reply its client could not decode.
+pub fn encode_reply(tag: u64, op: Op, result: &Result<Response, Errno>) -> Vec<u8> {
+    encode_rep::<ReplyHeader, _>(tag, op, result)
 }
 
 /// Decodes a whole reply message into (tag, op, result); the body is read as
 /// the answer to `op`.
 pub fn decode_reply(buf: &[u8]) -> Result<(u64, Op, Result<Response, Errno>), DecodeError> {
-    let mut r = Reader::new(buf);
-    let hdr = ReplyHeader::read(&mut r)?;
-    check_body_len(hdr.body_len, r.left())?;
-    if hdr.errno != 0 {
-        // The header check made it a valid errno with an empty body.
-        return Ok((hdr.tag, hdr.op, Err(Errno(hdr.errno))));
-    }
-    let resp = Response::get_body(hdr.op, &mut r)?;
-    r.finish()?;
-    Ok((hdr.tag, hdr.op, Ok(resp)))
+    decode_rep::<ReplyHeader, _>(buf)
 }
 
 pub(crate) fn check_body_len(announced: u32, actual: usize) -> Result<(), DecodeError> {

@@ -80,8 +80,7 @@
 //! transport's default 1 MiB request limit), the largest reply
 //! [`MAX_IO_REPLY_LEN`] (65 580).
 
-use crate::frame::{body_len, check_body_len};
-use crate::msg::{get_errno, ops};
+use crate::msg::ops;
 use crate::wire::{Reader, Wire, Writer};
 use crate::{Capability, DecodeError, Envelope, Errno, IoReplyHeader, IoRequestHeader};
 
@@ -519,24 +518,14 @@ impl IoResponse {
 /// # Panics
 /// If the body exceeds 4 GiB.
 pub fn encode_io_request(env: Envelope, req: &IoRequest) -> Vec<u8> {
-    let mut w = Writer::with_prefix(IoRequestHeader::SIZE);
-    req.put_body(&mut w);
-    let mut buf = w.into_vec();
-    let hdr = IoRequestHeader::new(req.op(), env, body_len(buf.len(), IoRequestHeader::SIZE));
-    buf[..IoRequestHeader::SIZE].copy_from_slice(&hdr.encode());
-    buf
+    crate::frame::encode_req::<IoRequestHeader, _>(env, req)
 }
 
 /// Decodes a whole io request message: header, a body of exactly
 /// `body_len` bytes, and nothing else. Metadata op numbers are refused with
 /// [`DecodeError::UnknownOp`].
 pub fn decode_io_request(buf: &[u8]) -> Result<(Envelope, IoRequest), DecodeError> {
-    let mut r = Reader::new(buf);
-    let hdr = IoRequestHeader::read(&mut r)?;
-    check_body_len(hdr.body_len, r.left())?;
-    let req = IoRequest::get_body(hdr.op, &mut r)?;
-    r.finish()?;
-    Ok((hdr.envelope(), req))
+    crate::frame::decode_req::<IoRequestHeader, _>(buf)
 }
 
 /// The bytes of the reply to io request `tag` of `op`: on success the body
@@ -547,37 +536,39 @@ pub fn decode_io_request(buf: &[u8]) -> Result<(Envelope, IoRequest), DecodeErro
 /// [`IoResponse::answers`]) or its errno is outside `1..=MAX_ERRNO`: the
 /// server built a reply its client could not decode.
 pub fn encode_io_reply(tag: u64, op: IoOp, result: &Result<IoResponse, Errno>) -> Vec<u8> {
-    let mut w = Writer::with_prefix(IoReplyHeader::SIZE);
-    let errno = match result {
-        Ok(resp) => {
-            assert!(resp.answers(op), "not a well-formed answer to {op}: {resp:?}");
-            resp.put_body(&mut w);
-            0
-        }
-        Err(e) => {
-            assert!(e.is_valid(), "errno {} cannot travel in a reply", e.0);
-            e.0
-        }
-    };
-    let mut buf = w.into_vec();
-    let hdr = IoReplyHeader::new(op, tag, errno, body_len(buf.len(), IoReplyHeader::SIZE));
-    buf[..IoReplyHeader::SIZE].copy_from_slice(&hdr.encode());
-    buf
+    crate::frame::encode_rep::<IoReplyHeader, _>(tag, op, result)
 }
 
 /// Decodes a whole io reply message into (tag, op, result); the body is
 /// read as the answer to `op`.
 pub fn decode_io_reply(buf: &[u8]) -> Result<(u64, IoOp, Result<IoResponse, Errno>), DecodeError> {
-    let mut r = Reader::new(buf);
-    let hdr = IoReplyHeader::read(&mut r)?;
-    check_body_len(hdr.body_len, r.left())?;
-    if hdr.errno != 0 {
-        // The header check made it a valid errno with an empty body.
-        return Ok((hdr.tag, hdr.op, Err(get_errno(hdr.errno, "reply errno")?)));
+    crate::frame::decode_rep::<IoReplyHeader, _>(buf)
+}
+
+impl crate::frame::RequestBody for IoRequest {
+    type Op = IoOp;
+    fn op(&self) -> IoOp {
+        IoRequest::op(self)
     }
-    let resp = IoResponse::get_body(hdr.op, &mut r)?;
-    r.finish()?;
-    Ok((hdr.tag, hdr.op, Ok(resp)))
+    fn put_body(&self, w: &mut Writer) {
+        IoRequest::put_body(self, w)
+    }
+    fn get_body(op: IoOp, r: &mut Reader<'_>) -> Result<IoRequest, DecodeError> {
+        IoRequest::get_body(op, r)
+    }
+}
+
+impl crate::frame::ReplyBody for IoResponse {
+    type Op = IoOp;
+    fn answers(&self, op: IoOp) -> bool {
+        IoResponse::answers(self, op)
+    }
+    fn put_body(&self, w: &mut Writer) {
+        IoResponse::put_body(self, w)
+    }
+    fn get_body(op: IoOp, r: &mut Reader<'_>) -> Result<IoResponse, DecodeError> {
+        IoResponse::get_body(op, r)
+    }
 }
 
 #[cfg(test)]

@@ -644,3 +644,29 @@ pub(crate) fn get_errno(raw: i32, what: &'static str) -> Result<Errno, DecodeErr
     }
     Ok(e)
 }
+
+impl crate::frame::RequestBody for Request {
+    type Op = Op;
+    fn op(&self) -> Op {
+        Request::op(self)
+    }
+    fn put_body(&self, w: &mut Writer) {
+        Request::put_body(self, w)
+    }
+    fn get_body(op: Op, r: &mut Reader<'_>) -> Result<Request, DecodeError> {
+        Request::get_body(op, r)
+    }
+}
+
+impl crate::frame::ReplyBody for Response {
+    type Op = Op;
+    fn answers(&self, op: Op) -> bool {
+        Response::answers(self, op)
+    }
+    fn put_body(&self, w: &mut Writer) {
+        Response::put_body(self, w)
+    }
+    fn get_body(op: Op, r: &mut Reader<'_>) -> Result<Response, DecodeError> {
+        Response::get_body(op, r)
+    }
+}
