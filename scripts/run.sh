@@ -14,6 +14,9 @@ cat <<'TXT'
 
 Next:
   ./target/release/dafne bench transport --help     options (transports, sizes, window, duration)
-  bench-results/transport.json                      the figures above as JSON
-  ARCHITECTURE.md, docs/BENCHMARKS.md               how the transport works and what was measured
+  ./target/release/dafne bench meta                 metadata creates/stats/unlinks per second
+  ./target/release/dafne bench io                   io serving modes (normal, mmap, unifier), re-read, aggregate
+  ./target/release/dafne serve meta --help          run a metadata server; `serve io --help` for an io server
+  bench-results/*.json                              the figures as JSON
+  ARCHITECTURE.md, docs/BENCHMARKS.md               how dafne works and what was measured
 TXT
