@@ -182,18 +182,6 @@ impl DataClient {
         Ok(total)
     }
 
-    async fn rma_region(
-        &self,
-        f: &OpenFile,
-        offset: u64,
-        region: &Region,
-        region_offset: usize,
-        len: usize,
-        make: impl Fn(Vec<Vec<u8>>, Vec<IoExtent>) -> IoRequest,
-    ) -> Result<usize, Errno> {
-        self.rma_list(f, &[(offset, len)], region, region_offset, make).await
-    }
-
     /// List I/O: writes the file ranges `ranges` from `region`, whose bytes
     /// from `region_offset` hold them one after the other; one request per
     /// io server for the whole list.
@@ -244,14 +232,7 @@ impl DataClient {
         len: usize,
         stability: Stability,
     ) -> Result<usize, Errno> {
-        self.rma_region(f, offset, region, region_offset, len, |keys, extents| IoRequest::Write {
-            cap: f.cap,
-            keys,
-            extents,
-            stability,
-            inline: Vec::new(),
-        })
-        .await
+        self.write_list(f, &[(offset, len)], region, region_offset, stability).await
     }
 
     /// Reads into `region` at `region_offset` from the file at `offset`:
@@ -265,13 +246,7 @@ impl DataClient {
         region_offset: usize,
         len: usize,
     ) -> Result<usize, Errno> {
-        self.rma_region(f, offset, region, region_offset, len, |keys, extents| IoRequest::Read {
-            cap: f.cap,
-            keys,
-            extents,
-            inline_reply: false,
-        })
-        .await
+        self.read_list(f, &[(offset, len)], region, region_offset).await
     }
 
     /// Writes a slice: inline when small, else through a registered copy.

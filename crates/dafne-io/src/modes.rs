@@ -697,7 +697,9 @@ impl Direct {
     }
 }
 
-fn remote_keys(conn: &ConnHandle, keys: &[Vec<u8>]) -> Result<Vec<Rc<dafne_transport::RemoteKey>>, Errno> {
+/// The client's packed keys, unpacked on its connection (cached); a bad
+/// key is `EINVAL`.
+pub(crate) fn remote_keys(conn: &ConnHandle, keys: &[Vec<u8>]) -> Result<Vec<Rc<dafne_transport::RemoteKey>>, Errno> {
     keys.iter().map(|k| conn.remote_key(k)).collect::<Result<Vec<_>, _>>().map_err(|e| {
         tracing::debug!("bad key: {e}");
         Errno::EINVAL

@@ -196,10 +196,7 @@ impl IoService {
         work: Vec<UnitWork>,
         inline_reply: bool,
     ) -> Result<IoResponse, Errno> {
-        let rkeys = keys.iter().map(|k| conn.remote_key(k)).collect::<Result<Vec<_>, _>>().map_err(|e| {
-            tracing::debug!("bad key: {e}");
-            Errno::EINVAL
-        })?;
+        let rkeys = crate::modes::remote_keys(conn, keys)?;
         let mut data = Vec::new();
         let mut bytes = 0u64;
         for batch in work.chunks(Self::batch_units(unifier, object)) {
@@ -242,10 +239,7 @@ impl IoService {
         inline: &[u8],
         stability: Stability,
     ) -> Result<(), Errno> {
-        let rkeys = keys.iter().map(|k| conn.remote_key(k)).collect::<Result<Vec<_>, _>>().map_err(|e| {
-            tracing::debug!("bad key: {e}");
-            Errno::EINVAL
-        })?;
+        let rkeys = crate::modes::remote_keys(conn, keys)?;
         for batch in work.chunks(Self::batch_units(unifier, object)) {
             let mut guards = Vec::with_capacity(batch.len());
             for w in batch {
