@@ -1,10 +1,47 @@
 //! Chunk files: one sparse file per object.
 //!
-//! Storage I/O here is plain positioned `pread`/`pwrite` through the page
-//! cache. O_DIRECT through io_uring (issue 4) is not implemented yet: the
-//! Unifier's `Storage` trait is where it will go. Until then, *drop-behind*
-//! ([`ChunkStore::set_drop_behind`]) approximates it for the Unifier, so
-//! that its units are the only cached copy of the data:
+//! # Two storage paths
+//! * **direct** (the goal): chunk files are opened a second time with
+//!   `O_DIRECT`, and aligned reads and writes go through an io_uring
+//!   ([`dafne_uring::Ring`]) straight between the device and the caller's
+//!   buffer: the Unifier's units are then the only cached copy of the data
+//!   (no page-cache copy doubling memory, no second memcpy).
+//! * **buffered**: positioned `pread`/`pwrite` through the page cache.
+//!
+//! Which one a server uses is decided once per data directory at start
+//! ([`decide`]): `--storage auto` (the default) probes the directory (open a
+//! file with `O_DIRECT`, write and read back one aligned block through a new
+//! ring) and takes the direct path if all of that works, else the buffered
+//! one; `direct` refuses to start without it; `buffered` never probes. The
+//! io server logs the outcome in one line.
+//!
+//! # Alignment on the direct path
+//! O_DIRECT wants the file offset, the memory address and the length to be
+//! multiples of the device's logical block (512 B or 4 KiB): this store
+//! uses [`DIRECT_ALIGN`] = 4 KiB, which satisfies both. Unifier units are
+//! page-aligned memory of 4–64 KiB caching unit-aligned file ranges, so a
+//! fill is one aligned read. Other requests are split:
+//!
+//! * a read whose offset and address are aligned reads its whole aligned
+//!   prefix directly; a short count (end of file, which need not be
+//!   aligned) ends it; the unaligned remainder of the length goes buffered;
+//! * a write whose offset and address agree modulo 4 KiB (always true for a
+//!   range of a unit: a write-back of a partial dirty range) writes its
+//!   aligned middle directly and its unaligned head and tail (each < 4 KiB)
+//!   buffered. The Unifier cannot round a dirty range up to whole blocks by
+//!   itself: bytes past the end of the object would extend the file;
+//! * anything else (the `normal`/`mmap` comparison modes' private buffers
+//!   at arbitrary offsets) goes buffered.
+//!
+//! Mixing the two on one file is coherent on Linux: a direct read first
+//! writes back dirty page-cache pages in its range, and a direct write
+//! invalidates them. `fdatasync` is per inode, so one sync covers both.
+//! Holes read as zeros on both paths.
+//!
+//! # Drop-behind (buffered path)
+//! Without O_DIRECT, *drop-behind* ([`ChunkStore::set_drop_behind`])
+//! approximates it for the Unifier, so that its units are the only cached
+//! copy of the data:
 //!
 //! * after a storage read, the aligned [`DROP_CHUNK`] before the one read
 //!   is dropped from the page cache (`POSIX_FADV_DONTNEED`). Not the range
@@ -22,12 +59,14 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::FileExt;
+use std::os::fd::AsFd;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
+use dafne_uring::{Ring, RingError};
 use dafne_unifier::Storage;
 
-/// Open files kept (each costs a descriptor).
+/// Open files kept (each costs one descriptor, two on the direct path).
 const OPEN_FILES: usize = 256;
 
 /// The granularity of page-cache drops: the largest page-cache folio on
@@ -36,30 +75,254 @@ const OPEN_FILES: usize = 256;
 /// chunk of this size is dropped whole whatever folios hold it.
 pub const DROP_CHUNK: u64 = 2 << 20;
 
+/// Offset, address and length alignment of direct I/O: the page size, a
+/// multiple of every logical block size Linux devices have (512 B, 4 KiB).
+pub const DIRECT_ALIGN: usize = 4096;
+
+/// Submission entries of the storage ring (the most operations in flight
+/// per system call; a unit's I/O is one operation).
+pub const RING_ENTRIES: u32 = 64;
+
+/// The name of the file that probes a data directory for O_DIRECT.
+const PROBE_FILE: &str = ".direct-probe";
+
+/// `--storage`: which storage path the io server may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, clap::ValueEnum)]
+pub enum StorageMode {
+    /// O_DIRECT via io_uring if the data directory allows it, else buffered.
+    #[default]
+    Auto,
+    /// O_DIRECT via io_uring, or refuse to start.
+    Direct,
+    /// pread/pwrite through the page cache.
+    Buffered,
+}
+
+/// Why the direct path is not available.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DirectRefused {
+    /// `--storage buffered`.
+    #[error("asked for with --storage buffered")]
+    NotAsked,
+    /// The file system refused to open a file with O_DIRECT (tmpfs before
+    /// Linux 6.6, some FUSE and network file systems: `EINVAL`).
+    #[error("O_DIRECT refused by the file system ({source})")]
+    FileSystem {
+        #[source]
+        source: io::Error,
+    },
+    /// io_uring could not be set up (old kernel, seccomp, sysctl).
+    #[error("{source}")]
+    Ring {
+        #[source]
+        source: RingError,
+    },
+    /// The file opened, but an aligned direct write or read of the probe
+    /// block failed or came back different.
+    #[error("O_DIRECT probe I/O failed ({source})")]
+    Probe {
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// `--storage direct` on a directory that cannot do it.
+#[derive(Debug, thiserror::Error)]
+#[error("--storage direct: {dir} cannot do O_DIRECT via io_uring: {reason}")]
+pub struct DirectUnavailable {
+    pub dir: PathBuf,
+    #[source]
+    pub reason: DirectRefused,
+}
+
+/// The storage path chosen for a data directory, with the ring to use.
+#[derive(Debug)]
+pub enum StoragePath {
+    Direct(Ring),
+    Buffered(DirectRefused),
+}
+
+impl StoragePath {
+    /// The one line the io server logs at start.
+    pub fn describe(&self, dir: &Path) -> String {
+        match self {
+            StoragePath::Direct(_) => format!("storage: O_DIRECT via io_uring on {}", dir.display()),
+            StoragePath::Buffered(why) => format!("storage: buffered pread/pwrite on {}: {why}", dir.display()),
+        }
+    }
+}
+
+/// Checks that files under `dir` can do O_DIRECT through a ring: opens a
+/// probe file with O_DIRECT, writes one aligned block through a new ring,
+/// reads it back and compares; returns the ring. The probe file is removed.
+pub fn probe_direct(dir: &Path) -> Result<Ring, DirectRefused> {
+    let path = dir.join(PROBE_FILE);
+    let res = probe_at(&path);
+    let _ = std::fs::remove_file(&path);
+    res
+}
+
+fn probe_at(path: &Path) -> Result<Ring, DirectRefused> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32)
+        .open(path)
+        .map_err(|source| DirectRefused::FileSystem { source })?;
+    let mut ring = Ring::new(RING_ENTRIES).map_err(|source| DirectRefused::Ring { source })?;
+    let mut block = AlignedBuf::new(DIRECT_ALIGN);
+    block.as_mut_slice().iter_mut().enumerate().for_each(|(i, b)| *b = i as u8 ^ 0x5a);
+    let probe = |e: io::Error| DirectRefused::Probe { source: e };
+    let n = ring.write_at(file.as_fd(), 0, block.as_slice()).map_err(probe)?;
+    if n != DIRECT_ALIGN {
+        return Err(probe(io::Error::other(format!("short direct write: {n} bytes"))));
+    }
+    let mut back = AlignedBuf::new(DIRECT_ALIGN);
+    let n = ring.read_at(file.as_fd(), 0, back.as_mut_slice()).map_err(probe)?;
+    if n != DIRECT_ALIGN || back.as_slice() != block.as_slice() {
+        return Err(probe(io::Error::other("direct read returned other bytes than written")));
+    }
+    Ok(ring)
+}
+
+/// The decision of `--storage` given the outcome of the probe (a function
+/// of its inputs, so that tests can hand it the failures a machine does not
+/// have: a file system refusing O_DIRECT, io_uring missing).
+pub fn decide(
+    mode: StorageMode,
+    dir: &Path,
+    probe: impl FnOnce(&Path) -> Result<Ring, DirectRefused>,
+) -> Result<StoragePath, DirectUnavailable> {
+    match mode {
+        StorageMode::Buffered => Ok(StoragePath::Buffered(DirectRefused::NotAsked)),
+        StorageMode::Auto => Ok(match probe(dir) {
+            Ok(ring) => StoragePath::Direct(ring),
+            Err(why) => StoragePath::Buffered(why),
+        }),
+        StorageMode::Direct => match probe(dir) {
+            Ok(ring) => Ok(StoragePath::Direct(ring)),
+            Err(reason) => Err(DirectUnavailable { dir: dir.to_path_buf(), reason }),
+        },
+    }
+}
+
+/// A heap buffer whose bytes start at a [`DIRECT_ALIGN`] boundary (for the
+/// probe and tests; the Unifier's units are page-aligned already).
+#[derive(Debug)]
+pub struct AlignedBuf {
+    raw: Vec<u8>,
+    skip: usize,
+    len: usize,
+}
+
+impl AlignedBuf {
+    /// `len` zero bytes at an aligned address.
+    pub fn new(len: usize) -> AlignedBuf {
+        let raw = vec![0u8; len + DIRECT_ALIGN];
+        let skip = raw.as_ptr().align_offset(DIRECT_ALIGN);
+        AlignedBuf { raw, skip, len }
+    }
+    pub fn as_slice(&self) -> &[u8] {
+        &self.raw[self.skip..self.skip + self.len]
+    }
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        &mut self.raw[self.skip..self.skip + self.len]
+    }
+}
+
+/// What the store has done, per path.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct StorageStats {
+    /// The direct path is in use (else buffered).
+    pub direct: bool,
+    /// Reads and writes through the ring on O_DIRECT files.
+    pub direct_ops: u64,
+    pub direct_bytes: u64,
+    /// Reads and writes with pread/pwrite (all of them on the buffered path;
+    /// unaligned parts on the direct path).
+    pub buffered_ops: u64,
+    pub buffered_bytes: u64,
+    /// Syncs (fdatasync), on either path.
+    pub syncs: u64,
+    /// `io_uring_enter` calls of the ring.
+    pub ring_enters: u64,
+}
+
+/// One object's open files.
+#[derive(Debug)]
+struct Files {
+    buffered: File,
+    /// The same file opened with O_DIRECT (direct path only).
+    direct: Option<File>,
+}
+
 /// The objects of one io server.
 #[derive(Debug)]
 pub struct ChunkStore {
     dir: PathBuf,
-    open: RefCell<HashMap<u64, File>>,
+    open: RefCell<HashMap<u64, Files>>,
+    /// The direct path's ring (`None`: buffered path).
+    ring: Option<RefCell<Ring>>,
+    stats: Cell<StorageStats>,
     drop_behind: Cell<bool>,
     /// Per object, the chunk most recently dropped behind a read.
     dropped: RefCell<HashMap<u64, u64>>,
 }
 
+fn aligned(x: u64) -> bool {
+    x % DIRECT_ALIGN as u64 == 0
+}
+
 impl ChunkStore {
+    /// A store on the buffered path.
     pub fn open(data_dir: &Path) -> io::Result<ChunkStore> {
-        let dir = data_dir.join("objects");
+        ChunkStore::open_with(data_dir, None)
+    }
+
+    /// The directory that holds the chunk files (the one to probe).
+    pub fn objects_dir(data_dir: &Path) -> PathBuf {
+        data_dir.join("objects")
+    }
+
+    /// A store on the direct path if given a ring (from [`decide`]).
+    pub fn open_with(data_dir: &Path, ring: Option<Ring>) -> io::Result<ChunkStore> {
+        let dir = ChunkStore::objects_dir(data_dir);
         std::fs::create_dir_all(&dir)?;
+        let stats = StorageStats { direct: ring.is_some(), ..Default::default() };
         Ok(ChunkStore {
             dir,
             open: RefCell::new(HashMap::new()),
+            ring: ring.map(RefCell::new),
+            stats: Cell::new(stats),
             drop_behind: Cell::new(false),
             dropped: RefCell::new(HashMap::new()),
         })
     }
 
-    /// Drop each range read or written through [`Storage`] from the page
-    /// cache afterwards (see the module docs).
+    /// Whether the direct path is in use.
+    pub fn is_direct(&self) -> bool {
+        self.ring.is_some()
+    }
+
+    pub fn stats(&self) -> StorageStats {
+        let mut s = self.stats.get();
+        if let Some(r) = &self.ring {
+            s.ring_enters = r.borrow().stats().enters;
+        }
+        s
+    }
+
+    fn count(&self, f: impl FnOnce(&mut StorageStats)) {
+        let mut s = self.stats.get();
+        f(&mut s);
+        self.stats.set(s);
+    }
+
+    /// Drop each range read or written buffered through [`Storage`] from
+    /// the page cache afterwards (see the module docs).
     pub fn set_drop_behind(&self, on: bool) {
         self.drop_behind.set(on);
     }
@@ -80,29 +343,50 @@ impl ChunkStore {
         self.dir.join(format!("{object:016x}"))
     }
 
-    /// Runs `f` on the object's file, opening (and with `create`, creating)
-    /// it. `Ok(None)`: the object does not exist and `create` is false.
+    /// Runs `f` on the object's (buffered) file, opening (and with
+    /// `create`, creating) it. `Ok(None)`: the object does not exist and
+    /// `create` is false.
     pub fn with_file<T>(
         &self,
         object: u64,
         create: bool,
         f: impl FnOnce(&File) -> io::Result<T>,
     ) -> io::Result<Option<T>> {
-        if let Some(file) = self.open.borrow().get(&object) {
-            return f(file).map(Some);
+        self.with_files(object, create, |files| f(&files.buffered))
+    }
+
+    fn with_files<T>(
+        &self,
+        object: u64,
+        create: bool,
+        f: impl FnOnce(&Files) -> io::Result<T>,
+    ) -> io::Result<Option<T>> {
+        if let Some(files) = self.open.borrow().get(&object) {
+            return f(files).map(Some);
         }
-        let file =
-            match OpenOptions::new().read(true).write(true).create(create).truncate(false).open(self.path(object)) {
-                Ok(file) => file,
-                Err(e) if e.kind() == io::ErrorKind::NotFound && !create => return Ok(None),
-                Err(e) => return Err(e),
-            };
-        let r = f(&file);
+        let path = self.path(object);
+        let buffered = match OpenOptions::new().read(true).write(true).create(create).truncate(false).open(&path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == io::ErrorKind::NotFound && !create => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let direct = match self.ring {
+            Some(_) => Some(
+                OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32)
+                    .open(&path)?,
+            ),
+            None => None,
+        };
+        let files = Files { buffered, direct };
+        let r = f(&files);
         let mut open = self.open.borrow_mut();
         if open.len() >= OPEN_FILES {
             open.clear();
         }
-        open.insert(object, file);
+        open.insert(object, files);
         r.map(Some)
     }
 
@@ -123,48 +407,149 @@ impl ChunkStore {
             _ => Ok(()),
         }
     }
+
+    /// Reads whole aligned blocks directly into `buf` (offset and address
+    /// aligned, length a multiple of [`DIRECT_ALIGN`]) until it is full or
+    /// a short count (end of file) comes back. Returns the bytes read.
+    fn read_direct(&self, file: &File, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        let mut ring = self.ring.as_ref().expect("direct path").borrow_mut();
+        let mut done = 0;
+        while done < buf.len() {
+            let n = match ring.read_at(file.as_fd(), offset + done as u64, &mut buf[done..]) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            self.count(|s| {
+                s.direct_ops += 1;
+                s.direct_bytes += n as u64;
+            });
+            done += n;
+            if n == 0 || !aligned(n as u64) {
+                break; // end of file
+            }
+        }
+        Ok(done)
+    }
+
+    /// Writes all of `buf` directly (offset, address and length aligned).
+    fn write_direct(&self, file: &File, offset: u64, buf: &[u8]) -> io::Result<()> {
+        let mut ring = self.ring.as_ref().expect("direct path").borrow_mut();
+        let mut done = 0;
+        while done < buf.len() {
+            match ring.write_at(file.as_fd(), offset + done as u64, &buf[done..]) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) if aligned(n as u64) => {
+                    self.count(|s| {
+                        s.direct_ops += 1;
+                        s.direct_bytes += n as u64;
+                    });
+                    done += n;
+                }
+                // A partial block written directly (ENOSPC part-way):
+                // the next attempt would be unaligned; report it as such.
+                Ok(n) => return Err(io::Error::other(format!("direct write stopped after {} bytes", done + n))),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    fn read_buffered(&self, file: &File, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        let mut done = 0;
+        while done < buf.len() {
+            match file.read_at(&mut buf[done..], offset + done as u64) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        self.count(|s| {
+            s.buffered_ops += 1;
+            s.buffered_bytes += done as u64;
+        });
+        Ok(done)
+    }
+
+    fn write_buffered(&self, file: &File, offset: u64, buf: &[u8]) -> io::Result<()> {
+        if buf.is_empty() {
+            return Ok(());
+        }
+        file.write_all_at(buf, offset)?;
+        self.count(|s| {
+            s.buffered_ops += 1;
+            s.buffered_bytes += buf.len() as u64;
+        });
+        Ok(())
+    }
+
+    fn drop_behind_read(&self, file: &File, object: u64, offset: u64) {
+        let chunk = offset / DROP_CHUNK;
+        if self.drop_behind.get() && chunk > 0 {
+            let behind = chunk - 1;
+            let mut dropped = self.dropped.borrow_mut();
+            if dropped.get(&object) != Some(&behind) {
+                if dropped.len() >= OPEN_FILES {
+                    dropped.clear();
+                }
+                dropped.insert(object, behind);
+                let len = std::num::NonZeroU64::new(DROP_CHUNK);
+                let _ = rustix::fs::fadvise(file, behind * DROP_CHUNK, len, rustix::fs::Advice::DontNeed);
+            }
+        }
+    }
 }
 
 impl Storage for ChunkStore {
     fn read_at(&self, object: u64, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
-        let n = self.with_file(object, false, |f| {
-            let mut done = 0;
-            while done < buf.len() {
-                match f.read_at(&mut buf[done..], offset + done as u64) {
-                    Ok(0) => break,
-                    Ok(n) => done += n,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) => return Err(e),
-                }
+        let n = self.with_files(object, false, |files| {
+            let direct_len = buf.len() - buf.len() % DIRECT_ALIGN;
+            let direct = files
+                .direct
+                .as_ref()
+                .filter(|_| aligned(offset) && aligned(buf.as_ptr() as u64) && direct_len > 0);
+            let Some(dfile) = direct else {
+                let n = self.read_buffered(&files.buffered, offset, buf)?;
+                self.drop_behind_read(&files.buffered, object, offset);
+                return Ok(n);
+            };
+            let n = self.read_direct(dfile, offset, &mut buf[..direct_len])?;
+            if n < direct_len {
+                return Ok(n); // end of file
             }
-            let chunk = offset / DROP_CHUNK;
-            if self.drop_behind.get() && chunk > 0 {
-                let behind = chunk - 1;
-                let mut dropped = self.dropped.borrow_mut();
-                if dropped.get(&object) != Some(&behind) {
-                    if dropped.len() >= OPEN_FILES {
-                        dropped.clear();
-                    }
-                    dropped.insert(object, behind);
-                    let len = std::num::NonZeroU64::new(DROP_CHUNK);
-                    let _ = rustix::fs::fadvise(f, behind * DROP_CHUNK, len, rustix::fs::Advice::DontNeed);
-                }
-            }
-            Ok(done)
+            let m = self.read_buffered(&files.buffered, offset + n as u64, &mut buf[n..])?;
+            Ok(n + m)
         })?;
         Ok(n.unwrap_or(0))
     }
 
     fn write_at(&self, object: u64, offset: u64, buf: &[u8]) -> io::Result<()> {
-        self.with_file(object, true, |f| {
-            f.write_all_at(buf, offset)?;
-            if self.drop_behind.get() {
-                let _ = rustix::fs::fadvise(
-                    f,
-                    offset,
-                    std::num::NonZeroU64::new(buf.len() as u64),
-                    rustix::fs::Advice::DontNeed,
-                );
+        self.with_files(object, true, |files| {
+            let addr = buf.as_ptr() as u64;
+            let align = DIRECT_ALIGN as u64;
+            // Head up to the first aligned offset, middle of whole blocks, tail.
+            let head = ((align - offset % align) % align).min(buf.len() as u64) as usize;
+            let middle = (buf.len() - head) / DIRECT_ALIGN * DIRECT_ALIGN;
+            let congruent = offset % align == addr % align;
+            match files.direct.as_ref().filter(|_| congruent && middle > 0) {
+                Some(dfile) => {
+                    self.write_buffered(&files.buffered, offset, &buf[..head])?;
+                    self.write_direct(dfile, offset + head as u64, &buf[head..head + middle])?;
+                    self.write_buffered(&files.buffered, offset + (head + middle) as u64, &buf[head + middle..])?;
+                }
+                None => {
+                    self.write_buffered(&files.buffered, offset, buf)?;
+                    if self.drop_behind.get() {
+                        let _ = rustix::fs::fadvise(
+                            &files.buffered,
+                            offset,
+                            std::num::NonZeroU64::new(buf.len() as u64),
+                            rustix::fs::Advice::DontNeed,
+                        );
+                    }
+                }
             }
             Ok(())
         })
@@ -172,6 +557,7 @@ impl Storage for ChunkStore {
     }
 
     fn sync(&self, object: u64) -> io::Result<()> {
+        self.count(|s| s.syncs += 1);
         self.with_file(object, false, |f| f.sync_data()).map(|_| ())
     }
 }

@@ -12,7 +12,7 @@ use dafne_transport::{Runtime, RuntimeOptions};
 
 use dafne_unifier::{Unifier, UnifierConfig, UnifierStats};
 
-use crate::chunk::ChunkStore;
+use crate::chunk::{self, ChunkStore, StorageMode, StoragePath, StorageStats};
 use crate::modes::{Direct, ModeStats};
 use crate::service::{Backend, IoHandler, IoService};
 
@@ -36,6 +36,11 @@ pub struct IoArgs {
     /// UCX overrides as KEY=VALUE, repeatable.
     #[arg(long = "ucx", value_name = "KEY=VALUE")]
     pub ucx: Vec<String>,
+    /// Storage path: auto (O_DIRECT via io_uring where the data directory's
+    /// file system allows it, else buffered), direct (or refuse to start),
+    /// buffered (pread/pwrite through the page cache).
+    #[arg(long, value_enum, default_value_t = StorageMode::Auto)]
+    pub storage: StorageMode,
 }
 
 /// How an io server serves reads and writes: the three methods of the
@@ -132,6 +137,8 @@ pub struct IoStats {
     pub unifier: UnifierStats,
     /// The UCX counters of the server's context.
     pub ucx: dafne_ucx::StatsSnapshot,
+    /// The chunk store's: which storage path, ops and bytes per path.
+    pub storage: StorageStats,
 }
 
 impl IoStats {
@@ -174,6 +181,11 @@ impl IoStats {
             ucx_registrations: self.ucx.registrations,
             ucx_bytes_put: self.ucx.bytes_put,
             ucx_bytes_got: self.ucx.bytes_got,
+            storage_direct: u64::from(self.storage.direct),
+            storage_direct_ops: self.storage.direct_ops,
+            storage_direct_bytes: self.storage.direct_bytes,
+            storage_buffered_ops: self.storage.buffered_ops,
+            storage_buffered_bytes: self.storage.buffered_bytes,
         }
     }
 }
@@ -236,7 +248,12 @@ counters!(
     pool_waits,
     ucx_registrations,
     ucx_bytes_put,
-    ucx_bytes_got
+    ucx_bytes_got,
+    storage_direct,
+    storage_direct_ops,
+    storage_direct_bytes,
+    storage_buffered_ops,
+    storage_buffered_bytes
 );
 
 thread_local! {
@@ -272,7 +289,7 @@ impl IoServer {
             .ok()
             .flatten()
             .unwrap_or_default();
-        IoStats { mode: self.mode, serving: s.mode, unifier: s.unifier, ucx: self.ucx_stats() }
+        IoStats { mode: self.mode, serving: s.mode, unifier: s.unifier, ucx: self.ucx_stats(), storage: s.storage }
     }
 
     /// The UCX counters of the server (RMA bytes, registrations).
@@ -295,6 +312,24 @@ pub fn start_with(a: &IoArgs, m: ModeArgs) -> Result<IoServer> {
     let secret =
         Secret::load(&a.secret).context("the io server needs the cluster secret the metadata server created")?;
     ChunkStore::open(&a.data_dir).with_context(|| format!("opening {}", a.data_dir.display()))?;
+    // The storage path, decided once for the data directory; the ring moves
+    // to the loop thread, which is the only one to use it.
+    let path = chunk::decide(a.storage, &ChunkStore::objects_dir(&a.data_dir), chunk::probe_direct)?;
+    let line = path.describe(&a.data_dir);
+    let ring = match path {
+        StoragePath::Direct(ring) => {
+            tracing::info!(target: "dafne_io::storage", "{line}");
+            Some(ring)
+        }
+        StoragePath::Buffered(chunk::DirectRefused::NotAsked) => {
+            tracing::info!(target: "dafne_io::storage", "{line}");
+            None
+        }
+        StoragePath::Buffered(_) => {
+            tracing::warn!(target: "dafne_io::storage", "{line}");
+            None
+        }
+    };
     let ucx = dafne_transport::parse_ucx_overrides(&a.ucx).map_err(anyhow::Error::msg)?;
     let mut opts = RuntimeOptions { name: "io".into(), ucx_config: ucx, ..Default::default() };
     if let Some(us) = m.spin_us {
@@ -313,7 +348,7 @@ pub fn start_with(a: &IoArgs, m: ModeArgs) -> Result<IoServer> {
     config.validate().map_err(|e| anyhow::anyhow!("--cache-mib {}: {e}", a.cache_mib))?;
     let dir = a.data_dir.clone();
     let addr = rt.serve(a.listen, move |l| {
-        let store = Rc::new(ChunkStore::open(&dir).expect("chunk store opened above"));
+        let store = Rc::new(ChunkStore::open_with(&dir, ring).expect("chunk store opened above"));
         let backend = match m.mode {
             ServingMode::Unifier => {
                 store.set_drop_behind(m.strict_cache);

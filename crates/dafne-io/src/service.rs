@@ -45,6 +45,8 @@ pub struct ServingStats {
     pub mode: ModeStats,
     /// The Unifier's counters (zero in `normal` and `mmap`).
     pub unifier: dafne_unifier::UnifierStats,
+    /// The chunk store's counters (storage path, ops and bytes per path).
+    pub storage: crate::chunk::StorageStats,
 }
 
 /// The io service of one server. Its counters are read on demand, on the
@@ -95,9 +97,10 @@ impl IoService {
     }
 
     pub fn stats(&self) -> ServingStats {
+        let storage = self.store.stats();
         match &self.backend {
-            Backend::Unifier(u) => ServingStats { mode: ModeStats::default(), unifier: u.stats() },
-            Backend::Direct(d) => ServingStats { mode: d.stats(), unifier: Default::default() },
+            Backend::Unifier(u) => ServingStats { mode: ModeStats::default(), unifier: u.stats(), storage },
+            Backend::Direct(d) => ServingStats { mode: d.stats(), unifier: Default::default(), storage },
         }
     }
 

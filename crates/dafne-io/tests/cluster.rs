@@ -172,6 +172,7 @@ fn cached_reads_and_writes_copy_nothing() {
         secret: secret_path.clone(),
         cache_mib: 16,
         ucx: common::ucx_args(),
+        storage: Default::default(),
     })
     .unwrap();
     let rt = runtime();

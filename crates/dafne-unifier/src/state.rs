@@ -310,7 +310,7 @@ impl State {
         let n = self.slab_size / size;
         for _ in 0..n {
             let mem = match kind {
-                SlabKind::Ready => Mem::Registered(Arc::new(self.register(ctx, size, None, at_start)?)),
+                SlabKind::Ready => Mem::Registered(Arc::new(self.register(ctx, size, at_start)?)),
                 SlabKind::Raw => Mem::Raw,
             };
             let s = self.new_slot(slab, class, mem);
@@ -320,14 +320,13 @@ impl State {
         Ok(())
     }
 
-    /// Registers `size` bytes: UCX-allocated memory, or the given buffer.
-    fn register(&mut self, ctx: &Context, size: usize, buf: Option<Vec<u8>>, at_start: bool) -> Result<Region> {
+    /// Registers `size` bytes of UCX-allocated memory. Always UCX's
+    /// allocation (mmap'ed or shared-memory segments, page-aligned), never a
+    /// `Vec`: a heap buffer is only 16-byte aligned, and the io server reads
+    /// and writes units with O_DIRECT, which needs 4 KiB-aligned memory.
+    fn register(&mut self, ctx: &Context, size: usize, at_start: bool) -> Result<Region> {
         let t = Instant::now();
-        let r = match buf {
-            None => Region::allocate(ctx, size, Access::Local),
-            Some(v) => Region::register(ctx, v, Access::Local),
-        }
-        .map_err(|source| Error::Register { bytes: size, source })?;
+        let r = Region::allocate(ctx, size, Access::Local).map_err(|source| Error::Register { bytes: size, source })?;
         let ns = t.elapsed().as_nanos() as u64;
         if at_start {
             self.c.startup_registrations += 1;
@@ -344,7 +343,7 @@ impl State {
     pub(crate) fn ensure_registered(&mut self, ctx: &Context, s: u32) -> Result<()> {
         if matches!(self.slots[s as usize].mem, Mem::Raw) {
             let size = UNIT_SIZES[self.slots[s as usize].class];
-            let r = self.register(ctx, size, Some(vec![0u8; size]), false)?;
+            let r = self.register(ctx, size, false)?;
             self.slots[s as usize].mem = Mem::Registered(Arc::new(r));
         }
         Ok(())

@@ -481,6 +481,22 @@ fn raw_units_are_registered_on_first_use_only() {
 }
 
 #[test]
+fn every_unit_is_page_aligned_for_o_direct() {
+    // Ready and raw slabs, every size class: storage reads and writes units
+    // with O_DIRECT, which needs 4 KiB-aligned memory.
+    for unit in UNIT_SIZES {
+        let c = UnifierConfig { ready_slabs: 1, raw_slabs: 1, ..cfg(1, unit, Policy::Lru) };
+        let (u, _s) = setup(c);
+        let units = (2 * 64 * K / unit) as u64;
+        let held: Vec<ReadGuard> = (0..units).map(|i| block_on(u.read(1, i)).expect("read")).collect();
+        for g in &held {
+            assert_eq!(g.as_ptr() as usize % 4096, 0, "unit {} of {unit} bytes at {:p}", g.unit_index(), g.as_ptr());
+        }
+        assert!(u.stats().registrations > 0, "raw units were used too");
+    }
+}
+
+#[test]
 fn the_cached_path_copies_nothing_and_registers_nothing() {
     // Its own UCX context: the shared one counts other tests' registrations.
     let ctx = Context::new(&ContextOptions::default()).unwrap();
