@@ -63,8 +63,8 @@ use std::os::fd::AsFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use dafne_uring::{Ring, RingError};
 use dafne_unifier::Storage;
+use dafne_uring::{Ring, RingError};
 
 /// Open files kept (each costs one descriptor, two on the direct path).
 const OPEN_FILES: usize = 256;
@@ -139,7 +139,7 @@ pub struct DirectUnavailable {
 /// The storage path chosen for a data directory, with the ring to use.
 #[derive(Debug)]
 pub enum StoragePath {
-    Direct(Ring),
+    Direct(Box<Ring>),
     Buffered(DirectRefused),
 }
 
@@ -199,11 +199,11 @@ pub fn decide(
     match mode {
         StorageMode::Buffered => Ok(StoragePath::Buffered(DirectRefused::NotAsked)),
         StorageMode::Auto => Ok(match probe(dir) {
-            Ok(ring) => StoragePath::Direct(ring),
+            Ok(ring) => StoragePath::Direct(Box::new(ring)),
             Err(why) => StoragePath::Buffered(why),
         }),
         StorageMode::Direct => match probe(dir) {
-            Ok(ring) => Ok(StoragePath::Direct(ring)),
+            Ok(ring) => Ok(StoragePath::Direct(Box::new(ring))),
             Err(reason) => Err(DirectUnavailable { dir: dir.to_path_buf(), reason }),
         },
     }
@@ -273,7 +273,7 @@ pub struct ChunkStore {
 }
 
 fn aligned(x: u64) -> bool {
-    x % DIRECT_ALIGN as u64 == 0
+    x.is_multiple_of(DIRECT_ALIGN as u64)
 }
 
 impl ChunkStore {
@@ -506,18 +506,16 @@ impl Storage for ChunkStore {
     fn read_at(&self, object: u64, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
         let n = self.with_files(object, false, |files| {
             let direct_len = buf.len() - buf.len() % DIRECT_ALIGN;
-            let direct = files
-                .direct
-                .as_ref()
-                .filter(|_| aligned(offset) && aligned(buf.as_ptr() as u64) && direct_len > 0);
+            let direct =
+                files.direct.as_ref().filter(|_| aligned(offset) && aligned(buf.as_ptr() as u64) && direct_len > 0);
             let Some(dfile) = direct else {
                 let n = self.read_buffered(&files.buffered, offset, buf)?;
                 self.drop_behind_read(&files.buffered, object, offset);
                 return Ok(n);
             };
             let n = self.read_direct(dfile, offset, &mut buf[..direct_len])?;
-            if n < direct_len {
-                return Ok(n); // end of file
+            if n < direct_len || n == buf.len() {
+                return Ok(n); // end of file, or all read
             }
             let m = self.read_buffered(&files.buffered, offset + n as u64, &mut buf[n..])?;
             Ok(n + m)

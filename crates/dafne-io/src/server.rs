@@ -319,7 +319,7 @@ pub fn start_with(a: &IoArgs, m: ModeArgs) -> Result<IoServer> {
     let ring = match path {
         StoragePath::Direct(ring) => {
             tracing::info!(target: "dafne_io::storage", "{line}");
-            Some(ring)
+            Some(*ring)
         }
         StoragePath::Buffered(chunk::DirectRefused::NotAsked) => {
             tracing::info!(target: "dafne_io::storage", "{line}");

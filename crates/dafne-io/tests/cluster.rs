@@ -7,7 +7,7 @@ mod common;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use common::{spawn_io, start_meta, IoProc};
+use common::{spawn_io_storage, start_meta, IoProc};
 
 use dafne_client::data::{DataClient, RegionSlice};
 use dafne_client::{Errno, MetaSession, OpenFile, ROOT_INO};
@@ -24,10 +24,19 @@ struct Cluster {
 }
 
 fn cluster(cache_mib: usize) -> Cluster {
-    let root = tempfile::tempdir().unwrap();
+    cluster_with(cache_mib, &common::storage())
+}
+
+/// Four io servers with `--storage storage`, their data under the target
+/// directory (the build's disk: /tmp may be a tmpfs).
+fn cluster_with(cache_mib: usize, storage: &str) -> Cluster {
+    let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    std::fs::create_dir_all(&base).unwrap();
+    let root = tempfile::tempdir_in(base).unwrap();
     let (meta, secret) = start_meta(root.path(), 4, 64 << 10, 4);
-    let ios =
-        (0..4).map(|i| spawn_io(&root.path().join(format!("io{i}")), &secret, cache_mib, "127.0.0.1:0")).collect();
+    let ios = (0..4)
+        .map(|i| spawn_io_storage(&root.path().join(format!("io{i}")), &secret, cache_mib, "127.0.0.1:0", storage))
+        .collect();
     Cluster { meta_addr: meta.addr, _meta: meta, ios, secret, _root: root }
 }
 
@@ -63,10 +72,19 @@ impl Rng {
 }
 
 #[test]
-fn striped_random_io_matches_a_reference_model() {
+fn striped_random_io_matches_a_reference_model_buffered() {
+    striped_random_io_matches_a_reference_model("buffered");
+}
+
+#[test]
+fn striped_random_io_matches_a_reference_model_direct() {
+    striped_random_io_matches_a_reference_model("direct");
+}
+
+fn striped_random_io_matches_a_reference_model(storage: &str) {
     // 2 MiB of cache per io server against files of up to 24 MiB (6 MiB per
     // server): units are evicted, dirty ones written back.
-    let c = cluster(2);
+    let c = cluster_with(2, storage);
     let rt = runtime();
     let (m, d) = clients(&c, &rt);
     for (fi, unit) in [4u32 << 10, 64 << 10, 1 << 20].into_iter().enumerate() {
@@ -117,8 +135,17 @@ fn striped_random_io_matches_a_reference_model() {
 }
 
 #[test]
-fn file_sync_writes_survive_kill_9_of_an_io_server() {
-    let mut c = cluster(8);
+fn file_sync_writes_survive_kill_9_of_an_io_server_buffered() {
+    file_sync_writes_survive_kill_9_of_an_io_server("buffered");
+}
+
+#[test]
+fn file_sync_writes_survive_kill_9_of_an_io_server_direct() {
+    file_sync_writes_survive_kill_9_of_an_io_server("direct");
+}
+
+fn file_sync_writes_survive_kill_9_of_an_io_server(storage: &str) {
+    let mut c = cluster_with(8, storage);
     let rt = runtime();
     let (m, d) = clients(&c, &rt);
     let f = open_new(&m, "durable", 64 << 10);
@@ -129,7 +156,7 @@ fn file_sync_writes_survive_kill_9_of_an_io_server() {
     let dir = c.ios[victim].dir.clone();
     c.ios[victim].child.kill().unwrap();
     c.ios[victim].child.wait().unwrap();
-    c.ios[victim] = spawn_io(&dir, &c.secret, 8, "127.0.0.1:0");
+    c.ios[victim] = spawn_io_storage(&dir, &c.secret, 8, "127.0.0.1:0", storage);
     let rt2 = runtime();
     let (_, d2) = clients(&c, &rt2);
     let mut back = vec![0u8; data.len()];
@@ -172,7 +199,7 @@ fn cached_reads_and_writes_copy_nothing() {
         secret: secret_path.clone(),
         cache_mib: 16,
         ucx: common::ucx_args(),
-        storage: Default::default(),
+        storage: common::storage_mode(),
     })
     .unwrap();
     let rt = runtime();
@@ -301,4 +328,66 @@ fn slice_io_registers_nothing_per_call() {
     }
     assert!(back == data);
     assert_eq!(rt.context().stats().snapshot().registrations, regs, "slice I/O registered memory per call");
+}
+
+/// `--storage direct`: every unit of a cold read is filled with O_DIRECT
+/// through the ring, and whole dirty units are written back the same way
+/// (no byte through the page cache); the counters say which path served.
+#[test]
+fn direct_storage_fills_and_writes_back_whole_units_without_the_page_cache() {
+    let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    std::fs::create_dir_all(&base).unwrap();
+    let root = tempfile::tempdir_in(base).unwrap();
+    let (meta, secret_path) = start_meta(root.path(), 1, 1 << 20, 1);
+    let args = |dir: &str| dafne_io::server::IoArgs {
+        data_dir: root.path().join(dir),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        secret: secret_path.clone(),
+        cache_mib: 4,
+        ucx: common::ucx_args(),
+        storage: dafne_io::chunk::StorageMode::Direct,
+    };
+    let io = dafne_io::server::start(&args("io0")).unwrap();
+    let rt = runtime();
+    let secret = dafne_auth::Secret::load(&secret_path).unwrap();
+    let m = MetaSession::connect(&rt, meta.addr, &secret, "direct", 0, 0).unwrap();
+    let d = DataClient::connect(&rt, &[io.addr]).unwrap();
+    let f = open_new_on(&m, "direct", 1 << 20, 1);
+    // 16 MiB through a 4 MiB cache: write-behind and eviction write whole
+    // 64 KiB units back; reading it all again misses and fills every unit.
+    let len = 16usize << 20;
+    let src =
+        d.register((0..len as u32).map(|i| (i % 253) as u8).collect(), dafne_transport::Access::RemoteRead).unwrap();
+    let dst = d.register(vec![0u8; len], dafne_transport::Access::RemoteWrite).unwrap();
+    futures::executor::block_on(d.write_region(&f, 0, &src, 0, len, Stability::Unstable)).unwrap();
+    futures::executor::block_on(d.sync(&f)).unwrap();
+    futures::executor::block_on(d.read_region(&f, 0, &dst, 0, len)).unwrap();
+    assert!(dst.as_slice() == src.as_slice());
+    let s = io.stats();
+    assert!(s.storage.direct, "{:?}", s.storage);
+    assert_eq!(s.storage.buffered_ops, 0, "whole units only: {:?}", s.storage);
+    assert!(s.unifier.fills > 0 && s.unifier.writebacks > 0, "{:?}", s.unifier);
+    assert!(s.storage.direct_bytes >= 2 * len as u64 - (4 << 20), "{:?}", s.storage);
+    assert_eq!(s.counters().storage_direct, 1);
+    // A partial unit (5000 bytes at 3): its unaligned head and tail go buffered.
+    futures::executor::block_on(d.write_at(&f, 3, &[7u8; 5000], Stability::FileSync)).unwrap();
+    let s2 = io.stats();
+    assert!(s2.storage.buffered_ops > 0, "{:?}", s2.storage);
+    let mut back = vec![0u8; 5010];
+    futures::executor::block_on(d.read_at(&f, 0, &mut back)).unwrap();
+    assert!(back[3..5003].iter().all(|&b| b == 7) && back[..3] == src.as_slice()[..3]);
+    assert!(back[5003..] == src.as_slice()[5003..5010]);
+}
+
+fn open_new_on(m: &MetaSession, name: &str, unit: u32, count: u32) -> OpenFile {
+    let a = m
+        .create_with(
+            ROOT_INO,
+            name.as_bytes(),
+            0o644,
+            true,
+            Some(LayoutHint { stripe_unit: unit, stripe_count: count }),
+        )
+        .unwrap();
+    m.open(a.ino, dafne_proto::OPEN_READ | dafne_proto::OPEN_WRITE).unwrap()
 }

@@ -40,7 +40,7 @@ fn io_args(s: &Setup, name: &str, cache_mib: usize) -> IoArgs {
         secret: s.secret.clone(),
         cache_mib,
         ucx: common::ucx_args(),
-        storage: Default::default(),
+        storage: common::storage_mode(),
     }
 }
 

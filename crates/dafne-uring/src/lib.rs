@@ -191,7 +191,9 @@ impl Ring {
             self.stats.enters += 1;
             match self.ring.submit_and_wait(want) {
                 Ok(_) => return,
-                Err(e) if matches!(e.raw_os_error(), Some(libc_errno::EINTR | libc_errno::EAGAIN | libc_errno::EBUSY)) => {
+                Err(e)
+                    if matches!(e.raw_os_error(), Some(libc_errno::EINTR | libc_errno::EAGAIN | libc_errno::EBUSY)) =>
+                {
                     // EAGAIN/EBUSY: the kernel is short of resources or the
                     // completion queue is full; completions already posted
                     // are reaped by the caller, so a wait for one is enough.

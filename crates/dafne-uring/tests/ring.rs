@@ -95,14 +95,11 @@ fn errors_are_per_operation() {
     let ro = File::open(&path).unwrap();
     let mut ring = Ring::new(4).unwrap();
     let mut buf = [0u8; 5];
-    let mut ops = [
-        Op::Write { fd: ro.as_fd(), offset: 0, buf: b"x" },
-        Op::Read { fd: ro.as_fd(), offset: 0, buf: &mut buf },
-    ];
+    let mut ops =
+        [Op::Write { fd: ro.as_fd(), offset: 0, buf: b"x" }, Op::Read { fd: ro.as_fd(), offset: 0, buf: &mut buf }];
     let res = ring.run(&mut ops);
     assert_eq!(res[0].as_ref().unwrap_err().raw_os_error(), Some(9), "EBADF: not open for writing");
     assert_eq!(*res[1].as_ref().unwrap(), 5);
-    drop(ops);
     assert_eq!(&buf, b"hello");
 }
 

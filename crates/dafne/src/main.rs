@@ -308,7 +308,10 @@ fn write_json(path: &std::path::Path, body: &str) -> Result<()> {
 
 fn main() -> Result<()> {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("DAFNE_LOG").unwrap_or_else(|_| "warn,dafne_io::storage=info".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("DAFNE_LOG")
+                .unwrap_or_else(|_| "warn,dafne_io::storage=info".into()),
+        )
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();

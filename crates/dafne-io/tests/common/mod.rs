@@ -50,6 +50,8 @@ pub struct IoProc {
     pub child: Child,
     pub addr: SocketAddr,
     pub dir: PathBuf,
+    /// Its `--storage` (auto, direct, buffered).
+    pub storage: String,
 }
 
 impl Drop for IoProc {
@@ -59,11 +61,30 @@ impl Drop for IoProc {
     }
 }
 
-/// Starts `dafne-io` and waits for its address.
+/// The `--storage` of io servers whose test does not choose one:
+/// `DAFNE_TEST_STORAGE` (auto, direct or buffered; default auto), so that
+/// the whole suite can be run on either storage path.
+pub fn storage() -> String {
+    std::env::var("DAFNE_TEST_STORAGE").unwrap_or_else(|_| "auto".into())
+}
+
+/// [`storage`] as the in-process servers' `IoArgs::storage`.
+pub fn storage_mode() -> dafne_io::chunk::StorageMode {
+    <dafne_io::chunk::StorageMode as clap::ValueEnum>::from_str(&storage(), true)
+        .unwrap_or_else(|e| panic!("DAFNE_TEST_STORAGE: {e}"))
+}
+
+/// Starts `dafne-io` (`--storage` from [`storage`]) and waits for its address.
 pub fn spawn_io(dir: &Path, secret: &Path, cache_mib: usize, listen: &str) -> IoProc {
+    spawn_io_storage(dir, secret, cache_mib, listen, &storage())
+}
+
+/// Starts `dafne-io` with `--storage storage` and waits for its address
+/// (a server that cannot serve that way exits, and this panics).
+pub fn spawn_io_storage(dir: &Path, secret: &Path, cache_mib: usize, listen: &str, storage: &str) -> IoProc {
     let mut child = Command::new(env!("CARGO_BIN_EXE_dafne-io"))
         .args(["--data-dir", dir.to_str().unwrap(), "--secret", secret.to_str().unwrap(), "--listen", listen])
-        .args(["--cache-mib", &cache_mib.to_string()])
+        .args(["--cache-mib", &cache_mib.to_string(), "--storage", storage])
         .args(ucx_args().into_iter().flat_map(|kv| ["--ucx".to_string(), kv]))
         .stdout(Stdio::piped())
         .spawn()
@@ -71,5 +92,5 @@ pub fn spawn_io(dir: &Path, secret: &Path, cache_mib: usize, listen: &str) -> Io
     let mut line = String::new();
     BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
     let addr = line.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("banner {line:?}")).parse().unwrap();
-    IoProc { child, addr, dir: dir.to_path_buf() }
+    IoProc { child, addr, dir: dir.to_path_buf(), storage: storage.to_string() }
 }
