@@ -85,6 +85,8 @@ pub struct Options {
     pub program: PathBuf,
     /// Where servers keep their data (a fresh directory per run inside).
     pub scratch: PathBuf,
+    /// The io servers' `--storage` (O_DIRECT via io_uring, or buffered).
+    pub storage: dafne_io::chunk::StorageMode,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -223,6 +225,7 @@ struct ServerCfg {
     strict: bool,
     /// Busy-poll window of the server's loop (µs); `None`: the default.
     spin_us: Option<u64>,
+    storage: dafne_io::chunk::StorageMode,
 }
 
 fn start_io(program: &Path, dir: &Path, secret: &Path, cfg: ServerCfg) -> Result<IoProc> {
@@ -230,6 +233,7 @@ fn start_io(program: &Path, dir: &Path, secret: &Path, cfg: ServerCfg) -> Result
     c.args(["serve", "io", "--data-dir", &dir.display().to_string(), "--listen", "127.0.0.1:0"]);
     c.args(["--secret", &secret.display().to_string(), "--cache-mib", &cfg.cache_mib.to_string()]);
     c.args(["--mode", cfg.mode.name(), "--stats-on-stdin"]);
+    c.args(["--storage", cfg.storage.name()]);
     if cfg.strict {
         c.arg("--strict-cache");
     }
@@ -476,7 +480,7 @@ fn cached_bandwidth(
     let spin_label = spin_us.map(|us| format!(", spin {us} µs")).unwrap_or_default();
     for &mode in &o.modes {
         progress(&format!("cached bandwidth, {mode}{spin_label}: starting the servers and filling the file"));
-        let cfg = ServerCfg { mode, cache_mib: o.cache_mib, strict: false, spin_us };
+        let cfg = ServerCfg { mode, cache_mib: o.cache_mib, strict: false, spin_us, storage: o.storage };
         let mut c = cluster(o, &format!("cached-{mode}"), 1, cfg)?;
         let cl = client(&c, "cached")?;
         let f = cl.create("cached", 1)?;
@@ -524,7 +528,8 @@ fn reread(o: &Options, progress: &mut impl FnMut(&str)) -> Result<Vec<RereadRow>
             // A whole number of access-size blocks.
             let size = (((ratio * cache as f64) as usize) / o.reread_size).max(1) * o.reread_size;
             progress(&format!("re-read {mode}: {} file, {} cache", human(size), human(cache)));
-            let cfg = ServerCfg { mode, cache_mib: o.reread_cache_mib, strict: true, spin_us: None };
+            let cfg =
+                ServerCfg { mode, cache_mib: o.reread_cache_mib, strict: true, spin_us: None, storage: o.storage };
             let mut c = cluster(o, &format!("reread-{mode}-{ratio}"), 1, cfg)?;
             let n = (size / o.reread_size) as u64;
             let f = {
@@ -617,7 +622,8 @@ fn scaling(o: &Options, progress: &mut impl FnMut(&str)) -> Result<Vec<ScaleRow>
     let mut rows = Vec::new();
     for &mode in &o.modes {
         for &n in &o.servers {
-            let cfg = ServerCfg { mode, cache_mib: o.scaling_cache_mib, strict: false, spin_us: None };
+            let cfg =
+                ServerCfg { mode, cache_mib: o.scaling_cache_mib, strict: false, spin_us: None, storage: o.storage };
             let mut c = cluster(o, &format!("scale-{mode}-{n}"), n, cfg)?;
             for &m in &o.clients {
                 progress(&format!("aggregate {mode}: {n} io server(s) × {m} client(s)"));

@@ -98,6 +98,17 @@ pub enum StorageMode {
     Buffered,
 }
 
+impl StorageMode {
+    /// The name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            StorageMode::Auto => "auto",
+            StorageMode::Direct => "direct",
+            StorageMode::Buffered => "buffered",
+        }
+    }
+}
+
 /// Why the direct path is not available.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

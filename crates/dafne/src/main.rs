@@ -95,6 +95,10 @@ struct IoBench {
     /// Scratch directory for the servers' data (a fresh directory inside).
     #[arg(long, default_value = "/tmp")]
     scratch: PathBuf,
+    /// The io servers' storage path: auto (O_DIRECT via io_uring where
+    /// the scratch directory allows it), direct, or buffered.
+    #[arg(long, value_enum, default_value_t = dafne_io::chunk::StorageMode::Auto)]
+    storage: dafne_io::chunk::StorageMode,
     /// Where to write the JSON report.
     #[arg(long, default_value = "bench-results/io.json")]
     json: PathBuf,
@@ -289,6 +293,7 @@ fn bench_io(a: IoBench) -> Result<()> {
         scaling_file: 8 << 20,
         program: std::env::current_exe().context("locating the dafne executable")?,
         scratch: a.scratch,
+        storage: a.storage,
     };
     let started = std::time::Instant::now();
     let report =
