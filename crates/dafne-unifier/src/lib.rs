@@ -99,7 +99,11 @@
 //! request asks for stability ([`WriteGuard::commit_stable`]:
 //! write-through), and when a writer would push dirty bytes past
 //! `max_dirty_bytes` (bounded write-behind: the oldest dirty units go
-//! first). Storage is synchronous: see [`storage`] for why.
+//! first). Storage is synchronous: see [`storage`] for why. If the storage
+//! offers a background writer ([`Storage::background`]), write-behind
+//! starts early, at half the bound, on a thread of its own, and a writer
+//! waits (asynchronously) only when the bound itself is reached; see
+//! `background.rs` for how a unit being written back is kept unchanged.
 //!
 //! # Limits
 //! * Cache memory: `(ready_slabs + raw_slabs) * slab_size` ≤ 1 TiB; slab ≤ 1 GiB.
@@ -118,6 +122,7 @@
 //! io server's event loop. No borrow of the cache's state is held across a
 //! storage call or an `await`.
 
+mod background;
 pub mod config;
 pub mod error;
 mod ring;
@@ -132,5 +137,5 @@ mod tests;
 pub use config::{FileAdvice, Policy, UnifierConfig, MAX_ADVISED_OBJECTS, MAX_CACHE_BYTES, MAX_SLAB_SIZE, UNIT_SIZES};
 pub use error::{ConfigError, Error, Result};
 pub use stats::UnifierStats;
-pub use storage::{MemStorage, MemStorageStats, Storage};
+pub use storage::{BackgroundStorage, BackgroundWrite, MemStorage, MemStorageStats, Storage};
 pub use unifier::{spans, ReadGuard, Span, Unifier, WriteGuard};

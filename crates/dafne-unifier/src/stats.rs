@@ -21,8 +21,15 @@ pub struct UnifierStats {
     /// Dirty ranges written to storage, and their bytes.
     pub writebacks: u64,
     pub writeback_bytes: u64,
-    /// Write-backs forced by the `max_dirty_bytes` bound.
+    /// Write-backs forced by the `max_dirty_bytes` bound, made synchronously
+    /// on the caller's thread (the event loop).
     pub write_behind: u64,
+    /// Write-backs made by the background thread (counted in `writebacks`
+    /// too), the batches they went in, and writers that waited for one
+    /// because they would have passed `max_dirty_bytes`.
+    pub background_writebacks: u64,
+    pub background_batches: u64,
+    pub background_waits: u64,
     /// Bytes copied between buffers. The Unifier itself never copies (storage
     /// reads and writes use unit memory directly; RMA reads and writes it in
     /// place), so this stays 0 unless a serving mode that copies (the

@@ -17,10 +17,11 @@
 //! once between the device (or page cache) and the registered unit, and the
 //! Unifier never copies them anywhere else.
 
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::io;
 use std::rc::Rc;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 /// Byte-addressed objects (chunk files) below the cache.
 ///
@@ -39,6 +40,31 @@ pub trait Storage {
     fn write_at(&self, object: u64, offset: u64, buf: &[u8]) -> io::Result<()>;
     /// Makes the object's written bytes durable (`fdatasync`).
     fn sync(&self, object: u64) -> io::Result<()>;
+    /// A writer for the Unifier's background write-back thread, which then
+    /// writes dirty units while the loop serves (see `background.rs`).
+    /// `None` (the default): write-behind stays synchronous. The writer
+    /// must write to the same objects as `write_at`; it opens what it needs
+    /// itself (the Unifier waits for an object's write-backs before it
+    /// truncates or removes it).
+    fn background(&self) -> Option<Box<dyn BackgroundStorage>> {
+        None
+    }
+}
+
+/// One write of a background batch: a dirty range of a unit.
+#[derive(Debug)]
+pub struct BackgroundWrite<'a> {
+    pub object: u64,
+    pub offset: u64,
+    pub buf: &'a [u8],
+}
+
+/// The storage side of background write-back, owned by its thread.
+pub trait BackgroundStorage: Send {
+    /// Writes every range (all of each `buf`), as [`Storage::write_at`]
+    /// would; one result per write, in order. A batch may go to the
+    /// device as one submission.
+    fn write_batch(&mut self, writes: &[BackgroundWrite<'_>]) -> Vec<io::Result<()>>;
 }
 
 impl<T: Storage + ?Sized> Storage for Rc<T> {
@@ -50,6 +76,9 @@ impl<T: Storage + ?Sized> Storage for Rc<T> {
     }
     fn sync(&self, object: u64) -> io::Result<()> {
         (**self).sync(object)
+    }
+    fn background(&self) -> Option<Box<dyn BackgroundStorage>> {
+        (**self).background()
     }
 }
 
@@ -63,11 +92,16 @@ impl<T: Storage + ?Sized> Storage for Box<T> {
     fn sync(&self, object: u64) -> io::Result<()> {
         (**self).sync(object)
     }
+    fn background(&self) -> Option<Box<dyn BackgroundStorage>> {
+        (**self).background()
+    }
 }
 
 /// Counters of a [`MemStorage`].
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct MemStorageStats {
+    /// Batches written by a background writer (their writes count in `writes`).
+    pub background_batches: u64,
     pub reads: u64,
     pub writes: u64,
     pub syncs: u64,
@@ -77,13 +111,25 @@ pub struct MemStorageStats {
 
 /// A `HashMap`-backed [`Storage`] for tests, with injected failures: the
 /// twin that lets tests cause the storage errors real disks cause rarely.
+/// Its state is shared (`Arc<Mutex>`) so that, with
+/// [`MemStorage::set_background`], a background write-back thread writes
+/// to the same objects.
 #[derive(Debug, Default)]
 pub struct MemStorage {
-    objects: RefCell<HashMap<u64, Vec<u8>>>,
-    stats: Cell<MemStorageStats>,
-    fail_reads: Cell<u32>,
-    fail_writes: Cell<u32>,
-    fail_syncs: Cell<u32>,
+    shared: Arc<Mutex<MemState>>,
+    background: Cell<bool>,
+    /// While `true`, background batches wait before writing (tests hold
+    /// units in flight with it).
+    gate: Arc<(Mutex<bool>, Condvar)>,
+}
+
+#[derive(Debug, Default)]
+struct MemState {
+    objects: HashMap<u64, Vec<u8>>,
+    stats: MemStorageStats,
+    fail_reads: u32,
+    fail_writes: u32,
+    fail_syncs: u32,
 }
 
 impl MemStorage {
@@ -91,98 +137,141 @@ impl MemStorage {
         MemStorage::default()
     }
 
+    fn state(&self) -> MutexGuard<'_, MemState> {
+        self.shared.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Offer a background writer to the Unifier (off by default: write-behind
+    /// is then synchronous, as with a storage that cannot offer one).
+    pub fn set_background(&self, on: bool) {
+        self.background.set(on);
+    }
+
+    /// Holds (`true`) or releases background batches: a held batch waits,
+    /// with its units in flight, until released.
+    pub fn hold_background(&self, hold: bool) {
+        let (m, cv) = &*self.gate;
+        *m.lock().unwrap_or_else(|e| e.into_inner()) = hold;
+        cv.notify_all();
+    }
+
     /// A copy of the object's bytes (empty if it does not exist).
     pub fn contents(&self, object: u64) -> Vec<u8> {
-        self.objects.borrow().get(&object).cloned().unwrap_or_default()
+        self.state().objects.get(&object).cloned().unwrap_or_default()
     }
 
     /// Replaces the object's bytes.
     pub fn set(&self, object: u64, bytes: Vec<u8>) {
-        self.objects.borrow_mut().insert(object, bytes);
+        self.state().objects.insert(object, bytes);
     }
 
     /// Cuts or zero-extends the object to `len` bytes.
     pub fn truncate(&self, object: u64, len: usize) {
-        self.objects.borrow_mut().entry(object).or_default().resize(len, 0);
+        self.state().objects.entry(object).or_default().resize(len, 0);
     }
 
     /// Deletes the object.
     pub fn remove(&self, object: u64) {
-        self.objects.borrow_mut().remove(&object);
+        self.state().objects.remove(&object);
     }
 
     pub fn stats(&self) -> MemStorageStats {
-        self.stats.get()
+        self.state().stats
     }
 
     /// The next `n` reads fail with an I/O error.
     pub fn fail_next_reads(&self, n: u32) {
-        self.fail_reads.set(n);
+        self.state().fail_reads = n;
     }
 
-    /// The next `n` writes fail with an I/O error (and write nothing).
+    /// The next `n` writes fail with an I/O error (and write nothing),
+    /// background writes included.
     pub fn fail_next_writes(&self, n: u32) {
-        self.fail_writes.set(n);
+        self.state().fail_writes = n;
     }
 
     /// The next `n` syncs fail with an I/O error.
     pub fn fail_next_syncs(&self, n: u32) {
-        self.fail_syncs.set(n);
+        self.state().fail_syncs = n;
     }
+}
 
-    fn injected(counter: &Cell<u32>, what: &str) -> io::Result<()> {
-        match counter.get() {
-            0 => Ok(()),
-            n => {
-                counter.set(n - 1);
-                Err(io::Error::other(format!("injected {what} failure")))
-            }
+fn injected(counter: &mut u32, what: &str) -> io::Result<()> {
+    match *counter {
+        0 => Ok(()),
+        n => {
+            *counter = n - 1;
+            Err(io::Error::other(format!("injected {what} failure")))
         }
     }
+}
 
-    fn count(&self, f: impl FnOnce(&mut MemStorageStats)) {
-        let mut s = self.stats.get();
-        f(&mut s);
-        self.stats.set(s);
+impl MemState {
+    fn write_at(&mut self, object: u64, offset: u64, buf: &[u8]) -> io::Result<()> {
+        injected(&mut self.fail_writes, "write")?;
+        let start = usize::try_from(offset).map_err(|_| io::Error::other("offset beyond memory"))?;
+        let end = start.checked_add(buf.len()).ok_or_else(|| io::Error::other("offset beyond memory"))?;
+        let data = self.objects.entry(object).or_default();
+        if data.len() < end {
+            data.resize(end, 0);
+        }
+        data[start..end].copy_from_slice(buf);
+        self.stats.writes += 1;
+        self.stats.bytes_written += buf.len() as u64;
+        Ok(())
     }
 }
 
 impl Storage for MemStorage {
     fn read_at(&self, object: u64, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
-        MemStorage::injected(&self.fail_reads, "read")?;
-        let objects = self.objects.borrow();
-        let data = objects.get(&object).map(Vec::as_slice).unwrap_or(&[]);
+        let mut st = self.state();
+        injected(&mut st.fail_reads, "read")?;
+        let data = st.objects.get(&object).map(Vec::as_slice).unwrap_or(&[]);
         let start = usize::try_from(offset).unwrap_or(usize::MAX).min(data.len());
         let n = (data.len() - start).min(buf.len());
         buf[..n].copy_from_slice(&data[start..start + n]);
-        self.count(|s| {
-            s.reads += 1;
-            s.bytes_read += n as u64;
-        });
+        st.stats.reads += 1;
+        st.stats.bytes_read += n as u64;
         Ok(n)
     }
 
     fn write_at(&self, object: u64, offset: u64, buf: &[u8]) -> io::Result<()> {
-        MemStorage::injected(&self.fail_writes, "write")?;
-        let start = usize::try_from(offset).map_err(|_| io::Error::other("offset beyond memory"))?;
-        let end = start.checked_add(buf.len()).ok_or_else(|| io::Error::other("offset beyond memory"))?;
-        let mut objects = self.objects.borrow_mut();
-        let data = objects.entry(object).or_default();
-        if data.len() < end {
-            data.resize(end, 0);
-        }
-        data[start..end].copy_from_slice(buf);
-        self.count(|s| {
-            s.writes += 1;
-            s.bytes_written += buf.len() as u64;
-        });
-        Ok(())
+        self.state().write_at(object, offset, buf)
     }
 
     fn sync(&self, _object: u64) -> io::Result<()> {
-        MemStorage::injected(&self.fail_syncs, "sync")?;
-        self.count(|s| s.syncs += 1);
+        let mut st = self.state();
+        injected(&mut st.fail_syncs, "sync")?;
+        st.stats.syncs += 1;
         Ok(())
+    }
+
+    fn background(&self) -> Option<Box<dyn BackgroundStorage>> {
+        self.background.get().then(|| {
+            Box::new(MemBackground { shared: self.shared.clone(), gate: self.gate.clone() }) as Box<dyn BackgroundStorage>
+        })
+    }
+}
+
+/// [`MemStorage`]'s background writer: the same objects, from another thread.
+#[derive(Debug)]
+struct MemBackground {
+    shared: Arc<Mutex<MemState>>,
+    gate: Arc<(Mutex<bool>, Condvar)>,
+}
+
+impl BackgroundStorage for MemBackground {
+    fn write_batch(&mut self, writes: &[BackgroundWrite<'_>]) -> Vec<io::Result<()>> {
+        let (m, cv) = &*self.gate;
+        let mut held = m.lock().unwrap_or_else(|e| e.into_inner());
+        while *held {
+            held = cv.wait(held).unwrap_or_else(|e| e.into_inner());
+        }
+        drop(held);
+        let mut st = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+        let res = writes.iter().map(|w| st.write_at(w.object, w.offset, w.buf)).collect();
+        st.stats.background_batches += 1;
+        res
     }
 }
 

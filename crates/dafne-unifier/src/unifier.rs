@@ -1,6 +1,7 @@
 //! The Unifier handle, acquisition futures, guards, fills and write-backs.
 
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::future::Future;
 use std::ops::{Deref, Range};
 use std::pin::Pin;
@@ -10,6 +11,7 @@ use std::task::{Context as TaskContext, Poll};
 
 use dafne_ucx::{Context, Local, Region};
 
+use crate::background::{Background, Job, BATCH_UNITS, MAX_IN_FLIGHT};
 use crate::config::{class_of, FileAdvice, Policy, UnifierConfig, MAX_ADVISED_OBJECTS, UNIT_SIZES};
 use crate::error::{Error, Result};
 use crate::state::{Grant, Mem, State};
@@ -31,10 +33,27 @@ impl std::fmt::Debug for Unifier {
 }
 
 struct Inner {
+    /// First, so that it drops first: its thread is joined before any
+    /// unit memory is freed.
+    bg: Option<Background>,
+    bgst: RefCell<BgState>,
     ctx: Context,
     cfg: UnifierConfig,
     storage: Box<dyn Storage>,
     st: RefCell<State>,
+}
+
+/// The loop's view of background write-backs in flight.
+#[derive(Debug, Default)]
+struct BgState {
+    in_flight: usize,
+    in_flight_bytes: u64,
+    /// Units in flight per object (absent: none).
+    per_object: HashMap<u64, u32>,
+    /// Completions processed so far (waiters watch it move).
+    completed: u64,
+    /// The first failure not yet reported to a writer.
+    error: Option<Error>,
 }
 
 /// What an acquisition wants.
@@ -123,8 +142,22 @@ impl Unifier {
             registrations = st.c.startup_registrations,
             "Unifier ready"
         );
+        let bg = storage.background().and_then(|w| match Background::start(w) {
+            Ok(bg) => Some(bg),
+            Err(e) => {
+                tracing::warn!("no background write-back thread ({e}); write-behind stays synchronous");
+                None
+            }
+        });
         Ok(Unifier {
-            inner: Rc::new(Inner { ctx: ctx.clone(), cfg: config, storage: Box::new(storage), st: RefCell::new(st) }),
+            inner: Rc::new(Inner {
+                bg,
+                bgst: RefCell::default(),
+                ctx: ctx.clone(),
+                cfg: config,
+                storage: Box::new(storage),
+                st: RefCell::new(st),
+            }),
         })
     }
 
@@ -132,9 +165,23 @@ impl Unifier {
         &self.inner.cfg
     }
 
-    /// A snapshot of the counters.
+    /// A snapshot of the counters (background write-backs that completed
+    /// are processed first).
     pub fn stats(&self) -> UnifierStats {
+        self.inner.reap();
         self.inner.st.borrow().snapshot()
+    }
+
+    /// Whether dirty units are written back by a background thread.
+    pub fn has_background_writeback(&self) -> bool {
+        self.inner.bg.is_some()
+    }
+
+    /// Waits until no background write-back of `object` is in flight. The
+    /// io server calls it before removing an object's file (a late write
+    /// would recreate it); flush and truncate do it themselves.
+    pub fn quiesce(&self, object: u64) -> impl Future<Output = ()> + 'static {
+        BgWait { inner: self.inner.clone(), until: Until::Quiet(object) }
     }
 
     /// Records bytes a serving mode copied between buffers (the `normal`
@@ -253,7 +300,7 @@ impl Unifier {
     ) -> impl Future<Output = Result<WriteGuard>> + 'static {
         let inner = self.inner.clone();
         async move {
-            inner.make_room(object, unit_index, &range)?;
+            Inner::make_room(&inner, object, unit_index, &range).await?;
             let h = Inner::acquire(&inner, object, unit_index, Mode::Write(range.clone())).await?;
             Ok(WriteGuard {
                 inner,
@@ -322,6 +369,9 @@ impl Unifier {
     pub fn truncate(&self, object: u64, new_len: u64) -> impl Future<Output = Result<()>> + 'static {
         let inner = self.inner.clone();
         async move {
+            // A write-back landing after the storage truncate would extend
+            // the file again.
+            BgWait { inner: inner.clone(), until: Until::Quiet(object) }.await;
             let size = inner.st.borrow().advice_for(object, &inner.cfg).0;
             let cut_index = new_len / size as u64;
             let cut = (new_len % size as u64) as usize;
@@ -428,6 +478,7 @@ impl Inner {
     /// One synchronous attempt: a hit is granted or queued; a miss makes
     /// room, takes a slot and claims the unit for this acquisition.
     fn try_acquire(&self, object: u64, index: u64, mode: &Mode) -> Result<Step> {
+        self.reap();
         let mut st = self.st.borrow_mut();
         let (size, class, policy) = st.advice_for(object, &self.cfg);
         unit_base(index, size)?;
@@ -634,29 +685,157 @@ impl Inner {
         res.map_err(|source| Error::Storage { op: "write_at", object, offset, source })
     }
 
-    /// Bounded write-behind: before a write of `range` of a unit, write back
-    /// the oldest dirty units until the bytes the write will add (the growth
-    /// of the unit's covering dirty range) fit under `max_dirty_bytes`.
+    /// Bounded write-behind: before a write of `range` of a unit, make sure
+    /// the bytes the write will add (the growth of the unit's covering dirty
+    /// range) fit under `max_dirty_bytes`.
+    ///
+    /// With a background writer, the oldest dirty units are handed to it as
+    /// soon as dirty bytes not already being written pass half the bound
+    /// ([`Inner::kick`]); a writer that would pass the bound itself waits
+    /// for a background completion (the loop serves others meanwhile). A
+    /// background failure is reported to the next writer that waits.
+    /// Without one, the oldest dirty units are written back here,
+    /// synchronously (`write_behind`).
+    ///
     /// Units a writer holds cannot be written back now, so the bound can be
     /// passed by at most the writers in flight:
     /// dirty bytes <= max_dirty_bytes + (writers in flight - 1) * 64 KiB.
-    fn make_room(&self, object: u64, index: u64, range: &Range<usize>) -> Result<()> {
+    async fn make_room(inner: &Rc<Inner>, object: u64, index: u64, range: &Range<usize>) -> Result<()> {
         loop {
+            inner.reap();
+            inner.kick();
             let s = {
-                let st = self.st.borrow();
+                let st = inner.st.borrow();
                 let growth = match st.lookup(object, index).and_then(|s| st.unit(s).dirty) {
                     Some((lo, hi)) => (hi.max(range.end) - lo.min(range.start)) - (hi - lo),
                     None => range.len(),
                 };
-                if st.dirty_bytes + growth as u64 <= self.cfg.max_dirty_bytes as u64 {
+                if st.dirty_bytes + growth as u64 <= inner.cfg.max_dirty_bytes as u64 {
                     return Ok(());
                 }
-                match st.oldest_writable_back() {
-                    Some(s) => s,
-                    None => return Ok(()),
+                if inner.bgst.borrow().in_flight > 0 {
+                    None
+                } else {
+                    match st.oldest_writable_back() {
+                        Some(s) => Some(s),
+                        None => return Ok(()),
+                    }
                 }
             };
-            self.write_back(s, None, Cause::WriteBehind)?;
+            match s {
+                Some(s) => inner.write_back(s, None, Cause::WriteBehind)?,
+                None => {
+                    if let Some(e) = inner.bgst.borrow_mut().error.take() {
+                        return Err(e);
+                    }
+                    inner.st.borrow_mut().c.background_waits += 1;
+                    let seen = inner.bgst.borrow().completed;
+                    BgWait { inner: inner.clone(), until: Until::Completed(seen) }.await;
+                }
+            }
+        }
+    }
+
+    /// Hands the oldest dirty units to the background writer, in batches of
+    /// up to [`BATCH_UNITS`], while the dirty bytes not already in flight
+    /// exceed half of `max_dirty_bytes` and fewer than [`MAX_IN_FLIGHT`]
+    /// units are in flight. Each unit is pinned until its completion is
+    /// reaped (see `background.rs`).
+    fn kick(&self) {
+        let Some(bg) = &self.bg else { return };
+        let low = self.cfg.max_dirty_bytes as u64 / 2;
+        loop {
+            let mut b = self.bgst.borrow_mut();
+            let mut st = self.st.borrow_mut();
+            if st.dirty_bytes.saturating_sub(b.in_flight_bytes) <= low || b.in_flight >= MAX_IN_FLIGHT {
+                return;
+            }
+            let room = BATCH_UNITS.min(MAX_IN_FLIGHT - b.in_flight);
+            let picked: Vec<u32> = st
+                .dirty_order
+                .values()
+                .copied()
+                .filter(|&s| {
+                    let u = st.unit(s);
+                    u.pins == 0 && u.attached && matches!(st.slots[s as usize].mem, Mem::Registered(_))
+                })
+                .take(room)
+                .collect();
+            if picked.is_empty() {
+                return;
+            }
+            let mut batch = Vec::with_capacity(picked.len());
+            for s in picked {
+                let slot = &st.slots[s as usize];
+                let u = slot.unit.as_ref().expect("dirty units exist");
+                let (lo, hi) = u.dirty.expect("in the dirty order");
+                let Mem::Registered(arc) = &slot.mem else { unreachable!("filtered above") };
+                let job = Job {
+                    slot: s,
+                    gen: slot.gen,
+                    object: u.object,
+                    // Cannot overflow: unit_base checked (index + 1) * size.
+                    offset: u.index * UNIT_SIZES[slot.class] as u64 + lo as u64,
+                    lo,
+                    hi,
+                    mem: arc.clone(),
+                };
+                st.unit_mut(s).pins += 1;
+                b.in_flight += 1;
+                b.in_flight_bytes += (hi - lo) as u64;
+                *b.per_object.entry(job.object).or_insert(0) += 1;
+                batch.push(job);
+            }
+            st.c.background_batches += 1;
+            drop((b, st));
+            bg.submit(batch);
+        }
+    }
+
+    /// Processes the background write-backs that completed: clears the
+    /// dirty range written (unchanged: the pin kept writers out), unpins the
+    /// unit and lets waiters in; a failure leaves the unit dirty.
+    fn reap(&self) {
+        let Some(bg) = &self.bg else { return };
+        let done = bg.completions();
+        if done.is_empty() {
+            return;
+        }
+        let mut b = self.bgst.borrow_mut();
+        let mut st = self.st.borrow_mut();
+        for d in done {
+            let s = d.slot;
+            debug_assert_eq!(st.slots[s as usize].gen, d.gen, "a pinned unit keeps its slot");
+            b.in_flight -= 1;
+            b.in_flight_bytes -= (d.hi - d.lo) as u64;
+            b.completed += 1;
+            match b.per_object.get_mut(&d.object) {
+                Some(n) if *n > 1 => *n -= 1,
+                _ => {
+                    b.per_object.remove(&d.object);
+                }
+            }
+            match d.result {
+                Ok(()) => {
+                    if st.unit(s).dirty == Some((d.lo, d.hi)) {
+                        st.clear_dirty(s);
+                    }
+                    st.c.writebacks += 1;
+                    st.c.writeback_bytes += (d.hi - d.lo) as u64;
+                    st.c.background_writebacks += 1;
+                    st.unsynced.insert(d.object);
+                }
+                Err(source) => {
+                    st.c.storage_errors += 1;
+                    tracing::warn!(object = d.object, offset = d.offset, "background write-back failed: {source}");
+                    if b.error.is_none() {
+                        b.error = Some(Error::Storage { op: "write_at (background)", object: d.object, offset: d.offset, source });
+                    }
+                }
+            }
+            st.unit_mut(s).pins -= 1;
+            st.unit(s).wake_eligible();
+            st.free_if_idle(s);
         }
     }
 
@@ -682,6 +861,8 @@ impl Inner {
     }
 
     async fn flush(inner: &Rc<Inner>, object: u64) -> Result<()> {
+        // The sync below must follow the object's background write-backs.
+        BgWait { inner: inner.clone(), until: Until::Quiet(object) }.await;
         for (s, gen) in inner.units_of(object, |u| u.dirty.is_some() || u.writer) {
             // Shared access: waits for a writer, not for readers.
             let Some(h) = Inner::acquire_existing(inner, s, gen, false).await? else { continue };
@@ -754,6 +935,14 @@ impl Future for WaitTurn {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Turn> {
         let this = &mut *self;
+        // The unit may be pinned by a background write-back: its completion
+        // must be reaped (and this waiter woken) even if nothing else runs.
+        if let Some(bg) = &this.inner.bg {
+            if this.inner.bgst.borrow().in_flight > 0 {
+                bg.notify(cx.waker());
+            }
+            this.inner.reap();
+        }
         let mut st = this.inner.st.borrow_mut();
         let s = this.slot;
         let slot = &mut st.slots[s as usize];
@@ -802,6 +991,43 @@ impl Drop for WaitTurn {
                     u.wake_eligible();
                 }
             }
+        }
+    }
+}
+
+/// What a [`BgWait`] waits for.
+enum Until {
+    /// More completions than this count.
+    Completed(u64),
+    /// No write-back of this object in flight.
+    Quiet(u64),
+}
+
+/// Waits for background write-backs, reaping their completions itself (so
+/// it needs no other task to make progress).
+struct BgWait {
+    inner: Rc<Inner>,
+    until: Until,
+}
+
+impl Future for BgWait {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<()> {
+        let inner = &self.inner;
+        let Some(bg) = &inner.bg else { return Poll::Ready(()) };
+        // Register before looking, so that a completion in between wakes us.
+        bg.notify(cx.waker());
+        inner.reap();
+        let b = inner.bgst.borrow();
+        let done = match self.until {
+            Until::Completed(seen) => b.completed > seen || b.in_flight == 0,
+            Until::Quiet(object) => !b.per_object.contains_key(&object),
+        };
+        if done {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
         }
     }
 }
