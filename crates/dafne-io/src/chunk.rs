@@ -62,9 +62,10 @@ use std::io;
 use std::os::fd::AsFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
-use dafne_unifier::Storage;
-use dafne_uring::{Ring, RingError};
+use dafne_unifier::{BackgroundStorage, BackgroundWrite, Storage};
+use dafne_uring::{Op, Ring, RingError};
 
 /// Open files kept (each costs one descriptor, two on the direct path).
 const OPEN_FILES: usize = 256;
@@ -256,6 +257,8 @@ pub struct StorageStats {
     /// unaligned parts on the direct path).
     pub buffered_ops: u64,
     pub buffered_bytes: u64,
+    /// Background write-back batches (their writes count above).
+    pub background_batches: u64,
     /// Syncs (fdatasync), on either path.
     pub syncs: u64,
     /// `io_uring_enter` calls of the ring.
@@ -278,6 +281,8 @@ pub struct ChunkStore {
     /// The direct path's ring (`None`: buffered path).
     ring: Option<RefCell<Ring>>,
     stats: Cell<StorageStats>,
+    /// What the background writer did (it runs on the Unifier's thread).
+    bg_stats: Arc<Mutex<StorageStats>>,
     drop_behind: Cell<bool>,
     /// Per object, the chunk most recently dropped behind a read.
     dropped: RefCell<HashMap<u64, u64>>,
@@ -308,6 +313,7 @@ impl ChunkStore {
             open: RefCell::new(HashMap::new()),
             ring: ring.map(RefCell::new),
             stats: Cell::new(stats),
+            bg_stats: Arc::default(),
             drop_behind: Cell::new(false),
             dropped: RefCell::new(HashMap::new()),
         })
@@ -323,7 +329,19 @@ impl ChunkStore {
         if let Some(r) = &self.ring {
             s.ring_enters = r.borrow().stats().enters;
         }
+        let b = self.background_stats();
+        s.direct_ops += b.direct_ops;
+        s.direct_bytes += b.direct_bytes;
+        s.buffered_ops += b.buffered_ops;
+        s.buffered_bytes += b.buffered_bytes;
+        s.background_batches += b.background_batches;
+        s.ring_enters += b.ring_enters;
         s
+    }
+
+    /// What the background writer alone did.
+    pub fn background_stats(&self) -> StorageStats {
+        *self.bg_stats.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn count(&self, f: impl FnOnce(&mut StorageStats)) {
@@ -376,22 +394,11 @@ impl ChunkStore {
             return f(files).map(Some);
         }
         let path = self.path(object);
-        let buffered = match OpenOptions::new().read(true).write(true).create(create).truncate(false).open(&path) {
-            Ok(file) => file,
+        let files = match open_files(&path, create, self.ring.is_some()) {
+            Ok(files) => files,
             Err(e) if e.kind() == io::ErrorKind::NotFound && !create => return Ok(None),
             Err(e) => return Err(e),
         };
-        let direct = match self.ring {
-            Some(_) => Some(
-                OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32)
-                    .open(&path)?,
-            ),
-            None => None,
-        };
-        let files = Files { buffered, direct };
         let r = f(&files);
         let mut open = self.open.borrow_mut();
         if open.len() >= OPEN_FILES {
@@ -536,14 +543,8 @@ impl Storage for ChunkStore {
 
     fn write_at(&self, object: u64, offset: u64, buf: &[u8]) -> io::Result<()> {
         self.with_files(object, true, |files| {
-            let addr = buf.as_ptr() as u64;
-            let align = DIRECT_ALIGN as u64;
-            // Head up to the first aligned offset, middle of whole blocks, tail.
-            let head = ((align - offset % align) % align).min(buf.len() as u64) as usize;
-            let middle = (buf.len() - head) / DIRECT_ALIGN * DIRECT_ALIGN;
-            let congruent = offset % align == addr % align;
-            match files.direct.as_ref().filter(|_| congruent && middle > 0) {
-                Some(dfile) => {
+            match files.direct.as_ref().zip(split(offset, buf)) {
+                Some((dfile, (head, middle))) => {
                     self.write_buffered(&files.buffered, offset, &buf[..head])?;
                     self.write_direct(dfile, offset + head as u64, &buf[head..head + middle])?;
                     self.write_buffered(&files.buffered, offset + (head + middle) as u64, &buf[head + middle..])?;
@@ -569,6 +570,141 @@ impl Storage for ChunkStore {
         self.count(|s| s.syncs += 1);
         self.with_file(object, false, |f| f.sync_data()).map(|_| ())
     }
+
+    /// A writer for the Unifier's background write-back; on the direct path
+    /// with a ring of its own (if one cannot be made, its writes go buffered).
+    fn background(&self) -> Option<Box<dyn BackgroundStorage>> {
+        let ring = match self.ring {
+            Some(_) => {
+                Ring::new(RING_ENTRIES).map_err(|e| tracing::warn!("background write-back without io_uring: {e}")).ok()
+            }
+            None => None,
+        };
+        Some(Box::new(ChunkBackground { dir: self.dir.clone(), ring, stats: self.bg_stats.clone() }))
+    }
+}
+
+/// Opens an object's file (creating it with `create`), and with `direct`
+/// a second descriptor with O_DIRECT.
+fn open_files(path: &Path, create: bool, direct: bool) -> io::Result<Files> {
+    let buffered = OpenOptions::new().read(true).write(true).create(create).truncate(false).open(path)?;
+    let direct = match direct {
+        true => Some(
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32)
+                .open(path)?,
+        ),
+        false => None,
+    };
+    Ok(Files { buffered, direct })
+}
+
+/// How a write of `buf` at `offset` splits for direct I/O: `(head, middle)`
+/// byte counts (the head up to the first aligned offset and the tail after
+/// the middle go buffered), or `None` if no whole aligned block can go
+/// directly (memory and offset not congruent mod [`DIRECT_ALIGN`], or too short).
+fn split(offset: u64, buf: &[u8]) -> Option<(usize, usize)> {
+    let align = DIRECT_ALIGN as u64;
+    let head = ((align - offset % align) % align).min(buf.len() as u64) as usize;
+    let middle = (buf.len() - head) / DIRECT_ALIGN * DIRECT_ALIGN;
+    let congruent = offset % align == buf.as_ptr() as u64 % align;
+    (congruent && middle > 0).then_some((head, middle))
+}
+
+/// The chunk store's writer for the Unifier's background write-back
+/// thread: it opens the files a batch needs itself (no descriptors shared
+/// with the loop; the Unifier waits for an object's write-backs before it
+/// is truncated or removed, so the path names the right file), and on the
+/// direct path has its own ring, so the aligned middles of a whole batch go
+/// to the device in one submission.
+#[derive(Debug)]
+pub struct ChunkBackground {
+    dir: PathBuf,
+    ring: Option<Ring>,
+    stats: Arc<Mutex<StorageStats>>,
+}
+
+impl BackgroundStorage for ChunkBackground {
+    fn write_batch(&mut self, writes: &[BackgroundWrite<'_>]) -> Vec<io::Result<()>> {
+        let mut st = StorageStats { background_batches: 1, ..Default::default() };
+        let mut files: HashMap<u64, io::Result<Files>> = HashMap::new();
+        for w in writes {
+            let path = self.dir.join(format!("{:016x}", w.object));
+            files.entry(w.object).or_insert_with(|| open_files(&path, true, self.ring.is_some()));
+        }
+        let mut results: Vec<io::Result<()>> = Vec::with_capacity(writes.len());
+        // Buffered parts first (heads, tails, whole unaligned writes), then
+        // every direct middle of the batch in one submission.
+        let mut direct: Vec<(usize, u64, &[u8])> = Vec::new();
+        for (i, w) in writes.iter().enumerate() {
+            let f = match &files[&w.object] {
+                Ok(f) => f,
+                Err(e) => {
+                    results.push(Err(io::Error::new(e.kind(), e.to_string())));
+                    continue;
+                }
+            };
+            let res = match f.direct.as_ref().zip(split(w.offset, w.buf)) {
+                Some((_, (head, middle))) => {
+                    direct.push((i, w.offset + head as u64, &w.buf[head..head + middle]));
+                    buffered(&f.buffered, w.offset, &w.buf[..head], &mut st).and_then(|()| {
+                        buffered(&f.buffered, w.offset + (head + middle) as u64, &w.buf[head + middle..], &mut st)
+                    })
+                }
+                None => buffered(&f.buffered, w.offset, w.buf, &mut st),
+            };
+            results.push(res);
+        }
+        if let (Some(ring), false) = (self.ring.as_mut(), direct.is_empty()) {
+            let enters = ring.stats().enters;
+            let mut ops: Vec<Op<'_>> = direct
+                .iter()
+                .map(|&(i, offset, buf)| {
+                    let fd = files[&writes[i].object].as_ref().ok().and_then(|f| f.direct.as_ref()).expect("opened");
+                    Op::Write { fd: fd.as_fd(), offset, buf }
+                })
+                .collect();
+            let out = ring.run(&mut ops);
+            drop(ops);
+            st.ring_enters += ring.stats().enters - enters;
+            for (&(i, offset, buf), r) in direct.iter().zip(out) {
+                let f = files[&writes[i].object].as_ref().expect("opened");
+                let res = match r {
+                    Ok(n) => {
+                        st.direct_ops += 1;
+                        st.direct_bytes += n as u64;
+                        // A short direct write: the rest through the page cache.
+                        buffered(&f.buffered, offset + n as u64, &buf[n.min(buf.len())..], &mut st)
+                    }
+                    Err(e) => Err(e),
+                };
+                if results[i].is_ok() {
+                    results[i] = res;
+                }
+            }
+        }
+        let mut total = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+        total.direct_ops += st.direct_ops;
+        total.direct_bytes += st.direct_bytes;
+        total.buffered_ops += st.buffered_ops;
+        total.buffered_bytes += st.buffered_bytes;
+        total.background_batches += st.background_batches;
+        total.ring_enters += st.ring_enters;
+        results
+    }
+}
+
+/// `pwrite` all of `buf` (nothing if empty), counted in `st`.
+fn buffered(file: &File, offset: u64, buf: &[u8], st: &mut StorageStats) -> io::Result<()> {
+    if buf.is_empty() {
+        return Ok(());
+    }
+    file.write_all_at(buf, offset)?;
+    st.buffered_ops += 1;
+    st.buffered_bytes += buf.len() as u64;
+    Ok(())
 }
 
 #[cfg(test)]

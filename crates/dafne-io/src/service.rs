@@ -166,7 +166,11 @@ impl IoService {
             }
             (IoRequest::Remove { .. }, backend) => {
                 match backend {
-                    Backend::Unifier(u) => u.remove(object),
+                    Backend::Unifier(u) => {
+                        // A write-back still in flight would recreate the file.
+                        u.quiesce(object).await;
+                        u.remove(object)
+                    }
                     Backend::Direct(d) => d.remove(object),
                 }
                 store.remove(object).map_err(eio("remove"))?;

@@ -391,3 +391,49 @@ fn open_new_on(m: &MetaSession, name: &str, unit: u32, count: u32) -> OpenFile {
         .unwrap();
     m.open(a.ino, dafne_proto::OPEN_READ | dafne_proto::OPEN_WRITE).unwrap()
 }
+
+/// Several writers on one io server: dirty units are written back by the
+/// Unifier's background thread, never synchronously on the event loop
+/// (`write_behind` stays 0), and every byte reads back.
+#[test]
+fn concurrent_writers_are_written_back_in_the_background() {
+    let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    std::fs::create_dir_all(&base).unwrap();
+    let root = tempfile::tempdir_in(base).unwrap();
+    let (meta, secret_path) = start_meta(root.path(), 1, 1 << 20, 1);
+    // 8 MiB of cache: write-behind bound 2 MiB, background from 1 MiB.
+    let io = dafne_io::server::start(&dafne_io::server::IoArgs {
+        data_dir: root.path().join("io0"),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        secret: secret_path.clone(),
+        cache_mib: 8,
+        ucx: common::ucx_args(),
+        storage: common::storage_mode(),
+    })
+    .unwrap();
+    let rt = runtime();
+    let secret = dafne_auth::Secret::load(&secret_path).unwrap();
+    let m = MetaSession::connect(&rt, meta.addr, &secret, "bg", 0, 0).unwrap();
+    let d = DataClient::connect(&rt, &[io.addr]).unwrap();
+    let files: Vec<OpenFile> = (0..3).map(|i| open_new_on(&m, &format!("bg{i}"), 1 << 20, 1)).collect();
+    let len = 6usize << 20;
+    let data: Vec<Vec<u8>> = (0..3).map(|i| (0..len).map(|b| (b % 241) as u8 ^ (i as u8 * 85)).collect()).collect();
+    let writers = files.iter().zip(&data).map(|(f, bytes)| {
+        let d = &d;
+        async move {
+            for off in (0..len).step_by(1 << 20) {
+                d.write_at(f, off as u64, &bytes[off..off + (1 << 20)], Stability::Unstable).await.unwrap();
+            }
+        }
+    });
+    futures::executor::block_on(futures::future::join_all(writers));
+    let s = io.stats().unifier;
+    assert!(s.background_writebacks > 0 && s.background_batches > 0, "{s:?}");
+    assert_eq!(s.write_behind, 0, "a write-back ran on the event loop: {s:?}");
+    for (f, want) in files.iter().zip(&data) {
+        futures::executor::block_on(d.sync(f)).unwrap();
+        let mut back = vec![0u8; len];
+        futures::executor::block_on(d.read_at(f, 0, &mut back)).unwrap();
+        assert!(back == *want, "file {} differs", f.cap.object_id);
+    }
+}

@@ -92,7 +92,11 @@ impl Background {
                 let results = {
                     let writes: Vec<BackgroundWrite<'_>> = batch
                         .iter()
-                        .map(|j| BackgroundWrite { object: j.object, offset: j.offset, buf: &j.mem.as_slice()[j.lo..j.hi] })
+                        .map(|j| BackgroundWrite {
+                            object: j.object,
+                            offset: j.offset,
+                            buf: &j.mem.as_slice()[j.lo..j.hi],
+                        })
                         .collect();
                     storage.write_batch(&writes)
                 };

@@ -248,7 +248,8 @@ impl Storage for MemStorage {
 
     fn background(&self) -> Option<Box<dyn BackgroundStorage>> {
         self.background.get().then(|| {
-            Box::new(MemBackground { shared: self.shared.clone(), gate: self.gate.clone() }) as Box<dyn BackgroundStorage>
+            Box::new(MemBackground { shared: self.shared.clone(), gate: self.gate.clone() })
+                as Box<dyn BackgroundStorage>
         })
     }
 }

@@ -363,8 +363,9 @@ impl Unifier {
     /// Cuts `object` to `new_len` in the cache: units wholly past the end
     /// are dropped with their dirty bytes; the unit holding the new end is
     /// taken exclusively, zeroed past it, and its dirty range clipped. The
-    /// caller truncates storage after this completes (so that no later
-    /// write-back re-extends the file). A write that holds a unit past the
+    /// caller truncates storage after this completes, without yielding to
+    /// other tasks in between (so that no later write-back re-extends the
+    /// file: background write-backs of the object are waited for). A write that holds a unit past the
     /// end while this completes is ordered before the truncate.
     pub fn truncate(&self, object: u64, new_len: u64) -> impl Future<Output = Result<()>> + 'static {
         let inner = self.inner.clone();
@@ -388,15 +389,22 @@ impl Unifier {
                 }
             }
             let first_gone = cut_index + u64::from(cut > 0);
-            let mut st = inner.st.borrow_mut();
-            let gone: Vec<u32> = st
-                .objects
-                .get(&object)
-                .map(|o| o.units.range(first_gone..).map(|(_, &s)| s).collect())
-                .unwrap_or_default();
-            for s in gone {
-                st.detach(s, true);
+            {
+                let mut st = inner.st.borrow_mut();
+                let gone: Vec<u32> = st
+                    .objects
+                    .get(&object)
+                    .map(|o| o.units.range(first_gone..).map(|(_, &s)| s).collect())
+                    .unwrap_or_default();
+                for s in gone {
+                    st.detach(s, true);
+                }
             }
+            // Write-backs started while this waited for the cut unit may
+            // include units just dropped: they must land before the caller
+            // truncates storage. No new one can start for those units now
+            // (detached, clean), and the caller truncates without yielding.
+            BgWait { inner: inner.clone(), until: Until::Quiet(object) }.await;
             Ok(())
         }
     }
@@ -423,7 +431,17 @@ impl Inner {
     /// Acquires a unit by (object, index): hit, miss-and-fill, or wait.
     async fn acquire(inner: &Rc<Inner>, object: u64, index: u64, mode: Mode) -> Result<Held> {
         loop {
-            match inner.try_acquire(object, index, &mode)? {
+            let step = match inner.try_acquire(object, index, &mode) {
+                // Units pinned by background write-backs are free again
+                // once those complete: wait for one rather than fail.
+                Err(Error::NoSpace { .. }) if inner.bgst.borrow().in_flight > 0 => {
+                    let seen = inner.bgst.borrow().completed;
+                    BgWait { inner: inner.clone(), until: Until::Completed(seen) }.await;
+                    continue;
+                }
+                r => r?,
+            };
+            match step {
                 Step::Held(h) => return Ok(h),
                 Step::Claimed(h) => return inner.fill(h, object, index, &mode),
                 Step::Retry => {}
@@ -829,7 +847,12 @@ impl Inner {
                     st.c.storage_errors += 1;
                     tracing::warn!(object = d.object, offset = d.offset, "background write-back failed: {source}");
                     if b.error.is_none() {
-                        b.error = Some(Error::Storage { op: "write_at (background)", object: d.object, offset: d.offset, source });
+                        b.error = Some(Error::Storage {
+                            op: "write_at (background)",
+                            object: d.object,
+                            offset: d.offset,
+                            source,
+                        });
                     }
                 }
             }

@@ -124,8 +124,10 @@ impl Ring {
     /// Runs every operation of `ops` and returns, in the same order, each
     /// one's result: bytes transferred for reads and writes (a short count
     /// as from `pread`/`pwrite`), 0 for syncs, or the error the kernel gave.
-    /// Up to [`Ring::entries`] operations go to the kernel per system call;
-    /// they run concurrently (no order among reads and writes; see
+    /// Up to [`Ring::entries`] operations go to the kernel per system call,
+    /// which returns when they have all completed (so a batch of `k`
+    /// operations takes `ceil(k / entries)` calls, plus any interrupted by a
+    /// signal); they run concurrently (no order among reads and writes; see
     /// [`Op::Sync`]). Returns only once every operation has completed.
     pub fn run(&mut self, ops: &mut [Op<'_>]) -> Vec<io::Result<usize>> {
         let mut results: Vec<Option<io::Result<usize>>> = (0..ops.len()).map(|_| None).collect();
@@ -150,7 +152,9 @@ impl Ring {
                     in_flight += 1;
                 }
             }
-            self.enter(1);
+            // Wait for the whole submission: one system call per `entries`
+            // operations, and a batch that fits the ring is one call.
+            self.enter(in_flight);
             for cqe in self.ring.completion() {
                 let i = cqe.user_data() as usize;
                 let r = cqe.result();

@@ -72,8 +72,10 @@ fn a_batch_larger_than_the_ring_runs_whole_with_fewer_enters_than_ops() {
         assert_eq!(*r.as_ref().unwrap(), 4096);
     }
     assert_eq!(*res[n].as_ref().unwrap(), 0);
+    // 65 operations through 8 entries: 9 full-ring submissions (more
+    // only if a signal interrupted one).
     let enters = ring.stats().enters;
-    assert!(enters < n as u64, "{enters} enters for {n} writes: not batched");
+    assert!((9..n as u64).contains(&enters), "{enters} enters for {} operations in a ring of 8", n + 1);
 
     let mut reads: Vec<Vec<u8>> = (0..n).map(|_| vec![0u8; 4096]).collect();
     let mut ops: Vec<Op<'_>> = reads
