@@ -233,7 +233,10 @@ fn start_io(program: &Path, dir: &Path, secret: &Path, cfg: ServerCfg) -> Result
     c.args(["serve", "io", "--data-dir", &dir.display().to_string(), "--listen", "127.0.0.1:0"]);
     c.args(["--secret", &secret.display().to_string(), "--cache-mib", &cfg.cache_mib.to_string()]);
     c.args(["--mode", cfg.mode.name(), "--stats-on-stdin"]);
-    c.args(["--storage", cfg.storage.name()]);
+    if cfg.mode == ServingMode::Unifier {
+        // normal and mmap always serve through the page cache.
+        c.args(["--storage", cfg.storage.name()]);
+    }
     if cfg.strict {
         c.arg("--strict-cache");
     }

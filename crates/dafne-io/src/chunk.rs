@@ -30,8 +30,11 @@
 //!   aligned middle directly and its unaligned head and tail (each < 4 KiB)
 //!   buffered. The Unifier cannot round a dirty range up to whole blocks by
 //!   itself: bytes past the end of the object would extend the file;
-//! * anything else (the `normal`/`mmap` comparison modes' private buffers
-//!   at arbitrary offsets) goes buffered.
+//! * anything else goes buffered.
+//!
+//! The `normal` and `mmap` comparison modes always use the buffered path
+//! (the page cache is the cache they stand for); `--storage direct` is
+//! refused with them.
 //!
 //! Mixing the two on one file is coherent on Linux: a direct read first
 //! writes back dirty page-cache pages in its range, and a direct write
@@ -117,6 +120,9 @@ pub enum DirectRefused {
     /// `--storage buffered`.
     #[error("asked for with --storage buffered")]
     NotAsked,
+    /// The `normal` and `mmap` serving modes: the page cache is their cache.
+    #[error("the serving mode caches in the page cache")]
+    PageCacheMode,
     /// The file system refused to open a file with O_DIRECT (tmpfs before
     /// Linux 6.6, some FUSE and network file systems: `EINVAL`).
     #[error("O_DIRECT refused by the file system ({source})")]

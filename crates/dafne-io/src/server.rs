@@ -181,6 +181,8 @@ impl IoStats {
             ucx_registrations: self.ucx.registrations,
             ucx_bytes_put: self.ucx.bytes_put,
             ucx_bytes_got: self.ucx.bytes_got,
+            write_behind: m.write_behind,
+            background_writebacks: m.background_writebacks,
             storage_direct: u64::from(self.storage.direct),
             storage_direct_ops: self.storage.direct_ops,
             storage_direct_bytes: self.storage.direct_bytes,
@@ -249,6 +251,8 @@ counters!(
     ucx_registrations,
     ucx_bytes_put,
     ucx_bytes_got,
+    write_behind,
+    background_writebacks,
     storage_direct,
     storage_direct_ops,
     storage_direct_bytes,
@@ -314,14 +318,22 @@ pub fn start_with(a: &IoArgs, m: ModeArgs) -> Result<IoServer> {
     ChunkStore::open(&a.data_dir).with_context(|| format!("opening {}", a.data_dir.display()))?;
     // The storage path, decided once for the data directory; the ring moves
     // to the loop thread, which is the only one to use it.
-    let path = chunk::decide(a.storage, &ChunkStore::objects_dir(&a.data_dir), chunk::probe_direct)?;
+    // `normal` and `mmap` cache in the page cache (that is what they
+    // compare against), so they never bypass it.
+    let path = match (m.mode, a.storage) {
+        (ServingMode::Unifier, _) | (_, StorageMode::Buffered) => {
+            chunk::decide(a.storage, &ChunkStore::objects_dir(&a.data_dir), chunk::probe_direct)?
+        }
+        (mode, StorageMode::Direct) => anyhow::bail!("--storage direct needs --mode unifier, not {mode}"),
+        (_, StorageMode::Auto) => StoragePath::Buffered(chunk::DirectRefused::PageCacheMode),
+    };
     let line = path.describe(&a.data_dir);
     let ring = match path {
         StoragePath::Direct(ring) => {
             tracing::info!(target: "dafne_io::storage", "{line}");
             Some(*ring)
         }
-        StoragePath::Buffered(chunk::DirectRefused::NotAsked) => {
+        StoragePath::Buffered(chunk::DirectRefused::NotAsked | chunk::DirectRefused::PageCacheMode) => {
             tracing::info!(target: "dafne_io::storage", "{line}");
             None
         }

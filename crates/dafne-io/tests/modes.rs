@@ -45,7 +45,11 @@ fn io_args(s: &Setup, name: &str, cache_mib: usize) -> IoArgs {
 }
 
 fn io(s: &Setup, mode: ServingMode, cache_mib: usize, strict_cache: bool) -> IoServer {
-    let a = io_args(s, mode.name(), cache_mib);
+    let mut a = io_args(s, mode.name(), cache_mib);
+    if mode != ServingMode::Unifier && a.storage == dafne_io::chunk::StorageMode::Direct {
+        // The comparison modes cache in the page cache: never direct.
+        a.storage = dafne_io::chunk::StorageMode::Auto;
+    }
     dafne_io::server::start_with(&a, ModeArgs { mode, strict_cache, ..Default::default() }).unwrap()
 }
 
@@ -283,4 +287,20 @@ fn a_server_process_reports_its_counters_on_stdin() {
 
 fn path(p: &Path) -> &str {
     p.to_str().unwrap()
+}
+
+#[test]
+fn the_comparison_modes_keep_the_page_cache() {
+    // `normal` and `mmap` are compared with the Unifier as page-cache
+    // servers: auto gives them buffered storage, direct is refused.
+    let s = meta();
+    for mode in [ServingMode::Normal, ServingMode::Mmap] {
+        let mut a = io_args(&s, &format!("pc-{mode}"), 8);
+        a.storage = dafne_io::chunk::StorageMode::Auto;
+        let srv = dafne_io::server::start_with(&a, ModeArgs { mode, ..Default::default() }).unwrap();
+        assert!(!srv.stats().storage.direct, "{mode}");
+        a.storage = dafne_io::chunk::StorageMode::Direct;
+        let e = dafne_io::server::start_with(&a, ModeArgs { mode, ..Default::default() }).unwrap_err();
+        assert!(e.to_string().contains("--storage direct needs --mode unifier"), "{e}");
+    }
 }

@@ -120,7 +120,10 @@
 //! # Threading
 //! Single-threaded: the types are `!Send` (`Rc`, `RefCell`) and live on the
 //! io server's event loop. No borrow of the cache's state is held across a
-//! storage call or an `await`.
+//! storage call or an `await`. The one other thread is the optional
+//! background writer: it receives pinned units' memory (`Arc<Region>`) and
+//! storage's [`BackgroundStorage`], never the cache's state; completions
+//! come back over a channel and are processed on the loop.
 
 mod background;
 pub mod config;

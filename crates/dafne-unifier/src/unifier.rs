@@ -411,7 +411,9 @@ impl Unifier {
 
     /// Forgets `object` (it was deleted): its units and their dirty bytes
     /// are dropped at once, and its advice. Units still held are freed when
-    /// released; a writer's bytes are discarded then.
+    /// released; a writer's bytes are discarded then. Await
+    /// [`Unifier::quiesce`] first if storage is to be removed right after:
+    /// a background write-back already in flight still lands.
     pub fn remove(&self, object: u64) {
         let mut st = self.inner.st.borrow_mut();
         let units: Vec<u32> = st.objects.get(&object).map(|o| o.units.values().copied().collect()).unwrap_or_default();

@@ -95,8 +95,9 @@ struct IoBench {
     /// Scratch directory for the servers' data (a fresh directory inside).
     #[arg(long, default_value = "/tmp")]
     scratch: PathBuf,
-    /// The io servers' storage path: auto (O_DIRECT via io_uring where
-    /// the scratch directory allows it), direct, or buffered.
+    /// The unifier-mode io servers' storage path: auto (O_DIRECT via
+    /// io_uring where the scratch directory allows it), direct, or
+    /// buffered (normal and mmap always use the page cache).
     #[arg(long, value_enum, default_value_t = dafne_io::chunk::StorageMode::Auto)]
     storage: dafne_io::chunk::StorageMode,
     /// Where to write the JSON report.
