@@ -67,7 +67,7 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use dafne_unifier::{BackgroundStorage, BackgroundWrite, Storage};
+use dafne_unifier::{BackgroundStorage, BackgroundWrite, BatchRead, Storage};
 use dafne_uring::{Op, Ring, RingError};
 
 /// Open files kept (each costs one descriptor, two on the direct path).
@@ -545,6 +545,61 @@ impl Storage for ChunkStore {
             Ok(n + m)
         })?;
         Ok(n.unwrap_or(0))
+    }
+
+    /// On the direct path, the aligned reads of the batch (unit fills) go
+    /// to the ring in one submission; the rest, and the completion of any
+    /// short read that is not at the end of the file, go through `read_at`.
+    fn read_batch(&self, reads: &mut [BatchRead<'_>]) -> Vec<io::Result<usize>> {
+        let mut results: Vec<Option<io::Result<usize>>> = reads.iter().map(|_| None).collect();
+        if let Some(ring) = &self.ring {
+            // Open every object first (opening may evict others from the
+            // table), then take the descriptors of those still open.
+            // (A missing object, or an error, leaves the read to `read_at`.)
+            for r in reads.iter() {
+                let _ = self.with_files(r.object, false, |_| Ok(()));
+            }
+            let open = self.open.borrow();
+            let mut idx = Vec::new();
+            let mut ops: Vec<Op<'_>> = Vec::new();
+            for (i, r) in reads.iter_mut().enumerate() {
+                let aligned_read = aligned(r.offset)
+                    && aligned(r.buf.as_ptr() as u64)
+                    && aligned(r.buf.len() as u64)
+                    && !r.buf.is_empty();
+                match open.get(&r.object).and_then(|f| f.direct.as_ref()) {
+                    Some(d) if aligned_read => {
+                        idx.push(i);
+                        ops.push(Op::Read { fd: d.as_fd(), offset: r.offset, buf: &mut *r.buf });
+                    }
+                    _ => {}
+                }
+            }
+            if !ops.is_empty() {
+                let out = ring.borrow_mut().run(&mut ops);
+                drop(ops);
+                for (&i, r) in idx.iter().zip(out) {
+                    if let Ok(n) = &r {
+                        self.count(|s| {
+                            s.direct_ops += 1;
+                            s.direct_bytes += *n as u64;
+                        });
+                    }
+                    results[i] = Some(r);
+                }
+            }
+        }
+        reads
+            .iter_mut()
+            .zip(results)
+            .map(|(r, res)| match res {
+                // Full, or short at an unaligned count (the end of the file).
+                Some(Ok(n)) if n == r.buf.len() || n == 0 || !aligned(n as u64) => Ok(n),
+                Some(Ok(n)) => self.read_at(r.object, r.offset + n as u64, &mut r.buf[n..]).map(|m| n + m),
+                Some(Err(e)) => Err(e),
+                None => self.read_at(r.object, r.offset, r.buf),
+            })
+            .collect()
     }
 
     fn write_at(&self, object: u64, offset: u64, buf: &[u8]) -> io::Result<()> {

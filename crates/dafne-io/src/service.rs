@@ -207,6 +207,9 @@ impl IoService {
         let mut data = Vec::new();
         let mut bytes = 0u64;
         for batch in work.chunks(Self::batch_units(unifier, object)) {
+            // The batch's missing units in one storage submission.
+            let indices: Vec<u64> = batch.iter().map(|w| w.unit_index).collect();
+            unifier.prefetch(object, &indices);
             let mut guards = Vec::with_capacity(batch.len());
             for w in batch {
                 guards.push(retry_no_space(|| unifier.read(object, w.unit_index)).await?);

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use dafne_io::chunk::{
     decide, probe_direct, AlignedBuf, ChunkStore, DirectRefused, StorageMode, StoragePath, DIRECT_ALIGN,
 };
-use dafne_unifier::Storage;
+use dafne_unifier::{BatchRead, Storage};
 
 fn disk_dir() -> tempfile::TempDir {
     let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
@@ -185,4 +185,35 @@ fn the_probe_on_a_real_disk_leaves_nothing_behind() {
     }
     assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 0, "the probe file was removed");
     assert_eq!(DIRECT_ALIGN % 512, 0);
+}
+
+#[test]
+fn a_batch_of_unit_fills_is_one_ring_submission_with_holes_and_the_end_of_file() {
+    let d = disk_dir();
+    let Some(s) = direct_store(d.path()) else { return };
+    let unit = 64usize << 10;
+    let mut data = AlignedBuf::new(3 * unit + 1000);
+    data.as_mut_slice().iter_mut().enumerate().for_each(|(i, b)| *b = (i % 251) as u8 + 1);
+    // Units 0, 1 written; unit 2 a hole; unit 3 ends after 1000 bytes.
+    s.write_at(9, 0, &data.as_slice()[..2 * unit]).unwrap();
+    s.write_at(9, 3 * unit as u64, &data.as_slice()[3 * unit..]).unwrap();
+    let enters = s.stats().ring_enters;
+    let mut bufs: Vec<AlignedBuf> = (0..5).map(|_| AlignedBuf::new(unit)).collect();
+    let mut reads: Vec<BatchRead<'_>> = bufs
+        .iter_mut()
+        .enumerate()
+        .map(|(i, b)| BatchRead { object: 9, offset: (i * unit) as u64, buf: b.as_mut_slice() })
+        .collect();
+    let res: Vec<usize> = s.read_batch(&mut reads).into_iter().map(Result::unwrap).collect();
+    drop(reads);
+    assert_eq!(res, [unit, unit, unit, 1000, 0]);
+    assert_eq!(s.stats().ring_enters - enters, 1, "one submission for the batch");
+    assert!(bufs[0].as_slice() == &data.as_slice()[..unit]);
+    assert!(bufs[1].as_slice() == &data.as_slice()[unit..2 * unit]);
+    assert!(bufs[2].as_slice().iter().all(|&b| b == 0), "the hole");
+    assert!(bufs[3].as_slice()[..1000] == data.as_slice()[3 * unit..]);
+    // A missing object reads as empty, through the fallback.
+    let mut b = AlignedBuf::new(unit);
+    let r = s.read_batch(&mut [BatchRead { object: 10, offset: 0, buf: b.as_mut_slice() }]);
+    assert_eq!(*r[0].as_ref().unwrap(), 0);
 }

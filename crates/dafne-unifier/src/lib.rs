@@ -140,5 +140,5 @@ mod tests;
 pub use config::{FileAdvice, Policy, UnifierConfig, MAX_ADVISED_OBJECTS, MAX_CACHE_BYTES, MAX_SLAB_SIZE, UNIT_SIZES};
 pub use error::{ConfigError, Error, Result};
 pub use stats::UnifierStats;
-pub use storage::{BackgroundStorage, BackgroundWrite, MemStorage, MemStorageStats, Storage};
+pub use storage::{BackgroundStorage, BackgroundWrite, BatchRead, MemStorage, MemStorageStats, Storage};
 pub use unifier::{spans, ReadGuard, Span, Unifier, WriteGuard};

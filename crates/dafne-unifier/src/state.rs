@@ -92,6 +92,9 @@ pub(crate) struct Unit {
     pub(crate) dirty_seq: u64,
     /// CLOCK's reference bit.
     pub(crate) ref_bit: bool,
+    /// Filled by a prefetch and not acquired since: its first acquisition
+    /// counts as the miss (the prefetch counted none).
+    pub(crate) prefetched: bool,
     /// The cache-wide tick of the last acquisition (arbitrates between
     /// policies).
     pub(crate) last_use: u64,
@@ -409,6 +412,7 @@ impl State {
             dirty: None,
             dirty_seq: 0,
             ref_bit: true,
+            prefetched: false,
             last_use: self.tick,
         });
         self.units_in_use += 1;

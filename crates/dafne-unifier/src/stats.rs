@@ -11,6 +11,10 @@ pub struct UnifierStats {
     /// Storage reads that filled a unit, and the bytes they returned.
     pub fills: u64,
     pub fill_bytes: u64,
+    /// Units filled ahead of their acquisition by [`crate::Unifier::prefetch`]
+    /// (counted in `fills` too), and the storage batches they went in.
+    pub prefetched: u64,
+    pub prefetch_batches: u64,
     /// Acquisitions that waited for another's fill of the same unit.
     pub fill_waits: u64,
     /// Acquisitions that waited for a conflicting holder (a writer waiting

@@ -40,6 +40,12 @@ pub trait Storage {
     fn write_at(&self, object: u64, offset: u64, buf: &[u8]) -> io::Result<()>;
     /// Makes the object's written bytes durable (`fdatasync`).
     fn sync(&self, object: u64) -> io::Result<()>;
+    /// Reads a batch of units (as [`Storage::read_at`] each; one result per
+    /// read, in order). Storage that can submit several reads at once
+    /// overrides it; the default reads one after the other.
+    fn read_batch(&self, reads: &mut [BatchRead<'_>]) -> Vec<io::Result<usize>> {
+        reads.iter_mut().map(|r| self.read_at(r.object, r.offset, r.buf)).collect()
+    }
     /// A writer for the Unifier's background write-back thread, which then
     /// writes dirty units while the loop serves (see `background.rs`).
     /// `None` (the default): write-behind stays synchronous. The writer
@@ -49,6 +55,14 @@ pub trait Storage {
     fn background(&self) -> Option<Box<dyn BackgroundStorage>> {
         None
     }
+}
+
+/// One read of a batch: a unit to fill.
+#[derive(Debug)]
+pub struct BatchRead<'a> {
+    pub object: u64,
+    pub offset: u64,
+    pub buf: &'a mut [u8],
 }
 
 /// One write of a background batch: a dirty range of a unit.
@@ -71,6 +85,9 @@ impl<T: Storage + ?Sized> Storage for Rc<T> {
     fn read_at(&self, object: u64, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
         (**self).read_at(object, offset, buf)
     }
+    fn read_batch(&self, reads: &mut [BatchRead<'_>]) -> Vec<io::Result<usize>> {
+        (**self).read_batch(reads)
+    }
     fn write_at(&self, object: u64, offset: u64, buf: &[u8]) -> io::Result<()> {
         (**self).write_at(object, offset, buf)
     }
@@ -85,6 +102,9 @@ impl<T: Storage + ?Sized> Storage for Rc<T> {
 impl<T: Storage + ?Sized> Storage for Box<T> {
     fn read_at(&self, object: u64, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
         (**self).read_at(object, offset, buf)
+    }
+    fn read_batch(&self, reads: &mut [BatchRead<'_>]) -> Vec<io::Result<usize>> {
+        (**self).read_batch(reads)
     }
     fn write_at(&self, object: u64, offset: u64, buf: &[u8]) -> io::Result<()> {
         (**self).write_at(object, offset, buf)

@@ -359,6 +359,54 @@ fn a_failed_background_write_back_keeps_the_unit_dirty_and_flush_retries() {
     assert_eq!(u.stats().dirty_bytes, 0);
 }
 
+/// Counts `read_batch` calls, to see that a prefetch is one batch.
+#[derive(Default)]
+struct Batches {
+    mem: MemStorage,
+    batches: std::cell::Cell<u32>,
+}
+
+impl Storage for Batches {
+    fn read_at(&self, object: u64, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        self.mem.read_at(object, offset, buf)
+    }
+    fn write_at(&self, object: u64, offset: u64, buf: &[u8]) -> io::Result<()> {
+        self.mem.write_at(object, offset, buf)
+    }
+    fn sync(&self, object: u64) -> io::Result<()> {
+        self.mem.sync(object)
+    }
+    fn read_batch(&self, reads: &mut [BatchRead<'_>]) -> Vec<io::Result<usize>> {
+        self.batches.set(self.batches.get() + 1);
+        reads.iter_mut().map(|r| self.mem.read_at(r.object, r.offset, r.buf)).collect()
+    }
+}
+
+#[test]
+fn prefetch_fills_missing_units_in_one_batch_and_counts_each_miss_once() {
+    let s = Rc::new(Batches::default());
+    let u = Unifier::new(&ctx(), cfg(4, 16 * K, Policy::Lru), s.clone()).unwrap();
+    s.mem.set(1, patterned(1, 100 * K));
+    read_unit(&u, 1, 1);
+    // Units 0..8: 1 is cached, 7 and 8 lie past the end (zeros).
+    assert_eq!(u.prefetch(1, &[0, 1, 2, 3, 4, 5, 6, 7, 8]), 8);
+    assert_eq!(s.batches.get(), 1);
+    let st = u.stats();
+    assert_eq!((st.prefetched, st.prefetch_batches, st.misses, st.hits), (8, 1, 1, 0), "{st:?}");
+    let all: Vec<u8> = (0..9).flat_map(|i| read_unit(&u, 1, i)).collect();
+    let mut want = patterned(1, 100 * K);
+    want.resize(9 * 16 * K, 0);
+    assert!(all == want);
+    let st = u.stats();
+    assert_eq!((st.misses, st.hits), (9, 1), "a prefetched unit's first use is its miss: {st:?}");
+    assert_eq!(s.mem.stats().reads, 9, "each unit read once");
+    assert_eq!(u.prefetch(1, &[0, 1, 2]), 0, "all cached");
+    // A failed batch read leaves the units to the acquisitions, which report it.
+    s.mem.fail_next_reads(1);
+    assert_eq!(u.prefetch(1, &[20, 21]), 1);
+    assert_eq!(u.stats().units_referenced, 0);
+}
+
 #[test]
 fn partial_writes_fill_first_and_track_the_dirty_range() {
     let (u, s) = setup(cfg(1, 4 * K, Policy::Lru));

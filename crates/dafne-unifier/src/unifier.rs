@@ -16,7 +16,7 @@ use crate::config::{class_of, FileAdvice, Policy, UnifierConfig, MAX_ADVISED_OBJ
 use crate::error::{Error, Result};
 use crate::state::{Grant, Mem, State};
 use crate::stats::UnifierStats;
-use crate::storage::Storage;
+use crate::storage::{BatchRead, Storage};
 
 /// The io server's cache, which is also its pool of registered
 /// communication buffers. A cheap handle (`Rc`): clones share one cache.
@@ -285,6 +285,18 @@ impl Unifier {
         }
     }
 
+    /// Fills, in one storage batch, those of `object`'s units `indices`
+    /// that are not cached (a request's units, before it reads them one by
+    /// one): storage that can submit several reads at once (io_uring) then
+    /// reads them in one system call instead of one call per unit. Best
+    /// effort: a unit that cannot be had now (no room) or whose read fails
+    /// is left to the acquisition that follows, which fills it (and reports
+    /// the error) as usual. Returns the units filled. Synchronous, like a
+    /// fill; holds nothing when it returns.
+    pub fn prefetch(&self, object: u64, indices: &[u64]) -> usize {
+        self.inner.prefetch(object, indices)
+    }
+
     /// Takes unit `unit_index` of `object` exclusively to write `range`
     /// (offsets within the unit). Waits for the unit's readers and earlier
     /// writers to release it: the unit is modified in place, never copied
@@ -509,7 +521,11 @@ impl Inner {
         }
         let exclusive = matches!(mode, Mode::Write(_));
         if let Some(s) = st.lookup(object, index) {
-            st.c.hits += 1;
+            if std::mem::take(&mut st.unit_mut(s).prefetched) {
+                st.c.misses += 1;
+            } else {
+                st.c.hits += 1;
+            }
             st.touch(s);
             let u = st.unit(s);
             let grant = if exclusive {
@@ -565,12 +581,29 @@ impl Inner {
             // Free slots' memory is unique: `free_if_idle` retires a slot
             // whose memory an abandoned operation still holds.
             let buf = Arc::get_mut(&mut h.arc).expect("a claimed unit's memory is unique").as_mut_slice();
-            self.storage.read_at(object, offset, buf).map(|n| {
-                let n = n.min(size);
-                buf[n..].fill(0);
-                n
-            })
+            self.storage.read_at(object, offset, buf)
         };
+        self.finish_fill(h, object, index, mode, res)
+    }
+
+    /// Completes a claimed unit's fill with the storage read's outcome:
+    /// zeroes past what was read and hands the unit to the claimer, or
+    /// drops it on error.
+    fn finish_fill(
+        &self,
+        mut h: Held,
+        object: u64,
+        index: u64,
+        mode: &Mode,
+        res: std::io::Result<usize>,
+    ) -> Result<Held> {
+        let size = h.arc.len();
+        let offset = index * size as u64; // checked by unit_base
+        let res = res.map(|n| {
+            let n = n.min(size);
+            Arc::get_mut(&mut h.arc).expect("a claimed unit's memory is unique").as_mut_slice()[n..].fill(0);
+            n
+        });
         let mut st = self.st.borrow_mut();
         st.unit_mut(h.slot).filling = false;
         match res {
@@ -594,6 +627,71 @@ impl Inner {
                 Ok(h)
             }
         }
+    }
+
+    fn prefetch(&self, object: u64, indices: &[u64]) -> usize {
+        let mut claimed: Vec<(Held, u64)> = Vec::new();
+        for &index in indices {
+            if self.st.borrow().lookup(object, index).is_some() || claimed.iter().any(|(_, i)| *i == index) {
+                continue;
+            }
+            let misses = self.st.borrow().c.misses;
+            match self.try_acquire(object, index, &Mode::Read) {
+                Ok(Step::Claimed(h)) => {
+                    // The acquisition that uses the unit counts the miss.
+                    self.st.borrow_mut().c.misses = misses;
+                    claimed.push((h, index));
+                }
+                // A miss is claimed or retried; nothing else can come of
+                // it, but give back whatever did.
+                Ok(Step::Held(h)) => {
+                    drop(h.arc);
+                    self.release_shared(h.slot, h.gen);
+                }
+                Ok(Step::Wait { slot, gen, id, .. }) => {
+                    let mut st = self.st.borrow_mut();
+                    if st.slots[slot as usize].gen == gen {
+                        if let Some(u) = st.slots[slot as usize].unit.as_mut() {
+                            u.remove_waiter(id);
+                            u.wake_eligible();
+                        }
+                    }
+                }
+                Ok(Step::Retry | Step::Leaked(_)) => {}
+                // No room (or another failure): fill what was claimed.
+                Err(_) => break,
+            }
+        }
+        if claimed.is_empty() {
+            return 0;
+        }
+        let results = {
+            let mut reads: Vec<BatchRead<'_>> = claimed
+                .iter_mut()
+                .map(|(h, index)| {
+                    let offset = *index * h.arc.len() as u64; // checked by unit_base
+                    let buf = Arc::get_mut(&mut h.arc).expect("a claimed unit's memory is unique").as_mut_slice();
+                    BatchRead { object, offset, buf }
+                })
+                .collect();
+            self.storage.read_batch(&mut reads)
+        };
+        debug_assert_eq!(results.len(), claimed.len());
+        let mut filled = 0;
+        for ((h, index), res) in claimed.into_iter().zip(results) {
+            // A failed fill drops the unit (`finish_fill`); the acquisition
+            // that follows fills it again and reports the error.
+            if let Ok(h) = self.finish_fill(h, object, index, &Mode::Read, res) {
+                filled += 1;
+                self.st.borrow_mut().unit_mut(h.slot).prefetched = true;
+                drop(h.arc);
+                self.release_shared(h.slot, h.gen);
+            }
+        }
+        let mut st = self.st.borrow_mut();
+        st.c.prefetched += filled as u64;
+        st.c.prefetch_batches += 1;
+        filled
     }
 
     /// Finds a free slot of `class`, in this order: a free unit; a slab
