@@ -994,7 +994,14 @@ impl Inner {
             inner.release_shared(s, h.gen);
             res?;
         }
-        inner.sync(object)
+        inner.sync(object)?;
+        // A background failure on this object is superseded: its units were
+        // written again above and synced.
+        let mut b = inner.bgst.borrow_mut();
+        if matches!(&b.error, Some(Error::Storage { object: o, .. }) if *o == object) {
+            b.error = None;
+        }
+        Ok(())
     }
 
     fn sync(&self, object: u64) -> Result<()> {
