@@ -301,12 +301,18 @@ pub fn start_with(a: &IoArgs, m: ModeArgs) -> Result<IoServer> {
         opts.spin = std::time::Duration::from_micros(us);
     }
     let rt = Runtime::new(opts)?;
-    // 1 MiB slabs: the cache is `cache_mib` of them, registered once here.
+    // Slabs of up to 8 MiB (the largest power of two ≤ 8 that divides
+    // `cache_mib`, so the cache is exactly `cache_mib`), one registration
+    // each, made here. Each is one SysV segment on one host (4096 per
+    // machine): 8 MiB slabs allow 32 GiB of cache per machine, and a slab
+    // is still small enough to move between unit sizes cheaply.
     // Write-behind may hold a quarter of the cache dirty.
-    let cache = a.cache_mib.max(1) << 20;
+    let cache_mib = a.cache_mib.max(1);
+    let slab_mib = [8, 4, 2, 1].into_iter().find(|m| cache_mib.is_multiple_of(*m)).unwrap_or(1);
+    let cache = cache_mib << 20;
     let config = UnifierConfig {
-        ready_slabs: a.cache_mib.max(1),
-        slab_size: 1 << 20,
+        ready_slabs: cache_mib / slab_mib,
+        slab_size: slab_mib << 20,
         max_dirty_bytes: cache / 4,
         ..Default::default()
     };

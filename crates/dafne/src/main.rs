@@ -80,10 +80,11 @@ struct IoBench {
     /// Client counts of the aggregate table (comma-separated).
     #[arg(long, default_value = "1,2,4", value_delimiter = ',')]
     clients: Vec<usize>,
-    /// Cache of each io server of the aggregate table, in MiB. Every 64 KiB
-    /// Unifier unit is its own UCX allocation, which UCX makes a SysV
-    /// segment: 4 servers × 48 MiB = 3072 segments stays under the usual
-    /// kernel limit of 4096 (`ipcs -l`).
+    /// Cache of each io server of the aggregate table, in MiB. The Unifier
+    /// registers its cache in slabs of up to 8 MiB, each one UCX allocation
+    /// (one SysV segment on one host): 4 servers × 48 MiB = 24 segments, far
+    /// below the usual kernel limit of 4096 (`ipcs -l`), which now allows
+    /// about 32 GiB of cache per machine.
     #[arg(long, default_value_t = 48)]
     scaling_cache_mib: usize,
     /// Seconds per aggregate measurement.
