@@ -9,9 +9,13 @@
 //!
 //! Memory: [`DataClient::read_region`] / [`DataClient::write_region`] (and
 //! the list forms) are zero-copy on memory the application registered
-//! (`register`). The slice APIs copy once through pre-registered 1 MiB
-//! bounce buffers, so nothing is registered on their hot path either (a
-//! registration cache for application memory is not built yet).
+//! (`register`). [`DataClient::read_into`] / [`DataClient::write_from`] take
+//! plain slices: from [`ZERO_COPY_MIN`] up they are zero-copy too, on
+//! registrations from the client's registration cache
+//! ([`crate::regcache`]: registered once per buffer, dropped when the
+//! memory is unmapped); smaller ones, and the slice APIs `read_at` /
+//! `write_at`, copy once through pre-registered 1 MiB bounce buffers, so
+//! nothing is registered on their hot path either.
 
 use std::net::SocketAddr;
 
@@ -20,6 +24,7 @@ use dafne_proto::{Envelope, Errno};
 use dafne_transport::{Access, Client, Region, Runtime};
 
 use crate::cq::{CompletionQueue, Ticket};
+use crate::regcache::{RegCache, RegCacheConfig, RegCacheStats};
 use crate::{ConnectError, OpenFile};
 
 /// Largest inline payload per server request (the protocol's limit).
@@ -40,12 +45,19 @@ pub const BOUNCE_SIZE: usize = 1 << 20;
 /// Bounce buffers kept between calls (8 × 1 MiB registered once); a larger
 /// I/O allocates more for its duration.
 pub const BOUNCE_KEEP: usize = 8;
+/// Slice I/O from this size up ([`DataClient::read_into`],
+/// [`DataClient::write_from`]) is zero-copy on a cached registration of the
+/// caller's buffer; below it a copy through a bounce buffer is cheaper than
+/// a first registration (and small buffers are rarely reused as such).
+pub const ZERO_COPY_MIN: usize = 256 << 10;
 
 /// Connections to every io server of a cluster, by server id.
 #[derive(Debug, Clone)]
 pub struct DataClient {
     servers: Vec<Client>,
     bounce: std::sync::Arc<std::sync::Mutex<Vec<Region>>>,
+    /// `None` only without servers (no UCX context to register with).
+    regcache: Option<std::sync::Arc<RegCache>>,
 }
 
 /// The part of an I/O that one server handles.
@@ -65,8 +77,25 @@ fn io_err(e: dafne_transport::TransportError) -> Errno {
 impl DataClient {
     /// Connects to the io servers; `addrs[i]` is server id `i`.
     pub fn connect(rt: &Runtime, addrs: &[SocketAddr]) -> Result<DataClient, ConnectError> {
-        let servers = addrs.iter().map(|a| Client::connect(rt, *a)).collect::<Result<_, _>>()?;
-        Ok(DataClient { servers, bounce: Default::default() })
+        Self::connect_with(rt, addrs, RegCacheConfig::default())
+    }
+
+    /// [`DataClient::connect`] with registration cache settings.
+    pub fn connect_with(rt: &Runtime, addrs: &[SocketAddr], cache: RegCacheConfig) -> Result<DataClient, ConnectError> {
+        let servers: Vec<Client> = addrs.iter().map(|a| Client::connect(rt, *a)).collect::<Result<_, _>>()?;
+        let regcache = servers.first().map(|c| std::sync::Arc::new(RegCache::new(c.context(), cache)));
+        Ok(DataClient { servers, bounce: Default::default(), regcache })
+    }
+
+    /// The registration cache's counters (zeros without servers).
+    pub fn regcache_stats(&self) -> RegCacheStats {
+        self.regcache.as_ref().map(|c| c.stats()).unwrap_or_default()
+    }
+
+    /// Whether the registration cache keeps registrations (UCX's unmap
+    /// hooks work here); if not, large slice I/O registers per call.
+    pub fn regcache_is_caching(&self) -> bool {
+        self.regcache.as_ref().is_some_and(|c| c.is_caching())
     }
 
     pub fn context(&self) -> Option<&dafne_transport::Context> {
@@ -162,8 +191,24 @@ impl DataClient {
             return Err(Errno::EINVAL);
         }
         let key = region.pack_key().map_err(|_| Errno::EIO)?;
+        self.rma_at(f, ranges, &key, region.addr() + region_offset as u64, make).await
+    }
+
+    /// [`Self::rma_list`] on registered memory named by its packed `key`,
+    /// the ranges one after the other from client address `base`. The
+    /// caller checked that the memory is registered and borrowed for the
+    /// whole call.
+    async fn rma_at(
+        &self,
+        f: &OpenFile,
+        ranges: &[(u64, usize)],
+        key: &[u8],
+        base: u64,
+        make: impl Fn(Vec<Vec<u8>>, Vec<IoExtent>) -> IoRequest,
+    ) -> Result<usize, Errno> {
+        let total = ranges.iter().try_fold(0usize, |a, (_, l)| a.checked_add(*l)).ok_or(Errno::EINVAL)?;
         let mut parts = Vec::new();
-        let mut at = region.addr() + region_offset as u64;
+        let mut at = base;
         for &(offset, len) in ranges {
             Self::add_parts(&mut parts, f, offset, len, Some(at))?;
             at += len as u64;
@@ -172,7 +217,7 @@ impl DataClient {
         for p in parts {
             // A request carries at most MAX_IO_EXTENTS extents.
             for chunk in p.extents.chunks(dafne_proto::io::MAX_IO_EXTENTS) {
-                let req = make(vec![key.clone()], chunk.to_vec());
+                let req = make(vec![key.to_vec()], chunk.to_vec());
                 calls.push(async move { self.call(p.server, &req).await });
             }
         }
@@ -247,6 +292,58 @@ impl DataClient {
         len: usize,
     ) -> Result<usize, Errno> {
         self.read_list(f, &[(offset, len)], region, region_offset).await
+    }
+
+    /// Reads into a caller's buffer: zero-copy from [`ZERO_COPY_MIN`] bytes
+    /// up (the servers put straight into `buf`, registered through the
+    /// registration cache: once per buffer while it stays mapped), else as
+    /// [`Self::read_at`]. Bytes never written read as zeros.
+    pub async fn read_into(&self, f: &OpenFile, offset: u64, buf: &mut [u8]) -> Result<usize, Errno> {
+        let Some(cache) = self.regcache.as_ref().filter(|_| buf.len() >= ZERO_COPY_MIN) else {
+            return self.read_at(f, offset, buf).await;
+        };
+        let reg = cache.get(buf).map_err(|_| Errno::ENOMEM)?;
+        // `buf` stays mutably borrowed until the servers have answered, so
+        // nothing else touches it while they put into it; `reg` keeps the
+        // registration until then even if the cache evicts it.
+        let base = buf.as_mut_ptr() as u64;
+        let n = self
+            .rma_at(f, &[(offset, buf.len())], reg.key(), base, |keys, extents| IoRequest::Read {
+                cap: f.cap,
+                keys,
+                extents,
+                inline_reply: false,
+            })
+            .await?;
+        drop(reg);
+        Ok(n)
+    }
+
+    /// Writes a caller's buffer: zero-copy from [`ZERO_COPY_MIN`] bytes up
+    /// (the servers get straight from `buf`, registered through the
+    /// registration cache), else as [`Self::write_at`].
+    pub async fn write_from(
+        &self,
+        f: &OpenFile,
+        offset: u64,
+        buf: &[u8],
+        stability: Stability,
+    ) -> Result<usize, Errno> {
+        let Some(cache) = self.regcache.as_ref().filter(|_| buf.len() >= ZERO_COPY_MIN) else {
+            return self.write_at(f, offset, buf, stability).await;
+        };
+        let reg = cache.get(buf).map_err(|_| Errno::ENOMEM)?;
+        let n = self
+            .rma_at(f, &[(offset, buf.len())], reg.key(), buf.as_ptr() as u64, |keys, extents| IoRequest::Write {
+                cap: f.cap,
+                keys,
+                extents,
+                stability,
+                inline: Vec::new(),
+            })
+            .await?;
+        drop(reg);
+        Ok(n)
     }
 
     /// Writes a slice: inline when small, else through a registered copy.

@@ -11,6 +11,7 @@
 pub mod cq;
 pub mod data;
 pub mod file;
+pub mod regcache;
 
 use std::future::Future;
 use std::net::SocketAddr;

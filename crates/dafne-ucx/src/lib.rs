@@ -30,6 +30,7 @@
 mod context;
 mod endpoint;
 mod error;
+pub mod memevents;
 mod memory;
 mod request;
 mod slab;
@@ -40,7 +41,7 @@ pub use context::{Context, ContextOptions};
 pub use endpoint::{Endpoint, ErrMode, Local};
 pub use error::{Error, Result, Status};
 pub use memory::MAX_PACKED_KEY;
-pub use memory::{Access, Region, RemoteKey};
+pub use memory::{Access, Region, Registration, RemoteKey};
 pub use request::Op;
 pub use slab::{Slab, SubRegion};
 pub use stats::{Stats, StatsSnapshot};
