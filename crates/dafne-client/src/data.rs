@@ -296,13 +296,16 @@ impl DataClient {
 
     /// Reads into a caller's buffer: zero-copy from [`ZERO_COPY_MIN`] bytes
     /// up (the servers put straight into `buf`, registered through the
-    /// registration cache: once per buffer while it stays mapped), else as
-    /// [`Self::read_at`]. Bytes never written read as zeros.
+    /// registration cache: once per buffer while it stays mapped), else (or
+    /// if `buf` cannot be registered) as [`Self::read_at`]. Bytes never
+    /// written read as zeros.
     pub async fn read_into(&self, f: &OpenFile, offset: u64, buf: &mut [u8]) -> Result<usize, Errno> {
         let Some(cache) = self.regcache.as_ref().filter(|_| buf.len() >= ZERO_COPY_MIN) else {
             return self.read_at(f, offset, buf).await;
         };
-        let reg = cache.get(buf).map_err(|_| Errno::ENOMEM)?;
+        // Memory UCX cannot register (e.g. read-only pages on RDMA
+        // hardware) still works, through the bounce buffers.
+        let Ok(reg) = cache.get(buf) else { return self.read_at(f, offset, buf).await };
         // `buf` stays mutably borrowed until the servers have answered, so
         // nothing else touches it while they put into it; `reg` keeps the
         // registration until then even if the cache evicts it.
@@ -321,7 +324,8 @@ impl DataClient {
 
     /// Writes a caller's buffer: zero-copy from [`ZERO_COPY_MIN`] bytes up
     /// (the servers get straight from `buf`, registered through the
-    /// registration cache), else as [`Self::write_at`].
+    /// registration cache), else (or if `buf` cannot be registered) as
+    /// [`Self::write_at`].
     pub async fn write_from(
         &self,
         f: &OpenFile,
@@ -332,7 +336,7 @@ impl DataClient {
         let Some(cache) = self.regcache.as_ref().filter(|_| buf.len() >= ZERO_COPY_MIN) else {
             return self.write_at(f, offset, buf, stability).await;
         };
-        let reg = cache.get(buf).map_err(|_| Errno::ENOMEM)?;
+        let Ok(reg) = cache.get(buf) else { return self.write_at(f, offset, buf, stability).await };
         let n = self
             .rma_at(f, &[(offset, buf.len())], reg.key(), buf.as_ptr() as u64, |keys, extents| IoRequest::Write {
                 cap: f.cap,

@@ -11,7 +11,10 @@
 //! inside `free` is seen too: checked here with a C program before this
 //! was written) and reports each as `UCM_EVENT_VM_UNMAPPED`.
 //! [`watch_unmaps`] installs one handler for the process, and any number
-//! of [`UnmapCursor`]s read what it recorded.
+//! of [`UnmapCursor`]s read what it recorded. Installing it patches those
+//! libc functions for the life of the process, as UCX does for its own
+//! registration cache on RDMA hardware; `UCX_MEM_EVENTS=no` or a failed
+//! install makes [`watch_unmaps`] fail, and callers must then not cache.
 //!
 //! # What the handler may do
 //! It runs inside `munmap`, possibly inside `free` with malloc's locks held,
