@@ -1,6 +1,8 @@
 //! `dafne`: the one command of the project. Thin: parsing, progress and
 //! printing here; the work lives in the library crates.
 
+mod cluster;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
