@@ -2,7 +2,9 @@
 //! printing here; the work lives in the library crates.
 
 mod cluster;
+mod copy;
 mod local;
+mod mount;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -32,11 +34,19 @@ enum Cmd {
     /// The cluster's servers, capacity, cache and registration counters,
     /// credits in use, and mounts.
     Status(local::StatusArgs),
+    /// Copy a file into or out of dafne through the client library, without
+    /// a mount (`dafne cp big.bin dafne:/big.bin`), with progress.
+    Cp(copy::CpArgs),
     /// Print a commented example configuration (the embedded defaults).
     Config,
     /// The supervisor `dafne up` starts.
     #[command(hide = true)]
     Supervise(local::DirArgs),
+    /// Mount the cluster with FUSE at an existing directory; returns once
+    /// the mount is live (a daemon serves it).
+    Mount(mount::MountArgs),
+    /// Unmount a dafne mount and wait for its daemon to exit.
+    Umount(mount::UmountArgs),
     /// Run a benchmark and print its table (and write JSON).
     #[command(subcommand)]
     Bench(Bench),
@@ -346,11 +356,14 @@ fn run() -> Result<()> {
         Cmd::Up(a) => local::up(a),
         Cmd::Down(a) => local::down(a),
         Cmd::Status(a) => local::status(a),
+        Cmd::Cp(a) => copy::cp(a),
         Cmd::Config => {
             print!("{}", cluster::EXAMPLE);
             Ok(())
         }
         Cmd::Supervise(a) => local::supervise(a),
+        Cmd::Mount(a) => mount::mount(a),
+        Cmd::Umount(a) => mount::umount(a),
         Cmd::Bench(Bench::Transport(a)) => bench_transport(a),
         Cmd::Bench(Bench::Meta(a)) => bench_meta(a),
         Cmd::Bench(Bench::Io(a)) => bench_io(a),
