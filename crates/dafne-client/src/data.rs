@@ -20,7 +20,7 @@
 use std::net::SocketAddr;
 
 use dafne_proto::io::{decode_io_reply, encode_io_request, IoExtent, IoRequest, IoResponse, Stability, NO_KEY};
-use dafne_proto::{Envelope, Errno};
+use dafne_proto::{Capability, Envelope, Errno, ServerInfo};
 use dafne_transport::{Access, Client, Region, Runtime};
 
 use crate::cq::{CompletionQueue, Ticket};
@@ -494,4 +494,53 @@ impl DataClient {
     pub async fn remove(&self, f: &OpenFile) -> Result<(), Errno> {
         self.every_server(f, IoRequest::Remove { cap: f.cap }, |_| ()).await.map(|_| ())
     }
+
+    /// Number of io servers this client is connected to.
+    pub fn server_count(&self) -> usize {
+        self.servers.len()
+    }
+
+    /// One server's capacity and counters. `cap` is any valid capability
+    /// with read rights ([`info_capability`] makes one from the secret).
+    pub async fn server_info(&self, server: usize, cap: Capability) -> Result<ServerInfo, Errno> {
+        match self.call(server, &IoRequest::ServerInfo { cap }).await? {
+            IoResponse::ServerInfo(i) => Ok(i),
+            _ => Err(Errno::EPROTO),
+        }
+    }
+
+    /// Every server's [`ServerInfo`], asked in parallel, in server order.
+    pub async fn all_server_info(&self, cap: Capability) -> Vec<Result<ServerInfo, Errno>> {
+        futures::future::join_all((0..self.servers.len()).map(|i| self.server_info(i, cap))).await
+    }
+
+    /// The cluster's storage: (capacity, available) bytes summed over the
+    /// file systems of the io servers that answer; servers sharing one file
+    /// system (a local cluster) count it once.
+    pub async fn capacity(&self, cap: Capability) -> Result<(u64, u64), Errno> {
+        let infos = self.all_server_info(cap).await;
+        let mut seen = std::collections::HashSet::new();
+        let (mut total, mut avail, mut answered) = (0u64, 0u64, false);
+        for i in infos.into_iter().flatten() {
+            answered = true;
+            if !seen.insert(i.filesystem_id) {
+                continue;
+            }
+            total += i.capacity_bytes;
+            avail += i.available_bytes;
+        }
+        if answered {
+            Ok((total, avail))
+        } else {
+            Err(Errno::EIO)
+        }
+    }
+}
+
+/// A short-lived capability (object 0, read rights) for requests about the
+/// servers rather than a file, signed with the cluster secret.
+pub fn info_capability(secret: &dafne_auth::Secret) -> Capability {
+    let mut cap = Capability { object_id: 0, rights: dafne_proto::RIGHT_READ, expiry_unix_ns: 0, mac: [0; 32] };
+    secret.sign(&mut cap, std::time::SystemTime::now());
+    cap
 }

@@ -275,6 +275,19 @@ impl IoServer {
         IoStats { mode: self.mode, serving: s.mode, unifier: s.unifier, ucx: self.ucx_stats() }
     }
 
+    /// Writes back every dirty cache unit and syncs every object: after
+    /// it, everything acknowledged is on disk.
+    pub fn flush_all(&self) -> Result<()> {
+        self.rt
+            .block_on_loop(|_| async {
+                match SERVICE.with(|s| s.borrow().as_ref().and_then(Weak::upgrade)) {
+                    Some(svc) => svc.flush_all().await,
+                    None => Ok(()),
+                }
+            })?
+            .map_err(|e| anyhow::anyhow!("writing back the cache: {e}"))
+    }
+
     /// The UCX counters of the server (RMA bytes, registrations).
     pub fn ucx_stats(&self) -> dafne_ucx::StatsSnapshot {
         self.rt.context().stats().snapshot()
@@ -355,9 +368,23 @@ pub fn serve_forever(c: &IoCommand) -> Result<()> {
         }
         return Ok(());
     }
-    loop {
-        std::thread::park();
+    let stop = stop_on_signals()?;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        std::thread::park_timeout(std::time::Duration::from_millis(100));
     }
+    // A clean stop: what the cache holds dirty reaches the disk first.
+    tracing::info!("stopping: writing back the cache");
+    s.flush_all()?;
+    Ok(())
+}
+
+/// A flag raised by SIGTERM or SIGINT (a supervisor's `down`, or ^C).
+pub fn stop_on_signals() -> Result<std::sync::Arc<std::sync::atomic::AtomicBool>> {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(sig, stop.clone()).context("installing the stop signal handlers")?;
+    }
+    Ok(stop)
 }
 
 #[cfg(test)]
