@@ -111,6 +111,19 @@ impl DataClient {
         Region::allocate(ctx, BOUNCE_SIZE, Access::RemoteReadWrite).map_err(|_| Errno::ENOMEM)
     }
 
+    /// Registers bounce buffers now until the pool holds `n` of them (at
+    /// most [`BOUNCE_KEEP`]): a client that will run `n` slice I/Os at once
+    /// (the FUSE daemon, one per worker thread) then registers nothing on
+    /// its data path, not even during its first requests.
+    pub fn prefill_bounce(&self, n: usize) -> Result<(), Errno> {
+        let ctx = self.context().ok_or(Errno::EIO)?;
+        let mut pool = self.bounce.lock().map_err(|_| Errno::EIO)?;
+        while pool.len() < n.min(BOUNCE_KEEP) {
+            pool.push(Region::allocate(ctx, BOUNCE_SIZE, Access::RemoteReadWrite).map_err(|_| Errno::ENOMEM)?);
+        }
+        Ok(())
+    }
+
     fn give_bounce(&self, r: Region) {
         if let Ok(mut p) = self.bounce.lock() {
             if p.len() < BOUNCE_KEEP {

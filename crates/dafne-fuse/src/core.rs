@@ -40,7 +40,7 @@ use dafne_client::{
     Attr, CompoundOp, DirEntry, Errno, FileType, Ino, MetaSession, OpenFile, Response, SetAttr, StatFs, TimeSet,
 };
 use dafne_proto::io::Stability;
-use dafne_proto::{Request, OPEN_READ, OPEN_TRUNC, OPEN_WRITE, RIGHT_READ};
+use dafne_proto::{Request, OPEN_READ, OPEN_TRUNC, OPEN_WRITE, RIGHT_READ, RIGHT_WRITE};
 
 /// Who asks (from the FUSE request header).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,9 +72,11 @@ impl OpenMode {
         }
     }
 
+    /// Meta's open flags; truncating needs a capability with write rights
+    /// (the io servers truncate), so `O_RDONLY | O_TRUNC` asks for both.
     fn meta_flags(self) -> u32 {
         (if self.read { OPEN_READ } else { 0 })
-            | (if self.write { OPEN_WRITE } else { 0 })
+            | (if self.write || self.trunc { OPEN_WRITE } else { 0 })
             | (if self.trunc { OPEN_TRUNC } else { 0 })
     }
 }
@@ -116,6 +118,8 @@ struct Handle {
 #[derive(Debug, Default, Clone, Copy)]
 struct InodeState {
     handles: usize,
+    /// Attributes as last seen (answers `fstat` after the name is gone).
+    attr: Option<Attr>,
     /// Meta's size as last seen.
     meta_size: u64,
     /// End of this mount's writes since the last truncation.
@@ -152,6 +156,7 @@ pub struct Core {
     table: Mutex<Table>,
     next_fh: AtomicU64,
     stats_file: Option<PathBuf>,
+    secret: Option<dafne_auth::Secret>,
 }
 
 impl std::fmt::Debug for Core {
@@ -166,10 +171,30 @@ fn block<T>(f: impl std::future::Future<Output = T>) -> T {
 
 impl Core {
     /// `meta` is the daemon's own session (it acts as each caller through
-    /// `as_user`); `stats_file` receives [`RegistrationCounters`] after each
-    /// `flush`.
-    pub fn new(meta: MetaSession, data: DataClient, stats_file: Option<PathBuf>) -> Core {
-        Core { meta, data, table: Mutex::new(Table::default()), next_fh: AtomicU64::new(1), stats_file }
+    /// `as_user`).
+    pub fn new(meta: MetaSession, data: DataClient) -> Core {
+        Core {
+            meta,
+            data,
+            table: Mutex::new(Table::default()),
+            next_fh: AtomicU64::new(1),
+            stats_file: None,
+            secret: None,
+        }
+    }
+
+    /// Writes [`RegistrationCounters`] to `path` after each `flush`.
+    pub fn with_stats_file(mut self, path: PathBuf) -> Core {
+        self.stats_file = Some(path);
+        self
+    }
+
+    /// With the cluster secret, `statfs` reports the io servers' capacity
+    /// (asked with a short-lived capability signed from it); without, only
+    /// meta's inode counts.
+    pub fn with_secret(mut self, secret: dafne_auth::Secret) -> Core {
+        self.secret = Some(secret);
+        self
     }
 
     /// The dafne inode of the file system's root.
@@ -191,10 +216,22 @@ impl Core {
         let mut t = self.table();
         if let Some(st) = t.inodes.get_mut(&a.ino) {
             st.meta_size = a.size;
+            st.attr = Some(a);
             a.size = st.size();
             a.blocks = a.blocks.max(a.size.div_ceil(512));
         }
         a
+    }
+
+    /// The attributes of an inode this mount has open whose last name was
+    /// removed (meta forgot it; the open file lives on, with no links).
+    fn unlinked(&self, ino: Ino) -> Option<Attr> {
+        let t = self.table();
+        let st = t.inodes.get(&ino)?;
+        let mut a = st.attr?;
+        a.nlink = 0;
+        a.size = st.size();
+        Some(a)
     }
 
     pub fn lookup(&self, c: Caller, parent: Ino, name: &[u8]) -> Result<Attr, Errno> {
@@ -202,22 +239,36 @@ impl Core {
     }
 
     pub fn getattr(&self, c: Caller, ino: Ino) -> Result<Attr, Errno> {
-        self.session(c).getattr(ino).map(|a| self.local(a))
+        match self.session(c).getattr(ino) {
+            Ok(a) => Ok(self.local(a)),
+            Err(Errno::ENOENT) => self.unlinked(ino).ok_or(Errno::ENOENT),
+            Err(e) => Err(e),
+        }
     }
 
     /// `setattr`; a size truncates or extends the data on the io servers
-    /// first, through `fh` when given, else through a handle opened for
-    /// writing as the caller (which checks the caller may write).
+    /// first. Through a handle opened for writing (`ftruncate`), the size
+    /// changes whatever the file's mode says now: the right to write was
+    /// checked at open (POSIX; a file created with mode 0 may be truncated
+    /// through the descriptor that created it). Otherwise the caller must
+    /// be allowed to open the file for writing.
     pub fn setattr(&self, c: Caller, ino: Ino, fh: Option<u64>, set: SetAttr) -> Result<Attr, Errno> {
+        let mut last = None;
         if let Some(size) = set.size {
-            let file = match fh.and_then(|fh| self.handle_file(fh)) {
-                Some(f) => f,
-                None => Arc::new(self.session(c).open(ino, OPEN_WRITE)?),
+            let by_fd = fh.and_then(|fh| self.handle_file(fh)).filter(|f| f.cap.rights & RIGHT_WRITE != 0);
+            let (file, s) = match by_fd {
+                Some(f) => (f, self.meta.clone()),
+                None => (Arc::new(self.session(c).open(ino, OPEN_WRITE)?), self.session(c)),
             };
             block(self.data.truncate(&file, size))?;
+            last = Some(s.setattr(ino, SetAttr { size: Some(size), ..Default::default() })?);
             self.truncated(ino, size);
         }
-        let a = self.session(c).setattr(ino, set)?;
+        let rest = SetAttr { size: None, ..set };
+        let a = match last {
+            Some(a) if rest.is_empty() => a,
+            _ => self.session(c).setattr(ino, rest)?,
+        };
         Ok(self.local(a))
     }
 
@@ -297,8 +348,19 @@ impl Core {
         self.session(c).lookup(ino, b"..").map(|a| a.ino)
     }
 
+    /// Inodes from meta; blocks from the io servers' file systems.
     pub fn statfs(&self, c: Caller) -> Result<StatFs, Errno> {
-        self.session(c).statfs()
+        let mut s = self.session(c).statfs()?;
+        if let Some(secret) = &self.secret {
+            let cap = dafne_client::data::info_capability(secret);
+            if let Ok((total, avail)) = block(self.data.capacity(cap)) {
+                let bsize = if s.bsize == 0 { 4096 } else { s.bsize as u64 };
+                s.blocks = total / bsize;
+                s.bfree = avail / bsize;
+                s.bavail = avail / bsize;
+            }
+        }
+        Ok(s)
     }
 
     /// `access(2)` from fresh attributes ([`may_access`]).
@@ -318,6 +380,7 @@ impl Core {
         let st = t.inodes.entry(ino).or_default();
         st.handles += 1;
         st.meta_size = file.attr.size;
+        st.attr = Some(file.attr);
         let mut attr = file.attr;
         attr.size = st.size();
         t.handles.insert(fh, Handle { ino, file: Arc::new(file) });
@@ -473,7 +536,12 @@ impl Core {
         let stat_file =
             if file.cap.rights & RIGHT_READ != 0 { file.clone() } else { Arc::new(self.meta.open(ino, OPEN_READ)?) };
         let stored = block(self.data.stored_size(&stat_file))?;
-        let current = self.meta.getattr(ino)?;
+        let current = match self.meta.getattr(ino) {
+            Ok(a) => a,
+            // Unlinked while open: no name, no size to publish.
+            Err(Errno::ENOENT) => return Ok(()),
+            Err(e) => return Err(e),
+        };
         let set = SetAttr {
             size: (stored > current.size).then_some(stored),
             mtime: Some(TimeSet::Now),
@@ -562,13 +630,18 @@ mod tests {
             OpenMode { read: true, write: true, trunc: false }
         );
         assert_eq!(OpenMode { read: true, write: true, trunc: true }.meta_flags(), OPEN_READ | OPEN_WRITE | OPEN_TRUNC);
+        // Truncating needs write rights on the io servers.
+        assert_eq!(
+            OpenMode { read: true, write: false, trunc: true }.meta_flags(),
+            OPEN_READ | OPEN_WRITE | OPEN_TRUNC
+        );
     }
 
     #[test]
     fn the_reported_size_is_the_larger_of_meta_and_own_writes() {
         assert_eq!(local_size(100, 0), 100);
         assert_eq!(local_size(100, 4096), 4096);
-        let st = InodeState { handles: 1, meta_size: 7, written_end: 3, dirty: true };
+        let st = InodeState { handles: 1, attr: None, meta_size: 7, written_end: 3, dirty: true };
         assert_eq!(st.size(), 7);
     }
 }

@@ -165,11 +165,13 @@ impl fuser::Filesystem for FuseFs {
         if let Err(max) = config.set_max_readahead(MAX_IO) {
             let _ = config.set_max_readahead(max);
         }
-        // O_TRUNC arrives with the open (one request, not open + setattr);
-        // lookups and listings in one directory may run in parallel.
-        for flag in [InitFlags::FUSE_ATOMIC_O_TRUNC, InitFlags::FUSE_PARALLEL_DIROPS] {
-            let _ = config.add_capabilities(flag);
-        }
+        // Lookups and listings in one directory may run in parallel. Not
+        // FUSE_ATOMIC_O_TRUNC: with it the kernel sends O_TRUNC with the
+        // open before it checks for ETXTBSY, so `open(O_RDONLY | O_TRUNC)`
+        // of a running program would empty it and then fail; without it
+        // the truncation is a later setattr the kernel only sends once the
+        // checks passed.
+        let _ = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS);
         Ok(())
     }
 

@@ -149,8 +149,12 @@ pub fn mount(a: MountArgs) -> Result<()> {
     let mp = check_mountpoint(&a.mountpoint)?;
     let dir = cluster::resolve_dir(a.dir.as_deref())?;
     let info = ClusterInfo::load(&dir)?;
-    if a.threads == 0 || a.threads > 64 {
-        bail!("--threads {}: choose between 1 and 64", a.threads);
+    // Each worker thread holds at most one bounce buffer at a time; the
+    // data client keeps BOUNCE_KEEP of them registered, so up to that many
+    // threads never register memory on the data path.
+    let max_threads = dafne_client::data::BOUNCE_KEEP;
+    if a.threads == 0 || a.threads > max_threads {
+        bail!("--threads {}: choose between 1 and {max_threads} (one pre-registered 1 MiB buffer each)", a.threads);
     }
     if a.foreground {
         serve(&info, &mp, &a)
@@ -250,7 +254,13 @@ fn serve(info: &ClusterInfo, mp: &Path, a: &MountArgs) -> Result<()> {
         }
     };
     let data = DataClient::connect(&rt, &info.io).context("connecting to the io servers")?;
-    let core = dafne_fuse::core::Core::new(meta, data, a.stats_file.clone());
+    // Registered now, one per worker thread: FUSE data then leaves through
+    // buffers registered before the first request.
+    data.prefill_bounce(a.threads).map_err(|e| anyhow::anyhow!("registering the I/O buffers: {e}"))?;
+    let mut core = dafne_fuse::core::Core::new(meta, data).with_secret(secret);
+    if let Some(f) = &a.stats_file {
+        core = core.with_stats_file(f.clone());
+    }
     let opts = dafne_fuse::MountOptions {
         attr_ttl: Duration::from_millis(info.attr_timeout_ms),
         entry_ttl: Duration::from_millis(info.entry_timeout_ms),
