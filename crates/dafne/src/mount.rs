@@ -85,31 +85,14 @@ fn mount_at(path: &Path) -> Option<MountEntry> {
     info.lines().rev().find_map(|l| {
         let mut fields = l.split(' ');
         let mp = fields.nth(4)?;
-        if unescape(mp) != want {
+        if dafne_fuse::unescape_mountinfo(mp) != want {
             return None;
         }
         let mut rest = l.split_once(" - ")?.1.split(' ');
         let fstype = rest.next().unwrap_or("").to_string();
-        let source = unescape(rest.next().unwrap_or(""));
+        let source = dafne_fuse::unescape_mountinfo(rest.next().unwrap_or(""));
         Some(MountEntry { fstype, source })
     })
-}
-
-/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
-fn unescape(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
-            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// An absolute form of `path` that resolves the parent but not the last
@@ -351,12 +334,6 @@ pub fn umount(a: UmountArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn mountinfo_escapes_are_undone() {
-        assert_eq!(unescape(r"/mnt/a\040b"), "/mnt/a b");
-        assert_eq!(unescape("/plain"), "/plain");
-    }
 
     #[test]
     fn the_root_is_found_as_a_mount_and_a_fresh_directory_is_not() {

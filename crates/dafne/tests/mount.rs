@@ -519,6 +519,13 @@ fn the_data_path_registers_no_memory_after_warm_up() {
     std::fs::write(m.path("warm"), b"warm").unwrap();
     assert_eq!(std::fs::read(m.path("warm")).unwrap(), b"warm");
     let (reg0, dereg0) = counters(&stats);
+    // Sequential reads reach the daemon in 1 MiB requests: the mount's
+    // readahead was raised from the kernel's 128 KiB.
+    let mp = m.mp.to_string_lossy().into_owned();
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let dev = info.lines().find(|l| l.split(' ').nth(4) == Some(&mp)).unwrap().split(' ').nth(2).unwrap().to_string();
+    let ra = std::fs::read_to_string(format!("/sys/class/bdi/{dev}/read_ahead_kb")).unwrap();
+    assert_eq!(ra.trim(), "1024", "readahead of the mount (KiB)");
     assert!(reg0 >= 4, "the four worker threads' buffers are registered at mount: {reg0}");
     // The hot path: 1 MiB requests, several files at once (the kernel
     // issues reads and writes from several threads), read back and checked.
