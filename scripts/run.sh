@@ -33,13 +33,12 @@ work="$MNT/sample-$$"
 scratch="$(mktemp -d)"
 trap 'rm -rf "$scratch"' EXIT
 mkdir -p "$work"
-printf '| file | size | write MiB/s | read MiB/s | verified |\n|---|---|---|---|---|\n'
+printf '| file | bytes | write (dd, fsync) | read back (O_DIRECT) | verified |\n|---|---|---|---|---|\n'
 for spec in tiny:0 small:4097 medium:1048583 large:67108864 huge:268435456; do
   name="${spec%%:*}"; size="${spec##*:}"
   head -c "$size" /dev/urandom > "$scratch/$name"
   t0=$(date +%s.%N)
-  cp "$scratch/$name" "$work/$name"
-  sync -f "$work/$name" 2>/dev/null || true
+  dd if="$scratch/$name" of="$work/$name" bs=1M conv=fsync status=none
   t1=$(date +%s.%N)
   # Read back bypassing the kernel's page cache for the mount.
   dd if="$work/$name" of="$scratch/$name.back" bs=1M iflag=direct status=none 2>/dev/null \
@@ -47,8 +46,9 @@ for spec in tiny:0 small:4097 medium:1048583 large:67108864 huge:268435456; do
   t2=$(date +%s.%N)
   if cmp -s "$scratch/$name" "$scratch/$name.back"; then ok=yes; else ok=NO; fi
   awk -v n="$name" -v s="$size" -v a="$t0" -v b="$t1" -v c="$t2" -v ok="$ok" 'BEGIN {
-    mib = s / 1048576; w = (b - a > 0) ? mib / (b - a) : 0; r = (c - b > 0) ? mib / (c - b) : 0;
-    printf "| %s | %d | %.0f | %.0f | %s |\n", n, s, w, r, ok }'
+    mib = s / 1048576; w = b - a; r = c - b;
+    if (mib >= 1) printf "| %s | %d | %.0f ms, %.0f MiB/s | %.0f ms, %.0f MiB/s | %s |\n", n, s, w * 1000, mib / w, r * 1000, mib / r, ok;
+    else printf "| %s | %d | %.1f ms | %.1f ms | %s |\n", n, s, w * 1000, r * 1000, ok }'
   [ "$ok" = yes ] || { echo "error: $work/$name does not read back as written" >&2; exit 1; }
   rm -f "$scratch/$name.back"
 done
