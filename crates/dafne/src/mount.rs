@@ -105,11 +105,26 @@ fn absolute(path: &Path) -> Result<PathBuf> {
     }
 }
 
+/// ENOTCONN, what `stat` of a FUSE mount whose daemon is gone fails with.
+fn libc_enotconn() -> i32 {
+    rustix::io::Errno::NOTCONN.raw_os_error()
+}
+
 /// Checks that `path` can be mounted on; returns its absolute form.
 fn check_mountpoint(path: &Path) -> Result<PathBuf> {
     let abs = absolute(path)?;
     // mountinfo by the path as given (finds dead mounts, where stat fails)
     // and by the resolved path (finds a mount behind a symbolic link).
+    if mount_at(&abs).is_some_and(|m| m.is_dafne())
+        && std::fs::metadata(&abs).is_err_and(|e| e.raw_os_error() == Some(libc_enotconn()))
+    {
+        bail!(
+            "{} is a dead dafne mount (its daemon exited; the kernel says \"transport endpoint is not connected\"): \
+             `dafne umount {}` first",
+            abs.display(),
+            abs.display()
+        );
+    }
     if mount_at(&abs).is_some() || cluster::is_mount_point(&abs) {
         bail!(
             "{} is already a mount point (dafne or another file system): `dafne umount {}` first",

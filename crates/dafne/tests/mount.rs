@@ -653,6 +653,18 @@ fn mistakes_get_clear_messages_and_a_nonzero_exit() {
     assert!(!alive(pid), "the daemon exited");
     assert_eq!(std::fs::read_dir(&records).unwrap().count(), 0, "its mount record is gone");
 
+    // A daemon killed outright leaves a dead mount: mount says so, umount
+    // clears it.
+    let m2 = c.mount();
+    let pid = std::fs::read_dir(&records).unwrap().next().unwrap().unwrap().file_name().into_string().unwrap();
+    sh(cmd("kill", &["-9", &pid]));
+    wait_for("the killed daemon to be gone", || !alive(pid.parse().unwrap()));
+    let t = fail(dafne().arg("mount").arg(&m2.mp).args(["--dir", &d]));
+    assert!(t.contains("dead dafne mount") && t.contains("dafne umount"), "{t}");
+    let o = m2.umount();
+    assert!(o.status.success(), "umount of a dead mount: {}", text(&o));
+    assert!(!mounted(&m2.mp));
+
     // A secret file that does not match the cluster: the metadata server
     // refuses the session, and the message says so.
     let info_path = c.dir().join("cluster.json");
