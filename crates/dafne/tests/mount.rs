@@ -657,7 +657,8 @@ fn mistakes_get_clear_messages_and_a_nonzero_exit() {
     // clears it.
     let m2 = c.mount();
     let pid = std::fs::read_dir(&records).unwrap().next().unwrap().unwrap().file_name().into_string().unwrap();
-    sh(cmd("kill", &["-9", &pid]));
+    let raw: i32 = pid.parse().unwrap();
+    rustix::process::kill_process(rustix::process::Pid::from_raw(raw).unwrap(), rustix::process::Signal::KILL).unwrap();
     wait_for("the killed daemon to be gone", || !alive(pid.parse().unwrap()));
     let t = fail(dafne().arg("mount").arg(&m2.mp).args(["--dir", &d]));
     assert!(t.contains("dead dafne mount") && t.contains("dafne umount"), "{t}");
