@@ -54,7 +54,12 @@ pub const ZERO_COPY_MIN: usize = 256 << 10;
 /// Connections to every io server of a cluster, by server id.
 #[derive(Debug, Clone)]
 pub struct DataClient {
-    servers: Vec<Client>,
+    /// One healing connection per server (`link`): a restarted io server
+    /// is reconnected at the next call.
+    servers: std::sync::Arc<Vec<crate::link::Link>>,
+    /// A connection kept for its UCX context (the runtime's, the same for
+    /// every connection and reconnection).
+    anchor: Option<Client>,
     bounce: std::sync::Arc<std::sync::Mutex<Vec<Region>>>,
     /// `None` only without servers (no UCX context to register with).
     regcache: Option<std::sync::Arc<RegCache>>,
@@ -84,7 +89,10 @@ impl DataClient {
     pub fn connect_with(rt: &Runtime, addrs: &[SocketAddr], cache: RegCacheConfig) -> Result<DataClient, ConnectError> {
         let servers: Vec<Client> = addrs.iter().map(|a| Client::connect(rt, *a)).collect::<Result<_, _>>()?;
         let regcache = servers.first().map(|c| std::sync::Arc::new(RegCache::new(c.context(), cache)));
-        Ok(DataClient { servers, bounce: Default::default(), regcache })
+        let anchor = servers.first().cloned();
+        // Io servers need no hello: capabilities are checked per request.
+        let servers = servers.into_iter().map(|c| crate::link::Link::new(c, Box::new(|_: &Client| Ok(())))).collect();
+        Ok(DataClient { servers: std::sync::Arc::new(servers), anchor, bounce: Default::default(), regcache })
     }
 
     /// The registration cache's counters (zeros without servers).
@@ -99,7 +107,7 @@ impl DataClient {
     }
 
     pub fn context(&self) -> Option<&dafne_transport::Context> {
-        self.servers.first().map(|c| c.context())
+        self.anchor.as_ref().map(|c| c.context())
     }
 
     /// A registered bounce buffer: from the pool, or registered now.
@@ -178,14 +186,20 @@ impl DataClient {
         Ok(())
     }
 
-    fn server(&self, id: usize) -> Result<&Client, Errno> {
-        self.servers.get(id).ok_or(Errno::EIO)
+    async fn call(&self, server: usize, req: &IoRequest) -> Result<IoResponse, Errno> {
+        let link = self.servers.get(server).ok_or(Errno::EIO)?;
+        // A lost server is reconnected here, at the next call after the loss.
+        let c = link.get().ok_or(Errno::EIO)?;
+        let bytes = c.call_async(encode_io_request(Envelope { tag: 0, uid: 0, gid: 0 }, req)).await.map_err(|e| {
+            link.failed(&e);
+            io_err(e)
+        })?;
+        decode_io_reply(&bytes).map_err(|_| Errno::EPROTO)?.2
     }
 
-    async fn call(&self, server: usize, req: &IoRequest) -> Result<IoResponse, Errno> {
-        let c = self.server(server)?;
-        let bytes = c.call_async(encode_io_request(Envelope { tag: 0, uid: 0, gid: 0 }, req)).await.map_err(io_err)?;
-        decode_io_reply(&bytes).map_err(|_| Errno::EPROTO)?.2
+    /// Connections opened again after io servers were lost, over all servers.
+    pub fn reconnects(&self) -> u64 {
+        self.servers.iter().map(|l| l.reconnects()).sum()
     }
 
     /// Sends each server its extents of the file `ranges`, mapped one after

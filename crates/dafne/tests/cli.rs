@@ -236,35 +236,93 @@ fn mistakes_get_clear_messages_and_a_nonzero_exit() {
     assert!(text(&o).contains("io_servers = 99"), "{}", text(&o));
 }
 
-#[test]
-fn data_written_before_down_is_there_after_up() {
+/// A client of the cluster in `dir` (through `cluster.json`).
+fn connect(dir: &Path) -> (dafne_transport::Runtime, dafne_client::file::Fs) {
     use dafne_client::data::DataClient;
     use dafne_client::file::Fs;
     use dafne_client::MetaSession;
+    #[derive(serde::Deserialize)]
+    struct Info {
+        meta: std::net::SocketAddr,
+        io: Vec<std::net::SocketAddr>,
+        secret: PathBuf,
+        ucx: Vec<(String, String)>,
+    }
+    let info: Info = serde_json::from_str(&std::fs::read_to_string(dir.join("cluster.json")).unwrap()).unwrap();
+    let rt = dafne_transport::Runtime::new(dafne_transport::RuntimeOptions {
+        name: "test".into(),
+        ucx_config: info.ucx,
+        ..Default::default()
+    })
+    .unwrap();
+    let secret = dafne_auth::Secret::load(&info.secret).unwrap();
+    let meta = MetaSession::connect(&rt, info.meta, &secret, "test", 0, 0).unwrap();
+    let data = DataClient::connect(&rt, &info.io).unwrap();
+    (rt, Fs::new(meta, data))
+}
 
+#[test]
+fn clients_reconnect_to_restarted_servers() {
+    let c = Cluster::new(2);
+    assert!(c.up(2).status.success());
+    let (_rt, fs) = connect(c.path());
+    let data: Vec<u8> = (0..2_000_000u32).map(|i| (i % 251) as u8).collect();
+    let f = fs.create(fs.meta.root(), b"f", 0o644, None).unwrap();
+    f.write_at(0, &data, dafne_proto::io::Stability::FileSync).unwrap();
+    f.close().unwrap();
+    let ino = fs.meta.lookup(fs.meta.root(), b"f").unwrap().ino;
+    // Both kinds of server crash and are restarted by the supervisor.
+    let before = c.servers();
+    for i in [0, 1] {
+        let pid = before[i]["pid"].as_u64().unwrap();
+        Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap();
+    }
+    wait_for("both restarts", || {
+        let s = c.servers();
+        s[0]["restarts"] == 1 && s[1]["restarts"] == 1 && s[0]["state"] == "running" && s[1]["state"] == "running"
+    });
+    // Calls in flight at the loss fail; later ones reconnect (no retry of
+    // the failed call itself).
+    let t = Instant::now();
+    let attr = loop {
+        match fs.meta.getattr(ino) {
+            Ok(a) => break a,
+            Err(e) => {
+                assert_eq!(e, dafne_proto::Errno::EIO);
+                assert!(t.elapsed() < Duration::from_secs(15), "the metadata session did not heal");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    };
+    assert_eq!(attr.size, data.len() as u64);
+    assert!(fs.meta.reconnects() >= 1);
+    let f = fs.open(ino, dafne_proto::OPEN_READ | dafne_proto::OPEN_WRITE).unwrap();
+    let mut back = vec![0u8; data.len()];
+    let t = Instant::now();
+    loop {
+        match f.read_at(0, &mut back) {
+            Ok(n) => {
+                assert_eq!(n, data.len());
+                break;
+            }
+            Err(e) => {
+                assert_eq!(e, dafne_proto::Errno::EIO);
+                assert!(t.elapsed() < Duration::from_secs(15), "the io connections did not heal");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+    assert!(back == data, "file-synced data is intact after the io server's crash");
+    assert!(fs.data.reconnects() >= 1);
+    // And writes work again.
+    f.write_at(0, b"again", dafne_proto::io::Stability::FileSync).unwrap();
+}
+
+#[test]
+fn data_written_before_down_is_there_after_up() {
     let c = Cluster::new(2);
     assert!(c.up(2).status.success());
     let data: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 + i / 4096) as u8).collect();
-    let connect = |dir: &Path| {
-        #[derive(serde::Deserialize)]
-        struct Info {
-            meta: std::net::SocketAddr,
-            io: Vec<std::net::SocketAddr>,
-            secret: PathBuf,
-            ucx: Vec<(String, String)>,
-        }
-        let info: Info = serde_json::from_str(&std::fs::read_to_string(dir.join("cluster.json")).unwrap()).unwrap();
-        let rt = dafne_transport::Runtime::new(dafne_transport::RuntimeOptions {
-            name: "test".into(),
-            ucx_config: info.ucx,
-            ..Default::default()
-        })
-        .unwrap();
-        let secret = dafne_auth::Secret::load(&info.secret).unwrap();
-        let meta = MetaSession::connect(&rt, info.meta, &secret, "test", 0, 0).unwrap();
-        let data = DataClient::connect(&rt, &info.io).unwrap();
-        (rt, Fs::new(meta, data))
-    };
     {
         let (_rt, fs) = connect(c.path());
         let f = fs.create(fs.meta.root(), b"kept", 0o644, None).unwrap();
