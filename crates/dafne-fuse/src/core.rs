@@ -126,6 +126,9 @@ struct InodeState {
     written_end: u64,
     /// Written since the size was last published.
     dirty: bool,
+    /// mtime was set explicitly (`futimens`, `cp -p`) after the last
+    /// write: publishing must not replace it with "now".
+    mtime_set: bool,
 }
 
 impl InodeState {
@@ -269,6 +272,11 @@ impl Core {
             Some(a) if rest.is_empty() => a,
             _ => self.session(c).setattr(ino, rest)?,
         };
+        if set.mtime.is_some() {
+            if let Some(st) = self.table().inodes.get_mut(&ino) {
+                st.mtime_set = true;
+            }
+        }
         Ok(self.local(a))
     }
 
@@ -474,6 +482,7 @@ impl Core {
         if let Some(st) = self.table().inodes.get_mut(&ino) {
             st.written_end = st.written_end.max(offset + n as u64);
             st.dirty = true;
+            st.mtime_set = false;
         }
         Ok(n)
     }
@@ -531,7 +540,8 @@ impl Core {
     }
 
     /// Meta's size becomes the largest byte any io server holds (sizes only
-    /// grow here; truncation shrinks), and mtime becomes now.
+    /// grow here; truncation shrinks), and mtime becomes now unless it was
+    /// set explicitly since the last write.
     fn publish(&self, ino: Ino, file: &Arc<OpenFile>) -> Result<(), Errno> {
         let stat_file =
             if file.cap.rights & RIGHT_READ != 0 { file.clone() } else { Arc::new(self.meta.open(ino, OPEN_READ)?) };
@@ -542,11 +552,17 @@ impl Core {
             Err(Errno::ENOENT) => return Ok(()),
             Err(e) => return Err(e),
         };
+        let mtime_set = self.table().inodes.get(&ino).is_some_and(|st| st.mtime_set);
         let set = SetAttr {
             size: (stored > current.size).then_some(stored),
-            mtime: Some(TimeSet::Now),
+            // A size change alone would make meta's mtime "now": keep an
+            // explicitly set one by restating it.
+            mtime: Some(if mtime_set { TimeSet::At(current.mtime) } else { TimeSet::Now }),
             ..Default::default()
         };
+        if mtime_set && set.size.is_none() {
+            return Ok(());
+        }
         let a = self.meta.setattr(ino, set)?;
         if let Some(st) = self.table().inodes.get_mut(&ino) {
             st.meta_size = a.size;
@@ -641,7 +657,7 @@ mod tests {
     fn the_reported_size_is_the_larger_of_meta_and_own_writes() {
         assert_eq!(local_size(100, 0), 100);
         assert_eq!(local_size(100, 4096), 4096);
-        let st = InodeState { handles: 1, attr: None, meta_size: 7, written_end: 3, dirty: true };
+        let st = InodeState { handles: 1, attr: None, meta_size: 7, written_end: 3, dirty: true, mtime_set: false };
         assert_eq!(st.size(), 7);
     }
 }

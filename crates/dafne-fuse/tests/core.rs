@@ -114,6 +114,30 @@ fn sizes_follow_own_writes_while_open_and_are_published_on_flush() {
 }
 
 #[test]
+fn an_explicit_mtime_survives_the_publish_at_close_and_a_later_write_does_not() {
+    use dafne_client::TimeSet;
+    use dafne_proto::Timespec;
+    let f = fixture();
+    let (fh, attr) = f.core.create(Caller::ROOT, f.root, b"m", 0o644, RW, true).unwrap();
+    f.core.write(fh, 0, &pattern(100_000, 3)).unwrap();
+    // What `cp -p` does: futimens on the descriptor, then close.
+    let t = Timespec { sec: 981_173_106, nsec: 5 };
+    let set = SetAttr { mtime: Some(TimeSet::At(t)), ..Default::default() };
+    f.core.setattr(Caller::ROOT, attr.ino, Some(fh), set).unwrap();
+    f.core.flush(fh).unwrap();
+    f.core.release(fh).unwrap();
+    let a = f.core.getattr(OTHER, attr.ino).unwrap();
+    assert_eq!((a.mtime, a.size), (t, 100_000), "the size was published, the explicit mtime kept");
+    // A write after it moves mtime on again.
+    let (fh, _) = f.core.open(Caller::ROOT, attr.ino, RW).unwrap();
+    f.core.write(fh, 100_000, b"more").unwrap();
+    f.core.flush(fh).unwrap();
+    f.core.release(fh).unwrap();
+    let a = f.core.getattr(OTHER, attr.ino).unwrap();
+    assert!(a.mtime > t && a.size == 100_004, "{a:?}");
+}
+
+#[test]
 fn o_trunc_and_truncate_empty_the_io_servers_too() {
     let f = fixture();
     let (fh, attr) = f.core.create(Caller::ROOT, f.root, b"t", 0o644, RW, true).unwrap();

@@ -143,7 +143,13 @@ impl Cluster {
     }
 
     fn mount_with(&self, extra: &[&str]) -> Mount {
-        let mp = self.dir().join("mnt");
+        self.mount_at("mnt", extra)
+    }
+
+    /// Another mount of the same cluster sees only what reached the
+    /// servers (no shared kernel cache).
+    fn mount_at(&self, name: &str, extra: &[&str]) -> Mount {
+        let mp = self.dir().join(name);
         std::fs::create_dir_all(&mp).unwrap();
         let o = dafne().arg("mount").arg(&mp).args(["--dir", p(self.dir())]).args(extra).output().unwrap();
         assert!(o.status.success(), "dafne mount failed:\n{}", text(&o));
@@ -278,6 +284,16 @@ fn copies_of_every_size_are_byte_exact_and_dd_edits_land_in_place() {
     }
     sh(cmd("cmp", &[p(&big), p(&on)]));
     assert_eq!(std::fs::metadata(&on).unwrap().len(), 1400 * 4096 + 3 * 4096 + 100);
+
+    // cp -p sets the times on the open descriptor before closing it; the
+    // size published at close must not move them. Checked from a second
+    // mount, which has no cached attributes.
+    sh(cmd("touch", &["-d", "2001-02-03 04:05:06.789", p(&big)]));
+    sh(cmd("cp", &["-p", p(&big), p(&m.path("kept-times"))]));
+    let other = c.mount_at("mnt2", &[]);
+    use std::os::unix::fs::MetadataExt;
+    let (a, b) = (std::fs::metadata(&big).unwrap(), std::fs::metadata(other.path("kept-times")).unwrap());
+    assert_eq!((b.mtime(), b.mtime_nsec(), b.len()), (a.mtime(), a.mtime_nsec(), a.len()));
 }
 
 #[test]
@@ -565,11 +581,8 @@ fn sizes_show_while_open_and_an_unlinked_open_file_lives_on() {
     assert_eq!(f.metadata().unwrap().len(), 3 << 20);
     drop(f);
     // After close: exact in meta, as another mount sees it.
-    let other = c.dir().join("mnt2");
-    std::fs::create_dir(&other).unwrap();
-    let o = dafne().arg("mount").arg(&other).args(["--dir", p(c.dir())]).output().unwrap();
-    assert!(o.status.success(), "{}", text(&o));
-    let _m2 = Mount { mp: other.clone(), dir: c.dir().to_path_buf() };
+    let m2 = c.mount_at("mnt2", &[]);
+    let other = m2.mp.clone();
     assert_eq!(std::fs::metadata(other.join("open")).unwrap().len(), 3 << 20);
     assert_eq!(std::fs::read(other.join("open")).unwrap(), pattern(3 << 20, 1));
 
