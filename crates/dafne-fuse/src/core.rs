@@ -25,7 +25,9 @@
 //! the metadata server applies POSIX rules to the right user and its errno
 //! is the answer. Exceptions, each for a reason: the publishing above; a
 //! `Stat` for a write-only handle uses a read capability the daemon asks
-//! for (the io servers demand read rights for `Stat`); and a file just
+//! for (the io servers demand read rights for `Stat`), and an `fsync`
+//! through a read-only handle a write capability (they demand write rights
+//! for `Sync`; POSIX lets any descriptor flush the file); and a file just
 //! created exclusively by the caller is opened as root if its own mode
 //! forbids the access asked for (POSIX: `open(O_CREAT)` of a new file grants
 //! the requested access whatever the mode).
@@ -501,7 +503,12 @@ impl Core {
             let h = t.handles.get(&fh).ok_or(Errno::EBADF)?;
             (h.file.clone(), h.ino)
         };
-        block(self.data.sync(&file))?;
+        // fsync(2) flushes the file, whoever wrote it, also through a
+        // read-only descriptor; the io servers want write rights for Sync,
+        // which the daemon asks for in that case (syncing changes no byte).
+        let sync_file =
+            if file.cap.rights & RIGHT_WRITE != 0 { file.clone() } else { Arc::new(self.meta.open(ino, OPEN_WRITE)?) };
+        block(self.data.sync(&sync_file))?;
         if let Some(st) = self.table().inodes.get_mut(&ino) {
             st.dirty = false;
         }

@@ -110,6 +110,8 @@ fn sizes_follow_own_writes_while_open_and_are_published_on_flush() {
     assert_eq!(f.core.getattr(OTHER, attr.ino).unwrap().size, 300_000);
     let (fh, _) = f.core.open(OTHER, attr.ino, OpenMode { read: true, ..Default::default() }).unwrap();
     assert_eq!(f.core.read(fh, 0, 400_000).unwrap(), data);
+    // fsync through a read-only descriptor (as `sync FILE` does) works.
+    f.core.fsync(fh).unwrap();
     f.core.release(fh).unwrap();
 }
 

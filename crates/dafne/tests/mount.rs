@@ -284,6 +284,10 @@ fn copies_of_every_size_are_byte_exact_and_dd_edits_land_in_place() {
     }
     sh(cmd("cmp", &[p(&big), p(&on)]));
     assert_eq!(std::fs::metadata(&on).unwrap().len(), 1400 * 4096 + 3 * 4096 + 100);
+    // `sync FILE` fsyncs a read-only descriptor; du counts the blocks.
+    sh(cmd("sync", &[p(&on)]));
+    let du: u64 = sh(cmd("du", &["-k", p(&on)])).split_whitespace().next().unwrap().parse().unwrap();
+    assert!(du >= 5 * 1024, "du -k says {du} KiB for a file of more than 5 MiB");
 
     // cp -p sets the times on the open descriptor before closing it; the
     // size published at close must not move them. Checked from a second
