@@ -45,8 +45,17 @@ fn sh(mut cmd: impl std::borrow::BorrowMut<Command>) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
+/// A program under `timeout(1)`: a mount that stops answering fails the
+/// test after ten minutes instead of hanging the suite (FUSE waits are
+/// killable).
+fn bounded(program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut c = Command::new("timeout");
+    c.args(["-k", "10", "600"]).arg(program);
+    c
+}
+
 fn cmd(program: &str, args: &[&str]) -> Command {
-    let mut c = Command::new(program);
+    let mut c = bounded(program);
     c.args(args);
     c
 }
@@ -377,7 +386,7 @@ fn git_clone_onto_the_mount_is_complete_and_sound() {
     let m = c.mount();
     let repo = c.scratch("repo");
     let g = |dir: &Path, args: &[&str]| {
-        let mut c = Command::new(&git);
+        let mut c = bounded(&git);
         c.arg("-C").arg(dir).args(args);
         c.env("GIT_AUTHOR_NAME", "t").env("GIT_AUTHOR_EMAIL", "t@example.org");
         c.env("GIT_COMMITTER_NAME", "t").env("GIT_COMMITTER_EMAIL", "t@example.org");
@@ -441,7 +450,7 @@ fn fsx_finds_no_miscompare() {
     )
     .unwrap();
     for seed in ["1", "2"] {
-        let o = Command::new(&fsx)
+        let o = bounded(&fsx)
             .args(["-N", "2500", "-S", seed, "-f", p(&conf), "-P", p(&work)])
             .arg(m.path(&format!("fsx-{seed}")))
             .stdin(Stdio::null())
@@ -476,12 +485,8 @@ fn pjdfstest_fails_no_more_than_documented() {
     std::fs::write(&conf, include_str!("../../../scripts/pjdfstest.toml")).unwrap();
     let work = m.path("pjd");
     std::fs::create_dir(&work).unwrap();
-    let o = Command::new(&pjd)
-        .args(["-c", p(&conf), "-p", p(&work)])
-        .current_dir(&work)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    let o =
+        bounded(&pjd).args(["-c", p(&conf), "-p", p(&work)]).current_dir(&work).stdin(Stdio::null()).output().unwrap();
     let out = text(&o);
     let summary = out.lines().find(|l| l.starts_with("Summary:")).unwrap_or_else(|| panic!("no summary:\n{out}"));
     // "Summary: F failed, S skipped, P passed, ..."
