@@ -307,10 +307,10 @@ impl fuser::Filesystem for FuseFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        match self.core.read(fh.0, offset, size) {
-            Ok(data) => reply.data(&data),
+        self.core.read_with(fh.0, offset, size, |r| match r {
+            Ok(data) => reply.data(data),
             Err(e) => reply.error(errno(e)),
-        }
+        })
     }
 
     fn write(
