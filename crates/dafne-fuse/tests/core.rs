@@ -17,6 +17,9 @@ fn ucx() -> Vec<(String, String)> {
 struct Fixture {
     core: Core,
     root: u64,
+    meta_addr: std::net::SocketAddr,
+    io_addrs: Vec<std::net::SocketAddr>,
+    secret: std::path::PathBuf,
     _servers: (dafne_meta::server::MetaServer, Vec<dafne_io::server::IoServer>),
     _rt: Runtime,
     _dir: tempfile::TempDir,
@@ -53,7 +56,18 @@ fn fixture() -> Fixture {
     let data = DataClient::connect(&rt, &io.iter().map(|s| s.addr).collect::<Vec<_>>()).unwrap();
     let root = session.root();
     let core = Core::new(session, data).with_secret(s);
-    Fixture { core, root, _servers: (meta, io), _rt: rt, _dir: dir }
+    let (meta_addr, io_addrs) = (meta.addr, io.iter().map(|s| s.addr).collect());
+    Fixture { core, root, meta_addr, io_addrs, secret, _servers: (meta, io), _rt: rt, _dir: dir }
+}
+
+impl Fixture {
+    /// Another mount's core: its own sessions, nothing shared but the
+    /// servers.
+    fn another_core(&self, rt: &Runtime) -> Core {
+        let s = dafne_auth::Secret::load(&self.secret).unwrap();
+        let session = MetaSession::connect(rt, self.meta_addr, &s, "core-test-2", 0, 0).unwrap();
+        Core::new(session, DataClient::connect(rt, &self.io_addrs).unwrap())
+    }
 }
 
 const USER: Caller = Caller { uid: 1000, gid: 1000 };
@@ -137,6 +151,33 @@ fn an_explicit_mtime_survives_the_publish_at_close_and_a_later_write_does_not() 
     f.core.release(fh).unwrap();
     let a = f.core.getattr(OTHER, attr.ino).unwrap();
     assert!(a.mtime > t && a.size == 100_004, "{a:?}");
+}
+
+#[test]
+fn two_mounts_writing_different_stripes_leave_the_exact_size_after_both_close() {
+    let f = fixture();
+    let rt = Runtime::new(RuntimeOptions { name: "second".into(), ucx_config: ucx(), ..Default::default() }).unwrap();
+    let second = f.another_core(&rt);
+    let (a, attr) = f.core.create(Caller::ROOT, f.root, b"shared", 0o644, RW, true).unwrap();
+    let (b, _) = second.open(Caller::ROOT, attr.ino, RW).unwrap();
+    // The second mount writes the far end, the first the start; the first
+    // closes first, publishing only what the servers hold then.
+    second.write(b, 200_000, &pattern(50_000, 5)).unwrap();
+    f.core.write(a, 0, &pattern(100_000, 4)).unwrap();
+    f.core.flush(a).unwrap();
+    f.core.release(a).unwrap();
+    assert_eq!(second.getattr(Caller::ROOT, attr.ino).unwrap().size, 250_000, "the second mount's own writes");
+    second.flush(b).unwrap();
+    second.release(b).unwrap();
+    let a = f.core.getattr(OTHER, attr.ino).unwrap();
+    assert_eq!(a.size, 250_000);
+    let (fh, _) = f.core.open(Caller::ROOT, attr.ino, RW).unwrap();
+    let back = f.core.read(fh, 0, 300_000).unwrap();
+    assert_eq!(back.len(), 250_000);
+    assert_eq!(&back[..100_000], &pattern(100_000, 4)[..]);
+    assert!(back[100_000..200_000].iter().all(|&x| x == 0), "the hole reads as zeros");
+    assert_eq!(&back[200_000..], &pattern(50_000, 5)[..]);
+    f.core.release(fh).unwrap();
 }
 
 #[test]
