@@ -27,8 +27,13 @@ use fuser::{
 use crate::core::{Caller, Core, OpenMode};
 use crate::{MountOptions, MAX_IO};
 
-/// The errno the kernel gets for a dafne error: the same number.
+/// The errno the kernel gets for a dafne error: the same number. Errors
+/// that mean a server failed or answered nonsense (rather than a POSIX
+/// refusal) are also logged, so the daemon's log explains an `EIO`.
 pub fn errno(e: dafne_client::Errno) -> fuser::Errno {
+    if matches!(e, dafne_client::Errno::EIO | dafne_client::Errno::EPROTO | dafne_client::Errno::EAGAIN) {
+        tracing::warn!("answering {e}: a metadata or io server failed, timed out or answered unexpectedly");
+    }
     fuser::Errno::from_i32(e.0)
 }
 
