@@ -20,8 +20,8 @@ use dafne_client::{Attr, FileType, Ino, SetAttr, TimeSet};
 use dafne_proto::Timespec;
 use fuser::{
     AccessFlags, FileHandle, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags,
-    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
-    ReplyWrite, Request, TimeOrNow, WriteFlags,
+    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry,
+    ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
 };
 
 use crate::core::{Caller, Core, OpenMode};
@@ -177,6 +177,10 @@ impl fuser::Filesystem for FuseFs {
         // the truncation is a later setattr the kernel only sends once the
         // checks passed.
         let _ = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS);
+        // Listings with attributes (one round trip per 16 entries instead
+        // of a lookup per entry), when the kernel sees they are used
+        // (`ls -l`), plain listings otherwise.
+        let _ = config.add_capabilities(InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO);
         Ok(())
     }
 
@@ -384,7 +388,8 @@ impl fuser::Filesystem for FuseFs {
         }
         let mut cookie = resume_cookie(offset);
         loop {
-            let (entries, eof) = match self.core.readdir(c, dir, cookie, 256) {
+            // A kernel listing request holds about 100 plain entries (4 KiB).
+            let (entries, eof) = match self.core.readdir(c, dir, cookie, 128) {
                 Ok(page) => page,
                 Err(e) => return reply.error(errno(e)),
             };
@@ -399,6 +404,53 @@ impl fuser::Filesystem for FuseFs {
             if eof || entries.is_empty() {
                 return reply.ok();
             }
+        }
+    }
+
+    fn readdirplus(&self, req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
+        let c = caller(req);
+        let dir = self.ino(ino);
+        let ttl = self.attr_ttl.min(self.entry_ttl);
+        if offset < DOTDOT {
+            // The kernel does not link `.` and `..` from a listing; their
+            // attributes only have to be valid.
+            let a = match self.core.getattr(c, dir) {
+                Ok(a) => self.attr(&a),
+                Err(e) => return reply.error(errno(e)),
+            };
+            if offset < DOT && reply.add(ino, DOT, ".", &ttl, &a, Generation(0)) {
+                return reply.ok();
+            }
+            let parent = self.kernel_ino(self.core.parent(c, dir).unwrap_or(dir));
+            if reply.add(parent, DOTDOT, "..", &ttl, &fuser::FileAttr { ino: parent, ..a }, Generation(0)) {
+                return reply.ok();
+            }
+        }
+        let mut cookie = resume_cookie(offset);
+        loop {
+            // A kernel listing request holds about 25 entries with
+            // attributes (4 KiB): 32 per page is one page and two compounds.
+            let page = match self.core.readdir_plus(c, dir, cookie, 32) {
+                Ok(page) => page,
+                Err(e) => return reply.error(errno(e)),
+            };
+            for (e, a) in &page.entries {
+                let full = reply.add(
+                    self.kernel_ino(e.ino),
+                    e.cookie + DOTDOT,
+                    OsStr::from_bytes(&e.name),
+                    &ttl,
+                    &self.attr(a),
+                    Generation(0),
+                );
+                if full {
+                    return reply.ok();
+                }
+            }
+            if page.eof || page.next == cookie {
+                return reply.ok();
+            }
+            cookie = page.next;
         }
     }
 

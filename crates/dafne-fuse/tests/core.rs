@@ -252,3 +252,41 @@ fn statfs_reports_the_io_servers_capacity() {
     assert!(s.blocks > 0 && s.bfree <= s.blocks && s.bavail <= s.blocks, "{s:?}");
     assert!(s.files >= 1 && s.namelen == 255, "{s:?}");
 }
+
+#[test]
+fn listings_with_attributes_page_by_cookie_and_show_this_mounts_sizes() {
+    let f = fixture();
+    let d = f.core.mkdir(Caller::ROOT, f.root, b"d", 0o755).unwrap().ino;
+    for i in 0..40 {
+        f.core.mknod(Caller::ROOT, d, format!("f{i:02}").as_bytes(), S_IFREG | 0o600).unwrap();
+    }
+    // An open file with unpublished writes lists with its local size.
+    let f07 = f.core.lookup(Caller::ROOT, d, b"f07").unwrap().ino;
+    let (fh, _) = f.core.open(Caller::ROOT, f07, RW).unwrap();
+    f.core.write(fh, 0, &pattern(12_345, 7)).unwrap();
+    // Page through 40 entries 16 at a time; one entry disappears between
+    // pages and is simply not listed.
+    let mut seen = Vec::new();
+    let mut cookie = 0;
+    loop {
+        let page = f.core.readdir_plus(Caller::ROOT, d, cookie, 16).unwrap();
+        for (e, a) in &page.entries {
+            assert_eq!(e.ino, a.ino);
+            assert_eq!((a.kind, a.mode), (FileType::Regular, 0o600));
+            let want = if e.ino == f07 { 12_345 } else { 0 };
+            assert_eq!(a.size, want, "{}", String::from_utf8_lossy(&e.name));
+            seen.push(String::from_utf8(e.name.clone()).unwrap());
+        }
+        if seen.len() == 16 {
+            f.core.unlink(Caller::ROOT, d, b"f30").unwrap();
+        }
+        if page.eof {
+            break;
+        }
+        assert_ne!(page.next, cookie, "a page that is not the last moves the cookie on");
+        cookie = page.next;
+    }
+    let want: Vec<String> = (0..40).filter(|&i| i != 30).map(|i| format!("f{i:02}")).collect();
+    assert_eq!(seen, want);
+    f.core.release(fh).unwrap();
+}

@@ -370,6 +370,22 @@ fn tar_rsync_find_ls_mv_and_rm_work_on_a_tree() {
     sh(cmd("mv", &[p(&x.join("a/b")), p(&x.join("d/b"))]));
     assert!(x.join("d/b/c/file4").is_file() && !x.join("a/b").exists());
 
+    // A directory of several listing pages: every name once, with its
+    // attributes (ls -l takes the kernel's readdirplus path).
+    let many = m.path("many");
+    std::fs::create_dir(&many).unwrap();
+    for i in 0..300 {
+        std::fs::write(many.join(format!("n{i:03}")), vec![b'x'; i]).unwrap();
+    }
+    let ls = sh(cmd("ls", &["-l", p(&many)]));
+    let rows: Vec<&str> = ls.lines().filter(|l| l.starts_with('-')).collect();
+    assert_eq!(rows.len(), 300, "{ls}");
+    for (i, row) in rows.iter().enumerate() {
+        let cols: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!((cols[4], cols[8]), (i.to_string().as_str(), format!("n{i:03}").as_str()), "{row}");
+    }
+    sh(cmd("rm", &["-r", p(&many)]));
+
     // rm -r removes the whole tree.
     sh(cmd("rm", &["-r", p(&x)]));
     assert!(!x.exists());
