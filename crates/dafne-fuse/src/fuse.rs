@@ -9,7 +9,9 @@
 //! * Directory offsets: 1 is `.`, 2 is `..`, and an entry whose dafne cookie
 //!   is `k` gets offset `k + 2`; a listing resumes from any offset by
 //!   cookie, so it survives concurrent inserts and removals the way meta's
-//!   paging does ([`resume_cookie`]).
+//!   paging does ([`resume_cookie`]). `readdirplus` (the kernel's AUTO
+//!   mode: used when a listing's attributes are wanted, as by `ls -l`)
+//!   uses the same offsets and brings the attributes in compounds of 16.
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
