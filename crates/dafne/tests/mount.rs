@@ -730,3 +730,37 @@ fn down_unmounts_the_clusters_mounts() {
     assert!(o.status.success(), "{}", text(&o));
     assert!(!mounted(&m.mp), "down unmounted the mount");
 }
+
+#[test]
+fn a_mount_heals_after_its_servers_crash_and_restart() {
+    let _g = serial();
+    let c = Cluster::start();
+    let m = c.mount();
+    let data = pattern(3 << 20, 9);
+    std::fs::write(m.path("before"), &data).unwrap();
+    // sync(1) on the file: fsync through the mount, so the data is on disk.
+    sh(cmd("sync", &[p(&m.path("before"))]));
+    let servers: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(c.dir().join("servers.json")).unwrap()).unwrap();
+    for i in [0, 2] {
+        let pid = servers[i]["pid"].as_u64().unwrap();
+        Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap();
+    }
+    wait_for("the supervisor's restarts", || {
+        let s: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(c.dir().join("servers.json")).unwrap()).unwrap();
+        [0, 2].iter().all(|&i| s[i]["restarts"] == 1 && s[i]["state"] == "running")
+    });
+    // The first operations may fail (EIO: they were in flight or met the
+    // lost connections); the mount then reconnects by itself, no remount.
+    // Drop the kernel's cached pages of the file (fadvise DONTNEED), so
+    // that reading it asks the restarted io servers.
+    let before = format!("if={}", p(&m.path("before")));
+    wait_for("the mount to answer again", || {
+        bounded("dd").args([&before, "iflag=nocache", "count=0", "status=none"]).status().is_ok_and(|s| s.success())
+            && std::fs::read(m.path("before")).is_ok_and(|b| b == data)
+            && std::fs::write(m.path("after"), b"x").is_ok()
+    });
+    assert_eq!(std::fs::read(m.path("after")).unwrap(), b"x");
+    assert!(mounted(&m.mp));
+}
