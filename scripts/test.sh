@@ -10,6 +10,13 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
+echo "== test tools: fsx and pjdfstest (crates.io), run against a real mount"
+TOOLS="$PWD/target/tools"
+for t in fsx pjdfstest; do
+  [ -x "$TOOLS/bin/$t" ] || cargo install --locked --quiet --root "$TOOLS" "$t"
+done
+# The mount tests must run them (no skipping when a tool is missing).
+export DAFNE_REQUIRE_TOOLS=1
 echo "== cargo test"
 DAFNE_LOG=${DAFNE_LOG:-error} cargo test --workspace --no-fail-fast
 echo "== benchmark smoke run (shared memory, 64 KiB)"

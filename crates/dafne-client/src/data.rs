@@ -9,17 +9,22 @@
 //!
 //! Memory: [`DataClient::read_region`] / [`DataClient::write_region`] (and
 //! the list forms) are zero-copy on memory the application registered
-//! (`register`). The slice APIs copy once through pre-registered 1 MiB
-//! bounce buffers, so nothing is registered on their hot path either (a
-//! registration cache for application memory is not built yet).
+//! (`register`). [`DataClient::read_into`] / [`DataClient::write_from`] take
+//! plain slices: from [`ZERO_COPY_MIN`] up they are zero-copy too, on
+//! registrations from the client's registration cache
+//! ([`crate::regcache`]: registered once per buffer, dropped when the
+//! memory is unmapped); smaller ones, and the slice APIs `read_at` /
+//! `write_at`, copy once through pre-registered 1 MiB bounce buffers, so
+//! nothing is registered on their hot path either.
 
 use std::net::SocketAddr;
 
 use dafne_proto::io::{decode_io_reply, encode_io_request, IoExtent, IoRequest, IoResponse, Stability, NO_KEY};
-use dafne_proto::{Envelope, Errno};
+use dafne_proto::{Capability, Envelope, Errno, ServerInfo};
 use dafne_transport::{Access, Client, Region, Runtime};
 
 use crate::cq::{CompletionQueue, Ticket};
+use crate::regcache::{RegCache, RegCacheConfig, RegCacheStats};
 use crate::{ConnectError, OpenFile};
 
 /// Largest inline payload per server request (the protocol's limit).
@@ -40,12 +45,24 @@ pub const BOUNCE_SIZE: usize = 1 << 20;
 /// Bounce buffers kept between calls (8 × 1 MiB registered once); a larger
 /// I/O allocates more for its duration.
 pub const BOUNCE_KEEP: usize = 8;
+/// Slice I/O from this size up ([`DataClient::read_into`],
+/// [`DataClient::write_from`]) is zero-copy on a cached registration of the
+/// caller's buffer; below it a copy through a bounce buffer is cheaper than
+/// a first registration (and small buffers are rarely reused as such).
+pub const ZERO_COPY_MIN: usize = 256 << 10;
 
 /// Connections to every io server of a cluster, by server id.
 #[derive(Debug, Clone)]
 pub struct DataClient {
-    servers: Vec<Client>,
+    /// One healing connection per server (`link`): a restarted io server
+    /// is reconnected at the next call.
+    servers: std::sync::Arc<Vec<crate::link::Link>>,
+    /// A connection kept for its UCX context (the runtime's, the same for
+    /// every connection and reconnection).
+    anchor: Option<Client>,
     bounce: std::sync::Arc<std::sync::Mutex<Vec<Region>>>,
+    /// `None` only without servers (no UCX context to register with).
+    regcache: Option<std::sync::Arc<RegCache>>,
 }
 
 /// The part of an I/O that one server handles.
@@ -65,12 +82,32 @@ fn io_err(e: dafne_transport::TransportError) -> Errno {
 impl DataClient {
     /// Connects to the io servers; `addrs[i]` is server id `i`.
     pub fn connect(rt: &Runtime, addrs: &[SocketAddr]) -> Result<DataClient, ConnectError> {
-        let servers = addrs.iter().map(|a| Client::connect(rt, *a)).collect::<Result<_, _>>()?;
-        Ok(DataClient { servers, bounce: Default::default() })
+        Self::connect_with(rt, addrs, RegCacheConfig::default())
+    }
+
+    /// [`DataClient::connect`] with registration cache settings.
+    pub fn connect_with(rt: &Runtime, addrs: &[SocketAddr], cache: RegCacheConfig) -> Result<DataClient, ConnectError> {
+        let servers: Vec<Client> = addrs.iter().map(|a| Client::connect(rt, *a)).collect::<Result<_, _>>()?;
+        let regcache = servers.first().map(|c| std::sync::Arc::new(RegCache::new(c.context(), cache)));
+        let anchor = servers.first().cloned();
+        // Io servers need no hello: capabilities are checked per request.
+        let servers = servers.into_iter().map(|c| crate::link::Link::new(c, Box::new(|_: &Client| Ok(())))).collect();
+        Ok(DataClient { servers: std::sync::Arc::new(servers), anchor, bounce: Default::default(), regcache })
+    }
+
+    /// The registration cache's counters (zeros without servers).
+    pub fn regcache_stats(&self) -> RegCacheStats {
+        self.regcache.as_ref().map(|c| c.stats()).unwrap_or_default()
+    }
+
+    /// Whether the registration cache keeps registrations (UCX's unmap
+    /// hooks work here); if not, large slice I/O registers per call.
+    pub fn regcache_is_caching(&self) -> bool {
+        self.regcache.as_ref().is_some_and(|c| c.is_caching())
     }
 
     pub fn context(&self) -> Option<&dafne_transport::Context> {
-        self.servers.first().map(|c| c.context())
+        self.anchor.as_ref().map(|c| c.context())
     }
 
     /// A registered bounce buffer: from the pool, or registered now.
@@ -80,6 +117,19 @@ impl DataClient {
         }
         let ctx = self.context().ok_or(Errno::EIO)?;
         Region::allocate(ctx, BOUNCE_SIZE, Access::RemoteReadWrite).map_err(|_| Errno::ENOMEM)
+    }
+
+    /// Registers bounce buffers now until the pool holds `n` of them (at
+    /// most [`BOUNCE_KEEP`]): a client that will run `n` slice I/Os at once
+    /// (the FUSE daemon, one per worker thread) then registers nothing on
+    /// its data path, not even during its first requests.
+    pub fn prefill_bounce(&self, n: usize) -> Result<(), Errno> {
+        let ctx = self.context().ok_or(Errno::EIO)?;
+        let mut pool = self.bounce.lock().map_err(|_| Errno::EIO)?;
+        while pool.len() < n.min(BOUNCE_KEEP) {
+            pool.push(Region::allocate(ctx, BOUNCE_SIZE, Access::RemoteReadWrite).map_err(|_| Errno::ENOMEM)?);
+        }
+        Ok(())
     }
 
     fn give_bounce(&self, r: Region) {
@@ -136,14 +186,20 @@ impl DataClient {
         Ok(())
     }
 
-    fn server(&self, id: usize) -> Result<&Client, Errno> {
-        self.servers.get(id).ok_or(Errno::EIO)
+    async fn call(&self, server: usize, req: &IoRequest) -> Result<IoResponse, Errno> {
+        let link = self.servers.get(server).ok_or(Errno::EIO)?;
+        // A lost server is reconnected here, at the next call after the loss.
+        let c = link.get().ok_or(Errno::EIO)?;
+        let bytes = c.call_async(encode_io_request(Envelope { tag: 0, uid: 0, gid: 0 }, req)).await.map_err(|e| {
+            link.failed(&e);
+            io_err(e)
+        })?;
+        decode_io_reply(&bytes).map_err(|_| Errno::EPROTO)?.2
     }
 
-    async fn call(&self, server: usize, req: &IoRequest) -> Result<IoResponse, Errno> {
-        let c = self.server(server)?;
-        let bytes = c.call_async(encode_io_request(Envelope { tag: 0, uid: 0, gid: 0 }, req)).await.map_err(io_err)?;
-        decode_io_reply(&bytes).map_err(|_| Errno::EPROTO)?.2
+    /// Connections opened again after io servers were lost, over all servers.
+    pub fn reconnects(&self) -> u64 {
+        self.servers.iter().map(|l| l.reconnects()).sum()
     }
 
     /// Sends each server its extents of the file `ranges`, mapped one after
@@ -162,8 +218,24 @@ impl DataClient {
             return Err(Errno::EINVAL);
         }
         let key = region.pack_key().map_err(|_| Errno::EIO)?;
+        self.rma_at(f, ranges, &key, region.addr() + region_offset as u64, make).await
+    }
+
+    /// [`Self::rma_list`] on registered memory named by its packed `key`,
+    /// the ranges one after the other from client address `base`. The
+    /// caller checked that the memory is registered and borrowed for the
+    /// whole call.
+    async fn rma_at(
+        &self,
+        f: &OpenFile,
+        ranges: &[(u64, usize)],
+        key: &[u8],
+        base: u64,
+        make: impl Fn(Vec<Vec<u8>>, Vec<IoExtent>) -> IoRequest,
+    ) -> Result<usize, Errno> {
+        let total = ranges.iter().try_fold(0usize, |a, (_, l)| a.checked_add(*l)).ok_or(Errno::EINVAL)?;
         let mut parts = Vec::new();
-        let mut at = region.addr() + region_offset as u64;
+        let mut at = base;
         for &(offset, len) in ranges {
             Self::add_parts(&mut parts, f, offset, len, Some(at))?;
             at += len as u64;
@@ -172,7 +244,7 @@ impl DataClient {
         for p in parts {
             // A request carries at most MAX_IO_EXTENTS extents.
             for chunk in p.extents.chunks(dafne_proto::io::MAX_IO_EXTENTS) {
-                let req = make(vec![key.clone()], chunk.to_vec());
+                let req = make(vec![key.to_vec()], chunk.to_vec());
                 calls.push(async move { self.call(p.server, &req).await });
             }
         }
@@ -247,6 +319,62 @@ impl DataClient {
         len: usize,
     ) -> Result<usize, Errno> {
         self.read_list(f, &[(offset, len)], region, region_offset).await
+    }
+
+    /// Reads into a caller's buffer: zero-copy from [`ZERO_COPY_MIN`] bytes
+    /// up (the servers put straight into `buf`, registered through the
+    /// registration cache: once per buffer while it stays mapped), else (or
+    /// if `buf` cannot be registered) as [`Self::read_at`]. Bytes never
+    /// written read as zeros.
+    pub async fn read_into(&self, f: &OpenFile, offset: u64, buf: &mut [u8]) -> Result<usize, Errno> {
+        let Some(cache) = self.regcache.as_ref().filter(|_| buf.len() >= ZERO_COPY_MIN) else {
+            return self.read_at(f, offset, buf).await;
+        };
+        // Memory UCX cannot register (e.g. read-only pages on RDMA
+        // hardware) still works, through the bounce buffers.
+        let Ok(reg) = cache.get(buf) else { return self.read_at(f, offset, buf).await };
+        // `buf` stays mutably borrowed until the servers have answered, so
+        // nothing else touches it while they put into it; `reg` keeps the
+        // registration until then even if the cache evicts it.
+        let base = buf.as_mut_ptr() as u64;
+        let n = self
+            .rma_at(f, &[(offset, buf.len())], reg.key(), base, |keys, extents| IoRequest::Read {
+                cap: f.cap,
+                keys,
+                extents,
+                inline_reply: false,
+            })
+            .await?;
+        drop(reg);
+        Ok(n)
+    }
+
+    /// Writes a caller's buffer: zero-copy from [`ZERO_COPY_MIN`] bytes up
+    /// (the servers get straight from `buf`, registered through the
+    /// registration cache), else (or if `buf` cannot be registered) as
+    /// [`Self::write_at`].
+    pub async fn write_from(
+        &self,
+        f: &OpenFile,
+        offset: u64,
+        buf: &[u8],
+        stability: Stability,
+    ) -> Result<usize, Errno> {
+        let Some(cache) = self.regcache.as_ref().filter(|_| buf.len() >= ZERO_COPY_MIN) else {
+            return self.write_at(f, offset, buf, stability).await;
+        };
+        let Ok(reg) = cache.get(buf) else { return self.write_at(f, offset, buf, stability).await };
+        let n = self
+            .rma_at(f, &[(offset, buf.len())], reg.key(), buf.as_ptr() as u64, |keys, extents| IoRequest::Write {
+                cap: f.cap,
+                keys,
+                extents,
+                stability,
+                inline: Vec::new(),
+            })
+            .await?;
+        drop(reg);
+        Ok(n)
     }
 
     /// Writes a slice: inline when small, else through a registered copy.
@@ -393,4 +521,53 @@ impl DataClient {
     pub async fn remove(&self, f: &OpenFile) -> Result<(), Errno> {
         self.every_server(f, IoRequest::Remove { cap: f.cap }, |_| ()).await.map(|_| ())
     }
+
+    /// Number of io servers this client is connected to.
+    pub fn server_count(&self) -> usize {
+        self.servers.len()
+    }
+
+    /// One server's capacity and counters. `cap` is any valid capability
+    /// with read rights ([`info_capability`] makes one from the secret).
+    pub async fn server_info(&self, server: usize, cap: Capability) -> Result<ServerInfo, Errno> {
+        match self.call(server, &IoRequest::ServerInfo { cap }).await? {
+            IoResponse::ServerInfo(i) => Ok(i),
+            _ => Err(Errno::EPROTO),
+        }
+    }
+
+    /// Every server's [`ServerInfo`], asked in parallel, in server order.
+    pub async fn all_server_info(&self, cap: Capability) -> Vec<Result<ServerInfo, Errno>> {
+        futures::future::join_all((0..self.servers.len()).map(|i| self.server_info(i, cap))).await
+    }
+
+    /// The cluster's storage: (capacity, available) bytes summed over the
+    /// file systems of the io servers that answer; servers sharing one file
+    /// system (a local cluster) count it once.
+    pub async fn capacity(&self, cap: Capability) -> Result<(u64, u64), Errno> {
+        let infos = self.all_server_info(cap).await;
+        let mut seen = std::collections::HashSet::new();
+        let (mut total, mut avail, mut answered) = (0u64, 0u64, false);
+        for i in infos.into_iter().flatten() {
+            answered = true;
+            if !seen.insert(i.filesystem_id) {
+                continue;
+            }
+            total += i.capacity_bytes;
+            avail += i.available_bytes;
+        }
+        if answered {
+            Ok((total, avail))
+        } else {
+            Err(Errno::EIO)
+        }
+    }
+}
+
+/// A short-lived capability (object 0, read rights) for requests about the
+/// servers rather than a file, signed with the cluster secret.
+pub fn info_capability(secret: &dafne_auth::Secret) -> Capability {
+    let mut cap = Capability { object_id: 0, rights: dafne_proto::RIGHT_READ, expiry_unix_ns: 0, mac: [0; 32] };
+    secret.sign(&mut cap, std::time::SystemTime::now());
+    cap
 }

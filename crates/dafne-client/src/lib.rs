@@ -11,6 +11,8 @@
 pub mod cq;
 pub mod data;
 pub mod file;
+mod link;
+pub mod regcache;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -45,7 +47,7 @@ pub struct OpenFile {
 }
 
 struct Inner {
-    client: Client,
+    link: link::Link,
     next_tag: AtomicU64,
     root: Ino,
 }
@@ -85,6 +87,25 @@ impl MetaSession {
         gid: u32,
     ) -> Result<MetaSession, ConnectError> {
         let client = Client::connect(rt, addr)?;
+        let root = Self::open_session(&client, secret, client_name, uid, gid)?;
+        // After a lost connection (meta restarted), the next call opens the
+        // session again on a new one (see `link`).
+        let (secret, name) = (secret.clone(), client_name.to_string());
+        let hello = Box::new(move |c: &Client| {
+            Self::open_session(c, &secret, &name, uid, gid).map(|_| ()).map_err(|e| e.to_string())
+        });
+        let link = link::Link::new(client, hello);
+        Ok(MetaSession { inner: Arc::new(Inner { link, next_tag: AtomicU64::new(1), root }), uid, gid })
+    }
+
+    /// Authenticates a connection with the cluster secret; the root inode.
+    fn open_session(
+        client: &Client,
+        secret: &dafne_auth::Secret,
+        client_name: &str,
+        uid: u32,
+        gid: u32,
+    ) -> Result<Ino, ConnectError> {
         let mut nonce = [0u8; 16];
         for (i, b) in nonce.iter_mut().enumerate() {
             *b = (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos()
@@ -97,12 +118,15 @@ impl MetaSession {
         let bytes = client.call(encode_request(Envelope { tag: 0, uid, gid }, &req))?;
         let (_, _, result) = decode_reply(&bytes).map_err(|e| ConnectError::Protocol(e.to_string()))?;
         match result {
-            Ok(Response::Session { root, .. }) => {
-                Ok(MetaSession { inner: Arc::new(Inner { client, next_tag: AtomicU64::new(1), root }), uid, gid })
-            }
+            Ok(Response::Session { root, .. }) => Ok(root),
             Ok(other) => Err(ConnectError::Protocol(format!("unexpected reply {other:?}"))),
             Err(e) => Err(ConnectError::Refused(e)),
         }
+    }
+
+    /// Connections opened again after the metadata server was lost.
+    pub fn reconnects(&self) -> u64 {
+        self.inner.link.reconnects()
     }
 
     /// The same session acting as another user (what a FUSE daemon does for
@@ -118,9 +142,18 @@ impl MetaSession {
     /// Sends one request; resolves with the server's answer.
     pub fn request_async(&self, req: Request) -> impl Future<Output = Result<Response, Errno>> + Send + 'static {
         let tag = self.inner.next_tag.fetch_add(1, Ordering::Relaxed);
-        let call = self.inner.client.call_async(encode_request(Envelope { tag, uid: self.uid, gid: self.gid }, &req));
+        let call = self
+            .inner
+            .link
+            .get()
+            .map(|c| c.call_async(encode_request(Envelope { tag, uid: self.uid, gid: self.gid }, &req)));
+        let inner = self.inner.clone();
         async move {
-            let bytes = call.await.map_err(io_err)?;
+            let Some(call) = call else { return Err(Errno::EIO) };
+            let bytes = call.await.map_err(|e| {
+                inner.link.failed(&e);
+                io_err(e)
+            })?;
             let (rtag, _, result) = decode_reply(&bytes).map_err(|_| Errno::EPROTO)?;
             if rtag != tag {
                 return Err(Errno::EPROTO);

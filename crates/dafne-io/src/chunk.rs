@@ -325,6 +325,22 @@ impl ChunkStore {
         })
     }
 
+    /// fsyncs every object file this store holds open.
+    pub fn sync_all(&self) -> io::Result<()> {
+        for f in self.open.borrow().values() {
+            f.buffered.sync_all()?;
+        }
+        Ok(())
+    }
+
+    /// Size of the file system holding the objects and the bytes available
+    /// on it (`statvfs`), for `statfs` and `dafne status`.
+    /// Also the file system's id, to tell servers sharing one apart.
+    pub fn capacity(&self) -> io::Result<(u64, u64, u64)> {
+        let v = rustix::fs::statvfs(&self.dir).map_err(io::Error::from)?;
+        Ok((v.f_blocks.saturating_mul(v.f_frsize), v.f_bavail.saturating_mul(v.f_frsize), v.f_fsid))
+    }
+
     /// Whether the direct path is in use.
     pub fn is_direct(&self) -> bool {
         self.ring.is_some()

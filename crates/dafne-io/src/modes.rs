@@ -415,6 +415,15 @@ impl Direct {
         *self.stats.borrow()
     }
 
+    pub fn mode(&self) -> ServingMode {
+        self.mode
+    }
+
+    /// The cache this mode counts on (the page cache's share), bytes.
+    pub fn cache_bytes(&self) -> u64 {
+        self.cache_bytes
+    }
+
     fn copied(&self, bytes: usize) {
         self.stats.borrow_mut().bytes_copied += bytes as u64;
     }

@@ -296,6 +296,19 @@ impl IoServer {
         IoStats { mode: self.mode, serving: s.mode, unifier: s.unifier, ucx: self.ucx_stats(), storage: s.storage }
     }
 
+    /// Writes back every dirty cache unit and syncs every object: after
+    /// it, everything acknowledged is on disk.
+    pub fn flush_all(&self) -> Result<()> {
+        self.rt
+            .block_on_loop(|_| async {
+                match SERVICE.with(|s| s.borrow().as_ref().and_then(Weak::upgrade)) {
+                    Some(svc) => svc.flush_all().await,
+                    None => Ok(()),
+                }
+            })?
+            .map_err(|e| anyhow::anyhow!("writing back the cache: {e}"))
+    }
+
     /// The UCX counters of the server (RMA bytes, registrations).
     pub fn ucx_stats(&self) -> dafne_ucx::StatsSnapshot {
         self.rt.context().stats().snapshot()
@@ -348,12 +361,18 @@ pub fn start_with(a: &IoArgs, m: ModeArgs) -> Result<IoServer> {
         opts.spin = std::time::Duration::from_micros(us);
     }
     let rt = Runtime::new(opts)?;
-    // 1 MiB slabs: the cache is `cache_mib` of them, registered once here.
+    // Slabs of up to 8 MiB (the largest power of two ≤ 8 that divides
+    // `cache_mib`, so the cache is exactly `cache_mib`), one registration
+    // each, made here. Each is one SysV segment on one host (4096 per
+    // machine): 8 MiB slabs allow 32 GiB of cache per machine, and a slab
+    // is still small enough to move between unit sizes cheaply.
     // Write-behind may hold a quarter of the cache dirty.
-    let cache = a.cache_mib.max(1) << 20;
+    let cache_mib = a.cache_mib.max(1);
+    let slab_mib = [8, 4, 2, 1].into_iter().find(|m| cache_mib.is_multiple_of(*m)).unwrap_or(1);
+    let cache = cache_mib << 20;
     let config = UnifierConfig {
-        ready_slabs: a.cache_mib.max(1),
-        slab_size: 1 << 20,
+        ready_slabs: cache_mib / slab_mib,
+        slab_size: slab_mib << 20,
         max_dirty_bytes: cache / 4,
         ..Default::default()
     };
@@ -396,9 +415,23 @@ pub fn serve_forever(c: &IoCommand) -> Result<()> {
         }
         return Ok(());
     }
-    loop {
-        std::thread::park();
+    let stop = stop_on_signals()?;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        std::thread::park_timeout(std::time::Duration::from_millis(100));
     }
+    // A clean stop: what the cache holds dirty reaches the disk first.
+    tracing::info!("stopping: writing back the cache");
+    s.flush_all()?;
+    Ok(())
+}
+
+/// A flag raised by SIGTERM or SIGINT (a supervisor's `down`, or ^C).
+pub fn stop_on_signals() -> Result<std::sync::Arc<std::sync::atomic::AtomicBool>> {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(sig, stop.clone()).context("installing the stop signal handlers")?;
+    }
+    Ok(stop)
 }
 
 #[cfg(test)]

@@ -26,6 +26,7 @@ use dafne_unifier::{spans, Unifier};
 
 use crate::chunk::ChunkStore;
 use crate::modes::{Direct, ModeStats};
+use crate::server::ServingMode;
 
 /// Units held by one request at a time: 64 × 64 KiB = 4 MiB of cache.
 pub const UNITS_PER_BATCH: usize = 64;
@@ -104,6 +105,53 @@ impl IoService {
         }
     }
 
+    /// Writes back every dirty unit and syncs every open object.
+    pub async fn flush_all(&self) -> Result<(), String> {
+        if let Backend::Unifier(u) = &self.backend {
+            u.flush_all().await.map_err(|e| e.to_string())?;
+        }
+        self.store.sync_all().map_err(|e| e.to_string())
+    }
+
+    /// Capacity and counters, for `statfs` and `dafne status`.
+    fn server_info(&self, conn: &ConnHandle) -> dafne_proto::ServerInfo {
+        let ServingStats { mode: m, unifier: u, .. } = self.stats();
+        let (capacity_bytes, available_bytes, filesystem_id) = self.store.capacity().unwrap_or_else(|e| {
+            tracing::warn!("statvfs of the data directory failed: {e}");
+            (0, 0, 0)
+        });
+        let (mode, cache_bytes) = match &self.backend {
+            Backend::Unifier(un) => {
+                let c = un.config();
+                (ServingMode::Unifier, ((c.ready_slabs + c.raw_slabs) * c.slab_size) as u64)
+            }
+            Backend::Direct(d) => (d.mode(), d.cache_bytes()),
+        };
+        let t = conn.transport_stats();
+        dafne_proto::ServerInfo {
+            capacity_bytes,
+            available_bytes,
+            mode: match mode {
+                ServingMode::Normal => 0,
+                ServingMode::Mmap => 1,
+                ServingMode::Unifier => 2,
+            },
+            cache_bytes,
+            dirty_bytes: u.dirty_bytes,
+            hits: u.hits + m.hits,
+            misses: u.misses + m.misses,
+            evictions: u.evictions + m.evictions,
+            writebacks: u.writebacks,
+            bytes_copied: u.bytes_copied + m.bytes_copied,
+            registrations: u.registrations + m.registrations,
+            startup_registrations: u.startup_registrations + m.startup_registrations,
+            requests_served: t.requests_served,
+            requests_in_flight: t.requests_in_flight,
+            connections: t.connections_accepted,
+            filesystem_id,
+        }
+    }
+
     async fn handle(self: Rc<Self>, req: TRequest) -> Vec<u8> {
         let (env, request) = match dafne_proto::io::decode_io_request(&req.payload) {
             Ok(x) => x,
@@ -121,7 +169,7 @@ impl IoService {
         let cap = *req.cap();
         let rights = match &req {
             IoRequest::Read { .. } => RIGHT_READ,
-            IoRequest::Stat { .. } => RIGHT_READ,
+            IoRequest::Stat { .. } | IoRequest::ServerInfo { .. } => RIGHT_READ,
             _ => RIGHT_WRITE,
         };
         if !self.secret.verify_cap(&cap, cap.object_id, rights, SystemTime::now()) {
@@ -176,6 +224,7 @@ impl IoService {
                 store.remove(object).map_err(eio("remove"))?;
                 Ok(IoResponse::Done)
             }
+            (IoRequest::ServerInfo { .. }, _) => Ok(IoResponse::ServerInfo(self.server_info(conn))),
             (IoRequest::Stat { .. }, backend) => {
                 // Cached writes count: write them back first.
                 if let Backend::Unifier(u) = backend {

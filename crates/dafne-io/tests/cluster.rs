@@ -437,3 +437,45 @@ fn concurrent_writers_are_written_back_in_the_background() {
         assert!(back == *want, "file {} differs", f.cap.object_id);
     }
 }
+
+#[test]
+fn server_info_reports_capacity_and_counters_to_holders_of_a_capability() {
+    let c = cluster(4);
+    let rt = runtime();
+    let (m, d) = clients(&c, &rt);
+    let secret = dafne_auth::Secret::load(&c.secret).unwrap();
+    let cap = dafne_client::data::info_capability(&secret);
+    let before = futures::executor::block_on(d.all_server_info(cap));
+    let f = open_new(&m, "info", 64 << 10);
+    let data = vec![7u8; 4 << 20];
+    futures::executor::block_on(d.write_at(&f, 0, &data, Stability::Unstable)).unwrap();
+    let mut back = vec![0u8; 4 << 20];
+    futures::executor::block_on(d.read_at(&f, 0, &mut back)).unwrap();
+    let after = futures::executor::block_on(d.all_server_info(cap));
+    let statvfs = rustix::fs::statvfs(c.ios[0].dir.as_path()).unwrap();
+    for (b, a) in before.into_iter().zip(after) {
+        let (b, a) = (b.unwrap(), a.unwrap());
+        assert_eq!(a.capacity_bytes, statvfs.f_blocks * statvfs.f_frsize);
+        assert!(a.available_bytes > 0 && a.available_bytes <= a.capacity_bytes);
+        assert_eq!(a.mode, 2);
+        assert_eq!(a.cache_bytes, 4 << 20);
+        // 1 MiB per server written (16 units of 64 KiB), then read back from the cache.
+        assert_eq!(a.hits - b.hits, 16, "{a:?}");
+        assert_eq!(a.bytes_copied, 0);
+        assert_eq!(a.dirty_bytes, 1 << 20, "unstable writes stay in the cache: {a:?}");
+        // Slice I/O goes through 1 MiB bounce buffers, each spanning every
+        // server: 4 writes and 4 reads per server, and this request, the
+        // only one in flight.
+        assert_eq!(a.requests_served - b.requests_served, 9, "{a:?}");
+        assert_eq!(a.requests_in_flight, 1);
+        assert_eq!(a.filesystem_id, statvfs.f_fsid);
+    }
+    // Four servers on one file system count once.
+    let (total, avail) = futures::executor::block_on(d.capacity(cap)).unwrap();
+    assert_eq!(total, statvfs.f_blocks * statvfs.f_frsize);
+    assert!(avail > 0);
+    // Without a valid capability: refused.
+    let mut forged = cap;
+    forged.mac[0] ^= 1;
+    assert_eq!(futures::executor::block_on(d.server_info(0, forged)), Err(Errno::EACCES));
+}

@@ -95,7 +95,15 @@ pub fn serve_forever(o: &ServeOptions) -> Result<()> {
     println!("listening on {}", server.addr);
     use std::io::Write as _;
     std::io::stdout().flush()?;
-    loop {
-        std::thread::park();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(sig, stop.clone()).context("installing the stop signal handlers")?;
     }
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        std::thread::park_timeout(std::time::Duration::from_millis(100));
+    }
+    // Every acknowledged change is committed already; dropping the server
+    // closes the store cleanly.
+    drop(server);
+    Ok(())
 }

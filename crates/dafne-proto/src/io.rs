@@ -31,6 +31,7 @@
 //! | Remove | 67 | capability | `Done`: empty |
 //! | Sync | 68 | capability | `Done`: empty |
 //! | Stat | 69 | capability | `Stat`: size u64 |
+//! | ServerInfo | 70 | capability | `ServerInfo`: n u32 (≤ [`MAX_INFO_FIELDS`]), n × u64 |
 //!
 //! Numbers are never reused: a retired op keeps its number, unassigned.
 //!
@@ -74,6 +75,14 @@
 //! acknowledged write of the object on this server stable; `Stat` answers
 //! the end of the bytes stored here (largest offset stored + 1, 0 if none).
 //!
+//! `ServerInfo` asks about the server rather than an object: capacity of
+//! its storage and its counters ([`ServerInfo`]), for `statfs` and `dafne
+//! status`. It takes a capability like every io request (any object, read
+//! rights), so only holders of the cluster secret or of an open file learn
+//! them. Its fields travel as a counted list of u64 in [`ServerInfo`]'s
+//! field order; a decoder takes the fields it knows and ignores the rest,
+//! so fields can be added at the end without a version change.
+//!
 //! # Sizes
 //!
 //! The largest request is [`MAX_IO_REQUEST_LEN`] bytes (153 758, under the
@@ -103,6 +112,8 @@ ops! {
         Sync = 68,
         /// How far the object extends on this server.
         Stat = 69,
+        /// The server's capacity and counters.
+        ServerInfo = 70,
     }
 }
 
@@ -283,6 +294,10 @@ pub enum IoRequest {
     Stat {
         cap: Capability,
     },
+    /// About the server (the capability's object is not used).
+    ServerInfo {
+        cap: Capability,
+    },
 }
 
 impl IoRequest {
@@ -295,6 +310,7 @@ impl IoRequest {
             IoRequest::Remove { .. } => IoOp::Remove,
             IoRequest::Sync { .. } => IoOp::Sync,
             IoRequest::Stat { .. } => IoOp::Stat,
+            IoRequest::ServerInfo { .. } => IoOp::ServerInfo,
         }
     }
 
@@ -306,7 +322,8 @@ impl IoRequest {
             | IoRequest::Truncate { cap, .. }
             | IoRequest::Remove { cap }
             | IoRequest::Sync { cap }
-            | IoRequest::Stat { cap } => cap,
+            | IoRequest::Stat { cap }
+            | IoRequest::ServerInfo { cap } => cap,
         }
     }
 
@@ -317,9 +334,11 @@ impl IoRequest {
             IoRequest::Read { extents, .. } | IoRequest::Write { extents, .. } => {
                 extents.iter().map(|e| u64::from(e.len)).sum()
             }
-            IoRequest::Truncate { .. } | IoRequest::Remove { .. } | IoRequest::Sync { .. } | IoRequest::Stat { .. } => {
-                0
-            }
+            IoRequest::Truncate { .. }
+            | IoRequest::Remove { .. }
+            | IoRequest::Sync { .. }
+            | IoRequest::Stat { .. }
+            | IoRequest::ServerInfo { .. } => 0,
         }
     }
 
@@ -336,7 +355,10 @@ impl IoRequest {
                 w.put_bytes(inline);
             }
             IoRequest::Truncate { size, .. } => w.put_u64(*size),
-            IoRequest::Remove { .. } | IoRequest::Sync { .. } | IoRequest::Stat { .. } => {}
+            IoRequest::Remove { .. }
+            | IoRequest::Sync { .. }
+            | IoRequest::Stat { .. }
+            | IoRequest::ServerInfo { .. } => {}
         }
     }
 
@@ -385,8 +407,66 @@ impl IoRequest {
             IoOp::Remove => IoRequest::Remove { cap },
             IoOp::Sync => IoRequest::Sync { cap },
             IoOp::Stat => IoRequest::Stat { cap },
+            IoOp::ServerInfo => IoRequest::ServerInfo { cap },
         })
     }
+}
+
+/// Most fields a [`ServerInfo`] reply may carry.
+pub const MAX_INFO_FIELDS: usize = 64;
+
+macro_rules! server_info {
+    ($($(#[$m:meta])* $f:ident),* $(,)?) => {
+        /// An io server's capacity and counters (`ServerInfo` reply). On
+        /// the wire in this field order.
+        #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Hash)]
+        pub struct ServerInfo { $($(#[$m])* pub $f: u64,)* }
+
+        impl ServerInfo {
+            /// `(name, value)` in wire order.
+            pub fn fields(&self) -> Vec<(&'static str, u64)> {
+                vec![$((stringify!($f), self.$f),)*]
+            }
+
+            /// From wire values: missing fields are 0, extra ones ignored.
+            pub fn from_values(v: &[u64]) -> ServerInfo {
+                let mut it = v.iter().copied();
+                ServerInfo { $($f: it.next().unwrap_or(0),)* }
+            }
+        }
+    };
+}
+
+server_info! {
+    /// Size of the file system holding the server's data, bytes.
+    capacity_bytes,
+    /// Bytes of it available to the server.
+    available_bytes,
+    /// Serving mode: 0 normal, 1 mmap, 2 unifier.
+    mode,
+    /// The cache's registered memory, bytes.
+    cache_bytes,
+    /// Dirty bytes waiting for write-back.
+    dirty_bytes,
+    hits,
+    misses,
+    evictions,
+    writebacks,
+    /// Bytes copied between buffers on the data path (0 in unifier mode).
+    bytes_copied,
+    /// Memory registrations made (after start-up).
+    registrations,
+    /// Registrations made at start-up.
+    startup_registrations,
+    /// Requests served since start.
+    requests_served,
+    /// Requests being served now (credits in use, over all clients).
+    requests_in_flight,
+    /// Connections accepted since start.
+    connections,
+    /// The file system holding the data (`statvfs` f_fsid), so that
+    /// servers sharing one are counted once.
+    filesystem_id,
 }
 
 /// A reply's byte count, at most [`MAX_IO_BYTES`].
@@ -461,6 +541,8 @@ pub enum IoResponse {
     Done,
     /// Stat: the largest file offset stored on this server + 1, 0 if none.
     Stat { size: u64 },
+    /// ServerInfo.
+    ServerInfo(ServerInfo),
 }
 
 impl IoResponse {
@@ -476,6 +558,7 @@ impl IoResponse {
             (IoResponse::Write { bytes }, IoOp::Write) => *bytes <= MAX_IO_BYTES as u64,
             (IoResponse::Done, IoOp::Truncate | IoOp::Remove | IoOp::Sync) => true,
             (IoResponse::Stat { .. }, IoOp::Stat) => true,
+            (IoResponse::ServerInfo(_), IoOp::ServerInfo) => true,
             _ => false,
         }
     }
@@ -489,6 +572,13 @@ impl IoResponse {
             IoResponse::Write { bytes } => w.put_u64(*bytes),
             IoResponse::Done => {}
             IoResponse::Stat { size } => w.put_u64(*size),
+            IoResponse::ServerInfo(info) => {
+                let f = info.fields();
+                w.put_len(f.len());
+                for (_, v) in f {
+                    w.put_u64(v);
+                }
+            }
         }
     }
 
@@ -508,6 +598,14 @@ impl IoResponse {
             IoOp::Write => IoResponse::Write { bytes: get_bytes(r, "io write reply bytes")? },
             IoOp::Truncate | IoOp::Remove | IoOp::Sync => IoResponse::Done,
             IoOp::Stat => IoResponse::Stat { size: r.u64("io stat size")? },
+            IoOp::ServerInfo => {
+                let n = r.count("io server info fields", MAX_INFO_FIELDS, 8)?;
+                let mut values = Vec::with_capacity(n);
+                for _ in 0..n {
+                    values.push(r.u64("io server info field")?);
+                }
+                IoResponse::ServerInfo(ServerInfo::from_values(&values))
+            }
         })
     }
 }
@@ -622,6 +720,7 @@ mod tests {
             IoRequest::Remove { cap: cap() },
             IoRequest::Sync { cap: cap() },
             IoRequest::Stat { cap: cap() },
+            IoRequest::ServerInfo { cap: cap() },
         ]
     }
 
@@ -635,6 +734,10 @@ mod tests {
             (IoOp::Remove, IoResponse::Done),
             (IoOp::Sync, IoResponse::Done),
             (IoOp::Stat, IoResponse::Stat { size: u64::MAX }),
+            (
+                IoOp::ServerInfo,
+                IoResponse::ServerInfo(ServerInfo { capacity_bytes: 1 << 40, mode: 2, ..Default::default() }),
+            ),
         ]
     }
 
@@ -770,7 +873,7 @@ mod tests {
     #[test]
     fn op_numbers_are_stable() {
         let got: Vec<u16> = IoOp::ALL.iter().map(|op| u16::from(*op)).collect();
-        assert_eq!(got, (64..=69).collect::<Vec<u16>>());
+        assert_eq!(got, (64..=70).collect::<Vec<u16>>());
         for op in IoOp::ALL {
             assert_eq!(IoOp::from_u16(u16::from(*op)), Some(*op));
         }
@@ -930,8 +1033,8 @@ mod tests {
         b[4] = 1;
         assert_eq!(decode_io_request(&b), Err(DecodeError::Reserved));
         let mut b = good.clone();
-        b[2..4].copy_from_slice(&70u16.to_le_bytes());
-        assert_eq!(decode_io_request(&b), Err(DecodeError::UnknownOp(70)));
+        b[2..4].copy_from_slice(&71u16.to_le_bytes());
+        assert_eq!(decode_io_request(&b), Err(DecodeError::UnknownOp(71)));
         // The header alone decodes for a server that must reply.
         let hdr = IoRequestHeader::decode(&good).unwrap();
         assert_eq!((hdr.op, hdr.envelope(), hdr.body_len), (IoOp::Truncate, ENV, 57));
@@ -1006,5 +1109,24 @@ mod tests {
     #[should_panic(expected = "errno 0 cannot travel")]
     fn encoding_errno_zero_panics() {
         encode_io_reply(1, IoOp::Read, &Err(Errno(0)));
+    }
+
+    #[test]
+    fn server_info_takes_known_fields_and_ignores_the_rest() {
+        let info = ServerInfo { capacity_bytes: 7, connections: 9, ..Default::default() };
+        let n = info.fields().len();
+        let bytes = encode_io_reply(3, IoOp::ServerInfo, &Ok(IoResponse::ServerInfo(info)));
+        assert_eq!(decode_io_reply(&bytes).unwrap().2, Ok(IoResponse::ServerInfo(info)));
+        // A newer server with two more fields; an older one with fewer.
+        let mut vals: Vec<u64> = info.fields().iter().map(|f| f.1).collect();
+        vals.extend([1, 2]);
+        assert_eq!(ServerInfo::from_values(&vals), info);
+        assert_eq!(ServerInfo::from_values(&vals[..1]), ServerInfo { capacity_bytes: 7, ..Default::default() });
+        // A hostile count is refused before anything is allocated.
+        let mut w = bytes.clone();
+        let body = IoReplyHeader::SIZE;
+        w[body..body + 4].copy_from_slice(&(MAX_INFO_FIELDS as u32 + 1).to_le_bytes());
+        assert!(decode_io_reply(&w).is_err());
+        assert_eq!(n, 16, "update the field count in tests/io_roundtrip.rs");
     }
 }

@@ -154,7 +154,7 @@ pub use frame::{
 };
 pub use io::{
     decode_io_reply, decode_io_request, encode_io_reply, encode_io_request, IoExtent, IoOp, IoRequest, IoResponse,
-    Stability, MAX_INLINE, MAX_IO_BYTES, MAX_IO_EXTENTS, MAX_IO_KEYS, MAX_IO_KEY_BYTES, MAX_IO_REPLY_LEN,
+    ServerInfo, Stability, MAX_INLINE, MAX_IO_BYTES, MAX_IO_EXTENTS, MAX_IO_KEYS, MAX_IO_KEY_BYTES, MAX_IO_REPLY_LEN,
     MAX_IO_REQUEST_LEN, NO_KEY,
 };
 pub use msg::{CompoundOp, Op, Request, Response};

@@ -124,6 +124,7 @@ fn request() -> impl Strategy<Value = IoRequest> {
         1 => capability().prop_map(|cap| IoRequest::Remove { cap }),
         1 => capability().prop_map(|cap| IoRequest::Sync { cap }),
         1 => capability().prop_map(|cap| IoRequest::Stat { cap }),
+        1 => capability().prop_map(|cap| IoRequest::ServerInfo { cap }),
     ]
 }
 
@@ -148,6 +149,7 @@ fn reply() -> impl Strategy<Value = (IoOp, Result<IoResponse, Errno>)> {
         2 => bytes().prop_map(|bytes| (IoOp::Write, Ok(IoResponse::Write { bytes }))),
         2 => one_of(&[IoOp::Truncate, IoOp::Remove, IoOp::Sync]).prop_map(|op| (op, Ok(IoResponse::Done))),
         1 => any::<u64>().prop_map(|size| (IoOp::Stat, Ok(IoResponse::Stat { size }))),
+        1 => vec(any::<u64>(), 16).prop_map(|v| (IoOp::ServerInfo, Ok(IoResponse::ServerInfo(ServerInfo::from_values(&v))))),
         2 => (one_of(IoOp::ALL), errno()).prop_map(|(op, e)| (op, Err(e))),
     ]
 }

@@ -413,16 +413,40 @@ impl Client {
     /// Connects to the server listening at `addr` and completes the handshake
     /// (control endpoint, worker addresses, data endpoints, credits).
     pub fn connect(rt: &Runtime, addr: SocketAddr) -> Result<Client> {
+        Self::connect_on(&rt.shared, addr)
+    }
+
+    /// A new connection to the same server on the same runtime: what a
+    /// client does after the server restarted (the old connection stays
+    /// failed; nothing is retried on the new one). Blocking: not from a
+    /// runtime task.
+    pub fn reconnect(&self) -> Result<Client> {
+        Self::connect_on(&self.inner.shared, self.inner.addr)
+    }
+
+    fn connect_on(shared: &Arc<Shared>, addr: SocketAddr) -> Result<Client> {
         let (tx, rx) = oneshot::channel();
         let (idtx, idrx) = crossbeam_channel::bounded(1);
-        rt.shared.submit(move |l| {
+        shared.submit(move |l| {
             let _ = idtx.send(ClientSide::connect(l, addr, tx));
         })?;
         let id = idrx.recv().map_err(|_| TransportError::Shutdown)?;
         let client =
-            Client { inner: Arc::new(ClientInner { shared: rt.shared.clone(), id, addr, token: Default::default() }) };
-        futures::executor::block_on(rx).map_err(|_| TransportError::Shutdown)??;
-        let token = rt.run_on_loop(move |l| ClientSide::get(l, id).map(|c| c.token.get()).unwrap_or(0))?;
+            Client { inner: Arc::new(ClientInner { shared: shared.clone(), id, addr, token: Default::default() }) };
+        // Waited for on a channel rather than with a futures executor, so
+        // that a reconnect may happen inside a caller's `block_on`.
+        let (rtx, rrx) = crossbeam_channel::bounded(1);
+        shared.submit(move |l| {
+            l.spawn(async move {
+                let _ = rtx.send(rx.await);
+            });
+        })?;
+        rrx.recv().map_err(|_| TransportError::Shutdown)?.map_err(|_| TransportError::Shutdown)??;
+        let (ttx, trx) = crossbeam_channel::bounded(1);
+        shared.submit(move |l| {
+            let _ = ttx.send(ClientSide::get(l, id).map(|c| c.token.get()).unwrap_or(0));
+        })?;
+        let token = trx.recv().map_err(|_| TransportError::Shutdown)?;
         client.inner.token.store(token, std::sync::atomic::Ordering::Relaxed);
         Ok(client)
     }
@@ -443,8 +467,19 @@ impl Client {
     }
 
     /// Sends a request and waits for its reply.
+    ///
+    /// Waits on a channel, not with a futures executor, so it may be used
+    /// inside a caller's `block_on` (a session opened again while a
+    /// blocking call reconnects).
     pub fn call(&self, payload: Vec<u8>) -> Result<Vec<u8>> {
-        futures::executor::block_on(self.call_async(payload))
+        let fut = self.call_async(payload);
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.inner.shared.submit(move |l| {
+            l.spawn(async move {
+                let _ = tx.send(fut.await);
+            });
+        })?;
+        rx.recv().map_err(|_| TransportError::Shutdown)?
     }
 
     /// Sends a request; the future resolves with the reply. The future is

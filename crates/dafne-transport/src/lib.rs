@@ -33,7 +33,7 @@ pub mod testsvc;
 mod timer;
 
 pub use client::Client;
-pub use dafne_ucx::{Access, Context, Local, Region, RemoteKey};
+pub use dafne_ucx::{Access, Context, Local, Region, RemoteKey, Slab, SubRegion};
 pub use error::TransportError;
 pub use runtime::{parse_ucx_overrides, DataPath, Runtime, RuntimeOptions};
 pub use server::{ConnHandle, Request, RmaSeg, Service};

@@ -107,6 +107,11 @@ impl ConnHandle {
         self.0.data.borrow().clone().ok_or(TransportError::Shutdown)
     }
 
+    /// The counters of the runtime serving this connection.
+    pub fn transport_stats(&self) -> crate::stats::TransportStatsSnapshot {
+        self.0.shared.stats.snapshot()
+    }
+
     /// The client's packed key, unpacked on this connection (cached).
     pub fn remote_key(&self, packed: &[u8]) -> Result<Rc<RemoteKey>> {
         if let Some(k) = self.0.keys.borrow().get(packed) {
@@ -301,11 +306,13 @@ impl ServerSide {
                 };
                 conn.inflight.set(conn.inflight.get() + 1);
                 TransportStats::inc(&stats.requests_served);
+                TransportStats::inc(&stats.requests_in_flight);
                 let corr = m.hdr.corr;
                 let fut = service.call(Request { conn: ConnHandle(conn.clone()), payload: m.payload });
                 l.spawn(async move {
                     let reply = fut.await;
                     conn.inflight.set(conn.inflight.get() - 1);
+                    conn.shared.stats.requests_in_flight.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
                     Self::reply(&conn, corr, TransportStatus::Ok, reply);
                 });
             }

@@ -29,6 +29,9 @@ counters! {
     replies_received,
     /// Requests handled by a server on this runtime.
     requests_served,
+    /// Requests a server on this runtime is handling now: the credits in
+    /// use over all its clients (a gauge, not a count).
+    requests_in_flight,
     /// Frames that failed validation (bad header, unknown connection, ...).
     malformed_frames,
     /// Requests refused because the client had no credit.

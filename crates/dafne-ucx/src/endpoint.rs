@@ -10,6 +10,7 @@ use ucx_sys as sys;
 use crate::error::{Error, Result, Status};
 use crate::memory::{Region, RemoteKey};
 use crate::request::{send_param, Op};
+use crate::slab::SubRegion;
 use crate::stats::Stats;
 use crate::worker::{PendingClose, Worker, WorkerInner};
 
@@ -126,11 +127,22 @@ impl std::fmt::Debug for Endpoint {
     }
 }
 
-/// Local memory for RMA: a registered region slice (zero-copy) or plain
+/// Local memory for RMA: a registered region slice or a slice of a slab's
+/// view (both zero-copy, with the registration's memory handle), or plain
 /// bytes that UCX handles internally (copied or registered on the fly).
 #[derive(Debug)]
 pub enum Local {
-    Region { region: Arc<Region>, offset: usize, len: usize },
+    Region {
+        region: Arc<Region>,
+        offset: usize,
+        len: usize,
+    },
+    /// Bytes `[offset, offset + len)` of a view (offsets within the view).
+    View {
+        view: Arc<SubRegion>,
+        offset: usize,
+        len: usize,
+    },
     Bytes(Vec<u8>),
 }
 
@@ -220,6 +232,26 @@ impl Endpoint {
                 let p = unsafe { region.ptr().add(offset) };
                 (p, len, Some(region.memh()), Box::new(region))
             }
+            Local::View { view, offset, len } => {
+                if !view.region().belongs_to(&self.inner.worker.ctx) {
+                    return Err(Error::Invalid {
+                        op: "rma",
+                        reason: "the local view's slab was registered with another UCX context".into(),
+                    });
+                }
+                if offset.checked_add(len).is_none_or(|end| end > view.len()) {
+                    return Err(Error::Invalid {
+                        op: "rma",
+                        reason: format!("range {offset}+{len} outside a view of {} bytes", view.len()),
+                    });
+                }
+                // SAFETY: offset+len is within the view (checked above), and
+                // the view within its slab's region.
+                let p = unsafe { view.ptr().add(offset) };
+                // The op keeps the view (so its range stays out of other
+                // views' reach, and the slab registered) until completion.
+                (p, len, Some(view.region().memh()), Box::new(view))
+            }
             Local::Bytes(mut v) => {
                 let (p, l) = (v.as_mut_ptr(), v.len());
                 (p, l, None, Box::new(v))
@@ -238,7 +270,7 @@ impl Endpoint {
         let ud = op.user_data();
         let param = send_param(ud, memh);
         // SAFETY: live endpoint; `ptr..ptr+len` is owned by the op's
-        // keep-alive (an Arc<Region> or the Vec) until completion; the rkey
+        // keep-alive (an Arc<Region>, an Arc<SubRegion> or the Vec) until completion; the rkey
         // belongs to this endpoint (checked) and is also kept alive.
         let ret = unsafe {
             if put {

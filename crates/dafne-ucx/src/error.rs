@@ -68,6 +68,9 @@ pub enum Error {
     /// A system call around UCX failed (e.g. `mmap` of a file to register).
     #[error("{op} failed: {source}")]
     Os { op: &'static str, source: std::io::Error },
+    /// A slab range asked for overlaps a view that is still alive.
+    #[error("Slab::view: bytes {offset}+{len} overlap a live view")]
+    ViewTaken { offset: usize, len: usize },
 }
 
 impl Error {
@@ -75,7 +78,7 @@ impl Error {
     pub fn status(&self) -> Option<Status> {
         match self {
             Error::Ucx { status, .. } | Error::EndpointFailed(status) => Some(*status),
-            Error::Invalid { .. } | Error::Os { .. } => None,
+            Error::Invalid { .. } | Error::Os { .. } | Error::ViewTaken { .. } => None,
         }
     }
 }

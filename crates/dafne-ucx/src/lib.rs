@@ -21,7 +21,8 @@
 //!
 //! # In-flight memory
 //! Every operation that lets UCX read or write local memory keeps that memory
-//! alive (it takes a keep-alive object, e.g. an `Arc<Region>` or a `Vec`)
+//! alive (it takes a keep-alive object, e.g. an `Arc<Region>`, an
+//! `Arc<SubRegion>` or a `Vec`)
 //! until UCX reports completion. If the caller abandons an [`Op`] (for
 //! example because the peer died and the operation will never complete), the
 //! memory is leaked rather than freed under UCX's feet.
@@ -29,8 +30,10 @@
 mod context;
 mod endpoint;
 mod error;
+pub mod memevents;
 mod memory;
 mod request;
+mod slab;
 mod stats;
 mod worker;
 
@@ -38,8 +41,9 @@ pub use context::{Context, ContextOptions};
 pub use endpoint::{Endpoint, ErrMode, Local};
 pub use error::{Error, Result, Status};
 pub use memory::MAX_PACKED_KEY;
-pub use memory::{Access, Region, RemoteKey};
+pub use memory::{Access, Region, Registration, RemoteKey};
 pub use request::Op;
+pub use slab::{Slab, SubRegion};
 pub use stats::{Stats, StatsSnapshot};
 pub use worker::{AmPayload, AmRecv, AmVerdict, ConnRequest, Listener, RndvDesc, Worker, MAX_WORKER_ADDRESS_BYTES};
 

@@ -318,31 +318,42 @@ impl Region {
     /// Packs a remote key that lets a peer reach this region with the
     /// region's access rights. The bytes can be sent in any message.
     pub fn pack_key(&self) -> Result<Vec<u8>> {
-        let mut buf: *mut std::ffi::c_void = ptr::null_mut();
-        let mut size = 0usize;
-        // SAFETY: context and memh are live; buf/size are out-pointers.
-        check("ucp_rkey_pack", unsafe { sys::ucp_rkey_pack(self.ctx.inner.h, self.memh, &mut buf, &mut size) })?;
-        // SAFETY: UCX returned a buffer of `size` bytes that we copy then release.
-        let out = unsafe { std::slice::from_raw_parts(buf as *const u8, size) }.to_vec();
-        // SAFETY: buf came from ucp_rkey_pack and is released once.
-        unsafe { sys::ucp_rkey_buffer_release(buf) };
-        Ok(out)
+        pack(&self.ctx, self.memh)
     }
 
     fn unmap(&mut self) {
         if self.memh.is_null() {
             return;
         }
-        let t = Instant::now();
-        // SAFETY: memh is a live mapping of this context; after this call the
-        // handle is nulled so it is never used again.
-        let st = unsafe { sys::ucp_mem_unmap(self.ctx.inner.h, self.memh) };
-        debug_assert_eq!(st, sys::UCS_OK as sys::ucs_status_t, "ucp_mem_unmap");
+        unmap(&self.ctx, self.memh);
+        // Never used again (Drop and into_vec check for null).
         self.memh = ptr::null_mut();
-        let s = &self.ctx.inner.stats;
-        Stats::add(&s.deregistrations, 1);
-        Stats::add(&s.deregistration_ns, t.elapsed().as_nanos() as u64);
     }
+}
+
+/// Packs a key for a live memory handle of `ctx`.
+fn pack(ctx: &Context, memh: sys::ucp_mem_h) -> Result<Vec<u8>> {
+    let mut buf: *mut std::ffi::c_void = ptr::null_mut();
+    let mut size = 0usize;
+    // SAFETY: context and memh are live (callers own both); buf/size are out-pointers.
+    check("ucp_rkey_pack", unsafe { sys::ucp_rkey_pack(ctx.inner.h, memh, &mut buf, &mut size) })?;
+    // SAFETY: UCX returned a buffer of `size` bytes that we copy then release.
+    let out = unsafe { std::slice::from_raw_parts(buf as *const u8, size) }.to_vec();
+    // SAFETY: buf came from ucp_rkey_pack and is released once.
+    unsafe { sys::ucp_rkey_buffer_release(buf) };
+    Ok(out)
+}
+
+/// Deregisters a live memory handle of `ctx`; the caller never uses it again.
+fn unmap(ctx: &Context, memh: sys::ucp_mem_h) {
+    let t = Instant::now();
+    // SAFETY: memh is a live mapping of this context, unmapped once: every
+    // caller drops or nulls its handle right after.
+    let st = unsafe { sys::ucp_mem_unmap(ctx.inner.h, memh) };
+    debug_assert_eq!(st, sys::UCS_OK as sys::ucs_status_t, "ucp_mem_unmap");
+    let s = &ctx.inner.stats;
+    Stats::add(&s.deregistrations, 1);
+    Stats::add(&s.deregistration_ns, t.elapsed().as_nanos() as u64);
 }
 
 impl Drop for Region {
@@ -374,6 +385,90 @@ fn map(ctx: &Context, params: &sys::ucp_mem_map_params_t) -> Result<(sys::ucp_me
     Stats::add(&s.registration_ns, t.elapsed().as_nanos() as u64);
     Stats::add(&s.registered_bytes, params.length as u64);
     Ok((memh, attr.address as *mut u8))
+}
+
+/// A registration of memory the caller keeps (application buffers): the
+/// whole pages covering a slice, registered in place. It owns nothing but
+/// the registration and gives no access to the bytes (no slice), so it
+/// cannot outlive the memory unsafely on the Rust side: Rust code reads and
+/// writes the memory through the caller's own slice. Its key
+/// ([`Registration::pack_key`]) lets a peer reach the pages, which is the
+/// caller's to bound: send it only while the caller holds the slice, as a
+/// request does, and drop the registration once the memory is unmapped
+/// (see [`crate::memevents`]). Deregistering memory that was unmapped
+/// meanwhile is allowed (UCX releases its handle; nothing is touched).
+pub struct Registration {
+    ctx: Context,
+    memh: sys::ucp_mem_h,
+    addr: usize,
+    len: usize,
+}
+
+// SAFETY: a Registration owns only its memh (no memory); UCX's context lock
+// (the context is mt_workers_shared) serialises mem_unmap/rkey_pack.
+unsafe impl Send for Registration {}
+// SAFETY: see Send; &self methods only read plain fields or pack a key.
+unsafe impl Sync for Registration {}
+
+impl std::fmt::Debug for Registration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registration").field("addr", &self.addr).field("len", &self.len).finish()
+    }
+}
+
+impl Registration {
+    /// Registers the pages covering `mem` (start rounded down, end up to the
+    /// page size) with `access`. Every byte of those pages is mapped now:
+    /// mappings are whole pages and `mem`'s bytes lie in them.
+    pub fn covering(ctx: &Context, mem: &[u8], access: Access) -> Result<Registration> {
+        if mem.is_empty() {
+            return Err(Error::Invalid { op: "ucp_mem_map", reason: "cannot register an empty buffer".into() });
+        }
+        let page = page_size();
+        let start = mem.as_ptr() as usize & !(page - 1);
+        let end = (mem.as_ptr() as usize + mem.len()).next_multiple_of(page);
+        let params = sys::ucp_mem_map_params_t {
+            field_mask: (sys::UCP_MEM_MAP_PARAM_FIELD_ADDRESS
+                | sys::UCP_MEM_MAP_PARAM_FIELD_LENGTH
+                | sys::UCP_MEM_MAP_PARAM_FIELD_PROT) as u64,
+            address: start as *mut std::ffi::c_void,
+            length: end - start,
+            prot: access.prot(),
+            ..Default::default()
+        };
+        let (memh, _) = map(ctx, &params)?;
+        Ok(Registration { ctx: ctx.clone(), memh, addr: start, len: end - start })
+    }
+
+    /// First byte of the registered pages.
+    pub fn addr(&self) -> u64 {
+        self.addr as u64
+    }
+
+    /// Bytes registered (whole pages).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Whether `[addr, addr + len)` lies inside the registered pages.
+    pub fn covers(&self, addr: usize, len: usize) -> bool {
+        addr >= self.addr && addr.checked_add(len).is_some_and(|e| e <= self.addr + self.len)
+    }
+
+    /// A key that lets a peer reach the registered pages.
+    pub fn pack_key(&self) -> Result<Vec<u8>> {
+        pack(&self.ctx, self.memh)
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        unmap(&self.ctx, self.memh);
+    }
 }
 
 /// Largest packed key accepted from a peer (UCX 1.13 packs ~20-200 bytes).

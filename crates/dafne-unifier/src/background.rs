@@ -19,7 +19,7 @@
 //! unit from being evicted, re-carved or freed (`pinned`, `free_if_idle`),
 //! so its bytes cannot change and its memory cannot be reused while the
 //! thread reads them. Readers may still share it (both sides only read).
-//! The job holds a clone of the unit's `Arc<Region>`; the thread drops it
+//! The job holds a clone of the unit's `Arc<SubRegion>` (its view of the slab); the thread drops it
 //! *before* it reports completion, so that when the pin goes, the cache's
 //! `Arc` is unique again and a writer can take the unit (otherwise it would
 //! look like memory held by an abandoned RMA operation and be retired).
@@ -40,7 +40,7 @@ use std::sync::{Arc, Mutex};
 use std::task::Waker;
 use std::thread::JoinHandle;
 
-use dafne_ucx::Region;
+use dafne_ucx::SubRegion;
 
 use crate::storage::{BackgroundStorage, BackgroundWrite};
 
@@ -58,7 +58,7 @@ pub(crate) struct Job {
     pub(crate) offset: u64,
     pub(crate) lo: usize,
     pub(crate) hi: usize,
-    pub(crate) mem: Arc<Region>,
+    pub(crate) mem: Arc<SubRegion>,
 }
 
 /// A job's outcome (without its memory, dropped by then).

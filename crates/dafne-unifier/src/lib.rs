@@ -13,8 +13,9 @@
 //!   fetched (RMA get) straight into it, and it is written back from it.
 //!   The Unifier never copies bytes between buffers (`bytes_copied` stays 0);
 //! * **no registration on the hot path**: "ready" memory is registered once,
-//!   at start; optional "raw" memory is registered unit by unit the first
-//!   time each unit is used, and stays registered;
+//!   at start, one registration per slab; optional "raw" memory is
+//!   registered slab by slab the first time each slab is used, and stays
+//!   registered;
 //! * **sharing instead of copying**: a unit has one owner, the Unifier, and
 //!   is lent out with reference counts (the paper's allocate/release).
 //!   Readers share it; a writer waits until readers release it and then
@@ -28,26 +29,31 @@
 //! `default_unit` slots at start. A class without a free unit takes a raw
 //! slab never carved, else evicts within itself, and only when it has
 //! nothing evictable takes a slab from another class: an empty one, else
-//! the coldest one whose units can all be evicted. Re-carving a ready slab
-//! registers each of its units again (16 ms for 8 MiB of 4 KiB units here),
-//! which is why a class takes memory from another only as a last resort;
-//! it is counted (`carves`, `registrations`). Set `default_unit` to the
-//! common unit size so that advice rarely triggers it. (A class therefore
-//! keeps the slabs it has until it runs dry; moving slabs by hit rates is
-//! left for later.)
+//! the coldest one whose units can all be evicted. Re-carving registers
+//! nothing (the slab stays registered, only its views change: tested from
+//! the counters), but it evicts a whole slab of another class's data, which
+//! is why a class takes memory from another only as a last resort; it is
+//! counted (`carves`). Set `default_unit` to the common unit size so that
+//! advice rarely triggers it. (A class therefore keeps the slabs it has
+//! until it runs dry; moving slabs by hit rates is left for later.)
 //!
-//! Each unit slot is its own registered [`dafne_ucx::Region`] held as an
-//! `Arc`, so that an RMA operation can keep exactly the memory it touches
-//! alive. Why not one region per slab: filling or writing a unit in place
-//! needs `&mut` access to its bytes, which safe Rust grants only to the sole
-//! owner of the `Arc` (`Arc::get_mut`). With one region per slab, an RMA
-//! operation in flight on any unit would block fills and writes of every
-//! other unit of the slab. Per-unit regions cost one registration per unit
-//! at start (measured here: 1024 × 64 KiB in ~35 ms, 4096 × 4 KiB in
-//! ~32 ms; memory keys are never sent, since the server only does RMA from
-//! its own side). A sub-region type in `dafne-ucx` (one registration, units
-//! as disjoint views) would remove that cost without changing this crate's
-//! interface.
+//! Each slab is one registration ([`dafne_ucx::Slab`]: one `ucp_mem_map`),
+//! and each unit slot is a disjoint view of it ([`dafne_ucx::SubRegion`])
+//! held as an `Arc`, so that an RMA operation can keep exactly the memory
+//! it touches alive, and filling or writing a unit in place needs `&mut`
+//! access to that view only (`Arc::get_mut` on the unit's `Arc`): an RMA
+//! in flight on one unit blocks no other unit of its slab. The views are
+//! disjoint by construction (the slab hands out each range once and takes
+//! it back when the view drops), so a range an abandoned operation still
+//! holds is skipped by a re-carve and reclaimed once the operation lets go.
+//! Why per slab and not per unit: with `UCP_MEM_MAP_ALLOCATE` on one host
+//! every UCX allocation is a SysV segment, and the kernel allows 4096
+//! (`ipcs -l`): per-unit registration capped a machine at 256 MiB of 64 KiB
+//! units and cost one registration per unit at start (1024 × 64 KiB in
+//! ~35 ms here). Per slab, a 512 MiB cache of 16 MiB slabs is 32
+//! registrations and 32 segments (tested). Memory keys are never sent,
+//! since the server only does RMA from its own side (a key would name the
+//! whole slab).
 //!
 //! # Index and replacement
 //! `(object, unit_index) → slot`, where a unit caches bytes
@@ -107,7 +113,9 @@
 //!
 //! # Limits
 //! * Cache memory: `(ready_slabs + raw_slabs) * slab_size` ≤ 1 TiB; slab ≤ 1 GiB.
-//!   Default 8 × 8 MiB = 64 MiB = 1024 units of 64 KiB.
+//!   Default 8 × 8 MiB = 64 MiB = 1024 units of 64 KiB, 8 registrations.
+//!   On one host each ready slab is one SysV segment (4096 per machine by
+//!   default), so size slabs to keep `ready_slabs` × io servers well below.
 //! * Unit slots ≤ cache / 4 KiB = 2^28 (slot numbers are `u32`).
 //! * Units held at once ≤ unit slots; beyond that an acquisition fails with
 //!   [`Error::NoSpace`] (the io server answers "retry"). Size the cache for
@@ -121,7 +129,7 @@
 //! Single-threaded: the types are `!Send` (`Rc`, `RefCell`) and live on the
 //! io server's event loop. No borrow of the cache's state is held across a
 //! storage call or an `await`. The one other thread is the optional
-//! background writer: it receives pinned units' memory (`Arc<Region>`) and
+//! background writer: it receives pinned units' memory (`Arc<SubRegion>`) and
 //! storage's [`BackgroundStorage`], never the cache's state; completions
 //! come back over a channel and are processed on the loop.
 

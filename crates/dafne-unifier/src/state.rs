@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::task::Waker;
 use std::time::Instant;
 
-use dafne_ucx::{Access, Context, Region};
+use dafne_ucx::{Access, Context, Region, Slab as Registered, SubRegion};
 
 use crate::config::{class_of, FileAdvice, Policy, UnifierConfig, UNIT_SIZES};
 use crate::error::{Error, Result};
@@ -19,9 +19,10 @@ pub(crate) const NCLASSES: usize = UNIT_SIZES.len();
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum SlabKind {
-    /// Registered at start, unit by unit.
+    /// UCX-allocated memory, registered (one `ucp_mem_map`) at start.
     Ready,
-    /// Ordinary memory: each unit is registered the first time it is used.
+    /// Ordinary memory, registered (one `ucp_mem_map`) the first time the
+    /// slab is carved.
     Raw,
 }
 
@@ -31,16 +32,18 @@ pub(crate) struct Slab {
     /// The size class it is carved into (`None`: not carved yet).
     pub(crate) class: Option<usize>,
     pub(crate) slots: Vec<u32>,
+    /// The slab's one registration, made at its first carve and kept for
+    /// good: re-carving only hands out other views of it.
+    pub(crate) mem: Option<Registered>,
 }
 
 /// Where a slot's memory is.
 #[derive(Debug)]
 pub(crate) enum Mem {
-    /// Registered memory. This `Arc` is the cache's own reference; read
-    /// guards, write-backs and RMA operations hold clones.
-    Registered(Arc<Region>),
-    /// A raw unit, not registered yet (its memory is allocated then too).
-    Raw,
+    /// The unit's view of its slab's registered memory. This `Arc` is the
+    /// cache's own reference; read guards, write-backs and RMA operations
+    /// hold clones.
+    Registered(Arc<SubRegion>),
     /// Lent to the one filler or writer that owns the unit exclusively;
     /// the guard gives it back on release.
     Lent,
@@ -183,7 +186,7 @@ pub(crate) struct Obj {
 #[derive(Debug)]
 pub(crate) enum Grant {
     /// Entered: the memory (a clone for a reader, the lent `Arc` for a writer).
-    Held { slot: u32, gen: u64, arc: Arc<Region> },
+    Held { slot: u32, gen: u64, arc: Arc<SubRegion> },
     /// The unit's memory is held by an abandoned operation: retire the slot.
     Leaked(u32),
 }
@@ -221,7 +224,7 @@ impl State {
         for kind in std::iter::repeat_n(SlabKind::Ready, cfg.ready_slabs)
             .chain(std::iter::repeat_n(SlabKind::Raw, cfg.raw_slabs))
         {
-            slabs.push(Slab { kind, class: None, slots: Vec::new() });
+            slabs.push(Slab { kind, class: None, slots: Vec::new(), mem: None });
         }
         State {
             slab_size: cfg.slab_size,
@@ -286,9 +289,13 @@ impl State {
     }
 
     /// Carves `slab` into units of `class`. Every slot of the slab must be
-    /// empty. Ready slabs register each unit now (deregistering the old
-    /// carving, whose memory an abandoned operation may keep alive); raw
-    /// slabs register each unit on first use.
+    /// empty. The first carve registers the whole slab once (ready slabs at
+    /// start, UCX-allocated; raw slabs on first use, ordinary memory); a
+    /// re-carve registers nothing: the old units' views go back to the slab
+    /// and new views of the new size are taken from it. A range that an
+    /// abandoned operation still holds (a retired unit's view) is not free,
+    /// so no new unit is made over it: by construction, no two live units
+    /// share a byte (see `dafne_ucx::Slab`).
     pub(crate) fn carve(&mut self, ctx: &Context, slab: usize, class: usize, at_start: bool) -> Result<()> {
         let old = std::mem::take(&mut self.slabs[slab].slots);
         if let Some(oc) = self.slabs[slab].class {
@@ -298,38 +305,89 @@ impl State {
         for s in old {
             let slot = &mut self.slots[s as usize];
             assert!(slot.unit.is_none(), "carving a slab with a live unit");
-            slot.mem = Mem::Gone;
+            slot.mem = Mem::Gone; // our view goes back to the slab (unless an operation holds it)
             slot.gen += 1;
             self.dead.push(s);
         }
+        let mem = match &self.slabs[slab].mem {
+            Some(m) => m.clone(),
+            None => {
+                let kind = self.slabs[slab].kind;
+                let m = self.register(ctx, kind, at_start)?;
+                self.slabs[slab].mem = Some(m.clone());
+                m
+            }
+        };
         let size = UNIT_SIZES[class];
-        let kind = self.slabs[slab].kind;
         self.slabs[slab].class = Some(class);
         if !at_start {
             self.c.carves += 1;
         }
-        tracing::debug!(slab, unit_size = size, ?kind, "carving slab");
+        tracing::debug!(slab, unit_size = size, "carving slab");
         // slab_size is a multiple of 64 KiB, so of every class: no tail.
-        let n = self.slab_size / size;
-        for _ in 0..n {
-            let mem = match kind {
-                SlabKind::Ready => Mem::Registered(Arc::new(self.register(ctx, size, at_start)?)),
-                SlabKind::Raw => Mem::Raw,
+        for i in 0..self.slab_size / size {
+            let view = match mem.view(i * size, size) {
+                Ok(v) => v,
+                // Part of the range is still held by an abandoned operation.
+                Err(dafne_ucx::Error::ViewTaken { .. }) => continue,
+                Err(source) => return Err(Error::Register { bytes: size, source }),
             };
-            let s = self.new_slot(slab, class, mem);
+            let s = self.new_slot(slab, class, Mem::Registered(Arc::new(view)));
             self.slabs[slab].slots.push(s);
             self.free[class].push(s);
         }
         Ok(())
     }
 
-    /// Registers `size` bytes of UCX-allocated memory. Always UCX's
-    /// allocation (mmap'ed or shared-memory segments, page-aligned), never a
-    /// `Vec`: a heap buffer is only 16-byte aligned, and the io server reads
-    /// and writes units with O_DIRECT, which needs 4 KiB-aligned memory.
-    fn register(&mut self, ctx: &Context, size: usize, at_start: bool) -> Result<Region> {
+    /// Makes new units of `class` over ranges of its slabs that abandoned
+    /// operations held at carve or retire time and have let go of since.
+    /// Returns whether any unit was made. (Rare: only a dead peer abandons
+    /// an operation; called before giving up with `NoSpace`.)
+    pub(crate) fn reclaim(&mut self, class: usize) -> bool {
+        let size = UNIT_SIZES[class];
+        let mut made = false;
+        for slab in 0..self.slabs.len() {
+            let Some(mem) = self.slabs[slab].mem.clone() else { continue };
+            if self.slabs[slab].class != Some(class) {
+                continue;
+            }
+            // Retired slots are dead weight once their view is gone.
+            let slots = std::mem::take(&mut self.slabs[slab].slots);
+            for s in slots {
+                if matches!(self.slots[s as usize].mem, Mem::Gone) {
+                    self.slots[s as usize].gen += 1;
+                    self.dead.push(s);
+                } else {
+                    self.slabs[slab].slots.push(s);
+                }
+            }
+            if self.slabs[slab].slots.len() == self.slab_size / size {
+                continue;
+            }
+            for i in 0..self.slab_size / size {
+                // Ranges of live units (and of views still held) are taken.
+                if let Ok(view) = mem.view(i * size, size) {
+                    let s = self.new_slot(slab, class, Mem::Registered(Arc::new(view)));
+                    self.slabs[slab].slots.push(s);
+                    self.free[class].push(s);
+                    made = true;
+                }
+            }
+        }
+        made
+    }
+
+    /// Registers one slab (a ready one at start, a raw one the first time
+    /// it is used). Always UCX's allocation (mmap'ed or shared-memory
+    /// segments, page-aligned), never a `Vec`: a large heap buffer starts
+    /// 16 bytes past a page boundary, and the io server reads and writes
+    /// units with O_DIRECT, which needs 4 KiB-aligned memory.
+    fn register(&mut self, ctx: &Context, _kind: SlabKind, at_start: bool) -> Result<Registered> {
+        let size = self.slab_size;
         let t = Instant::now();
-        let r = Region::allocate(ctx, size, Access::Local).map_err(|source| Error::Register { bytes: size, source })?;
+        let r = Region::allocate(ctx, size, Access::Local)
+            .and_then(Registered::new)
+            .map_err(|source| Error::Register { bytes: size, source })?;
         let ns = t.elapsed().as_nanos() as u64;
         if at_start {
             self.c.startup_registrations += 1;
@@ -340,16 +398,6 @@ impl State {
             self.c.registered_bytes += size as u64;
         }
         Ok(r)
-    }
-
-    /// Registers a raw unit the first time it is used.
-    pub(crate) fn ensure_registered(&mut self, ctx: &Context, s: u32) -> Result<()> {
-        if matches!(self.slots[s as usize].mem, Mem::Raw) {
-            let size = UNIT_SIZES[self.slots[s as usize].class];
-            let r = self.register(ctx, size, false)?;
-            self.slots[s as usize].mem = Mem::Registered(Arc::new(r));
-        }
-        Ok(())
     }
 
     /// A slab of another class with no unit in it (re-carving it evicts nothing).
@@ -502,7 +550,7 @@ impl State {
                     slot.mem = Mem::Gone;
                     self.c.retired_units += 1;
                 }
-                Mem::Registered(_) | Mem::Raw => self.free[slot.class].push(s),
+                Mem::Registered(_) => self.free[slot.class].push(s),
                 Mem::Gone => {}
                 Mem::Lent => unreachable!("freeing a unit whose memory is lent"),
             }

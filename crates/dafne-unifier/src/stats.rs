@@ -40,12 +40,13 @@ pub struct UnifierStats {
     /// `normal` comparison mode) records its copies with
     /// [`crate::Unifier::record_copy`].
     pub bytes_copied: u64,
-    /// Registrations made while serving (raw units on first use, slabs
-    /// re-carved into another size class), their total time and bytes.
+    /// Registrations made while serving (one per raw slab, on its first
+    /// use; re-carving a slab into another size class registers nothing),
+    /// their total time and bytes.
     pub registrations: u64,
     pub registration_ns: u64,
     pub registered_bytes: u64,
-    /// Registrations made at start (ready slabs).
+    /// Registrations made at start (one per ready slab).
     pub startup_registrations: u64,
     pub startup_registration_ns: u64,
     /// Slabs carved into units (raw slabs first used, slabs re-carved).

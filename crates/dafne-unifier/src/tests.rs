@@ -453,7 +453,7 @@ fn per_file_advice_sets_unit_size_and_policy() {
     assert_eq!(read_unit(&u, 7, 1), &patterned(7, 64 * K)[16 * K..32 * K]);
     let st = u.stats();
     assert_eq!(st.carves, 1, "an idle slab was re-carved into 16 KiB units");
-    assert_eq!(st.registrations, 4, "64 KiB / 16 KiB units registered");
+    assert_eq!(st.registrations, 0, "re-carving takes new views of the registered slab");
     assert_eq!(st.unit_slots, 1 + 4);
     // The default-size file still has its slab.
     read_unit(&u, 8, 0);
@@ -599,11 +599,11 @@ fn raw_units_are_registered_on_first_use_only() {
     read_unit(&u, 1, 1);
     read_unit(&u, 1, 0);
     let st = u.stats();
-    assert_eq!((st.registrations, st.registered_bytes, st.carves), (2, 8 * K as u64, 1));
+    assert_eq!((st.registrations, st.registered_bytes, st.carves), (1, 64 * K as u64, 1), "the slab, once");
     for i in 0..40 {
         read_unit(&u, 1, i);
     }
-    assert_eq!(u.stats().registrations, 16, "each of the 16 units once");
+    assert_eq!(u.stats().registrations, 1, "one registration for the slab's 16 units");
 }
 
 #[test]
@@ -631,16 +631,16 @@ fn the_cached_path_copies_nothing_and_registers_nothing() {
     s.set(1, patterned(1, 256 * K));
     let before = ctx.stats().snapshot();
     let regs = u.stats().startup_registrations;
-    assert_eq!(regs, 16);
+    assert_eq!(regs, 4, "one registration per slab, not per unit");
     for round in 0..3 {
         for i in 0..16u64 {
             let g = block_on(u.read(1, i)).unwrap();
             match g.rma_local(100, 1000) {
-                Local::Region { region, offset, len } => {
-                    assert_eq!((region.len(), offset, len), (16 * K, 100, 1000));
-                    assert_eq!(region.as_slice().as_ptr(), g.as_ptr(), "RMA reads the unit itself");
+                Local::View { view, offset, len } => {
+                    assert_eq!((view.len(), offset, len), (16 * K, 100, 1000));
+                    assert_eq!(view.as_slice().as_ptr(), g.as_ptr(), "RMA reads the unit itself");
                 }
-                Local::Bytes(_) => panic!("the unit's own memory must be lent"),
+                other => panic!("the unit's own memory must be lent, got {other:?}"),
             }
             drop(g);
             let mut w = block_on(u.write(1, i, 0..512)).unwrap();
@@ -670,9 +670,8 @@ fn memory_held_by_an_abandoned_operation_is_retired() {
     let mut want = patterned(1, 4 * K);
     want[..10].fill(1);
     assert_eq!(read_unit(&u, 1, 0), want, "the write went to a fresh unit, refilled from storage");
-    if let Local::Region { region, .. } = &abandoned {
-        assert_eq!(region.as_slice(), &patterned(1, 4 * K)[..], "the held memory was never reused");
-    }
+    let Local::View { view, .. } = &abandoned else { panic!("a unit lends its view") };
+    assert_eq!(view.as_slice(), &patterned(1, 4 * K)[..], "the held memory was never reused");
     drop(abandoned);
     // A write guard's in-flight operation blocks direct access.
     let mut w = block_on(u.write(1, 0, 0..10)).unwrap();
@@ -840,4 +839,98 @@ fn reference_model_with(background: bool) {
         }
         assert_eq!(st.dirty_bytes, 0);
     }
+}
+
+#[test]
+fn a_512_mib_cache_registers_once_per_slab() {
+    // Its own context, to count UCX registrations exactly. 512 MiB of 64 KiB
+    // units is 8192 units: with a UCX allocation per unit that was 8192
+    // SysV segments, past the kernel's usual limit of 4096 (`ipcs -l`).
+    let ctx = Context::new(&ContextOptions::default()).unwrap();
+    let before = ctx.stats().snapshot();
+    let slab_size = 16 << 20;
+    let config = UnifierConfig {
+        slab_size,
+        ready_slabs: (512 << 20) / slab_size,
+        raw_slabs: 0,
+        max_dirty_bytes: 1 << 20,
+        default_unit: 64 * K,
+        default_policy: Policy::Lru,
+    };
+    let s = Rc::new(MemStorage::new());
+    let u = Unifier::new(&ctx, config, s.clone()).unwrap();
+    let st = u.stats();
+    assert_eq!(st.startup_registrations, 32, "512 MiB / 16 MiB slabs");
+    assert_eq!(st.unit_slots, 8192);
+    let d = ctx.stats().snapshot().since(&before);
+    assert_eq!((d.registrations, d.registered_bytes), (32, 512 << 20), "UCX saw one ucp_mem_map per slab: {d:?}");
+    // Units of different slabs and of the same slab work independently.
+    s.set(1, patterned(1, 8 << 20));
+    let first = block_on(u.read(1, 0)).unwrap();
+    let mut w = block_on(u.write(1, 100, 0..64 * K)).unwrap();
+    w.bytes_mut().unwrap().fill(0xAB);
+    drop(w);
+    assert_eq!(&first[..], &patterned(1, 64 * K)[..]);
+    assert!(read_unit(&u, 1, 100).iter().all(|&b| b == 0xAB));
+    drop(first);
+    for i in 0..128 {
+        assert_eq!(read_unit(&u, 1, i).len(), 64 * K);
+    }
+    assert_eq!(ctx.stats().snapshot().since(&before).registrations, 32, "nothing registered while serving");
+}
+
+#[test]
+fn recarving_registers_nothing() {
+    let ctx = Context::new(&ContextOptions::default()).unwrap();
+    let s = Rc::new(MemStorage::new());
+    let u = Unifier::new(&ctx, cfg(2, 4 * K, Policy::Lru), s.clone()).unwrap();
+    let before = ctx.stats().snapshot();
+    s.set(1, patterned(1, 64 * K));
+    s.set(2, patterned(2, 64 * K));
+    s.set(3, patterned(3, 64 * K));
+    for i in 0..16 {
+        assert_eq!(read_unit(&u, 1, i), &patterned(1, 64 * K)[i as usize * 4 * K..][..4 * K]);
+    }
+    // A 64 KiB unit: the other (idle) slab is re-carved.
+    u.set_file_advice(2, FileAdvice { unit_size: Some(64 * K), policy: None }).unwrap();
+    assert_eq!(read_unit(&u, 2, 0), patterned(2, 64 * K));
+    // 16 KiB units: nothing idle, so the colder slab (object 1's) is evicted and re-carved.
+    u.set_file_advice(3, FileAdvice { unit_size: Some(16 * K), policy: None }).unwrap();
+    for i in 0..4 {
+        assert_eq!(read_unit(&u, 3, i), &patterned(3, 64 * K)[i as usize * 16 * K..][..16 * K]);
+    }
+    let st = u.stats();
+    assert_eq!(st.carves, 2, "{st:?}");
+    assert_eq!((st.registrations, st.registered_bytes), (0, 0), "{st:?}");
+    let d = ctx.stats().snapshot().since(&before);
+    assert_eq!((d.registrations, d.deregistrations), (0, 0), "re-carving touched UCX: {d:?}");
+    // And back: 4 KiB units over the slab that held 64 KiB ones.
+    for i in 0..16 {
+        assert_eq!(read_unit(&u, 1, i), &patterned(1, 64 * K)[i as usize * 4 * K..][..4 * K]);
+    }
+    assert_eq!(u.stats().carves, 3);
+    assert_eq!(ctx.stats().snapshot().since(&before).registrations, 0);
+}
+
+#[test]
+fn a_range_an_abandoned_operation_holds_is_not_recarved() {
+    let (u, s) = setup(cfg(1, 4 * K, Policy::Lru)); // one slab of 16 units
+    s.set(1, patterned(1, 4 * K));
+    s.set(2, patterned(2, 64 * K));
+    let g = block_on(u.read(1, 0)).unwrap();
+    let abandoned = g.rma_local(0, 4 * K); // an operation that never completes
+    drop(g);
+    // A 64 KiB unit needs the whole slab, but 4 KiB of it are still held:
+    // the slab is re-carved, yet no unit may cover the held range.
+    u.set_file_advice(2, FileAdvice { unit_size: Some(64 * K), policy: None }).unwrap();
+    assert!(matches!(block_on(u.read(2, 0)), Err(Error::NoSpace { unit_size: 65536, .. })));
+    let st = u.stats();
+    assert_eq!((st.retired_units, st.unit_slots, st.carves), (1, 0, 1), "{st:?}");
+    let Local::View { view, .. } = &abandoned else { panic!("a unit lends its view") };
+    assert_eq!(view.as_slice(), &patterned(1, 4 * K)[..], "the held memory was not reused");
+    // Once the operation lets go, the range is reclaimed without a registration.
+    drop(abandoned);
+    assert_eq!(read_unit(&u, 2, 0), patterned(2, 64 * K));
+    let st = u.stats();
+    assert_eq!((st.unit_slots, st.registrations), (1, 0), "{st:?}");
 }

@@ -9,7 +9,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::task::{Context as TaskContext, Poll};
 
-use dafne_ucx::{Context, Local, Region};
+use dafne_ucx::{Context, Local, SubRegion};
 
 use crate::background::{Background, Job, BATCH_UNITS, MAX_IN_FLIGHT};
 use crate::config::{class_of, FileAdvice, Policy, UnifierConfig, MAX_ADVISED_OBJECTS, UNIT_SIZES};
@@ -70,7 +70,7 @@ enum Mode {
 struct Held {
     slot: u32,
     gen: u64,
-    arc: Arc<Region>,
+    arc: Arc<SubRegion>,
     /// Created without a fill (a full-unit write): its bytes are garbage
     /// until the writer has written them.
     fresh: bool,
@@ -695,22 +695,20 @@ impl Inner {
     }
 
     /// Finds a free slot of `class`, in this order: a free unit; a slab
-    /// never carved (raw memory: its units register lazily, so carving it
-    /// costs nothing); the replacement policies' victim in `class` (written
-    /// back first if dirty); an empty slab of another class, re-carved; the
-    /// coldest slab of another class whose units can all be evicted,
-    /// re-carved. Re-carving a ready slab registers all its units again
-    /// (~8 µs each here: 16 ms for 8 MiB of 4 KiB units), so a class takes
-    /// memory from another only when it has nothing of its own to evict.
-    /// Otherwise every candidate is in use: `NoSpace`.
+    /// never carved (raw memory: one registration of ordinary memory, ~1 µs
+    /// here, and it evicts nothing); the replacement policies' victim in
+    /// `class` (written back first if dirty); an empty slab of another
+    /// class, re-carved; the coldest slab of another class whose units can
+    /// all be evicted, re-carved; ranges of this class's slabs that
+    /// abandoned operations have let go of since. Re-carving registers
+    /// nothing (the slab stays registered; only its views change), but
+    /// evicting a whole slab of another class's data is costly, so a class
+    /// takes memory from another only when it has nothing of its own to
+    /// evict. Otherwise every candidate is in use: `NoSpace`.
     fn alloc(&self, class: usize) -> Result<u32> {
         loop {
             let mut st = self.st.borrow_mut();
             if let Some(s) = st.free[class].pop() {
-                if let Err(e) = st.ensure_registered(&self.ctx, s) {
-                    st.free[class].push(s);
-                    return Err(e);
-                }
                 return Ok(s);
             }
             if let Some(slab) = st.slabs.iter().position(|sl| sl.class.is_none()) {
@@ -744,6 +742,9 @@ impl Inner {
                 st.carve(&self.ctx, slab, class, false)?;
                 continue;
             }
+            if st.reclaim(class) {
+                continue;
+            }
             st.c.no_space += 1;
             return Err(Error::NoSpace { unit_size: UNIT_SIZES[class], pinned: st.pinned_units() });
         }
@@ -753,7 +754,7 @@ impl Inner {
     /// With `held`, the caller holds the unit (as reader or writer) and
     /// passes its memory; without, the unit is pinned for the call (if a
     /// writer holds it, nothing is done: its release decides).
-    fn write_back(&self, s: u32, held: Option<&Arc<Region>>, cause: Cause) -> Result<()> {
+    fn write_back(&self, s: u32, held: Option<&Arc<SubRegion>>, cause: Cause) -> Result<()> {
         let (object, offset, lo, hi, pinned) = {
             let mut st = self.st.borrow_mut();
             let slot = &st.slots[s as usize];
@@ -772,7 +773,7 @@ impl Inner {
             }
             (object, offset, lo, hi, pinned)
         };
-        let region: &Region = held.map(|a| &**a).or(pinned.as_deref()).expect("memory to write from");
+        let region: &SubRegion = held.map(|a| &**a).or(pinned.as_deref()).expect("memory to write from");
         let res = self.storage.write_at(object, offset, &region.as_slice()[lo..hi]);
         let was_pinned = pinned.is_some();
         drop(pinned);
@@ -1026,7 +1027,7 @@ impl Inner {
         st.free_if_idle(s);
     }
 
-    fn release_exclusive(&self, s: u32, gen: u64, arc: Arc<Region>, outcome: Outcome) {
+    fn release_exclusive(&self, s: u32, gen: u64, arc: Arc<SubRegion>, outcome: Outcome) {
         let mut st = self.st.borrow_mut();
         debug_assert_eq!(st.slots[s as usize].gen, gen, "a held unit keeps its slot");
         st.slots[s as usize].mem = Mem::Registered(arc);
@@ -1177,7 +1178,7 @@ pub struct ReadGuard {
     object: u64,
     index: u64,
     /// `None` only inside `drop`.
-    arc: Option<Arc<Region>>,
+    arc: Option<Arc<SubRegion>>,
 }
 
 impl std::fmt::Debug for ReadGuard {
@@ -1187,7 +1188,7 @@ impl std::fmt::Debug for ReadGuard {
 }
 
 impl ReadGuard {
-    fn region(&self) -> &Arc<Region> {
+    fn region(&self) -> &Arc<SubRegion> {
         self.arc.as_ref().expect("guard holds memory until dropped")
     }
 
@@ -1210,7 +1211,7 @@ impl ReadGuard {
     pub fn rma_local(&self, offset: usize, len: usize) -> Local {
         let size = self.region().len();
         assert!(offset.checked_add(len).is_some_and(|e| e <= size), "range {offset}+{len} outside a {size}-byte unit");
-        Local::Region { region: self.region().clone(), offset, len }
+        Local::View { view: self.region().clone(), offset, len }
     }
 }
 
@@ -1244,7 +1245,7 @@ pub struct WriteGuard {
     index: u64,
     range: Range<usize>,
     /// `None` once released.
-    arc: Option<Arc<Region>>,
+    arc: Option<Arc<SubRegion>>,
     fresh: bool,
 }
 
@@ -1259,7 +1260,7 @@ impl std::fmt::Debug for WriteGuard {
 }
 
 impl WriteGuard {
-    fn region(&self) -> &Arc<Region> {
+    fn region(&self) -> &Arc<SubRegion> {
         self.arc.as_ref().expect("guard holds memory until released")
     }
 
@@ -1305,7 +1306,7 @@ impl WriteGuard {
             "range {offset}+{len} outside the guard's range {:?}",
             self.range
         );
-        Local::Region { region: self.region().clone(), offset, len }
+        Local::View { view: self.region().clone(), offset, len }
     }
 
     /// Commits and writes the unit through to storage before releasing it:

@@ -1,6 +1,11 @@
 //! `dafne`: the one command of the project. Thin: parsing, progress and
 //! printing here; the work lives in the library crates.
 
+mod cluster;
+mod copy;
+mod local;
+mod mount;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -19,6 +24,29 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Start a local cluster (1 metadata server and N io servers as
+    /// separate processes, supervised) with the embedded defaults or a
+    /// configuration file; returns once every server listens.
+    Up(local::UpArgs),
+    /// Stop the local cluster: unmount its mounts, write back the io
+    /// servers' caches, stop every server. Data stays in the directory.
+    Down(local::DirArgs),
+    /// The cluster's servers, capacity, cache and registration counters,
+    /// credits in use, and mounts.
+    Status(local::StatusArgs),
+    /// Copy a file into or out of dafne through the client library, without
+    /// a mount (`dafne cp big.bin dafne:/big.bin`), with progress.
+    Cp(copy::CpArgs),
+    /// Print a commented example configuration (the embedded defaults).
+    Config,
+    /// The supervisor `dafne up` starts.
+    #[command(hide = true)]
+    Supervise(local::DirArgs),
+    /// Mount the cluster with FUSE at an existing directory; returns once
+    /// the mount is live (a daemon serves it).
+    Mount(mount::MountArgs),
+    /// Unmount a dafne mount and wait for its daemon to exit.
+    Umount(mount::UmountArgs),
     /// Run a benchmark and print its table (and write JSON).
     #[command(subcommand)]
     Bench(Bench),
@@ -80,10 +108,11 @@ struct IoBench {
     /// Client counts of the aggregate table (comma-separated).
     #[arg(long, default_value = "1,2,4", value_delimiter = ',')]
     clients: Vec<usize>,
-    /// Cache of each io server of the aggregate table, in MiB. Every 64 KiB
-    /// Unifier unit is its own UCX allocation, which UCX makes a SysV
-    /// segment: 4 servers × 48 MiB = 3072 segments stays under the usual
-    /// kernel limit of 4096 (`ipcs -l`).
+    /// Cache of each io server of the aggregate table, in MiB. The Unifier
+    /// registers its cache in slabs of up to 8 MiB, each one UCX allocation
+    /// (one SysV segment on one host): 4 servers × 48 MiB = 24 segments, far
+    /// below the usual kernel limit of 4096 (`ipcs -l`), which now allows
+    /// about 32 GiB of cache per machine.
     #[arg(long, default_value_t = 48)]
     scaling_cache_mib: usize,
     /// Seconds per aggregate measurement.
@@ -312,7 +341,19 @@ fn write_json(path: &std::path::Path, body: &str) -> Result<()> {
     Ok(())
 }
 
-fn main() -> Result<()> {
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // The chain of contexts, without a backtrace: these are the
+            // user's mistakes and the system's refusals, said plainly.
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("DAFNE_LOG")
@@ -322,6 +363,17 @@ fn main() -> Result<()> {
         .init();
     let cli = Cli::parse();
     match cli.cmd {
+        Cmd::Up(a) => local::up(a),
+        Cmd::Down(a) => local::down(a),
+        Cmd::Status(a) => local::status(a),
+        Cmd::Cp(a) => copy::cp(a),
+        Cmd::Config => {
+            print!("{}", cluster::EXAMPLE);
+            Ok(())
+        }
+        Cmd::Supervise(a) => local::supervise(a),
+        Cmd::Mount(a) => mount::mount(a),
+        Cmd::Umount(a) => mount::umount(a),
         Cmd::Bench(Bench::Transport(a)) => bench_transport(a),
         Cmd::Bench(Bench::Meta(a)) => bench_meta(a),
         Cmd::Bench(Bench::Io(a)) => bench_io(a),

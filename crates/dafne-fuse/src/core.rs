@@ -1,0 +1,731 @@
+//! The file system in dafne's terms, without the kernel: namespace
+//! operations as the caller, open files, the size rule.
+//!
+//! # Open files
+//! A handle (`fh`) is an opened dafne file: its layout and the capability
+//! the io servers check, shared (`Arc`) by the requests that use it. Per
+//! inode the table keeps what this mount knows beyond meta: the end of its
+//! own writes since the last truncation (`written_end`), meta's size as last
+//! seen, and whether bytes were written since the size was last published.
+//! Attributes of an inode this mount has open report
+//! `max(meta size, written_end)`; reads are clamped to that size (the io
+//! servers read holes as zeros, so an unclamped read would invent bytes).
+//!
+//! # Publishing the size
+//! The io servers hold the bytes; meta holds the size. After writes, the
+//! size and mtime go to meta on `flush` (each `close(2)`, so the size is exact
+//! when `close` returns), `fsync` and `release`: the size becomes the largest
+//! byte any io server stores (a `Stat` of every server of the layout), never
+//! smaller than meta's, as in `dafne_client::file::File`. This runs as the
+//! daemon's own (root) session: the writer was allowed to write when it
+//! opened; publishing what it wrote must not fail on a later chmod.
+//!
+//! # Whose rights
+//! Every namespace operation runs as the caller (`MetaSession::as_user`), so
+//! the metadata server applies POSIX rules to the right user and its errno
+//! is the answer. Exceptions, each for a reason: the publishing above; a
+//! `Stat` for a write-only handle uses a read capability the daemon asks
+//! for (the io servers demand read rights for `Stat`), and an `fsync`
+//! through a read-only handle a write capability (they demand write rights
+//! for `Sync`; POSIX lets any descriptor flush the file); and a file just
+//! created exclusively by the caller is opened as root if its own mode
+//! forbids the access asked for (POSIX: `open(O_CREAT)` of a new file grants
+//! the requested access whatever the mode).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use dafne_client::data::DataClient;
+use dafne_client::{
+    Attr, CompoundOp, DirEntry, Errno, FileType, Ino, MetaSession, OpenFile, Response, SetAttr, StatFs, TimeSet,
+};
+use dafne_proto::io::Stability;
+use dafne_proto::{Request, OPEN_READ, OPEN_TRUNC, OPEN_WRITE, RIGHT_READ, RIGHT_WRITE};
+
+/// Who asks (from the FUSE request header).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caller {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl Caller {
+    pub const ROOT: Caller = Caller { uid: 0, gid: 0 };
+}
+
+/// How a file is opened.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OpenMode {
+    pub read: bool,
+    pub write: bool,
+    pub trunc: bool,
+}
+
+impl OpenMode {
+    /// From `open(2)` flags.
+    pub fn from_flags(flags: i32) -> OpenMode {
+        let acc = flags & libc::O_ACCMODE;
+        OpenMode {
+            read: acc == libc::O_RDONLY || acc == libc::O_RDWR,
+            write: acc == libc::O_WRONLY || acc == libc::O_RDWR,
+            trunc: flags & libc::O_TRUNC != 0,
+        }
+    }
+
+    /// Meta's open flags; truncating needs a capability with write rights
+    /// (the io servers truncate), so `O_RDONLY | O_TRUNC` asks for both.
+    fn meta_flags(self) -> u32 {
+        (if self.read { OPEN_READ } else { 0 })
+            | (if self.write || self.trunc { OPEN_WRITE } else { 0 })
+            | (if self.trunc { OPEN_TRUNC } else { 0 })
+    }
+}
+
+/// Access bits of `access(2)`.
+pub const MAY_READ: u32 = 4;
+pub const MAY_WRITE: u32 = 2;
+pub const MAY_EXEC: u32 = 1;
+
+/// Whether `c` may access a file with attributes `a` for every bit of
+/// `want` (`MAY_*`), by the rules the metadata server applies: root may
+/// read and write anything and execute what has an execute bit (or is a
+/// directory); others get the owner, group or other class.
+pub fn may_access(c: Caller, a: &Attr, want: u32) -> bool {
+    if c.uid == 0 {
+        return want & MAY_EXEC == 0 || a.kind == FileType::Directory || a.mode & 0o111 != 0;
+    }
+    let bits = if c.uid == a.uid {
+        (a.mode >> 6) & 7
+    } else if c.gid == a.gid {
+        (a.mode >> 3) & 7
+    } else {
+        a.mode & 7
+    };
+    bits & want == want
+}
+
+/// The size to report: meta's, or the end of this mount's own writes.
+pub fn local_size(meta_size: u64, written_end: u64) -> u64 {
+    meta_size.max(written_end)
+}
+
+struct Handle {
+    ino: Ino,
+    file: Arc<OpenFile>,
+}
+
+/// What this mount knows of an inode it has open.
+#[derive(Debug, Default, Clone, Copy)]
+struct InodeState {
+    handles: usize,
+    /// Attributes as last seen (answers `fstat` after the name is gone).
+    attr: Option<Attr>,
+    /// Meta's size as last seen.
+    meta_size: u64,
+    /// End of this mount's writes since the last truncation.
+    written_end: u64,
+    /// Written since the size was last published.
+    dirty: bool,
+    /// mtime was set explicitly (`futimens`, `cp -p`) after the last
+    /// write: publishing must not replace it with "now".
+    mtime_set: bool,
+}
+
+impl InodeState {
+    fn size(&self) -> u64 {
+        local_size(self.meta_size, self.written_end)
+    }
+}
+
+#[derive(Default)]
+struct Table {
+    handles: HashMap<u64, Handle>,
+    inodes: HashMap<Ino, InodeState>,
+}
+
+/// One page of [`Core::readdir_plus`].
+#[derive(Debug, Clone)]
+pub struct PlusPage {
+    /// Entries that still exist, with their attributes.
+    pub entries: Vec<(DirEntry, Attr)>,
+    /// The listing is complete.
+    pub eof: bool,
+    /// The cookie to continue after this page.
+    pub next: u64,
+}
+
+/// The client's registration counters (UCX memory registrations made by
+/// this process), to show that the data path registers nothing per request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RegistrationCounters {
+    pub registrations: u64,
+    pub deregistrations: u64,
+    pub registered_bytes: u64,
+}
+
+/// The file system over one metadata session and one data client.
+pub struct Core {
+    meta: MetaSession,
+    data: DataClient,
+    table: Mutex<Table>,
+    next_fh: AtomicU64,
+    stats_file: Option<PathBuf>,
+    secret: Option<dafne_auth::Secret>,
+}
+
+impl std::fmt::Debug for Core {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Core").field("meta", &self.meta).finish_non_exhaustive()
+    }
+}
+
+fn block<T>(f: impl std::future::Future<Output = T>) -> T {
+    futures::executor::block_on(f)
+}
+
+impl Core {
+    /// `meta` is the daemon's own session (it acts as each caller through
+    /// `as_user`).
+    pub fn new(meta: MetaSession, data: DataClient) -> Core {
+        Core {
+            meta,
+            data,
+            table: Mutex::new(Table::default()),
+            next_fh: AtomicU64::new(1),
+            stats_file: None,
+            secret: None,
+        }
+    }
+
+    /// Writes [`RegistrationCounters`] to `path` after each `flush`.
+    pub fn with_stats_file(mut self, path: PathBuf) -> Core {
+        self.stats_file = Some(path);
+        self
+    }
+
+    /// With the cluster secret, `statfs` reports the io servers' capacity
+    /// (asked with a short-lived capability signed from it); without, only
+    /// meta's inode counts.
+    pub fn with_secret(mut self, secret: dafne_auth::Secret) -> Core {
+        self.secret = Some(secret);
+        self
+    }
+
+    /// The dafne inode of the file system's root.
+    pub fn root(&self) -> Ino {
+        self.meta.root()
+    }
+
+    fn table(&self) -> MutexGuard<'_, Table> {
+        // A panic while holding the lock leaves plain data behind; go on.
+        self.table.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn session(&self, c: Caller) -> MetaSession {
+        self.meta.as_user(c.uid, c.gid)
+    }
+
+    /// Attributes as this mount reports them (see the module docs).
+    fn local(&self, mut a: Attr) -> Attr {
+        let mut t = self.table();
+        if let Some(st) = t.inodes.get_mut(&a.ino) {
+            st.meta_size = a.size;
+            st.attr = Some(a);
+            a.size = st.size();
+            a.blocks = a.blocks.max(a.size.div_ceil(512));
+        }
+        a
+    }
+
+    /// The attributes of an inode this mount has open whose last name was
+    /// removed (meta forgot it; the open file lives on, with no links).
+    fn unlinked(&self, ino: Ino) -> Option<Attr> {
+        let t = self.table();
+        let st = t.inodes.get(&ino)?;
+        let mut a = st.attr?;
+        a.nlink = 0;
+        a.size = st.size();
+        Some(a)
+    }
+
+    pub fn lookup(&self, c: Caller, parent: Ino, name: &[u8]) -> Result<Attr, Errno> {
+        self.session(c).lookup(parent, name).map(|a| self.local(a))
+    }
+
+    pub fn getattr(&self, c: Caller, ino: Ino) -> Result<Attr, Errno> {
+        match self.session(c).getattr(ino) {
+            Ok(a) => Ok(self.local(a)),
+            Err(Errno::ENOENT) => self.unlinked(ino).ok_or(Errno::ENOENT),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// `setattr`; a size truncates or extends the data on the io servers
+    /// first. Through a handle opened for writing (`ftruncate`), the size
+    /// changes whatever the file's mode says now: the right to write was
+    /// checked at open (POSIX; a file created with mode 0 may be truncated
+    /// through the descriptor that created it). Otherwise the caller must
+    /// be allowed to open the file for writing.
+    pub fn setattr(&self, c: Caller, ino: Ino, fh: Option<u64>, set: SetAttr) -> Result<Attr, Errno> {
+        let mut last = None;
+        if let Some(size) = set.size {
+            let by_fd = fh.and_then(|fh| self.handle_file(fh)).filter(|f| f.cap.rights & RIGHT_WRITE != 0);
+            let (file, s) = match by_fd {
+                Some(f) => (f, self.meta.clone()),
+                None => (Arc::new(self.session(c).open(ino, OPEN_WRITE)?), self.session(c)),
+            };
+            block(self.data.truncate(&file, size))?;
+            last = Some(s.setattr(ino, SetAttr { size: Some(size), ..Default::default() })?);
+            self.truncated(ino, size);
+        }
+        let rest = SetAttr { size: None, ..set };
+        let a = match last {
+            Some(a) if rest.is_empty() => a,
+            _ => self.session(c).setattr(ino, rest)?,
+        };
+        if set.mtime.is_some() {
+            if let Some(st) = self.table().inodes.get_mut(&ino) {
+                st.mtime_set = true;
+            }
+        }
+        Ok(self.local(a))
+    }
+
+    fn truncated(&self, ino: Ino, size: u64) {
+        if let Some(st) = self.table().inodes.get_mut(&ino) {
+            st.written_end = 0;
+            st.meta_size = size;
+        }
+    }
+
+    pub fn readlink(&self, c: Caller, ino: Ino) -> Result<Vec<u8>, Errno> {
+        self.session(c).readlink(ino)
+    }
+
+    /// `mknod`: regular files only. dafne's namespace has regular files,
+    /// directories and symbolic links; for other types this is `EPERM`, the
+    /// errno `mknod(2)` documents for a type the file system does not
+    /// support.
+    pub fn mknod(&self, c: Caller, parent: Ino, name: &[u8], mode: u32) -> Result<Attr, Errno> {
+        if mode & libc::S_IFMT != libc::S_IFREG && mode & libc::S_IFMT != 0 {
+            return Err(Errno::EPERM);
+        }
+        self.session(c).create(parent, name, mode & 0o7777, true)
+    }
+
+    pub fn mkdir(&self, c: Caller, parent: Ino, name: &[u8], mode: u32) -> Result<Attr, Errno> {
+        self.session(c).mkdir(parent, name, mode & 0o7777)
+    }
+
+    pub fn unlink(&self, c: Caller, parent: Ino, name: &[u8]) -> Result<(), Errno> {
+        self.session(c).unlink(parent, name)
+    }
+
+    pub fn rmdir(&self, c: Caller, parent: Ino, name: &[u8]) -> Result<(), Errno> {
+        self.session(c).rmdir(parent, name)
+    }
+
+    pub fn symlink(&self, c: Caller, parent: Ino, name: &[u8], target: &[u8]) -> Result<Attr, Errno> {
+        self.session(c).symlink(parent, name, target)
+    }
+
+    pub fn link(&self, c: Caller, ino: Ino, new_parent: Ino, new_name: &[u8]) -> Result<Attr, Errno> {
+        self.session(c).link(ino, new_parent, new_name).map(|a| self.local(a))
+    }
+
+    /// `rename`, replacing the destination unless `noreplace`. Meta's rename
+    /// always replaces, so `RENAME_NOREPLACE` is a lookup first: atomic
+    /// against this mount's other callers only up to the race between the
+    /// two round trips (another client could create the name in between).
+    pub fn rename(
+        &self,
+        c: Caller,
+        parent: Ino,
+        name: &[u8],
+        new_parent: Ino,
+        new_name: &[u8],
+        noreplace: bool,
+    ) -> Result<(), Errno> {
+        let s = self.session(c);
+        if noreplace {
+            match s.lookup(new_parent, new_name) {
+                Ok(_) => return Err(Errno::EEXIST),
+                Err(Errno::ENOENT) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        s.rename(parent, name, new_parent, new_name)
+    }
+
+    /// One page of a directory after `cookie` (0 = from the start).
+    pub fn readdir(&self, c: Caller, ino: Ino, cookie: u64, max: u32) -> Result<(Vec<DirEntry>, bool), Errno> {
+        self.session(c).readdir_page(ino, cookie, max)
+    }
+
+    /// A page of a listing with every entry's attributes (`readdirplus`):
+    /// the attributes come in compounds of up to `MAX_COMPOUND` `GetAttr`,
+    /// one round trip per 16 entries instead of a lookup per entry. An entry
+    /// removed meanwhile is left out. Also returns whether the listing is
+    /// complete and the cookie to continue after this page (which differs
+    /// from the last entry's when that one was left out).
+    pub fn readdir_plus(&self, c: Caller, ino: Ino, cookie: u64, max: u32) -> Result<PlusPage, Errno> {
+        let s = self.session(c);
+        let (entries, eof) = s.readdir_page(ino, cookie, max)?;
+        let next = entries.last().map_or(cookie, |e| e.cookie);
+        let mut out = Vec::with_capacity(entries.len());
+        for chunk in entries.chunks(dafne_proto::MAX_COMPOUND) {
+            let ops = chunk.iter().map(|e| CompoundOp { chain: false, req: Request::GetAttr { ino: e.ino } }).collect();
+            let results = s.compound(ops)?;
+            for (i, e) in chunk.iter().enumerate() {
+                let attr = match results.get(i) {
+                    Some(Ok(Response::Attr { attr } | Response::Entry { attr })) => Ok(*attr),
+                    Some(Ok(_)) => Err(Errno::EPROTO),
+                    Some(Err(err)) => Err(*err),
+                    // A compound stops at its first error: ask the rest one
+                    // by one.
+                    None => s.getattr(e.ino),
+                };
+                match attr {
+                    Ok(a) => out.push((e.clone(), self.local(a))),
+                    Err(Errno::ENOENT) => {}
+                    Err(err) => return Err(err),
+                }
+            }
+        }
+        Ok(PlusPage { entries: out, eof, next })
+    }
+
+    /// The parent directory of directory `ino` (for `..` in listings).
+    pub fn parent(&self, c: Caller, ino: Ino) -> Result<Ino, Errno> {
+        self.session(c).lookup(ino, b"..").map(|a| a.ino)
+    }
+
+    /// Inodes from meta; blocks from the io servers' file systems.
+    pub fn statfs(&self, c: Caller) -> Result<StatFs, Errno> {
+        let mut s = self.session(c).statfs()?;
+        if let Some(secret) = &self.secret {
+            let cap = dafne_client::data::info_capability(secret);
+            if let Ok((total, avail)) = block(self.data.capacity(cap)) {
+                let bsize = if s.bsize == 0 { 4096 } else { s.bsize as u64 };
+                s.blocks = total / bsize;
+                s.bfree = avail / bsize;
+                s.bavail = avail / bsize;
+            }
+        }
+        Ok(s)
+    }
+
+    /// `access(2)` from fresh attributes ([`may_access`]).
+    pub fn access(&self, c: Caller, ino: Ino, want: u32) -> Result<(), Errno> {
+        let a = self.session(c).getattr(ino)?;
+        if may_access(c, &a, want) {
+            Ok(())
+        } else {
+            Err(Errno::EACCES)
+        }
+    }
+
+    fn add_handle(&self, file: OpenFile) -> (u64, Attr) {
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        let ino = file.attr.ino;
+        let mut t = self.table();
+        let st = t.inodes.entry(ino).or_default();
+        st.handles += 1;
+        st.meta_size = file.attr.size;
+        st.attr = Some(file.attr);
+        let mut attr = file.attr;
+        attr.size = st.size();
+        t.handles.insert(fh, Handle { ino, file: Arc::new(file) });
+        (fh, attr)
+    }
+
+    fn handle_file(&self, fh: u64) -> Option<Arc<OpenFile>> {
+        self.table().handles.get(&fh).map(|h| h.file.clone())
+    }
+
+    /// Opens a regular file; `O_TRUNC` empties it on the io servers too.
+    pub fn open(&self, c: Caller, ino: Ino, mode: OpenMode) -> Result<(u64, Attr), Errno> {
+        let file = self.session(c).open(ino, mode.meta_flags())?;
+        self.opened(file, mode.trunc)
+    }
+
+    fn opened(&self, file: OpenFile, trunc: bool) -> Result<(u64, Attr), Errno> {
+        if trunc {
+            block(self.data.truncate(&file, 0))?;
+        }
+        let ino = file.attr.ino;
+        let (fh, attr) = self.add_handle(file);
+        if trunc {
+            self.truncated(ino, 0);
+        }
+        Ok((fh, attr))
+    }
+
+    /// Creates and opens `name` in one round trip (create + open chained).
+    /// Without `exclusive`, an existing file is opened instead.
+    pub fn create(
+        &self,
+        c: Caller,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        open: OpenMode,
+        exclusive: bool,
+    ) -> Result<(u64, Attr), Errno> {
+        let s = self.session(c);
+        let ops = vec![
+            CompoundOp {
+                chain: false,
+                req: Request::Create { parent, name: name.to_vec(), mode: mode & 0o7777, exclusive: true, hint: None },
+            },
+            CompoundOp { chain: true, req: Request::Open { ino: 0, flags: open.meta_flags() & !OPEN_TRUNC } },
+        ];
+        let mut results = s.compound(ops)?.into_iter();
+        match (results.next(), results.next()) {
+            (Some(Ok(_)), Some(Ok(Response::Opened { attr, layout, cap }))) => {
+                self.opened(OpenFile { attr, layout, cap }, false)
+            }
+            // Created by this call, but its mode forbids what was asked.
+            (Some(Ok(Response::Entry { attr } | Response::Attr { attr })), Some(Err(Errno::EACCES))) => {
+                self.opened(self.meta.open(attr.ino, open.meta_flags() & !OPEN_TRUNC)?, false)
+            }
+            (Some(Err(Errno::EEXIST)), None) if !exclusive => {
+                self.opened(s.open_at(parent, name, open.meta_flags())?, open.trunc)
+            }
+            (Some(Err(e)), None) | (Some(Ok(_)), Some(Err(e))) => Err(e),
+            _ => Err(Errno::EPROTO),
+        }
+    }
+
+    /// Reads up to `size` bytes at `offset`, never past the size this mount
+    /// knows.
+    pub fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>, Errno> {
+        self.read_with(fh, offset, size, |r| r.map(<[u8]>::to_vec))
+    }
+
+    /// [`Core::read`] into a buffer the calling thread keeps between
+    /// requests, handed to `f`: no allocation (and no page faults on fresh
+    /// memory) per request on the hot path.
+    pub fn read_with<R>(&self, fh: u64, offset: u64, size: u32, f: impl FnOnce(Result<&[u8], Errno>) -> R) -> R {
+        thread_local! {
+            static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        let (file, known) = {
+            let t = self.table();
+            let Some(h) = t.handles.get(&fh) else { return f(Err(Errno::EBADF)) };
+            (h.file.clone(), t.inodes.get(&h.ino).map(|s| s.size()).unwrap_or(0))
+        };
+        if offset >= known {
+            return f(Ok(&[]));
+        }
+        let n = (size as u64).min(known - offset) as usize;
+        BUF.with(|b| {
+            let mut buf = b.borrow_mut();
+            if buf.len() < n {
+                buf.resize(n, 0);
+            }
+            match block(self.data.read_at(&file, offset, &mut buf[..n])) {
+                Ok(_) => f(Ok(&buf[..n])),
+                Err(e) => f(Err(e)),
+            }
+        })
+    }
+
+    /// Writes `data` at `offset` (unstable: the io servers may cache it
+    /// until `fsync`).
+    pub fn write(&self, fh: u64, offset: u64, data: &[u8]) -> Result<usize, Errno> {
+        let (file, ino) = {
+            let t = self.table();
+            let h = t.handles.get(&fh).ok_or(Errno::EBADF)?;
+            (h.file.clone(), h.ino)
+        };
+        let n = block(self.data.write_at(&file, offset, data, Stability::Unstable))?;
+        if let Some(st) = self.table().inodes.get_mut(&ino) {
+            st.written_end = st.written_end.max(offset + n as u64);
+            st.dirty = true;
+            st.mtime_set = false;
+        }
+        Ok(n)
+    }
+
+    /// Publishes the size if this mount wrote since the last publish.
+    pub fn flush(&self, fh: u64) -> Result<(), Errno> {
+        let r = self.publish_if_dirty(fh);
+        self.write_stats();
+        r
+    }
+
+    /// Makes the written data durable on the io servers and the size exact.
+    pub fn fsync(&self, fh: u64) -> Result<(), Errno> {
+        let (file, ino) = {
+            let t = self.table();
+            let h = t.handles.get(&fh).ok_or(Errno::EBADF)?;
+            (h.file.clone(), h.ino)
+        };
+        // fsync(2) flushes the file, whoever wrote it, also through a
+        // read-only descriptor; the io servers want write rights for Sync,
+        // which the daemon asks for in that case (syncing changes no byte).
+        let sync_file =
+            if file.cap.rights & RIGHT_WRITE != 0 { file.clone() } else { Arc::new(self.meta.open(ino, OPEN_WRITE)?) };
+        block(self.data.sync(&sync_file))?;
+        if let Some(st) = self.table().inodes.get_mut(&ino) {
+            st.dirty = false;
+        }
+        self.publish(ino, &file)
+    }
+
+    /// Forgets a handle, publishing the size first if needed.
+    pub fn release(&self, fh: u64) -> Result<(), Errno> {
+        let r = self.publish_if_dirty(fh);
+        let mut t = self.table();
+        if let Some(h) = t.handles.remove(&fh) {
+            if let Some(st) = t.inodes.get_mut(&h.ino) {
+                st.handles -= 1;
+                if st.handles == 0 {
+                    t.inodes.remove(&h.ino);
+                }
+            }
+        }
+        r
+    }
+
+    fn publish_if_dirty(&self, fh: u64) -> Result<(), Errno> {
+        let (file, ino) = {
+            let mut t = self.table();
+            let Some(h) = t.handles.get(&fh) else { return Err(Errno::EBADF) };
+            let (file, ino) = (h.file.clone(), h.ino);
+            match t.inodes.get_mut(&ino) {
+                // Cleared before publishing: a write racing the publish
+                // marks it again.
+                Some(st) if st.dirty => st.dirty = false,
+                _ => return Ok(()),
+            }
+            (file, ino)
+        };
+        self.publish(ino, &file)
+    }
+
+    /// Meta's size becomes the largest byte any io server holds (sizes only
+    /// grow here; truncation shrinks), and mtime becomes now unless it was
+    /// set explicitly since the last write.
+    fn publish(&self, ino: Ino, file: &Arc<OpenFile>) -> Result<(), Errno> {
+        let stat_file =
+            if file.cap.rights & RIGHT_READ != 0 { file.clone() } else { Arc::new(self.meta.open(ino, OPEN_READ)?) };
+        let stored = block(self.data.stored_size(&stat_file))?;
+        let current = match self.meta.getattr(ino) {
+            Ok(a) => a,
+            // Unlinked while open: no name, no size to publish.
+            Err(Errno::ENOENT) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let mtime_set = self.table().inodes.get(&ino).is_some_and(|st| st.mtime_set);
+        let set = SetAttr {
+            size: (stored > current.size).then_some(stored),
+            // A size change alone would make meta's mtime "now": keep an
+            // explicitly set one by restating it.
+            mtime: Some(if mtime_set { TimeSet::At(current.mtime) } else { TimeSet::Now }),
+            ..Default::default()
+        };
+        if mtime_set && set.size.is_none() {
+            return Ok(());
+        }
+        let a = self.meta.setattr(ino, set)?;
+        if let Some(st) = self.table().inodes.get_mut(&ino) {
+            st.meta_size = a.size;
+        }
+        Ok(())
+    }
+
+    /// The data client's registration counters.
+    pub fn registration_counters(&self) -> Option<RegistrationCounters> {
+        self.data.context().map(|ctx| {
+            let s = ctx.stats().snapshot();
+            RegistrationCounters {
+                registrations: s.registrations,
+                deregistrations: s.deregistrations,
+                registered_bytes: s.registered_bytes,
+            }
+        })
+    }
+
+    /// Writes the counters to the stats file, if any, atomically (a reader
+    /// never sees half a file).
+    fn write_stats(&self) {
+        let (Some(path), Some(c)) = (&self.stats_file, self.registration_counters()) else { return };
+        let text = format!(
+            "registrations {}\nderegistrations {}\nregistered_bytes {}\n",
+            c.registrations, c.deregistrations, c.registered_bytes
+        );
+        let tmp = path.with_extension("tmp");
+        if std::fs::write(&tmp, text).and_then(|_| std::fs::rename(&tmp, path)).is_err() {
+            tracing::warn!("could not write the stats file {}", path.display());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dafne_proto::Timespec;
+
+    fn attr(kind: FileType, mode: u32, uid: u32, gid: u32) -> Attr {
+        let t = Timespec::default();
+        Attr { ino: 5, kind, mode, nlink: 1, uid, gid, size: 0, blocks: 0, atime: t, mtime: t, ctime: t }
+    }
+
+    #[test]
+    fn access_follows_the_owner_group_other_classes() {
+        let a = attr(FileType::Regular, 0o640, 10, 20);
+        let owner = Caller { uid: 10, gid: 99 };
+        let group = Caller { uid: 11, gid: 20 };
+        let other = Caller { uid: 12, gid: 21 };
+        assert!(may_access(owner, &a, MAY_READ | MAY_WRITE));
+        assert!(!may_access(owner, &a, MAY_EXEC));
+        assert!(may_access(group, &a, MAY_READ));
+        assert!(!may_access(group, &a, MAY_WRITE));
+        assert!(!may_access(other, &a, MAY_READ));
+        assert!(may_access(other, &a, 0), "F_OK needs no bits");
+        // The owner class applies even when it grants less than the others.
+        let b = attr(FileType::Regular, 0o077, 10, 20);
+        assert!(!may_access(owner, &b, MAY_READ));
+        assert!(may_access(other, &b, MAY_READ));
+    }
+
+    #[test]
+    fn root_reads_and_writes_anything_but_executes_only_with_an_x_bit() {
+        let f = attr(FileType::Regular, 0o000, 10, 20);
+        assert!(may_access(Caller::ROOT, &f, MAY_READ | MAY_WRITE));
+        assert!(!may_access(Caller::ROOT, &f, MAY_EXEC));
+        assert!(may_access(Caller::ROOT, &attr(FileType::Regular, 0o001, 10, 20), MAY_EXEC));
+        assert!(may_access(Caller::ROOT, &attr(FileType::Directory, 0o000, 10, 20), MAY_EXEC));
+    }
+
+    #[test]
+    fn open_modes_from_flags() {
+        assert_eq!(OpenMode::from_flags(libc::O_RDONLY), OpenMode { read: true, write: false, trunc: false });
+        assert_eq!(
+            OpenMode::from_flags(libc::O_WRONLY | libc::O_TRUNC),
+            OpenMode { read: false, write: true, trunc: true }
+        );
+        assert_eq!(
+            OpenMode::from_flags(libc::O_RDWR | libc::O_APPEND),
+            OpenMode { read: true, write: true, trunc: false }
+        );
+        assert_eq!(OpenMode { read: true, write: true, trunc: true }.meta_flags(), OPEN_READ | OPEN_WRITE | OPEN_TRUNC);
+        // Truncating needs write rights on the io servers.
+        assert_eq!(
+            OpenMode { read: true, write: false, trunc: true }.meta_flags(),
+            OPEN_READ | OPEN_WRITE | OPEN_TRUNC
+        );
+    }
+
+    #[test]
+    fn the_reported_size_is_the_larger_of_meta_and_own_writes() {
+        assert_eq!(local_size(100, 0), 100);
+        assert_eq!(local_size(100, 4096), 4096);
+        let st = InodeState { handles: 1, attr: None, meta_size: 7, written_end: 3, dirty: true, mtime_set: false };
+        assert_eq!(st.size(), 7);
+    }
+}

@@ -1,0 +1,547 @@
+//! The `fuser::Filesystem` adapter: kernel requests in, [`Core`] calls, replies
+//! out. Nothing here decides file-system semantics; it converts.
+//!
+//! * Inode numbers: FUSE names the root 1; dafne's root has its own number.
+//!   The two are swapped ([`swap_root`]), every other number is the same on
+//!   both sides (dafne never reuses an inode number, so the generation is 0).
+//! * Errors: [`errno`] is the one place an error becomes the kernel's errno,
+//!   and it is the metadata or io server's value unchanged.
+//! * Directory offsets: 1 is `.`, 2 is `..`, and an entry whose dafne cookie
+//!   is `k` gets offset `k + 2`; a listing resumes from any offset by
+//!   cookie, so it survives concurrent inserts and removals the way meta's
+//!   paging does ([`resume_cookie`]). `readdirplus` (the kernel's AUTO
+//!   mode: used when a listing's attributes are wanted, as by `ls -l`)
+//!   uses the same offsets and brings the attributes in compounds of 16.
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use dafne_client::{Attr, FileType, Ino, SetAttr, TimeSet};
+use dafne_proto::Timespec;
+use fuser::{
+    AccessFlags, FileHandle, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags,
+    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry,
+    ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
+};
+
+use crate::core::{Caller, Core, OpenMode};
+use crate::{MountOptions, MAX_IO};
+
+/// The errno the kernel gets for a dafne error: the same number. Errors
+/// that mean a server failed or answered nonsense (rather than a POSIX
+/// refusal) are also logged, so the daemon's log explains an `EIO`.
+pub fn errno(e: dafne_client::Errno) -> fuser::Errno {
+    if matches!(e, dafne_client::Errno::EIO | dafne_client::Errno::EPROTO | dafne_client::Errno::EAGAIN) {
+        tracing::warn!("answering {e}: a metadata or io server failed, timed out or answered unexpectedly");
+    }
+    fuser::Errno::from_i32(e.0)
+}
+
+/// Swaps dafne's root inode with FUSE's root (1); an involution, so the
+/// same function maps both ways.
+pub fn swap_root(ino: u64, root: u64) -> u64 {
+    if ino == root {
+        1
+    } else if ino == 1 {
+        root
+    } else {
+        ino
+    }
+}
+
+/// Offset of `.` and `..` in a listing; entries follow at cookie + 2.
+const DOT: u64 = 1;
+const DOTDOT: u64 = 2;
+
+/// The dafne cookie to continue a listing after kernel offset `offset`
+/// (offsets 0 and 1 still owe `.`/`..` and then start from the beginning).
+pub fn resume_cookie(offset: u64) -> u64 {
+    offset.saturating_sub(DOTDOT)
+}
+
+/// A dafne time as the kernel's.
+pub fn system_time(t: Timespec) -> SystemTime {
+    if t.sec >= 0 {
+        UNIX_EPOCH + Duration::new(t.sec as u64, t.nsec)
+    } else {
+        UNIX_EPOCH - Duration::from_secs(t.sec.unsigned_abs()) + Duration::from_nanos(t.nsec as u64)
+    }
+}
+
+/// The kernel's time as dafne's (nanoseconds always in `0..10⁹`).
+pub fn timespec(t: SystemTime) -> Timespec {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => Timespec { sec: d.as_secs() as i64, nsec: d.subsec_nanos() },
+        Err(e) => {
+            let d = e.duration();
+            let (mut sec, mut nsec) = (-(d.as_secs() as i64), d.subsec_nanos());
+            if nsec > 0 {
+                sec -= 1;
+                nsec = 1_000_000_000 - nsec;
+            }
+            Timespec { sec, nsec }
+        }
+    }
+}
+
+fn time_set(t: TimeOrNow) -> TimeSet {
+    match t {
+        TimeOrNow::Now => TimeSet::Now,
+        TimeOrNow::SpecificTime(t) => TimeSet::At(timespec(t)),
+    }
+}
+
+fn kind(k: FileType) -> fuser::FileType {
+    match k {
+        FileType::Regular => fuser::FileType::RegularFile,
+        FileType::Directory => fuser::FileType::Directory,
+        FileType::Symlink => fuser::FileType::Symlink,
+    }
+}
+
+fn caller(req: &Request) -> Caller {
+    Caller { uid: req.uid(), gid: req.gid() }
+}
+
+/// The mount's `fuser::Filesystem`.
+#[derive(Debug)]
+pub struct FuseFs {
+    core: Core,
+    root: Ino,
+    attr_ttl: Duration,
+    entry_ttl: Duration,
+}
+
+impl FuseFs {
+    pub fn new(core: Core, opts: &MountOptions) -> FuseFs {
+        let root = core.root();
+        FuseFs { core, root, attr_ttl: opts.attr_ttl, entry_ttl: opts.entry_ttl }
+    }
+
+    fn ino(&self, ino: INodeNo) -> Ino {
+        swap_root(ino.0, self.root)
+    }
+
+    fn kernel_ino(&self, ino: Ino) -> INodeNo {
+        INodeNo(swap_root(ino, self.root))
+    }
+
+    fn attr(&self, a: &Attr) -> fuser::FileAttr {
+        fuser::FileAttr {
+            ino: self.kernel_ino(a.ino),
+            size: a.size,
+            blocks: a.blocks,
+            atime: system_time(a.atime),
+            mtime: system_time(a.mtime),
+            ctime: system_time(a.ctime),
+            crtime: system_time(a.ctime),
+            kind: kind(a.kind),
+            perm: (a.mode & 0o7777) as u16,
+            nlink: a.nlink,
+            uid: a.uid,
+            gid: a.gid,
+            rdev: 0,
+            blksize: MAX_IO,
+            flags: 0,
+        }
+    }
+
+    fn entry(&self, r: Result<Attr, dafne_client::Errno>, reply: ReplyEntry) {
+        match r {
+            Ok(a) => reply.entry_with_ttls(&self.attr_ttl, &self.entry_ttl, &self.attr(&a), Generation(0)),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+}
+
+fn empty(r: Result<(), dafne_client::Errno>, reply: ReplyEmpty) {
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(errno(e)),
+    }
+}
+
+impl fuser::Filesystem for FuseFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        // The largest requests the kernel grants, up to one bounce buffer.
+        if let Err(max) = config.set_max_write(MAX_IO) {
+            let _ = config.set_max_write(max);
+        }
+        if let Err(max) = config.set_max_readahead(MAX_IO) {
+            let _ = config.set_max_readahead(max);
+        }
+        // Lookups and listings in one directory may run in parallel. Not
+        // FUSE_ATOMIC_O_TRUNC: with it the kernel sends O_TRUNC with the
+        // open before it checks for ETXTBSY, so `open(O_RDONLY | O_TRUNC)`
+        // of a running program would empty it and then fail; without it
+        // the truncation is a later setattr the kernel only sends once the
+        // checks passed.
+        let _ = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS);
+        // Listings with attributes (one round trip per 16 entries instead
+        // of a lookup per entry), when the kernel sees they are used
+        // (`ls -l`), plain listings otherwise.
+        let _ = config.add_capabilities(InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO);
+        Ok(())
+    }
+
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        self.entry(self.core.lookup(caller(req), self.ino(parent), name.as_bytes()), reply)
+    }
+
+    fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.core.getattr(caller(req), self.ino(ino)) {
+            Ok(a) => reply.attr(&self.attr_ttl, &self.attr(&a)),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let set = SetAttr {
+            mode: mode.map(|m| m & 0o7777),
+            uid,
+            gid,
+            size,
+            atime: atime.map(time_set),
+            mtime: mtime.map(time_set),
+        };
+        match self.core.setattr(caller(req), self.ino(ino), fh.map(|f| f.0), set) {
+            Ok(a) => reply.attr(&self.attr_ttl, &self.attr(&a)),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.core.readlink(caller(req), self.ino(ino)) {
+            Ok(t) => reply.data(&t),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        self.entry(self.core.mknod(caller(req), self.ino(parent), name.as_bytes(), mode), reply)
+    }
+
+    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, reply: ReplyEntry) {
+        self.entry(self.core.mkdir(caller(req), self.ino(parent), name.as_bytes(), mode), reply)
+    }
+
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        empty(self.core.unlink(caller(req), self.ino(parent), name.as_bytes()), reply)
+    }
+
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        empty(self.core.rmdir(caller(req), self.ino(parent), name.as_bytes()), reply)
+    }
+
+    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+        let target = target.as_os_str().as_bytes();
+        self.entry(self.core.symlink(caller(req), self.ino(parent), link_name.as_bytes(), target), reply)
+    }
+
+    fn rename(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        // RENAME_EXCHANGE and RENAME_WHITEOUT need an atomic operation meta
+        // does not offer: EINVAL, as rename(2) documents for flags a file
+        // system does not support.
+        if flags.intersects(RenameFlags::RENAME_EXCHANGE | RenameFlags::RENAME_WHITEOUT) {
+            return reply.error(fuser::Errno::EINVAL);
+        }
+        let noreplace = flags.contains(RenameFlags::RENAME_NOREPLACE);
+        empty(
+            self.core.rename(
+                caller(req),
+                self.ino(parent),
+                name.as_bytes(),
+                self.ino(newparent),
+                newname.as_bytes(),
+                noreplace,
+            ),
+            reply,
+        )
+    }
+
+    fn link(&self, req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        self.entry(self.core.link(caller(req), self.ino(ino), self.ino(newparent), newname.as_bytes()), reply)
+    }
+
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        match self.core.open(caller(req), self.ino(ino), OpenMode::from_flags(flags.0)) {
+            Ok((fh, _)) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        self.core.read_with(fh.0, offset, size, |r| match r {
+            Ok(data) => reply.data(data),
+            Err(e) => reply.error(errno(e)),
+        })
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        match self.core.write(fh.0, offset, data) {
+            Ok(n) => reply.written(n as u32),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn flush(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+        empty(self.core.flush(fh.0), reply)
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        empty(self.core.release(fh.0), reply)
+    }
+
+    fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        empty(self.core.fsync(fh.0), reply)
+    }
+
+    fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let c = caller(req);
+        let r = self.core.getattr(c, self.ino(ino)).and_then(|a| match a.kind {
+            FileType::Directory if crate::core::may_access(c, &a, crate::core::MAY_READ) => Ok(()),
+            FileType::Directory => Err(dafne_client::Errno::EACCES),
+            _ => Err(dafne_client::Errno::ENOTDIR),
+        });
+        match r {
+            Ok(()) => reply.opened(FileHandle(0), FopenFlags::empty()),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn readdir(&self, req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        let c = caller(req);
+        let dir = self.ino(ino);
+        if offset < DOT && reply.add(ino, DOT, fuser::FileType::Directory, ".") {
+            return reply.ok();
+        }
+        if offset < DOTDOT {
+            let parent = self.core.parent(c, dir).unwrap_or(dir);
+            if reply.add(self.kernel_ino(parent), DOTDOT, fuser::FileType::Directory, "..") {
+                return reply.ok();
+            }
+        }
+        let mut cookie = resume_cookie(offset);
+        loop {
+            // A kernel listing request holds about 100 plain entries (4 KiB).
+            let (entries, eof) = match self.core.readdir(c, dir, cookie, 128) {
+                Ok(page) => page,
+                Err(e) => return reply.error(errno(e)),
+            };
+            for e in &entries {
+                let full =
+                    reply.add(self.kernel_ino(e.ino), e.cookie + DOTDOT, kind(e.kind), OsStr::from_bytes(&e.name));
+                if full {
+                    return reply.ok();
+                }
+                cookie = e.cookie;
+            }
+            if eof || entries.is_empty() {
+                return reply.ok();
+            }
+        }
+    }
+
+    fn readdirplus(&self, req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
+        let c = caller(req);
+        let dir = self.ino(ino);
+        let ttl = self.attr_ttl.min(self.entry_ttl);
+        if offset < DOTDOT {
+            // The kernel does not link `.` and `..` from a listing; their
+            // attributes only have to be valid.
+            let a = match self.core.getattr(c, dir) {
+                Ok(a) => self.attr(&a),
+                Err(e) => return reply.error(errno(e)),
+            };
+            if offset < DOT && reply.add(ino, DOT, ".", &ttl, &a, Generation(0)) {
+                return reply.ok();
+            }
+            let parent = self.kernel_ino(self.core.parent(c, dir).unwrap_or(dir));
+            if reply.add(parent, DOTDOT, "..", &ttl, &fuser::FileAttr { ino: parent, ..a }, Generation(0)) {
+                return reply.ok();
+            }
+        }
+        let mut cookie = resume_cookie(offset);
+        loop {
+            // A kernel listing request holds about 25 entries with
+            // attributes (4 KiB): 32 per page is one page and two compounds.
+            let page = match self.core.readdir_plus(c, dir, cookie, 32) {
+                Ok(page) => page,
+                Err(e) => return reply.error(errno(e)),
+            };
+            for (e, a) in &page.entries {
+                let full = reply.add(
+                    self.kernel_ino(e.ino),
+                    e.cookie + DOTDOT,
+                    OsStr::from_bytes(&e.name),
+                    &ttl,
+                    &self.attr(a),
+                    Generation(0),
+                );
+                if full {
+                    return reply.ok();
+                }
+            }
+            if page.eof || page.next == cookie {
+                return reply.ok();
+            }
+            cookie = page.next;
+        }
+    }
+
+    fn fsyncdir(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        // Meta commits every namespace operation durably before it answers.
+        reply.ok()
+    }
+
+    fn statfs(&self, req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        match self.core.statfs(caller(req)) {
+            Ok(s) => reply.statfs(s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.bsize),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        let want = (mask & (AccessFlags::R_OK | AccessFlags::W_OK | AccessFlags::X_OK)).bits() as u32;
+        empty(self.core.access(caller(req), self.ino(ino), want), reply)
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let exclusive = flags & libc::O_EXCL != 0;
+        let r = self.core.create(
+            caller(req),
+            self.ino(parent),
+            name.as_bytes(),
+            mode,
+            OpenMode::from_flags(flags),
+            exclusive,
+        );
+        match r {
+            Ok((fh, a)) => {
+                reply.created(&self.entry_ttl, &self.attr(&a), Generation(0), FileHandle(fh), FopenFlags::empty())
+            }
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_root_swap_is_its_own_inverse() {
+        for root in [1u64, 2, 77] {
+            for ino in [1u64, 2, 3, 77, 1000] {
+                assert_eq!(swap_root(swap_root(ino, root), root), ino);
+            }
+            assert_eq!(swap_root(root, root), 1);
+        }
+        assert_eq!(swap_root(5, 1), 5);
+    }
+
+    #[test]
+    fn times_round_trip_also_before_the_epoch() {
+        for t in [
+            Timespec { sec: 0, nsec: 0 },
+            Timespec { sec: 1_700_000_000, nsec: 123_456_789 },
+            Timespec { sec: -1, nsec: 500_000_000 },
+            Timespec { sec: -86_400, nsec: 0 },
+            Timespec { sec: -5, nsec: 1 },
+        ] {
+            assert_eq!(timespec(system_time(t)), t, "{t:?}");
+        }
+    }
+
+    #[test]
+    fn listing_offsets_resume_after_the_right_entry() {
+        assert_eq!(resume_cookie(0), 0);
+        assert_eq!(resume_cookie(DOT), 0);
+        assert_eq!(resume_cookie(DOTDOT), 0);
+        // An entry with cookie k was given offset k + 2.
+        assert_eq!(resume_cookie(17 + DOTDOT), 17);
+    }
+
+    #[test]
+    fn errnos_pass_unchanged() {
+        for e in [dafne_client::Errno::ENOENT, dafne_client::Errno::EACCES, dafne_client::Errno(4000)] {
+            assert_eq!(errno(e).code(), e.0);
+        }
+    }
+}

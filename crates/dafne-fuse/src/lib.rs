@@ -1,0 +1,183 @@
+//! The dafne FUSE mount: unmodified programs on a dafne cluster through the
+//! kernel's FUSE.
+//!
+//! # Shape
+//! Two layers, as in the design's "thin FUSE adapter over a core that needs
+//! no kernel":
+//!
+//! * [`core::Core`] is the file system in dafne's own terms: inodes, [`Attr`],
+//!   [`Errno`]. It holds the metadata session and the data client, the table
+//!   of open files and the size rule (below). Every operation runs as the
+//!   caller (`MetaSession::as_user`), so the metadata server, which owns the
+//!   POSIX rules, decides; its errno travels back unchanged.
+//! * [`fuse::FuseFs`] is the `fuser::Filesystem` adapter: it converts
+//!   kernel arguments to core calls and core results to replies. The errno
+//!   is chosen in one place ([`fuse::errno`]): the server's value, as is.
+//!
+//! # Why these choices
+//! * **Permissions are the server's.** The mount does not use
+//!   `default_permissions`: the metadata server checks every operation
+//!   against fresh attributes and is the one authority for every mount of
+//!   the cluster, while the kernel would check against attributes cached
+//!   for up to `attr_timeout`. `access(2)` is answered from fresh attributes
+//!   with the same rules ([`core::may_access`]). Limit: FUSE requests carry
+//!   only the caller's uid and primary gid, so supplementary groups do not
+//!   count (the protocol has no field for them either).
+//! * **Sizes.** A file's size in meta may lag while the file is open for
+//!   writing (the design's size rule); this mount therefore reports
+//!   `max(meta size, end of this mount's own writes)` for files it has open,
+//!   clamps reads to that size, and publishes the size (and mtime) to meta
+//!   on `flush` (every `close(2)`), `fsync` and `release`, like
+//!   `dafne_client::file::File::close`.
+//! * **Large requests, no registration on the hot path.** `init` asks the
+//!   kernel for 1 MiB writes and 1 MiB readahead, the size of the data
+//!   client's pre-registered bounce buffers: a FUSE request's bytes are
+//!   copied once into a buffer registered at warm-up, and the io servers
+//!   move them by RMA from there; nothing is registered per request
+//!   (tested from the UCX counters through the mount).
+//! * **Caching.** Attributes and entries are cached by the kernel for the
+//!   cluster's `attr_timeout_ms` / `entry_timeout_ms`; file data is not kept
+//!   across opens (no `FOPEN_KEEP_CACHE`), so an open sees other clients'
+//!   closed writes. Negative lookups are not cached.
+//! * **Threads.** The session runs several fuser worker threads (each
+//!   blocks on its own request), so one slow operation (an fsync) does not
+//!   stall the others.
+
+pub mod core;
+pub mod fuse;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub use dafne_client::{Attr, Errno, Ino};
+
+/// Settings of one mount.
+#[derive(Debug, Clone)]
+pub struct MountOptions {
+    /// How long the kernel may cache attributes.
+    pub attr_ttl: Duration,
+    /// How long the kernel may cache name lookups.
+    pub entry_ttl: Duration,
+    /// fuser worker threads.
+    pub threads: usize,
+}
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        MountOptions { attr_ttl: Duration::from_secs(1), entry_ttl: Duration::from_secs(1), threads: 4 }
+    }
+}
+
+/// Largest read and write request asked of the kernel: one bounce buffer.
+pub const MAX_IO: u32 = dafne_client::data::BOUNCE_SIZE as u32;
+
+/// Why a mount could not be made or served.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum MountError {
+    #[error("mounting {mountpoint}: {source}")]
+    Mount { mountpoint: PathBuf, source: std::io::Error },
+    #[error("serving the mount at {mountpoint}: {source}")]
+    Serve { mountpoint: PathBuf, source: std::io::Error },
+}
+
+/// A mounted file system whose requests are not served yet; [`Mounted::serve`]
+/// serves them until the file system is unmounted.
+pub struct Mounted {
+    session: fuser::Session<fuse::FuseFs>,
+    mountpoint: PathBuf,
+}
+
+impl std::fmt::Debug for Mounted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mounted").field("mountpoint", &self.mountpoint).finish()
+    }
+}
+
+/// Mounts `core` at `mountpoint` (the kernel's INIT is answered before this
+/// returns, so the mount is live).
+pub fn mount(core: core::Core, mountpoint: &Path, opts: &MountOptions) -> Result<Mounted, MountError> {
+    let mut config = fuser::Config::default();
+    config.mount_options = vec![
+        fuser::MountOption::FSName("dafne".into()),
+        fuser::MountOption::Subtype("dafne".into()),
+        fuser::MountOption::RW,
+        fuser::MountOption::Exec,
+        fuser::MountOption::Suid,
+        fuser::MountOption::Dev,
+    ];
+    // allow_other: every user of the machine sees the mount; the metadata
+    // server decides what each may do.
+    config.acl = fuser::SessionACL::All;
+    config.n_threads = Some(opts.threads.max(1));
+    let session = fuser::Session::new(fuse::FuseFs::new(core, opts), mountpoint, &config)
+        .map_err(|source| MountError::Mount { mountpoint: mountpoint.to_path_buf(), source })?;
+    if let Err(e) = raise_readahead(mountpoint, MAX_IO / 1024) {
+        tracing::warn!("could not raise the readahead of {}: {e}", mountpoint.display());
+    }
+    Ok(Mounted { session, mountpoint: mountpoint.to_path_buf() })
+}
+
+/// Sets the mount's readahead (its backing device info in sysfs) to `kib`.
+///
+/// The kernel starts a FUSE mount with the default readahead (128 KiB) and
+/// lowers it to what INIT allows, never raises it, so sequential reads
+/// arrive in 128 KiB requests however large `max_read` is. Root may raise
+/// it in sysfs; 1 MiB lets a sequential read travel in one request per
+/// bounce buffer (measured: about 3× the read bandwidth of 128 KiB). The
+/// device is found in mountinfo rather than by `stat`, which would wait
+/// for this very daemon to answer.
+pub fn raise_readahead(mountpoint: &Path, kib: u32) -> std::io::Result<()> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo")?;
+    let want = mountpoint.as_os_str().to_string_lossy();
+    let dev = info
+        .lines()
+        .rev()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            (f.len() > 4 && unescape_mountinfo(f[4]) == want).then(|| f[2].to_string())
+        })
+        .ok_or_else(|| std::io::Error::other("not in /proc/self/mountinfo"))?;
+    std::fs::write(format!("/sys/class/bdi/{dev}/read_ahead_kb"), kib.to_string())
+}
+
+/// Undoes mountinfo's escapes (space, tab, newline and backslash are
+/// written as `\ooo`).
+pub fn unescape_mountinfo(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+impl Mounted {
+    /// Something that unmounts this file system from another thread (a
+    /// signal handler's thread), which makes [`Mounted::serve`] return.
+    pub fn unmounter(&mut self) -> fuser::SessionUnmounter {
+        self.session.unmount_callable()
+    }
+
+    /// Serves requests until the file system is unmounted.
+    pub fn serve(self) -> Result<(), MountError> {
+        let mountpoint = self.mountpoint;
+        self.session.run().map_err(|source| MountError::Serve { mountpoint, source })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn mountinfo_escapes_are_undone() {
+        assert_eq!(super::unescape_mountinfo(r"/mnt/a\040b"), "/mnt/a b");
+        assert_eq!(super::unescape_mountinfo("/plain"), "/plain");
+    }
+}

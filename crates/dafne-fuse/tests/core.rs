@@ -1,0 +1,292 @@
+//! The file-system core without the kernel: the rules `Core` adds on top
+//! of the client library (POSIX create/open rights, the size rule, O_TRUNC
+//! on the io servers, rename flags, open unlinked files, unsupported node
+//! types), against a metadata server and io servers started in this
+//! process.
+
+use dafne_client::data::DataClient;
+use dafne_client::{Errno, FileType, MetaSession, SetAttr};
+use dafne_fuse::core::{Caller, Core, OpenMode, MAY_READ, MAY_WRITE};
+use dafne_transport::{Runtime, RuntimeOptions};
+
+fn ucx() -> Vec<(String, String)> {
+    vec![("TLS".into(), "posix,sysv,cma,self,tcp".into()), ("NET_DEVICES".into(), "lo".into())]
+}
+
+/// A metadata server, two io servers and a `Core` over them.
+struct Fixture {
+    core: Core,
+    root: u64,
+    meta_addr: std::net::SocketAddr,
+    io_addrs: Vec<std::net::SocketAddr>,
+    secret: std::path::PathBuf,
+    _servers: (dafne_meta::server::MetaServer, Vec<dafne_io::server::IoServer>),
+    _rt: Runtime,
+    _dir: tempfile::TempDir,
+}
+
+fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let meta = dafne_meta::server::start(&dafne_meta::server::ServeOptions {
+        data_dir: dir.path().join("meta"),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        secret: None,
+        // 64 KiB stripes over both servers: small files already cross them.
+        policy: dafne_meta::LayoutPolicy { servers: vec![0, 1], default_stripe_unit: 65536, default_stripe_count: 2 },
+        ucx: ucx(),
+    })
+    .unwrap();
+    let secret = dir.path().join("meta/cluster.secret");
+    let io: Vec<_> = (0..2)
+        .map(|i| {
+            dafne_io::server::start(&dafne_io::server::IoArgs {
+                data_dir: dir.path().join(format!("io-{i}")),
+                listen: "127.0.0.1:0".parse().unwrap(),
+                secret: secret.clone(),
+                cache_mib: 8,
+                ucx: ucx().iter().map(|(k, v)| format!("{k}={v}")).collect(),
+            })
+            .unwrap()
+        })
+        .collect();
+    let rt =
+        Runtime::new(RuntimeOptions { name: "core-test".into(), ucx_config: ucx(), ..Default::default() }).unwrap();
+    let s = dafne_auth::Secret::load(&secret).unwrap();
+    let session = MetaSession::connect(&rt, meta.addr, &s, "core-test", 0, 0).unwrap();
+    let data = DataClient::connect(&rt, &io.iter().map(|s| s.addr).collect::<Vec<_>>()).unwrap();
+    let root = session.root();
+    let core = Core::new(session, data).with_secret(s);
+    let (meta_addr, io_addrs) = (meta.addr, io.iter().map(|s| s.addr).collect());
+    Fixture { core, root, meta_addr, io_addrs, secret, _servers: (meta, io), _rt: rt, _dir: dir }
+}
+
+impl Fixture {
+    /// Another mount's core: its own sessions, nothing shared but the
+    /// servers.
+    fn another_core(&self, rt: &Runtime) -> Core {
+        let s = dafne_auth::Secret::load(&self.secret).unwrap();
+        let session = MetaSession::connect(rt, self.meta_addr, &s, "core-test-2", 0, 0).unwrap();
+        Core::new(session, DataClient::connect(rt, &self.io_addrs).unwrap())
+    }
+}
+
+const USER: Caller = Caller { uid: 1000, gid: 1000 };
+const OTHER: Caller = Caller { uid: 1001, gid: 1001 };
+const RW: OpenMode = OpenMode { read: true, write: true, trunc: false };
+const S_IFREG: u32 = 0o100000;
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+}
+
+/// A directory everyone may create in, as /tmp.
+fn tmp(f: &Fixture) -> u64 {
+    let d = f.core.mkdir(Caller::ROOT, f.root, b"tmp", 0o777).unwrap();
+    f.core.setattr(Caller::ROOT, d.ino, None, SetAttr { mode: Some(0o1777), ..Default::default() }).unwrap();
+    d.ino
+}
+
+#[test]
+fn a_new_file_opens_with_the_access_asked_whatever_its_mode() {
+    let f = fixture();
+    let tmp = tmp(&f);
+    // Mode 0: nobody but root may open it later, but its creator gets the
+    // descriptor it asked for, and may write and truncate through it.
+    let (fh, attr) = f.core.create(USER, tmp, b"zero", 0o000, RW, true).unwrap();
+    assert_eq!((attr.uid, attr.mode), (USER.uid, 0));
+    assert_eq!(f.core.write(fh, 0, b"mine").unwrap(), 4);
+    f.core.setattr(USER, attr.ino, Some(fh), SetAttr { size: Some(2), ..Default::default() }).unwrap();
+    assert_eq!(f.core.read(fh, 0, 100).unwrap(), b"mi");
+    f.core.release(fh).unwrap();
+    // A later open is refused by the mode, and access(2) agrees.
+    assert_eq!(f.core.open(USER, attr.ino, RW).unwrap_err(), Errno::EACCES);
+    assert_eq!(f.core.access(USER, attr.ino, MAY_READ).unwrap_err(), Errno::EACCES);
+    // Without an exclusive create, an existing file is opened as itself
+    // (here: refused, its mode forbids it); with one, it is EEXIST.
+    assert_eq!(f.core.create(USER, tmp, b"zero", 0o644, RW, false).unwrap_err(), Errno::EACCES);
+    assert_eq!(f.core.create(USER, tmp, b"zero", 0o644, RW, true).unwrap_err(), Errno::EEXIST);
+}
+
+#[test]
+fn sizes_follow_own_writes_while_open_and_are_published_on_flush() {
+    let f = fixture();
+    let (fh, attr) = f.core.create(Caller::ROOT, f.root, b"f", 0o644, RW, true).unwrap();
+    let data = pattern(300_000, 1);
+    f.core.write(fh, 0, &data).unwrap();
+    // This mount reports its own writes; meta does not know them yet.
+    assert_eq!(f.core.getattr(Caller::ROOT, attr.ino).unwrap().size, 300_000);
+    // Reads stop at the known size (the io servers would return zeros).
+    assert_eq!(f.core.read(fh, 299_990, 1000).unwrap(), data[299_990..]);
+    assert!(f.core.read(fh, 300_000, 1000).unwrap().is_empty());
+    f.core.flush(fh).unwrap();
+    f.core.release(fh).unwrap();
+    // After close: exact for anyone, without this mount's table.
+    assert_eq!(f.core.getattr(OTHER, attr.ino).unwrap().size, 300_000);
+    let (fh, _) = f.core.open(OTHER, attr.ino, OpenMode { read: true, ..Default::default() }).unwrap();
+    assert_eq!(f.core.read(fh, 0, 400_000).unwrap(), data);
+    // fsync through a read-only descriptor (as `sync FILE` does) works.
+    f.core.fsync(fh).unwrap();
+    f.core.release(fh).unwrap();
+}
+
+#[test]
+fn an_explicit_mtime_survives_the_publish_at_close_and_a_later_write_does_not() {
+    use dafne_client::TimeSet;
+    use dafne_proto::Timespec;
+    let f = fixture();
+    let (fh, attr) = f.core.create(Caller::ROOT, f.root, b"m", 0o644, RW, true).unwrap();
+    f.core.write(fh, 0, &pattern(100_000, 3)).unwrap();
+    // What `cp -p` does: futimens on the descriptor, then close.
+    let t = Timespec { sec: 981_173_106, nsec: 5 };
+    let set = SetAttr { mtime: Some(TimeSet::At(t)), ..Default::default() };
+    f.core.setattr(Caller::ROOT, attr.ino, Some(fh), set).unwrap();
+    f.core.flush(fh).unwrap();
+    f.core.release(fh).unwrap();
+    let a = f.core.getattr(OTHER, attr.ino).unwrap();
+    assert_eq!((a.mtime, a.size), (t, 100_000), "the size was published, the explicit mtime kept");
+    // A write after it moves mtime on again.
+    let (fh, _) = f.core.open(Caller::ROOT, attr.ino, RW).unwrap();
+    f.core.write(fh, 100_000, b"more").unwrap();
+    f.core.flush(fh).unwrap();
+    f.core.release(fh).unwrap();
+    let a = f.core.getattr(OTHER, attr.ino).unwrap();
+    assert!(a.mtime > t && a.size == 100_004, "{a:?}");
+}
+
+#[test]
+fn two_mounts_writing_different_stripes_leave_the_exact_size_after_both_close() {
+    let f = fixture();
+    let rt = Runtime::new(RuntimeOptions { name: "second".into(), ucx_config: ucx(), ..Default::default() }).unwrap();
+    let second = f.another_core(&rt);
+    let (a, attr) = f.core.create(Caller::ROOT, f.root, b"shared", 0o644, RW, true).unwrap();
+    let (b, _) = second.open(Caller::ROOT, attr.ino, RW).unwrap();
+    // The second mount writes the far end, the first the start; the first
+    // closes first, publishing only what the servers hold then.
+    second.write(b, 200_000, &pattern(50_000, 5)).unwrap();
+    f.core.write(a, 0, &pattern(100_000, 4)).unwrap();
+    f.core.flush(a).unwrap();
+    f.core.release(a).unwrap();
+    assert_eq!(second.getattr(Caller::ROOT, attr.ino).unwrap().size, 250_000, "the second mount's own writes");
+    second.flush(b).unwrap();
+    second.release(b).unwrap();
+    let a = f.core.getattr(OTHER, attr.ino).unwrap();
+    assert_eq!(a.size, 250_000);
+    let (fh, _) = f.core.open(Caller::ROOT, attr.ino, RW).unwrap();
+    let back = f.core.read(fh, 0, 300_000).unwrap();
+    assert_eq!(back.len(), 250_000);
+    assert_eq!(&back[..100_000], &pattern(100_000, 4)[..]);
+    assert!(back[100_000..200_000].iter().all(|&x| x == 0), "the hole reads as zeros");
+    assert_eq!(&back[200_000..], &pattern(50_000, 5)[..]);
+    f.core.release(fh).unwrap();
+}
+
+#[test]
+fn o_trunc_and_truncate_empty_the_io_servers_too() {
+    let f = fixture();
+    let (fh, attr) = f.core.create(Caller::ROOT, f.root, b"t", 0o644, RW, true).unwrap();
+    f.core.write(fh, 0, &pattern(200_000, 2)).unwrap();
+    f.core.release(fh).unwrap();
+    // O_TRUNC, then a short write: nothing of the old bytes comes back.
+    let (fh, a) = f.core.open(Caller::ROOT, attr.ino, OpenMode { trunc: true, ..RW }).unwrap();
+    assert_eq!(a.size, 0);
+    f.core.write(fh, 0, b"new").unwrap();
+    f.core.release(fh).unwrap();
+    assert_eq!(f.core.getattr(Caller::ROOT, attr.ino).unwrap().size, 3);
+    // Extending by truncate reads as zeros, not as the old bytes.
+    f.core.setattr(Caller::ROOT, attr.ino, None, SetAttr { size: Some(150_000), ..Default::default() }).unwrap();
+    let (fh, _) = f.core.open(Caller::ROOT, attr.ino, RW).unwrap();
+    let back = f.core.read(fh, 0, 200_000).unwrap();
+    assert_eq!(back.len(), 150_000);
+    assert_eq!(&back[..3], b"new");
+    assert!(back[3..].iter().all(|&b| b == 0), "old bytes resurfaced after truncation");
+    f.core.release(fh).unwrap();
+    // Truncate by path needs write permission.
+    assert_eq!(
+        f.core.setattr(USER, attr.ino, None, SetAttr { size: Some(0), ..Default::default() }).unwrap_err(),
+        Errno::EACCES
+    );
+}
+
+#[test]
+fn an_unlinked_open_file_keeps_its_attributes_and_data() {
+    let f = fixture();
+    let (fh, attr) = f.core.create(Caller::ROOT, f.root, b"u", 0o644, RW, true).unwrap();
+    f.core.write(fh, 0, b"before").unwrap();
+    f.core.unlink(Caller::ROOT, f.root, b"u").unwrap();
+    assert_eq!(f.core.lookup(Caller::ROOT, f.root, b"u").unwrap_err(), Errno::ENOENT);
+    let a = f.core.getattr(Caller::ROOT, attr.ino).unwrap();
+    assert_eq!((a.nlink, a.size), (0, 6));
+    f.core.write(fh, 6, b" after").unwrap();
+    assert_eq!(f.core.read(fh, 0, 100).unwrap(), b"before after");
+    f.core.flush(fh).unwrap();
+    f.core.release(fh).unwrap();
+    // Once closed, it is gone.
+    assert_eq!(f.core.getattr(Caller::ROOT, attr.ino).unwrap_err(), Errno::ENOENT);
+}
+
+#[test]
+fn rename_noreplace_refuses_an_existing_name_and_node_types_dafne_lacks_are_eperm() {
+    let f = fixture();
+    f.core.mknod(Caller::ROOT, f.root, b"a", S_IFREG | 0o644).unwrap();
+    f.core.mknod(Caller::ROOT, f.root, b"b", S_IFREG | 0o644).unwrap();
+    assert_eq!(f.core.rename(Caller::ROOT, f.root, b"a", f.root, b"b", true).unwrap_err(), Errno::EEXIST);
+    f.core.rename(Caller::ROOT, f.root, b"a", f.root, b"c", true).unwrap();
+    f.core.rename(Caller::ROOT, f.root, b"c", f.root, b"b", false).unwrap();
+    let (entries, _) = f.core.readdir(Caller::ROOT, f.root, 0, 100).unwrap();
+    let names: Vec<_> = entries.iter().map(|e| (e.name.clone(), e.kind)).collect();
+    assert_eq!(names, vec![(b"b".to_vec(), FileType::Regular)]);
+    // FIFO, character device, block device, socket.
+    for kind in [0o010000u32, 0o020000, 0o060000, 0o140000] {
+        assert_eq!(f.core.mknod(Caller::ROOT, f.root, b"n", kind | 0o644).unwrap_err(), Errno::EPERM, "{kind:o}");
+    }
+    // access(2) by the rules the server applies.
+    let d = f.core.mkdir(Caller::ROOT, f.root, b"d", 0o750).unwrap();
+    assert!(f.core.access(Caller::ROOT, d.ino, MAY_READ | MAY_WRITE).is_ok());
+    assert_eq!(f.core.access(USER, d.ino, MAY_READ).unwrap_err(), Errno::EACCES);
+}
+
+#[test]
+fn statfs_reports_the_io_servers_capacity() {
+    let f = fixture();
+    let s = f.core.statfs(USER).unwrap();
+    assert!(s.blocks > 0 && s.bfree <= s.blocks && s.bavail <= s.blocks, "{s:?}");
+    assert!(s.files >= 1 && s.namelen == 255, "{s:?}");
+}
+
+#[test]
+fn listings_with_attributes_page_by_cookie_and_show_this_mounts_sizes() {
+    let f = fixture();
+    let d = f.core.mkdir(Caller::ROOT, f.root, b"d", 0o755).unwrap().ino;
+    for i in 0..40 {
+        f.core.mknod(Caller::ROOT, d, format!("f{i:02}").as_bytes(), S_IFREG | 0o600).unwrap();
+    }
+    // An open file with unpublished writes lists with its local size.
+    let f07 = f.core.lookup(Caller::ROOT, d, b"f07").unwrap().ino;
+    let (fh, _) = f.core.open(Caller::ROOT, f07, RW).unwrap();
+    f.core.write(fh, 0, &pattern(12_345, 7)).unwrap();
+    // Page through 40 entries 16 at a time; one entry disappears between
+    // pages and is simply not listed.
+    let mut seen = Vec::new();
+    let mut cookie = 0;
+    loop {
+        let page = f.core.readdir_plus(Caller::ROOT, d, cookie, 16).unwrap();
+        for (e, a) in &page.entries {
+            assert_eq!(e.ino, a.ino);
+            assert_eq!((a.kind, a.mode), (FileType::Regular, 0o600));
+            let want = if e.ino == f07 { 12_345 } else { 0 };
+            assert_eq!(a.size, want, "{}", String::from_utf8_lossy(&e.name));
+            seen.push(String::from_utf8(e.name.clone()).unwrap());
+        }
+        if seen.len() == 16 {
+            f.core.unlink(Caller::ROOT, d, b"f30").unwrap();
+        }
+        if page.eof {
+            break;
+        }
+        assert_ne!(page.next, cookie, "a page that is not the last moves the cookie on");
+        cookie = page.next;
+    }
+    let want: Vec<String> = (0..40).filter(|&i| i != 30).map(|i| format!("f{i:02}")).collect();
+    assert_eq!(seen, want);
+    f.core.release(fh).unwrap();
+}

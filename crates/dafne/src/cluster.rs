@@ -1,0 +1,407 @@
+//! The local cluster: its configuration (a TOML file, every field with an
+//! embedded default) and its state directory.
+//!
+//! # Why a state directory
+//! `dafne up` starts a supervisor that outlives the command; `mount`,
+//! `status` and `down` are later, separate commands. They find the running
+//! cluster through one directory (`--dir`, else `$DAFNE_HOME`, else
+//! `~/.dafne`):
+//!
+//! ```text
+//! DIR/config.toml        the effective configuration (written at first `up`, edited by hand after)
+//! DIR/cluster.json       written by the supervisor once every server listens; removed by `down`
+//! DIR/meta/              the metadata store and the cluster secret (`cluster.secret`)
+//! DIR/io-N/              io server N's chunk files
+//! DIR/logs/              one log per server and the supervisor's
+//! DIR/mounts/            one file per live mount (its mount point), so `down` can unmount
+//! ```
+//!
+//! The file `cluster.json` is the rendezvous: clients read the server
+//! addresses, the secret's path and the UCX settings (every process of a
+//! cluster must use the same transports, see ARCHITECTURE "Trust") from it.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+
+/// The configuration file; every field has a default, so an empty file (or
+/// none) is a valid configuration. Unknown keys are refused, so that a typo
+/// is an error rather than a silently ignored setting.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub cluster: ClusterConfig,
+    pub meta: MetaConfig,
+    pub io: IoConfig,
+    pub mount: MountConfig,
+    /// UCX settings shared by every process of the cluster (KEY = "VALUE",
+    /// without the `UCX_` prefix).
+    pub ucx: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// Address every server listens on.
+    pub host: IpAddr,
+    /// The metadata server's port.
+    pub meta_port: u16,
+    /// Io server `i` listens on `io_base_port + i`.
+    pub io_base_port: u16,
+    /// Number of io servers.
+    pub io_servers: u32,
+    /// Restart a server that exits unexpectedly.
+    pub restart: bool,
+    /// Restarts allowed per server before the supervisor gives up on it.
+    pub max_restarts: u32,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            host: IpAddr::from([127, 0, 0, 1]),
+            meta_port: 7700,
+            io_base_port: 7710,
+            io_servers: 4,
+            restart: true,
+            max_restarts: 5,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetaConfig {
+    /// Default stripe unit in bytes.
+    pub stripe_unit: u32,
+    /// Default stripe count (at most `io_servers`).
+    pub stripe_count: u32,
+}
+
+impl Default for MetaConfig {
+    fn default() -> Self {
+        MetaConfig { stripe_unit: 1 << 20, stripe_count: 4 }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct IoConfig {
+    /// Each io server's Unifier cache, in MiB.
+    pub cache_mib: usize,
+    /// Serving mode: "unifier", "normal" or "mmap".
+    pub mode: String,
+}
+
+impl Default for IoConfig {
+    fn default() -> Self {
+        IoConfig { cache_mib: 64, mode: "unifier".into() }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct MountConfig {
+    /// How long the kernel may cache attributes, in milliseconds.
+    pub attr_timeout_ms: u64,
+    /// How long the kernel may cache name lookups, in milliseconds.
+    pub entry_timeout_ms: u64,
+}
+
+impl Default for MountConfig {
+    fn default() -> Self {
+        MountConfig { attr_timeout_ms: 1000, entry_timeout_ms: 1000 }
+    }
+}
+
+/// The commented example printed by `dafne config` and written at first `up`.
+pub const EXAMPLE: &str = r#"# dafne configuration. Every key is optional; shown are the defaults.
+# Pass it with `dafne up --config FILE`, or edit DIR/config.toml (written by
+# the first `dafne up`) and restart the cluster.
+
+[cluster]
+host = "127.0.0.1"      # address every server listens on
+meta_port = 7700        # the metadata server
+io_base_port = 7710     # io server i listens on io_base_port + i
+io_servers = 4          # number of io server processes
+restart = true          # restart a server that exits unexpectedly
+max_restarts = 5        # ... at most this many times per server
+
+[meta]
+stripe_unit = 1048576   # default stripe unit, bytes
+stripe_count = 4        # default stripe count (at most io_servers)
+
+[io]
+cache_mib = 64          # each io server's Unifier cache (registered memory), MiB
+mode = "unifier"        # unifier | normal | mmap (the seed's serving modes)
+
+[mount]
+attr_timeout_ms = 1000  # kernel attribute cache
+entry_timeout_ms = 1000 # kernel name cache
+
+[ucx]                   # UCX settings for every process (without the UCX_ prefix)
+TLS = "posix,sysv,cma,self,tcp"
+NET_DEVICES = "lo"
+"#;
+
+impl Config {
+    /// The embedded defaults, UCX settings included (shared memory and cma
+    /// within the machine, TCP on loopback for the connections).
+    pub fn embedded() -> Config {
+        let mut c = Config::default();
+        c.ucx.insert("TLS".into(), "posix,sysv,cma,self,tcp".into());
+        c.ucx.insert("NET_DEVICES".into(), "lo".into());
+        c
+    }
+
+    /// Parses a configuration; missing UCX settings take the embedded ones.
+    pub fn parse(text: &str, origin: &Path) -> Result<Config> {
+        let mut c: Config = toml::from_str(text).with_context(|| {
+            format!("{}: not a valid dafne configuration (`dafne config` prints a commented example)", origin.display())
+        })?;
+        if c.ucx.is_empty() {
+            c.ucx = Config::embedded().ucx;
+        }
+        c.check().with_context(|| format!("{}", origin.display()))?;
+        Ok(c)
+    }
+
+    pub fn load(path: &Path) -> Result<Config> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading configuration {}", path.display()))?;
+        Config::parse(&text, path)
+    }
+
+    /// Values that parse but cannot work.
+    pub fn check(&self) -> Result<()> {
+        let c = &self.cluster;
+        if c.io_servers == 0 || c.io_servers > 64 {
+            bail!("cluster.io_servers = {}: choose between 1 and 64", c.io_servers);
+        }
+        if c.io_base_port as u32 + c.io_servers > u16::MAX as u32 {
+            bail!("cluster.io_base_port = {} leaves no room for {} io servers", c.io_base_port, c.io_servers);
+        }
+        let io_ports = c.io_base_port as u32..c.io_base_port as u32 + c.io_servers;
+        if c.meta_port != 0 && io_ports.contains(&(c.meta_port as u32)) {
+            bail!("cluster.meta_port = {} collides with the io servers' ports {:?}", c.meta_port, io_ports);
+        }
+        if self.meta.stripe_count == 0 || self.meta.stripe_count > c.io_servers {
+            bail!(
+                "meta.stripe_count = {}: choose between 1 and cluster.io_servers ({})",
+                self.meta.stripe_count,
+                c.io_servers
+            );
+        }
+        if !self.meta.stripe_unit.is_power_of_two() || self.meta.stripe_unit < 4096 {
+            bail!("meta.stripe_unit = {}: use a power of two of at least 4096 bytes", self.meta.stripe_unit);
+        }
+        if self.io.cache_mib < 8 {
+            bail!("io.cache_mib = {}: at least 8 MiB", self.io.cache_mib);
+        }
+        if dafne_io::server::ServingMode::parse(&self.io.mode).is_none() {
+            bail!("io.mode = {:?}: choose unifier, normal or mmap", self.io.mode);
+        }
+        Ok(())
+    }
+
+    pub fn meta_addr(&self) -> SocketAddr {
+        SocketAddr::new(self.cluster.host, self.cluster.meta_port)
+    }
+
+    pub fn io_addr(&self, i: u32) -> SocketAddr {
+        SocketAddr::new(self.cluster.host, self.cluster.io_base_port + i as u16)
+    }
+
+    /// UCX settings as `KEY=VALUE` arguments of the server commands.
+    pub fn ucx_args(&self) -> Vec<String> {
+        self.ucx.iter().flat_map(|(k, v)| ["--ucx".to_string(), format!("{k}={v}")]).collect()
+    }
+}
+
+/// The cluster directory: `--dir`, else `$DAFNE_HOME`, else `~/.dafne`.
+pub fn resolve_dir(flag: Option<&Path>) -> Result<PathBuf> {
+    if let Some(d) = flag {
+        return Ok(d.to_path_buf());
+    }
+    if let Some(d) = std::env::var_os("DAFNE_HOME").filter(|d| !d.is_empty()) {
+        return Ok(PathBuf::from(d));
+    }
+    match std::env::var_os("HOME").filter(|d| !d.is_empty()) {
+        Some(h) => Ok(PathBuf::from(h).join(".dafne")),
+        None => bail!("no cluster directory: pass --dir DIR or set DAFNE_HOME"),
+    }
+}
+
+/// What a running cluster publishes in `DIR/cluster.json`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ClusterInfo {
+    /// The cluster directory (absolute).
+    pub dir: PathBuf,
+    pub meta: SocketAddr,
+    /// Io server addresses; index = server id in layouts.
+    pub io: Vec<SocketAddr>,
+    /// The cluster secret file.
+    pub secret: PathBuf,
+    /// UCX settings every process of the cluster uses.
+    pub ucx: Vec<(String, String)>,
+    /// The supervisor's process id (`down` signals it).
+    pub supervisor_pid: u32,
+    /// Kernel cache timeouts for mounts, milliseconds.
+    pub attr_timeout_ms: u64,
+    pub entry_timeout_ms: u64,
+}
+
+impl ClusterInfo {
+    pub fn path(dir: &Path) -> PathBuf {
+        dir.join("cluster.json")
+    }
+
+    /// The running cluster of `dir`, or an error that says what to do.
+    pub fn load(dir: &Path) -> Result<ClusterInfo> {
+        let path = Self::path(dir);
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                bail!("no dafne cluster is running in {}: start one with `dafne up{}`", dir.display(), dir_flag(dir))
+            }
+            Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+        };
+        let info: ClusterInfo = serde_json::from_str(&text).with_context(|| {
+            format!("{} is damaged: stop the cluster with `dafne down` and start it again", path.display())
+        })?;
+        if !pid_alive(info.supervisor_pid) {
+            bail!(
+                "the dafne cluster in {} is not running (its supervisor, pid {}, is gone): run `dafne up{}` again",
+                dir.display(),
+                info.supervisor_pid,
+                dir_flag(dir)
+            );
+        }
+        Ok(info)
+    }
+
+    /// Written atomically (rename), so a reader never sees half a file.
+    pub fn save(&self) -> Result<()> {
+        let path = Self::path(&self.dir);
+        let tmp = self.dir.join("cluster.json.tmp");
+        std::fs::write(&tmp, serde_json::to_string_pretty(self)?)
+            .with_context(|| format!("writing {}", tmp.display()))?;
+        std::fs::rename(&tmp, &path).with_context(|| format!("writing {}", path.display()))
+    }
+
+    pub fn mounts_dir(dir: &Path) -> PathBuf {
+        dir.join("mounts")
+    }
+
+    /// Records a live mount (by the pid of its daemon), so `down` can
+    /// unmount it.
+    pub fn record_mount(dir: &Path, pid: u32, mountpoint: &Path) -> Result<()> {
+        let d = Self::mounts_dir(dir);
+        std::fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
+        std::fs::write(d.join(pid.to_string()), mountpoint.as_os_str().as_encoded_bytes())
+            .with_context(|| format!("recording the mount in {}", d.display()))
+    }
+
+    pub fn forget_mount(dir: &Path, pid: u32) {
+        let _ = std::fs::remove_file(Self::mounts_dir(dir).join(pid.to_string()));
+    }
+
+    /// Recorded mounts whose daemon still runs: (pid, mount point).
+    pub fn live_mounts(dir: &Path) -> Vec<(u32, PathBuf)> {
+        let mut out = Vec::new();
+        let Ok(rd) = std::fs::read_dir(Self::mounts_dir(dir)) else { return out };
+        for e in rd.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+            match std::fs::read_to_string(e.path()) {
+                Ok(mp) if pid_alive(pid) => out.push((pid, PathBuf::from(mp))),
+                _ => {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
+        out
+    }
+}
+
+/// ` --dir DIR` when `dir` is not what the command finds by default.
+pub fn dir_flag(dir: &Path) -> String {
+    match resolve_dir(None) {
+        Ok(d) if d == dir => String::new(),
+        _ => format!(" --dir {}", dir.display()),
+    }
+}
+
+/// Whether a process exists (and is not a zombie).
+pub fn pid_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command name in parentheses.
+        Ok(s) => s.rsplit_once(')').map(|(_, rest)| !rest.trim_start().starts_with('Z')).unwrap_or(false),
+        Err(_) => false,
+    }
+}
+
+/// Whether `path` is a mount point (per /proc/self/mountinfo).
+pub fn is_mount_point(path: &Path) -> bool {
+    let Ok(canon) = path.canonicalize() else { return false };
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return false };
+    info.lines().any(|l| {
+        l.split(' ').nth(4).map(|mp| unescape_mountinfo(mp) == canon.as_os_str().to_string_lossy()).unwrap_or(false)
+    })
+}
+
+/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
+fn unescape_mountinfo(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_example_is_the_embedded_default() {
+        let c = Config::parse(EXAMPLE, Path::new("example")).unwrap();
+        assert_eq!(c, Config::embedded());
+        assert_eq!(Config::parse("", Path::new("empty")).unwrap(), Config::embedded());
+    }
+
+    #[test]
+    fn typos_and_impossible_values_are_refused_with_the_key() {
+        let e = Config::parse("[cluster]\nio_server = 3\n", Path::new("c.toml")).unwrap_err();
+        assert!(format!("{e:#}").contains("io_server"), "{e:#}");
+        let e = Config::parse("[meta]\nstripe_count = 9\n", Path::new("c.toml")).unwrap_err();
+        assert!(format!("{e:#}").contains("stripe_count"), "{e:#}");
+        let e = Config::parse("[io]\nmode = \"fast\"\n", Path::new("c.toml")).unwrap_err();
+        assert!(format!("{e:#}").contains("io.mode"), "{e:#}");
+        let e = Config::parse("[cluster]\nmeta_port = 7711\n", Path::new("c.toml")).unwrap_err();
+        assert!(format!("{e:#}").contains("collides"), "{e:#}");
+    }
+
+    #[test]
+    fn mountinfo_escapes_are_undone() {
+        assert_eq!(unescape_mountinfo(r"/mnt/a\040b"), "/mnt/a b");
+        assert_eq!(unescape_mountinfo(r"/mnt/x\\"), r"/mnt/x\\");
+        assert_eq!(unescape_mountinfo("/plain"), "/plain");
+    }
+
+    #[test]
+    fn liveness_of_processes() {
+        assert!(pid_alive(std::process::id()));
+        assert!(!pid_alive(u32::MAX - 1));
+    }
+}

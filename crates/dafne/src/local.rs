@@ -1,0 +1,782 @@
+//! `dafne up`, `down`, `status`: a local cluster of separate server
+//! processes under one supervisor.
+//!
+//! # Shape
+//! `dafne up` checks the configuration and the ports, then starts
+//! `dafne supervise` as a detached process (its own process group, its
+//! output in `DIR/logs/supervisor.log`) and follows that log until the
+//! cluster is up or has failed. The supervisor starts the metadata server
+//! (which creates the cluster secret on first start), then the io servers,
+//! each a `dafne serve …` child with its output in `DIR/logs/`; it writes
+//! `DIR/cluster.json` once all of them listen, and `DIR/servers.json` with
+//! each server's pid, state and restarts whenever that changes. A server
+//! that exits unexpectedly is reported (in the log and in `dafne status`)
+//! and restarted, up to `max_restarts` times, when the configuration asks
+//! for it (`[cluster] restart`).
+//!
+//! `dafne down` signals the supervisor (SIGTERM), which unmounts the
+//! cluster's mounts, stops the io servers (SIGTERM: each writes back its
+//! cache first), then the metadata server, and removes `cluster.json`.
+//!
+//! Why a separate supervisor process rather than the servers detaching
+//! themselves: someone has to notice a crash and restart it, and the
+//! servers must not fork after UCX starts (UCX does not survive fork).
+
+use std::io::{BufRead, BufReader, Read as _, Seek as _, SeekFrom};
+use std::net::{SocketAddr, TcpListener};
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::cluster::{dir_flag, pid_alive, ClusterInfo, Config, EXAMPLE};
+
+/// How long `up` waits for the cluster to come up.
+const UP_TIMEOUT: Duration = Duration::from_secs(90);
+/// How long a server may take to print its address.
+const LISTEN_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long the supervisor gives a server to stop before SIGKILL.
+const STOP_GRACE: Duration = Duration::from_secs(20);
+
+#[derive(Debug, clap::Args)]
+pub struct UpArgs {
+    /// Cluster directory (default $DAFNE_HOME, else ~/.dafne).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Configuration file (default DIR/config.toml; written with the
+    /// embedded defaults at first start). `dafne config` prints an example.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Number of io servers (overrides [cluster] io_servers).
+    #[arg(long)]
+    pub io_servers: Option<u32>,
+    /// Each io server's cache in MiB (overrides [io] cache_mib).
+    #[arg(long)]
+    pub cache_mib: Option<usize>,
+    /// The metadata server's port (overrides [cluster] meta_port).
+    #[arg(long)]
+    pub meta_port: Option<u16>,
+    /// The first io server's port (overrides [cluster] io_base_port).
+    #[arg(long)]
+    pub io_base_port: Option<u16>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct DirArgs {
+    /// Cluster directory (default $DAFNE_HOME, else ~/.dafne).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct StatusArgs {
+    /// Cluster directory (default $DAFNE_HOME, else ~/.dafne).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Print JSON instead of tables.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One server as the supervisor sees it (`DIR/servers.json`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ServerState {
+    /// `meta` or `io-N`.
+    pub name: String,
+    pub addr: SocketAddr,
+    pub pid: u32,
+    /// `running`, `restarting`, `failed` or `stopped`.
+    pub state: String,
+    pub restarts: u32,
+    /// How the last run ended, if it did.
+    pub last_exit: Option<String>,
+}
+
+fn logs_dir(dir: &Path) -> PathBuf {
+    dir.join("logs")
+}
+
+/// The configuration `up` uses: `--config`, else `DIR/config.toml`, else
+/// the embedded defaults (then written to `DIR/config.toml`), with flags on
+/// top. What was used is saved as `DIR/config.toml` for the supervisor.
+fn effective_config(a: &UpArgs, dir: &Path) -> Result<Config> {
+    let saved = dir.join("config.toml");
+    let mut c = match &a.config {
+        Some(p) => Config::load(p)?,
+        None if saved.exists() => Config::load(&saved)?,
+        None => {
+            std::fs::write(&saved, EXAMPLE).with_context(|| format!("writing {}", saved.display()))?;
+            Config::embedded()
+        }
+    };
+    if let Some(n) = a.io_servers {
+        c.cluster.io_servers = n;
+        c.meta.stripe_count = c.meta.stripe_count.min(n.max(1));
+    }
+    if let Some(m) = a.cache_mib {
+        c.io.cache_mib = m;
+    }
+    if let Some(p) = a.meta_port {
+        c.cluster.meta_port = p;
+    }
+    if let Some(p) = a.io_base_port {
+        c.cluster.io_base_port = p;
+    }
+    c.check().context("the configuration with the command line's flags")?;
+    if a.config.is_some()
+        || a.io_servers.is_some()
+        || a.cache_mib.is_some()
+        || a.meta_port.is_some()
+        || a.io_base_port.is_some()
+    {
+        let text = toml::to_string(&c).context("serializing the configuration")?;
+        let text =
+            format!("# Written by `dafne up` (its flags applied). `dafne config` prints a commented example.\n{text}");
+        std::fs::write(&saved, text).with_context(|| format!("writing {}", saved.display()))?;
+    }
+    Ok(c)
+}
+
+/// Refuses ports something else holds, before any process starts.
+fn check_ports(c: &Config) -> Result<()> {
+    let mut addrs = vec![("metadata server", c.meta_addr())];
+    addrs.extend((0..c.cluster.io_servers).map(|i| ("io server", c.io_addr(i))));
+    for (what, addr) in addrs {
+        if let Err(e) = TcpListener::bind(addr) {
+            if e.kind() == std::io::ErrorKind::AddrInUse {
+                bail!(
+                    "address {addr} (for the {what}) is already in use, by another dafne cluster or another program \
+                     (`ss -ltnp | grep {}` shows which): stop it, or choose other ports with --meta-port / \
+                     --io-base-port or [cluster] meta_port / io_base_port in the configuration",
+                    addr.port()
+                );
+            }
+            return Err(e).with_context(|| format!("cannot listen on {addr} (for the {what})"));
+        }
+    }
+    Ok(())
+}
+
+pub fn up(a: UpArgs) -> Result<()> {
+    let dir = crate::cluster::resolve_dir(a.dir.as_deref())?;
+    std::fs::create_dir_all(logs_dir(&dir)).with_context(|| format!("creating {}", dir.display()))?;
+    let dir = dir.canonicalize().with_context(|| format!("resolving {}", dir.display()))?;
+    if let Ok(info) = ClusterInfo::load(&dir) {
+        println!(
+            "dafne is already running in {} (supervisor pid {}); `dafne status{}` shows it, `dafne down{}` stops it",
+            dir.display(),
+            info.supervisor_pid,
+            dir_flag(&dir),
+            dir_flag(&dir)
+        );
+        return Ok(());
+    }
+    let c = effective_config(&a, &dir)?;
+    check_ports(&c)?;
+    let _ = std::fs::remove_file(ClusterInfo::path(&dir));
+    let log_path = logs_dir(&dir).join("supervisor.log");
+    let log = std::fs::File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
+    let exe = std::env::current_exe().context("locating the dafne executable")?;
+    let mut sup = Command::new(exe)
+        .args(["supervise", "--dir"])
+        .arg(&dir)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .process_group(0)
+        .spawn()
+        .context("starting the supervisor")?;
+    eprintln!("starting dafne in {} (1 metadata server, {} io servers)", dir.display(), c.cluster.io_servers);
+    // Follow the supervisor's log until cluster.json appears.
+    let started = Instant::now();
+    let mut follow = LogFollower::new(log_path.clone());
+    loop {
+        for line in follow.new_lines() {
+            if let Some(p) = line.strip_prefix("progress: ") {
+                eprintln!("[{:>5.1}s] {p}", started.elapsed().as_secs_f64());
+            } else if line.starts_with("error: ") {
+                eprintln!("{line}");
+            }
+        }
+        if let Ok(info) = ClusterInfo::load(&dir) {
+            eprintln!("[{:>5.1}s] up", started.elapsed().as_secs_f64());
+            print_up(&info);
+            return Ok(());
+        }
+        if let Some(status) = sup.try_wait()? {
+            bail!(
+                "dafne did not start (supervisor {status}). Its log, {}:\n{}",
+                log_path.display(),
+                tail(&log_path, 30)
+            );
+        }
+        if started.elapsed() > UP_TIMEOUT {
+            let _ = rustix::process::kill_process(pid_of(&sup), rustix::process::Signal::TERM);
+            bail!(
+                "dafne did not come up within {}s; stopped it. The supervisor's log, {}:\n{}",
+                UP_TIMEOUT.as_secs(),
+                log_path.display(),
+                tail(&log_path, 30)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn print_up(info: &ClusterInfo) {
+    let f = dir_flag(&info.dir);
+    println!("dafne is up in {}", info.dir.display());
+    println!("  metadata server  {}", info.meta);
+    for (i, a) in info.io.iter().enumerate() {
+        println!("  io server {i:<6} {a}");
+    }
+    println!("Next: `dafne mount <dir>{f}` to mount it, `dafne status{f}`, `dafne down{f}` to stop it.");
+}
+
+fn pid_of(c: &Child) -> rustix::process::Pid {
+    rustix::process::Pid::from_raw(c.id() as i32).expect("a child's pid is positive")
+}
+
+/// The new complete lines of a growing log file.
+struct LogFollower {
+    path: PathBuf,
+    pos: u64,
+    partial: String,
+}
+
+impl LogFollower {
+    fn new(path: PathBuf) -> Self {
+        LogFollower { path, pos: 0, partial: String::new() }
+    }
+
+    fn new_lines(&mut self) -> Vec<String> {
+        let Ok(mut f) = std::fs::File::open(&self.path) else { return Vec::new() };
+        if f.seek(SeekFrom::Start(self.pos)).is_err() {
+            return Vec::new();
+        }
+        let mut buf = String::new();
+        let Ok(n) = f.read_to_string(&mut buf) else { return Vec::new() };
+        self.pos += n as u64;
+        self.partial.push_str(&buf);
+        let mut out = Vec::new();
+        while let Some(i) = self.partial.find('\n') {
+            out.push(self.partial[..i].to_string());
+            self.partial.drain(..=i);
+        }
+        out
+    }
+}
+
+/// The last `n` lines of a file (for error messages).
+pub fn tail(path: &Path, n: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].iter().map(|l| format!("  | {l}\n")).collect()
+}
+
+pub fn down(a: DirArgs) -> Result<()> {
+    let dir = crate::cluster::resolve_dir(a.dir.as_deref())?;
+    let info = match ClusterInfo::load(&dir) {
+        Ok(i) => i,
+        Err(e) => {
+            // A stale cluster.json of a dead supervisor: clean it up.
+            if ClusterInfo::path(&dir).exists() {
+                let _ = std::fs::remove_file(ClusterInfo::path(&dir));
+            }
+            return Err(e);
+        }
+    };
+    let pid = rustix::process::Pid::from_raw(info.supervisor_pid as i32).context("invalid supervisor pid")?;
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM)
+        .with_context(|| format!("signalling the supervisor (pid {})", info.supervisor_pid))?;
+    eprintln!("stopping dafne in {} (supervisor pid {})", dir.display(), info.supervisor_pid);
+    let started = Instant::now();
+    let mut follow = LogFollower::new(logs_dir(&dir).join("supervisor.log"));
+    follow.pos = std::fs::metadata(&follow.path).map(|m| m.len()).unwrap_or(0);
+    while pid_alive(info.supervisor_pid) {
+        for line in follow.new_lines() {
+            if let Some(p) = line.strip_prefix("progress: ") {
+                eprintln!("[{:>5.1}s] {p}", started.elapsed().as_secs_f64());
+            }
+        }
+        if started.elapsed() > STOP_GRACE * 3 {
+            bail!("the supervisor (pid {}) did not stop within {}s", info.supervisor_pid, (STOP_GRACE * 3).as_secs());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    println!("dafne is down (data kept in {})", dir.display());
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// The supervisor
+
+struct Managed {
+    state: ServerState,
+    args: Vec<String>,
+    child: Option<Child>,
+}
+
+fn progress(msg: impl std::fmt::Display) {
+    println!("progress: {msg}");
+}
+
+/// Starts `dafne serve …`, waits for `listening on ADDR`; output goes to
+/// `log` (stdout's banner line is read here first).
+fn spawn_server(args: &[String], log: &Path) -> Result<(Child, SocketAddr)> {
+    let exe = supervisor_exe()?;
+    let logf = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .with_context(|| format!("opening {}", log.display()))?;
+    let mut child = Command::new(exe)
+        .args(args)
+        // A server restarted on its port must not wait out the TIME_WAIT of
+        // its predecessor's connections (a UCT setting, so not in `--ucx`).
+        .env("UCX_TCP_CM_REUSEADDR", "y")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(logf.try_clone()?)
+        .spawn()
+        .context("starting a server process")?;
+    let stdout = child.stdout.take().expect("piped");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::Write as _;
+        let mut r = BufReader::new(stdout);
+        let mut logf = logf;
+        // UCX logs to stdout: pass its lines to the log until the banner.
+        let banner = loop {
+            let mut line = String::new();
+            match r.read_line(&mut line) {
+                Ok(0) => break Ok(String::new()),
+                Ok(_) if line.starts_with("listening on ") => break Ok(line),
+                Ok(_) => {
+                    let _ = logf.write_all(line.as_bytes());
+                }
+                Err(e) => break Err(e),
+            }
+        };
+        let _ = tx.send(banner);
+        // Keep draining stdout into the log so the server never blocks on it.
+        let _ = std::io::copy(&mut r, &mut logf);
+    });
+    match rx.recv_timeout(LISTEN_TIMEOUT) {
+        Ok(Ok(line)) if line.starts_with("listening on ") => {
+            let addr = line.trim()["listening on ".len()..].parse().context("parsing the server's address")?;
+            Ok((child, addr))
+        }
+        other => {
+            let _ = child.kill();
+            let status = child.wait().ok();
+            let why = match other {
+                Ok(Ok(l)) if l.is_empty() => {
+                    format!("it exited ({})", status.map(|s| s.to_string()).unwrap_or_default())
+                }
+                Ok(Ok(l)) => format!("unexpected first line {l:?}"),
+                Ok(Err(e)) => format!("reading its output: {e}"),
+                Err(_) => format!("it did not listen within {}s", LISTEN_TIMEOUT.as_secs()),
+            };
+            bail!("{why}. Its log, {}:\n{}", log.display(), tail(log, 20))
+        }
+    }
+}
+
+fn save_states(dir: &Path, servers: &[Managed]) {
+    let states: Vec<&ServerState> = servers.iter().map(|m| &m.state).collect();
+    let tmp = dir.join("servers.json.tmp");
+    if let Ok(text) = serde_json::to_string_pretty(&states) {
+        if std::fs::write(&tmp, text).is_ok() {
+            let _ = std::fs::rename(&tmp, dir.join("servers.json"));
+        }
+    }
+}
+
+pub fn load_states(dir: &Path) -> Vec<ServerState> {
+    std::fs::read_to_string(dir.join("servers.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or_default()
+}
+
+static EXE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// The executable the servers run: the supervisor's own, as it was when it
+/// started (a rebuild or upgrade replaces the file under a running
+/// supervisor; restarts keep using a path that exists).
+fn supervisor_exe() -> Result<PathBuf> {
+    if let Some(p) = EXE.get() {
+        return Ok(p.clone());
+    }
+    let p = std::env::current_exe().context("locating the dafne executable")?;
+    Ok(EXE.get_or_init(|| p).clone())
+}
+
+/// `dafne supervise --dir DIR` (hidden): run by `up`.
+pub fn supervise(a: DirArgs) -> Result<()> {
+    supervisor_exe()?;
+    let dir = crate::cluster::resolve_dir(a.dir.as_deref())?;
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT, signal_hook::consts::SIGHUP] {
+        signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
+    }
+    let c = Config::load(&dir.join("config.toml"))?;
+    let ucx = c.ucx_args();
+    let meta_dir = dir.join("meta");
+    let secret = meta_dir.join("cluster.secret");
+    let fresh = !secret.exists();
+    let mut servers = Vec::new();
+    let mut meta_args: Vec<String> = vec!["serve".into(), "meta".into(), "--data-dir".into()];
+    meta_args.push(meta_dir.display().to_string());
+    meta_args.extend(["--listen".into(), c.meta_addr().to_string()]);
+    meta_args.extend(["--io-servers".into(), c.cluster.io_servers.to_string()]);
+    meta_args.extend(["--stripe-unit".into(), c.meta.stripe_unit.to_string()]);
+    meta_args.extend(["--stripe-count".into(), c.meta.stripe_count.to_string()]);
+    meta_args.extend(ucx.iter().cloned());
+    servers.push(Managed {
+        state: ServerState {
+            name: "meta".into(),
+            addr: c.meta_addr(),
+            pid: 0,
+            state: "starting".into(),
+            restarts: 0,
+            last_exit: None,
+        },
+        args: meta_args,
+        child: None,
+    });
+    for i in 0..c.cluster.io_servers {
+        let mut args: Vec<String> = vec!["serve".into(), "io".into(), "--data-dir".into()];
+        args.push(dir.join(format!("io-{i}")).display().to_string());
+        args.extend(["--secret".into(), secret.display().to_string()]);
+        args.extend(["--listen".into(), c.io_addr(i).to_string()]);
+        args.extend(["--cache-mib".into(), c.io.cache_mib.to_string()]);
+        args.extend(["--mode".into(), c.io.mode.clone()]);
+        args.extend(ucx.iter().cloned());
+        servers.push(Managed {
+            state: ServerState {
+                name: format!("io-{i}"),
+                addr: c.io_addr(i),
+                pid: 0,
+                state: "starting".into(),
+                restarts: 0,
+                last_exit: None,
+            },
+            args,
+            child: None,
+        });
+    }
+    let n = servers.len();
+    for (k, m) in servers.iter_mut().enumerate() {
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
+        let what = if k == 0 {
+            if fresh {
+                "metadata server (first start: generating the cluster secret)".to_string()
+            } else {
+                "metadata server".to_string()
+            }
+        } else {
+            format!("io server {}/{}", k, n - 1)
+        };
+        progress(format_args!("starting {what} on {}", m.state.addr));
+        match spawn_server(&m.args, &logs_dir(&dir).join(format!("{}.log", m.state.name))) {
+            Ok((child, addr)) => {
+                m.state.pid = child.id();
+                m.state.addr = addr;
+                m.state.state = "running".into();
+                m.child = Some(child);
+            }
+            Err(e) => {
+                println!("error: the {} server did not start: {e:#}", m.state.name);
+                stop_all(&dir, &mut servers);
+                bail!("the cluster did not start");
+            }
+        }
+    }
+    save_states(&dir, &servers);
+    let info = ClusterInfo {
+        dir: dir.clone(),
+        meta: servers[0].state.addr,
+        io: servers[1..].iter().map(|m| m.state.addr).collect(),
+        secret: secret.clone(),
+        ucx: c.ucx.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        supervisor_pid: std::process::id(),
+        attr_timeout_ms: c.mount.attr_timeout_ms,
+        entry_timeout_ms: c.mount.entry_timeout_ms,
+    };
+    if !stop.load(Ordering::Relaxed) {
+        info.save()?;
+        progress("all servers listen");
+    }
+    while !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(200));
+        let mut changed = false;
+        for m in servers.iter_mut() {
+            let Some(child) = m.child.as_mut() else { continue };
+            let Ok(Some(status)) = child.try_wait() else { continue };
+            changed = true;
+            m.child = None;
+            m.state.last_exit = Some(status.to_string());
+            let log = logs_dir(&dir).join(format!("{}.log", m.state.name));
+            println!(
+                "error: server {} (pid {}) exited unexpectedly: {status}. Last lines of {}:\n{}",
+                m.state.name,
+                m.state.pid,
+                log.display(),
+                tail(&log, 10)
+            );
+            if !c.cluster.restart || m.state.restarts >= c.cluster.max_restarts {
+                m.state.state = "failed".into();
+                println!(
+                    "error: not restarting {} ({})",
+                    m.state.name,
+                    if c.cluster.restart { "max_restarts reached" } else { "restart = false" }
+                );
+                continue;
+            }
+            m.state.restarts += 1;
+            m.state.state = "restarting".into();
+            println!("restarting {} ({}/{})", m.state.name, m.state.restarts, c.cluster.max_restarts);
+            // The same address, so clients and layouts stay valid.
+            let mut args = m.args.clone();
+            if let Some(i) = args.iter().position(|a| a == "--listen") {
+                args[i + 1] = m.state.addr.to_string();
+            }
+            match spawn_server(&args, &log) {
+                Ok((child, _)) => {
+                    m.state.pid = child.id();
+                    m.state.state = "running".into();
+                    m.child = Some(child);
+                }
+                Err(e) => {
+                    println!("error: restarting {} failed: {e:#}", m.state.name);
+                    m.state.state = "failed".into();
+                }
+            }
+        }
+        if changed {
+            save_states(&dir, &servers);
+        }
+    }
+    stop_all(&dir, &mut servers);
+    let _ = std::fs::remove_file(ClusterInfo::path(&dir));
+    progress("stopped");
+    Ok(())
+}
+
+/// Unmounts the cluster's mounts, then stops io servers before the
+/// metadata server (io servers write back their caches on SIGTERM).
+fn stop_all(dir: &Path, servers: &mut [Managed]) {
+    for (pid, mp) in ClusterInfo::live_mounts(dir) {
+        progress(format_args!("unmounting {}", mp.display()));
+        let ok = Command::new("fusermount3")
+            .arg("-u")
+            .arg(&mp)
+            .stderr(Stdio::null())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        if !ok {
+            // Busy: detach it lazily so the daemon can exit.
+            let _ = Command::new("umount").arg("-l").arg(&mp).stderr(Stdio::null()).status();
+        }
+        let t = Instant::now();
+        while pid_alive(pid) && t.elapsed() < STOP_GRACE {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        ClusterInfo::forget_mount(dir, pid);
+    }
+    let (meta, io) = servers.split_at_mut(1);
+    for group in [io, meta] {
+        for m in group.iter_mut() {
+            if let Some(c) = &m.child {
+                progress(format_args!("stopping {}", m.state.name));
+                let _ = rustix::process::kill_process(pid_of(c), rustix::process::Signal::TERM);
+            }
+        }
+        for m in group.iter_mut() {
+            if let Some(mut c) = m.child.take() {
+                let t = Instant::now();
+                loop {
+                    match c.try_wait() {
+                        Ok(Some(s)) => {
+                            m.state.last_exit = Some(s.to_string());
+                            break;
+                        }
+                        Ok(None) if t.elapsed() < STOP_GRACE => std::thread::sleep(Duration::from_millis(50)),
+                        _ => {
+                            println!("error: {} did not stop within {}s: killed", m.state.name, STOP_GRACE.as_secs());
+                            let _ = c.kill();
+                            let _ = c.wait();
+                            break;
+                        }
+                    }
+                }
+                m.state.state = "stopped".into();
+            }
+        }
+    }
+    save_states(dir, servers);
+}
+
+// ---------------------------------------------------------------------------
+// status
+
+#[derive(Debug, Serialize)]
+struct StatusReport {
+    dir: PathBuf,
+    supervisor_pid: u32,
+    meta: MetaStatus,
+    io: Vec<IoStatus>,
+    mounts: Vec<PathBuf>,
+}
+
+#[derive(Debug, Serialize)]
+struct MetaStatus {
+    server: Option<ServerState>,
+    addr: SocketAddr,
+    reachable: Option<String>,
+    files: u64,
+}
+
+#[derive(Debug, Serialize)]
+struct IoStatus {
+    server: Option<ServerState>,
+    addr: SocketAddr,
+    error: Option<String>,
+    info: Option<std::collections::BTreeMap<&'static str, u64>>,
+}
+
+pub fn status(a: StatusArgs) -> Result<()> {
+    let dir = crate::cluster::resolve_dir(a.dir.as_deref())?;
+    let info = ClusterInfo::load(&dir)?;
+    let states = load_states(&dir);
+    let state_of = |name: &str| states.iter().find(|s| s.name == name).cloned();
+    let rt = dafne_transport::Runtime::new(dafne_transport::RuntimeOptions {
+        name: "status".into(),
+        ucx_config: info.ucx.clone(),
+        ..Default::default()
+    })?;
+    let secret = dafne_auth::Secret::load(&info.secret)
+        .with_context(|| format!("reading the cluster secret {}", info.secret.display()))?;
+    let (reachable, files) = match dafne_client::MetaSession::connect(&rt, info.meta, &secret, "status", 0, 0) {
+        Ok(s) => match s.statfs() {
+            Ok(f) => (None, f.files),
+            Err(e) => (Some(format!("statfs: {e}")), 0),
+        },
+        Err(e) => (Some(e.to_string()), 0),
+    };
+    let cap = dafne_client::data::info_capability(&secret);
+    let mut io = Vec::new();
+    for (i, addr) in info.io.iter().enumerate() {
+        let r = dafne_client::data::DataClient::connect(&rt, &[*addr])
+            .map_err(|e| e.to_string())
+            .and_then(|d| block_on(d.server_info(0, cap)).map_err(|e| e.to_string()));
+        io.push(IoStatus {
+            server: state_of(&format!("io-{i}")),
+            addr: *addr,
+            error: r.as_ref().err().cloned(),
+            info: r.ok().map(|s| s.fields().into_iter().collect()),
+        });
+    }
+    let report = StatusReport {
+        dir: dir.clone(),
+        supervisor_pid: info.supervisor_pid,
+        meta: MetaStatus { server: state_of("meta"), addr: info.meta, reachable, files },
+        io,
+        mounts: ClusterInfo::live_mounts(&dir).into_iter().map(|(_, m)| m).collect(),
+    };
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    print_status(&report);
+    Ok(())
+}
+
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    futures::executor::block_on(f)
+}
+
+fn mib(b: u64) -> String {
+    if b >= 10 << 30 {
+        format!("{} GiB", b >> 30)
+    } else {
+        format!("{} MiB", b >> 20)
+    }
+}
+
+fn print_status(r: &StatusReport) {
+    println!("dafne in {} (supervisor pid {})", r.dir.display(), r.supervisor_pid);
+    let st = |s: &Option<ServerState>| {
+        s.as_ref()
+            .map(|s| {
+                let mut t = format!("{} pid {}", s.state, s.pid);
+                if s.restarts > 0 {
+                    t.push_str(&format!(
+                        ", {} restarts, last exit: {}",
+                        s.restarts,
+                        s.last_exit.as_deref().unwrap_or("?")
+                    ));
+                }
+                t
+            })
+            .unwrap_or_else(|| "?".into())
+    };
+    println!();
+    println!("| server | address | process | state |");
+    println!("|---|---|---|---|");
+    let meta_state = match &r.meta.reachable {
+        None => format!("serving, {} inodes", r.meta.files),
+        Some(e) => format!("UNREACHABLE: {e}"),
+    };
+    println!("| meta | {} | {} | {} |", r.meta.addr, st(&r.meta.server), meta_state);
+    for (i, s) in r.io.iter().enumerate() {
+        let state = match &s.error {
+            None => "serving".to_string(),
+            Some(e) => format!("UNREACHABLE: {e}"),
+        };
+        println!("| io-{i} | {} | {} | {} |", s.addr, st(&s.server), state);
+    }
+    println!();
+    println!("| io server | mode | capacity | available | cache | dirty | hits | misses | evictions | bytes copied | registrations (start-up) | requests | credits in use | connections |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for (i, s) in r.io.iter().enumerate() {
+        let Some(f) = &s.info else { continue };
+        let g = |k: &str| f.get(k).copied().unwrap_or(0);
+        let mode = ["normal", "mmap", "unifier"].get(g("mode") as usize).copied().unwrap_or("?");
+        println!(
+            "| io-{i} | {mode} | {} | {} | {} | {} | {} | {} | {} | {} | {} ({}) | {} | {} | {} |",
+            mib(g("capacity_bytes")),
+            mib(g("available_bytes")),
+            mib(g("cache_bytes")),
+            mib(g("dirty_bytes")),
+            g("hits"),
+            g("misses"),
+            g("evictions"),
+            g("bytes_copied"),
+            g("registrations"),
+            g("startup_registrations"),
+            g("requests_served"),
+            // This status request is one of them.
+            g("requests_in_flight").saturating_sub(1),
+            g("connections"),
+        );
+    }
+    println!();
+    if r.mounts.is_empty() {
+        println!("mounts: none (`dafne mount <dir>{}`)", dir_flag(&r.dir));
+    } else {
+        for m in &r.mounts {
+            println!("mounted on {}", m.display());
+        }
+    }
+}

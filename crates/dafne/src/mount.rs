@@ -1,0 +1,364 @@
+//! `dafne mount` and `dafne umount`: the FUSE mount of a running cluster.
+//!
+//! # Why a separate daemon process, spawned rather than forked
+//! `dafne mount DIR` must return to the shell once the mount is live, while
+//! something keeps serving the kernel's requests. UCX does not survive
+//! `fork` (its worker threads, shared-memory segments and registered memory
+//! belong to the parent), so the command does not fork after connecting:
+//! it checks what it can (the mount point, the cluster), then starts
+//! `dafne mount DIR --foreground` as a fresh, detached process (its own
+//! process group, output to `DIR/logs/mount-<pid>.log`) and waits until the
+//! mount point is mounted or the daemon exits, in which case the daemon's
+//! error is the command's error. The daemon connects, mounts, records
+//! itself (`DIR/mounts/<pid>`, so `dafne down` can unmount it) and serves
+//! until the file system is unmounted (`dafne umount`, `fusermount3 -u`,
+//! `dafne down`) or it gets SIGTERM/SIGINT/SIGHUP, which unmount first.
+//!
+//! Mistakes are refused before anything starts, each with what to do: a
+//! mount point that does not exist, is not a directory, or is already a
+//! mount point; no running cluster; a secret file that does not match the
+//! cluster (the metadata server refuses the session).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+use crate::cluster::{self, ClusterInfo};
+
+/// How long `dafne mount` waits for the daemon's mount to appear.
+const MOUNT_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long `dafne umount` waits for the daemon to exit after unmounting.
+const DAEMON_EXIT_TIMEOUT: Duration = Duration::from_secs(15);
+
+#[derive(Debug, clap::Args)]
+pub struct MountArgs {
+    /// Where to mount: an existing directory that is not a mount point.
+    pub mountpoint: PathBuf,
+    /// Cluster directory (default $DAFNE_HOME, else ~/.dafne).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Serve in this process until unmounted, instead of returning once the
+    /// mount is live.
+    #[arg(long)]
+    pub foreground: bool,
+    /// FUSE worker threads.
+    #[arg(long, default_value_t = 4)]
+    pub threads: usize,
+    /// Write the client's registration counters to this file after every
+    /// close of a file (for tests and diagnosis).
+    #[arg(long, hide = true)]
+    pub stats_file: Option<PathBuf>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct UmountArgs {
+    /// The mount point to unmount.
+    pub mountpoint: PathBuf,
+    /// Cluster directory (default $DAFNE_HOME, else ~/.dafne), to find the
+    /// mount's daemon and wait for it.
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+}
+
+/// One line of /proc/self/mountinfo that matters here.
+struct MountEntry {
+    fstype: String,
+    source: String,
+}
+
+impl MountEntry {
+    /// A dafne FUSE mount (the kernel shows `fuse.dafne`, or `fuse` with
+    /// source `dafne` when the subtype was not passed through).
+    fn is_dafne(&self) -> bool {
+        (self.fstype == "fuse.dafne" || self.fstype == "fuse") && self.source == "dafne"
+    }
+}
+
+/// The mount at exactly `path` (an absolute path, not resolved further, so
+/// that a dead FUSE mount, on which `stat` fails, is still found).
+fn mount_at(path: &Path) -> Option<MountEntry> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let want = path.as_os_str().to_string_lossy();
+    // The last matching line is the mount on top.
+    info.lines().rev().find_map(|l| {
+        let mut fields = l.split(' ');
+        let mp = fields.nth(4)?;
+        if dafne_fuse::unescape_mountinfo(mp) != want {
+            return None;
+        }
+        let mut rest = l.split_once(" - ")?.1.split(' ');
+        let fstype = rest.next().unwrap_or("").to_string();
+        let source = dafne_fuse::unescape_mountinfo(rest.next().unwrap_or(""));
+        Some(MountEntry { fstype, source })
+    })
+}
+
+/// An absolute form of `path` that resolves the parent but not the last
+/// component (which may be a dead mount).
+fn absolute(path: &Path) -> Result<PathBuf> {
+    let abs = std::path::absolute(path).with_context(|| format!("resolving {}", path.display()))?;
+    match (abs.parent(), abs.file_name()) {
+        (Some(parent), Some(name)) => Ok(parent.canonicalize().map(|p| p.join(name)).unwrap_or(abs)),
+        _ => Ok(abs),
+    }
+}
+
+/// ENOTCONN, what `stat` of a FUSE mount whose daemon is gone fails with.
+fn libc_enotconn() -> i32 {
+    rustix::io::Errno::NOTCONN.raw_os_error()
+}
+
+/// Checks that `path` can be mounted on; returns its absolute form.
+fn check_mountpoint(path: &Path) -> Result<PathBuf> {
+    let abs = absolute(path)?;
+    // mountinfo by the path as given (finds dead mounts, where stat fails)
+    // and by the resolved path (finds a mount behind a symbolic link).
+    if mount_at(&abs).is_some_and(|m| m.is_dafne())
+        && std::fs::metadata(&abs).is_err_and(|e| e.raw_os_error() == Some(libc_enotconn()))
+    {
+        bail!(
+            "{} is a dead dafne mount (its daemon exited; the kernel says \"transport endpoint is not connected\"): \
+             `dafne umount {}` first",
+            abs.display(),
+            abs.display()
+        );
+    }
+    if mount_at(&abs).is_some() || cluster::is_mount_point(&abs) {
+        bail!(
+            "{} is already a mount point (dafne or another file system): `dafne umount {}` first",
+            abs.display(),
+            abs.display()
+        );
+    }
+    match std::fs::metadata(&abs) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => bail!("mount point {} is not a directory", abs.display()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            bail!("mount point {} does not exist: create it with `mkdir -p {}`", abs.display(), abs.display())
+        }
+        Err(e) => return Err(e).with_context(|| format!("mount point {}", abs.display())),
+    }
+    abs.canonicalize().with_context(|| format!("resolving {}", abs.display()))
+}
+
+pub fn mount(a: MountArgs) -> Result<()> {
+    let mp = check_mountpoint(&a.mountpoint)?;
+    let dir = cluster::resolve_dir(a.dir.as_deref())?;
+    let info = ClusterInfo::load(&dir)?;
+    // Each worker thread holds at most one bounce buffer at a time; the
+    // data client keeps BOUNCE_KEEP of them registered, so up to that many
+    // threads never register memory on the data path.
+    let max_threads = dafne_client::data::BOUNCE_KEEP;
+    if a.threads == 0 || a.threads > max_threads {
+        bail!("--threads {}: choose between 1 and {max_threads} (one pre-registered 1 MiB buffer each)", a.threads);
+    }
+    if a.foreground {
+        serve(&info, &mp, &a)
+    } else {
+        spawn_daemon(&info, &mp, &a)
+    }
+}
+
+/// Starts the daemon and waits until its mount is live.
+fn spawn_daemon(info: &ClusterInfo, mp: &Path, a: &MountArgs) -> Result<()> {
+    let logs = info.dir.join("logs");
+    std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
+    // Named after the daemon's pid once it has one.
+    let tmp_log = logs.join(format!("mount-starting-{}.log", std::process::id()));
+    let log = std::fs::File::create(&tmp_log).with_context(|| format!("creating {}", tmp_log.display()))?;
+    let exe = std::env::current_exe().context("locating the dafne executable")?;
+    let mut cmd = Command::new(exe);
+    cmd.arg("mount").arg(mp).arg("--foreground").arg("--dir").arg(&info.dir);
+    cmd.args(["--threads", &a.threads.to_string()]);
+    if let Some(f) = &a.stats_file {
+        cmd.arg("--stats-file").arg(std::path::absolute(f)?);
+    }
+    use std::os::unix::process::CommandExt;
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .process_group(0)
+        .spawn()
+        .context("starting the mount daemon")?;
+    let log_path = logs.join(format!("mount-{}.log", child.id()));
+    std::fs::rename(&tmp_log, &log_path).with_context(|| format!("naming {}", log_path.display()))?;
+    let started = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait()? {
+            bail!("{}", daemon_failure(&log_path, &format!("the mount daemon exited ({status})")));
+        }
+        if mount_at(mp).is_some_and(|m| m.is_dafne()) {
+            println!("mounted dafne at {} (daemon pid {}, log {})", mp.display(), child.id(), log_path.display());
+            println!("`dafne umount {}` unmounts it.", mp.display());
+            return Ok(());
+        }
+        if started.elapsed() > MOUNT_TIMEOUT {
+            let _ = child.kill();
+            let _ = child.wait();
+            if mount_at(mp).is_some() {
+                let _ = Command::new("fusermount3").arg("-u").arg(mp).stderr(Stdio::null()).status();
+            }
+            bail!(
+                "{}",
+                daemon_failure(&log_path, &format!("the mount did not appear within {}s", MOUNT_TIMEOUT.as_secs()))
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The daemon's own error lines first, then the tail of its log.
+fn daemon_failure(log: &Path, what: &str) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let errors: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("error: ")).collect();
+    let tail: Vec<&str> = text.lines().rev().take(20).collect::<Vec<_>>().into_iter().rev().collect();
+    let mut msg = match errors.last() {
+        Some(e) => format!("{e}\n({what}; its log, {}:)", log.display()),
+        None => format!("{what}; its log, {}:", log.display()),
+    };
+    for l in tail {
+        msg.push_str("\n  | ");
+        msg.push_str(l);
+    }
+    msg
+}
+
+/// The daemon: connect, mount, serve until unmounted.
+fn serve(info: &ClusterInfo, mp: &Path, a: &MountArgs) -> Result<()> {
+    use dafne_client::data::DataClient;
+    use dafne_client::MetaSession;
+
+    let rt = dafne_transport::Runtime::new(dafne_transport::RuntimeOptions {
+        name: "fuse".into(),
+        ucx_config: info.ucx.clone(),
+        ..Default::default()
+    })
+    .context("starting the UCX runtime")?;
+    let secret = dafne_auth::Secret::load(&info.secret)
+        .with_context(|| format!("reading the cluster secret {}", info.secret.display()))?;
+    let host = rustix::system::uname().nodename().to_string_lossy().into_owned();
+    let meta = match MetaSession::connect(&rt, info.meta, &secret, &format!("fuse@{host}"), 0, 0) {
+        Ok(m) => m,
+        Err(dafne_client::ConnectError::Refused(e)) => bail!(
+            "the metadata server at {} refused the session ({e}): the secret file {} does not match the cluster's",
+            info.meta,
+            info.secret.display()
+        ),
+        Err(e) => {
+            return Err(e).with_context(|| format!("connecting to the metadata server at {}", info.meta));
+        }
+    };
+    let data = DataClient::connect(&rt, &info.io).context("connecting to the io servers")?;
+    // Registered now, one per worker thread: FUSE data then leaves through
+    // buffers registered before the first request.
+    data.prefill_bounce(a.threads).map_err(|e| anyhow::anyhow!("registering the I/O buffers: {e}"))?;
+    let mut core = dafne_fuse::core::Core::new(meta, data).with_secret(secret);
+    if let Some(f) = &a.stats_file {
+        core = core.with_stats_file(f.clone());
+    }
+    let opts = dafne_fuse::MountOptions {
+        attr_ttl: Duration::from_millis(info.attr_timeout_ms),
+        entry_ttl: Duration::from_millis(info.entry_timeout_ms),
+        threads: a.threads,
+    };
+    let mut mounted = dafne_fuse::mount(core, mp, &opts)?;
+    let pid = std::process::id();
+    ClusterInfo::record_mount(&info.dir, pid, mp)?;
+    // Signals unmount, which ends `serve` below.
+    let mut unmounter = mounted.unmounter();
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGHUP,
+    ])
+    .context("installing signal handlers")?;
+    let signal_handle = signals.handle();
+    let mp_owned = mp.to_path_buf();
+    let signal_thread = std::thread::spawn(move || {
+        if let Some(sig) = signals.forever().next() {
+            eprintln!("signal {sig}: unmounting {}", mp_owned.display());
+            if let Err(e) = unmounter.unmount() {
+                eprintln!("error: unmounting {}: {e}", mp_owned.display());
+            }
+        }
+    });
+    eprintln!("mounted dafne at {} (pid {pid}; cluster {})", mp.display(), info.dir.display());
+    let served = mounted.serve();
+    signal_handle.close();
+    let _ = signal_thread.join();
+    ClusterInfo::forget_mount(&info.dir, pid);
+    served?;
+    eprintln!("unmounted {}", mp.display());
+    Ok(())
+}
+
+pub fn umount(a: UmountArgs) -> Result<()> {
+    let mp = absolute(&a.mountpoint)?;
+    let Some(entry) = mount_at(&mp) else {
+        if !mp.exists() {
+            bail!("{} does not exist, so nothing is mounted there", mp.display());
+        }
+        bail!("{} is not mounted (`findmnt` lists what is)", mp.display());
+    };
+    if !entry.is_dafne() {
+        bail!("{} is not a dafne mount (it is {}): use umount(8) for it", mp.display(), entry.fstype);
+    }
+    // The daemon, if the cluster directory knows it.
+    let daemon = cluster::resolve_dir(a.dir.as_deref())
+        .ok()
+        .and_then(|dir| ClusterInfo::live_mounts(&dir).into_iter().find(|(_, p)| *p == mp).map(|(pid, _)| (dir, pid)));
+    let out = Command::new("fusermount3")
+        .arg("-u")
+        .arg(&mp)
+        .stdin(Stdio::null())
+        .output()
+        .context("running fusermount3 (Debian package fuse3)")?;
+    if !out.status.success() {
+        let why = String::from_utf8_lossy(&out.stderr).trim().to_string();
+        if why.contains("busy") {
+            bail!(
+                "{} is busy: a process has a file or its working directory there (`fuser -vm {}` shows which); \
+                 close them and retry",
+                mp.display(),
+                mp.display()
+            );
+        }
+        bail!("unmounting {} failed: {why}", mp.display());
+    }
+    if let Some((dir, pid)) = daemon {
+        let started = Instant::now();
+        while cluster::pid_alive(pid) {
+            if started.elapsed() > DAEMON_EXIT_TIMEOUT {
+                bail!(
+                    "{} is unmounted, but its daemon (pid {pid}) did not exit within {}s",
+                    mp.display(),
+                    DAEMON_EXIT_TIMEOUT.as_secs()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        ClusterInfo::forget_mount(&dir, pid);
+    }
+    println!("unmounted {}", mp.display());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_root_is_found_as_a_mount_and_a_fresh_directory_is_not() {
+        assert!(mount_at(Path::new("/")).is_some());
+        let d = std::env::temp_dir().join(format!("dafne-mount-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        assert!(mount_at(&d.canonicalize().unwrap()).is_none());
+        assert!(check_mountpoint(&d).is_ok());
+        let e = check_mountpoint(&d.join("missing")).unwrap_err().to_string();
+        assert!(e.contains("does not exist") && e.contains("mkdir -p"), "{e}");
+        std::fs::remove_dir(&d).unwrap();
+    }
+}

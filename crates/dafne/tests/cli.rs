@@ -1,0 +1,350 @@
+//! The `dafne` command as a person uses it: `up`, `status`, `down`, a
+//! crashed server, and the mistakes people make. Every test runs the real
+//! binary, which starts real server processes.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+fn dafne() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_dafne"));
+    c.env_remove("DAFNE_HOME").env("RUST_BACKTRACE", "0");
+    c
+}
+
+fn run(args: &[&str]) -> Output {
+    dafne().args(args).output().expect("running dafne")
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+/// `n` consecutive free ports and one more for the metadata server.
+fn free_ports(n: u16) -> (u16, u16) {
+    let seed = std::process::id() as u64 ^ Instant::now().elapsed().as_nanos() as u64;
+    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    loop {
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let base = 20000 + (x >> 33) as u16 % 30000;
+        let ok = (0..=n).all(|i| TcpListener::bind(("127.0.0.1", base + i)).is_ok());
+        if ok {
+            return (base, base + 1);
+        }
+    }
+}
+
+/// A cluster directory; `down` runs when dropped, whatever the test did.
+struct Cluster {
+    dir: tempfile::TempDir,
+    meta_port: u16,
+    io_base: u16,
+}
+
+impl Cluster {
+    fn new(io_servers: u16) -> Cluster {
+        let (meta_port, io_base) = free_ports(io_servers);
+        Cluster { dir: tempfile::tempdir().unwrap(), meta_port, io_base }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn d(&self) -> String {
+        self.path().display().to_string()
+    }
+
+    fn up_args(&self, io_servers: u16) -> Vec<String> {
+        let mut v: Vec<String> = vec!["up".into(), "--dir".into(), self.d()];
+        v.extend(["--io-servers".into(), io_servers.to_string(), "--cache-mib".into(), "8".into()]);
+        v.extend(["--meta-port".into(), self.meta_port.to_string()]);
+        v.extend(["--io-base-port".into(), self.io_base.to_string()]);
+        v
+    }
+
+    fn up(&self, io_servers: u16) -> Output {
+        dafne().args(self.up_args(io_servers)).output().unwrap()
+    }
+
+    fn status_json(&self) -> serde_json::Value {
+        let o = run(&["status", "--dir", &self.d(), "--json"]);
+        assert!(o.status.success(), "{}", text(&o));
+        serde_json::from_slice(&o.stdout).unwrap()
+    }
+
+    fn servers(&self) -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(self.path().join("servers.json")).unwrap()).unwrap()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = run(&["down", "--dir", &self.d()]);
+    }
+}
+
+fn alive(pid: u64) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| !s.rsplit_once(')').map(|(_, r)| r.trim_start().starts_with('Z')).unwrap_or(true))
+        .unwrap_or(false)
+}
+
+fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(t.elapsed() < Duration::from_secs(30), "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn up_status_down_and_up_again() {
+    let c = Cluster::new(2);
+    let o = c.up(2);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = text(&o);
+    assert!(out.contains("dafne is up") && out.contains(&format!("127.0.0.1:{}", c.meta_port)), "{out}");
+    assert!(out.contains("first start: generating the cluster secret"), "progress is shown: {out}");
+    assert!(c.path().join("meta/cluster.secret").exists());
+    assert!(c.path().join("config.toml").exists());
+
+    let s = c.status_json();
+    assert_eq!(s["io"].as_array().unwrap().len(), 2);
+    for io in s["io"].as_array().unwrap() {
+        assert!(io["error"].is_null(), "{io}");
+        assert!(io["info"]["capacity_bytes"].as_u64().unwrap() > 0, "{io}");
+        assert_eq!(io["info"]["mode"].as_u64(), Some(2), "unifier mode: {io}");
+        assert_eq!(io["info"]["cache_bytes"].as_u64(), Some(8 << 20), "{io}");
+        assert_eq!(io["info"]["bytes_copied"].as_u64(), Some(0), "{io}");
+        assert_eq!(io["server"]["state"], "running");
+    }
+    assert!(s["meta"]["reachable"].is_null(), "{s}");
+    let table = text(&run(&["status", "--dir", &c.d()]));
+    assert!(table.contains("| io-1 | unifier |") && table.contains("credits in use"), "{table}");
+
+    // `up` again is harmless.
+    let o = c.up(2);
+    assert!(o.status.success() && text(&o).contains("already running"), "{}", text(&o));
+
+    let pids: Vec<u64> = c.servers().as_array().unwrap().iter().map(|s| s["pid"].as_u64().unwrap()).collect();
+    assert_eq!(pids.len(), 3);
+    let o = run(&["down", "--dir", &c.d()]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(!c.path().join("cluster.json").exists());
+    for pid in pids {
+        assert!(!alive(pid), "server {pid} still runs after down");
+    }
+    let o = run(&["down", "--dir", &c.d()]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("no dafne cluster is running"), "{}", text(&o));
+
+    // The same ports at once: no wait for TIME_WAIT, same secret.
+    let secret = std::fs::read(c.path().join("meta/cluster.secret")).unwrap();
+    let o = c.up(2);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(!text(&o).contains("generating the cluster secret"));
+    assert_eq!(std::fs::read(c.path().join("meta/cluster.secret")).unwrap(), secret);
+}
+
+#[test]
+fn a_crashed_server_is_reported_and_restarted() {
+    let c = Cluster::new(2);
+    assert!(c.up(2).status.success());
+    let victim = c.servers()[2]["pid"].as_u64().unwrap();
+    Command::new("kill").args(["-9", &victim.to_string()]).status().unwrap();
+    wait_for("the restart", || {
+        let s = c.servers();
+        s[2]["restarts"] == 1 && s[2]["state"] == "running"
+    });
+    let s = c.servers();
+    assert_ne!(s[2]["pid"].as_u64().unwrap(), victim);
+    assert!(s[2]["last_exit"].as_str().unwrap().contains("SIGKILL"), "{s}");
+    let table = text(&run(&["status", "--dir", &c.d()]));
+    assert!(table.contains("1 restarts") && table.contains("SIGKILL"), "{table}");
+    // It serves again, on the same address.
+    let st = c.status_json();
+    assert!(st["io"][1]["error"].is_null(), "{st}");
+    assert_eq!(st["io"][1]["addr"], format!("127.0.0.1:{}", c.io_base + 1));
+    let log = std::fs::read_to_string(c.path().join("logs/supervisor.log")).unwrap();
+    assert!(log.contains("io-1") && log.contains("exited unexpectedly"), "{log}");
+}
+
+#[test]
+fn without_restart_a_crash_leaves_the_server_failed() {
+    let c = Cluster::new(1);
+    let cfg = c.path().join("my.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[cluster]\nio_servers = 1\nrestart = false\nmeta_port = {}\nio_base_port = {}\n[meta]\nstripe_count = 1\n[io]\ncache_mib = 8\n",
+            c.meta_port, c.io_base
+        ),
+    )
+    .unwrap();
+    let o = run(&["up", "--dir", &c.d(), "--config", cfg.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let victim = c.servers()[1]["pid"].as_u64().unwrap();
+    Command::new("kill").args(["-9", &victim.to_string()]).status().unwrap();
+    wait_for("the failure to be recorded", || c.servers()[1]["state"] == "failed");
+    let st = c.status_json();
+    assert!(st["io"][0]["error"].as_str().unwrap().contains("cannot reach"), "{st}");
+}
+
+#[test]
+fn mistakes_get_clear_messages_and_a_nonzero_exit() {
+    // Nothing running.
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display().to_string();
+    for cmd in ["status", "down"] {
+        let o = run(&[cmd, "--dir", &d]);
+        assert!(!o.status.success());
+        let t = text(&o);
+        assert!(t.contains("no dafne cluster is running") && t.contains("dafne up"), "{cmd}: {t}");
+        assert!(!t.contains("Stack backtrace") && !t.contains("panicked"), "{t}");
+    }
+
+    // A typo in the configuration.
+    let cfg = dir.path().join("bad.toml");
+    std::fs::write(&cfg, "[cluster]\nio_server = 3\n").unwrap();
+    let o = run(&["up", "--dir", &d, "--config", cfg.to_str().unwrap()]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("io_server") && text(&o).contains("dafne config"), "{}", text(&o));
+
+    // An impossible value.
+    let o = run(&["up", "--dir", &d, "--io-servers", "0"]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("io_servers"), "{}", text(&o));
+
+    // The metadata server's port is taken.
+    let c = Cluster::new(1);
+    let _holder = TcpListener::bind(("127.0.0.1", c.meta_port)).unwrap();
+    let o = c.up(1);
+    assert!(!o.status.success());
+    let t = text(&o);
+    assert!(t.contains(&format!("127.0.0.1:{}", c.meta_port)) && t.contains("already in use"), "{t}");
+    assert!(t.contains("--meta-port"), "says how to fix it: {t}");
+    assert!(!c.path().join("cluster.json").exists());
+
+    // The example configuration is the embedded default and parses.
+    let o = run(&["config"]);
+    assert!(o.status.success());
+    let ex = dir.path().join("ex.toml");
+    std::fs::write(&ex, &o.stdout).unwrap();
+    let o = run(&["up", "--dir", &d, "--config", ex.to_str().unwrap(), "--io-servers", "99"]);
+    assert!(text(&o).contains("io_servers = 99"), "{}", text(&o));
+}
+
+/// A client of the cluster in `dir` (through `cluster.json`).
+fn connect(dir: &Path) -> (dafne_transport::Runtime, dafne_client::file::Fs) {
+    use dafne_client::data::DataClient;
+    use dafne_client::file::Fs;
+    use dafne_client::MetaSession;
+    #[derive(serde::Deserialize)]
+    struct Info {
+        meta: std::net::SocketAddr,
+        io: Vec<std::net::SocketAddr>,
+        secret: PathBuf,
+        ucx: Vec<(String, String)>,
+    }
+    let info: Info = serde_json::from_str(&std::fs::read_to_string(dir.join("cluster.json")).unwrap()).unwrap();
+    let rt = dafne_transport::Runtime::new(dafne_transport::RuntimeOptions {
+        name: "test".into(),
+        ucx_config: info.ucx,
+        ..Default::default()
+    })
+    .unwrap();
+    let secret = dafne_auth::Secret::load(&info.secret).unwrap();
+    let meta = MetaSession::connect(&rt, info.meta, &secret, "test", 0, 0).unwrap();
+    let data = DataClient::connect(&rt, &info.io).unwrap();
+    (rt, Fs::new(meta, data))
+}
+
+#[test]
+fn clients_reconnect_to_restarted_servers() {
+    let c = Cluster::new(2);
+    assert!(c.up(2).status.success());
+    let (_rt, fs) = connect(c.path());
+    let data: Vec<u8> = (0..2_000_000u32).map(|i| (i % 251) as u8).collect();
+    let f = fs.create(fs.meta.root(), b"f", 0o644, None).unwrap();
+    f.write_at(0, &data, dafne_proto::io::Stability::FileSync).unwrap();
+    f.close().unwrap();
+    let ino = fs.meta.lookup(fs.meta.root(), b"f").unwrap().ino;
+    // Both kinds of server crash and are restarted by the supervisor.
+    let before = c.servers();
+    for i in [0, 1] {
+        let pid = before[i]["pid"].as_u64().unwrap();
+        Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap();
+    }
+    wait_for("both restarts", || {
+        let s = c.servers();
+        s[0]["restarts"] == 1 && s[1]["restarts"] == 1 && s[0]["state"] == "running" && s[1]["state"] == "running"
+    });
+    // Calls in flight at the loss fail; later ones reconnect (no retry of
+    // the failed call itself).
+    let t = Instant::now();
+    let attr = loop {
+        match fs.meta.getattr(ino) {
+            Ok(a) => break a,
+            Err(e) => {
+                assert_eq!(e, dafne_proto::Errno::EIO);
+                assert!(t.elapsed() < Duration::from_secs(15), "the metadata session did not heal");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    };
+    assert_eq!(attr.size, data.len() as u64);
+    assert!(fs.meta.reconnects() >= 1);
+    let f = fs.open(ino, dafne_proto::OPEN_READ | dafne_proto::OPEN_WRITE).unwrap();
+    let mut back = vec![0u8; data.len()];
+    let t = Instant::now();
+    loop {
+        match f.read_at(0, &mut back) {
+            Ok(n) => {
+                assert_eq!(n, data.len());
+                break;
+            }
+            Err(e) => {
+                assert_eq!(e, dafne_proto::Errno::EIO);
+                assert!(t.elapsed() < Duration::from_secs(15), "the io connections did not heal");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+    assert!(back == data, "file-synced data is intact after the io server's crash");
+    assert!(fs.data.reconnects() >= 1);
+    // And writes work again.
+    f.write_at(0, b"again", dafne_proto::io::Stability::FileSync).unwrap();
+}
+
+#[test]
+fn data_written_before_down_is_there_after_up() {
+    let c = Cluster::new(2);
+    assert!(c.up(2).status.success());
+    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 + i / 4096) as u8).collect();
+    {
+        let (_rt, fs) = connect(c.path());
+        let f = fs.create(fs.meta.root(), b"kept", 0o644, None).unwrap();
+        // Unstable: acknowledged from the io servers' caches, not on disk;
+        // no close or fsync either (close would make the servers write
+        // back to answer the size), so only the servers' clean stop can
+        // save the data.
+        f.write_at(0, &data, dafne_proto::io::Stability::Unstable).unwrap();
+        let st = c.status_json();
+        let dirty: u64 = st["io"].as_array().unwrap().iter().map(|i| i["info"]["dirty_bytes"].as_u64().unwrap()).sum();
+        assert!(dirty > 0, "some of the data is only in the caches: {st}");
+        std::mem::forget(f);
+    }
+    let o = run(&["down", "--dir", &c.d()]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(c.up(2).status.success());
+    let (_rt, fs) = connect(c.path());
+    let a = fs.meta.lookup(fs.meta.root(), b"kept").unwrap();
+    let f = fs.open(a.ino, dafne_proto::OPEN_READ).unwrap();
+    let stored = futures::executor::block_on(fs.data.stored_size(f.handle())).unwrap();
+    assert_eq!(stored, data.len() as u64);
+    let mut back = vec![0u8; data.len()];
+    futures::executor::block_on(fs.data.read_at(f.handle(), 0, &mut back)).unwrap();
+    assert!(back == data, "the io servers wrote back their caches when stopped");
+}
