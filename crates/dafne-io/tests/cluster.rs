@@ -462,11 +462,13 @@ fn server_info_reports_capacity_and_counters_to_holders_of_a_capability() {
         // 1 MiB per server written (16 units of 64 KiB), then read back from the cache.
         assert_eq!(a.hits - b.hits, 16, "{a:?}");
         assert_eq!(a.bytes_copied, 0);
-        assert_eq!(a.dirty_bytes, 1 << 20, "unstable writes stay in the cache: {a:?}");
+        // Unstable writes stay in the cache, except what the background
+        // writer has written back already (it starts at half the bound).
+        assert_eq!(a.dirty_bytes + (a.writebacks - b.writebacks) * (64 << 10), 1 << 20, "{a:?}");
         // Slice I/O goes through 1 MiB bounce buffers, each spanning every
-        // server: 4 writes and 4 reads per server, and this request, the
-        // only one in flight.
-        assert_eq!(a.requests_served - b.requests_served, 9, "{a:?}");
+        // server: at least 4 writes and 4 reads per server, and this
+        // request, the only one in flight.
+        assert!(a.requests_served - b.requests_served >= 9, "{a:?}");
         assert_eq!(a.requests_in_flight, 1);
         assert_eq!(a.filesystem_id, statvfs.f_fsid);
     }
