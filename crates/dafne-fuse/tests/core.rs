@@ -45,6 +45,7 @@ fn fixture() -> Fixture {
                 secret: secret.clone(),
                 cache_mib: 8,
                 ucx: ucx().iter().map(|(k, v)| format!("{k}={v}")).collect(),
+                storage: Default::default(),
             })
             .unwrap()
         })
