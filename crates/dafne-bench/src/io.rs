@@ -152,6 +152,9 @@ pub struct Report {
     pub machine: String,
     pub ucx_version: String,
     pub ucx_tls: &'static str,
+    /// The unifier mode's storage path (`--storage`); normal and mmap
+    /// always use the page cache.
+    pub storage: &'static str,
     pub window: usize,
     pub file_size: usize,
     pub cache_mib: usize,
@@ -230,6 +233,11 @@ struct ServerCfg {
 
 fn start_io(program: &Path, dir: &Path, secret: &Path, cfg: ServerCfg) -> Result<IoProc> {
     let mut c = Command::new(program);
+    // The storage path is in the report; the servers' own line about it
+    // would repeat for every cell of every table.
+    if std::env::var_os("DAFNE_LOG").is_none() {
+        c.env("DAFNE_LOG", "warn");
+    }
     c.args(["serve", "io", "--data-dir", &dir.display().to_string(), "--listen", "127.0.0.1:0"]);
     c.args(["--secret", &secret.display().to_string(), "--cache-mib", &cfg.cache_mib.to_string()]);
     c.args(["--mode", cfg.mode.name(), "--stats-on-stdin"]);
@@ -684,6 +692,7 @@ pub fn run(o: &Options, mut progress: impl FnMut(&str)) -> Result<Report> {
         machine: machine(),
         ucx_version: ucx_version(),
         ucx_tls: UCX_TLS,
+        storage: o.storage.name(),
         window: o.window,
         file_size: o.file_size,
         cache_mib: o.cache_mib,
@@ -726,7 +735,10 @@ impl Report {
             }
         }
         let mut s =
-            format!("machine: {}\nUCX: {} (UCX_TLS={}, loopback)\n\n", self.machine, self.ucx_version, self.ucx_tls);
+            format!(
+                "machine: {}\nUCX: {} (UCX_TLS={}, loopback)\nstorage: unifier mode --storage {} (normal and mmap: the page cache)\n\n",
+                self.machine, self.ucx_version, self.ucx_tls, self.storage
+            );
         for op in ["read", "write"] {
             s.push_str(&format!(
                 "Cached {op} bandwidth (MiB/s) vs access size: one io server, a {} file in a {} MiB cache, \
