@@ -212,6 +212,21 @@ impl MetaSession {
         Self::entry(self.request_async(Request::Mkdir { parent, name: name.to_vec(), mode }).await)
     }
 
+    /// Makes a FIFO, socket, character or block device (`rdev` names the
+    /// device, in `Attr::rdev`'s encoding), or a regular file without
+    /// opening it. Devices need uid 0 (`EPERM`); `Directory` and `Symlink`
+    /// are refused (they have `mkdir` and `symlink`).
+    pub async fn mknod_async(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        kind: FileType,
+        mode: u32,
+        rdev: u64,
+    ) -> Result<Attr, Errno> {
+        Self::entry(self.request_async(Request::Mknod { parent, name: name.to_vec(), kind, mode, rdev }).await)
+    }
+
     /// One page of a directory listing after `cookie` (0 = from the start);
     /// `true` when the listing is complete.
     pub async fn readdir_page_async(
@@ -343,6 +358,7 @@ blocking! {
     create => create_async(parent: Ino, name: &[u8], mode: u32, exclusive: bool) -> Result<Attr, Errno>;
     create_with => create_with_async(parent: Ino, name: &[u8], mode: u32, exclusive: bool, hint: Option<LayoutHint>) -> Result<Attr, Errno>;
     mkdir => mkdir_async(parent: Ino, name: &[u8], mode: u32) -> Result<Attr, Errno>;
+    mknod => mknod_async(parent: Ino, name: &[u8], kind: FileType, mode: u32, rdev: u64) -> Result<Attr, Errno>;
     readdir_page => readdir_page_async(ino: Ino, cookie: u64, max_entries: u32) -> Result<(Vec<DirEntry>, bool), Errno>;
     readdir => readdir_async(ino: Ino) -> Result<Vec<DirEntry>, Errno>;
     unlink => unlink_async(parent: Ino, name: &[u8]) -> Result<(), Errno>;

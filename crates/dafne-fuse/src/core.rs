@@ -106,6 +106,20 @@ pub fn may_access(c: Caller, a: &Attr, want: u32) -> bool {
     bits & want == want
 }
 
+/// The file type `mknod` makes for the type bits of `mode` (none: a
+/// regular file, as `mknod(2)` says); `None` for directories, symlinks and
+/// bits that name no type.
+pub fn node_kind(mode: u32) -> Option<FileType> {
+    Some(match mode & libc::S_IFMT {
+        0 | libc::S_IFREG => FileType::Regular,
+        libc::S_IFIFO => FileType::Fifo,
+        libc::S_IFSOCK => FileType::Socket,
+        libc::S_IFCHR => FileType::CharDevice,
+        libc::S_IFBLK => FileType::BlockDevice,
+        _ => return None,
+    })
+}
+
 /// The size to report: meta's, or the end of this mount's own writes.
 pub fn local_size(meta_size: u64, written_end: u64) -> u64 {
     meta_size.max(written_end)
@@ -304,15 +318,16 @@ impl Core {
         self.session(c).readlink(ino)
     }
 
-    /// `mknod`: regular files only. dafne's namespace has regular files,
-    /// directories and symbolic links; for other types this is `EPERM`, the
-    /// errno `mknod(2)` documents for a type the file system does not
-    /// support.
-    pub fn mknod(&self, c: Caller, parent: Ino, name: &[u8], mode: u32) -> Result<Attr, Errno> {
-        if mode & libc::S_IFMT != libc::S_IFREG && mode & libc::S_IFMT != 0 {
-            return Err(Errno::EPERM);
-        }
-        self.session(c).create(parent, name, mode & 0o7777, true)
+    /// `mknod`: a FIFO, socket, character or block device, or a regular
+    /// file (created, not opened), by the type bits of `mode`; `rdev` is
+    /// the device as `dev_t` encodes it (the kernel's 32-bit encoding is
+    /// the low half of user space's 64-bit one, so it passes unchanged).
+    /// The metadata server applies `mknod(2)`'s rules (devices only for
+    /// root). Type bits of a directory or symlink, or none that exist, are
+    /// `EINVAL` here (the kernel refuses those before asking).
+    pub fn mknod(&self, c: Caller, parent: Ino, name: &[u8], mode: u32, rdev: u64) -> Result<Attr, Errno> {
+        let kind = node_kind(mode).ok_or(Errno::EINVAL)?;
+        self.session(c).mknod(parent, name, kind, mode & 0o7777, rdev)
     }
 
     pub fn mkdir(&self, c: Caller, parent: Ino, name: &[u8], mode: u32) -> Result<Attr, Errno> {
@@ -672,7 +687,7 @@ mod tests {
 
     fn attr(kind: FileType, mode: u32, uid: u32, gid: u32) -> Attr {
         let t = Timespec::default();
-        Attr { ino: 5, kind, mode, nlink: 1, uid, gid, size: 0, blocks: 0, atime: t, mtime: t, ctime: t }
+        Attr { ino: 5, kind, mode, nlink: 1, uid, gid, rdev: 0, size: 0, blocks: 0, atime: t, mtime: t, ctime: t }
     }
 
     #[test]
@@ -700,6 +715,19 @@ mod tests {
         assert!(!may_access(Caller::ROOT, &f, MAY_EXEC));
         assert!(may_access(Caller::ROOT, &attr(FileType::Regular, 0o001, 10, 20), MAY_EXEC));
         assert!(may_access(Caller::ROOT, &attr(FileType::Directory, 0o000, 10, 20), MAY_EXEC));
+    }
+
+    #[test]
+    fn mknod_types_come_from_the_mode() {
+        assert_eq!(node_kind(0o644), Some(FileType::Regular));
+        assert_eq!(node_kind(libc::S_IFREG | 0o644), Some(FileType::Regular));
+        assert_eq!(node_kind(libc::S_IFIFO | 0o600), Some(FileType::Fifo));
+        assert_eq!(node_kind(libc::S_IFSOCK), Some(FileType::Socket));
+        assert_eq!(node_kind(libc::S_IFCHR), Some(FileType::CharDevice));
+        assert_eq!(node_kind(libc::S_IFBLK), Some(FileType::BlockDevice));
+        assert_eq!(node_kind(libc::S_IFDIR | 0o755), None);
+        assert_eq!(node_kind(libc::S_IFLNK), None);
+        assert_eq!(node_kind(0o030000), None, "no such type");
     }
 
     #[test]

@@ -98,7 +98,19 @@ fn kind(k: FileType) -> fuser::FileType {
         FileType::Regular => fuser::FileType::RegularFile,
         FileType::Directory => fuser::FileType::Directory,
         FileType::Symlink => fuser::FileType::Symlink,
+        FileType::Fifo => fuser::FileType::NamedPipe,
+        FileType::Socket => fuser::FileType::Socket,
+        FileType::CharDevice => fuser::FileType::CharDevice,
+        FileType::BlockDevice => fuser::FileType::BlockDevice,
     }
+}
+
+/// A device number as the kernel's 32-bit `dev_t` encoding, which is the
+/// low half of dafne's (user space's 64-bit one). A number beyond it
+/// (major above 4095, minor above 2²⁰ - 1) cannot exist in the kernel; it
+/// is reported as 0.
+pub fn kernel_rdev(rdev: u64) -> u32 {
+    u32::try_from(rdev).unwrap_or(0)
 }
 
 fn caller(req: &Request) -> Caller {
@@ -142,7 +154,7 @@ impl FuseFs {
             nlink: a.nlink,
             uid: a.uid,
             gid: a.gid,
-            rdev: 0,
+            rdev: kernel_rdev(a.rdev),
             blksize: MAX_IO,
             flags: 0,
         }
@@ -243,10 +255,10 @@ impl fuser::Filesystem for FuseFs {
         name: &OsStr,
         mode: u32,
         _umask: u32,
-        _rdev: u32,
+        rdev: u32,
         reply: ReplyEntry,
     ) {
-        self.entry(self.core.mknod(caller(req), self.ino(parent), name.as_bytes(), mode), reply)
+        self.entry(self.core.mknod(caller(req), self.ino(parent), name.as_bytes(), mode, u64::from(rdev)), reply)
     }
 
     fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, reply: ReplyEntry) {
@@ -536,6 +548,19 @@ mod tests {
         assert_eq!(resume_cookie(DOTDOT), 0);
         // An entry with cookie k was given offset k + 2.
         assert_eq!(resume_cookie(17 + DOTDOT), 17);
+    }
+
+    #[test]
+    fn device_numbers_pass_to_the_kernel_when_it_can_hold_them() {
+        // makedev(8, 1) and makedev(4095, 0xfffff): the same in both encodings.
+        assert_eq!(kernel_rdev(0x0801), 0x0801);
+        assert_eq!(kernel_rdev(0xffff_ffff), 0xffff_ffff);
+        // makedev(4096, 0) has major bits the kernel does not have.
+        assert_eq!(kernel_rdev(1 << 44), 0);
+        for k in FileType::ALL {
+            let _ = kind(*k); // every type has a kernel type
+        }
+        assert_eq!(kind(FileType::Fifo), fuser::FileType::NamedPipe);
     }
 
     #[test]

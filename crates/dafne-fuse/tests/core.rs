@@ -1,7 +1,7 @@
 //! The file-system core without the kernel: the rules `Core` adds on top
 //! of the client library (POSIX create/open rights, the size rule, O_TRUNC
-//! on the io servers, rename flags, open unlinked files, unsupported node
-//! types), against a metadata server and io servers started in this
+//! on the io servers, rename flags, open unlinked files, special files by
+//! mknod), against a metadata server and io servers started in this
 //! process.
 
 use dafne_client::data::DataClient;
@@ -226,24 +226,73 @@ fn an_unlinked_open_file_keeps_its_attributes_and_data() {
 }
 
 #[test]
-fn rename_noreplace_refuses_an_existing_name_and_node_types_dafne_lacks_are_eperm() {
+fn rename_noreplace_refuses_an_existing_name() {
     let f = fixture();
-    f.core.mknod(Caller::ROOT, f.root, b"a", S_IFREG | 0o644).unwrap();
-    f.core.mknod(Caller::ROOT, f.root, b"b", S_IFREG | 0o644).unwrap();
+    f.core.mknod(Caller::ROOT, f.root, b"a", S_IFREG | 0o644, 0).unwrap();
+    f.core.mknod(Caller::ROOT, f.root, b"b", S_IFREG | 0o644, 0).unwrap();
     assert_eq!(f.core.rename(Caller::ROOT, f.root, b"a", f.root, b"b", true).unwrap_err(), Errno::EEXIST);
     f.core.rename(Caller::ROOT, f.root, b"a", f.root, b"c", true).unwrap();
     f.core.rename(Caller::ROOT, f.root, b"c", f.root, b"b", false).unwrap();
     let (entries, _) = f.core.readdir(Caller::ROOT, f.root, 0, 100).unwrap();
     let names: Vec<_> = entries.iter().map(|e| (e.name.clone(), e.kind)).collect();
     assert_eq!(names, vec![(b"b".to_vec(), FileType::Regular)]);
-    // FIFO, character device, block device, socket.
-    for kind in [0o010000u32, 0o020000, 0o060000, 0o140000] {
-        assert_eq!(f.core.mknod(Caller::ROOT, f.root, b"n", kind | 0o644).unwrap_err(), Errno::EPERM, "{kind:o}");
-    }
     // access(2) by the rules the server applies.
     let d = f.core.mkdir(Caller::ROOT, f.root, b"d", 0o750).unwrap();
     assert!(f.core.access(Caller::ROOT, d.ino, MAY_READ | MAY_WRITE).is_ok());
     assert_eq!(f.core.access(USER, d.ino, MAY_READ).unwrap_err(), Errno::EACCES);
+}
+
+#[test]
+fn mknod_makes_fifos_sockets_and_devices_that_list_and_stat_with_their_type() {
+    let f = fixture();
+    let t = tmp(&f);
+    // (mode type bits, name, kind, rdev asked, rdev kept)
+    let cases = [
+        (libc::S_IFIFO, b"fifo".as_slice(), FileType::Fifo, 0u64, 0u64),
+        (libc::S_IFSOCK, b"sock", FileType::Socket, 0, 0),
+        (libc::S_IFCHR, b"null", FileType::CharDevice, 0x0103, 0x0103), // makedev(1, 3)
+        (libc::S_IFBLK, b"sda1", FileType::BlockDevice, 0x0801, 0x0801), // makedev(8, 1)
+        (0, b"plain", FileType::Regular, 0, 0),
+    ];
+    for (bits, name, kind, rdev, kept) in cases {
+        let a = f.core.mknod(Caller::ROOT, t, name, bits | 0o640, rdev).unwrap();
+        assert_eq!((a.kind, a.mode, a.rdev, a.size), (kind, 0o640, kept, 0), "{kind:?}");
+        let g = f.core.getattr(Caller::ROOT, a.ino).unwrap();
+        assert_eq!((g.kind, g.rdev), (kind, kept));
+    }
+    // Plain and attribute-carrying listings both report the types.
+    let (entries, _) = f.core.readdir(Caller::ROOT, t, 0, 100).unwrap();
+    let want: Vec<_> = cases.iter().map(|(_, n, k, ..)| (n.to_vec(), *k)).collect();
+    assert_eq!(entries.iter().map(|e| (e.name.clone(), e.kind)).collect::<Vec<_>>(), want);
+    let plus = f.core.readdir_plus(Caller::ROOT, t, 0, 100).unwrap();
+    let got: Vec<_> = plus.entries.iter().map(|(e, a)| (e.name.clone(), a.kind, a.rdev)).collect();
+    assert_eq!(got, cases.iter().map(|(_, n, k, _, r)| (n.to_vec(), *k, *r)).collect::<Vec<_>>());
+    // A user makes FIFOs and sockets, not devices (the server's rule, as
+    // Linux without CAP_MKNOD).
+    let p = f.core.mknod(USER, t, b"users-fifo", libc::S_IFIFO | 0o600, 0).unwrap();
+    assert_eq!((p.uid, p.kind), (USER.uid, FileType::Fifo));
+    f.core.mknod(USER, t, b"users-sock", libc::S_IFSOCK | 0o600, 0).unwrap();
+    for bits in [libc::S_IFCHR, libc::S_IFBLK] {
+        assert_eq!(f.core.mknod(USER, t, b"dev", bits | 0o600, 0x0103).unwrap_err(), Errno::EPERM);
+    }
+    assert_eq!(f.core.mknod(USER, t, b"fifo", libc::S_IFIFO | 0o600, 0).unwrap_err(), Errno::EEXIST);
+    // Types mknod does not make.
+    for bits in [libc::S_IFDIR, libc::S_IFLNK, 0o030000] {
+        assert_eq!(f.core.mknod(Caller::ROOT, t, b"x", bits | 0o755, 0).unwrap_err(), Errno::EINVAL, "{bits:o}");
+    }
+    // A special file has no data to open here; a regular one made by
+    // mknod opens and takes bytes.
+    let fifo = f.core.lookup(Caller::ROOT, t, b"fifo").unwrap();
+    assert_eq!(f.core.open(Caller::ROOT, fifo.ino, RW).unwrap_err(), Errno::ENXIO);
+    let plain = f.core.lookup(Caller::ROOT, t, b"plain").unwrap();
+    let (fh, _) = f.core.open(Caller::ROOT, plain.ino, RW).unwrap();
+    f.core.write(fh, 0, b"data").unwrap();
+    f.core.release(fh).unwrap();
+    assert_eq!(f.core.getattr(Caller::ROOT, plain.ino).unwrap().size, 4);
+    // Removed like any file.
+    f.core.unlink(USER, t, b"users-fifo").unwrap();
+    f.core.rename(Caller::ROOT, t, b"null", f.root, b"null", false).unwrap();
+    assert_eq!(f.core.lookup(Caller::ROOT, f.root, b"null").unwrap().rdev, 0x0103);
 }
 
 #[test]
@@ -259,7 +308,7 @@ fn listings_with_attributes_page_by_cookie_and_show_this_mounts_sizes() {
     let f = fixture();
     let d = f.core.mkdir(Caller::ROOT, f.root, b"d", 0o755).unwrap().ino;
     for i in 0..40 {
-        f.core.mknod(Caller::ROOT, d, format!("f{i:02}").as_bytes(), S_IFREG | 0o600).unwrap();
+        f.core.mknod(Caller::ROOT, d, format!("f{i:02}").as_bytes(), S_IFREG | 0o600, 0).unwrap();
     }
     // An open file with unpublished writes lists with its local size.
     let f07 = f.core.lookup(Caller::ROOT, d, b"f07").unwrap().ino;

@@ -77,7 +77,7 @@ mod tests {
 
     fn attr(kind: FileType, mode: u32, uid: u32, gid: u32) -> Attr {
         let t = Timespec { sec: 0, nsec: 0 };
-        Attr { ino: 5, kind, mode, nlink: 1, uid, gid, size: 0, blocks: 0, atime: t, mtime: t, ctime: t }
+        Attr { ino: 5, kind, mode, nlink: 1, uid, gid, rdev: 0, size: 0, blocks: 0, atime: t, mtime: t, ctime: t }
     }
 
     #[test]

@@ -12,7 +12,7 @@
 //! # Schema (redb tables)
 //! | table | key | value |
 //! |---|---|---|
-//! | `inodes` | ino `u64` | encoded [`Inode`] (attributes, dir parent and entry sequence, file layout, symlink target) |
+//! | `inodes` | ino `u64` | encoded [`Inode`] (attributes, dir parent and entry sequence, file layout, symlink target, device number) |
 //! | `dirents` | (parent `u64`, name bytes) | (ino `u64`, seq `u64`) |
 //! | `dirseq` | (parent `u64`, seq `u64`) | name bytes |
 //! | `counters` | `"next_ino"`, `"next_object"` | `u64` |
@@ -22,6 +22,22 @@
 //! readdir walks it in order and its cookie is the last sequence returned,
 //! so paging survives concurrent inserts and removals: no entry present for
 //! the whole listing is skipped or returned twice.
+//!
+//! # Inode records
+//! An `inodes` value starts with a format byte. Format 2 (written now):
+//! kind u8, mode, nlink, uid, gid u32; size, blocks, parent, next_seq u64;
+//! atime, mtime, ctime (sec i64, nsec u32); layout presence u8 and layout;
+//! target (u32 length + bytes); rdev u64. Format 1 (before special files)
+//! is the same without rdev, and kinds 1–3 only; it is still read (rdev 0),
+//! so a store made before format 2 opens unchanged and its records are
+//! rewritten in format 2 as they change.
+//!
+//! # Special files
+//! FIFOs, sockets and device nodes are inodes without data: no layout, no
+//! object on the io servers, size 0. `Open` refuses them with `ENXIO` ("no
+//! such device or address": there is nothing behind the name on this
+//! server); a FUSE mount never asks, because the kernel serves FIFO and
+//! device opens itself.
 
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -171,7 +187,10 @@ pub struct Inode {
     pub target: Vec<u8>,
 }
 
-const INODE_FORMAT: u8 = 1;
+/// The inode record format written (see the module docs).
+const INODE_FORMAT: u8 = 2;
+/// The format before special files: no rdev at the end.
+const INODE_FORMAT_1: u8 = 1;
 
 impl Inode {
     fn encode(&self) -> Vec<u8> {
@@ -204,6 +223,7 @@ impl Inode {
         }
         v.extend_from_slice(&(self.target.len() as u32).to_le_bytes());
         v.extend_from_slice(&self.target);
+        v.extend_from_slice(&a.rdev.to_le_bytes());
         v
     }
 
@@ -215,15 +235,14 @@ impl Inode {
             p += n;
             Ok(s)
         };
-        if take(1)?[0] != INODE_FORMAT {
+        let format = take(1)?[0];
+        if format != INODE_FORMAT && format != INODE_FORMAT_1 {
             return Err(bad("unknown format"));
         }
-        let kind = match take(1)?[0] {
-            1 => FileType::Regular,
-            2 => FileType::Directory,
-            3 => FileType::Symlink,
-            _ => return Err(bad("unknown kind")),
-        };
+        let kind = FileType::from_u8(take(1)?[0]).ok_or(bad("unknown kind"))?;
+        if format == INODE_FORMAT_1 && kind.is_special() {
+            return Err(bad("special file in a format-1 record"));
+        }
         let mut u32s = [0u32; 4];
         for x in &mut u32s {
             *x = u32::from_le_bytes(take(4)?.try_into().map_err(|_| bad("u32"))?);
@@ -256,11 +275,16 @@ impl Inode {
         };
         let tlen = u32::from_le_bytes(take(4)?.try_into().map_err(|_| bad("target"))?) as usize;
         let target = take(tlen)?.to_vec();
+        let rdev =
+            if format == INODE_FORMAT { u64::from_le_bytes(take(8)?.try_into().map_err(|_| bad("rdev"))?) } else { 0 };
+        if p != b.len() {
+            return Err(bad("trailing bytes"));
+        }
         let [mode, nlink, uid, gid] = u32s;
         let [size, blocks, parent, next_seq] = u64s;
         let [atime, mtime, ctime] = ts;
         Ok(Inode {
-            attr: Attr { ino, kind, mode, nlink, uid, gid, size, blocks, atime, mtime, ctime },
+            attr: Attr { ino, kind, mode, nlink, uid, gid, rdev, size, blocks, atime, mtime, ctime },
             parent,
             next_seq,
             layout,
@@ -308,6 +332,7 @@ impl RedbStore {
                         nlink: 2,
                         uid: 0,
                         gid: 0,
+                        rdev: 0,
                         size: 0,
                         blocks: 0,
                         atime: t,
@@ -510,6 +535,7 @@ impl Tables<'_> {
                 nlink: if kind == FileType::Directory { 2 } else { 1 },
                 uid: cred.uid,
                 gid,
+                rdev: 0,
                 size: 0,
                 blocks: 0,
                 atime: t,
@@ -586,6 +612,7 @@ impl Tables<'_> {
                 self.put(&d)?;
                 Ok(Response::Entry { attr: sub.attr })
             }
+            Request::Mknod { parent, name, kind, mode, rdev } => self.mknod(cred, *parent, name, *kind, *mode, *rdev),
             Request::Readdir { ino, cookie, max_entries } => {
                 let d = self.dir(*ino)?;
                 posix::check(cred, &d.attr, MAY_READ)?;
@@ -738,6 +765,10 @@ impl Tables<'_> {
                 match f.attr.kind {
                     FileType::Directory => return Err(Errno::EISDIR.into()),
                     FileType::Symlink => return Err(Errno::ELOOP.into()),
+                    // No data here (module docs, "Special files").
+                    FileType::Fifo | FileType::Socket | FileType::CharDevice | FileType::BlockDevice => {
+                        return Err(Errno::ENXIO.into())
+                    }
                     FileType::Regular => {}
                 }
                 let mut want = 0;
@@ -767,6 +798,44 @@ impl Tables<'_> {
         }
     }
 
+    /// `mknod(2)` as Linux does it: the name is checked (`EEXIST`) before
+    /// the right to write the directory (`EACCES`), and that before the
+    /// right to make a device (`EPERM` unless root, as Linux without
+    /// `CAP_MKNOD`). A regular file is a `Create` that opens nothing;
+    /// directories and symlinks have their own ops (`EPERM` and `EINVAL`,
+    /// as `mknod(2)` answers for them). `rdev` is kept for devices only.
+    fn mknod(&mut self, cred: &Cred, parent: Ino, name: &[u8], kind: FileType, mode: u32, rdev: u64) -> R<Response> {
+        match kind {
+            FileType::Directory => return Err(Errno::EPERM.into()),
+            FileType::Symlink => return Err(Errno::EINVAL.into()),
+            _ => {}
+        }
+        posix::valid_new_name(name)?;
+        let mut d = self.dir(parent)?;
+        posix::check(cred, &d.attr, MAY_EXEC)?;
+        if self.entry(parent, name)?.is_some() {
+            return Err(Errno::EEXIST.into());
+        }
+        posix::check(cred, &d.attr, MAY_WRITE)?;
+        if kind.is_device() && cred.uid != 0 {
+            return Err(Errno::EPERM.into());
+        }
+        let mut n = self.new_inode(cred, &d, kind, mode)?;
+        if kind == FileType::Regular {
+            let object_id = self.counters.get("next_object")?.map(|v| v.value()).unwrap_or(1);
+            n.layout = Some(self.policy.choose(object_id, None)?);
+            self.next("next_object")?;
+        }
+        if kind.is_device() {
+            n.attr.rdev = rdev;
+        }
+        self.put(&n)?;
+        self.add_entry(&mut d, name, n.attr.ino)?;
+        self.touch_dir(&mut d);
+        self.put(&d)?;
+        Ok(Response::Entry { attr: n.attr })
+    }
+
     fn setattr(&mut self, cred: &Cred, ino: Ino, set: &SetAttr) -> R<Response> {
         let mut i = self.inode(ino)?;
         let owner = cred.uid == 0 || cred.uid == i.attr.uid;
@@ -791,7 +860,12 @@ impl Tables<'_> {
         if set.size.is_some() {
             match i.attr.kind {
                 FileType::Directory => return Err(Errno::EISDIR.into()),
-                FileType::Symlink => return Err(Errno::EINVAL.into()),
+                // truncate(2) of anything but a regular file or directory.
+                FileType::Symlink
+                | FileType::Fifo
+                | FileType::Socket
+                | FileType::CharDevice
+                | FileType::BlockDevice => return Err(Errno::EINVAL.into()),
                 FileType::Regular => posix::check(cred, &i.attr, MAY_WRITE)?,
             }
         }
@@ -817,7 +891,7 @@ impl Tables<'_> {
         if let Some(gid) = set.gid {
             i.attr.gid = gid;
         }
-        if chown && cred.uid != 0 && i.attr.kind == FileType::Regular {
+        if chown && cred.uid != 0 && i.attr.kind != FileType::Directory {
             i.attr.mode &= !(S_ISUID | S_ISGID);
         }
         if let Some(size) = set.size {
@@ -940,5 +1014,80 @@ impl Tables<'_> {
         src.attr.ctime = self.now;
         self.put(&src)?;
         Ok(Response::Done)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn inode(kind: FileType, rdev: u64) -> Inode {
+        let t = Timespec { sec: 1_700_000_000, nsec: 5 };
+        Inode {
+            attr: Attr {
+                ino: 9,
+                kind,
+                mode: 0o2640,
+                nlink: 1,
+                uid: 7,
+                gid: 8,
+                rdev,
+                size: 0,
+                blocks: 0,
+                atime: t,
+                mtime: t,
+                ctime: t,
+            },
+            parent: 1,
+            next_seq: 1,
+            layout: (kind == FileType::Regular).then(|| Layout {
+                object_id: 3,
+                stripe_unit: 1 << 20,
+                stripe_count: 2,
+                servers: vec![0, 1],
+            }),
+            target: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn every_kind_and_its_device_number_round_trip() {
+        for kind in FileType::ALL {
+            let rdev = if kind.is_device() { 0x0000_0103_0000_0801 } else { 0 };
+            let i = inode(*kind, rdev);
+            let b = i.encode();
+            assert_eq!(b[0], INODE_FORMAT);
+            assert_eq!(Inode::decode(9, &b).unwrap(), i, "{kind:?}");
+        }
+    }
+
+    /// A record written before special files (format 1: no rdev) still
+    /// reads, so an existing store opens.
+    #[test]
+    fn format_1_records_still_read() {
+        let i = inode(FileType::Regular, 0);
+        let mut old = i.encode();
+        old.truncate(old.len() - 8);
+        old[0] = INODE_FORMAT_1;
+        assert_eq!(Inode::decode(9, &old).unwrap(), i);
+        // Format 1 had no special files.
+        let mut fifo = inode(FileType::Fifo, 0).encode();
+        fifo.truncate(fifo.len() - 8);
+        fifo[0] = INODE_FORMAT_1;
+        assert!(matches!(Inode::decode(9, &fifo), Err(StoreError::Corrupt { ino: 9, .. })));
+    }
+
+    #[test]
+    fn damaged_records_are_refused() {
+        let b = inode(FileType::CharDevice, 5).encode();
+        for bad in [&b[..b.len() - 1], &[&b[..], &[0]].concat()[..]] {
+            assert!(matches!(Inode::decode(9, bad), Err(StoreError::Corrupt { .. })));
+        }
+        let mut b2 = b.clone();
+        b2[0] = 3;
+        assert!(matches!(Inode::decode(9, &b2), Err(StoreError::Corrupt { why: "unknown format", .. })));
+        let mut b3 = b;
+        b3[1] = 8;
+        assert!(matches!(Inode::decode(9, &b3), Err(StoreError::Corrupt { why: "unknown kind", .. })));
     }
 }

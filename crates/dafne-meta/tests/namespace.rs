@@ -232,6 +232,121 @@ fn permissions_are_checked_on_the_server() {
 }
 
 #[test]
+fn special_files_are_made_by_mknod_and_behave_as_inodes_without_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut m = start_meta(dir.path(), 2);
+    let rt = runtime();
+    let root = session(&rt, &m, 0, 0);
+    let alice = session(&rt, &m, 1000, 1000);
+    let pub_ = root.mkdir(ROOT_INO, b"pub", 0o777).unwrap();
+
+    // Every type mknod makes, with its device number kept for devices only.
+    let sda1 = 0x0801; // makedev(8, 1)
+    let big = (0x123u64 << 44) | (0x456 << 8) | (0x789 << 20) | 0x9a; // makedev(0x123456, 0x789a)
+    let cases = [
+        (b"fifo".as_slice(), FileType::Fifo, 0o644, 77, 0),
+        (b"sock", FileType::Socket, 0o755, 77, 0),
+        (b"chr", FileType::CharDevice, 0o620, sda1, sda1),
+        (b"blk", FileType::BlockDevice, 0o660, big, big),
+        (b"reg", FileType::Regular, 0o600, 77, 0),
+    ];
+    for (name, kind, mode, rdev, kept) in cases {
+        let a = root.mknod(pub_.ino, name, kind, mode, rdev).unwrap();
+        assert_eq!((a.kind, a.mode, a.rdev, a.size, a.nlink, a.uid), (kind, mode, kept, 0, 1, 0), "{kind:?}");
+        assert_eq!(root.lookup(pub_.ino, name).unwrap(), a);
+        assert_eq!(root.getattr(a.ino).unwrap(), a);
+    }
+    let listed: Vec<_> = root.readdir(pub_.ino).unwrap().into_iter().map(|e| (e.name, e.kind)).collect();
+    assert_eq!(
+        listed,
+        cases.iter().map(|(n, k, ..)| (n.to_vec(), *k)).collect::<Vec<_>>(),
+        "readdir reports each type"
+    );
+
+    // Linux's order of errors: name, then the directory's rights, then the
+    // right to make a device.
+    assert_eq!(root.mknod(pub_.ino, b"fifo", FileType::Fifo, 0o644, 0), Err(Errno::EEXIST));
+    assert_eq!(alice.mknod(pub_.ino, b"fifo", FileType::CharDevice, 0o644, 1), Err(Errno::EEXIST));
+    assert_eq!(root.mknod(ROOT_INO + 1000, b"x", FileType::Fifo, 0o644, 0), Err(Errno::ENOENT));
+    let fifo = root.lookup(pub_.ino, b"fifo").unwrap();
+    assert_eq!(root.mknod(fifo.ino, b"x", FileType::Fifo, 0o644, 0), Err(Errno::ENOTDIR));
+    let ro = root.mkdir(ROOT_INO, b"ro", 0o755).unwrap();
+    assert_eq!(alice.mknod(ro.ino, b"x", FileType::Fifo, 0o644, 0), Err(Errno::EACCES));
+    assert_eq!(alice.mknod(ro.ino, b"x", FileType::CharDevice, 0o644, 1), Err(Errno::EACCES));
+    assert_eq!(alice.mknod(pub_.ino, b"dev", FileType::CharDevice, 0o644, 1), Err(Errno::EPERM));
+    assert_eq!(alice.mknod(pub_.ino, b"dev", FileType::BlockDevice, 0o644, 1), Err(Errno::EPERM));
+    assert_eq!(root.mknod(pub_.ino, b"d", FileType::Directory, 0o755, 0), Err(Errno::EPERM));
+    assert_eq!(root.mknod(pub_.ino, b"l", FileType::Symlink, 0o777, 0), Err(Errno::EINVAL));
+    assert_eq!(root.mknod(pub_.ino, &[b'n'; 256], FileType::Fifo, 0o644, 0), Err(Errno::ENAMETOOLONG));
+    // Anyone may make FIFOs and sockets where they may write.
+    let af = alice.mknod(pub_.ino, b"alices", FileType::Fifo, 0o600, 0).unwrap();
+    assert_eq!((af.uid, af.gid), (1000, 1000));
+    // setgid directory: the group is inherited, and a setgid bit asked by
+    // a non-member is dropped, as for create.
+    let sg = root.mkdir(ROOT_INO, b"sg", 0o777).unwrap();
+    root.setattr(sg.ino, SetAttr { mode: Some(0o2777), ..Default::default() }).unwrap();
+    let s = alice.mknod(sg.ino, b"p", FileType::Fifo, 0o2644, 0).unwrap();
+    assert_eq!((s.gid, s.mode), (0, 0o644));
+
+    // No data: opening is ENXIO (the kernel serves FIFOs and devices), and
+    // truncating is EINVAL as truncate(2) of a non-regular file. A regular
+    // file made by mknod opens like any other.
+    for name in [b"fifo".as_slice(), b"sock", b"chr", b"blk"] {
+        let a = root.lookup(pub_.ino, name).unwrap();
+        assert_eq!(root.open(a.ino, dafne_proto::OPEN_READ).unwrap_err(), Errno::ENXIO, "{a:?}");
+        assert_eq!(root.setattr(a.ino, SetAttr { size: Some(0), ..Default::default() }), Err(Errno::EINVAL));
+    }
+    let reg = root.lookup(pub_.ino, b"reg").unwrap();
+    assert_eq!(root.open(reg.ino, dafne_proto::OPEN_READ | dafne_proto::OPEN_WRITE).unwrap().attr.ino, reg.ino);
+
+    // chmod, chown, utimes, link, rename and unlink as on any inode.
+    let chr = root.lookup(pub_.ino, b"chr").unwrap();
+    let t = Timespec { sec: 1_000_000, nsec: 5 };
+    let a = root
+        .setattr(
+            chr.ino,
+            SetAttr {
+                mode: Some(0o4600),
+                uid: Some(1000),
+                gid: Some(1000),
+                mtime: Some(TimeSet::At(t)),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert_eq!((a.mode, a.uid, a.gid, a.mtime, a.rdev), (0o4600, 1000, 1000, t, sda1));
+    // A chown by a non-root owner clears setuid on any non-directory.
+    let a = alice.setattr(chr.ino, SetAttr { gid: Some(1000), uid: Some(1000), ..Default::default() }).unwrap();
+    assert_eq!(a.mode, 0o4600, "no change of owner: nothing cleared");
+    root.setattr(s.ino, SetAttr { mode: Some(0o4644), ..Default::default() }).unwrap();
+    let a = alice.setattr(s.ino, SetAttr { gid: Some(1000), ..Default::default() }).unwrap();
+    assert_eq!((a.gid, a.mode), (1000, 0o644), "alice's FIFO moved from group 0 to hers: setuid cleared");
+    let linked = root.link(chr.ino, ROOT_INO, b"chr-link").unwrap();
+    assert_eq!((linked.nlink, linked.kind, linked.rdev), (2, FileType::CharDevice, sda1));
+    root.rename(pub_.ino, b"chr", ROOT_INO, b"chr-moved").unwrap();
+    assert_eq!(root.lookup(ROOT_INO, b"chr-moved").unwrap().ino, chr.ino);
+    root.unlink(ROOT_INO, b"chr-link").unwrap();
+    assert_eq!(root.getattr(chr.ino).unwrap().nlink, 1);
+    // A FIFO may replace a file by rename, and a file a FIFO.
+    root.rename(pub_.ino, b"reg", pub_.ino, b"fifo").unwrap();
+    assert_eq!(root.lookup(pub_.ino, b"fifo").unwrap().kind, FileType::Regular);
+    assert_eq!(root.getattr(fifo.ino), Err(Errno::ENOENT), "the replaced FIFO is gone");
+
+    // Durable like everything else: kinds and device numbers survive a
+    // restart.
+    m.child.kill().unwrap();
+    m.child.wait().unwrap();
+    let m2 = start_meta(&m.dir, 2);
+    let root = session(&rt, &m2, 0, 0);
+    let blk = root.lookup(pub_.ino, b"blk").unwrap();
+    assert_eq!((blk.kind, blk.rdev), (FileType::BlockDevice, big));
+    assert_eq!(root.lookup(ROOT_INO, b"chr-moved").unwrap().rdev, sda1);
+    assert_eq!(root.lookup(pub_.ino, b"sock").unwrap().kind, FileType::Socket);
+    root.unlink(pub_.ino, b"sock").unwrap();
+    assert_eq!(root.lookup(pub_.ino, b"sock"), Err(Errno::ENOENT));
+}
+
+#[test]
 fn readdir_paging_survives_concurrent_inserts_and_removals() {
     let dir = tempfile::tempdir().unwrap();
     let m = start_meta(dir.path(), 0);

@@ -35,6 +35,7 @@ errnos! {
     EPERM = 1, "Operation not permitted";
     ENOENT = 2, "No such file or directory";
     EIO = 5, "Input/output error";
+    ENXIO = 6, "No such device or address";
     EBADF = 9, "Bad file descriptor";
     EAGAIN = 11, "Resource temporarily unavailable";
     ENOMEM = 12, "Cannot allocate memory";

@@ -452,6 +452,8 @@ mod tests {
                 hint: Some(LayoutHint { stripe_unit: 1 << 20, stripe_count: 4 }),
             },
             Request::Mkdir { parent: 2, name: vec![0xff, 0xfe], mode: 0o1777 },
+            Request::Mknod { parent: 2, name: n("fifo"), kind: FileType::Fifo, mode: 0o644, rdev: 0 },
+            Request::Mknod { parent: 2, name: n("sda"), kind: FileType::BlockDevice, mode: 0o660, rdev: 0x0800 },
             Request::Readdir { ino: 2, cookie: 9, max_entries: 100 },
             Request::Unlink { parent: 2, name: n("f") },
             Request::Rmdir { parent: 2, name: n("d") },
@@ -467,6 +469,16 @@ mod tests {
                     CompoundOp { chain: true, req: Request::Lookup { parent: 0, name: n("b") } },
                     CompoundOp { chain: true, req: Request::Open { ino: 0, flags: 1 } },
                     CompoundOp { chain: false, req: Request::Statfs },
+                    CompoundOp {
+                        chain: true,
+                        req: Request::Mknod {
+                            parent: 0,
+                            name: n("tty"),
+                            kind: FileType::CharDevice,
+                            mode: 0o620,
+                            rdev: 0x0401,
+                        },
+                    },
                 ],
             },
         ]
@@ -582,8 +594,8 @@ mod tests {
         set(&mut b, 0, &(PROTO_VERSION + 1).to_le_bytes());
         assert_eq!(decode_request(&b), Err(DecodeError::BadVersion(PROTO_VERSION + 1)));
         let mut b = good.clone();
-        set(&mut b, 2, &17u16.to_le_bytes());
-        assert_eq!(decode_request(&b), Err(DecodeError::UnknownOp(17)));
+        set(&mut b, 2, &18u16.to_le_bytes());
+        assert_eq!(decode_request(&b), Err(DecodeError::UnknownOp(18)));
         let mut b = good.clone();
         set(&mut b, 2, &0u16.to_le_bytes());
         assert_eq!(decode_request(&b), Err(DecodeError::UnknownOp(0)));
@@ -870,8 +882,28 @@ mod tests {
     }
 
     #[test]
+    fn mknod_refuses_unknown_kinds_and_type_bits_in_the_mode() {
+        let req = Request::Mknod { parent: 2, name: b"p".to_vec(), kind: FileType::Fifo, mode: 0o644, rdev: 0 };
+        let good = encode_request(ENV, &req);
+        // Body: parent u64, name (u32 len + 1 byte), kind u8, mode u32, rdev u64.
+        let kind_at = RequestHeader::SIZE + 8 + 4 + 1;
+        assert_eq!(good.len(), kind_at + 1 + 4 + 8);
+        assert_eq!(good[kind_at], 4);
+        let mut b = good.clone();
+        b[kind_at] = 8;
+        assert_eq!(decode_request(&b), Err(DecodeError::BadValue { what: "file type", value: 8 }));
+        let mut b = good.clone();
+        b[kind_at + 1..kind_at + 5].copy_from_slice(&0o010_644u32.to_le_bytes());
+        assert_eq!(decode_request(&b), Err(DecodeError::BadValue { what: "mknod mode", value: 0o010_644 }));
+        assert!(matches!(
+            decode_request(&good[..good.len() - 1]),
+            Err(DecodeError::BodyLength { .. } | DecodeError::Truncated { .. })
+        ));
+    }
+
+    #[test]
     fn op_numbers_are_stable() {
-        let want: Vec<u16> = (1..=16).collect();
+        let want: Vec<u16> = (1..=17).collect();
         let got: Vec<u16> = Op::ALL.iter().map(|op| u16::from(*op)).collect();
         assert_eq!(got, want);
         for op in Op::ALL {
@@ -886,6 +918,6 @@ mod tests {
             DecodeError::Truncated { what: "name", needed: 3, left: 2 }.to_string(),
             "truncated name: needs 3 bytes, 2 left"
         );
-        assert_eq!(DecodeError::BadVersion(9).to_string(), "protocol version 9 is not supported (this side speaks 2)");
+        assert_eq!(DecodeError::BadVersion(9).to_string(), "protocol version 9 is not supported (this side speaks 3)");
     }
 }

@@ -75,6 +75,7 @@
 //! | Statfs | 14 | empty | `StatFs`: blocks, bfree, bavail, files, ffree u64; bsize, namelen u32 |
 //! | Open | 15 | ino u64, flags u32 | `Opened`: attr, layout, capability |
 //! | Compound | 16 | n u32 (≤ MAX_COMPOUND), n × {flags u8, op u16, body} | `Compound`: n u32, n × {errno i32, if 0: kind u8, body} |
+//! | Mknod | 17 | parent u64, name, kind u8, mode u32, rdev u64 | `Entry`: attr |
 //!
 //! Numbers are never reused: a retired op keeps its number, unassigned. The
 //! io ops (Read 64, Write 65, Truncate 66, Remove 67, Sync 68, Stat 69) are
@@ -88,9 +89,12 @@
 //! * bool, and the presence byte of an optional field: u8, 0 or 1.
 //! * `hint?`: presence u8, then stripe_unit u32, stripe_count u32.
 //! * `timespec`: sec i64, nsec u32 (< 10⁹). 12 bytes.
-//! * `attr`: ino u64, kind u8 ([`FileType`]), mode u32 (only bits of
-//!   [`MODE_MASK`]), nlink u32, uid u32, gid u32, size u64, blocks u64,
-//!   atime, mtime, ctime. 77 bytes.
+//! * `kind`: u8, a [`FileType`]: Regular 1, Directory 2, Symlink 3, Fifo 4,
+//!   Socket 5, CharDevice 6, BlockDevice 7.
+//! * `attr`: ino u64, kind u8, mode u32 (only bits of [`MODE_MASK`]),
+//!   nlink u32, uid u32, gid u32, rdev u64 (the device of a device node,
+//!   as Linux user space encodes a `dev_t`; else 0), size u64, blocks u64,
+//!   atime, mtime, ctime. 85 bytes.
 //! * `setattr`: mask u32, then the fields the mask names, in bit order:
 //!   bit 0 mode u32, 1 uid u32, 2 gid u32, 3 size u64, 4 atime timespec,
 //!   5 atime = now (no bytes), 6 mtime timespec, 7 mtime = now (no bytes).
@@ -129,7 +133,9 @@
 //!
 //! Both ends must speak the same [`PROTO_VERSION`]; a receiver refuses any
 //! other with [`DecodeError::BadVersion`] (there is no negotiation yet). The
-//! version covers both protocols. Version 2 added the io ops. Bump
+//! version covers both protocols. Version 2 added the io ops; version 3
+//! the special file types (Fifo, Socket, CharDevice, BlockDevice), `rdev`
+//! in `attr` and the Mknod op. Bump
 //! it for *every* change to what a decoder accepts or how it reads it: a new
 //! op, a field added, removed, resized or reordered, a new flag or mask bit,
 //! a new enum value, a changed limit. Numbers (ops, errno values, file types,
@@ -161,8 +167,9 @@ pub use msg::{CompoundOp, Op, Request, Response};
 pub use types::{Attr, Capability, DirEntry, FileType, Layout, LayoutHint, SetAttr, StatFs, TimeSet, Timespec};
 
 /// Version of this wire contract, first field of every header (metadata
-/// and io alike). 2: io ops added.
-pub const PROTO_VERSION: u16 = 2;
+/// and io alike). 2: io ops added. 3: special file types, `Attr::rdev`,
+/// Mknod.
+pub const PROTO_VERSION: u16 = 3;
 
 /// The op numbers of the metadata protocol ([`Op`]).
 pub const META_OP_NUMBERS: RangeInclusive<u16> = 1..=63;

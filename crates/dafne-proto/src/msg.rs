@@ -3,8 +3,8 @@
 use crate::types::{get_mode, DIRENT_MIN_SIZE};
 use crate::wire::{Reader, Wire, Writer};
 use crate::{
-    Attr, Capability, DecodeError, DirEntry, Errno, Ino, Layout, LayoutHint, SetAttr, StatFs, MAX_CLIENT_NAME,
-    MAX_COMPOUND, MAX_NAME_WIRE, MAX_READDIR_ENTRIES, MAX_SYMLINK, OPEN_READ, OPEN_TRUNC, OPEN_WRITE,
+    Attr, Capability, DecodeError, DirEntry, Errno, FileType, Ino, Layout, LayoutHint, SetAttr, StatFs,
+    MAX_CLIENT_NAME, MAX_COMPOUND, MAX_NAME_WIRE, MAX_READDIR_ENTRIES, MAX_SYMLINK, OPEN_READ, OPEN_TRUNC, OPEN_WRITE,
 };
 
 /// Defines an op enum: `#[repr(u16)]` with the wire numbers, `ALL`,
@@ -81,6 +81,9 @@ ops! {
         Open = 15,
         /// Several ops run in order, possibly chained.
         Compound = 16,
+        /// Make a file of any type but directory and symlink: a FIFO, a
+        /// socket, a device node, or a regular file (created, not opened).
+        Mknod = 17,
     }
 }
 
@@ -167,6 +170,17 @@ pub enum Request {
         /// At most [`MAX_COMPOUND`]; no `Compound` or `SessionOpen` inside.
         ops: Vec<CompoundOp>,
     },
+    Mknod {
+        parent: Ino,
+        name: Vec<u8>,
+        /// What to make; the server refuses `Directory` and `Symlink`
+        /// (they have their own ops).
+        kind: FileType,
+        mode: u32,
+        /// The device, for a character or block device (`Attr::rdev`'s
+        /// encoding); the server ignores it for other types.
+        rdev: u64,
+    },
 }
 
 /// One op of a `Compound`.
@@ -185,7 +199,7 @@ const COMPOUND_OP_MIN_SIZE: usize = 3;
 
 impl CompoundOp {
     /// The argument chaining replaces: `parent` for Lookup, Create, Mkdir,
-    /// Unlink, Rmdir and Symlink; `ino` for GetAttr, SetAttr, Readdir,
+    /// Mknod, Unlink, Rmdir and Symlink; `ino` for GetAttr, SetAttr, Readdir,
     /// Readlink, Open and Link; `src_parent` for Rename. `None` for Statfs
     /// (and for SessionOpen and Compound, which cannot be inside a Compound).
     pub fn primary_ino_mut(&mut self) -> Option<&mut Ino> {
@@ -193,6 +207,7 @@ impl CompoundOp {
             Request::Lookup { parent, .. }
             | Request::Create { parent, .. }
             | Request::Mkdir { parent, .. }
+            | Request::Mknod { parent, .. }
             | Request::Unlink { parent, .. }
             | Request::Rmdir { parent, .. }
             | Request::Symlink { parent, .. } => Some(parent),
@@ -244,6 +259,7 @@ impl Request {
             Request::Statfs => Op::Statfs,
             Request::Open { .. } => Op::Open,
             Request::Compound { .. } => Op::Compound,
+            Request::Mknod { .. } => Op::Mknod,
         }
     }
 
@@ -274,6 +290,13 @@ impl Request {
                 w.put_u64(*parent);
                 w.put_bytes(name);
                 w.put_u32(*mode);
+            }
+            Request::Mknod { parent, name, kind, mode, rdev } => {
+                w.put_u64(*parent);
+                w.put_bytes(name);
+                kind.put(w);
+                w.put_u32(*mode);
+                w.put_u64(*rdev);
             }
             Request::Readdir { ino, cookie, max_entries } => {
                 w.put_u64(*ino);
@@ -373,6 +396,13 @@ impl Request {
                 Request::Open { ino, flags }
             }
             Op::Compound => Request::Compound { ops: get_compound_ops(r)? },
+            Op::Mknod => Request::Mknod {
+                parent: r.u64("parent")?,
+                name: get_name(r, "name")?,
+                kind: FileType::get(r)?,
+                mode: get_mode(r, "mknod mode")?,
+                rdev: r.u64("mknod rdev")?,
+            },
         })
     }
 }
@@ -421,7 +451,7 @@ fn get_compound_ops(r: &mut Reader<'_>) -> Result<Vec<CompoundOp>, DecodeError> 
 pub enum Response {
     /// SessionOpen.
     Session { session_id: u64, root: Ino },
-    /// Lookup, Create, Mkdir, Symlink, Link.
+    /// Lookup, Create, Mkdir, Mknod, Symlink, Link.
     Entry { attr: Attr },
     /// GetAttr, SetAttr.
     Attr { attr: Attr },
@@ -477,7 +507,7 @@ impl Kind {
     pub(crate) fn answering(op: Op) -> Kind {
         match op {
             Op::SessionOpen => Kind::Session,
-            Op::Lookup | Op::Create | Op::Mkdir | Op::Symlink | Op::Link => Kind::Entry,
+            Op::Lookup | Op::Create | Op::Mkdir | Op::Mknod | Op::Symlink | Op::Link => Kind::Entry,
             Op::GetAttr | Op::SetAttr => Kind::Attr,
             Op::Readdir => Kind::Dir,
             Op::Unlink | Op::Rmdir | Op::Rename => Kind::Done,

@@ -30,24 +30,62 @@ impl Wire for Timespec {
     }
 }
 
-/// What an inode is.
+/// What an inode is. Numbers are the wire's and never reused.
+///
+/// The special files (FIFO, socket, character and block device) are names
+/// and attributes only: they have no data on the io servers, and what
+/// reading or writing them means is the local kernel's business (a pipe
+/// buffer, a socket, a driver), never the file system's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum FileType {
     Regular = 1,
     Directory = 2,
     Symlink = 3,
+    /// A named pipe (`S_IFIFO`).
+    Fifo = 4,
+    /// A Unix domain socket's name (`S_IFSOCK`).
+    Socket = 5,
+    /// A character device (`S_IFCHR`); its number is [`Attr::rdev`].
+    CharDevice = 6,
+    /// A block device (`S_IFBLK`); its number is [`Attr::rdev`].
+    BlockDevice = 7,
 }
 
 impl FileType {
+    /// Every file type, in number order.
+    pub const ALL: &'static [FileType] = &[
+        FileType::Regular,
+        FileType::Directory,
+        FileType::Symlink,
+        FileType::Fifo,
+        FileType::Socket,
+        FileType::CharDevice,
+        FileType::BlockDevice,
+    ];
+
     /// The file type with this wire number.
     pub fn from_u8(v: u8) -> Option<FileType> {
         match v {
             1 => Some(FileType::Regular),
             2 => Some(FileType::Directory),
             3 => Some(FileType::Symlink),
+            4 => Some(FileType::Fifo),
+            5 => Some(FileType::Socket),
+            6 => Some(FileType::CharDevice),
+            7 => Some(FileType::BlockDevice),
             _ => None,
         }
+    }
+
+    /// A device node: its [`Attr::rdev`] names the device.
+    pub fn is_device(self) -> bool {
+        matches!(self, FileType::CharDevice | FileType::BlockDevice)
+    }
+
+    /// A FIFO, socket or device: a name and attributes, no data.
+    pub fn is_special(self) -> bool {
+        matches!(self, FileType::Fifo | FileType::Socket | FileType::CharDevice | FileType::BlockDevice)
     }
 }
 
@@ -82,6 +120,11 @@ pub struct Attr {
     pub nlink: u32,
     pub uid: u32,
     pub gid: u32,
+    /// The device a [`FileType::CharDevice`] or [`FileType::BlockDevice`]
+    /// names, as Linux user space encodes a `dev_t` (glibc `makedev`:
+    /// minor bits 0–7 and 20–43, major bits 8–19 and 44–63); 0 for every
+    /// other type.
+    pub rdev: u64,
     /// Bytes.
     pub size: u64,
     /// 512-byte blocks allocated.
@@ -99,6 +142,7 @@ impl Wire for Attr {
         w.put_u32(self.nlink);
         w.put_u32(self.uid);
         w.put_u32(self.gid);
+        w.put_u64(self.rdev);
         w.put_u64(self.size);
         w.put_u64(self.blocks);
         self.atime.put(w);
@@ -114,6 +158,7 @@ impl Wire for Attr {
             nlink: r.u32("attr nlink")?,
             uid: r.u32("attr uid")?,
             gid: r.u32("attr gid")?,
+            rdev: r.u64("attr rdev")?,
             size: r.u64("attr size")?,
             blocks: r.u64("attr blocks")?,
             atime: Timespec::get(r)?,
@@ -448,6 +493,7 @@ pub(crate) mod tests {
             nlink: 1,
             uid: 1000,
             gid: 100,
+            rdev: 0,
             size: 1 << 40,
             blocks: 7,
             atime: Timespec { sec: -1, nsec: 5 },
@@ -458,8 +504,12 @@ pub(crate) mod tests {
 
     #[test]
     fn attr_round_trips_at_its_size() {
-        // ino, kind, mode, nlink, uid, gid, size, blocks, 3 × timespec.
-        assert_eq!(round_trip(&attr()).len(), 8 + 1 + 4 * 4 + 8 + 8 + 3 * 12);
+        // ino, kind, mode, nlink, uid, gid, rdev, size, blocks, 3 × timespec.
+        assert_eq!(round_trip(&attr()).len(), 8 + 1 + 4 * 4 + 8 + 8 + 8 + 3 * 12);
+        let dev = Attr { kind: FileType::BlockDevice, rdev: 0x0000_1234_5678_9abc, ..attr() };
+        let b = round_trip(&dev);
+        assert_eq!(b[8], 7);
+        assert_eq!(b[25..33], 0x0000_1234_5678_9abcu64.to_le_bytes());
         assert_eq!(round_trip(&Timespec::default()).len(), 12);
     }
 
@@ -469,8 +519,22 @@ pub(crate) mod tests {
         b[9..13].copy_from_slice(&0o10_0644u32.to_le_bytes());
         assert_eq!(decode::<Attr>(&b), Err(DecodeError::BadValue { what: "attr mode", value: 0o10_0644 }));
         let mut b = round_trip(&attr());
-        b[8] = 4;
-        assert_eq!(decode::<Attr>(&b), Err(DecodeError::BadValue { what: "file type", value: 4 }));
+        b[8] = 8;
+        assert_eq!(decode::<Attr>(&b), Err(DecodeError::BadValue { what: "file type", value: 8 }));
+        b[8] = 0;
+        assert_eq!(decode::<Attr>(&b), Err(DecodeError::BadValue { what: "file type", value: 0 }));
+    }
+
+    #[test]
+    fn file_types_have_stable_numbers() {
+        let got: Vec<u8> = FileType::ALL.iter().map(|k| *k as u8).collect();
+        assert_eq!(got, (1..=7).collect::<Vec<u8>>());
+        for k in FileType::ALL {
+            assert_eq!(FileType::from_u8(*k as u8), Some(*k));
+            assert_eq!(k.is_special(), *k as u8 >= 4, "{k:?}");
+            assert_eq!(k.is_device(), matches!(k, FileType::CharDevice | FileType::BlockDevice));
+        }
+        assert_eq!(FileType::from_u8(8), None);
     }
 
     #[test]

@@ -28,7 +28,7 @@ fn timespec() -> impl Strategy<Value = Timespec> {
 }
 
 fn file_type() -> impl Strategy<Value = FileType> {
-    prop_oneof![Just(FileType::Regular), Just(FileType::Directory), Just(FileType::Symlink),]
+    proptest::sample::select(FileType::ALL)
 }
 
 fn mode() -> impl Strategy<Value = u32> {
@@ -45,17 +45,19 @@ fn attr() -> impl Strategy<Value = Attr> {
         any::<u32>(),
         any::<u64>(),
         any::<u64>(),
+        any::<u64>(),
         timespec(),
         timespec(),
         timespec(),
     )
-        .prop_map(|(ino, kind, mode, nlink, uid, gid, size, blocks, atime, mtime, ctime)| Attr {
+        .prop_map(|(ino, kind, mode, nlink, uid, gid, rdev, size, blocks, atime, mtime, ctime)| Attr {
             ino,
             kind,
             mode,
             nlink,
             uid,
             gid,
+            rdev,
             size,
             blocks,
             atime,
@@ -100,6 +102,8 @@ fn simple_request(session: bool) -> BoxedStrategy<Request> {
         (ino(), name(), mode(), any::<bool>(), hint())
             .prop_map(|(parent, name, mode, exclusive, hint)| Request::Create { parent, name, mode, exclusive, hint }),
         (ino(), name(), mode()).prop_map(|(parent, name, mode)| Request::Mkdir { parent, name, mode }),
+        (ino(), name(), file_type(), mode(), any::<u64>())
+            .prop_map(|(parent, name, kind, mode, rdev)| Request::Mknod { parent, name, kind, mode, rdev }),
         (ino(), any::<u64>(), any::<u32>())
             .prop_map(|(ino, cookie, max_entries)| { Request::Readdir { ino, cookie, max_entries } }),
         (ino(), name()).prop_map(|(parent, name)| Request::Unlink { parent, name }),
@@ -118,7 +122,7 @@ fn simple_request(session: bool) -> BoxedStrategy<Request> {
     }
     let session = ("\\PC{0,64}", any::<[u8; 16]>(), any::<[u8; 32]>())
         .prop_map(|(client_name, nonce, mac)| Request::SessionOpen { client_name, nonce, mac });
-    prop_oneof![1 => session, 14 => others].boxed()
+    prop_oneof![1 => session, 15 => others].boxed()
 }
 
 /// A Compound the decoder accepts: chain only where there is a previous op
@@ -189,7 +193,7 @@ fn one_of(ops: &'static [Op]) -> impl Strategy<Value = Op> {
 /// A successful answer (not Session, not Compound) with an op it answers.
 fn simple_response() -> BoxedStrategy<(Op, Response)> {
     prop_oneof![
-        (one_of(&[Op::Lookup, Op::Create, Op::Mkdir, Op::Symlink, Op::Link]), attr())
+        (one_of(&[Op::Lookup, Op::Create, Op::Mkdir, Op::Mknod, Op::Symlink, Op::Link]), attr())
             .prop_map(|(op, attr)| (op, Response::Entry { attr })),
         (one_of(&[Op::GetAttr, Op::SetAttr]), attr()).prop_map(|(op, attr)| (op, Response::Attr { attr })),
         (

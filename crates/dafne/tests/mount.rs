@@ -1,7 +1,8 @@
 //! The FUSE mount, end to end: a real cluster (`dafne up`), a real mount
 //! (`dafne mount`), and ordinary programs on it (cp, dd, tar, rsync, find,
-//! ls, mv, rm, git, sqlite3), fsx, pjdfstest, the CLI's refusals, and the
-//! registration counters of the data path.
+//! ls, mv, rm, git, sqlite3), fsx, pjdfstest, FIFOs, sockets and device
+//! nodes, the CLI's refusals, and the registration counters of the data
+//! path.
 //!
 //! Every test has its own directory, cluster and mount; guards unmount and
 //! stop the cluster even when a check fails. Tests run one at a time (a
@@ -521,21 +522,10 @@ fn pjdfstest_fails_no_more_than_documented() {
         "pjdfstest: {failed} failures, docs/CONFORMANCE.md documents {max}:\n{}",
         failures.join("\n")
     );
-    assert!(passed >= 150, "pjdfstest ran too few tests: {summary}");
-    // Every failure is one the conformance document explains: a file type
-    // dafne does not have (FIFOs, sockets, devices).
-    let unexplained: Vec<&&str> = failures
-        .iter()
-        .filter(|l| {
-            let name = l.split_whitespace().next().unwrap_or("");
-            !(["::fifo", "::socket", "::char", "::block"].iter().any(|t| name.ends_with(t))
-                || name.starts_with("mkfifo::")
-                || name.starts_with("mknod::")
-                || name == "open::fifo_nonblock_wronly"
-                || name == "open::socket_error")
-        })
-        .collect();
-    assert!(unexplained.is_empty(), "failures not explained in docs/CONFORMANCE.md: {unexplained:?}");
+    // The whole suite ran (377 pass where it was measured; a test that
+    // starts to skip instead of passing shows here, with some slack for
+    // kernels that lack a feature).
+    assert!(passed >= 350, "pjdfstest ran too few tests: {summary}");
 }
 
 /// The registration counters the daemon wrote after the last close.
@@ -636,6 +626,81 @@ fn sizes_show_while_open_and_an_unlinked_open_file_lives_on() {
     wait_for("the other mount's attribute cache to expire", || {
         std::fs::metadata(other.join("t")).map(|m| m.len() == 10).unwrap_or(false)
     });
+}
+
+/// A program under a short `timeout(1)`: a FIFO whose other end never
+/// opens blocks forever.
+fn briefly(program: &str, args: &[&str]) -> Command {
+    let mut c = Command::new("timeout");
+    c.args(["-k", "5", "60", program]).args(args);
+    c
+}
+
+#[test]
+fn fifos_sockets_and_device_nodes_live_on_the_mount() {
+    let _g = serial();
+    let c = Cluster::start();
+    let m = c.mount();
+    use std::io::{Read, Write};
+    use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+
+    // A FIFO: the kernel serves it locally; bytes go from a writer to a
+    // reader through it, more than a pipe buffer (64 KiB), so the writer
+    // waits for the reader to drain.
+    let fifo = m.path("pipe");
+    sh(cmd("mkfifo", &["-m", "0600", p(&fifo)]));
+    let md = std::fs::symlink_metadata(&fifo).unwrap();
+    assert!(md.file_type().is_fifo(), "{md:?}");
+    assert_eq!((md.permissions().mode() & 0o7777, md.len()), (0o600, 0));
+    let src = c.scratch("fifo-src").join("payload");
+    std::fs::write(&src, pattern(1 << 20, 9)).unwrap();
+    let writer = briefly("dd", &[&format!("if={}", p(&src)), &format!("of={}", p(&fifo)), "bs=64k"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let read = briefly("cat", &[p(&fifo)]).stdin(Stdio::null()).output().unwrap();
+    let wrote = writer.wait_with_output().unwrap();
+    assert!(wrote.status.success(), "writer: {}", text(&wrote));
+    assert!(read.status.success(), "reader: {}", text(&read));
+    assert!(read.stdout == pattern(1 << 20, 9), "the reader got {} bytes, not the writer's", read.stdout.len());
+
+    // A Unix socket bound on the mount takes connections by its path.
+    let sock = m.path("sock");
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    assert!(std::fs::symlink_metadata(&sock).unwrap().file_type().is_socket());
+    let mut client = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+    client.write_all(b"over the socket").unwrap();
+    drop(client);
+    let mut got = String::new();
+    listener.accept().unwrap().0.read_to_string(&mut got).unwrap();
+    assert_eq!(got, "over the socket");
+
+    // Device nodes keep their numbers.
+    sh(cmd("mknod", &[p(&m.path("null")), "c", "1", "3"]));
+    sh(cmd("mknod", &[p(&m.path("sda1")), "b", "8", "1"]));
+    let null = std::fs::symlink_metadata(m.path("null")).unwrap();
+    assert!(null.file_type().is_char_device());
+    assert_eq!(null.rdev(), 0x0103, "makedev(1, 3)");
+    let sda1 = std::fs::symlink_metadata(m.path("sda1")).unwrap();
+    assert!(sda1.file_type().is_block_device());
+    assert_eq!(sda1.rdev(), 0x0801, "makedev(8, 1)");
+
+    // Another mount sees the same types (from meta, not this kernel's
+    // cache), in a listing too; and they go away like files.
+    let m2 = c.mount_at("mnt2", &[]);
+    let listing = sh(cmd("find", &[p(&m2.mp), "-mindepth", "1", "-printf", "%y %f\\n"]));
+    let mut lines: Vec<&str> = listing.lines().collect();
+    lines.sort();
+    assert_eq!(lines, ["b sda1", "c null", "p pipe", "s sock"], "{listing}");
+    assert_eq!(std::fs::symlink_metadata(m2.path("null")).unwrap().rdev(), 0x0103);
+    std::fs::rename(m.path("pipe"), m.path("pipe2")).unwrap();
+    for name in ["pipe2", "sock", "null", "sda1"] {
+        std::fs::remove_file(m.path(name)).unwrap();
+    }
+    drop(listener);
+    assert_eq!(std::fs::read_dir(&m.mp).unwrap().count(), 0);
 }
 
 #[test]
