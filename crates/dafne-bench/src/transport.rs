@@ -395,7 +395,7 @@ impl Report {
     }
 }
 
-pub(crate) fn machine() -> String {
+pub fn machine() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|c| {

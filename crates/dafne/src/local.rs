@@ -584,12 +584,17 @@ fn stop_all(dir: &Path, servers: &mut [Managed]) {
             .status()
             .map(|s| s.success())
             .unwrap_or(false);
+        let mut grace = STOP_GRACE;
         if !ok {
-            // Busy: detach it lazily so the daemon can exit.
+            // Busy (a process has files open there): detach it lazily; the
+            // daemon exits when the last of them is closed, and meanwhile
+            // answers EIO, its servers being gone.
             let _ = Command::new("umount").arg("-l").arg(&mp).stderr(Stdio::null()).status();
+            progress(format_args!("{} is busy (files open there): detached it lazily", mp.display()));
+            grace = Duration::from_secs(2);
         }
         let t = Instant::now();
-        while pid_alive(pid) && t.elapsed() < STOP_GRACE {
+        while pid_alive(pid) && t.elapsed() < grace {
             std::thread::sleep(Duration::from_millis(50));
         }
         ClusterInfo::forget_mount(dir, pid);

@@ -1,6 +1,7 @@
 //! `dafne`: the one command of the project. Thin: parsing, progress and
 //! printing here; the work lives in the library crates.
 
+mod benchmount;
 mod cluster;
 mod copy;
 mod local;
@@ -77,6 +78,9 @@ enum Bench {
     /// write bandwidth vs access size, the re-read test, aggregate bandwidth
     /// over io servers × clients, CPU per MiB.
     Io(IoBench),
+    /// Through a FUSE mount of a fresh local cluster: sequential and 4 KiB
+    /// random I/O, metadata operations, and `dafne cp` beside it.
+    Mount(benchmount::MountBench),
 }
 
 #[derive(Args)]
@@ -377,6 +381,7 @@ fn run() -> Result<()> {
         Cmd::Bench(Bench::Transport(a)) => bench_transport(a),
         Cmd::Bench(Bench::Meta(a)) => bench_meta(a),
         Cmd::Bench(Bench::Io(a)) => bench_io(a),
+        Cmd::Bench(Bench::Mount(a)) => benchmount::run(a, parse_size),
         Cmd::Serve(Serve::Meta(a)) => dafne_meta::server::serve_forever(&a.to_options()?),
         Cmd::Serve(Serve::Io(a)) => dafne_io::server::serve_forever(&a),
         Cmd::TransportPeer(p) => {
