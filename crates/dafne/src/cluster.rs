@@ -348,25 +348,11 @@ pub fn is_mount_point(path: &Path) -> bool {
     let Ok(canon) = path.canonicalize() else { return false };
     let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return false };
     info.lines().any(|l| {
-        l.split(' ').nth(4).map(|mp| unescape_mountinfo(mp) == canon.as_os_str().to_string_lossy()).unwrap_or(false)
+        l.split(' ')
+            .nth(4)
+            .map(|mp| dafne_fuse::unescape_mountinfo(mp) == canon.as_os_str().to_string_lossy())
+            .unwrap_or(false)
     })
-}
-
-/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
-fn unescape_mountinfo(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
-            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 #[cfg(test)]
@@ -390,13 +376,6 @@ mod tests {
         assert!(format!("{e:#}").contains("io.mode"), "{e:#}");
         let e = Config::parse("[cluster]\nmeta_port = 7711\n", Path::new("c.toml")).unwrap_err();
         assert!(format!("{e:#}").contains("collides"), "{e:#}");
-    }
-
-    #[test]
-    fn mountinfo_escapes_are_undone() {
-        assert_eq!(unescape_mountinfo(r"/mnt/a\040b"), "/mnt/a b");
-        assert_eq!(unescape_mountinfo(r"/mnt/x\\"), r"/mnt/x\\");
-        assert_eq!(unescape_mountinfo("/plain"), "/plain");
     }
 
     #[test]

@@ -2,37 +2,17 @@
 //! crashed server, and the mistakes people make. Every test runs the real
 //! binary, which starts real server processes.
 
+mod common;
+
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-fn dafne() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_dafne"));
-    c.env_remove("DAFNE_HOME").env("RUST_BACKTRACE", "0");
-    c
-}
+use common::{alive, dafne, free_ports, text, wait_for};
 
 fn run(args: &[&str]) -> Output {
     dafne().args(args).output().expect("running dafne")
-}
-
-fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
-}
-
-/// `n` consecutive free ports and one more for the metadata server.
-fn free_ports(n: u16) -> (u16, u16) {
-    let seed = std::process::id() as u64 ^ Instant::now().elapsed().as_nanos() as u64;
-    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-    loop {
-        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        let base = 20000 + (x >> 33) as u16 % 30000;
-        let ok = (0..=n).all(|i| TcpListener::bind(("127.0.0.1", base + i)).is_ok());
-        if ok {
-            return (base, base + 1);
-        }
-    }
 }
 
 /// A cluster directory; `down` runs when dropped, whatever the test did.
@@ -82,20 +62,6 @@ impl Cluster {
 impl Drop for Cluster {
     fn drop(&mut self) {
         let _ = run(&["down", "--dir", &self.d()]);
-    }
-}
-
-fn alive(pid: u64) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| !s.rsplit_once(')').map(|(_, r)| r.trim_start().starts_with('Z')).unwrap_or(true))
-        .unwrap_or(false)
-}
-
-fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !f() {
-        assert!(t.elapsed() < Duration::from_secs(30), "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
     }
 }
 

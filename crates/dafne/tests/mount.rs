@@ -15,26 +15,18 @@
 //! `target/tools/bin` (where `cargo install --root target/tools` puts
 //! them), then `PATH`.
 
-use std::net::TcpListener;
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::{Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+
+use common::{alive, dafne, free_ports, text, wait_for};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
 fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn dafne() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_dafne"));
-    c.env_remove("DAFNE_HOME").stdin(Stdio::null());
-    c
-}
-
-fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
 }
 
 /// Runs a command and returns its output; panics with everything it said
@@ -91,21 +83,6 @@ fn require(name: &str, how: &str) -> Option<PathBuf> {
             None
         }
     }
-}
-
-/// `n` consecutive free ports and another one for the metadata server.
-fn free_ports(n: u16) -> (u16, u16) {
-    for _ in 0..200 {
-        let meta = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let base = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        if base.checked_add(n).is_none() || (base..base + n).contains(&meta) {
-            continue;
-        }
-        if (base..base + n).all(|p| TcpListener::bind(("127.0.0.1", p)).is_ok()) {
-            return (meta, base);
-        }
-    }
-    panic!("no {n} consecutive free ports");
 }
 
 /// A running cluster in its own directory; `dafne down` when dropped.
@@ -209,15 +186,6 @@ impl Drop for Mount {
     }
 }
 
-/// A process that exists and is not a zombie (an exited daemon whose
-/// adoptive parent has not reaped it yet is gone for every purpose here).
-fn alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => s.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')),
-        Err(_) => false,
-    }
-}
-
 fn mounted(mp: &Path) -> bool {
     let want = mp.to_string_lossy().into_owned();
     std::fs::read_to_string("/proc/self/mountinfo").unwrap().lines().any(|l| l.split(' ').nth(4) == Some(&want))
@@ -232,14 +200,6 @@ fn pattern(len: usize, seed: u64) -> Vec<u8> {
             (x >> 33) as u8
         })
         .collect()
-}
-
-fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !f() {
-        assert!(start.elapsed() < Duration::from_secs(20), "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 #[test]
@@ -762,7 +722,7 @@ fn mistakes_get_clear_messages_and_a_nonzero_exit() {
     let pid = std::fs::read_dir(&records).unwrap().next().unwrap().unwrap().file_name().into_string().unwrap();
     let raw: i32 = pid.parse().unwrap();
     rustix::process::kill_process(rustix::process::Pid::from_raw(raw).unwrap(), rustix::process::Signal::KILL).unwrap();
-    wait_for("the killed daemon to be gone", || !alive(pid.parse().unwrap()));
+    wait_for("the killed daemon to be gone", || !alive(pid.parse::<u32>().unwrap()));
     let t = fail(dafne().arg("mount").arg(&m2.mp).args(["--dir", &d]));
     assert!(t.contains("dead dafne mount") && t.contains("dafne umount"), "{t}");
     let o = m2.umount();
