@@ -7,38 +7,13 @@ mod common;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use common::{spawn_io_storage, start_meta, IoProc};
+use common::{cluster, cluster_with, spawn_io_storage, start_meta, Cluster, Rng};
 
 use dafne_client::data::{DataClient, RegionSlice};
 use dafne_client::{Errno, MetaSession, OpenFile, ROOT_INO};
 use dafne_proto::io::Stability;
 use dafne_proto::LayoutHint;
 use dafne_transport::Runtime;
-
-struct Cluster {
-    _meta: dafne_meta::server::MetaServer,
-    meta_addr: SocketAddr,
-    ios: Vec<IoProc>,
-    secret: PathBuf,
-    _root: tempfile::TempDir,
-}
-
-fn cluster(cache_mib: usize) -> Cluster {
-    cluster_with(cache_mib, &common::storage())
-}
-
-/// Four io servers with `--storage storage`, their data under the target
-/// directory (the build's disk: /tmp may be a tmpfs).
-fn cluster_with(cache_mib: usize, storage: &str) -> Cluster {
-    let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-    std::fs::create_dir_all(&base).unwrap();
-    let root = tempfile::tempdir_in(base).unwrap();
-    let (meta, secret) = start_meta(root.path(), 4, 64 << 10, 4);
-    let ios = (0..4)
-        .map(|i| spawn_io_storage(&root.path().join(format!("io{i}")), &secret, cache_mib, "127.0.0.1:0", storage))
-        .collect();
-    Cluster { meta_addr: meta.addr, _meta: meta, ios, secret, _root: root }
-}
 
 fn runtime() -> Runtime {
     common::runtime("io-test")
@@ -56,19 +31,6 @@ fn open_new(m: &MetaSession, name: &str, unit: u32) -> OpenFile {
         .create_with(ROOT_INO, name.as_bytes(), 0o644, true, Some(LayoutHint { stripe_unit: unit, stripe_count: 4 }))
         .unwrap();
     m.open(a.ino, dafne_proto::OPEN_READ | dafne_proto::OPEN_WRITE).unwrap()
-}
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
 }
 
 #[test]

@@ -6,9 +6,8 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 
-use common::{spawn_io, start_meta, IoProc};
+use common::{cluster, Cluster};
 
 use dafne_client::data::{DataClient, ZERO_COPY_MIN};
 use dafne_client::regcache::RegCacheConfig;
@@ -17,22 +16,6 @@ use dafne_proto::io::Stability;
 use dafne_proto::LayoutHint;
 use dafne_transport::Runtime;
 use futures::executor::block_on;
-
-struct Cluster {
-    _meta: dafne_meta::server::MetaServer,
-    meta_addr: SocketAddr,
-    ios: Vec<IoProc>,
-    secret: PathBuf,
-    _root: tempfile::TempDir,
-}
-
-fn cluster(cache_mib: usize) -> Cluster {
-    let root = tempfile::tempdir().unwrap();
-    let (meta, secret) = start_meta(root.path(), 4, 64 << 10, 4);
-    let ios =
-        (0..4).map(|i| spawn_io(&root.path().join(format!("io{i}")), &secret, cache_mib, "127.0.0.1:0")).collect();
-    Cluster { meta_addr: meta.addr, _meta: meta, ios, secret, _root: root }
-}
 
 fn clients(c: &Cluster, rt: &Runtime, cache: RegCacheConfig) -> (MetaSession, DataClient) {
     let secret = dafne_auth::Secret::load(&c.secret).unwrap();

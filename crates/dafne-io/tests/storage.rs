@@ -2,6 +2,8 @@
 //! `--storage` decision with the failures this machine does not have
 //! injected, and the probe on a real disk (`CARGO_TARGET_TMPDIR`).
 
+mod common;
+
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -9,6 +11,8 @@ use dafne_io::chunk::{
     decide, probe_direct, AlignedBuf, ChunkStore, DirectRefused, StorageMode, StoragePath, DIRECT_ALIGN,
 };
 use dafne_unifier::{BatchRead, Storage};
+
+use common::Rng;
 
 fn disk_dir() -> tempfile::TempDir {
     let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
@@ -27,19 +31,6 @@ fn direct_store(dir: &Path) -> Option<ChunkStore> {
             eprintln!("skipped: {} cannot do O_DIRECT via io_uring: {why}", dir.display());
             None
         }
-    }
-}
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
     }
 }
 

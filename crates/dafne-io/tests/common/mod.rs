@@ -94,3 +94,43 @@ pub fn spawn_io_storage(dir: &Path, secret: &Path, cache_mib: usize, listen: &st
     let addr = line.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("banner {line:?}")).parse().unwrap();
     IoProc { child, addr, dir: dir.to_path_buf(), storage: storage.to_string() }
 }
+
+/// One metadata server (in this process) and four io server processes.
+pub struct Cluster {
+    pub _meta: dafne_meta::server::MetaServer,
+    pub meta_addr: SocketAddr,
+    pub ios: Vec<IoProc>,
+    pub secret: PathBuf,
+    pub _root: tempfile::TempDir,
+}
+
+pub fn cluster(cache_mib: usize) -> Cluster {
+    cluster_with(cache_mib, &storage())
+}
+
+/// Four io servers with `--storage storage`, their data under the target
+/// directory (the build's disk: /tmp may be a tmpfs).
+pub fn cluster_with(cache_mib: usize, storage: &str) -> Cluster {
+    let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    std::fs::create_dir_all(&base).unwrap();
+    let root = tempfile::tempdir_in(base).unwrap();
+    let (meta, secret) = start_meta(root.path(), 4, 64 << 10, 4);
+    let ios = (0..4)
+        .map(|i| spawn_io_storage(&root.path().join(format!("io{i}")), &secret, cache_mib, "127.0.0.1:0", storage))
+        .collect();
+    Cluster { meta_addr: meta.addr, _meta: meta, ios, secret, _root: root }
+}
+
+/// A small deterministic generator (xorshift) for workloads.
+pub struct Rng(pub u64);
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
