@@ -57,7 +57,15 @@ pub struct IoService {
     secret: Secret,
     backend: Backend,
     store: Rc<ChunkStore>,
+    /// Per object, the unit a sequential reader asks for next (read-ahead).
+    next_unit: std::cell::RefCell<std::collections::HashMap<u64, u64>>,
 }
+
+/// Read-ahead: bytes filled beyond a sequential read that misses, in the
+/// same storage submission (at most an eighth of the cache).
+pub const READ_AHEAD_BYTES: usize = 1 << 20;
+/// Objects whose read position is remembered (the map is cleared beyond).
+const READ_AHEAD_OBJECTS: usize = 4096;
 
 impl std::fmt::Debug for IoService {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -86,7 +94,7 @@ enum Remote {
 
 impl IoService {
     pub fn new(secret: Secret, backend: Backend, store: Rc<ChunkStore>) -> IoService {
-        IoService { secret, backend, store }
+        IoService { secret, backend, store, next_unit: Default::default() }
     }
 
     /// The Unifier, in the `unifier` mode.
@@ -235,6 +243,29 @@ impl IoService {
         }
     }
 
+    /// The units to read ahead of `work` when it continues the object's
+    /// previous read (a sequential reader), up to [`READ_AHEAD_BYTES`] and
+    /// an eighth of the cache, not past the object's end; none otherwise.
+    fn read_ahead(&self, unifier: &Unifier, object: u64, work: &[UnitWork]) -> Vec<u64> {
+        let (Some(first), Some(last)) = (work.first(), work.iter().map(|w| w.unit_index).max()) else {
+            return Vec::new();
+        };
+        let mut next = self.next_unit.borrow_mut();
+        if next.len() >= READ_AHEAD_OBJECTS {
+            next.clear();
+        }
+        let sequential = next.insert(object, last + 1) == Some(first.unit_index);
+        if !sequential {
+            return Vec::new();
+        }
+        let unit = unifier.unit_size_for(object).max(1) as u64;
+        let c = unifier.config();
+        let cache_units = ((c.ready_slabs + c.raw_slabs) * c.slab_size) as u64 / unit;
+        let k = (READ_AHEAD_BYTES as u64 / unit).min(cache_units / 8);
+        let end = self.store.size(object).unwrap_or(0).div_ceil(unit);
+        (last + 1..(last + 1 + k).min(end)).filter(|&i| !unifier.is_cached(object, i)).collect()
+    }
+
     /// Units one request may hold at once: a quarter of the cache, at most
     /// [`UNITS_PER_BATCH`], so that concurrent requests can all progress.
     fn batch_units(unifier: &Unifier, object: u64) -> usize {
@@ -255,10 +286,15 @@ impl IoService {
         let rkeys = crate::modes::remote_keys(conn, keys)?;
         let mut data = Vec::new();
         let mut bytes = 0u64;
+        let mut ahead = self.read_ahead(unifier, object, &work);
         for batch in work.chunks(Self::batch_units(unifier, object)) {
-            // The batch's missing units in one storage submission.
+            // The batch's missing units in one storage submission, with the
+            // read-ahead when the request is sequential and must go to
+            // storage anyway (the latency is paid once for both).
             let indices: Vec<u64> = batch.iter().map(|w| w.unit_index).collect();
-            unifier.prefetch(object, &indices);
+            if indices.iter().any(|&i| !unifier.is_cached(object, i)) {
+                unifier.prefetch_with_ahead(object, &indices, &std::mem::take(&mut ahead));
+            }
             let mut guards = Vec::with_capacity(batch.len());
             for w in batch {
                 guards.push(retry_no_space(|| unifier.read(object, w.unit_index)).await?);

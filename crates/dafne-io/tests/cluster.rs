@@ -443,3 +443,55 @@ fn server_info_reports_capacity_and_counters_to_holders_of_a_capability() {
     forged.mac[0] ^= 1;
     assert_eq!(futures::executor::block_on(d.server_info(0, forged)), Err(Errno::EACCES));
 }
+
+/// A sequential reader that misses gets the next units read ahead in the
+/// same storage submission: the following requests hit; a random reader
+/// gets no read-ahead.
+#[test]
+fn sequential_reads_that_miss_read_ahead() {
+    let root = tempfile::tempdir_in(PathBuf::from(env!("CARGO_TARGET_TMPDIR"))).unwrap();
+    let (meta, secret_path) = start_meta(root.path(), 1, 1 << 20, 1);
+    let args = dafne_io::server::IoArgs {
+        data_dir: root.path().join("io0"),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        secret: secret_path.clone(),
+        cache_mib: 16,
+        ucx: common::ucx_args(),
+        storage: common::storage_mode(),
+    };
+    let rt = runtime();
+    let secret = dafne_auth::Secret::load(&secret_path).unwrap();
+    let m = MetaSession::connect(&rt, meta.addr, &secret, "ra", 0, 0).unwrap();
+    let f = open_new_on(&m, "ra", 1 << 20, 1);
+    let len = 8usize << 20;
+    let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+    {
+        let io = dafne_io::server::start(&args).unwrap();
+        let d = DataClient::connect(&rt, &[io.addr]).unwrap();
+        futures::executor::block_on(d.write_at(&f, 0, &data, Stability::FileSync)).unwrap();
+    }
+    // A new server on the same data: nothing cached.
+    let io = dafne_io::server::start(&args).unwrap();
+    let d = DataClient::connect(&rt, &[io.addr]).unwrap();
+    let buf = d.register(vec![0u8; 128 << 10], dafne_transport::Access::RemoteWrite).unwrap();
+    let read = |off: usize| {
+        futures::executor::block_on(d.read_region(&f, off as u64, &buf, 0, 128 << 10)).unwrap();
+        assert!(buf.as_slice() == &data[off..off + (128 << 10)]);
+    };
+    // Random: no read-ahead.
+    read(5 << 20);
+    read(3 << 20);
+    let s0 = io.stats().unifier;
+    assert_eq!(s0.prefetched, 4, "only the requests' own units: {s0:?}");
+    // Sequential from 0: the second request misses and reads 1 MiB ahead.
+    read(0);
+    read(128 << 10);
+    let s1 = io.stats().unifier;
+    assert_eq!(s1.prefetched - s0.prefetched, 4 + 16, "{s1:?}");
+    assert_eq!((s0.read_ahead, s1.read_ahead), (0, 16), "{s1:?}");
+    let misses = s1.misses;
+    for k in 2..10 {
+        read(k * (128 << 10));
+    }
+    assert_eq!(io.stats().unifier.misses, misses, "the read-ahead units were hits");
+}

@@ -15,6 +15,9 @@ pub struct UnifierStats {
     /// (counted in `fills` too), and the storage batches they went in.
     pub prefetched: u64,
     pub prefetch_batches: u64,
+    /// Of the units prefetched, those read ahead of a sequential reader
+    /// ([`crate::Unifier::prefetch_with_ahead`]); their first use is a hit.
+    pub read_ahead: u64,
     /// Acquisitions that waited for another's fill of the same unit.
     pub fill_waits: u64,
     /// Acquisitions that waited for a conflicting holder (a writer waiting

@@ -294,7 +294,15 @@ impl Unifier {
     /// the error) as usual. Returns the units filled. Synchronous, like a
     /// fill; holds nothing when it returns.
     pub fn prefetch(&self, object: u64, indices: &[u64]) -> usize {
-        self.inner.prefetch(object, indices)
+        self.inner.prefetch(object, indices, &[])
+    }
+
+    /// [`Self::prefetch`] of a request's units `own` and, in the same
+    /// storage batch, units read ahead of it (`ahead`, for a sequential
+    /// reader). A unit read ahead is a hit when it is used (it is what
+    /// read-ahead is for); it is counted in `read_ahead`.
+    pub fn prefetch_with_ahead(&self, object: u64, own: &[u64], ahead: &[u64]) -> usize {
+        self.inner.prefetch(object, own, ahead)
     }
 
     /// Takes unit `unit_index` of `object` exclusively to write `range`
@@ -629,9 +637,9 @@ impl Inner {
         }
     }
 
-    fn prefetch(&self, object: u64, indices: &[u64]) -> usize {
+    fn prefetch(&self, object: u64, own: &[u64], ahead: &[u64]) -> usize {
         let mut claimed: Vec<(Held, u64)> = Vec::new();
-        for &index in indices {
+        for &index in own.iter().chain(ahead) {
             if self.st.borrow().lookup(object, index).is_some() || claimed.iter().any(|(_, i)| *i == index) {
                 continue;
             }
@@ -677,19 +685,25 @@ impl Inner {
             self.storage.read_batch(&mut reads)
         };
         debug_assert_eq!(results.len(), claimed.len());
-        let mut filled = 0;
+        let (mut filled, mut read_ahead) = (0, 0);
         for ((h, index), res) in claimed.into_iter().zip(results) {
             // A failed fill drops the unit (`finish_fill`); the acquisition
             // that follows fills it again and reports the error.
             if let Ok(h) = self.finish_fill(h, object, index, &Mode::Read, res) {
                 filled += 1;
-                self.st.borrow_mut().unit_mut(h.slot).prefetched = true;
+                // A request's own unit: its first use is the request's miss.
+                if own.contains(&index) {
+                    self.st.borrow_mut().unit_mut(h.slot).prefetched = true;
+                } else {
+                    read_ahead += 1;
+                }
                 drop(h.arc);
                 self.release_shared(h.slot, h.gen);
             }
         }
         let mut st = self.st.borrow_mut();
         st.c.prefetched += filled as u64;
+        st.c.read_ahead += read_ahead;
         st.c.prefetch_batches += 1;
         filled
     }
