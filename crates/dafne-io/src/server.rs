@@ -298,6 +298,41 @@ impl IoServer {
         IoStats { mode: self.mode, serving: s.mode, unifier: s.unifier, ucx: self.ucx_stats(), storage: s.storage }
     }
 
+    /// A clean stop's first half: refuse new requests (EAGAIN), wait for
+    /// those being served, then write back and sync until nothing is dirty.
+    /// After it, everything this server acknowledged is on disk.
+    pub fn drain_and_flush(&self) -> Result<()> {
+        self.rt.run_on_loop(|_| {
+            if let Some(svc) = SERVICE.with(|s| s.borrow().as_ref().and_then(Weak::upgrade)) {
+                svc.drain();
+            }
+        })?;
+        let t = std::time::Instant::now();
+        while self.rt.stats().snapshot().requests_in_flight > 0 && t.elapsed() < std::time::Duration::from_secs(30) {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let mut first_err = None;
+        for _ in 0..5 {
+            match self.flush_all() {
+                Ok(()) => {}
+                Err(e) => {
+                    tracing::error!("{e:#}");
+                    first_err.get_or_insert(e);
+                }
+            }
+            let dirty = self
+                .rt
+                .run_on_loop(|_| {
+                    SERVICE.with(|s| s.borrow().as_ref().and_then(Weak::upgrade).map(|svc| svc.dirty_bytes()))
+                })?
+                .unwrap_or(0);
+            if dirty == 0 {
+                break;
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
     /// Writes back every dirty cache unit and syncs every object: after
     /// it, everything acknowledged is on disk.
     pub fn flush_all(&self) -> Result<()> {
@@ -415,15 +450,16 @@ pub fn serve_forever(c: &IoCommand) -> Result<()> {
                 std::io::stdout().flush()?;
             }
         }
-        return Ok(());
+        return s.drain_and_flush();
     }
     let stop = stop_on_signals()?;
     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
         std::thread::park_timeout(std::time::Duration::from_millis(100));
     }
-    // A clean stop: what the cache holds dirty reaches the disk first.
+    // A clean stop: what the cache holds dirty reaches the disk first,
+    // and nothing is acknowledged after that.
     tracing::info!("stopping: writing back the cache");
-    s.flush_all()?;
+    s.drain_and_flush()?;
     Ok(())
 }
 

@@ -59,6 +59,9 @@ pub struct IoService {
     store: Rc<ChunkStore>,
     /// Per object, the unit a sequential reader asks for next (read-ahead).
     next_unit: std::cell::RefCell<std::collections::HashMap<u64, u64>>,
+    /// Set when the server is stopping: new requests are refused (EAGAIN)
+    /// so that nothing is acknowledged after the final write-back.
+    draining: std::cell::Cell<bool>,
 }
 
 /// Read-ahead: bytes filled beyond a sequential read that misses, in the
@@ -94,7 +97,7 @@ enum Remote {
 
 impl IoService {
     pub fn new(secret: Secret, backend: Backend, store: Rc<ChunkStore>) -> IoService {
-        IoService { secret, backend, store, next_unit: Default::default() }
+        IoService { secret, backend, store, next_unit: Default::default(), draining: Default::default() }
     }
 
     /// The Unifier, in the `unifier` mode.
@@ -110,6 +113,19 @@ impl IoService {
         match &self.backend {
             Backend::Unifier(u) => ServingStats { mode: ModeStats::default(), unifier: u.stats(), storage },
             Backend::Direct(d) => ServingStats { mode: d.stats(), unifier: Default::default(), storage },
+        }
+    }
+
+    /// Refuses every request from now on (the server is stopping).
+    pub fn drain(&self) {
+        self.draining.set(true);
+    }
+
+    /// Dirty bytes in the cache (0 in the normal and mmap modes).
+    pub fn dirty_bytes(&self) -> u64 {
+        match &self.backend {
+            Backend::Unifier(u) => u.stats().dirty_bytes,
+            Backend::Direct(_) => 0,
         }
     }
 
@@ -169,6 +185,9 @@ impl IoService {
             }
         };
         let op = request.op();
+        if self.draining.get() {
+            return dafne_proto::io::encode_io_reply(env.tag, op, &Err(Errno::EAGAIN));
+        }
         let result = self.serve(&req.conn, request).await;
         dafne_proto::io::encode_io_reply(env.tag, op, &result)
     }

@@ -495,3 +495,40 @@ fn sequential_reads_that_miss_read_ahead() {
     }
     assert_eq!(io.stats().unifier.misses, misses, "the read-ahead units were hits");
 }
+
+/// A clean stop refuses new requests before its final write-back, so that
+/// nothing is acknowledged that the write-back misses; a new server on the
+/// same data then has every byte acknowledged before.
+#[test]
+fn a_clean_stop_refuses_writes_and_writes_back_what_it_acknowledged() {
+    let root = tempfile::tempdir_in(PathBuf::from(env!("CARGO_TARGET_TMPDIR"))).unwrap();
+    let (meta, secret_path) = start_meta(root.path(), 1, 1 << 20, 1);
+    let args = dafne_io::server::IoArgs {
+        data_dir: root.path().join("io0"),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        secret: secret_path.clone(),
+        cache_mib: 16,
+        ucx: common::ucx_args(),
+        storage: common::storage_mode(),
+    };
+    let rt = runtime();
+    let secret = dafne_auth::Secret::load(&secret_path).unwrap();
+    let m = MetaSession::connect(&rt, meta.addr, &secret, "drain", 0, 0).unwrap();
+    let f = open_new_on(&m, "drain", 1 << 20, 1);
+    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 241) as u8).collect();
+    {
+        let io = dafne_io::server::start(&args).unwrap();
+        let d = DataClient::connect(&rt, &[io.addr]).unwrap();
+        futures::executor::block_on(d.write_at(&f, 0, &data, Stability::Unstable)).unwrap();
+        assert!(io.stats().unifier.dirty_bytes > 0);
+        io.drain_and_flush().unwrap();
+        assert_eq!(io.stats().unifier.dirty_bytes, 0);
+        let late = futures::executor::block_on(d.write_at(&f, 0, b"late", Stability::Unstable));
+        assert_eq!(late, Err(Errno::EAGAIN), "a write after the final write-back is refused");
+    }
+    let io = dafne_io::server::start(&args).unwrap();
+    let d = DataClient::connect(&rt, &[io.addr]).unwrap();
+    let mut back = vec![0u8; data.len()];
+    futures::executor::block_on(d.read_at(&f, 0, &mut back)).unwrap();
+    assert!(back == data);
+}

@@ -343,7 +343,8 @@ impl Unifier {
         async move { Inner::flush(&inner, object).await }
     }
 
-    /// Flushes every object with dirty units or with write-backs not yet synced.
+    /// Flushes every object with dirty units or with write-backs not yet
+    /// synced; returns the first error after trying them all.
     pub fn flush_all(&self) -> impl Future<Output = Result<()>> + 'static {
         let inner = self.inner.clone();
         async move {
@@ -357,10 +358,16 @@ impl Unifier {
                 v.dedup();
                 v
             };
+            // Every object is tried even when one fails (its storage may be
+            // the only broken one); a failed object stays owed a sync.
+            let mut first_err = None;
             for object in objects {
-                Inner::flush(&inner, object).await?;
+                if let Err(e) = Inner::flush(&inner, object).await {
+                    inner.st.borrow_mut().unsynced.insert(object);
+                    first_err.get_or_insert(e);
+                }
             }
-            Ok(())
+            first_err.map_or(Ok(()), Err)
         }
     }
 
