@@ -78,8 +78,8 @@
 //! | Mknod | 17 | parent u64, name, kind u8, mode u32, rdev u64 | `Entry`: attr |
 //!
 //! Numbers are never reused: a retired op keeps its number, unassigned. The
-//! io ops (Read 64, Write 65, Truncate 66, Remove 67, Sync 68, Stat 69) are
-//! tabled, with their bodies, in module [`io`].
+//! io ops (Read 64, Write 65, Truncate 66, Remove 67, Sync 68, Stat 69,
+//! ServerInfo 70) are tabled, with their bodies, in module [`io`].
 //!
 //! Building blocks:
 //! * `name`, `target`, `str`: u32 length + bytes. A name is at most
@@ -135,7 +135,8 @@
 //! other with [`DecodeError::BadVersion`] (there is no negotiation yet). The
 //! version covers both protocols. Version 2 added the io ops; version 3
 //! the special file types (Fifo, Socket, CharDevice, BlockDevice), `rdev`
-//! in `attr` and the Mknod op. Bump
+//! in `attr` and the Mknod op (the io op ServerInfo, 70, came in the same
+//! release). Bump
 //! it for *every* change to what a decoder accepts or how it reads it: a new
 //! op, a field added, removed, resized or reordered, a new flag or mask bit,
 //! a new enum value, a changed limit. Numbers (ops, errno values, file types,

@@ -290,7 +290,8 @@ impl State {
 
     /// Carves `slab` into units of `class`. Every slot of the slab must be
     /// empty. The first carve registers the whole slab once (ready slabs at
-    /// start, UCX-allocated; raw slabs on first use, ordinary memory); a
+    /// start, raw slabs on first use; both UCX-allocated, page-aligned for
+    /// O_DIRECT); a
     /// re-carve registers nothing: the old units' views go back to the slab
     /// and new views of the new size are taken from it. A range that an
     /// abandoned operation still holds (a retired unit's view) is not free,

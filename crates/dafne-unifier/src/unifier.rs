@@ -716,8 +716,8 @@ impl Inner {
     }
 
     /// Finds a free slot of `class`, in this order: a free unit; a slab
-    /// never carved (raw memory: one registration of ordinary memory, ~1 µs
-    /// here, and it evicts nothing); the replacement policies' victim in
+    /// never carved (raw memory: allocated and registered now, once per
+    /// slab, and it evicts nothing); the replacement policies' victim in
     /// `class` (written back first if dirty); an empty slab of another
     /// class, re-carved; the coldest slab of another class whose units can
     /// all be evicted, re-carved; ranges of this class's slabs that
@@ -865,8 +865,16 @@ impl Inner {
             match s {
                 Some(s) => inner.write_back(s, None, Cause::WriteBehind)?,
                 None => {
-                    if let Some(e) = inner.bgst.borrow_mut().error.take() {
-                        return Err(e);
+                    // A failed background write is reported to a writer of
+                    // the same object (another object's writer is not
+                    // concerned; the failed unit stays dirty and the next
+                    // flush of its object retries it).
+                    let mine =
+                        matches!(&inner.bgst.borrow().error, Some(Error::Storage { object: o, .. }) if *o == object);
+                    if mine {
+                        if let Some(e) = inner.bgst.borrow_mut().error.take() {
+                            return Err(e);
+                        }
                     }
                     inner.st.borrow_mut().c.background_waits += 1;
                     let seen = inner.bgst.borrow().completed;
