@@ -16,14 +16,44 @@
 //! memory is unmapped); smaller ones, and the slice APIs `read_at` /
 //! `write_at`, copy once through pre-registered 1 MiB bounce buffers, so
 //! nothing is registered on their hot path either.
+//!
+//! # Write verifier
+//! Io servers acknowledge [`Stability::Unstable`] writes once the data is
+//! in their cache; a server process that crashes loses it, and the
+//! supervisor's restart brings up a server with nothing dirty, so a later
+//! `Sync` would succeed and the loss go unseen. As NFS's write verifier
+//! does, the client notices instead: per (object, server) it records the
+//! [`Generation`] of the connection that carried the first unstable write
+//! since the object's last successful `Sync` or `Stat` on that server (a
+//! reconnection is the only way a restarted server is reached). When a
+//! `Sync` or `Stat` is answered on a connection of another generation, the
+//! data acknowledged by the earlier one may be gone: that sync or stat
+//! fails with `EIO` (once), as `fsync` does after a failed write-back.
+//! Writes sent `DataSync` / `FileSync` are stable when acknowledged and are
+//! not recorded. The record is bounded ([`VERIFIER_MAX`]): past it, an
+//! unstable write to a pair not yet recorded is sent `DataSync`, so
+//! nothing acknowledged goes unchecked.
+//!
+//! # Buffers of failed requests
+//! A request that fails (a timeout, a lost connection, any error) may still
+//! have the server's RMA under way on its memory. Bounce buffers of a
+//! failed request are not returned to the pool but deregistered and freed,
+//! and a cached registration of the caller's buffer is evicted, so that
+//! later I/O never shares memory with a late put or get. (Deregistering
+//! invalidates the key on RDMA transports; with shared-memory transports
+//! such as CMA a late put could still reach the caller's buffer, which the
+//! client cannot prevent.)
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::{Mutex, MutexGuard};
 
 use dafne_proto::io::{decode_io_reply, encode_io_request, IoExtent, IoRequest, IoResponse, Stability, NO_KEY};
 use dafne_proto::{Capability, Envelope, Errno, ServerInfo};
 use dafne_transport::{Access, Client, Region, Runtime};
 
 use crate::cq::{CompletionQueue, Ticket};
+use crate::link::Generation;
 use crate::regcache::{RegCache, RegCacheConfig, RegCacheStats};
 use crate::{ConnectError, OpenFile};
 
@@ -51,6 +81,90 @@ pub const BOUNCE_KEEP: usize = 8;
 /// a first registration (and small buffers are rarely reused as such).
 pub const ZERO_COPY_MIN: usize = 256 << 10;
 
+/// Most (object, server) pairs with unstable writes the write verifier
+/// records: 65536 × ~40 bytes of map entry ≈ 2.5 MiB at most. A client
+/// with more objects written and not synced sends further unstable writes
+/// to new pairs as `DataSync` (see the module docs).
+pub const VERIFIER_MAX: usize = 65536;
+
+/// An unstable write not yet covered by a `Sync` or `Stat`.
+#[derive(Debug, Clone, Copy)]
+struct Unstable {
+    /// The connection that carried the first of them.
+    generation: Generation,
+    /// [`Verifier::seq`] of the latest of them.
+    seq: u64,
+}
+
+/// The write verifier's record (see the module docs).
+struct Verifier {
+    /// (object id, server index) → unstable writes not yet made stable.
+    pending: HashMap<(u64, usize), Unstable>,
+    /// Unstable writes recorded so far.
+    seq: u64,
+    max: usize,
+}
+
+impl std::fmt::Debug for Verifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Verifier").field("pending", &self.pending.len()).field("seq", &self.seq).finish()
+    }
+}
+
+impl Verifier {
+    fn new(max: usize) -> Verifier {
+        Verifier { pending: HashMap::new(), seq: 0, max }
+    }
+
+    /// Records an unstable write of `object` about to be sent to `server`
+    /// on connection `generation`. `false` when the record is full: send
+    /// the write stable instead.
+    fn note_write(&mut self, object: u64, server: usize, generation: Generation) -> bool {
+        if self.pending.len() >= self.max && !self.pending.contains_key(&(object, server)) {
+            return false;
+        }
+        self.seq += 1;
+        let seq = self.seq;
+        self.pending.entry((object, server)).and_modify(|u| u.seq = seq).or_insert(Unstable { generation, seq });
+        true
+    }
+
+    /// What a `Sync` or `Stat` about to be sent covers: the writes
+    /// recorded so far.
+    fn epoch(&self) -> u64 {
+        self.seq
+    }
+
+    /// A `Sync` or `Stat` of `object`, sent at `epoch`, succeeded on
+    /// `server`'s connection `generation`: `EIO` if an unstable write went
+    /// to an earlier server instance. The record is cleared unless writes
+    /// were sent while the sync was in flight (it may not cover them); if
+    /// kept after a loss was reported, it takes the answering generation
+    /// (a write that raced on an older connection could not have been
+    /// acknowledged: that connection was lost before this one was made).
+    fn settle(&mut self, object: u64, server: usize, generation: Generation, epoch: u64) -> Result<(), Errno> {
+        let Some(u) = self.pending.get_mut(&(object, server)) else { return Ok(()) };
+        let lost = u.generation != generation;
+        if u.seq <= epoch {
+            self.pending.remove(&(object, server));
+        } else {
+            u.generation = generation;
+        }
+        if lost {
+            tracing::warn!(
+                "object {object:#x}: io server {server} restarted after acknowledging unstable writes; they may be lost"
+            );
+            return Err(Errno::EIO);
+        }
+        Ok(())
+    }
+
+    /// The object is removed from `server`: nothing of it is left to check.
+    fn forget(&mut self, object: u64, server: usize) {
+        self.pending.remove(&(object, server));
+    }
+}
+
 /// Connections to every io server of a cluster, by server id.
 #[derive(Debug, Clone)]
 pub struct DataClient {
@@ -63,6 +177,7 @@ pub struct DataClient {
     bounce: std::sync::Arc<std::sync::Mutex<Vec<Region>>>,
     /// `None` only without servers (no UCX context to register with).
     regcache: Option<std::sync::Arc<RegCache>>,
+    verifier: std::sync::Arc<Mutex<Verifier>>,
 }
 
 /// The part of an I/O that one server handles.
@@ -92,7 +207,13 @@ impl DataClient {
         let anchor = servers.first().cloned();
         // Io servers need no hello: capabilities are checked per request.
         let servers = servers.into_iter().map(|c| crate::link::Link::new(c, Box::new(|_: &Client| Ok(())))).collect();
-        Ok(DataClient { servers: std::sync::Arc::new(servers), anchor, bounce: Default::default(), regcache })
+        Ok(DataClient {
+            servers: std::sync::Arc::new(servers),
+            anchor,
+            bounce: Default::default(),
+            regcache,
+            verifier: std::sync::Arc::new(Mutex::new(Verifier::new(VERIFIER_MAX))),
+        })
     }
 
     /// The registration cache's counters (zeros without servers).
@@ -130,6 +251,21 @@ impl DataClient {
             pool.push(Region::allocate(ctx, BOUNCE_SIZE, Access::RemoteReadWrite).map_err(|_| Errno::ENOMEM)?);
         }
         Ok(())
+    }
+
+    /// Bounce buffers in the pool now.
+    #[cfg(test)]
+    fn bounce_pooled(&self) -> usize {
+        self.bounce.lock().map(|p| p.len()).unwrap_or(0)
+    }
+
+    /// Returns the bounce buffers of a request to the pool if it
+    /// succeeded; drops them if it failed (the server may still put or get
+    /// on them, see the module docs).
+    fn settle_bounce(&self, bufs: Vec<Region>, ok: bool) {
+        if ok {
+            bufs.into_iter().for_each(|r| self.give_bounce(r));
+        }
     }
 
     fn give_bounce(&self, r: Region) {
@@ -186,15 +322,50 @@ impl DataClient {
         Ok(())
     }
 
+    fn verifier(&self) -> MutexGuard<'_, Verifier> {
+        // Every update leaves the record consistent: a poisoned lock is
+        // still usable.
+        self.verifier.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     async fn call(&self, server: usize, req: &IoRequest) -> Result<IoResponse, Errno> {
         let link = self.servers.get(server).ok_or(Errno::EIO)?;
         // A lost server is reconnected here, at the next call after the loss.
-        let c = link.get().ok_or(Errno::EIO)?;
+        let (c, generation) = link.get().ok_or(Errno::EIO)?;
+        // The write verifier: unstable writes are recorded before they are
+        // sent, syncs note what they cover (module docs).
+        let mut epoch = 0;
+        let stable_instead = match req {
+            IoRequest::Write { cap, stability: Stability::Unstable, .. } => {
+                let recorded = self.verifier().note_write(cap.object_id, server, generation);
+                (!recorded).then(|| {
+                    let mut r = req.clone();
+                    if let IoRequest::Write { stability, .. } = &mut r {
+                        *stability = Stability::DataSync;
+                    }
+                    r
+                })
+            }
+            IoRequest::Sync { .. } | IoRequest::Stat { .. } => {
+                epoch = self.verifier().epoch();
+                None
+            }
+            _ => None,
+        };
+        let req = stable_instead.as_ref().unwrap_or(req);
         let bytes = c.call_async(encode_io_request(Envelope { tag: 0, uid: 0, gid: 0 }, req)).await.map_err(|e| {
-            link.failed(&e);
+            link.failed(generation, &e);
             io_err(e)
         })?;
-        decode_io_reply(&bytes).map_err(|_| Errno::EPROTO)?.2
+        let reply = decode_io_reply(&bytes).map_err(|_| Errno::EPROTO)?.2?;
+        match req {
+            IoRequest::Sync { cap } | IoRequest::Stat { cap } => {
+                self.verifier().settle(cap.object_id, server, generation, epoch)?
+            }
+            IoRequest::Remove { cap } => self.verifier().forget(cap.object_id, server),
+            _ => {}
+        }
+        Ok(reply)
     }
 
     /// Connections opened again after io servers were lost, over all servers.
@@ -337,16 +508,20 @@ impl DataClient {
         // nothing else touches it while they put into it; `reg` keeps the
         // registration until then even if the cache evicts it.
         let base = buf.as_mut_ptr() as u64;
-        let n = self
+        let r = self
             .rma_at(f, &[(offset, buf.len())], reg.key(), base, |keys, extents| IoRequest::Read {
                 cap: f.cap,
                 keys,
                 extents,
                 inline_reply: false,
             })
-            .await?;
+            .await;
+        if r.is_err() {
+            // A server may still put into `buf` (module docs).
+            cache.evict(&reg);
+        }
         drop(reg);
-        Ok(n)
+        r
     }
 
     /// Writes a caller's buffer: zero-copy from [`ZERO_COPY_MIN`] bytes up
@@ -364,7 +539,7 @@ impl DataClient {
             return self.write_at(f, offset, buf, stability).await;
         };
         let Ok(reg) = cache.get(buf) else { return self.write_at(f, offset, buf, stability).await };
-        let n = self
+        let r = self
             .rma_at(f, &[(offset, buf.len())], reg.key(), buf.as_ptr() as u64, |keys, extents| IoRequest::Write {
                 cap: f.cap,
                 keys,
@@ -372,9 +547,13 @@ impl DataClient {
                 stability,
                 inline: Vec::new(),
             })
-            .await?;
+            .await;
+        if r.is_err() {
+            // A server may still get from `buf` (module docs).
+            cache.evict(&reg);
+        }
         drop(reg);
-        Ok(n)
+        r
     }
 
     /// Writes a slice: inline when small, else through a registered copy.
@@ -407,13 +586,9 @@ impl DataClient {
             self.write_region(f, offset + (i * BOUNCE_SIZE) as u64, r, 0, piece.len(), stability)
         });
         let results = futures::future::join_all(calls).await;
-        for r in bufs {
-            self.give_bounce(r);
-        }
-        for r in results {
-            r?;
-        }
-        Ok(data.len())
+        let ok = results.into_iter().collect::<Result<Vec<_>, _>>();
+        self.settle_bounce(bufs, ok.is_ok());
+        ok.map(|_| data.len())
     }
 
     /// Reads into a slice: inline replies when small, else through a
@@ -450,12 +625,12 @@ impl DataClient {
         });
         let results = futures::future::join_all(calls).await;
         let ok = results.into_iter().collect::<Result<Vec<_>, _>>();
-        for (piece, r) in buf.chunks_mut(BOUNCE_SIZE).zip(&bufs) {
-            piece.copy_from_slice(&r.as_slice()[..piece.len()]);
+        if ok.is_ok() {
+            for (piece, r) in buf.chunks_mut(BOUNCE_SIZE).zip(&bufs) {
+                piece.copy_from_slice(&r.as_slice()[..piece.len()]);
+            }
         }
-        for r in bufs {
-            self.give_bounce(r);
-        }
+        self.settle_bounce(bufs, ok.is_ok());
         ok.map(|_| n)
     }
 
@@ -570,4 +745,148 @@ pub fn info_capability(secret: &dafne_auth::Secret) -> Capability {
     let mut cap = Capability { object_id: 0, rights: dafne_proto::RIGHT_READ, expiry_unix_ns: 0, mac: [0; 32] };
     secret.sign(&mut cap, std::time::SystemTime::now());
     cap
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fake_io;
+    use dafne_proto::{Attr, FileType, Layout, Timespec};
+    use dafne_transport::TransportError;
+    use futures::executor::block_on;
+    use std::sync::atomic::Ordering;
+
+    #[test]
+    fn a_sync_answered_by_a_later_connection_than_the_write_fails_once() {
+        let mut v = Verifier::new(VERIFIER_MAX);
+        // Same connection: the sync covers the write.
+        assert!(v.note_write(7, 0, 0));
+        let e = v.epoch();
+        assert_eq!(v.settle(7, 0, 0, e), Ok(()));
+        assert!(v.pending.is_empty());
+        // The server was replaced between the write and the sync.
+        assert!(v.note_write(7, 0, 0));
+        assert!(v.note_write(7, 0, 1), "a later write on the new connection");
+        let e = v.epoch();
+        assert_eq!(v.settle(7, 0, 1, e), Err(Errno::EIO));
+        assert_eq!(v.settle(7, 0, 1, v.epoch()), Ok(()), "the loss is reported once");
+        // Other objects and servers are not concerned.
+        assert!(v.note_write(7, 1, 0));
+        assert_eq!(v.settle(8, 1, 1, v.epoch()), Ok(()));
+        assert_eq!(v.settle(7, 0, 1, v.epoch()), Ok(()));
+        assert_eq!(v.settle(7, 1, 1, v.epoch()), Err(Errno::EIO));
+    }
+
+    #[test]
+    fn a_write_sent_during_a_sync_stays_recorded() {
+        let mut v = Verifier::new(VERIFIER_MAX);
+        assert!(v.note_write(7, 0, 0));
+        let e = v.epoch();
+        assert!(v.note_write(7, 0, 0), "sent while the sync is in flight");
+        assert_eq!(v.settle(7, 0, 0, e), Ok(()));
+        assert!(v.pending.contains_key(&(7, 0)), "the sync may not cover the later write");
+        // The server restarts; the sync still finds the write.
+        assert_eq!(v.settle(7, 0, 1, v.epoch()), Err(Errno::EIO));
+        assert!(v.pending.is_empty());
+    }
+
+    #[test]
+    fn a_full_record_asks_for_stable_writes_and_forgets_nothing() {
+        let mut v = Verifier::new(2);
+        assert!(v.note_write(1, 0, 0));
+        assert!(v.note_write(2, 0, 0));
+        assert!(!v.note_write(3, 0, 0), "a third pair does not fit: it must be written stable");
+        assert!(v.note_write(1, 0, 0), "recorded pairs still take writes");
+        assert_eq!(v.settle(1, 0, 1, v.epoch()), Err(Errno::EIO), "a full record keeps what it holds");
+        v.forget(2, 0);
+        assert!(v.pending.is_empty());
+        assert!(v.note_write(3, 0, 0), "settled and removed pairs make room");
+    }
+
+    fn file(object_id: u64) -> OpenFile {
+        let t = Timespec::default();
+        let attr = Attr {
+            ino: 2,
+            kind: FileType::Regular,
+            mode: 0o644,
+            nlink: 1,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+            size: 0,
+            blocks: 0,
+            atime: t,
+            mtime: t,
+            ctime: t,
+        };
+        let layout = Layout { object_id, stripe_unit: 1 << 20, stripe_count: 1, servers: vec![0] };
+        OpenFile { attr, layout, cap: Capability { object_id, rights: 3, expiry_unix_ns: 0, mac: [0; 32] } }
+    }
+
+    fn loss() -> TransportError {
+        TransportError::PeerFailed { peer: "test".into(), reason: "lost".into() }
+    }
+
+    #[test]
+    fn sync_reports_unstable_writes_acknowledged_before_a_reconnection() {
+        let (_server, addr, _) = fake_io::start();
+        let rt = fake_io::runtime("verifier");
+        let d = DataClient::connect(&rt, &[addr]).unwrap();
+        let (f, g) = (file(10), file(11));
+        // Control: no reconnection between write and sync.
+        block_on(d.write_at(&f, 0, b"kept", Stability::Unstable)).unwrap();
+        assert_eq!(block_on(d.sync(&f)), Ok(()));
+        // The connection is lost after unstable writes (f) and a stable one
+        // (g); the next call reaches the server on a new connection.
+        block_on(d.write_at(&f, 0, b"lost?", Stability::Unstable)).unwrap();
+        block_on(d.write_at(&g, 0, b"stable", Stability::DataSync)).unwrap();
+        d.servers[0].failed(0, &loss());
+        assert_eq!(block_on(d.sync(&f)), Err(Errno::EIO), "sync hid writes a replaced server acknowledged");
+        assert_eq!(d.reconnects(), 1);
+        assert_eq!(block_on(d.sync(&f)), Ok(()), "the loss is reported once");
+        assert_eq!(block_on(d.sync(&g)), Ok(()), "stable writes need no check");
+        // Stat checks as Sync does; Remove forgets the object.
+        block_on(d.write_at(&f, 0, b"again", Stability::Unstable)).unwrap();
+        block_on(d.write_at(&g, 0, b"again", Stability::Unstable)).unwrap();
+        d.servers[0].failed(1, &loss());
+        std::thread::sleep(crate::link::RETRY_EVERY); // the link tries again only after this
+        assert_eq!(block_on(d.stored_size(&f)), Err(Errno::EIO));
+        block_on(d.remove(&g)).unwrap();
+        assert_eq!(block_on(d.sync(&g)), Ok(()));
+    }
+
+    #[test]
+    fn past_the_bound_unstable_writes_are_sent_stable_and_need_no_check() {
+        let (_server, addr, stable_writes) = fake_io::start();
+        let rt = fake_io::runtime("verifier-full");
+        let mut d = DataClient::connect(&rt, &[addr]).unwrap();
+        d.verifier = std::sync::Arc::new(Mutex::new(Verifier::new(1)));
+        let (f, g) = (file(20), file(21));
+        block_on(d.write_at(&f, 0, b"recorded", Stability::Unstable)).unwrap();
+        assert_eq!(stable_writes.load(Ordering::Relaxed), 0);
+        block_on(d.write_at(&g, 0, b"no room", Stability::Unstable)).unwrap();
+        assert_eq!(stable_writes.load(Ordering::Relaxed), 1, "a write the record cannot hold was sent unstable");
+        d.servers[0].failed(0, &loss());
+        assert_eq!(block_on(d.sync(&g)), Ok(()), "the stable write needs no check");
+        assert_eq!(block_on(d.sync(&f)), Err(Errno::EIO), "the recorded one is still checked");
+    }
+
+    #[test]
+    fn failed_requests_keep_their_bounce_buffers_out_of_the_pool() {
+        let (_server, addr, _) = fake_io::start();
+        let rt = fake_io::runtime("bounce");
+        let d = DataClient::connect(&rt, &[addr]).unwrap();
+        let f = file(12);
+        d.prefill_bounce(2).unwrap();
+        assert_eq!(d.bounce_pooled(), 2);
+        // A 2 MiB write takes both buffers and returns them.
+        let data = vec![5u8; 2 * BOUNCE_SIZE];
+        block_on(d.write_at(&f, 0, &data, Stability::Unstable)).unwrap();
+        assert_eq!(d.bounce_pooled(), 2);
+        // The fake server fails reads: their buffers are not reused.
+        let mut back = vec![0u8; 2 * BOUNCE_SIZE];
+        assert_eq!(block_on(d.read_at(&f, 0, &mut back)), Err(Errno::EIO));
+        assert_eq!(d.bounce_pooled(), 0, "buffers of a failed request went back to the pool");
+        assert!(back.iter().all(|&b| b == 0), "a failed read copied out of its bounce buffers");
+    }
 }

@@ -10,6 +10,8 @@
 
 pub mod cq;
 pub mod data;
+#[cfg(test)]
+mod fake_io;
 pub mod file;
 mod link;
 pub mod regcache;
@@ -142,16 +144,14 @@ impl MetaSession {
     /// Sends one request; resolves with the server's answer.
     pub fn request_async(&self, req: Request) -> impl Future<Output = Result<Response, Errno>> + Send + 'static {
         let tag = self.inner.next_tag.fetch_add(1, Ordering::Relaxed);
-        let call = self
-            .inner
-            .link
-            .get()
-            .map(|c| c.call_async(encode_request(Envelope { tag, uid: self.uid, gid: self.gid }, &req)));
+        let call = self.inner.link.get().map(|(c, generation)| {
+            (c.call_async(encode_request(Envelope { tag, uid: self.uid, gid: self.gid }, &req)), generation)
+        });
         let inner = self.inner.clone();
         async move {
-            let Some(call) = call else { return Err(Errno::EIO) };
+            let Some((call, generation)) = call else { return Err(Errno::EIO) };
             let bytes = call.await.map_err(|e| {
-                inner.link.failed(&e);
+                inner.link.failed(generation, &e);
                 io_err(e)
             })?;
             let (rtag, _, result) = decode_reply(&bytes).map_err(|_| Errno::EPROTO)?;

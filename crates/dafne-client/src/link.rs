@@ -8,7 +8,18 @@
 //! write), and only the caller knows whether repeating it is safe. The
 //! *following* calls reconnect first. Reconnection is tried at most every
 //! [`RETRY_EVERY`], so a server that is down costs callers one fast error
-//! each rather than a connection attempt each.
+//! each rather than a connection attempt each; while one thread reconnects,
+//! the others do not wait for it: their calls fail at once (`EIO`).
+//!
+//! # Generations
+//! Each connection has a generation: 0 for the first, one more for each
+//! reconnection. [`Link::get`] hands it out with the connection, and a
+//! caller reports a failure with the generation of the connection that
+//! failed, so that a late error from a connection already replaced does
+//! not break its successor. The generation is also the data client's write
+//! verifier (see `data`): a reconnection may mean a restarted server that
+//! lost what it had only in memory, and a client that knows which
+//! connection carried a write can tell when that happened.
 //!
 //! A reconnect runs the owner's `hello` on the new connection before it is
 //! used (the metadata session's authentication); capabilities held for io
@@ -20,7 +31,7 @@
 //! already must not).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, RwLock};
+use std::sync::{Mutex, RwLock, TryLockError};
 use std::time::{Duration, Instant};
 
 use dafne_transport::{Client, TransportError};
@@ -30,18 +41,33 @@ pub const RETRY_EVERY: Duration = Duration::from_millis(250);
 
 type Hello = dyn Fn(&Client) -> Result<(), String> + Send + Sync;
 
+/// Which connection of a [`Link`] carried a call: 0 for the first, +1 for
+/// each reconnection.
+pub(crate) type Generation = u64;
+
+/// The connection in use and its generation.
+struct Current {
+    client: Client,
+    generation: Generation,
+}
+
 pub(crate) struct Link {
-    current: RwLock<Client>,
+    current: RwLock<Current>,
+    /// The current connection failed; set and cleared only under
+    /// `current`'s lock (read to set, write to clear), so that setting it
+    /// for one generation cannot break the next.
     broken: AtomicBool,
-    last_try: Mutex<Option<Instant>>,
+    /// Held by the thread that reconnects; when it last tried.
+    attempt: Mutex<Option<Instant>>,
     hello: Box<Hello>,
-    reconnects: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for Link {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (client, generation) = self.peek();
         f.debug_struct("Link")
-            .field("addr", &self.peek().remote_addr())
+            .field("addr", &client.remote_addr())
+            .field("generation", &generation)
             .field("broken", &self.broken.load(Ordering::Relaxed))
             .finish()
     }
@@ -55,36 +81,43 @@ pub(crate) fn is_connection_loss(e: &TransportError) -> bool {
 impl Link {
     pub(crate) fn new(client: Client, hello: Box<Hello>) -> Link {
         Link {
-            current: RwLock::new(client),
+            current: RwLock::new(Current { client, generation: 0 }),
             broken: AtomicBool::new(false),
-            last_try: Mutex::new(None),
+            attempt: Mutex::new(None),
             hello,
-            reconnects: Default::default(),
         }
     }
 
-    /// The current connection, whatever its state.
-    pub(crate) fn peek(&self) -> Client {
-        self.current.read().unwrap_or_else(|p| p.into_inner()).clone()
+    /// The current connection, whatever its state, and its generation.
+    pub(crate) fn peek(&self) -> (Client, Generation) {
+        let c = self.current.read().unwrap_or_else(|p| p.into_inner());
+        (c.client.clone(), c.generation)
     }
 
-    /// The connection to call on: the current one, or a new one if it
-    /// failed. `None` when it failed and no new one could be made (now or
-    /// within the last [`RETRY_EVERY`]).
-    pub(crate) fn get(&self) -> Option<Client> {
+    /// The connection to call on and its generation: the current one, or
+    /// a new one if it failed. `None` when it failed and no new one could
+    /// be made: the attempt failed, one was made within the last
+    /// [`RETRY_EVERY`], or another thread is making one now.
+    pub(crate) fn get(&self) -> Option<(Client, Generation)> {
         if !self.broken.load(Ordering::Acquire) {
             return Some(self.peek());
         }
-        let mut last = self.last_try.lock().unwrap_or_else(|p| p.into_inner());
+        let mut last = match self.attempt.try_lock() {
+            Ok(g) => g,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            // Another thread is reconnecting: fail fast rather than queue
+            // behind a connection attempt (seconds, if the server is down).
+            Err(TryLockError::WouldBlock) => return None,
+        };
         if !self.broken.load(Ordering::Acquire) {
-            // Another thread reconnected while this one waited.
+            // Another thread reconnected just before.
             return Some(self.peek());
         }
         if last.is_some_and(|t| t.elapsed() < RETRY_EVERY) {
             return None;
         }
         *last = Some(Instant::now());
-        let old = self.peek();
+        let (old, _) = self.peek();
         let fresh = match old.reconnect() {
             Ok(c) => c,
             Err(e) => {
@@ -97,22 +130,82 @@ impl Link {
             return None;
         }
         tracing::info!("reconnected to {}", old.remote_addr());
-        *self.current.write().unwrap_or_else(|p| p.into_inner()) = fresh.clone();
-        self.reconnects.fetch_add(1, Ordering::Relaxed);
+        let mut cur = self.current.write().unwrap_or_else(|p| p.into_inner());
+        cur.client = fresh.clone();
+        cur.generation += 1;
         self.broken.store(false, Ordering::Release);
-        Some(fresh)
+        Some((fresh, cur.generation))
     }
 
-    /// Records a call's failure: a lost connection is replaced at the next
-    /// call.
-    pub(crate) fn failed(&self, e: &TransportError) {
-        if is_connection_loss(e) {
+    /// Records the failure of a call made on the connection of
+    /// `generation`: a lost connection is replaced at the next call, unless
+    /// it was replaced already (a late error from an old connection leaves
+    /// the new one alone).
+    pub(crate) fn failed(&self, generation: Generation, e: &TransportError) {
+        if !is_connection_loss(e) {
+            return;
+        }
+        let cur = self.current.read().unwrap_or_else(|p| p.into_inner());
+        if cur.generation == generation {
             self.broken.store(true, Ordering::Release);
         }
     }
 
     /// New connections made so far.
     pub(crate) fn reconnects(&self) -> u64 {
-        self.reconnects.load(Ordering::Relaxed)
+        self.peek().1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fake_io;
+
+    fn loss() -> TransportError {
+        TransportError::PeerFailed { peer: "test".into(), reason: "lost".into() }
+    }
+
+    fn link_to(rt: &dafne_transport::Runtime, addr: std::net::SocketAddr) -> Link {
+        Link::new(Client::connect(rt, addr).unwrap(), Box::new(|_: &Client| Ok(())))
+    }
+
+    #[test]
+    fn a_late_failure_of_a_replaced_connection_leaves_the_new_one_alone() {
+        let (_server, addr, _) = fake_io::start();
+        let rt = fake_io::runtime("link-late");
+        let link = link_to(&rt, addr);
+        let (_, first) = link.get().unwrap();
+        assert_eq!(first, 0);
+        link.failed(first, &loss());
+        let (_, second) = link.get().expect("the server is up: the link reconnects");
+        assert_eq!(second, 1);
+        // Another call that was in flight on the first connection fails late.
+        link.failed(first, &loss());
+        assert!(!link.broken.load(Ordering::Acquire), "a late error of the old connection broke the new one");
+        assert_eq!(link.get().map(|(_, g)| g), Some(1));
+        assert_eq!(link.reconnects(), 1);
+        // An error that is not a loss breaks nothing; a loss of the
+        // current connection does.
+        link.failed(second, &TransportError::TimedOut { what: "call", after: Duration::from_secs(1) });
+        assert!(!link.broken.load(Ordering::Acquire));
+        link.failed(second, &loss());
+        assert!(link.broken.load(Ordering::Acquire));
+    }
+
+    #[test]
+    fn callers_do_not_wait_for_another_threads_reconnection() {
+        let (_server, addr, _) = fake_io::start();
+        let rt = fake_io::runtime("link-busy");
+        let link = link_to(&rt, addr);
+        link.failed(0, &loss());
+        {
+            // This thread "is reconnecting": it holds the attempt.
+            let _attempt = link.attempt.lock().unwrap();
+            let got = std::thread::scope(|s| s.spawn(|| link.get().map(|(_, g)| g)).join().unwrap());
+            assert_eq!(got, None, "a caller got a connection while another thread was reconnecting");
+        }
+        // Once the attempt is free, the next caller reconnects.
+        assert_eq!(link.get().map(|(_, g)| g), Some(1));
     }
 }

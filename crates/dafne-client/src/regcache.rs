@@ -109,7 +109,8 @@ pub struct RegCacheStats {
     pub misses: u64,
     /// Registrations made (misses, including those not kept).
     pub registrations: u64,
-    /// Entries dropped to respect `max_pinned` or `max_entries`.
+    /// Entries dropped to respect `max_pinned` or `max_entries`, or
+    /// because an I/O on them failed ([`RegCache::evict`]).
     pub evictions: u64,
     /// Entries dropped because their memory was unmapped.
     pub invalidations: u64,
@@ -232,6 +233,20 @@ impl RegCache {
         inner.lru.insert(tick, k);
         inner.pinned += size;
         Ok(cached)
+    }
+
+    /// Drops the entry of `reg` if the cache still holds it: an I/O on it
+    /// failed, and the server may still put into or get from its memory
+    /// (a timed-out request), so no later I/O may be served by it. The
+    /// registration ends when its last user drops it. Counted as an
+    /// eviction.
+    pub fn evict(&self, reg: &Arc<CachedReg>) {
+        let k = (reg.reg.addr() as usize, reg.reg.addr() as usize + reg.reg.len());
+        let mut g = self.lock();
+        if g.entries.get(&k).is_some_and(|e| Arc::ptr_eq(&e.reg, reg)) {
+            self.remove(&mut g, k);
+            self.c.evictions.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     fn remove(&self, inner: &mut Inner, k: Span) {
@@ -367,5 +382,22 @@ mod tests {
         assert!(s.invalidations > before.invalidations, "the unmap dropped the entry: {s:?}");
         assert_eq!(s.registrations, before.registrations + 1, "the new buffer was registered anew: {s:?}");
         assert_eq!(s.entries, 1);
+    }
+
+    #[test]
+    fn an_evicted_registration_serves_no_later_io() {
+        let c = RegCache::new(&ctx(), RegCacheConfig::default());
+        let buf = vec![0u8; 1 << 20];
+        let a = c.get(&buf).unwrap();
+        c.evict(&a);
+        assert_eq!(c.stats().entries, 0);
+        let b = c.get(&buf).unwrap();
+        assert!(!Arc::ptr_eq(&a, &b), "the evicted registration served the buffer again");
+        // Evicting a registration the cache no longer holds leaves the
+        // entry that replaced it.
+        c.evict(&a);
+        assert!(Arc::ptr_eq(&b, &c.get(&buf).unwrap()));
+        let s = c.stats();
+        assert_eq!((s.registrations, s.evictions, s.entries), (2, 1, 1), "{s:?}");
     }
 }

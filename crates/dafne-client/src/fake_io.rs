@@ -1,0 +1,56 @@
+//! A stand-in io server for unit tests: a transport server in this process
+//! that answers io requests without storing anything. Writes, syncs, stats,
+//! truncates and removes succeed; reads fail with `EIO` (an error the
+//! server decided, after which no RMA of the request is pending). It
+//! counts the writes it was asked to make stable.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use dafne_proto::io::{decode_io_request, encode_io_reply, IoRequest, IoResponse, Stability};
+use dafne_proto::Errno;
+use dafne_transport::{Request, Runtime, RuntimeOptions, Service};
+
+struct FakeIo {
+    stable_writes: Arc<AtomicU64>,
+}
+
+impl Service for FakeIo {
+    fn call(&self, req: Request) -> Pin<Box<dyn Future<Output = Vec<u8>>>> {
+        let reply = match decode_io_request(&req.payload) {
+            Ok((env, r)) => {
+                if let IoRequest::Write { stability: Stability::DataSync | Stability::FileSync, .. } = &r {
+                    self.stable_writes.fetch_add(1, Ordering::Relaxed);
+                }
+                let result = match &r {
+                    IoRequest::Write { .. } => Ok(IoResponse::Write { bytes: r.total_bytes() }),
+                    IoRequest::Read { .. } => Err(Errno::EIO),
+                    IoRequest::Stat { .. } => Ok(IoResponse::Stat { size: 0 }),
+                    IoRequest::ServerInfo { .. } => Err(Errno::ENOSYS),
+                    _ => Ok(IoResponse::Done),
+                };
+                encode_io_reply(env.tag, r.op(), &result)
+            }
+            Err(_) => Vec::new(),
+        };
+        Box::pin(async move { reply })
+    }
+}
+
+pub(crate) fn runtime(name: &str) -> Runtime {
+    let ucx_config = vec![("TLS".into(), "posix,sysv,cma,self,tcp".into()), ("NET_DEVICES".into(), "lo".into())];
+    Runtime::new(RuntimeOptions { name: name.into(), ucx_config, ..Default::default() }).unwrap()
+}
+
+/// A fake io server on its own runtime (keep it alive for the test), its
+/// address, and the count of stable writes it was sent.
+pub(crate) fn start() -> (Runtime, SocketAddr, Arc<AtomicU64>) {
+    let rt = runtime("fake-io");
+    let stable_writes = Arc::new(AtomicU64::new(0));
+    let counter = stable_writes.clone();
+    let addr = rt.serve("127.0.0.1:0".parse().unwrap(), move |_| FakeIo { stable_writes: counter }).unwrap();
+    (rt, addr, stable_writes)
+}
