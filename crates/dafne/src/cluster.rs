@@ -272,7 +272,7 @@ impl ClusterInfo {
         let info: ClusterInfo = serde_json::from_str(&text).with_context(|| {
             format!("{} is damaged: stop the cluster with `dafne down` and start it again", path.display())
         })?;
-        if !pid_alive(info.supervisor_pid) {
+        if !supervisor_running(dir) || !pid_alive(info.supervisor_pid) {
             bail!(
                 "the dafne cluster in {} is not running (its supervisor, pid {}, is gone): run `dafne up{}` again",
                 dir.display(),
@@ -301,7 +301,11 @@ impl ClusterInfo {
     pub fn record_mount(dir: &Path, pid: u32, mountpoint: &Path) -> Result<()> {
         let d = Self::mounts_dir(dir);
         std::fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
-        std::fs::write(d.join(pid.to_string()), mountpoint.as_os_str().as_encoded_bytes())
+        // The daemon's start time on the first line, so that a reused pid
+        // is not taken for the daemon.
+        let mut record = format!("{}\n", start_time(pid).unwrap_or(0)).into_bytes();
+        record.extend_from_slice(mountpoint.as_os_str().as_encoded_bytes());
+        std::fs::write(d.join(pid.to_string()), record)
             .with_context(|| format!("recording the mount in {}", d.display()))
     }
 
@@ -315,8 +319,11 @@ impl ClusterInfo {
         let Ok(rd) = std::fs::read_dir(Self::mounts_dir(dir)) else { return out };
         for e in rd.flatten() {
             let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
-            match std::fs::read_to_string(e.path()) {
-                Ok(mp) if pid_alive(pid) => out.push((pid, PathBuf::from(mp))),
+            let record = std::fs::read_to_string(e.path()).ok();
+            let parsed =
+                record.as_deref().and_then(|r| r.split_once('\n')).and_then(|(t, mp)| Some((t.parse().ok()?, mp)));
+            match parsed {
+                Some((start, mp)) if same_process_alive(pid, start) => out.push((pid, PathBuf::from(mp))),
                 _ => {
                     let _ = std::fs::remove_file(e.path());
                 }
@@ -332,6 +339,52 @@ pub fn dir_flag(dir: &Path) -> String {
         Ok(d) if d == dir => String::new(),
         _ => format!(" --dir {}", dir.display()),
     }
+}
+
+/// The supervisor's lock, `DIR/supervisor.lock`: held (flock) by the
+/// supervisor for its whole life, so "is a cluster running here" does not
+/// depend on a pid that may have been reused (after a reboot, or a killed
+/// supervisor), and two `dafne up` on one directory cannot both start one.
+pub fn lock_path(dir: &Path) -> PathBuf {
+    dir.join("supervisor.lock")
+}
+
+/// Takes the supervisor's lock without waiting; `None` when a live
+/// supervisor holds it. The lock lasts as long as the returned file.
+pub fn try_lock(dir: &Path) -> Result<Option<std::fs::File>> {
+    let path = lock_path(dir);
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    match rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(Some(f)),
+        Err(rustix::io::Errno::WOULDBLOCK) => Ok(None),
+        Err(e) => Err(std::io::Error::from(e)).with_context(|| format!("locking {}", path.display())),
+    }
+}
+
+/// Whether a supervisor holds `dir`'s lock (a cluster runs or is starting).
+pub fn supervisor_running(dir: &Path) -> bool {
+    matches!(try_lock(dir), Ok(None))
+}
+
+/// When a process started (clock ticks since boot, field 22 of
+/// /proc/PID/stat): with the pid, it names one process, even after the pid
+/// is reused.
+pub fn start_time(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = s.rsplit_once(')')?;
+    // After the name: state is field 3, so starttime (22) is the 20th here.
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Whether the process `pid` that started at `start` still runs (`start`
+/// 0: unknown, the pid alone decides).
+pub fn same_process_alive(pid: u32, start: u64) -> bool {
+    pid_alive(pid) && (start == 0 || start_time(pid) == Some(start))
 }
 
 /// Whether a process exists (and is not a zombie).
@@ -382,5 +435,20 @@ mod tests {
     fn liveness_of_processes() {
         assert!(pid_alive(std::process::id()));
         assert!(!pid_alive(u32::MAX - 1));
+        let me = std::process::id();
+        let t = start_time(me).unwrap();
+        assert!(same_process_alive(me, t) && same_process_alive(me, 0));
+        assert!(!same_process_alive(me, t + 1), "another process that had this pid");
+    }
+
+    #[test]
+    fn the_lock_is_held_by_one_owner() {
+        let d = tempfile::tempdir().unwrap();
+        assert!(!supervisor_running(d.path()));
+        let held = try_lock(d.path()).unwrap().expect("free");
+        assert!(supervisor_running(d.path()));
+        assert!(try_lock(d.path()).unwrap().is_none());
+        drop(held);
+        assert!(!supervisor_running(d.path()));
     }
 }

@@ -34,14 +34,19 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::cluster::{dir_flag, pid_alive, ClusterInfo, Config, EXAMPLE};
+use crate::cluster::{dir_flag, pid_alive, same_process_alive, start_time, ClusterInfo, Config, EXAMPLE};
 
 /// How long `up` waits for the cluster to come up.
 const UP_TIMEOUT: Duration = Duration::from_secs(90);
 /// How long a server may take to print its address.
 const LISTEN_TIMEOUT: Duration = Duration::from_secs(60);
-/// How long the supervisor gives a server to stop before SIGKILL.
+/// How long the supervisor gives the metadata server (and a mount daemon)
+/// to stop before SIGKILL.
 const STOP_GRACE: Duration = Duration::from_secs(20);
+/// How long it gives an io server, which writes back its cache first.
+const IO_STOP_GRACE: Duration = Duration::from_secs(120);
+/// How long `down` follows a stopping supervisor (longer than its worst case).
+const DOWN_TIMEOUT: Duration = Duration::from_secs(600);
 
 #[derive(Debug, clap::Args)]
 pub struct UpArgs {
@@ -95,6 +100,10 @@ pub struct ServerState {
     pub restarts: u32,
     /// How the last run ended, if it did.
     pub last_exit: Option<String>,
+    /// When the process started (see `cluster::start_time`), so that a
+    /// reused pid is not taken for it.
+    #[serde(default)]
+    pub start: u64,
 }
 
 fn logs_dir(dir: &Path) -> PathBuf {
@@ -166,7 +175,14 @@ pub fn up(a: UpArgs) -> Result<()> {
     let dir = crate::cluster::resolve_dir(a.dir.as_deref())?;
     std::fs::create_dir_all(logs_dir(&dir)).with_context(|| format!("creating {}", dir.display()))?;
     let dir = dir.canonicalize().with_context(|| format!("resolving {}", dir.display()))?;
-    if let Ok(info) = ClusterInfo::load(&dir) {
+    if crate::cluster::supervisor_running(&dir) {
+        let Ok(info) = ClusterInfo::load(&dir) else {
+            bail!(
+                "a dafne supervisor is starting or stopping in {}: wait for it, then `dafne status{}`",
+                dir.display(),
+                dir_flag(&dir)
+            );
+        };
         println!(
             "dafne is already running in {} (supervisor pid {}); `dafne status{}` shows it, `dafne down{}` stops it",
             dir.display(),
@@ -174,9 +190,29 @@ pub fn up(a: UpArgs) -> Result<()> {
             dir_flag(&dir),
             dir_flag(&dir)
         );
+        if a.config.is_some()
+            || a.io_servers.is_some()
+            || a.cache_mib.is_some()
+            || a.meta_port.is_some()
+            || a.io_base_port.is_some()
+        {
+            eprintln!("warning: the configuration and flags given were not applied: `dafne down` first to change them");
+        }
         return Ok(());
     }
     let c = effective_config(&a, &dir)?;
+    // Layouts name io servers by number: fewer servers than the data
+    // directory has would leave files striped over the others unreadable.
+    let existing = (0..256u32).filter(|i| dir.join(format!("io-{i}")).is_dir()).max();
+    if let Some(top) = existing.filter(|&top| top >= c.cluster.io_servers) {
+        bail!(
+            "{} holds the data of io servers 0..={top}, but the configuration asks for {}: files striped over \
+             the others would be unreadable. Use --io-servers {} (or more), or a new --dir",
+            dir.display(),
+            c.cluster.io_servers,
+            top + 1
+        );
+    }
     check_ports(&c)?;
     let _ = std::fs::remove_file(ClusterInfo::path(&dir));
     let log_path = logs_dir(&dir).join("supervisor.log");
@@ -259,10 +295,10 @@ impl LogFollower {
         if f.seek(SeekFrom::Start(self.pos)).is_err() {
             return Vec::new();
         }
-        let mut buf = String::new();
-        let Ok(n) = f.read_to_string(&mut buf) else { return Vec::new() };
+        let mut buf = Vec::new();
+        let Ok(n) = f.read_to_end(&mut buf) else { return Vec::new() };
         self.pos += n as u64;
-        self.partial.push_str(&buf);
+        self.partial.push_str(&String::from_utf8_lossy(&buf));
         let mut out = Vec::new();
         while let Some(i) = self.partial.find('\n') {
             out.push(self.partial[..i].to_string());
@@ -274,7 +310,7 @@ impl LogFollower {
 
 /// The last `n` lines of a file (for error messages).
 pub fn tail(path: &Path, n: usize) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let text = String::from_utf8_lossy(&std::fs::read(path).unwrap_or_default()).into_owned();
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(n)..].iter().map(|l| format!("  | {l}\n")).collect()
 }
@@ -284,30 +320,67 @@ pub fn down(a: DirArgs) -> Result<()> {
     let info = match ClusterInfo::load(&dir) {
         Ok(i) => i,
         Err(e) => {
-            // A stale cluster.json of a dead supervisor: clean it up.
-            if ClusterInfo::path(&dir).exists() {
+            // No supervisor: stop servers it left behind (it was killed),
+            // then clean up its stale files.
+            let orphans: Vec<ServerState> = load_states(&dir)
+                .into_iter()
+                .filter(|s| s.pid != 0 && s.start != 0 && same_process_alive(s.pid, s.start))
+                .collect();
+            if !crate::cluster::supervisor_running(&dir) {
                 let _ = std::fs::remove_file(ClusterInfo::path(&dir));
             }
-            return Err(e);
+            if orphans.is_empty() {
+                return Err(e);
+            }
+            for o in &orphans {
+                eprintln!("stopping {} (pid {}), left running by a supervisor that is gone", o.name, o.pid);
+                if let Some(pid) = rustix::process::Pid::from_raw(o.pid as i32) {
+                    let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+                }
+            }
+            let t = Instant::now();
+            while orphans.iter().any(|o| same_process_alive(o.pid, o.start)) && t.elapsed() < IO_STOP_GRACE {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            if let Some(o) = orphans.iter().find(|o| same_process_alive(o.pid, o.start)) {
+                bail!("{} (pid {}) did not stop within {}s", o.name, o.pid, IO_STOP_GRACE.as_secs());
+            }
+            println!("dafne is down (data kept in {})", dir.display());
+            return Ok(());
         }
     };
     let pid = rustix::process::Pid::from_raw(info.supervisor_pid as i32).context("invalid supervisor pid")?;
+    let log = logs_dir(&dir).join("supervisor.log");
+    let mut follow = LogFollower::new(log.clone());
+    follow.pos = std::fs::metadata(&follow.path).map(|m| m.len()).unwrap_or(0);
     rustix::process::kill_process(pid, rustix::process::Signal::TERM)
         .with_context(|| format!("signalling the supervisor (pid {})", info.supervisor_pid))?;
     eprintln!("stopping dafne in {} (supervisor pid {})", dir.display(), info.supervisor_pid);
     let started = Instant::now();
-    let mut follow = LogFollower::new(logs_dir(&dir).join("supervisor.log"));
-    follow.pos = std::fs::metadata(&follow.path).map(|m| m.len()).unwrap_or(0);
-    while pid_alive(info.supervisor_pid) {
+    let mut errors = Vec::new();
+    loop {
         for line in follow.new_lines() {
             if let Some(p) = line.strip_prefix("progress: ") {
                 eprintln!("[{:>5.1}s] {p}", started.elapsed().as_secs_f64());
+            } else if line.starts_with("error: ") {
+                eprintln!("{line}");
+                errors.push(line);
             }
         }
-        if started.elapsed() > STOP_GRACE * 3 {
-            bail!("the supervisor (pid {}) did not stop within {}s", info.supervisor_pid, (STOP_GRACE * 3).as_secs());
+        if !crate::cluster::supervisor_running(&dir) {
+            break;
+        }
+        if started.elapsed() > DOWN_TIMEOUT {
+            bail!("the supervisor (pid {}) did not stop within {}s", info.supervisor_pid, DOWN_TIMEOUT.as_secs());
         }
         std::thread::sleep(Duration::from_millis(100));
+    }
+    if !errors.is_empty() {
+        bail!(
+            "dafne stopped, but not cleanly ({} error(s) above; the servers' logs are in {})",
+            errors.len(),
+            logs_dir(&dir).display()
+        );
     }
     println!("dafne is down (data kept in {})", dir.display());
     Ok(())
@@ -422,6 +495,9 @@ fn supervisor_exe() -> Result<PathBuf> {
 pub fn supervise(a: DirArgs) -> Result<()> {
     supervisor_exe()?;
     let dir = crate::cluster::resolve_dir(a.dir.as_deref())?;
+    // Held until this process exits: the cluster is running while it is.
+    let _lock = crate::cluster::try_lock(&dir)?
+        .with_context(|| format!("another dafne supervisor runs in {}", dir.display()))?;
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT, signal_hook::consts::SIGHUP] {
         signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
@@ -447,6 +523,7 @@ pub fn supervise(a: DirArgs) -> Result<()> {
             state: "starting".into(),
             restarts: 0,
             last_exit: None,
+            start: 0,
         },
         args: meta_args,
         child: None,
@@ -467,6 +544,7 @@ pub fn supervise(a: DirArgs) -> Result<()> {
                 state: "starting".into(),
                 restarts: 0,
                 last_exit: None,
+                start: 0,
             },
             args,
             child: None,
@@ -490,6 +568,7 @@ pub fn supervise(a: DirArgs) -> Result<()> {
         match spawn_server(&m.args, &logs_dir(&dir).join(format!("{}.log", m.state.name))) {
             Ok((child, addr)) => {
                 m.state.pid = child.id();
+                m.state.start = start_time(child.id()).unwrap_or(0);
                 m.state.addr = addr;
                 m.state.state = "running".into();
                 m.child = Some(child);
@@ -553,6 +632,7 @@ pub fn supervise(a: DirArgs) -> Result<()> {
             match spawn_server(&args, &log) {
                 Ok((child, _)) => {
                     m.state.pid = child.id();
+                    m.state.start = start_time(child.id()).unwrap_or(0);
                     m.state.state = "running".into();
                     m.child = Some(child);
                 }
@@ -589,8 +669,17 @@ fn stop_all(dir: &Path, servers: &mut [Managed]) {
             // Busy (a process has files open there): detach it lazily; the
             // daemon exits when the last of them is closed, and meanwhile
             // answers EIO, its servers being gone.
-            let _ = Command::new("umount").arg("-l").arg(&mp).stderr(Stdio::null()).status();
-            progress(format_args!("{} is busy (files open there): detached it lazily", mp.display()));
+            let lazy = Command::new("fusermount3")
+                .args(["-u", "-z"])
+                .arg(&mp)
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if lazy {
+                progress(format_args!("{} is busy (files open there): detached it lazily", mp.display()));
+            } else {
+                println!("error: could not unmount {} (busy, and a lazy unmount failed)", mp.display());
+            }
             grace = Duration::from_secs(2);
         }
         let t = Instant::now();
@@ -600,7 +689,7 @@ fn stop_all(dir: &Path, servers: &mut [Managed]) {
         ClusterInfo::forget_mount(dir, pid);
     }
     let (meta, io) = servers.split_at_mut(1);
-    for group in [io, meta] {
+    for (group, grace) in [(io, IO_STOP_GRACE), (meta, STOP_GRACE)] {
         for m in group.iter_mut() {
             if let Some(c) = &m.child {
                 progress(format_args!("stopping {}", m.state.name));
@@ -613,14 +702,26 @@ fn stop_all(dir: &Path, servers: &mut [Managed]) {
                 loop {
                     match c.try_wait() {
                         Ok(Some(s)) => {
+                            if !s.success() {
+                                println!(
+                                    "error: {} stopped with {s} (see {})",
+                                    m.state.name,
+                                    logs_dir(dir).join(format!("{}.log", m.state.name)).display()
+                                );
+                            }
                             m.state.last_exit = Some(s.to_string());
                             break;
                         }
-                        Ok(None) if t.elapsed() < STOP_GRACE => std::thread::sleep(Duration::from_millis(50)),
+                        Ok(None) if t.elapsed() < grace => std::thread::sleep(Duration::from_millis(50)),
                         _ => {
-                            println!("error: {} did not stop within {}s: killed", m.state.name, STOP_GRACE.as_secs());
+                            println!(
+                                "error: {} did not stop within {}s: killed (an io server's unsynced writes may be lost)",
+                                m.state.name,
+                                grace.as_secs()
+                            );
                             let _ = c.kill();
                             let _ = c.wait();
+                            m.state.last_exit = Some("killed".into());
                             break;
                         }
                     }

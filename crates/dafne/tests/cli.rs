@@ -351,3 +351,59 @@ fn clients_reconnect_and_fsync_reports_unstable_writes_lost_in_a_crash() {
     assert_eq!(f.fsync(), Err(dafne_proto::Errno::EIO), "fsync hid unstable writes lost in the crash");
     assert_eq!(f.fsync(), Ok(()), "the loss is reported once");
 }
+
+#[test]
+fn a_killed_supervisor_is_seen_and_down_stops_what_it_left() {
+    let c = Cluster::new(1);
+    assert!(c.up(1).status.success());
+    let sup: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(c.path().join("cluster.json")).unwrap()).unwrap();
+    let sup = sup["supervisor_pid"].as_u64().unwrap();
+    let servers: Vec<u64> = c.servers().as_array().unwrap().iter().map(|s| s["pid"].as_u64().unwrap()).collect();
+    Command::new("kill").args(["-9", &sup.to_string()]).status().unwrap();
+    wait_for("the supervisor to die", || !alive(sup));
+    // Its lock went with it: nothing claims to run, whatever cluster.json says.
+    let o = run(&["status", "--dir", &c.d()]);
+    assert!(!o.status.success() && text(&o).contains("is not running"), "{}", text(&o));
+    // `down` stops the servers it left behind, and `up` works again.
+    let o = run(&["down", "--dir", &c.d()]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("left running by a supervisor that is gone"), "{}", text(&o));
+    for pid in servers {
+        assert!(!alive(pid), "server {pid} still runs");
+    }
+    let o = c.up(1);
+    assert!(o.status.success(), "{}", text(&o));
+}
+
+#[test]
+fn a_stale_cluster_file_with_a_reused_pid_is_not_a_running_cluster() {
+    let dir = tempfile::tempdir().unwrap();
+    // A cluster.json left by a dead cluster, whose supervisor pid now
+    // belongs to another live process (this test).
+    let info = serde_json::json!({
+        "dir": dir.path(), "meta": "127.0.0.1:1", "io": [], "secret": dir.path().join("s"),
+        "ucx": [], "supervisor_pid": std::process::id(), "attr_timeout_ms": 1, "entry_timeout_ms": 1
+    });
+    std::fs::write(dir.path().join("cluster.json"), info.to_string()).unwrap();
+    let d = dir.path().display().to_string();
+    let o = run(&["status", "--dir", &d]);
+    assert!(!o.status.success() && text(&o).contains("is not running"), "{}", text(&o));
+    let o = run(&["down", "--dir", &d]);
+    assert!(!o.status.success());
+    assert!(alive(std::process::id()), "down signalled nothing");
+}
+
+#[test]
+fn up_refuses_fewer_io_servers_than_the_data_has_and_says_when_flags_are_ignored() {
+    let c = Cluster::new(2);
+    assert!(c.up(2).status.success());
+    let o = run(&["up", "--dir", &c.d(), "--cache-mib", "16"]);
+    assert!(o.status.success());
+    assert!(text(&o).contains("already running") && text(&o).contains("were not applied"), "{}", text(&o));
+    assert!(run(&["down", "--dir", &c.d()]).status.success());
+    let o = c.up(1);
+    assert!(!o.status.success());
+    let t = text(&o);
+    assert!(t.contains("io servers 0..=1") && t.contains("--io-servers 2"), "{t}");
+}
