@@ -85,7 +85,12 @@ impl Progress {
         if self.tty {
             eprint!("\r");
         }
-        println!("{what}: {} in {:.2} s, {:.0} MiB/s", human(done), s, done as f64 / (1 << 20) as f64 / s.max(1e-9));
+        println!(
+            "{what}: {} ({done} bytes) in {:.2} s, {:.0} MiB/s",
+            human(done),
+            s,
+            done as f64 / (1 << 20) as f64 / s.max(1e-9)
+        );
     }
 }
 
