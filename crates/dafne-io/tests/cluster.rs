@@ -19,6 +19,36 @@ fn runtime() -> Runtime {
     common::runtime("io-test")
 }
 
+/// One metadata server striping over one io server, and what an in-process
+/// io server needs (data on the build's disk: /tmp may be a tmpfs); a test
+/// starts (and restarts) the io server itself from `args`.
+struct Single {
+    args: dafne_io::server::IoArgs,
+    m: MetaSession,
+    rt: Runtime,
+    _meta: dafne_meta::server::MetaServer,
+    _root: tempfile::TempDir,
+}
+
+fn single(name: &str, cache_mib: usize, storage: dafne_io::chunk::StorageMode) -> Single {
+    let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    std::fs::create_dir_all(&base).unwrap();
+    let root = tempfile::tempdir_in(base).unwrap();
+    let (meta, secret_path) = start_meta(root.path(), 1, 1 << 20, 1);
+    let args = dafne_io::server::IoArgs {
+        data_dir: root.path().join("io0"),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        secret: secret_path.clone(),
+        cache_mib,
+        ucx: common::ucx_args(),
+        storage,
+    };
+    let rt = runtime();
+    let secret = dafne_auth::Secret::load(&secret_path).unwrap();
+    let m = MetaSession::connect(&rt, meta.addr, &secret, name, 0, 0).unwrap();
+    Single { args, m, rt, _meta: meta, _root: root }
+}
+
 fn clients(c: &Cluster, rt: &Runtime) -> (MetaSession, DataClient) {
     let secret = dafne_auth::Secret::load(&c.secret).unwrap();
     let meta = MetaSession::connect(rt, c.meta_addr, &secret, "io-test", 0, 0).unwrap();
@@ -153,21 +183,9 @@ fn capabilities_are_checked_by_io_servers() {
 /// copy, and it is counted.
 #[test]
 fn cached_reads_and_writes_copy_nothing() {
-    let root = tempfile::tempdir().unwrap();
-    let (meta, secret_path) = start_meta(root.path(), 1, 1 << 20, 1);
-    let io = dafne_io::server::start(&dafne_io::server::IoArgs {
-        data_dir: root.path().join("io0"),
-        listen: "127.0.0.1:0".parse().unwrap(),
-        secret: secret_path.clone(),
-        cache_mib: 16,
-        ucx: common::ucx_args(),
-        storage: common::storage_mode(),
-    })
-    .unwrap();
-    let rt = runtime();
-    let secret = dafne_auth::Secret::load(&secret_path).unwrap();
-    let m = MetaSession::connect(&rt, meta.addr, &secret, "zc", 0, 0).unwrap();
-    let d = DataClient::connect(&rt, &[io.addr]).unwrap();
+    let Single { args, m, rt, .. } = &single("zc", 16, common::storage_mode());
+    let io = dafne_io::server::start(args).unwrap();
+    let d = DataClient::connect(rt, &[io.addr]).unwrap();
     let a = m.create(ROOT_INO, b"zc", 0o644, true).unwrap();
     let f = m.open(a.ino, dafne_proto::OPEN_READ | dafne_proto::OPEN_WRITE).unwrap();
     let src =
@@ -297,24 +315,10 @@ fn slice_io_registers_nothing_per_call() {
 /// (no byte through the page cache); the counters say which path served.
 #[test]
 fn direct_storage_fills_and_writes_back_whole_units_without_the_page_cache() {
-    let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-    std::fs::create_dir_all(&base).unwrap();
-    let root = tempfile::tempdir_in(base).unwrap();
-    let (meta, secret_path) = start_meta(root.path(), 1, 1 << 20, 1);
-    let args = |dir: &str| dafne_io::server::IoArgs {
-        data_dir: root.path().join(dir),
-        listen: "127.0.0.1:0".parse().unwrap(),
-        secret: secret_path.clone(),
-        cache_mib: 4,
-        ucx: common::ucx_args(),
-        storage: dafne_io::chunk::StorageMode::Direct,
-    };
-    let io = dafne_io::server::start(&args("io0")).unwrap();
-    let rt = runtime();
-    let secret = dafne_auth::Secret::load(&secret_path).unwrap();
-    let m = MetaSession::connect(&rt, meta.addr, &secret, "direct", 0, 0).unwrap();
-    let d = DataClient::connect(&rt, &[io.addr]).unwrap();
-    let f = open_new_on(&m, "direct", 1 << 20, 1);
+    let Single { args, m, rt, .. } = &single("direct", 4, dafne_io::chunk::StorageMode::Direct);
+    let io = dafne_io::server::start(args).unwrap();
+    let d = DataClient::connect(rt, &[io.addr]).unwrap();
+    let f = open_new_on(m, "direct", 1 << 20, 1);
     // 16 MiB through a 4 MiB cache: write-behind and eviction write whole
     // 64 KiB units back; reading it all again misses and fills every unit.
     let len = 16usize << 20;
@@ -359,25 +363,11 @@ fn open_new_on(m: &MetaSession, name: &str, unit: u32, count: u32) -> OpenFile {
 /// (`write_behind` stays 0), and every byte reads back.
 #[test]
 fn concurrent_writers_are_written_back_in_the_background() {
-    let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-    std::fs::create_dir_all(&base).unwrap();
-    let root = tempfile::tempdir_in(base).unwrap();
-    let (meta, secret_path) = start_meta(root.path(), 1, 1 << 20, 1);
     // 8 MiB of cache: write-behind bound 2 MiB, background from 1 MiB.
-    let io = dafne_io::server::start(&dafne_io::server::IoArgs {
-        data_dir: root.path().join("io0"),
-        listen: "127.0.0.1:0".parse().unwrap(),
-        secret: secret_path.clone(),
-        cache_mib: 8,
-        ucx: common::ucx_args(),
-        storage: common::storage_mode(),
-    })
-    .unwrap();
-    let rt = runtime();
-    let secret = dafne_auth::Secret::load(&secret_path).unwrap();
-    let m = MetaSession::connect(&rt, meta.addr, &secret, "bg", 0, 0).unwrap();
-    let d = DataClient::connect(&rt, &[io.addr]).unwrap();
-    let files: Vec<OpenFile> = (0..3).map(|i| open_new_on(&m, &format!("bg{i}"), 1 << 20, 1)).collect();
+    let Single { args, m, rt, .. } = &single("bg", 8, common::storage_mode());
+    let io = dafne_io::server::start(args).unwrap();
+    let d = DataClient::connect(rt, &[io.addr]).unwrap();
+    let files: Vec<OpenFile> = (0..3).map(|i| open_new_on(m, &format!("bg{i}"), 1 << 20, 1)).collect();
     let len = 6usize << 20;
     let data: Vec<Vec<u8>> = (0..3).map(|i| (0..len).map(|b| (b % 241) as u8 ^ (i as u8 * 85)).collect()).collect();
     let writers = files.iter().zip(&data).map(|(f, bytes)| {
@@ -449,30 +439,18 @@ fn server_info_reports_capacity_and_counters_to_holders_of_a_capability() {
 /// gets no read-ahead.
 #[test]
 fn sequential_reads_that_miss_read_ahead() {
-    let root = tempfile::tempdir_in(PathBuf::from(env!("CARGO_TARGET_TMPDIR"))).unwrap();
-    let (meta, secret_path) = start_meta(root.path(), 1, 1 << 20, 1);
-    let args = dafne_io::server::IoArgs {
-        data_dir: root.path().join("io0"),
-        listen: "127.0.0.1:0".parse().unwrap(),
-        secret: secret_path.clone(),
-        cache_mib: 16,
-        ucx: common::ucx_args(),
-        storage: common::storage_mode(),
-    };
-    let rt = runtime();
-    let secret = dafne_auth::Secret::load(&secret_path).unwrap();
-    let m = MetaSession::connect(&rt, meta.addr, &secret, "ra", 0, 0).unwrap();
-    let f = open_new_on(&m, "ra", 1 << 20, 1);
+    let Single { args, m, rt, .. } = &single("ra", 16, common::storage_mode());
+    let f = open_new_on(m, "ra", 1 << 20, 1);
     let len = 8usize << 20;
     let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
     {
-        let io = dafne_io::server::start(&args).unwrap();
-        let d = DataClient::connect(&rt, &[io.addr]).unwrap();
+        let io = dafne_io::server::start(args).unwrap();
+        let d = DataClient::connect(rt, &[io.addr]).unwrap();
         futures::executor::block_on(d.write_at(&f, 0, &data, Stability::FileSync)).unwrap();
     }
     // A new server on the same data: nothing cached.
-    let io = dafne_io::server::start(&args).unwrap();
-    let d = DataClient::connect(&rt, &[io.addr]).unwrap();
+    let io = dafne_io::server::start(args).unwrap();
+    let d = DataClient::connect(rt, &[io.addr]).unwrap();
     let buf = d.register(vec![0u8; 128 << 10], dafne_transport::Access::RemoteWrite).unwrap();
     let read = |off: usize| {
         futures::executor::block_on(d.read_region(&f, off as u64, &buf, 0, 128 << 10)).unwrap();
@@ -501,24 +479,12 @@ fn sequential_reads_that_miss_read_ahead() {
 /// same data then has every byte acknowledged before.
 #[test]
 fn a_clean_stop_refuses_writes_and_writes_back_what_it_acknowledged() {
-    let root = tempfile::tempdir_in(PathBuf::from(env!("CARGO_TARGET_TMPDIR"))).unwrap();
-    let (meta, secret_path) = start_meta(root.path(), 1, 1 << 20, 1);
-    let args = dafne_io::server::IoArgs {
-        data_dir: root.path().join("io0"),
-        listen: "127.0.0.1:0".parse().unwrap(),
-        secret: secret_path.clone(),
-        cache_mib: 16,
-        ucx: common::ucx_args(),
-        storage: common::storage_mode(),
-    };
-    let rt = runtime();
-    let secret = dafne_auth::Secret::load(&secret_path).unwrap();
-    let m = MetaSession::connect(&rt, meta.addr, &secret, "drain", 0, 0).unwrap();
-    let f = open_new_on(&m, "drain", 1 << 20, 1);
+    let Single { args, m, rt, .. } = &single("drain", 16, common::storage_mode());
+    let f = open_new_on(m, "drain", 1 << 20, 1);
     let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 241) as u8).collect();
     {
-        let io = dafne_io::server::start(&args).unwrap();
-        let d = DataClient::connect(&rt, &[io.addr]).unwrap();
+        let io = dafne_io::server::start(args).unwrap();
+        let d = DataClient::connect(rt, &[io.addr]).unwrap();
         futures::executor::block_on(d.write_at(&f, 0, &data, Stability::Unstable)).unwrap();
         assert!(io.stats().unifier.dirty_bytes > 0);
         io.drain_and_flush().unwrap();
@@ -526,8 +492,8 @@ fn a_clean_stop_refuses_writes_and_writes_back_what_it_acknowledged() {
         let late = futures::executor::block_on(d.write_at(&f, 0, b"late", Stability::Unstable));
         assert_eq!(late, Err(Errno::EAGAIN), "a write after the final write-back is refused");
     }
-    let io = dafne_io::server::start(&args).unwrap();
-    let d = DataClient::connect(&rt, &[io.addr]).unwrap();
+    let io = dafne_io::server::start(args).unwrap();
+    let d = DataClient::connect(rt, &[io.addr]).unwrap();
     let mut back = vec![0u8; data.len()];
     futures::executor::block_on(d.read_at(&f, 0, &mut back)).unwrap();
     assert!(back == data);
