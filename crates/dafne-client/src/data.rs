@@ -25,28 +25,63 @@
 //! does, the client notices instead: per (object, server) it records the
 //! [`Generation`] of the connection that carried the first unstable write
 //! since the object's last successful `Sync` or `Stat` on that server (a
-//! reconnection is the only way a restarted server is reached). When a
-//! `Sync` or `Stat` is answered on a connection of another generation, the
-//! data acknowledged by the earlier one may be gone: that sync or stat
-//! fails with `EIO` (once), as `fsync` does after a failed write-back.
+//! reconnection is the only way a restarted server is reached), and how
+//! many of its unstable writes are in flight. When a `Sync` or `Stat` is
+//! answered on a connection of another generation, the data acknowledged
+//! by the earlier one may be gone, and the check fails with `EIO`, as
+//! `fsync` does after a failed write-back:
+//! - A `Sync` reports a loss once: the next one succeeds. Two `Sync`s of
+//!   the same object at once (two threads' fsync) report it once between
+//!   them: the one answered first.
+//! - A `Stat` (a FUSE close publishing the size) reports the loss but keeps
+//!   it, marked lost: every `Stat` fails until a `Sync` has reported it, so
+//!   a close whose error is discarded does not hide it from the fsync.
+//! - A check clears the record only if it covers it: sent when no unstable
+//!   write of the pair was in flight and none was recorded since. A write
+//!   in flight when a `Sync` is sent may reach the server after the sync
+//!   ran and be acknowledged from its cache; it stays recorded, on the
+//!   generation of the first write not yet checked.
+//! - A write that fails (a lost connection, an error) was not
+//!   acknowledged: if it made the pair's entry and nothing was recorded
+//!   since, the entry goes, so that a caller who writes again on the new
+//!   connection and syncs is not told of a loss.
+//! - A request to several servers answers `EIO` if any server did, whatever
+//!   errors others gave: a loss one server's check consumed is never hidden
+//!   behind another's timeout.
+//!
 //! Writes sent `DataSync` / `FileSync` are stable when acknowledged and are
-//! not recorded. The record is bounded ([`VERIFIER_MAX`]): past it, an
-//! unstable write to a pair not yet recorded is sent `DataSync`, so
-//! nothing acknowledged goes unchecked.
+//! not recorded; `Remove` forgets the object. The record is bounded
+//! ([`VERIFIER_MAX`]): past it, an unstable write to a pair not yet
+//! recorded is sent `DataSync`, so nothing acknowledged goes unchecked.
+//!
+//! Known limits, false alarms (an `EIO` for data that is safe), never a
+//! loss missed:
+//! - The generation is this client's connection, not the server's
+//!   identity: a connection dropped to a server that did not restart (the
+//!   transport's keepalive after a stall of more than 5 s), or a clean
+//!   restart that wrote everything back, also fails the next `Sync`.
+//! - A truncate between an unstable write and a crash leaves the write
+//!   recorded: the `Sync` after the restart fails although the truncate
+//!   made the lost bytes irrelevant.
 //!
 //! # Buffers of failed requests
 //! A request that fails (a timeout, a lost connection, any error) may still
 //! have the server's RMA under way on its memory. Bounce buffers of a
-//! failed request are not returned to the pool but deregistered and freed,
-//! and a cached registration of the caller's buffer is evicted, so that
-//! later I/O never shares memory with a late put or get. (Deregistering
-//! invalidates the key on RDMA transports; with shared-memory transports
-//! such as CMA a late put could still reach the caller's buffer, which the
-//! client cannot prevent.)
+//! failed request are not returned to the pool but quarantined: kept
+//! registered and mapped, unused, for twice the transport's call timeout
+//! (a server waits at most one for an RMA it started; 2 × 30 s by
+//! default), then freed; at most [`QUARANTINE_MAX`] of them (16 MiB), the
+//! oldest freed early beyond that. So a late put or get, even over a
+//! transport where deregistering does not stop it (shared memory, CMA,
+//! TCP), reaches memory nothing else uses. A cached registration of the
+//! caller's buffer is evicted (deregistering invalidates the key on RDMA
+//! transports; with shared-memory transports a late put could still reach
+//! the caller's buffer, which the client cannot prevent).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use dafne_proto::io::{decode_io_reply, encode_io_request, IoExtent, IoRequest, IoResponse, Stability, NO_KEY};
 use dafne_proto::{Capability, Envelope, Errno, ServerInfo};
@@ -87,13 +122,43 @@ pub const ZERO_COPY_MIN: usize = 256 << 10;
 /// to new pairs as `DataSync` (see the module docs).
 pub const VERIFIER_MAX: usize = 65536;
 
-/// An unstable write not yet covered by a `Sync` or `Stat`.
+/// Failed requests' bounce buffers held back from being freed
+/// ([`DataClient`]'s quarantine, see the module docs): 16 × 1 MiB at most.
+pub const QUARANTINE_MAX: usize = 16;
+
+/// Unstable writes of one (object, server) pair not yet covered by a
+/// `Sync` or `Stat`.
 #[derive(Debug, Clone, Copy)]
 struct Unstable {
-    /// The connection that carried the first of them.
+    /// The connection that carried the first of them not yet checked.
     generation: Generation,
+    /// [`Verifier::seq`] of the write that made this entry.
+    first: u64,
     /// [`Verifier::seq`] of the latest of them.
     seq: u64,
+    /// Those sent and not yet answered.
+    in_flight: u32,
+    /// A `Stat` found them lost; the next `Sync` reports it.
+    lost: bool,
+}
+
+/// What a `Sync` or `Stat` of one pair covers, taken when it is sent.
+#[derive(Debug, Clone, Copy)]
+struct Epoch {
+    /// The writes recorded so far.
+    seq: u64,
+    /// No write of the pair was in flight: each recorded one was answered
+    /// before the check was sent, so the server had it when it ran.
+    quiet: bool,
+}
+
+/// The request that checks a pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Check {
+    /// Reports a loss and clears it.
+    Sync,
+    /// Reports a loss and keeps it for the next `Sync`.
+    Stat,
 }
 
 /// The write verifier's record (see the module docs).
@@ -117,43 +182,99 @@ impl Verifier {
     }
 
     /// Records an unstable write of `object` about to be sent to `server`
-    /// on connection `generation`. `false` when the record is full: send
-    /// the write stable instead.
-    fn note_write(&mut self, object: u64, server: usize, generation: Generation) -> bool {
+    /// on connection `generation`, in flight until [`Self::write_done`]:
+    /// its number, or `None` when the record is full (send it stable
+    /// instead).
+    fn note_write(&mut self, object: u64, server: usize, generation: Generation) -> Option<u64> {
         if self.pending.len() >= self.max && !self.pending.contains_key(&(object, server)) {
-            return false;
+            return None;
         }
         self.seq += 1;
         let seq = self.seq;
-        self.pending.entry((object, server)).and_modify(|u| u.seq = seq).or_insert(Unstable { generation, seq });
-        true
+        let u = self.pending.entry((object, server)).or_insert(Unstable {
+            generation,
+            first: seq,
+            seq,
+            in_flight: 0,
+            lost: false,
+        });
+        u.seq = seq;
+        u.in_flight += 1;
+        Some(seq)
     }
 
-    /// What a `Sync` or `Stat` about to be sent covers: the writes
-    /// recorded so far.
-    fn epoch(&self) -> u64 {
-        self.seq
+    /// The write numbered `seq` was answered (`ok`) or failed. A failed
+    /// write that made its entry, with nothing recorded since, leaves no
+    /// entry: nothing of it was acknowledged, and the caller, told of the
+    /// failure, may write again on a new connection.
+    fn write_done(&mut self, object: u64, server: usize, seq: u64, ok: bool) {
+        let Some(u) = self.pending.get_mut(&(object, server)) else { return };
+        if seq < u.first {
+            // The entry was forgotten (`Remove`) and made again since.
+            return;
+        }
+        u.in_flight = u.in_flight.saturating_sub(1);
+        if !ok && u.first == seq && u.seq == seq {
+            self.pending.remove(&(object, server));
+        }
+    }
+
+    /// What a `Sync` or `Stat` of `object` about to be sent to `server`
+    /// covers.
+    fn epoch(&self, object: u64, server: usize) -> Epoch {
+        let quiet = self.pending.get(&(object, server)).is_none_or(|u| u.in_flight == 0);
+        Epoch { seq: self.seq, quiet }
     }
 
     /// A `Sync` or `Stat` of `object`, sent at `epoch`, succeeded on
-    /// `server`'s connection `generation`: `EIO` if an unstable write went
-    /// to an earlier server instance. The record is cleared unless writes
-    /// were sent while the sync was in flight (it may not cover them); if
-    /// kept after a loss was reported, it takes the answering generation
-    /// (a write that raced on an older connection could not have been
-    /// acknowledged: that connection was lost before this one was made).
-    fn settle(&mut self, object: u64, server: usize, generation: Generation, epoch: u64) -> Result<(), Errno> {
+    /// `server`'s connection `generation`: `EIO` if unstable writes went
+    /// to an earlier server instance, or a `Stat` found so before.
+    ///
+    /// The entry is cleared only if the check covers all of it: sent when
+    /// no write of the pair was in flight and none was recorded since (a
+    /// write still in flight may reach the server after the check ran and
+    /// be acknowledged from its cache). A `Stat` that finds a loss keeps
+    /// it, marked lost, for the next `Sync` (a close's error may be
+    /// discarded; fsync's must not be). A `Sync` reports it and clears it;
+    /// if the entry stays for writes it did not cover, it takes the
+    /// answering generation (a write that raced on an older connection
+    /// could not have been acknowledged: that connection was lost before
+    /// this one was made).
+    fn settle(
+        &mut self,
+        object: u64,
+        server: usize,
+        generation: Generation,
+        epoch: Epoch,
+        check: Check,
+    ) -> Result<(), Errno> {
         let Some(u) = self.pending.get_mut(&(object, server)) else { return Ok(()) };
-        let lost = u.generation != generation;
-        if u.seq <= epoch {
-            self.pending.remove(&(object, server));
-        } else {
-            u.generation = generation;
-        }
-        if lost {
+        let replaced = u.generation != generation;
+        if replaced {
             tracing::warn!(
                 "object {object:#x}: io server {server} restarted after acknowledging unstable writes; they may be lost"
             );
+        }
+        let lost = replaced || u.lost;
+        let covered = epoch.quiet && u.seq <= epoch.seq;
+        match check {
+            Check::Sync if covered => {
+                self.pending.remove(&(object, server));
+            }
+            Check::Sync => {
+                u.generation = generation;
+                u.lost = false;
+            }
+            Check::Stat if lost => {
+                u.generation = generation;
+                u.lost = true;
+            }
+            Check::Stat if covered => {
+                self.pending.remove(&(object, server));
+            }
+            Check::Stat => {}
+        }
+        if lost {
             return Err(Errno::EIO);
         }
         Ok(())
@@ -162,6 +283,56 @@ impl Verifier {
     /// The object is removed from `server`: nothing of it is left to check.
     fn forget(&mut self, object: u64, server: usize) {
         self.pending.remove(&(object, server));
+    }
+}
+
+/// An unstable write on its way: tells the verifier how it ended, also if
+/// the caller drops the request before the answer (then as a failure: the
+/// caller never saw it acknowledged).
+struct InFlight<'a> {
+    verifier: &'a Mutex<Verifier>,
+    object: u64,
+    server: usize,
+    seq: u64,
+    ok: bool,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        lock_verifier(self.verifier).write_done(self.object, self.server, self.seq, self.ok);
+    }
+}
+
+fn lock_verifier(v: &Mutex<Verifier>) -> MutexGuard<'_, Verifier> {
+    // Every update leaves the record consistent: a poisoned lock is still
+    // usable.
+    v.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Bounce buffers of failed requests, kept registered and mapped until no
+/// late put or get of those requests can come (see the module docs).
+#[derive(Debug)]
+struct Quarantine {
+    /// Oldest first, with when each was put here.
+    bufs: VecDeque<(Instant, Region)>,
+    /// How long a buffer stays: twice the transport's call timeout.
+    hold: Duration,
+}
+
+impl Quarantine {
+    /// Frees the buffers held long enough; then takes `bufs` (freeing the
+    /// oldest beyond [`QUARANTINE_MAX`]).
+    fn admit(&mut self, bufs: Vec<Region>) {
+        let now = Instant::now();
+        while self.bufs.front().is_some_and(|(t, _)| now.duration_since(*t) >= self.hold) {
+            self.bufs.pop_front();
+        }
+        for r in bufs {
+            if self.bufs.len() >= QUARANTINE_MAX {
+                self.bufs.pop_front();
+            }
+            self.bufs.push_back((now, r));
+        }
     }
 }
 
@@ -178,6 +349,7 @@ pub struct DataClient {
     /// `None` only without servers (no UCX context to register with).
     regcache: Option<std::sync::Arc<RegCache>>,
     verifier: std::sync::Arc<Mutex<Verifier>>,
+    quarantine: std::sync::Arc<Mutex<Quarantine>>,
 }
 
 /// The part of an I/O that one server handles.
@@ -213,6 +385,10 @@ impl DataClient {
             bounce: Default::default(),
             regcache,
             verifier: std::sync::Arc::new(Mutex::new(Verifier::new(VERIFIER_MAX))),
+            quarantine: std::sync::Arc::new(Mutex::new(Quarantine {
+                bufs: VecDeque::new(),
+                hold: 2 * rt.options().call_timeout,
+            })),
         })
     }
 
@@ -259,12 +435,20 @@ impl DataClient {
         self.bounce.lock().map(|p| p.len()).unwrap_or(0)
     }
 
+    /// Failed requests' bounce buffers held now.
+    #[cfg(test)]
+    fn bounce_quarantined(&self) -> usize {
+        self.quarantine.lock().map(|q| q.bufs.len()).unwrap_or(0)
+    }
+
     /// Returns the bounce buffers of a request to the pool if it
-    /// succeeded; drops them if it failed (the server may still put or get
-    /// on them, see the module docs).
+    /// succeeded; quarantines them if it failed (the server may still put
+    /// or get on them, see the module docs).
     fn settle_bounce(&self, bufs: Vec<Region>, ok: bool) {
         if ok {
             bufs.into_iter().for_each(|r| self.give_bounce(r));
+        } else {
+            self.quarantine.lock().unwrap_or_else(|p| p.into_inner()).admit(bufs);
         }
     }
 
@@ -323,9 +507,7 @@ impl DataClient {
     }
 
     fn verifier(&self) -> MutexGuard<'_, Verifier> {
-        // Every update leaves the record consistent: a poisoned lock is
-        // still usable.
-        self.verifier.lock().unwrap_or_else(|p| p.into_inner())
+        lock_verifier(&self.verifier)
     }
 
     async fn call(&self, server: usize, req: &IoRequest) -> Result<IoResponse, Errno> {
@@ -333,37 +515,51 @@ impl DataClient {
         // A lost server is reconnected here, at the next call after the loss.
         let (c, generation) = link.get().ok_or(Errno::EIO)?;
         // The write verifier: unstable writes are recorded before they are
-        // sent, syncs note what they cover (module docs).
-        let mut epoch = 0;
-        let stable_instead = match req {
-            IoRequest::Write { cap, stability: Stability::Unstable, .. } => {
-                let recorded = self.verifier().note_write(cap.object_id, server, generation);
-                (!recorded).then(|| {
-                    let mut r = req.clone();
-                    if let IoRequest::Write { stability, .. } = &mut r {
-                        *stability = Stability::DataSync;
-                    }
-                    r
-                })
-            }
-            IoRequest::Sync { .. } | IoRequest::Stat { .. } => {
-                epoch = self.verifier().epoch();
-                None
-            }
-            _ => None,
-        };
-        let req = stable_instead.as_ref().unwrap_or(req);
-        let bytes = c.call_async(encode_io_request(Envelope { tag: 0, uid: 0, gid: 0 }, req)).await.map_err(|e| {
-            link.failed(generation, &e);
-            io_err(e)
-        })?;
-        let reply = decode_io_reply(&bytes).map_err(|_| Errno::EPROTO)?.2?;
+        // sent and until they are answered, checks note what they cover
+        // (module docs).
+        let mut stable_instead = None;
+        let mut in_flight = None;
+        let mut check = None;
         match req {
-            IoRequest::Sync { cap } | IoRequest::Stat { cap } => {
-                self.verifier().settle(cap.object_id, server, generation, epoch)?
+            IoRequest::Write { cap, stability: Stability::Unstable, .. } => {
+                match self.verifier().note_write(cap.object_id, server, generation) {
+                    Some(seq) => {
+                        let v = &*self.verifier;
+                        in_flight = Some(InFlight { verifier: v, object: cap.object_id, server, seq, ok: false });
+                    }
+                    None => {
+                        let mut r = req.clone();
+                        if let IoRequest::Write { stability, .. } = &mut r {
+                            *stability = Stability::DataSync;
+                        }
+                        stable_instead = Some(r);
+                    }
+                }
             }
-            IoRequest::Remove { cap } => self.verifier().forget(cap.object_id, server),
+            IoRequest::Sync { cap } => check = Some((cap.object_id, Check::Sync)),
+            IoRequest::Stat { cap } => check = Some((cap.object_id, Check::Stat)),
             _ => {}
+        }
+        let epoch = check.map(|(object, _)| self.verifier().epoch(object, server));
+        let req = stable_instead.as_ref().unwrap_or(req);
+        let reply = async {
+            let bytes =
+                c.call_async(encode_io_request(Envelope { tag: 0, uid: 0, gid: 0 }, req)).await.map_err(|e| {
+                    link.failed(generation, &e);
+                    io_err(e)
+                })?;
+            decode_io_reply(&bytes).map_err(|_| Errno::EPROTO)?.2
+        }
+        .await;
+        if let Some(mut w) = in_flight {
+            w.ok = reply.is_ok();
+        }
+        let reply = reply?;
+        if let (Some((object, check)), Some(epoch)) = (check, epoch) {
+            self.verifier().settle(object, server, generation, epoch, check)?;
+        }
+        if let IoRequest::Remove { cap } = req {
+            self.verifier().forget(cap.object_id, server);
         }
         Ok(reply)
     }
@@ -647,11 +843,14 @@ impl DataClient {
             let req = req.clone();
             async move { self.call(id, &req).await }
         });
-        let mut out = Vec::new();
-        for r in futures::future::join_all(calls).await {
-            out.push(each(r?));
+        let results = futures::future::join_all(calls).await;
+        // Every server's answer counts: an `EIO` (a loss the write verifier
+        // found, which a `Sync` has consumed) is never hidden behind
+        // another server's error that came first.
+        if results.iter().any(|r| matches!(r, Err(Errno::EIO))) {
+            return Err(Errno::EIO);
         }
-        Ok(out)
+        results.into_iter().map(|r| r.map(&mut each)).collect()
     }
 
     /// Posts a zero-copy read from the file at `offset` into `into` on `cq`.
@@ -756,54 +955,134 @@ mod tests {
     use futures::executor::block_on;
     use std::sync::atomic::Ordering;
 
+    /// An unstable write sent and acknowledged on `generation`.
+    fn written(v: &mut Verifier, object: u64, server: usize, generation: Generation) {
+        let seq = v.note_write(object, server, generation).expect("room in the record");
+        v.write_done(object, server, seq, true);
+    }
+
+    /// A check sent now and answered on `generation`.
+    fn check(v: &mut Verifier, object: u64, server: usize, generation: Generation, c: Check) -> Result<(), Errno> {
+        let e = v.epoch(object, server);
+        v.settle(object, server, generation, e, c)
+    }
+
     #[test]
     fn a_sync_answered_by_a_later_connection_than_the_write_fails_once() {
         let mut v = Verifier::new(VERIFIER_MAX);
         // Same connection: the sync covers the write.
-        assert!(v.note_write(7, 0, 0));
-        let e = v.epoch();
-        assert_eq!(v.settle(7, 0, 0, e), Ok(()));
+        written(&mut v, 7, 0, 0);
+        assert_eq!(check(&mut v, 7, 0, 0, Check::Sync), Ok(()));
         assert!(v.pending.is_empty());
         // The server was replaced between the write and the sync.
-        assert!(v.note_write(7, 0, 0));
-        assert!(v.note_write(7, 0, 1), "a later write on the new connection");
-        let e = v.epoch();
-        assert_eq!(v.settle(7, 0, 1, e), Err(Errno::EIO));
-        assert_eq!(v.settle(7, 0, 1, v.epoch()), Ok(()), "the loss is reported once");
+        written(&mut v, 7, 0, 0);
+        written(&mut v, 7, 0, 1); // a later write on the new connection
+        assert_eq!(check(&mut v, 7, 0, 1, Check::Sync), Err(Errno::EIO));
+        assert_eq!(check(&mut v, 7, 0, 1, Check::Sync), Ok(()), "the loss is reported once");
         // Other objects and servers are not concerned.
-        assert!(v.note_write(7, 1, 0));
-        assert_eq!(v.settle(8, 1, 1, v.epoch()), Ok(()));
-        assert_eq!(v.settle(7, 0, 1, v.epoch()), Ok(()));
-        assert_eq!(v.settle(7, 1, 1, v.epoch()), Err(Errno::EIO));
+        written(&mut v, 7, 1, 0);
+        assert_eq!(check(&mut v, 8, 1, 1, Check::Sync), Ok(()));
+        assert_eq!(check(&mut v, 7, 0, 1, Check::Sync), Ok(()));
+        assert_eq!(check(&mut v, 7, 1, 1, Check::Sync), Err(Errno::EIO));
+    }
+
+    #[test]
+    fn a_write_in_flight_when_a_sync_is_sent_stays_recorded() {
+        let mut v = Verifier::new(VERIFIER_MAX);
+        let seq = v.note_write(7, 0, 0).unwrap();
+        let e = v.epoch(7, 0); // an fsync while the write is on its way
+                               // The server runs the sync, then the write lands in its cache.
+        v.write_done(7, 0, seq, true);
+        assert_eq!(v.settle(7, 0, 0, e, Check::Sync), Ok(()));
+        assert!(v.pending.contains_key(&(7, 0)), "a sync sent before a write was answered covered it");
+        // The server crashes and restarts: the next sync finds the write.
+        assert_eq!(check(&mut v, 7, 0, 1, Check::Sync), Err(Errno::EIO));
+        assert!(v.pending.is_empty());
     }
 
     #[test]
     fn a_write_sent_during_a_sync_stays_recorded() {
         let mut v = Verifier::new(VERIFIER_MAX);
-        assert!(v.note_write(7, 0, 0));
-        let e = v.epoch();
-        assert!(v.note_write(7, 0, 0), "sent while the sync is in flight");
-        assert_eq!(v.settle(7, 0, 0, e), Ok(()));
+        written(&mut v, 7, 0, 0);
+        let e = v.epoch(7, 0);
+        written(&mut v, 7, 0, 0); // sent and answered while the sync is in flight
+        assert_eq!(v.settle(7, 0, 0, e, Check::Sync), Ok(()));
         assert!(v.pending.contains_key(&(7, 0)), "the sync may not cover the later write");
-        // The server restarts; the sync still finds the write.
-        assert_eq!(v.settle(7, 0, 1, v.epoch()), Err(Errno::EIO));
+        assert_eq!(check(&mut v, 7, 0, 1, Check::Sync), Err(Errno::EIO));
         assert!(v.pending.is_empty());
+    }
+
+    #[test]
+    fn a_sync_that_reports_a_loss_keeps_the_writes_it_did_not_cover_on_its_connection() {
+        let mut v = Verifier::new(VERIFIER_MAX);
+        written(&mut v, 7, 0, 0);
+        // Reconnected; a write on the new connection is in flight.
+        let seq = v.note_write(7, 0, 1).unwrap();
+        assert_eq!(check(&mut v, 7, 0, 1, Check::Sync), Err(Errno::EIO));
+        assert!(v.pending.contains_key(&(7, 0)), "the write in flight went unrecorded");
+        v.write_done(7, 0, seq, true);
+        assert_eq!(check(&mut v, 7, 0, 1, Check::Sync), Ok(()), "the reported loss came back");
+        assert!(v.pending.is_empty());
+    }
+
+    #[test]
+    fn a_loss_a_stat_finds_stays_until_a_sync_reports_it() {
+        let mut v = Verifier::new(VERIFIER_MAX);
+        written(&mut v, 7, 0, 0);
+        assert_eq!(check(&mut v, 7, 0, 1, Check::Stat), Err(Errno::EIO), "a close after the restart");
+        assert_eq!(check(&mut v, 7, 0, 1, Check::Stat), Err(Errno::EIO), "a stat cleared the loss");
+        written(&mut v, 7, 0, 1); // writes on the new connection go on
+        assert_eq!(check(&mut v, 7, 0, 1, Check::Sync), Err(Errno::EIO), "fsync after a close hid the loss");
+        assert_eq!(check(&mut v, 7, 0, 1, Check::Sync), Ok(()));
+        assert_eq!(check(&mut v, 7, 0, 1, Check::Stat), Ok(()));
+        assert!(v.pending.is_empty());
+    }
+
+    #[test]
+    fn a_failed_write_leaves_no_record_of_its_own() {
+        let mut v = Verifier::new(VERIFIER_MAX);
+        let seq = v.note_write(7, 0, 0).unwrap();
+        v.write_done(7, 0, seq, false);
+        assert!(v.pending.is_empty(), "a write never acknowledged stays recorded");
+        // It takes nothing acknowledged with it.
+        written(&mut v, 8, 0, 0);
+        let seq = v.note_write(8, 0, 0).unwrap();
+        v.write_done(8, 0, seq, false);
+        assert_eq!(check(&mut v, 8, 0, 1, Check::Sync), Err(Errno::EIO));
+        // Nor a write recorded after it.
+        let first = v.note_write(9, 0, 0).unwrap();
+        written(&mut v, 9, 0, 0);
+        v.write_done(9, 0, first, false);
+        assert_eq!(check(&mut v, 9, 0, 1, Check::Sync), Err(Errno::EIO));
+    }
+
+    #[test]
+    fn an_answer_to_a_write_of_a_forgotten_entry_leaves_the_new_one_alone() {
+        let mut v = Verifier::new(VERIFIER_MAX);
+        let old = v.note_write(7, 0, 0).unwrap();
+        v.forget(7, 0); // removed while the write was on its way
+        let new = v.note_write(7, 0, 0).unwrap();
+        v.write_done(7, 0, old, true);
+        assert!(!v.epoch(7, 0).quiet, "the answer to an earlier write ended a later one");
+        v.write_done(7, 0, new, true);
+        assert!(v.epoch(7, 0).quiet);
     }
 
     #[test]
     fn a_full_record_asks_for_stable_writes_and_forgets_nothing() {
         let mut v = Verifier::new(2);
-        assert!(v.note_write(1, 0, 0));
-        assert!(v.note_write(2, 0, 0));
-        assert!(!v.note_write(3, 0, 0), "a third pair does not fit: it must be written stable");
-        assert!(v.note_write(1, 0, 0), "recorded pairs still take writes");
-        assert_eq!(v.settle(1, 0, 1, v.epoch()), Err(Errno::EIO), "a full record keeps what it holds");
+        written(&mut v, 1, 0, 0);
+        written(&mut v, 2, 0, 0);
+        assert_eq!(v.note_write(3, 0, 0), None, "a third pair does not fit: it must be written stable");
+        written(&mut v, 1, 0, 0); // recorded pairs still take writes
+        assert_eq!(check(&mut v, 1, 0, 1, Check::Sync), Err(Errno::EIO), "a full record keeps what it holds");
         v.forget(2, 0);
         assert!(v.pending.is_empty());
-        assert!(v.note_write(3, 0, 0), "settled and removed pairs make room");
+        assert!(v.note_write(3, 0, 0).is_some(), "settled and removed pairs make room");
     }
 
-    fn file(object_id: u64) -> OpenFile {
+    /// An open file striped over servers `0..servers` (1 MiB units).
+    fn file_on(object_id: u64, servers: u32) -> OpenFile {
         let t = Timespec::default();
         let attr = Attr {
             ino: 2,
@@ -819,8 +1098,12 @@ mod tests {
             mtime: t,
             ctime: t,
         };
-        let layout = Layout { object_id, stripe_unit: 1 << 20, stripe_count: 1, servers: vec![0] };
+        let layout = Layout { object_id, stripe_unit: 1 << 20, stripe_count: servers, servers: (0..servers).collect() };
         OpenFile { attr, layout, cap: Capability { object_id, rights: 3, expiry_unix_ns: 0, mac: [0; 32] } }
+    }
+
+    fn file(object_id: u64) -> OpenFile {
+        file_on(object_id, 1)
     }
 
     fn loss() -> TransportError {
@@ -845,34 +1128,72 @@ mod tests {
         assert_eq!(d.reconnects(), 1);
         assert_eq!(block_on(d.sync(&f)), Ok(()), "the loss is reported once");
         assert_eq!(block_on(d.sync(&g)), Ok(()), "stable writes need no check");
-        // Stat checks as Sync does; Remove forgets the object.
+        // Stat reports a loss and leaves it to the next sync; Remove
+        // forgets the object.
         block_on(d.write_at(&f, 0, b"again", Stability::Unstable)).unwrap();
         block_on(d.write_at(&g, 0, b"again", Stability::Unstable)).unwrap();
         d.servers[0].failed(1, &loss());
         std::thread::sleep(crate::link::RETRY_EVERY); // the link tries again only after this
-        assert_eq!(block_on(d.stored_size(&f)), Err(Errno::EIO));
+        assert_eq!(block_on(d.stored_size(&f)), Err(Errno::EIO), "a close after the loss");
+        assert_eq!(block_on(d.sync(&f)), Err(Errno::EIO), "fsync after a close that reported the loss");
+        assert_eq!(block_on(d.sync(&f)), Ok(()));
         block_on(d.remove(&g)).unwrap();
         assert_eq!(block_on(d.sync(&g)), Ok(()));
     }
 
     #[test]
+    fn a_loss_on_one_server_is_reported_whatever_another_answers() {
+        let (_s0, addr0, faults0) = fake_io::start();
+        let (_s1, addr1, _) = fake_io::start();
+        let rt = fake_io::runtime("verifier-two");
+        let d = DataClient::connect(&rt, &[addr0, addr1]).unwrap();
+        let f = file_on(30, 2);
+        block_on(d.write_at(&f, 0, b"on server 0", Stability::Unstable)).unwrap();
+        block_on(d.write_at(&f, 1 << 20, b"on server 1", Stability::Unstable)).unwrap();
+        // Server 1 is reconnected (its writes may be lost) while server 0
+        // times its syncs out.
+        d.servers[1].failed(0, &loss());
+        faults0.fail_syncs.store(true, Ordering::Relaxed);
+        assert_eq!(block_on(d.sync(&f)), Err(Errno::EIO), "another server's error hid the loss");
+        assert_eq!(block_on(d.sync(&f)), Err(Errno::EAGAIN), "the loss is reported once");
+        faults0.fail_syncs.store(false, Ordering::Relaxed);
+        assert_eq!(block_on(d.sync(&f)), Ok(()));
+    }
+
+    #[test]
+    fn a_write_that_failed_is_not_reported_after_it_was_written_again() {
+        let (_server, addr, faults) = fake_io::start();
+        let rt = fake_io::runtime("verifier-failed");
+        let d = DataClient::connect(&rt, &[addr]).unwrap();
+        let f = file(40);
+        faults.fail_writes.store(true, Ordering::Relaxed);
+        assert_eq!(block_on(d.write_at(&f, 0, b"first try", Stability::Unstable)), Err(Errno::EIO));
+        // The connection is replaced; the caller writes again on the new one.
+        d.servers[0].failed(0, &loss());
+        faults.fail_writes.store(false, Ordering::Relaxed);
+        block_on(d.write_at(&f, 0, b"second try", Stability::Unstable)).unwrap();
+        assert_eq!(d.reconnects(), 1);
+        assert_eq!(block_on(d.sync(&f)), Ok(()), "a write that failed was reported lost");
+    }
+
+    #[test]
     fn past_the_bound_unstable_writes_are_sent_stable_and_need_no_check() {
-        let (_server, addr, stable_writes) = fake_io::start();
+        let (_server, addr, faults) = fake_io::start();
         let rt = fake_io::runtime("verifier-full");
         let mut d = DataClient::connect(&rt, &[addr]).unwrap();
         d.verifier = std::sync::Arc::new(Mutex::new(Verifier::new(1)));
         let (f, g) = (file(20), file(21));
         block_on(d.write_at(&f, 0, b"recorded", Stability::Unstable)).unwrap();
-        assert_eq!(stable_writes.load(Ordering::Relaxed), 0);
+        assert_eq!(faults.stable_writes.load(Ordering::Relaxed), 0);
         block_on(d.write_at(&g, 0, b"no room", Stability::Unstable)).unwrap();
-        assert_eq!(stable_writes.load(Ordering::Relaxed), 1, "a write the record cannot hold was sent unstable");
+        assert_eq!(faults.stable_writes.load(Ordering::Relaxed), 1, "a write the record cannot hold was sent unstable");
         d.servers[0].failed(0, &loss());
         assert_eq!(block_on(d.sync(&g)), Ok(()), "the stable write needs no check");
         assert_eq!(block_on(d.sync(&f)), Err(Errno::EIO), "the recorded one is still checked");
     }
 
     #[test]
-    fn failed_requests_keep_their_bounce_buffers_out_of_the_pool() {
+    fn failed_requests_bounce_buffers_are_quarantined_not_reused() {
         let (_server, addr, _) = fake_io::start();
         let rt = fake_io::runtime("bounce");
         let d = DataClient::connect(&rt, &[addr]).unwrap();
@@ -883,10 +1204,21 @@ mod tests {
         let data = vec![5u8; 2 * BOUNCE_SIZE];
         block_on(d.write_at(&f, 0, &data, Stability::Unstable)).unwrap();
         assert_eq!(d.bounce_pooled(), 2);
-        // The fake server fails reads: their buffers are not reused.
+        // The fake server fails reads: their buffers are not reused, and
+        // not freed either (a late put must find memory nobody uses).
         let mut back = vec![0u8; 2 * BOUNCE_SIZE];
         assert_eq!(block_on(d.read_at(&f, 0, &mut back)), Err(Errno::EIO));
         assert_eq!(d.bounce_pooled(), 0, "buffers of a failed request went back to the pool");
+        assert_eq!(d.bounce_quarantined(), 2, "buffers of a failed request were freed at once");
         assert!(back.iter().all(|&b| b == 0), "a failed read copied out of its bounce buffers");
+        // The quarantine is bounded: the oldest go first.
+        let mut big = vec![0u8; (QUARANTINE_MAX + 4) * BOUNCE_SIZE];
+        assert_eq!(block_on(d.read_at(&f, 0, &mut big)), Err(Errno::EIO));
+        assert_eq!(d.bounce_quarantined(), QUARANTINE_MAX);
+        // Once held long enough, they are freed.
+        d.quarantine.lock().unwrap().hold = Duration::ZERO;
+        assert_eq!(block_on(d.read_at(&f, 0, &mut back)), Err(Errno::EIO));
+        assert_eq!(d.bounce_quarantined(), 2, "buffers held past their time were kept");
+        assert_eq!(d.bounce_pooled(), 0);
     }
 }

@@ -2,31 +2,46 @@
 //! that answers io requests without storing anything. Writes, syncs, stats,
 //! truncates and removes succeed; reads fail with `EIO` (an error the
 //! server decided, after which no RMA of the request is pending). It
-//! counts the writes it was asked to make stable.
+//! counts the writes it was asked to make stable, and fails writes (`EIO`)
+//! or syncs (`EAGAIN`, as a timeout reads to the caller) when told to.
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use dafne_proto::io::{decode_io_request, encode_io_reply, IoRequest, IoResponse, Stability};
 use dafne_proto::Errno;
 use dafne_transport::{Request, Runtime, RuntimeOptions, Service};
 
+/// What the fake server counts, and the faults a test switches on.
+#[derive(Debug, Default)]
+pub(crate) struct Faults {
+    /// Writes sent `DataSync` or `FileSync`.
+    pub stable_writes: AtomicU64,
+    /// Answer writes with `EIO`.
+    pub fail_writes: AtomicBool,
+    /// Answer syncs with `EAGAIN`.
+    pub fail_syncs: AtomicBool,
+}
+
 struct FakeIo {
-    stable_writes: Arc<AtomicU64>,
+    faults: Arc<Faults>,
 }
 
 impl Service for FakeIo {
     fn call(&self, req: Request) -> Pin<Box<dyn Future<Output = Vec<u8>>>> {
+        let faults = &self.faults;
         let reply = match decode_io_request(&req.payload) {
             Ok((env, r)) => {
                 if let IoRequest::Write { stability: Stability::DataSync | Stability::FileSync, .. } = &r {
-                    self.stable_writes.fetch_add(1, Ordering::Relaxed);
+                    faults.stable_writes.fetch_add(1, Ordering::Relaxed);
                 }
                 let result = match &r {
+                    IoRequest::Write { .. } if faults.fail_writes.load(Ordering::Relaxed) => Err(Errno::EIO),
                     IoRequest::Write { .. } => Ok(IoResponse::Write { bytes: r.total_bytes() }),
+                    IoRequest::Sync { .. } if faults.fail_syncs.load(Ordering::Relaxed) => Err(Errno::EAGAIN),
                     IoRequest::Read { .. } => Err(Errno::EIO),
                     IoRequest::Stat { .. } => Ok(IoResponse::Stat { size: 0 }),
                     IoRequest::ServerInfo { .. } => Err(Errno::ENOSYS),
@@ -46,11 +61,11 @@ pub(crate) fn runtime(name: &str) -> Runtime {
 }
 
 /// A fake io server on its own runtime (keep it alive for the test), its
-/// address, and the count of stable writes it was sent.
-pub(crate) fn start() -> (Runtime, SocketAddr, Arc<AtomicU64>) {
+/// address, and its counters and faults.
+pub(crate) fn start() -> (Runtime, SocketAddr, Arc<Faults>) {
     let rt = runtime("fake-io");
-    let stable_writes = Arc::new(AtomicU64::new(0));
-    let counter = stable_writes.clone();
-    let addr = rt.serve("127.0.0.1:0".parse().unwrap(), move |_| FakeIo { stable_writes: counter }).unwrap();
-    (rt, addr, stable_writes)
+    let faults = Arc::new(Faults::default());
+    let shared = faults.clone();
+    let addr = rt.serve("127.0.0.1:0".parse().unwrap(), move |_| FakeIo { faults: shared.clone() }).unwrap();
+    (rt, addr, faults)
 }

@@ -8,8 +8,12 @@
 //! write), and only the caller knows whether repeating it is safe. The
 //! *following* calls reconnect first. Reconnection is tried at most every
 //! [`RETRY_EVERY`], so a server that is down costs callers one fast error
-//! each rather than a connection attempt each; while one thread reconnects,
-//! the others do not wait for it: their calls fail at once (`EIO`).
+//! each rather than a connection attempt each. While one thread
+//! reconnects, the others wait for it (at most [`WAIT_FOR_RECONNECT`]) and
+//! then use the new connection, so that the threads of a program all go
+//! on after a server restart; they fail (`EIO`) when that attempt failed,
+//! or when it is still under way after the wait (a server that does not
+//! answer).
 //!
 //! # Generations
 //! Each connection has a generation: 0 for the first, one more for each
@@ -31,13 +35,22 @@
 //! already must not).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, RwLock, TryLockError};
+use std::sync::{Mutex, MutexGuard, RwLock, TryLockError};
 use std::time::{Duration, Instant};
 
 use dafne_transport::{Client, TransportError};
 
 /// The least time between two reconnection attempts.
 pub const RETRY_EVERY: Duration = Duration::from_millis(250);
+
+/// The longest a caller waits for another thread's reconnection: one
+/// connection attempt to a server that is up takes milliseconds; one that
+/// takes longer is to a server that is not answering, and callers should
+/// not all hang on it.
+pub const WAIT_FOR_RECONNECT: Duration = Duration::from_secs(2);
+
+/// How often a waiting caller looks whether the reconnection finished.
+const WAIT_POLL: Duration = Duration::from_millis(2);
 
 type Hello = dyn Fn(&Client) -> Result<(), String> + Send + Sync;
 
@@ -95,20 +108,31 @@ impl Link {
     }
 
     /// The connection to call on and its generation: the current one, or
-    /// a new one if it failed. `None` when it failed and no new one could
-    /// be made: the attempt failed, one was made within the last
-    /// [`RETRY_EVERY`], or another thread is making one now.
+    /// a new one if it failed. While another thread reconnects, waits for
+    /// it (at most [`WAIT_FOR_RECONNECT`]). `None` when it failed and no
+    /// new one could be made: the attempt failed, one was made within the
+    /// last [`RETRY_EVERY`], or another thread's attempt outlasted the wait.
     pub(crate) fn get(&self) -> Option<(Client, Generation)> {
-        if !self.broken.load(Ordering::Acquire) {
-            return Some(self.peek());
+        let waiting = Instant::now();
+        loop {
+            if !self.broken.load(Ordering::Acquire) {
+                return Some(self.peek());
+            }
+            match self.attempt.try_lock() {
+                Ok(last) => return self.reconnect(last),
+                Err(TryLockError::Poisoned(p)) => return self.reconnect(p.into_inner()),
+                // Another thread is reconnecting: its new connection is
+                // this caller's too, unless the attempt fails or hangs.
+                Err(TryLockError::WouldBlock) if waiting.elapsed() < WAIT_FOR_RECONNECT => {
+                    std::thread::sleep(WAIT_POLL)
+                }
+                Err(TryLockError::WouldBlock) => return None,
+            }
         }
-        let mut last = match self.attempt.try_lock() {
-            Ok(g) => g,
-            Err(TryLockError::Poisoned(p)) => p.into_inner(),
-            // Another thread is reconnecting: fail fast rather than queue
-            // behind a connection attempt (seconds, if the server is down).
-            Err(TryLockError::WouldBlock) => return None,
-        };
+    }
+
+    /// Reconnects, holding the attempt (`last`: when the last one began).
+    fn reconnect(&self, mut last: MutexGuard<'_, Option<Instant>>) -> Option<(Client, Generation)> {
         if !self.broken.load(Ordering::Acquire) {
             // Another thread reconnected just before.
             return Some(self.peek());
@@ -130,11 +154,18 @@ impl Link {
             return None;
         }
         tracing::info!("reconnected to {}", old.remote_addr());
+        let generation = self.install(fresh.clone());
+        Some((fresh, generation))
+    }
+
+    /// Makes `fresh` the current connection (the attempt is held): its
+    /// generation.
+    fn install(&self, fresh: Client) -> Generation {
         let mut cur = self.current.write().unwrap_or_else(|p| p.into_inner());
-        cur.client = fresh.clone();
+        cur.client = fresh;
         cur.generation += 1;
         self.broken.store(false, Ordering::Release);
-        Some((fresh, cur.generation))
+        cur.generation
     }
 
     /// Records the failure of a call made on the connection of
@@ -194,18 +225,22 @@ mod tests {
     }
 
     #[test]
-    fn callers_do_not_wait_for_another_threads_reconnection() {
+    fn callers_wait_for_another_threads_reconnection_and_use_it() {
         let (_server, addr, _) = fake_io::start();
         let rt = fake_io::runtime("link-busy");
         let link = link_to(&rt, addr);
         link.failed(0, &loss());
-        {
-            // This thread "is reconnecting": it holds the attempt.
-            let _attempt = link.attempt.lock().unwrap();
-            let got = std::thread::scope(|s| s.spawn(|| link.get().map(|(_, g)| g)).join().unwrap());
-            assert_eq!(got, None, "a caller got a connection while another thread was reconnecting");
-        }
-        // Once the attempt is free, the next caller reconnects.
-        assert_eq!(link.get().map(|(_, g)| g), Some(1));
+        let got = std::thread::scope(|s| {
+            // This thread "is reconnecting": it holds the attempt while
+            // another caller arrives.
+            let attempt = link.attempt.lock().unwrap();
+            let waiter = s.spawn(|| link.get().map(|(_, g)| g));
+            std::thread::sleep(Duration::from_millis(50)); // let it reach the wait
+            link.install(Client::connect(&rt, addr).unwrap());
+            drop(attempt);
+            waiter.join().unwrap()
+        });
+        assert_eq!(got, Some(1), "a caller failed while another thread was reconnecting successfully");
+        assert_eq!(link.reconnects(), 1, "the waiting caller reconnected again");
     }
 }

@@ -135,3 +135,23 @@ fn synced_writes_survive_a_crash_and_the_next_sync_succeeds() {
     futures::executor::block_on(s.d.read_at(&f, 0, &mut back)).unwrap();
     assert!(back == data, "synced data changed across kill -9 of the io server");
 }
+
+#[test]
+fn a_loss_a_close_reported_is_reported_again_by_the_next_sync() {
+    let mut s = setup("recovery-stat");
+    let f = s.open_new("closed");
+    let data = pattern(300 << 10, 11);
+    futures::executor::block_on(s.d.write_at(&f, 0, &data, Stability::Unstable)).unwrap();
+    s.crash_and_restart();
+    s.wait_for_healed_connection();
+    // A close (the FUSE daemon publishes the size with a Stat) reports the
+    // loss; its error may be discarded, so the writer's fsync must see it
+    // too.
+    assert_eq!(futures::executor::block_on(s.d.stored_size(&f)), Err(Errno::EIO));
+    assert_eq!(
+        futures::executor::block_on(s.d.sync(&f)),
+        Err(Errno::EIO),
+        "fsync succeeded after a close had reported the loss"
+    );
+    assert_eq!(futures::executor::block_on(s.d.sync(&f)), Ok(()), "the loss is reported once by fsync");
+}
