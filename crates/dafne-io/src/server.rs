@@ -298,39 +298,46 @@ impl IoServer {
         IoStats { mode: self.mode, serving: s.mode, unifier: s.unifier, ucx: self.ucx_stats(), storage: s.storage }
     }
 
-    /// A clean stop's first half: refuse new requests (EAGAIN), wait for
-    /// those being served, then write back and sync until nothing is dirty.
-    /// After it, everything this server acknowledged is on disk.
+    /// A clean stop's first half: refuse new requests (EAGAIN), then, until
+    /// nothing is being served and nothing is dirty, wait for the requests
+    /// being served and write back and sync everything. After `Ok`,
+    /// everything this server acknowledged is on disk; an error says what
+    /// could not be written (the process should exit non-zero).
     pub fn drain_and_flush(&self) -> Result<()> {
         self.rt.run_on_loop(|_| {
             if let Some(svc) = SERVICE.with(|s| s.borrow().as_ref().and_then(Weak::upgrade)) {
                 svc.drain();
             }
         })?;
-        let t = std::time::Instant::now();
-        while self.rt.stats().snapshot().requests_in_flight > 0 && t.elapsed() < std::time::Duration::from_secs(30) {
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
-        let mut first_err = None;
-        for _ in 0..5 {
-            match self.flush_all() {
-                Ok(()) => {}
-                Err(e) => {
-                    tracing::error!("{e:#}");
-                    first_err.get_or_insert(e);
-                }
+        let deadline = std::time::Instant::now() + DRAIN_DEADLINE;
+        loop {
+            // Requests admitted before the drain may still acknowledge
+            // writes: wait for them before each round.
+            while self.rt.stats().snapshot().requests_in_flight > 0 && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(5));
             }
+            let round = self.flush_all();
+            let in_flight = self.rt.stats().snapshot().requests_in_flight;
             let dirty = self
                 .rt
                 .run_on_loop(|_| {
                     SERVICE.with(|s| s.borrow().as_ref().and_then(Weak::upgrade).map(|svc| svc.dirty_bytes()))
                 })?
                 .unwrap_or(0);
-            if dirty == 0 {
-                break;
+            match round {
+                Ok(()) if in_flight == 0 && dirty == 0 => return Ok(()),
+                Err(e) if std::time::Instant::now() >= deadline => return Err(e),
+                Err(e) => tracing::warn!("stopping: {e:#}; trying again"),
+                Ok(()) if std::time::Instant::now() >= deadline => {
+                    anyhow::bail!(
+                        "stopping: {dirty} bytes still dirty and {in_flight} requests in flight after {}s",
+                        DRAIN_DEADLINE.as_secs()
+                    )
+                }
+                Ok(()) => {}
             }
+            std::thread::sleep(std::time::Duration::from_millis(20));
         }
-        first_err.map_or(Ok(()), Err)
     }
 
     /// Writes back every dirty cache unit and syncs every object: after
@@ -355,6 +362,10 @@ impl IoServer {
         self.mode
     }
 }
+
+/// How long a clean stop keeps trying to write everything back (below the
+/// supervisor's grace for io servers, 120 s).
+pub const DRAIN_DEADLINE: std::time::Duration = std::time::Duration::from_secs(100);
 
 /// Starts an io server in the default (`unifier`) mode.
 pub fn start(a: &IoArgs) -> Result<IoServer> {

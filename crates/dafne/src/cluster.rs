@@ -367,8 +367,43 @@ pub fn try_lock(dir: &Path) -> Result<Option<std::fs::File>> {
 }
 
 /// Whether a supervisor holds `dir`'s lock (a cluster runs or is starting).
+/// A probe opens the lock file read-only and takes the lock shared for an
+/// instant (flock needs no write access); a supervisor starting at that
+/// instant retries.
 pub fn supervisor_running(dir: &Path) -> bool {
-    matches!(try_lock(dir), Ok(None))
+    let Ok(f) = std::fs::File::open(lock_path(dir)) else { return false };
+    matches!(
+        rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockShared),
+        Err(rustix::io::Errno::WOULDBLOCK)
+    )
+}
+
+/// Records the supervisor's pid in its lock file (for `down` when
+/// `cluster.json` is missing or damaged).
+pub fn set_lock_owner(lock: &std::fs::File, pid: u32) -> Result<()> {
+    use std::io::{Seek, Write};
+    let mut f = lock;
+    f.set_len(0)?;
+    f.seek(std::io::SeekFrom::Start(0))?;
+    f.write_all(pid.to_string().as_bytes())?;
+    Ok(())
+}
+
+/// Whether this process's stdin is `dir`'s lock file, locked (how `up`
+/// hands the lock to the supervisor it starts).
+pub fn holds_lock_as_stdin(dir: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let stdin = std::io::stdin();
+    let (Ok(st), Ok(lock)) = (rustix::fs::fstat(&stdin), std::fs::metadata(lock_path(dir))) else { return false };
+    st.st_ino == lock.ino()
+        && st.st_dev == lock.dev()
+        // Same open file as the holder: taking it again succeeds at once.
+        && rustix::fs::flock(&stdin, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_ok()
+}
+
+/// The pid recorded in the lock file by a running supervisor.
+pub fn lock_owner(dir: &Path) -> Option<u32> {
+    std::fs::read_to_string(lock_path(dir)).ok()?.trim().parse().ok()
 }
 
 /// When a process started (clock ticks since boot, field 22 of

@@ -113,13 +113,16 @@ fn logs_dir(dir: &Path) -> PathBuf {
 /// The configuration `up` uses: `--config`, else `DIR/config.toml`, else
 /// the embedded defaults (then written to `DIR/config.toml`), with flags on
 /// top. What was used is saved as `DIR/config.toml` for the supervisor.
-fn effective_config(a: &UpArgs, dir: &Path) -> Result<Config> {
+/// Returns it with the text to save as `DIR/config.toml` (`up` saves it
+/// once every check has passed, so a refused `up` changes nothing).
+fn effective_config(a: &UpArgs, dir: &Path) -> Result<(Config, Option<String>)> {
     let saved = dir.join("config.toml");
+    let mut save = None;
     let mut c = match &a.config {
         Some(p) => Config::load(p)?,
         None if saved.exists() => Config::load(&saved)?,
         None => {
-            std::fs::write(&saved, EXAMPLE).with_context(|| format!("writing {}", saved.display()))?;
+            save = Some(EXAMPLE.to_string());
             Config::embedded()
         }
     };
@@ -144,11 +147,11 @@ fn effective_config(a: &UpArgs, dir: &Path) -> Result<Config> {
         || a.io_base_port.is_some()
     {
         let text = toml::to_string(&c).context("serializing the configuration")?;
-        let text =
-            format!("# Written by `dafne up` (its flags applied). `dafne config` prints a commented example.\n{text}");
-        std::fs::write(&saved, text).with_context(|| format!("writing {}", saved.display()))?;
+        save = Some(format!(
+            "# Written by `dafne up` (its flags applied). `dafne config` prints a commented example.\n{text}"
+        ));
     }
-    Ok(c)
+    Ok((c, save))
 }
 
 /// Refuses ports something else holds, before any process starts.
@@ -200,7 +203,13 @@ pub fn up(a: UpArgs) -> Result<()> {
         }
         return Ok(());
     }
-    let c = effective_config(&a, &dir)?;
+    // Held while this command prepares the directory, so that a second
+    // `dafne up` at the same moment stops here, and handed to the
+    // supervisor as its stdin: a flock belongs to the open file, which the
+    // child then shares, so the lock is never free in between.
+    let prep = crate::cluster::try_lock(&dir)?
+        .with_context(|| format!("another `dafne up` or a supervisor is starting in {}: wait for it", dir.display()))?;
+    let (c, save) = effective_config(&a, &dir)?;
     // Layouts name io servers by number: fewer servers than the data
     // directory has would leave files striped over the others unreadable.
     let existing = (0..256u32).filter(|i| dir.join(format!("io-{i}")).is_dir()).max();
@@ -213,7 +222,23 @@ pub fn up(a: UpArgs) -> Result<()> {
             top + 1
         );
     }
+    let orphans: Vec<String> = load_states(&dir)
+        .into_iter()
+        .filter(|s| s.pid != 0 && s.start != 0 && same_process_alive(s.pid, s.start))
+        .map(|s| format!("{} (pid {})", s.name, s.pid))
+        .collect();
+    if !orphans.is_empty() {
+        bail!(
+            "servers left running by a supervisor that is gone hold this cluster: {}. `dafne down{}` stops them",
+            orphans.join(", "),
+            dir_flag(&dir)
+        );
+    }
     check_ports(&c)?;
+    if let Some(text) = save {
+        let path = dir.join("config.toml");
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+    }
     let _ = std::fs::remove_file(ClusterInfo::path(&dir));
     let log_path = logs_dir(&dir).join("supervisor.log");
     let log = std::fs::File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
@@ -221,12 +246,14 @@ pub fn up(a: UpArgs) -> Result<()> {
     let mut sup = Command::new(exe)
         .args(["supervise", "--dir"])
         .arg(&dir)
-        .stdin(Stdio::null())
+        .stdin(Stdio::from(prep.try_clone().context("handing the lock to the supervisor")?))
         .stdout(log.try_clone()?)
         .stderr(log)
         .process_group(0)
         .spawn()
         .context("starting the supervisor")?;
+    crate::cluster::set_lock_owner(&prep, sup.id())?;
+    drop(prep);
     eprintln!("starting dafne in {} (1 metadata server, {} io servers)", dir.display(), c.cluster.io_servers);
     // Follow the supervisor's log until cluster.json appears.
     let started = Instant::now();
@@ -317,8 +344,12 @@ pub fn tail(path: &Path, n: usize) -> String {
 
 pub fn down(a: DirArgs) -> Result<()> {
     let dir = crate::cluster::resolve_dir(a.dir.as_deref())?;
-    let info = match ClusterInfo::load(&dir) {
-        Ok(i) => i,
+    let supervisor = match ClusterInfo::load(&dir) {
+        Ok(i) => i.supervisor_pid,
+        // A supervisor that is starting (or whose cluster.json is damaged):
+        // its pid is in its lock file.
+        Err(_) if crate::cluster::supervisor_running(&dir) => crate::cluster::lock_owner(&dir)
+            .with_context(|| format!("a dafne supervisor runs in {} but its pid is unknown", dir.display()))?,
         Err(e) => {
             // No supervisor: stop servers it left behind (it was killed),
             // then clean up its stale files.
@@ -332,30 +363,42 @@ pub fn down(a: DirArgs) -> Result<()> {
             if orphans.is_empty() {
                 return Err(e);
             }
-            for o in &orphans {
-                eprintln!("stopping {} (pid {}), left running by a supervisor that is gone", o.name, o.pid);
-                if let Some(pid) = rustix::process::Pid::from_raw(o.pid as i32) {
-                    let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+            // Mounts first, then io servers (they write back their caches),
+            // then meta: the supervisor's order.
+            unmount_all(&dir);
+            let (meta, io): (Vec<ServerState>, Vec<ServerState>) = orphans.into_iter().partition(|o| o.name == "meta");
+            for group in [io, meta] {
+                for o in &group {
+                    eprintln!("stopping {} (pid {}), left running by a supervisor that is gone", o.name, o.pid);
+                    if let Some(pid) = rustix::process::Pid::from_raw(o.pid as i32) {
+                        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+                    }
+                }
+                let deadline = Instant::now() + IO_STOP_GRACE;
+                while group.iter().any(|o| same_process_alive(o.pid, o.start)) && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                if let Some(o) = group.iter().find(|o| same_process_alive(o.pid, o.start)) {
+                    bail!("{} (pid {}) did not stop within {}s", o.name, o.pid, IO_STOP_GRACE.as_secs());
                 }
             }
-            let t = Instant::now();
-            while orphans.iter().any(|o| same_process_alive(o.pid, o.start)) && t.elapsed() < IO_STOP_GRACE {
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            if let Some(o) = orphans.iter().find(|o| same_process_alive(o.pid, o.start)) {
-                bail!("{} (pid {}) did not stop within {}s", o.name, o.pid, IO_STOP_GRACE.as_secs());
-            }
-            println!("dafne is down (data kept in {})", dir.display());
+            // Not their parent, this command cannot see how they exited:
+            // their logs can.
+            println!(
+                "dafne is down (data kept in {}; how the servers stopped is in {})",
+                dir.display(),
+                logs_dir(&dir).display()
+            );
             return Ok(());
         }
     };
-    let pid = rustix::process::Pid::from_raw(info.supervisor_pid as i32).context("invalid supervisor pid")?;
+    let pid = rustix::process::Pid::from_raw(supervisor as i32).context("invalid supervisor pid")?;
     let log = logs_dir(&dir).join("supervisor.log");
     let mut follow = LogFollower::new(log.clone());
     follow.pos = std::fs::metadata(&follow.path).map(|m| m.len()).unwrap_or(0);
     rustix::process::kill_process(pid, rustix::process::Signal::TERM)
-        .with_context(|| format!("signalling the supervisor (pid {})", info.supervisor_pid))?;
-    eprintln!("stopping dafne in {} (supervisor pid {})", dir.display(), info.supervisor_pid);
+        .with_context(|| format!("signalling the supervisor (pid {supervisor})"))?;
+    eprintln!("stopping dafne in {} (supervisor pid {supervisor})", dir.display());
     let started = Instant::now();
     let mut errors = Vec::new();
     loop {
@@ -371,7 +414,7 @@ pub fn down(a: DirArgs) -> Result<()> {
             break;
         }
         if started.elapsed() > DOWN_TIMEOUT {
-            bail!("the supervisor (pid {}) did not stop within {}s", info.supervisor_pid, DOWN_TIMEOUT.as_secs());
+            bail!("the supervisor (pid {supervisor}) did not stop within {}s", DOWN_TIMEOUT.as_secs());
         }
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -495,9 +538,16 @@ fn supervisor_exe() -> Result<PathBuf> {
 pub fn supervise(a: DirArgs) -> Result<()> {
     supervisor_exe()?;
     let dir = crate::cluster::resolve_dir(a.dir.as_deref())?;
-    // Held until this process exits: the cluster is running while it is.
-    let _lock = crate::cluster::try_lock(&dir)?
-        .with_context(|| format!("another dafne supervisor runs in {}", dir.display()))?;
+    // The lock, held until this process exits: the cluster is running
+    // while it is. `up` hands it over as stdin; started by hand, take it.
+    let _lock = if crate::cluster::holds_lock_as_stdin(&dir) {
+        None
+    } else {
+        let l = crate::cluster::try_lock(&dir)?
+            .with_context(|| format!("another dafne supervisor runs in {}", dir.display()))?;
+        crate::cluster::set_lock_owner(&l, std::process::id())?;
+        Some(l)
+    };
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT, signal_hook::consts::SIGHUP] {
         signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
@@ -652,9 +702,9 @@ pub fn supervise(a: DirArgs) -> Result<()> {
     Ok(())
 }
 
-/// Unmounts the cluster's mounts, then stops io servers before the
-/// metadata server (io servers write back their caches on SIGTERM).
-fn stop_all(dir: &Path, servers: &mut [Managed]) {
+/// Unmounts the cluster's recorded mounts (a busy one lazily) and waits a
+/// little for each daemon to exit.
+fn unmount_all(dir: &Path) {
     for (pid, mp) in ClusterInfo::live_mounts(dir) {
         progress(format_args!("unmounting {}", mp.display()));
         let ok = Command::new("fusermount3")
@@ -688,6 +738,12 @@ fn stop_all(dir: &Path, servers: &mut [Managed]) {
         }
         ClusterInfo::forget_mount(dir, pid);
     }
+}
+
+/// Unmounts the cluster's mounts, then stops io servers before the
+/// metadata server (io servers write back their caches on SIGTERM).
+fn stop_all(dir: &Path, servers: &mut [Managed]) {
+    unmount_all(dir);
     let (meta, io) = servers.split_at_mut(1);
     for (group, grace) in [(io, IO_STOP_GRACE), (meta, STOP_GRACE)] {
         for m in group.iter_mut() {
@@ -696,9 +752,10 @@ fn stop_all(dir: &Path, servers: &mut [Managed]) {
                 let _ = rustix::process::kill_process(pid_of(c), rustix::process::Signal::TERM);
             }
         }
+        // One deadline for the group: they stop in parallel.
+        let deadline = Instant::now() + grace;
         for m in group.iter_mut() {
             if let Some(mut c) = m.child.take() {
-                let t = Instant::now();
                 loop {
                     match c.try_wait() {
                         Ok(Some(s)) => {
@@ -712,7 +769,7 @@ fn stop_all(dir: &Path, servers: &mut [Managed]) {
                             m.state.last_exit = Some(s.to_string());
                             break;
                         }
-                        Ok(None) if t.elapsed() < grace => std::thread::sleep(Duration::from_millis(50)),
+                        Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
                         _ => {
                             println!(
                                 "error: {} did not stop within {}s: killed (an io server's unsynced writes may be lost)",

@@ -365,7 +365,10 @@ fn a_killed_supervisor_is_seen_and_down_stops_what_it_left() {
     // Its lock went with it: nothing claims to run, whatever cluster.json says.
     let o = run(&["status", "--dir", &c.d()]);
     assert!(!o.status.success() && text(&o).contains("is not running"), "{}", text(&o));
-    // `down` stops the servers it left behind, and `up` works again.
+    // `up` says what holds the cluster; `down` stops the servers it left
+    // behind, and `up` works again.
+    let o = c.up(1);
+    assert!(!o.status.success() && text(&o).contains("left running by a supervisor that is gone"), "{}", text(&o));
     let o = run(&["down", "--dir", &c.d()]);
     assert!(o.status.success(), "{}", text(&o));
     assert!(text(&o).contains("left running by a supervisor that is gone"), "{}", text(&o));
@@ -402,8 +405,42 @@ fn up_refuses_fewer_io_servers_than_the_data_has_and_says_when_flags_are_ignored
     assert!(o.status.success());
     assert!(text(&o).contains("already running") && text(&o).contains("were not applied"), "{}", text(&o));
     assert!(run(&["down", "--dir", &c.d()]).status.success());
+    let config = std::fs::read_to_string(c.path().join("config.toml")).unwrap();
     let o = c.up(1);
     assert!(!o.status.success());
+    assert_eq!(std::fs::read_to_string(c.path().join("config.toml")).unwrap(), config, "a refused up changes nothing");
     let t = text(&o);
     assert!(t.contains("io servers 0..=1") && t.contains("--io-servers 2"), "{t}");
+}
+
+#[test]
+fn two_ups_at_once_start_one_cluster() {
+    let c = Cluster::new(1);
+    let args = c.up_args(1);
+    let spawn = || {
+        dafne().args(&args).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap()
+    };
+    let (a, b) = (spawn(), spawn());
+    let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
+    let ok = [&a, &b].iter().filter(|o| o.status.success()).count();
+    assert!(ok >= 1, "{}\n{}", text(&a), text(&b));
+    for o in [&a, &b] {
+        let t = text(o);
+        assert!(
+            t.contains("dafne is up") || t.contains("already running") || t.contains("is starting"),
+            "each says what happened: {t}"
+        );
+    }
+    // One supervisor, serving.
+    let st = c.status_json();
+    assert!(st["io"][0]["error"].is_null(), "{st}");
+    let sups = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| std::fs::read(e.ok()?.path().join("cmdline")).ok())
+        .filter(|cmd| {
+            let cmd = String::from_utf8_lossy(cmd);
+            cmd.contains("supervise") && cmd.contains(&c.d())
+        })
+        .count();
+    assert_eq!(sups, 1);
 }
