@@ -22,6 +22,7 @@
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -305,7 +306,10 @@ impl ClusterInfo {
         // is not taken for the daemon.
         let mut record = format!("{}\n", start_time(pid).unwrap_or(0)).into_bytes();
         record.extend_from_slice(mountpoint.as_os_str().as_encoded_bytes());
-        std::fs::write(d.join(pid.to_string()), record)
+        // Written whole then renamed, so a reader never sees half of it.
+        let tmp = d.join(format!(".{pid}.tmp"));
+        std::fs::write(&tmp, record)
+            .and_then(|()| std::fs::rename(&tmp, d.join(pid.to_string())))
             .with_context(|| format!("recording the mount in {}", d.display()))
     }
 
@@ -319,11 +323,17 @@ impl ClusterInfo {
         let Ok(rd) = std::fs::read_dir(Self::mounts_dir(dir)) else { return out };
         for e in rd.flatten() {
             let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
-            let record = std::fs::read_to_string(e.path()).ok();
-            let parsed =
-                record.as_deref().and_then(|r| r.split_once('\n')).and_then(|(t, mp)| Some((t.parse().ok()?, mp)));
+            // Bytes, not UTF-8: a mount point may have any name.
+            let record = std::fs::read(e.path()).unwrap_or_default();
+            let parsed = record.iter().position(|&b| b == b'\n').and_then(|nl| {
+                let start: u64 = std::str::from_utf8(&record[..nl]).ok()?.parse().ok()?;
+                let mp = std::ffi::OsStr::from_bytes(&record[nl + 1..]);
+                Some((start, PathBuf::from(mp)))
+            });
             match parsed {
-                Some((start, mp)) if same_process_alive(pid, start) => out.push((pid, PathBuf::from(mp))),
+                Some((start, mp)) if same_process_alive(pid, start) => out.push((pid, mp)),
+                // Only the record of a daemon that is gone is removed.
+                _ if pid_alive(pid) && parsed.is_none() => {}
                 _ => {
                     let _ = std::fs::remove_file(e.path());
                 }
