@@ -896,6 +896,19 @@ impl DataClient {
         self.every_server(f, IoRequest::Remove { cap: f.cap }, |_| ()).await.map(|_| ())
     }
 
+    /// Removes a data object from `servers` (ids as in a [`Layout`]; each
+    /// asked once, all in parallel) with `cap`, a capability with write
+    /// rights for it ([`object_capability`] makes one from the secret). A
+    /// server without the object answers success. The first error, if any.
+    pub async fn remove_object(&self, servers: &[u32], cap: Capability) -> Result<(), Errno> {
+        let mut ids: Vec<usize> = servers.iter().map(|s| *s as usize).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let req = IoRequest::Remove { cap };
+        let results = futures::future::join_all(ids.into_iter().map(|id| self.call(id, &req))).await;
+        results.into_iter().try_for_each(|r| r.map(|_| ()))
+    }
+
     /// Number of io servers this client is connected to.
     pub fn server_count(&self) -> usize {
         self.servers.len()
@@ -942,6 +955,16 @@ impl DataClient {
 /// servers rather than a file, signed with the cluster secret.
 pub fn info_capability(secret: &dafne_auth::Secret) -> Capability {
     let mut cap = Capability { object_id: 0, rights: dafne_proto::RIGHT_READ, expiry_unix_ns: 0, mac: [0; 32] };
+    secret.sign(&mut cap, std::time::SystemTime::now());
+    cap
+}
+
+/// A short-lived capability with read and write rights for `object_id`,
+/// signed with the cluster secret: for a trusted agent that works on
+/// objects without opening their files (the reclaimer removes orphans).
+pub fn object_capability(secret: &dafne_auth::Secret, object_id: u64) -> Capability {
+    let rights = dafne_proto::RIGHT_READ | dafne_proto::RIGHT_WRITE;
+    let mut cap = Capability { object_id, rights, expiry_unix_ns: 0, mac: [0; 32] };
     secret.sign(&mut cap, std::time::SystemTime::now());
     cap
 }

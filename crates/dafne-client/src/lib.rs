@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use dafne_proto::{decode_reply, encode_request, Capability, Envelope, Layout, Request};
 pub use dafne_proto::{
-    Attr, CompoundOp, DirEntry, Errno, FileType, Ino, LayoutHint, Response, SetAttr, StatFs, TimeSet, ROOT_INO,
+    Attr, CompoundOp, DirEntry, Errno, FileType, Ino, LayoutHint, Orphan, Response, SetAttr, StatFs, TimeSet, ROOT_INO,
 };
 use dafne_transport::{Client, Runtime, TransportError};
 
@@ -314,6 +314,22 @@ impl MetaSession {
         }
     }
 
+    /// Root only (`EPERM` otherwise): up to `max` data objects (at most
+    /// [`dafne_proto::MAX_ORPHANS`]) whose file went at least
+    /// `older_than_s` seconds ago, with the io servers that hold them.
+    pub async fn list_orphans_async(&self, older_than_s: u32, max: u32) -> Result<Vec<Orphan>, Errno> {
+        match self.request_async(Request::ListOrphans { older_than_s, max }).await? {
+            Response::Orphans { orphans } => Ok(orphans),
+            _ => Err(Errno::EPROTO),
+        }
+    }
+
+    /// Root only (`EPERM` otherwise): drops reclaimed objects (at most
+    /// [`dafne_proto::MAX_FORGET_ORPHANS`]) from the orphan list.
+    pub async fn forget_orphans_async(&self, objects: Vec<u64>) -> Result<(), Errno> {
+        Self::done(self.request_async(Request::ForgetOrphans { objects }).await)
+    }
+
     /// Several dependent operations in one round trip. With `chain` set, an
     /// operation works on the inode the previous one produced. Results stop
     /// at the first error.
@@ -371,6 +387,8 @@ blocking! {
     open => open_async(ino: Ino, flags: u32) -> Result<OpenFile, Errno>;
     compound => compound_async(ops: Vec<CompoundOp>) -> Result<Vec<Result<Response, Errno>>, Errno>;
     open_at => open_at_async(parent: Ino, name: &[u8], flags: u32) -> Result<OpenFile, Errno>;
+    list_orphans => list_orphans_async(older_than_s: u32, max: u32) -> Result<Vec<Orphan>, Errno>;
+    forget_orphans => forget_orphans_async(objects: Vec<u64>) -> Result<(), Errno>;
 }
 
 impl MetaSession {

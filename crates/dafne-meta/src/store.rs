@@ -16,7 +16,8 @@
 //! | `dirents` | (parent `u64`, name bytes) | (ino `u64`, seq `u64`) |
 //! | `dirseq` | (parent `u64`, seq `u64`) | name bytes |
 //! | `counters` | `"next_ino"`, `"next_object"` | `u64` |
-//! | `orphans` | object id `u64` | ino `u64` — objects whose file is gone, for io servers to reclaim |
+//! | `orphans_v2` | object id `u64` | encoded orphan: objects whose file is gone, for the reclaimer |
+//! | `orphans` | object id `u64` | ino `u64` — the first orphan table, emptied into `orphans_v2` on open |
 //!
 //! `dirseq` gives every entry a per-directory sequence number at insertion;
 //! readdir walks it in order and its cookie is the last sequence returned,
@@ -32,6 +33,17 @@
 //! so a store made before format 2 opens unchanged and its records are
 //! rewritten in format 2 as they change.
 //!
+//! # Orphans
+//! When a file's last link goes, its data object becomes an orphan: an
+//! `orphans_v2` record says when (so the reclaimer can wait out a grace
+//! period, see `ListOrphans`) and on which io servers the object lives.
+//! The record is format byte 1, orphaned_at_unix_s u64, n u32, n × server
+//! id u32. The first table, `orphans`, held only the inode; a store made
+//! with it opens unchanged and its entries move to `orphans_v2` with
+//! orphaned_at = the time of the move and every io server of the layout
+//! policy (a server without the object answers a remove with success).
+//! Only root may list or forget orphans: the reclaimer runs as root.
+//!
 //! # Special files
 //! FIFOs, sockets and device nodes are inodes without data: no layout, no
 //! object on the io servers, size 0. `Open` refuses them with `ENXIO` ("no
@@ -43,8 +55,8 @@ use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use dafne_proto::{
-    Attr, CompoundOp, DirEntry, Errno, FileType, Ino, Layout, LayoutHint, Request, Response, SetAttr, StatFs, TimeSet,
-    Timespec, MAX_READDIR_ENTRIES, NAME_MAX, ROOT_INO,
+    Attr, CompoundOp, DirEntry, Errno, FileType, Ino, Layout, LayoutHint, Orphan, Request, Response, SetAttr, StatFs,
+    TimeSet, Timespec, MAX_LAYOUT_SERVERS, MAX_ORPHANS, MAX_READDIR_ENTRIES, NAME_MAX, ROOT_INO,
 };
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 
@@ -55,6 +67,46 @@ const DIRENTS: TableDefinition<(u64, &[u8]), (u64, u64)> = TableDefinition::new(
 const DIRSEQ: TableDefinition<(u64, u64), &[u8]> = TableDefinition::new("dirseq");
 const COUNTERS: TableDefinition<&str, u64> = TableDefinition::new("counters");
 const ORPHANS: TableDefinition<u64, u64> = TableDefinition::new("orphans");
+const ORPHANS_V2: TableDefinition<u64, &[u8]> = TableDefinition::new("orphans_v2");
+
+/// The orphan record format written (see the module docs).
+const ORPHAN_FORMAT: u8 = 1;
+
+/// An `orphans_v2` value: when the object was orphaned, and where it lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct OrphanRecord {
+    orphaned_at_unix_s: u64,
+    servers: Vec<u32>,
+}
+
+impl OrphanRecord {
+    fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(13 + 4 * self.servers.len());
+        v.push(ORPHAN_FORMAT);
+        v.extend_from_slice(&self.orphaned_at_unix_s.to_le_bytes());
+        v.extend_from_slice(&(self.servers.len() as u32).to_le_bytes());
+        for s in &self.servers {
+            v.extend_from_slice(&s.to_le_bytes());
+        }
+        v
+    }
+
+    fn decode(object: u64, b: &[u8]) -> Result<OrphanRecord, StoreError> {
+        let bad = |why| StoreError::CorruptOrphan { object, why };
+        let (&format, rest) = b.split_first().ok_or(bad("empty"))?;
+        if format != ORPHAN_FORMAT {
+            return Err(bad("unknown format"));
+        }
+        let (at, rest) = rest.split_first_chunk::<8>().ok_or(bad("truncated time"))?;
+        let (n, rest) = rest.split_first_chunk::<4>().ok_or(bad("truncated server count"))?;
+        let n = u32::from_le_bytes(*n) as usize;
+        if n > MAX_LAYOUT_SERVERS || rest.len() != n * 4 {
+            return Err(bad("wrong server count"));
+        }
+        let servers = rest.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        Ok(OrphanRecord { orphaned_at_unix_s: u64::from_le_bytes(*at), servers })
+    }
+}
 
 /// Most hard links to one inode.
 pub const LINK_MAX: u32 = 65_000;
@@ -86,6 +138,8 @@ pub enum StoreError {
     Redb(String),
     #[error("corrupt inode record {ino}: {why}")]
     Corrupt { ino: u64, why: &'static str },
+    #[error("corrupt orphan record of object {object}: {why}")]
+    CorruptOrphan { object: u64, why: &'static str },
 }
 
 macro_rules! from_redb {
@@ -320,7 +374,16 @@ impl RedbStore {
             let mut inodes = txn.open_table(INODES)?;
             txn.open_table(DIRENTS)?;
             txn.open_table(DIRSEQ)?;
-            txn.open_table(ORPHANS)?;
+            let mut old = txn.open_table(ORPHANS)?;
+            let mut orphans = txn.open_table(ORPHANS_V2)?;
+            // A store from before `orphans_v2`: its orphans move over (module
+            // docs, "Orphans").
+            let moved = RedbStore::drain_old_orphans(&mut old)?;
+            let at = now().sec.max(0) as u64;
+            for object in moved {
+                let rec = OrphanRecord { orphaned_at_unix_s: at, servers: policy.servers.clone() };
+                orphans.insert(object, rec.encode().as_slice())?;
+            }
             let mut counters = txn.open_table(COUNTERS)?;
             if inodes.get(ROOT_INO)?.is_none() {
                 let t = now();
@@ -353,6 +416,18 @@ impl RedbStore {
         Ok(RedbStore { db, policy })
     }
 
+    /// Removes every entry of the first orphan table; returns their objects.
+    fn drain_old_orphans(old: &mut redb::Table<'_, u64, u64>) -> Result<Vec<u64>, StoreError> {
+        let mut objects = Vec::new();
+        for e in old.iter()? {
+            objects.push(e?.0.value());
+        }
+        for o in &objects {
+            old.remove(*o)?;
+        }
+        Ok(objects)
+    }
+
     /// Number of inodes (for statfs and tests).
     pub fn inode_count(&self) -> Result<u64, StoreError> {
         let r = self.db.begin_read()?;
@@ -368,7 +443,8 @@ pub fn is_read_only(req: &Request) -> bool {
         | Request::GetAttr { .. }
         | Request::Readdir { .. }
         | Request::Readlink { .. }
-        | Request::Statfs => true,
+        | Request::Statfs
+        | Request::ListOrphans { .. } => true,
         Request::Open { flags, .. } => flags & dafne_proto::OPEN_TRUNC == 0,
         _ => false,
     }
@@ -385,7 +461,7 @@ impl MetaStore for RedbStore {
                 dirents: txn.open_table(DIRENTS)?,
                 dirseq: txn.open_table(DIRSEQ)?,
                 counters: txn.open_table(COUNTERS)?,
-                orphans: txn.open_table(ORPHANS)?,
+                orphans: txn.open_table(ORPHANS_V2)?,
                 policy: &self.policy,
                 now: now(),
             };
@@ -407,7 +483,7 @@ struct Tables<'t> {
     dirents: redb::Table<'t, (u64, &'static [u8]), (u64, u64)>,
     dirseq: redb::Table<'t, (u64, u64), &'static [u8]>,
     counters: redb::Table<'t, &'static str, u64>,
-    orphans: redb::Table<'t, u64, u64>,
+    orphans: redb::Table<'t, u64, &'static [u8]>,
     policy: &'t LayoutPolicy,
     now: Timespec,
 }
@@ -504,7 +580,8 @@ impl Tables<'_> {
         if victim.attr.nlink == 0 {
             self.inodes.remove(victim.attr.ino)?;
             if let Some(l) = &victim.layout {
-                self.orphans.insert(l.object_id, victim.attr.ino)?;
+                let rec = OrphanRecord { orphaned_at_unix_s: self.now.sec.max(0) as u64, servers: l.servers.clone() };
+                self.orphans.insert(l.object_id, rec.encode().as_slice())?;
             }
         } else {
             self.put(&victim)?;
@@ -793,6 +870,35 @@ impl Tables<'_> {
                 let cap =
                     dafne_proto::Capability { object_id: layout.object_id, rights, expiry_unix_ns: 0, mac: [0; 32] };
                 Ok(Response::Opened { attr: f.attr, layout, cap })
+            }
+            Request::ListOrphans { older_than_s, max } => {
+                if cred.uid != 0 {
+                    return Err(Errno::EPERM.into());
+                }
+                let limit = (*max as usize).min(MAX_ORPHANS);
+                let newest = (self.now.sec.max(0) as u64).saturating_sub(u64::from(*older_than_s));
+                let mut orphans = Vec::new();
+                for e in self.orphans.iter()? {
+                    if orphans.len() >= limit {
+                        break;
+                    }
+                    let (k, v) = e?;
+                    let object_id = k.value();
+                    let rec = OrphanRecord::decode(object_id, v.value())?;
+                    if rec.orphaned_at_unix_s <= newest {
+                        orphans.push(Orphan { object_id, servers: rec.servers });
+                    }
+                }
+                Ok(Response::Orphans { orphans })
+            }
+            Request::ForgetOrphans { objects } => {
+                if cred.uid != 0 {
+                    return Err(Errno::EPERM.into());
+                }
+                for o in objects {
+                    self.orphans.remove(*o)?;
+                }
+                Ok(Response::Done)
             }
             Request::SessionOpen { .. } | Request::Compound { .. } => Err(Errno::EINVAL.into()),
         }
@@ -1089,5 +1195,41 @@ mod tests {
         let mut b3 = b;
         b3[1] = 8;
         assert!(matches!(Inode::decode(9, &b3), Err(StoreError::Corrupt { why: "unknown kind", .. })));
+    }
+
+    #[test]
+    fn orphan_records_round_trip_and_damage_is_refused() {
+        let rec = OrphanRecord { orphaned_at_unix_s: 1_700_000_000, servers: vec![0, 3, 7] };
+        let b = rec.encode();
+        assert_eq!(OrphanRecord::decode(5, &b).unwrap(), rec);
+        for bad in [&b[..b.len() - 1], &[&b[..], &[0]].concat()[..], &[][..], &b[..5]] {
+            assert!(matches!(OrphanRecord::decode(5, bad), Err(StoreError::CorruptOrphan { object: 5, .. })));
+        }
+        let mut huge = b.clone();
+        huge[9..13].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(OrphanRecord::decode(5, &huge).is_err());
+    }
+
+    /// A store from before `orphans_v2`: its orphans move over on open, on
+    /// every server of the policy, and the old table is left empty.
+    #[test]
+    fn old_orphans_move_to_the_new_table() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("meta.redb");
+        let policy = LayoutPolicy { servers: vec![0, 1], ..LayoutPolicy::default() };
+        drop(RedbStore::open(&path, policy.clone()).unwrap());
+        {
+            let db = Database::create(&path).unwrap();
+            let txn = db.begin_write().unwrap();
+            txn.open_table(ORPHANS).unwrap().insert(42, 17).unwrap();
+            txn.commit().unwrap();
+        }
+        let store = RedbStore::open(&path, policy).unwrap();
+        let r = store.db.begin_read().unwrap();
+        assert_eq!(r.open_table(ORPHANS).unwrap().len().unwrap(), 0);
+        let v2 = r.open_table(ORPHANS_V2).unwrap();
+        let rec = OrphanRecord::decode(42, v2.get(42).unwrap().unwrap().value()).unwrap();
+        assert_eq!(rec.servers, vec![0, 1]);
+        assert!(rec.orphaned_at_unix_s > 0);
     }
 }

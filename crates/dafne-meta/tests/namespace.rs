@@ -543,3 +543,38 @@ fn async_api_keeps_many_operations_in_flight() {
         assert_eq!(c.as_ref().unwrap().ino, l.as_ref().unwrap().ino);
     }
 }
+
+#[test]
+fn orphans_are_listed_after_their_grace_and_only_to_root() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = start_meta(dir.path(), 4);
+    let rt = runtime();
+    let root = session(&rt, &m, 0, 0);
+    let alice = root.as_user(1000, 1000);
+
+    let gone = root.create(ROOT_INO, b"gone", 0o644, true).unwrap();
+    let layout = root.open(gone.ino, dafne_proto::OPEN_READ).unwrap().layout;
+    let kept = root.create(ROOT_INO, b"kept", 0o644, true).unwrap();
+    root.link(kept.ino, ROOT_INO, b"kept2").unwrap();
+    assert_eq!(root.list_orphans(0, 1024).unwrap(), vec![]);
+
+    root.unlink(ROOT_INO, b"gone").unwrap();
+    // A file with another hard link left is no orphan.
+    root.unlink(ROOT_INO, b"kept").unwrap();
+    let orphans = root.list_orphans(0, 1024).unwrap();
+    assert_eq!(orphans, vec![dafne_client::Orphan { object_id: layout.object_id, servers: layout.servers.clone() }]);
+    assert_eq!(root.list_orphans(3600, 1024).unwrap(), vec![], "orphaned just now, not an hour ago");
+    assert_eq!(root.list_orphans(0, 0).unwrap(), vec![]);
+
+    // Root only.
+    assert_eq!(alice.list_orphans(0, 1024), Err(Errno::EPERM));
+    assert_eq!(alice.forget_orphans(vec![layout.object_id]), Err(Errno::EPERM));
+    assert_eq!(root.list_orphans(0, 1024).unwrap().len(), 1);
+
+    // Forgetting removes; unknown ids are ignored.
+    root.forget_orphans(vec![layout.object_id, 9_999_999]).unwrap();
+    assert_eq!(root.list_orphans(0, 1024).unwrap(), vec![]);
+    // The last link of the hard-linked file makes it an orphan.
+    root.unlink(ROOT_INO, b"kept2").unwrap();
+    assert_eq!(root.list_orphans(0, 1024).unwrap().len(), 1);
+}

@@ -463,6 +463,8 @@ mod tests {
             Request::Link { ino: 8, new_parent: 2, new_name: vec![b'n'; MAX_NAME_WIRE] },
             Request::Statfs,
             Request::Open { ino: 8, flags: OPEN_READ | OPEN_WRITE | OPEN_TRUNC },
+            Request::ListOrphans { older_than_s: 60, max: MAX_ORPHANS as u32 },
+            Request::ForgetOrphans { objects: vec![3, u64::MAX] },
             Request::Compound {
                 ops: vec![
                     CompoundOp { chain: false, req: Request::Lookup { parent: 1, name: n("a") } },
@@ -520,6 +522,16 @@ mod tests {
                     cap: cap(),
                 },
             ),
+            (
+                Op::ListOrphans,
+                Response::Orphans {
+                    orphans: vec![
+                        crate::Orphan { object_id: 9, servers: vec![0, 1, 2] },
+                        crate::Orphan { object_id: 10, servers: vec![] },
+                    ],
+                },
+            ),
+            (Op::ForgetOrphans, Response::Done),
             (
                 Op::Compound,
                 Response::Compound {
@@ -594,8 +606,8 @@ mod tests {
         set(&mut b, 0, &(PROTO_VERSION + 1).to_le_bytes());
         assert_eq!(decode_request(&b), Err(DecodeError::BadVersion(PROTO_VERSION + 1)));
         let mut b = good.clone();
-        set(&mut b, 2, &18u16.to_le_bytes());
-        assert_eq!(decode_request(&b), Err(DecodeError::UnknownOp(18)));
+        set(&mut b, 2, &20u16.to_le_bytes());
+        assert_eq!(decode_request(&b), Err(DecodeError::UnknownOp(20)));
         let mut b = good.clone();
         set(&mut b, 2, &0u16.to_le_bytes());
         assert_eq!(decode_request(&b), Err(DecodeError::UnknownOp(0)));
@@ -903,7 +915,7 @@ mod tests {
 
     #[test]
     fn op_numbers_are_stable() {
-        let want: Vec<u16> = (1..=17).collect();
+        let want: Vec<u16> = (1..=19).collect();
         let got: Vec<u16> = Op::ALL.iter().map(|op| u16::from(*op)).collect();
         assert_eq!(got, want);
         for op in Op::ALL {
@@ -918,6 +930,6 @@ mod tests {
             DecodeError::Truncated { what: "name", needed: 3, left: 2 }.to_string(),
             "truncated name: needs 3 bytes, 2 left"
         );
-        assert_eq!(DecodeError::BadVersion(9).to_string(), "protocol version 9 is not supported (this side speaks 3)");
+        assert_eq!(DecodeError::BadVersion(9).to_string(), "protocol version 9 is not supported (this side speaks 4)");
     }
 }

@@ -76,6 +76,14 @@
 //! | Open | 15 | ino u64, flags u32 | `Opened`: attr, layout, capability |
 //! | Compound | 16 | n u32 (≤ MAX_COMPOUND), n × {flags u8, op u16, body} | `Compound`: n u32, n × {errno i32, if 0: kind u8, body} |
 //! | Mknod | 17 | parent u64, name, kind u8, mode u32, rdev u64 | `Entry`: attr |
+//! | ListOrphans | 18 | older_than_s u32, max u32 | `Orphans`: n u32 (≤ [`MAX_ORPHANS`]), n × {object_id u64, m u32 (≤ [`MAX_LAYOUT_SERVERS`]), m × server id u32} |
+//! | ForgetOrphans | 19 | n u32 (≤ [`MAX_FORGET_ORPHANS`]), n × object_id u64 | `Done`: empty |
+//!
+//! ListOrphans and ForgetOrphans are the reclaimer's: only uid 0 may send
+//! them (`EPERM` otherwise), and never inside a Compound. An orphan is the
+//! data object of a file whose last link is gone; ListOrphans names those
+//! orphaned at least `older_than_s` seconds ago, with the io servers that
+//! hold them, and ForgetOrphans drops them from the list once removed.
 //!
 //! Numbers are never reused: a retired op keeps its number, unassigned. The
 //! io ops (Read 64, Write 65, Truncate 66, Remove 67, Sync 68, Stat 69,
@@ -118,7 +126,8 @@
 //! the first error, so in the reply only the last result may be an error.
 //! A compound result names its [`Response`] variant with a kind byte:
 //! Entry 2, Attr 3, Dir 4, Done 5, Link 6, StatFs 7, Opened 8 (Session 1 and
-//! Compound 9 cannot occur there).
+//! Compound 9 cannot occur there, nor Orphans 10, which answers only a
+//! ListOrphans sent alone).
 //!
 //! # Canonical encoding
 //!
@@ -136,7 +145,7 @@
 //! version covers both protocols. Version 2 added the io ops; version 3
 //! the special file types (Fifo, Socket, CharDevice, BlockDevice), `rdev`
 //! in `attr` and the Mknod op (the io op ServerInfo, 70, came in the same
-//! release). Bump
+//! release); version 4 the orphan ops ListOrphans and ForgetOrphans. Bump
 //! it for *every* change to what a decoder accepts or how it reads it: a new
 //! op, a field added, removed, resized or reordered, a new flag or mask bit,
 //! a new enum value, a changed limit. Numbers (ops, errno values, file types,
@@ -164,13 +173,13 @@ pub use io::{
     ServerInfo, Stability, MAX_INLINE, MAX_IO_BYTES, MAX_IO_EXTENTS, MAX_IO_KEYS, MAX_IO_KEY_BYTES, MAX_IO_REPLY_LEN,
     MAX_IO_REQUEST_LEN, NO_KEY,
 };
-pub use msg::{CompoundOp, Op, Request, Response};
+pub use msg::{CompoundOp, Op, Orphan, Request, Response};
 pub use types::{Attr, Capability, DirEntry, FileType, Layout, LayoutHint, SetAttr, StatFs, TimeSet, Timespec};
 
 /// Version of this wire contract, first field of every header (metadata
 /// and io alike). 2: io ops added. 3: special file types, `Attr::rdev`,
-/// Mknod.
-pub const PROTO_VERSION: u16 = 3;
+/// Mknod. 4: ListOrphans, ForgetOrphans.
+pub const PROTO_VERSION: u16 = 4;
 
 /// The op numbers of the metadata protocol ([`Op`]).
 pub const META_OP_NUMBERS: RangeInclusive<u16> = 1..=63;
@@ -215,6 +224,13 @@ pub const MAX_COMPOUND: usize = 16;
 pub const MAX_READDIR_ENTRIES: usize = 4096;
 /// Most io servers in one [`Layout`].
 pub const MAX_LAYOUT_SERVERS: usize = 256;
+/// Most entries in one `ListOrphans` reply; the server clamps `max` to it.
+/// At most 1024 × (12 + 4 × [`MAX_LAYOUT_SERVERS`]) bytes ≈ 1 MiB, under
+/// the transport's 16 MiB reply limit.
+pub const MAX_ORPHANS: usize = 1024;
+/// Most object ids in one `ForgetOrphans` (8 KiB, under the transport's
+/// 1 MiB request limit).
+pub const MAX_FORGET_ORPHANS: usize = 1024;
 
 /// The permission bits a mode may carry (rwx for user, group, other, plus
 /// setuid, setgid and sticky); the file type travels separately.

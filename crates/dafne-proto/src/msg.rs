@@ -4,7 +4,8 @@ use crate::types::{get_mode, DIRENT_MIN_SIZE};
 use crate::wire::{Reader, Wire, Writer};
 use crate::{
     Attr, Capability, DecodeError, DirEntry, Errno, FileType, Ino, Layout, LayoutHint, SetAttr, StatFs,
-    MAX_CLIENT_NAME, MAX_COMPOUND, MAX_NAME_WIRE, MAX_READDIR_ENTRIES, MAX_SYMLINK, OPEN_READ, OPEN_TRUNC, OPEN_WRITE,
+    MAX_CLIENT_NAME, MAX_COMPOUND, MAX_FORGET_ORPHANS, MAX_LAYOUT_SERVERS, MAX_NAME_WIRE, MAX_ORPHANS,
+    MAX_READDIR_ENTRIES, MAX_SYMLINK, OPEN_READ, OPEN_TRUNC, OPEN_WRITE,
 };
 
 /// Defines an op enum: `#[repr(u16)]` with the wire numbers, `ALL`,
@@ -84,6 +85,41 @@ ops! {
         /// Make a file of any type but directory and symlink: a FIFO, a
         /// socket, a device node, or a regular file (created, not opened).
         Mknod = 17,
+        /// Root only: data objects whose file is gone, for reclaiming.
+        ListOrphans = 18,
+        /// Root only: drop reclaimed objects from the orphan list.
+        ForgetOrphans = 19,
+    }
+}
+
+/// A data object whose file is gone ([`Response::Orphans`]): what to remove
+/// from which io servers.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Orphan {
+    pub object_id: u64,
+    /// The io servers of the object's layout, at most [`MAX_LAYOUT_SERVERS`].
+    pub servers: Vec<u32>,
+}
+
+/// Smallest encoded orphan: object_id u64 + n u32.
+const ORPHAN_MIN_SIZE: usize = 12;
+
+impl Wire for Orphan {
+    fn put(&self, w: &mut Writer) {
+        w.put_u64(self.object_id);
+        w.put_len(self.servers.len());
+        for s in &self.servers {
+            w.put_u32(*s);
+        }
+    }
+    fn get(r: &mut Reader<'_>) -> Result<Orphan, DecodeError> {
+        let object_id = r.u64("orphan object_id")?;
+        let n = r.count("orphan servers", MAX_LAYOUT_SERVERS, 4)?;
+        let mut servers = Vec::with_capacity(n);
+        for _ in 0..n {
+            servers.push(r.u32("orphan server")?);
+        }
+        Ok(Orphan { object_id, servers })
     }
 }
 
@@ -181,6 +217,20 @@ pub enum Request {
         /// encoding); the server ignores it for other types.
         rdev: u64,
     },
+    /// Root only (`EPERM` otherwise); never inside a Compound.
+    ListOrphans {
+        /// Only objects orphaned at least this many seconds ago.
+        older_than_s: u32,
+        /// Most entries wanted; the server sends at most
+        /// `min(max, MAX_ORPHANS)`.
+        max: u32,
+    },
+    /// Root only (`EPERM` otherwise); never inside a Compound. Ids not in
+    /// the list are ignored.
+    ForgetOrphans {
+        /// At most [`MAX_FORGET_ORPHANS`].
+        objects: Vec<u64>,
+    },
 }
 
 /// One op of a `Compound`.
@@ -201,7 +251,8 @@ impl CompoundOp {
     /// The argument chaining replaces: `parent` for Lookup, Create, Mkdir,
     /// Mknod, Unlink, Rmdir and Symlink; `ino` for GetAttr, SetAttr, Readdir,
     /// Readlink, Open and Link; `src_parent` for Rename. `None` for Statfs
-    /// (and for SessionOpen and Compound, which cannot be inside a Compound).
+    /// (and for SessionOpen, Compound, ListOrphans and ForgetOrphans, which
+    /// cannot be inside a Compound).
     pub fn primary_ino_mut(&mut self) -> Option<&mut Ino> {
         match &mut self.req {
             Request::Lookup { parent, .. }
@@ -218,7 +269,11 @@ impl CompoundOp {
             | Request::Open { ino, .. }
             | Request::Link { ino, .. } => Some(ino),
             Request::Rename { src_parent, .. } => Some(src_parent),
-            Request::Statfs | Request::SessionOpen { .. } | Request::Compound { .. } => None,
+            Request::Statfs
+            | Request::SessionOpen { .. }
+            | Request::Compound { .. }
+            | Request::ListOrphans { .. }
+            | Request::ForgetOrphans { .. } => None,
         }
     }
 
@@ -260,6 +315,8 @@ impl Request {
             Request::Open { .. } => Op::Open,
             Request::Compound { .. } => Op::Compound,
             Request::Mknod { .. } => Op::Mknod,
+            Request::ListOrphans { .. } => Op::ListOrphans,
+            Request::ForgetOrphans { .. } => Op::ForgetOrphans,
         }
     }
 
@@ -323,6 +380,16 @@ impl Request {
             Request::Open { ino, flags } => {
                 w.put_u64(*ino);
                 w.put_u32(*flags);
+            }
+            Request::ListOrphans { older_than_s, max } => {
+                w.put_u32(*older_than_s);
+                w.put_u32(*max);
+            }
+            Request::ForgetOrphans { objects } => {
+                w.put_len(objects.len());
+                for o in objects {
+                    w.put_u64(*o);
+                }
             }
             Request::Compound { ops } => {
                 w.put_len(ops.len());
@@ -403,6 +470,17 @@ impl Request {
                 mode: get_mode(r, "mknod mode")?,
                 rdev: r.u64("mknod rdev")?,
             },
+            Op::ListOrphans => {
+                Request::ListOrphans { older_than_s: r.u32("orphans older_than_s")?, max: r.u32("orphans max")? }
+            }
+            Op::ForgetOrphans => {
+                let n = r.count("forget orphans", MAX_FORGET_ORPHANS, 8)?;
+                let mut objects = Vec::with_capacity(n);
+                for _ in 0..n {
+                    objects.push(r.u64("forget orphan object_id")?);
+                }
+                Request::ForgetOrphans { objects }
+            }
         })
     }
 }
@@ -419,9 +497,9 @@ fn get_compound_ops(r: &mut Reader<'_>) -> Result<Vec<CompoundOp>, DecodeError> 
         let op = Op::from_u16(raw).ok_or(DecodeError::UnknownOp(raw))?;
         match op {
             Op::Compound => return Err(DecodeError::NestedCompound),
-            Op::SessionOpen => {
+            Op::SessionOpen | Op::ListOrphans | Op::ForgetOrphans => {
                 return Err(DecodeError::BadValue {
-                    what: "op inside a Compound (SessionOpen is not allowed there)",
+                    what: "op inside a Compound (SessionOpen and the orphan ops are not allowed there)",
                     value: raw.into(),
                 })
             }
@@ -469,6 +547,8 @@ pub enum Response {
     /// Compound: one result per op run, in order. The server stops at the
     /// first error, so only the last may be `Err`.
     Compound { results: Vec<Result<Response, Errno>> },
+    /// ListOrphans: at most [`MAX_ORPHANS`] entries.
+    Orphans { orphans: Vec<Orphan> },
 }
 
 /// Which [`Response`] variant a body is: the wire's kind byte in compound
@@ -485,6 +565,7 @@ pub(crate) enum Kind {
     StatFs = 7,
     Opened = 8,
     Compound = 9,
+    Orphans = 10,
 }
 
 impl Kind {
@@ -499,6 +580,7 @@ impl Kind {
             7 => Kind::StatFs,
             8 => Kind::Opened,
             9 => Kind::Compound,
+            10 => Kind::Orphans,
             _ => return None,
         })
     }
@@ -510,11 +592,12 @@ impl Kind {
             Op::Lookup | Op::Create | Op::Mkdir | Op::Mknod | Op::Symlink | Op::Link => Kind::Entry,
             Op::GetAttr | Op::SetAttr => Kind::Attr,
             Op::Readdir => Kind::Dir,
-            Op::Unlink | Op::Rmdir | Op::Rename => Kind::Done,
+            Op::Unlink | Op::Rmdir | Op::Rename | Op::ForgetOrphans => Kind::Done,
             Op::Readlink => Kind::Link,
             Op::Statfs => Kind::StatFs,
             Op::Open => Kind::Opened,
             Op::Compound => Kind::Compound,
+            Op::ListOrphans => Kind::Orphans,
         }
     }
 }
@@ -533,13 +616,14 @@ impl Response {
             | Response::Done
             | Response::Link { .. }
             | Response::StatFs(_)
-            | Response::Compound { .. } => None,
+            | Response::Compound { .. }
+            | Response::Orphans { .. } => None,
         }
     }
 
     /// Whether this is a well-formed answer to `op`: the right variant, and
-    /// for a Compound, results that may appear there (no Session or
-    /// Compound; only the last an error, with a valid errno).
+    /// for a Compound, results that may appear there (no Session, Compound
+    /// or Orphans; only the last an error, with a valid errno).
     pub fn answers(&self, op: Op) -> bool {
         if self.kind() != Kind::answering(op) {
             return false;
@@ -549,7 +633,7 @@ impl Response {
         };
         results.len() <= MAX_COMPOUND
             && results.iter().enumerate().all(|(i, res)| match res {
-                Ok(r) => !matches!(r.kind(), Kind::Session | Kind::Compound),
+                Ok(r) => !matches!(r.kind(), Kind::Session | Kind::Compound | Kind::Orphans),
                 Err(e) => e.is_valid() && i + 1 == results.len(),
             })
     }
@@ -565,6 +649,7 @@ impl Response {
             Response::StatFs(_) => Kind::StatFs,
             Response::Opened { .. } => Kind::Opened,
             Response::Compound { .. } => Kind::Compound,
+            Response::Orphans { .. } => Kind::Orphans,
         }
     }
 
@@ -589,6 +674,12 @@ impl Response {
                 attr.put(w);
                 layout.put(w);
                 cap.put(w);
+            }
+            Response::Orphans { orphans } => {
+                w.put_len(orphans.len());
+                for o in orphans {
+                    o.put(w);
+                }
             }
             Response::Compound { results } => {
                 w.put_len(results.len());
@@ -630,6 +721,14 @@ impl Response {
             Kind::StatFs => Response::StatFs(StatFs::get(r)?),
             Kind::Opened => Response::Opened { attr: Attr::get(r)?, layout: Layout::get(r)?, cap: Capability::get(r)? },
             Kind::Compound => Response::Compound { results: get_compound_results(r)? },
+            Kind::Orphans => {
+                let n = r.count("orphans", MAX_ORPHANS, ORPHAN_MIN_SIZE)?;
+                let mut orphans = Vec::with_capacity(n);
+                for _ in 0..n {
+                    orphans.push(Orphan::get(r)?);
+                }
+                Response::Orphans { orphans }
+            }
         })
     }
 }
@@ -652,7 +751,7 @@ fn get_compound_results(r: &mut Reader<'_>) -> Result<Vec<Result<Response, Errno
         let raw = r.u8("compound result kind")?;
         let kind = match Kind::from_u8(raw) {
             Some(Kind::Compound) => return Err(DecodeError::NestedCompound),
-            Some(Kind::Session) | None => {
+            Some(Kind::Session | Kind::Orphans) | None => {
                 return Err(DecodeError::BadValue { what: "compound result kind", value: raw.into() })
             }
             Some(k) => k,

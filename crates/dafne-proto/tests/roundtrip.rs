@@ -142,8 +142,20 @@ fn compound_request() -> impl Strategy<Value = Request> {
     })
 }
 
+/// The orphan ops, which travel alone (never inside a Compound).
+fn orphan_request() -> impl Strategy<Value = Request> {
+    let objects = prop_oneof![
+        4 => vec(any::<u64>(), 0..8),
+        1 => vec(any::<u64>(), 0..=MAX_FORGET_ORPHANS),
+    ];
+    prop_oneof![
+        (any::<u32>(), any::<u32>()).prop_map(|(older_than_s, max)| Request::ListOrphans { older_than_s, max }),
+        objects.prop_map(|objects| Request::ForgetOrphans { objects }),
+    ]
+}
+
 fn request() -> impl Strategy<Value = Request> {
-    prop_oneof![3 => simple_request(true), 1 => compound_request()]
+    prop_oneof![3 => simple_request(true), 1 => compound_request(), 1 => orphan_request()]
 }
 
 fn errno() -> impl Strategy<Value = Errno> {
@@ -213,6 +225,23 @@ fn simple_response() -> BoxedStrategy<(Op, Response)> {
     .boxed()
 }
 
+fn orphan() -> impl Strategy<Value = Orphan> {
+    let servers = prop_oneof![
+        4 => vec(any::<u32>(), 0..8),
+        1 => vec(any::<u32>(), 0..=MAX_LAYOUT_SERVERS),
+    ];
+    (any::<u64>(), servers).prop_map(|(object_id, servers)| Orphan { object_id, servers })
+}
+
+/// A ListOrphans answer (never inside a Compound).
+fn orphans_response() -> impl Strategy<Value = Response> {
+    prop_oneof![
+        4 => vec(orphan(), 0..8),
+        1 => vec(orphan(), 0..=MAX_ORPHANS),
+    ]
+    .prop_map(|orphans| Response::Orphans { orphans })
+}
+
 /// A Compound answer: successes, possibly ended by one error.
 fn compound_response() -> impl Strategy<Value = Response> {
     (vec(simple_response(), 0..MAX_COMPOUND), option::of(errno())).prop_map(|(oks, err)| {
@@ -230,6 +259,7 @@ fn reply() -> impl Strategy<Value = (Op, Result<Response, Errno>)> {
         6 => simple_response().prop_map(|(op, r)| (op, Ok(r))),
         1 => session,
         2 => compound_response().prop_map(|r| (Op::Compound, Ok(r))),
+        1 => orphans_response().prop_map(|r| (Op::ListOrphans, Ok(r))),
         2 => (one_of(Op::ALL), errno()).prop_map(|(op, e)| (op, Err(e))),
     ]
 }
@@ -298,7 +328,26 @@ proptest! {
         check_canonical(&b)?;
     }
 
-    /// Every strict prefix of a message is refused.
+    /// The orphan ops are refused inside a Compound, and their answer
+    /// inside a Compound's results.
+    #[test]
+    fn orphan_ops_travel_alone(env in envelope(), req in orphan_request(), resp in orphans_response()) {
+        let b = encode_request(env, &Request::Compound { ops: vec![CompoundOp { chain: false, req }] });
+        prop_assert!(decode_request(&b).is_err());
+        let alone = encode_reply(env.tag, Op::ListOrphans, &Ok(resp.clone()));
+        let compound = Response::Compound { results: vec![Ok(resp)] };
+        prop_assert!(!compound.answers(Op::Compound));
+        // A Compound reply of one result: errno 0, kind Orphans (10), body.
+        let mut body = 1u32.to_le_bytes().to_vec();
+        body.extend_from_slice(&0i32.to_le_bytes());
+        body.push(10);
+        body.extend_from_slice(&alone[ReplyHeader::SIZE..]);
+        let mut b = ReplyHeader::new(Op::Compound, env.tag, 0, body.len() as u32).encode().to_vec();
+        b.extend_from_slice(&body);
+        prop_assert!(decode_reply(&b).is_err());
+    }
+
+        /// Every strict prefix of a message is refused.
     #[test]
     fn truncation_is_refused(env in envelope(), req in request(), (op, res) in reply(), at in any::<usize>()) {
         let b = encode_request(env, &req);

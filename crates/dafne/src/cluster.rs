@@ -58,6 +58,10 @@ pub struct ClusterConfig {
     pub restart: bool,
     /// Restarts allowed per server before the supervisor gives up on it.
     pub max_restarts: u32,
+    /// Seconds after a file's last unlink before the supervisor removes its
+    /// data from the io servers: the grace for a file still open somewhere
+    /// (the metadata server does not track opens; see `local.rs`).
+    pub reclaim_after_s: u32,
 }
 
 impl Default for ClusterConfig {
@@ -69,6 +73,7 @@ impl Default for ClusterConfig {
             io_servers: 4,
             restart: true,
             max_restarts: 5,
+            reclaim_after_s: 60,
         }
     }
 }
@@ -130,6 +135,8 @@ io_base_port = 7710     # io server i listens on io_base_port + i
 io_servers = 4          # number of io server processes
 restart = true          # restart a server that exits unexpectedly
 max_restarts = 5        # ... at most this many times per server
+reclaim_after_s = 60    # remove an unlinked file's data this many seconds
+                        # later (the grace for readers that still have it open)
 
 [meta]
 stripe_unit = 1048576   # default stripe unit, bytes

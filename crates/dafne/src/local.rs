@@ -14,6 +14,20 @@
 //! and restarted, up to `max_restarts` times, when the configuration asks
 //! for it (`[cluster] restart`).
 //!
+//! # Reclaiming deleted files' data
+//! When a file's last link goes, the metadata server lists its data
+//! object as an orphan; it cannot remove the data itself, as it knows
+//! neither the io servers' addresses nor whether the file is still open
+//! (it does not track opens, while POSIX keeps an unlinked file's data
+//! readable until its last close). Once the cluster is up the supervisor
+//! runs a reclaimer thread: every few seconds it asks the metadata server,
+//! as uid 0, for orphans older than `[cluster] reclaim_after_s`, sends
+//! `Remove` to each object's io servers (signing its own capability with
+//! the cluster secret), and tells the metadata server to forget the ones
+//! removed. The limit: a file kept open longer than `reclaim_after_s`
+//! after its unlink loses its data under its reader (reads then find
+//! nothing). Failures are logged and retried in the next round.
+//!
 //! `dafne down` signals the supervisor (SIGTERM), which unmounts the
 //! cluster's mounts, stops the io servers (SIGTERM: each writes back its
 //! cache first), then the metadata server, and removes `cluster.json`.
@@ -644,6 +658,12 @@ pub fn supervise(a: DirArgs) -> Result<()> {
     if !stop.load(Ordering::Relaxed) {
         info.save()?;
         progress("all servers listen");
+        let r = Reclaimer::new(&info, c.cluster.reclaim_after_s);
+        let stop = stop.clone();
+        std::thread::Builder::new()
+            .name("reclaimer".into())
+            .spawn(move || r.run(&stop))
+            .context("starting the reclaimer thread")?;
     }
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(200));
@@ -700,6 +720,94 @@ pub fn supervise(a: DirArgs) -> Result<()> {
     let _ = std::fs::remove_file(ClusterInfo::path(&dir));
     progress("stopped");
     Ok(())
+}
+
+/// The reclaimer (module docs, "Reclaiming deleted files' data"). Its
+/// connections are made at its first round, after the cluster is up, and
+/// again after a round that could not make them; once made, they
+/// reconnect by themselves.
+struct Reclaimer {
+    meta: SocketAddr,
+    io: Vec<SocketAddr>,
+    ucx: Vec<(String, String)>,
+    secret: PathBuf,
+    after_s: u32,
+    conn: Option<ReclaimerConn>,
+}
+
+struct ReclaimerConn {
+    // Kept alive for the two clients below.
+    _rt: dafne_transport::Runtime,
+    meta: dafne_client::MetaSession,
+    data: dafne_client::data::DataClient,
+    secret: dafne_auth::Secret,
+}
+
+impl Reclaimer {
+    fn new(info: &ClusterInfo, after_s: u32) -> Reclaimer {
+        Reclaimer {
+            meta: info.meta,
+            io: info.io.clone(),
+            ucx: info.ucx.clone(),
+            secret: info.secret.clone(),
+            after_s,
+            conn: None,
+        }
+    }
+
+    /// A round every `reclaim_after_s / 2` seconds, between 1 and 5, until
+    /// `stop`; the stop flag is looked at every 200 ms.
+    fn run(mut self, stop: &AtomicBool) {
+        let every = Duration::from_secs(u64::from(self.after_s / 2).clamp(1, 5));
+        let mut next = std::time::Instant::now() + every;
+        while !stop.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(200));
+            if std::time::Instant::now() < next {
+                continue;
+            }
+            if let Err(e) = self.round() {
+                println!("error: reclaiming deleted files' data: {e:#} (retried in {}s)", every.as_secs());
+            }
+            next = std::time::Instant::now() + every;
+        }
+    }
+
+    fn connect(&self) -> Result<ReclaimerConn> {
+        let secret = dafne_auth::Secret::load(&self.secret)
+            .with_context(|| format!("reading the cluster secret {}", self.secret.display()))?;
+        let rt = dafne_transport::Runtime::new(dafne_transport::RuntimeOptions {
+            name: "reclaimer".into(),
+            ucx_config: self.ucx.clone(),
+            ..Default::default()
+        })?;
+        let meta = dafne_client::MetaSession::connect(&rt, self.meta, &secret, "reclaimer", 0, 0)?;
+        let data = dafne_client::data::DataClient::connect(&rt, &self.io)?;
+        Ok(ReclaimerConn { _rt: rt, meta, data, secret })
+    }
+
+    /// One round: list, remove, forget. An object whose removal failed
+    /// stays listed and is tried again next round.
+    fn round(&mut self) -> Result<()> {
+        if self.conn.is_none() {
+            self.conn = Some(self.connect().context("connecting to the cluster")?);
+        }
+        let Some(c) = &self.conn else { return Ok(()) };
+        let orphans = c.meta.list_orphans(self.after_s, dafne_proto::MAX_ORPHANS as u32).context("listing orphans")?;
+        let mut removed = Vec::with_capacity(orphans.len());
+        for o in orphans {
+            let cap = dafne_client::data::object_capability(&c.secret, o.object_id);
+            match block_on(c.data.remove_object(&o.servers, cap)) {
+                Ok(()) | Err(dafne_client::Errno::ENOENT) => removed.push(o.object_id),
+                Err(e) => println!("error: removing the data of deleted object {}: {e} (retried later)", o.object_id),
+            }
+        }
+        if !removed.is_empty() {
+            let n = removed.len();
+            c.meta.forget_orphans(removed).context("forgetting reclaimed orphans")?;
+            println!("reclaimed the data of {n} deleted file(s)");
+        }
+        Ok(())
+    }
 }
 
 /// Unmounts the cluster's recorded mounts (a busy one lazily) and waits a

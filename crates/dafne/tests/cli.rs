@@ -444,3 +444,55 @@ fn two_ups_at_once_start_one_cluster() {
         .count();
     assert_eq!(sups, 1);
 }
+
+/// The data of a deleted file leaves the io servers once `reclaim_after_s`
+/// has passed; a file that keeps another hard link keeps its data.
+#[test]
+fn deleted_files_data_is_reclaimed_from_the_io_servers() {
+    let c = Cluster::new(2);
+    let cfg = c.path().join("reclaim.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[cluster]\nio_servers = 2\nreclaim_after_s = 1\nmeta_port = {}\nio_base_port = {}\n[meta]\nstripe_count = 2\n[io]\ncache_mib = 8\n",
+            c.meta_port, c.io_base
+        ),
+    )
+    .unwrap();
+    let o = run(&["up", "--dir", &c.d(), "--config", cfg.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let (_rt, fs) = connect(c.path());
+    let root = fs.meta.root();
+    let data: Vec<u8> = (0..2u32 << 20).map(|i| (i % 251) as u8).collect();
+    // The object files of a file: one per io server of its layout.
+    let write = |name: &[u8]| -> Vec<PathBuf> {
+        let f = fs.create(root, name, 0o644, None).unwrap();
+        f.write_at(0, &data, dafne_proto::io::Stability::FileSync).unwrap();
+        let layout = f.handle().layout.clone();
+        f.close().unwrap();
+        assert_eq!(layout.servers.len(), 2, "{layout:?}");
+        let files: Vec<PathBuf> =
+            layout.servers.iter().map(|s| c.path().join(format!("io-{s}/objects/{:016x}", layout.object_id))).collect();
+        for p in &files {
+            assert!(p.exists(), "{} after the write", p.display());
+        }
+        files
+    };
+    let gone = write(b"gone");
+    let kept = write(b"kept");
+    fs.meta.link(fs.meta.lookup(root, b"kept").unwrap().ino, root, b"kept2").unwrap();
+    fs.meta.unlink(root, b"kept").unwrap();
+    fs.meta.unlink(root, b"gone").unwrap();
+    wait_for("the deleted file's objects to go", || gone.iter().all(|p| !p.exists()));
+    // The reclaimer has had its round; the linked file's data stays.
+    for p in &kept {
+        assert!(p.exists(), "{} of a file still linked", p.display());
+    }
+    let f = fs.open(fs.meta.lookup(root, b"kept2").unwrap().ino, dafne_proto::OPEN_READ).unwrap();
+    let mut back = vec![0u8; data.len()];
+    assert_eq!(f.read_at(0, &mut back).unwrap(), data.len());
+    assert!(back == data);
+    let log = std::fs::read_to_string(c.path().join("logs/supervisor.log")).unwrap();
+    assert!(log.contains("reclaimed the data of 1 deleted file"), "{log}");
+    assert!(!log.contains("error:"), "{log}");
+}
