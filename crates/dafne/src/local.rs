@@ -765,8 +765,12 @@ impl Reclaimer {
             if std::time::Instant::now() < next {
                 continue;
             }
-            if let Err(e) = self.round() {
-                println!("error: reclaiming deleted files' data: {e:#} (retried in {}s)", every.as_secs());
+            // While the cluster stops, failures are expected, not errors
+            // (`down` reports every `error:` line of this log).
+            if let Err(e) = self.round(stop) {
+                if !stop.load(Ordering::Relaxed) {
+                    println!("error: reclaiming deleted files' data: {e:#} (retried in {}s)", every.as_secs());
+                }
             }
             next = std::time::Instant::now() + every;
         }
@@ -787,7 +791,7 @@ impl Reclaimer {
 
     /// One round: list, remove, forget. An object whose removal failed
     /// stays listed and is tried again next round.
-    fn round(&mut self) -> Result<()> {
+    fn round(&mut self, stop: &AtomicBool) -> Result<()> {
         if self.conn.is_none() {
             self.conn = Some(self.connect().context("connecting to the cluster")?);
         }
@@ -798,6 +802,7 @@ impl Reclaimer {
             let cap = dafne_client::data::object_capability(&c.secret, o.object_id);
             match block_on(c.data.remove_object(&o.servers, cap)) {
                 Ok(()) | Err(dafne_client::Errno::ENOENT) => removed.push(o.object_id),
+                Err(_) if stop.load(Ordering::Relaxed) => return Ok(()),
                 Err(e) => println!("error: removing the data of deleted object {}: {e} (retried later)", o.object_id),
             }
         }
