@@ -538,6 +538,18 @@ impl Tables<'_> {
         Ok(d)
     }
 
+    /// Whether `cred` may add `name` to directory `d` (inode `parent`), in
+    /// Linux's order: search permission, then EEXIST, then write
+    /// permission.
+    fn may_add_name(&self, cred: &Cred, d: &Inode, parent: Ino, name: &[u8]) -> R<()> {
+        posix::check(cred, &d.attr, MAY_EXEC)?;
+        if self.entry(parent, name)?.is_some() {
+            return Err(Errno::EEXIST.into());
+        }
+        posix::check(cred, &d.attr, MAY_WRITE)?;
+        Ok(())
+    }
+
     fn entry(&self, parent: Ino, name: &[u8]) -> R<Option<(Ino, u64)>> {
         Ok(self.dirents.get((parent, name))?.map(|v| v.value()))
     }
@@ -673,11 +685,7 @@ impl Tables<'_> {
             Request::Mkdir { parent, name, mode } => {
                 posix::valid_new_name(name)?;
                 let mut d = self.dir(*parent)?;
-                posix::check(cred, &d.attr, MAY_EXEC)?;
-                if self.entry(*parent, name)?.is_some() {
-                    return Err(Errno::EEXIST.into());
-                }
-                posix::check(cred, &d.attr, MAY_WRITE)?;
+                self.may_add_name(cred, &d, *parent, name)?;
                 if d.attr.nlink >= LINK_MAX {
                     return Err(Errno::EMLINK.into());
                 }
@@ -775,11 +783,7 @@ impl Tables<'_> {
                     return Err(Errno::ENAMETOOLONG.into());
                 }
                 let mut d = self.dir(*parent)?;
-                posix::check(cred, &d.attr, MAY_EXEC)?;
-                if self.entry(*parent, name)?.is_some() {
-                    return Err(Errno::EEXIST.into());
-                }
-                posix::check(cred, &d.attr, MAY_WRITE)?;
+                self.may_add_name(cred, &d, *parent, name)?;
                 let mut l = self.new_inode(cred, &d, FileType::Symlink, 0o777)?;
                 l.attr.mode = 0o777;
                 l.attr.size = target.len() as u64;
@@ -804,11 +808,7 @@ impl Tables<'_> {
                     return Err(Errno::EPERM.into());
                 }
                 let mut d = self.dir(*new_parent)?;
-                posix::check(cred, &d.attr, MAY_EXEC)?;
-                if self.entry(*new_parent, new_name)?.is_some() {
-                    return Err(Errno::EEXIST.into());
-                }
-                posix::check(cred, &d.attr, MAY_WRITE)?;
+                self.may_add_name(cred, &d, *new_parent, new_name)?;
                 if src.attr.nlink >= LINK_MAX {
                     return Err(Errno::EMLINK.into());
                 }
@@ -918,11 +918,7 @@ impl Tables<'_> {
         }
         posix::valid_new_name(name)?;
         let mut d = self.dir(parent)?;
-        posix::check(cred, &d.attr, MAY_EXEC)?;
-        if self.entry(parent, name)?.is_some() {
-            return Err(Errno::EEXIST.into());
-        }
-        posix::check(cred, &d.attr, MAY_WRITE)?;
+        self.may_add_name(cred, &d, parent, name)?;
         if kind.is_device() && cred.uid != 0 {
             return Err(Errno::EPERM.into());
         }
