@@ -83,7 +83,14 @@ pub fn start(o: &ServeOptions) -> Result<MetaServer> {
     let db = o.data_dir.join("meta.redb");
     let store = RedbStore::open(&db, o.policy.clone())
         .with_context(|| format!("opening the metadata store {} (is another meta server using it?)", db.display()))?;
-    let rt = Runtime::new(RuntimeOptions { name: "meta".into(), ucx_config: o.ucx.clone(), ..Default::default() })?;
+    // Every client logs in (SessionOpen) right after connecting; one that
+    // has not after this long is not a client and loses its connection.
+    let rt = Runtime::new(RuntimeOptions {
+        name: "meta".into(),
+        ucx_config: o.ucx.clone(),
+        auth_timeout: Some(std::time::Duration::from_secs(10)),
+        ..Default::default()
+    })?;
     let store: Arc<dyn MetaStore> = Arc::new(store);
     let addr = rt.serve(o.listen, move |_| MetaHandler(Rc::new(MetaService::new(store, secret))))?;
     Ok(MetaServer { addr, _rt: rt })

@@ -129,6 +129,7 @@ impl MetaService {
         let result = match request {
             Request::SessionOpen { client_name, nonce, mac } => {
                 if self.secret.verify_session(req.conn.token(), &nonce, &client_name, &mac) {
+                    req.conn.authenticated();
                     self.sessions.borrow_mut().insert(conn);
                     let id = self.next_session.get();
                     self.next_session.set(id + 1);

@@ -28,6 +28,7 @@ mod error;
 pub mod frame;
 mod runtime;
 mod server;
+pub mod sockguard;
 mod stats;
 pub mod testsvc;
 mod timer;

@@ -89,6 +89,11 @@ pub struct RuntimeOptions {
     pub keepalive: Duration,
     pub keepalive_misses: u32,
     pub data_path: DataPath,
+    /// A server drops a connection whose service has not called
+    /// `ConnHandle::authenticated` this long after its hello (None: never;
+    /// services whose every request carries its own proof, or test
+    /// services, leave it off).
+    pub auth_timeout: Option<Duration>,
 }
 
 impl Default for RuntimeOptions {
@@ -105,6 +110,7 @@ impl Default for RuntimeOptions {
             keepalive: Duration::from_secs(1),
             keepalive_misses: 5,
             data_path: DataPath::Auto,
+            auth_timeout: None,
         }
     }
 }
@@ -122,6 +128,63 @@ pub(crate) struct Shared {
     sleeping: AtomicBool,
     stopping: AtomicBool,
     pub(crate) host_id: [u8; 16],
+    /// Bounds warnings caused by peers (bad frames, refused hellos): a
+    /// hostile peer must not be able to flood the log.
+    pub(crate) log_limit: LogLimit,
+}
+
+/// At most one warning per period for events a peer can cause at will;
+/// the counters (`TransportStats`) keep the exact numbers.
+pub(crate) struct LogLimit {
+    last: std::sync::Mutex<Option<Instant>>,
+}
+
+impl LogLimit {
+    const PERIOD: Duration = Duration::from_secs(10);
+
+    pub(crate) fn new() -> LogLimit {
+        LogLimit { last: std::sync::Mutex::new(None) }
+    }
+
+    /// Whether a warning may be written now.
+    pub(crate) fn allow(&self) -> bool {
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        if last.is_some_and(|t| now.duration_since(t) < Self::PERIOD) {
+            return false;
+        }
+        *last = Some(now);
+        true
+    }
+}
+
+/// What the receive path checks before it takes a frame's payload: the
+/// live server connections and their tokens (mirrors `ServerSide::conns`,
+/// which the AM callback cannot reach). A request for a connection that is
+/// not here is refused before a byte of its payload is received, so an
+/// unauthenticated peer cannot make the server allocate.
+#[derive(Default)]
+pub(crate) struct Gate {
+    pub(crate) conns: RefCell<std::collections::HashMap<u32, u64>>,
+}
+
+/// Largest hello or welcome payload: host id, a u32, the address length and
+/// a worker address of at most `MAX_ADDRESS` bytes.
+pub(crate) const HANDSHAKE_MAX_PAYLOAD: usize = 16 + 4 + 4 + crate::frame::MAX_ADDRESS;
+
+impl Gate {
+    /// The largest payload a frame of this kind may bring, or `None` if the
+    /// frame is refused outright (a request for an unknown connection).
+    pub(crate) fn admit(&self, hdr: &FrameHeader, opts: &RuntimeOptions) -> Option<usize> {
+        match hdr.kind {
+            FrameKind::Hello | FrameKind::Welcome => Some(HANDSHAKE_MAX_PAYLOAD),
+            FrameKind::Ping | FrameKind::Pong | FrameKind::Bye => Some(0),
+            FrameKind::Request => {
+                (self.conns.borrow().get(&hdr.conn_id) == Some(&hdr.token)).then_some(opts.max_request)
+            }
+            FrameKind::Reply => Some(opts.max_reply),
+        }
+    }
 }
 
 impl Shared {
@@ -173,6 +236,7 @@ impl Runtime {
             sleeping: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
             host_id: host_id(),
+            log_limit: LogLimit::new(),
         });
         let (ready_tx, ready_rx) = crossbeam_channel::bounded::<Result<()>>(1);
         let sh = shared.clone();
@@ -252,6 +316,7 @@ pub struct Local {
     pub(crate) worker: Worker,
     pub(crate) shared: Arc<Shared>,
     pub(crate) inbound: Rc<RefCell<VecDeque<Inbound>>>,
+    pub(crate) gate: Rc<Gate>,
     rndv: RndvList,
     pub(crate) accepts: Rc<RefCell<Vec<ConnRequest>>>,
     pub(crate) failed_eps: Rc<RefCell<Vec<(usize, Status)>>>,
@@ -325,7 +390,9 @@ fn install_am_handler(
     worker: &Worker,
     shared: &Arc<Shared>,
     inbound: &Rc<RefCell<VecDeque<Inbound>>>,
+    gate: &Rc<Gate>,
 ) -> Result<RndvList> {
+    let gate = gate.clone();
     let q = inbound.clone();
     let sh = shared.clone();
     let max_payload = shared.opts.max_request.max(shared.opts.max_reply);
@@ -342,13 +409,33 @@ fn install_am_handler(
             Ok(h) => h,
             Err(e) => {
                 TransportStats::inc(&sh.stats.malformed_frames);
-                tracing::warn!(
-                    "dropping a malformed frame ({} header bytes, {len} payload bytes): {e}",
-                    m.header.len()
-                );
+                if sh.log_limit.allow() {
+                    tracing::warn!(
+                        "dropping a malformed frame ({} header bytes, {len} payload bytes): {e}",
+                        m.header.len()
+                    );
+                }
                 return AmVerdict::Reject(Status::REJECTED);
             }
         };
+        // Checked before the payload is taken: a rendezvous payload is only
+        // received (allocated) for a frame that may carry that much.
+        match gate.admit(&hdr, &sh.opts) {
+            Some(max) if len <= max => {}
+            _ => {
+                TransportStats::inc(&sh.stats.refused_before_receive);
+                TransportStats::inc(&sh.stats.malformed_frames);
+                if sh.log_limit.allow() {
+                    tracing::warn!(
+                        "refusing a {:?} frame of {len} bytes for connection {} (unknown connection, wrong token, \
+                         or too large for its kind)",
+                        hdr.kind,
+                        hdr.conn_id
+                    );
+                }
+                return AmVerdict::Reject(Status::REJECTED);
+            }
+        }
         match m.payload {
             AmPayload::Inline(d) => {
                 q.borrow_mut().push_back(Inbound { hdr, payload: d.to_vec(), reply_ep: m.reply_ep });
@@ -408,12 +495,14 @@ fn run_loop(
     let setup = || -> Result<Rc<Local>> {
         let worker = Worker::new(&shared.ctx)?;
         let inbound = Rc::new(RefCell::new(VecDeque::new()));
-        let rndv = install_am_handler(&worker, &shared, &inbound)?;
+        let gate = Rc::new(Gate::default());
+        let rndv = install_am_handler(&worker, &shared, &inbound, &gate)?;
         Ok(Rc::new(Local {
             worker,
             rndv,
             shared: shared.clone(),
             inbound,
+            gate,
             accepts: Rc::new(RefCell::new(Vec::new())),
             failed_eps: Rc::new(RefCell::new(Vec::new())),
             server: ServerSide::default(),

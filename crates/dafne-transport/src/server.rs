@@ -60,6 +60,10 @@ pub(crate) struct ServerConn {
     /// Largest reply the client accepts (from its hello).
     max_reply: usize,
     shared: Arc<Shared>,
+    /// The service vouched for this client (`ConnHandle::authenticated`).
+    authenticated: Cell<bool>,
+    /// When the hello arrived (the authentication deadline counts from it).
+    created: Instant,
 }
 
 /// A client connection as seen by a handler: the way to reach the client's
@@ -88,6 +92,14 @@ impl ConnHandle {
 
     pub fn is_alive(&self) -> bool {
         !self.0.dead.get() && !self.0.broken.get()
+    }
+
+    /// The service checked this client's credentials (e.g. a session
+    /// login): with `RuntimeOptions::auth_timeout` set, a connection that
+    /// is not marked within that time is dropped, so an unauthenticated
+    /// peer cannot hold a connection (and its buffers) by pinging forever.
+    pub fn authenticated(&self) {
+        self.0.authenticated.set(true);
     }
 
     /// The connection's random token, known to both ends: protocols above
@@ -261,12 +273,28 @@ pub(crate) struct ServerSide {
     conns: RefCell<HashMap<u32, Rc<ServerConn>>>,
     by_ep: RefCell<HashMap<usize, u32>>,
     next_id: Cell<u32>,
+    /// Resets sockets that never complete a UCX handshake (`sockguard`).
+    guard: RefCell<Option<crate::sockguard::SockGuard>>,
 }
+
+/// UCX connections accepted but not yet greeted with a `Hello`, at most.
+/// A genuine client sends its hello right after connecting, so only a
+/// handful are ever pending; each holds a UCX endpoint until the connect
+/// deadline, so the bound caps what a peer that connects and stays silent
+/// can hold (256 endpoints, each a few KiB in UCX).
+pub const MAX_UNGREETED: usize = 256;
 
 impl ServerSide {
     pub(crate) fn accept(l: &Rc<Local>, req: ConnRequest) {
         if l.server.service.borrow().is_none() {
             return; // dropping the request rejects it
+        }
+        if l.server.accepted.borrow().len() >= MAX_UNGREETED {
+            TransportStats::inc(&l.stats().refused_before_receive);
+            if l.shared.log_limit.allow() {
+                tracing::warn!("{MAX_UNGREETED} connections wait for their hello: refusing new ones");
+            }
+            return;
         }
         match l.worker.accept(req) {
             Ok(ep) => {
@@ -289,7 +317,9 @@ impl ServerSide {
             FrameKind::Request => {
                 let Some(conn) = Self::conn_for(l, &m.hdr) else {
                     TransportStats::inc(&stats.malformed_frames);
-                    tracing::warn!("request for unknown connection {} (or wrong token): dropped", m.hdr.conn_id);
+                    if l.shared.log_limit.allow() {
+                        tracing::warn!("request for unknown connection {} (or wrong token): dropped", m.hdr.conn_id);
+                    }
                     return;
                 };
                 conn.last_heard.set(Instant::now());
@@ -343,14 +373,18 @@ impl ServerSide {
         let ctrl = m.reply_ep.and_then(|id| l.server.accepted.borrow_mut().remove(&id)).map(|(ep, _)| ep);
         let Some(ctrl) = ctrl else {
             TransportStats::inc(&stats.malformed_frames);
-            tracing::warn!("hello on an endpoint that is not a fresh control connection: dropped");
+            if l.shared.log_limit.allow() {
+                tracing::warn!("hello on an endpoint that is not a fresh control connection: dropped");
+            }
             return;
         };
         let hello = match Hello::decode(&m.payload) {
             Ok(h) => h,
             Err(e) => {
                 TransportStats::inc(&stats.malformed_frames);
-                tracing::warn!("bad hello ({e}): closing the connection");
+                if l.shared.log_limit.allow() {
+                    tracing::warn!("bad hello ({e}): closing the connection");
+                }
                 return;
             }
         };
@@ -359,7 +393,9 @@ impl ServerSide {
             Ok(ep) => ep,
             Err(e) => {
                 TransportStats::inc(&stats.malformed_frames);
-                tracing::warn!("cannot reach the client's worker address ({e}): closing the connection");
+                if l.shared.log_limit.allow() {
+                    tracing::warn!("cannot reach the client's worker address ({e}): closing the connection");
+                }
                 return;
             }
         };
@@ -387,6 +423,8 @@ impl ServerSide {
             broken: Cell::new(false),
             max_reply: hello.max_reply as usize,
             shared: l.shared.clone(),
+            authenticated: Cell::new(false),
+            created: Instant::now(),
         });
         let address = match l.worker.address() {
             Ok(a) => a,
@@ -407,6 +445,7 @@ impl ServerSide {
         }
         l.server.by_ep.borrow_mut().insert(ctrl.id(), id);
         *conn.ctrl.borrow_mut() = Some(ctrl);
+        l.gate.conns.borrow_mut().insert(id, token);
         l.server.conns.borrow_mut().insert(id, conn);
         TransportStats::inc(&stats.connections_accepted);
     }
@@ -446,6 +485,7 @@ impl ServerSide {
         let Some(conn) = l.server.conns.borrow_mut().remove(&id) else {
             return;
         };
+        l.gate.conns.borrow_mut().remove(&id);
         if failed {
             TransportStats::inc(&l.stats().peer_failures);
             tracing::info!("client connection {id} failed: releasing it");
@@ -481,6 +521,23 @@ impl ServerSide {
         for id in broken {
             Self::drop_conn(l, id, true);
         }
+        if let Some(limit) = o.auth_timeout {
+            let unauthenticated: Vec<u32> = l
+                .server
+                .conns
+                .borrow()
+                .values()
+                .filter(|c| !c.authenticated.get() && now.duration_since(c.created) > limit)
+                .map(|c| c.id)
+                .collect();
+            for id in unauthenticated {
+                TransportStats::inc(&l.stats().unauthenticated_drops);
+                if l.shared.log_limit.allow() {
+                    tracing::warn!("connection {id} did not authenticate within {limit:?}: dropping it");
+                }
+                Self::drop_conn(l, id, false);
+            }
+        }
         for c in l.server.conns.borrow().values() {
             for (w, deadline) in c.dead_wakers.borrow().values() {
                 if *deadline <= now {
@@ -493,6 +550,7 @@ impl ServerSide {
     }
 
     pub(crate) fn shutdown(l: &Rc<Local>) {
+        l.server.guard.borrow_mut().take();
         l.server.listener.borrow_mut().take();
         l.server.service.borrow_mut().take();
         l.server.accepted.borrow_mut().clear();
@@ -518,6 +576,8 @@ impl Runtime {
             let q = l.accepts.clone();
             let listener = l.worker.listen(addr, move |req| q.borrow_mut().push(req))?;
             let bound = listener.local_addr()?;
+            *l.server.guard.borrow_mut() =
+                Some(crate::sockguard::SockGuard::start(bound.port(), l.options().connect_timeout, l.shared.clone()));
             *l.server.listener.borrow_mut() = Some(listener);
             *l.server.service.borrow_mut() = Some(Rc::new(make(l)));
             Ok(bound)

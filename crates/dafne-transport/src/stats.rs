@@ -52,6 +52,16 @@ counters! {
     rkey_cache_misses,
     /// Remote keys found in the per-connection cache.
     rkey_cache_hits,
+    /// Sockets on the listener port that UCX's connection manager never
+    /// answered (garbage, an incomplete or stalled handshake, past the
+    /// handshake bound) and the guard reset (`sockguard`).
+    hostile_sockets_reset,
+    /// Connections dropped because they did not authenticate in time
+    /// (the service never marked them; see `ConnHandle::authenticated`).
+    unauthenticated_drops,
+    /// Frames refused before their payload was received (unknown
+    /// connection, wrong token, a kind that carries no payload this big).
+    refused_before_receive,
 }
 
 impl TransportStats {

@@ -255,6 +255,12 @@ fn malformed_frames_are_dropped_and_other_clients_carry_on() {
         let s = server_stats(&b);
         let malformed = s["transport"]["malformed_frames"].as_u64().unwrap();
         assert!(malformed >= 50, "{tls:?}: only {malformed} malformed frames counted: {s}");
+        // Nothing from a peer without a connection was received into memory:
+        // frames for unknown connections and payloads too big for their kind
+        // are refused from the header alone (no rendezvous receive).
+        assert_eq!(s["transport"]["rndv_payloads"].as_u64(), Some(0), "{tls:?}: {s}");
+        let refused = s["transport"]["refused_before_receive"].as_u64().unwrap();
+        assert!(refused >= 4, "{tls:?}: only {refused} frames refused before receive: {s}");
     }
 }
 

@@ -34,6 +34,7 @@ pub mod memevents;
 mod memory;
 mod request;
 mod slab;
+pub mod sockets;
 mod stats;
 mod worker;
 

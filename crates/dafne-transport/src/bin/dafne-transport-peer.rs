@@ -140,6 +140,15 @@ fn garbage(connect: SocketAddr, opts: RuntimeOptions) -> Result<()> {
             .collect();
         frames.push((hdr, vec![x as u8; (x % 300) as usize]));
     }
+    // A request under the size limit but too big to travel eager, for a
+    // connection that does not exist: refused before its payload is taken.
+    let mut unknown_big = good(FrameKind::Request);
+    unknown_big.payload_len = 900 << 10;
+    frames.push((unknown_big.encode().to_vec(), vec![0xA5; 900 << 10]));
+    // Control frames carry no payload: a ping with one is refused.
+    let mut fat_ping = good(FrameKind::Ping);
+    fat_ping.payload_len = 200 << 10;
+    frames.push((fat_ping.encode().to_vec(), vec![0x11; 200 << 10]));
     // An oversized rendezvous payload with a valid-looking header.
     let mut big = good(FrameKind::Request);
     big.payload_len = 32 << 20;
