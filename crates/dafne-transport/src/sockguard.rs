@@ -8,12 +8,12 @@
 //! an io server at 100% of a core), and it keeps a buffer and a descriptor
 //! for every connection that never completes its handshake.
 //!
-//! The guard is a small thread per listener that looks at the kernel's view
-//! of the port (`/proc/net/tcp`, `/proc/net/tcp6`) and at `TCP_INFO` of our
-//! own accepted sockets. A genuine UCX connection request is answered by
-//! the server within milliseconds (UCX sends its own private data back), so
-//! a socket on the listener port that the server never sent a byte on is a
-//! handshake in progress; it is reset when
+//! The guard is a small thread per listener that looks at our own accepted
+//! sockets (the descriptor table, then `getsockname`, `TCP_INFO` and the
+//! unread byte count of each new socket). A genuine UCX connection request
+//! is answered by the server within milliseconds (UCX sends its own private
+//! data back), so a socket on the listener port that the server never sent
+//! a byte on is a handshake in progress; it is reset when
 //! * its unread bytes have not moved for [`STUCK_SCANS`] scans (UCX stopped
 //!   reading: the spin above), or
 //! * it is older than the handshake deadline (a stalled or idle peer), or
@@ -24,10 +24,13 @@
 //! error on its own socket and frees its endpoint; the descriptor is never
 //! closed under UCX. Sockets the server has answered are never touched.
 //!
-//! Cost: one read of `/proc/net/tcp{,6}` per scan ([`SCAN_EVERY`]); the
-//! descriptor table is read only when an unknown socket shows up on the
-//! port. Resets are counted (`hostile_sockets_reset`) and logged at most
-//! once per [`LOG_EVERY`], so a flood cannot flood the log.
+//! Cost: per scan ([`SCAN_EVERY`]) one read of `/proc/self/fd` and a
+//! `readlink` per descriptor; sockets already judged (answered, or not on
+//! the port) are not probed again. `/proc/net/tcp` is not used: reading it
+//! walks the kernel's whole connection hash (15 ms of system time here),
+//! which at this rate was 4% of a core per server. Resets are counted
+//! (`hostile_sockets_reset`) and logged at most once per [`LOG_EVERY`], so
+//! a flood cannot flood the log.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -56,75 +59,31 @@ pub const LOG_EVERY: Duration = Duration::from_secs(10);
 const TCP_ESTABLISHED: u8 = 0x01;
 const TCP_CLOSE_WAIT: u8 = 0x08;
 
-/// One socket of `/proc/net/tcp{,6}`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ProcTcp {
-    pub local_port: u16,
-    pub state: u8,
-    pub rx_queue: u32,
-    pub inode: u64,
+/// The inode of a `socket:[N]` link target.
+pub fn socket_inode(link: &str) -> Option<u64> {
+    link.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
 }
 
-/// Parses one line of `/proc/net/tcp` or `/proc/net/tcp6` (the header and
-/// anything malformed give `None`).
-pub fn parse_proc_tcp_line(line: &str) -> Option<ProcTcp> {
-    let mut f = line.split_whitespace();
-    let _sl = f.next()?.strip_suffix(':')?;
-    let local = f.next()?;
-    let _remote = f.next()?;
-    let state = u8::from_str_radix(f.next()?, 16).ok()?;
-    let queues = f.next()?;
-    let _timer = f.next()?;
-    let _retrnsmt = f.next()?;
-    let _uid = f.next()?;
-    let _timeout = f.next()?;
-    let inode: u64 = f.next()?.parse().ok()?;
-    let (_, port) = local.rsplit_once(':')?;
-    let local_port = u16::from_str_radix(port, 16).ok()?;
-    let (_, rx) = queues.split_once(':')?;
-    let rx_queue = u32::from_str_radix(rx, 16).ok()?;
-    Some(ProcTcp { local_port, state, rx_queue, inode })
-}
-
-/// The sockets on `port` that a peer can still send on.
-fn sockets_on(port: u16) -> Vec<ProcTcp> {
-    let mut out = Vec::new();
-    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
-        let Ok(text) = std::fs::read_to_string(table) else { continue };
-        out.extend(
-            text.lines()
-                .filter_map(parse_proc_tcp_line)
-                .filter(|s| s.local_port == port && s.inode != 0)
-                .filter(|s| s.state == TCP_ESTABLISHED || s.state == TCP_CLOSE_WAIT),
-        );
-    }
-    out
-}
-
-/// Socket inode -> our descriptor number, from `/proc/self/fd`.
-fn our_socket_fds() -> HashMap<u64, i32> {
-    let mut m = HashMap::new();
-    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else { return m };
+/// Our descriptors that are sockets: (inode, descriptor number).
+fn our_sockets() -> Vec<(u64, i32)> {
+    let mut v = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else { return v };
     for e in dir.flatten() {
         let Some(fd) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else { continue };
         let Ok(target) = std::fs::read_link(e.path()) else { continue };
-        let t = target.to_string_lossy();
-        if let Some(ino) = t.strip_prefix("socket:[").and_then(|r| r.strip_suffix(']')).and_then(|n| n.parse().ok()) {
-            m.insert(ino, fd);
+        if let Some(ino) = socket_inode(&target.to_string_lossy()) {
+            v.push((ino, fd));
         }
     }
-    m
+    v
 }
 
 /// What the guard remembers of one socket on the port.
 #[derive(Debug, Clone, Copy)]
 struct Seen {
-    fd: i32,
     first_seen: Instant,
     last_rx: u32,
     still: u32,
-    /// The server has sent bytes on it: a completed handshake, left alone.
-    answered: bool,
 }
 
 /// Why a socket is reset.
@@ -180,6 +139,9 @@ impl Drop for SockGuard {
 }
 
 fn run(port: u16, deadline: Duration, shared: &Shared, stop: &AtomicBool) {
+    // Sockets judged for good: answered handshakes and sockets not on the
+    // port (client sockets, UCX's own transport sockets, the listener).
+    let mut settled: std::collections::HashSet<u64> = std::collections::HashSet::new();
     let mut seen: HashMap<u64, Seen> = HashMap::new();
     let mut reset_since_log = 0u64;
     let mut last_log: Option<Instant> = None;
@@ -189,63 +151,55 @@ fn run(port: u16, deadline: Duration, shared: &Shared, stop: &AtomicBool) {
             break;
         }
         let now = Instant::now();
-        let socks = sockets_on(port);
-        seen.retain(|ino, _| socks.iter().any(|s| s.inode == *ino));
-        let unknown = socks.iter().any(|s| !seen.contains_key(&s.inode));
-        let fds = if unknown { our_socket_fds() } else { HashMap::new() };
-        let mut pending: Vec<(u64, Instant)> = Vec::new();
-        for s in &socks {
-            let e = match seen.get_mut(&s.inode) {
-                Some(e) => e,
-                None => {
-                    // Not one of ours (another process on the port) or it
-                    // went away between the two reads: look again next scan.
-                    let Some(&fd) = fds.get(&s.inode) else { continue };
-                    seen.entry(s.inode).or_insert(Seen {
-                        fd,
-                        first_seen: now,
-                        last_rx: s.rx_queue,
-                        still: 0,
-                        answered: false,
-                    })
-                }
-            };
-            if e.answered {
+        let socks = our_sockets();
+        settled.retain(|ino| socks.iter().any(|(i, _)| i == ino));
+        seen.retain(|ino, _| socks.iter().any(|(i, _)| i == ino));
+        let mut pending: Vec<(u64, i32, Instant)> = Vec::new();
+        for &(ino, fd) in &socks {
+            if settled.contains(&ino) {
                 continue;
             }
-            match dafne_ucx::sockets::probe_own_tcp_socket(e.fd, s.inode) {
-                Ok(Some(p)) if p.bytes_acked > 0 || p.unacked_segments > 0 => {
-                    e.answered = true;
+            let p = match dafne_ucx::sockets::probe_own_tcp_socket(fd, ino) {
+                Ok(Some(p)) => p,
+                Ok(None) => {
+                    settled.insert(ino); // not TCP, or gone
                     continue;
                 }
-                Ok(Some(_)) => {}
-                Ok(None) | Err(_) => continue,
+                Err(_) => continue,
+            };
+            if p.local_port != port || p.bytes_acked > 0 || p.unacked_segments > 0 {
+                settled.insert(ino);
+                continue;
             }
-            if s.rx_queue == e.last_rx {
+            if p.state != TCP_ESTABLISHED && p.state != TCP_CLOSE_WAIT {
+                continue; // the listener itself, or a socket on its way out
+            }
+            let e = seen.entry(ino).or_insert(Seen { first_seen: now, last_rx: p.unread, still: 0 });
+            if p.unread == e.last_rx {
                 e.still += 1;
             } else {
                 e.still = 0;
-                e.last_rx = s.rx_queue;
+                e.last_rx = p.unread;
             }
-            let verdict = judge(now.duration_since(e.first_seen), s.rx_queue, e.still, deadline);
-            if verdict == Verdict::Keep {
-                pending.push((s.inode, e.first_seen));
-            } else if reset(e.fd, s.inode, shared) {
-                reset_since_log += 1;
-            }
-        }
-        if pending.len() > MAX_PENDING_HANDSHAKES {
-            pending.sort_by_key(|&(_, t)| std::cmp::Reverse(t));
-            let excess = pending.len() - MAX_PENDING_HANDSHAKES;
-            for &(ino, _) in &pending[..excess] {
-                if let Some(e) = seen.get(&ino) {
-                    if reset(e.fd, ino, shared) {
+            match judge(now.duration_since(e.first_seen), p.unread, e.still, deadline) {
+                Verdict::Keep => pending.push((ino, fd, e.first_seen)),
+                _ => {
+                    if reset(fd, ino, shared) {
                         reset_since_log += 1;
                     }
                 }
             }
         }
-        if reset_since_log > 0 && (last_log.is_none_or(|t| now.duration_since(t) >= LOG_EVERY)) {
+        if pending.len() > MAX_PENDING_HANDSHAKES {
+            pending.sort_by_key(|&(_, _, t)| std::cmp::Reverse(t));
+            let excess = pending.len() - MAX_PENDING_HANDSHAKES;
+            for &(ino, fd, _) in &pending[..excess] {
+                if reset(fd, ino, shared) {
+                    reset_since_log += 1;
+                }
+            }
+        }
+        if reset_since_log > 0 && last_log.is_none_or(|t| now.duration_since(t) >= LOG_EVERY) {
             tracing::warn!(
                 "port {port}: reset {reset_since_log} connection(s) that never completed a UCX handshake \
                  (garbage, stalled, or too many at once)"
@@ -275,21 +229,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn parses_proc_net_tcp_lines() {
-        let v4 = "   3: 0100007F:1E1E 0100007F:BC46 08 00000000:000007E1 00:00000000 00000000     0        0 123456 1 0000000000000000 20 4 30 10 -1";
-        assert_eq!(
-            parse_proc_tcp_line(v4),
-            Some(ProcTcp { local_port: 0x1e1e, state: 8, rx_queue: 0x7e1, inode: 123456 })
-        );
-        let v6 = "   0: 00000000000000000000000001000000:1E1E 00000000000000000000000001000000:9C40 01 00000000:00000000 00:00000000 00000000  1000        0 42 1 0000000000000000 20 4 0 10 -1";
-        assert_eq!(parse_proc_tcp_line(v6).map(|s| (s.local_port, s.state, s.inode)), Some((0x1e1e, 1, 42)));
-        for bad in [
-            "",
-            "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode",
-            "3: 0100007F:ZZZZ 0100007F:BC46 08 00000000:000007E1 00:00000000 00000000 0 0 1",
-            "3: 0100007F 0100007F:BC46 08 00000000:000007E1 00:00000000 00000000 0 0 1",
-        ] {
-            assert_eq!(parse_proc_tcp_line(bad), None, "{bad:?}");
+    fn socket_links() {
+        assert_eq!(socket_inode("socket:[123456]"), Some(123456));
+        for bad in ["", "socket:[]", "socket:[12", "pipe:[5]", "/dev/null", "socket:[-1]"] {
+            assert_eq!(socket_inode(bad), None, "{bad:?}");
         }
     }
 

@@ -25,9 +25,16 @@ use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::fs::MetadataExt;
 
-/// What the kernel says about one TCP socket (`TCP_INFO`).
+/// What the kernel says about one TCP socket (`getsockname`, `TCP_INFO`,
+/// `SIOCINQ`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TcpProbe {
+    /// The socket's local port.
+    pub local_port: u16,
+    /// TCP state (include/net/tcp_states.h: 1 established, 8 close-wait).
+    pub state: u8,
+    /// Bytes received and not yet read by the socket's owner.
+    pub unread: u32,
     /// Bytes this side sent that the peer acknowledged.
     pub bytes_acked: u64,
     /// Bytes received from the peer.
@@ -83,7 +90,38 @@ pub fn probe_own_tcp_socket(fd: RawFd, inode: u64) -> io::Result<Option<TcpProbe
             _ => Err(e),
         };
     }
+    // SAFETY: sockaddr_storage is plain old data; all-zero is valid.
+    let mut addr: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut alen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    // SAFETY: `addr`/`alen` are valid for writes of the size given; `dup` is
+    // a live descriptor we own.
+    if unsafe { libc::getsockname(dup.as_raw_fd(), (&mut addr as *mut libc::sockaddr_storage).cast(), &mut alen) } != 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    let local_port = match i32::from(addr.ss_family) {
+        libc::AF_INET => {
+            // SAFETY: the kernel wrote an AF_INET address: the storage holds
+            // a sockaddr_in, which it is large and aligned enough for.
+            let a = unsafe { &*(&addr as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            u16::from_be(a.sin_port)
+        }
+        libc::AF_INET6 => {
+            // SAFETY: as above, for sockaddr_in6.
+            let a = unsafe { &*(&addr as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+            u16::from_be(a.sin6_port)
+        }
+        _ => return Ok(None),
+    };
+    let mut unread: libc::c_int = 0;
+    // SAFETY: FIONREAD (= SIOCINQ on TCP) writes one int, which `unread` is; `dup` is live.
+    if unsafe { libc::ioctl(dup.as_raw_fd(), libc::FIONREAD, &mut unread as *mut libc::c_int) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
     Ok(Some(TcpProbe {
+        local_port,
+        state: info.tcpi_state,
+        unread: unread.max(0) as u32,
         bytes_acked: info.tcpi_bytes_acked,
         bytes_received: info.tcpi_bytes_received,
         unacked_segments: info.tcpi_unacked,
@@ -132,8 +170,13 @@ mod tests {
         let mut buf = [0u8; 5];
         server.read_exact(&mut buf).unwrap();
         let ino = inode_of(server.as_fd()).unwrap();
+        client.write_all(b"more").unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(50));
         let p = probe_own_tcp_socket(server.as_raw_fd(), ino).unwrap().unwrap();
-        assert_eq!(p.bytes_received, 5);
+        assert_eq!(p.bytes_received, 9);
+        assert_eq!(p.unread, 4);
+        assert_eq!(p.state, 1);
+        assert_eq!(p.local_port, l.local_addr().unwrap().port());
         assert_eq!(p.bytes_acked, 0);
         // A wrong inode is refused: nothing happens to the socket.
         assert!(!abort_own_tcp_socket(server.as_raw_fd(), ino + 1).unwrap());
