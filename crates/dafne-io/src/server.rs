@@ -304,6 +304,9 @@ impl IoServer {
     /// everything this server acknowledged is on disk; an error says what
     /// could not be written (the process should exit non-zero).
     pub fn drain_and_flush(&self) -> Result<()> {
+        // The final write-back may hold the loop for long; the supervisor
+        // bounds a clean stop (120 s) instead of the watchdog.
+        self.rt.disarm_watchdog();
         self.rt.run_on_loop(|_| {
             if let Some(svc) = SERVICE.with(|s| s.borrow().as_ref().and_then(Weak::upgrade)) {
                 svc.drain();
@@ -404,7 +407,14 @@ pub fn start_with(a: &IoArgs, m: ModeArgs) -> Result<IoServer> {
         }
     };
     let ucx = dafne_transport::parse_ucx_overrides(&a.ucx).map_err(anyhow::Error::msg)?;
-    let mut opts = RuntimeOptions { name: "io".into(), ucx_config: ucx, ..Default::default() };
+    // A loop that has not come round for a minute is stuck (a storage call
+    // that never returns): abort, and the supervisor restarts the server.
+    let mut opts = RuntimeOptions {
+        name: "io".into(),
+        ucx_config: ucx,
+        watchdog: Some(std::time::Duration::from_secs(60)),
+        ..Default::default()
+    };
     if let Some(us) = m.spin_us {
         opts.spin = std::time::Duration::from_micros(us);
     }
@@ -451,6 +461,7 @@ pub fn start_with(a: &IoArgs, m: ModeArgs) -> Result<IoServer> {
 /// (or, with `--stats-on-stdin`, until stdin closes).
 pub fn serve_forever(c: &IoCommand) -> Result<()> {
     use std::io::{BufRead as _, Write as _};
+    dafne_transport::fail_fast_on_panic();
     let s = start_with(&c.args, c.serving)?;
     println!("listening on {}", s.addr);
     std::io::stdout().flush()?;

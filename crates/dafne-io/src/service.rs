@@ -251,7 +251,10 @@ impl IoService {
                 store.remove(object).map_err(eio("remove"))?;
                 Ok(IoResponse::Done)
             }
-            (IoRequest::ServerInfo { .. }, _) => Ok(IoResponse::ServerInfo(self.server_info(conn))),
+            (IoRequest::ServerInfo { .. }, _) => {
+                injected_panic();
+                Ok(IoResponse::ServerInfo(self.server_info(conn)))
+            }
             (IoRequest::Stat { .. }, backend) => {
                 // Cached writes count: write them back first.
                 if let Backend::Unifier(u) = backend {
@@ -471,5 +474,19 @@ impl Service for IoHandler {
     fn call(&self, req: TRequest) -> Pin<Box<dyn Future<Output = Vec<u8>>>> {
         let svc = self.0.clone();
         Box::pin(async move { svc.handle(req).await })
+    }
+}
+
+/// Fault injection for the test that a panicking handler takes the whole
+/// server down (so its supervisor restarts it) instead of leaving a live
+/// process that answers nothing: a panic cannot be caused from outside
+/// otherwise. If `DAFNE_FAULT_PANIC_ONCE` names a file that exists, the
+/// next `ServerInfo` removes it and panics (once per file; nothing happens
+/// without the variable).
+fn injected_panic() {
+    if let Some(flag) = std::env::var_os("DAFNE_FAULT_PANIC_ONCE") {
+        if std::fs::remove_file(&flag).is_ok() {
+            panic!("injected fault: {flag:?} asked this handler to panic");
+        }
     }
 }

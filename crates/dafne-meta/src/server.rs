@@ -89,6 +89,7 @@ pub fn start(o: &ServeOptions) -> Result<MetaServer> {
         name: "meta".into(),
         ucx_config: o.ucx.clone(),
         auth_timeout: Some(std::time::Duration::from_secs(10)),
+        watchdog: Some(std::time::Duration::from_secs(60)),
         ..Default::default()
     })?;
     let store: Arc<dyn MetaStore> = Arc::new(store);
@@ -98,6 +99,7 @@ pub fn start(o: &ServeOptions) -> Result<MetaServer> {
 
 /// Starts a server, prints `listening on ADDR`, and serves until killed.
 pub fn serve_forever(o: &ServeOptions) -> Result<()> {
+    dafne_transport::fail_fast_on_panic();
     let server = start(o)?;
     println!("listening on {}", server.addr);
     use std::io::Write as _;

@@ -36,7 +36,7 @@ mod timer;
 pub use client::Client;
 pub use dafne_ucx::{Access, Context, Local, Region, RemoteKey, Slab, SubRegion};
 pub use error::TransportError;
-pub use runtime::{parse_ucx_overrides, DataPath, Runtime, RuntimeOptions};
+pub use runtime::{fail_fast_on_panic, parse_ucx_overrides, DataPath, Runtime, RuntimeOptions};
 pub use server::{ConnHandle, Request, RmaSeg, Service};
 pub use stats::{TransportStats, TransportStatsSnapshot};
 pub use timer::sleep;

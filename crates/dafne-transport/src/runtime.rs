@@ -94,6 +94,12 @@ pub struct RuntimeOptions {
     /// services whose every request carries its own proof, or test
     /// services, leave it off).
     pub auth_timeout: Option<Duration>,
+    /// Abort the process when the event loop has not come round for this
+    /// long (a handler blocked it, or it died): a server that answers
+    /// nothing but stays alive is worse than one its supervisor restarts.
+    /// The loop comes round at least every housekeeping tick (≤ 250 ms)
+    /// even when idle. None: no watchdog (clients, tests).
+    pub watchdog: Option<Duration>,
 }
 
 impl Default for RuntimeOptions {
@@ -111,6 +117,7 @@ impl Default for RuntimeOptions {
             keepalive_misses: 5,
             data_path: DataPath::Auto,
             auth_timeout: None,
+            watchdog: None,
         }
     }
 }
@@ -131,6 +138,11 @@ pub(crate) struct Shared {
     /// Bounds warnings caused by peers (bad frames, refused hellos): a
     /// hostile peer must not be able to flood the log.
     pub(crate) log_limit: LogLimit,
+    /// Milliseconds since `born` when the loop last came round (watchdog).
+    heartbeat: std::sync::atomic::AtomicU64,
+    born: Instant,
+    /// Set by `Runtime::disarm_watchdog` (a clean stop's long write-back).
+    watchdog_off: AtomicBool,
 }
 
 /// At most one warning per period for events a peer can cause at will;
@@ -237,6 +249,9 @@ impl Runtime {
             stopping: AtomicBool::new(false),
             host_id: host_id(),
             log_limit: LogLimit::new(),
+            heartbeat: std::sync::atomic::AtomicU64::new(0),
+            born: Instant::now(),
+            watchdog_off: AtomicBool::new(false),
         });
         let (ready_tx, ready_rx) = crossbeam_channel::bounded::<Result<()>>(1);
         let sh = shared.clone();
@@ -245,7 +260,22 @@ impl Runtime {
             .spawn(move || run_loop(sh, cmd_rx, run_rx, ready_tx))
             .map_err(|e| TransportError::Ucx(format!("spawning the event loop thread: {e}")))?;
         ready_rx.recv().map_err(|_| TransportError::Shutdown)??;
+        if let Some(limit) = opts.watchdog {
+            let sh = Arc::downgrade(&shared);
+            let name = opts.name.clone();
+            std::thread::Builder::new()
+                .name(format!("{}-watchdog", opts.name))
+                .spawn(move || watchdog(sh, limit, &name))
+                .map_err(|e| TransportError::Ucx(format!("spawning the watchdog thread: {e}")))?;
+        }
         Ok(Runtime { shared, thread: Some(thread) })
+    }
+
+    /// Turns the loop watchdog off for good: for a clean stop whose final
+    /// write-back may hold the loop longer than the watchdog allows (its
+    /// supervisor bounds it instead).
+    pub fn disarm_watchdog(&self) {
+        self.shared.watchdog_off.store(true, SeqCst);
     }
 
     /// The UCX context: register memory here ([`crate::Region`]).
@@ -523,6 +553,7 @@ fn run_loop(
     let mut next_housekeeping = Instant::now() + tick;
     let mut last_activity = Instant::now();
     loop {
+        shared.heartbeat.store(shared.born.elapsed().as_millis() as u64, std::sync::atomic::Ordering::Relaxed);
         let mut active = local.worker.progress() > 0;
         finish_rndv(&local.rndv, &local.inbound);
         for (id, st) in std::mem::take(&mut *local.failed_eps.borrow_mut()) {
@@ -615,6 +646,42 @@ fn run_loop(
 
 /// This host's identity: the kernel boot id, so that two processes agree
 /// they share a machine (and shared memory) exactly when they do.
+/// Aborts the process if the loop of `shared` stops coming round for
+/// `limit`; ends when the runtime is dropped.
+fn watchdog(shared: std::sync::Weak<Shared>, limit: Duration, name: &str) {
+    let every = (limit / 4).clamp(Duration::from_millis(100), Duration::from_secs(1));
+    loop {
+        std::thread::sleep(every);
+        let Some(sh) = shared.upgrade() else { return };
+        if sh.stopping.load(SeqCst) || sh.watchdog_off.load(SeqCst) {
+            return;
+        }
+        let beat = Duration::from_millis(sh.heartbeat.load(std::sync::atomic::Ordering::Relaxed));
+        let silent = sh.born.elapsed().saturating_sub(beat);
+        if silent > limit {
+            eprintln!(
+                "dafne: the {name} event loop has not come round for {silent:?} (limit {limit:?}): \
+                 aborting so that a supervisor restarts this server"
+            );
+            std::process::abort();
+        }
+    }
+}
+
+/// Makes a panic on any thread abort the process, after the usual message.
+/// Servers call this first: a thread that unwound out of an event loop or
+/// a store leaves a process that is alive but answers nothing (or answers
+/// `EIO` for good), which no supervisor notices; an aborted one is
+/// restarted with clean state.
+pub fn fail_fast_on_panic() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        default(info);
+        eprintln!("dafne: a thread panicked: aborting so that a supervisor restarts this server");
+        std::process::abort();
+    }));
+}
+
 fn host_id() -> [u8; 16] {
     let mut id = [0u8; 16];
     if let Ok(s) = std::fs::read_to_string("/proc/sys/kernel/random/boot_id") {

@@ -36,6 +36,9 @@ pub const OP_PUT: u8 = 2;
 pub const OP_GET: u8 = 3;
 pub const OP_SLEEP: u8 = 4;
 pub const OP_STATS: u8 = 5;
+/// Blocks the loop thread itself for the given milliseconds (a handler
+/// gone wrong): what the watchdog must catch.
+pub const OP_BLOCK: u8 = 6;
 
 pub const FLAG_VERIFY: u8 = 1;
 pub const FLAG_PLAIN: u8 = 2;
@@ -345,6 +348,13 @@ impl Service for TestServiceHandle {
                         Ok(Vec::new())
                     }
                     Err(_) => Err("sleep wants 4 bytes".into()),
+                },
+                OP_BLOCK => match <[u8; 4]>::try_from(body) {
+                    Ok(ms) => {
+                        std::thread::sleep(std::time::Duration::from_millis(u32::from_le_bytes(ms) as u64));
+                        Ok(Vec::new())
+                    }
+                    Err(_) => Err("block wants 4 bytes".into()),
                 },
                 OP_STATS => Ok((svc.rt_stats)().into_bytes()),
                 other => Err(format!("unknown op {other}")),

@@ -372,3 +372,31 @@ fn data_endpoints_with_peer_error_handling() {
         assert!(matches!(futures::executor::block_on(pending), Err(TransportError::PeerFailed { .. })));
     }
 }
+
+/// A handler that blocks the event loop (a storage call that never
+/// returns) makes the watchdog abort the server, so that a supervisor
+/// restarts it; a short block does not.
+#[test]
+fn the_watchdog_aborts_a_server_whose_loop_is_stuck() {
+    use std::os::unix::process::ExitStatusExt;
+    let mut server = spawn_server(Tls::Tcp, &["--watchdog-ms", "1500"]);
+    let rt = client_runtime(Tls::Tcp);
+    let c = Client::connect(&rt, server.addr).unwrap();
+    let block = |ms: u32| {
+        let mut req = vec![testsvc::OP_BLOCK];
+        req.extend_from_slice(&ms.to_le_bytes());
+        req
+    };
+    c.call(block(300)).expect("a short block is answered");
+    assert!(server.child.try_wait().unwrap().is_none(), "the server died on a short block");
+    let _ = c.call_async(block(10_000));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(st) = server.child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(Instant::now() < deadline, "the stuck server is still alive");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status.signal(), Some(libc::SIGABRT), "{status:?}");
+}

@@ -246,3 +246,44 @@ fn a_connection_that_never_logs_in_is_dropped() {
     wait_for("meta to drop the connection that never logged in", || client.call(vec![0u8; 8]).is_err());
     assert!(start.elapsed() >= Duration::from_secs(5), "dropped before the deadline: {:?}", start.elapsed());
 }
+
+/// Issue 10, finding 7: a panic on a server's event-loop thread left a
+/// process that was alive but served nothing, which the supervisor never
+/// restarted. Now the panic aborts the process, the supervisor restarts
+/// it, and it serves again.
+#[test]
+fn a_panicking_handler_takes_its_server_down_and_it_is_restarted() {
+    let scratch = tempfile::tempdir().unwrap();
+    let flag = scratch.path().join("panic-once");
+    std::fs::write(&flag, b"").unwrap();
+    let (meta, io) = free_ports(1);
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display().to_string();
+    let (m, i) = (meta.to_string(), io.to_string());
+    let o = dafne()
+        .env("DAFNE_FAULT_PANIC_ONCE", &flag)
+        .args(["up", "--dir", &d, "--io-servers", "1", "--cache-mib", "8", "--meta-port", &m, "--io-base-port", &i])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let c = Up { dir };
+    let victim = c.servers().iter().find(|s| s.0 == "io-0").unwrap().1;
+    // `status` asks the io server for ServerInfo: its handler panics.
+    let _ = run(&["status", "--dir", &c.d()]);
+    assert!(!flag.exists(), "the io server never ran the panicking handler");
+    wait_for("the panicked io server to be restarted", || {
+        c.servers().iter().any(|s| s.0 == "io-0" && s.1 != victim) && !alive(victim)
+    });
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(c.dir.path().join("servers.json")).unwrap()).unwrap();
+    let io0 = v.as_array().unwrap().iter().find(|s| s["name"] == "io-0").unwrap();
+    assert!(io0["last_exit"].as_str().unwrap_or("").contains("SIGABRT"), "{io0}");
+    let log = std::fs::read_to_string(c.dir.path().join("logs/io-0.log")).unwrap();
+    assert!(log.contains("injected fault") && log.contains("aborting"), "{log}");
+    wait_for("the restarted io server to answer", || {
+        let o = run(&["status", "--dir", &c.d(), "--json"]);
+        let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+        o.status.success() && s["io"][0]["error"].is_null()
+    });
+    honest_client_round_trip(&c, 3);
+}

@@ -36,6 +36,9 @@ enum Cmd {
         /// Credits granted per connection.
         #[arg(long, default_value_t = 64)]
         credits: u32,
+        /// Abort when the event loop stalls this long (milliseconds).
+        #[arg(long)]
+        watchdog_ms: Option<u64>,
     },
     /// Keep 16 MiB server puts in flight forever (prints `hammering` once going).
     Hammer {
@@ -69,7 +72,11 @@ fn main() -> Result<()> {
         ..Default::default()
     };
     match cli.cmd {
-        Cmd::Serve { listen, credits } => Ok(testsvc::serve_forever(RuntimeOptions { credits, ..opts }, listen)?),
+        Cmd::Serve { listen, credits, watchdog_ms } => {
+            dafne_transport::fail_fast_on_panic();
+            let watchdog = watchdog_ms.map(Duration::from_millis);
+            Ok(testsvc::serve_forever(RuntimeOptions { credits, watchdog, ..opts }, listen)?)
+        }
         Cmd::Hammer { connect } => {
             let rt = Runtime::new(opts)?;
             let client = Client::connect(&rt, connect)?;
