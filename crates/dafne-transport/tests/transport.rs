@@ -389,7 +389,7 @@ fn the_watchdog_aborts_a_server_whose_loop_is_stuck() {
     };
     c.call(block(300)).expect("a short block is answered");
     assert!(server.child.try_wait().unwrap().is_none(), "the server died on a short block");
-    let _ = c.call_async(block(10_000));
+    let _pending = c.call_async(block(10_000));
     let deadline = Instant::now() + Duration::from_secs(20);
     let status = loop {
         if let Some(st) = server.child.try_wait().unwrap() {
