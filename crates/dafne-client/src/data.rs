@@ -378,7 +378,8 @@ impl DataClient {
         let regcache = servers.first().map(|c| std::sync::Arc::new(RegCache::new(c.context(), cache)));
         let anchor = servers.first().cloned();
         // Io servers need no hello: capabilities are checked per request.
-        let servers = servers.into_iter().map(|c| crate::link::Link::new(c, Box::new(|_: &Client| Ok(())))).collect();
+        let servers =
+            servers.into_iter().map(|c| crate::link::Link::new(c, Box::new(|_: &Client, _| Ok(())))).collect();
         Ok(DataClient {
             servers: std::sync::Arc::new(servers),
             anchor,

@@ -3,6 +3,10 @@
 //! writing, and is exact in meta after `fsync` or `close`, also with several
 //! writers on several stripes (each publishes the largest byte any io
 //! server holds, which the servers compute after writing back their cache).
+//!
+//! A [`File`] holds its open in meta (so its data outlives an unlink) until
+//! it is closed or dropped; dropping closes it in meta too, without
+//! publishing the size.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -19,7 +23,7 @@ pub struct Fs {
     pub data: DataClient,
 }
 
-/// An open file.
+/// An open file; closed in meta when dropped.
 #[derive(Debug)]
 pub struct File {
     fs: Fs,
@@ -42,11 +46,13 @@ impl Fs {
     /// Opens by inode (`OPEN_*` flags; `OPEN_TRUNC` also empties the data).
     pub fn open(&self, ino: Ino, flags: u32) -> Result<File, Errno> {
         let open = self.meta.open(ino, flags)?;
-        if flags & dafne_proto::OPEN_TRUNC != 0 {
-            futures::executor::block_on(self.data.truncate(&open, 0))?;
-        }
         let size = AtomicU64::new(open.attr.size);
-        Ok(File { fs: self.clone(), open, size })
+        // Built first, so that a failed truncation closes it again.
+        let f = File { fs: self.clone(), open, size };
+        if flags & dafne_proto::OPEN_TRUNC != 0 {
+            futures::executor::block_on(self.data.truncate(&f.open, 0))?;
+        }
+        Ok(f)
     }
 }
 
@@ -94,9 +100,11 @@ impl File {
         self.publish_size()
     }
 
-    /// Publishes the size (without forcing data to disk) and closes.
+    /// Publishes the size (without forcing data to disk) and closes (in
+    /// meta too, whatever the publishing's outcome).
     pub fn close(self) -> Result<(), Errno> {
         self.publish_size()
+        // `drop(self)` closes in meta.
     }
 
     /// Meta's size becomes the largest byte any io server holds. Sizes only
@@ -109,5 +117,15 @@ impl File {
         }
         self.size.store(stored.max(current), Ordering::Relaxed);
         Ok(())
+    }
+}
+
+impl Drop for File {
+    fn drop(&mut self) {
+        // Losing the connection releases the open in meta as well, so a
+        // failure here leaves nothing held for long (`dafne_meta::opens`).
+        if let Err(e) = self.fs.meta.close(self.open.layout.object_id) {
+            tracing::debug!("closing object {} in meta: {e}", self.open.layout.object_id);
+        }
     }
 }

@@ -7,6 +7,21 @@
 //! are [`Errno`] values, 1:1 with what the server decided, so a FUSE layer
 //! can return them as they are. The data half (layouts, striping, RMA) comes
 //! with the io servers.
+//!
+//! # Open files
+//! The metadata server keeps an unlinked file's data while some session
+//! holds it open (see `dafne_meta::opens`): each successful `Open`, alone
+//! or in a Compound, registers one open of the file's data object for the
+//! connection, and [`MetaSession::close`] releases one. The session keeps
+//! the same count (every reply passes through [`MetaSession::request_async`],
+//! which records the opens it carries), because the server's table belongs
+//! to a connection: after a reconnect the new connection re-announces them
+//! (`Reopen`) right after authenticating, before any other call uses it. A
+//! reply whose open was registered on a connection replaced meanwhile is
+//! re-announced by itself. While the session holds any open, a thread pings
+//! the server every [`KEEPALIVE`], so that a lost connection (a restarted
+//! server) is noticed and replaced within the server's grace even when the
+//! application makes no call.
 
 pub mod cq;
 pub mod data;
@@ -16,12 +31,14 @@ pub mod file;
 mod link;
 pub mod regcache;
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
-use dafne_proto::{decode_reply, encode_request, Capability, Envelope, Layout, Request};
+use dafne_proto::{decode_reply, encode_request, Capability, Envelope, HeldOpen, Layout, Request, MAX_REOPEN};
 pub use dafne_proto::{
     Attr, CompoundOp, DirEntry, Errno, FileType, Ino, LayoutHint, Orphan, Response, SetAttr, StatFs, TimeSet, ROOT_INO,
 };
@@ -48,10 +65,64 @@ pub struct OpenFile {
     pub cap: Capability,
 }
 
+/// How often a session that holds open files pings the metadata server
+/// (module docs, "Open files"); the server's grace must be longer.
+pub const KEEPALIVE: Duration = Duration::from_secs(1);
+
+/// The opens this session holds, as the server counts them.
+#[derive(Debug, Default)]
+struct Held {
+    /// Data object → opens (≥ 1).
+    objects: BTreeMap<u64, u32>,
+    /// The generation of the connection the server last heard all of
+    /// `objects` on.
+    announced: link::Generation,
+}
+
 struct Inner {
     link: link::Link,
     next_tag: AtomicU64,
     root: Ino,
+    held: Arc<Mutex<Held>>,
+}
+
+fn held(h: &Mutex<Held>) -> MutexGuard<'_, Held> {
+    h.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The data objects a reply opened.
+fn opened_objects(r: &Response) -> Vec<u64> {
+    match r {
+        Response::Opened { layout, .. } => vec![layout.object_id],
+        Response::Compound { results } => results
+            .iter()
+            .filter_map(|r| match r {
+                Ok(Response::Opened { layout, .. }) => Some(layout.object_id),
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+impl Inner {
+    /// Counts the opens of a reply that came on connection `generation`;
+    /// those the current connection has not heard of (its re-announce ran
+    /// before they were counted), to announce on it.
+    fn record_opens(&self, objects: &[u64], generation: link::Generation) -> Vec<HeldOpen> {
+        let mut h = held(&self.held);
+        for &o in objects {
+            *h.objects.entry(o).or_insert(0) += 1;
+        }
+        if h.announced == generation {
+            return Vec::new();
+        }
+        let mut late: BTreeMap<u64, u32> = BTreeMap::new();
+        for &o in objects {
+            *late.entry(o).or_insert(0) += 1;
+        }
+        late.into_iter().map(|(object_id, count)| HeldOpen { object_id, count }).collect()
+    }
 }
 
 /// An authenticated session to the metadata server, acting as one user.
@@ -91,13 +162,66 @@ impl MetaSession {
         let client = Client::connect(rt, addr)?;
         let root = Self::open_session(&client, secret, client_name, uid, gid)?;
         // After a lost connection (meta restarted), the next call opens the
-        // session again on a new one (see `link`).
+        // session again on a new one (see `link`), which then hears of the
+        // files this session holds open.
         let (secret, name) = (secret.clone(), client_name.to_string());
-        let hello = Box::new(move |c: &Client| {
-            Self::open_session(c, &secret, &name, uid, gid).map(|_| ()).map_err(|e| e.to_string())
+        let held = Arc::new(Mutex::new(Held::default()));
+        let held2 = held.clone();
+        let hello = Box::new(move |c: &Client, generation| {
+            Self::open_session(c, &secret, &name, uid, gid).map_err(|e| e.to_string())?;
+            Self::reannounce(c, &held2, generation, uid, gid)
         });
         let link = link::Link::new(client, hello);
-        Ok(MetaSession { inner: Arc::new(Inner { link, next_tag: AtomicU64::new(1), root }), uid, gid })
+        let inner = Arc::new(Inner { link, next_tag: AtomicU64::new(1), root, held });
+        Self::start_keepalive(Arc::downgrade(&inner), uid, gid);
+        Ok(MetaSession { inner, uid, gid })
+    }
+
+    /// Tells a new connection (of `generation`) every open this session
+    /// holds. A refusal by the server (a bound) is logged, not fatal: the
+    /// connection still serves; a lost connection fails the reconnect.
+    fn reannounce(
+        c: &Client,
+        held: &Mutex<Held>,
+        generation: link::Generation,
+        uid: u32,
+        gid: u32,
+    ) -> Result<(), String> {
+        let mut h = self::held(held);
+        let all: Vec<HeldOpen> = h.objects.iter().map(|(&object_id, &count)| HeldOpen { object_id, count }).collect();
+        for page in all.chunks(MAX_REOPEN) {
+            let req = Request::Reopen { held: page.to_vec() };
+            let bytes = c.call(encode_request(Envelope { tag: 0, uid, gid }, &req)).map_err(|e| e.to_string())?;
+            match decode_reply(&bytes) {
+                Ok((_, _, Ok(_))) => {}
+                Ok((_, _, Err(e))) => {
+                    tracing::warn!("the metadata server refused {} re-announced opens: {e}", page.len())
+                }
+                Err(e) => return Err(format!("re-announcing open files: {e}")),
+            }
+        }
+        h.announced = generation;
+        Ok(())
+    }
+
+    /// The thread that pings the server while the session holds open files
+    /// (module docs, "Open files"); it ends with the session.
+    fn start_keepalive(inner: std::sync::Weak<Inner>, uid: u32, gid: u32) {
+        let spawned = std::thread::Builder::new().name("dafne-meta-keepalive".into()).spawn(move || loop {
+            std::thread::sleep(KEEPALIVE);
+            let Some(inner) = inner.upgrade() else { return };
+            if held(&inner.held).objects.is_empty() {
+                continue;
+            }
+            let s = MetaSession { inner, uid, gid };
+            // A failure marks a lost connection; the next ping reconnects.
+            let _ = s.getattr(s.root());
+        });
+        if let Err(e) = spawned {
+            tracing::warn!(
+                "no keepalive thread for the metadata session ({e}): a server restart is noticed only at the next call"
+            );
+        }
     }
 
     /// Authenticates a connection with the cluster secret; the root inode.
@@ -148,6 +272,7 @@ impl MetaSession {
             (c.call_async(encode_request(Envelope { tag, uid: self.uid, gid: self.gid }, &req)), generation)
         });
         let inner = self.inner.clone();
+        let (uid, gid) = (self.uid, self.gid);
         async move {
             let Some((call, generation)) = call else { return Err(Errno::EIO) };
             let bytes = call.await.map_err(|e| {
@@ -158,8 +283,29 @@ impl MetaSession {
             if rtag != tag {
                 return Err(Errno::EPROTO);
             }
+            if let Ok(r) = &result {
+                let objects = opened_objects(r);
+                if !objects.is_empty() {
+                    let late = inner.record_opens(&objects, generation);
+                    // Best effort: if this fails too, the connection is lost
+                    // and the next one hears of them.
+                    if let Some((c, g)) = (!late.is_empty()).then(|| inner.link.get()).flatten() {
+                        let req = Request::Reopen { held: late };
+                        let tag = inner.next_tag.fetch_add(1, Ordering::Relaxed);
+                        if let Err(e) = c.call_async(encode_request(Envelope { tag, uid, gid }, &req)).await {
+                            inner.link.failed(g, &e);
+                        }
+                    }
+                }
+            }
             result
         }
+    }
+
+    /// Opens of data objects this session holds (as the server counts
+    /// them for its connection).
+    pub fn held_opens(&self) -> usize {
+        held(&self.inner.held).objects.values().map(|&c| c as usize).sum()
     }
 
     pub fn request(&self, req: Request) -> Result<Response, Errno> {
@@ -307,10 +453,33 @@ impl MetaSession {
     }
 
     /// Opens a regular file: its layout and a capability for the io servers.
+    /// Each open holds the file's data until [`MetaSession::close`] (or the
+    /// end of the session), also after its last link is gone.
     pub async fn open_async(&self, ino: Ino, flags: u32) -> Result<OpenFile, Errno> {
         match self.request_async(Request::Open { ino, flags }).await? {
             Response::Opened { attr, layout, cap } => Ok(OpenFile { attr, layout, cap }),
             _ => Err(Errno::EPROTO),
+        }
+    }
+
+    /// Releases one open of a data object (what `open`, `open_at` or an
+    /// `Open` in a compound made): once no session holds it, the data of a
+    /// file without links may be reclaimed. `EBADF` if this session holds
+    /// no open of it. The server not knowing of the open (a reconnect's
+    /// re-announce ran after this release began) is success.
+    pub async fn close_async(&self, object_id: u64) -> Result<(), Errno> {
+        {
+            let mut h = held(&self.inner.held);
+            let count = h.objects.get_mut(&object_id).ok_or(Errno::EBADF)?;
+            *count -= 1;
+            if *count == 0 {
+                h.objects.remove(&object_id);
+            }
+        }
+        match self.request_async(Request::Close { object_id }).await {
+            Ok(Response::Done) | Err(Errno::EBADF) => Ok(()),
+            Ok(_) => Err(Errno::EPROTO),
+            Err(e) => Err(e),
         }
     }
 
@@ -385,6 +554,7 @@ blocking! {
     link => link_async(ino: Ino, new_parent: Ino, new_name: &[u8]) -> Result<Attr, Errno>;
     statfs => statfs_async() -> Result<StatFs, Errno>;
     open => open_async(ino: Ino, flags: u32) -> Result<OpenFile, Errno>;
+    close => close_async(object_id: u64) -> Result<(), Errno>;
     compound => compound_async(ops: Vec<CompoundOp>) -> Result<Vec<Result<Response, Errno>>, Errno>;
     open_at => open_at_async(parent: Ino, name: &[u8], flags: u32) -> Result<OpenFile, Errno>;
     list_orphans => list_orphans_async(older_than_s: u32, max: u32) -> Result<Vec<Orphan>, Errno>;

@@ -26,7 +26,8 @@
 //! connection carried a write can tell when that happened.
 //!
 //! A reconnect runs the owner's `hello` on the new connection before it is
-//! used (the metadata session's authentication); capabilities held for io
+//! used (the metadata session's authentication, and its re-announcing of
+//! the files it holds open); capabilities held for io
 //! servers stay valid, since they are signed by the cluster secret, not
 //! bound to a connection.
 //!
@@ -52,7 +53,9 @@ pub const WAIT_FOR_RECONNECT: Duration = Duration::from_secs(2);
 /// How often a waiting caller looks whether the reconnection finished.
 const WAIT_POLL: Duration = Duration::from_millis(2);
 
-type Hello = dyn Fn(&Client) -> Result<(), String> + Send + Sync;
+/// What runs on a new connection before it is used, given the generation
+/// it will have.
+type Hello = dyn Fn(&Client, Generation) -> Result<(), String> + Send + Sync;
 
 /// Which connection of a [`Link`] carried a call: 0 for the first, +1 for
 /// each reconnection.
@@ -149,7 +152,10 @@ impl Link {
                 return None;
             }
         };
-        if let Err(e) = (self.hello)(&fresh) {
+        // The attempt is held: no other connection is installed before this
+        // one, which gets the next generation.
+        let next = self.peek().1 + 1;
+        if let Err(e) = (self.hello)(&fresh, next) {
             tracing::warn!("reconnected to {} but the server refused the session: {e}", old.remote_addr());
             return None;
         }
@@ -198,7 +204,7 @@ mod tests {
     }
 
     fn link_to(rt: &dafne_transport::Runtime, addr: std::net::SocketAddr) -> Link {
-        Link::new(Client::connect(rt, addr).unwrap(), Box::new(|_: &Client| Ok(())))
+        Link::new(Client::connect(rt, addr).unwrap(), Box::new(|_: &Client, _| Ok(())))
     }
 
     #[test]

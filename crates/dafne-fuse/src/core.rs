@@ -20,6 +20,13 @@
 //! daemon's own (root) session: the writer was allowed to write when it
 //! opened; publishing what it wrote must not fail on a later chmod.
 //!
+//! # Open in meta
+//! Every handle is one open in meta, released at `release`; so are the
+//! short opens made for a capability the handle lacks (below), released
+//! once used. Meta keeps the data of a file whose last name is gone while
+//! any open of it is held, so an open file removed on this mount reads its
+//! own bytes until its last `close`, however long that takes.
+//!
 //! # Whose rights
 //! Every namespace operation runs as the caller (`MetaSession::as_user`), so
 //! the metadata server applies POSIX rules to the right user and its errno
@@ -286,12 +293,16 @@ impl Core {
         let mut last = None;
         if let Some(size) = set.size {
             let by_fd = fh.and_then(|fh| self.handle_file(fh)).filter(|f| f.cap.rights & RIGHT_WRITE != 0);
-            let (file, s) = match by_fd {
-                Some(f) => (f, self.meta.clone()),
-                None => (Arc::new(self.session(c).open(ino, OPEN_WRITE)?), self.session(c)),
+            let (file, s, temporary) = match by_fd {
+                Some(f) => (f, self.meta.clone(), false),
+                None => (Arc::new(self.session(c).open(ino, OPEN_WRITE)?), self.session(c), true),
             };
-            block(self.data.truncate(&file, size))?;
-            last = Some(s.setattr(ino, SetAttr { size: Some(size), ..Default::default() })?);
+            let r = block(self.data.truncate(&file, size))
+                .and_then(|()| s.setattr(ino, SetAttr { size: Some(size), ..Default::default() }));
+            if temporary {
+                self.close_in_meta(&file);
+            }
+            last = Some(r?);
             self.truncated(ino, size);
         }
         let rest = SetAttr { size: None, ..set };
@@ -468,7 +479,10 @@ impl Core {
 
     fn opened(&self, file: OpenFile, trunc: bool) -> Result<(u64, Attr), Errno> {
         if trunc {
-            block(self.data.truncate(&file, 0))?;
+            if let Err(e) = block(self.data.truncate(&file, 0)) {
+                self.close_in_meta(&file);
+                return Err(e);
+            }
         }
         let ino = file.attr.ino;
         let (fh, attr) = self.add_handle(file);
@@ -582,28 +596,55 @@ impl Core {
         // fsync(2) flushes the file, whoever wrote it, also through a
         // read-only descriptor; the io servers want write rights for Sync,
         // which the daemon asks for in that case (syncing changes no byte).
-        let sync_file =
-            if file.cap.rights & RIGHT_WRITE != 0 { file.clone() } else { Arc::new(self.meta.open(ino, OPEN_WRITE)?) };
-        block(self.data.sync(&sync_file))?;
+        let r = if file.cap.rights & RIGHT_WRITE != 0 {
+            block(self.data.sync(&file))
+        } else {
+            let sync_file = self.meta.open(ino, OPEN_WRITE)?;
+            let r = block(self.data.sync(&sync_file));
+            self.close_in_meta(&sync_file);
+            r
+        };
+        r?;
         if let Some(st) = self.table().inodes.get_mut(&ino) {
             st.dirty = false;
         }
         self.publish(ino, &file)
     }
 
-    /// Forgets a handle, publishing the size first if needed.
+    /// Forgets a handle, publishing the size first if needed, and closes
+    /// it in meta (the last close of an unlinked file lets its data go).
     pub fn release(&self, fh: u64) -> Result<(), Errno> {
         let r = self.publish_if_dirty(fh);
-        let mut t = self.table();
-        if let Some(h) = t.handles.remove(&fh) {
-            if let Some(st) = t.inodes.get_mut(&h.ino) {
-                st.handles -= 1;
-                if st.handles == 0 {
-                    t.inodes.remove(&h.ino);
+        let file = {
+            let mut t = self.table();
+            let h = t.handles.remove(&fh);
+            if let Some(h) = &h {
+                if let Some(st) = t.inodes.get_mut(&h.ino) {
+                    st.handles -= 1;
+                    if st.handles == 0 {
+                        t.inodes.remove(&h.ino);
+                    }
                 }
             }
+            h.map(|h| h.file)
+        };
+        if let Some(file) = file {
+            self.close_in_meta(&file);
         }
         r
+    }
+
+    /// Releases one open in meta. A failure (a lost connection) only keeps
+    /// an unlinked file's data until meta drops the connection's opens.
+    fn close_in_meta(&self, file: &OpenFile) {
+        if let Err(e) = self.meta.close(file.layout.object_id) {
+            tracing::debug!("closing object {} in meta: {e}", file.layout.object_id);
+        }
+    }
+
+    /// Opens this mount holds in meta (handles and opens in progress).
+    pub fn held_opens(&self) -> usize {
+        self.meta.held_opens()
     }
 
     fn publish_if_dirty(&self, fh: u64) -> Result<(), Errno> {
@@ -626,9 +667,14 @@ impl Core {
     /// grow here; truncation shrinks), and mtime becomes now unless it was
     /// set explicitly since the last write.
     fn publish(&self, ino: Ino, file: &Arc<OpenFile>) -> Result<(), Errno> {
-        let stat_file =
-            if file.cap.rights & RIGHT_READ != 0 { file.clone() } else { Arc::new(self.meta.open(ino, OPEN_READ)?) };
-        let stored = block(self.data.stored_size(&stat_file))?;
+        let stored = if file.cap.rights & RIGHT_READ != 0 {
+            block(self.data.stored_size(file))
+        } else {
+            let stat_file = self.meta.open(ino, OPEN_READ)?;
+            let r = block(self.data.stored_size(&stat_file));
+            self.close_in_meta(&stat_file);
+            r
+        }?;
         let current = match self.meta.getattr(ino) {
             Ok(a) => a,
             // Unlinked while open: no name, no size to publish.

@@ -34,6 +34,7 @@ fn fixture() -> Fixture {
         // 64 KiB stripes over both servers: small files already cross them.
         policy: dafne_meta::LayoutPolicy { servers: vec![0, 1], default_stripe_unit: 65536, default_stripe_count: 2 },
         ucx: ucx(),
+        open_grace: dafne_meta::opens::DEFAULT_GRACE,
     })
     .unwrap();
     let secret = dir.path().join("meta/cluster.secret");

@@ -4,11 +4,14 @@
 //!   operations atomically and durably — and [`RedbStore`], its
 //!   implementation on the embedded ACID store redb.
 //! * [`posix`]: permission and name rules, pure functions.
+//! * [`opens`]: the files clients hold open, so that the data of an
+//!   unlinked open file is not reclaimed before its last close.
 //! * Authentication and capabilities come from `dafne-auth`.
 //! * [`service`]: the server on dafne's transport: sessions, decoding,
 //!   group commit of concurrent writes, compounds.
 //! * [`server`]: starting one (store + secret + runtime + service).
 
+pub mod opens;
 pub mod posix;
 pub mod server;
 pub mod service;

@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use dafne_auth::Secret;
@@ -23,6 +24,9 @@ pub struct ServeOptions {
     pub policy: LayoutPolicy,
     /// UCX overrides (`UCX_` keys without prefix).
     pub ucx: Vec<(String, String)>,
+    /// How long after start no orphan is listed, and how long an ended
+    /// session's open files stay protected (`crate::opens`).
+    pub open_grace: Duration,
 }
 
 /// The command-line arguments of a metadata server, shared by the
@@ -50,6 +54,11 @@ pub struct MetaArgs {
     /// UCX overrides as KEY=VALUE, repeatable.
     #[arg(long = "ucx", value_name = "KEY=VALUE")]
     pub ucx: Vec<String>,
+    /// Seconds after start during which no deleted file's data is offered
+    /// for reclaiming (clients re-announce their open files meanwhile), and
+    /// for which a closed or dead session's open files stay protected.
+    #[arg(long, default_value_t = crate::opens::DEFAULT_GRACE.as_secs())]
+    pub open_grace_s: u64,
 }
 
 impl MetaArgs {
@@ -64,6 +73,7 @@ impl MetaArgs {
                 default_stripe_count: self.stripe_count,
             },
             ucx: dafne_transport::parse_ucx_overrides(&self.ucx).map_err(anyhow::Error::msg)?,
+            open_grace: Duration::from_secs(self.open_grace_s),
         })
     }
 }
@@ -93,7 +103,8 @@ pub fn start(o: &ServeOptions) -> Result<MetaServer> {
         ..Default::default()
     })?;
     let store: Arc<dyn MetaStore> = Arc::new(store);
-    let addr = rt.serve(o.listen, move |_| MetaHandler(Rc::new(MetaService::new(store, secret))))?;
+    let grace = o.open_grace;
+    let addr = rt.serve(o.listen, move |_| MetaHandler(Rc::new(MetaService::new(store, secret, grace))))?;
     Ok(MetaServer { addr, _rt: rt })
 }
 

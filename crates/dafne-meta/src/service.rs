@@ -5,14 +5,23 @@
 //! thread that executes whatever has queued up as a single batch: one
 //! commit, one fsync, for all concurrent clients (group commit). Read-only
 //! batches are executed without a commit.
+//!
+//! The store thread also keeps the table of open files ([`crate::opens`])
+//! in step with the store: it reserves room for a job's opens before the
+//! batch runs and records the opens made before it runs the next batch, and
+//! it runs `ListOrphans` after the other jobs of its batch with the set of
+//! objects held open then. So an open acknowledged to a client is in the
+//! table before any later `ListOrphans` runs. `Close` and `Reopen` change
+//! only the table and are answered on the loop thread; so is the end of a
+//! session, which the transport reports (`Service::disconnected`).
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashSet;
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
-use std::sync::Arc;
-use std::time::SystemTime;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime};
 
 use crossbeam_channel::{Receiver, Sender};
 use dafne_auth::Secret;
@@ -20,15 +29,120 @@ use dafne_proto::{decode_request, encode_reply, CompoundOp, Errno, Op, Request, 
 use dafne_transport::{Request as TRequest, Service};
 use futures::channel::oneshot;
 
+use crate::opens::OpenTable;
 use crate::store::{Cred, Job, JobResult, MetaStore};
 
 /// Largest number of client requests executed in one commit.
 pub const MAX_BATCH: usize = 256;
 
-type Work = (Job, oneshot::Sender<Result<JobResult, String>>);
+/// One client request for the store thread.
+struct Work {
+    job: Job,
+    /// The connection (session) that sent it: whose opens it makes.
+    conn: u32,
+    reply: oneshot::Sender<Result<JobResult, String>>,
+}
+
+type Opens = Arc<Mutex<OpenTable>>;
+
+fn lock(opens: &Opens) -> MutexGuard<'_, OpenTable> {
+    // The table is plain counts; a panic elsewhere leaves it usable.
+    opens.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Executes `jobs` as one batch; if the batch fails, each job alone, so
+/// that one bad job does not fail its neighbours (only it gets EIO).
+fn execute(store: &dyn MetaStore, jobs: &[Job]) -> Vec<Result<JobResult, String>> {
+    match store.execute(jobs) {
+        Ok(results) => results.into_iter().map(Ok).collect(),
+        Err(e) if jobs.len() > 1 => {
+            tracing::warn!("metadata batch of {} failed ({e}): retrying one by one", jobs.len());
+            jobs.iter()
+                .map(|job| {
+                    let r = store.execute(std::slice::from_ref(job)).map_err(|e| e.to_string());
+                    r.map(|mut v| v.pop().unwrap_or_default())
+                })
+                .collect()
+        }
+        Err(e) => {
+            tracing::error!("metadata store failure: {e}");
+            jobs.iter().map(|_| Err(e.to_string())).collect()
+        }
+    }
+}
+
+/// Opens a job may make: one per `Open` op.
+fn opens_in(job: &Job) -> usize {
+    job.ops.iter().filter(|o| matches!(o.req, Request::Open { .. })).count()
+}
+
+/// The data objects a job's results opened.
+fn opened_objects(result: &Result<JobResult, String>) -> Vec<u64> {
+    let Ok(results) = result else { return Vec::new() };
+    results
+        .iter()
+        .filter_map(|r| match r {
+            Ok(Response::Opened { layout, .. }) => Some(layout.object_id),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Whether a job is a `ListOrphans` (which never travels in a Compound).
+fn is_list_orphans(job: &Job) -> bool {
+    matches!(job.ops.as_slice(), [CompoundOp { req: Request::ListOrphans { .. }, .. }])
+}
+
+/// One batch: the other jobs first (reserving and recording their opens),
+/// then each `ListOrphans` with the objects held open at that point.
+fn run_batch(store: &dyn MetaStore, opens: &Opens, batch: Vec<Work>) {
+    let (lists, rest): (Vec<Work>, Vec<Work>) = batch.into_iter().partition(|w| is_list_orphans(&w.job));
+    let mut runnable = Vec::with_capacity(rest.len());
+    {
+        let mut table = lock(opens);
+        let now = Instant::now();
+        for w in rest {
+            let n = opens_in(&w.job);
+            if n > 0 {
+                if let Err(e) = table.reserve(w.conn, n, now) {
+                    tracing::debug!("open refused: {e}");
+                    let _ = w.reply.send(Ok(vec![Err(e.errno())]));
+                    continue;
+                }
+            }
+            runnable.push((w, n));
+        }
+    }
+    if !runnable.is_empty() {
+        let jobs: Vec<Job> = runnable.iter().map(|(w, _)| w.job.clone()).collect();
+        let results = execute(store, &jobs);
+        let mut table = lock(opens);
+        for ((w, n), r) in runnable.into_iter().zip(results) {
+            if n > 0 {
+                table.settle(w.conn, n, &opened_objects(&r));
+            }
+            let _ = w.reply.send(r);
+        }
+    }
+    for mut w in lists {
+        let now = Instant::now();
+        let protected = {
+            let mut table = lock(opens);
+            // Root's question only: anyone else gets the store's EPERM.
+            if w.job.cred.uid == 0 && table.in_startup_grace(now) {
+                let _ = w.reply.send(Ok(vec![Ok(Response::Orphans { orphans: Vec::new() })]));
+                continue;
+            }
+            table.protected(now)
+        };
+        w.job.protected = Some(Arc::new(protected));
+        let r = execute(store, std::slice::from_ref(&w.job)).pop().unwrap_or_else(|| Err("no result".into()));
+        let _ = w.reply.send(r);
+    }
+}
 
 /// Starts the store thread; returns the queue feeding it.
-fn start_store_thread(store: Arc<dyn MetaStore>) -> Sender<Work> {
+fn start_store_thread(store: Arc<dyn MetaStore>, opens: Opens) -> Sender<Work> {
     let (tx, rx): (Sender<Work>, Receiver<Work>) = crossbeam_channel::unbounded();
     std::thread::Builder::new()
         .name("meta-store".into())
@@ -41,29 +155,7 @@ fn start_store_thread(store: Arc<dyn MetaStore>) -> Sender<Work> {
                         Err(_) => break,
                     }
                 }
-                let jobs: Vec<Job> = batch.iter().map(|(j, _)| j.clone()).collect();
-                match store.execute(&jobs) {
-                    Ok(results) => {
-                        for ((_, tx), r) in batch.into_iter().zip(results) {
-                            let _ = tx.send(Ok(r));
-                        }
-                    }
-                    Err(e) if batch.len() > 1 => {
-                        // One bad job must not fail its neighbours: run each
-                        // alone, so only the failing one gets EIO.
-                        tracing::warn!("metadata batch of {} failed ({e}): retrying one by one", batch.len());
-                        for (job, tx) in batch {
-                            let r = store.execute(std::slice::from_ref(&job)).map_err(|e| e.to_string());
-                            let _ = tx.send(r.map(|mut v| v.pop().unwrap_or_default()));
-                        }
-                    }
-                    Err(e) => {
-                        tracing::error!("metadata store failure: {e}");
-                        for (_, tx) in batch {
-                            let _ = tx.send(Err(e.to_string()));
-                        }
-                    }
-                }
+                run_batch(store.as_ref(), &opens, batch);
             }
         })
         .expect("spawning the metadata store thread");
@@ -76,6 +168,7 @@ pub struct MetaService {
     work: Sender<Work>,
     sessions: RefCell<HashSet<u32>>,
     next_session: Cell<u64>,
+    opens: Opens,
 }
 
 impl std::fmt::Debug for MetaService {
@@ -85,12 +178,17 @@ impl std::fmt::Debug for MetaService {
 }
 
 impl MetaService {
-    pub fn new(store: Arc<dyn MetaStore>, secret: Secret) -> MetaService {
+    /// `grace`: how long after its start the server lists no orphans, and
+    /// how long an ended session's open files stay protected
+    /// ([`crate::opens`]).
+    pub fn new(store: Arc<dyn MetaStore>, secret: Secret, grace: Duration) -> MetaService {
+        let opens = Arc::new(Mutex::new(OpenTable::new(grace, Instant::now())));
         MetaService {
             secret,
-            work: start_store_thread(store),
+            work: start_store_thread(store, opens.clone()),
             sessions: RefCell::new(HashSet::new()),
             next_session: Cell::new(1),
+            opens,
         }
     }
 }
@@ -107,6 +205,7 @@ impl Service for MetaHandler {
 
     fn disconnected(&self, conn_id: u32) {
         self.0.sessions.borrow_mut().remove(&conn_id);
+        lock(&self.0.opens).end_session(conn_id, Instant::now());
     }
 }
 
@@ -131,6 +230,7 @@ impl MetaService {
                 if self.secret.verify_session(req.conn.token(), &nonce, &client_name, &mac) {
                     req.conn.authenticated();
                     self.sessions.borrow_mut().insert(conn);
+                    lock(&self.opens).add_session(conn);
                     let id = self.next_session.get();
                     self.next_session.set(id + 1);
                     tracing::info!("session {id} opened by {client_name:?} on connection {conn}");
@@ -141,14 +241,24 @@ impl MetaService {
                 }
             }
             _ if !self.sessions.borrow().contains(&conn) => Err(Errno::EACCES),
+            Request::Close { object_id } => {
+                lock(&self.opens).close(conn, object_id).map(|()| Response::Done).map_err(|e| e.errno())
+            }
+            Request::Reopen { held } => match lock(&self.opens).reopen(conn, &held, Instant::now()) {
+                Ok(()) => Ok(Response::Done),
+                Err(e) => {
+                    tracing::warn!("reopen refused: {e}");
+                    Err(e.errno())
+                }
+            },
             Request::Compound { ops } => {
                 let cred = Cred::new(env.uid, env.gid);
-                self.run(Job { cred, ops }).await.map(|results| Response::Compound { results })
+                self.run(conn, Job { cred, ops, protected: None }).await.map(|results| Response::Compound { results })
             }
             single => {
                 let cred = Cred::new(env.uid, env.gid);
-                let job = Job { cred, ops: vec![CompoundOp { chain: false, req: single }] };
-                match self.run(job).await {
+                let job = Job { cred, ops: vec![CompoundOp { chain: false, req: single }], protected: None };
+                match self.run(conn, job).await {
                     Ok(mut results) => results.pop().unwrap_or(Err(Errno::EIO)),
                     Err(e) => Err(e),
                 }
@@ -157,9 +267,9 @@ impl MetaService {
         encode_reply(env.tag, op, &result)
     }
 
-    async fn run(&self, job: Job) -> Result<JobResult, Errno> {
+    async fn run(&self, conn: u32, job: Job) -> Result<JobResult, Errno> {
         let (tx, rx) = oneshot::channel();
-        if self.work.send((job, tx)).is_err() {
+        if self.work.send(Work { job, conn, reply: tx }).is_err() {
             return Err(Errno::EIO);
         }
         let mut results = match rx.await {

@@ -43,6 +43,9 @@
 //! orphaned_at = the time of the move and every io server of the layout
 //! policy (a server without the object answers a remove with success).
 //! Only root may list or forget orphans: the reclaimer runs as root.
+//! `ListOrphans` skips the objects its job names as protected: files still
+//! open, which the service knows (`crate::opens`); the store keeps no
+//! record of opens.
 //!
 //! # Special files
 //! FIFOs, sockets and device nodes are inodes without data: no layout, no
@@ -51,7 +54,9 @@
 //! server); a FUSE mount never asks, because the kernel serves FIFO and
 //! device opens itself.
 
+use std::collections::HashSet;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use dafne_proto::{
@@ -215,6 +220,9 @@ impl LayoutPolicy {
 pub struct Job {
     pub cred: Cred,
     pub ops: Vec<CompoundOp>,
+    /// Data objects `ListOrphans` must not name: files still open
+    /// (`crate::opens`). `None`: no such restriction.
+    pub protected: Option<Arc<HashSet<u64>>>,
 }
 
 /// Per-job results: one per operation executed (a chain stops at its first
@@ -464,6 +472,7 @@ impl MetaStore for RedbStore {
                 orphans: txn.open_table(ORPHANS_V2)?,
                 policy: &self.policy,
                 now: now(),
+                protected: None,
             };
             for job in jobs {
                 out.push(t.run_job(job)?);
@@ -486,12 +495,15 @@ struct Tables<'t> {
     orphans: redb::Table<'t, u64, &'static [u8]>,
     policy: &'t LayoutPolicy,
     now: Timespec,
+    /// The running job's [`Job::protected`].
+    protected: Option<Arc<HashSet<u64>>>,
 }
 
 impl Tables<'_> {
     fn run_job(&mut self, job: &Job) -> Result<JobResult, StoreError> {
         let mut results: JobResult = Vec::with_capacity(job.ops.len());
         let mut prev: Option<Ino> = None;
+        self.protected = job.protected.clone();
         for op in &job.ops {
             let mut op = op.clone();
             if op.chain {
@@ -884,6 +896,9 @@ impl Tables<'_> {
                     }
                     let (k, v) = e?;
                     let object_id = k.value();
+                    if self.protected.as_ref().is_some_and(|p| p.contains(&object_id)) {
+                        continue; // still open somewhere
+                    }
                     let rec = OrphanRecord::decode(object_id, v.value())?;
                     if rec.orphaned_at_unix_s <= newest {
                         orphans.push(Orphan { object_id, servers: rec.servers });
@@ -900,7 +915,10 @@ impl Tables<'_> {
                 }
                 Ok(Response::Done)
             }
-            Request::SessionOpen { .. } | Request::Compound { .. } => Err(Errno::EINVAL.into()),
+            // Handled by the service (sessions, the open table), never here.
+            Request::SessionOpen { .. } | Request::Compound { .. } | Request::Close { .. } | Request::Reopen { .. } => {
+                Err(Errno::EINVAL.into())
+            }
         }
     }
 

@@ -29,10 +29,19 @@ fn ucx() -> Vec<(String, String)> {
     vec![("TLS".into(), "posix,sysv,self,tcp".into()), ("NET_DEVICES".into(), "lo".into())]
 }
 
+/// A metadata server without open-file grace: orphans are listed from
+/// its start, and a session's opens go with its connection.
 fn start_meta(dir: &Path, io_servers: u32) -> Meta {
+    start_meta_at(dir, io_servers, "127.0.0.1:0", 0)
+}
+
+fn start_meta_at(dir: &Path, io_servers: u32, listen: &str, open_grace_s: u32) -> Meta {
     let mut child = Command::new(env!("CARGO_BIN_EXE_dafne-meta"))
-        .args(["--data-dir", dir.to_str().unwrap(), "--listen", "127.0.0.1:0", "--io-servers", &io_servers.to_string()])
+        .args(["--data-dir", dir.to_str().unwrap(), "--listen", listen, "--io-servers", &io_servers.to_string()])
+        .args(["--open-grace-s", &open_grace_s.to_string()])
         .args(ucx().iter().flat_map(|(k, v)| ["--ucx".to_string(), format!("{k}={v}")]))
+        // A restart on the same port does not wait out TIME_WAIT.
+        .env("UCX_TCP_CM_REUSEADDR", "y")
         .stdout(Stdio::piped())
         .spawn()
         .expect("spawn dafne-meta");
@@ -554,6 +563,7 @@ fn orphans_are_listed_after_their_grace_and_only_to_root() {
 
     let gone = root.create(ROOT_INO, b"gone", 0o644, true).unwrap();
     let layout = root.open(gone.ino, dafne_proto::OPEN_READ).unwrap().layout;
+    root.close(layout.object_id).unwrap();
     let kept = root.create(ROOT_INO, b"kept", 0o644, true).unwrap();
     root.link(kept.ino, ROOT_INO, b"kept2").unwrap();
     assert_eq!(root.list_orphans(0, 1024).unwrap(), vec![]);
@@ -577,4 +587,101 @@ fn orphans_are_listed_after_their_grace_and_only_to_root() {
     // The last link of the hard-linked file makes it an orphan.
     root.unlink(ROOT_INO, b"kept2").unwrap();
     assert_eq!(root.list_orphans(0, 1024).unwrap().len(), 1);
+}
+
+/// Polls `f` until it holds; panics after 30 s.
+fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let start = std::time::Instant::now();
+    while !f() {
+        assert!(start.elapsed() < std::time::Duration::from_secs(30), "timed out waiting for {what}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+fn orphan_ids(root: &MetaSession) -> Vec<u64> {
+    root.list_orphans(0, 1024).unwrap().into_iter().map(|o| o.object_id).collect()
+}
+
+/// The data of an unlinked file is no orphan to reclaim while a session
+/// holds it open: opened twice and closed once it stays, the last close
+/// lets it go, and so does the end of the session that held it.
+#[test]
+fn open_files_are_not_offered_for_reclaiming_until_their_last_close() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = start_meta(dir.path(), 2);
+    let rt = runtime();
+    let root = session(&rt, &m, 0, 0);
+    let holder = session(&rt, &m, 1000, 1000);
+
+    let f = root.create(ROOT_INO, b"f", 0o644, true).unwrap();
+    let object = holder.open(f.ino, dafne_proto::OPEN_READ).unwrap().layout.object_id;
+    // An open inside a compound counts as well.
+    assert_eq!(holder.open_at(ROOT_INO, b"f", dafne_proto::OPEN_READ).unwrap().layout.object_id, object);
+    assert_eq!(holder.held_opens(), 2);
+    root.unlink(ROOT_INO, b"f").unwrap();
+    assert_eq!(orphan_ids(&root), Vec::<u64>::new(), "held open twice");
+    holder.close(object).unwrap();
+    assert_eq!(orphan_ids(&root), Vec::<u64>::new(), "still held open once");
+    holder.close(object).unwrap();
+    assert_eq!(orphan_ids(&root), vec![object], "the last close");
+    assert_eq!(holder.close(object), Err(Errno::EBADF), "closed more often than opened");
+    // Close releases only what this session holds: the server says EBADF.
+    let raw = root.request(Request::Close { object_id: object });
+    assert_eq!(raw, Err(Errno::EBADF));
+    // Close and Reopen are for sessions only.
+    let c = Client::connect(&rt, m.addr).unwrap();
+    let req = dafne_proto::encode_request(
+        dafne_proto::Envelope { tag: 1, uid: 0, gid: 0 },
+        &Request::Reopen { held: vec![dafne_proto::HeldOpen { object_id: 5, count: 1 }] },
+    );
+    let (_, _, r) = dafne_proto::decode_reply(&c.call(req).unwrap()).unwrap();
+    assert_eq!(r, Err(Errno::EACCES));
+    drop(c);
+    root.forget_orphans(vec![object]).unwrap();
+
+    // A session that ends releases its opens (this server has no grace).
+    let g = root.create(ROOT_INO, b"g", 0o644, true).unwrap();
+    let other_rt = runtime();
+    let dying = session(&other_rt, &m, 0, 0);
+    let object = dying.open(g.ino, dafne_proto::OPEN_READ | dafne_proto::OPEN_WRITE).unwrap().layout.object_id;
+    root.unlink(ROOT_INO, b"g").unwrap();
+    assert_eq!(orphan_ids(&root), Vec::<u64>::new());
+    drop(dying);
+    drop(other_rt);
+    wait_for("the ended session's open to be released", || orphan_ids(&root) == vec![object]);
+}
+
+/// After a metadata server restart the table of opens is empty: the server
+/// offers no orphan until its grace has passed, and a client that holds an
+/// unlinked file open re-announces it on reconnecting (by itself: it makes
+/// no call), so its data is still no orphan after the grace.
+#[test]
+fn a_restarted_server_keeps_what_reconnecting_clients_hold_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut m = start_meta_at(dir.path(), 2, "127.0.0.1:0", 0);
+    let addr = m.addr.to_string();
+    let rt = runtime();
+    let root = session(&rt, &m, 0, 0);
+    let holder = session(&rt, &m, 0, 0);
+    let h = root.create(ROOT_INO, b"h", 0o644, true).unwrap();
+    let held = holder.open(h.ino, dafne_proto::OPEN_READ).unwrap().layout.object_id;
+    root.unlink(ROOT_INO, b"h").unwrap();
+    assert_eq!(orphan_ids(&root), Vec::<u64>::new());
+
+    m.child.kill().unwrap();
+    m.child.wait().unwrap();
+    let _m2 = start_meta_at(dir.path(), 2, &addr, 5);
+    wait_for("the lister to reconnect", || root.getattr(ROOT_INO).is_ok());
+    // Within the grace nothing is offered, not even a file nobody holds.
+    // A witness nobody holds: once it is offered, the grace is over.
+    let w = root.create(ROOT_INO, b"w", 0o644, true).unwrap();
+    let witness = root.open(w.ino, dafne_proto::OPEN_READ).unwrap().layout.object_id;
+    root.close(witness).unwrap();
+    root.unlink(ROOT_INO, b"w").unwrap();
+    wait_for("the grace to pass", || orphan_ids(&root).contains(&witness));
+    // The file the idle holder re-announced is not offered.
+    assert!(!orphan_ids(&root).contains(&held), "an open file's data was offered after a restart");
+    assert!(holder.reconnects() >= 1, "the holder reconnected by itself");
+    holder.close(held).unwrap();
+    wait_for("the closed file to be offered", || orphan_ids(&root).contains(&held));
 }

@@ -46,6 +46,8 @@ errnos! {
     ENOTDIR = 20, "Not a directory";
     EISDIR = 21, "Is a directory";
     EINVAL = 22, "Invalid argument";
+    ENFILE = 23, "Too many open files in system";
+    EMFILE = 24, "Too many open files";
     EFBIG = 27, "File too large";
     ENOSPC = 28, "No space left on device";
     EROFS = 30, "Read-only file system";

@@ -465,6 +465,13 @@ mod tests {
             Request::Open { ino: 8, flags: OPEN_READ | OPEN_WRITE | OPEN_TRUNC },
             Request::ListOrphans { older_than_s: 60, max: MAX_ORPHANS as u32 },
             Request::ForgetOrphans { objects: vec![3, u64::MAX] },
+            Request::Close { object_id: 77 },
+            Request::Reopen {
+                held: vec![
+                    crate::HeldOpen { object_id: 3, count: 1 },
+                    crate::HeldOpen { object_id: 77, count: u32::MAX },
+                ],
+            },
             Request::Compound {
                 ops: vec![
                     CompoundOp { chain: false, req: Request::Lookup { parent: 1, name: n("a") } },
@@ -532,6 +539,8 @@ mod tests {
                 },
             ),
             (Op::ForgetOrphans, Response::Done),
+            (Op::Close, Response::Done),
+            (Op::Reopen, Response::Done),
             (
                 Op::Compound,
                 Response::Compound {
@@ -606,8 +615,8 @@ mod tests {
         set(&mut b, 0, &(PROTO_VERSION + 1).to_le_bytes());
         assert_eq!(decode_request(&b), Err(DecodeError::BadVersion(PROTO_VERSION + 1)));
         let mut b = good.clone();
-        set(&mut b, 2, &20u16.to_le_bytes());
-        assert_eq!(decode_request(&b), Err(DecodeError::UnknownOp(20)));
+        set(&mut b, 2, &22u16.to_le_bytes());
+        assert_eq!(decode_request(&b), Err(DecodeError::UnknownOp(22)));
         let mut b = good.clone();
         set(&mut b, 2, &0u16.to_le_bytes());
         assert_eq!(decode_request(&b), Err(DecodeError::UnknownOp(0)));
@@ -915,7 +924,7 @@ mod tests {
 
     #[test]
     fn op_numbers_are_stable() {
-        let want: Vec<u16> = (1..=19).collect();
+        let want: Vec<u16> = (1..=21).collect();
         let got: Vec<u16> = Op::ALL.iter().map(|op| u16::from(*op)).collect();
         assert_eq!(got, want);
         for op in Op::ALL {
@@ -930,6 +939,6 @@ mod tests {
             DecodeError::Truncated { what: "name", needed: 3, left: 2 }.to_string(),
             "truncated name: needs 3 bytes, 2 left"
         );
-        assert_eq!(DecodeError::BadVersion(9).to_string(), "protocol version 9 is not supported (this side speaks 4)");
+        assert_eq!(DecodeError::BadVersion(9).to_string(), "protocol version 9 is not supported (this side speaks 5)");
     }
 }

@@ -78,12 +78,23 @@
 //! | Mknod | 17 | parent u64, name, kind u8, mode u32, rdev u64 | `Entry`: attr |
 //! | ListOrphans | 18 | older_than_s u32, max u32 | `Orphans`: n u32 (≤ [`MAX_ORPHANS`]), n × {object_id u64, m u32 (≤ [`MAX_LAYOUT_SERVERS`]), m × server id u32} |
 //! | ForgetOrphans | 19 | n u32 (≤ [`MAX_FORGET_ORPHANS`]), n × object_id u64 | `Done`: empty |
+//! | Close | 20 | object_id u64 | `Done`: empty |
+//! | Reopen | 21 | n u32 (≤ [`MAX_REOPEN`]), n × {object_id u64 (strictly increasing), count u32 (≥ 1)} | `Done`: empty |
 //!
 //! ListOrphans and ForgetOrphans are the reclaimer's: only uid 0 may send
 //! them (`EPERM` otherwise), and never inside a Compound. An orphan is the
 //! data object of a file whose last link is gone; ListOrphans names those
 //! orphaned at least `older_than_s` seconds ago, with the io servers that
 //! hold them, and ForgetOrphans drops them from the list once removed.
+//!
+//! Close and Reopen keep the server's table of open files (an object with
+//! an open is never listed as an orphan): every successful Open, alone or
+//! in a Compound, registers one open of its data object for the session
+//! (the connection); Close releases one (`EBADF` if the session holds
+//! none); Reopen registers the opens a reconnecting client still holds.
+//! Past the server's bounds an Open or Reopen fails with `EMFILE` (this
+//! session holds too many) or `ENFILE` (the server does). Neither travels
+//! inside a Compound.
 //!
 //! Numbers are never reused: a retired op keeps its number, unassigned. The
 //! io ops (Read 64, Write 65, Truncate 66, Remove 67, Sync 68, Stat 69,
@@ -145,7 +156,8 @@
 //! version covers both protocols. Version 2 added the io ops; version 3
 //! the special file types (Fifo, Socket, CharDevice, BlockDevice), `rdev`
 //! in `attr` and the Mknod op (the io op ServerInfo, 70, came in the same
-//! release); version 4 the orphan ops ListOrphans and ForgetOrphans. Bump
+//! release); version 4 the orphan ops ListOrphans and ForgetOrphans;
+//! version 5 Close and Reopen. Bump
 //! it for *every* change to what a decoder accepts or how it reads it: a new
 //! op, a field added, removed, resized or reordered, a new flag or mask bit,
 //! a new enum value, a changed limit. Numbers (ops, errno values, file types,
@@ -173,13 +185,13 @@ pub use io::{
     ServerInfo, Stability, MAX_INLINE, MAX_IO_BYTES, MAX_IO_EXTENTS, MAX_IO_KEYS, MAX_IO_KEY_BYTES, MAX_IO_REPLY_LEN,
     MAX_IO_REQUEST_LEN, NO_KEY,
 };
-pub use msg::{CompoundOp, Op, Orphan, Request, Response};
+pub use msg::{CompoundOp, HeldOpen, Op, Orphan, Request, Response};
 pub use types::{Attr, Capability, DirEntry, FileType, Layout, LayoutHint, SetAttr, StatFs, TimeSet, Timespec};
 
 /// Version of this wire contract, first field of every header (metadata
 /// and io alike). 2: io ops added. 3: special file types, `Attr::rdev`,
-/// Mknod. 4: ListOrphans, ForgetOrphans.
-pub const PROTO_VERSION: u16 = 4;
+/// Mknod. 4: ListOrphans, ForgetOrphans. 5: Close, Reopen.
+pub const PROTO_VERSION: u16 = 5;
 
 /// The op numbers of the metadata protocol ([`Op`]).
 pub const META_OP_NUMBERS: RangeInclusive<u16> = 1..=63;
@@ -231,6 +243,9 @@ pub const MAX_ORPHANS: usize = 1024;
 /// Most object ids in one `ForgetOrphans` (8 KiB, under the transport's
 /// 1 MiB request limit).
 pub const MAX_FORGET_ORPHANS: usize = 1024;
+/// Most entries in one `Reopen` (12 KiB, under the transport's 1 MiB
+/// request limit); a client holding more sends several.
+pub const MAX_REOPEN: usize = 1024;
 
 /// The permission bits a mode may carry (rwx for user, group, other, plus
 /// setuid, setgid and sticky); the file type travels separately.

@@ -5,7 +5,7 @@ use crate::wire::{Reader, Wire, Writer};
 use crate::{
     Attr, Capability, DecodeError, DirEntry, Errno, FileType, Ino, Layout, LayoutHint, SetAttr, StatFs,
     MAX_CLIENT_NAME, MAX_COMPOUND, MAX_FORGET_ORPHANS, MAX_LAYOUT_SERVERS, MAX_NAME_WIRE, MAX_ORPHANS,
-    MAX_READDIR_ENTRIES, MAX_SYMLINK, OPEN_READ, OPEN_TRUNC, OPEN_WRITE,
+    MAX_READDIR_ENTRIES, MAX_REOPEN, MAX_SYMLINK, OPEN_READ, OPEN_TRUNC, OPEN_WRITE,
 };
 
 /// Defines an op enum: `#[repr(u16)]` with the wire numbers, `ALL`,
@@ -89,6 +89,11 @@ ops! {
         ListOrphans = 18,
         /// Root only: drop reclaimed objects from the orphan list.
         ForgetOrphans = 19,
+        /// Release one open of a data object (what an `Open` registered).
+        Close = 20,
+        /// Register again the opens a client holds, on a new connection
+        /// (after a reconnect, or a metadata server restart).
+        Reopen = 21,
     }
 }
 
@@ -122,6 +127,18 @@ impl Wire for Orphan {
         Ok(Orphan { object_id, servers })
     }
 }
+
+/// A data object a client holds open, and how many times
+/// ([`Request::Reopen`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct HeldOpen {
+    pub object_id: u64,
+    /// At least 1.
+    pub count: u32,
+}
+
+/// Encoded size of a [`HeldOpen`]: object_id u64 + count u32.
+const HELD_OPEN_SIZE: usize = 12;
 
 /// A request body. Names and targets are bytes (POSIX names need not be
 /// UTF-8); the server applies `NAME_MAX` and the rules about `/`, NUL, `.`
@@ -231,6 +248,19 @@ pub enum Request {
         /// At most [`MAX_FORGET_ORPHANS`].
         objects: Vec<u64>,
     },
+    /// Releases one open of `object_id` by this session (`EBADF` if it
+    /// holds none); never inside a Compound.
+    Close {
+        object_id: u64,
+    },
+    /// Registers opens this client holds for this session, as if each had
+    /// been opened here; never inside a Compound. What a reconnecting
+    /// client sends after `SessionOpen` so that meta keeps the data of its
+    /// unlinked open files.
+    Reopen {
+        /// At most [`MAX_REOPEN`], object ids strictly increasing, counts ≥ 1.
+        held: Vec<HeldOpen>,
+    },
 }
 
 /// One op of a `Compound`.
@@ -251,8 +281,8 @@ impl CompoundOp {
     /// The argument chaining replaces: `parent` for Lookup, Create, Mkdir,
     /// Mknod, Unlink, Rmdir and Symlink; `ino` for GetAttr, SetAttr, Readdir,
     /// Readlink, Open and Link; `src_parent` for Rename. `None` for Statfs
-    /// (and for SessionOpen, Compound, ListOrphans and ForgetOrphans, which
-    /// cannot be inside a Compound).
+    /// (and for SessionOpen, Compound, ListOrphans, ForgetOrphans, Close and
+    /// Reopen, which cannot be inside a Compound).
     pub fn primary_ino_mut(&mut self) -> Option<&mut Ino> {
         match &mut self.req {
             Request::Lookup { parent, .. }
@@ -273,7 +303,9 @@ impl CompoundOp {
             | Request::SessionOpen { .. }
             | Request::Compound { .. }
             | Request::ListOrphans { .. }
-            | Request::ForgetOrphans { .. } => None,
+            | Request::ForgetOrphans { .. }
+            | Request::Close { .. }
+            | Request::Reopen { .. } => None,
         }
     }
 
@@ -317,6 +349,8 @@ impl Request {
             Request::Mknod { .. } => Op::Mknod,
             Request::ListOrphans { .. } => Op::ListOrphans,
             Request::ForgetOrphans { .. } => Op::ForgetOrphans,
+            Request::Close { .. } => Op::Close,
+            Request::Reopen { .. } => Op::Reopen,
         }
     }
 
@@ -389,6 +423,14 @@ impl Request {
                 w.put_len(objects.len());
                 for o in objects {
                     w.put_u64(*o);
+                }
+            }
+            Request::Close { object_id } => w.put_u64(*object_id),
+            Request::Reopen { held } => {
+                w.put_len(held.len());
+                for h in held {
+                    w.put_u64(h.object_id);
+                    w.put_u32(h.count);
                 }
             }
             Request::Compound { ops } => {
@@ -481,6 +523,27 @@ impl Request {
                 }
                 Request::ForgetOrphans { objects }
             }
+            Op::Close => Request::Close { object_id: r.u64("close object_id")? },
+            Op::Reopen => {
+                let n = r.count("reopen entries", MAX_REOPEN, HELD_OPEN_SIZE)?;
+                let mut held: Vec<HeldOpen> = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let object_id = r.u64("reopen object_id")?;
+                    let count = r.u32("reopen count")?;
+                    if count == 0 {
+                        return Err(DecodeError::BadValue { what: "reopen count (must be at least 1)", value: 0 });
+                    }
+                    // One entry per object, in order: one meaning, one encoding.
+                    if held.last().is_some_and(|h| h.object_id >= object_id) {
+                        return Err(DecodeError::BadValue {
+                            what: "reopen object_id (must be strictly increasing)",
+                            value: object_id,
+                        });
+                    }
+                    held.push(HeldOpen { object_id, count });
+                }
+                Request::Reopen { held }
+            }
         })
     }
 }
@@ -497,9 +560,9 @@ fn get_compound_ops(r: &mut Reader<'_>) -> Result<Vec<CompoundOp>, DecodeError> 
         let op = Op::from_u16(raw).ok_or(DecodeError::UnknownOp(raw))?;
         match op {
             Op::Compound => return Err(DecodeError::NestedCompound),
-            Op::SessionOpen | Op::ListOrphans | Op::ForgetOrphans => {
+            Op::SessionOpen | Op::ListOrphans | Op::ForgetOrphans | Op::Close | Op::Reopen => {
                 return Err(DecodeError::BadValue {
-                    what: "op inside a Compound (SessionOpen and the orphan ops are not allowed there)",
+                    what: "op inside a Compound (SessionOpen, the orphan ops, Close and Reopen are not allowed there)",
                     value: raw.into(),
                 })
             }
@@ -536,7 +599,7 @@ pub enum Response {
     /// Readdir: at most [`MAX_READDIR_ENTRIES`] entries; `eof` when the
     /// directory has no more.
     Dir { entries: Vec<DirEntry>, eof: bool },
-    /// Unlink, Rmdir, Rename.
+    /// Unlink, Rmdir, Rename, ForgetOrphans, Close, Reopen.
     Done,
     /// Readlink.
     Link { target: Vec<u8> },
@@ -592,7 +655,7 @@ impl Kind {
             Op::Lookup | Op::Create | Op::Mkdir | Op::Mknod | Op::Symlink | Op::Link => Kind::Entry,
             Op::GetAttr | Op::SetAttr => Kind::Attr,
             Op::Readdir => Kind::Dir,
-            Op::Unlink | Op::Rmdir | Op::Rename | Op::ForgetOrphans => Kind::Done,
+            Op::Unlink | Op::Rmdir | Op::Rename | Op::ForgetOrphans | Op::Close | Op::Reopen => Kind::Done,
             Op::Readlink => Kind::Link,
             Op::Statfs => Kind::StatFs,
             Op::Open => Kind::Opened,

@@ -154,8 +154,30 @@ fn orphan_request() -> impl Strategy<Value = Request> {
     ]
 }
 
+/// Opens held, as a reconnecting client re-announces them: object ids
+/// strictly increasing (a set, in order), counts at least 1.
+fn held_opens(max: usize) -> impl Strategy<Value = Vec<HeldOpen>> {
+    vec((any::<u64>(), 1..=u32::MAX), 0..=max).prop_map(|v| {
+        let set: std::collections::BTreeMap<u64, u32> = v.into_iter().collect();
+        set.into_iter().map(|(object_id, count)| HeldOpen { object_id, count }).collect()
+    })
+}
+
+/// The open-table ops, which travel alone (never inside a Compound).
+fn open_table_request() -> impl Strategy<Value = Request> {
+    prop_oneof![
+        any::<u64>().prop_map(|object_id| Request::Close { object_id }),
+        prop_oneof![4 => held_opens(8), 1 => held_opens(MAX_REOPEN)].prop_map(|held| Request::Reopen { held }),
+    ]
+}
+
 fn request() -> impl Strategy<Value = Request> {
-    prop_oneof![3 => simple_request(true), 1 => compound_request(), 1 => orphan_request()]
+    prop_oneof![
+        3 => simple_request(true),
+        1 => compound_request(),
+        1 => orphan_request(),
+        1 => open_table_request(),
+    ]
 }
 
 fn errno() -> impl Strategy<Value = Errno> {
@@ -216,7 +238,8 @@ fn simple_response() -> BoxedStrategy<(Op, Response)> {
             any::<bool>()
         )
             .prop_map(|(entries, eof)| (Op::Readdir, Response::Dir { entries, eof })),
-        one_of(&[Op::Unlink, Op::Rmdir, Op::Rename]).prop_map(|op| (op, Response::Done)),
+        one_of(&[Op::Unlink, Op::Rmdir, Op::Rename, Op::ForgetOrphans, Op::Close, Op::Reopen])
+            .prop_map(|op| (op, Response::Done)),
         target().prop_map(|target| (Op::Readlink, Response::Link { target })),
         stat_fs().prop_map(|s| (Op::Statfs, Response::StatFs(s))),
         (attr(), layout(), capability())
@@ -347,7 +370,38 @@ proptest! {
         prop_assert!(decode_reply(&b).is_err());
     }
 
-        /// Every strict prefix of a message is refused.
+    /// Close and Reopen are refused inside a Compound.
+    #[test]
+    fn open_table_ops_travel_alone(env in envelope(), req in open_table_request()) {
+        let b = encode_request(env, &Request::Compound { ops: vec![CompoundOp { chain: false, req }] });
+        prop_assert!(decode_request(&b).is_err());
+    }
+
+    /// A Reopen with an object twice, out of order, or a count of 0 is
+    /// refused (one meaning, one encoding); the same entries in order with
+    /// counts of at least 1 are accepted.
+    #[test]
+    fn reopen_entries_are_a_set_in_order(env in envelope(), held in held_opens(16), i in any::<usize>(), j in any::<usize>()) {
+        prop_assume!(held.len() >= 2);
+        let ok = encode_request(env, &Request::Reopen { held: held.clone() });
+        prop_assert!(decode_request(&ok).is_ok());
+        let (i, j) = (i % held.len(), j % held.len());
+        let mut swapped = held.clone();
+        swapped.swap(i, j);
+        let mut twice = held.clone();
+        twice[j] = twice[i];
+        let mut zero = held.clone();
+        zero[i].count = 0;
+        for bad in [swapped, twice, zero] {
+            if bad != held {
+                let req = Request::Reopen { held: bad };
+                let refused = decode_request(&encode_request(env, &req)).is_err();
+                prop_assert!(refused, "accepted {:?}", req);
+            }
+        }
+    }
+
+    /// Every strict prefix of a message is refused.
     #[test]
     fn truncation_is_refused(env in envelope(), req in request(), (op, res) in reply(), at in any::<usize>()) {
         let b = encode_request(env, &req);

@@ -59,8 +59,9 @@ pub struct ClusterConfig {
     /// Restarts allowed per server before the supervisor gives up on it.
     pub max_restarts: u32,
     /// Seconds after a file's last unlink before the supervisor removes its
-    /// data from the io servers: the grace for a file still open somewhere
-    /// (the metadata server does not track opens; see `local.rs`).
+    /// data from the io servers, counted from the unlink; a file still open
+    /// somewhere keeps its data until its last close whatever this says
+    /// (the metadata server tracks opens; see `local.rs`).
     pub reclaim_after_s: u32,
 }
 
@@ -85,11 +86,20 @@ pub struct MetaConfig {
     pub stripe_unit: u32,
     /// Default stripe count (at most `io_servers`).
     pub stripe_count: u32,
+    /// Seconds after the metadata server starts before it offers deleted
+    /// files' data for reclaiming (its clients re-announce their open files
+    /// meanwhile), and for which a closed or dead client's open files stay
+    /// protected (`dafne_meta::opens`).
+    pub open_grace_s: u32,
 }
 
 impl Default for MetaConfig {
     fn default() -> Self {
-        MetaConfig { stripe_unit: 1 << 20, stripe_count: 4 }
+        MetaConfig {
+            stripe_unit: 1 << 20,
+            stripe_count: 4,
+            open_grace_s: dafne_meta::opens::DEFAULT_GRACE.as_secs() as u32,
+        }
     }
 }
 
@@ -136,11 +146,14 @@ io_servers = 4          # number of io server processes
 restart = true          # restart a server that exits unexpectedly
 max_restarts = 5        # ... at most this many times per server
 reclaim_after_s = 60    # remove an unlinked file's data this many seconds
-                        # later (the grace for readers that still have it open)
+                        # later, or at its last close if it is still open
 
 [meta]
 stripe_unit = 1048576   # default stripe unit, bytes
 stripe_count = 4        # default stripe count (at most io_servers)
+open_grace_s = 10       # after a meta start, and after a client's connection
+                        # ends, keep deleted files' data that clients may
+                        # still hold open this long (they re-announce it)
 
 [io]
 cache_mib = 64          # each io server's Unifier cache (registered memory), MiB

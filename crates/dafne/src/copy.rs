@@ -149,6 +149,33 @@ pub fn cp(a: CpArgs) -> Result<()> {
     }
 }
 
+/// A file open in meta, closed there when dropped (also when a copy fails
+/// half way): `cp` holds no file's data beyond its use of it.
+struct Opened<'a> {
+    meta: &'a MetaSession,
+    file: dafne_client::OpenFile,
+}
+
+impl<'a> Opened<'a> {
+    fn new(meta: &'a MetaSession, file: dafne_client::OpenFile) -> Opened<'a> {
+        Opened { meta, file }
+    }
+}
+
+impl std::ops::Deref for Opened<'_> {
+    type Target = dafne_client::OpenFile;
+    fn deref(&self) -> &dafne_client::OpenFile {
+        &self.file
+    }
+}
+
+impl Drop for Opened<'_> {
+    fn drop(&mut self) {
+        // A failure (a lost connection) releases the open in meta anyway.
+        let _ = self.meta.close(self.file.layout.object_id);
+    }
+}
+
 fn upload(
     meta: &MetaSession,
     data: &DataClient,
@@ -167,7 +194,7 @@ fn upload(
         Err(e) => return Err(errno("creating", to, e)),
     };
     let flags = dafne_proto::OPEN_WRITE | dafne_proto::OPEN_TRUNC;
-    let f = meta.open(attr.ino, flags).map_err(|e| errno("opening", to, e))?;
+    let f = Opened::new(meta, meta.open(attr.ino, flags).map_err(|e| errno("opening", to, e))?);
     futures::executor::block_on(data.truncate(&f, 0)).map_err(|e| errno("truncating", to, e))?;
     let mut p = Progress::new(total);
     let mut done = 0u64;
@@ -225,7 +252,7 @@ fn download(
     if attr.kind != FileType::Regular {
         bail!("dafne:{from} is not a regular file");
     }
-    let f = meta.open(attr.ino, dafne_proto::OPEN_READ).map_err(|e| errno("opening", from, e))?;
+    let f = Opened::new(meta, meta.open(attr.ino, dafne_proto::OPEN_READ).map_err(|e| errno("opening", from, e))?);
     let total = attr.size;
     let mut opts = std::fs::OpenOptions::new();
     opts.write(true);

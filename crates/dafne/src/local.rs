@@ -16,17 +16,17 @@
 //!
 //! # Reclaiming deleted files' data
 //! When a file's last link goes, the metadata server lists its data
-//! object as an orphan; it cannot remove the data itself, as it knows
-//! neither the io servers' addresses nor whether the file is still open
-//! (it does not track opens, while POSIX keeps an unlinked file's data
-//! readable until its last close). Once the cluster is up the supervisor
+//! object as an orphan; it cannot remove the data itself, as it does not
+//! know the io servers' addresses. Once the cluster is up the supervisor
 //! runs a reclaimer thread: every few seconds it asks the metadata server,
 //! as uid 0, for orphans older than `[cluster] reclaim_after_s`, sends
 //! `Remove` to each object's io servers (signing its own capability with
 //! the cluster secret), and tells the metadata server to forget the ones
-//! removed. The limit: a file kept open longer than `reclaim_after_s`
-//! after its unlink loses its data under its reader (reads then find
-//! nothing). Failures are logged and retried in the next round.
+//! removed. The metadata server never lists an object some client still
+//! holds open (POSIX keeps an unlinked file readable until its last
+//! close), nor any in the first `[meta] open_grace_s` after it starts,
+//! while its clients re-announce their open files (`dafne_meta::opens`).
+//! Failures are logged and retried in the next round.
 //!
 //! `dafne down` signals the supervisor (SIGTERM), which unmounts the
 //! cluster's mounts, stops the io servers (SIGTERM: each writes back its
@@ -578,6 +578,7 @@ pub fn supervise(a: DirArgs) -> Result<()> {
     meta_args.extend(["--io-servers".into(), c.cluster.io_servers.to_string()]);
     meta_args.extend(["--stripe-unit".into(), c.meta.stripe_unit.to_string()]);
     meta_args.extend(["--stripe-count".into(), c.meta.stripe_count.to_string()]);
+    meta_args.extend(["--open-grace-s".into(), c.meta.open_grace_s.to_string()]);
     meta_args.extend(ucx.iter().cloned());
     servers.push(Managed {
         state: ServerState {

@@ -94,12 +94,21 @@ impl Cluster {
     /// The one place a test cluster is started: `dafne up` with 4 io
     /// servers, small caches and free ports.
     fn start() -> Cluster {
+        Cluster::start_with_config("")
+    }
+
+    /// [`Cluster::start`] with a configuration file of `toml` (the flags
+    /// still choose io servers, cache and ports).
+    fn start_with_config(toml: &str) -> Cluster {
         let dir = tempfile::Builder::new().prefix("dafne-mount-test-").tempdir().unwrap();
+        let config = dir.path().join("test-config.toml");
+        std::fs::write(&config, toml).unwrap();
         let mut last = String::new();
         for _ in 0..3 {
             let (meta, base) = free_ports(4);
             let o = dafne()
                 .args(["up", "--dir", p(dir.path()), "--io-servers", "4", "--cache-mib", "8"])
+                .args(["--config", p(&config)])
                 .args(["--meta-port", &meta.to_string(), "--io-base-port", &base.to_string()])
                 .output()
                 .unwrap();
@@ -788,4 +797,85 @@ fn a_mount_heals_after_its_servers_crash_and_restart() {
     });
     assert_eq!(std::fs::read(m.path("after")).unwrap(), b"x");
     assert!(mounted(&m.mp));
+}
+
+/// The data files of every object on the cluster's io servers.
+fn object_files(c: &Cluster) -> std::collections::BTreeSet<PathBuf> {
+    let mut out = std::collections::BTreeSet::new();
+    for i in 0..4 {
+        if let Ok(rd) = std::fs::read_dir(c.dir().join(format!("io-{i}/objects"))) {
+            out.extend(rd.map(|e| e.unwrap().path()));
+        }
+    }
+    out
+}
+
+/// Writes `data` to `path` on the mount; the object files it made.
+fn write_new(c: &Cluster, path: &Path, data: &[u8]) -> Vec<PathBuf> {
+    let before = object_files(c);
+    std::fs::write(path, data).unwrap();
+    let made: Vec<PathBuf> = object_files(c).difference(&before).cloned().collect();
+    assert!(!made.is_empty(), "no object files for {}", path.display());
+    made
+}
+
+/// Issue 10, finding 9, on the mount: files opened, unlinked, and read
+/// through their descriptors after the reclaimer has had a round past
+/// `reclaim_after_s` return the bytes written; a file's data goes after
+/// its last close, and with the mount daemon killed outright (its session
+/// dies), after the metadata server's grace.
+#[test]
+fn unlinked_open_files_keep_their_data_until_the_last_close_or_the_mounts_death() {
+    let _g = serial();
+    let c = Cluster::start_with_config("[cluster]\nreclaim_after_s = 1\n[meta]\nopen_grace_s = 2\n");
+    let m = c.mount();
+    use std::io::Read;
+    let (a_data, b_data) = (pattern(3_000_000, 12), pattern(3_000_000, 13));
+    let a_files = write_new(&c, &m.path("a"), &a_data);
+    let b_files = write_new(&c, &m.path("b"), &b_data);
+    let mut a = std::fs::File::open(m.path("a")).unwrap();
+    let mut b = std::fs::File::open(m.path("b")).unwrap();
+    std::fs::remove_file(m.path("a")).unwrap();
+    std::fs::remove_file(m.path("b")).unwrap();
+    // A witness removed after them and never held open: once its data is
+    // gone and the reclaimer has logged that round's end, it has had a
+    // round that found "a" and "b" old enough too.
+    let witness = write_new(&c, &m.path("witness"), &pattern(1 << 20, 14));
+    std::fs::remove_file(m.path("witness")).unwrap();
+    let log = || std::fs::read_to_string(c.dir().join("logs/supervisor.log")).unwrap();
+    wait_for("the reclaimer to remove the witness", || {
+        witness.iter().all(|p| !p.exists()) && log().contains("reclaimed the data of")
+    });
+    for (f, data, name) in [(&mut a, &a_data, "a"), (&mut b, &b_data, "b")] {
+        let mut back = Vec::new();
+        f.read_to_end(&mut back).unwrap();
+        assert_eq!(back.len(), data.len(), "{name}");
+        if let Some(at) = back.iter().zip(data.iter()).position(|(x, y)| x != y) {
+            panic!("{name}: the open file's bytes differ from what was written, first at offset {at}");
+        }
+    }
+    for p in a_files.iter().chain(&b_files) {
+        assert!(p.exists(), "{} of a file still open", p.display());
+    }
+    // The last close of "a" lets its data go; "b" stays open.
+    drop(a);
+    wait_for("the closed file's data to be reclaimed", || a_files.iter().all(|p| !p.exists()));
+    assert!(b_files.iter().all(|p| p.exists()), "the data of a file still open went");
+    // The daemon holding "b" dies: its session's opens are released.
+    let records = c.dir().join("mounts");
+    let pid: i32 = std::fs::read_dir(&records)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .file_name()
+        .into_string()
+        .unwrap()
+        .parse()
+        .unwrap();
+    rustix::process::kill_process(rustix::process::Pid::from_raw(pid).unwrap(), rustix::process::Signal::KILL).unwrap();
+    wait_for("the killed daemon to be gone", || !alive(pid as u32));
+    wait_for("the dead mount's file's data to be reclaimed", || b_files.iter().all(|p| !p.exists()));
+    drop(b);
+    assert!(!log().contains("error:"), "{}", log());
 }

@@ -40,6 +40,7 @@ pub fn start_meta(
             default_stripe_count: stripe_count,
         },
         ucx: ucx(),
+        open_grace: dafne_meta::opens::DEFAULT_GRACE,
     })
     .unwrap();
     (meta, meta_dir.join("cluster.secret"))
