@@ -484,7 +484,8 @@ impl DataClient {
         }
         let unit = l.stripe_unit as u64;
         let mut pos = offset;
-        let end = offset.checked_add(len as u64).ok_or(Errno::EFBIG)?;
+        let end =
+            offset.checked_add(len as u64).filter(|&e| e <= dafne_proto::io::MAX_FILE_SIZE).ok_or(Errno::EFBIG)?;
         while pos < end {
             let stripe = pos / unit;
             let n = ((stripe + 1) * unit).min(end) - pos;
@@ -890,6 +891,9 @@ impl DataClient {
     }
 
     pub async fn truncate(&self, f: &OpenFile, size: u64) -> Result<(), Errno> {
+        if size > dafne_proto::io::MAX_FILE_SIZE {
+            return Err(Errno::EFBIG);
+        }
         self.every_server(f, IoRequest::Truncate { cap: f.cap, size }, |_| ()).await.map(|_| ())
     }
 

@@ -65,6 +65,7 @@ use std::io;
 use std::os::fd::AsFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use dafne_unifier::{BackgroundStorage, BackgroundWrite, BatchRead, Storage};
@@ -267,6 +268,10 @@ pub struct StorageStats {
     pub background_batches: u64,
     /// Syncs (fdatasync), on either path.
     pub syncs: u64,
+    /// fsyncs of the objects directory: after a chunk file was created, the
+    /// next sync makes its name durable too (a file fsynced whose directory
+    /// entry is not can vanish at a power cut).
+    pub dir_syncs: u64,
     /// `io_uring_enter` calls of the ring.
     pub ring_enters: u64,
 }
@@ -292,6 +297,9 @@ pub struct ChunkStore {
     drop_behind: Cell<bool>,
     /// Per object, the chunk most recently dropped behind a read.
     dropped: RefCell<HashMap<u64, u64>>,
+    /// A chunk file was created (here or by the background writer) and the
+    /// directory has not been fsynced since.
+    dir_unsynced: Arc<AtomicBool>,
 }
 
 fn aligned(x: u64) -> bool {
@@ -322,7 +330,22 @@ impl ChunkStore {
             bg_stats: Arc::default(),
             drop_behind: Cell::new(false),
             dropped: RefCell::new(HashMap::new()),
+            dir_unsynced: Arc::default(),
         })
+    }
+
+    /// fsyncs the objects directory if a chunk file was created since the
+    /// last time: a file's data is durable only with its name.
+    fn sync_dir_if_needed(&self) -> io::Result<()> {
+        if self.dir_unsynced.swap(false, Ordering::SeqCst) {
+            let r = File::open(&self.dir).and_then(|d| d.sync_all());
+            if r.is_err() {
+                self.dir_unsynced.store(true, Ordering::SeqCst);
+            }
+            r?;
+            self.count(|s| s.dir_syncs += 1);
+        }
+        Ok(())
     }
 
     /// fsyncs every object file this store holds open.
@@ -330,7 +353,7 @@ impl ChunkStore {
         for f in self.open.borrow().values() {
             f.buffered.sync_all()?;
         }
-        Ok(())
+        self.sync_dir_if_needed()
     }
 
     /// Size of the file system holding the objects and the bytes available
@@ -416,7 +439,7 @@ impl ChunkStore {
             return f(files).map(Some);
         }
         let path = self.path(object);
-        let files = match open_files(&path, create, self.ring.is_some()) {
+        let files = match open_noting_creation(&path, create, self.ring.is_some(), &self.dir_unsynced) {
             Ok(files) => files,
             Err(e) if e.kind() == io::ErrorKind::NotFound && !create => return Ok(None),
             Err(e) => return Err(e),
@@ -645,7 +668,8 @@ impl Storage for ChunkStore {
 
     fn sync(&self, object: u64) -> io::Result<()> {
         self.count(|s| s.syncs += 1);
-        self.with_file(object, false, |f| f.sync_data()).map(|_| ())
+        self.with_file(object, false, |f| f.sync_data())?;
+        self.sync_dir_if_needed()
     }
 
     /// A writer for the Unifier's background write-back; on the direct path
@@ -657,7 +681,25 @@ impl Storage for ChunkStore {
             }
             None => None,
         };
-        Some(Box::new(ChunkBackground { dir: self.dir.clone(), ring, stats: self.bg_stats.clone() }))
+        Some(Box::new(ChunkBackground {
+            dir: self.dir.clone(),
+            ring,
+            stats: self.bg_stats.clone(),
+            dir_unsynced: self.dir_unsynced.clone(),
+        }))
+    }
+}
+
+/// [`open_files`], and if it had to create the file, a note that the
+/// directory needs an fsync before the next sync counts as durable.
+fn open_noting_creation(path: &Path, create: bool, direct: bool, dir_unsynced: &AtomicBool) -> io::Result<Files> {
+    match open_files(path, false, direct) {
+        Err(e) if create && e.kind() == io::ErrorKind::NotFound => {
+            let f = open_files(path, true, direct)?;
+            dir_unsynced.store(true, Ordering::SeqCst);
+            Ok(f)
+        }
+        r => r,
     }
 }
 
@@ -701,6 +743,7 @@ pub struct ChunkBackground {
     dir: PathBuf,
     ring: Option<Ring>,
     stats: Arc<Mutex<StorageStats>>,
+    dir_unsynced: Arc<AtomicBool>,
 }
 
 impl BackgroundStorage for ChunkBackground {
@@ -709,7 +752,9 @@ impl BackgroundStorage for ChunkBackground {
         let mut files: HashMap<u64, io::Result<Files>> = HashMap::new();
         for w in writes {
             let path = self.dir.join(format!("{:016x}", w.object));
-            files.entry(w.object).or_insert_with(|| open_files(&path, true, self.ring.is_some()));
+            files
+                .entry(w.object)
+                .or_insert_with(|| open_noting_creation(&path, true, self.ring.is_some(), &self.dir_unsynced));
         }
         let mut results: Vec<io::Result<()>> = Vec::with_capacity(writes.len());
         // Buffered parts first (heads, tails, whole unaligned writes), then
@@ -808,5 +853,30 @@ mod tests {
         s.remove(7).unwrap();
         assert_eq!(s.size(7).unwrap(), 0);
         s.remove(7).unwrap();
+    }
+
+    /// Issue 10, finding 8: a chunk file created and fsynced could vanish
+    /// at a power cut, because its directory entry was never fsynced. The
+    /// first sync after a creation (by a write or by the background
+    /// writer) fsyncs the directory once; later syncs do not.
+    #[test]
+    fn the_first_sync_after_a_creation_fsyncs_the_directory() {
+        let d = tempfile::tempdir().unwrap();
+        let s = ChunkStore::open(d.path()).unwrap();
+        s.write_at(1, 0, b"one").unwrap();
+        s.sync(1).unwrap();
+        assert_eq!(s.stats().dir_syncs, 1, "the new file's name was not made durable");
+        s.write_at(1, 3, b"more").unwrap();
+        s.sync(1).unwrap();
+        assert_eq!(s.stats().dir_syncs, 1, "no new name, no directory fsync");
+        // A file the background writer creates counts as well.
+        let mut bg = s.background().unwrap();
+        let data = [7u8; 4096];
+        let w = dafne_unifier::BackgroundWrite { object: 2, offset: 0, buf: &data };
+        assert!(bg.write_batch(&[w]).iter().all(|r| r.is_ok()));
+        s.sync(2).unwrap();
+        assert_eq!(s.stats().dir_syncs, 2, "a background creation was not made durable");
+        s.sync_all().unwrap();
+        assert_eq!(s.stats().dir_syncs, 2);
     }
 }

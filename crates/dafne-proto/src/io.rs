@@ -135,6 +135,12 @@ pub const NO_KEY: u16 = u16::MAX;
 
 /// Encoded size of a capability: object_id u64, rights u8, expiry u64, mac.
 const CAPABILITY_SIZE: usize = 8 + 1 + 8 + 32;
+/// The largest file size, as on Linux (`MAX_LFS_FILESIZE` = 2^63 - 1): no
+/// byte lives at or beyond it. Extents and truncates past it are refused at
+/// decoding, so a hostile offset near `u64::MAX` never reaches a cache
+/// unit (whose write-back could only fail) or a storage call.
+pub const MAX_FILE_SIZE: u64 = i64::MAX as u64;
+
 /// Encoded size of an [`IoExtent`]: offset u64, len u32, key u16, addr u64.
 const EXTENT_SIZE: usize = 8 + 4 + 2 + 8;
 
@@ -241,11 +247,16 @@ impl Wire for IoExtent {
         if e.len == 0 {
             return Err(DecodeError::BadValue { what: "io extent len (must not be 0)", value: 0 });
         }
-        if e.offset.checked_add(e.len.into()).is_none() {
+        if e.offset.checked_add(e.len.into()).is_none_or(|end| end > MAX_FILE_SIZE) {
             return Err(DecodeError::BadValue {
-                what: "io extent offset (offset + len overflows u64)",
+                what: "io extent offset (offset + len past the largest file size)",
                 value: e.offset,
             });
+        }
+        // The server computes client addresses inside the extent: they must
+        // not wrap around.
+        if !e.is_inline() && e.addr.checked_add(e.len.into()).is_none() {
+            return Err(DecodeError::BadValue { what: "io extent addr (addr + len overflows u64)", value: e.addr });
         }
         if e.is_inline() && e.addr != 0 {
             return Err(DecodeError::BadValue { what: "io extent addr (must be 0 for inline data)", value: e.addr });
@@ -403,7 +414,16 @@ impl IoRequest {
                 }
                 IoRequest::Write { cap, keys, extents, stability, inline }
             }
-            IoOp::Truncate => IoRequest::Truncate { cap, size: r.u64("io truncate size")? },
+            IoOp::Truncate => {
+                let size = r.u64("io truncate size")?;
+                if size > MAX_FILE_SIZE {
+                    return Err(DecodeError::BadValue {
+                        what: "io truncate size (past the largest file size)",
+                        value: size,
+                    });
+                }
+                IoRequest::Truncate { cap, size }
+            }
             IoOp::Remove => IoRequest::Remove { cap },
             IoOp::Sync => IoRequest::Sync { cap },
             IoOp::Stat => IoRequest::Stat { cap },
@@ -701,7 +721,7 @@ mod tests {
             read(vec![], vec![], false),
             read(vec![vec![3]], vec![], true),
             write(keys.clone(), vec![ext(0, 100, 1, 64), IoExtent::inline(100, 3), ext(50, 100, 0, 0)], vec![7, 8, 9]),
-            write(vec![], vec![IoExtent::inline(u64::MAX - 2, 2)], vec![1, 2]),
+            write(vec![], vec![IoExtent::inline(MAX_FILE_SIZE - 2, 2)], vec![1, 2]),
             IoRequest::Write {
                 cap: cap(),
                 keys,
@@ -899,12 +919,22 @@ mod tests {
         let (what, v) = bad_value(refused(&read(k(), vec![ext(0, 0, 0, 0)], false)));
         assert_eq!((what, v), ("io extent len (must not be 0)", 0));
         let (what, v) = bad_value(refused(&read(k(), vec![ext(u64::MAX, 1, 0, 0)], false)));
-        assert_eq!((what, v), ("io extent offset (offset + len overflows u64)", u64::MAX));
+        assert_eq!((what, v), ("io extent offset (offset + len past the largest file size)", u64::MAX));
         let (what, _) = bad_value(refused(&read(k(), vec![ext(u64::MAX - 1, 2, 0, 0)], false)));
-        assert!(what.contains("overflows"));
-        // The last byte of the offset space is reachable.
-        let ok = read(k(), vec![ext(u64::MAX - 1, 1, 0, 0)], false);
+        assert!(what.contains("largest file size"));
+        // Offsets near u64::MAX (issue 10, finding 6) and just past the
+        // largest file size are refused; its last byte is reachable.
+        let (what, _) = bad_value(refused(&read(k(), vec![ext(u64::MAX - 4096, 1, 0, 0)], false)));
+        assert!(what.contains("largest file size"));
+        let (what, _) = bad_value(refused(&read(k(), vec![ext(MAX_FILE_SIZE, 1, 0, 0)], false)));
+        assert!(what.contains("largest file size"));
+        let ok = read(k(), vec![ext(MAX_FILE_SIZE - 1, 1, 0, 0)], false);
         assert!(decode_io_request(&encode_io_request(ENV, &ok)).is_ok());
+        // Client addresses must not wrap inside an extent.
+        let (what, v) = bad_value(refused(&read(k(), vec![ext(0, 16, 0, u64::MAX - 8)], false)));
+        assert_eq!((what, v), ("io extent addr (addr + len overflows u64)", u64::MAX - 8));
+        let b = encode_io_request(ENV, &IoRequest::Truncate { cap: cap(), size: MAX_FILE_SIZE + 1 });
+        assert!(decode_io_request(&b).is_err(), "a truncate past the largest file size was accepted");
         let (what, v) = bad_value(refused(&read(k(), vec![ext(0, 1, 1, 0)], false)));
         assert_eq!((what, v), ("io extent key (past the request's keys)", 1));
         let (what, v) = bad_value(refused(&write(vec![], vec![ext(0, 1, 0, 0)], vec![])));

@@ -32,10 +32,10 @@ fn keys(max: usize) -> impl Strategy<Value = Vec<Vec<u8>>> {
     vec(key(), 1..=max)
 }
 
-/// An offset for an extent of `len` bytes that does not run past u64::MAX,
-/// often near either end.
+/// An offset for an extent of `len` bytes that does not run past the
+/// largest file size, often near either end.
 fn offset(len: u32) -> BoxedStrategy<u64> {
-    let last = u64::MAX - u64::from(len);
+    let last = dafne_proto::io::MAX_FILE_SIZE - u64::from(len);
     prop_oneof![
         4 => 0..(1u64 << 40),
         2 => 0..=last,
@@ -47,8 +47,11 @@ fn offset(len: u32) -> BoxedStrategy<u64> {
 
 /// An extent with a key below `nkeys` and at most `max_len` bytes.
 fn keyed_extent(nkeys: usize, max_len: u32) -> impl Strategy<Value = IoExtent> {
-    (1..=max_len, 0..nkeys as u16, any::<u64>())
-        .prop_flat_map(|(len, key, addr)| offset(len).prop_map(move |offset| IoExtent { offset, len, key, addr }))
+    (1..=max_len, 0..nkeys as u16, any::<u64>()).prop_flat_map(|(len, key, addr)| {
+        // Client addresses do not wrap inside an extent.
+        let addr = addr.min(u64::MAX - u64::from(len));
+        offset(len).prop_map(move |offset| IoExtent { offset, len, key, addr })
+    })
 }
 
 fn inline_extent(max_len: u32) -> impl Strategy<Value = IoExtent> {
@@ -120,7 +123,7 @@ fn request() -> impl Strategy<Value = IoRequest> {
     prop_oneof![
         3 => read(),
         3 => write(),
-        1 => (capability(), any::<u64>()).prop_map(|(cap, size)| IoRequest::Truncate { cap, size }),
+        1 => (capability(), 0..=dafne_proto::io::MAX_FILE_SIZE).prop_map(|(cap, size)| IoRequest::Truncate { cap, size }),
         1 => capability().prop_map(|cap| IoRequest::Remove { cap }),
         1 => capability().prop_map(|cap| IoRequest::Sync { cap }),
         1 => capability().prop_map(|cap| IoRequest::Stat { cap }),
