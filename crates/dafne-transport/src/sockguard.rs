@@ -18,7 +18,8 @@
 //!   reading: the spin above), or
 //! * it is older than the handshake deadline (a stalled or idle peer), or
 //! * more than [`MAX_PENDING_HANDSHAKES`] such sockets exist (a flood; the
-//!   newest go first, since genuine handshakes finish at once).
+//!   oldest go first, since genuine handshakes finish at once: a client
+//!   that connects during a flood still gets through).
 //!
 //! Resetting is `dafne_ucx::sockets::abort_own_tcp_socket`: UCX sees an
 //! error on its own socket and frees its endpoint; the descriptor is never
@@ -191,7 +192,10 @@ fn run(port: u16, deadline: Duration, shared: &Shared, stop: &AtomicBool) {
             }
         }
         if pending.len() > MAX_PENDING_HANDSHAKES {
-            pending.sort_by_key(|&(_, _, t)| std::cmp::Reverse(t));
+            // Oldest first: a genuine handshake completes within
+            // milliseconds, so the sockets that have waited longest are the
+            // flood's, and a client arriving during a flood gets through.
+            pending.sort_by_key(|&(_, _, t)| t);
             let excess = pending.len() - MAX_PENDING_HANDSHAKES;
             for &(ino, fd, _) in &pending[..excess] {
                 if reset(fd, ino, shared) {
