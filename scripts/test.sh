@@ -10,6 +10,8 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
+echo "== fuzz targets compile (cargo-fuzz needs nightly to run them; the decoders they drive are also swept by the unit and property tests)"
+cargo check --quiet --manifest-path fuzz/Cargo.toml --bins
 echo "== test tools: fsx and pjdfstest (crates.io), run against a real mount"
 TOOLS="$PWD/target/tools"
 for t in fsx pjdfstest; do
