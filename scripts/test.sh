@@ -14,8 +14,12 @@ echo "== fuzz targets compile (cargo-fuzz needs nightly to run them; the decoder
 cargo check --quiet --manifest-path fuzz/Cargo.toml --bins
 echo "== test tools: fsx and pjdfstest (crates.io), run against a real mount"
 TOOLS="$PWD/target/tools"
-for t in fsx pjdfstest; do
-  [ -x "$TOOLS/bin/$t" ] || cargo install --locked --quiet --root "$TOOLS" "$t"
+# Pinned: a new release of a conformance tool must not change what CI tests.
+for tv in fsx@0.3.2 pjdfstest@0.2.2; do
+  t=${tv%@*}; v=${tv#*@}
+  if ! [ -x "$TOOLS/bin/$t" ] || ! grep -q "\"$t $v " "$TOOLS/.crates.toml" 2>/dev/null; then
+    cargo install --locked --quiet --force --root "$TOOLS" "$t" --version "$v"
+  fi
 done
 # The mount tests must run them (no skipping when a tool is missing).
 export DAFNE_REQUIRE_TOOLS=1
