@@ -445,11 +445,9 @@ fn two_ups_at_once_start_one_cluster() {
     assert_eq!(sups, 1);
 }
 
-/// The data of a deleted file leaves the io servers once `reclaim_after_s`
-/// has passed; a file that keeps another hard link keeps its data.
-#[test]
-fn deleted_files_data_is_reclaimed_from_the_io_servers() {
-    let c = Cluster::new(2);
+/// Starts `c` with 2 io servers, files striped over both, and deleted
+/// files' data reclaimed 1 s after the unlink.
+fn up_reclaiming_after_1s(c: &Cluster) {
     let cfg = c.path().join("reclaim.toml");
     std::fs::write(
         &cfg,
@@ -461,6 +459,14 @@ fn deleted_files_data_is_reclaimed_from_the_io_servers() {
     .unwrap();
     let o = run(&["up", "--dir", &c.d(), "--config", cfg.to_str().unwrap()]);
     assert!(o.status.success(), "{}", text(&o));
+}
+
+/// The data of a deleted file leaves the io servers once `reclaim_after_s`
+/// has passed; a file that keeps another hard link keeps its data.
+#[test]
+fn deleted_files_data_is_reclaimed_from_the_io_servers() {
+    let c = Cluster::new(2);
+    up_reclaiming_after_1s(&c);
     let (_rt, fs) = connect(c.path());
     let root = fs.meta.root();
     let data: Vec<u8> = (0..2u32 << 20).map(|i| (i % 251) as u8).collect();
@@ -525,17 +531,7 @@ fn wait_up_to(limit: Duration, what: &str, mut f: impl FnMut() -> bool) {
 #[test]
 fn an_unlinked_open_file_keeps_its_data_until_its_last_close() {
     let c = Cluster::new(2);
-    let cfg = c.path().join("reclaim.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "[cluster]\nio_servers = 2\nreclaim_after_s = 1\nmeta_port = {}\nio_base_port = {}\n[meta]\nstripe_count = 2\n[io]\ncache_mib = 8\n",
-            c.meta_port, c.io_base
-        ),
-    )
-    .unwrap();
-    let o = run(&["up", "--dir", &c.d(), "--config", cfg.to_str().unwrap()]);
-    assert!(o.status.success(), "{}", text(&o));
+    up_reclaiming_after_1s(&c);
     let (_rt, fs) = connect(c.path());
     let root = fs.meta.root();
     let objects = |layout: &dafne_proto::Layout| -> Vec<PathBuf> {

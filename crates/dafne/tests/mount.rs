@@ -709,16 +709,7 @@ fn mistakes_get_clear_messages_and_a_nonzero_exit() {
     assert!(t.contains("is not a dafne mount"), "{t}");
     // A clean umount: the daemon exits and its record is gone.
     let records = c.dir().join("mounts");
-    let pid: u32 = std::fs::read_dir(&records)
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .file_name()
-        .into_string()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let pid: u32 = mount_daemon_pid(&records);
     let o = m.umount();
     assert!(o.status.success() && text(&o).contains("unmounted"), "{}", text(&o));
     assert!(!mounted(&m.mp));
@@ -863,19 +854,15 @@ fn unlinked_open_files_keep_their_data_until_the_last_close_or_the_mounts_death(
     assert!(b_files.iter().all(|p| p.exists()), "the data of a file still open went");
     // The daemon holding "b" dies: its session's opens are released.
     let records = c.dir().join("mounts");
-    let pid: i32 = std::fs::read_dir(&records)
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .file_name()
-        .into_string()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let pid = mount_daemon_pid(&records) as i32;
     rustix::process::kill_process(rustix::process::Pid::from_raw(pid).unwrap(), rustix::process::Signal::KILL).unwrap();
     wait_for("the killed daemon to be gone", || !alive(pid as u32));
     wait_for("the dead mount's file's data to be reclaimed", || b_files.iter().all(|p| !p.exists()));
     drop(b);
     assert!(!log().contains("error:"), "{}", log());
+}
+
+/// The pid of the one mount daemon recorded in a cluster's `mounts/`.
+fn mount_daemon_pid(records: &std::path::Path) -> u32 {
+    std::fs::read_dir(records).unwrap().next().unwrap().unwrap().file_name().into_string().unwrap().parse().unwrap()
 }
