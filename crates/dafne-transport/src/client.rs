@@ -191,6 +191,7 @@ impl ClientSide {
         conn.state.set(State::Ready);
         l.client.by_nonce.borrow_mut().remove(&conn.nonce);
         l.client.by_token.borrow_mut().insert(m.hdr.token, id);
+        l.gate.client_tokens.borrow_mut().insert(m.hdr.token);
         if let Some(tx) = conn.ready_tx.borrow_mut().take() {
             let _ = tx.send(Ok(()));
         }
@@ -348,6 +349,7 @@ impl ClientSide {
     fn forget_endpoints(l: &Local, c: &ClientConn) {
         let cs = &l.client;
         cs.by_token.borrow_mut().remove(&c.token.get());
+        l.gate.client_tokens.borrow_mut().remove(&c.token.get());
         cs.by_nonce.borrow_mut().remove(&c.nonce);
         for ep in [c.ctrl.borrow_mut().take(), c.data.borrow_mut().take()].into_iter().flatten() {
             cs.by_ep.borrow_mut().remove(&ep.id());

@@ -178,6 +178,10 @@ impl LogLimit {
 #[derive(Default)]
 pub(crate) struct Gate {
     pub(crate) conns: RefCell<std::collections::HashMap<u32, u64>>,
+    /// Tokens of this runtime's live client connections: a reply (or pong)
+    /// must carry one, so a peer that is not our server cannot make us
+    /// receive a reply-sized payload.
+    pub(crate) client_tokens: RefCell<std::collections::HashSet<u64>>,
 }
 
 /// Largest hello or welcome payload: host id, a u32, the address length and
@@ -194,7 +198,7 @@ impl Gate {
             FrameKind::Request => {
                 (self.conns.borrow().get(&hdr.conn_id) == Some(&hdr.token)).then_some(opts.max_request)
             }
-            FrameKind::Reply => Some(opts.max_reply),
+            FrameKind::Reply => self.client_tokens.borrow().contains(&hdr.token).then_some(opts.max_reply),
         }
     }
 }
@@ -650,13 +654,25 @@ fn run_loop(
 /// `limit`; ends when the runtime is dropped.
 fn watchdog(shared: std::sync::Weak<Shared>, limit: Duration, name: &str) {
     let every = (limit / 4).clamp(Duration::from_millis(100), Duration::from_secs(1));
+    let mut last_check = Instant::now();
+    let mut baseline = Duration::ZERO;
     loop {
         std::thread::sleep(every);
+        let now = Instant::now();
+        let overslept = now.duration_since(last_check) > every * 2 + Duration::from_millis(200);
+        last_check = now;
         let Some(sh) = shared.upgrade() else { return };
+        if overslept {
+            // The watchdog itself did not run on time: the whole process was
+            // stopped (SIGSTOP, a frozen cgroup, a debugger) or starved. The
+            // loop gets a fresh `limit` from now rather than being blamed.
+            baseline = sh.born.elapsed();
+            continue;
+        }
         if sh.stopping.load(SeqCst) || sh.watchdog_off.load(SeqCst) {
             return;
         }
-        let beat = Duration::from_millis(sh.heartbeat.load(std::sync::atomic::Ordering::Relaxed));
+        let beat = Duration::from_millis(sh.heartbeat.load(std::sync::atomic::Ordering::Relaxed)).max(baseline);
         let silent = sh.born.elapsed().saturating_sub(beat);
         if silent > limit {
             eprintln!(

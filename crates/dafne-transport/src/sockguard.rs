@@ -53,6 +53,11 @@ pub const STUCK_SCANS: u32 = 3;
 /// connecting together leave only a handful pending; each pending one costs
 /// UCX a descriptor and its private-data buffer (~2 KiB).
 pub const MAX_PENDING_HANDSHAKES: usize = 64;
+/// Resets per scan, at most: UCX tears each reset endpoint down on its
+/// async thread, and hundreds at once (a flood past ~1,000 descriptors)
+/// were seen to make UCX 1.13 close descriptors twice; a flood is worked
+/// off over a few seconds instead.
+pub const MAX_RESETS_PER_SCAN: usize = 16;
 /// At most one summary line per this period.
 pub const LOG_EVERY: Duration = Duration::from_secs(10);
 
@@ -153,8 +158,10 @@ fn run(port: u16, deadline: Duration, shared: &Shared, stop: &AtomicBool) {
         }
         let now = Instant::now();
         let socks = our_sockets();
-        settled.retain(|ino| socks.iter().any(|(i, _)| i == ino));
-        seen.retain(|ino, _| socks.iter().any(|(i, _)| i == ino));
+        let live: std::collections::HashSet<u64> = socks.iter().map(|&(i, _)| i).collect();
+        settled.retain(|ino| live.contains(ino));
+        seen.retain(|ino, _| live.contains(ino));
+        let mut resets_this_scan = 0usize;
         let mut pending: Vec<(u64, i32, Instant)> = Vec::new();
         for &(ino, fd) in &socks {
             if settled.contains(&ino) {
@@ -175,8 +182,11 @@ fn run(port: u16, deadline: Duration, shared: &Shared, stop: &AtomicBool) {
             if p.state != TCP_ESTABLISHED && p.state != TCP_CLOSE_WAIT {
                 continue; // the listener itself, or a socket on its way out
             }
+            let fresh = !seen.contains_key(&ino);
             let e = seen.entry(ino).or_insert(Seen { first_seen: now, last_rx: p.unread, still: 0 });
-            if p.unread == e.last_rx {
+            if fresh {
+                // First sighting: nothing to compare with yet.
+            } else if p.unread == e.last_rx {
                 e.still += 1;
             } else {
                 e.still = 0;
@@ -184,11 +194,13 @@ fn run(port: u16, deadline: Duration, shared: &Shared, stop: &AtomicBool) {
             }
             match judge(now.duration_since(e.first_seen), p.unread, e.still, deadline) {
                 Verdict::Keep => pending.push((ino, fd, e.first_seen)),
-                _ => {
+                _ if resets_this_scan < MAX_RESETS_PER_SCAN => {
+                    resets_this_scan += 1;
                     if reset(fd, ino, shared) {
                         reset_since_log += 1;
                     }
                 }
+                _ => {}
             }
         }
         if pending.len() > MAX_PENDING_HANDSHAKES {
@@ -196,7 +208,7 @@ fn run(port: u16, deadline: Duration, shared: &Shared, stop: &AtomicBool) {
             // milliseconds, so the sockets that have waited longest are the
             // flood's, and a client arriving during a flood gets through.
             pending.sort_by_key(|&(_, _, t)| t);
-            let excess = pending.len() - MAX_PENDING_HANDSHAKES;
+            let excess = (pending.len() - MAX_PENDING_HANDSHAKES).min(MAX_RESETS_PER_SCAN - resets_this_scan);
             for &(ino, fd, _) in &pending[..excess] {
                 if reset(fd, ino, shared) {
                     reset_since_log += 1;

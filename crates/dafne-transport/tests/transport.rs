@@ -389,6 +389,15 @@ fn the_watchdog_aborts_a_server_whose_loop_is_stuck() {
     };
     c.call(block(300)).expect("a short block is answered");
     assert!(server.child.try_wait().unwrap().is_none(), "the server died on a short block");
+    // A process stopped as a whole (SIGSTOP, a frozen cgroup) is not stuck:
+    // it serves on when continued.
+    let pid = server.child.id().to_string();
+    assert!(Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(Command::new("kill").args(["-CONT", &pid]).status().unwrap().success());
+    c.call(block(10)).expect("a server continued after a stop serves on");
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(server.child.try_wait().unwrap().is_none(), "the watchdog killed a server that was only stopped");
     let _pending = c.call_async(block(10_000));
     let deadline = Instant::now() + Duration::from_secs(20);
     let status = loop {
