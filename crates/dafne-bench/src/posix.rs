@@ -565,7 +565,7 @@ mod tests {
     fn fio_report_of_four_psync_jobs_is_summed_from_real_output() {
         let r = parse_fio(include_str!("../testdata/fio-seq-read-4jobs.json")).unwrap();
         assert_eq!(r.version, "fio-3.33");
-        assert_eq!(r.read_bytes, 4 * 64 << 20);
+        assert_eq!(r.read_bytes, 4 * (64 << 20));
         assert_eq!(r.write_bytes, 0);
         assert_eq!(r.bytes(), 268435456);
         assert!(r.bw_bytes > 0.0 && r.iops > 0.0 && r.runtime_ms > 0);

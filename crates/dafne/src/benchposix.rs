@@ -315,7 +315,7 @@ fn native_write(s: &Session, stop: &Stop, size: u64) -> Result<u64> {
         .map_err(|e| anyhow::anyhow!("registering the native buffer: {e}"))?;
     let mut off = 0u64;
     while off < size {
-        if off % (64 << 20) == 0 {
+        if off.is_multiple_of(64 << 20) {
             stop.check()?;
         }
         let n = (size - off).min(NATIVE_BLOCK as u64) as usize;
@@ -344,7 +344,7 @@ fn native_read(s: &Session, stop: &Stop, size: u64) -> Result<u64> {
         .map_err(|e| anyhow::anyhow!("registering the native buffer: {e}"))?;
     let mut off = 0u64;
     while off < size {
-        if off % (64 << 20) == 0 {
+        if off.is_multiple_of(64 << 20) {
             stop.check()?;
         }
         let n = (size - off).min(NATIVE_BLOCK as u64) as usize;
@@ -382,7 +382,7 @@ pub fn run(a: PosixBench, parse_size: impl Fn(&str) -> Result<usize>) -> Result<
     if runs == 0 || runtime_s == 0 || transactions == 0 {
         bail!("--runs, --runtime and --transactions must be at least 1");
     }
-    if size < NATIVE_BLOCK as u64 || size % NATIVE_BLOCK as u64 != 0 {
+    if size < NATIVE_BLOCK as u64 || !size.is_multiple_of(NATIVE_BLOCK as u64) {
         bail!("--size must be a multiple of 128 KiB (the sequential rows' block)");
     }
     // Every missing program at once, before anything starts.
