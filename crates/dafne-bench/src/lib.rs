@@ -4,4 +4,5 @@
 pub mod io;
 pub mod meta;
 pub mod perftest;
+pub mod posix;
 pub mod transport;

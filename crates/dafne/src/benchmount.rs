@@ -56,7 +56,7 @@ struct Report {
 }
 
 /// Runs `dafne ARGS`, failing with its output.
-fn dafne(args: &[&str]) -> Result<String> {
+pub(crate) fn dafne(args: &[&str]) -> Result<String> {
     let exe = std::env::current_exe().context("locating the dafne executable")?;
     let o = Command::new(exe).args(args).output().context("running dafne")?;
     let text = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
@@ -89,7 +89,7 @@ impl Drop for Down {
     }
 }
 
-struct RemoveTreeOnDrop(PathBuf);
+pub(crate) struct RemoveTreeOnDrop(pub PathBuf);
 
 impl Drop for RemoveTreeOnDrop {
     fn drop(&mut self) {
@@ -111,28 +111,54 @@ fn drop_cache(path: &Path) -> Result<()> {
     Ok(())
 }
 
+/// A fresh local cluster (`dafne up` with the embedded defaults on free
+/// ports) in `root/cluster`, mounted at `root/mnt`. Dropping it unmounts,
+/// takes the cluster down and removes `root`, however the benchmark ends.
+pub(crate) struct ScratchCluster {
+    pub dir: PathBuf,
+    pub mnt: PathBuf,
+    pub io_servers: u32,
+    // Dropped in this order: the cluster down first, then the directory.
+    down: Option<Down>,
+    _scratch: RemoveTreeOnDrop,
+}
+
+impl ScratchCluster {
+    /// Creates `root` (which must not hold anything of value: it is removed
+    /// when this is dropped), starts the cluster and mounts it.
+    pub(crate) fn start(root: &Path) -> Result<ScratchCluster> {
+        std::fs::create_dir_all(root).with_context(|| format!("creating {}", root.display()))?;
+        let scratch = RemoveTreeOnDrop(root.to_path_buf());
+        let dir = root.join("cluster");
+        let mnt = root.join("mnt");
+        std::fs::create_dir_all(&mnt)?;
+        let d = dir.display().to_string();
+        let io_servers = 4u32;
+        let (meta, base) = free_port_base(io_servers as u16)?;
+        dafne(&["up", "--dir", &d, "--meta-port", &meta.to_string(), "--io-base-port", &base.to_string()])?;
+        let down = Down(dir.clone());
+        dafne(&["mount", &mnt.display().to_string(), "--dir", &d])?;
+        Ok(ScratchCluster { dir, mnt, io_servers, down: Some(down), _scratch: scratch })
+    }
+
+    /// Unmounts and stops the cluster now (the directory stays until drop).
+    pub(crate) fn down(&mut self) {
+        self.down.take();
+    }
+}
+
 pub fn run(a: MountBench, parse_size: impl Fn(&str) -> Result<usize>) -> Result<()> {
     let size = parse_size(&a.size)?;
     if a.files == 0 || a.random_ops == 0 {
         bail!("--files and --random-ops must be at least 1");
     }
     let root = a.scratch.join(format!("dafne-bench-mount-{}", std::process::id()));
-    std::fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
-    // Removed however the run ends (declared first: dropped last, after the
-    // cluster is down).
-    let _scratch = RemoveTreeOnDrop(root.clone());
-    let dir = root.join("cluster");
-    let mnt = root.join("mnt");
-    std::fs::create_dir_all(&mnt)?;
-    let d = dir.display().to_string();
-    let io_servers = 4u32;
-    let (meta, base) = free_port_base(io_servers as u16)?;
     let started = Instant::now();
     let step = |what: &str| eprintln!("[{:>6.1}s] {what}", started.elapsed().as_secs_f64());
     step("starting a cluster (dafne up) and mounting it");
-    dafne(&["up", "--dir", &d, "--meta-port", &meta.to_string(), "--io-base-port", &base.to_string()])?;
-    let _down = Down(dir.clone());
-    dafne(&["mount", &mnt.display().to_string(), "--dir", &d])?;
+    let mut cluster = ScratchCluster::start(&root)?;
+    let (dir, mnt, io_servers) = (cluster.dir.clone(), cluster.mnt.clone(), cluster.io_servers);
+    let d = dir.display().to_string();
     let mut rows = Vec::new();
     let mib = size as f64 / (1 << 20) as f64;
     let mut row = |what: &str, amount: String, seconds: f64, rate: f64, unit: &'static str| {
@@ -279,7 +305,7 @@ pub fn run(a: MountBench, parse_size: impl Fn(&str) -> Result<usize>) -> Result<
         bail!("dafne cp did not copy back {size} bytes: {out}");
     }
     step("taking the cluster down");
-    drop(_down);
+    cluster.down();
     step("done");
     let report = Report { machine: dafne_bench::transport::machine(), io_servers, rows };
     println!("machine: {}\ncluster: `dafne up` defaults ({} io servers), FUSE mount\n", report.machine, io_servers);

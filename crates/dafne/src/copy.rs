@@ -104,12 +104,12 @@ fn human(b: u64) -> String {
     }
 }
 
-fn errno(what: &str, path: &str, e: Errno) -> anyhow::Error {
+pub(crate) fn errno(what: &str, path: &str, e: Errno) -> anyhow::Error {
     anyhow::anyhow!("{what} dafne:{path}: {e}")
 }
 
 /// Splits `/a/b/c` into the parent's inode and the last name.
-fn parent_of(meta: &MetaSession, path: &str) -> Result<(u64, Vec<u8>)> {
+pub(crate) fn parent_of(meta: &MetaSession, path: &str) -> Result<(u64, Vec<u8>)> {
     let trimmed = path.trim_end_matches('/');
     let (dir, name) = trimmed.rsplit_once('/').unwrap_or(("", trimmed));
     if name.is_empty() {
@@ -122,29 +122,49 @@ fn parent_of(meta: &MetaSession, path: &str) -> Result<(u64, Vec<u8>)> {
     Ok((parent.ino, name.as_bytes().to_vec()))
 }
 
+/// The client library connected to a running cluster from this process:
+/// a metadata session as this process's user and the io servers. `dafne
+/// cp` and the native rows of `dafne bench posix` use it.
+pub(crate) struct Session {
+    pub meta: MetaSession,
+    pub data: DataClient,
+    // Dropped last: the sessions above run on it.
+    _rt: dafne_transport::Runtime,
+}
+
+impl Session {
+    /// Connects to the cluster of `dir`; `name` names this client in the
+    /// transport's logs and the metadata server's sessions.
+    pub(crate) fn connect(dir: &Path, name: &str) -> Result<Session> {
+        let info = ClusterInfo::load(dir)?;
+        let rt = dafne_transport::Runtime::new(dafne_transport::RuntimeOptions {
+            name: name.into(),
+            ucx_config: info.ucx.clone(),
+            ..Default::default()
+        })?;
+        let secret = dafne_auth::Secret::load(&info.secret)
+            .with_context(|| format!("reading the cluster secret {}", info.secret.display()))?;
+        let uid = rustix::process::getuid().as_raw();
+        let gid = rustix::process::getgid().as_raw();
+        let meta = MetaSession::connect(&rt, info.meta, &secret, &format!("dafne-{name}"), uid, gid)
+            .context("connecting to the metadata server")?;
+        let data = DataClient::connect(&rt, &info.io).context("connecting to the io servers")?;
+        Ok(Session { meta, data, _rt: rt })
+    }
+}
+
 pub fn cp(a: CpArgs) -> Result<()> {
     let dir = crate::cluster::resolve_dir(a.dir.as_deref())?;
     let (src, dst) = (side(&a.src), side(&a.dst));
-    let info = ClusterInfo::load(&dir)?;
-    let rt = dafne_transport::Runtime::new(dafne_transport::RuntimeOptions {
-        name: "cp".into(),
-        ucx_config: info.ucx.clone(),
-        ..Default::default()
-    })?;
-    let secret = dafne_auth::Secret::load(&info.secret)
-        .with_context(|| format!("reading the cluster secret {}", info.secret.display()))?;
-    let uid = rustix::process::getuid().as_raw();
-    let gid = rustix::process::getgid().as_raw();
-    let meta = MetaSession::connect(&rt, info.meta, &secret, "dafne-cp", uid, gid)
-        .context("connecting to the metadata server")?;
-    let data = DataClient::connect(&rt, &info.io).context("connecting to the io servers")?;
+    let s = Session::connect(&dir, "cp")?;
+    let (meta, data) = (&s.meta, &s.data);
     let mut regions = (0..DEPTH)
         .map(|_| data.register(vec![0u8; CHUNK], Access::RemoteReadWrite))
         .collect::<Result<Vec<Region>, Errno>>()
         .map_err(|e| anyhow::anyhow!("registering copy buffers: {e}"))?;
     match (src, dst) {
-        (Side::Local(from), Side::Dafne(to)) => upload(&meta, &data, &mut regions, &from, &to, a.force),
-        (Side::Dafne(from), Side::Local(to)) => download(&meta, &data, &mut regions, &from, &to, a.force),
+        (Side::Local(from), Side::Dafne(to)) => upload(meta, data, &mut regions, &from, &to, a.force),
+        (Side::Dafne(from), Side::Local(to)) => download(meta, data, &mut regions, &from, &to, a.force),
         _ => bail!("one side must be local and the other `dafne:/path` (e.g. `dafne cp big.bin dafne:/big.bin`)"),
     }
 }

@@ -2,6 +2,7 @@
 //! printing here; the work lives in the library crates.
 
 mod benchmount;
+mod benchposix;
 mod cluster;
 mod copy;
 mod local;
@@ -81,6 +82,9 @@ enum Bench {
     /// Through a FUSE mount of a fresh local cluster: sequential and 4 KiB
     /// random I/O, metadata operations, and `dafne cp` beside it.
     Mount(benchmount::MountBench),
+    /// fio and PostMark on a fresh dafne mount beside the FUSE ceiling
+    /// (bindfs over tmpfs) and the native client, with CPU time per GB.
+    Posix(benchposix::PosixBench),
 }
 
 #[derive(Args)]
@@ -382,6 +386,7 @@ fn run() -> Result<()> {
         Cmd::Bench(Bench::Meta(a)) => bench_meta(a),
         Cmd::Bench(Bench::Io(a)) => bench_io(a),
         Cmd::Bench(Bench::Mount(a)) => benchmount::run(a, parse_size),
+        Cmd::Bench(Bench::Posix(a)) => benchposix::run(a, parse_size),
         Cmd::Serve(Serve::Meta(a)) => dafne_meta::server::serve_forever(&a.to_options()?),
         Cmd::Serve(Serve::Io(a)) => dafne_io::server::serve_forever(&a),
         Cmd::TransportPeer(p) => {
