@@ -102,10 +102,13 @@ fn write() -> impl Strategy<Value = IoRequest> {
             let inline_len: usize = inlined.iter().map(|e| e.len as usize).sum();
             // Keyed and inline extents interleaved in any order; the total
             // stays within MAX_IO_BYTES only if the keyed part leaves room.
+            // The count stays within MAX_IO_EXTENTS likewise (a full keyed
+            // list plus inline extents went past it: a rare false failure).
             let keyed: Vec<IoExtent> = {
                 let mut total = inline_len as u64;
                 keyed
                     .into_iter()
+                    .take(MAX_IO_EXTENTS - inlined.len())
                     .take_while(|e| {
                         total += u64::from(e.len);
                         total <= MAX_IO_BYTES as u64

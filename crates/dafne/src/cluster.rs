@@ -453,10 +453,22 @@ pub fn same_process_alive(pid: u32, start: u64) -> bool {
 }
 
 /// Whether a process exists (and is not a zombie).
+///
+/// A process whose main thread has exited shows that thread as a zombie
+/// while its other threads are still exiting, and those still hold the
+/// process's files (the metadata store's lock, its ports): it is gone only
+/// when the zombie leader is its last task. (Seen in CI: `down` returned,
+/// and the next `up`'s meta found the store still locked.)
 pub fn pid_alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         // The state follows the command name in parentheses.
-        Ok(s) => s.rsplit_once(')').map(|(_, rest)| !rest.trim_start().starts_with('Z')).unwrap_or(false),
+        Ok(s) => match s.rsplit_once(')') {
+            Some((_, rest)) if rest.trim_start().starts_with('Z') => {
+                std::fs::read_dir(format!("/proc/{pid}/task")).map(|d| d.count() > 1).unwrap_or(false)
+            }
+            Some(_) => true,
+            None => false,
+        },
         Err(_) => false,
     }
 }
