@@ -308,21 +308,11 @@ fn native_write(s: &Session, stop: &Stop, size: u64) -> Result<u64> {
         Err(Errno::EEXIST) => s.meta.lookup(parent, &name).map_err(|e| errno("looking up", path, e))?,
         Err(e) => return Err(errno("creating", path, e)),
     };
-    let f = s.meta.open(attr.ino, dafne_proto::OPEN_WRITE).map_err(|e| errno("opening", path, e))?;
-    let region = s
-        .data
-        .register(vec![0x5a; NATIVE_BLOCK], Access::RemoteReadWrite)
-        .map_err(|e| anyhow::anyhow!("registering the native buffer: {e}"))?;
-    let mut off = 0u64;
-    while off < size {
-        if off.is_multiple_of(64 << 20) {
-            stop.check()?;
-        }
-        let n = (size - off).min(NATIVE_BLOCK as u64) as usize;
-        futures::executor::block_on(s.data.write_region(&f, off, &region, 0, n, Stability::Unstable))
-            .map_err(|e| errno("writing", path, e))?;
-        off += n as u64;
-    }
+    let off = native_loop(s, stop, path, attr.ino, dafne_proto::OPEN_WRITE, 0x5a, size, |f, off, region, n| {
+        futures::executor::block_on(s.data.write_region(f, off, region, 0, n, Stability::Unstable))
+            .map(|_| ())
+            .map_err(|e| errno("writing", path, e))
+    })?;
     s.meta
         .setattr(attr.ino, dafne_proto::SetAttr { size: Some(off), ..Default::default() })
         .map_err(|e| errno("setting the size of", path, e))?;
@@ -337,22 +327,47 @@ fn native_read(s: &Session, stop: &Stop, size: u64) -> Result<u64> {
     if attr.size < size {
         bail!("dafne:{path} holds {} bytes, not {size}", attr.size);
     }
-    let f = s.meta.open(attr.ino, dafne_proto::OPEN_READ).map_err(|e| errno("opening", path, e))?;
-    let region = s
-        .data
-        .register(vec![0; NATIVE_BLOCK], Access::RemoteReadWrite)
-        .map_err(|e| anyhow::anyhow!("registering the native buffer: {e}"))?;
-    let mut off = 0u64;
-    while off < size {
-        if off.is_multiple_of(64 << 20) {
-            stop.check()?;
+    native_loop(s, stop, path, attr.ino, dafne_proto::OPEN_READ, 0, size, |f, off, region, n| {
+        futures::executor::block_on(s.data.read_region(f, off, region, 0, n))
+            .map(|_| ())
+            .map_err(|e| errno("reading", path, e))
+    })
+}
+
+/// Opens `ino`, moves `size` bytes through one registered `NATIVE_BLOCK`
+/// region with `io` one request at a time (checking for a stop every 64
+/// MiB), and closes the open again. Returns the bytes moved.
+#[allow(clippy::too_many_arguments)]
+fn native_loop(
+    s: &Session,
+    stop: &Stop,
+    path: &str,
+    ino: dafne_proto::Ino,
+    flags: u32,
+    fill: u8,
+    size: u64,
+    mut io: impl FnMut(&dafne_client::OpenFile, u64, &dafne_transport::Region, usize) -> Result<()>,
+) -> Result<u64> {
+    let f = s.meta.open(ino, flags).map_err(|e| errno("opening", path, e))?;
+    let moved = (|| {
+        let region = s
+            .data
+            .register(vec![fill; NATIVE_BLOCK], Access::RemoteReadWrite)
+            .map_err(|e| anyhow::anyhow!("registering the native buffer: {e}"))?;
+        let mut off = 0u64;
+        while off < size {
+            if off.is_multiple_of(64 << 20) {
+                stop.check()?;
+            }
+            let n = (size - off).min(NATIVE_BLOCK as u64) as usize;
+            io(&f, off, &region, n)?;
+            off += n as u64;
         }
-        let n = (size - off).min(NATIVE_BLOCK as u64) as usize;
-        futures::executor::block_on(s.data.read_region(&f, off, &region, 0, n))
-            .map_err(|e| errno("reading", path, e))?;
-        off += n as u64;
-    }
-    Ok(off)
+        Ok(off)
+    })();
+    // The open holds the file's data in meta until it is released.
+    let _ = futures::executor::block_on(s.meta.close_async(f.layout.object_id));
+    moved
 }
 
 fn is_tmpfs(p: &Path) -> Result<bool> {
