@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use common::{alive, dafne, free_ports, text, wait_for};
+use common::{alive, dafne, free_ports, pattern, text, wait_for};
 
 fn run(args: &[&str]) -> Output {
     dafne().args(args).output().expect("running dafne")
@@ -502,17 +502,6 @@ fn deleted_files_data_is_reclaimed_from_the_io_servers() {
     let log = || std::fs::read_to_string(c.path().join("logs/supervisor.log")).unwrap();
     wait_for("the reclaimer's log line", || log().contains("reclaimed the data of 1 deleted file"));
     assert!(!log().contains("error:"), "{}", log());
-}
-
-/// Bytes that differ at every offset (a shifted copy, or zeros, show).
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-    (0..len)
-        .map(|_| {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            (x >> 33) as u8
-        })
-        .collect()
 }
 
 /// Polls `f` until it holds; panics after `limit`.

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::Output;
 use std::time::{Duration, Instant};
 
-use common::{alive, dafne, free_ports, text, wait_for};
+use common::{alive, dafne, free_ports, pattern, text, wait_for};
 
 fn run(args: &[&str]) -> Output {
     dafne().args(args).output().expect("running dafne")
@@ -95,19 +95,6 @@ fn cpu_time(pid: u32) -> Duration {
     Duration::from_millis(ticks * 10) // USER_HZ is 100 on Linux
 }
 
-/// A small xorshift generator: random-looking bytes, reproducible.
-fn noise(seed: u64, n: usize) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
 /// Whether the server ended this connection (EOF or reset) within `within`.
 fn ended_by_server(s: &mut TcpStream, within: Duration) -> bool {
     let deadline = Instant::now() + within;
@@ -130,7 +117,7 @@ fn honest_client_round_trip(c: &Up, tag: u64) {
     let scratch = tempfile::tempdir().unwrap();
     let src = scratch.path().join("in.bin");
     let back = scratch.path().join("out.bin");
-    let data = noise(tag, 3_000_000);
+    let data = pattern(3_000_000, tag);
     std::fs::write(&src, &data).unwrap();
     let remote = format!("dafne:/honest-{tag}.bin");
     let o = run(&["cp", "--dir", &c.d(), src.to_str().unwrap(), &remote]);
@@ -157,7 +144,7 @@ fn garbage_on_every_port_leaves_the_servers_idle_and_serving() {
             for k in 0..4u64 {
                 let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else { continue };
                 attempts += 1;
-                let _ = s.write_all(&noise(port as u64 * 31 + k, 4096));
+                let _ = s.write_all(&pattern(4096, port as u64 * 31 + k));
                 if k % 2 == 0 {
                     kept.push((name.clone(), port, s));
                 } // else: dropped here, closed right after writing

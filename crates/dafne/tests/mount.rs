@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::{Mutex, MutexGuard};
 
-use common::{alive, dafne, free_ports, text, wait_for};
+use common::{alive, dafne, free_ports, pattern, text, wait_for};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -198,17 +198,6 @@ impl Drop for Mount {
 fn mounted(mp: &Path) -> bool {
     let want = mp.to_string_lossy().into_owned();
     std::fs::read_to_string("/proc/self/mountinfo").unwrap().lines().any(|l| l.split(' ').nth(4) == Some(&want))
-}
-
-/// Bytes that differ at every offset (a shifted or torn copy shows).
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-    (0..len)
-        .map(|_| {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            (x >> 33) as u8
-        })
-        .collect()
 }
 
 #[test]
