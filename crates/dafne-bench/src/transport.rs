@@ -51,7 +51,7 @@ impl Transport {
     pub fn ucx(self) -> Vec<(String, String)> {
         let tls = match self {
             Transport::Tcp => "tcp",
-            Transport::Shm => "posix,sysv,self,tcp",
+            Transport::Shm => "posix,sysv,cma,self,tcp",
             Transport::Cma => "cma,sysv,self,tcp",
         };
         vec![("TLS".into(), tls.into()), ("NET_DEVICES".into(), "lo".into())]

@@ -414,7 +414,7 @@ impl DataClient {
             return Ok(r);
         }
         let ctx = self.context().ok_or(Errno::EIO)?;
-        Region::allocate(ctx, BOUNCE_SIZE, Access::RemoteReadWrite).map_err(|_| Errno::ENOMEM)
+        bounce_region(ctx)
     }
 
     /// Registers bounce buffers now until the pool holds `n` of them (at
@@ -425,7 +425,7 @@ impl DataClient {
         let ctx = self.context().ok_or(Errno::EIO)?;
         let mut pool = self.bounce.lock().map_err(|_| Errno::EIO)?;
         while pool.len() < n.min(BOUNCE_KEEP) {
-            pool.push(Region::allocate(ctx, BOUNCE_SIZE, Access::RemoteReadWrite).map_err(|_| Errno::ENOMEM)?);
+            pool.push(bounce_region(ctx)?);
         }
         Ok(())
     }
@@ -564,6 +564,14 @@ impl DataClient {
             self.verifier().forget(cap.object_id, server);
         }
         Ok(reply)
+    }
+
+    /// Sends one io request, exactly as given, to io server `server` (an
+    /// index into the cluster's io servers) and returns its answer. For
+    /// tools and tests that speak the io protocol directly (the hostile
+    /// client suite builds requests no well-behaved client would).
+    pub async fn raw_request(&self, server: usize, req: &IoRequest) -> Result<IoResponse, Errno> {
+        self.call(server, req).await
     }
 
     /// Connections opened again after io servers were lost, over all servers.
@@ -972,6 +980,14 @@ pub fn object_capability(secret: &dafne_auth::Secret, object_id: u64) -> Capabil
     let mut cap = Capability { object_id, rights, expiry_unix_ns: 0, mac: [0; 32] };
     secret.sign(&mut cap, std::time::SystemTime::now());
     cap
+}
+
+/// One bounce buffer, allocated (and registered) by UCX: on one host a
+/// shared-memory segment that io servers map for RMA once the kernel shows
+/// this process created it (`dafne_transport`'s `peer`, `dafne_ucx`'s
+/// `KeyShape`).
+fn bounce_region(ctx: &dafne_transport::Context) -> Result<Region, Errno> {
+    Region::allocate(ctx, BOUNCE_SIZE, Access::RemoteReadWrite).map_err(|_| Errno::ENOMEM)
 }
 
 #[cfg(test)]

@@ -486,7 +486,7 @@ impl Direct {
             }
             return Ok(IoResponse::Read { bytes, data });
         }
-        let rkeys = remote_keys(conn, keys)?;
+        let rkeys = remote_keys(conn, keys, extents)?;
         match self.mode {
             ServingMode::Mmap => self.read_mapped(conn, object, &rkeys, extents).await?,
             _ => self.read_copied(conn, object, &rkeys, extents).await?,
@@ -647,7 +647,7 @@ impl Direct {
         }
         let work = pieces(extents, POOL_BUFFER_SIZE);
         if !work.is_empty() {
-            let rkeys = remote_keys(conn, keys)?;
+            let rkeys = remote_keys(conn, keys, extents)?;
             let mut private = vec![0u8; POOL_BUFFER_SIZE];
             for batch in work.chunks(BUFFERS_PER_REQUEST) {
                 let bufs = self.pool.take(batch.len(), &self.stats).await?;
@@ -708,11 +708,30 @@ impl Direct {
 
 /// The client's packed keys, unpacked on its connection (cached); a bad
 /// key is `EINVAL`.
-pub(crate) fn remote_keys(conn: &ConnHandle, keys: &[Vec<u8>]) -> Result<Vec<Rc<dafne_transport::RemoteKey>>, Errno> {
-    keys.iter().map(|k| conn.remote_key(k)).collect::<Result<Vec<_>, _>>().map_err(|e| {
+/// Unpacks a request's keys (cached per connection) and checks, before
+/// anything is read or written, that every extent lies inside the window
+/// its key was registered for: a client can make this server reach only
+/// memory it registered, in its own process (`dafne_ucx::RemoteKey`; the
+/// endpoint checks each put and get again). A bad key is `EINVAL`, an
+/// extent outside its key's window `EFAULT`.
+pub(crate) fn remote_keys(
+    conn: &ConnHandle,
+    keys: &[Vec<u8>],
+    extents: &[IoExtent],
+) -> Result<Vec<Rc<dafne_transport::RemoteKey>>, Errno> {
+    let rkeys = keys.iter().map(|k| conn.remote_key(k)).collect::<Result<Vec<_>, _>>().map_err(|e| {
         tracing::debug!("bad key: {e}");
         Errno::EINVAL
-    })
+    })?;
+    for e in extents.iter().filter(|e| !e.is_inline()) {
+        let key = rkeys.get(e.key as usize).ok_or(Errno::EINVAL)?;
+        if !key.covers(e.addr, e.len as u64) {
+            let (base, len) = key.window();
+            tracing::debug!("extent {:#x}+{} outside its key's window {base:#x}+{len}", e.addr, e.len);
+            return Err(Errno::EFAULT);
+        }
+    }
+    Ok(rkeys)
 }
 
 #[cfg(test)]

@@ -206,8 +206,9 @@ impl IoService {
         let store = &*self.store;
         match (req, &self.backend) {
             (IoRequest::Read { keys, extents, inline_reply, .. }, Backend::Unifier(u)) => {
+                let rkeys = crate::modes::remote_keys(conn, &keys, &extents)?;
                 let work = cut(u, object, &extents)?;
-                self.read(conn, u, object, &keys, work, inline_reply).await
+                self.read(conn, u, object, &rkeys, work, inline_reply).await
             }
             (IoRequest::Read { keys, extents, inline_reply, .. }, Backend::Direct(d)) => {
                 d.read(conn, object, &keys, &extents, inline_reply).await
@@ -216,8 +217,9 @@ impl IoService {
                 let bytes = extents.iter().map(|e| e.len as u64).sum();
                 match backend {
                     Backend::Unifier(u) => {
+                        let rkeys = crate::modes::remote_keys(conn, &keys, &extents)?;
                         let work = cut(u, object, &extents)?;
-                        self.write(conn, u, object, &keys, work, &inline, stability).await?
+                        self.write(conn, u, object, &rkeys, work, &inline, stability).await?
                     }
                     Backend::Direct(d) => d.write(conn, object, &keys, &extents, &inline, stability).await?,
                 }
@@ -301,11 +303,10 @@ impl IoService {
         conn: &ConnHandle,
         unifier: &Unifier,
         object: u64,
-        keys: &[Vec<u8>],
+        rkeys: &[Rc<dafne_transport::RemoteKey>],
         work: Vec<UnitWork>,
         inline_reply: bool,
     ) -> Result<IoResponse, Errno> {
-        let rkeys = crate::modes::remote_keys(conn, keys)?;
         let mut data = Vec::new();
         let mut bytes = 0u64;
         let mut ahead = self.read_ahead(unifier, object, &work);
@@ -351,12 +352,11 @@ impl IoService {
         conn: &ConnHandle,
         unifier: &Unifier,
         object: u64,
-        keys: &[Vec<u8>],
+        rkeys: &[Rc<dafne_transport::RemoteKey>],
         work: Vec<UnitWork>,
         inline: &[u8],
         stability: Stability,
     ) -> Result<(), Errno> {
-        let rkeys = crate::modes::remote_keys(conn, keys)?;
         for batch in work.chunks(Self::batch_units(unifier, object)) {
             let mut guards = Vec::with_capacity(batch.len());
             for w in batch {

@@ -40,6 +40,7 @@ errnos! {
     EAGAIN = 11, "Resource temporarily unavailable";
     ENOMEM = 12, "Cannot allocate memory";
     EACCES = 13, "Permission denied";
+    EFAULT = 14, "Bad address";
     EBUSY = 16, "Device or resource busy";
     EEXIST = 17, "File exists";
     EXDEV = 18, "Invalid cross-device link";

@@ -26,6 +26,7 @@
 mod client;
 mod error;
 pub mod frame;
+mod peer;
 mod runtime;
 mod server;
 pub mod sockguard;

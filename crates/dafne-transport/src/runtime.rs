@@ -655,7 +655,13 @@ fn run_loop(
 fn watchdog(shared: std::sync::Weak<Shared>, limit: Duration, name: &str) {
     let every = (limit / 4).clamp(Duration::from_millis(100), Duration::from_secs(1));
     let mut last_check = Instant::now();
-    let mut baseline = Duration::ZERO;
+    // The loop is judged from when the watchdog starts, not from the
+    // runtime's birth: starting UCX on a loaded machine may take longer
+    // than `limit` and is not a stuck loop.
+    let mut baseline = match shared.upgrade() {
+        Some(sh) => sh.born.elapsed(),
+        None => return,
+    };
     loop {
         std::thread::sleep(every);
         let now = Instant::now();

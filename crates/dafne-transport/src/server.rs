@@ -269,13 +269,18 @@ impl Drop for Guarded<'_> {
 pub(crate) struct ServerSide {
     listener: RefCell<Option<dafne_ucx::Listener>>,
     service: RefCell<Option<Rc<dyn Service>>>,
-    accepted: RefCell<HashMap<usize, (Endpoint, Instant)>>,
+    /// Control endpoints waiting for their hello.
+    accepted: RefCell<HashMap<usize, Ungreeted>>,
     conns: RefCell<HashMap<u32, Rc<ServerConn>>>,
     by_ep: RefCell<HashMap<usize, u32>>,
     next_id: Cell<u32>,
     /// Resets sockets that never complete a UCX handshake (`sockguard`).
     guard: RefCell<Option<crate::sockguard::SockGuard>>,
 }
+
+/// A control endpoint waiting for its hello: when it was accepted, and the
+/// client's address as the listener saw it (`peer`).
+type Ungreeted = (Endpoint, Instant, Option<SocketAddr>);
 
 /// UCX connections accepted but not yet greeted with a `Hello`, at most.
 /// A genuine client sends its hello right after connecting, so only a
@@ -296,10 +301,11 @@ impl ServerSide {
             }
             return;
         }
+        let client = req.client_addr();
         match l.worker.accept(req) {
             Ok(ep) => {
                 l.watch_failure(&ep);
-                l.server.accepted.borrow_mut().insert(ep.id(), (ep, Instant::now()));
+                l.server.accepted.borrow_mut().insert(ep.id(), (ep, Instant::now(), client));
             }
             Err(e) => tracing::warn!("accepting a connection failed: {e}"),
         }
@@ -370,8 +376,8 @@ impl ServerSide {
 
     fn on_hello(l: &Rc<Local>, m: Inbound) {
         let stats = l.stats();
-        let ctrl = m.reply_ep.and_then(|id| l.server.accepted.borrow_mut().remove(&id)).map(|(ep, _)| ep);
-        let Some(ctrl) = ctrl else {
+        let ctrl = m.reply_ep.and_then(|id| l.server.accepted.borrow_mut().remove(&id));
+        let Some((ctrl, _, client)) = ctrl else {
             TransportStats::inc(&stats.malformed_frames);
             if l.shared.log_limit.allow() {
                 tracing::warn!("hello on an endpoint that is not a fresh control connection: dropped");
@@ -399,6 +405,16 @@ impl ServerSide {
                 return;
             }
         };
+        // The processes of this host that are the client, from the kernel
+        // (`peer`): only their System V segments may be mapped for RMA.
+        let port = l.server.listener.borrow().as_ref().and_then(|li| li.local_addr().ok()).map(|a| a.port());
+        if let (Some(client), Some(port)) = (client, port) {
+            let owners = crate::peer::socket_owners(client, port);
+            tracing::debug!("client {client} is local processes {owners:?}");
+            data.set_peer_processes(owners);
+        } else {
+            tracing::debug!("client address unknown ({client:?}, listener port {port:?}): no local process proven");
+        }
         let id = l.server.next_id.get().wrapping_add(1).max(1);
         l.server.next_id.set(id);
         if mode == dafne_ucx::ErrMode::Peer {
@@ -546,7 +562,7 @@ impl ServerSide {
             }
         }
         let timeout = o.connect_timeout;
-        l.server.accepted.borrow_mut().retain(|_, (_, t)| now.duration_since(*t) < timeout);
+        l.server.accepted.borrow_mut().retain(|_, (_, t, _)| now.duration_since(*t) < timeout);
     }
 
     pub(crate) fn shutdown(l: &Rc<Local>) {

@@ -124,15 +124,17 @@ fn multi_segment_lists_scatter_and_gather() {
 }
 
 /// Malformed keys are refused by dafne's structural check before UCX parses
-/// them (UCX 1.13 crashes on some). Revoked keys are refused by the memory
-/// system that serves RMA: the NIC on RDMA, the kernel for cma, the
-/// shared-memory segment for posix/sysv. Where UCX 1.13 falls back to RMA
-/// emulated over active messages (TCP, and cma with UCX-allocated memory)
-/// the target's UCX checks no key and writes wherever it is told
-/// (ARCHITECTURE.md, "Trust"), so the revoked-key case runs over shared
-/// memory, the transport here that enforces keys.
+/// them (UCX 1.13 crashes on some), and so are ranges outside a key's
+/// window. Memory that is gone (a revoked key) is refused by the memory
+/// system that serves RMA: the NIC on RDMA. On one host, servers never map
+/// a peer's shared-memory segment (`dafne_ucx`'s `KeyShape`), so UCX 1.13
+/// serves their puts and gets by RMA emulated over active messages, where
+/// the *client's* UCX writes its own memory and checks no key
+/// (ARCHITECTURE.md, "Trust"): a revoked key there harms only the client
+/// that revoked memory under its own request, and no transport on this
+/// machine refuses it, so that case is not run here.
 #[test]
-fn bad_and_revoked_keys_fail_cleanly() {
+fn bad_keys_and_ranges_outside_the_window_fail_cleanly() {
     for tls in ALL {
         let server = spawn_server(tls, &[]);
         let rt = client_runtime(tls);
@@ -150,16 +152,12 @@ fn bad_and_revoked_keys_fail_cleanly() {
         let r =
             c.call(encode_rma(OP_PUT, FLAG_VERIFY, 1, &[SegDesc { addr: region.addr(), len: 64, key: k }])).unwrap();
         assert!(testsvc::parse_reply(&r).is_err(), "{tls:?}: a truncated key was accepted");
-        // A key whose region was deregistered and freed (revoked) before the request.
-        let revoked = seg(&region, 0, 1 << 20);
+        // A range past the key's window (the key is real, the memory beyond
+        // it too: the server refuses before UCX is asked).
+        let past = SegDesc { addr: region.addr() + (1 << 20) - 64, len: 4096, key: region.pack_key().unwrap() };
+        let r = c.call(encode_rma(OP_PUT, FLAG_VERIFY, 1, &[past])).unwrap();
+        assert!(testsvc::parse_reply(&r).is_err(), "{tls:?}: a range past the window was accepted");
         drop(region);
-        if tls == Tls::Shm {
-            let r = c.call(encode_rma(OP_PUT, FLAG_VERIFY, 1, &[revoked])).unwrap();
-            match testsvc::parse_reply(&r) {
-                Err(e) => eprintln!("{tls:?}: revoked key refused: {e}"),
-                Ok(_) => panic!("{tls:?}: a put through a revoked key succeeded"),
-            }
-        }
         // The connection still works afterwards.
         put_and_check(&c, 65536, true, 0, 9);
         get_and_check(&c, 65536, true, 0, 10);
@@ -379,7 +377,8 @@ fn data_endpoints_with_peer_error_handling() {
 #[test]
 fn the_watchdog_aborts_a_server_whose_loop_is_stuck() {
     use std::os::unix::process::ExitStatusExt;
-    let mut server = spawn_server(Tls::Tcp, &["--watchdog-ms", "1500"]);
+    // 3 s: room for a loaded 2-core machine, well under the 10 s block.
+    let mut server = spawn_server(Tls::Tcp, &["--watchdog-ms", "3000"]);
     let rt = client_runtime(Tls::Tcp);
     let c = Client::connect(&rt, server.addr).unwrap();
     let block = |ms: u32| {

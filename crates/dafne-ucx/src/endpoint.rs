@@ -72,6 +72,9 @@ pub(crate) struct EpInner {
     pub(crate) worker: Rc<WorkerInner>,
     err: Rc<EpErr>,
     mode: ErrMode,
+    /// Processes on this host proven to be the peer (see
+    /// [`Endpoint::set_peer_processes`]); empty if none is known.
+    pub(crate) peer_processes: RefCell<Vec<u32>>,
 }
 
 impl EpInner {
@@ -112,7 +115,15 @@ pub(crate) fn create(
         std::mem::forget(err);
         return Err(e);
     }
-    Ok(Endpoint { inner: Rc::new(EpInner { h, worker: worker.inner.clone(), err, mode }) })
+    Ok(Endpoint {
+        inner: Rc::new(EpInner {
+            h,
+            worker: worker.inner.clone(),
+            err,
+            mode,
+            peer_processes: RefCell::new(Vec::new()),
+        }),
+    })
 }
 
 /// A connection to one peer worker.
@@ -208,6 +219,19 @@ impl Endpoint {
         if !Rc::ptr_eq(&rkey.ep, &self.inner) {
             return Err(Error::Invalid { op: "rma", reason: "remote key was unpacked on another endpoint".into() });
         }
+        let len_of = |l: &Local| match l {
+            Local::Region { len, .. } | Local::View { len, .. } => *len,
+            Local::Bytes(v) => v.len(),
+        };
+        let want = len_of(&local) as u64;
+        if !rkey.covers(remote_addr, want) {
+            Stats::add(&self.inner.worker.ctx.inner.stats.rma_outside_window, 1);
+            let (base, wlen) = rkey.window();
+            return Err(Error::Invalid {
+                op: "rma",
+                reason: format!("remote range {remote_addr:#x}+{want} is outside the key's window {base:#x}+{wlen}"),
+            });
+        }
         let (ptr, len, memh, keep): (*mut u8, usize, Option<sys::ucp_mem_h>, Box<dyn Any>) = match local {
             Local::Region { region, offset, len } => {
                 if !region.belongs_to(&self.inner.worker.ctx) {
@@ -291,6 +315,15 @@ impl Endpoint {
         // SAFETY: live endpoint; param valid for the call.
         let ret = unsafe { sys::ucp_ep_flush_nbx(h, &param) };
         op.started(ret, ud)
+    }
+
+    /// Records the processes of this host that are the peer, as proven by
+    /// the caller (dafne's transport: the processes holding the client's end
+    /// of its TCP control connection). A peer's key may keep a System V
+    /// shared-memory part only if one of them created that segment (see
+    /// `KeyShape`); with none recorded, every such part is removed.
+    pub fn set_peer_processes(&self, pids: Vec<u32>) {
+        *self.inner.peer_processes.borrow_mut() = pids;
     }
 
     /// Unpacks a peer's packed key for use on this endpoint. The bytes are

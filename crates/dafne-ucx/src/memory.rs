@@ -3,7 +3,7 @@
 //! A [`Region`] is memory registered with the context's memory domains
 //! (`ucp_mem_map`) with explicit access rights. Either UCX allocates it
 //! ([`Region::allocate`], which on one host gives shared-memory segments that
-//! peers map directly), the caller hands over a buffer ([`Region::register`],
+//! peers map directly, once proven to be ours), the caller hands over a buffer ([`Region::register`],
 //! which pins the caller's memory), or a range of a file is mapped
 //! ([`Region::map_file`]: the file's page-cache pages themselves, registered
 //! on the fly, as an io server's `mmap` serving mode does). In every case the
@@ -12,6 +12,10 @@
 //!
 //! A packed key ([`Region::pack_key`]) is plain bytes that travel inside a
 //! message; the peer turns them into a [`RemoteKey`] bound to its endpoint.
+//! Keys are hostile input to the peer that unpacks them: each carries the
+//! window it was packed for, every put and get is checked against it, and
+//! shared-memory parts are kept only when the kernel vouches for them
+//! (`KeyShape`), because UCX itself bounds neither.
 
 use std::ptr;
 use std::rc::Rc;
@@ -318,7 +322,7 @@ impl Region {
     /// Packs a remote key that lets a peer reach this region with the
     /// region's access rights. The bytes can be sent in any message.
     pub fn pack_key(&self) -> Result<Vec<u8>> {
-        pack(&self.ctx, self.memh)
+        Ok(frame_key(self.addr(), self.len as u64, pack(&self.ctx, self.memh)?))
     }
 
     fn unmap(&mut self) {
@@ -461,7 +465,7 @@ impl Registration {
 
     /// A key that lets a peer reach the registered pages.
     pub fn pack_key(&self) -> Result<Vec<u8>> {
-        pack(&self.ctx, self.memh)
+        Ok(frame_key(self.addr as u64, self.len as u64, pack(&self.ctx, self.memh)?))
     }
 }
 
@@ -475,16 +479,51 @@ impl Drop for Registration {
 pub const MAX_PACKED_KEY: usize = 4096;
 const UNPACK_SLACK: usize = 8 + 1 + 64 * 256;
 
+/// The tag that opens every key dafne packs (a version of the framing).
+const KEY_TAG: [u8; 2] = [0xDA, 0x01];
+/// Tag, window start, window length.
+const KEY_HEADER: usize = 2 + 8 + 8;
+
+/// Frames UCX's packed bytes with the window they were packed for: the
+/// registered range `[base, base + len)`. A peer that unpacks the key
+/// refuses any RMA outside that window ([`RemoteKey::covers`]), so an
+/// address in a request can reach only what its sender registered.
+fn frame_key(base: u64, len: u64, ucx: Vec<u8>) -> Vec<u8> {
+    let mut k = Vec::with_capacity(KEY_HEADER + ucx.len());
+    k.extend_from_slice(&KEY_TAG);
+    k.extend_from_slice(&base.to_le_bytes());
+    k.extend_from_slice(&len.to_le_bytes());
+    k.extend_from_slice(&ucx);
+    k
+}
+
+/// Splits a framed key into its window and UCX's bytes, refusing windows
+/// that are empty or wrap around the address space.
+fn unframe_key(packed: &[u8]) -> Result<(u64, u64, &[u8])> {
+    let bad = |reason: String| Err(Error::Invalid { op: "ucp_ep_rkey_unpack", reason });
+    if packed.len() < KEY_HEADER || packed[..2] != KEY_TAG {
+        return bad("not a dafne key (missing its tag and window; does the peer run this version?)".into());
+    }
+    let base = u64::from_le_bytes(packed[2..10].try_into().expect("8 bytes"));
+    let len = u64::from_le_bytes(packed[10..18].try_into().expect("8 bytes"));
+    if len == 0 || base.checked_add(len).is_none() {
+        return bad(format!("key window {base:#x}+{len} is empty or wraps around"));
+    }
+    Ok((base, len, &packed[KEY_HEADER..]))
+}
+
 /// A peer's packed key unpacked on one endpoint. Holds the endpoint, so the
 /// key is always destroyed before the endpoint is closed.
 pub struct RemoteKey {
     pub(crate) h: sys::ucp_rkey_h,
     pub(crate) ep: Rc<EpInner>,
+    base: u64,
+    len: u64,
 }
 
 impl std::fmt::Debug for RemoteKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RemoteKey").field("h", &self.h).finish()
+        f.debug_struct("RemoteKey").field("h", &self.h).field("base", &self.base).field("len", &self.len).finish()
     }
 }
 
@@ -499,14 +538,18 @@ impl RemoteKey {
                 reason: format!("packed key of {} bytes exceeds the {MAX_PACKED_KEY}-byte limit", packed.len()),
             });
         }
-        ep.worker.ctx.key_shape().check(packed)?;
+        let (base, len, ucx) = unframe_key(packed)?;
+        let shape = ep.worker.ctx.key_shape();
+        let peers = ep.peer_processes.borrow().clone();
+        let (ucx, unmapped) = shape.without_mapped_parts(ucx, (base, len), &peers)?;
+        shape.check(&ucx)?;
         // ucp_ep_rkey_unpack takes no length: it walks the buffer by the sizes
         // written inside it. A hostile or truncated key could send it past the
         // end of `packed`, so the bytes are copied into a zeroed buffer large
         // enough for the largest layout UCX can describe (a 64-bit md map,
         // a memory type, then per md a 1-byte size and up to 255 bytes).
-        let mut padded = vec![0u8; packed.len() + UNPACK_SLACK];
-        padded[..packed.len()].copy_from_slice(packed);
+        let mut padded = vec![0u8; ucx.len() + UNPACK_SLACK];
+        padded[..ucx.len()].copy_from_slice(&ucx);
         let t = Instant::now();
         let mut h: sys::ucp_rkey_h = ptr::null_mut();
         // SAFETY: the endpoint is live (we hold it); `padded` is readable for
@@ -516,7 +559,19 @@ impl RemoteKey {
         let s = &ep.worker.ctx.inner.stats;
         Stats::add(&s.rkey_unpacks, 1);
         Stats::add(&s.rkey_unpack_ns, t.elapsed().as_nanos() as u64);
-        Ok(RemoteKey { h, ep })
+        Stats::add(&s.key_parts_unmapped, unmapped);
+        Ok(RemoteKey { h, ep, base, len })
+    }
+
+    /// The window the key was packed for: `(first address, bytes)`.
+    pub fn window(&self) -> (u64, u64) {
+        (self.base, self.len)
+    }
+
+    /// Whether `[addr, addr + len)` lies inside the key's window (and does
+    /// not wrap around the address space).
+    pub fn covers(&self, addr: u64, len: u64) -> bool {
+        addr >= self.base && addr.checked_add(len).is_some_and(|end| end <= self.base + self.len)
     }
 }
 
@@ -538,29 +593,141 @@ impl Drop for RemoteKey {
 /// in increasing order `size: u8` and `size` bytes. Every dafne process of a
 /// cluster runs the same UCX configuration, so a peer's key must name a
 /// subset of the memory domains of our own keys, with the same sizes.
+///
+/// It also learns which memory domains *map* the peer's memory into this
+/// process: those that appear in keys of memory UCX allocated (shared-memory
+/// segments: `sysv`, `posix`) but never in keys of registered memory. Their
+/// key parts name a segment by an id the peer chooses (a System V shmid, a
+/// `/proc/<pid>/fd/<fd>` pair), and UCX writes to `mapped base + address`
+/// with no bound: a hostile key names any segment on the host (this
+/// server's own cache slabs among them) and a stray address lands in this
+/// process's heap. So those parts are removed before UCX sees the key
+/// ([`KeyShape::without_mapped_parts`]) unless they are proven safe.
+///
+/// One kind is checked instead of dropped: a System V part (its layout,
+/// `shmid: i32` then the owner's address `u64`, is confirmed on a key of
+/// our own at start). The kernel says who created the segment and its size
+/// (`shmctl(IPC_STAT)`), and a System V segment never shrinks; so the part
+/// stays when the segment's creator is one of the processes proven to be
+/// the peer ([`crate::Endpoint::set_peer_processes`]) and the key's window
+/// lies inside the segment. Then the server writes only into that
+/// client's segment, inside its window, at shared-memory speed. Any other
+/// mapped part goes, and UCX 1.13 reaches the memory by RMA emulated over
+/// active messages: the peer's own UCX writes its own memory (slower, but
+/// nothing of this process is exposed). RDMA NICs check keys in hardware.
 #[derive(Debug, Clone)]
 pub(crate) struct KeyShape {
     sizes: [Option<u8>; 64],
+    /// Bit `md` set: memory domain `md` maps peer segments (see above).
+    pub(crate) mapped: u64,
+    /// The memory domain whose key parts are System V `(shmid, address)`.
+    sysv: Option<usize>,
+}
+
+/// Creator and size of a System V segment, from the kernel.
+fn sysv_segment(shmid: i32) -> Option<(u32, u64)> {
+    // SAFETY: shmid_ds is plain data; zeroed is a valid value to overwrite.
+    let mut ds: libc::shmid_ds = unsafe { std::mem::zeroed() };
+    // SAFETY: IPC_STAT only writes `ds`, which is ours and of the right type;
+    // any shmid is allowed (the kernel answers EINVAL/EACCES for bad ones).
+    let r = unsafe { libc::shmctl(shmid, libc::IPC_STAT, &mut ds) };
+    (r == 0 && ds.shm_cpid > 0).then_some((ds.shm_cpid as u32, ds.shm_segsz as u64))
 }
 
 impl KeyShape {
     pub(crate) fn learn(ctx: &Context) -> KeyShape {
         let mut sizes = [None; 64];
-        let mut samples = Vec::new();
-        if let Ok(r) = Region::allocate(ctx, 4096, Access::RemoteReadWrite) {
-            samples.extend(r.pack_key());
-        }
-        if let Ok(r) = Region::register(ctx, vec![0u8; 4096], Access::RemoteReadWrite) {
-            samples.extend(r.pack_key());
-        }
-        for k in samples {
-            if let Ok(parts) = parse_key(&k) {
-                for (md, size) in parts.1 {
-                    sizes[md] = Some(size);
+        let mut mds = |r: &Result<Region>| -> u64 {
+            let Ok(r) = r else { return 0 };
+            let Ok(framed) = r.pack_key() else { return 0 };
+            let Ok((_, _, k)) = unframe_key(&framed) else { return 0 };
+            let Ok((_, parts)) = parse_key(k) else { return 0 };
+            let mut map = 0u64;
+            for (md, size) in parts {
+                sizes[md] = Some(size);
+                map |= 1 << md;
+            }
+            map
+        };
+        let sample = Region::allocate(ctx, 4096, Access::RemoteReadWrite);
+        let sysv_sample =
+            sample.as_ref().ok().and_then(|r| Some((r.addr(), unframe_key(&r.pack_key().ok()?).ok()?.2.to_vec())));
+        let allocated = mds(&sample);
+        let registered = mds(&Region::register(ctx, vec![0u8; 4096], Access::RemoteReadWrite));
+        let mapped = allocated & !registered;
+        // Which mapped domain packs `(shmid, address)` of a segment this
+        // process created: confirmed, not assumed.
+        let sysv = sysv_sample.and_then(|(addr, k)| {
+            let (_, parts) = parse_key(&k).ok()?;
+            let mut p = 9usize;
+            let mut found = None;
+            for (md, size) in parts {
+                let part = &k[p + 1..p + 1 + size as usize];
+                p += 1 + size as usize;
+                if mapped & (1 << md) == 0 || size != 12 || part[4..12] != addr.to_le_bytes() {
+                    continue;
+                }
+                let shmid = i32::from_le_bytes(part[..4].try_into().ok()?);
+                if sysv_segment(shmid).is_some_and(|(cpid, size)| cpid == std::process::id() && size >= 4096) {
+                    found = Some(md);
                 }
             }
+            found
+        });
+        // The sample segment lives until here: its creator was checked.
+        drop(sample);
+        KeyShape { sizes, mapped, sysv }
+    }
+
+    /// The key without the parts of memory domains that map peer segments
+    /// into this process, but for System V parts proven safe for `window`
+    /// and the peer's processes `peers` (see the type's docs), and how many
+    /// parts went. A key left with no part at all is refused.
+    pub(crate) fn without_mapped_parts(
+        &self,
+        packed: &[u8],
+        window: (u64, u64),
+        peers: &[u32],
+    ) -> Result<(Vec<u8>, u64)> {
+        let bad = |reason: String| Err(Error::Invalid { op: "ucp_ep_rkey_unpack", reason });
+        let (mem_type, parts) = match parse_key(packed) {
+            Ok(p) => p,
+            Err(e) => return bad(e),
+        };
+        let mut out = vec![0u8; 9];
+        out[8] = mem_type;
+        let (mut map, mut dropped, mut p) = (0u64, 0u64, 9usize);
+        for (md, size) in parts {
+            let part = &packed[p..p + 1 + size as usize];
+            p += part.len();
+            if self.mapped & (1 << md) != 0 && !self.sysv_part_is_safe(md, &part[1..], window, peers) {
+                dropped += 1;
+                continue;
+            }
+            map |= 1 << md;
+            out.extend_from_slice(part);
         }
-        KeyShape { sizes }
+        if map == 0 {
+            return bad("key names only shared-memory segments, which servers do not map (register the memory \
+                 so that cma or the NIC can reach it)"
+                .into());
+        }
+        out[..8].copy_from_slice(&map.to_le_bytes());
+        Ok((out, dropped))
+    }
+
+    /// A System V part `(shmid, address)` whose segment a peer process
+    /// created and which holds the whole window `[base, base + len)`.
+    fn sysv_part_is_safe(&self, md: usize, part: &[u8], (base, len): (u64, u64), peers: &[u32]) -> bool {
+        if self.sysv != Some(md) || part.len() != 12 || peers.is_empty() {
+            return false;
+        }
+        let shmid = i32::from_le_bytes(part[..4].try_into().expect("4 bytes"));
+        let address = u64::from_le_bytes(part[4..12].try_into().expect("8 bytes"));
+        let Some((cpid, size)) = sysv_segment(shmid) else { return false };
+        peers.contains(&cpid)
+            && base >= address
+            && address.checked_add(size).is_some_and(|end| base.checked_add(len).is_some_and(|e| e <= end))
     }
 
     pub(crate) fn check(&self, packed: &[u8]) -> Result<()> {
@@ -665,7 +832,7 @@ mod tests {
         assert_eq!(r.as_slice(), &data[5000..75_000]);
         let mid = ctx.stats().snapshot().since(&before);
         assert_eq!((mid.registrations, mid.registered_bytes), (1, 70_000));
-        ctx.key_shape().check(&r.pack_key().unwrap()).unwrap();
+        ctx.key_shape().check(unframe_key(&r.pack_key().unwrap()).unwrap().2).unwrap();
 
         // It is a valid source for a put (loopback endpoint on one worker).
         let w = crate::Worker::new(&ctx).unwrap();
@@ -717,13 +884,97 @@ mod tests {
         let ctx = Context::new(&crate::ContextOptions::default()).unwrap();
         let shape = KeyShape::learn(&ctx);
         let r = Region::allocate(&ctx, 8192, Access::RemoteWrite).unwrap();
-        let k = r.pack_key().unwrap();
-        shape.check(&k).unwrap();
-        let mut wrong_type = k.clone();
+        let framed = r.pack_key().unwrap();
+        let (base, len, k) = unframe_key(&framed).unwrap();
+        assert_eq!((base, len), (r.addr(), 8192));
+        shape.check(k).unwrap();
+        let mut wrong_type = k.to_vec();
         wrong_type[8] = 3;
         assert!(shape.check(&wrong_type).is_err());
-        let mut foreign = k.clone();
+        let mut foreign = k.to_vec();
         foreign[7] |= 0x80; // memory domain 63
         assert!(shape.check(&foreign).is_err());
+    }
+
+    #[test]
+    fn frames_refuse_missing_tags_and_empty_or_wrapping_windows() {
+        let k = frame_key(0x1000, 4096, vec![1, 2, 3]);
+        assert_eq!(unframe_key(&k).unwrap(), (0x1000, 4096, &[1u8, 2, 3][..]));
+        assert!(unframe_key(&k[..KEY_HEADER - 1]).is_err());
+        assert!(unframe_key(&[0u8; 40]).is_err(), "an untagged (bare UCX) key");
+        assert!(unframe_key(&frame_key(0x1000, 0, vec![1])).is_err(), "an empty window");
+        assert!(unframe_key(&frame_key(u64::MAX - 10, 11, vec![1])).is_err(), "a window past the address space");
+        assert!(unframe_key(&frame_key(u64::MAX - 10, 10, vec![1])).is_ok());
+    }
+
+    /// Keys of memory UCX allocated name a shared-memory segment (a System V
+    /// shmid here) that a peer would map and write with no bound; the part
+    /// is removed before unpacking, and the memory is still reached (by
+    /// cma), inside the window only.
+    #[test]
+    fn mapped_parts_are_removed_and_rma_stays_inside_the_window() {
+        let ctx = Context::new(&crate::ContextOptions::default()).unwrap();
+        let shape = ctx.key_shape().clone();
+        let dst = Region::allocate(&ctx, 64 << 10, Access::RemoteReadWrite).unwrap();
+        let framed = dst.pack_key().unwrap();
+        let (_, _, ucx) = unframe_key(&framed).unwrap();
+        let named = parse_key(ucx).unwrap().1.iter().filter(|(md, _)| shape.mapped & (1 << md) != 0).count() as u64;
+        assert!(named > 0, "this UCX allocates shared memory that its keys name (learned mask {:#x})", shape.mapped);
+        let (stripped, dropped) = shape.without_mapped_parts(ucx, (dst.addr(), 64 << 10), &[]).unwrap();
+        assert_eq!(dropped, named);
+        assert!(parse_key(&stripped).unwrap().1.iter().all(|(md, _)| shape.mapped & (1 << md) == 0));
+        shape.check(&stripped).unwrap();
+        // A key naming nothing but a mapped domain is refused outright.
+        let only: Vec<u8> = {
+            let (mt, parts) = parse_key(ucx).unwrap();
+            let (md, size) = *parts.iter().find(|(md, _)| shape.mapped & (1 << md) != 0).unwrap();
+            let mut p = 9usize;
+            for (m, s) in &parts {
+                if *m == md {
+                    break;
+                }
+                p += 1 + *s as usize;
+            }
+            let mut v = (1u64 << md).to_le_bytes().to_vec();
+            v.push(mt);
+            v.extend_from_slice(&ucx[p..p + 1 + size as usize]);
+            v
+        };
+        assert!(shape.without_mapped_parts(&only, (dst.addr(), 64 << 10), &[]).is_err());
+        // The creator of the segment may keep its System V part, for a
+        // window inside the segment only.
+        assert!(shape.sysv.is_some(), "the System V key layout was confirmed on this host");
+        let me = [std::process::id()];
+        assert_eq!(shape.without_mapped_parts(ucx, (dst.addr(), 64 << 10), &me).unwrap().1, named - 1);
+        assert_eq!(shape.without_mapped_parts(ucx, (dst.addr(), 64 << 20), &me).unwrap().1, named);
+        assert_eq!(shape.without_mapped_parts(ucx, (dst.addr() - 4096, 4096), &me).unwrap().1, named);
+        assert_eq!(shape.without_mapped_parts(ucx, (dst.addr(), 64 << 10), &[1]).unwrap().1, named);
+
+        let w = crate::Worker::new(&ctx).unwrap();
+        let ep = w.connect_address(&w.address().unwrap(), crate::ErrMode::None).unwrap();
+        let before = ctx.stats().snapshot();
+        let rkey = Rc::new(ep.unpack_key(&framed).unwrap());
+        assert_eq!(ctx.stats().snapshot().since(&before).key_parts_unmapped, named);
+        assert_eq!(rkey.window(), (dst.addr(), 64 << 10));
+        let src = std::sync::Arc::new(Region::register(&ctx, vec![7u8; 4096], Access::Local).unwrap());
+        let local = || crate::Local::Region { region: src.clone(), offset: 0, len: 4096 };
+        // Inside the window: done, through the remaining domains.
+        let put = ep.put(local(), dst.addr() + 60 * 1024, &rkey).unwrap();
+        let flush = ep.flush().unwrap();
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        while put.poll_done().is_none() || flush.poll_done().is_none() {
+            assert!(Instant::now() < deadline, "put did not complete");
+            w.progress();
+        }
+        put.poll_done().unwrap().unwrap();
+        assert!(dst.as_slice()[60 * 1024..].iter().all(|&b| b == 7));
+        // One byte past the end, before the start, or wrapping: refused
+        // before UCX is asked, and counted.
+        for addr in [dst.addr() + 60 * 1024 + 1, dst.addr() - 1, u64::MAX - 100] {
+            assert!(ep.put(local(), addr, &rkey).is_err(), "put at {addr:#x} outside the window was accepted");
+            assert!(ep.get(crate::Local::Bytes(vec![0; 4096]), addr, &rkey).is_err());
+        }
+        assert_eq!(ctx.stats().snapshot().since(&before).rma_outside_window, 6);
+        drop((put, flush, rkey, ep));
     }
 }

@@ -23,6 +23,8 @@ pub struct Stats {
     pub(crate) deregistration_ns: AtomicU64,
     pub(crate) rkey_unpacks: AtomicU64,
     pub(crate) rkey_unpack_ns: AtomicU64,
+    pub(crate) key_parts_unmapped: AtomicU64,
+    pub(crate) rma_outside_window: AtomicU64,
 }
 
 /// A point-in-time copy of [`Stats`].
@@ -44,6 +46,11 @@ pub struct StatsSnapshot {
     pub deregistration_ns: u64,
     pub rkey_unpacks: u64,
     pub rkey_unpack_ns: u64,
+    /// Parts of peers' keys naming shared-memory segments, removed before
+    /// unpacking (servers never map a peer's segment; see `KeyShape`).
+    pub key_parts_unmapped: u64,
+    /// Puts and gets refused because the remote range left the key's window.
+    pub rma_outside_window: u64,
 }
 
 impl Stats {
@@ -65,6 +72,8 @@ impl Stats {
             deregistration_ns: self.deregistration_ns.load(Relaxed),
             rkey_unpacks: self.rkey_unpacks.load(Relaxed),
             rkey_unpack_ns: self.rkey_unpack_ns.load(Relaxed),
+            key_parts_unmapped: self.key_parts_unmapped.load(Relaxed),
+            rma_outside_window: self.rma_outside_window.load(Relaxed),
         }
     }
 
@@ -95,7 +104,9 @@ impl StatsSnapshot {
             deregistrations,
             deregistration_ns,
             rkey_unpacks,
-            rkey_unpack_ns
+            rkey_unpack_ns,
+            key_parts_unmapped,
+            rma_outside_window
         )
     }
 }

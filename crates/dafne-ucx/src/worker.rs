@@ -425,6 +425,24 @@ impl std::fmt::Debug for ConnRequest {
     }
 }
 
+impl ConnRequest {
+    /// The client's address as the listener saw it (its end of the TCP
+    /// connection), if UCX reports one.
+    pub fn client_addr(&self) -> Option<SocketAddr> {
+        let mut attr = sys::ucp_conn_request_attr_t {
+            field_mask: sys::UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR as u64,
+            ..Default::default()
+        };
+        // SAFETY: the request is live (neither accepted nor rejected: this
+        // struct owns it); attr is an out-struct of the right type.
+        check("ucp_conn_request_query", unsafe { sys::ucp_conn_request_query(self.h, &mut attr) }).ok()?;
+        // SAFETY: bindgen's sockaddr_storage is the C struct libc also
+        // describes (same size, alignment and layout); UCX filled it.
+        let storage = unsafe { &*(&attr.client_address as *const _ as *const libc::sockaddr_storage) };
+        sockaddr_to_std(storage)
+    }
+}
+
 impl Drop for ConnRequest {
     fn drop(&mut self) {
         if let (false, Some(l)) = (self.consumed, &self.listener) {

@@ -14,8 +14,10 @@ use dafne_transport::{Runtime, RuntimeOptions};
 pub enum Tls {
     /// TCP on loopback only.
     Tcp,
-    /// Shared memory (posix, sysv) for messages and RMA; TCP only for the
-    /// control connection.
+    /// Shared memory (posix, sysv) for messages; RMA by cma, since servers
+    /// never map a peer's segment (see `dafne_ucx`'s `KeyShape`: without
+    /// cma, UCX would emulate RMA with messages); TCP only for the control
+    /// connection.
     Shm,
     /// cma (process_vm_readv/writev) for RMA on ordinary memory, sysv shared
     /// memory for messages and UCX-allocated memory; TCP for control.
@@ -28,7 +30,7 @@ impl Tls {
     pub fn ucx(self) -> Vec<(String, String)> {
         let tls = match self {
             Tls::Tcp => "tcp",
-            Tls::Shm => "posix,sysv,self,tcp",
+            Tls::Shm => "posix,sysv,cma,self,tcp",
             Tls::Cma => "cma,sysv,self,tcp",
         };
         vec![("TLS".into(), tls.into()), ("NET_DEVICES".into(), "lo".into())]
