@@ -190,8 +190,9 @@ pub use types::{Attr, Capability, DirEntry, FileType, Layout, LayoutHint, SetAtt
 
 /// Version of this wire contract, first field of every header (metadata
 /// and io alike). 2: io ops added. 3: special file types, `Attr::rdev`,
-/// Mknod. 4: ListOrphans, ForgetOrphans. 5: Close, Reopen.
-pub const PROTO_VERSION: u16 = 5;
+/// Mknod. 4: ListOrphans, ForgetOrphans. 5: Close, Reopen. 6: io request
+/// keys carry the window they were registered for (`dafne_ucx` frames them).
+pub const PROTO_VERSION: u16 = 6;
 
 /// The op numbers of the metadata protocol ([`Op`]).
 pub const META_OP_NUMBERS: RangeInclusive<u16> = 1..=63;
