@@ -157,7 +157,7 @@
 //! the special file types (Fifo, Socket, CharDevice, BlockDevice), `rdev`
 //! in `attr` and the Mknod op (the io op ServerInfo, 70, came in the same
 //! release); version 4 the orphan ops ListOrphans and ForgetOrphans;
-//! version 5 Close and Reopen. Bump
+//! version 5 Close and Reopen; version 6 io keys framed with their window. Bump
 //! it for *every* change to what a decoder accepts or how it reads it: a new
 //! op, a field added, removed, resized or reordered, a new flag or mask bit,
 //! a new enum value, a changed limit. Numbers (ops, errno values, file types,
