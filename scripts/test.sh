@@ -21,8 +21,10 @@ for tv in fsx@0.3.2 pjdfstest@0.2.2; do
     cargo install --locked --quiet --force --root "$TOOLS" "$t" --version "$v"
   fi
 done
-# The mount tests must run them (no skipping when a tool is missing).
+# The mount tests must run them (no skipping when a tool is missing), and
+# the O_DIRECT tests must run (the build directory is on a real disk here).
 export DAFNE_REQUIRE_TOOLS=1
+export DAFNE_REQUIRE_DIRECT=1
 echo "== cargo test"
 DAFNE_LOG=${DAFNE_LOG:-error} cargo test --workspace --no-fail-fast
 echo "== benchmark smoke run (shared memory, 64 KiB)"

@@ -28,6 +28,13 @@ fn direct_store(dir: &Path) -> Option<ChunkStore> {
     match decide(StorageMode::Auto, &objects, probe_direct).unwrap() {
         StoragePath::Direct(ring) => Some(ChunkStore::open_with(dir, Some(*ring)).unwrap()),
         StoragePath::Buffered(why) => {
+            // CI sets DAFNE_REQUIRE_DIRECT (scripts/test.sh): there the
+            // direct path must be tested, never skipped in silence.
+            assert!(
+                std::env::var_os("DAFNE_REQUIRE_DIRECT").is_none(),
+                "{} cannot do O_DIRECT via io_uring ({why}) and DAFNE_REQUIRE_DIRECT is set",
+                dir.display()
+            );
             eprintln!("skipped: {} cannot do O_DIRECT via io_uring: {why}", dir.display());
             None
         }
