@@ -1,0 +1,125 @@
+//! The fuzz targets' bodies, shared by cargo-fuzz (`fuzz_targets/*.rs`,
+//! nightly, coverage-guided) and by the stable mutation sweep that CI runs
+//! on every build (`tests/sweep.rs`). Each takes arbitrary bytes and panics
+//! only on a broken property (a decoder that panics, allocates beyond its
+//! input, or accepts something it does not re-encode canonically).
+
+#![allow(clippy::missing_panics_doc)]
+
+/// Every transport decoder (frame header, hello, welcome): no panic,
+/// round trips of what is accepted.
+pub fn frame(data: &[u8]) {
+    use dafne_transport::frame::{FrameHeader, Hello, Welcome};
+    let (claimed, rest) = data.split_at(data.len().min(4));
+    let mut n = [0u8; 4];
+    n[..claimed.len()].copy_from_slice(claimed);
+    let actual = u32::from_le_bytes(n) as usize;
+    if let Ok(h) = FrameHeader::decode(rest, actual, 1 << 20) {
+        assert_eq!(FrameHeader::decode(&h.encode(), actual, 1 << 20), Ok(h));
+    }
+    if let Ok(h) = Hello::decode(data) {
+        assert_eq!(Hello::decode(&h.encode()), Ok(h));
+    }
+    if let Ok(w) = Welcome::decode(data) {
+        assert_eq!(Welcome::decode(&w.encode()), Ok(w));
+    }
+}
+
+/// The io protocol's decoders: whole messages, or bodies behind a valid
+/// header for the op the first byte names (so body decoders are reached).
+pub fn io(data: &[u8]) {
+    use dafne_proto::{
+        decode_io_reply, decode_io_request, decode_reply, decode_request, encode_io_reply, encode_io_request, Envelope,
+        IoOp, IoReplyHeader, IoRequestHeader, MAX_IO_BYTES,
+    };
+    fn check(msg: &[u8]) {
+        if let Ok((env, req)) = decode_io_request(msg) {
+            let again = encode_io_request(env, &req);
+            assert_eq!(again, msg, "io request encoding is not canonical");
+            assert_eq!(decode_io_request(&again), Ok((env, req.clone())));
+            assert!(req.total_bytes() <= MAX_IO_BYTES as u64);
+            assert!(decode_request(msg).is_err(), "an io request decodes as a metadata request");
+        }
+        if let Ok((tag, op, res)) = decode_io_reply(msg) {
+            assert!(res.as_ref().map_or(true, |r| r.answers(op)));
+            let again = encode_io_reply(tag, op, &res);
+            // ServerInfo's counted field list is read leniently by design
+            // (fields a decoder does not know are ignored, missing ones are
+            // zero: fields can be added without a version change), so only
+            // its value must round-trip; every other reply is canonical.
+            if op != IoOp::ServerInfo {
+                assert_eq!(again, msg, "io reply encoding is not canonical");
+            }
+            assert_eq!(decode_io_reply(&again), Ok((tag, op, res)));
+            assert!(decode_reply(msg).is_err(), "an io reply decodes as a metadata reply");
+        }
+    }
+
+    let Some((&sel, rest)) = data.split_first() else {
+        check(data);
+        return;
+    };
+    let op = IoOp::ALL[usize::from(sel) % IoOp::ALL.len()];
+    if sel < 128 {
+        check(data);
+        return;
+    }
+    let Ok(len) = u32::try_from(rest.len()) else {
+        return;
+    };
+    let env = Envelope { tag: 1, uid: 2, gid: 3 };
+    let mut msg = IoRequestHeader::new(op, env, len).encode().to_vec();
+    msg.extend_from_slice(rest);
+    check(&msg);
+    let mut msg = IoReplyHeader::new(op, 1, 0, len).encode().to_vec();
+    msg.extend_from_slice(rest);
+    check(&msg);
+}
+
+/// The metadata protocol's decoders, as [`io`].
+pub fn proto(data: &[u8]) {
+    use dafne_proto::{
+        decode_reply, decode_request, encode_reply, encode_request, Envelope, Op, ReplyHeader, RequestHeader,
+    };
+    fn check(msg: &[u8]) {
+        if let Ok((env, req)) = decode_request(msg) {
+            let again = encode_request(env, &req);
+            assert_eq!(again, msg, "request encoding is not canonical");
+            assert_eq!(decode_request(&again), Ok((env, req)));
+        }
+        if let Ok((tag, op, res)) = decode_reply(msg) {
+            let again = encode_reply(tag, op, &res);
+            assert_eq!(again, msg, "reply encoding is not canonical");
+            assert_eq!(decode_reply(&again), Ok((tag, op, res)));
+        }
+    }
+
+    let Some((&sel, rest)) = data.split_first() else {
+        check(data);
+        return;
+    };
+    let op = Op::ALL[usize::from(sel) % Op::ALL.len()];
+    if sel < 128 {
+        check(data);
+        return;
+    }
+    let Ok(len) = u32::try_from(rest.len()) else {
+        return;
+    };
+    let env = Envelope { tag: 1, uid: 2, gid: 3 };
+    let mut msg = RequestHeader::new(op, env, len).encode().to_vec();
+    msg.extend_from_slice(rest);
+    check(&msg);
+    let mut msg = ReplyHeader::new(op, 1, 0, len).encode().to_vec();
+    msg.extend_from_slice(rest);
+    check(&msg);
+}
+
+/// The transport's reference service request decoder.
+pub fn testsvc_request(data: &[u8]) {
+    use dafne_transport::testsvc::{decode_rma, encode_rma};
+    if let Ok((flags, seed, segs)) = decode_rma(data) {
+        let again = encode_rma(0, flags, seed, &segs);
+        assert_eq!(&again[1..], data);
+    }
+}

@@ -1,0 +1,154 @@
+//! The fuzz targets on the stable toolchain, for CI: cargo-fuzz needs
+//! nightly, so each target's body also runs here under a mutation harness
+//! (seeds of valid and random messages; bit flips, byte writes, cuts,
+//! insertions and splices) for a bounded time per target:
+//! `DAFNE_FUZZ_SECONDS` (default 4). A panic inside a target fails the
+//! test; the input that caused it is printed in hex so it can be replayed
+//! (`cargo fuzz run <target> <file>`) and added as a unit test.
+
+use std::time::{Duration, Instant};
+
+use dafne_proto::io::{IoExtent, IoRequest, Stability};
+use dafne_proto::{encode_io_request, encode_request, Capability, Envelope, Request};
+
+/// xorshift64*: a fixed seed per target, so a failure reproduces.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+}
+
+fn mutate(rng: &mut Rng, input: &mut Vec<u8>, pool: &[Vec<u8>]) {
+    for _ in 0..1 + rng.below(4) {
+        match rng.below(6) {
+            0 if !input.is_empty() => {
+                let i = rng.below(input.len());
+                input[i] ^= 1 << rng.below(8);
+            }
+            1 if !input.is_empty() => {
+                let i = rng.below(input.len());
+                input[i] = [0, 1, 0x7f, 0x80, 0xff][rng.below(5)];
+            }
+            2 if !input.is_empty() => {
+                let cut = rng.below(input.len());
+                input.truncate(cut);
+            }
+            3 => {
+                let at = rng.below(input.len() + 1);
+                let n = 1 + rng.below(16);
+                let bytes: Vec<u8> = (0..n).map(|_| rng.next() as u8).collect();
+                input.splice(at..at, bytes);
+            }
+            4 if !pool.is_empty() => {
+                let other = &pool[rng.below(pool.len())];
+                let from = rng.below(other.len() + 1);
+                let at = rng.below(input.len() + 1);
+                input.truncate(at);
+                input.extend_from_slice(&other[from..]);
+            }
+            _ => {
+                // A length-looking field: a little-endian u32 somewhere.
+                if input.len() >= 4 {
+                    let i = rng.below(input.len() - 3);
+                    let v = [0u32, 1, 0xffff, 0x7fff_ffff, u32::MAX][rng.below(5)];
+                    input[i..i + 4].copy_from_slice(&v.to_le_bytes());
+                }
+            }
+        }
+    }
+}
+
+fn sweep(name: &str, target: fn(&[u8]), seeds: Vec<Vec<u8>>, seed: u64) {
+    let secs = std::env::var("DAFNE_FUZZ_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(4.0);
+    let until = Instant::now() + Duration::from_secs_f64(secs);
+    let mut rng = Rng(seed | 1);
+    let mut pool = seeds;
+    for _ in 0..8 {
+        let n = rng.below(300);
+        pool.push((0..n).map(|_| rng.next() as u8).collect());
+    }
+    let mut runs = 0u64;
+    while Instant::now() < until {
+        for _ in 0..256 {
+            let mut input = pool[rng.below(pool.len())].clone();
+            mutate(&mut rng, &mut input, &pool);
+            let result = std::panic::catch_unwind(|| target(&input));
+            if result.is_err() {
+                let hex: String = input.iter().map(|b| format!("{b:02x}")).collect();
+                panic!("fuzz target {name} failed on input (hex): {hex}");
+            }
+            runs += 1;
+            if rng.below(64) == 0 && pool.len() < 4096 {
+                pool.push(input);
+            }
+        }
+    }
+    eprintln!("{name}: {runs} inputs");
+    assert!(runs > 0);
+}
+
+fn env() -> Envelope {
+    Envelope { tag: 7, uid: 1000, gid: 1000 }
+}
+
+fn cap() -> Capability {
+    Capability { object_id: 9, rights: 3, expiry_unix_ns: 1_900_000_000_000_000_000, mac: [5; 32] }
+}
+
+#[test]
+fn frame() {
+    use dafne_transport::frame::{Hello, Welcome};
+    let seeds = vec![
+        Hello { host_id: [3; 16], max_reply: 1 << 20, worker_address: vec![1; 180] }.encode(),
+        Welcome { host_id: [4; 16], max_request: 1 << 20, worker_address: vec![2; 180] }.encode(),
+    ];
+    sweep("frame", dafne_fuzz::frame, seeds, 1);
+}
+
+#[test]
+fn io() {
+    let extent = IoExtent { offset: 4096, len: 8192, key: 0, addr: 0x7f00_0000_0000 };
+    let seeds = vec![
+        encode_io_request(
+            env(),
+            &IoRequest::Read { cap: cap(), keys: vec![vec![0xda; 40]], extents: vec![extent], inline_reply: false },
+        ),
+        encode_io_request(
+            env(),
+            &IoRequest::Write {
+                cap: cap(),
+                keys: Vec::new(),
+                extents: vec![IoExtent::inline(0, 5)],
+                stability: Stability::FileSync,
+                inline: b"hello".to_vec(),
+            },
+        ),
+    ];
+    let mut bodies: Vec<Vec<u8>> = seeds.iter().map(|s| [&[0x80u8][..], s].concat()).collect();
+    bodies.extend(seeds);
+    sweep("io", dafne_fuzz::io, bodies, 2);
+}
+
+#[test]
+fn proto() {
+    let seeds = vec![
+        encode_request(env(), &Request::Lookup { parent: 1, name: b"hello".to_vec() }),
+        encode_request(env(), &Request::GetAttr { ino: 1 }),
+    ];
+    sweep("proto", dafne_fuzz::proto, seeds, 3);
+}
+
+#[test]
+fn testsvc_request() {
+    use dafne_transport::testsvc::{encode_rma, SegDesc};
+    let seeds = vec![encode_rma(1, 0, 7, &[SegDesc { addr: 0x1000, len: 4096, key: vec![1; 30] }])[1..].to_vec()];
+    sweep("testsvc_request", dafne_fuzz::testsvc_request, seeds, 4);
+}
