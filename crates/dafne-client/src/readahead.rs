@@ -704,6 +704,72 @@ mod tests {
         assert!(s.hit, "the unit behind the newest read was kept: {s:?}");
     }
 
+    /// An open file of `size` bytes on one server with 1 MiB units.
+    fn open_file(size: u64) -> OpenFile {
+        let t = dafne_proto::Timespec::default();
+        let attr = dafne_proto::Attr {
+            ino: 2,
+            kind: dafne_proto::FileType::Regular,
+            mode: 0o644,
+            nlink: 1,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+            size,
+            blocks: 0,
+            atime: t,
+            mtime: t,
+            ctime: t,
+        };
+        let cap = dafne_proto::Capability { object_id: 9, rights: 3, expiry_unix_ns: 0, mac: [0; 32] };
+        OpenFile { attr, layout: layout(1 << 20, 1), cap }
+    }
+
+    #[test]
+    fn failed_prefetches_are_misses_and_their_slots_stay_out_of_use() {
+        // The fake server fails every read: the stream must answer nothing
+        // from units that never arrived, and keep their slots (a late put
+        // could still land there) until the hold has passed.
+        let (_server, addr, _) = crate::fake_io::start();
+        let rt = crate::fake_io::runtime("readahead");
+        let data = DataClient::connect(&rt, &[addr]).unwrap();
+        let ra = ReadAhead::new(&data, ReadAheadConfig { budget: 4 * UNIT_MAX, window: 4 * UNIT_MAX }).unwrap();
+        assert_eq!(ra.stats().budget_bytes, 4 * UNIT_MAX as u64);
+        let f = open_file(64 * U);
+        let s = ra.stream(Arc::new(AtomicU64::new(0)));
+        assert!(s.read(&f, 0, BLOCK as usize, 64 * U).is_none());
+        assert!(s.read(&f, BLOCK, BLOCK as usize, 64 * U).is_none(), "the second read posts, and misses");
+        assert_eq!(ra.stats().bytes_prefetched, 4 * U, "four units were posted");
+        assert!(s.read(&f, 2 * BLOCK, BLOCK as usize, 64 * U).is_none(), "a failed unit answered a read");
+        let st = ra.stats();
+        assert_eq!((st.hits, st.misses), (0, 3));
+        // All four slots are held back: the next window cannot start.
+        for k in 3..6 {
+            assert!(s.read(&f, k * BLOCK, BLOCK as usize, 64 * U).is_none());
+        }
+        assert!(ra.stats().posts_refused > 0, "a slot of a failed read was reused at once");
+        assert_eq!(ra.stats().peak_bytes, 4 * U, "never more than the slab");
+    }
+
+    #[test]
+    fn a_new_data_version_drops_the_window() {
+        let (_server, addr, _) = crate::fake_io::start();
+        let rt = crate::fake_io::runtime("readahead-version");
+        let data = DataClient::connect(&rt, &[addr]).unwrap();
+        let ra = ReadAhead::new(&data, ReadAheadConfig { budget: 8 * UNIT_MAX, window: 2 * UNIT_MAX }).unwrap();
+        let f = open_file(64 * U);
+        let version = Arc::new(AtomicU64::new(0));
+        let s = ra.stream(version.clone());
+        s.read(&f, 0, BLOCK as usize, 64 * U);
+        s.read(&f, BLOCK, BLOCK as usize, 64 * U);
+        assert_eq!(ra.stats().invalidations, 0);
+        version.fetch_add(1, Ordering::Release); // the file was written
+        s.read(&f, 2 * BLOCK, BLOCK as usize, 64 * U);
+        let st = ra.stats();
+        assert_eq!(st.invalidations, 1, "the window outlived a change of the file");
+        assert_eq!(st.bytes_wasted, st.bytes_prefetched, "every unit fetched before the change was dropped unread");
+    }
+
     #[test]
     fn a_full_pool_posts_fewer_units_and_the_next_read_asks_again() {
         let mut w = Window::default();
