@@ -37,15 +37,21 @@
 //! (`bytes_copied`).
 //!
 //! # Consistency
-//! Each stream carries a data version, shared by every stream of the same
-//! file in one client (the FUSE core keeps one per open inode). The file's
-//! own writes and truncates bump it once they are done on the servers; a
-//! stream that sees a new version drops its window (its units may hold
-//! bytes from before the change) before it answers anything. A unit posted
-//! before the bump is dropped too, so an answer is never older than a
-//! write that completed before the read was asked. Other clients' writes
-//! are seen at the next open (close-to-open): a stream lives as long as
-//! its open file.
+//! Each stream follows the file's [`Changes`], shared by every stream of
+//! the same file in one client (the FUSE core keeps one per open inode).
+//! The file's own writes and truncates are recorded there (a new version
+//! and the byte range changed: a write's range, or everything from a
+//! truncation's new size) once they are done on the servers; a stream that
+//! sees a new version drops the units overlapping the changed ranges (they
+//! may hold bytes from before the change) before it answers anything, or
+//! its whole window when more changes came than the log keeps
+//! ([`CHANGE_LOG`]). A unit posted before the change was recorded is dropped
+//! too, so an answer is never older than a write that completed before the
+//! read was asked. Only the overlapping units go, so a file read and
+//! written in the same pass (fio's `--rw=rw`) loses one unit per write, not
+//! its window. A read of a unit dropped this way goes to the servers.
+//! Other clients' writes are seen at the next open (close-to-open): a
+//! stream lives as long as its open file.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -71,6 +77,51 @@ pub const TRIGGER: u32 = 2;
 /// Units kept behind the reader's current one: reads a multi-threaded
 /// mount delivers slightly out of order still find them.
 pub const KEEP_BEHIND: u64 = 1;
+/// Changes of a file remembered with their ranges; a stream further behind
+/// drops its whole window.
+pub const CHANGE_LOG: usize = 32;
+
+/// The changes of one file's bytes made through this client (module docs,
+/// "Consistency"): a version, and the ranges of the latest changes.
+#[derive(Debug, Default)]
+pub struct Changes {
+    /// The version, readable without the lock (the common case: nothing
+    /// changed since a stream last looked).
+    version: AtomicU64,
+    /// (version, start, end) of the latest changes, oldest first.
+    log: Mutex<VecDeque<(u64, u64, u64)>>,
+}
+
+impl Changes {
+    /// Bytes `[start, end)` changed (call once the servers have them).
+    pub fn changed(&self, start: u64, end: u64) {
+        let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+        let v = self.version.load(Ordering::Relaxed) + 1;
+        if log.len() == CHANGE_LOG {
+            log.pop_front();
+        }
+        log.push_back((v, start, end));
+        self.version.store(v, Ordering::Release);
+    }
+
+    /// The version now.
+    pub fn version(&self) -> u64 {
+        self.version.load(Ordering::Acquire)
+    }
+
+    /// The version now and the ranges changed since version `seen`
+    /// (`None`: some of them are no longer in the log).
+    fn since(&self, seen: u64) -> (u64, Option<Vec<(u64, u64)>>) {
+        let log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+        let now = self.version.load(Ordering::Relaxed);
+        if now == seen {
+            return (now, Some(Vec::new()));
+        }
+        let complete = log.front().is_some_and(|&(v, _, _)| v <= seen + 1);
+        let ranges = complete.then(|| log.iter().filter(|&&(v, _, _)| v > seen).map(|&(_, s, e)| (s, e)).collect());
+        (now, ranges)
+    }
+}
 
 /// Read-ahead settings of a client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -235,10 +286,10 @@ impl ReadAhead {
         })
     }
 
-    /// A stream for one open file; `version` is the file's data version,
-    /// shared with every other stream of the file (module docs).
-    pub fn stream(&self, version: Arc<AtomicU64>) -> Stream {
-        Stream { ra: self.inner.clone(), version, state: Mutex::new(StreamState::default()) }
+    /// A stream for one open file; `changes` are the file's, shared with
+    /// every other stream of the file (module docs).
+    pub fn stream(&self, changes: Arc<Changes>) -> Stream {
+        Stream { ra: self.inner.clone(), changes, state: Mutex::new(StreamState::default()) }
     }
 
     pub fn stats(&self) -> ReadAheadStats {
@@ -399,7 +450,7 @@ struct Unit {
 struct StreamState {
     window: Window,
     units: VecDeque<Unit>,
-    /// The data version the units were fetched at.
+    /// The version of the file's [`Changes`] the units are up to date with.
     version: u64,
 }
 
@@ -407,7 +458,7 @@ struct StreamState {
 /// in flight keeps its slot until its read completes).
 pub struct Stream {
     ra: Arc<Inner>,
-    version: Arc<AtomicU64>,
+    changes: Arc<Changes>,
     state: Mutex<StreamState>,
 }
 
@@ -481,6 +532,40 @@ impl Stream {
         st.units = kept;
     }
 
+    /// Drops the units that changes of the file since the stream last
+    /// looked have made stale (module docs, "Consistency").
+    fn catch_up(&self, st: &mut StreamState, unit: u64) {
+        if self.changes.version() == st.version {
+            return;
+        }
+        let (now, ranges) = self.changes.since(st.version);
+        let before = st.units.len();
+        match ranges {
+            Some(ranges) => self.drop_overlapping(st, &ranges, unit),
+            None => self.clear(st),
+        }
+        if st.units.len() != before {
+            self.ra.c.invalidations.fetch_add(1, Ordering::Relaxed);
+        }
+        st.version = now;
+    }
+
+    /// Drops the units that overlap any of `ranges` (bytes changed since
+    /// they were posted). The window keeps its range: a read of a dropped
+    /// unit is a miss.
+    fn drop_overlapping(&self, st: &mut StreamState, ranges: &[(u64, u64)], unit: u64) {
+        let mut kept = VecDeque::with_capacity(st.units.len());
+        for u in st.units.drain(..) {
+            let (a, b) = (u.index * unit, u.index * unit + unit);
+            if ranges.iter().any(|&(s, e)| s < b && a < e) {
+                self.wasted(&u);
+            } else {
+                kept.push_back(u);
+            }
+        }
+        st.units = kept;
+    }
+
     fn wasted(&self, u: &Unit) {
         let w = u.len.saturating_sub(u.served) as u64;
         self.ra.c.bytes_wasted.fetch_add(w, Ordering::Relaxed);
@@ -505,14 +590,7 @@ impl Stream {
         }
         let (unit, depth) = geometry(&f.layout, self.ra.window);
         let mut st = self.state();
-        let version = self.version.load(Ordering::Acquire);
-        if st.version != version {
-            if !st.units.is_empty() {
-                c.invalidations.fetch_add(1, Ordering::Relaxed);
-            }
-            self.clear(&mut st);
-            st.version = version;
-        }
+        self.catch_up(&mut st, unit);
         let step = st.window.access(offset, len as u64, size, unit, depth);
         // Units outside the window go: those behind the reader, or all of
         // them after a random read.
@@ -736,7 +814,7 @@ mod tests {
         let ra = ReadAhead::new(&data, ReadAheadConfig { budget: 4 * UNIT_MAX, window: 4 * UNIT_MAX }).unwrap();
         assert_eq!(ra.stats().budget_bytes, 4 * UNIT_MAX as u64);
         let f = open_file(64 * U);
-        let s = ra.stream(Arc::new(AtomicU64::new(0)));
+        let s = ra.stream(Arc::default());
         assert!(s.read(&f, 0, BLOCK as usize, 64 * U).is_none());
         assert!(s.read(&f, BLOCK, BLOCK as usize, 64 * U).is_none(), "the second read posts, and misses");
         assert_eq!(ra.stats().bytes_prefetched, 4 * U, "four units were posted");
@@ -752,22 +830,58 @@ mod tests {
     }
 
     #[test]
-    fn a_new_data_version_drops_the_window() {
+    fn changes_drop_the_units_they_overlap_and_a_long_log_drops_all() {
         let (_server, addr, _) = crate::fake_io::start();
-        let rt = crate::fake_io::runtime("readahead-version");
+        let rt = crate::fake_io::runtime("readahead-changes");
         let data = DataClient::connect(&rt, &[addr]).unwrap();
-        let ra = ReadAhead::new(&data, ReadAheadConfig { budget: 8 * UNIT_MAX, window: 2 * UNIT_MAX }).unwrap();
+        let ra = ReadAhead::new(&data, ReadAheadConfig { budget: 8 * UNIT_MAX, window: 4 * UNIT_MAX }).unwrap();
         let f = open_file(64 * U);
-        let version = Arc::new(AtomicU64::new(0));
-        let s = ra.stream(version.clone());
+        let changes = Arc::new(Changes::default());
+        let s = ra.stream(changes.clone());
+        let units = |s: &Stream| s.state().units.iter().map(|u| u.index).collect::<Vec<_>>();
         s.read(&f, 0, BLOCK as usize, 64 * U);
         s.read(&f, BLOCK, BLOCK as usize, 64 * U);
-        assert_eq!(ra.stats().invalidations, 0);
-        version.fetch_add(1, Ordering::Release); // the file was written
-        s.read(&f, 2 * BLOCK, BLOCK as usize, 64 * U);
-        let st = ra.stats();
-        assert_eq!(st.invalidations, 1, "the window outlived a change of the file");
-        assert_eq!(st.bytes_wasted, st.bytes_prefetched, "every unit fetched before the change was dropped unread");
+        assert_eq!(units(&s), vec![0, 1, 2, 3]);
+        // What the next read does first (the units' reads fail on the fake
+        // server, which a read would find out by waiting on one).
+        let catch_up = |s: &Stream| {
+            let mut st = s.state();
+            s.catch_up(&mut st, U);
+        };
+        // A write into unit 2.
+        changes.changed(2 * U + 4096, 2 * U + 8192);
+        catch_up(&s);
+        assert_eq!(units(&s), vec![0, 1, 3], "only the unit the write touched goes");
+        assert_eq!(ra.stats().invalidations, 1);
+        catch_up(&s);
+        assert_eq!(units(&s), vec![0, 1, 3], "a change is applied once");
+        // A truncation drops everything from the new size on.
+        changes.changed(U + 5, u64::MAX);
+        catch_up(&s);
+        assert_eq!(units(&s), vec![0]);
+        // More changes than the log keeps: the stream cannot know which
+        // units they touched, so all go.
+        for k in 0..=CHANGE_LOG as u64 {
+            changes.changed(40 * U + k, 40 * U + k + 1);
+        }
+        catch_up(&s);
+        assert!(units(&s).is_empty(), "a unit outlived changes the log no longer holds");
+        assert_eq!(ra.stats().invalidations, 3);
+    }
+
+    #[test]
+    fn the_change_log_reports_ranges_since_a_version() {
+        let c = Changes::default();
+        assert_eq!(c.since(0), (0, Some(vec![])));
+        c.changed(0, 10);
+        c.changed(20, 30);
+        assert_eq!(c.since(0), (2, Some(vec![(0, 10), (20, 30)])));
+        assert_eq!(c.since(1), (2, Some(vec![(20, 30)])));
+        for k in 0..CHANGE_LOG as u64 {
+            c.changed(k, k + 1);
+        }
+        assert_eq!(c.since(1), (2 + CHANGE_LOG as u64, None), "the log lost changes since version 1");
+        assert!(c.since(2).1.is_some_and(|r| r.len() == CHANGE_LOG));
     }
 
     #[test]

@@ -15,10 +15,11 @@
 //! With a [`ReadAhead`] (`with_readahead`), each handle has a read-ahead
 //! [`Stream`]: sequential reads through it are answered from units fetched
 //! ahead, straight from their registered slot into the reply. Each open
-//! inode has a data version shared by its handles' streams; this mount's
-//! writes and truncations of the inode bump it once the servers have them,
-//! which drops every window of the file (`dafne_client::readahead`). A new
-//! open starts with nothing (close-to-open).
+//! inode has a change log shared by its handles' streams; this mount's
+//! writes and truncations of the inode are recorded there (with the bytes
+//! they changed) once the servers have them, which drops the units of
+//! every window of the file that they overlap (`dafne_client::readahead`).
+//! A new open starts with nothing (close-to-open).
 //!
 //! # Publishing the size
 //! The io servers hold the bytes; meta holds the size. After writes, the
@@ -54,7 +55,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use dafne_client::data::DataClient;
-use dafne_client::readahead::{ReadAhead, ReadAheadStats, Stream};
+use dafne_client::readahead::{Changes, ReadAhead, ReadAheadStats, Stream};
 use dafne_client::{
     Attr, CompoundOp, DirEntry, Errno, FileType, Ino, MetaSession, OpenFile, Response, SetAttr, StatFs, TimeSet,
 };
@@ -176,17 +177,17 @@ impl InodeState {
 struct Table {
     handles: HashMap<u64, Handle>,
     inodes: HashMap<Ino, InodeState>,
-    /// Data version of each open inode (module docs, "Read-ahead"); lives
-    /// as long as its `inodes` entry.
-    versions: HashMap<Ino, Arc<AtomicU64>>,
+    /// Changes of each open inode's bytes (module docs, "Read-ahead");
+    /// lives as long as its `inodes` entry.
+    changes: HashMap<Ino, Arc<Changes>>,
 }
 
 impl Table {
-    /// The inode's data changed through this mount: its read-ahead windows
-    /// go.
-    fn changed(&self, ino: Ino) {
-        if let Some(v) = self.versions.get(&ino) {
-            v.fetch_add(1, Ordering::Release);
+    /// Bytes `[start, end)` of the inode changed through this mount: the
+    /// read-ahead units over them go.
+    fn changed(&self, ino: Ino, start: u64, end: u64) {
+        if let Some(c) = self.changes.get(&ino) {
+            c.changed(start, end);
         }
     }
 }
@@ -363,7 +364,8 @@ impl Core {
             st.written_end = 0;
             st.meta_size = size;
         }
-        t.changed(ino);
+        // Everything from the new size: cut, or zeros now.
+        t.changed(ino, size, u64::MAX);
     }
 
     pub fn readlink(&self, c: Caller, ino: Ino) -> Result<Vec<u8>, Errno> {
@@ -504,8 +506,8 @@ impl Core {
         st.attr = Some(file.attr);
         let mut attr = file.attr;
         attr.size = st.size();
-        let version = t.versions.entry(ino).or_default().clone();
-        let stream = self.readahead.as_ref().map(|r| Arc::new(r.stream(version)));
+        let changes = t.changes.entry(ino).or_default().clone();
+        let stream = self.readahead.as_ref().map(|r| Arc::new(r.stream(changes)));
         t.handles.insert(fh, Handle { ino, file: Arc::new(file), stream });
         (fh, attr)
     }
@@ -630,7 +632,7 @@ impl Core {
         let r = block(self.data.write_at(&file, offset, data, Stability::Unstable));
         let mut t = self.table();
         // Also after a failed write: some servers may have taken their part.
-        t.changed(ino);
+        t.changed(ino, offset, offset.saturating_add(data.len() as u64));
         let n = r?;
         if let Some(st) = t.inodes.get_mut(&ino) {
             st.written_end = st.written_end.max(offset + n as u64);
@@ -684,7 +686,7 @@ impl Core {
                     st.handles -= 1;
                     if st.handles == 0 {
                         t.inodes.remove(&h.ino);
-                        t.versions.remove(&h.ino);
+                        t.changes.remove(&h.ino);
                     }
                 }
             }
