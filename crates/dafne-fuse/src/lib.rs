@@ -46,7 +46,8 @@
 //!   contiguous reads it keeps whole stripe units in flight on every
 //!   server of the stripe, in a registered slab of `--readahead-mib`
 //!   (registered at mount, bounded), and answers hits from there without a
-//!   copy. This mount's writes and truncations of a file drop its windows.
+//!   copy. This mount's writes and truncations of a file drop the units
+//!   they overlap.
 //! * **Threads.** The session runs several fuser worker threads (each
 //!   blocks on its own request), so one slow operation (an fsync) does not
 //!   stall the others.
