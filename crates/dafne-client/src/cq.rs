@@ -6,6 +6,12 @@
 //! io servers do by RMA; the driver only moves requests and replies). An
 //! application may have any number of queues, e.g. one per thread, or
 //! completion groups.
+//!
+//! A library layer that tracks its own operations (read-ahead, which keeps
+//! each prefetch's outcome with the buffer it fills) posts them
+//! *detached*: they run on the same driver, but no completion is queued,
+//! so an outcome nobody asks for (a prefetch dropped by an invalidation)
+//! does not pile up in the queue.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -26,6 +32,8 @@ pub struct Ticket(pub u64);
 pub type Completion = (Ticket, Result<usize, Errno>);
 
 type Op = Pin<Box<dyn Future<Output = Result<usize, Errno>> + Send>>;
+/// An operation on the driver, with its ticket (`None`: detached).
+type Running = Pin<Box<dyn Future<Output = (Option<Ticket>, Result<usize, Errno>)> + Send>>;
 
 #[derive(Default)]
 struct State {
@@ -38,7 +46,7 @@ struct State {
 #[derive(Clone)]
 pub struct CompletionQueue {
     shared: Arc<(Mutex<State>, Condvar)>,
-    tx: mpsc::UnboundedSender<(Ticket, Op)>,
+    tx: mpsc::UnboundedSender<(Option<Ticket>, Op)>,
 }
 
 impl std::fmt::Debug for CompletionQueue {
@@ -56,13 +64,12 @@ impl Default for CompletionQueue {
 impl CompletionQueue {
     pub fn new() -> CompletionQueue {
         let shared = Arc::new((Mutex::new(State::default()), Condvar::new()));
-        let (tx, mut rx) = mpsc::unbounded::<(Ticket, Op)>();
+        let (tx, mut rx) = mpsc::unbounded::<(Option<Ticket>, Op)>();
         let sh = shared.clone();
         std::thread::Builder::new()
             .name("dafne-cq".into())
             .spawn(move || {
-                let mut running: FuturesUnordered<Pin<Box<dyn Future<Output = Completion> + Send>>> =
-                    FuturesUnordered::new();
+                let mut running: FuturesUnordered<Running> = FuturesUnordered::new();
                 let mut closed = false;
                 futures::executor::block_on(std::future::poll_fn(|cx| {
                     while !closed {
@@ -72,11 +79,13 @@ impl CompletionQueue {
                             Poll::Pending => break,
                         }
                     }
-                    while let Poll::Ready(Some(c)) = running.poll_next_unpin(cx) {
+                    while let Poll::Ready(Some((t, r))) = running.poll_next_unpin(cx) {
+                        // Detached operations report nothing.
+                        let Some(t) = t else { continue };
                         let (lock, cv) = &*sh;
                         let mut st = lock.lock().unwrap_or_else(|e| e.into_inner());
                         st.outstanding -= 1;
-                        st.done.push_back(c);
+                        st.done.push_back((t, r));
                         cv.notify_all();
                     }
                     if closed && running.is_empty() {
@@ -98,12 +107,28 @@ impl CompletionQueue {
             st.outstanding += 1;
             Ticket(st.next)
         };
-        if self.tx.unbounded_send((t, Box::pin(op))).is_err() {
+        if self.tx.unbounded_send((Some(t), Box::pin(op))).is_err() {
             let mut st = self.lock();
             st.outstanding -= 1;
             st.done.push_back((t, Err(Errno::EIO)));
         }
         t
+    }
+
+    /// Runs an operation on the queue's driver without a ticket: its
+    /// outcome is not queued (the operation reports it itself), and it does
+    /// not count as outstanding. `false` if the driver is gone (the
+    /// operation was dropped without running).
+    pub fn post_detached(&self, op: impl Future<Output = ()> + Send + 'static) -> bool {
+        self.tx
+            .unbounded_send((
+                None,
+                Box::pin(async move {
+                    op.await;
+                    Ok(0)
+                }),
+            ))
+            .is_ok()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -183,6 +208,18 @@ mod tests {
         assert_eq!(cq.wait(slow, Duration::from_millis(20)), Err(Errno::ETIMEDOUT));
         tx.send(42).unwrap();
         assert_eq!(cq.wait(slow, Duration::from_secs(5)), Ok(42));
+        assert_eq!(cq.outstanding(), 0);
+    }
+
+    #[test]
+    fn detached_operations_run_and_queue_no_completion() {
+        let cq = CompletionQueue::new();
+        let (tx, rx) = std::sync::mpsc::channel();
+        assert!(cq.post_detached(async move { tx.send(7).unwrap() }));
+        assert_eq!(rx.recv_timeout(Duration::from_secs(5)), Ok(7), "the detached operation ran");
+        let t = cq.post(async { Ok(1) });
+        assert_eq!(cq.wait_any(Duration::from_secs(5)), Some((t, Ok(1))), "only the ticketed completion is queued");
+        assert!(cq.poll().is_none());
         assert_eq!(cq.outstanding(), 0);
     }
 }

@@ -698,6 +698,37 @@ impl DataClient {
         self.read_list(f, &[(offset, len)], region, region_offset).await
     }
 
+    /// Reads `len` bytes of the file at `offset` into `view` (a range of a
+    /// registered [`Slab`](dafne_transport::Slab) whose packed key is
+    /// `slab_key`): the servers put straight into it. The caller keeps
+    /// `view` alive until this resolves (read-ahead's buffers, see
+    /// [`crate::readahead`]).
+    pub async fn read_view(
+        &self,
+        f: &OpenFile,
+        offset: u64,
+        view: &dafne_transport::SubRegion,
+        len: usize,
+        slab_key: &[u8],
+    ) -> Result<usize, Errno> {
+        if len > view.len() {
+            return Err(Errno::EINVAL);
+        }
+        self.rma_at(f, &[(offset, len)], slab_key, view.addr(), |keys, extents| IoRequest::Read {
+            cap: f.cap,
+            keys,
+            extents,
+            inline_reply: false,
+        })
+        .await
+    }
+
+    /// How long memory of a failed request must stay unused (a late put may
+    /// still reach it): twice the transport's call timeout.
+    pub fn failed_request_hold(&self) -> Duration {
+        self.quarantine.lock().map(|q| q.hold).unwrap_or(Duration::from_secs(60))
+    }
+
     /// Reads into a caller's buffer: zero-copy from [`ZERO_COPY_MIN`] bytes
     /// up (the servers put straight into `buf`, registered through the
     /// registration cache: once per buffer while it stays mapped), else (or

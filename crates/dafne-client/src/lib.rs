@@ -29,6 +29,7 @@ pub mod data;
 mod fake_io;
 pub mod file;
 mod link;
+pub mod readahead;
 pub mod regcache;
 
 use std::collections::BTreeMap;

@@ -11,6 +11,16 @@
 //! `max(meta size, written_end)`; reads are clamped to that size (the io
 //! servers read holes as zeros, so an unclamped read would invent bytes).
 //!
+//! # Read-ahead
+//! With a [`ReadAhead`] (`with_readahead`), each handle has a read-ahead
+//! [`Stream`]: sequential reads through it are answered from units fetched
+//! ahead, straight from their registered slot into the reply. Each open
+//! inode has a change log shared by its handles' streams; this mount's
+//! writes and truncations of the inode are recorded there (with the bytes
+//! they changed) once the servers have them, which drops the units of
+//! every window of the file that they overlap (`dafne_client::readahead`).
+//! A new open starts with nothing (close-to-open).
+//!
 //! # Publishing the size
 //! The io servers hold the bytes; meta holds the size. After writes, the
 //! size and mtime go to meta on `flush` (each `close(2)`, so the size is exact
@@ -45,6 +55,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use dafne_client::data::DataClient;
+use dafne_client::readahead::{Changes, ReadAhead, ReadAheadStats, Stream};
 use dafne_client::{
     Attr, CompoundOp, DirEntry, Errno, FileType, Ino, MetaSession, OpenFile, Response, SetAttr, StatFs, TimeSet,
 };
@@ -135,6 +146,8 @@ pub fn local_size(meta_size: u64, written_end: u64) -> u64 {
 struct Handle {
     ino: Ino,
     file: Arc<OpenFile>,
+    /// Read-ahead of this handle (with read-ahead on).
+    stream: Option<Arc<Stream>>,
 }
 
 /// What this mount knows of an inode it has open.
@@ -164,6 +177,19 @@ impl InodeState {
 struct Table {
     handles: HashMap<u64, Handle>,
     inodes: HashMap<Ino, InodeState>,
+    /// Changes of each open inode's bytes (module docs, "Read-ahead");
+    /// lives as long as its `inodes` entry.
+    changes: HashMap<Ino, Arc<Changes>>,
+}
+
+impl Table {
+    /// Bytes `[start, end)` of the inode changed through this mount: the
+    /// read-ahead units over them go.
+    fn changed(&self, ino: Ino, start: u64, end: u64) {
+        if let Some(c) = self.changes.get(&ino) {
+            c.changed(start, end);
+        }
+    }
 }
 
 /// One page of [`Core::readdir_plus`].
@@ -194,6 +220,7 @@ pub struct Core {
     next_fh: AtomicU64,
     stats_file: Option<PathBuf>,
     secret: Option<dafne_auth::Secret>,
+    readahead: Option<ReadAhead>,
 }
 
 impl std::fmt::Debug for Core {
@@ -217,7 +244,20 @@ impl Core {
             next_fh: AtomicU64::new(1),
             stats_file: None,
             secret: None,
+            readahead: None,
         }
+    }
+
+    /// Sequential reads through this mount's handles are answered from
+    /// read-ahead (module docs).
+    pub fn with_readahead(mut self, ra: ReadAhead) -> Core {
+        self.readahead = Some(ra);
+        self
+    }
+
+    /// The read-ahead counters (`None` without read-ahead).
+    pub fn readahead_stats(&self) -> Option<ReadAheadStats> {
+        self.readahead.as_ref().map(|r| r.stats())
     }
 
     /// Writes [`RegistrationCounters`] to `path` after each `flush`.
@@ -319,10 +359,13 @@ impl Core {
     }
 
     fn truncated(&self, ino: Ino, size: u64) {
-        if let Some(st) = self.table().inodes.get_mut(&ino) {
+        let mut t = self.table();
+        if let Some(st) = t.inodes.get_mut(&ino) {
             st.written_end = 0;
             st.meta_size = size;
         }
+        // Everything from the new size: cut, or zeros now.
+        t.changed(ino, size, u64::MAX);
     }
 
     pub fn readlink(&self, c: Caller, ino: Ino) -> Result<Vec<u8>, Errno> {
@@ -463,7 +506,9 @@ impl Core {
         st.attr = Some(file.attr);
         let mut attr = file.attr;
         attr.size = st.size();
-        t.handles.insert(fh, Handle { ino, file: Arc::new(file) });
+        let changes = t.changes.entry(ino).or_default().clone();
+        let stream = self.readahead.as_ref().map(|r| Arc::new(r.stream(changes)));
+        t.handles.insert(fh, Handle { ino, file: Arc::new(file), stream });
         (fh, attr)
     }
 
@@ -541,15 +586,29 @@ impl Core {
         thread_local! {
             static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
         }
-        let (file, known) = {
+        let (file, known, stream) = {
             let t = self.table();
             let Some(h) = t.handles.get(&fh) else { return f(Err(Errno::EBADF)) };
-            (h.file.clone(), t.inodes.get(&h.ino).map(|s| s.size()).unwrap_or(0))
+            (h.file.clone(), t.inodes.get(&h.ino).map(|s| s.size()).unwrap_or(0), h.stream.clone())
         };
         if offset >= known {
             return f(Ok(&[]));
         }
         let n = (size as u64).min(known - offset) as usize;
+        if let Some(hit) = stream.and_then(|s| s.read(&file, offset, n, known)) {
+            // Straight from the read-ahead slot into the reply.
+            if let Some(bytes) = hit.single() {
+                return f(Ok(bytes));
+            }
+            return BUF.with(|b| {
+                let mut buf = b.borrow_mut();
+                if buf.len() < n {
+                    buf.resize(n, 0);
+                }
+                let got = hit.copy_to(&mut buf[..n]);
+                f(Ok(&buf[..got]))
+            });
+        }
         BUF.with(|b| {
             let mut buf = b.borrow_mut();
             if buf.len() < n {
@@ -570,8 +629,12 @@ impl Core {
             let h = t.handles.get(&fh).ok_or(Errno::EBADF)?;
             (h.file.clone(), h.ino)
         };
-        let n = block(self.data.write_at(&file, offset, data, Stability::Unstable))?;
-        if let Some(st) = self.table().inodes.get_mut(&ino) {
+        let r = block(self.data.write_at(&file, offset, data, Stability::Unstable));
+        let mut t = self.table();
+        // Also after a failed write: some servers may have taken their part.
+        t.changed(ino, offset, offset.saturating_add(data.len() as u64));
+        let n = r?;
+        if let Some(st) = t.inodes.get_mut(&ino) {
             st.written_end = st.written_end.max(offset + n as u64);
             st.dirty = true;
             st.mtime_set = false;
@@ -623,6 +686,7 @@ impl Core {
                     st.handles -= 1;
                     if st.handles == 0 {
                         t.inodes.remove(&h.ino);
+                        t.changes.remove(&h.ino);
                     }
                 }
             }
@@ -715,10 +779,29 @@ impl Core {
     /// never sees half a file).
     fn write_stats(&self) {
         let (Some(path), Some(c)) = (&self.stats_file, self.registration_counters()) else { return };
-        let text = format!(
+        let mut text = format!(
             "registrations {}\nderegistrations {}\nregistered_bytes {}\n",
             c.registrations, c.deregistrations, c.registered_bytes
         );
+        if let Some(r) = self.readahead_stats() {
+            text.push_str(&format!(
+                "readahead_hits {}\nreadahead_misses {}\nreadahead_waits {}\nreadahead_bytes_hit {}\n\
+                 readahead_bytes_prefetched {}\nreadahead_bytes_wasted {}\nreadahead_bytes_copied {}\n\
+                 readahead_invalidations {}\nreadahead_posts_refused {}\nreadahead_peak_bytes {}\n\
+                 readahead_budget_bytes {}\n",
+                r.hits,
+                r.misses,
+                r.waits,
+                r.bytes_hit,
+                r.bytes_prefetched,
+                r.bytes_wasted,
+                r.bytes_copied,
+                r.invalidations,
+                r.posts_refused,
+                r.peak_bytes,
+                r.budget_bytes
+            ));
+        }
         let tmp = path.with_extension("tmp");
         if std::fs::write(&tmp, text).and_then(|_| std::fs::rename(&tmp, path)).is_err() {
             tracing::warn!("could not write the stats file {}", path.display());

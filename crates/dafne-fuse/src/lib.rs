@@ -39,6 +39,15 @@
 //!   cluster's `attr_timeout_ms` / `entry_timeout_ms`; file data is not kept
 //!   across opens (no `FOPEN_KEEP_CACHE`), so an open sees other clients'
 //!   closed writes. Negative lookups are not cached.
+//! * **Read-ahead.** With direct I/O (fio's `--direct=1`, databases) the
+//!   kernel's readahead does nothing, and a sequential reader waits for one
+//!   io server per request. Each handle therefore has a read-ahead stream
+//!   of the client library (`dafne_client::readahead`): after two
+//!   contiguous reads it keeps whole stripe units in flight on every
+//!   server of the stripe, in a registered slab of `--readahead-mib`
+//!   (registered at mount, bounded), and answers hits from there without a
+//!   copy. This mount's writes and truncations of a file drop the units
+//!   they overlap.
 //! * **Threads.** The session runs several fuser worker threads (each
 //!   blocks on its own request), so one slow operation (an fsync) does not
 //!   stall the others.

@@ -46,6 +46,12 @@ pub struct MountArgs {
     /// FUSE worker threads.
     #[arg(long, default_value_t = 4)]
     pub threads: usize,
+    /// Registered memory for read-ahead of sequential reads, MiB, shared by
+    /// all open files (0 turns read-ahead off). Each sequentially read file
+    /// keeps up to 8 MiB (two stripes of the default layout) ahead of its
+    /// reader, so the default serves 7 such files at once.
+    #[arg(long, default_value_t = (dafne_client::readahead::DEFAULT_BUDGET >> 20) as u64)]
+    pub readahead_mib: u64,
     /// Write the client's registration counters to this file after every
     /// close of a file (for tests and diagnosis).
     #[arg(long, hide = true)]
@@ -172,6 +178,7 @@ fn spawn_daemon(info: &ClusterInfo, mp: &Path, a: &MountArgs) -> Result<()> {
     let mut cmd = Command::new(exe);
     cmd.arg("mount").arg(mp).arg("--foreground").arg("--dir").arg(&info.dir);
     cmd.args(["--threads", &a.threads.to_string()]);
+    cmd.args(["--readahead-mib", &a.readahead_mib.to_string()]);
     if let Some(f) = &a.stats_file {
         cmd.arg("--stats-file").arg(std::path::absolute(f)?);
     }
@@ -255,7 +262,24 @@ fn serve(info: &ClusterInfo, mp: &Path, a: &MountArgs) -> Result<()> {
     // Registered now, one per worker thread: FUSE data then leaves through
     // buffers registered before the first request.
     data.prefill_bounce(a.threads).map_err(|e| anyhow::anyhow!("registering the I/O buffers: {e}"))?;
+    let readahead = match a.readahead_mib {
+        0 => None,
+        mib => {
+            let budget = usize::try_from(mib)
+                .ok()
+                .and_then(|m| m.checked_mul(1 << 20))
+                .with_context(|| format!("--readahead-mib {mib} is more memory than this machine can address"))?;
+            let config = dafne_client::readahead::ReadAheadConfig { budget, ..Default::default() };
+            Some(
+                dafne_client::readahead::ReadAhead::new(&data, config)
+                    .with_context(|| format!("setting up {mib} MiB of read-ahead (--readahead-mib)"))?,
+            )
+        }
+    };
     let mut core = dafne_fuse::core::Core::new(meta, data).with_secret(secret);
+    if let Some(ra) = readahead {
+        core = core.with_readahead(ra);
+    }
     if let Some(f) = &a.stats_file {
         core = core.with_stats_file(f.clone());
     }

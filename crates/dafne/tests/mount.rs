@@ -855,3 +855,151 @@ fn unlinked_open_files_keep_their_data_until_the_last_close_or_the_mounts_death(
 fn mount_daemon_pid(records: &std::path::Path) -> u32 {
     std::fs::read_dir(records).unwrap().next().unwrap().unwrap().file_name().into_string().unwrap().parse().unwrap()
 }
+
+/// A counter the daemon wrote to its stats file at the last close.
+fn stat(path: &Path, key: &str) -> u64 {
+    let t = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    t.lines()
+        .find_map(|l| l.strip_prefix(key).and_then(|v| v.strip_prefix(' ')).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or_else(|| panic!("no {key} in {t}"))
+}
+
+/// A file on the mount opened with `O_DIRECT` (and read and write access):
+/// every read reaches the daemon, none is answered by the kernel's page
+/// cache, as fio's `--direct=1` rows.
+fn open_direct(path: &Path) -> std::fs::File {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32)
+        .open(path)
+        .unwrap_or_else(|e| panic!("opening {} with O_DIRECT: {e}", path.display()))
+}
+
+/// A page-aligned buffer of `len` bytes inside `v` (O_DIRECT wants it).
+fn aligned(v: &mut Vec<u8>, len: usize) -> &mut [u8] {
+    v.resize(len + 4096, 0);
+    let at = v.as_ptr().align_offset(4096);
+    &mut v[at..at + len]
+}
+
+/// Reads `[from, to)` of `f` in 128 KiB direct reads, in order.
+fn read_direct(f: &std::fs::File, from: usize, to: usize) -> Vec<u8> {
+    use std::os::unix::fs::FileExt;
+    const BLOCK: usize = 128 << 10;
+    let mut raw = Vec::new();
+    let buf = aligned(&mut raw, BLOCK);
+    let mut out = Vec::with_capacity(to - from);
+    let mut at = from;
+    while at < to {
+        let n = BLOCK.min(to - at);
+        f.read_exact_at(&mut buf[..n], at as u64).unwrap_or_else(|e| panic!("reading at {at}: {e}"));
+        out.extend_from_slice(&buf[..n]);
+        at += n;
+    }
+    out
+}
+
+#[test]
+fn sequential_reads_through_the_mount_are_served_by_readahead() {
+    let _g = serial();
+    let c = Cluster::start();
+    let stats = c.dir().join("fuse-stats.txt");
+    let m = c.mount_with(&["--stats-file", p(&stats)]);
+    let data = pattern(24 << 20, 31);
+    std::fs::write(m.path("seq"), &data).unwrap();
+    // fio's sequential rows: 128 KiB direct reads, in order, to the end.
+    let f = open_direct(&m.path("seq"));
+    assert!(read_direct(&f, 0, data.len()) == data, "a sequential read returned other bytes than were written");
+    drop(f); // the close writes the counters
+    let blocks = (data.len() / (128 << 10)) as u64;
+    let hits = stat(&stats, "readahead_hits");
+    let misses = stat(&stats, "readahead_misses");
+    eprintln!("{}", std::fs::read_to_string(&stats).unwrap());
+    // The reads before the window is built (two, plus the rest of the unit
+    // they are in when the window starts behind them) miss; all others hit.
+    assert!(hits + misses >= blocks, "every read was seen: {hits} + {misses} < {blocks}");
+    assert!(misses <= 4, "{misses} of {blocks} sequential reads missed the read-ahead");
+    assert!(stat(&stats, "readahead_bytes_hit") >= (blocks - 4) * (128 << 10));
+    assert_eq!(stat(&stats, "readahead_bytes_copied"), 0, "aligned reads lie in one unit: answered without a copy");
+    assert!(stat(&stats, "readahead_bytes_prefetched") >= 20 << 20);
+    // Nothing was fetched past the end of the file.
+    assert!(stat(&stats, "readahead_bytes_prefetched") <= data.len() as u64);
+    // A file read in one request (a small file) starts no read-ahead.
+    std::fs::write(m.path("small"), pattern(40 << 10, 32)).unwrap();
+    let prefetched = stat(&stats, "readahead_bytes_prefetched");
+    let f = open_direct(&m.path("small"));
+    assert_eq!(read_direct(&f, 0, 40 << 10), pattern(40 << 10, 32));
+    drop(f);
+    assert_eq!(stat(&stats, "readahead_bytes_prefetched"), prefetched, "one read of a small file fetched ahead");
+}
+
+#[test]
+fn a_write_or_truncate_through_the_open_file_is_read_back_after_readahead() {
+    use std::os::unix::fs::FileExt;
+    let _g = serial();
+    let c = Cluster::start();
+    let stats = c.dir().join("fuse-stats.txt");
+    let m = c.mount_with(&["--stats-file", p(&stats)]);
+    const MIB: usize = 1 << 20;
+    let mut want = pattern(16 * MIB, 41);
+    std::fs::write(m.path("f"), &want).unwrap();
+    let f = open_direct(&m.path("f"));
+    // A sequential reader: units up to ~12 MiB are fetched ahead.
+    assert!(read_direct(&f, 0, 4 * MIB) == want[..4 * MIB]);
+    // A write through the same descriptor into a unit already fetched.
+    let new = pattern(128 << 10, 42);
+    let mut raw = Vec::new();
+    let buf = aligned(&mut raw, new.len());
+    buf.copy_from_slice(&new);
+    f.write_all_at(buf, (6 * MIB + (128 << 10)) as u64).unwrap();
+    want[6 * MIB + (128 << 10)..6 * MIB + (256 << 10)].copy_from_slice(&new);
+    let got = read_direct(&f, 4 * MIB, 10 * MIB);
+    assert!(got == want[4 * MIB..10 * MIB], "a read after the file's own write returned the bytes from before it");
+    // A truncation through the descriptor, then the file grows again:
+    // what lay past the cut reads as zeros, not as the units fetched before.
+    f.set_len(11 * MIB as u64).unwrap();
+    f.set_len(16 * MIB as u64).unwrap();
+    want[11 * MIB..].fill(0);
+    let got = read_direct(&f, 10 * MIB, 16 * MIB);
+    assert!(got == want[10 * MIB..], "a read after the file's own truncation returned bytes from before it");
+    drop(f);
+    eprintln!("{}", std::fs::read_to_string(&stats).unwrap());
+    assert!(stat(&stats, "readahead_invalidations") >= 2, "the write and the truncation dropped the windows");
+    // The reads after each change were served by read-ahead again (so the
+    // new bytes above came through it, not around it).
+    assert!(stat(&stats, "readahead_hits") >= 60, "read-ahead served the reads after the changes");
+    // A new open sees the same bytes.
+    assert!(std::fs::read(m.path("f")).unwrap() == want);
+}
+
+#[test]
+fn readahead_memory_stays_within_its_bound() {
+    let _g = serial();
+    let c = Cluster::start();
+    let stats = c.dir().join("fuse-stats.txt");
+    // 3 MiB for three readers who would each keep 8 MiB ahead.
+    let m = c.mount_with(&["--stats-file", p(&stats), "--readahead-mib", "3"]);
+    let files: Vec<Vec<u8>> = (0..3).map(|i| pattern(12 << 20, 50 + i)).collect();
+    for (i, d) in files.iter().enumerate() {
+        std::fs::write(m.path(&format!("r{i}")), d).unwrap();
+    }
+    std::thread::scope(|s| {
+        for (i, d) in files.iter().enumerate() {
+            let path = m.path(&format!("r{i}"));
+            s.spawn(move || {
+                let f = open_direct(&path);
+                assert!(read_direct(&f, 0, d.len()) == *d, "r{i} read back other bytes");
+            });
+        }
+    });
+    // Every close writes the counters; the last one has all three readers.
+    std::fs::write(m.path("last"), b"x").unwrap();
+    eprintln!("{}", std::fs::read_to_string(&stats).unwrap());
+    assert_eq!(stat(&stats, "readahead_budget_bytes"), 3 << 20);
+    let peak = stat(&stats, "readahead_peak_bytes");
+    assert!(peak <= 3 << 20, "read-ahead held {peak} bytes, over its 3 MiB bound");
+    assert!(peak > 0 && stat(&stats, "readahead_hits") > 0, "read-ahead served within the bound");
+    assert!(stat(&stats, "readahead_posts_refused") > 0, "the bound was never reached: the test proves nothing");
+}
