@@ -47,6 +47,13 @@ pub(crate) struct ServerConn {
     granted: u32,
     inflight: Cell<u32>,
     keys: RefCell<HashMap<Vec<u8>, Rc<RemoteKey>>>,
+    /// The client's end of the control connection and our listener port,
+    /// until the first key is unpacked: then the processes holding that
+    /// socket are looked up once (`peer`) and given to the data endpoint.
+    /// Lazily, so that the `/proc` scan runs only for a connection whose
+    /// service is unpacking a key for it (io servers: after the request's
+    /// capability was verified), never for a bare hello.
+    peer_lookup: Cell<Option<(SocketAddr, u16)>>,
     dead: Cell<bool>,
     /// RMA waiters to wake if the connection dies or their deadline passes
     /// (checked by housekeeping: no timer per request), keyed by waiter id;
@@ -131,7 +138,13 @@ impl ConnHandle {
             return Ok(k.clone());
         }
         TransportStats::inc(&self.0.shared.stats.rkey_cache_misses);
-        let k = Rc::new(self.data()?.unpack_key(packed)?);
+        let data = self.data()?;
+        if let Some((client, port)) = self.0.peer_lookup.take() {
+            let owners = crate::peer::socket_owners(client, port);
+            tracing::debug!("client {client} is local processes {owners:?}");
+            data.set_peer_processes(owners);
+        }
+        let k = Rc::new(data.unpack_key(packed)?);
         let mut keys = self.0.keys.borrow_mut();
         if keys.len() >= KEY_CACHE_ENTRIES {
             keys.clear();
@@ -405,16 +418,10 @@ impl ServerSide {
                 return;
             }
         };
-        // The processes of this host that are the client, from the kernel
-        // (`peer`): only their System V segments may be mapped for RMA.
+        // The processes of this host that are the client are looked up from
+        // the kernel when the first key is unpacked (`peer_lookup`).
         let port = l.server.listener.borrow().as_ref().and_then(|li| li.local_addr().ok()).map(|a| a.port());
-        if let (Some(client), Some(port)) = (client, port) {
-            let owners = crate::peer::socket_owners(client, port);
-            tracing::debug!("client {client} is local processes {owners:?}");
-            data.set_peer_processes(owners);
-        } else {
-            tracing::debug!("client address unknown ({client:?}, listener port {port:?}): no local process proven");
-        }
+        let peer_lookup = client.zip(port);
         let id = l.server.next_id.get().wrapping_add(1).max(1);
         l.server.next_id.set(id);
         if mode == dafne_ucx::ErrMode::Peer {
@@ -432,6 +439,7 @@ impl ServerSide {
             granted: l.options().credits.max(1),
             inflight: Cell::new(0),
             keys: RefCell::new(HashMap::new()),
+            peer_lookup: Cell::new(peer_lookup),
             dead: Cell::new(false),
             dead_wakers: RefCell::new(HashMap::new()),
             next_waiter: Cell::new(0),
