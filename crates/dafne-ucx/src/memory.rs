@@ -791,6 +791,18 @@ fn parse_key(k: &[u8]) -> Result<(u8, Vec<(usize, u8)>), String> {
 mod tests {
     use super::*;
 
+    /// Flushes `ep` and progresses `w` until `put` and the flush are done;
+    /// the put must have succeeded.
+    fn put_and_flush(w: &crate::Worker, ep: &crate::Endpoint, put: &crate::Op) {
+        let flush = ep.flush().unwrap();
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        while put.poll_done().is_none() || flush.poll_done().is_none() {
+            assert!(Instant::now() < deadline, "put did not complete");
+            w.progress();
+        }
+        put.poll_done().unwrap().unwrap();
+    }
+
     #[test]
     fn key_parser_rejects_lies() {
         let mut k = vec![0b101, 0, 0, 0, 0, 0, 0, 0, 0];
@@ -843,18 +855,12 @@ mod tests {
         let src = std::sync::Arc::new(r);
         let put =
             ep.put(crate::Local::Region { region: src.clone(), offset: 0, len: 70_000 }, dst.addr(), &rkey).unwrap();
-        let flush = ep.flush().unwrap();
-        let deadline = Instant::now() + std::time::Duration::from_secs(10);
-        while put.poll_done().is_none() || flush.poll_done().is_none() {
-            assert!(Instant::now() < deadline, "put did not complete");
-            w.progress();
-        }
-        put.poll_done().unwrap().unwrap();
+        put_and_flush(&w, &ep, &put);
         assert_eq!(dst.as_slice(), &data[5000..75_000]);
         // ... but never a destination.
         let get = ep.get(crate::Local::Region { region: src.clone(), offset: 0, len: 8 }, dst.addr(), &rkey);
         assert!(get.is_err(), "a get into a read-only mapping was accepted");
-        drop((put, flush, rkey, ep));
+        drop((put, rkey, ep));
         let src = std::sync::Arc::try_unwrap(src).unwrap();
         assert!(std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let mut src = src;
@@ -960,13 +966,7 @@ mod tests {
         let local = || crate::Local::Region { region: src.clone(), offset: 0, len: 4096 };
         // Inside the window: done, through the remaining domains.
         let put = ep.put(local(), dst.addr() + 60 * 1024, &rkey).unwrap();
-        let flush = ep.flush().unwrap();
-        let deadline = Instant::now() + std::time::Duration::from_secs(10);
-        while put.poll_done().is_none() || flush.poll_done().is_none() {
-            assert!(Instant::now() < deadline, "put did not complete");
-            w.progress();
-        }
-        put.poll_done().unwrap().unwrap();
+        put_and_flush(&w, &ep, &put);
         assert!(dst.as_slice()[60 * 1024..].iter().all(|&b| b == 7));
         // One byte past the end, before the start, or wrapping: refused
         // before UCX is asked, and counted.
@@ -975,6 +975,6 @@ mod tests {
             assert!(ep.get(crate::Local::Bytes(vec![0; 4096]), addr, &rkey).is_err());
         }
         assert_eq!(ctx.stats().snapshot().since(&before).rma_outside_window, 6);
-        drop((put, flush, rkey, ep));
+        drop((put, rkey, ep));
     }
 }
