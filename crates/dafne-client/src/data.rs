@@ -972,6 +972,9 @@ impl DataClient {
         self.every_server(f, IoRequest::Truncate { cap: f.cap, size }, |_| ()).await.map(|_| ())
     }
 
+    /// Deletes the file's data object on every server of its layout. Each
+    /// server keeps a tombstone for it: no capability reaches the object
+    /// there again (`dafne_auth`'s module docs, "Revocation").
     pub async fn remove(&self, f: &OpenFile) -> Result<(), Errno> {
         self.every_server(f, IoRequest::Remove { cap: f.cap }, |_| ()).await.map(|_| ())
     }

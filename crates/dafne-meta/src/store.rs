@@ -1298,6 +1298,36 @@ impl Tables<'_> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn the_revocation_log_continues_a_reader_or_resets_it() {
+        let mut log = RevocationLog::new();
+        let me = log.instance;
+        // Nothing yet: a reader at 0 of this instance gets an empty batch.
+        let b = log.after(me, 0, 5);
+        assert_eq!((b.from_seq, b.to_seq, b.reset_floor, b.entries.len()), (0, 0, 0, 0));
+        for o in 1..=3u64 {
+            log.push(dafne_proto::Revocation { object_id: o, floor: 10 + o });
+        }
+        let b = log.after(me, 1, 13);
+        assert_eq!((b.from_seq, b.to_seq, b.reset_floor), (1, 3, 0));
+        assert_eq!(b.entries.iter().map(|e| e.object_id).collect::<Vec<_>>(), vec![2, 3]);
+        // Another instance (an io server fresh or from a restarted meta)
+        // and a position past the head both get a reset to the generation.
+        for (instance, since) in [(0, 0), (me ^ 1, 2), (me, 4)] {
+            let b = log.after(instance, since, 13);
+            assert_eq!((b.instance, b.from_seq, b.to_seq, b.reset_floor), (me, 3, 3, 13), "{instance} {since}");
+            assert!(b.entries.is_empty());
+        }
+        // Bounded: the oldest entries go, and a reader behind them is reset.
+        for o in 0..REVOCATION_LOG as u64 {
+            log.push(dafne_proto::Revocation { object_id: o, floor: 20 });
+        }
+        assert_eq!(log.entries.len(), REVOCATION_LOG);
+        assert_eq!(log.after(me, 1, 20).reset_floor, 20, "behind what is kept");
+        let b = log.after(me, 3, 20);
+        assert_eq!((b.reset_floor, b.entries.len()), (0, dafne_proto::MAX_REVOCATIONS), "a batch at most");
+    }
+
     fn inode(kind: FileType, rdev: u64) -> Inode {
         let t = Timespec { sec: 1_700_000_000, nsec: 5 };
         Inode {

@@ -427,6 +427,12 @@ fn a_capability_revoked_by_chmod_is_refused() {
     let root = cl.fs(0, 0);
     let data = pattern(1 << 20, 30);
     let ino = root_file(&root, b"shared", 0o666, &data);
+    // A witness deleted now: once its data is gone, meta's start-up grace
+    // (when every re-announced open is believed) is over.
+    let witness = root.open(root_file(&root, b"witness", 0o644, &data), dafne_proto::OPEN_READ).unwrap();
+    let witness_files = object_files(&c, witness.handle());
+    drop(witness);
+    root.meta.unlink(root.meta.root(), b"witness").unwrap();
     // The attacker opens while it may, keeps the capability, closes.
     let attacker = cl.fs(1000, 1000);
     let stolen = attacker.meta.open(ino, dafne_proto::OPEN_READ | dafne_proto::OPEN_WRITE).unwrap();
@@ -447,9 +453,21 @@ fn a_capability_revoked_by_chmod_is_refused() {
     });
     // Both halves of the stripe refuse it, for reading and writing.
     for at in [0u64, 1 << 20, 3 << 20] {
-        assert!(write(&raw, &stolen, at, same).is_err(), "write at {at}");
+        assert_eq!(write(&raw, &stolen, at, same), Err(dafne_proto::Errno::ESTALE), "write at {at}");
         assert!(read(&raw, &stolen, at, 10).is_err(), "read at {at}");
     }
+    // Meta re-issues it to no session without an open taken before the
+    // chmod: not the attacker's, not even after it claims an open it never
+    // had (once the start-up grace, when claims are believed, is over).
+    assert_eq!(attacker.meta.recap(stolen.cap), Err(dafne_proto::Errno::EACCES), "recap without an open");
+    wait_for("the reclaimer to have had a round past meta's start-up grace", || {
+        witness_files.iter().all(|p| !p.exists())
+    });
+    let claim = dafne_proto::HeldOpen { object_id: stolen.layout.object_id, count: 1 };
+    futures::executor::block_on(attacker.meta.request_async(dafne_proto::Request::Reopen { held: vec![claim] }))
+        .unwrap();
+    assert_eq!(attacker.meta.recap(stolen.cap), Err(dafne_proto::Errno::EACCES), "recap on a claimed open");
+    assert_eq!(write(&raw, &stolen, 0, same), Err(dafne_proto::Errno::ESTALE));
     // The open taken before the chmod keeps working.
     let more = pattern(3 << 20, 31);
     held.write_at(1 << 20, &more, dafne_proto::io::Stability::FileSync).unwrap();
