@@ -8,14 +8,73 @@
 //!   connection's random id, so a captured login cannot be replayed on
 //!   another connection.
 //! * On open, meta issues a capability: `HMAC-SHA256(secret,
-//!   "dafne-cap-v1" ‖ object id ‖ rights ‖ expiry)`. An io server holding the
-//!   same secret verifies it alone, without asking meta (DESIGN, "Security").
+//!   "dafne-cap-v2" ‖ object id ‖ ino ‖ rights ‖ generation ‖ expiry)`. An
+//!   io server holding the same secret verifies it alone, without asking
+//!   meta (DESIGN, "Security"), and checks its generation against what it
+//!   knows of revocations ([`CapFloors`], below).
+//!
+//! # Revocation
+//! A capability is a bearer token: whoever holds it may use it until it
+//! expires, unless it is revoked. Revocation works by generation:
+//!
+//! * Meta keeps one cluster-wide *capability generation* `G`, persisted in
+//!   its store and never going back. Every capability carries the `G` of
+//!   its issue.
+//! * An event that must take rights away from capabilities already issued
+//!   for an object bumps `G` in the same transaction and records the
+//!   revocation `(object, floor = new G)` in meta's revocation log: a chmod
+//!   or chown (mode, uid or gid changed), a size change (truncate, also at
+//!   an `O_TRUNC` open), the unlink of a file's last link, and the listing
+//!   of an orphan for reclaiming. Only capabilities issued before the event
+//!   have a generation below the floor.
+//! * Io servers keep, per object, the floor they know ([`CapFloors`]) and
+//!   refuse a capability whose generation is below it with `ESTALE`. They
+//!   learn floors only from meta's log, in batches MAC'd by meta
+//!   (`Revocations`, verified with [`Secret::verify_revocations`]): the
+//!   supervisor's relay carries them (it holds connections to meta and to
+//!   every io server) but cannot make or change one without the secret.
+//!   Each server applies a batch only if it continues the last one it
+//!   applied (same meta instance, next sequence number); anything else
+//!   (a restarted io server, a restarted meta, a log that has moved on) is
+//!   answered by a *reset*: every floor raised to meta's current `G`, which
+//!   revokes every older capability (clients re-obtain them, below).
+//! * A reclaimed object gets a *tombstone*: the reclaimer's `Remove`
+//!   marks the object removed before it deletes its data, and from then on
+//!   no capability at all reads, writes, truncates or re-creates it (a
+//!   repeated `Remove` is answered as done).
+//!
+//! POSIX says a file descriptor opened before a chmod or unlink keeps
+//! working, so a revoked capability can be re-obtained (`Recap`) by a
+//! session that holds an open of the object: meta checks that the old
+//! capability is genuine (its MAC; its generation and expiry do not
+//! matter), that the session's open table holds the object from an open it
+//! made itself (or re-announced while meta could check it: during meta's
+//! start-up grace or while the object lingered from the session's previous
+//! connection), and that the object is still the file's (the ino in the
+//! capability names it) or an unlinked file's whose data is not reclaimed
+//! yet. Then it issues the same object, file and rights at the current
+//! generation. The client library does this by itself when an io server
+//! answers `ESTALE`. A capability obtained before a chmod that took the
+//! caller's rights away is thus worthless to a client that does not hold
+//! an open taken before the chmod, and every capability of a reclaimed
+//! object is worthless to everyone.
+//!
+//! What this does not cover: revocation is not synchronous. A chmod is
+//! acknowledged when meta has committed it; io servers refuse the old
+//! capabilities once the relay's next round (every 200 ms) has reached
+//! them, and an io server that restarted accepts old capabilities until
+//! its first batch (a reset) arrives. A truncate revokes whole objects,
+//! not byte ranges. And a holder of the cluster secret can sign any
+//! capability it likes (including generation [`TRUSTED_GENERATION`], which
+//! no floor stops): clients hold the secret today (issue 10, finding 4).
 
 use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use dafne_proto::Capability;
+use std::collections::HashMap;
+
+use dafne_proto::{Capability, Revocations};
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
@@ -26,6 +85,11 @@ pub const SECRET_LEN: usize = 32;
 
 /// How long a capability stays valid.
 pub const CAP_LIFETIME: Duration = Duration::from_secs(3600);
+
+/// The generation of a capability signed by a holder of the cluster secret
+/// rather than issued by meta (the reclaimer, `dafne status`): above every
+/// floor, stopped only by a tombstone.
+pub const TRUSTED_GENERATION: u64 = u64::MAX;
 
 /// The cluster secret.
 #[derive(Clone)]
@@ -117,19 +181,174 @@ impl Secret {
         self.mac(&[b"dafne-session-v2", &token.to_le_bytes(), nonce, client_name.as_bytes()]).verify_slice(mac).is_ok()
     }
 
-    /// Fills in expiry and MAC of a capability.
+    /// Fills in expiry and MAC of a capability (object, ino, rights and
+    /// generation are the caller's).
     pub fn sign(&self, cap: &mut Capability, now: SystemTime) {
         cap.expiry_unix_ns = (now + CAP_LIFETIME).duration_since(UNIX_EPOCH).unwrap_or_default().as_nanos() as u64;
-        cap.mac = self.mac(&[b"dafne-cap-v1", &cap.signed_bytes()]).finalize().into_bytes().into();
+        cap.mac = self.mac(&[b"dafne-cap-v2", &cap.signed_bytes()]).finalize().into_bytes().into();
     }
 
-    /// Whether `cap` is authentic, unexpired at `now`, and grants `rights`.
+    /// Whether `cap` is authentic, unexpired at `now`, and grants `rights`
+    /// (its generation is the io server's to check, [`CapFloors`]).
     pub fn verify_cap(&self, cap: &Capability, object_id: u64, rights: u8, now: SystemTime) -> bool {
         let now_ns = now.duration_since(UNIX_EPOCH).unwrap_or_default().as_nanos() as u64;
-        cap.object_id == object_id
-            && cap.rights & rights == rights
-            && cap.expiry_unix_ns > now_ns
-            && self.mac(&[b"dafne-cap-v1", &cap.signed_bytes()]).verify_slice(&cap.mac).is_ok()
+        cap.object_id == object_id && cap.rights & rights == rights && cap.expiry_unix_ns > now_ns && self.genuine(cap)
+    }
+
+    /// Whether `cap` was signed with this secret, whatever its expiry
+    /// (meta's check before it re-issues one, module docs "Revocation").
+    pub fn genuine(&self, cap: &Capability) -> bool {
+        self.mac(&[b"dafne-cap-v2", &cap.signed_bytes()]).verify_slice(&cap.mac).is_ok()
+    }
+
+    /// Fills in the MAC of a batch of meta's revocation log.
+    pub fn sign_revocations(&self, batch: &mut Revocations) {
+        batch.mac = self.mac(&[b"dafne-revoke-v1", &batch.signed_bytes()]).finalize().into_bytes().into();
+    }
+
+    /// Whether a batch of revocations was signed with this secret.
+    pub fn verify_revocations(&self, batch: &Revocations) -> bool {
+        self.mac(&[b"dafne-revoke-v1", &batch.signed_bytes()]).verify_slice(&batch.mac).is_ok()
+    }
+}
+
+/// Most objects an io server keeps a floor or tombstone for. An entry is
+/// an object id (8 B) and a [`Floor`] (16 B with padding) in a hash table
+/// with a control byte per slot, at most 7/8 full and at least 7/16 full
+/// after it doubles: ≤ 25 × 16 / 7 ≈ 57 B per entry, so 2¹⁸ entries take
+/// at most ≈ 15 MiB. Past the bound the table is emptied into the global
+/// floor ([`CapFloors`]).
+pub const MAX_FLOORS: usize = 1 << 18;
+
+/// What an io server knows of one object's revocations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Floor {
+    /// Capabilities of a generation below this are refused.
+    generation: u64,
+    /// Reclaimed: every capability is refused, whatever its generation.
+    removed: bool,
+}
+
+/// Why an io server refuses a genuine, unexpired capability.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("capability of object {object} at generation {generation} revoked (floor {floor})")]
+    Revoked { object: u64, generation: u64, floor: u64 },
+    #[error("object {object} was reclaimed")]
+    Removed { object: u64 },
+}
+
+/// An io server's revocation state (module docs, "Revocation"): a floor
+/// and tombstone per object, bounded by `max` entries; a global floor that
+/// holds for every object; and the last batch of meta's log applied.
+///
+/// When the table is full it is emptied and the global floor raised to the
+/// highest floor it held: every capability it revoked stays revoked (its
+/// generation is below that), tombstones included (no capability of a
+/// reclaimed object is issued after its listing, whose generation is its
+/// floor), at the price of revoking valid capabilities too, which their
+/// holders re-obtain. One sweep per `max` insertions.
+#[derive(Debug)]
+pub struct CapFloors {
+    floors: HashMap<u64, Floor>,
+    global: u64,
+    max: usize,
+    /// (meta instance, log sequence) of the last batch applied; (0, 0)
+    /// before the first.
+    applied: (u64, u64),
+}
+
+impl Default for CapFloors {
+    fn default() -> Self {
+        CapFloors::new(MAX_FLOORS)
+    }
+}
+
+impl CapFloors {
+    /// An empty table of at most `max` entries (at least 1).
+    pub fn new(max: usize) -> CapFloors {
+        CapFloors { floors: HashMap::new(), global: 0, max: max.max(1), applied: (0, 0) }
+    }
+
+    /// Whether `cap` (already verified genuine) is still valid here.
+    pub fn check(&self, cap: &Capability) -> Result<(), Refusal> {
+        let object = cap.object_id;
+        let (floor, removed) = match self.floors.get(&object) {
+            Some(f) => (f.generation.max(self.global), f.removed),
+            None => (self.global, false),
+        };
+        if removed {
+            return Err(Refusal::Removed { object });
+        }
+        if cap.generation < floor {
+            return Err(Refusal::Revoked { object, generation: cap.generation, floor });
+        }
+        Ok(())
+    }
+
+    /// Whether `object` has a tombstone.
+    pub fn is_removed(&self, object: u64) -> bool {
+        self.floors.get(&object).is_some_and(|f| f.removed)
+    }
+
+    /// Capabilities of `object` below generation `floor` are refused from
+    /// now on (floors never go down).
+    pub fn raise(&mut self, object: u64, floor: u64) {
+        self.set(object, floor, false);
+    }
+
+    /// `object` is reclaimed: no capability of it is valid any more. `floor`
+    /// is the generation of its listing for reclaiming (what the global
+    /// floor becomes if the tombstone has to make room).
+    pub fn remove(&mut self, object: u64, floor: u64) {
+        self.set(object, floor, true);
+    }
+
+    fn set(&mut self, object: u64, floor: u64, removed: bool) {
+        if !self.floors.contains_key(&object) && self.floors.len() >= self.max {
+            self.make_room();
+        }
+        let f = self.floors.entry(object).or_insert(Floor { generation: 0, removed: false });
+        f.generation = f.generation.max(floor);
+        f.removed |= removed;
+    }
+
+    /// Empties the table into the global floor (type docs).
+    fn make_room(&mut self) {
+        let highest = self.floors.values().map(|f| f.generation).max().unwrap_or(0);
+        self.global = self.global.max(highest);
+        self.floors.clear();
+    }
+
+    /// Applies a batch of meta's log, already verified genuine: a reset
+    /// always, otherwise only if it continues the last batch applied.
+    /// Returns whether it was applied; [`CapFloors::applied`] says where
+    /// this server stands either way.
+    pub fn apply(&mut self, batch: &Revocations) -> bool {
+        if batch.reset_floor == 0 && (batch.instance, batch.from_seq) != self.applied {
+            return false;
+        }
+        self.global = self.global.max(batch.reset_floor);
+        for e in &batch.entries {
+            self.raise(e.object_id, e.floor);
+        }
+        self.applied = (batch.instance, batch.to_seq);
+        true
+    }
+
+    /// (meta instance, log sequence) of the last batch applied.
+    pub fn applied(&self) -> (u64, u64) {
+        self.applied
+    }
+
+    /// Objects with an entry (at most `max`).
+    pub fn len(&self) -> usize {
+        self.floors.len()
+    }
+
+    /// Whether no object has an entry.
+    pub fn is_empty(&self) -> bool {
+        self.floors.is_empty()
     }
 }
 
@@ -159,7 +378,14 @@ mod tests {
         assert!(!other.verify_session(77, &nonce, "client-a", &mac));
 
         let now = SystemTime::now();
-        let mut cap = Capability { object_id: 42, rights: dafne_proto::RIGHT_READ, expiry_unix_ns: 0, mac: [0; 32] };
+        let mut cap = Capability {
+            object_id: 42,
+            ino: 7,
+            rights: dafne_proto::RIGHT_READ,
+            generation: 3,
+            expiry_unix_ns: 0,
+            mac: [0; 32],
+        };
         s.sign(&mut cap, now);
         assert!(s.verify_cap(&cap, 42, dafne_proto::RIGHT_READ, now));
         assert!(!s.verify_cap(&cap, 43, dafne_proto::RIGHT_READ, now), "another object");
@@ -169,6 +395,113 @@ mod tests {
         let mut forged = cap;
         forged.rights |= dafne_proto::RIGHT_WRITE;
         assert!(!s.verify_cap(&forged, 42, dafne_proto::RIGHT_WRITE, now), "rights upgraded without the secret");
+        let mut forged = cap;
+        forged.generation += 1;
+        assert!(!s.verify_cap(&forged, 42, dafne_proto::RIGHT_READ, now), "generation raised past a revocation");
+        let mut forged = cap;
+        forged.ino += 1;
+        assert!(!s.genuine(&forged), "another file named");
+        assert!(s.genuine(&cap));
+        let mut old = cap;
+        s.sign(&mut old, now - CAP_LIFETIME * 2);
+        assert!(s.genuine(&old), "an expired capability is still genuine (for Recap)");
+        assert!(!s.verify_cap(&old, 42, dafne_proto::RIGHT_READ, now), "but not valid");
+    }
+
+    fn cap_at(object_id: u64, generation: u64) -> Capability {
+        Capability { object_id, ino: 1, rights: 3, generation, expiry_unix_ns: 0, mac: [0; 32] }
+    }
+
+    #[test]
+    fn floors_revoke_older_generations_and_tombstones_everything() {
+        let mut f = CapFloors::new(16);
+        assert_eq!(f.check(&cap_at(7, 0)), Ok(()));
+        f.raise(7, 5);
+        assert_eq!(f.check(&cap_at(7, 4)), Err(Refusal::Revoked { object: 7, generation: 4, floor: 5 }));
+        assert_eq!(f.check(&cap_at(7, 5)), Ok(()), "issued at the revocation's generation: after it");
+        assert_eq!(f.check(&cap_at(8, 0)), Ok(()), "another object is untouched");
+        f.raise(7, 2);
+        assert!(f.check(&cap_at(7, 4)).is_err(), "floors never go down");
+        f.remove(7, 9);
+        assert!(f.is_removed(7));
+        for g in [0, 9, 10, TRUSTED_GENERATION] {
+            assert_eq!(f.check(&cap_at(7, g)), Err(Refusal::Removed { object: 7 }), "generation {g}");
+        }
+        f.raise(7, 20);
+        assert!(f.is_removed(7), "a later floor does not undo a tombstone");
+        assert_eq!(f.check(&cap_at(8, TRUSTED_GENERATION)), Ok(()));
+    }
+
+    #[test]
+    fn a_full_table_folds_into_the_global_floor_and_stays_bounded() {
+        let mut f = CapFloors::new(4);
+        f.remove(1, 10);
+        f.raise(2, 3);
+        f.raise(3, 4);
+        f.raise(4, 5);
+        assert_eq!(f.len(), 4);
+        f.raise(5, 6);
+        assert_eq!(f.len(), 1, "emptied, then the new entry");
+        // What was revoked stays revoked, the reclaimed object included.
+        assert!(f.check(&cap_at(1, 9)).is_err(), "a capability issued before the reclaim's listing");
+        assert!(f.check(&cap_at(2, 2)).is_err());
+        assert!(f.check(&cap_at(5, 5)).is_err());
+        // Fresh capabilities pass; older ones of other objects must be re-obtained.
+        assert_eq!(f.check(&cap_at(9, 10)), Ok(()));
+        assert!(f.check(&cap_at(9, 9)).is_err());
+        for o in 100..10_000u64 {
+            f.raise(o, o);
+            assert!(f.len() <= 4);
+        }
+    }
+
+    fn batch(instance: u64, from_seq: u64, reset_floor: u64, entries: &[(u64, u64)]) -> Revocations {
+        Revocations {
+            instance,
+            from_seq,
+            to_seq: from_seq + entries.len() as u64,
+            reset_floor,
+            entries: entries.iter().map(|&(object_id, floor)| dafne_proto::Revocation { object_id, floor }).collect(),
+            mac: [0; 32],
+        }
+    }
+
+    #[test]
+    fn batches_apply_in_sequence_and_a_reset_revokes_everything_older() {
+        let mut f = CapFloors::new(16);
+        assert!(!f.apply(&batch(5, 3, 0, &[(7, 4)])), "a first batch that is not a reset");
+        assert_eq!(f.applied(), (0, 0));
+        assert!(f.apply(&batch(5, 3, 2, &[(7, 4)])), "a reset");
+        assert_eq!(f.applied(), (5, 4));
+        assert!(f.check(&cap_at(8, 1)).is_err(), "below the reset floor");
+        assert!(f.check(&cap_at(7, 3)).is_err());
+        assert_eq!(f.check(&cap_at(7, 4)), Ok(()));
+        assert!(!f.apply(&batch(5, 5, 0, &[(9, 9)])), "a gap");
+        assert!(!f.apply(&batch(6, 4, 0, &[(9, 9)])), "another meta instance");
+        assert!(f.check(&cap_at(9, 1)).is_err(), "below the reset floor still");
+        assert_eq!(f.check(&cap_at(9, 8)), Ok(()), "nothing of the refused batches was applied");
+        assert!(f.apply(&batch(5, 4, 0, &[(9, 9), (7, 6)])));
+        assert_eq!(f.applied(), (5, 6));
+        assert!(f.check(&cap_at(9, 8)).is_err());
+        assert!(f.check(&cap_at(7, 5)).is_err());
+        // A replayed old reset moves nothing back but the cursor.
+        assert!(f.apply(&batch(5, 3, 2, &[])));
+        assert!(f.check(&cap_at(9, 8)).is_err());
+    }
+
+    #[test]
+    fn revocation_batches_verify_only_when_genuine() {
+        let s = Secret([7; SECRET_LEN]);
+        let mut b = batch(1, 2, 0, &[(3, 4)]);
+        s.sign_revocations(&mut b);
+        assert!(s.verify_revocations(&b));
+        assert!(!Secret([8; SECRET_LEN]).verify_revocations(&b), "another cluster");
+        let mut forged = b.clone();
+        forged.entries[0].floor = u64::MAX;
+        assert!(!s.verify_revocations(&forged), "a floor changed by the relay");
+        let mut forged = b.clone();
+        forged.reset_floor = u64::MAX;
+        assert!(!s.verify_revocations(&forged), "a reset made up by the relay");
     }
 
     #[test]

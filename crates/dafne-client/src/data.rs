@@ -64,6 +64,17 @@
 //!   recorded: the `Sync` after the restart fails although the truncate
 //!   made the lost bytes irrelevant.
 //!
+//! # Revoked capabilities
+//! An io server answers `ESTALE` to a capability that meta revoked (a
+//! chmod, chown, truncate or unlink since it was issued; `dafne_auth`'s
+//! module docs, "Revocation"). A data client attached to the session that
+//! opened the file ([`DataClient::attach_meta`], done by `Fs` and the FUSE
+//! core) then asks meta for a fresh one (`Recap`), which meta gives to a
+//! session that holds an open of the object, remembers it for later
+//! requests of the same object and rights (at most [`FRESH_CAPS_MAX`]), and
+//! sends the request again: a file opened before a chmod or an unlink
+//! keeps working, as POSIX wants. A bare data client gets the `ESTALE`.
+//!
 //! # Buffers of failed requests
 //! A request that fails (a timeout, a lost connection, any error) may still
 //! have the server's RMA under way on its memory. Bounce buffers of a
@@ -350,6 +361,12 @@ pub struct DataClient {
     regcache: Option<std::sync::Arc<RegCache>>,
     verifier: std::sync::Arc<Mutex<Verifier>>,
     quarantine: std::sync::Arc<Mutex<Quarantine>>,
+    /// The session that re-issues revoked capabilities (module docs,
+    /// "Revoked capabilities"); none for a bare data client.
+    meta: std::sync::Arc<std::sync::OnceLock<crate::MetaSession>>,
+    /// Capabilities re-issued, by (object, rights): used in place of older
+    /// ones of the same object and rights. At most [`FRESH_CAPS_MAX`].
+    fresh: std::sync::Arc<Mutex<HashMap<(u64, u8), Capability>>>,
 }
 
 /// The part of an I/O that one server handles.
@@ -390,7 +407,36 @@ impl DataClient {
                 bufs: VecDeque::new(),
                 hold: 2 * rt.options().call_timeout,
             })),
+            meta: Default::default(),
+            fresh: Default::default(),
         })
+    }
+
+    /// Lets this client (and its clones) ask `meta` for a fresh capability
+    /// when an io server answers `ESTALE` to a revoked one (module docs,
+    /// "Revoked capabilities"). The first session attached stays.
+    pub fn attach_meta(&self, meta: crate::MetaSession) {
+        let _ = self.meta.set(meta);
+    }
+
+    fn fresh_caps(&self) -> MutexGuard<'_, HashMap<(u64, u8), Capability>> {
+        self.fresh.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A re-issued capability newer than `cap`, of the same object and rights.
+    fn fresher(&self, cap: &Capability) -> Option<Capability> {
+        self.fresh_caps().get(&(cap.object_id, cap.rights)).filter(|c| c.generation > cap.generation).copied()
+    }
+
+    fn remember(&self, cap: Capability) {
+        let mut m = self.fresh_caps();
+        if m.len() >= FRESH_CAPS_MAX && !m.contains_key(&(cap.object_id, cap.rights)) {
+            m.clear();
+        }
+        let slot = m.entry((cap.object_id, cap.rights)).or_insert(cap);
+        if cap.generation >= slot.generation {
+            *slot = cap;
+        }
     }
 
     /// The registration cache's counters (zeros without servers).
@@ -512,7 +558,36 @@ impl DataClient {
         lock_verifier(&self.verifier)
     }
 
+    /// Sends `req` to `server`, with the newest capability this client
+    /// knows for its object and rights; on `ESTALE` (revoked) asks the
+    /// attached session for a fresh one and sends again (module docs,
+    /// "Revoked capabilities").
     async fn call(&self, server: usize, req: &IoRequest) -> Result<IoResponse, Errno> {
+        let mut owned = self.fresher(req.cap()).map(|c| {
+            let mut r = req.clone();
+            *r.cap_mut() = c;
+            r
+        });
+        let mut attempt = 0;
+        loop {
+            let r = owned.as_ref().unwrap_or(req);
+            let reply = self.call_once(server, r).await;
+            attempt += 1;
+            let Some(meta) = self.meta.get() else { return reply };
+            if !matches!(reply, Err(Errno::ESTALE)) || attempt >= RECAP_ATTEMPTS || r.cap().object_id == 0 {
+                return reply;
+            }
+            // Meta refusing (no open of ours, the object reclaimed) leaves
+            // the io server's answer standing.
+            let Ok(cap) = meta.recap_async(*r.cap()).await else { return reply };
+            self.remember(cap);
+            let mut next = r.clone();
+            *next.cap_mut() = cap;
+            owned = Some(next);
+        }
+    }
+
+    async fn call_once(&self, server: usize, req: &IoRequest) -> Result<IoResponse, Errno> {
         let link = self.servers.get(server).ok_or(Errno::EIO)?;
         // A lost server is reconnected here, at the next call after the loss.
         let (c, generation) = link.get().ok_or(Errno::EIO)?;
@@ -936,6 +1011,9 @@ impl DataClient {
         self.every_server(f, IoRequest::Truncate { cap: f.cap, size }, |_| ()).await.map(|_| ())
     }
 
+    /// Deletes the file's data object on every server of its layout. Each
+    /// server keeps a tombstone for it: no capability reaches the object
+    /// there again (`dafne_auth`'s module docs, "Revocation").
     pub async fn remove(&self, f: &OpenFile) -> Result<(), Errno> {
         self.every_server(f, IoRequest::Remove { cap: f.cap }, |_| ()).await.map(|_| ())
     }
@@ -951,6 +1029,22 @@ impl DataClient {
         let req = IoRequest::Remove { cap };
         let results = futures::future::join_all(ids.into_iter().map(|id| self.call(id, &req))).await;
         results.into_iter().try_for_each(|r| r.map(|_| ()))
+    }
+
+    /// Relays a batch of meta's signed revocations to one server (the
+    /// supervisor's relay, `dafne_auth`'s module docs, "Revocation"): the
+    /// (meta instance, sequence) of the last batch that server has applied.
+    /// `cap` is any capability with write rights ([`object_capability`]).
+    pub async fn revoke(
+        &self,
+        server: usize,
+        cap: Capability,
+        batch: dafne_proto::Revocations,
+    ) -> Result<(u64, u64), Errno> {
+        match self.call(server, &IoRequest::Revoke { cap, batch }).await? {
+            IoResponse::Revoked { instance, seq } => Ok((instance, seq)),
+            _ => Err(Errno::EPROTO),
+        }
     }
 
     /// Number of io servers this client is connected to.
@@ -995,10 +1089,27 @@ impl DataClient {
     }
 }
 
+/// Capabilities re-issued after a revocation that a data client remembers
+/// ([`DataClient::attach_meta`]): 4096 × ~100 B of map entry ≈ 400 KiB at
+/// most; past it the map is emptied (a request then meets `ESTALE` and asks
+/// again).
+pub const FRESH_CAPS_MAX: usize = 4096;
+
+/// Attempts of one request when io servers answer `ESTALE` and meta
+/// re-issues the capability each time (a revocation racing the request).
+const RECAP_ATTEMPTS: usize = 3;
+
 /// A short-lived capability (object 0, read rights) for requests about the
 /// servers rather than a file, signed with the cluster secret.
 pub fn info_capability(secret: &dafne_auth::Secret) -> Capability {
-    let mut cap = Capability { object_id: 0, rights: dafne_proto::RIGHT_READ, expiry_unix_ns: 0, mac: [0; 32] };
+    let mut cap = Capability {
+        object_id: 0,
+        ino: 0,
+        rights: dafne_proto::RIGHT_READ,
+        generation: dafne_auth::TRUSTED_GENERATION,
+        expiry_unix_ns: 0,
+        mac: [0; 32],
+    };
     secret.sign(&mut cap, std::time::SystemTime::now());
     cap
 }
@@ -1007,8 +1118,16 @@ pub fn info_capability(secret: &dafne_auth::Secret) -> Capability {
 /// signed with the cluster secret: for a trusted agent that works on
 /// objects without opening their files (the reclaimer removes orphans).
 pub fn object_capability(secret: &dafne_auth::Secret, object_id: u64) -> Capability {
+    removal_capability(secret, object_id, dafne_auth::TRUSTED_GENERATION)
+}
+
+/// [`object_capability`] at `generation`: what the reclaimer removes an
+/// orphan with, at the generation of its listing
+/// ([`crate::MetaSession::list_orphans_at`]), which the io servers keep
+/// as the floor of the object's tombstone.
+pub fn removal_capability(secret: &dafne_auth::Secret, object_id: u64, generation: u64) -> Capability {
     let rights = dafne_proto::RIGHT_READ | dafne_proto::RIGHT_WRITE;
-    let mut cap = Capability { object_id, rights, expiry_unix_ns: 0, mac: [0; 32] };
+    let mut cap = Capability { object_id, ino: 0, rights, generation, expiry_unix_ns: 0, mac: [0; 32] };
     secret.sign(&mut cap, std::time::SystemTime::now());
     cap
 }
@@ -1174,7 +1293,11 @@ mod tests {
             ctime: t,
         };
         let layout = Layout { object_id, stripe_unit: 1 << 20, stripe_count: servers, servers: (0..servers).collect() };
-        OpenFile { attr, layout, cap: Capability { object_id, rights: 3, expiry_unix_ns: 0, mac: [0; 32] } }
+        OpenFile {
+            attr,
+            layout,
+            cap: Capability { object_id, ino: 0, rights: 3, generation: 0, expiry_unix_ns: 0, mac: [0; 32] },
+        }
     }
 
     fn file(object_id: u64) -> OpenFile {

@@ -33,7 +33,10 @@ pub struct File {
 }
 
 impl Fs {
+    /// The data client is attached to the session, which re-issues the
+    /// capabilities of its opens after a revocation (`data`'s module docs).
     pub fn new(meta: MetaSession, data: DataClient) -> Fs {
+        data.attach_meta(meta.clone());
         Fs { meta, data }
     }
 

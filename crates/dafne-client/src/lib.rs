@@ -488,8 +488,35 @@ impl MetaSession {
     /// [`dafne_proto::MAX_ORPHANS`]) whose file went at least
     /// `older_than_s` seconds ago, with the io servers that hold them.
     pub async fn list_orphans_async(&self, older_than_s: u32, max: u32) -> Result<Vec<Orphan>, Errno> {
+        Ok(self.list_orphans_at_async(older_than_s, max).await?.0)
+    }
+
+    /// [`MetaSession::list_orphans`] with the capability generation of the
+    /// listing: every capability of a listed object is older (what the
+    /// reclaimer's removal carries, `dafne_auth`'s module docs).
+    pub async fn list_orphans_at_async(&self, older_than_s: u32, max: u32) -> Result<(Vec<Orphan>, u64), Errno> {
         match self.request_async(Request::ListOrphans { older_than_s, max }).await? {
-            Response::Orphans { orphans } => Ok(orphans),
+            Response::Orphans { orphans, generation } => Ok((orphans, generation)),
+            _ => Err(Errno::EPROTO),
+        }
+    }
+
+    /// A capability like `cap` at the current generation, for an object
+    /// this session holds open (`EACCES` otherwise; `ESTALE` once its data
+    /// is reclaimed): what the data client asks for when an io server
+    /// answers `ESTALE` to a revoked capability (`dafne_auth`, "Revocation").
+    pub async fn recap_async(&self, cap: Capability) -> Result<Capability, Errno> {
+        match self.request_async(Request::Recap { cap }).await? {
+            Response::Cap { cap } => Ok(cap),
+            _ => Err(Errno::EPROTO),
+        }
+    }
+
+    /// Root only: meta's signed revocation log after entry `since` of meta
+    /// instance `instance` (a reset otherwise), for the io servers.
+    pub async fn revocations_async(&self, instance: u64, since: u64) -> Result<dafne_proto::Revocations, Errno> {
+        match self.request_async(Request::Revocations { instance, since }).await? {
+            Response::Revocations(batch) => Ok(batch),
             _ => Err(Errno::EPROTO),
         }
     }
@@ -559,6 +586,9 @@ blocking! {
     compound => compound_async(ops: Vec<CompoundOp>) -> Result<Vec<Result<Response, Errno>>, Errno>;
     open_at => open_at_async(parent: Ino, name: &[u8], flags: u32) -> Result<OpenFile, Errno>;
     list_orphans => list_orphans_async(older_than_s: u32, max: u32) -> Result<Vec<Orphan>, Errno>;
+    list_orphans_at => list_orphans_at_async(older_than_s: u32, max: u32) -> Result<(Vec<Orphan>, u64), Errno>;
+    recap => recap_async(cap: Capability) -> Result<Capability, Errno>;
+    revocations => revocations_async(instance: u64, since: u64) -> Result<dafne_proto::Revocations, Errno>;
     forget_orphans => forget_orphans_async(objects: Vec<u64>) -> Result<(), Errno>;
 }
 

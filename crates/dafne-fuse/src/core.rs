@@ -236,7 +236,10 @@ fn block<T>(f: impl std::future::Future<Output = T>) -> T {
 impl Core {
     /// `meta` is the daemon's own session (it acts as each caller through
     /// `as_user`).
+    /// `data` is attached to it: revoked capabilities of the daemon's opens
+    /// are re-issued by meta (`dafne_client::data`, "Revoked capabilities").
     pub fn new(meta: MetaSession, data: DataClient) -> Core {
+        data.attach_meta(meta.clone());
         Core {
             meta,
             data,

@@ -1,4 +1,7 @@
-//! The io service: capability check, then reads and writes in the server's
+//! The io service: capability check (its MAC, expiry and rights, then its
+//! generation against the object's revocation floor and tombstone, which
+//! meta's signed `Revoke` batches and the reclaimer's `Remove` set:
+//! `dafne_auth`'s module docs, "Revocation"), then reads and writes in the server's
 //! serving mode ([`crate::server::ServingMode`]): through the Unifier with
 //! server-driven RMA (`unifier`, below), or the comparison methods `normal`
 //! and `mmap` ([`crate::modes`]).
@@ -18,7 +21,7 @@ use std::pin::Pin;
 use std::rc::Rc;
 use std::time::SystemTime;
 
-use dafne_auth::Secret;
+use dafne_auth::{CapFloors, Refusal, Secret};
 use dafne_proto::io::{IoRequest, IoResponse, Stability, NO_KEY};
 use dafne_proto::{Errno, RIGHT_READ, RIGHT_WRITE};
 use dafne_transport::{ConnHandle, Request as TRequest, RmaSeg, Service};
@@ -62,6 +65,8 @@ pub struct IoService {
     /// Set when the server is stopping: new requests are refused (EAGAIN)
     /// so that nothing is acknowledged after the final write-back.
     draining: std::cell::Cell<bool>,
+    /// Revocation floors and tombstones (bounded: `dafne_auth::MAX_FLOORS`).
+    floors: std::cell::RefCell<CapFloors>,
 }
 
 /// Read-ahead: bytes filled beyond a sequential read that misses, in the
@@ -97,7 +102,14 @@ enum Remote {
 
 impl IoService {
     pub fn new(secret: Secret, backend: Backend, store: Rc<ChunkStore>) -> IoService {
-        IoService { secret, backend, store, next_unit: Default::default(), draining: Default::default() }
+        IoService {
+            secret,
+            backend,
+            store,
+            next_unit: Default::default(),
+            draining: Default::default(),
+            floors: Default::default(),
+        }
     }
 
     /// The Unifier, in the `unifier` mode.
@@ -202,6 +214,16 @@ impl IoService {
         if !self.secret.verify_cap(&cap, cap.object_id, rights, SystemTime::now()) {
             return Err(Errno::EACCES);
         }
+        if !matches!(req, IoRequest::Revoke { .. } | IoRequest::ServerInfo { .. }) {
+            if let Err(why) = self.floors.borrow().check(&cap) {
+                // Removing what is gone already is done (the reclaimer retries).
+                if matches!((&req, why), (IoRequest::Remove { .. }, Refusal::Removed { .. })) {
+                    return Ok(IoResponse::Done);
+                }
+                tracing::debug!("refused on connection {}: {why}", conn.id());
+                return Err(Errno::ESTALE);
+            }
+        }
         let object = cap.object_id;
         let store = &*self.store;
         match (req, &self.backend) {
@@ -242,6 +264,9 @@ impl IoService {
                 Ok(IoResponse::Done)
             }
             (IoRequest::Remove { .. }, backend) => {
+                // The tombstone first: from here no capability reaches the
+                // object, so nothing re-creates it once its data is gone.
+                self.floors.borrow_mut().remove(object, cap.generation);
                 match backend {
                     Backend::Unifier(u) => {
                         // A write-back still in flight would recreate the file.
@@ -252,6 +277,23 @@ impl IoService {
                 }
                 store.remove(object).map_err(eio("remove"))?;
                 Ok(IoResponse::Done)
+            }
+            (IoRequest::Revoke { batch, .. }, _) => {
+                if !self.secret.verify_revocations(&batch) {
+                    tracing::warn!("revocations not signed by meta, from connection {}", conn.id());
+                    return Err(Errno::EACCES);
+                }
+                let mut floors = self.floors.borrow_mut();
+                if !floors.apply(&batch) {
+                    tracing::debug!(
+                        "revocations {}..{} of meta {} do not follow on",
+                        batch.from_seq,
+                        batch.to_seq,
+                        batch.instance
+                    );
+                }
+                let (instance, seq) = floors.applied();
+                Ok(IoResponse::Revoked { instance, seq })
             }
             (IoRequest::ServerInfo { .. }, _) => {
                 injected_panic();

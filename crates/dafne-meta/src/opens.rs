@@ -32,6 +32,20 @@
 //! may claim to hold any object: the worst it can do is delay the reclaim
 //! of data, bounded by its own session and by the bounds below.
 //!
+//! # Opens as proof for a new capability
+//! A session that holds an open may have a capability re-issued after a
+//! revocation (`Recap`, `dafne_auth`'s module docs "Revocation"), so the
+//! table also records, per held object, the rights *proven*: those of the
+//! `Open`s this session made, or all rights for a hold re-announced by
+//! `Reopen` while the claim could be checked: during the start-up grace
+//! (the previous instance's table is gone: every claim is believed, as for
+//! reclaiming) or for an object lingering from an ended session (the
+//! client's previous connection, most likely). Any other `Reopen` still
+//! protects the data from the reclaimer but proves nothing:
+//! [`OpenTable::proven`] is false for it, so a client cannot claim an open
+//! it never had to get back rights a chmod took away, nor turn a read-only
+//! open into the write capability it held before.
+//!
 //! # Bounds
 //! One open counts one unit, whatever its object: [`MAX_OPENS_PER_SESSION`]
 //! units per session (`EMFILE` past it) and [`MAX_OPENS`] in all, lingering
@@ -40,15 +54,16 @@
 //! bounds hold whatever is in flight. Memory: a distinct (session, object)
 //! entry costs ≈ 12 B of key and count, padded to 16, plus a control byte
 //! in a hash table at most 7/8 full and up to half empty after it doubles:
-//! ≤ 40 B. A lingering entry (object and deadline, 24 B) ≤ 56 B. So
-//! 2²⁰ units take at most 2²⁰ × 56 B = 56 MiB, and the set of protected
+//! ≤ 40 B, and ≤ 40 B more for its proven rights (8 B key and a byte,
+//! padded to 16): ≤ 80 B. A lingering entry (object and deadline, 24 B)
+//! ≤ 56 B. So 2²⁰ units take at most 2²⁰ × 80 B = 80 MiB, and the set of protected
 //! objects built for a `ListOrphans` (8 B each, ≤ 24 B with its table) at
 //! most 24 MiB more, for the time of that call.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use dafne_proto::{Errno, HeldOpen};
+use dafne_proto::{Errno, HeldOpen, RIGHT_READ, RIGHT_WRITE};
 
 /// Most opens one session may hold (a FUSE mount is one session for all
 /// its processes; 65536 is 16 processes at Linux's usual 4096-descriptor
@@ -98,6 +113,9 @@ struct Session {
     /// Units this session uses: the sum of `objects`' counts plus opens
     /// reserved and not settled yet.
     units: usize,
+    /// Per object of `objects`, the rights its opens proved (module docs,
+    /// "Opens as proof"); absent for a hold only an unchecked `Reopen` made.
+    proven: HashMap<u64, u8>,
 }
 
 /// The open files of every session (module docs).
@@ -171,11 +189,13 @@ impl OpenTable {
     /// A request that reserved `reserved` opens opened `opened` (at most
     /// that many); the rest of the reservation is returned. Nothing is
     /// recorded for a session that ended meanwhile (its units went with it).
-    pub fn settle(&mut self, conn: u32, reserved: usize, opened: &[u64]) {
+    /// `opened` holds (object, capability rights) per open made.
+    pub fn settle(&mut self, conn: u32, reserved: usize, opened: &[(u64, u8)]) {
         let Some(s) = self.sessions.get_mut(&conn) else { return };
         assert!(opened.len() <= reserved, "{} opens made on a reservation of {reserved}", opened.len());
-        for &object in opened {
+        for &(object, rights) in opened {
             *s.objects.entry(object).or_insert(0) += 1;
+            *s.proven.entry(object).or_insert(0) |= rights;
         }
         let unused = reserved - opened.len();
         s.units -= unused;
@@ -189,6 +209,7 @@ impl OpenTable {
         *count -= 1;
         if *count == 0 {
             s.objects.remove(&object);
+            s.proven.remove(&object);
         }
         s.units -= 1;
         self.units -= 1;
@@ -201,8 +222,12 @@ impl OpenTable {
         self.prune(now);
         let n = held.iter().map(|h| h.count as usize).fold(0usize, usize::saturating_add);
         self.check(conn, n)?;
+        let believed = self.in_startup_grace(now);
         if let Some(s) = self.sessions.get_mut(&conn) {
             for h in held {
+                if believed || self.lingering.contains_key(&h.object_id) {
+                    s.proven.insert(h.object_id, RIGHT_READ | RIGHT_WRITE);
+                }
                 *s.objects.entry(h.object_id).or_insert(0) += h.count;
             }
             s.units += n;
@@ -225,6 +250,14 @@ impl OpenTable {
             set.extend(s.objects.keys().copied());
         }
         set
+    }
+
+    /// Whether the session of `conn` holds `object` open with proof of
+    /// `rights` (module docs, "Opens as proof"): what `Recap` requires.
+    pub fn proven(&self, conn: u32, object: u64, rights: u8) -> bool {
+        self.sessions.get(&conn).is_some_and(|s| {
+            s.objects.contains_key(&object) && s.proven.get(&object).is_some_and(|p| p & rights == rights)
+        })
     }
 
     /// Opens the session of `conn` holds (reservations included).
@@ -254,7 +287,7 @@ mod tests {
 
     fn open(t: &mut OpenTable, conn: u32, object: u64, now: Instant) {
         t.reserve(conn, 1, now).unwrap();
-        t.settle(conn, 1, &[object]);
+        t.settle(conn, 1, &[(object, RIGHT_READ | RIGHT_WRITE)]);
     }
 
     #[test]
@@ -322,7 +355,7 @@ mod tests {
         let (mut t, t0) = table();
         t.reserve(1, 2, t0).unwrap();
         t.end_session(1, t0);
-        t.settle(1, 2, &[7, 8]);
+        t.settle(1, 2, &[(7, RIGHT_READ), (8, RIGHT_READ)]);
         assert!(t.protected(t0).is_empty());
         assert_eq!(t.units(), 0);
     }
@@ -332,7 +365,7 @@ mod tests {
         let (mut t, t0) = table();
         t.reserve(1, 3, t0).unwrap();
         assert_eq!(t.session_units(1), 3);
-        t.settle(1, 3, &[7]);
+        t.settle(1, 3, &[(7, RIGHT_READ)]);
         assert_eq!((t.session_units(1), t.units()), (1, 1));
     }
 
@@ -362,6 +395,39 @@ mod tests {
         // Releasing makes room again.
         t.settle(2, MAX_OPENS_PER_SESSION, &[]);
         t.reserve(1000, 1, t0).unwrap();
+    }
+
+    #[test]
+    fn only_opens_made_or_re_announced_with_proof_count_for_recap() {
+        const RW: u8 = RIGHT_READ | RIGHT_WRITE;
+        let (mut t, t0) = table();
+        let after = t0 + GRACE * 2;
+        open(&mut t, 1, 7, after);
+        assert!(t.proven(1, 7, RW), "opened by this session");
+        assert!(!t.proven(2, 7, RIGHT_READ), "another session's open proves nothing");
+        // A claim out of the blue protects the data but proves nothing.
+        t.reopen(2, &[HeldOpen { object_id: 8, count: 1 }], after).unwrap();
+        assert!(t.protected(after).contains(&8));
+        assert!(!t.proven(2, 8, RIGHT_READ));
+        // A read-only open proves reading, not writing.
+        t.reserve(2, 1, after).unwrap();
+        t.settle(2, 1, &[(8, RIGHT_READ)]);
+        assert!(t.proven(2, 8, RIGHT_READ));
+        assert!(!t.proven(2, 8, RW), "a read-only open does not bring back a write capability");
+        // Closing every open forgets.
+        t.close(2, 8).unwrap();
+        t.close(2, 8).unwrap();
+        assert!(!t.proven(2, 8, RIGHT_READ));
+        // A client whose connection ended re-announces what lingers: proven.
+        t.end_session(1, after);
+        t.add_session(3);
+        t.reopen(3, &[HeldOpen { object_id: 7, count: 1 }], after).unwrap();
+        assert!(t.proven(3, 7, RW));
+        // During the start-up grace every claim is believed.
+        let mut fresh = OpenTable::new(GRACE, t0);
+        fresh.add_session(1);
+        fresh.reopen(1, &[HeldOpen { object_id: 9, count: 1 }], t0).unwrap();
+        assert!(fresh.proven(1, 9, RW));
     }
 
     #[test]

@@ -76,13 +76,13 @@ fn opens_in(job: &Job) -> usize {
     job.ops.iter().filter(|o| matches!(o.req, Request::Open { .. })).count()
 }
 
-/// The data objects a job's results opened.
-fn opened_objects(result: &Result<JobResult, String>) -> Vec<u64> {
+/// The data objects a job's results opened, with the rights granted.
+fn opened_objects(result: &Result<JobResult, String>) -> Vec<(u64, u8)> {
     let Ok(results) = result else { return Vec::new() };
     results
         .iter()
         .filter_map(|r| match r {
-            Ok(Response::Opened { layout, .. }) => Some(layout.object_id),
+            Ok(Response::Opened { layout, cap, .. }) => Some((layout.object_id, cap.rights)),
             _ => None,
         })
         .collect()
@@ -130,7 +130,7 @@ fn run_batch(store: &dyn MetaStore, opens: &Opens, batch: Vec<Work>) {
             let mut table = lock(opens);
             // Root's question only: anyone else gets the store's EPERM.
             if w.job.cred.uid == 0 && table.in_startup_grace(now) {
-                let _ = w.reply.send(Ok(vec![Ok(Response::Orphans { orphans: Vec::new() })]));
+                let _ = w.reply.send(Ok(vec![Ok(Response::Orphans { orphans: Vec::new(), generation: 0 })]));
                 continue;
             }
             table.protected(now)
@@ -244,6 +244,7 @@ impl MetaService {
             Request::Close { object_id } => {
                 lock(&self.opens).close(conn, object_id).map(|()| Response::Done).map_err(|e| e.errno())
             }
+            Request::Recap { cap } => self.recap(conn, env.uid, env.gid, cap).await,
             Request::Reopen { held } => match lock(&self.opens).reopen(conn, &held, Instant::now()) {
                 Ok(()) => Ok(Response::Done),
                 Err(e) => {
@@ -278,10 +279,36 @@ impl MetaService {
         };
         let now = SystemTime::now();
         for r in results.iter_mut() {
-            if let Ok(Response::Opened { cap, .. }) = r {
-                self.secret.sign(cap, now);
+            match r {
+                Ok(Response::Opened { cap, .. }) | Ok(Response::Cap { cap }) => self.secret.sign(cap, now),
+                Ok(Response::Revocations(batch)) => self.secret.sign_revocations(batch),
+                _ => {}
             }
         }
         Ok(results)
+    }
+
+    /// A fresh capability in place of `cap` (`dafne_auth`'s module docs,
+    /// "Revocation"): only for a genuine capability of an object this
+    /// session holds open with proof; the store checks the object is still
+    /// the file's or an unreclaimed orphan's.
+    async fn recap(&self, conn: u32, uid: u32, gid: u32, cap: dafne_proto::Capability) -> Result<Response, Errno> {
+        if !self.secret.genuine(&cap) {
+            tracing::warn!("recap refused on connection {conn}: not a capability of this cluster");
+            return Err(Errno::EACCES);
+        }
+        if !lock(&self.opens).proven(conn, cap.object_id, cap.rights) {
+            tracing::debug!("recap refused on connection {conn}: no open of object {}", cap.object_id);
+            return Err(Errno::EACCES);
+        }
+        let job = Job {
+            cred: Cred::new(uid, gid),
+            ops: vec![CompoundOp { chain: false, req: Request::Recap { cap } }],
+            protected: None,
+        };
+        match self.run(conn, job).await {
+            Ok(mut results) => results.pop().unwrap_or(Err(Errno::EIO)),
+            Err(e) => Err(e),
+        }
     }
 }

@@ -360,10 +360,80 @@ fn now() -> Timespec {
     Timespec { sec: d.as_secs() as i64, nsec: d.subsec_nanos() }
 }
 
+/// The `counters` key of the capability generation (`dafne_auth`'s module
+/// docs, "Revocation"): absent is 1, so that every capability meta issues
+/// passes a reset to the generation it was issued at (0 there would mean
+/// "no reset").
+const CAP_GENERATION: &str = "cap_generation";
+
+/// Entries of the revocation log kept in memory (16 B each: 1 MiB). An io
+/// server further behind gets a reset instead.
+pub const REVOCATION_LOG: usize = 1 << 16;
+
+/// Meta's revocation log (`dafne_auth`'s module docs, "Revocation"): the
+/// revocations committed since this store was opened, numbered from 1, the
+/// last [`REVOCATION_LOG`] of them kept. `instance` tells one opening from
+/// another: sequence numbers restart with it.
+#[derive(Debug)]
+struct RevocationLog {
+    instance: u64,
+    /// Sequence number of the newest entry (0: none yet).
+    head: u64,
+    entries: std::collections::VecDeque<dafne_proto::Revocation>,
+}
+
+impl RevocationLog {
+    fn new() -> RevocationLog {
+        // Distinct per opening: the time, and this process (two openings
+        // in one nanosecond by one process do not happen; 0 is "none").
+        let t = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_nanos() as u64;
+        let instance = (t ^ (u64::from(std::process::id()) << 48)).max(1);
+        RevocationLog { instance, head: 0, entries: std::collections::VecDeque::new() }
+    }
+
+    fn push(&mut self, r: dafne_proto::Revocation) {
+        if self.entries.len() >= REVOCATION_LOG {
+            self.entries.pop_front();
+        }
+        self.entries.push_back(r);
+        self.head += 1;
+    }
+
+    /// The batch that follows entry `since` of `instance`: at most
+    /// [`dafne_proto::MAX_REVOCATIONS`] entries, or a reset to `generation`
+    /// when that entry is not this log's or no longer kept. Unsigned.
+    fn after(&self, instance: u64, since: u64, generation: u64) -> dafne_proto::Revocations {
+        let oldest = self.head - self.entries.len() as u64;
+        if instance == self.instance && (oldest..=self.head).contains(&since) {
+            let skip = (since - oldest) as usize;
+            let entries: Vec<_> = self.entries.iter().skip(skip).take(dafne_proto::MAX_REVOCATIONS).copied().collect();
+            let to_seq = since + entries.len() as u64;
+            return dafne_proto::Revocations {
+                instance,
+                from_seq: since,
+                to_seq,
+                reset_floor: 0,
+                entries,
+                mac: [0; 32],
+            };
+        }
+        dafne_proto::Revocations {
+            instance: self.instance,
+            from_seq: self.head,
+            to_seq: self.head,
+            // Every floor in the log is at most the generation now (≥ 1).
+            reset_floor: generation,
+            entries: Vec::new(),
+            mac: [0; 32],
+        }
+    }
+}
+
 /// The embedded implementation: one redb file.
 pub struct RedbStore {
     db: Database,
     policy: LayoutPolicy,
+    log: std::sync::Mutex<RevocationLog>,
 }
 
 impl std::fmt::Debug for RedbStore {
@@ -421,7 +491,7 @@ impl RedbStore {
             }
         }
         txn.commit()?;
-        Ok(RedbStore { db, policy })
+        Ok(RedbStore { db, policy, log: std::sync::Mutex::new(RevocationLog::new()) })
     }
 
     /// Removes every entry of the first orphan table; returns their objects.
@@ -452,7 +522,9 @@ pub fn is_read_only(req: &Request) -> bool {
         | Request::Readdir { .. }
         | Request::Readlink { .. }
         | Request::Statfs
-        | Request::ListOrphans { .. } => true,
+        | Request::ListOrphans { .. }
+        | Request::Recap { .. }
+        | Request::Revocations { .. } => true,
         Request::Open { flags, .. } => flags & dafne_proto::OPEN_TRUNC == 0,
         _ => false,
     }
@@ -463,7 +535,8 @@ impl MetaStore for RedbStore {
         let read_only = jobs.iter().all(|j| j.ops.iter().all(|o| is_read_only(&o.req)));
         let txn = self.db.begin_write()?;
         let mut out = Vec::with_capacity(jobs.len());
-        {
+        let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+        let revoked = {
             let mut t = Tables {
                 inodes: txn.open_table(INODES)?,
                 dirents: txn.open_table(DIRENTS)?,
@@ -473,15 +546,25 @@ impl MetaStore for RedbStore {
                 policy: &self.policy,
                 now: now(),
                 protected: None,
+                log: &log,
+                revoked: Vec::new(),
             };
             for job in jobs {
                 out.push(t.run_job(job)?);
             }
-        }
-        if read_only {
+            t.revoked
+        };
+        // A listing that revoked (module docs of `dafne_auth`) commits
+        // although it is otherwise read-only: the generation it took must
+        // not be handed out again after a restart.
+        if read_only && revoked.is_empty() {
             txn.abort()?;
         } else {
             txn.commit()?;
+        }
+        // In the log once committed, in commit order (one store thread).
+        for r in revoked {
+            log.push(r);
         }
         Ok(out)
     }
@@ -497,6 +580,10 @@ struct Tables<'t> {
     now: Timespec,
     /// The running job's [`Job::protected`].
     protected: Option<Arc<HashSet<u64>>>,
+    /// The revocation log, for `Revocations`.
+    log: &'t RevocationLog,
+    /// Revocations made by this batch, for the log once it commits.
+    revoked: Vec<dafne_proto::Revocation>,
 }
 
 impl Tables<'_> {
@@ -572,6 +659,34 @@ impl Tables<'_> {
         Ok(v)
     }
 
+    /// The capability generation now (what a capability issued now carries).
+    fn generation(&self) -> R<u64> {
+        Ok(self.counters.get(CAP_GENERATION)?.map(|v| v.value()).unwrap_or(1))
+    }
+
+    /// Revokes every capability of `object` issued so far: the generation
+    /// goes up by one and becomes the object's floor (`dafne_auth`'s module
+    /// docs, "Revocation"). Returns the new generation.
+    fn revoke(&mut self, object_id: u64) -> R<u64> {
+        let g = self.generation()?.checked_add(1).ok_or(StoreError::Corrupt { ino: 0, why: "generation overflow" })?;
+        self.counters.insert(CAP_GENERATION, g)?;
+        self.revoked.push(dafne_proto::Revocation { object_id, floor: g });
+        Ok(g)
+    }
+
+    /// A capability for `f`'s data object with `rights` at the current
+    /// generation, unsigned (the service signs it).
+    fn capability(&self, ino: Ino, object_id: u64, rights: u8) -> R<dafne_proto::Capability> {
+        Ok(dafne_proto::Capability {
+            object_id,
+            ino,
+            rights,
+            generation: self.generation()?,
+            expiry_unix_ns: 0,
+            mac: [0; 32],
+        })
+    }
+
     fn add_entry(&mut self, dir: &mut Inode, name: &[u8], ino: Ino) -> R<()> {
         let seq = dir.next_seq;
         dir.next_seq += 1;
@@ -606,6 +721,8 @@ impl Tables<'_> {
             if let Some(l) = &victim.layout {
                 let rec = OrphanRecord { orphaned_at_unix_s: self.now.sec.max(0) as u64, servers: l.servers.clone() };
                 self.orphans.insert(l.object_id, rec.encode().as_slice())?;
+                // Only sessions holding an open may still use it (Recap).
+                self.revoke(l.object_id)?;
             }
         } else {
             self.put(&victim)?;
@@ -869,6 +986,11 @@ impl Tables<'_> {
                 }
                 posix::check(cred, &f.attr, want)?;
                 if tr {
+                    if f.attr.size > 0 {
+                        if let Some(l) = &f.layout {
+                            self.revoke(l.object_id)?;
+                        }
+                    }
                     // POSIX marks mtime and ctime on every truncating open.
                     f.attr.size = 0;
                     f.attr.blocks = 0;
@@ -879,8 +1001,7 @@ impl Tables<'_> {
                 let layout = f.layout.clone().ok_or(StoreError::Corrupt { ino: *ino, why: "file without layout" })?;
                 let rights =
                     (if rd { dafne_proto::RIGHT_READ } else { 0 }) | (if wr { dafne_proto::RIGHT_WRITE } else { 0 });
-                let cap =
-                    dafne_proto::Capability { object_id: layout.object_id, rights, expiry_unix_ns: 0, mac: [0; 32] };
+                let cap = self.capability(f.attr.ino, layout.object_id, rights)?;
                 Ok(Response::Opened { attr: f.attr, layout, cap })
             }
             Request::ListOrphans { older_than_s, max } => {
@@ -904,7 +1025,14 @@ impl Tables<'_> {
                         orphans.push(Orphan { object_id, servers: rec.servers });
                     }
                 }
-                Ok(Response::Orphans { orphans })
+                // Capabilities of listed objects are all older than the
+                // generation the listing takes, which the reclaimer's
+                // removal records as their tombstones' floor.
+                let generation = match orphans.first() {
+                    Some(o) => self.revoke(o.object_id)?,
+                    None => self.generation()?,
+                };
+                Ok(Response::Orphans { orphans, generation })
             }
             Request::ForgetOrphans { objects } => {
                 if cred.uid != 0 {
@@ -914,6 +1042,25 @@ impl Tables<'_> {
                     self.orphans.remove(*o)?;
                 }
                 Ok(Response::Done)
+            }
+            Request::Recap { cap } => {
+                // The service checked the MAC and the session's open. Here:
+                // the object is still the file's, or an unlinked file's not
+                // yet reclaimed.
+                let live = match self.inodes.get(cap.ino)? {
+                    Some(v) => Inode::decode(cap.ino, v.value())?.layout.is_some_and(|l| l.object_id == cap.object_id),
+                    None => false,
+                };
+                if !live && self.orphans.get(cap.object_id)?.is_none() {
+                    return Err(Errno::ESTALE.into());
+                }
+                Ok(Response::Cap { cap: self.capability(cap.ino, cap.object_id, cap.rights)? })
+            }
+            Request::Revocations { instance, since } => {
+                if cred.uid != 0 {
+                    return Err(Errno::EPERM.into());
+                }
+                Ok(Response::Revocations(self.log.after(*instance, *since, self.generation()?)))
             }
             // Handled by the service (sessions, the open table), never here.
             Request::SessionOpen { .. } | Request::Compound { .. } | Request::Close { .. } | Request::Reopen { .. } => {
@@ -996,7 +1143,17 @@ impl Tables<'_> {
                 _ => {}
             }
         }
-        // Then apply.
+        // Then apply. A change of owner, group or mode, or a smaller size,
+        // revokes the capabilities issued so far (`dafne_auth`, "Revocation").
+        let shrinks = set.size.is_some_and(|s| s < i.attr.size);
+        let rights_change = set.mode.is_some_and(|m| m & 0o7777 != i.attr.mode)
+            || set.uid.is_some_and(|u| u != i.attr.uid)
+            || set.gid.is_some_and(|g| g != i.attr.gid);
+        if shrinks || rights_change {
+            if let Some(l) = &i.layout {
+                self.revoke(l.object_id)?;
+            }
+        }
         let now = self.now;
         if let Some(mut mode) = set.mode {
             if cred.uid != 0 && !cred.in_group(i.attr.gid) && i.attr.kind != FileType::Directory {
@@ -1140,6 +1297,36 @@ impl Tables<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_revocation_log_continues_a_reader_or_resets_it() {
+        let mut log = RevocationLog::new();
+        let me = log.instance;
+        // Nothing yet: a reader at 0 of this instance gets an empty batch.
+        let b = log.after(me, 0, 5);
+        assert_eq!((b.from_seq, b.to_seq, b.reset_floor, b.entries.len()), (0, 0, 0, 0));
+        for o in 1..=3u64 {
+            log.push(dafne_proto::Revocation { object_id: o, floor: 10 + o });
+        }
+        let b = log.after(me, 1, 13);
+        assert_eq!((b.from_seq, b.to_seq, b.reset_floor), (1, 3, 0));
+        assert_eq!(b.entries.iter().map(|e| e.object_id).collect::<Vec<_>>(), vec![2, 3]);
+        // Another instance (an io server fresh or from a restarted meta)
+        // and a position past the head both get a reset to the generation.
+        for (instance, since) in [(0, 0), (me ^ 1, 2), (me, 4)] {
+            let b = log.after(instance, since, 13);
+            assert_eq!((b.instance, b.from_seq, b.to_seq, b.reset_floor), (me, 3, 3, 13), "{instance} {since}");
+            assert!(b.entries.is_empty());
+        }
+        // Bounded: the oldest entries go, and a reader behind them is reset.
+        for o in 0..REVOCATION_LOG as u64 {
+            log.push(dafne_proto::Revocation { object_id: o, floor: 20 });
+        }
+        assert_eq!(log.entries.len(), REVOCATION_LOG);
+        assert_eq!(log.after(me, 1, 20).reset_floor, 20, "behind what is kept");
+        let b = log.after(me, 3, 20);
+        assert_eq!((b.reset_floor, b.entries.len()), (0, dafne_proto::MAX_REVOCATIONS), "a batch at most");
+    }
 
     fn inode(kind: FileType, rdev: u64) -> Inode {
         let t = Timespec { sec: 1_700_000_000, nsec: 5 };

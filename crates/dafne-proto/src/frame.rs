@@ -430,7 +430,7 @@ mod tests {
     const ENV: Envelope = Envelope { tag: 0x1122_3344_5566_7788, uid: 1000, gid: 100 };
 
     fn cap() -> Capability {
-        Capability { object_id: 77, rights: RIGHT_READ, expiry_unix_ns: 123, mac: [9; 32] }
+        Capability { object_id: 77, ino: 5, rights: RIGHT_READ, generation: 6, expiry_unix_ns: 123, mac: [9; 32] }
     }
 
     /// One request of every op (Compound with chaining).
@@ -466,6 +466,8 @@ mod tests {
             Request::ListOrphans { older_than_s: 60, max: MAX_ORPHANS as u32 },
             Request::ForgetOrphans { objects: vec![3, u64::MAX] },
             Request::Close { object_id: 77 },
+            Request::Recap { cap: cap() },
+            Request::Revocations { instance: 3, since: u64::MAX },
             Request::Reopen {
                 held: vec![
                     crate::HeldOpen { object_id: 3, count: 1 },
@@ -536,11 +538,24 @@ mod tests {
                         crate::Orphan { object_id: 9, servers: vec![0, 1, 2] },
                         crate::Orphan { object_id: 10, servers: vec![] },
                     ],
+                    generation: 12,
                 },
             ),
             (Op::ForgetOrphans, Response::Done),
             (Op::Close, Response::Done),
             (Op::Reopen, Response::Done),
+            (Op::Recap, Response::Cap { cap: cap() }),
+            (
+                Op::Revocations,
+                Response::Revocations(crate::Revocations {
+                    instance: 1,
+                    from_seq: 2,
+                    to_seq: 3,
+                    reset_floor: 4,
+                    entries: vec![crate::Revocation { object_id: 5, floor: 6 }],
+                    mac: [7; 32],
+                }),
+            ),
             (
                 Op::Compound,
                 Response::Compound {
@@ -615,8 +630,8 @@ mod tests {
         set(&mut b, 0, &(PROTO_VERSION + 1).to_le_bytes());
         assert_eq!(decode_request(&b), Err(DecodeError::BadVersion(PROTO_VERSION + 1)));
         let mut b = good.clone();
-        set(&mut b, 2, &22u16.to_le_bytes());
-        assert_eq!(decode_request(&b), Err(DecodeError::UnknownOp(22)));
+        set(&mut b, 2, &24u16.to_le_bytes());
+        assert_eq!(decode_request(&b), Err(DecodeError::UnknownOp(24)));
         let mut b = good.clone();
         set(&mut b, 2, &0u16.to_le_bytes());
         assert_eq!(decode_request(&b), Err(DecodeError::UnknownOp(0)));
@@ -924,7 +939,7 @@ mod tests {
 
     #[test]
     fn op_numbers_are_stable() {
-        let want: Vec<u16> = (1..=21).collect();
+        let want: Vec<u16> = (1..=23).collect();
         let got: Vec<u16> = Op::ALL.iter().map(|op| u16::from(*op)).collect();
         assert_eq!(got, want);
         for op in Op::ALL {

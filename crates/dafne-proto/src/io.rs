@@ -32,6 +32,7 @@
 //! | Sync | 68 | capability | `Done`: empty |
 //! | Stat | 69 | capability | `Stat`: size u64 |
 //! | ServerInfo | 70 | capability | `ServerInfo`: n u32 (≤ [`MAX_INFO_FIELDS`]), n × u64 |
+//! | Revoke | 71 | capability, revocations | `Revoked`: instance u64, seq u64 |
 //!
 //! Numbers are never reused: a retired op keeps its number, unassigned.
 //!
@@ -114,6 +115,9 @@ ops! {
         Stat = 69,
         /// The server's capacity and counters.
         ServerInfo = 70,
+        /// Meta's signed revocations, relayed: the server raises the
+        /// objects' capability floors.
+        Revoke = 71,
     }
 }
 
@@ -133,8 +137,9 @@ pub const MAX_IO_BYTES: usize = 64 << 20;
 /// The extent index that means "inline data" rather than a key.
 pub const NO_KEY: u16 = u16::MAX;
 
-/// Encoded size of a capability: object_id u64, rights u8, expiry u64, mac.
-const CAPABILITY_SIZE: usize = 8 + 1 + 8 + 32;
+/// Encoded size of a capability: object_id u64, ino u64, rights u8,
+/// generation u64, expiry u64, mac.
+const CAPABILITY_SIZE: usize = 8 + 8 + 1 + 8 + 8 + 32;
 /// The largest file size, as on Linux (`MAX_LFS_FILESIZE` = 2^63 - 1): no
 /// byte lives at or beyond it. Extents and truncates past it are refused at
 /// decoding, so a hostile offset near `u64::MAX` never reaches a cache
@@ -145,8 +150,9 @@ pub const MAX_FILE_SIZE: u64 = i64::MAX as u64;
 const EXTENT_SIZE: usize = 8 + 4 + 2 + 8;
 
 /// The largest io request: header + a Write with every limit reached:
-/// 32 + 49 (capability) + 4 + 16 × (4 + 4096) (keys) + 4 + 1024 × 22
-/// (extents) + 1 (stability) + 4 + 65 536 (inline) = 153 758 bytes.
+/// 32 + 65 (capability) + 4 + 16 × (4 + 4096) (keys) + 4 + 1024 × 22
+/// (extents) + 1 (stability) + 4 + 65 536 (inline) = 153 774 bytes. A
+/// Revoke is smaller: 32 + 65 + at most 65 604 (revocations).
 pub const MAX_IO_REQUEST_LEN: usize = IoRequestHeader::SIZE
     + CAPABILITY_SIZE
     + 4
@@ -160,7 +166,8 @@ pub const MAX_IO_REQUEST_LEN: usize = IoRequestHeader::SIZE
 /// 32 + 8 (bytes) + 4 + 65 536 (data) = 65 580 bytes.
 pub const MAX_IO_REPLY_LEN: usize = IoReplyHeader::SIZE + 8 + 4 + MAX_INLINE;
 
-const _: () = assert!(MAX_IO_REQUEST_LEN == 153_758 && MAX_IO_REPLY_LEN == 65_580);
+const _: () = assert!(MAX_IO_REQUEST_LEN == 153_774 && MAX_IO_REPLY_LEN == 65_580);
+const _: () = assert!(IoRequestHeader::SIZE + CAPABILITY_SIZE + crate::Revocations::MAX_SIZE <= MAX_IO_REQUEST_LEN);
 // Extent key indexes and NO_KEY cannot meet.
 const _: () = assert!(MAX_IO_KEYS < NO_KEY as usize);
 
@@ -309,6 +316,12 @@ pub enum IoRequest {
     ServerInfo {
         cap: Capability,
     },
+    /// Revocations from meta's log, signed by meta (the capability, with
+    /// write rights, is the relay's; the batch's MAC is what counts).
+    Revoke {
+        cap: Capability,
+        batch: crate::Revocations,
+    },
 }
 
 impl IoRequest {
@@ -322,6 +335,7 @@ impl IoRequest {
             IoRequest::Sync { .. } => IoOp::Sync,
             IoRequest::Stat { .. } => IoOp::Stat,
             IoRequest::ServerInfo { .. } => IoOp::ServerInfo,
+            IoRequest::Revoke { .. } => IoOp::Revoke,
         }
     }
 
@@ -334,7 +348,22 @@ impl IoRequest {
             | IoRequest::Remove { cap }
             | IoRequest::Sync { cap }
             | IoRequest::Stat { cap }
-            | IoRequest::ServerInfo { cap } => cap,
+            | IoRequest::ServerInfo { cap }
+            | IoRequest::Revoke { cap, .. } => cap,
+        }
+    }
+
+    /// The capability, to replace it (a client re-sending with a fresh one).
+    pub fn cap_mut(&mut self) -> &mut Capability {
+        match self {
+            IoRequest::Read { cap, .. }
+            | IoRequest::Write { cap, .. }
+            | IoRequest::Truncate { cap, .. }
+            | IoRequest::Remove { cap }
+            | IoRequest::Sync { cap }
+            | IoRequest::Stat { cap }
+            | IoRequest::ServerInfo { cap }
+            | IoRequest::Revoke { cap, .. } => cap,
         }
     }
 
@@ -349,7 +378,8 @@ impl IoRequest {
             | IoRequest::Remove { .. }
             | IoRequest::Sync { .. }
             | IoRequest::Stat { .. }
-            | IoRequest::ServerInfo { .. } => 0,
+            | IoRequest::ServerInfo { .. }
+            | IoRequest::Revoke { .. } => 0,
         }
     }
 
@@ -366,6 +396,7 @@ impl IoRequest {
                 w.put_bytes(inline);
             }
             IoRequest::Truncate { size, .. } => w.put_u64(*size),
+            IoRequest::Revoke { batch, .. } => batch.put(w),
             IoRequest::Remove { .. }
             | IoRequest::Sync { .. }
             | IoRequest::Stat { .. }
@@ -428,6 +459,7 @@ impl IoRequest {
             IoOp::Sync => IoRequest::Sync { cap },
             IoOp::Stat => IoRequest::Stat { cap },
             IoOp::ServerInfo => IoRequest::ServerInfo { cap },
+            IoOp::Revoke => IoRequest::Revoke { cap, batch: crate::Revocations::get(r)? },
         })
     }
 }
@@ -563,6 +595,10 @@ pub enum IoResponse {
     Stat { size: u64 },
     /// ServerInfo.
     ServerInfo(ServerInfo),
+    /// Revoke: the last log entry this server has applied, and of which
+    /// meta instance (0, 0: none yet). A batch that did not follow on
+    /// from it was not applied; the relay then sends what does.
+    Revoked { instance: u64, seq: u64 },
 }
 
 impl IoResponse {
@@ -579,6 +615,7 @@ impl IoResponse {
             (IoResponse::Done, IoOp::Truncate | IoOp::Remove | IoOp::Sync) => true,
             (IoResponse::Stat { .. }, IoOp::Stat) => true,
             (IoResponse::ServerInfo(_), IoOp::ServerInfo) => true,
+            (IoResponse::Revoked { .. }, IoOp::Revoke) => true,
             _ => false,
         }
     }
@@ -592,6 +629,10 @@ impl IoResponse {
             IoResponse::Write { bytes } => w.put_u64(*bytes),
             IoResponse::Done => {}
             IoResponse::Stat { size } => w.put_u64(*size),
+            IoResponse::Revoked { instance, seq } => {
+                w.put_u64(*instance);
+                w.put_u64(*seq);
+            }
             IoResponse::ServerInfo(info) => {
                 let f = info.fields();
                 w.put_len(f.len());
@@ -618,6 +659,9 @@ impl IoResponse {
             IoOp::Write => IoResponse::Write { bytes: get_bytes(r, "io write reply bytes")? },
             IoOp::Truncate | IoOp::Remove | IoOp::Sync => IoResponse::Done,
             IoOp::Stat => IoResponse::Stat { size: r.u64("io stat size")? },
+            IoOp::Revoke => {
+                IoResponse::Revoked { instance: r.u64("io revoked instance")?, seq: r.u64("io revoked seq")? }
+            }
             IoOp::ServerInfo => {
                 let n = r.count("io server info fields", MAX_INFO_FIELDS, 8)?;
                 let mut values = Vec::with_capacity(n);
@@ -697,7 +741,7 @@ mod tests {
     const ENV: Envelope = Envelope { tag: 0x0102_0304_0506_0708, uid: 1000, gid: 100 };
 
     fn cap() -> Capability {
-        Capability { object_id: 77, rights: RIGHT_READ, expiry_unix_ns: 123, mac: [9; 32] }
+        Capability { object_id: 77, ino: 5, rights: RIGHT_READ, generation: 6, expiry_unix_ns: 123, mac: [9; 32] }
     }
 
     fn ext(offset: u64, len: u32, key: u16, addr: u64) -> IoExtent {
@@ -741,6 +785,17 @@ mod tests {
             IoRequest::Sync { cap: cap() },
             IoRequest::Stat { cap: cap() },
             IoRequest::ServerInfo { cap: cap() },
+            IoRequest::Revoke {
+                cap: cap(),
+                batch: crate::Revocations {
+                    instance: 1,
+                    from_seq: 5,
+                    to_seq: 6,
+                    reset_floor: 2,
+                    entries: vec![crate::Revocation { object_id: 77, floor: 9 }],
+                    mac: [4; 32],
+                },
+            },
         ]
     }
 
@@ -754,6 +809,7 @@ mod tests {
             (IoOp::Remove, IoResponse::Done),
             (IoOp::Sync, IoResponse::Done),
             (IoOp::Stat, IoResponse::Stat { size: u64::MAX }),
+            (IoOp::Revoke, IoResponse::Revoked { instance: 3, seq: u64::MAX }),
             (
                 IoOp::ServerInfo,
                 IoResponse::ServerInfo(ServerInfo { capacity_bytes: 1 << 40, mode: 2, ..Default::default() }),
@@ -816,7 +872,9 @@ mod tests {
         let body = &b[IoRequestHeader::SIZE..];
         let mut want = Vec::new();
         want.extend_from_slice(&77u64.to_le_bytes()); // capability
+        want.extend_from_slice(&5u64.to_le_bytes());
         want.push(RIGHT_READ);
+        want.extend_from_slice(&6u64.to_le_bytes());
         want.extend_from_slice(&123u64.to_le_bytes());
         want.extend_from_slice(&[9; 32]);
         want.extend_from_slice(&1u32.to_le_bytes()); // keys
@@ -835,13 +893,13 @@ mod tests {
         want.extend_from_slice(&1u32.to_le_bytes()); // inline
         want.push(0xcc);
         assert_eq!(body, &want[..]);
-        assert_eq!(CAPABILITY_SIZE, 49);
+        assert_eq!(CAPABILITY_SIZE, 65);
         // Read: the same up to the extents, then inline_reply.
         let b = encode_io_request(ENV, &read(vec![], vec![], true));
         assert_eq!(&b[2..4], &64u16.to_le_bytes());
-        assert_eq!(&b[IoRequestHeader::SIZE + 49..], &[0, 0, 0, 0, 0, 0, 0, 0, 1]);
+        assert_eq!(&b[IoRequestHeader::SIZE + 65..], &[0, 0, 0, 0, 0, 0, 0, 0, 1]);
         let b = encode_io_request(ENV, &IoRequest::Truncate { cap: cap(), size: 5 });
-        assert_eq!(&b[IoRequestHeader::SIZE + 49..], &5u64.to_le_bytes());
+        assert_eq!(&b[IoRequestHeader::SIZE + 65..], &5u64.to_le_bytes());
         let b = encode_io_reply(1, IoOp::Read, &Ok(IoResponse::Read { bytes: 2, data: vec![5, 6] }));
         assert_eq!(&b[IoReplyHeader::SIZE..], &[2, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 5, 6]);
     }
@@ -893,7 +951,7 @@ mod tests {
     #[test]
     fn op_numbers_are_stable() {
         let got: Vec<u16> = IoOp::ALL.iter().map(|op| u16::from(*op)).collect();
-        assert_eq!(got, (64..=70).collect::<Vec<u16>>());
+        assert_eq!(got, (64..=71).collect::<Vec<u16>>());
         for op in IoOp::ALL {
             assert_eq!(IoOp::from_u16(u16::from(*op)), Some(*op));
         }
@@ -1044,7 +1102,7 @@ mod tests {
         let good = encode_io_request(ENV, &IoRequest::Truncate { cap: cap(), size: 1 });
         // Capability rights outside the known bits.
         let mut b = good.clone();
-        b[IoRequestHeader::SIZE + 8] = 4;
+        b[IoRequestHeader::SIZE + 16] = 4;
         assert_eq!(decode_io_request(&b), Err(DecodeError::BadValue { what: "capability rights", value: 4 }));
         // A body one byte short, with a header that agrees.
         let mut b = good[..good.len() - 1].to_vec();
@@ -1053,8 +1111,8 @@ mod tests {
         // A trailing byte the header counts.
         let mut b = good.clone();
         b.push(0);
-        assert_eq!(decode_io_request(&b), Err(DecodeError::BodyLength { announced: 57, actual: 58 }));
-        b[24..28].copy_from_slice(&58u32.to_le_bytes());
+        assert_eq!(decode_io_request(&b), Err(DecodeError::BodyLength { announced: 73, actual: 74 }));
+        b[24..28].copy_from_slice(&74u32.to_le_bytes());
         assert_eq!(decode_io_request(&b), Err(DecodeError::Trailing(1)));
         let mut b = good.clone();
         b[0..2].copy_from_slice(&1u16.to_le_bytes());
@@ -1063,11 +1121,11 @@ mod tests {
         b[4] = 1;
         assert_eq!(decode_io_request(&b), Err(DecodeError::Reserved));
         let mut b = good.clone();
-        b[2..4].copy_from_slice(&71u16.to_le_bytes());
-        assert_eq!(decode_io_request(&b), Err(DecodeError::UnknownOp(71)));
+        b[2..4].copy_from_slice(&72u16.to_le_bytes());
+        assert_eq!(decode_io_request(&b), Err(DecodeError::UnknownOp(72)));
         // The header alone decodes for a server that must reply.
         let hdr = IoRequestHeader::decode(&good).unwrap();
-        assert_eq!((hdr.op, hdr.envelope(), hdr.body_len), (IoOp::Truncate, ENV, 57));
+        assert_eq!((hdr.op, hdr.envelope(), hdr.body_len), (IoOp::Truncate, ENV, 73));
     }
 
     /// A reply whose body is `body`, with a header that agrees.

@@ -76,10 +76,18 @@
 //! | Open | 15 | ino u64, flags u32 | `Opened`: attr, layout, capability |
 //! | Compound | 16 | n u32 (≤ MAX_COMPOUND), n × {flags u8, op u16, body} | `Compound`: n u32, n × {errno i32, if 0: kind u8, body} |
 //! | Mknod | 17 | parent u64, name, kind u8, mode u32, rdev u64 | `Entry`: attr |
-//! | ListOrphans | 18 | older_than_s u32, max u32 | `Orphans`: n u32 (≤ [`MAX_ORPHANS`]), n × {object_id u64, m u32 (≤ [`MAX_LAYOUT_SERVERS`]), m × server id u32} |
+//! | ListOrphans | 18 | older_than_s u32, max u32 | `Orphans`: n u32 (≤ [`MAX_ORPHANS`]), n × {object_id u64, m u32 (≤ [`MAX_LAYOUT_SERVERS`]), m × server id u32}, generation u64 |
 //! | ForgetOrphans | 19 | n u32 (≤ [`MAX_FORGET_ORPHANS`]), n × object_id u64 | `Done`: empty |
 //! | Close | 20 | object_id u64 | `Done`: empty |
 //! | Reopen | 21 | n u32 (≤ [`MAX_REOPEN`]), n × {object_id u64 (strictly increasing), count u32 (≥ 1)} | `Done`: empty |
+//! | Recap | 22 | capability | `Cap`: capability |
+//! | Revocations | 23 | instance u64, since u64 | `Revocations`: revocations |
+//!
+//! Recap and Revocations serve revocable capabilities (`dafne_auth`'s
+//! module docs): Recap re-issues a capability a revocation made stale to a
+//! session that holds an open of its object; Revocations (root only) is
+//! meta's signed log of revocations, which the supervisor's relay carries
+//! to the io servers (io op Revoke). Neither travels inside a Compound.
 //!
 //! ListOrphans and ForgetOrphans are the reclaimer's: only uid 0 may send
 //! them (`EPERM` otherwise), and never inside a Compound. An orphan is the
@@ -98,7 +106,7 @@
 //!
 //! Numbers are never reused: a retired op keeps its number, unassigned. The
 //! io ops (Read 64, Write 65, Truncate 66, Remove 67, Sync 68, Stat 69,
-//! ServerInfo 70) are tabled, with their bodies, in module [`io`].
+//! ServerInfo 70, Revoke 71) are tabled, with their bodies, in module [`io`].
 //!
 //! Building blocks:
 //! * `name`, `target`, `str`: u32 length + bytes. A name is at most
@@ -122,8 +130,11 @@
 //!   [`MAX_READDIR_ENTRIES`] per reply.
 //! * `layout`: object_id u64, stripe_unit u32, stripe_count u32, n u32
 //!   (≤ [`MAX_LAYOUT_SERVERS`]), n × server id u32.
-//! * `capability`: object_id u64, rights u8 ([`RIGHT_READ`] | [`RIGHT_WRITE`]),
-//!   expiry_unix_ns u64, mac \[32\].
+//! * `capability`: object_id u64, ino u64, rights u8 ([`RIGHT_READ`] |
+//!   [`RIGHT_WRITE`]), generation u64, expiry_unix_ns u64, mac \[32\]. 65 bytes.
+//! * `revocations`: instance u64, from_seq u64, to_seq u64, reset_floor u64,
+//!   n u32 (≤ [`MAX_REVOCATIONS`], = to_seq − from_seq), n × (object_id u64,
+//!   floor u64), mac \[32\].
 //!
 //! # Compound requests and chaining
 //!
@@ -137,8 +148,8 @@
 //! the first error, so in the reply only the last result may be an error.
 //! A compound result names its [`Response`] variant with a kind byte:
 //! Entry 2, Attr 3, Dir 4, Done 5, Link 6, StatFs 7, Opened 8 (Session 1 and
-//! Compound 9 cannot occur there, nor Orphans 10, which answers only a
-//! ListOrphans sent alone).
+//! Compound 9 cannot occur there, nor Orphans 10, Cap 11 and Revocations
+//! 12, which answer only a ListOrphans, Recap or Revocations sent alone).
 //!
 //! # Canonical encoding
 //!
@@ -157,7 +168,10 @@
 //! the special file types (Fifo, Socket, CharDevice, BlockDevice), `rdev`
 //! in `attr` and the Mknod op (the io op ServerInfo, 70, came in the same
 //! release); version 4 the orphan ops ListOrphans and ForgetOrphans;
-//! version 5 Close and Reopen; version 6 io keys framed with their window. Bump
+//! version 5 Close and Reopen; version 6 io keys framed with their window
+//! and revocable capabilities (`ino` and `generation` in the capability,
+//! the ops Recap and Revocations, the generation in the Orphans reply, the
+//! io op Revoke). Bump
 //! it for *every* change to what a decoder accepts or how it reads it: a new
 //! op, a field added, removed, resized or reordered, a new flag or mask bit,
 //! a new enum value, a changed limit. Numbers (ops, errno values, file types,
@@ -186,12 +200,17 @@ pub use io::{
     MAX_IO_REQUEST_LEN, NO_KEY,
 };
 pub use msg::{CompoundOp, HeldOpen, Op, Orphan, Request, Response};
-pub use types::{Attr, Capability, DirEntry, FileType, Layout, LayoutHint, SetAttr, StatFs, TimeSet, Timespec};
+pub use types::{
+    Attr, Capability, DirEntry, FileType, Layout, LayoutHint, Revocation, Revocations, SetAttr, StatFs, TimeSet,
+    Timespec, MAX_REVOCATIONS,
+};
 
 /// Version of this wire contract, first field of every header (metadata
 /// and io alike). 2: io ops added. 3: special file types, `Attr::rdev`,
 /// Mknod. 4: ListOrphans, ForgetOrphans. 5: Close, Reopen. 6: io request
-/// keys carry the window they were registered for (`dafne_ucx` frames them).
+/// keys carry the window they were registered for (`dafne_ucx` frames
+/// them); revocable capabilities (capability `ino` and `generation`,
+/// Recap, Revocations, the Orphans reply's generation, the io op Revoke).
 pub const PROTO_VERSION: u16 = 6;
 
 /// The op numbers of the metadata protocol ([`Op`]).

@@ -1,5 +1,6 @@
 //! Ops, request bodies and reply bodies.
 
+use crate::types::Revocations;
 use crate::types::{get_mode, DIRENT_MIN_SIZE};
 use crate::wire::{Reader, Wire, Writer};
 use crate::{
@@ -94,6 +95,11 @@ ops! {
         /// Register again the opens a client holds, on a new connection
         /// (after a reconnect, or a metadata server restart).
         Reopen = 21,
+        /// A fresh capability for an object this session holds open, in
+        /// place of one a revocation made stale.
+        Recap = 22,
+        /// Root only: meta's revocation log for the io servers.
+        Revocations = 23,
     }
 }
 
@@ -261,6 +267,21 @@ pub enum Request {
         /// At most [`MAX_REOPEN`], object ids strictly increasing, counts ≥ 1.
         held: Vec<HeldOpen>,
     },
+    /// A capability like `cap` (same object, file and rights) at the
+    /// current generation; never inside a Compound. Meta refuses unless
+    /// `cap` is genuine and this session holds an open of its object that
+    /// it made itself (or re-announced while meta could check it), and the
+    /// object is still the file's or an unlinked file's not yet reclaimed.
+    Recap {
+        cap: Capability,
+    },
+    /// Root only (`EPERM` otherwise); never inside a Compound. The
+    /// revocation log after entry `since` of meta instance `instance`
+    /// (another instance, or entries no longer kept: a reset).
+    Revocations {
+        instance: u64,
+        since: u64,
+    },
 }
 
 /// One op of a `Compound`.
@@ -305,7 +326,9 @@ impl CompoundOp {
             | Request::ListOrphans { .. }
             | Request::ForgetOrphans { .. }
             | Request::Close { .. }
-            | Request::Reopen { .. } => None,
+            | Request::Reopen { .. }
+            | Request::Recap { .. }
+            | Request::Revocations { .. } => None,
         }
     }
 
@@ -351,6 +374,8 @@ impl Request {
             Request::ForgetOrphans { .. } => Op::ForgetOrphans,
             Request::Close { .. } => Op::Close,
             Request::Reopen { .. } => Op::Reopen,
+            Request::Recap { .. } => Op::Recap,
+            Request::Revocations { .. } => Op::Revocations,
         }
     }
 
@@ -432,6 +457,11 @@ impl Request {
                     w.put_u64(h.object_id);
                     w.put_u32(h.count);
                 }
+            }
+            Request::Recap { cap } => cap.put(w),
+            Request::Revocations { instance, since } => {
+                w.put_u64(*instance);
+                w.put_u64(*since);
             }
             Request::Compound { ops } => {
                 w.put_len(ops.len());
@@ -544,6 +574,10 @@ impl Request {
                 }
                 Request::Reopen { held }
             }
+            Op::Recap => Request::Recap { cap: Capability::get(r)? },
+            Op::Revocations => {
+                Request::Revocations { instance: r.u64("revocations instance")?, since: r.u64("revocations since")? }
+            }
         })
     }
 }
@@ -560,9 +594,16 @@ fn get_compound_ops(r: &mut Reader<'_>) -> Result<Vec<CompoundOp>, DecodeError> 
         let op = Op::from_u16(raw).ok_or(DecodeError::UnknownOp(raw))?;
         match op {
             Op::Compound => return Err(DecodeError::NestedCompound),
-            Op::SessionOpen | Op::ListOrphans | Op::ForgetOrphans | Op::Close | Op::Reopen => {
+            Op::SessionOpen
+            | Op::ListOrphans
+            | Op::ForgetOrphans
+            | Op::Close
+            | Op::Reopen
+            | Op::Recap
+            | Op::Revocations => {
                 return Err(DecodeError::BadValue {
-                    what: "op inside a Compound (SessionOpen, the orphan ops, Close and Reopen are not allowed there)",
+                    what: "op inside a Compound (SessionOpen, the orphan ops, Close, Reopen, Recap and Revocations \
+                           are not allowed there)",
                     value: raw.into(),
                 })
             }
@@ -610,8 +651,14 @@ pub enum Response {
     /// Compound: one result per op run, in order. The server stops at the
     /// first error, so only the last may be `Err`.
     Compound { results: Vec<Result<Response, Errno>> },
-    /// ListOrphans: at most [`MAX_ORPHANS`] entries.
-    Orphans { orphans: Vec<Orphan> },
+    /// ListOrphans: at most [`MAX_ORPHANS`] entries, and the capability
+    /// generation from which no capability of theirs was issued (what the
+    /// reclaimer's removal records on the io servers).
+    Orphans { orphans: Vec<Orphan>, generation: u64 },
+    /// Recap.
+    Cap { cap: Capability },
+    /// Revocations.
+    Revocations(Revocations),
 }
 
 /// Which [`Response`] variant a body is: the wire's kind byte in compound
@@ -629,6 +676,8 @@ pub(crate) enum Kind {
     Opened = 8,
     Compound = 9,
     Orphans = 10,
+    Cap = 11,
+    Revocations = 12,
 }
 
 impl Kind {
@@ -644,6 +693,8 @@ impl Kind {
             8 => Kind::Opened,
             9 => Kind::Compound,
             10 => Kind::Orphans,
+            11 => Kind::Cap,
+            12 => Kind::Revocations,
             _ => return None,
         })
     }
@@ -661,6 +712,8 @@ impl Kind {
             Op::Open => Kind::Opened,
             Op::Compound => Kind::Compound,
             Op::ListOrphans => Kind::Orphans,
+            Op::Recap => Kind::Cap,
+            Op::Revocations => Kind::Revocations,
         }
     }
 }
@@ -680,7 +733,9 @@ impl Response {
             | Response::Link { .. }
             | Response::StatFs(_)
             | Response::Compound { .. }
-            | Response::Orphans { .. } => None,
+            | Response::Orphans { .. }
+            | Response::Cap { .. }
+            | Response::Revocations(_) => None,
         }
     }
 
@@ -696,7 +751,9 @@ impl Response {
         };
         results.len() <= MAX_COMPOUND
             && results.iter().enumerate().all(|(i, res)| match res {
-                Ok(r) => !matches!(r.kind(), Kind::Session | Kind::Compound | Kind::Orphans),
+                Ok(r) => {
+                    !matches!(r.kind(), Kind::Session | Kind::Compound | Kind::Orphans | Kind::Cap | Kind::Revocations)
+                }
                 Err(e) => e.is_valid() && i + 1 == results.len(),
             })
     }
@@ -713,6 +770,8 @@ impl Response {
             Response::Opened { .. } => Kind::Opened,
             Response::Compound { .. } => Kind::Compound,
             Response::Orphans { .. } => Kind::Orphans,
+            Response::Cap { .. } => Kind::Cap,
+            Response::Revocations(_) => Kind::Revocations,
         }
     }
 
@@ -738,12 +797,15 @@ impl Response {
                 layout.put(w);
                 cap.put(w);
             }
-            Response::Orphans { orphans } => {
+            Response::Orphans { orphans, generation } => {
                 w.put_len(orphans.len());
                 for o in orphans {
                     o.put(w);
                 }
+                w.put_u64(*generation);
             }
+            Response::Cap { cap } => cap.put(w),
+            Response::Revocations(v) => v.put(w),
             Response::Compound { results } => {
                 w.put_len(results.len());
                 for res in results {
@@ -790,8 +852,10 @@ impl Response {
                 for _ in 0..n {
                     orphans.push(Orphan::get(r)?);
                 }
-                Response::Orphans { orphans }
+                Response::Orphans { orphans, generation: r.u64("orphans generation")? }
             }
+            Kind::Cap => Response::Cap { cap: Capability::get(r)? },
+            Kind::Revocations => Response::Revocations(Revocations::get(r)?),
         })
     }
 }
@@ -814,7 +878,7 @@ fn get_compound_results(r: &mut Reader<'_>) -> Result<Vec<Result<Response, Errno
         let raw = r.u8("compound result kind")?;
         let kind = match Kind::from_u8(raw) {
             Some(Kind::Compound) => return Err(DecodeError::NestedCompound),
-            Some(Kind::Session | Kind::Orphans) | None => {
+            Some(Kind::Session | Kind::Orphans | Kind::Cap | Kind::Revocations) | None => {
                 return Err(DecodeError::BadValue { what: "compound result kind", value: raw.into() })
             }
             Some(k) => k,

@@ -240,26 +240,37 @@ impl Wire for Layout {
 
 /// The metadata server's permission for a client to read and/or write an
 /// object on the io servers until `expiry_unix_ns`. The io servers check
-/// `mac` over [`Capability::signed_bytes`] with the cluster's secret.
+/// `mac` over [`Capability::signed_bytes`] with the cluster's secret, and
+/// `generation` against the object's revocation floor (`dafne_auth`'s
+/// module docs, "Revocation").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Capability {
     pub object_id: u64,
+    /// The file whose data the object holds (0 for a capability about no
+    /// file): what meta checks before it re-issues one (`Recap`).
+    pub ino: u64,
     /// [`RIGHT_READ`] | [`RIGHT_WRITE`].
     pub rights: u8,
+    /// The cluster's capability generation when meta issued it: valid only
+    /// while it is at least the object's revocation floor on the io server.
+    pub generation: u64,
     pub expiry_unix_ns: u64,
     pub mac: [u8; 32],
 }
 
 impl Capability {
     /// Length of [`Capability::signed_bytes`].
-    pub const SIGNED_LEN: usize = 17;
+    pub const SIGNED_LEN: usize = 33;
 
-    /// The bytes the MAC covers: object_id (LE), rights, expiry_unix_ns (LE).
+    /// The bytes the MAC covers: object_id, ino (LE), rights, generation,
+    /// expiry_unix_ns (LE).
     pub fn signed_bytes(&self) -> [u8; Self::SIGNED_LEN] {
         let mut b = [0u8; Self::SIGNED_LEN];
         b[..8].copy_from_slice(&self.object_id.to_le_bytes());
-        b[8] = self.rights;
-        b[9..].copy_from_slice(&self.expiry_unix_ns.to_le_bytes());
+        b[8..16].copy_from_slice(&self.ino.to_le_bytes());
+        b[16] = self.rights;
+        b[17..25].copy_from_slice(&self.generation.to_le_bytes());
+        b[25..].copy_from_slice(&self.expiry_unix_ns.to_le_bytes());
         b
     }
 }
@@ -267,23 +278,109 @@ impl Capability {
 impl Wire for Capability {
     fn put(&self, w: &mut Writer) {
         w.put_u64(self.object_id);
+        w.put_u64(self.ino);
         w.put_u8(self.rights);
+        w.put_u64(self.generation);
         w.put_u64(self.expiry_unix_ns);
         w.put_raw(&self.mac);
     }
 
     fn get(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
         let object_id = r.u64("capability object_id")?;
+        let ino = r.u64("capability ino")?;
         let rights = r.u8("capability rights")?;
         if rights & !(RIGHT_READ | RIGHT_WRITE) != 0 {
             return Err(DecodeError::BadValue { what: "capability rights", value: rights.into() });
         }
         Ok(Capability {
             object_id,
+            ino,
             rights,
+            generation: r.u64("capability generation")?,
             expiry_unix_ns: r.u64("capability expiry")?,
             mac: r.array("capability mac")?,
         })
+    }
+}
+
+/// Most entries in one [`Revocations`] batch.
+pub const MAX_REVOCATIONS: usize = 4096;
+
+/// One revocation: capabilities of `object_id` with a generation below
+/// `floor` are no longer valid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Revocation {
+    pub object_id: u64,
+    pub floor: u64,
+}
+
+/// Encoded size of a [`Revocation`].
+const REVOCATION_SIZE: usize = 16;
+
+/// A batch of meta's revocation log for the io servers, signed by meta:
+/// the entries numbered `from_seq + 1 ..= to_seq` of the log of meta
+/// instance `instance`, after raising every object's floor to
+/// `reset_floor` (0: no reset). `mac` covers [`Revocations::signed_bytes`].
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Revocations {
+    pub instance: u64,
+    pub from_seq: u64,
+    pub to_seq: u64,
+    pub reset_floor: u64,
+    /// Exactly `to_seq - from_seq` of them, at most [`MAX_REVOCATIONS`].
+    pub entries: Vec<Revocation>,
+    pub mac: [u8; 32],
+}
+
+impl Revocations {
+    /// Smallest encoding: four u64, a count, no entries, the MAC.
+    pub const MIN_SIZE: usize = 4 * 8 + 4 + 32;
+    /// Largest encoding.
+    pub const MAX_SIZE: usize = Self::MIN_SIZE + MAX_REVOCATIONS * REVOCATION_SIZE;
+
+    /// The bytes the MAC covers: everything but the MAC, as encoded.
+    pub fn signed_bytes(&self) -> Vec<u8> {
+        let mut w = Writer::default();
+        self.put_fields(&mut w);
+        w.into_vec()
+    }
+
+    fn put_fields(&self, w: &mut Writer) {
+        w.put_u64(self.instance);
+        w.put_u64(self.from_seq);
+        w.put_u64(self.to_seq);
+        w.put_u64(self.reset_floor);
+        w.put_len(self.entries.len());
+        for e in &self.entries {
+            w.put_u64(e.object_id);
+            w.put_u64(e.floor);
+        }
+    }
+}
+
+impl Wire for Revocations {
+    fn put(&self, w: &mut Writer) {
+        self.put_fields(w);
+        w.put_raw(&self.mac);
+    }
+
+    fn get(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        let instance = r.u64("revocations instance")?;
+        let from_seq = r.u64("revocations from_seq")?;
+        let to_seq = r.u64("revocations to_seq")?;
+        let reset_floor = r.u64("revocations reset_floor")?;
+        let n = r.count("revocations entries", MAX_REVOCATIONS, REVOCATION_SIZE)?;
+        if to_seq.checked_sub(from_seq) != Some(n as u64) {
+            return Err(DecodeError::BadValue {
+                what: "revocations to_seq (must be from_seq + the number of entries)",
+                value: to_seq,
+            });
+        }
+        let mut entries = Vec::with_capacity(n);
+        for _ in 0..n {
+            entries.push(Revocation { object_id: r.u64("revocation object_id")?, floor: r.u64("revocation floor")? });
+        }
+        Ok(Revocations { instance, from_seq, to_seq, reset_floor, entries, mac: r.array("revocations mac")? })
     }
 }
 
@@ -605,20 +702,49 @@ pub(crate) mod tests {
     fn capability_signed_bytes_and_rights() {
         let c = Capability {
             object_id: 0x0102_0304_0506_0708,
+            ino: 0x2122_2324_2526_2728,
             rights: RIGHT_READ | RIGHT_WRITE,
+            generation: 0x3132_3334_3536_3738,
             expiry_unix_ns: 0x1112_1314_1516_1718,
             mac: [7; 32],
         };
         let b = round_trip(&c);
-        assert_eq!(b.len(), 8 + 1 + 8 + 32);
-        assert_eq!(&c.signed_bytes()[..], &b[..17]);
-        assert_eq!(c.signed_bytes()[8], 3);
+        assert_eq!(b.len(), 8 + 8 + 1 + 8 + 8 + 32);
+        assert_eq!(&c.signed_bytes()[..], &b[..33]);
+        assert_eq!(c.signed_bytes()[16], 3);
         let mut bad = b.clone();
-        bad[8] = 4;
+        bad[16] = 4;
         assert!(matches!(
             decode::<Capability>(&bad),
             Err(DecodeError::BadValue { what: "capability rights", value: 4 })
         ));
+    }
+
+    #[test]
+    fn revocations_round_trip_and_hostile_counts_are_refused() {
+        let v = Revocations {
+            instance: 9,
+            from_seq: 5,
+            to_seq: 7,
+            reset_floor: 0,
+            entries: vec![Revocation { object_id: 1, floor: 2 }, Revocation { object_id: 3, floor: 4 }],
+            mac: [1; 32],
+        };
+        let b = round_trip(&v);
+        assert_eq!(b.len(), Revocations::MIN_SIZE + 2 * REVOCATION_SIZE);
+        assert_eq!(v.signed_bytes()[..], b[..b.len() - 32]);
+        // to_seq that does not match the entries.
+        let mut bad = b.clone();
+        bad[16] = 8;
+        assert!(matches!(decode::<Revocations>(&bad), Err(DecodeError::BadValue { .. })));
+        // A huge count is refused before anything is allocated.
+        let mut huge = b[..32].to_vec();
+        huge.extend_from_slice(&u32::MAX.to_le_bytes());
+        assert!(decode::<Revocations>(&huge).is_err());
+        // from_seq past to_seq.
+        let mut wrap = b.clone();
+        wrap[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(decode::<Revocations>(&wrap).is_err());
     }
 
     #[test]

@@ -7,8 +7,15 @@ use proptest::collection::vec;
 use proptest::prelude::*;
 
 fn capability() -> impl Strategy<Value = Capability> {
-    (any::<u64>(), 0..=(RIGHT_READ | RIGHT_WRITE), any::<u64>(), any::<[u8; 32]>())
-        .prop_map(|(object_id, rights, expiry_unix_ns, mac)| Capability { object_id, rights, expiry_unix_ns, mac })
+    (any::<u64>(), any::<u64>(), 0..=(RIGHT_READ | RIGHT_WRITE), any::<u64>(), any::<u64>(), any::<[u8; 32]>())
+        .prop_map(|(object_id, ino, rights, generation, expiry_unix_ns, mac)| Capability {
+            object_id,
+            ino,
+            rights,
+            generation,
+            expiry_unix_ns,
+            mac,
+        })
 }
 
 fn envelope() -> impl Strategy<Value = Envelope> {
@@ -131,6 +138,22 @@ fn request() -> impl Strategy<Value = IoRequest> {
         1 => capability().prop_map(|cap| IoRequest::Sync { cap }),
         1 => capability().prop_map(|cap| IoRequest::Stat { cap }),
         1 => capability().prop_map(|cap| IoRequest::ServerInfo { cap }),
+        1 => (capability(), any::<u64>(), 0..u64::MAX / 2, vec((any::<u64>(), any::<u64>()), 0..8)).prop_map(
+            |(cap, instance, from_seq, e)| IoRequest::Revoke {
+                cap,
+                batch: dafne_proto::Revocations {
+                    instance,
+                    from_seq,
+                    to_seq: from_seq + e.len() as u64,
+                    reset_floor: 0,
+                    entries: e
+                        .into_iter()
+                        .map(|(object_id, floor)| dafne_proto::Revocation { object_id, floor })
+                        .collect(),
+                    mac: [3; 32],
+                },
+            }
+        ),
     ]
 }
 
@@ -155,6 +178,7 @@ fn reply() -> impl Strategy<Value = (IoOp, Result<IoResponse, Errno>)> {
         2 => bytes().prop_map(|bytes| (IoOp::Write, Ok(IoResponse::Write { bytes }))),
         2 => one_of(&[IoOp::Truncate, IoOp::Remove, IoOp::Sync]).prop_map(|op| (op, Ok(IoResponse::Done))),
         1 => any::<u64>().prop_map(|size| (IoOp::Stat, Ok(IoResponse::Stat { size }))),
+        1 => (any::<u64>(), any::<u64>()).prop_map(|(instance, seq)| (IoOp::Revoke, Ok(IoResponse::Revoked { instance, seq }))),
         1 => vec(any::<u64>(), 16).prop_map(|v| (IoOp::ServerInfo, Ok(IoResponse::ServerInfo(ServerInfo::from_values(&v))))),
         2 => (one_of(IoOp::ALL), errno()).prop_map(|(op, e)| (op, Err(e))),
     ]

@@ -168,6 +168,8 @@ fn open_table_request() -> impl Strategy<Value = Request> {
     prop_oneof![
         any::<u64>().prop_map(|object_id| Request::Close { object_id }),
         prop_oneof![4 => held_opens(8), 1 => held_opens(MAX_REOPEN)].prop_map(|held| Request::Reopen { held }),
+        capability().prop_map(|cap| Request::Recap { cap }),
+        (any::<u64>(), any::<u64>()).prop_map(|(instance, since)| Request::Revocations { instance, since }),
     ]
 }
 
@@ -204,8 +206,15 @@ fn layout() -> impl Strategy<Value = Layout> {
 }
 
 fn capability() -> impl Strategy<Value = Capability> {
-    (any::<u64>(), 0..=(RIGHT_READ | RIGHT_WRITE), any::<u64>(), any::<[u8; 32]>())
-        .prop_map(|(object_id, rights, expiry_unix_ns, mac)| Capability { object_id, rights, expiry_unix_ns, mac })
+    (any::<u64>(), any::<u64>(), 0..=(RIGHT_READ | RIGHT_WRITE), any::<u64>(), any::<u64>(), any::<[u8; 32]>())
+        .prop_map(|(object_id, ino, rights, generation, expiry_unix_ns, mac)| Capability {
+            object_id,
+            ino,
+            rights,
+            generation,
+            expiry_unix_ns,
+            mac,
+        })
 }
 
 fn stat_fs() -> impl Strategy<Value = StatFs> {
@@ -262,7 +271,25 @@ fn orphans_response() -> impl Strategy<Value = Response> {
         4 => vec(orphan(), 0..8),
         1 => vec(orphan(), 0..=MAX_ORPHANS),
     ]
-    .prop_map(|orphans| Response::Orphans { orphans })
+    .prop_map(|orphans| Response::Orphans { orphans, generation: 7 })
+}
+
+/// A Revocations answer (never inside a Compound).
+fn revocations() -> impl Strategy<Value = dafne_proto::Revocations> {
+    let entries = prop_oneof![
+        4 => vec((any::<u64>(), any::<u64>()), 0..8),
+        1 => vec((any::<u64>(), any::<u64>()), 0..=dafne_proto::MAX_REVOCATIONS),
+    ];
+    (any::<u64>(), 0..u64::MAX / 2, any::<u64>(), entries, any::<[u8; 32]>()).prop_map(
+        |(instance, from_seq, reset_floor, e, mac)| dafne_proto::Revocations {
+            instance,
+            from_seq,
+            to_seq: from_seq + e.len() as u64,
+            reset_floor,
+            entries: e.into_iter().map(|(object_id, floor)| dafne_proto::Revocation { object_id, floor }).collect(),
+            mac,
+        },
+    )
 }
 
 /// A Compound answer: successes, possibly ended by one error.
@@ -283,6 +310,8 @@ fn reply() -> impl Strategy<Value = (Op, Result<Response, Errno>)> {
         1 => session,
         2 => compound_response().prop_map(|r| (Op::Compound, Ok(r))),
         1 => orphans_response().prop_map(|r| (Op::ListOrphans, Ok(r))),
+        1 => capability().prop_map(|cap| (Op::Recap, Ok(Response::Cap { cap }))),
+        1 => revocations().prop_map(|v| (Op::Revocations, Ok(Response::Revocations(v)))),
         2 => (one_of(Op::ALL), errno()).prop_map(|(op, e)| (op, Err(e))),
     ]
 }

@@ -26,7 +26,19 @@
 //! holds open (POSIX keeps an unlinked file readable until its last
 //! close), nor any in the first `[meta] open_grace_s` after it starts,
 //! while its clients re-announce their open files (`dafne_meta::opens`).
-//! Failures are logged and retried in the next round.
+//! Failures are logged and retried in the next round. The removal carries
+//! the generation of the listing, which each io server keeps as the
+//! object's tombstone: no capability of it is honoured afterwards
+//! (`dafne_auth`'s module docs, "Revocation").
+//!
+//! # Relaying revocations
+//! The same thread relays meta's revocation log to the io servers every
+//! [`RELAY_EVERY`]: it asks meta (as uid 0) for the entries after the last
+//! one each io server reports having applied, and sends them on. Meta signs
+//! each batch; an io server checks the signature and that the batch
+//! follows on from what it has, so the relay is trusted with nothing but
+//! delivery. An io server that restarted, or a restarted meta, gets a
+//! reset (every capability older than meta's current generation revoked).
 //!
 //! `dafne down` signals the supervisor (SIGTERM), which unmounts the
 //! cluster's mounts, stops the io servers (SIGTERM: each writes back its
@@ -59,6 +71,12 @@ const LISTEN_TIMEOUT: Duration = Duration::from_secs(60);
 const STOP_GRACE: Duration = Duration::from_secs(20);
 /// How long it gives an io server, which writes back its cache first.
 const IO_STOP_GRACE: Duration = Duration::from_secs(120);
+/// How often the reclaimer thread relays meta's revocations to the io
+/// servers (module docs, "Relaying revocations"): the most a chmod,
+/// truncate or unlink takes to reach them after meta committed it, plus
+/// two round trips. Idle, it costs one request to meta and one to each io
+/// server per period.
+const RELAY_EVERY: Duration = Duration::from_millis(200);
 /// How long `down` follows a stopping supervisor (longer than its worst case).
 const DOWN_TIMEOUT: Duration = Duration::from_secs(600);
 
@@ -734,6 +752,9 @@ struct Reclaimer {
     secret: PathBuf,
     after_s: u32,
     conn: Option<ReclaimerConn>,
+    /// Per io server, the (meta instance, log sequence) it last reported
+    /// having applied ((0, 0): nothing yet, or not asked yet).
+    applied: Vec<(u64, u64)>,
 }
 
 struct ReclaimerConn {
@@ -753,16 +774,21 @@ impl Reclaimer {
             secret: info.secret.clone(),
             after_s,
             conn: None,
+            applied: vec![(0, 0); info.io.len()],
         }
     }
 
-    /// A round every `reclaim_after_s / 2` seconds, between 1 and 5, until
-    /// `stop`; the stop flag is looked at every 200 ms.
+    /// A round every `reclaim_after_s / 2` seconds, between 1 and 5 (the
+    /// first at once), and a relay of revocations every [`RELAY_EVERY`],
+    /// until `stop`, which is looked at as often.
     fn run(mut self, stop: &AtomicBool) {
         let every = Duration::from_secs(u64::from(self.after_s / 2).clamp(1, 5));
-        let mut next = std::time::Instant::now() + every;
+        // The first round at once: it makes the connections the relay uses.
+        let mut next = std::time::Instant::now();
         while !stop.load(Ordering::Relaxed) {
-            std::thread::sleep(Duration::from_millis(200));
+            std::thread::sleep(RELAY_EVERY);
+            // Failures here are the round's to report (the same connections).
+            let _ = self.relay();
             if std::time::Instant::now() < next {
                 continue;
             }
@@ -790,6 +816,30 @@ impl Reclaimer {
         Ok(ReclaimerConn { _rt: rt, meta, data, secret })
     }
 
+    /// One relay of revocations (module docs, "Relaying revocations"): per
+    /// io server, the batch that follows what it applied; meta is asked
+    /// once per distinct position (usually once). An io server that did
+    /// not answer keeps its position and is tried again next time.
+    fn relay(&mut self) -> Result<()> {
+        let Some(c) = &self.conn else { return Ok(()) };
+        let mut batches: Vec<((u64, u64), dafne_proto::Revocations)> = Vec::new();
+        let cap = dafne_client::data::object_capability(&c.secret, 0);
+        for (server, at) in self.applied.iter_mut().enumerate() {
+            let batch = match batches.iter().find(|(k, _)| k == at) {
+                Some((_, b)) => b.clone(),
+                None => {
+                    let b = c.meta.revocations(at.0, at.1).context("asking meta for revocations")?;
+                    batches.push((*at, b.clone()));
+                    b
+                }
+            };
+            if let Ok(now) = block_on(c.data.revoke(server, cap, batch)) {
+                *at = now;
+            }
+        }
+        Ok(())
+    }
+
     /// One round: list, remove, forget. An object whose removal failed
     /// stays listed and is tried again next round.
     fn round(&mut self, stop: &AtomicBool) -> Result<()> {
@@ -797,10 +847,11 @@ impl Reclaimer {
             self.conn = Some(self.connect().context("connecting to the cluster")?);
         }
         let Some(c) = &self.conn else { return Ok(()) };
-        let orphans = c.meta.list_orphans(self.after_s, dafne_proto::MAX_ORPHANS as u32).context("listing orphans")?;
+        let (orphans, generation) =
+            c.meta.list_orphans_at(self.after_s, dafne_proto::MAX_ORPHANS as u32).context("listing orphans")?;
         let mut removed = Vec::with_capacity(orphans.len());
         for o in orphans {
-            let cap = dafne_client::data::object_capability(&c.secret, o.object_id);
+            let cap = dafne_client::data::removal_capability(&c.secret, o.object_id, generation);
             match block_on(c.data.remove_object(&o.servers, cap)) {
                 Ok(()) | Err(dafne_client::Errno::ENOENT) => removed.push(o.object_id),
                 Err(_) if stop.load(Ordering::Relaxed) => return Ok(()),

@@ -274,3 +274,281 @@ fn a_panicking_handler_takes_its_server_down_and_it_is_restarted() {
     });
     honest_client_round_trip(&c, 3);
 }
+
+// ---------------------------------------------------------------------
+// Issue 10, finding 5: capabilities that are forged, expired or revoked.
+// ---------------------------------------------------------------------
+
+/// What `cluster.json` tells a client.
+#[derive(serde::Deserialize)]
+struct Info {
+    meta: std::net::SocketAddr,
+    io: Vec<std::net::SocketAddr>,
+    secret: std::path::PathBuf,
+    ucx: Vec<(String, String)>,
+}
+
+/// Clients of one cluster on one runtime.
+struct Clients {
+    rt: dafne_transport::Runtime,
+    info: Info,
+    secret: dafne_auth::Secret,
+}
+
+impl Clients {
+    fn new(c: &Up) -> Clients {
+        let info: Info =
+            serde_json::from_str(&std::fs::read_to_string(c.dir.path().join("cluster.json")).unwrap()).unwrap();
+        let rt = dafne_transport::Runtime::new(dafne_transport::RuntimeOptions {
+            name: "caps".into(),
+            ucx_config: info.ucx.clone(),
+            ..Default::default()
+        })
+        .unwrap();
+        let secret = dafne_auth::Secret::load(&info.secret).unwrap();
+        Clients { rt, info, secret }
+    }
+
+    /// A well-behaved client acting as `uid`/`gid`: a session and a data
+    /// client that go together.
+    fn fs(&self, uid: u32, gid: u32) -> dafne_client::file::Fs {
+        let meta =
+            dafne_client::MetaSession::connect(&self.rt, self.info.meta, &self.secret, "caps-test", uid, gid).unwrap();
+        dafne_client::file::Fs::new(meta, self.raw())
+    }
+
+    /// A raw data client: connections to the io servers and nothing else;
+    /// whatever capability it is handed, it sends as it is.
+    fn raw(&self) -> dafne_client::data::DataClient {
+        dafne_client::data::DataClient::connect(&self.rt, &self.info.io).unwrap()
+    }
+}
+
+/// Starts a cluster of 2 io servers, files striped over both, deleted
+/// files' data reclaimed 1 s after the unlink.
+fn up_reclaiming(io_servers: u16) -> Up {
+    let (meta, io) = free_ports(io_servers);
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("caps.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[cluster]\nio_servers = {io_servers}\nreclaim_after_s = 1\nmeta_port = {meta}\nio_base_port = {io}\n\
+             [meta]\nstripe_count = {io_servers}\nopen_grace_s = 2\n[io]\ncache_mib = 8\n"
+        ),
+    )
+    .unwrap();
+    let d = dir.path().display().to_string();
+    let o = run(&["up", "--dir", &d, "--config", cfg.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    Up { dir }
+}
+
+/// The object files of an open file on the io servers.
+fn object_files(c: &Up, f: &dafne_client::OpenFile) -> Vec<std::path::PathBuf> {
+    f.layout.servers.iter().map(|s| c.dir.path().join(format!("io-{s}/objects/{:016x}", f.layout.object_id))).collect()
+}
+
+fn write(
+    d: &dafne_client::data::DataClient,
+    f: &dafne_client::OpenFile,
+    at: u64,
+    data: &[u8],
+) -> Result<usize, dafne_proto::Errno> {
+    futures::executor::block_on(d.write_at(f, at, data, dafne_proto::io::Stability::FileSync))
+}
+
+fn read(
+    d: &dafne_client::data::DataClient,
+    f: &dafne_client::OpenFile,
+    at: u64,
+    len: usize,
+) -> Result<Vec<u8>, dafne_proto::Errno> {
+    let mut b = vec![0u8; len];
+    let n = futures::executor::block_on(d.read_at(f, at, &mut b))?;
+    b.truncate(n);
+    Ok(b)
+}
+
+/// A file `name` in the root, mode `mode`, owned by root, holding `data`.
+fn root_file(fs: &dafne_client::file::Fs, name: &[u8], mode: u32, data: &[u8]) -> u64 {
+    let f = fs.create(fs.meta.root(), name, mode, None).unwrap();
+    f.write_at(0, data, dafne_proto::io::Stability::FileSync).unwrap();
+    let ino = f.attr().ino;
+    f.close().unwrap();
+    ino
+}
+
+/// A forged capability (its MAC does not match: rights raised, object
+/// changed, bytes flipped) and an expired one (genuinely signed, but
+/// before its hour) are refused by every io server, and the file is as
+/// it was.
+#[test]
+fn forged_and_expired_capabilities_are_refused() {
+    let c = up_reclaiming(2);
+    let cl = Clients::new(&c);
+    let root = cl.fs(0, 0);
+    let data = pattern(2 << 20, 20);
+    let ino = root_file(&root, b"target", 0o644, &data);
+    let reader = root.meta.open(ino, dafne_proto::OPEN_READ).unwrap();
+    let raw = cl.raw();
+    let junk = pattern(4096, 21);
+    // Rights raised without the secret.
+    let mut f = reader.clone();
+    f.cap.rights |= dafne_proto::RIGHT_WRITE;
+    assert_eq!(write(&raw, &f, 0, &junk), Err(dafne_proto::Errno::EACCES), "a read capability raised to write");
+    // The MAC itself tampered with.
+    let mut f = reader.clone();
+    f.cap.mac[0] ^= 1;
+    assert_eq!(read(&raw, &f, 0, 4096), Err(dafne_proto::Errno::EACCES), "a capability with a bad MAC");
+    // Another object named under this MAC.
+    let mut f = reader.clone();
+    f.cap.object_id += 1;
+    assert_eq!(read(&raw, &f, 0, 4096), Err(dafne_proto::Errno::EACCES), "a capability moved to another object");
+    // Expired: signed with the real secret, two hours ago.
+    let mut f = reader.clone();
+    f.cap.rights |= dafne_proto::RIGHT_WRITE;
+    cl.secret.sign(&mut f.cap, std::time::SystemTime::now() - 2 * dafne_auth::CAP_LIFETIME);
+    assert_eq!(write(&raw, &f, 0, &junk), Err(dafne_proto::Errno::EACCES), "an expired capability");
+    // The genuine one still reads, and the bytes are untouched.
+    assert!(read(&raw, &reader, 0, data.len()).unwrap() == data, "the file changed");
+    root.meta.close(reader.layout.object_id).unwrap();
+    honest_client_round_trip(&c, 20);
+}
+
+/// A capability taken before a chmod (or chown) that removed the holder's
+/// rights is refused once that client no longer holds an open of the file;
+/// a client that opened the file before the chmod and still holds its
+/// open keeps reading and writing (POSIX).
+#[test]
+fn a_capability_revoked_by_chmod_is_refused() {
+    let c = up_reclaiming(2);
+    let cl = Clients::new(&c);
+    let root = cl.fs(0, 0);
+    let data = pattern(1 << 20, 30);
+    let ino = root_file(&root, b"shared", 0o666, &data);
+    // A witness deleted now: once its data is gone, meta's start-up grace
+    // (when every re-announced open is believed) is over.
+    let witness = root.open(root_file(&root, b"witness", 0o644, &data), dafne_proto::OPEN_READ).unwrap();
+    let witness_files = object_files(&c, witness.handle());
+    drop(witness);
+    root.meta.unlink(root.meta.root(), b"witness").unwrap();
+    // The attacker opens while it may, keeps the capability, closes.
+    let attacker = cl.fs(1000, 1000);
+    let stolen = attacker.meta.open(ino, dafne_proto::OPEN_READ | dafne_proto::OPEN_WRITE).unwrap();
+    attacker.meta.close(stolen.layout.object_id).unwrap();
+    // A well-behaved user opens before the chmod and keeps its open.
+    let user = cl.fs(1001, 1001);
+    let held = user.open(ino, dafne_proto::OPEN_READ | dafne_proto::OPEN_WRITE).unwrap();
+    root.meta.setattr(ino, dafne_proto::SetAttr { mode: Some(0o600), ..Default::default() }).unwrap();
+    assert_eq!(
+        attacker.meta.open(ino, dafne_proto::OPEN_READ).map(|_| ()),
+        Err(dafne_proto::Errno::EACCES),
+        "meta itself refuses a new open"
+    );
+    let raw = cl.raw();
+    let same = &data[..4096];
+    wait_for("the io servers to refuse the capability taken before the chmod", || {
+        write(&raw, &stolen, 0, same).is_err() && read(&raw, &stolen, 0, 4096).is_err()
+    });
+    // Both halves of the stripe refuse it, for reading and writing.
+    for at in [0u64, 1 << 20, 3 << 20] {
+        assert_eq!(write(&raw, &stolen, at, same), Err(dafne_proto::Errno::ESTALE), "write at {at}");
+        assert!(read(&raw, &stolen, at, 10).is_err(), "read at {at}");
+    }
+    // Meta re-issues it to no session without an open taken before the
+    // chmod: not the attacker's, not even after it claims an open it never
+    // had (once the start-up grace, when claims are believed, is over).
+    assert_eq!(attacker.meta.recap(stolen.cap), Err(dafne_proto::Errno::EACCES), "recap without an open");
+    wait_for("the reclaimer to have had a round past meta's start-up grace", || {
+        witness_files.iter().all(|p| !p.exists())
+    });
+    let claim = dafne_proto::HeldOpen { object_id: stolen.layout.object_id, count: 1 };
+    futures::executor::block_on(attacker.meta.request_async(dafne_proto::Request::Reopen { held: vec![claim] }))
+        .unwrap();
+    assert_eq!(attacker.meta.recap(stolen.cap), Err(dafne_proto::Errno::EACCES), "recap on a claimed open");
+    assert_eq!(write(&raw, &stolen, 0, same), Err(dafne_proto::Errno::ESTALE));
+    // The open taken before the chmod keeps working.
+    let more = pattern(3 << 20, 31);
+    held.write_at(1 << 20, &more, dafne_proto::io::Stability::FileSync).unwrap();
+    let mut back = vec![0u8; more.len()];
+    assert_eq!(held.read_at(1 << 20, &mut back).unwrap(), more.len());
+    assert!(back == more, "the holder's bytes differ");
+    // Closed in meta (without publishing a size, which user 1001 may no
+    // longer set).
+    drop(held);
+    // chown revokes too.
+    let owner = cl.fs(1002, 1002);
+    root.meta.setattr(ino, dafne_proto::SetAttr { mode: Some(0o666), ..Default::default() }).unwrap();
+    let before_chown = owner.meta.open(ino, dafne_proto::OPEN_READ | dafne_proto::OPEN_WRITE).unwrap();
+    owner.meta.close(before_chown.layout.object_id).unwrap();
+    root.meta.setattr(ino, dafne_proto::SetAttr { uid: Some(0), mode: Some(0o600), ..Default::default() }).unwrap();
+    wait_for("the io servers to refuse the capability taken before the chown", || {
+        write(&raw, &before_chown, 0, same).is_err()
+    });
+    let back = read(&root.data, &root.meta.open(ino, dafne_proto::OPEN_READ).unwrap(), 0, 1 << 20).unwrap();
+    assert!(back == data, "the file's first MiB changed");
+    honest_client_round_trip(&c, 30);
+}
+
+/// A write capability taken before a truncate is refused afterwards to a
+/// client without an open: it cannot put back bytes the truncate cut.
+#[test]
+fn a_capability_revoked_by_truncate_is_refused() {
+    let c = up_reclaiming(2);
+    let cl = Clients::new(&c);
+    let root = cl.fs(0, 0);
+    let data = pattern(4 << 20, 40);
+    let ino = root_file(&root, b"cut", 0o666, &data);
+    let attacker = cl.fs(1000, 1000);
+    let stale = attacker.meta.open(ino, dafne_proto::OPEN_READ | dafne_proto::OPEN_WRITE).unwrap();
+    attacker.meta.close(stale.layout.object_id).unwrap();
+    let f = root.open(ino, dafne_proto::OPEN_READ | dafne_proto::OPEN_WRITE).unwrap();
+    f.truncate(1000).unwrap();
+    f.close().unwrap();
+    let raw = cl.raw();
+    let junk = pattern(4096, 41);
+    wait_for("the io servers to refuse the capability taken before the truncate", || {
+        write(&raw, &stale, 2 << 20, &junk).is_err()
+    });
+    assert!(read(&raw, &stale, 0, 10).is_err(), "a stale read capability");
+    let now = root.open(ino, dafne_proto::OPEN_READ).unwrap();
+    assert_eq!(now.attr().size, 1000, "the truncated size");
+    let mut back = vec![0u8; 1000];
+    assert_eq!(now.read_at(0, &mut back).unwrap(), 1000);
+    assert!(back[..] == data[..1000]);
+    drop(now);
+    honest_client_round_trip(&c, 40);
+}
+
+/// After an unlink and the reclaim of the file's data, a stale write
+/// capability neither reads nor writes, and the object does not come back
+/// on any io server's disk (before, the write re-created it and nothing
+/// ever removed it again).
+#[test]
+fn a_stale_write_capability_after_reclaim_does_not_recreate_the_object() {
+    let c = up_reclaiming(2);
+    let cl = Clients::new(&c);
+    let root = cl.fs(0, 0);
+    let data = pattern(3 << 20, 50);
+    let ino = root_file(&root, b"doomed", 0o666, &data);
+    let attacker = cl.fs(1000, 1000);
+    let stale = attacker.meta.open(ino, dafne_proto::OPEN_READ | dafne_proto::OPEN_WRITE).unwrap();
+    attacker.meta.close(stale.layout.object_id).unwrap();
+    let files = object_files(&c, &stale);
+    assert_eq!(files.len(), 2);
+    for p in &files {
+        assert!(p.exists(), "{}", p.display());
+    }
+    root.meta.unlink(root.meta.root(), b"doomed").unwrap();
+    wait_for("the reclaimer to remove the unlinked file's data", || files.iter().all(|p| !p.exists()));
+    let raw = cl.raw();
+    let junk = pattern(2 << 20, 51);
+    assert!(write(&raw, &stale, 0, &junk).is_err(), "a write with a capability of a reclaimed object");
+    assert!(read(&raw, &stale, 0, 10).is_err(), "a read with a capability of a reclaimed object");
+    assert!(futures::executor::block_on(raw.truncate(&stale, 1 << 30)).is_err(), "a truncate of a reclaimed object");
+    for p in &files {
+        assert!(!p.exists(), "{} was re-created by a stale capability", p.display());
+    }
+    honest_client_round_trip(&c, 50);
+}
