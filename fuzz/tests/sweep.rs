@@ -100,7 +100,14 @@ fn env() -> Envelope {
 }
 
 fn cap() -> Capability {
-    Capability { object_id: 9, ino: 12, rights: 3, generation: 4, expiry_unix_ns: 1_900_000_000_000_000_000, mac: [5; 32] }
+    Capability {
+        object_id: 9,
+        ino: 12,
+        rights: 3,
+        generation: 4,
+        expiry_unix_ns: 1_900_000_000_000_000_000,
+        mac: [5; 32],
+    }
 }
 
 #[test]
