@@ -197,7 +197,12 @@ fn spawn_daemon(info: &ClusterInfo, mp: &Path, a: &MountArgs) -> Result<()> {
         if let Some(status) = child.try_wait()? {
             bail!("{}", daemon_failure(&log_path, &format!("the mount daemon exited ({status})")));
         }
-        if mount_at(mp).is_some_and(|m| m.is_dafne()) {
+        // Both the mount and the daemon's record: `dafne down` finds mounts
+        // by their record, so a mount reported before its record exists
+        // could outlive a `down` run right after this command returns.
+        if mount_at(mp).is_some_and(|m| m.is_dafne())
+            && ClusterInfo::live_mounts(&info.dir).iter().any(|(pid, _)| *pid == child.id())
+        {
             println!("mounted dafne at {} (daemon pid {}, log {})", mp.display(), child.id(), log_path.display());
             println!("`dafne umount {}` unmounts it.", mp.display());
             return Ok(());

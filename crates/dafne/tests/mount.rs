@@ -151,6 +151,14 @@ impl Cluster {
         assert!(o.status.success(), "dafne mount failed:\n{}", text(&o));
         let out = text(&o);
         assert!(out.contains("mounted dafne at"), "{out}");
+        // When `dafne mount` returns, `dafne down` can already find the
+        // mount by its record (CI once saw the record missing here).
+        let records = self.dir().join("mounts");
+        assert!(
+            std::fs::read_dir(&records).map(|d| d.count()).unwrap_or(0) > 0,
+            "dafne mount returned before it recorded the mount in {}",
+            records.display()
+        );
         Mount { mp, dir: self.dir().to_path_buf() }
     }
 }
