@@ -48,6 +48,8 @@ struct ClientConn {
     connect_deadline: Instant,
     last_heard: Cell<Instant>,
     last_ping: Cell<Instant>,
+    /// The server's worker address, from its welcome.
+    server_worker: RefCell<Vec<u8>>,
 }
 
 /// The client connections of one runtime (lives on the loop thread).
@@ -65,7 +67,9 @@ impl ClientSide {
         l.client.conns.borrow().get(&id).cloned()
     }
 
-    fn connect(l: &Rc<Local>, addr: SocketAddr, ready: oneshot::Sender<Result<()>>) -> u64 {
+    /// `claim`: the worker address the hello states instead of this
+    /// worker's own (tests of a lying peer only).
+    fn connect(l: &Rc<Local>, addr: SocketAddr, claim: Option<Vec<u8>>, ready: oneshot::Sender<Result<()>>) -> u64 {
         let cs = &l.client;
         let id = cs.next_id.get() + 1;
         cs.next_id.set(id);
@@ -89,6 +93,7 @@ impl ClientSide {
             connect_deadline: now + l.options().connect_timeout,
             last_heard: Cell::new(now),
             last_ping: Cell::new(now),
+            server_worker: RefCell::new(Vec::new()),
         });
         cs.conns.borrow_mut().insert(id, conn.clone());
         let ctrl = match l.worker.connect_sockaddr(addr) {
@@ -104,7 +109,7 @@ impl ClientSide {
         let hello = Hello {
             host_id: l.shared.host_id,
             max_reply: l.options().max_reply.min(u32::MAX as usize) as u32,
-            worker_address: match l.worker.address() {
+            worker_address: match claim.map_or_else(|| l.worker.address(), Ok) {
                 Ok(a) => a,
                 Err(e) => {
                     Self::fail(l, id, e.into());
@@ -182,6 +187,7 @@ impl ClientSide {
             l.client.by_ep.borrow_mut().insert(data.id(), id);
         }
         *conn.data.borrow_mut() = Some(data);
+        *conn.server_worker.borrow_mut() = w.worker_address;
         conn.conn_id.set(m.hdr.conn_id);
         conn.token.set(m.hdr.token);
         let granted = m.hdr.credits.min(4096);
@@ -415,7 +421,28 @@ impl Client {
     /// Connects to the server listening at `addr` and completes the handshake
     /// (control endpoint, worker addresses, data endpoints, credits).
     pub fn connect(rt: &Runtime, addr: SocketAddr) -> Result<Client> {
-        Self::connect_on(&rt.shared, addr)
+        Self::connect_on(&rt.shared, addr, None)
+    }
+
+    /// Connects with a hello that claims `worker_address` as this client's
+    /// worker: what a lying peer sends. For tests of the server's defence
+    /// (the welcome goes to the claimed address, so the lie gets no
+    /// connection); no dafne client calls it.
+    #[doc(hidden)]
+    pub fn connect_claiming(rt: &Runtime, addr: SocketAddr, worker_address: Vec<u8>) -> Result<Client> {
+        Self::connect_on(&rt.shared, addr, Some(worker_address))
+    }
+
+    /// The server's worker address, as its welcome gave it (tests: what a
+    /// lying peer would claim).
+    #[doc(hidden)]
+    pub fn server_worker_address(&self) -> Result<Vec<u8>> {
+        let id = self.inner.id;
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.inner.shared.submit(move |l| {
+            let _ = tx.send(ClientSide::get(l, id).map(|c| c.server_worker.borrow().clone()).unwrap_or_default());
+        })?;
+        rx.recv().map_err(|_| TransportError::Shutdown)
     }
 
     /// A new connection to the same server on the same runtime: what a
@@ -423,14 +450,14 @@ impl Client {
     /// failed; nothing is retried on the new one). Blocking: not from a
     /// runtime task.
     pub fn reconnect(&self) -> Result<Client> {
-        Self::connect_on(&self.inner.shared, self.inner.addr)
+        Self::connect_on(&self.inner.shared, self.inner.addr, None)
     }
 
-    fn connect_on(shared: &Arc<Shared>, addr: SocketAddr) -> Result<Client> {
+    fn connect_on(shared: &Arc<Shared>, addr: SocketAddr, claim: Option<Vec<u8>>) -> Result<Client> {
         let (tx, rx) = oneshot::channel();
         let (idtx, idrx) = crossbeam_channel::bounded(1);
         shared.submit(move |l| {
-            let _ = idtx.send(ClientSide::connect(l, addr, tx));
+            let _ = idtx.send(ClientSide::connect(l, addr, claim, tx));
         })?;
         let id = idrx.recv().map_err(|_| TransportError::Shutdown)?;
         let client =

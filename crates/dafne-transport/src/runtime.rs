@@ -291,6 +291,11 @@ impl Runtime {
         &self.shared.stats
     }
 
+    /// This runtime's UCX worker address (what its hellos state).
+    pub fn worker_address(&self) -> Result<Vec<u8>> {
+        self.run_on_loop(|l| l.worker.address())?.map_err(Into::into)
+    }
+
     pub fn options(&self) -> &RuntimeOptions {
         &self.shared.opts
     }

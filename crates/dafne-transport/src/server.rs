@@ -71,6 +71,12 @@ pub(crate) struct ServerConn {
     authenticated: Cell<bool>,
     /// When the hello arrived (the authentication deadline counts from it).
     created: Instant,
+    /// A frame carrying this connection's token has arrived: the client
+    /// received the welcome, which was sent to the worker address its
+    /// hello claimed, so that address is the client's own (see
+    /// `on_hello`). Until then the connection counts against
+    /// [`MAX_UNPROVEN`].
+    proven: Cell<bool>,
 }
 
 /// A client connection as seen by a handler: the way to reach the client's
@@ -302,6 +308,16 @@ type Ungreeted = (Endpoint, Instant, Option<SocketAddr>);
 /// can hold (256 endpoints, each a few KiB in UCX).
 pub const MAX_UNGREETED: usize = 256;
 
+/// Connections that sent a hello but no frame with their token yet, at
+/// most. A hello costs the peer one message and the server a connection
+/// record and a UCX endpoint to the address the hello claimed; only the
+/// owner of that address learns the token (the welcome goes there), so a
+/// peer that claims addresses it does not own leaves connections that can
+/// never be used. They end at the silence limit (housekeeping); this bound
+/// caps how many a flood of hellos holds meanwhile (256 records, each a
+/// few hundred bytes, and 256 endpoints of a few KiB in UCX).
+pub const MAX_UNPROVEN: usize = 256;
+
 impl ServerSide {
     pub(crate) fn accept(l: &Rc<Local>, req: ConnRequest) {
         if l.server.service.borrow().is_none() {
@@ -326,7 +342,10 @@ impl ServerSide {
 
     fn conn_for(l: &Local, h: &FrameHeader) -> Option<Rc<ServerConn>> {
         let c = l.server.conns.borrow().get(&h.conn_id).cloned()?;
-        (c.token == h.token).then_some(c)
+        (c.token == h.token).then(|| {
+            c.proven.set(true);
+            c
+        })
     }
 
     pub(crate) fn on_frame(l: &Rc<Local>, m: Inbound) {
@@ -397,6 +416,13 @@ impl ServerSide {
             }
             return;
         };
+        if l.server.conns.borrow().values().filter(|c| !c.proven.get()).count() >= MAX_UNPROVEN {
+            TransportStats::inc(&stats.refused_before_receive);
+            if l.shared.log_limit.allow() {
+                tracing::warn!("{MAX_UNPROVEN} connections have not used their welcome yet: refusing a hello");
+            }
+            return;
+        }
         let hello = match Hello::decode(&m.payload) {
             Ok(h) => h,
             Err(e) => {
@@ -449,6 +475,7 @@ impl ServerSide {
             shared: l.shared.clone(),
             authenticated: Cell::new(false),
             created: Instant::now(),
+            proven: Cell::new(false),
         });
         let address = match l.worker.address() {
             Ok(a) => a,
@@ -463,7 +490,16 @@ impl ServerSide {
         h.token = token;
         h.credits = conn.granted;
         h.payload_len = w.len() as u32;
-        if let Err(e) = ctrl.am_send(AM_ID, h.encode().to_vec(), w, false) {
+        // The welcome (and with it the token every later frame must carry)
+        // goes to the worker address the hello claimed, not back over the
+        // control connection: only the process that owns that address can
+        // then use the connection. A peer that claims another process's
+        // address (this server's own, to make it move bytes within
+        // itself; or another client's) never learns the token, so none of
+        // its requests is served. That worker is where replies and RMA go
+        // anyway.
+        let sent = conn.data.borrow().as_ref().map(|d| d.am_send(AM_ID, h.encode().to_vec(), w, false));
+        if let Some(Err(e)) = sent {
             tracing::warn!("sending welcome failed: {e}");
             return;
         }

@@ -408,3 +408,47 @@ fn the_watchdog_aborts_a_server_whose_loop_is_stuck() {
     };
     assert_eq!(status.signal(), Some(libc::SIGABRT), "{status:?}");
 }
+
+/// A hello may claim any worker address. Before the welcome went to the
+/// claimed address, a peer that claimed the server's own worker address got
+/// a connection whose RMA the server drove against itself (a reviewer's
+/// proof of concept crashed the server), and one that claimed another
+/// client's address made the server move bytes in that client. Now only the
+/// owner of the claimed address learns the token: the liar's connect times
+/// out, nothing is served, and the server and the other client carry on.
+#[test]
+fn a_hello_that_claims_another_workers_address_gets_no_connection() {
+    for tls in ALL {
+        let server = spawn_server(tls, &[]);
+        let victim_rt = client_runtime(tls);
+        let victim = Client::connect(&victim_rt, server.addr).unwrap();
+        put_and_check(&victim, 65536, true, 0, 1);
+        let liar_rt = client_runtime_with(tls, |o| o.connect_timeout = Duration::from_secs(2));
+        let claims = [
+            ("the server's own", victim.server_worker_address().unwrap()),
+            ("another client's", victim_rt.worker_address().unwrap()),
+        ];
+        for (whose, address) in claims {
+            assert!(!address.is_empty());
+            let started = Instant::now();
+            match Client::connect_claiming(&liar_rt, server.addr, address) {
+                // No welcome reaches the liar: its connect ends at its
+                // deadline, as for a server that never answers.
+                Err(TransportError::TimedOut { .. } | TransportError::Unreachable { .. }) => {}
+                Ok(c) => {
+                    // Show what the lie would have bought before failing.
+                    let r = c.call(encode_rma(OP_GET, 0, 0, &[])).map(|_| "a served request");
+                    panic!("{tls:?}: a hello claiming {whose} worker address got a connection ({r:?})");
+                }
+                Err(e) => panic!("{tls:?}: claiming {whose} address: expected a timeout, got {e}"),
+            }
+            assert!(started.elapsed() < Duration::from_secs(20), "{tls:?}: the refused connect hung");
+            // The server still serves the honest client, and an honest
+            // connection from the liar's own runtime still works.
+            put_and_check(&victim, 65536, false, 0, 2);
+            get_and_check(&victim, 4096, true, 0, 3);
+            let honest = Client::connect(&liar_rt, server.addr).unwrap();
+            get_and_check(&honest, 4096, true, 0, 4);
+        }
+    }
+}
