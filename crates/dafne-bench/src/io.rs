@@ -340,7 +340,7 @@ fn client(c: &Cluster, name: &str) -> Result<ClientSide> {
     let secret = dafne_auth::Secret::load(&c.secret)?;
     let meta = MetaSession::connect(&rt, c.meta_addr, &secret, name, 0, 0)?;
     let addrs: Vec<SocketAddr> = c.ios.iter().map(|i| i.addr).collect();
-    let data = DataClient::connect(&rt, &addrs)?;
+    let data = DataClient::connect(&rt, &addrs, &secret)?;
     Ok(ClientSide { meta, data, rt })
 }
 

@@ -384,19 +384,42 @@ fn io_err(e: dafne_transport::TransportError) -> Errno {
 }
 
 impl DataClient {
-    /// Connects to the io servers; `addrs[i]` is server id `i`.
-    pub fn connect(rt: &Runtime, addrs: &[SocketAddr]) -> Result<DataClient, ConnectError> {
-        Self::connect_with(rt, addrs, RegCacheConfig::default())
+    /// Connects to the io servers (`addrs[i]` is server id `i`) and logs
+    /// in to each with a capability signed by `secret`: an io server drops
+    /// a connection that has not shown a genuine capability within its
+    /// login deadline (`dafne_proto::io`, "Login"). Every reconnection
+    /// logs in again before it is used.
+    pub fn connect(
+        rt: &Runtime,
+        addrs: &[SocketAddr],
+        secret: &dafne_auth::Secret,
+    ) -> Result<DataClient, ConnectError> {
+        Self::connect_with(rt, addrs, secret, RegCacheConfig::default())
     }
 
     /// [`DataClient::connect`] with registration cache settings.
-    pub fn connect_with(rt: &Runtime, addrs: &[SocketAddr], cache: RegCacheConfig) -> Result<DataClient, ConnectError> {
+    pub fn connect_with(
+        rt: &Runtime,
+        addrs: &[SocketAddr],
+        secret: &dafne_auth::Secret,
+        cache: RegCacheConfig,
+    ) -> Result<DataClient, ConnectError> {
         let servers: Vec<Client> = addrs.iter().map(|a| Client::connect(rt, *a)).collect::<Result<_, _>>()?;
+        for c in &servers {
+            log_in(c, secret).map_err(|why| ConnectError::IoLogin { addr: c.remote_addr(), why })?;
+        }
         let regcache = servers.first().map(|c| std::sync::Arc::new(RegCache::new(c.context(), cache)));
         let anchor = servers.first().cloned();
-        // Io servers need no hello: capabilities are checked per request.
-        let servers =
-            servers.into_iter().map(|c| crate::link::Link::new(c, Box::new(|_: &Client, _| Ok(())))).collect();
+        // Io servers need no session: capabilities are checked per request.
+        // The hello is the login that keeps a new connection past the
+        // server's deadline.
+        let servers = servers
+            .into_iter()
+            .map(|c| {
+                let secret = secret.clone();
+                crate::link::Link::new(c, Box::new(move |c: &Client, _| log_in(c, &secret)))
+            })
+            .collect();
         Ok(DataClient {
             servers: std::sync::Arc::new(servers),
             anchor,
@@ -1099,6 +1122,18 @@ pub const FRESH_CAPS_MAX: usize = 4096;
 /// re-issues the capability each time (a revocation racing the request).
 const RECAP_ATTEMPTS: usize = 3;
 
+/// Shows an io server a genuine capability on connection `c` (io op
+/// `Login`), so that it keeps the connection. Blocking.
+fn log_in(c: &Client, secret: &dafne_auth::Secret) -> Result<(), String> {
+    let req = IoRequest::Login { cap: info_capability(secret) };
+    let bytes = c.call(encode_io_request(Envelope { tag: 0, uid: 0, gid: 0 }, &req)).map_err(|e| e.to_string())?;
+    match decode_io_reply(&bytes).map_err(|e| e.to_string())?.2 {
+        Ok(IoResponse::Done) => Ok(()),
+        Ok(other) => Err(format!("unexpected reply {other:?}")),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 /// A short-lived capability (object 0, read rights) for requests about the
 /// servers rather than a file, signed with the cluster secret.
 pub fn info_capability(secret: &dafne_auth::Secret) -> Capability {
@@ -1312,7 +1347,7 @@ mod tests {
     fn sync_reports_unstable_writes_acknowledged_before_a_reconnection() {
         let (_server, addr, _) = fake_io::start();
         let rt = fake_io::runtime("verifier");
-        let d = DataClient::connect(&rt, &[addr]).unwrap();
+        let d = DataClient::connect(&rt, &[addr], &crate::fake_io::secret()).unwrap();
         let (f, g) = (file(10), file(11));
         // Control: no reconnection between write and sync.
         block_on(d.write_at(&f, 0, b"kept", Stability::Unstable)).unwrap();
@@ -1344,7 +1379,7 @@ mod tests {
         let (_s0, addr0, faults0) = fake_io::start();
         let (_s1, addr1, _) = fake_io::start();
         let rt = fake_io::runtime("verifier-two");
-        let d = DataClient::connect(&rt, &[addr0, addr1]).unwrap();
+        let d = DataClient::connect(&rt, &[addr0, addr1], &crate::fake_io::secret()).unwrap();
         let f = file_on(30, 2);
         block_on(d.write_at(&f, 0, b"on server 0", Stability::Unstable)).unwrap();
         block_on(d.write_at(&f, 1 << 20, b"on server 1", Stability::Unstable)).unwrap();
@@ -1362,7 +1397,7 @@ mod tests {
     fn a_write_that_failed_is_not_reported_after_it_was_written_again() {
         let (_server, addr, faults) = fake_io::start();
         let rt = fake_io::runtime("verifier-failed");
-        let d = DataClient::connect(&rt, &[addr]).unwrap();
+        let d = DataClient::connect(&rt, &[addr], &crate::fake_io::secret()).unwrap();
         let f = file(40);
         faults.fail_writes.store(true, Ordering::Relaxed);
         assert_eq!(block_on(d.write_at(&f, 0, b"first try", Stability::Unstable)), Err(Errno::EIO));
@@ -1378,7 +1413,7 @@ mod tests {
     fn past_the_bound_unstable_writes_are_sent_stable_and_need_no_check() {
         let (_server, addr, faults) = fake_io::start();
         let rt = fake_io::runtime("verifier-full");
-        let mut d = DataClient::connect(&rt, &[addr]).unwrap();
+        let mut d = DataClient::connect(&rt, &[addr], &crate::fake_io::secret()).unwrap();
         d.verifier = std::sync::Arc::new(Mutex::new(Verifier::new(1)));
         let (f, g) = (file(20), file(21));
         block_on(d.write_at(&f, 0, b"recorded", Stability::Unstable)).unwrap();
@@ -1394,7 +1429,7 @@ mod tests {
     fn failed_requests_bounce_buffers_are_quarantined_not_reused() {
         let (_server, addr, _) = fake_io::start();
         let rt = fake_io::runtime("bounce");
-        let d = DataClient::connect(&rt, &[addr]).unwrap();
+        let d = DataClient::connect(&rt, &[addr], &crate::fake_io::secret()).unwrap();
         let f = file(12);
         d.prefill_bounce(2).unwrap();
         assert_eq!(d.bounce_pooled(), 2);

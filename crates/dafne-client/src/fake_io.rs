@@ -69,3 +69,9 @@ pub(crate) fn start() -> (Runtime, SocketAddr, Arc<Faults>) {
     let addr = rt.serve("127.0.0.1:0".parse().unwrap(), move |_| FakeIo { faults: shared.clone() }).unwrap();
     (rt, addr, faults)
 }
+
+/// The secret test clients of the fake server log in with (the fake server
+/// checks no capability).
+pub(crate) fn secret() -> dafne_auth::Secret {
+    dafne_auth::Secret::from_bytes([7; dafne_auth::SECRET_LEN])
+}

@@ -55,6 +55,10 @@ pub enum ConnectError {
     Refused(Errno),
     #[error("protocol error opening the session: {0}")]
     Protocol(String),
+    /// An io server did not accept the login (the capability signed with
+    /// this client's secret).
+    #[error("the io server at {addr} refused the login: {why} (does this client use the cluster's secret file?)")]
+    IoLogin { addr: std::net::SocketAddr, why: String },
 }
 
 /// What `open` returns: attributes, where the data lives, and the

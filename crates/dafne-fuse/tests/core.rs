@@ -55,7 +55,7 @@ fn fixture() -> Fixture {
         Runtime::new(RuntimeOptions { name: "core-test".into(), ucx_config: ucx(), ..Default::default() }).unwrap();
     let s = dafne_auth::Secret::load(&secret).unwrap();
     let session = MetaSession::connect(&rt, meta.addr, &s, "core-test", 0, 0).unwrap();
-    let data = DataClient::connect(&rt, &io.iter().map(|s| s.addr).collect::<Vec<_>>()).unwrap();
+    let data = DataClient::connect(&rt, &io.iter().map(|s| s.addr).collect::<Vec<_>>(), &s).unwrap();
     let root = session.root();
     let core = Core::new(session, data).with_secret(s);
     let (meta_addr, io_addrs) = (meta.addr, io.iter().map(|s| s.addr).collect());
@@ -68,7 +68,7 @@ impl Fixture {
     fn another_core(&self, rt: &Runtime) -> Core {
         let s = dafne_auth::Secret::load(&self.secret).unwrap();
         let session = MetaSession::connect(rt, self.meta_addr, &s, "core-test-2", 0, 0).unwrap();
-        Core::new(session, DataClient::connect(rt, &self.io_addrs).unwrap())
+        Core::new(session, DataClient::connect(rt, &self.io_addrs, &s).unwrap())
     }
 }
 

@@ -413,6 +413,7 @@ pub fn start_with(a: &IoArgs, m: ModeArgs) -> Result<IoServer> {
         name: "io".into(),
         ucx_config: ucx,
         watchdog: Some(std::time::Duration::from_secs(60)),
+        auth_timeout: Some(crate::service::LOGIN_DEADLINE),
         ..Default::default()
     };
     if let Some(us) = m.spin_us {

@@ -31,6 +31,13 @@ use crate::chunk::ChunkStore;
 use crate::modes::{Direct, ModeStats};
 use crate::server::ServingMode;
 
+/// How long a connection may go without showing a genuine capability
+/// (`Login`, or any request whose capability verifies) before the
+/// transport drops it: a peer without the cluster secret or an open file
+/// cannot hold a connection, and the buffers behind it, by pinging. A
+/// data client logs in right after connecting, so 10 s is generous.
+pub const LOGIN_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Units held by one request at a time: 64 × 64 KiB = 4 MiB of cache.
 pub const UNITS_PER_BATCH: usize = 64;
 
@@ -208,11 +215,17 @@ impl IoService {
         let cap = *req.cap();
         let rights = match &req {
             IoRequest::Read { .. } => RIGHT_READ,
-            IoRequest::Stat { .. } | IoRequest::ServerInfo { .. } => RIGHT_READ,
+            IoRequest::Stat { .. } | IoRequest::ServerInfo { .. } | IoRequest::Login { .. } => RIGHT_READ,
             _ => RIGHT_WRITE,
         };
         if !self.secret.verify_cap(&cap, cap.object_id, rights, SystemTime::now()) {
             return Err(Errno::EACCES);
+        }
+        // A genuine capability authenticates the connection: it is no
+        // longer dropped at the login deadline (`LOGIN_DEADLINE`).
+        conn.authenticated();
+        if matches!(req, IoRequest::Login { .. }) {
+            return Ok(IoResponse::Done);
         }
         if !matches!(req, IoRequest::Revoke { .. } | IoRequest::ServerInfo { .. }) {
             if let Err(why) = self.floors.borrow().check(&cap) {
@@ -295,6 +308,7 @@ impl IoService {
                 let (instance, seq) = floors.applied();
                 Ok(IoResponse::Revoked { instance, seq })
             }
+            (IoRequest::Login { .. }, _) => Ok(IoResponse::Done),
             (IoRequest::ServerInfo { .. }, _) => {
                 injected_panic();
                 Ok(IoResponse::ServerInfo(self.server_info(conn)))

@@ -34,7 +34,7 @@ fn fs(c: &Cluster, rt: &Runtime) -> Fs {
     let secret = dafne_auth::Secret::load(&c.secret).unwrap();
     let meta = MetaSession::connect(rt, c.meta_addr, &secret, "files", 0, 0).unwrap();
     let addrs: Vec<SocketAddr> = c.ios.iter().map(|p| p.addr).collect();
-    Fs::new(meta, DataClient::connect(rt, &addrs).unwrap())
+    Fs::new(meta, DataClient::connect(rt, &addrs, &secret).unwrap())
 }
 
 fn runtime() -> Runtime {

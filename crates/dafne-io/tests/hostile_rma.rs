@@ -25,7 +25,7 @@ fn connect(c: &Cluster, rt: &Runtime, name: &str) -> (MetaSession, DataClient) {
     let secret = dafne_auth::Secret::load(&c.secret).unwrap();
     let meta = MetaSession::connect(rt, c.meta_addr, &secret, name, 0, 0).unwrap();
     let addrs: Vec<SocketAddr> = c.ios.iter().map(|i| i.addr).collect();
-    (meta, DataClient::connect(rt, &addrs).unwrap())
+    (meta, DataClient::connect(rt, &addrs, &secret).unwrap())
 }
 
 /// A new file striped over the four servers in 64 KiB units, holding

@@ -60,7 +60,7 @@ fn runtime() -> Runtime {
 fn clients(s: &Setup, rt: &Runtime, io: SocketAddr) -> (MetaSession, DataClient) {
     let secret = dafne_auth::Secret::load(&s.secret).unwrap();
     let m = MetaSession::connect(rt, s.meta_addr, &secret, "modes", 0, 0).unwrap();
-    (m, DataClient::connect(rt, &[io]).unwrap())
+    (m, DataClient::connect(rt, &[io], &secret).unwrap())
 }
 
 fn open_new(m: &MetaSession, name: &str) -> OpenFile {

@@ -64,7 +64,7 @@ fn setup(name: &str) -> Setup {
     let rt = common::runtime(name);
     let secret = dafne_auth::Secret::load(&secret_path).unwrap();
     let m = MetaSession::connect(&rt, meta.addr, &secret, name, 0, 0).unwrap();
-    let d = DataClient::connect(&rt, &[io.addr]).unwrap();
+    let d = DataClient::connect(&rt, &[io.addr], &secret).unwrap();
     Setup { io, secret, secret_path, listen, _meta: meta, m, d, _rt: rt, _root: root }
 }
 

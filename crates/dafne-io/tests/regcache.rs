@@ -21,7 +21,7 @@ fn clients(c: &Cluster, rt: &Runtime, cache: RegCacheConfig) -> (MetaSession, Da
     let secret = dafne_auth::Secret::load(&c.secret).unwrap();
     let meta = MetaSession::connect(rt, c.meta_addr, &secret, "regcache-test", 0, 0).unwrap();
     let addrs: Vec<SocketAddr> = c.ios.iter().map(|i| i.addr).collect();
-    (meta, DataClient::connect_with(rt, &addrs, cache).unwrap())
+    (meta, DataClient::connect_with(rt, &addrs, &secret, cache).unwrap())
 }
 
 fn open_new(m: &MetaSession, name: &str) -> OpenFile {

@@ -954,6 +954,9 @@ mod tests {
             DecodeError::Truncated { what: "name", needed: 3, left: 2 }.to_string(),
             "truncated name: needs 3 bytes, 2 left"
         );
-        assert_eq!(DecodeError::BadVersion(9).to_string(), "protocol version 9 is not supported (this side speaks 6)");
+        assert_eq!(
+            DecodeError::BadVersion(9).to_string(),
+            format!("protocol version 9 is not supported (this side speaks {PROTO_VERSION})")
+        );
     }
 }

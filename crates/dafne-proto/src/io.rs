@@ -33,6 +33,7 @@
 //! | Stat | 69 | capability | `Stat`: size u64 |
 //! | ServerInfo | 70 | capability | `ServerInfo`: n u32 (≤ [`MAX_INFO_FIELDS`]), n × u64 |
 //! | Revoke | 71 | capability, revocations | `Revoked`: instance u64, seq u64 |
+//! | Login | 72 | capability | `Done`: empty |
 //!
 //! Numbers are never reused: a retired op keeps its number, unassigned.
 //!
@@ -84,6 +85,17 @@
 //! field order; a decoder takes the fields it knows and ignores the rest,
 //! so fields can be added at the end without a version change.
 //!
+//! # Login
+//!
+//! An io server drops a connection that has not shown a genuine
+//! capability within its login deadline (10 s), so a peer without the
+//! cluster secret or an open file cannot hold a connection by pinging.
+//! Any request whose capability verifies authenticates its connection;
+//! `Login` is the request that does only that, sent by the data client on
+//! every new connection before its first use (an idle mount would
+//! otherwise be dropped). Its capability is any genuine one (the object
+//! and rights are not used; the data client sends `info_capability`).
+//!
 //! # Sizes
 //!
 //! The largest request is [`MAX_IO_REQUEST_LEN`] bytes (153 758, under the
@@ -118,6 +130,9 @@ ops! {
         /// Meta's signed revocations, relayed: the server raises the
         /// objects' capability floors.
         Revoke = 71,
+        /// Proves the connection's peer holds a genuine capability (the
+        /// server's login deadline; module docs, "Login").
+        Login = 72,
     }
 }
 
@@ -322,6 +337,12 @@ pub enum IoRequest {
         cap: Capability,
         batch: crate::Revocations,
     },
+    /// The first request on a connection: its capability (any genuine
+    /// one; the object is not used) authenticates the connection, which an
+    /// io server otherwise drops at its login deadline.
+    Login {
+        cap: Capability,
+    },
 }
 
 impl IoRequest {
@@ -336,6 +357,7 @@ impl IoRequest {
             IoRequest::Stat { .. } => IoOp::Stat,
             IoRequest::ServerInfo { .. } => IoOp::ServerInfo,
             IoRequest::Revoke { .. } => IoOp::Revoke,
+            IoRequest::Login { .. } => IoOp::Login,
         }
     }
 
@@ -349,6 +371,7 @@ impl IoRequest {
             | IoRequest::Sync { cap }
             | IoRequest::Stat { cap }
             | IoRequest::ServerInfo { cap }
+            | IoRequest::Login { cap }
             | IoRequest::Revoke { cap, .. } => cap,
         }
     }
@@ -363,6 +386,7 @@ impl IoRequest {
             | IoRequest::Sync { cap }
             | IoRequest::Stat { cap }
             | IoRequest::ServerInfo { cap }
+            | IoRequest::Login { cap }
             | IoRequest::Revoke { cap, .. } => cap,
         }
     }
@@ -379,6 +403,7 @@ impl IoRequest {
             | IoRequest::Sync { .. }
             | IoRequest::Stat { .. }
             | IoRequest::ServerInfo { .. }
+            | IoRequest::Login { .. }
             | IoRequest::Revoke { .. } => 0,
         }
     }
@@ -400,7 +425,8 @@ impl IoRequest {
             IoRequest::Remove { .. }
             | IoRequest::Sync { .. }
             | IoRequest::Stat { .. }
-            | IoRequest::ServerInfo { .. } => {}
+            | IoRequest::ServerInfo { .. }
+            | IoRequest::Login { .. } => {}
         }
     }
 
@@ -460,6 +486,7 @@ impl IoRequest {
             IoOp::Stat => IoRequest::Stat { cap },
             IoOp::ServerInfo => IoRequest::ServerInfo { cap },
             IoOp::Revoke => IoRequest::Revoke { cap, batch: crate::Revocations::get(r)? },
+            IoOp::Login => IoRequest::Login { cap },
         })
     }
 }
@@ -612,7 +639,7 @@ impl IoResponse {
                     && (data.is_empty() || *bytes == data.len() as u64)
             }
             (IoResponse::Write { bytes }, IoOp::Write) => *bytes <= MAX_IO_BYTES as u64,
-            (IoResponse::Done, IoOp::Truncate | IoOp::Remove | IoOp::Sync) => true,
+            (IoResponse::Done, IoOp::Truncate | IoOp::Remove | IoOp::Sync | IoOp::Login) => true,
             (IoResponse::Stat { .. }, IoOp::Stat) => true,
             (IoResponse::ServerInfo(_), IoOp::ServerInfo) => true,
             (IoResponse::Revoked { .. }, IoOp::Revoke) => true,
@@ -657,7 +684,7 @@ impl IoResponse {
                 IoResponse::Read { bytes, data }
             }
             IoOp::Write => IoResponse::Write { bytes: get_bytes(r, "io write reply bytes")? },
-            IoOp::Truncate | IoOp::Remove | IoOp::Sync => IoResponse::Done,
+            IoOp::Truncate | IoOp::Remove | IoOp::Sync | IoOp::Login => IoResponse::Done,
             IoOp::Stat => IoResponse::Stat { size: r.u64("io stat size")? },
             IoOp::Revoke => {
                 IoResponse::Revoked { instance: r.u64("io revoked instance")?, seq: r.u64("io revoked seq")? }
@@ -785,6 +812,7 @@ mod tests {
             IoRequest::Sync { cap: cap() },
             IoRequest::Stat { cap: cap() },
             IoRequest::ServerInfo { cap: cap() },
+            IoRequest::Login { cap: cap() },
             IoRequest::Revoke {
                 cap: cap(),
                 batch: crate::Revocations {
@@ -808,6 +836,7 @@ mod tests {
             (IoOp::Truncate, IoResponse::Done),
             (IoOp::Remove, IoResponse::Done),
             (IoOp::Sync, IoResponse::Done),
+            (IoOp::Login, IoResponse::Done),
             (IoOp::Stat, IoResponse::Stat { size: u64::MAX }),
             (IoOp::Revoke, IoResponse::Revoked { instance: 3, seq: u64::MAX }),
             (
@@ -951,7 +980,7 @@ mod tests {
     #[test]
     fn op_numbers_are_stable() {
         let got: Vec<u16> = IoOp::ALL.iter().map(|op| u16::from(*op)).collect();
-        assert_eq!(got, (64..=71).collect::<Vec<u16>>());
+        assert_eq!(got, (64..=72).collect::<Vec<u16>>());
         for op in IoOp::ALL {
             assert_eq!(IoOp::from_u16(u16::from(*op)), Some(*op));
         }
@@ -1121,8 +1150,8 @@ mod tests {
         b[4] = 1;
         assert_eq!(decode_io_request(&b), Err(DecodeError::Reserved));
         let mut b = good.clone();
-        b[2..4].copy_from_slice(&72u16.to_le_bytes());
-        assert_eq!(decode_io_request(&b), Err(DecodeError::UnknownOp(72)));
+        b[2..4].copy_from_slice(&73u16.to_le_bytes());
+        assert_eq!(decode_io_request(&b), Err(DecodeError::UnknownOp(73)));
         // The header alone decodes for a server that must reply.
         let hdr = IoRequestHeader::decode(&good).unwrap();
         assert_eq!((hdr.op, hdr.envelope(), hdr.body_len), (IoOp::Truncate, ENV, 73));

@@ -106,7 +106,7 @@
 //!
 //! Numbers are never reused: a retired op keeps its number, unassigned. The
 //! io ops (Read 64, Write 65, Truncate 66, Remove 67, Sync 68, Stat 69,
-//! ServerInfo 70, Revoke 71) are tabled, with their bodies, in module [`io`].
+//! ServerInfo 70, Revoke 71, Login 72) are tabled, with their bodies, in module [`io`].
 //!
 //! Building blocks:
 //! * `name`, `target`, `str`: u32 length + bytes. A name is at most
@@ -211,7 +211,9 @@ pub use types::{
 /// keys carry the window they were registered for (`dafne_ucx` frames
 /// them); revocable capabilities (capability `ino` and `generation`,
 /// Recap, Revocations, the Orphans reply's generation, the io op Revoke).
-pub const PROTO_VERSION: u16 = 6;
+/// 7: the io op Login (io servers drop connections that never show a
+/// genuine capability).
+pub const PROTO_VERSION: u16 = 7;
 
 /// The op numbers of the metadata protocol ([`Op`]).
 pub const META_OP_NUMBERS: RangeInclusive<u16> = 1..=63;

@@ -148,7 +148,7 @@ impl Session {
         let gid = rustix::process::getgid().as_raw();
         let meta = MetaSession::connect(&rt, info.meta, &secret, &format!("dafne-{name}"), uid, gid)
             .context("connecting to the metadata server")?;
-        let data = DataClient::connect(&rt, &info.io).context("connecting to the io servers")?;
+        let data = DataClient::connect(&rt, &info.io, &secret).context("connecting to the io servers")?;
         // Revoked capabilities of this session's opens are re-issued.
         data.attach_meta(meta.clone());
         Ok(Session { meta, data, _rt: rt })

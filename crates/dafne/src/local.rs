@@ -812,7 +812,7 @@ impl Reclaimer {
             ..Default::default()
         })?;
         let meta = dafne_client::MetaSession::connect(&rt, self.meta, &secret, "reclaimer", 0, 0)?;
-        let data = dafne_client::data::DataClient::connect(&rt, &self.io)?;
+        let data = dafne_client::data::DataClient::connect(&rt, &self.io, &secret)?;
         Ok(ReclaimerConn { _rt: rt, meta, data, secret })
     }
 
@@ -1005,7 +1005,7 @@ pub fn status(a: StatusArgs) -> Result<()> {
     let cap = dafne_client::data::info_capability(&secret);
     let mut io = Vec::new();
     for (i, addr) in info.io.iter().enumerate() {
-        let r = dafne_client::data::DataClient::connect(&rt, &[*addr])
+        let r = dafne_client::data::DataClient::connect(&rt, &[*addr], &secret)
             .map_err(|e| e.to_string())
             .and_then(|d| block_on(d.server_info(0, cap)).map_err(|e| e.to_string()));
         io.push(IoStatus {

@@ -263,7 +263,7 @@ fn serve(info: &ClusterInfo, mp: &Path, a: &MountArgs) -> Result<()> {
             return Err(e).with_context(|| format!("connecting to the metadata server at {}", info.meta));
         }
     };
-    let data = DataClient::connect(&rt, &info.io).context("connecting to the io servers")?;
+    let data = DataClient::connect(&rt, &info.io, &secret).context("connecting to the io servers")?;
     // Registered now, one per worker thread: FUSE data then leaves through
     // buffers registered before the first request.
     data.prefill_bounce(a.threads).map_err(|e| anyhow::anyhow!("registering the I/O buffers: {e}"))?;

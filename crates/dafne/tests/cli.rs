@@ -223,7 +223,7 @@ fn connect(dir: &Path) -> (dafne_transport::Runtime, dafne_client::file::Fs) {
     .unwrap();
     let secret = dafne_auth::Secret::load(&info.secret).unwrap();
     let meta = MetaSession::connect(&rt, info.meta, &secret, "test", 0, 0).unwrap();
-    let data = DataClient::connect(&rt, &info.io).unwrap();
+    let data = DataClient::connect(&rt, &info.io, &secret).unwrap();
     (rt, Fs::new(meta, data))
 }
 

@@ -206,13 +206,17 @@ fn silent_connections_are_reset_and_do_not_pile_up() {
 
 /// Issue 10, finding 1: a peer that completes the transport handshake but
 /// never logs in held its connection for as long as it pinged. The
-/// metadata server now drops it once the login deadline has passed.
+/// metadata server and the io servers now drop it once the login deadline
+/// has passed (io servers kept such connections forever before the io op
+/// `Login`). A data client that logged in and then stays idle keeps its
+/// connections.
 #[test]
 fn a_connection_that_never_logs_in_is_dropped() {
     let c = Up::start(1);
     let info: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(c.dir.path().join("cluster.json")).unwrap()).unwrap();
     let meta: std::net::SocketAddr = info["meta"].as_str().unwrap().parse().unwrap();
+    let io: std::net::SocketAddr = info["io"][0].as_str().unwrap().parse().unwrap();
     let ucx = info["ucx"]
         .as_array()
         .unwrap()
@@ -225,13 +229,30 @@ fn a_connection_that_never_logs_in_is_dropped() {
         ..Default::default()
     })
     .unwrap();
-    let client = dafne_transport::Client::connect(&rt, meta).unwrap();
-    // Without a session every request is refused, but the connection is
-    // answered (keepalive pings run underneath the whole time).
-    assert!(client.call(vec![0u8; 8]).is_ok(), "the fresh connection works");
+    let secret = dafne_auth::Secret::load(std::path::Path::new(info["secret"].as_str().unwrap())).unwrap();
+    // An honest data client, idle from here on.
+    let honest = dafne_client::data::DataClient::connect(&rt, &[io], &secret).unwrap();
     let start = Instant::now();
-    wait_for("meta to drop the connection that never logged in", || client.call(vec![0u8; 8]).is_err());
-    assert!(start.elapsed() >= Duration::from_secs(5), "dropped before the deadline: {:?}", start.elapsed());
+    let clients: Vec<_> = [("meta", meta), ("io server", io)]
+        .into_iter()
+        .map(|(who, addr)| {
+            let client = dafne_transport::Client::connect(&rt, addr).unwrap();
+            // Without a login every request is refused, but the connection
+            // is answered (keepalive pings run underneath the whole time).
+            assert!(client.call(vec![0u8; 8]).is_ok(), "the fresh connection to the {who} works");
+            (who, client)
+        })
+        .collect();
+    for (who, client) in &clients {
+        wait_for(&format!("the {who} to drop the connection that never logged in"), || {
+            client.call(vec![0u8; 8]).is_err()
+        });
+        assert!(start.elapsed() >= Duration::from_secs(5), "dropped before the deadline: {:?}", start.elapsed());
+    }
+    // Past the deadline, the honest client's first connection still serves.
+    let cap = dafne_client::data::info_capability(&secret);
+    futures::executor::block_on(honest.server_info(0, cap)).unwrap();
+    assert_eq!(honest.reconnects(), 0, "the idle, logged-in data client lost its connection");
 }
 
 /// Issue 10, finding 7: a panic on a server's event-loop thread left a
@@ -320,7 +341,7 @@ impl Clients {
     /// A raw data client: connections to the io servers and nothing else;
     /// whatever capability it is handed, it sends as it is.
     fn raw(&self) -> dafne_client::data::DataClient {
-        dafne_client::data::DataClient::connect(&self.rt, &self.info.io).unwrap()
+        dafne_client::data::DataClient::connect(&self.rt, &self.info.io, &self.secret).unwrap()
     }
 }
 
