@@ -179,7 +179,7 @@ fn killing_the_server_fails_pending_calls_without_hanging() {
                 c.call_async(req)
             })
             .collect();
-        std::thread::sleep(Duration::from_millis(300));
+        wait_in_flight(&rt, server.addr, 8);
         server.child.kill().unwrap();
         server.child.wait().unwrap();
         let t = Instant::now();
@@ -192,6 +192,22 @@ fn killing_the_server_fails_pending_calls_without_hanging() {
         assert!(t.elapsed() < Duration::from_secs(29), "{tls:?}: calls only ended when the server would have replied");
         // New calls on the dead connection fail at once with the same cause.
         assert!(matches!(c.call(vec![testsvc::OP_ECHO]), Err(TransportError::PeerFailed { .. })));
+    }
+}
+
+/// Waits until the server at `addr` is handling `n` requests besides the
+/// stats request that asks (so that a kill lands with them in flight, not
+/// before they arrived).
+fn wait_in_flight(rt: &dafne_transport::Runtime, addr: std::net::SocketAddr, n: u64) {
+    let probe = Client::connect(rt, addr).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = server_stats(&probe);
+        if s["transport"]["requests_in_flight"].as_u64().unwrap() > n {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the server never had {n} requests in flight: {s}");
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -364,7 +380,7 @@ fn data_endpoints_with_peer_error_handling() {
         let mut req = vec![testsvc::OP_SLEEP];
         req.extend_from_slice(&30_000u32.to_le_bytes());
         let pending = c.call_async(req);
-        std::thread::sleep(Duration::from_millis(200));
+        wait_in_flight(&rt, server.addr, 1);
         server.child.kill().unwrap();
         server.child.wait().unwrap();
         assert!(matches!(futures::executor::block_on(pending), Err(TransportError::PeerFailed { .. })));
