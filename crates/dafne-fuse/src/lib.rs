@@ -69,11 +69,24 @@ pub struct MountOptions {
     pub entry_ttl: Duration,
     /// fuser worker threads.
     pub threads: usize,
+    /// Honour setuid and setgid bits of programs run from the mount
+    /// (`suid`); off by default (`nosuid`): a user who can chmod a file on
+    /// any mount of the cluster must not gain a uid on this host.
+    pub suid: bool,
+    /// Honour device nodes (`dev`); off by default (`nodev`): a device node
+    /// made on the cluster must not open this host's devices.
+    pub dev: bool,
 }
 
 impl Default for MountOptions {
     fn default() -> Self {
-        MountOptions { attr_ttl: Duration::from_secs(1), entry_ttl: Duration::from_secs(1), threads: 4 }
+        MountOptions {
+            attr_ttl: Duration::from_secs(1),
+            entry_ttl: Duration::from_secs(1),
+            threads: 4,
+            suid: false,
+            dev: false,
+        }
     }
 }
 
@@ -112,11 +125,17 @@ pub fn mount(core: core::Core, mountpoint: &Path, opts: &MountOptions) -> Result
         fuser::MountOption::Subtype("dafne".into()),
         fuser::MountOption::RW,
         fuser::MountOption::Exec,
-        fuser::MountOption::Suid,
-        fuser::MountOption::Dev,
+        if opts.suid { fuser::MountOption::Suid } else { fuser::MountOption::NoSuid },
+        if opts.dev { fuser::MountOption::Dev } else { fuser::MountOption::NoDev },
+        // The kernel checks every access against the attributes it holds
+        // (mode, owner, group, and the caller's groups) before it uses a
+        // cached name or attribute, so a cached lookup does not bypass a
+        // directory's search permission; the metadata server still checks
+        // every request that reaches it (README, "Security model").
+        fuser::MountOption::DefaultPermissions,
     ];
-    // allow_other: every user of the machine sees the mount; the metadata
-    // server decides what each may do.
+    // allow_other: every user of the machine sees the mount; the kernel
+    // (default_permissions) and the metadata server decide what each may do.
     config.acl = fuser::SessionACL::All;
     config.n_threads = Some(opts.threads.max(1));
     let session = fuser::Session::new(fuse::FuseFs::new(core, opts), mountpoint, &config)

@@ -1011,3 +1011,91 @@ fn readahead_memory_stays_within_its_bound() {
     assert!(peak > 0 && stat(&stats, "readahead_hits") > 0, "read-ahead served within the bound");
     assert!(stat(&stats, "readahead_posts_refused") > 0, "the bound was never reached: the test proves nothing");
 }
+
+// ---- Permissions whatever the kernel has cached (issue 10, findings 4 and 10)
+
+/// The unprivileged user the permission tests switch to.
+const NOBODY: u32 = 65534;
+
+/// `program args` as uid and gid [`NOBODY`] with the supplementary groups
+/// `groups` (none: `--clear-groups`), under `timeout(1)`.
+fn as_nobody(groups: &[u32], program: &str, args: &[&str]) -> Command {
+    let mut c = cmd("setpriv", &[&format!("--reuid={NOBODY}"), &format!("--regid={NOBODY}")]);
+    if groups.is_empty() {
+        c.arg("--clear-groups");
+    } else {
+        let list: Vec<String> = groups.iter().map(|g| g.to_string()).collect();
+        c.arg(format!("--groups={}", list.join(",")));
+    }
+    c.arg(program).args(args).stdin(Stdio::null());
+    c
+}
+
+/// A cluster whose directory (and so its mount point) other users may
+/// reach, and its mount made with `extra`.
+fn reachable_mount(extra: &[&str]) -> (Cluster, Mount) {
+    use std::os::unix::fs::PermissionsExt;
+    let c = Cluster::start();
+    std::fs::set_permissions(c.dir(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let m = c.mount_with(extra);
+    std::fs::set_permissions(&m.mp, std::fs::Permissions::from_mode(0o755)).unwrap();
+    (c, m)
+}
+
+fn chmod(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+fn mode_of(path: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::symlink_metadata(path).unwrap().permissions().mode() & 0o7777
+}
+
+/// Finding 10, exactly as measured: a directory closed with `chmod 700`
+/// right after its file was looked up must stop another user at once, not
+/// after the kernel's entry timeout.
+#[test]
+fn a_closed_directory_stops_another_user_at_once_whatever_the_kernel_cached() {
+    let _g = serial();
+    let (_c, m) = reachable_mount(&[]);
+    let d = m.path("d");
+    let f = d.join("f");
+    std::fs::create_dir(&d).unwrap();
+    std::fs::write(&f, b"secret\n").unwrap();
+    std::os::unix::fs::chown(&f, Some(NOBODY), None).unwrap();
+    chmod(&f, 0o600);
+    std::fs::metadata(&f).unwrap();
+    chmod(&d, 0o700);
+    let o = as_nobody(&[], "cat", &[p(&f)]).output().unwrap();
+    assert!(!o.status.success(), "uid {NOBODY} read through a mode-700 directory: {}", text(&o));
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("secret"), "{}", text(&o));
+    assert!(text(&o).contains("Permission denied"), "{}", text(&o));
+    // Opened up again on the same mount, it is readable at once too.
+    chmod(&d, 0o755);
+    let o = as_nobody(&[], "cat", &[p(&f)]).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "secret\n", "{}", text(&o));
+}
+
+/// The per-mount options of `mp` in /proc/self/mountinfo (its sixth field,
+/// e.g. `rw,nosuid,nodev,relatime`).
+fn mount_options(mp: &Path) -> Vec<String> {
+    let want = mp.to_string_lossy().into_owned();
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let line = info.lines().rev().find(|l| l.split(' ').nth(4) == Some(&want)).expect("the mount is in mountinfo");
+    line.split(' ').nth(5).unwrap().split(',').map(str::to_string).collect()
+}
+
+/// Finding 4 (the mount's part): setuid programs and device nodes on the
+/// cluster are inert on a mount unless its owner asks for them.
+#[test]
+fn mounts_are_nosuid_and_nodev_unless_asked() {
+    let _g = serial();
+    let c = Cluster::start();
+    let m = c.mount();
+    let opts = mount_options(&m.mp);
+    assert!(opts.iter().any(|o| o == "nosuid") && opts.iter().any(|o| o == "nodev"), "{opts:?}");
+    let both = c.mount_at("mnt-suid-dev", &["--suid", "--dev"]);
+    let opts = mount_options(&both.mp);
+    assert!(!opts.iter().any(|o| o == "nosuid" || o == "nodev"), "{opts:?}");
+}
