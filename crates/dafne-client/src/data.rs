@@ -620,11 +620,10 @@ impl DataClient {
         let epoch = check.map(|(object, _)| self.verifier().epoch(object, server));
         let req = stable_instead.as_ref().unwrap_or(req);
         let reply = async {
-            let bytes =
-                c.call_async(encode_io_request(Envelope { tag: 0, uid: 0, gid: 0 }, req)).await.map_err(|e| {
-                    link.failed(generation, &e);
-                    io_err(e)
-                })?;
+            let bytes = c.call_async(encode_io_request(Envelope::new(0, 0, 0), req)).await.map_err(|e| {
+                link.failed(generation, &e);
+                io_err(e)
+            })?;
             decode_io_reply(&bytes).map_err(|_| Errno::EPROTO)?.2
         }
         .await;

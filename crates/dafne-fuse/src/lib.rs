@@ -54,6 +54,7 @@
 
 pub mod core;
 pub mod fuse;
+pub mod groups;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

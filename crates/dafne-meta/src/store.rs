@@ -121,17 +121,25 @@ pub const LINK_MAX: u32 = 65_000;
 pub struct Cred {
     pub uid: u32,
     pub gid: u32,
+    /// Supplementary groups (at most [`dafne_proto::MAX_GROUPS`]).
+    pub groups: dafne_proto::Groups,
 }
 
 impl Cred {
+    /// A caller without supplementary groups.
     pub fn new(uid: u32, gid: u32) -> Cred {
-        Cred { uid, gid }
+        Cred { uid, gid, groups: dafne_proto::Groups::NONE }
+    }
+    pub fn with_groups(uid: u32, gid: u32, groups: dafne_proto::Groups) -> Cred {
+        Cred { uid, gid, groups }
     }
     pub fn root() -> Cred {
-        Cred { uid: 0, gid: 0 }
+        Cred::new(0, 0)
     }
+    /// Whether `gid` is the caller's group or one of its supplementary
+    /// groups (as the kernel's `in_group_p`).
     pub fn in_group(&self, gid: u32) -> bool {
-        self.gid == gid
+        self.gid == gid || self.groups.contains(gid)
     }
 }
 

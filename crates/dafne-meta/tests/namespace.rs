@@ -501,7 +501,7 @@ fn wrong_secret_and_hostile_requests_are_refused_while_others_carry_on() {
     }
     // A raw transport client: no session, garbage, truncation.
     let raw = Client::connect(&rt, m.addr).unwrap();
-    let env = dafne_proto::Envelope { tag: 5, uid: 0, gid: 0 };
+    let env = dafne_proto::Envelope::new(5, 0, 0);
     let getattr = dafne_proto::encode_request(env, &Request::GetAttr { ino: ROOT_INO });
     let reply = raw.call(getattr.clone()).unwrap();
     assert_eq!(dafne_proto::decode_reply(&reply).unwrap().2, Err(Errno::EACCES), "no session, no service");
@@ -631,7 +631,7 @@ fn open_files_are_not_offered_for_reclaiming_until_their_last_close() {
     // Close and Reopen are for sessions only.
     let c = Client::connect(&rt, m.addr).unwrap();
     let req = dafne_proto::encode_request(
-        dafne_proto::Envelope { tag: 1, uid: 0, gid: 0 },
+        dafne_proto::Envelope::new(1, 0, 0),
         &Request::Reopen { held: vec![dafne_proto::HeldOpen { object_id: 5, count: 1 }] },
     );
     let (_, _, r) = dafne_proto::decode_reply(&c.call(req).unwrap()).unwrap();

@@ -1047,6 +1047,7 @@ fn chmod(path: &Path, mode: u32) {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
 }
 
+#[allow(dead_code)] // used by the next commit
 fn mode_of(path: &Path) -> u32 {
     use std::os::unix::fs::PermissionsExt;
     std::fs::symlink_metadata(path).unwrap().permissions().mode() & 0o7777
@@ -1099,3 +1100,44 @@ fn mounts_are_nosuid_and_nodev_unless_asked() {
     let opts = mount_options(&both.mp);
     assert!(!opts.iter().any(|o| o == "nosuid" || o == "nodev"), "{opts:?}");
 }
+
+/// A supplementary group of [`NOBODY`] in the tests below.
+const GROUP: u32 = 4242;
+
+/// Supplementary groups count (issue 10, finding 10): the metadata server
+/// checks the caller's groups as the kernel does. Before, a chown to a
+/// supplementary group was refused, and a directory searchable only by a
+/// supplementary group could not be walked on a mount that had not cached
+/// the lookup.
+#[test]
+fn supplementary_groups_count_for_chown_and_search() {
+    let _g = serial();
+    let (c, m) = reachable_mount(&[]);
+    let own = m.path("own");
+    std::fs::write(&own, b"mine").unwrap();
+    std::os::unix::fs::chown(&own, Some(NOBODY), Some(NOBODY)).unwrap();
+    let gdir = m.path("gdir");
+    std::fs::create_dir(&gdir).unwrap();
+    std::os::unix::fs::chown(&gdir, Some(0), Some(GROUP)).unwrap();
+    chmod(&gdir, 0o710);
+    std::fs::write(gdir.join("f"), b"for the group\n").unwrap();
+    // A second mount: nothing of the above is in its kernel's caches, so
+    // every lookup reaches the metadata server.
+    let m2 = c.mount_at("mnt2", &[]);
+    let (own2, f2) = (m2.path("own"), m2.path("gdir/f"));
+
+    // The owner gives its file to a group it is in, not to one it is not in.
+    let o = as_nobody(&[GROUP], "chgrp", &[&GROUP.to_string(), p(&own2)]).output().unwrap();
+    assert!(o.status.success(), "chgrp to a supplementary group: {}", text(&o));
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(std::fs::metadata(&own2).unwrap().gid(), GROUP);
+    let o = as_nobody(&[GROUP], "chgrp", &["4243", p(&own2)]).output().unwrap();
+    assert!(!o.status.success(), "chgrp to a group the owner is not in: {}", text(&o));
+
+    // Search permission through the group class of a supplementary group.
+    let o = as_nobody(&[GROUP], "cat", &[p(&f2)]).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "for the group\n", "{}", text(&o));
+    let o = as_nobody(&[], "cat", &[p(&f2)]).output().unwrap();
+    assert!(!o.status.success() && text(&o).contains("Permission denied"), "{}", text(&o));
+}
+
