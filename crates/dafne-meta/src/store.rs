@@ -1114,8 +1114,17 @@ impl Tables<'_> {
     fn setattr(&mut self, cred: &Cred, ino: Ino, set: &SetAttr) -> R<Response> {
         let mut i = self.inode(ino)?;
         let owner = cred.uid == 0 || cred.uid == i.attr.uid;
+        // A mode change that only clears setuid and/or setgid is what a
+        // write or truncate by another user does on Linux: through a mount
+        // the kernel sends it as the writer, right before the write
+        // (`file_remove_privs`, with the mode just fetched from here).
+        // Whoever may write the file may make it; it changes no access.
+        let kill_only = set.mode.is_some_and(|m| {
+            let (old, new) = (i.attr.mode, m & 0o7777);
+            new != old && new & !old == 0 && (old ^ new) & !(S_ISUID | S_ISGID) == 0
+        });
         // Check everything first.
-        if set.mode.is_some() && !owner {
+        if set.mode.is_some() && !owner && !(kill_only && posix::may(cred, &i.attr, MAY_WRITE)) {
             return Err(Errno::EPERM.into());
         }
         if *set == SetAttr::default() {
@@ -1154,7 +1163,7 @@ impl Tables<'_> {
         // Then apply. A change of owner, group or mode, or a smaller size,
         // revokes the capabilities issued so far (`dafne_auth`, "Revocation").
         let shrinks = set.size.is_some_and(|s| s < i.attr.size);
-        let rights_change = set.mode.is_some_and(|m| m & 0o7777 != i.attr.mode)
+        let rights_change = set.mode.is_some_and(|m| m & 0o7777 != i.attr.mode && !kill_only)
             || set.uid.is_some_and(|u| u != i.attr.uid)
             || set.gid.is_some_and(|g| g != i.attr.gid);
         if shrinks || rights_change {

@@ -1047,7 +1047,6 @@ fn chmod(path: &Path, mode: u32) {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
 }
 
-#[allow(dead_code)] // used by the next commit
 fn mode_of(path: &Path) -> u32 {
     use std::os::unix::fs::PermissionsExt;
     std::fs::symlink_metadata(path).unwrap().permissions().mode() & 0o7777
@@ -1141,3 +1140,40 @@ fn supplementary_groups_count_for_chown_and_search() {
     assert!(!o.status.success() && text(&o).contains("Permission denied"), "{}", text(&o));
 }
 
+/// Set-user-ID and set-group-ID bits go when another user writes or
+/// truncates the file, as on Linux (issue 10, finding 10: that write failed
+/// with EPERM). Set-group-ID without group execute (a locking mark, not a
+/// privilege) stays; root's writes keep both.
+#[test]
+fn setuid_and_setgid_are_cleared_by_another_users_write_or_truncate() {
+    let _g = serial();
+    let (_c, m) = reachable_mount(&[]);
+    let cases = [("w", 0o6777, 0o0777), ("t", 0o6777, 0o0777), ("l", 0o2666, 0o2666), ("u", 0o4766, 0o0766)];
+    for (name, mode, _) in cases {
+        std::fs::write(m.path(name), b"data").unwrap();
+        chmod(&m.path(name), mode);
+        assert_eq!(mode_of(&m.path(name)), mode);
+    }
+    for (name, mode, after) in cases {
+        let f = m.path(name);
+        let script = if name == "t" { format!("truncate -s 1 {}", p(&f)) } else { format!("echo more >> {}", p(&f)) };
+        let o = as_nobody(&[], "sh", &["-c", &script]).output().unwrap();
+        assert!(o.status.success(), "{name} ({mode:o}): {}", text(&o));
+        assert_eq!(mode_of(&f), after, "{name}: {mode:o} after another user's write");
+    }
+    // A chown by its non-root owner clears them too (to a group it is in).
+    let f = m.path("mine");
+    std::fs::write(&f, b"data").unwrap();
+    std::os::unix::fs::chown(&f, Some(NOBODY), Some(NOBODY)).unwrap();
+    chmod(&f, 0o6755);
+    let o = as_nobody(&[GROUP], "chgrp", &[&GROUP.to_string(), p(&f)]).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(mode_of(&f), 0o755, "setuid/setgid after the owner's chgrp");
+    // Root (CAP_FSETID) keeps them.
+    let f = m.path("root");
+    std::fs::write(&f, b"data").unwrap();
+    chmod(&f, 0o6755);
+    use std::io::Write;
+    std::fs::OpenOptions::new().append(true).open(&f).unwrap().write_all(b"more").unwrap();
+    assert_eq!(mode_of(&f), 0o6755);
+}
