@@ -38,7 +38,7 @@
 //! own bytes until its last `close`, however long that takes.
 //!
 //! # Whose rights
-//! Every namespace operation runs as the caller (`MetaSession::as_user`), so
+//! Every namespace operation runs as the caller (`MetaSession::as_caller`, with the caller's groups), so
 //! the metadata server applies POSIX rules to the right user and its errno
 //! is the answer. Exceptions, each for a reason: the publishing above; a
 //! `Stat` for a write-only handle uses a read capability the daemon asks
@@ -247,7 +247,7 @@ fn block<T>(f: impl std::future::Future<Output = T>) -> T {
 
 impl Core {
     /// `meta` is the daemon's own session (it acts as each caller through
-    /// `as_user`).
+    /// `as_caller`).
     /// `data` is attached to it: revoked capabilities of the daemon's opens
     /// are re-issued by meta (`dafne_client::data`, "Revoked capabilities").
     pub fn new(meta: MetaSession, data: DataClient) -> Core {

@@ -735,6 +735,11 @@ fn mistakes_get_clear_messages_and_a_nonzero_exit() {
     let right = info["secret"].clone();
     info["secret"] = serde_json::Value::String(p(&wrong).into());
     std::fs::write(&info_path, info.to_string()).unwrap();
+    // First readable by others (as `std::fs::write` made it): refused
+    // before it is used, with the fix.
+    let t = fail(dafne().arg("mount").arg(&m.mp).args(["--dir", &d]));
+    assert!(t.contains("mode 0644") && t.contains(&format!("chmod 600 {}", wrong.display())), "{t}");
+    chmod(&wrong, 0o600);
     let t = fail(dafne().arg("mount").arg(&m.mp).args(["--dir", &d]));
     info["secret"] = right;
     std::fs::write(&info_path, info.to_string()).unwrap();
