@@ -1179,6 +1179,12 @@ impl Tables<'_> {
             i.attr.mode = mode & 0o7777;
         }
         let chown = set.uid.is_some_and(|u| u != i.attr.uid) || set.gid.is_some_and(|g| g != i.attr.gid);
+        // As Linux for a caller without CAP_FSETID: setuid goes, and setgid
+        // when group-execute is set (a privilege) or the caller is not in
+        // the file's group (setgid without group-execute is a locking
+        // mark). Root's chown keeps them here; through a mount the kernel
+        // clears them for root too, in the same request.
+        let kill = if i.attr.mode & 0o010 != 0 || !cred.in_group(i.attr.gid) { S_ISUID | S_ISGID } else { S_ISUID };
         if let Some(uid) = set.uid {
             i.attr.uid = uid;
         }
@@ -1186,7 +1192,7 @@ impl Tables<'_> {
             i.attr.gid = gid;
         }
         if chown && cred.uid != 0 && i.attr.kind != FileType::Directory {
-            i.attr.mode &= !(S_ISUID | S_ISGID);
+            i.attr.mode &= !kill;
         }
         if let Some(size) = set.size {
             if size != i.attr.size {

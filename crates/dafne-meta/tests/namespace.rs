@@ -257,6 +257,17 @@ fn permissions_are_checked_on_the_server() {
     let bob_in_1000 = root.as_caller(1001, 1001, dafne_proto::Groups::new(&[1000]));
     assert_eq!(bob.setattr(fb.ino, SetAttr { gid: Some(1000), ..Default::default() }), Err(Errno::EPERM));
     assert_eq!(bob_in_1000.setattr(fb.ino, SetAttr { gid: Some(1000), ..Default::default() }).unwrap().gid, 1000);
+    // Its chown clears setuid, and setgid only with group-execute (or
+    // when bob is not in the file's group), as Linux.
+    for (before, after) in [(0o6755, 0o0755), (0o6744, 0o2744)] {
+        bob.setattr(fb.ino, SetAttr { gid: Some(1001), ..Default::default() }).unwrap();
+        assert_eq!(bob.setattr(fb.ino, SetAttr { mode: Some(before), ..Default::default() }).unwrap().mode, before);
+        let a = bob_in_1000.setattr(fb.ino, SetAttr { gid: Some(1000), ..Default::default() }).unwrap();
+        assert_eq!(a.mode, after, "{before:o}");
+    }
+    root.setattr(fb.ino, SetAttr { mode: Some(0o6744), ..Default::default() }).unwrap();
+    let a = bob.setattr(fb.ino, SetAttr { gid: Some(1001), ..Default::default() }).unwrap();
+    assert_eq!(a.mode, 0o0744, "bob was not in the file's group 1000");
     assert_eq!(bob_in_1000.lookup(private.ino, b"secret"), Err(Errno::EACCES), "alice's 0700 dir has no group bits");
     alice.setattr(private.ino, SetAttr { mode: Some(0o710), ..Default::default() }).unwrap();
     assert_eq!(bob.lookup(private.ino, b"secret"), Err(Errno::EACCES));
