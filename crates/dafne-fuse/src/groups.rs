@@ -21,7 +21,11 @@
 //!
 //! Limits: the groups are read when the request is served, not when it was
 //! made; a thread that changes its groups in between (setgroups) is
-//! checked with its new groups.
+//! checked with its new groups. Where the daemon cannot read another
+//! user's `/proc` entry (`/proc` mounted with `hidepid`), callers get no
+//! supplementary groups: refused more, never granted more. The read costs
+//! one small `/proc` file per namespace request (data requests carry no
+//! caller).
 
 use dafne_proto::{Groups, MAX_GROUPS};
 
