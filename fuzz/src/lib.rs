@@ -67,7 +67,7 @@ pub fn io(data: &[u8]) {
     let Ok(len) = u32::try_from(rest.len()) else {
         return;
     };
-    let env = Envelope { tag: 1, uid: 2, gid: 3 };
+    let env = Envelope::new(1, 2, 3);
     let mut msg = IoRequestHeader::new(op, env, len).encode().to_vec();
     msg.extend_from_slice(rest);
     check(&msg);
@@ -106,8 +106,12 @@ pub fn proto(data: &[u8]) {
     let Ok(len) = u32::try_from(rest.len()) else {
         return;
     };
-    let env = Envelope { tag: 1, uid: 2, gid: 3 };
+    let env = Envelope::new(1, 2, 3);
     let mut msg = RequestHeader::new(op, env, len).encode().to_vec();
+    // Half the time the body starts with supplementary groups.
+    if sel & 0x40 != 0 {
+        msg[4] = dafne_proto::REQUEST_FLAG_GROUPS as u8;
+    }
     msg.extend_from_slice(rest);
     check(&msg);
     let mut msg = ReplyHeader::new(op, 1, 0, len).encode().to_vec();

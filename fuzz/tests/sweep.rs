@@ -96,7 +96,7 @@ fn sweep(name: &str, target: fn(&[u8]), seeds: Vec<Vec<u8>>, seed: u64) {
 }
 
 fn env() -> Envelope {
-    Envelope { tag: 7, uid: 1000, gid: 1000 }
+    Envelope::new(7, 1000, 1000)
 }
 
 fn cap() -> Capability {

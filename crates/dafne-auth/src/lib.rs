@@ -110,6 +110,13 @@ pub enum SecretError {
     Create { path: String, source: std::io::Error },
     #[error("the cluster secret {path} must hold {SECRET_LEN} bytes, it holds {len} (delete it to make a new one)")]
     Length { path: String, len: usize },
+    /// Group or other may read or write the file: anyone who can read it
+    /// can sign capabilities and open sessions as any user.
+    #[error(
+        "the cluster secret {path} has mode {mode:04o}: group or other may read it, and whoever reads it is \
+         root on every mount of the cluster; run `chmod 600 {path}`"
+    )]
+    Mode { path: String, mode: u32 },
     #[error("no randomness available: {0}")]
     Random(std::io::Error),
 }
@@ -123,21 +130,38 @@ impl Secret {
     /// creates it).
     pub fn load(path: &Path) -> Result<Secret, SecretError> {
         let p = path.display().to_string();
-        let b = std::fs::read(path).map_err(|source| SecretError::Read { path: p.clone(), source })?;
-        let arr: [u8; SECRET_LEN] =
-            b.as_slice().try_into().map_err(|_| SecretError::Length { path: p, len: b.len() })?;
+        let f = std::fs::File::open(path).map_err(|source| SecretError::Read { path: p.clone(), source })?;
+        Self::read_private(f, p)
+    }
+
+    /// The secret in `f` (opened from `path`), refused when group or other
+    /// may read or write it. The mode is the open file's (`fstat`), so the
+    /// file checked is the file read.
+    fn read_private(mut f: std::fs::File, path: String) -> Result<Secret, SecretError> {
+        use std::io::Read;
+        use std::os::unix::fs::PermissionsExt;
+        let mode =
+            f.metadata().map_err(|source| SecretError::Read { path: path.clone(), source })?.permissions().mode();
+        if mode & 0o077 != 0 {
+            return Err(SecretError::Mode { path, mode: mode & 0o7777 });
+        }
+        let mut b = Vec::with_capacity(SECRET_LEN);
+        // One byte more than a secret, to tell a longer file from a secret.
+        (&mut f)
+            .take(SECRET_LEN as u64 + 1)
+            .read_to_end(&mut b)
+            .map_err(|source| SecretError::Read { path: path.clone(), source })?;
+        let len =
+            if b.len() > SECRET_LEN { f.metadata().map(|m| m.len() as usize).unwrap_or(b.len()) } else { b.len() };
+        let arr: [u8; SECRET_LEN] = b.as_slice().try_into().map_err(|_| SecretError::Length { path, len })?;
         Ok(Secret(arr))
     }
 
     /// Loads the secret at `path`, creating it (mode 0600, random) if absent.
     pub fn load_or_create(path: &Path) -> Result<Secret, SecretError> {
         let p = path.display().to_string();
-        match std::fs::read(path) {
-            Ok(b) => {
-                let arr: [u8; SECRET_LEN] =
-                    b.as_slice().try_into().map_err(|_| SecretError::Length { path: p, len: b.len() })?;
-                Ok(Secret(arr))
-            }
+        match std::fs::File::open(path) {
+            Ok(f) => Self::read_private(f, p),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 let mut b = [0u8; SECRET_LEN];
                 let mut f = std::fs::File::open("/dev/urandom").map_err(SecretError::Random)?;
@@ -515,5 +539,28 @@ mod tests {
         assert_eq!(std::fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o600);
         std::fs::write(&p, b"short").unwrap();
         assert!(matches!(Secret::load_or_create(&p), Err(SecretError::Length { len: 5, .. })));
+    }
+
+    #[test]
+    fn a_secret_file_others_may_read_is_refused_with_the_fix() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("secret");
+        let good = Secret::load_or_create(&p).unwrap();
+        for mode in [0o640, 0o604, 0o620, 0o644] {
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+            for r in [Secret::load(&p), Secret::load_or_create(&p)] {
+                let e = r.unwrap_err();
+                assert!(matches!(e, SecretError::Mode { mode: m, .. } if m == mode), "{mode:o}: {e}");
+                let msg = e.to_string();
+                let want = format!("chmod 600 {}", p.display());
+                assert!(msg.contains(&format!("{mode:04o}")) && msg.contains(&want), "{msg}");
+            }
+        }
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o400)).unwrap();
+        assert_eq!(Secret::load(&p).unwrap().0, good.0, "owner-only modes are fine");
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::fs::write(&p, [0u8; SECRET_LEN + 7]).unwrap();
+        assert!(matches!(Secret::load(&p), Err(SecretError::Length { len, .. }) if len == SECRET_LEN + 7));
     }
 }

@@ -643,11 +643,10 @@ impl DataClient {
         let epoch = check.map(|(object, _)| self.verifier().epoch(object, server));
         let req = stable_instead.as_ref().unwrap_or(req);
         let reply = async {
-            let bytes =
-                c.call_async(encode_io_request(Envelope { tag: 0, uid: 0, gid: 0 }, req)).await.map_err(|e| {
-                    link.failed(generation, &e);
-                    io_err(e)
-                })?;
+            let bytes = c.call_async(encode_io_request(Envelope::new(0, 0, 0), req)).await.map_err(|e| {
+                link.failed(generation, &e);
+                io_err(e)
+            })?;
             decode_io_reply(&bytes).map_err(|_| Errno::EPROTO)?.2
         }
         .await;
@@ -1126,7 +1125,7 @@ const RECAP_ATTEMPTS: usize = 3;
 /// `Login`), so that it keeps the connection. Blocking.
 fn log_in(c: &Client, secret: &dafne_auth::Secret) -> Result<(), String> {
     let req = IoRequest::Login { cap: info_capability(secret) };
-    let bytes = c.call(encode_io_request(Envelope { tag: 0, uid: 0, gid: 0 }, &req)).map_err(|e| e.to_string())?;
+    let bytes = c.call(encode_io_request(Envelope::new(0, 0, 0), &req)).map_err(|e| e.to_string())?;
     match decode_io_reply(&bytes).map_err(|e| e.to_string())?.2 {
         Ok(IoResponse::Done) => Ok(()),
         Ok(other) => Err(format!("unexpected reply {other:?}")),

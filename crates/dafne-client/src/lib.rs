@@ -41,7 +41,8 @@ use std::time::Duration;
 
 use dafne_proto::{decode_reply, encode_request, Capability, Envelope, HeldOpen, Layout, Request, MAX_REOPEN};
 pub use dafne_proto::{
-    Attr, CompoundOp, DirEntry, Errno, FileType, Ino, LayoutHint, Orphan, Response, SetAttr, StatFs, TimeSet, ROOT_INO,
+    Attr, CompoundOp, DirEntry, Errno, FileType, Groups, Ino, LayoutHint, Orphan, Response, SetAttr, StatFs, TimeSet,
+    ROOT_INO,
 };
 use dafne_transport::{Client, Runtime, TransportError};
 
@@ -137,11 +138,17 @@ pub struct MetaSession {
     inner: Arc<Inner>,
     uid: u32,
     gid: u32,
+    /// Supplementary groups sent with every request.
+    groups: Groups,
 }
 
 impl std::fmt::Debug for MetaSession {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MetaSession").field("uid", &self.uid).field("gid", &self.gid).finish()
+        f.debug_struct("MetaSession")
+            .field("uid", &self.uid)
+            .field("gid", &self.gid)
+            .field("groups", &self.groups)
+            .finish()
     }
 }
 
@@ -179,7 +186,7 @@ impl MetaSession {
         let link = link::Link::new(client, hello);
         let inner = Arc::new(Inner { link, next_tag: AtomicU64::new(1), root, held });
         Self::start_keepalive(Arc::downgrade(&inner), uid, gid);
-        Ok(MetaSession { inner, uid, gid })
+        Ok(MetaSession { inner, uid, gid, groups: Groups::NONE })
     }
 
     /// Tells a new connection (of `generation`) every open this session
@@ -196,7 +203,7 @@ impl MetaSession {
         let all: Vec<HeldOpen> = h.objects.iter().map(|(&object_id, &count)| HeldOpen { object_id, count }).collect();
         for page in all.chunks(MAX_REOPEN) {
             let req = Request::Reopen { held: page.to_vec() };
-            let bytes = c.call(encode_request(Envelope { tag: 0, uid, gid }, &req)).map_err(|e| e.to_string())?;
+            let bytes = c.call(encode_request(Envelope::new(0, uid, gid), &req)).map_err(|e| e.to_string())?;
             match decode_reply(&bytes) {
                 Ok((_, _, Ok(_))) => {}
                 Ok((_, _, Err(e))) => {
@@ -218,7 +225,7 @@ impl MetaSession {
             if held(&inner.held).objects.is_empty() {
                 continue;
             }
-            let s = MetaSession { inner, uid, gid };
+            let s = MetaSession { inner, uid, gid, groups: Groups::NONE };
             // A failure marks a lost connection; the next ping reconnects.
             let _ = s.getattr(s.root());
         });
@@ -246,7 +253,7 @@ impl MetaSession {
         }
         let mac = secret.session_mac(client.token(), &nonce, client_name);
         let req = Request::SessionOpen { client_name: client_name.to_string(), nonce, mac };
-        let bytes = client.call(encode_request(Envelope { tag: 0, uid, gid }, &req))?;
+        let bytes = client.call(encode_request(Envelope::new(0, uid, gid), &req))?;
         let (_, _, result) = decode_reply(&bytes).map_err(|e| ConnectError::Protocol(e.to_string()))?;
         match result {
             Ok(Response::Session { root, .. }) => Ok(root),
@@ -263,7 +270,13 @@ impl MetaSession {
     /// The same session acting as another user (what a FUSE daemon does for
     /// each caller).
     pub fn as_user(&self, uid: u32, gid: u32) -> MetaSession {
-        MetaSession { inner: self.inner.clone(), uid, gid }
+        MetaSession { inner: self.inner.clone(), uid, gid, groups: Groups::NONE }
+    }
+
+    /// [`Self::as_user`] with the caller's supplementary groups (the
+    /// server checks them like `gid`).
+    pub fn as_caller(&self, uid: u32, gid: u32, groups: Groups) -> MetaSession {
+        MetaSession { inner: self.inner.clone(), uid, gid, groups }
     }
 
     pub fn root(&self) -> Ino {
@@ -274,7 +287,8 @@ impl MetaSession {
     pub fn request_async(&self, req: Request) -> impl Future<Output = Result<Response, Errno>> + Send + 'static {
         let tag = self.inner.next_tag.fetch_add(1, Ordering::Relaxed);
         let call = self.inner.link.get().map(|(c, generation)| {
-            (c.call_async(encode_request(Envelope { tag, uid: self.uid, gid: self.gid }, &req)), generation)
+            let env = Envelope { tag, uid: self.uid, gid: self.gid, groups: self.groups };
+            (c.call_async(encode_request(env, &req)), generation)
         });
         let inner = self.inner.clone();
         let (uid, gid) = (self.uid, self.gid);
@@ -297,7 +311,7 @@ impl MetaSession {
                     if let Some((c, g)) = (!late.is_empty()).then(|| inner.link.get()).flatten() {
                         let req = Request::Reopen { held: late };
                         let tag = inner.next_tag.fetch_add(1, Ordering::Relaxed);
-                        if let Err(e) = c.call_async(encode_request(Envelope { tag, uid, gid }, &req)).await {
+                        if let Err(e) = c.call_async(encode_request(Envelope::new(tag, uid, gid), &req)).await {
                             inner.link.failed(g, &e);
                         }
                     }

@@ -38,7 +38,7 @@
 //! own bytes until its last `close`, however long that takes.
 //!
 //! # Whose rights
-//! Every namespace operation runs as the caller (`MetaSession::as_user`), so
+//! Every namespace operation runs as the caller (`MetaSession::as_caller`, with the caller's groups), so
 //! the metadata server applies POSIX rules to the right user and its errno
 //! is the answer. Exceptions, each for a reason: the publishing above; a
 //! `Stat` for a write-only handle uses a read capability the daemon asks
@@ -57,20 +57,32 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use dafne_client::data::DataClient;
 use dafne_client::readahead::{Changes, ReadAhead, ReadAheadStats, Stream};
 use dafne_client::{
-    Attr, CompoundOp, DirEntry, Errno, FileType, Ino, MetaSession, OpenFile, Response, SetAttr, StatFs, TimeSet,
+    Attr, CompoundOp, DirEntry, Errno, FileType, Groups, Ino, MetaSession, OpenFile, Response, SetAttr, StatFs, TimeSet,
 };
 use dafne_proto::io::Stability;
 use dafne_proto::{Request, OPEN_READ, OPEN_TRUNC, OPEN_WRITE, RIGHT_READ, RIGHT_WRITE};
 
-/// Who asks (from the FUSE request header).
+/// Who asks: uid and gid from the FUSE request header, supplementary
+/// groups from the calling process ([`crate::groups`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Caller {
     pub uid: u32,
     pub gid: u32,
+    pub groups: Groups,
 }
 
 impl Caller {
-    pub const ROOT: Caller = Caller { uid: 0, gid: 0 };
+    pub const ROOT: Caller = Caller::new(0, 0);
+
+    /// A caller without supplementary groups.
+    pub const fn new(uid: u32, gid: u32) -> Caller {
+        Caller { uid, gid, groups: Groups::NONE }
+    }
+
+    /// Whether `gid` is the caller's group or a supplementary one.
+    pub fn in_group(&self, gid: u32) -> bool {
+        self.gid == gid || self.groups.contains(gid)
+    }
 }
 
 /// How a file is opened.
@@ -116,7 +128,7 @@ pub fn may_access(c: Caller, a: &Attr, want: u32) -> bool {
     }
     let bits = if c.uid == a.uid {
         (a.mode >> 6) & 7
-    } else if c.gid == a.gid {
+    } else if c.in_group(a.gid) {
         (a.mode >> 3) & 7
     } else {
         a.mode & 7
@@ -235,7 +247,7 @@ fn block<T>(f: impl std::future::Future<Output = T>) -> T {
 
 impl Core {
     /// `meta` is the daemon's own session (it acts as each caller through
-    /// `as_user`).
+    /// `as_caller`).
     /// `data` is attached to it: revoked capabilities of the daemon's opens
     /// are re-issued by meta (`dafne_client::data`, "Revoked capabilities").
     pub fn new(meta: MetaSession, data: DataClient) -> Core {
@@ -288,7 +300,7 @@ impl Core {
     }
 
     fn session(&self, c: Caller) -> MetaSession {
-        self.meta.as_user(c.uid, c.gid)
+        self.meta.as_caller(c.uid, c.gid, c.groups)
     }
 
     /// Attributes as this mount reports them (see the module docs).
@@ -825,9 +837,9 @@ mod tests {
     #[test]
     fn access_follows_the_owner_group_other_classes() {
         let a = attr(FileType::Regular, 0o640, 10, 20);
-        let owner = Caller { uid: 10, gid: 99 };
-        let group = Caller { uid: 11, gid: 20 };
-        let other = Caller { uid: 12, gid: 21 };
+        let owner = Caller::new(10, 99);
+        let group = Caller::new(11, 20);
+        let other = Caller::new(12, 21);
         assert!(may_access(owner, &a, MAY_READ | MAY_WRITE));
         assert!(!may_access(owner, &a, MAY_EXEC));
         assert!(may_access(group, &a, MAY_READ));

@@ -113,8 +113,11 @@ pub fn kernel_rdev(rdev: u64) -> u32 {
     u32::try_from(rdev).unwrap_or(0)
 }
 
+/// The request's uid and gid, and the calling thread's supplementary
+/// groups ([`crate::groups`]).
 fn caller(req: &Request) -> Caller {
-    Caller { uid: req.uid(), gid: req.gid() }
+    let (uid, gid) = (req.uid(), req.gid());
+    Caller { uid, gid, groups: crate::groups::of_process(req.pid(), uid, gid) }
 }
 
 /// The mount's `fuser::Filesystem`.

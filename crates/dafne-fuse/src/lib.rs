@@ -8,21 +8,21 @@
 //! * [`core::Core`] is the file system in dafne's own terms: inodes, [`Attr`],
 //!   [`Errno`]. It holds the metadata session and the data client, the table
 //!   of open files and the size rule (below). Every operation runs as the
-//!   caller (`MetaSession::as_user`), so the metadata server, which owns the
+//!   caller (`MetaSession::as_caller`, with the caller's groups), so the metadata server, which owns the
 //!   POSIX rules, decides; its errno travels back unchanged.
 //! * [`fuse::FuseFs`] is the `fuser::Filesystem` adapter: it converts
 //!   kernel arguments to core calls and core results to replies. The errno
 //!   is chosen in one place ([`fuse::errno`]): the server's value, as is.
 //!
 //! # Why these choices
-//! * **Permissions are the server's.** The mount does not use
-//!   `default_permissions`: the metadata server checks every operation
-//!   against fresh attributes and is the one authority for every mount of
-//!   the cluster, while the kernel would check against attributes cached
-//!   for up to `attr_timeout`. `access(2)` is answered from fresh attributes
-//!   with the same rules ([`core::may_access`]). Limit: FUSE requests carry
-//!   only the caller's uid and primary gid, so supplementary groups do not
-//!   count (the protocol has no field for them either).
+//! * **Permissions: the kernel's and the server's.** The mount uses
+//!   `default_permissions`: the kernel checks every access against the
+//!   attributes it holds, also when it answers from its caches (without
+//!   it, a name cached for `entry_timeout` bypassed a directory's new
+//!   mode). The metadata server still checks every request it gets, for
+//!   the caller's uid, gid and supplementary groups ([`groups`]: read from
+//!   `/proc`, since FUSE sends only uid, gid and pid). Mounts are
+//!   `nosuid,nodev` unless [`MountOptions`] asks otherwise.
 //! * **Sizes.** A file's size in meta may lag while the file is open for
 //!   writing (the design's size rule); this mount therefore reports
 //!   `max(meta size, end of this mount's own writes)` for files it has open,
@@ -54,6 +54,7 @@
 
 pub mod core;
 pub mod fuse;
+pub mod groups;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -69,11 +70,24 @@ pub struct MountOptions {
     pub entry_ttl: Duration,
     /// fuser worker threads.
     pub threads: usize,
+    /// Honour setuid and setgid bits of programs run from the mount
+    /// (`suid`); off by default (`nosuid`): a user who can chmod a file on
+    /// any mount of the cluster must not gain a uid on this host.
+    pub suid: bool,
+    /// Honour device nodes (`dev`); off by default (`nodev`): a device node
+    /// made on the cluster must not open this host's devices.
+    pub dev: bool,
 }
 
 impl Default for MountOptions {
     fn default() -> Self {
-        MountOptions { attr_ttl: Duration::from_secs(1), entry_ttl: Duration::from_secs(1), threads: 4 }
+        MountOptions {
+            attr_ttl: Duration::from_secs(1),
+            entry_ttl: Duration::from_secs(1),
+            threads: 4,
+            suid: false,
+            dev: false,
+        }
     }
 }
 
@@ -112,11 +126,17 @@ pub fn mount(core: core::Core, mountpoint: &Path, opts: &MountOptions) -> Result
         fuser::MountOption::Subtype("dafne".into()),
         fuser::MountOption::RW,
         fuser::MountOption::Exec,
-        fuser::MountOption::Suid,
-        fuser::MountOption::Dev,
+        if opts.suid { fuser::MountOption::Suid } else { fuser::MountOption::NoSuid },
+        if opts.dev { fuser::MountOption::Dev } else { fuser::MountOption::NoDev },
+        // The kernel checks every access against the attributes it holds
+        // (mode, owner, group, and the caller's groups) before it uses a
+        // cached name or attribute, so a cached lookup does not bypass a
+        // directory's search permission; the metadata server still checks
+        // every request that reaches it (README, "Security model").
+        fuser::MountOption::DefaultPermissions,
     ];
-    // allow_other: every user of the machine sees the mount; the metadata
-    // server decides what each may do.
+    // allow_other: every user of the machine sees the mount; the kernel
+    // (default_permissions) and the metadata server decide what each may do.
     config.acl = fuser::SessionACL::All;
     config.n_threads = Some(opts.threads.max(1));
     let session = fuser::Session::new(fuse::FuseFs::new(core, opts), mountpoint, &config)

@@ -72,8 +72,8 @@ impl Fixture {
     }
 }
 
-const USER: Caller = Caller { uid: 1000, gid: 1000 };
-const OTHER: Caller = Caller { uid: 1001, gid: 1001 };
+const USER: Caller = Caller::new(1000, 1000);
+const OTHER: Caller = Caller::new(1001, 1001);
 const RW: OpenMode = OpenMode { read: true, write: true, trunc: false };
 const S_IFREG: u32 = 0o100000;
 

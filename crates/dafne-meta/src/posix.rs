@@ -94,6 +94,16 @@ mod tests {
     }
 
     #[test]
+    fn supplementary_groups_select_the_group_class() {
+        let a = attr(FileType::Directory, 0o710, 10, 20);
+        let member = Cred::with_groups(11, 99, dafne_proto::Groups::new(&[5, 20]));
+        assert!(may(&member, &a, MAY_EXEC));
+        assert!(!may(&member, &a, MAY_READ));
+        assert!(!may(&Cred::with_groups(11, 99, dafne_proto::Groups::new(&[5, 21])), &a, MAY_EXEC));
+        assert!(!may(&Cred::new(11, 99), &a, MAY_EXEC));
+    }
+
+    #[test]
     fn root_bypasses_but_cannot_exec_non_executables() {
         let a = attr(FileType::Regular, 0o600, 10, 20);
         assert!(may(&Cred::root(), &a, MAY_READ | MAY_WRITE));

@@ -253,11 +253,11 @@ impl MetaService {
                 }
             },
             Request::Compound { ops } => {
-                let cred = Cred::new(env.uid, env.gid);
+                let cred = Cred::with_groups(env.uid, env.gid, env.groups);
                 self.run(conn, Job { cred, ops, protected: None }).await.map(|results| Response::Compound { results })
             }
             single => {
-                let cred = Cred::new(env.uid, env.gid);
+                let cred = Cred::with_groups(env.uid, env.gid, env.groups);
                 let job = Job { cred, ops: vec![CompoundOp { chain: false, req: single }], protected: None };
                 match self.run(conn, job).await {
                     Ok(mut results) => results.pop().unwrap_or(Err(Errno::EIO)),

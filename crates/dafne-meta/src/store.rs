@@ -121,17 +121,25 @@ pub const LINK_MAX: u32 = 65_000;
 pub struct Cred {
     pub uid: u32,
     pub gid: u32,
+    /// Supplementary groups (at most [`dafne_proto::MAX_GROUPS`]).
+    pub groups: dafne_proto::Groups,
 }
 
 impl Cred {
+    /// A caller without supplementary groups.
     pub fn new(uid: u32, gid: u32) -> Cred {
-        Cred { uid, gid }
+        Cred { uid, gid, groups: dafne_proto::Groups::NONE }
+    }
+    pub fn with_groups(uid: u32, gid: u32, groups: dafne_proto::Groups) -> Cred {
+        Cred { uid, gid, groups }
     }
     pub fn root() -> Cred {
-        Cred { uid: 0, gid: 0 }
+        Cred::new(0, 0)
     }
+    /// Whether `gid` is the caller's group or one of its supplementary
+    /// groups (as the kernel's `in_group_p`).
     pub fn in_group(&self, gid: u32) -> bool {
-        self.gid == gid
+        self.gid == gid || self.groups.contains(gid)
     }
 }
 
@@ -1106,8 +1114,17 @@ impl Tables<'_> {
     fn setattr(&mut self, cred: &Cred, ino: Ino, set: &SetAttr) -> R<Response> {
         let mut i = self.inode(ino)?;
         let owner = cred.uid == 0 || cred.uid == i.attr.uid;
+        // A mode change that only clears setuid and/or setgid is what a
+        // write or truncate by another user does on Linux: through a mount
+        // the kernel sends it as the writer, right before the write
+        // (`file_remove_privs`, with the mode just fetched from here).
+        // Whoever may write the file may make it; it changes no access.
+        let kill_only = set.mode.is_some_and(|m| {
+            let (old, new) = (i.attr.mode, m & 0o7777);
+            new != old && new & !old == 0 && (old ^ new) & !(S_ISUID | S_ISGID) == 0
+        });
         // Check everything first.
-        if set.mode.is_some() && !owner {
+        if set.mode.is_some() && !owner && !(kill_only && posix::may(cred, &i.attr, MAY_WRITE)) {
             return Err(Errno::EPERM.into());
         }
         if *set == SetAttr::default() {
@@ -1146,7 +1163,7 @@ impl Tables<'_> {
         // Then apply. A change of owner, group or mode, or a smaller size,
         // revokes the capabilities issued so far (`dafne_auth`, "Revocation").
         let shrinks = set.size.is_some_and(|s| s < i.attr.size);
-        let rights_change = set.mode.is_some_and(|m| m & 0o7777 != i.attr.mode)
+        let rights_change = set.mode.is_some_and(|m| m & 0o7777 != i.attr.mode && !kill_only)
             || set.uid.is_some_and(|u| u != i.attr.uid)
             || set.gid.is_some_and(|g| g != i.attr.gid);
         if shrinks || rights_change {
@@ -1162,6 +1179,12 @@ impl Tables<'_> {
             i.attr.mode = mode & 0o7777;
         }
         let chown = set.uid.is_some_and(|u| u != i.attr.uid) || set.gid.is_some_and(|g| g != i.attr.gid);
+        // As Linux for a caller without CAP_FSETID: setuid goes, and setgid
+        // when group-execute is set (a privilege) or the caller is not in
+        // the file's group (setgid without group-execute is a locking
+        // mark). Root's chown keeps them here; through a mount the kernel
+        // clears them for root too, in the same request.
+        let kill = if i.attr.mode & 0o010 != 0 || !cred.in_group(i.attr.gid) { S_ISUID | S_ISGID } else { S_ISUID };
         if let Some(uid) = set.uid {
             i.attr.uid = uid;
         }
@@ -1169,7 +1192,7 @@ impl Tables<'_> {
             i.attr.gid = gid;
         }
         if chown && cred.uid != 0 && i.attr.kind != FileType::Directory {
-            i.attr.mode &= !(S_ISUID | S_ISGID);
+            i.attr.mode &= !kill;
         }
         if let Some(size) = set.size {
             if size != i.attr.size {

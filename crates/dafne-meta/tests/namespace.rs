@@ -238,6 +238,40 @@ fn permissions_are_checked_on_the_server() {
     assert_eq!(bob.unlink(tmp.ino, b"mine"), Err(Errno::EPERM));
     assert_eq!(bob.rename(tmp.ino, b"mine", tmp.ino, b"theirs"), Err(Errno::EPERM));
     alice.unlink(tmp.ino, b"mine").unwrap();
+
+    // A writer who is not the owner may clear setuid/setgid (what its
+    // write does on Linux), and nothing else; a non-writer may not.
+    let suid = root.create(pub_.ino, b"suid", 0o6766, true).unwrap();
+    let set_mode = |s: &MetaSession, m: u32| s.setattr(suid.ino, SetAttr { mode: Some(m), ..Default::default() });
+    assert_eq!(set_mode(&bob, 0o6777), Err(Errno::EPERM), "adding bits");
+    assert_eq!(set_mode(&bob, 0o0760), Err(Errno::EPERM), "clearing others' bits too");
+    assert_eq!(set_mode(&bob, 0o1766), Err(Errno::EPERM), "setting sticky while clearing");
+    // (setgid also goes: bob is not in the file's group, as chmod on Linux.)
+    assert_eq!(set_mode(&bob, 0o2766).unwrap().mode, 0o0766);
+    root.setattr(suid.ino, SetAttr { mode: Some(0o6766), ..Default::default() }).unwrap();
+    assert_eq!(set_mode(&bob, 0o0766).unwrap().mode, 0o0766);
+    root.setattr(suid.ino, SetAttr { mode: Some(0o4764), ..Default::default() }).unwrap();
+    assert_eq!(set_mode(&bob, 0o0764), Err(Errno::EPERM), "bob may not write it");
+    // Supplementary groups: bob in group 1000 may give his file to it.
+    let fb = bob.create(pub_.ino, b"b", 0o644, true).unwrap();
+    let bob_in_1000 = root.as_caller(1001, 1001, dafne_proto::Groups::new(&[1000]));
+    assert_eq!(bob.setattr(fb.ino, SetAttr { gid: Some(1000), ..Default::default() }), Err(Errno::EPERM));
+    assert_eq!(bob_in_1000.setattr(fb.ino, SetAttr { gid: Some(1000), ..Default::default() }).unwrap().gid, 1000);
+    // Its chown clears setuid, and setgid only with group-execute (or
+    // when bob is not in the file's group), as Linux.
+    for (before, after) in [(0o6755, 0o0755), (0o6744, 0o2744)] {
+        bob.setattr(fb.ino, SetAttr { gid: Some(1001), ..Default::default() }).unwrap();
+        assert_eq!(bob.setattr(fb.ino, SetAttr { mode: Some(before), ..Default::default() }).unwrap().mode, before);
+        let a = bob_in_1000.setattr(fb.ino, SetAttr { gid: Some(1000), ..Default::default() }).unwrap();
+        assert_eq!(a.mode, after, "{before:o}");
+    }
+    root.setattr(fb.ino, SetAttr { mode: Some(0o6744), ..Default::default() }).unwrap();
+    let a = bob.setattr(fb.ino, SetAttr { gid: Some(1001), ..Default::default() }).unwrap();
+    assert_eq!(a.mode, 0o0744, "bob was not in the file's group 1000");
+    assert_eq!(bob_in_1000.lookup(private.ino, b"secret"), Err(Errno::EACCES), "alice's 0700 dir has no group bits");
+    alice.setattr(private.ino, SetAttr { mode: Some(0o710), ..Default::default() }).unwrap();
+    assert_eq!(bob.lookup(private.ino, b"secret"), Err(Errno::EACCES));
+    assert!(bob_in_1000.lookup(private.ino, b"secret").is_ok(), "search through the group class");
 }
 
 #[test]
@@ -501,7 +535,7 @@ fn wrong_secret_and_hostile_requests_are_refused_while_others_carry_on() {
     }
     // A raw transport client: no session, garbage, truncation.
     let raw = Client::connect(&rt, m.addr).unwrap();
-    let env = dafne_proto::Envelope { tag: 5, uid: 0, gid: 0 };
+    let env = dafne_proto::Envelope::new(5, 0, 0);
     let getattr = dafne_proto::encode_request(env, &Request::GetAttr { ino: ROOT_INO });
     let reply = raw.call(getattr.clone()).unwrap();
     assert_eq!(dafne_proto::decode_reply(&reply).unwrap().2, Err(Errno::EACCES), "no session, no service");
@@ -631,7 +665,7 @@ fn open_files_are_not_offered_for_reclaiming_until_their_last_close() {
     // Close and Reopen are for sessions only.
     let c = Client::connect(&rt, m.addr).unwrap();
     let req = dafne_proto::encode_request(
-        dafne_proto::Envelope { tag: 1, uid: 0, gid: 0 },
+        dafne_proto::Envelope::new(1, 0, 0),
         &Request::Reopen { held: vec![dafne_proto::HeldOpen { object_id: 5, count: 1 }] },
     );
     let (_, _, r) = dafne_proto::decode_reply(&c.call(req).unwrap()).unwrap();

@@ -3,10 +3,11 @@
 
 use crate::msg::get_errno;
 use crate::wire::{Reader, Writer};
-use crate::{DecodeError, Errno, IoOp, Op, Request, Response, PROTO_VERSION};
+use crate::{DecodeError, Errno, IoOp, Op, Request, Response, MAX_GROUPS, PROTO_VERSION, REQUEST_FLAG_GROUPS};
 
 /// Who sends a request and under which id: the header fields a caller
-/// chooses.
+/// chooses, and the caller's supplementary groups (which travel in front
+/// of the body, crate docs "Messages").
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct Envelope {
     /// The client's request id, echoed in the reply (for matching and for
@@ -15,6 +16,85 @@ pub struct Envelope {
     /// Credentials the server checks permissions against.
     pub uid: u32,
     pub gid: u32,
+    /// Supplementary groups, checked like `gid`.
+    pub groups: Groups,
+}
+
+impl Envelope {
+    /// An envelope without supplementary groups.
+    pub const fn new(tag: u64, uid: u32, gid: u32) -> Envelope {
+        Envelope { tag, uid, gid, groups: Groups::NONE }
+    }
+}
+
+/// Up to [`MAX_GROUPS`] supplementary group ids, in the order given.
+/// Unused slots are always 0, so the derived comparisons compare the list.
+#[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Groups {
+    n: u8,
+    ids: [u32; MAX_GROUPS],
+}
+
+impl std::fmt::Debug for Groups {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.as_slice()).finish()
+    }
+}
+
+impl Groups {
+    /// No supplementary groups.
+    pub const NONE: Groups = Groups { n: 0, ids: [0; MAX_GROUPS] };
+
+    /// The first [`MAX_GROUPS`] of `ids` (a caller in more groups is
+    /// checked with fewer: it may be refused, never granted more).
+    pub fn new(ids: &[u32]) -> Groups {
+        let mut g = Groups::NONE;
+        for &id in ids.iter().take(MAX_GROUPS) {
+            g.ids[g.n as usize] = id;
+            g.n += 1;
+        }
+        g
+    }
+
+    pub fn as_slice(&self) -> &[u32] {
+        &self.ids[..self.n as usize]
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+
+    pub fn contains(&self, gid: u32) -> bool {
+        self.as_slice().contains(&gid)
+    }
+
+    /// `n u8, n × u32`, written only when not empty (the header's
+    /// [`REQUEST_FLAG_GROUPS`] says so).
+    fn put(&self, w: &mut Writer) {
+        w.put_u8(self.n);
+        for &id in self.as_slice() {
+            w.put_u32(id);
+        }
+    }
+
+    /// The groups in front of a body whose header has
+    /// [`REQUEST_FLAG_GROUPS`]: 1..=[`MAX_GROUPS`] of them (an empty list
+    /// is sent as no flag, so each list has one encoding).
+    fn get(r: &mut Reader<'_>) -> Result<Groups, DecodeError> {
+        let n = r.u8("group count")? as usize;
+        if n == 0 {
+            return Err(DecodeError::BadValue { what: "group count", value: 0 });
+        }
+        if n > MAX_GROUPS {
+            return Err(DecodeError::TooLong { what: "groups", len: n, max: MAX_GROUPS });
+        }
+        let mut g = Groups::NONE;
+        for _ in 0..n {
+            g.ids[g.n as usize] = r.u32("group")?;
+            g.n += 1;
+        }
+        Ok(g)
+    }
 }
 
 /// Defines a request header and a reply header whose op field is of the
@@ -31,7 +111,8 @@ macro_rules! headers {
             /// [`PROTO_VERSION`].
             pub version: u16,
             pub op: $op,
-            /// Must be 0.
+            /// 0, or [`REQUEST_FLAG_GROUPS`]: the body starts with the
+            /// caller's supplementary groups.
             pub flags: u32,
             pub tag: u64,
             pub uid: u32,
@@ -53,7 +134,7 @@ macro_rules! headers {
                 $req {
                     version: PROTO_VERSION,
                     op,
-                    flags: 0,
+                    flags: if env.groups.is_empty() { 0 } else { REQUEST_FLAG_GROUPS },
                     tag: env.tag,
                     uid: env.uid,
                     gid: env.gid,
@@ -62,13 +143,14 @@ macro_rules! headers {
                 }
             }
 
-            /// The caller-chosen fields.
+            /// The caller-chosen fields of the header (the groups, if any,
+            /// are in the body: [`decode_request`] reads them).
             pub fn envelope(&self) -> Envelope {
-                Envelope { tag: self.tag, uid: self.uid, gid: self.gid }
+                Envelope::new(self.tag, self.uid, self.gid)
             }
 
             /// The header's bytes, fields written as they are (a header with
-            /// non-zero `flags` encodes, and the receiver refuses it).
+            /// unknown `flags` encodes, and the receiver refuses it).
             pub fn encode(&self) -> [u8; Self::SIZE] {
                 let mut w = Writer::default();
                 w.put_u16(self.version);
@@ -110,7 +192,7 @@ macro_rules! headers {
                     body_len: r.u32("body_len")?,
                     reserved: r.u32("reserved")?,
                 };
-                if hdr.flags != 0 || hdr.reserved != 0 {
+                if hdr.flags & !REQUEST_FLAG_GROUPS != 0 || hdr.reserved != 0 {
                     return Err(DecodeError::Reserved);
                 }
                 Ok(hdr)
@@ -210,6 +292,9 @@ macro_rules! headers {
         }
 
         impl RequestFrame for $req {
+            fn flags(&self) -> u32 {
+                self.flags
+            }
             fn make(op: $op, env: Envelope, body_len: u32) -> Self {
                 <$req>::new(op, env, body_len)
             }
@@ -283,6 +368,7 @@ pub(crate) trait Framed: Sized {
 }
 
 pub(crate) trait RequestFrame: Framed {
+    fn flags(&self) -> u32;
     fn make(op: Self::Op, env: Envelope, body_len: u32) -> Self;
     fn bytes(&self) -> [u8; 32];
     fn op(&self) -> Self::Op;
@@ -314,6 +400,9 @@ pub(crate) trait ReplyBody: Sized + std::fmt::Debug {
 /// Header + body of a request (`H` and `B` of the same protocol).
 pub(crate) fn encode_req<H: RequestFrame, B: RequestBody<Op = H::Op>>(env: Envelope, req: &B) -> Vec<u8> {
     let mut w = Writer::with_prefix(H::SIZE);
+    if !env.groups.is_empty() {
+        env.groups.put(&mut w);
+    }
     req.put_body(&mut w);
     let mut buf = w.into_vec();
     let hdr = H::make(req.op(), env, body_len(buf.len(), H::SIZE));
@@ -328,9 +417,13 @@ pub(crate) fn decode_req<H: RequestFrame, B: RequestBody<Op = H::Op>>(
     let mut r = Reader::new(buf);
     let hdr = H::read(&mut r)?;
     check_body_len(hdr.body_len(), r.left())?;
+    let mut env = hdr.envelope();
+    if hdr.flags() & REQUEST_FLAG_GROUPS != 0 {
+        env.groups = Groups::get(&mut r)?;
+    }
     let req = B::get_body(hdr.op(), &mut r)?;
     r.finish()?;
-    Ok((hdr.envelope(), req))
+    Ok((env, req))
 }
 
 /// The reply to request `tag` of `op`: the body of `Ok`, or the errno and
@@ -427,7 +520,7 @@ mod tests {
     use crate::types::tests::attr;
     use crate::*;
 
-    const ENV: Envelope = Envelope { tag: 0x1122_3344_5566_7788, uid: 1000, gid: 100 };
+    const ENV: Envelope = Envelope::new(0x1122_3344_5566_7788, 1000, 100);
 
     fn cap() -> Capability {
         Capability { object_id: 77, ino: 5, rights: RIGHT_READ, generation: 6, expiry_unix_ns: 123, mac: [9; 32] }
@@ -624,6 +717,52 @@ mod tests {
     }
 
     #[test]
+    fn supplementary_groups_travel_and_hostile_counts_are_refused() {
+        let ids: Vec<u32> = (100..140).collect();
+        let env = Envelope { groups: Groups::new(&ids), ..ENV };
+        assert_eq!(env.groups.as_slice(), &ids[..MAX_GROUPS], "the first MAX_GROUPS are kept");
+        let req = Request::GetAttr { ino: 9 };
+        let b = encode_request(env, &req);
+        assert_eq!(b.len(), 32 + 1 + 4 * MAX_GROUPS + 8);
+        assert_eq!(b[4], REQUEST_FLAG_GROUPS as u8);
+        assert_eq!(decode_request(&b), Ok((env, req.clone())));
+        assert!(env.groups.contains(131) && !env.groups.contains(132) && !env.groups.contains(99));
+        // No groups: no flag, no prefix, the bytes of before.
+        let plain = encode_request(ENV, &req);
+        assert_eq!((plain.len(), plain[4]), (40, 0));
+        // The flag with a count of 0, or above MAX_GROUPS, or more groups
+        // announced than bytes follow.
+        let with = |count: u8, groups: u32| {
+            let mut body = vec![count];
+            for g in 0..groups {
+                body.extend_from_slice(&(1000 + g).to_le_bytes());
+            }
+            body.extend_from_slice(&9u64.to_le_bytes());
+            let mut b = RequestHeader::new(Op::GetAttr, ENV, body.len() as u32).encode().to_vec();
+            b[4] = REQUEST_FLAG_GROUPS as u8;
+            b.extend_from_slice(&body);
+            b
+        };
+        assert!(decode_request(&with(3, 3)).is_ok());
+        assert_eq!(decode_request(&with(0, 0)), Err(DecodeError::BadValue { what: "group count", value: 0 }));
+        assert_eq!(
+            decode_request(&with(33, 33)),
+            Err(DecodeError::TooLong { what: "groups", len: 33, max: MAX_GROUPS })
+        );
+        assert_eq!(
+            decode_request(&with(255, 0)),
+            Err(DecodeError::TooLong { what: "groups", len: 255, max: MAX_GROUPS })
+        );
+        // 4 groups announced, 3 sent: the op body's bytes are read as the
+        // fourth group and the ino comes up short.
+        assert!(matches!(decode_request(&with(4, 3)), Err(DecodeError::Truncated { .. })));
+        // Every truncation of a message with groups is refused, none panics.
+        for n in 0..b.len() {
+            assert!(decode_request(&b[..n]).is_err(), "{n} bytes");
+        }
+    }
+
+    #[test]
     fn request_header_corruption_is_caught() {
         let good = lookup();
         let mut b = good.clone();
@@ -636,7 +775,10 @@ mod tests {
         set(&mut b, 2, &0u16.to_le_bytes());
         assert_eq!(decode_request(&b), Err(DecodeError::UnknownOp(0)));
         let mut b = good.clone();
-        b[4] = 1;
+        b[4] = 2;
+        assert_eq!(decode_request(&b), Err(DecodeError::Reserved));
+        let mut b = good.clone();
+        b[7] = 0x80;
         assert_eq!(decode_request(&b), Err(DecodeError::Reserved));
         let mut b = good.clone();
         b[31] = 0x80;

@@ -765,7 +765,7 @@ mod tests {
     use super::*;
     use crate::{decode_reply, decode_request, encode_reply, encode_request, Op, Request, Response, RIGHT_READ};
 
-    const ENV: Envelope = Envelope { tag: 0x0102_0304_0506_0708, uid: 1000, gid: 100 };
+    const ENV: Envelope = Envelope::new(0x0102_0304_0506_0708, 1000, 100);
 
     fn cap() -> Capability {
         Capability { object_id: 77, ino: 5, rights: RIGHT_READ, generation: 6, expiry_unix_ns: 123, mac: [9; 32] }
@@ -1147,8 +1147,12 @@ mod tests {
         b[0..2].copy_from_slice(&1u16.to_le_bytes());
         assert_eq!(decode_io_request(&b), Err(DecodeError::BadVersion(1)));
         let mut b = good.clone();
-        b[4] = 1;
+        b[4] = 2;
         assert_eq!(decode_io_request(&b), Err(DecodeError::Reserved));
+        // The groups flag: the body's first byte (77) is read as a count.
+        let mut b = good.clone();
+        b[4] = 1;
+        assert_eq!(decode_io_request(&b), Err(DecodeError::TooLong { what: "groups", len: 77, max: 32 }));
         let mut b = good.clone();
         b[2..4].copy_from_slice(&73u16.to_le_bytes());
         assert_eq!(decode_io_request(&b), Err(DecodeError::UnknownOp(73)));

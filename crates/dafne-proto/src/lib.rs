@@ -20,7 +20,9 @@
 //! offset size field
 //!      0    2 version   PROTO_VERSION
 //!      2    2 op        Op (table below) or IoOp (module io)
-//!      4    4 flags     must be 0
+//!      4    4 flags     0, or REQUEST_FLAG_GROUPS (1): the body starts
+//!                       with n u8 (1..=MAX_GROUPS), n × gid u32, the
+//!                       caller's supplementary groups (body_len counts them)
 //!      8    8 tag       the client's request id, echoed in the reply
 //!     16    4 uid       caller's credentials, checked by the server
 //!     20    4 gid
@@ -171,7 +173,8 @@
 //! version 5 Close and Reopen; version 6 io keys framed with their window
 //! and revocable capabilities (`ino` and `generation` in the capability,
 //! the ops Recap and Revocations, the generation in the Orphans reply, the
-//! io op Revoke). Bump
+//! io op Revoke); version 7 the caller's supplementary groups
+//! ([`REQUEST_FLAG_GROUPS`]). Bump
 //! it for *every* change to what a decoder accepts or how it reads it: a new
 //! op, a field added, removed, resized or reordered, a new flag or mask bit,
 //! a new enum value, a changed limit. Numbers (ops, errno values, file types,
@@ -191,8 +194,8 @@ use std::ops::RangeInclusive;
 pub use errno::{Errno, MAX_ERRNO};
 pub use error::DecodeError;
 pub use frame::{
-    decode_reply, decode_request, encode_reply, encode_request, Envelope, IoReplyHeader, IoRequestHeader, ReplyHeader,
-    RequestHeader,
+    decode_reply, decode_request, encode_reply, encode_request, Envelope, Groups, IoReplyHeader, IoRequestHeader,
+    ReplyHeader, RequestHeader,
 };
 pub use io::{
     decode_io_reply, decode_io_request, encode_io_reply, encode_io_request, IoExtent, IoOp, IoRequest, IoResponse,
@@ -212,8 +215,18 @@ pub use types::{
 /// them); revocable capabilities (capability `ino` and `generation`,
 /// Recap, Revocations, the Orphans reply's generation, the io op Revoke).
 /// 7: the io op Login (io servers drop connections that never show a
-/// genuine capability).
+/// genuine capability); supplementary groups in front of a request body
+/// ([`REQUEST_FLAG_GROUPS`]).
 pub const PROTO_VERSION: u16 = 7;
+
+/// Request header `flags`: the body starts with the caller's supplementary
+/// groups, `n u8` (1..=[`MAX_GROUPS`]) and `n × u32`. The only flag; any
+/// other bit is refused ([`DecodeError::Reserved`]).
+pub const REQUEST_FLAG_GROUPS: u32 = 1;
+
+/// Most supplementary groups a request carries (129 bytes). A FUSE mount
+/// sends the first 32 of the caller's groups (`dafne_fuse`, "Groups").
+pub const MAX_GROUPS: usize = 32;
 
 /// The op numbers of the metadata protocol ([`Op`]).
 pub const META_OP_NUMBERS: RangeInclusive<u16> = 1..=63;

@@ -89,7 +89,8 @@ fn hint() -> impl Strategy<Value = Option<LayoutHint>> {
 }
 
 fn envelope() -> impl Strategy<Value = Envelope> {
-    (any::<u64>(), any::<u32>(), any::<u32>()).prop_map(|(tag, uid, gid)| Envelope { tag, uid, gid })
+    (any::<u64>(), any::<u32>(), any::<u32>(), proptest::collection::vec(any::<u32>(), 0..=dafne_proto::MAX_GROUPS))
+        .prop_map(|(tag, uid, gid, groups)| Envelope { tag, uid, gid, groups: dafne_proto::Groups::new(&groups) })
 }
 
 /// Any request but Compound; SessionOpen only if `session`.

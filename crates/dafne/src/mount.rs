@@ -56,6 +56,15 @@ pub struct MountArgs {
     /// close of a file (for tests and diagnosis).
     #[arg(long, hide = true)]
     pub stats_file: Option<PathBuf>,
+    /// Honour setuid/setgid bits of programs on the mount (default:
+    /// `nosuid`, since whoever may chmod on any mount of the cluster would
+    /// otherwise choose a uid on this host).
+    #[arg(long)]
+    pub suid: bool,
+    /// Honour device nodes on the mount (default: `nodev`, since whoever
+    /// may mknod on the cluster would otherwise open this host's devices).
+    #[arg(long)]
+    pub dev: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -182,6 +191,12 @@ fn spawn_daemon(info: &ClusterInfo, mp: &Path, a: &MountArgs) -> Result<()> {
     if let Some(f) = &a.stats_file {
         cmd.arg("--stats-file").arg(std::path::absolute(f)?);
     }
+    if a.suid {
+        cmd.arg("--suid");
+    }
+    if a.dev {
+        cmd.arg("--dev");
+    }
     use std::os::unix::process::CommandExt;
     let mut child = cmd
         .stdin(Stdio::null())
@@ -292,6 +307,8 @@ fn serve(info: &ClusterInfo, mp: &Path, a: &MountArgs) -> Result<()> {
         attr_ttl: Duration::from_millis(info.attr_timeout_ms),
         entry_ttl: Duration::from_millis(info.entry_timeout_ms),
         threads: a.threads,
+        suid: a.suid,
+        dev: a.dev,
     };
     let mut mounted = dafne_fuse::mount(core, mp, &opts)?;
     let pid = std::process::id();

@@ -735,6 +735,11 @@ fn mistakes_get_clear_messages_and_a_nonzero_exit() {
     let right = info["secret"].clone();
     info["secret"] = serde_json::Value::String(p(&wrong).into());
     std::fs::write(&info_path, info.to_string()).unwrap();
+    // First readable by others (as `std::fs::write` made it): refused
+    // before it is used, with the fix.
+    let t = fail(dafne().arg("mount").arg(&m.mp).args(["--dir", &d]));
+    assert!(t.contains("mode 0644") && t.contains(&format!("chmod 600 {}", wrong.display())), "{t}");
+    chmod(&wrong, 0o600);
     let t = fail(dafne().arg("mount").arg(&m.mp).args(["--dir", &d]));
     info["secret"] = right;
     std::fs::write(&info_path, info.to_string()).unwrap();
@@ -1010,4 +1015,170 @@ fn readahead_memory_stays_within_its_bound() {
     assert!(peak <= 3 << 20, "read-ahead held {peak} bytes, over its 3 MiB bound");
     assert!(peak > 0 && stat(&stats, "readahead_hits") > 0, "read-ahead served within the bound");
     assert!(stat(&stats, "readahead_posts_refused") > 0, "the bound was never reached: the test proves nothing");
+}
+
+// ---- Permissions whatever the kernel has cached (issue 10, findings 4 and 10)
+
+/// The unprivileged user the permission tests switch to.
+const NOBODY: u32 = 65534;
+
+/// `program args` as uid and gid [`NOBODY`] with the supplementary groups
+/// `groups` (none: `--clear-groups`), under `timeout(1)`.
+fn as_nobody(groups: &[u32], program: &str, args: &[&str]) -> Command {
+    let mut c = cmd("setpriv", &[&format!("--reuid={NOBODY}"), &format!("--regid={NOBODY}")]);
+    if groups.is_empty() {
+        c.arg("--clear-groups");
+    } else {
+        let list: Vec<String> = groups.iter().map(|g| g.to_string()).collect();
+        c.arg(format!("--groups={}", list.join(",")));
+    }
+    c.arg(program).args(args).stdin(Stdio::null());
+    c
+}
+
+/// A cluster whose directory (and so its mount point) other users may
+/// reach, and its mount made with `extra`.
+fn reachable_mount(extra: &[&str]) -> (Cluster, Mount) {
+    use std::os::unix::fs::PermissionsExt;
+    let c = Cluster::start();
+    std::fs::set_permissions(c.dir(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let m = c.mount_with(extra);
+    std::fs::set_permissions(&m.mp, std::fs::Permissions::from_mode(0o755)).unwrap();
+    (c, m)
+}
+
+fn chmod(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+fn mode_of(path: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::symlink_metadata(path).unwrap().permissions().mode() & 0o7777
+}
+
+/// Finding 10, exactly as measured: a directory closed with `chmod 700`
+/// right after its file was looked up must stop another user at once, not
+/// after the kernel's entry timeout.
+#[test]
+fn a_closed_directory_stops_another_user_at_once_whatever_the_kernel_cached() {
+    let _g = serial();
+    let (_c, m) = reachable_mount(&[]);
+    let d = m.path("d");
+    let f = d.join("f");
+    std::fs::create_dir(&d).unwrap();
+    std::fs::write(&f, b"secret\n").unwrap();
+    std::os::unix::fs::chown(&f, Some(NOBODY), None).unwrap();
+    chmod(&f, 0o600);
+    std::fs::metadata(&f).unwrap();
+    chmod(&d, 0o700);
+    let o = as_nobody(&[], "cat", &[p(&f)]).output().unwrap();
+    assert!(!o.status.success(), "uid {NOBODY} read through a mode-700 directory: {}", text(&o));
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("secret"), "{}", text(&o));
+    assert!(text(&o).contains("Permission denied"), "{}", text(&o));
+    // Opened up again on the same mount, it is readable at once too.
+    chmod(&d, 0o755);
+    let o = as_nobody(&[], "cat", &[p(&f)]).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "secret\n", "{}", text(&o));
+}
+
+/// The per-mount options of `mp` in /proc/self/mountinfo (its sixth field,
+/// e.g. `rw,nosuid,nodev,relatime`).
+fn mount_options(mp: &Path) -> Vec<String> {
+    let want = mp.to_string_lossy().into_owned();
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let line = info.lines().rev().find(|l| l.split(' ').nth(4) == Some(&want)).expect("the mount is in mountinfo");
+    line.split(' ').nth(5).unwrap().split(',').map(str::to_string).collect()
+}
+
+/// Finding 4 (the mount's part): setuid programs and device nodes on the
+/// cluster are inert on a mount unless its owner asks for them.
+#[test]
+fn mounts_are_nosuid_and_nodev_unless_asked() {
+    let _g = serial();
+    let c = Cluster::start();
+    let m = c.mount();
+    let opts = mount_options(&m.mp);
+    assert!(opts.iter().any(|o| o == "nosuid") && opts.iter().any(|o| o == "nodev"), "{opts:?}");
+    let both = c.mount_at("mnt-suid-dev", &["--suid", "--dev"]);
+    let opts = mount_options(&both.mp);
+    assert!(!opts.iter().any(|o| o == "nosuid" || o == "nodev"), "{opts:?}");
+}
+
+/// A supplementary group of [`NOBODY`] in the tests below.
+const GROUP: u32 = 4242;
+
+/// Supplementary groups count (issue 10, finding 10): the metadata server
+/// checks the caller's groups as the kernel does. Before, a chown to a
+/// supplementary group was refused, and a directory searchable only by a
+/// supplementary group could not be walked on a mount that had not cached
+/// the lookup.
+#[test]
+fn supplementary_groups_count_for_chown_and_search() {
+    let _g = serial();
+    let (c, m) = reachable_mount(&[]);
+    let own = m.path("own");
+    std::fs::write(&own, b"mine").unwrap();
+    std::os::unix::fs::chown(&own, Some(NOBODY), Some(NOBODY)).unwrap();
+    let gdir = m.path("gdir");
+    std::fs::create_dir(&gdir).unwrap();
+    std::os::unix::fs::chown(&gdir, Some(0), Some(GROUP)).unwrap();
+    chmod(&gdir, 0o710);
+    std::fs::write(gdir.join("f"), b"for the group\n").unwrap();
+    // A second mount: nothing of the above is in its kernel's caches, so
+    // every lookup reaches the metadata server.
+    let m2 = c.mount_at("mnt2", &[]);
+    let (own2, f2) = (m2.path("own"), m2.path("gdir/f"));
+
+    // The owner gives its file to a group it is in, not to one it is not in.
+    let o = as_nobody(&[GROUP], "chgrp", &[&GROUP.to_string(), p(&own2)]).output().unwrap();
+    assert!(o.status.success(), "chgrp to a supplementary group: {}", text(&o));
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(std::fs::metadata(&own2).unwrap().gid(), GROUP);
+    let o = as_nobody(&[GROUP], "chgrp", &["4243", p(&own2)]).output().unwrap();
+    assert!(!o.status.success(), "chgrp to a group the owner is not in: {}", text(&o));
+
+    // Search permission through the group class of a supplementary group.
+    let o = as_nobody(&[GROUP], "cat", &[p(&f2)]).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "for the group\n", "{}", text(&o));
+    let o = as_nobody(&[], "cat", &[p(&f2)]).output().unwrap();
+    assert!(!o.status.success() && text(&o).contains("Permission denied"), "{}", text(&o));
+}
+
+/// Set-user-ID and set-group-ID bits go when another user writes or
+/// truncates the file, as on Linux (issue 10, finding 10: that write failed
+/// with EPERM). Set-group-ID without group execute (a locking mark, not a
+/// privilege) stays; root's writes keep both.
+#[test]
+fn setuid_and_setgid_are_cleared_by_another_users_write_or_truncate() {
+    let _g = serial();
+    let (_c, m) = reachable_mount(&[]);
+    let cases = [("w", 0o6777, 0o0777), ("t", 0o6777, 0o0777), ("l", 0o2666, 0o2666), ("u", 0o4766, 0o0766)];
+    for (name, mode, _) in cases {
+        std::fs::write(m.path(name), b"data").unwrap();
+        chmod(&m.path(name), mode);
+        assert_eq!(mode_of(&m.path(name)), mode);
+    }
+    for (name, mode, after) in cases {
+        let f = m.path(name);
+        let script = if name == "t" { format!("truncate -s 1 {}", p(&f)) } else { format!("echo more >> {}", p(&f)) };
+        let o = as_nobody(&[], "sh", &["-c", &script]).output().unwrap();
+        assert!(o.status.success(), "{name} ({mode:o}): {}", text(&o));
+        assert_eq!(mode_of(&f), after, "{name}: {mode:o} after another user's write");
+    }
+    // A chown by its non-root owner clears them too (to a group it is in).
+    let f = m.path("mine");
+    std::fs::write(&f, b"data").unwrap();
+    std::os::unix::fs::chown(&f, Some(NOBODY), Some(NOBODY)).unwrap();
+    chmod(&f, 0o6755);
+    let o = as_nobody(&[GROUP], "chgrp", &[&GROUP.to_string(), p(&f)]).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(mode_of(&f), 0o755, "setuid/setgid after the owner's chgrp");
+    // Root (CAP_FSETID) keeps them.
+    let f = m.path("root");
+    std::fs::write(&f, b"data").unwrap();
+    chmod(&f, 0o6755);
+    use std::io::Write;
+    std::fs::OpenOptions::new().append(true).open(&f).unwrap().write_all(b"more").unwrap();
+    assert_eq!(mode_of(&f), 0o6755);
 }
