@@ -198,6 +198,17 @@ impl ClientSide {
         l.client.by_nonce.borrow_mut().remove(&conn.nonce);
         l.client.by_token.borrow_mut().insert(m.hdr.token, id);
         l.gate.client_tokens.borrow_mut().insert(m.hdr.token);
+        // A first frame with the token at once: it proves to the server
+        // that this process received the welcome, so the connection no
+        // longer counts as unproven there (`server::MAX_UNPROVEN`, whose
+        // oldest entries make room for new hellos).
+        conn.last_ping.set(Instant::now());
+        let mut p = FrameHeader::new(FrameKind::Ping);
+        p.conn_id = m.hdr.conn_id;
+        p.token = m.hdr.token;
+        if let Some(ep) = &*conn.ctrl.borrow() {
+            let _ = ep.am_send(AM_ID, p.encode().to_vec(), Vec::new(), false);
+        }
         if let Some(tx) = conn.ready_tx.borrow_mut().take() {
             let _ = tx.send(Ok(()));
         }

@@ -293,6 +293,8 @@ pub(crate) struct ServerSide {
     conns: RefCell<HashMap<u32, Rc<ServerConn>>>,
     by_ep: RefCell<HashMap<usize, u32>>,
     next_id: Cell<u32>,
+    /// Connections in `conns` not yet proven (see `ServerConn::proven`).
+    unproven: Cell<usize>,
     /// Resets sockets that never complete a UCX handshake (`sockguard`).
     guard: RefCell<Option<crate::sockguard::SockGuard>>,
 }
@@ -315,7 +317,13 @@ pub const MAX_UNGREETED: usize = 256;
 /// peer that claims addresses it does not own leaves connections that can
 /// never be used. They end at the silence limit (housekeeping); this bound
 /// caps how many a flood of hellos holds meanwhile (256 records, each a
-/// few hundred bytes, and 256 endpoints of a few KiB in UCX).
+/// few hundred bytes, and 256 endpoints of a few KiB in UCX). A hello
+/// beyond it evicts the oldest unproven connection rather than being
+/// refused: an honest client proves its connection one round trip after
+/// its welcome (it pings at once), so silent hellos cannot lock honest
+/// clients out, while refusing new hellos would let 256 silent
+/// connections (no secret needed) refuse every client for the silence
+/// limit, renewed at will.
 pub const MAX_UNPROVEN: usize = 256;
 
 impl ServerSide {
@@ -343,7 +351,9 @@ impl ServerSide {
     fn conn_for(l: &Local, h: &FrameHeader) -> Option<Rc<ServerConn>> {
         let c = l.server.conns.borrow().get(&h.conn_id).cloned()?;
         (c.token == h.token).then(|| {
-            c.proven.set(true);
+            if !c.proven.replace(true) {
+                l.server.unproven.set(l.server.unproven.get() - 1);
+            }
             c
         })
     }
@@ -416,12 +426,17 @@ impl ServerSide {
             }
             return;
         };
-        if l.server.conns.borrow().values().filter(|c| !c.proven.get()).count() >= MAX_UNPROVEN {
+        if l.server.unproven.get() >= MAX_UNPROVEN {
+            // The oldest unproven connection makes room (see MAX_UNPROVEN).
+            let oldest =
+                l.server.conns.borrow().values().filter(|c| !c.proven.get()).min_by_key(|c| c.created).map(|c| c.id);
             TransportStats::inc(&stats.refused_before_receive);
             if l.shared.log_limit.allow() {
-                tracing::warn!("{MAX_UNPROVEN} connections have not used their welcome yet: refusing a hello");
+                tracing::warn!("{MAX_UNPROVEN} connections have not used their welcome yet: dropping the oldest");
             }
-            return;
+            if let Some(id) = oldest {
+                Self::drop_conn(l, id, false);
+            }
         }
         let hello = match Hello::decode(&m.payload) {
             Ok(h) => h,
@@ -507,6 +522,7 @@ impl ServerSide {
         *conn.ctrl.borrow_mut() = Some(ctrl);
         l.gate.conns.borrow_mut().insert(id, token);
         l.server.conns.borrow_mut().insert(id, conn);
+        l.server.unproven.set(l.server.unproven.get() + 1);
         TransportStats::inc(&stats.connections_accepted);
     }
 
@@ -546,6 +562,9 @@ impl ServerSide {
             return;
         };
         l.gate.conns.borrow_mut().remove(&id);
+        if !conn.proven.get() {
+            l.server.unproven.set(l.server.unproven.get() - 1);
+        }
         if failed {
             TransportStats::inc(&l.stats().peer_failures);
             tracing::info!("client connection {id} failed: releasing it");

@@ -468,3 +468,39 @@ fn a_hello_that_claims_another_workers_address_gets_no_connection() {
         }
     }
 }
+
+/// Hellos whose welcome is never used (they claim an address whose owner
+/// drops the welcome) fill `MAX_UNPROVEN`; an honest client must still
+/// connect and be served: the oldest unproven connection makes room, and
+/// the honest one proves itself at once. Failed before: with 256 such
+/// hellos pending, every new hello was refused until the silence limit
+/// ended them (renewed at will, no secret needed).
+#[test]
+fn hellos_that_never_use_their_welcome_do_not_lock_out_honest_clients() {
+    for tls in ALL {
+        let server = spawn_server(tls, &[]);
+        let victim_rt = client_runtime(tls);
+        let victim = Client::connect(&victim_rt, server.addr).unwrap();
+        let sink = victim.server_worker_address().unwrap();
+        let liar_rt = std::sync::Arc::new(client_runtime_with(tls, |o| o.connect_timeout = Duration::from_secs(15)));
+        let liars: Vec<_> = (0..300)
+            .map(|_| {
+                let (rt, sink) = (liar_rt.clone(), sink.clone());
+                // Spaced, so that each handshake completes (the server
+                // takes only so many at once).
+                std::thread::sleep(Duration::from_millis(10));
+                std::thread::spawn(move || Client::connect_claiming(&rt, server.addr, sink).is_ok())
+            })
+            .collect();
+        // The last hellos have arrived.
+        std::thread::sleep(Duration::from_secs(1));
+        let honest_rt = client_runtime_with(tls, |o| o.connect_timeout = Duration::from_secs(5));
+        let honest = Client::connect(&honest_rt, server.addr)
+            .unwrap_or_else(|e| panic!("{tls:?}: an honest client was locked out by unproven hellos: {e}"));
+        get_and_check(&honest, 4096, true, 0, 5);
+        put_and_check(&victim, 4096, true, 0, 6);
+        for l in liars {
+            assert!(!l.join().unwrap(), "{tls:?}: a liar got a connection");
+        }
+    }
+}

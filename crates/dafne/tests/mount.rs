@@ -153,12 +153,15 @@ impl Cluster {
         assert!(out.contains("mounted dafne at"), "{out}");
         // When `dafne mount` returns, `dafne down` can already find the
         // mount by its record (CI once saw the record missing here).
-        let records = self.dir().join("mounts");
-        assert!(
-            std::fs::read_dir(&records).map(|d| d.count()).unwrap_or(0) > 0,
-            "dafne mount returned before it recorded the mount in {}",
-            records.display()
-        );
+        // This daemon's own record: another mount of the cluster may have
+        // one already.
+        let pid = out
+            .split("daemon pid ")
+            .nth(1)
+            .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+            .unwrap_or_else(|| panic!("no daemon pid in {out:?}"));
+        let record = self.dir().join("mounts").join(pid);
+        assert!(record.is_file(), "dafne mount returned before it recorded the mount in {}", record.display());
         Mount { mp, dir: self.dir().to_path_buf() }
     }
 }
