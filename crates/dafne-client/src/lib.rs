@@ -58,7 +58,10 @@ pub enum ConnectError {
     Protocol(String),
     /// An io server did not accept the login (the capability signed with
     /// this client's secret).
-    #[error("the io server at {addr} refused the login: {why} (does this client use the cluster's secret file?)")]
+    #[error(
+        "the io server at {addr} refused the login: {why} (does this client use the cluster's secret file, and was \
+         the server started with the same --secret?)"
+    )]
     IoLogin { addr: std::net::SocketAddr, why: String },
 }
 

@@ -90,7 +90,9 @@
 //! An io server drops a connection that has not shown a genuine
 //! capability within its login deadline (10 s), so a peer without the
 //! cluster secret or an open file cannot hold a connection by pinging.
-//! Any request whose capability verifies authenticates its connection;
+//! Any request whose capability verifies (its MAC and expiry: a revoked
+//! one too, since a login proves who signed it, not rights to an object)
+//! authenticates its connection;
 //! `Login` is the request that does only that, sent by the data client on
 //! every new connection before its first use (an idle mount would
 //! otherwise be dropped). Its capability is any genuine one (the object

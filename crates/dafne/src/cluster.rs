@@ -256,6 +256,27 @@ pub fn resolve_dir(flag: Option<&Path>) -> Result<PathBuf> {
     }
 }
 
+/// What a client of the cluster `info` says when a connection is refused
+/// or fails: a refusal names the secret file this side used (the usual
+/// cause: a secret that does not match the cluster's) and the fix.
+pub fn explain_connect(info: &ClusterInfo, e: dafne_client::ConnectError) -> anyhow::Error {
+    use dafne_client::ConnectError;
+    match e {
+        ConnectError::Refused(errno) => anyhow::anyhow!(
+            "the metadata server at {} refused the session ({errno}): the secret file {} does not match the \
+             cluster's (use the cluster's own secret file, the one `dafne up` wrote)",
+            info.meta,
+            info.secret.display()
+        ),
+        ConnectError::IoLogin { addr, why } => anyhow::anyhow!(
+            "the io server at {addr} refused the login ({why}): the secret file {} does not match the one that \
+             server was started with (its --secret)",
+            info.secret.display()
+        ),
+        other => anyhow::Error::new(other),
+    }
+}
+
 /// What a running cluster publishes in `DIR/cluster.json`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct ClusterInfo {

@@ -147,8 +147,11 @@ impl Session {
         let uid = rustix::process::getuid().as_raw();
         let gid = rustix::process::getgid().as_raw();
         let meta = MetaSession::connect(&rt, info.meta, &secret, &format!("dafne-{name}"), uid, gid)
+            .map_err(|e| crate::cluster::explain_connect(&info, e))
             .context("connecting to the metadata server")?;
-        let data = DataClient::connect(&rt, &info.io, &secret).context("connecting to the io servers")?;
+        let data = DataClient::connect(&rt, &info.io, &secret)
+            .map_err(|e| crate::cluster::explain_connect(&info, e))
+            .context("connecting to the io servers")?;
         // Revoked capabilities of this session's opens are re-issued.
         data.attach_meta(meta.clone());
         Ok(Session { meta, data, _rt: rt })

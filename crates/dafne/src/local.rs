@@ -1000,13 +1000,13 @@ pub fn status(a: StatusArgs) -> Result<()> {
             Ok(f) => (None, f.files),
             Err(e) => (Some(format!("statfs: {e}")), 0),
         },
-        Err(e) => (Some(e.to_string()), 0),
+        Err(e) => (Some(format!("{:#}", crate::cluster::explain_connect(&info, e))), 0),
     };
     let cap = dafne_client::data::info_capability(&secret);
     let mut io = Vec::new();
     for (i, addr) in info.io.iter().enumerate() {
         let r = dafne_client::data::DataClient::connect(&rt, &[*addr], &secret)
-            .map_err(|e| e.to_string())
+            .map_err(|e| format!("{:#}", crate::cluster::explain_connect(&info, e)))
             .and_then(|d| block_on(d.server_info(0, cap)).map_err(|e| e.to_string()));
         io.push(IoStatus {
             server: state_of(&format!("io-{i}")),
@@ -1024,9 +1024,15 @@ pub fn status(a: StatusArgs) -> Result<()> {
     };
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
-        return Ok(());
+    } else {
+        print_status(&report);
     }
-    print_status(&report);
+    // Scripts and monitors read the exit status: non-zero when a server
+    // does not serve (the report above says which and why).
+    let failing = usize::from(report.meta.reachable.is_some()) + report.io.iter().filter(|s| s.error.is_some()).count();
+    if failing > 0 {
+        bail!("{failing} of {} servers are not serving (see above)", 1 + report.io.len());
+    }
     Ok(())
 }
 
@@ -1064,13 +1070,13 @@ fn print_status(r: &StatusReport) {
     println!("|---|---|---|---|");
     let meta_state = match &r.meta.reachable {
         None => format!("serving, {} inodes", r.meta.files),
-        Some(e) => format!("UNREACHABLE: {e}"),
+        Some(e) => format!("not serving: {e}"),
     };
     println!("| meta | {} | {} | {} |", r.meta.addr, st(&r.meta.server), meta_state);
     for (i, s) in r.io.iter().enumerate() {
         let state = match &s.error {
             None => "serving".to_string(),
-            Some(e) => format!("UNREACHABLE: {e}"),
+            Some(e) => format!("not serving: {e}"),
         };
         println!("| io-{i} | {} | {} | {} |", s.addr, st(&s.server), state);
     }

@@ -267,18 +267,12 @@ fn serve(info: &ClusterInfo, mp: &Path, a: &MountArgs) -> Result<()> {
     let secret = dafne_auth::Secret::load(&info.secret)
         .with_context(|| format!("reading the cluster secret {}", info.secret.display()))?;
     let host = rustix::system::uname().nodename().to_string_lossy().into_owned();
-    let meta = match MetaSession::connect(&rt, info.meta, &secret, &format!("fuse@{host}"), 0, 0) {
-        Ok(m) => m,
-        Err(dafne_client::ConnectError::Refused(e)) => bail!(
-            "the metadata server at {} refused the session ({e}): the secret file {} does not match the cluster's",
-            info.meta,
-            info.secret.display()
-        ),
-        Err(e) => {
-            return Err(e).with_context(|| format!("connecting to the metadata server at {}", info.meta));
-        }
-    };
-    let data = DataClient::connect(&rt, &info.io, &secret).context("connecting to the io servers")?;
+    let meta = MetaSession::connect(&rt, info.meta, &secret, &format!("fuse@{host}"), 0, 0)
+        .map_err(|e| crate::cluster::explain_connect(info, e))
+        .with_context(|| format!("connecting to the metadata server at {}", info.meta))?;
+    let data = DataClient::connect(&rt, &info.io, &secret)
+        .map_err(|e| crate::cluster::explain_connect(info, e))
+        .context("connecting to the io servers")?;
     // Registered now, one per worker thread: FUSE data then leaves through
     // buffers registered before the first request.
     data.prefill_bounce(a.threads).map_err(|e| anyhow::anyhow!("registering the I/O buffers: {e}"))?;

@@ -154,7 +154,11 @@ fn without_restart_a_crash_leaves_the_server_failed() {
     let victim = c.servers()[1]["pid"].as_u64().unwrap();
     Command::new("kill").args(["-9", &victim.to_string()]).status().unwrap();
     wait_for("the failure to be recorded", || c.servers()[1]["state"] == "failed");
-    let st = c.status_json();
+    // The report still comes out, and the exit status says a server is
+    // not serving.
+    let o = run(&["status", "--dir", &c.d(), "--json"]);
+    assert!(!o.status.success() && text(&o).contains("1 of 2 servers are not serving"), "{}", text(&o));
+    let st: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert!(st["io"][0]["error"].as_str().unwrap().contains("cannot reach"), "{st}");
 }
 

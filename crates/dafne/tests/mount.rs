@@ -744,6 +744,15 @@ fn mistakes_get_clear_messages_and_a_nonzero_exit() {
     assert!(t.contains("mode 0644") && t.contains(&format!("chmod 600 {}", wrong.display())), "{t}");
     chmod(&wrong, 0o600);
     let t = fail(dafne().arg("mount").arg(&m.mp).args(["--dir", &d]));
+    // `dafne cp` and `dafne status` name the file too, and status does
+    // not call servers that answered "unreachable", nor exit 0.
+    let src = c.dir().join("cp-src");
+    std::fs::write(&src, b"x").unwrap();
+    let cp = fail(dafne().args(["cp", "--dir", &d, p(&src), "dafne:/refused"]));
+    assert!(cp.contains("refused the session") && cp.contains(&wrong.display().to_string()), "{cp}");
+    let st = fail(dafne().args(["status", "--dir", &d]));
+    assert!(!st.contains("UNREACHABLE") && st.contains("refused"), "{st}");
+    assert!(st.contains(&wrong.display().to_string()) && st.contains("not serving"), "{st}");
     info["secret"] = right;
     std::fs::write(&info_path, info.to_string()).unwrap();
     assert!(t.contains("refused the session") && t.contains("does not match the cluster"), "{t}");
