@@ -74,7 +74,13 @@ pub struct IoService {
     draining: std::cell::Cell<bool>,
     /// Revocation floors and tombstones (bounded: `dafne_auth::MAX_FLOORS`).
     floors: std::cell::RefCell<CapFloors>,
+    /// When a refused login was last logged: at most one warning per
+    /// [`LOGIN_WARN_EVERY`], so a peer cannot flood the log.
+    login_warned: std::cell::Cell<Option<std::time::Instant>>,
 }
+
+/// The least time between two warnings about refused logins.
+const LOGIN_WARN_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Read-ahead: bytes filled beyond a sequential read that misses, in the
 /// same storage submission (at most an eighth of the cache).
@@ -116,6 +122,7 @@ impl IoService {
             next_unit: Default::default(),
             draining: Default::default(),
             floors: Default::default(),
+            login_warned: Default::default(),
         }
     }
 
@@ -219,6 +226,18 @@ impl IoService {
             _ => RIGHT_WRITE,
         };
         if !self.secret.verify_cap(&cap, cap.object_id, rights, SystemTime::now()) {
+            if matches!(req, IoRequest::Login { .. }) {
+                let now = std::time::Instant::now();
+                if self.login_warned.get().is_none_or(|t| now.duration_since(t) >= LOGIN_WARN_EVERY) {
+                    self.login_warned.set(Some(now));
+                    tracing::warn!(
+                        "refused a login on connection {}: its capability is not signed with this server's secret \
+                         (or has expired); a client with another secret file? (at most one such warning per {}s)",
+                        conn.id(),
+                        LOGIN_WARN_EVERY.as_secs()
+                    );
+                }
+            }
             return Err(Errno::EACCES);
         }
         // A genuine capability authenticates the connection: it is no
