@@ -94,6 +94,24 @@ impl std::fmt::Debug for IoService {
     }
 }
 
+/// A full disk is the one storage failure a client can act on (free space,
+/// then fsync again: the units stay dirty and are written then), so it
+/// travels as `ENOSPC`; every other storage failure is `EIO`.
+fn storage_errno(what: &'static str) -> impl Fn(dafne_unifier::Error) -> Errno {
+    move |e| {
+        let full = match &e {
+            dafne_unifier::Error::Storage { source, .. } => source.kind() == std::io::ErrorKind::StorageFull,
+            _ => false,
+        };
+        tracing::warn!("{what}: {e}");
+        if full {
+            Errno::ENOSPC
+        } else {
+            Errno::EIO
+        }
+    }
+}
+
 fn eio<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> Errno {
     move |e| {
         tracing::warn!("{what}: {e}");
@@ -281,9 +299,16 @@ impl IoService {
             }
             (IoRequest::Sync { .. }, backend) => {
                 if let Backend::Unifier(u) = backend {
-                    u.flush(object).await.map_err(eio("flush"))?;
+                    u.flush(object).await.map_err(storage_errno("flush"))?;
                 }
-                dafne_unifier::Storage::sync(store, object).map_err(eio("sync"))?;
+                dafne_unifier::Storage::sync(store, object).map_err(|e: std::io::Error| {
+                    tracing::warn!("sync: {e}");
+                    if e.kind() == std::io::ErrorKind::StorageFull {
+                        Errno::ENOSPC
+                    } else {
+                        Errno::EIO
+                    }
+                })?;
                 Ok(IoResponse::Done)
             }
             (IoRequest::Truncate { size, .. }, Backend::Unifier(u)) => {

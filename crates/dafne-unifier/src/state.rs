@@ -214,6 +214,10 @@ pub(crate) struct State {
     tick: u64,
     next_dirty_seq: u64,
     next_waiter: u64,
+    /// When a failed background write-back was last logged (at most one
+    /// warning per `STORAGE_WARN_EVERY`: a full disk fails every unit,
+    /// again at every retry; `c.storage_errors` counts them all).
+    pub(crate) storage_warned: Option<std::time::Instant>,
     /// Monotonic counters (gauges are filled in by `snapshot`).
     pub(crate) c: UnifierStats,
 }
@@ -239,6 +243,7 @@ impl State {
             dirty_order: BTreeMap::new(),
             dirty_bytes: 0,
             unsynced: HashSet::new(),
+            storage_warned: None,
             units_in_use: 0,
             tick: 0,
             next_dirty_seq: 0,

@@ -18,6 +18,10 @@ use crate::state::{Grant, Mem, State};
 use crate::stats::UnifierStats;
 use crate::storage::{BatchRead, Storage};
 
+/// The least time between two warnings about failed background
+/// write-backs.
+const STORAGE_WARN_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The io server's cache, which is also its pool of registered
 /// communication buffers. A cheap handle (`Rc`): clones share one cache.
 /// Single-threaded (`!Send`): it lives on the io server's event loop.
@@ -975,7 +979,18 @@ impl Inner {
                 }
                 Err(source) => {
                     st.c.storage_errors += 1;
-                    tracing::warn!(object = d.object, offset = d.offset, "background write-back failed: {source}");
+                    let now = std::time::Instant::now();
+                    if st.storage_warned.is_none_or(|t| now.duration_since(t) >= STORAGE_WARN_EVERY) {
+                        st.storage_warned = Some(now);
+                        tracing::warn!(
+                            object = d.object,
+                            offset = d.offset,
+                            "background write-back failed: {source} ({} storage errors so far; the unit stays dirty \
+                             and is retried; at most one such warning per {}s)",
+                            st.c.storage_errors,
+                            STORAGE_WARN_EVERY.as_secs()
+                        );
+                    }
                     if b.error.is_none() {
                         b.error = Some(Error::Storage {
                             op: "write_at (background)",

@@ -1,0 +1,149 @@
+//! A full disk under an io server (issue 10, finding 6): the io server's
+//! data directory is a real file system of 8 MiB (a tmpfs mounted by the
+//! test; CI runs as root), its cache is larger than that, and a client
+//! writes more than fits. What was acknowledged into the cache cannot all
+//! be written back: the client must hear it (at fsync, not silence), the
+//! server must stay up, and once space is freed the server must take and
+//! keep new writes (no unit that failed its write-back blocks writers).
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::{spawn_io_storage, start_meta, IoProc};
+
+use dafne_client::data::DataClient;
+use dafne_client::file::Fs;
+use dafne_client::{MetaSession, ROOT_INO};
+use dafne_proto::io::Stability;
+use dafne_proto::LayoutHint;
+
+/// A tmpfs of `mib` MiB mounted at `dir` for the life of the value.
+struct SmallFs(PathBuf);
+
+impl SmallFs {
+    fn mount(dir: &Path, mib: u32) -> SmallFs {
+        std::fs::create_dir_all(dir).unwrap();
+        let o = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs", dir.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "mounting a {mib} MiB tmpfs at {} failed (this test needs root): {}",
+            dir.display(),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        SmallFs(dir.to_path_buf())
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+}
+
+#[test]
+fn a_full_disk_is_reported_and_the_server_takes_writes_again_once_space_is_freed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (meta, secret) = start_meta(dir.path(), 1, 64 << 10, 1);
+    let data_dir = dir.path().join("io0");
+    let small = SmallFs::mount(&data_dir, 8);
+    // tmpfs has no O_DIRECT: the buffered storage path. A 32 MiB cache
+    // acknowledges more than the disk holds.
+    let io: IoProc = spawn_io_storage(&data_dir, &secret, 32, "127.0.0.1:0", "buffered");
+    let rt = common::runtime("full-disk");
+    let s = dafne_auth::Secret::load(&secret).unwrap();
+    let m = MetaSession::connect(&rt, meta.addr, &s, "full-disk", 0, 0).unwrap();
+    let addrs: Vec<SocketAddr> = vec![io.addr];
+    let fs = Fs::new(m, DataClient::connect(&rt, &addrs, &s).unwrap());
+    let hint = Some(LayoutHint { stripe_unit: 64 << 10, stripe_count: 1 });
+
+    // 16 MiB into an 8 MiB disk, acknowledged by the cache (unstable).
+    let big = fs.create(ROOT_INO, b"big", 0o644, hint).unwrap();
+    let chunk = pattern(1 << 20, 1);
+    let mut refused_early = false;
+    for i in 0..16u64 {
+        if big.write_at(i << 20, &chunk, Stability::Unstable).is_err() {
+            refused_early = true;
+            break;
+        }
+    }
+    // The client hears that not everything reached the disk: at a write
+    // or at fsync, never a silent success.
+    let synced = big.fsync();
+    assert!(refused_early || synced.is_err(), "16 MiB on an 8 MiB disk: every write and the fsync succeeded");
+    // And it hears why: a full disk, which it can act on, not a bare EIO.
+    if let Err(e) = synced {
+        assert_eq!(e, dafne_proto::Errno::ENOSPC, "fsync on a full disk");
+    }
+    assert!(io_alive(&io), "the io server died of a full disk");
+
+    // Space freed: the big file is cut to nothing.
+    big.truncate(0).unwrap();
+    drop(big);
+
+    // Now a new file is written, made stable, and read back whole; the
+    // units that failed before do not stand in its way.
+    let small_file = fs.create(ROOT_INO, b"after", 0o644, hint).unwrap();
+    let want = pattern(2 << 20, 7);
+    small_file.write_at(0, &want, Stability::Unstable).unwrap();
+    small_file.fsync().unwrap_or_else(|e| panic!("fsync after space was freed: {e}"));
+    let mut got = vec![0u8; want.len()];
+    assert_eq!(small_file.read_at(0, &mut got).unwrap(), want.len());
+    assert!(got == want, "the file written after the full disk reads back different bytes");
+    assert!(io_alive(&io), "the io server died");
+    drop(small);
+}
+
+/// A disk filled by someone else, then freed by its administrator: the
+/// units that failed their write-back while it was full are written when
+/// space returns (the file's bytes are all there after a later fsync), and
+/// writers of other files are not held up by them.
+#[test]
+fn units_that_failed_on_a_full_disk_are_written_once_space_returns() {
+    let dir = tempfile::tempdir().unwrap();
+    let (meta, secret) = start_meta(dir.path(), 1, 64 << 10, 1);
+    let data_dir = dir.path().join("io0");
+    let small = SmallFs::mount(&data_dir, 8);
+    let io: IoProc = spawn_io_storage(&data_dir, &secret, 32, "127.0.0.1:0", "buffered");
+    // Another user of the disk leaves 2 MiB free.
+    let filler = data_dir.join("filler");
+    std::fs::write(&filler, vec![1u8; 6 << 20]).unwrap();
+    let rt = common::runtime("full-disk-2");
+    let s = dafne_auth::Secret::load(&secret).unwrap();
+    let m = MetaSession::connect(&rt, meta.addr, &s, "full-disk-2", 0, 0).unwrap();
+    let fs = Fs::new(m, DataClient::connect(&rt, &[io.addr], &s).unwrap());
+    let hint = Some(LayoutHint { stripe_unit: 64 << 10, stripe_count: 1 });
+    let a = fs.create(ROOT_INO, b"a", 0o644, hint).unwrap();
+    let want = pattern(4 << 20, 3);
+    a.write_at(0, &want, Stability::Unstable).unwrap();
+    assert_eq!(a.fsync(), Err(dafne_proto::Errno::ENOSPC), "4 MiB into 2 MiB free");
+    // The administrator frees space.
+    std::fs::remove_file(&filler).unwrap();
+    // Another file is written and made stable at once.
+    let b = fs.create(ROOT_INO, b"b", 0o644, hint).unwrap();
+    let bw = pattern(1 << 20, 9);
+    b.write_at(0, &bw, Stability::Unstable).unwrap();
+    b.fsync().unwrap_or_else(|e| panic!("fsync of another file after space returned: {e}"));
+    // The first file's failed units are written now: an fsync succeeds
+    // and every byte reads back.
+    a.fsync().unwrap_or_else(|e| panic!("fsync after space returned: {e}"));
+    let mut got = vec![0u8; want.len()];
+    assert_eq!(a.read_at(0, &mut got).unwrap(), want.len());
+    assert!(got == want, "the file written while the disk was full reads back different bytes");
+    assert!(io_alive(&io));
+    drop(small);
+}
+
+fn io_alive(io: &IoProc) -> bool {
+    std::path::Path::new(&format!("/proc/{}", io.child.id())).exists()
+        && !std::fs::read_to_string(format!("/proc/{}/stat", io.child.id())).unwrap_or_default().contains(") Z ")
+}
