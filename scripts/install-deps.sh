@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Installs what dafne needs on Debian 12 (idempotent: safe to run again).
 # UCX 1.13 headers and tools, libclang for bindgen, FUSE for the mount, the
-# ordinary tools the mount tests and the sample workload run, and the
+# ordinary tools the mount tests and the sample workload run (and the
+# loop-device ext4 of the power-cut test), and the
 # workloads of `dafne bench posix` (fio 3.33, PostMark 1.53, and bindfs for
 # its FUSE ceiling).
 set -euo pipefail
 
 pkgs=(libucx-dev ucx-utils libclang-dev clang pkg-config fuse3 libfuse3-dev
-      git rsync sqlite3 tar coreutils findutils jq
+      git rsync sqlite3 tar coreutils findutils jq e2fsprogs mount util-linux
       fio postmark bindfs)
 missing=()
 for p in "${pkgs[@]}"; do
