@@ -269,9 +269,11 @@ impl Worker {
     }
 
     /// Listens on `addr` (port 0 picks a free port: see [`Listener::local_addr`]).
+    /// Raises UCS's process-wide event limit first ([`ASYNC_MAX_EVENTS`]).
     /// `on_request` runs inside progress for every incoming connection; it
     /// must not progress the worker, only queue the request.
     pub fn listen(&self, addr: SocketAddr, on_request: impl FnMut(ConnRequest) + 'static) -> Result<Listener> {
+        raise_async_max_events()?;
         let sa = SockAddr::from(addr);
         let boxed: Box<ConnHandlerBox> = Box::new(ConnHandlerBox {
             f: RefCell::new(Box::new(on_request)),
@@ -689,4 +691,43 @@ mod tests {
             assert_ne!(bound.port(), 0);
         }
     }
+}
+
+/// UCS's process-wide limit on async event handlers (`UCX_ASYNC_MAX_EVENTS`,
+/// default 1024) that a listening process runs with. Every connection a
+/// listener accepts holds one handler until UCX is done with its socket.
+/// At the default, a flood of ~1,500 connections made UCX 1.13 fail to
+/// register the 1,024th and take an error path that closes the socket
+/// twice and leaves a freed endpoint in the connection manager's list:
+/// other descriptors were closed under their owners ("failed to close fd")
+/// and the server died of SIGSEGV at its next `ucp_worker_destroy`
+/// (tested: `dafne/tests/hostile.rs`). With the limit far above what the
+/// process's descriptors allow, an accept fails on the descriptor limit
+/// first (UCX then just drops the connection) and the listener's guard
+/// (`dafne-transport`'s `sockguard`) resets the flood.
+pub const ASYNC_MAX_EVENTS: u32 = 1 << 20;
+
+/// Sets UCS's `ASYNC_MAX_EVENTS` to [`ASYNC_MAX_EVENTS`] unless the user
+/// chose a value (`UCX_ASYNC_MAX_EVENTS` in the environment), once per
+/// process.
+fn raise_async_max_events() -> Result<()> {
+    static DONE: std::sync::OnceLock<std::result::Result<(), String>> = std::sync::OnceLock::new();
+    DONE.get_or_init(|| {
+        if std::env::var_os("UCX_ASYNC_MAX_EVENTS").is_some() {
+            return Ok(());
+        }
+        let name = c"ASYNC_MAX_EVENTS";
+        let value = std::ffi::CString::new(ASYNC_MAX_EVENTS.to_string()).expect("digits have no NUL");
+        // SAFETY: both arguments are NUL-terminated strings that live for
+        // the call; UCS copies the parsed value into its global options
+        // (read when a handler is added, under its own lock).
+        let status = unsafe { sys::ucs_global_opts_set_value(name.as_ptr(), value.as_ptr()) };
+        if status == sys::UCS_OK as sys::ucs_status_t {
+            Ok(())
+        } else {
+            Err(format!("UCS refused ASYNC_MAX_EVENTS={ASYNC_MAX_EVENTS} (status {status})"))
+        }
+    })
+    .clone()
+    .map_err(|reason| Error::Invalid { op: "ucs_global_opts_set_value", reason })
 }

@@ -204,6 +204,47 @@ fn silent_connections_are_reset_and_do_not_pile_up() {
     assert!(alive(io_pid));
 }
 
+/// Issue 10, finding 1: a flood of ~1,500 silent connections to one server.
+/// At UCS's default limit of 1,024 async handlers per process, UCX 1.13
+/// failed to register the 1,024th accepted socket and took an error path
+/// that closed it twice and left a freed endpoint in its list: other
+/// descriptors were closed under their owners ("failed to close fd" in
+/// the log, hundreds of times) and the server died of SIGSEGV at `dafne
+/// down`. Servers now raise the limit (`dafne_ucx::ASYNC_MAX_EVENTS`): the
+/// flood on both the metadata server and an io server is reset by the
+/// listeners' guard, an honest client is served meanwhile, and the
+/// cluster stops cleanly.
+#[test]
+fn a_flood_of_1500_silent_connections_leaves_the_servers_whole() {
+    // 3,000 sockets in this process.
+    let lim = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+    if lim.current.is_some_and(|c| c < 4096) {
+        let raised = rustix::process::Rlimit { current: lim.maximum.map(|m| m.min(8192)), maximum: lim.maximum };
+        rustix::process::setrlimit(rustix::process::Resource::Nofile, raised).unwrap();
+    }
+    let c = Up::start(1);
+    let servers = c.servers();
+    let mut flood = Vec::new();
+    for (name, _, port) in servers.iter().filter(|(n, _, _)| n == "meta" || n == "io-0") {
+        let before = flood.len();
+        flood.extend((0..1500).filter_map(|_| TcpStream::connect(("127.0.0.1", *port)).ok()));
+        assert!(flood.len() - before >= 1400, "{name}: only {} connections were accepted", flood.len() - before);
+    }
+    honest_client_round_trip(&c, 4);
+    for s in &mut flood {
+        assert!(ended_by_server(s, Duration::from_secs(60)), "a silent connection is never reset");
+    }
+    drop(flood);
+    honest_client_round_trip(&c, 5);
+    for (name, pid, _) in &servers {
+        assert!(alive(*pid), "{name} died");
+        let log = std::fs::read_to_string(c.dir.path().join(format!("logs/{name}.log"))).unwrap_or_default();
+        assert!(!log.contains("failed to close fd"), "{name}: UCX closed descriptors twice:\n{log}");
+    }
+    let o = run(&["down", "--dir", &c.d()]);
+    assert!(o.status.success(), "the cluster did not stop cleanly after the flood: {}", text(&o));
+}
+
 /// Issue 10, finding 1: a peer that completes the transport handshake but
 /// never logs in held its connection for as long as it pinged. The
 /// metadata server and the io servers now drop it once the login deadline

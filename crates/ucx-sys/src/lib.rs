@@ -52,6 +52,17 @@ pub unsafe fn ucp_init(
     unsafe { ucp_init_version(UCP_API_MAJOR, UCP_API_MINOR, params, config, context_p) }
 }
 
+extern "C" {
+    /// `ucs_global_opts_set_value` (`ucs/config/global_opts.h`, exported by
+    /// libucs but outside the headers bindgen reads): sets one of UCS's
+    /// process-wide options (those read from `UCX_*` variables when the
+    /// library loads) by name, e.g. `ASYNC_MAX_EVENTS`.
+    pub fn ucs_global_opts_set_value(
+        name: *const std::os::raw::c_char,
+        value: *const std::os::raw::c_char,
+    ) -> ucs_status_t;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
