@@ -46,7 +46,9 @@ pub use memory::{Access, Region, Registration, RemoteKey};
 pub use request::Op;
 pub use slab::{Slab, SubRegion};
 pub use stats::{Stats, StatsSnapshot};
-pub use worker::{AmPayload, AmRecv, AmVerdict, ConnRequest, Listener, RndvDesc, Worker, MAX_WORKER_ADDRESS_BYTES};
+pub use worker::{
+    AmPayload, AmRecv, AmVerdict, ConnRequest, Listener, RndvDesc, Worker, ASYNC_MAX_EVENTS, MAX_WORKER_ADDRESS_BYTES,
+};
 
 /// Largest active-message id dafne registers handlers for.
 pub const MAX_AM_ID: u16 = 64;

@@ -664,35 +664,6 @@ fn sockaddr_to_std(s: &libc::sockaddr_storage) -> Option<SocketAddr> {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn socket_addresses_round_trip_in_c_layout() {
-        for a in ["127.0.0.1:5000", "[::1]:6000", "[fe80::1%2]:7", "10.1.2.3:65535"] {
-            let std_addr: SocketAddr = a.parse().unwrap();
-            let c = SockAddr::from(std_addr);
-            assert_eq!(sockaddr_to_std(&c.storage), Some(std_addr), "{a}");
-            let ucs = c.as_ucs();
-            let expected = if std_addr.is_ipv4() { 16 } else { 28 };
-            assert_eq!(ucs.addrlen as usize, expected);
-        }
-    }
-
-    #[test]
-    fn listener_binds_ipv4_and_ipv6() {
-        let ctx = Context::new(&crate::ContextOptions::default()).unwrap();
-        let w = Worker::new(&ctx).unwrap();
-        for a in ["127.0.0.1:0", "[::1]:0"] {
-            let l = w.listen(a.parse().unwrap(), |_| {}).unwrap();
-            let bound = l.local_addr().unwrap();
-            assert_eq!(bound.ip(), a.parse::<SocketAddr>().unwrap().ip());
-            assert_ne!(bound.port(), 0);
-        }
-    }
-}
-
 /// UCS's process-wide limit on async event handlers (`UCX_ASYNC_MAX_EVENTS`,
 /// default 1024) that a listening process runs with. Every connection a
 /// listener accepts holds one handler until UCX is done with its socket.
@@ -730,4 +701,33 @@ fn raise_async_max_events() -> Result<()> {
     })
     .clone()
     .map_err(|reason| Error::Invalid { op: "ucs_global_opts_set_value", reason })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn socket_addresses_round_trip_in_c_layout() {
+        for a in ["127.0.0.1:5000", "[::1]:6000", "[fe80::1%2]:7", "10.1.2.3:65535"] {
+            let std_addr: SocketAddr = a.parse().unwrap();
+            let c = SockAddr::from(std_addr);
+            assert_eq!(sockaddr_to_std(&c.storage), Some(std_addr), "{a}");
+            let ucs = c.as_ucs();
+            let expected = if std_addr.is_ipv4() { 16 } else { 28 };
+            assert_eq!(ucs.addrlen as usize, expected);
+        }
+    }
+
+    #[test]
+    fn listener_binds_ipv4_and_ipv6() {
+        let ctx = Context::new(&crate::ContextOptions::default()).unwrap();
+        let w = Worker::new(&ctx).unwrap();
+        for a in ["127.0.0.1:0", "[::1]:0"] {
+            let l = w.listen(a.parse().unwrap(), |_| {}).unwrap();
+            let bound = l.local_addr().unwrap();
+            assert_eq!(bound.ip(), a.parse::<SocketAddr>().unwrap().ip());
+            assert_ne!(bound.port(), 0);
+        }
+    }
 }
