@@ -18,7 +18,8 @@ if [ "$(id -u)" != 0 ]; then
   exit 2
 fi
 TOOLS="$PWD/target/tools"
-[ -x "$TOOLS/bin/pjdfstest" ] || cargo install --locked --quiet --root "$TOOLS" pjdfstest
+# The same pinned release as CI (scripts/test.sh).
+[ -x "$TOOLS/bin/pjdfstest" ] || cargo install --locked --quiet --root "$TOOLS" pjdfstest --version 0.2.2
 cargo build --quiet -p dafne
 DAFNE="$PWD/target/debug/dafne"
 WORK=$(mktemp -d /tmp/dafne-pjdfstest-XXXXXX)
