@@ -41,6 +41,22 @@
 //! invalidates them. `fdatasync` is per inode, so one sync covers both.
 //! Holes read as zeros on both paths.
 //!
+//! # A sync that fails
+//! When the device refuses a write-back, Linux reports it to one
+//! `fdatasync` and marks the pages clean: a later `fdatasync` succeeds for
+//! bytes that are on no device ("fsyncgate"). Writing the same bytes again
+//! does not repair it either: tried on ext4 over a loop device whose image
+//! could not grow (`tests/failing_device.rs`), the failed write-back leaves
+//! the file's extents "unwritten", and after space returned a rewrite and a
+//! successful `fdatasync` still left zeros on the device. So an object
+//! whose sync failed is *damaged* for the life of the store: every later
+//! sync and every read of it fails (`EIO`), also from the io server's
+//! cache, rather than answering success or bytes the device may not hold.
+//! Removing it, or truncating it to nothing, ends that (nothing of it is
+//! left to trust). Damaged objects are remembered in memory only: a
+//! restarted server reads what the device holds (ext4 itself marks the
+//! file system as needing `fsck`), which the operator is told in the log.
+//!
 //! # Drop-behind (buffered path)
 //! Without O_DIRECT, *drop-behind* ([`ChunkStore::set_drop_behind`])
 //! approximates it for the Unifier, so that its units are the only cached
@@ -300,6 +316,10 @@ pub struct ChunkStore {
     /// A chunk file was created (here or by the background writer) and the
     /// directory has not been fsynced since.
     dir_unsynced: Arc<AtomicBool>,
+    /// Objects whose sync failed (module docs, "A sync that fails"). One
+    /// entry per object that met a failing device, so bounded by the
+    /// objects this server stores.
+    damaged: RefCell<std::collections::HashSet<u64>>,
 }
 
 fn aligned(x: u64) -> bool {
@@ -331,6 +351,7 @@ impl ChunkStore {
             drop_behind: Cell::new(false),
             dropped: RefCell::new(HashMap::new()),
             dir_unsynced: Arc::default(),
+            damaged: RefCell::default(),
         })
     }
 
@@ -350,10 +371,35 @@ impl ChunkStore {
 
     /// fsyncs every object file this store holds open.
     pub fn sync_all(&self) -> io::Result<()> {
-        for f in self.open.borrow().values() {
-            f.buffered.sync_all()?;
+        let failed: Vec<(u64, io::Error)> =
+            self.open.borrow().iter().filter_map(|(&o, f)| f.buffered.sync_all().err().map(|e| (o, e))).collect();
+        if let Some((_, e)) = failed.into_iter().map(|(o, e)| (self.mark_damaged(o, &e), e)).next() {
+            return Err(e);
         }
         self.sync_dir_if_needed()
+    }
+
+    /// Whether a sync of `object` failed (module docs, "A sync that fails").
+    pub fn is_damaged(&self, object: u64) -> bool {
+        self.damaged.borrow().contains(&object)
+    }
+
+    fn mark_damaged(&self, object: u64, why: &io::Error) {
+        if self.damaged.borrow_mut().insert(object) {
+            tracing::error!(
+                object = format_args!("{object:x}"),
+                "a sync failed ({why}): the device may not hold bytes already written, and a later sync cannot \
+                 tell; every sync and read of this object fails from now on until it is removed or truncated to \
+                 zero. Check the device (dmesg) and restore the file from a copy"
+            );
+        }
+    }
+
+    /// The error of any sync or read of a damaged object.
+    fn damaged_error(object: u64) -> io::Error {
+        io::Error::other(format!(
+            "object {object:x} is damaged: an earlier sync failed, so its bytes on the device cannot be trusted"
+        ))
     }
 
     /// Size of the file system holding the objects and the bytes available
@@ -459,10 +505,15 @@ impl ChunkStore {
     }
 
     pub fn truncate(&self, object: u64, size: u64) -> io::Result<()> {
-        self.with_file(object, true, |f| f.set_len(size)).map(|_| ())
+        self.with_file(object, true, |f| f.set_len(size))?;
+        if size == 0 {
+            self.damaged.borrow_mut().remove(&object);
+        }
+        Ok(())
     }
 
     pub fn remove(&self, object: u64) -> io::Result<()> {
+        self.damaged.borrow_mut().remove(&object);
         self.open.borrow_mut().remove(&object);
         self.dropped.borrow_mut().remove(&object);
         match std::fs::remove_file(self.path(object)) {
@@ -567,6 +618,9 @@ impl ChunkStore {
 
 impl Storage for ChunkStore {
     fn read_at(&self, object: u64, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        if self.is_damaged(object) {
+            return Err(ChunkStore::damaged_error(object));
+        }
         let n = self.with_files(object, false, |files| {
             let direct_len = buf.len() - buf.len() % DIRECT_ALIGN;
             let direct =
@@ -590,7 +644,8 @@ impl Storage for ChunkStore {
     /// to the ring in one submission; the rest, and the completion of any
     /// short read that is not at the end of the file, go through `read_at`.
     fn read_batch(&self, reads: &mut [BatchRead<'_>]) -> Vec<io::Result<usize>> {
-        let mut results: Vec<Option<io::Result<usize>>> = reads.iter().map(|_| None).collect();
+        let mut results: Vec<Option<io::Result<usize>>> =
+            reads.iter().map(|r| self.is_damaged(r.object).then(|| Err(ChunkStore::damaged_error(r.object)))).collect();
         if let Some(ring) = &self.ring {
             // Open every object first (opening may evict others from the
             // table), then take the descriptors of those still open.
@@ -607,7 +662,7 @@ impl Storage for ChunkStore {
                     && aligned(r.buf.len() as u64)
                     && !r.buf.is_empty();
                 match open.get(&r.object).and_then(|f| f.direct.as_ref()) {
-                    Some(d) if aligned_read => {
+                    Some(d) if aligned_read && results[i].is_none() => {
                         idx.push(i);
                         ops.push(Op::Read { fd: d.as_fd(), offset: r.offset, buf: &mut *r.buf });
                     }
@@ -667,8 +722,14 @@ impl Storage for ChunkStore {
     }
 
     fn sync(&self, object: u64) -> io::Result<()> {
+        if self.is_damaged(object) {
+            return Err(ChunkStore::damaged_error(object));
+        }
         self.count(|s| s.syncs += 1);
-        self.with_file(object, false, |f| f.sync_data())?;
+        if let Err(e) = self.with_file(object, false, |f| f.sync_data()) {
+            self.mark_damaged(object, &e);
+            return Err(e);
+        }
         self.sync_dir_if_needed()
     }
 

@@ -276,6 +276,11 @@ impl IoService {
         }
         let object = cap.object_id;
         let store = &*self.store;
+        // A damaged object's cached bytes are not what the device holds
+        // (`chunk` module docs, "A sync that fails"): no read answers.
+        if matches!(req, IoRequest::Read { .. }) && store.is_damaged(object) {
+            return Err(Errno::EIO);
+        }
         match (req, &self.backend) {
             (IoRequest::Read { keys, extents, inline_reply, .. }, Backend::Unifier(u)) => {
                 let rkeys = crate::modes::remote_keys(conn, &keys, &extents)?;
