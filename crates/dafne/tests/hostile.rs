@@ -95,6 +95,29 @@ fn cpu_time(pid: u32) -> Duration {
     Duration::from_millis(ticks * 10) // USER_HZ is 100 on Linux
 }
 
+/// The most memory process `pid` has held resident so far (`VmHWM`), in
+/// bytes.
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no VmHWM in /proc/{pid}/status"));
+    kib << 10
+}
+
+/// What hostile peers without the secret may add to a server's peak
+/// memory. Before authentication a server holds, per connection, a UCX
+/// endpoint and at most a hello (frames of a connection it does not have
+/// are refused before their payload is received), and the listener's guard
+/// resets what does not finish its handshake; 1,500 connections measured
+/// about 5 MiB (3.4 KiB each) on each server. The bound is six times that:
+/// what it catches is a buffer per connection (one 64 KiB receive buffer
+/// each would be 94 MiB; a 16 MiB message buffer, as before issue 10,
+/// gigabytes).
+const HOSTILE_PEAK_GROWTH: u64 = 32 << 20;
+
 /// Whether the server ended this connection (EOF or reset) within `within`.
 fn ended_by_server(s: &mut TcpStream, within: Duration) -> bool {
     let deadline = Instant::now() + within;
@@ -135,6 +158,7 @@ fn honest_client_round_trip(c: &Up, tag: u64) {
 fn garbage_on_every_port_leaves_the_servers_idle_and_serving() {
     let c = Up::start(2);
     let servers = c.servers();
+    let peaks: Vec<u64> = servers.iter().map(|(_, p, _)| peak_rss(*p)).collect();
     let mut kept = Vec::new();
     let mut attempts = 0;
     for (name, pid, _) in &servers {
@@ -166,6 +190,10 @@ fn garbage_on_every_port_leaves_the_servers_idle_and_serving() {
         let used = cpu_time(*pid) - b;
         assert!(used < Duration::from_millis(500), "{name} burnt {used:?} of CPU in 2 s while idle");
         assert!(alive(*pid), "{name} died");
+    }
+    for ((name, pid, _), before) in servers.iter().zip(&peaks) {
+        let grew = peak_rss(*pid).saturating_sub(*before);
+        assert!(grew <= HOSTILE_PEAK_GROWTH, "{name}: garbage peers raised its peak memory by {grew} bytes");
     }
     honest_client_round_trip(&c, 1);
     // Nobody was restarted: the same processes served throughout.
@@ -224,6 +252,7 @@ fn a_flood_of_1500_silent_connections_leaves_the_servers_whole() {
     }
     let c = Up::start(1);
     let servers = c.servers();
+    let peaks: Vec<u64> = servers.iter().map(|(_, p, _)| peak_rss(*p)).collect();
     let mut flood = Vec::new();
     for (name, _, port) in servers.iter().filter(|(n, _, _)| n == "meta" || n == "io-0") {
         let before = flood.len();
@@ -235,6 +264,11 @@ fn a_flood_of_1500_silent_connections_leaves_the_servers_whole() {
         assert!(ended_by_server(s, Duration::from_secs(60)), "a silent connection is never reset");
     }
     drop(flood);
+    // Peak memory while flooded (the honest client's own use included).
+    for ((name, pid, _), before) in servers.iter().zip(&peaks) {
+        let grew = peak_rss(*pid).saturating_sub(*before);
+        assert!(grew <= HOSTILE_PEAK_GROWTH, "{name}: the flood raised its peak memory by {grew} bytes");
+    }
     honest_client_round_trip(&c, 5);
     for (name, pid, _) in &servers {
         assert!(alive(*pid), "{name} died");
