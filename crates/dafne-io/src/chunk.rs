@@ -369,14 +369,30 @@ impl ChunkStore {
         Ok(())
     }
 
-    /// fsyncs every object file this store holds open.
+    /// fsyncs every object file this store holds open. Fails while any
+    /// object is damaged (module docs, "A sync that fails"): every object
+    /// whose fsync fails here is marked, and the next call must not answer
+    /// success because Linux reported each loss only once.
     pub fn sync_all(&self) -> io::Result<()> {
         let failed: Vec<(u64, io::Error)> =
             self.open.borrow().iter().filter_map(|(&o, f)| f.buffered.sync_all().err().map(|e| (o, e))).collect();
-        if let Some((_, e)) = failed.into_iter().map(|(o, e)| (self.mark_damaged(o, &e), e)).next() {
+        let mut first = None;
+        for (o, e) in failed {
+            self.mark_damaged(o, &e);
+            first.get_or_insert(e);
+        }
+        if let Some(e) = first {
             return Err(e);
         }
-        self.sync_dir_if_needed()
+        self.sync_dir_if_needed()?;
+        let damaged = self.damaged.borrow().len();
+        if damaged > 0 {
+            return Err(io::Error::other(format!(
+                "{damaged} objects are damaged (an earlier sync of each failed): their bytes on the device cannot \
+                 be trusted"
+            )));
+        }
+        Ok(())
     }
 
     /// Whether a sync of `object` failed (module docs, "A sync that fails").

@@ -217,3 +217,57 @@ fn an_fsync_that_succeeds_after_the_device_failed_writes_means_the_bytes_are_on_
     drop(disk);
     drop(backing);
 }
+
+/// `sync_all` (the clean stop's "everything acknowledged is on disk",
+/// retried until the drain deadline) goes through the damaged rule too:
+/// every object whose fsync failed in it is damaged, not only the first,
+/// and a later `sync_all` does not answer success while a damaged object
+/// is known (Linux reported the loss once; a second `sync_all` would see
+/// clean pages and say everything is on disk).
+#[test]
+fn sync_all_marks_every_failed_object_and_does_not_forget_them() {
+    use dafne_io::chunk::ChunkStore;
+    use dafne_unifier::Storage;
+
+    let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    std::fs::create_dir_all(&base).unwrap();
+    let root = tempfile::tempdir_in(base).unwrap();
+    let backing = Mounted::tmpfs(&root.path().join("backing"), 80);
+    let image = backing.dir.join("disk.img");
+    std::fs::File::create(&image).unwrap().set_len(64 << 20).unwrap();
+    sh(&["mkfs.ext4", "-q", "-F", image.to_str().unwrap()]);
+    sh(&["fallocate", "-l", "64M", image.to_str().unwrap()]);
+    let disk = Mounted::ext4(&image, &root.path().join("mnt"));
+    let data_dir = disk.dir.join("io0");
+    std::fs::create_dir_all(&data_dir).unwrap();
+    let store = ChunkStore::open_with(&data_dir, None).unwrap();
+    // Both objects exist, and their names are on the device.
+    for object in [1u64, 2] {
+        store.write_at(object, 0, b"x").unwrap();
+        store.sync(object).unwrap();
+    }
+    sh(&["sync", "-f", disk.dir.to_str().unwrap()]);
+    sh(&["fstrim", disk.dir.to_str().unwrap()]);
+    let filler = backing.dir.join("filler");
+    let room = free_bytes(&backing.dir).saturating_sub(512 << 10);
+    std::fs::write(&filler, vec![0u8; room as usize]).unwrap();
+
+    // 4 MiB into each, taken by the page cache; the device cannot hold them.
+    for object in [1u64, 2] {
+        store.write_at(object, 0, &pattern(4 << 20, object)).unwrap();
+    }
+    assert!(store.sync_all().is_err(), "sync_all of 8 MiB succeeded on a device that could take 512 KiB");
+    for object in [1u64, 2] {
+        assert!(store.is_damaged(object), "object {object}'s fsync failed in sync_all, but it is not damaged");
+        assert!(store.sync(object).is_err(), "object {object}: a sync after the failed sync_all answered success");
+    }
+    assert!(store.sync_all().is_err(), "a second sync_all answered success with damaged objects");
+    // Removing them ends it.
+    store.remove(1).unwrap();
+    store.remove(2).unwrap();
+    std::fs::remove_file(&filler).unwrap();
+    store.sync_all().unwrap();
+    drop(store);
+    drop(disk);
+    drop(backing);
+}
