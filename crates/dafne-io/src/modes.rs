@@ -355,6 +355,20 @@ fn eio<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> Errno {
     }
 }
 
+/// A storage failure as the client hears it: a full disk is `ENOSPC`
+/// (the one it can act on: free space, then write or fsync again), every
+/// other failure `EIO`. On every path that writes to or syncs the disk.
+pub(crate) fn io_errno(what: &'static str) -> impl Fn(std::io::Error) -> Errno {
+    move |e| {
+        tracing::warn!("{what}: {e}");
+        if e.kind() == std::io::ErrorKind::StorageFull {
+            Errno::ENOSPC
+        } else {
+            Errno::EIO
+        }
+    }
+}
+
 /// The `normal` and `mmap` modes of one io server (see the module docs).
 pub struct Direct {
     mode: ServingMode,
@@ -641,7 +655,7 @@ impl Direct {
         let mut at = 0usize;
         for e in extents.iter().filter(|e| e.is_inline()) {
             let src = inline.get(at..at + e.len as usize).ok_or(Errno::EINVAL)?;
-            self.store.write_at(object, e.offset, src).map_err(eio("write"))?;
+            self.store.write_at(object, e.offset, src).map_err(io_errno("write"))?;
             self.copied(src.len());
             at += e.len as usize;
         }
@@ -668,7 +682,7 @@ impl Direct {
                 for (p, b) in batch.iter().zip(&bufs) {
                     private[..p.len].copy_from_slice(&b.as_slice()[..p.len]);
                     self.copied(p.len);
-                    written = self.store.write_at(object, p.offset, &private[..p.len]).map_err(eio("write"));
+                    written = self.store.write_at(object, p.offset, &private[..p.len]).map_err(io_errno("write"));
                     if written.is_err() {
                         break;
                     }
@@ -679,7 +693,7 @@ impl Direct {
             }
         }
         if stability != Stability::Unstable {
-            self.store.sync(object).map_err(eio("sync"))?;
+            self.store.sync(object).map_err(io_errno("sync"))?;
         }
         Ok(())
     }

@@ -306,14 +306,7 @@ impl IoService {
                 if let Backend::Unifier(u) = backend {
                     u.flush(object).await.map_err(storage_errno("flush"))?;
                 }
-                dafne_unifier::Storage::sync(store, object).map_err(|e: std::io::Error| {
-                    tracing::warn!("sync: {e}");
-                    if e.kind() == std::io::ErrorKind::StorageFull {
-                        Errno::ENOSPC
-                    } else {
-                        Errno::EIO
-                    }
-                })?;
+                dafne_unifier::Storage::sync(store, object).map_err(crate::modes::io_errno("sync"))?;
                 Ok(IoResponse::Done)
             }
             (IoRequest::Truncate { size, .. }, Backend::Unifier(u)) => {
@@ -500,7 +493,7 @@ impl IoService {
                 if stability == Stability::Unstable {
                     drop(g);
                 } else {
-                    g.commit_stable().map_err(eio("write-through"))?;
+                    g.commit_stable().map_err(storage_errno("write-through"))?;
                 }
             }
         }
@@ -521,7 +514,7 @@ where
             Err(dafne_unifier::Error::NoSpace { .. }) => {
                 dafne_transport::sleep(std::time::Duration::from_micros(200)).await
             }
-            Err(e) => return Err(eio("cache")(e)),
+            Err(e) => return Err(storage_errno("cache")(e)),
         }
     }
     Err(Errno::EAGAIN)

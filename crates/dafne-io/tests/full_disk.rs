@@ -147,3 +147,54 @@ fn io_alive(io: &IoProc) -> bool {
     std::path::Path::new(&format!("/proc/{}", io.child.id())).exists()
         && !std::fs::read_to_string(format!("/proc/{}/stat", io.child.id())).unwrap_or_default().contains(") Z ")
 }
+
+/// Starts `dafne-io` in serving mode `mode` (buffered storage: tmpfs).
+fn spawn_io_mode(dir: &Path, secret: &Path, mode: &str) -> IoProc {
+    use std::io::BufRead;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dafne-io"))
+        .args(["--data-dir", dir.to_str().unwrap(), "--secret", secret.to_str().unwrap(), "--listen", "127.0.0.1:0"])
+        .args(["--cache-mib", "32", "--storage", "buffered", "--mode", mode])
+        .args(common::ucx_args().into_iter().flat_map(|kv| ["--ucx".to_string(), kv]))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn dafne-io");
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let addr = line.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("banner {line:?}")).parse().unwrap();
+    IoProc { child, addr, dir: dir.to_path_buf(), storage: "buffered".into() }
+}
+
+/// The full disk's `ENOSPC` reaches the client on every path that writes
+/// to the disk while the client waits, not only at fsync after the cache:
+/// a write that asks for stability (written through at once), and every
+/// write in the comparison serving mode `normal` (no cache; a write goes
+/// to the file at once). Both answered `EIO` (review).
+#[test]
+fn a_full_disk_is_enospc_for_stable_writes_and_in_normal_mode() {
+    for mode in ["unifier", "normal"] {
+        let dir = tempfile::tempdir().unwrap();
+        let (meta, secret) = start_meta(dir.path(), 1, 64 << 10, 1);
+        let data_dir = dir.path().join("io0");
+        let small = SmallFs::mount(&data_dir, 8);
+        let io = spawn_io_mode(&data_dir, &secret, mode);
+        std::fs::write(data_dir.join("filler"), vec![1u8; 6 << 20]).unwrap();
+        let rt = common::runtime("full-disk-3");
+        let s = dafne_auth::Secret::load(&secret).unwrap();
+        let m = MetaSession::connect(&rt, meta.addr, &s, "full-disk-3", 0, 0).unwrap();
+        let fs = Fs::new(m, DataClient::connect(&rt, &[io.addr], &s).unwrap());
+        let hint = Some(LayoutHint { stripe_unit: 64 << 10, stripe_count: 1 });
+        let want = pattern(4 << 20, 5);
+        let f = fs.create(ROOT_INO, b"stable", 0o644, hint).unwrap();
+        let r = f.write_at(0, &want, Stability::FileSync);
+        assert_eq!(r.err(), Some(dafne_proto::Errno::ENOSPC), "{mode}: a stable write of 4 MiB into 2 MiB free");
+        if mode == "normal" {
+            f.truncate(0).unwrap();
+            let g = fs.create(ROOT_INO, b"unstable", 0o644, hint).unwrap();
+            let r = g.write_at(0, &want, Stability::Unstable).err().or_else(|| g.fsync().err());
+            assert_eq!(r, Some(dafne_proto::Errno::ENOSPC), "{mode}: an unstable write of 4 MiB into 2 MiB free");
+        }
+        assert!(io_alive(&io), "{mode}: the io server died");
+        drop(io);
+        drop(small);
+    }
+}
