@@ -198,3 +198,85 @@ fn a_full_disk_is_enospc_for_stable_writes_and_in_normal_mode() {
         drop(small);
     }
 }
+
+fn cpu_ticks(pid: u32) -> u64 {
+    let st = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let f: Vec<&str> = st.rsplit_once(')').unwrap().1.split_whitespace().collect();
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
+/// Issue 10, finding 6, past the backing file system's size limit
+/// (review): a client wrote 4 MiB at 17 TiB, beyond ext4's largest file
+/// (16 TiB), acknowledged into an 8 MiB cache (2 MiB of dirty bytes
+/// allowed) and never writable. The background writer retried those units
+/// at once, millions of times in 10 s (the io server burnt most of a core
+/// for as long as they stayed), and a writer of another file waited on
+/// them until its client gave up (EAGAIN after 30 s). Now a failed unit
+/// waits `RETRY_FAILED_AFTER` before its next write-back: the other writer
+/// is served at once, and the server is idle.
+#[test]
+fn units_that_cannot_be_written_hold_up_no_other_writer_and_burn_no_core() {
+    let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    std::fs::create_dir_all(&base).unwrap();
+    let dir = tempfile::tempdir_in(base).unwrap();
+    let fstype = Command::new("stat").args(["-f", "-c", "%T"]).arg(dir.path()).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&fstype.stdout).trim(), "ext2/ext3", "the test needs ext4 (16 TiB files)");
+    let (meta, secret) = start_meta(dir.path(), 1, 64 << 10, 1);
+    let io: IoProc = spawn_io_storage(&dir.path().join("io0"), &secret, 8, "127.0.0.1:0", "buffered");
+    let rt = common::runtime("too-far");
+    let s = dafne_auth::Secret::load(&secret).unwrap();
+    let m = MetaSession::connect(&rt, meta.addr, &s, "too-far", 0, 0).unwrap();
+    let fs = Fs::new(m, DataClient::connect(&rt, &[io.addr], &s).unwrap());
+    let hint = Some(LayoutHint { stripe_unit: 64 << 10, stripe_count: 1 });
+    let a = fs.create(ROOT_INO, b"far", 0o644, hint).unwrap();
+    let chunk = pattern(1 << 20, 1);
+    for i in 0..4u64 {
+        // Acknowledged, or refused once a failed write-back is known.
+        let _ = a.write_at((17u64 << 40) + (i << 20), &chunk, Stability::Unstable);
+    }
+    let b = fs.create(ROOT_INO, b"near", 0o644, hint).unwrap();
+    let t = std::time::Instant::now();
+    b.write_at(0, &chunk, Stability::Unstable).unwrap_or_else(|e| panic!("another file's write: {e} after {:?}", t.elapsed()));
+    b.fsync().unwrap();
+    assert!(t.elapsed() < std::time::Duration::from_secs(10), "another file's write and fsync took {:?}", t.elapsed());
+    let mut got = vec![0u8; chunk.len()];
+    assert_eq!(b.read_at(0, &mut got).unwrap(), chunk.len());
+    assert!(got == chunk, "the other file reads back other bytes");
+    // Idle, the failed units are retried once a second, not at once.
+    let c0 = cpu_ticks(io.child.id());
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let used = cpu_ticks(io.child.id()) - c0;
+    assert!(used < 50, "the io server used {used} ticks of CPU in 3 s idle, retrying what cannot be written");
+    // The writer of the far file hears it.
+    assert!(a.fsync().is_err(), "fsync of bytes past the file system's limit succeeded");
+    assert!(io_alive(&io));
+}
+
+/// The same on a full disk: a writer of another file is answered at once
+/// (in the cache, or ENOSPC), not held until its client gives up.
+#[test]
+fn on_a_full_disk_another_writer_is_answered_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (meta, secret) = start_meta(dir.path(), 1, 64 << 10, 1);
+    let data_dir = dir.path().join("io0");
+    let small = SmallFs::mount(&data_dir, 8);
+    let io: IoProc = spawn_io_storage(&data_dir, &secret, 8, "127.0.0.1:0", "buffered");
+    std::fs::write(data_dir.join("filler"), vec![1u8; 6 << 20]).unwrap();
+    let rt = common::runtime("full-disk-4");
+    let s = dafne_auth::Secret::load(&secret).unwrap();
+    let m = MetaSession::connect(&rt, meta.addr, &s, "full-disk-4", 0, 0).unwrap();
+    let fs = Fs::new(m, DataClient::connect(&rt, &[io.addr], &s).unwrap());
+    let hint = Some(LayoutHint { stripe_unit: 64 << 10, stripe_count: 1 });
+    let a = fs.create(ROOT_INO, b"a", 0o644, hint).unwrap();
+    let chunk = pattern(1 << 20, 1);
+    for i in 0..16u64 {
+        let _ = a.write_at(i << 20, &chunk, Stability::Unstable);
+    }
+    let b = fs.create(ROOT_INO, b"b", 0o644, hint).unwrap();
+    let t = std::time::Instant::now();
+    let r = b.write_at(0, &chunk[..65536], Stability::Unstable).err().or_else(|| b.fsync().err());
+    assert!(t.elapsed() < std::time::Duration::from_secs(10), "another writer was held {:?} ({r:?})", t.elapsed());
+    assert!(matches!(r, None | Some(dafne_proto::Errno::ENOSPC)), "another writer on a full disk: {r:?}");
+    assert!(io_alive(&io));
+    drop(small);
+}

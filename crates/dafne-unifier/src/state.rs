@@ -101,13 +101,31 @@ pub(crate) struct Unit {
     /// The cache-wide tick of the last acquisition (arbitrates between
     /// policies).
     pub(crate) last_use: u64,
+    /// When its last write-back failed (cleared by one that succeeds). See
+    /// [`RETRY_FAILED_AFTER`].
+    pub(crate) failed_at: Option<std::time::Instant>,
 }
+
+/// A unit whose write-back failed (full disk, a file past the backing file
+/// system's size limit, a failing device) stays dirty, but for this long
+/// it is not handed to the background writer again, written back to make
+/// room for another writer, or evicted for another unit: retried at once,
+/// it failed again at once (millions of times in 10 s, a core burnt), and
+/// every writer of any other file waited on it without a deadline (issue
+/// 10, finding 6). Its own object's flush still writes it at every fsync.
+pub(crate) const RETRY_FAILED_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Unit {
     /// May not be evicted or re-carved: someone holds it, fills it, writes
     /// it back, or waits for it.
     pub(crate) fn pinned(&self) -> bool {
         self.readers > 0 || self.writer || self.filling || self.pins > 0 || !self.waiters.is_empty()
+    }
+
+    /// Dirty, and its last write-back failed less than
+    /// [`RETRY_FAILED_AFTER`] ago.
+    pub(crate) fn failed_recently(&self) -> bool {
+        self.dirty.is_some() && self.failed_at.is_some_and(|t| t.elapsed() < RETRY_FAILED_AFTER)
     }
 
     /// A shared holder may enter: no writer or filler, and no exclusive
@@ -424,7 +442,7 @@ impl State {
             let mut ok = true;
             for &s in &sl.slots {
                 if let Some(u) = &self.slots[s as usize].unit {
-                    if u.pinned() || !u.attached {
+                    if u.pinned() || !u.attached || u.failed_recently() {
                         ok = false;
                         break;
                     }
@@ -468,6 +486,7 @@ impl State {
             ref_bit: true,
             prefetched: false,
             last_use: self.tick,
+            failed_at: None,
         });
         self.units_in_use += 1;
         let prev = self.objects.entry(object).or_default().units.insert(index, s);
@@ -579,7 +598,7 @@ impl State {
             let mut s = ring.head;
             let mut found = None;
             for _ in 0..ring.len {
-                if !self.unit(s).pinned() {
+                if !self.unit(s).pinned() && !self.unit(s).failed_recently() {
                     found = Some(s);
                     break;
                 }
@@ -595,7 +614,7 @@ impl State {
                 let s = self.rings[class][Policy::Clock.slot()].hand;
                 let next = self.links.next(s);
                 let u = self.slots[s as usize].unit.as_mut().expect("ring holds units");
-                if u.pinned() {
+                if u.pinned() || u.failed_recently() {
                     self.rings[class][Policy::Clock.slot()].hand = next;
                 } else if u.ref_bit {
                     u.ref_bit = false;
@@ -673,6 +692,7 @@ impl State {
 
     pub(crate) fn clear_dirty(&mut self, s: u32) {
         let u = self.slots[s as usize].unit.as_mut().expect("unit");
+        u.failed_at = None;
         if let Some((lo, hi)) = u.dirty.take() {
             self.dirty_bytes -= (hi - lo) as u64;
             self.dirty_order.remove(&u.dirty_seq);
@@ -693,7 +713,10 @@ impl State {
 
     /// The oldest dirty unit a write-back can read now (not lent to a writer).
     pub(crate) fn oldest_writable_back(&self) -> Option<u32> {
-        self.dirty_order.values().copied().find(|&s| matches!(self.slots[s as usize].mem, Mem::Registered(_)))
+        self.dirty_order
+            .values()
+            .copied()
+            .find(|&s| matches!(self.slots[s as usize].mem, Mem::Registered(_)) && !self.unit(s).failed_recently())
     }
 
     pub(crate) fn snapshot(&self) -> UnifierStats {

@@ -808,6 +808,7 @@ impl Inner {
         }
         match &res {
             Ok(()) => {
+                st.unit_mut(s).failed_at = None;
                 // Holders and pins exclude writers, so the range is unchanged.
                 if st.unit(s).dirty == Some((lo, hi)) {
                     st.clear_dirty(s);
@@ -819,7 +820,10 @@ impl Inner {
                 }
                 st.unsynced.insert(object);
             }
-            Err(_) => st.c.storage_errors += 1,
+            Err(_) => {
+                st.c.storage_errors += 1;
+                st.unit_mut(s).failed_at = Some(std::time::Instant::now());
+            }
         }
         if was_pinned {
             st.unit(s).wake_eligible();
@@ -862,7 +866,17 @@ impl Inner {
                 } else {
                     match st.oldest_writable_back() {
                         Some(s) => Some(s),
-                        None => return Ok(()),
+                        // Only units whose write-back just failed are over
+                        // the bound (`RETRY_FAILED_AFTER`): they do not hold
+                        // this writer up, unless they are its own object's.
+                        None => {
+                            drop(st);
+                            let mut b = inner.bgst.borrow_mut();
+                            if matches!(&b.error, Some(Error::Storage { object: o, .. }) if *o == object) {
+                                return Err(b.error.take().expect("matched"));
+                            }
+                            return Ok(());
+                        }
                     }
                 }
             };
@@ -909,7 +923,10 @@ impl Inner {
                 .copied()
                 .filter(|&s| {
                     let u = st.unit(s);
-                    u.pins == 0 && u.attached && matches!(st.slots[s as usize].mem, Mem::Registered(_))
+                    u.pins == 0
+                        && u.attached
+                        && !u.failed_recently()
+                        && matches!(st.slots[s as usize].mem, Mem::Registered(_))
                 })
                 .take(room)
                 .collect();
@@ -969,6 +986,7 @@ impl Inner {
             }
             match d.result {
                 Ok(()) => {
+                    st.unit_mut(s).failed_at = None;
                     if st.unit(s).dirty == Some((d.lo, d.hi)) {
                         st.clear_dirty(s);
                     }
@@ -980,6 +998,7 @@ impl Inner {
                 Err(source) => {
                     st.c.storage_errors += 1;
                     let now = std::time::Instant::now();
+                    st.unit_mut(s).failed_at = Some(now);
                     if st.storage_warned.is_none_or(|t| now.duration_since(t) >= STORAGE_WARN_EVERY) {
                         st.storage_warned = Some(now);
                         tracing::warn!(
