@@ -113,9 +113,12 @@ fn peak_rss(pid: u32) -> u64 {
 /// are refused before their payload is received), and the listener's guard
 /// resets what does not finish its handshake; 1,500 connections measured
 /// about 5 MiB (3.4 KiB each) on each server. The bound is six times that:
-/// what it catches is a buffer per connection (one 64 KiB receive buffer
-/// each would be 94 MiB; a 16 MiB message buffer, as before issue 10,
-/// gigabytes).
+/// what it catches is a buffer per connection that is written (one 64 KiB
+/// receive buffer each, filled, would be 94 MiB). `VmHWM` counts resident
+/// pages only: a buffer allocated per connection and never touched (a
+/// silent peer writes nothing into it; large and zeroed allocations come
+/// as untouched pages) does not show, so the silent flood bounds what a
+/// connection touches, not what it allocates.
 const HOSTILE_PEAK_GROWTH: u64 = 32 << 20;
 
 /// Whether the server ended this connection (EOF or reset) within `within`.
