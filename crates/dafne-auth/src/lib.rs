@@ -104,10 +104,12 @@ impl std::fmt::Debug for Secret {
 /// Why a secret file could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum SecretError {
-    #[error("cannot read the cluster secret {path}: {source}")]
-    Read { path: String, source: std::io::Error },
-    #[error("cannot create the cluster secret {path}: {source}")]
-    Create { path: String, source: std::io::Error },
+    /// (`error` is not a `#[source]`: the message holds it, and a chain
+    /// printed with `{:#}` would say it twice.)
+    #[error("cannot read the cluster secret {path}: {error}{}", read_hint(error))]
+    Read { path: String, error: std::io::Error },
+    #[error("cannot create the cluster secret {path}: {error}")]
+    Create { path: String, error: std::io::Error },
     #[error("the cluster secret {path} must hold {SECRET_LEN} bytes, it holds {len} (delete it to make a new one)")]
     Length { path: String, len: usize },
     /// Group or other may read or write the file: anyone who can read it
@@ -121,6 +123,18 @@ pub enum SecretError {
     Random(std::io::Error),
 }
 
+/// How to get past a secret file this user may not read.
+fn read_hint(e: &std::io::Error) -> &'static str {
+    match e.kind() {
+        std::io::ErrorKind::PermissionDenied => {
+            " (it is readable by its owner only, the user who ran `dafne up`: run this as that user; whoever \
+             holds the secret is trusted with any identity, README \"Security model\")"
+        }
+        std::io::ErrorKind::NotFound => " (the metadata server creates it when it first starts, as in `dafne up`)",
+        _ => "",
+    }
+}
+
 impl Secret {
     pub fn from_bytes(b: [u8; SECRET_LEN]) -> Secret {
         Secret(b)
@@ -130,7 +144,7 @@ impl Secret {
     /// creates it).
     pub fn load(path: &Path) -> Result<Secret, SecretError> {
         let p = path.display().to_string();
-        let f = std::fs::File::open(path).map_err(|source| SecretError::Read { path: p.clone(), source })?;
+        let f = std::fs::File::open(path).map_err(|source| SecretError::Read { path: p.clone(), error: source })?;
         Self::read_private(f, p)
     }
 
@@ -140,8 +154,11 @@ impl Secret {
     fn read_private(mut f: std::fs::File, path: String) -> Result<Secret, SecretError> {
         use std::io::Read;
         use std::os::unix::fs::PermissionsExt;
-        let mode =
-            f.metadata().map_err(|source| SecretError::Read { path: path.clone(), source })?.permissions().mode();
+        let mode = f
+            .metadata()
+            .map_err(|source| SecretError::Read { path: path.clone(), error: source })?
+            .permissions()
+            .mode();
         if mode & 0o077 != 0 {
             return Err(SecretError::Mode { path, mode: mode & 0o7777 });
         }
@@ -150,7 +167,7 @@ impl Secret {
         (&mut f)
             .take(SECRET_LEN as u64 + 1)
             .read_to_end(&mut b)
-            .map_err(|source| SecretError::Read { path: path.clone(), source })?;
+            .map_err(|source| SecretError::Read { path: path.clone(), error: source })?;
         let len =
             if b.len() > SECRET_LEN { f.metadata().map(|m| m.len() as usize).unwrap_or(b.len()) } else { b.len() };
         let arr: [u8; SECRET_LEN] = b.as_slice().try_into().map_err(|_| SecretError::Length { path, len })?;
@@ -167,20 +184,21 @@ impl Secret {
                 let mut f = std::fs::File::open("/dev/urandom").map_err(SecretError::Random)?;
                 std::io::Read::read_exact(&mut f, &mut b).map_err(SecretError::Random)?;
                 if let Some(dir) = path.parent() {
-                    std::fs::create_dir_all(dir).map_err(|source| SecretError::Create { path: p.clone(), source })?;
+                    std::fs::create_dir_all(dir)
+                        .map_err(|source| SecretError::Create { path: p.clone(), error: source })?;
                 }
                 let mut out = std::fs::OpenOptions::new()
                     .write(true)
                     .create_new(true)
                     .mode_0600()
                     .open(path)
-                    .map_err(|source| SecretError::Create { path: p.clone(), source })?;
+                    .map_err(|source| SecretError::Create { path: p.clone(), error: source })?;
                 out.write_all(&b)
                     .and_then(|_| out.sync_all())
-                    .map_err(|source| SecretError::Create { path: p, source })?;
+                    .map_err(|source| SecretError::Create { path: p, error: source })?;
                 Ok(Secret(b))
             }
-            Err(source) => Err(SecretError::Read { path: p, source }),
+            Err(source) => Err(SecretError::Read { path: p, error: source }),
         }
     }
 
@@ -389,6 +407,24 @@ impl Mode0600 for std::fs::OpenOptions {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `dafne status` as a user who may not read the secret printed
+    /// "Permission denied (os error 13): Permission denied (os error 13)"
+    /// and no way out (review): the io error was both in the message and
+    /// its source.
+    #[test]
+    fn an_unreadable_secret_is_named_once_with_the_way_out() {
+        let e = SecretError::Read {
+            path: "/x/cluster.secret".into(),
+            error: std::io::Error::from(std::io::ErrorKind::PermissionDenied),
+        };
+        assert!(std::error::Error::source(&e).is_none(), "the io error is printed twice in a chain");
+        let t = e.to_string();
+        assert!(t.contains("/x/cluster.secret") && t.contains("run this as that user"), "{t}");
+        let d = tempfile::tempdir().unwrap();
+        let t = Secret::load(&d.path().join("missing")).unwrap_err().to_string();
+        assert!(t.contains("dafne up"), "{t}");
+    }
 
     #[test]
     fn sessions_and_capabilities_verify_only_when_genuine() {

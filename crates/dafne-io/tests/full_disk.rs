@@ -236,7 +236,8 @@ fn units_that_cannot_be_written_hold_up_no_other_writer_and_burn_no_core() {
     }
     let b = fs.create(ROOT_INO, b"near", 0o644, hint).unwrap();
     let t = std::time::Instant::now();
-    b.write_at(0, &chunk, Stability::Unstable).unwrap_or_else(|e| panic!("another file's write: {e} after {:?}", t.elapsed()));
+    b.write_at(0, &chunk, Stability::Unstable)
+        .unwrap_or_else(|e| panic!("another file's write: {e} after {:?}", t.elapsed()));
     b.fsync().unwrap();
     assert!(t.elapsed() < std::time::Duration::from_secs(10), "another file's write and fsync took {:?}", t.elapsed());
     let mut got = vec![0u8; chunk.len()];
