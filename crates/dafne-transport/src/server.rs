@@ -640,6 +640,27 @@ impl ServerSide {
     }
 }
 
+/// Raises this process's soft descriptor limit to its hard limit, once,
+/// before it listens. At the 1,024 most shells give, a flood of silent
+/// connections filled the table: UCX's `accept` then failed with EMFILE in
+/// a loop (gigabytes of log, most of a core) until the listener's guard
+/// reset enough of them (tested: `dafne/tests/hostile.rs`). Best effort:
+/// a limit that cannot be raised is logged, not fatal.
+fn raise_descriptor_limit() {
+    static DONE: std::sync::Once = std::sync::Once::new();
+    DONE.call_once(|| {
+        use rustix::process::{getrlimit, setrlimit, Resource};
+        let lim = getrlimit(Resource::Nofile);
+        if lim.current.is_some() && lim.current != lim.maximum {
+            let raised = rustix::process::Rlimit { current: lim.maximum, maximum: lim.maximum };
+            match setrlimit(Resource::Nofile, raised) {
+                Ok(()) => tracing::debug!("descriptor limit raised from {:?} to {:?}", lim.current, lim.maximum),
+                Err(e) => tracing::warn!("could not raise the descriptor limit from {:?}: {e}", lim.current),
+            }
+        }
+    });
+}
+
 impl Runtime {
     /// Starts serving on `addr` (port 0 picks one); returns the bound address.
     /// `make` builds the service on the loop thread.
@@ -652,6 +673,7 @@ impl Runtime {
             if l.server.listener.borrow().is_some() {
                 return Err(TransportError::Protocol("this runtime already serves".into()));
             }
+            raise_descriptor_limit();
             let q = l.accepts.clone();
             let listener = l.worker.listen(addr, move |req| q.borrow_mut().push(req))?;
             let bound = listener.local_addr()?;
