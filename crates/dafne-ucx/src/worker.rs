@@ -673,9 +673,12 @@ fn sockaddr_to_std(s: &libc::sockaddr_storage) -> Option<SocketAddr> {
 /// other descriptors were closed under their owners ("failed to close fd")
 /// and the server died of SIGSEGV at its next `ucp_worker_destroy`
 /// (tested: `dafne/tests/hostile.rs`). With the limit far above what the
-/// process's descriptors allow, an accept fails on the descriptor limit
-/// first (UCX then just drops the connection) and the listener's guard
-/// (`dafne-transport`'s `sockguard`) resets the flood.
+/// process's descriptors allow, the descriptor limit is met first, and the
+/// listener's guard (`dafne-transport`'s `sockguard`) resets the flood
+/// while there are descriptors left for it. At the limit itself UCX's
+/// `accept` fails with EMFILE in a loop, logging each time (servers raise
+/// their soft limit to the hard one for this; past the hard limit it is
+/// still open).
 pub const ASYNC_MAX_EVENTS: u32 = 1 << 20;
 
 /// Sets UCS's `ASYNC_MAX_EVENTS` to [`ASYNC_MAX_EVENTS`] unless the user
