@@ -169,7 +169,14 @@ pub struct MetaService {
     sessions: RefCell<HashSet<u32>>,
     next_session: Cell<u64>,
     opens: Opens,
+    /// When a refused session was last logged, and the refusals since: at
+    /// most one warning per [`REFUSED_WARN_EVERY`], so a peer without the
+    /// secret cannot flood the log.
+    refused: Cell<(Option<Instant>, u64)>,
 }
+
+/// The least time between two warnings about refused sessions.
+const REFUSED_WARN_EVERY: Duration = Duration::from_secs(10);
 
 impl std::fmt::Debug for MetaService {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -189,6 +196,7 @@ impl MetaService {
             sessions: RefCell::new(HashSet::new()),
             next_session: Cell::new(1),
             opens,
+            refused: Cell::new((None, 0)),
         }
     }
 }
@@ -236,7 +244,19 @@ impl MetaService {
                     tracing::info!("session {id} opened by {client_name:?} on connection {conn}");
                     Ok(Response::Session { session_id: id, root: ROOT_INO })
                 } else {
-                    tracing::warn!("session refused for {client_name:?}: wrong cluster secret");
+                    let (last, n) = self.refused.get();
+                    let now = Instant::now();
+                    if last.is_none_or(|t| now.duration_since(t) >= REFUSED_WARN_EVERY) {
+                        self.refused.set((Some(now), 0));
+                        tracing::warn!(
+                            "session refused for {client_name:?}: wrong cluster secret ({} more refused since the \
+                             last such warning; at most one per {}s)",
+                            n,
+                            REFUSED_WARN_EVERY.as_secs()
+                        );
+                    } else {
+                        self.refused.set((last, n + 1));
+                    }
                     Err(Errno::EACCES)
                 }
             }

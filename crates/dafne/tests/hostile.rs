@@ -336,6 +336,33 @@ fn a_flood_at_the_usual_descriptor_limit_is_reset_and_floods_no_log() {
     assert!(alive(io_pid), "io-0 died");
 }
 
+/// A client with another secret, again and again (a script retrying, or
+/// a peer without the secret probing): every server says so in its log,
+/// at most once per 10 s, so it cannot flood the log. The io servers did
+/// (review); the metadata server logged every refused session.
+#[test]
+fn refused_sessions_and_logins_are_logged_at_most_once_per_10_s() {
+    let c = Up::start(1);
+    let info_path = c.dir.path().join("cluster.json");
+    let mut info: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&info_path).unwrap()).unwrap();
+    let wrong = c.dir.path().join("wrong.secret");
+    std::fs::write(&wrong, [7u8; 32]).unwrap();
+    std::fs::set_permissions(&wrong, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    info["secret"] = wrong.display().to_string().into();
+    std::fs::write(&info_path, info.to_string()).unwrap();
+    let t = Instant::now();
+    for _ in 0..8 {
+        let o = run(&["status", "--dir", &c.d()]);
+        assert!(!o.status.success() && text(&o).contains("refused"), "{}", text(&o));
+    }
+    assert!(t.elapsed() < Duration::from_secs(10), "too slow to test the rate: {:?}", t.elapsed());
+    for (name, needle) in [("meta", "session refused"), ("io-0", "refused a login")] {
+        let log = std::fs::read_to_string(c.dir.path().join(format!("logs/{name}.log"))).unwrap_or_default();
+        let n = log.matches(needle).count();
+        assert!((1..=1).contains(&n), "{name} logged {n} refusals for 8 in under 10 s:\n{log}");
+    }
+}
+
 /// Issue 10, finding 1: a peer that completes the transport handshake but
 /// never logs in held its connection for as long as it pinged. The
 /// metadata server and the io servers now drop it once the login deadline
