@@ -261,14 +261,17 @@ pub fn resolve_dir(flag: Option<&Path>) -> Result<PathBuf> {
 /// cause: a secret that does not match the cluster's) and the fix.
 pub fn explain_connect(info: &ClusterInfo, e: dafne_client::ConnectError) -> anyhow::Error {
     use dafne_client::ConnectError;
+    // Only EACCES is a refused secret: a server that is stopping answers
+    // EAGAIN, and a login can also fail in transport (a timeout).
+    let eacces = dafne_proto::Errno::EACCES.to_string();
     match e {
-        ConnectError::Refused(errno) => anyhow::anyhow!(
+        ConnectError::Refused(errno) if errno == dafne_proto::Errno::EACCES => anyhow::anyhow!(
             "the metadata server at {} refused the session ({errno}): the secret file {} does not match the \
              cluster's (use the cluster's own secret file, the one `dafne up` wrote)",
             info.meta,
             info.secret.display()
         ),
-        ConnectError::IoLogin { addr, why } => anyhow::anyhow!(
+        ConnectError::IoLogin { addr, why } if why == eacces => anyhow::anyhow!(
             "the io server at {addr} refused the login ({why}): the secret file {} does not match the one that \
              server was started with (its --secret)",
             info.secret.display()
@@ -509,6 +512,32 @@ pub fn is_mount_point(path: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Only a refusal blames the secret file: a server that is stopping
+    /// (EAGAIN) or a login that timed out named the secret as the cause
+    /// (review).
+    #[test]
+    fn only_a_refusal_is_blamed_on_the_secret() {
+        use dafne_client::ConnectError;
+        use dafne_proto::Errno;
+        let info = ClusterInfo {
+            dir: "/c".into(),
+            meta: "127.0.0.1:7700".parse().unwrap(),
+            io: vec![],
+            secret: "/c/meta/cluster.secret".into(),
+            ucx: vec![],
+            supervisor_pid: 1,
+            attr_timeout_ms: 1000,
+            entry_timeout_ms: 1000,
+        };
+        let addr: SocketAddr = "127.0.0.1:7710".parse().unwrap();
+        let blames = |e: ConnectError| format!("{:#}", explain_connect(&info, e)).contains("does not match");
+        assert!(blames(ConnectError::Refused(Errno::EACCES)));
+        assert!(blames(ConnectError::IoLogin { addr, why: Errno::EACCES.to_string() }));
+        assert!(!blames(ConnectError::Refused(Errno::EAGAIN)), "a busy metadata server blamed on the secret");
+        assert!(!blames(ConnectError::IoLogin { addr, why: Errno::EAGAIN.to_string() }), "a stopping io server");
+        assert!(!blames(ConnectError::IoLogin { addr, why: "timed out after 5 s".into() }), "a timeout");
+    }
 
     #[test]
     fn the_example_is_the_embedded_default() {
