@@ -50,7 +50,8 @@
 //! the file's extents "unwritten", and after space returned a rewrite and a
 //! successful `fdatasync` still left zeros on the device. So an object
 //! whose sync failed is *damaged* for the life of the store: every later
-//! sync and every read of it fails (`EIO`), also from the io server's
+//! sync and every read of it fails (`EIO`, the failed sync too, whatever
+//! the device said: `ENOSPC` would promise a retry), also from the io server's
 //! cache, rather than answering success or bytes the device may not hold.
 //! Removing it, or truncating it to nothing, ends that (nothing of it is
 //! left to trust). Damaged objects are remembered in memory only: a
@@ -379,7 +380,7 @@ impl ChunkStore {
         let mut first = None;
         for (o, e) in failed {
             self.mark_damaged(o, &e);
-            first.get_or_insert(e);
+            first.get_or_insert(ChunkStore::lost_error(o, &e));
         }
         if let Some(e) = first {
             return Err(e);
@@ -409,6 +410,13 @@ impl ChunkStore {
                  zero. Check the device (dmesg) and restore the file from a copy"
             );
         }
+    }
+
+    /// The error of the sync that damaged `object`: not its own kind (a
+    /// full device's `StorageFull` would travel as `ENOSPC`, which tells a
+    /// client to free space and fsync again; these bytes are lost).
+    fn lost_error(object: u64, why: &io::Error) -> io::Error {
+        io::Error::other(format!("object {object:x}: a sync failed ({why}); what it was to write may be lost"))
     }
 
     /// The error of any sync or read of a damaged object.
@@ -744,7 +752,7 @@ impl Storage for ChunkStore {
         self.count(|s| s.syncs += 1);
         if let Err(e) = self.with_file(object, false, |f| f.sync_data()) {
             self.mark_damaged(object, &e);
-            return Err(e);
+            return Err(ChunkStore::lost_error(object, &e));
         }
         self.sync_dir_if_needed()
     }

@@ -138,6 +138,10 @@ fn an_fsync_that_succeeds_after_the_device_failed_writes_means_the_bytes_are_on_
     // Asked again (an application that retries), the device still failing.
     answers.push(f.fsync());
     assert!(answers[0].is_err(), "fsync of 4 MiB succeeded on a device that could take 512 KiB");
+    // EIO, not ENOSPC: the failed fdatasync lost the bytes, and ENOSPC
+    // tells a client to free space and fsync again (ARCHITECTURE, "A full
+    // disk"), which here answers EIO for good (the first answer was ENOSPC).
+    assert_eq!(answers, vec![Err(dafne_proto::Errno::EIO); 2], "answers to fsync after a lost write-back");
     let io_pid = io.child.id();
     assert!(Path::new(&format!("/proc/{io_pid}")).exists(), "the io server died of a failing device");
 
