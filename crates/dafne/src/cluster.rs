@@ -261,22 +261,32 @@ pub fn resolve_dir(flag: Option<&Path>) -> Result<PathBuf> {
 /// cause: a secret that does not match the cluster's) and the fix.
 pub fn explain_connect(info: &ClusterInfo, e: dafne_client::ConnectError) -> anyhow::Error {
     use dafne_client::ConnectError;
-    // Only EACCES is a refused secret: a server that is stopping answers
-    // EAGAIN, and a login can also fail in transport (a timeout).
-    let eacces = dafne_proto::Errno::EACCES.to_string();
+    let refusal = is_refusal(&e);
     match e {
-        ConnectError::Refused(errno) if errno == dafne_proto::Errno::EACCES => anyhow::anyhow!(
+        ConnectError::Refused(errno) if refusal => anyhow::anyhow!(
             "the metadata server at {} refused the session ({errno}): the secret file {} does not match the \
              cluster's (use the cluster's own secret file, the one `dafne up` wrote)",
             info.meta,
             info.secret.display()
         ),
-        ConnectError::IoLogin { addr, why } if why == eacces => anyhow::anyhow!(
+        ConnectError::IoLogin { addr, why } if refusal => anyhow::anyhow!(
             "the io server at {addr} refused the login ({why}): the secret file {} does not match the one that \
              server was started with (its --secret)",
             info.secret.display()
         ),
         other => anyhow::Error::new(other),
+    }
+}
+
+/// Whether a server refused this client's secret. Only EACCES is: a
+/// server that is stopping answers EAGAIN, and a login can also fail in
+/// transport (a timeout).
+pub fn is_refusal(e: &dafne_client::ConnectError) -> bool {
+    use dafne_client::ConnectError;
+    match e {
+        ConnectError::Refused(errno) => *errno == dafne_proto::Errno::EACCES,
+        ConnectError::IoLogin { why, .. } => *why == dafne_proto::Errno::EACCES.to_string(),
+        _ => false,
     }
 }
 

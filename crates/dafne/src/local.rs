@@ -995,18 +995,24 @@ pub fn status(a: StatusArgs) -> Result<()> {
     })?;
     let secret = dafne_auth::Secret::load(&info.secret)
         .with_context(|| format!("reading the cluster secret {}", info.secret.display()))?;
+    // Servers that refused this client's secret (they run; the secret is wrong).
+    let mut refused = 0usize;
+    let mut explain = |e: dafne_client::ConnectError| {
+        refused += usize::from(crate::cluster::is_refusal(&e));
+        format!("{:#}", crate::cluster::explain_connect(&info, e))
+    };
     let (reachable, files) = match dafne_client::MetaSession::connect(&rt, info.meta, &secret, "status", 0, 0) {
         Ok(s) => match s.statfs() {
             Ok(f) => (None, f.files),
             Err(e) => (Some(format!("statfs: {e}")), 0),
         },
-        Err(e) => (Some(format!("{:#}", crate::cluster::explain_connect(&info, e))), 0),
+        Err(e) => (Some(explain(e)), 0),
     };
     let cap = dafne_client::data::info_capability(&secret);
     let mut io = Vec::new();
     for (i, addr) in info.io.iter().enumerate() {
         let r = dafne_client::data::DataClient::connect(&rt, &[*addr], &secret)
-            .map_err(|e| format!("{:#}", crate::cluster::explain_connect(&info, e)))
+            .map_err(&mut explain)
             .and_then(|d| block_on(d.server_info(0, cap)).map_err(|e| e.to_string()));
         io.push(IoStatus {
             server: state_of(&format!("io-{i}")),
@@ -1030,6 +1036,13 @@ pub fn status(a: StatusArgs) -> Result<()> {
     // Scripts and monitors read the exit status: non-zero when a server
     // does not serve (the report above says which and why).
     let failing = usize::from(report.meta.reachable.is_some()) + report.io.iter().filter(|s| s.error.is_some()).count();
+    if failing > 0 && refused == failing {
+        bail!(
+            "the secret file {} is not the cluster's: {refused} of {} servers refused it (they run; see above)",
+            info.secret.display(),
+            1 + report.io.len()
+        );
+    }
     if failing > 0 {
         bail!("{failing} of {} servers are not serving (see above)", 1 + report.io.len());
     }

@@ -354,6 +354,11 @@ fn refused_sessions_and_logins_are_logged_at_most_once_per_10_s() {
     for _ in 0..8 {
         let o = run(&["status", "--dir", &c.d()]);
         assert!(!o.status.success() && text(&o).contains("refused"), "{}", text(&o));
+        // The servers run: the summary says this client's secret is wrong,
+        // not that the servers are down (it said "2 of 2 servers are not
+        // serving").
+        let t = text(&o);
+        assert!(!t.contains("servers are not serving") && t.contains("2 of 2 servers refused it"), "{t}");
     }
     assert!(t.elapsed() < Duration::from_secs(10), "too slow to test the rate: {:?}", t.elapsed());
     for (name, needle) in [("meta", "session refused"), ("io-0", "refused a login")] {
