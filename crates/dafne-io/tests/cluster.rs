@@ -185,7 +185,7 @@ fn capabilities_are_checked_by_io_servers() {
 fn cached_reads_and_writes_copy_nothing() {
     let Single { args, m, rt, .. } = &single("zc", 16, common::storage_mode());
     let io = dafne_io::server::start(args).unwrap();
-    let d = DataClient::connect(rt, &[io.addr], &dafne_auth::Secret::load(&args.secret).unwrap()).unwrap();
+    let d = DataClient::connect(rt, &[io.addr], dafne_auth::Secret::load(&args.secret).unwrap()).unwrap();
     let a = m.create(ROOT_INO, b"zc", 0o644, true).unwrap();
     let f = m.open(a.ino, dafne_proto::OPEN_READ | dafne_proto::OPEN_WRITE).unwrap();
     let src =
@@ -317,7 +317,7 @@ fn slice_io_registers_nothing_per_call() {
 fn direct_storage_fills_and_writes_back_whole_units_without_the_page_cache() {
     let Single { args, m, rt, .. } = &single("direct", 4, dafne_io::chunk::StorageMode::Direct);
     let io = dafne_io::server::start(args).unwrap();
-    let d = DataClient::connect(rt, &[io.addr], &dafne_auth::Secret::load(&args.secret).unwrap()).unwrap();
+    let d = DataClient::connect(rt, &[io.addr], dafne_auth::Secret::load(&args.secret).unwrap()).unwrap();
     let f = open_new_on(m, "direct", 1 << 20, 1);
     // 16 MiB through a 4 MiB cache: write-behind and eviction write whole
     // 64 KiB units back; reading it all again misses and fills every unit.
@@ -366,7 +366,7 @@ fn concurrent_writers_are_written_back_in_the_background() {
     // 8 MiB of cache: write-behind bound 2 MiB, background from 1 MiB.
     let Single { args, m, rt, .. } = &single("bg", 8, common::storage_mode());
     let io = dafne_io::server::start(args).unwrap();
-    let d = DataClient::connect(rt, &[io.addr], &dafne_auth::Secret::load(&args.secret).unwrap()).unwrap();
+    let d = DataClient::connect(rt, &[io.addr], dafne_auth::Secret::load(&args.secret).unwrap()).unwrap();
     let files: Vec<OpenFile> = (0..3).map(|i| open_new_on(m, &format!("bg{i}"), 1 << 20, 1)).collect();
     let len = 6usize << 20;
     let data: Vec<Vec<u8>> = (0..3).map(|i| (0..len).map(|b| (b % 241) as u8 ^ (i as u8 * 85)).collect()).collect();
@@ -445,12 +445,12 @@ fn sequential_reads_that_miss_read_ahead() {
     let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
     {
         let io = dafne_io::server::start(args).unwrap();
-        let d = DataClient::connect(rt, &[io.addr], &dafne_auth::Secret::load(&args.secret).unwrap()).unwrap();
+        let d = DataClient::connect(rt, &[io.addr], dafne_auth::Secret::load(&args.secret).unwrap()).unwrap();
         futures::executor::block_on(d.write_at(&f, 0, &data, Stability::FileSync)).unwrap();
     }
     // A new server on the same data: nothing cached.
     let io = dafne_io::server::start(args).unwrap();
-    let d = DataClient::connect(rt, &[io.addr], &dafne_auth::Secret::load(&args.secret).unwrap()).unwrap();
+    let d = DataClient::connect(rt, &[io.addr], dafne_auth::Secret::load(&args.secret).unwrap()).unwrap();
     let buf = d.register(vec![0u8; 128 << 10], dafne_transport::Access::RemoteWrite).unwrap();
     let read = |off: usize| {
         futures::executor::block_on(d.read_region(&f, off as u64, &buf, 0, 128 << 10)).unwrap();
@@ -484,7 +484,7 @@ fn a_clean_stop_refuses_writes_and_writes_back_what_it_acknowledged() {
     let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 241) as u8).collect();
     {
         let io = dafne_io::server::start(args).unwrap();
-        let d = DataClient::connect(rt, &[io.addr], &dafne_auth::Secret::load(&args.secret).unwrap()).unwrap();
+        let d = DataClient::connect(rt, &[io.addr], dafne_auth::Secret::load(&args.secret).unwrap()).unwrap();
         futures::executor::block_on(d.write_at(&f, 0, &data, Stability::Unstable)).unwrap();
         assert!(io.stats().unifier.dirty_bytes > 0);
         io.drain_and_flush().unwrap();
@@ -493,7 +493,7 @@ fn a_clean_stop_refuses_writes_and_writes_back_what_it_acknowledged() {
         assert_eq!(late, Err(Errno::EAGAIN), "a write after the final write-back is refused");
     }
     let io = dafne_io::server::start(args).unwrap();
-    let d = DataClient::connect(rt, &[io.addr], &dafne_auth::Secret::load(&args.secret).unwrap()).unwrap();
+    let d = DataClient::connect(rt, &[io.addr], dafne_auth::Secret::load(&args.secret).unwrap()).unwrap();
     let mut back = vec![0u8; data.len()];
     futures::executor::block_on(d.read_at(&f, 0, &mut back)).unwrap();
     assert!(back == data);
