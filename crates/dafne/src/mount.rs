@@ -16,8 +16,11 @@
 //!
 //! Mistakes are refused before anything starts, each with what to do: a
 //! mount point that does not exist, is not a directory, or is already a
-//! mount point; no running cluster; a secret file that does not match the
-//! cluster (the metadata server refuses the session).
+//! mount point; no running cluster; a secret or `--credential` file that
+//! others may read or that is damaged; a secret that does not match the
+//! cluster, or a credential edited, issued elsewhere or revoked (the
+//! metadata server refuses the session: the daemon's error says which).
+//! With `--credential` the cluster secret is not read at all.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
