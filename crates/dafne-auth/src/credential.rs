@@ -214,14 +214,14 @@ pub fn normalize(mut v: Vec<IdRange>) -> Vec<IdRange> {
 }
 
 /// Whether `name` may name a credential: 1..=[`MAX_CLIENT_NAME`] bytes,
-/// no whitespace or control characters (it is a word in the file and in
-/// commands).
+/// no whitespace, control characters or `/` (it is a word in the file and
+/// in commands, and the default file name `NAME.cred`).
 pub fn check_name(name: &str) -> Result<(), String> {
     if name.is_empty() || name.len() > MAX_CLIENT_NAME {
         return Err(format!("a credential name has 1 to {MAX_CLIENT_NAME} bytes, {name:?} has {}", name.len()));
     }
-    if name.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err(format!("a credential name has no spaces or control characters: {name:?}"));
+    if name.chars().any(|c| c.is_whitespace() || c.is_control() || c == '/') {
+        return Err(format!("a credential name has no spaces, control characters or '/': {name:?}"));
     }
     Ok(())
 }
@@ -440,5 +440,6 @@ mod tests {
         assert_eq!(normalize(vec![r(10, 20), r(1, 3), r(4, 4), r(15, 30)]), vec![r(1, 4), r(10, 30)]);
         assert!(check_name("alice@host-1").is_ok());
         assert!(check_name("").is_err() && check_name("a b").is_err() && check_name(&"a".repeat(257)).is_err());
+        assert!(check_name("../a").is_err());
     }
 }
