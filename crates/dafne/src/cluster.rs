@@ -256,22 +256,73 @@ pub fn resolve_dir(flag: Option<&Path>) -> Result<PathBuf> {
     }
 }
 
+/// How a client of the cluster logs in, and from which file: the
+/// cluster secret (a fully trusted client) or a per-client credential
+/// (`--credential FILE`), which never needs the secret file.
+pub struct ClientLogin {
+    pub key: dafne_auth::LoginKey,
+    /// The secret or credential file it came from.
+    pub file: PathBuf,
+}
+
+impl ClientLogin {
+    /// With `credential`, that credential file (the cluster secret is not
+    /// read at all); otherwise the cluster's secret file.
+    pub fn load(info: &ClusterInfo, credential: Option<&Path>) -> Result<ClientLogin> {
+        match credential {
+            Some(f) => {
+                let c = dafne_auth::CredentialFile::load(f)?;
+                Ok(ClientLogin { key: c.into(), file: f.to_path_buf() })
+            }
+            None => {
+                let secret = dafne_auth::Secret::load(&info.secret).with_context(|| {
+                    format!(
+                        "reading the cluster secret {} (a client without it logs in with --credential FILE, \
+                         issued by `dafne credential issue` where the secret is)",
+                        info.secret.display()
+                    )
+                })?;
+                Ok(ClientLogin { key: secret.into(), file: info.secret.clone() })
+            }
+        }
+    }
+
+    fn is_credential(&self) -> bool {
+        self.key.credential().is_some()
+    }
+}
+
 /// What a client of the cluster `info` says when a connection is refused
-/// or fails: a refusal names the secret file this side used (the usual
-/// cause: a secret that does not match the cluster's) and the fix.
-pub fn explain_connect(info: &ClusterInfo, e: dafne_client::ConnectError) -> anyhow::Error {
+/// or fails: a refusal names the secret or credential file this side used
+/// (the usual causes: a secret that does not match the cluster's, a
+/// credential edited, issued elsewhere, or revoked) and the fix.
+pub fn explain_connect(info: &ClusterInfo, login: &ClientLogin, e: dafne_client::ConnectError) -> anyhow::Error {
     use dafne_client::ConnectError;
+    let file = login.file.display();
     match e {
+        ConnectError::Refused(errno) if errno == dafne_client::Errno::EKEYREVOKED => anyhow::anyhow!(
+            "the metadata server at {} refused the session: the credential {file} was revoked (`dafne credential \
+             revoke`); ask the cluster's admin for a new one",
+            info.meta
+        ),
+        ConnectError::Refused(errno) if login.is_credential() => anyhow::anyhow!(
+            "the metadata server at {} refused the session ({errno}): the credential {file} does not match the \
+             cluster's secret (was it edited after it was issued, or issued for another cluster? ask for a new one \
+             from `dafne credential issue`)",
+            info.meta
+        ),
         ConnectError::Refused(errno) => anyhow::anyhow!(
-            "the metadata server at {} refused the session ({errno}): the secret file {} does not match the \
+            "the metadata server at {} refused the session ({errno}): the secret file {file} does not match the \
              cluster's (use the cluster's own secret file, the one `dafne up` wrote)",
-            info.meta,
-            info.secret.display()
+            info.meta
+        ),
+        ConnectError::IoLogin { addr, why } if login.is_credential() => anyhow::anyhow!(
+            "the io server at {addr} refused the login ({why}): the credential {file} does not match the secret \
+             that server was started with (edited, or issued for another cluster?)"
         ),
         ConnectError::IoLogin { addr, why } => anyhow::anyhow!(
-            "the io server at {addr} refused the login ({why}): the secret file {} does not match the one that \
-             server was started with (its --secret)",
-            info.secret.display()
+            "the io server at {addr} refused the login ({why}): the secret file {file} does not match the one that \
+             server was started with (its --secret)"
         ),
         other => anyhow::Error::new(other),
     }

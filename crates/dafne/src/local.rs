@@ -118,6 +118,10 @@ pub struct StatusArgs {
     /// Print JSON instead of tables.
     #[arg(long)]
     pub json: bool,
+    /// Log in with this per-client credential instead of the cluster
+    /// secret, which is then not read.
+    #[arg(long, value_name = "FILE")]
+    pub credential: Option<PathBuf>,
 }
 
 /// One server as the supervisor sees it (`DIR/servers.json`).
@@ -993,20 +997,21 @@ pub fn status(a: StatusArgs) -> Result<()> {
         ucx_config: info.ucx.clone(),
         ..Default::default()
     })?;
-    let secret = dafne_auth::Secret::load(&info.secret)
-        .with_context(|| format!("reading the cluster secret {}", info.secret.display()))?;
-    let (reachable, files) = match dafne_client::MetaSession::connect(&rt, info.meta, &secret, "status", 0, 0) {
+    let login = crate::cluster::ClientLogin::load(&info, a.credential.as_deref())?;
+    let (reachable, files) = match dafne_client::MetaSession::connect(&rt, info.meta, &login.key, "status", 0, 0) {
         Ok(s) => match s.statfs() {
             Ok(f) => (None, f.files),
             Err(e) => (Some(format!("statfs: {e}")), 0),
         },
-        Err(e) => (Some(format!("{:#}", crate::cluster::explain_connect(&info, e))), 0),
+        Err(e) => (Some(format!("{:#}", crate::cluster::explain_connect(&info, &login, e))), 0),
     };
-    let cap = dafne_client::data::info_capability(&secret);
+    // The data client's connection is logged in: ServerInfo needs no
+    // capability there.
+    let cap = dafne_client::data::LOGGED_IN;
     let mut io = Vec::new();
     for (i, addr) in info.io.iter().enumerate() {
-        let r = dafne_client::data::DataClient::connect(&rt, &[*addr], &secret)
-            .map_err(|e| format!("{:#}", crate::cluster::explain_connect(&info, e)))
+        let r = dafne_client::data::DataClient::connect(&rt, &[*addr], &login.key)
+            .map_err(|e| format!("{:#}", crate::cluster::explain_connect(&info, &login, e)))
             .and_then(|d| block_on(d.server_info(0, cap)).map_err(|e| e.to_string()));
         io.push(IoStatus {
             server: state_of(&format!("io-{i}")),
