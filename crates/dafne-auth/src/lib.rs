@@ -66,7 +66,42 @@
 //! its first batch (a reset) arrives. A truncate revokes whole objects,
 //! not byte ranges. And a holder of the cluster secret can sign any
 //! capability it likes (including generation [`TRUSTED_GENERATION`], which
-//! no floor stops): clients hold the secret today (issue 10, finding 4).
+//! no floor stops): only fully trusted clients hold it (below).
+//!
+//! # Credentials
+//! A holder of the cluster secret may state any uid in its requests, root
+//! included. Every other client logs in with a *per-client credential*
+//! (module `credential`): a policy ([`dafne_proto::Credential`]: a name,
+//! the uid ranges and gid ranges its requests may state, and whether uid 0
+//! stays root) and its key, `HMAC-SHA256(secret, "dafne-credential-v1" ‖
+//! canonical policy)` ([`Secret::credential_key`]), which an admin issues
+//! where the secret is (`dafne credential issue`) into a private file
+//! ([`CredentialFile`]) that never holds the secret.
+//!
+//! * **Login.** The client sends the policy with its login (meta's
+//!   `SessionOpen`, an io server's `Login`) and proves the key with the
+//!   same MAC as a session (`"dafne-session-v2"`, connection token, nonce,
+//!   client name). The server derives the key from the secret and the
+//!   policy presented ([`Secret::login_key`]) and verifies the MAC with
+//!   it: a policy edited after issue has another key, so its login fails.
+//!   No state is needed, so io servers verify logins as meta does. A login
+//!   without a policy must be proven with the secret itself.
+//! * **Enforcement** (meta, every request of a credential session,
+//!   [`enforce`]): uid 0 is squashed to [`NOBODY`]/[`NOBODY`] (nobody,
+//!   nogroup) with no supplementary groups unless the credential grants
+//!   root, in which case uid 0 acts as stated; any other uid must lie in
+//!   the uid ranges and the primary gid in the gid ranges, else the
+//!   request fails with `EPERM`; supplementary groups outside the gid
+//!   ranges are dropped. Capabilities meta issues to such a session are
+//!   for what that identity may open, so io servers need no policy.
+//! * **Revocation.** `dafne credential revoke NAME` (meta's
+//!   `RevokeCredential`, sent by a session proven with the secret) records
+//!   the name in meta's store; meta refuses the name's logins from then on
+//!   and ends its live sessions (their requests fail with `EACCES`). Io
+//!   servers do not learn of it: a revoked credential can still log in to
+//!   an io server (which lets it hold a connection and ask `ServerInfo`),
+//!   but gets no new capability from meta; capabilities it already holds
+//!   last until they expire or are revoked (above).
 
 use std::io::Write;
 use std::path::Path;
@@ -75,6 +110,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use std::collections::HashMap;
 
 use dafne_proto::{Capability, Revocations};
+
+mod credential;
+pub use credential::{
+    check_name, enforce, normalize, parse_range, CredentialError, CredentialFile, Denied, LoginKey, NOBODY,
+};
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 

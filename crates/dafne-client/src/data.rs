@@ -385,25 +385,27 @@ fn io_err(e: dafne_transport::TransportError) -> Errno {
 
 impl DataClient {
     /// Connects to the io servers (`addrs[i]` is server id `i`) and logs
-    /// in to each with a capability signed by `secret`: an io server drops
-    /// a connection that has not shown a genuine capability within its
-    /// login deadline (`dafne_proto::io`, "Login"). Every reconnection
-    /// logs in again before it is used.
+    /// in to each with `key` (the cluster secret, a `&Secret` will do, or a
+    /// credential: `dafne_auth::LoginKey`): an io server drops a connection
+    /// that has not logged in within its login deadline (`dafne_proto::io`,
+    /// "Login"). Every reconnection logs in again before it is used.
     pub fn connect(
         rt: &Runtime,
         addrs: &[SocketAddr],
-        secret: &dafne_auth::Secret,
+        key: impl Into<dafne_auth::LoginKey>,
     ) -> Result<DataClient, ConnectError> {
-        Self::connect_with(rt, addrs, secret, RegCacheConfig::default())
+        Self::connect_with(rt, addrs, key, RegCacheConfig::default())
     }
 
     /// [`DataClient::connect`] with registration cache settings.
     pub fn connect_with(
         rt: &Runtime,
         addrs: &[SocketAddr],
-        secret: &dafne_auth::Secret,
+        key: impl Into<dafne_auth::LoginKey>,
         cache: RegCacheConfig,
     ) -> Result<DataClient, ConnectError> {
+        let secret: dafne_auth::LoginKey = key.into();
+        let secret = &secret;
         let servers: Vec<Client> = addrs.iter().map(|a| Client::connect(rt, *a)).collect::<Result<_, _>>()?;
         for c in &servers {
             log_in(c, secret).map_err(|why| ConnectError::IoLogin { addr: c.remote_addr(), why })?;
@@ -586,9 +588,11 @@ impl DataClient {
     /// attached session for a fresh one and sends again (module docs,
     /// "Revoked capabilities").
     async fn call(&self, server: usize, req: &IoRequest) -> Result<IoResponse, Errno> {
-        let mut owned = self.fresher(req.cap()).map(|c| {
+        let mut owned = req.cap().and_then(|c| self.fresher(c)).map(|c| {
             let mut r = req.clone();
-            *r.cap_mut() = c;
+            if let Some(slot) = r.cap_mut() {
+                *slot = c;
+            }
             r
         });
         let mut attempt = 0;
@@ -597,15 +601,18 @@ impl DataClient {
             let reply = self.call_once(server, r).await;
             attempt += 1;
             let Some(meta) = self.meta.get() else { return reply };
-            if !matches!(reply, Err(Errno::ESTALE)) || attempt >= RECAP_ATTEMPTS || r.cap().object_id == 0 {
+            let Some(&old) = r.cap() else { return reply };
+            if !matches!(reply, Err(Errno::ESTALE)) || attempt >= RECAP_ATTEMPTS || old.object_id == 0 {
                 return reply;
             }
             // Meta refusing (no open of ours, the object reclaimed) leaves
             // the io server's answer standing.
-            let Ok(cap) = meta.recap_async(*r.cap()).await else { return reply };
+            let Ok(cap) = meta.recap_async(old).await else { return reply };
             self.remember(cap);
             let mut next = r.clone();
-            *next.cap_mut() = cap;
+            if let Some(slot) = next.cap_mut() {
+                *slot = cap;
+            }
             owned = Some(next);
         }
     }
@@ -1121,10 +1128,18 @@ pub const FRESH_CAPS_MAX: usize = 4096;
 /// re-issues the capability each time (a revocation racing the request).
 const RECAP_ATTEMPTS: usize = 3;
 
-/// Shows an io server a genuine capability on connection `c` (io op
-/// `Login`), so that it keeps the connection. Blocking.
-fn log_in(c: &Client, secret: &dafne_auth::Secret) -> Result<(), String> {
-    let req = IoRequest::Login { cap: info_capability(secret) };
+/// Logs in to an io server on connection `c` (io op `Login`, proven with
+/// `key` as a metadata session is), so that it keeps the connection.
+/// Blocking.
+fn log_in(c: &Client, key: &dafne_auth::LoginKey) -> Result<(), String> {
+    let mut nonce = [0u8; 16];
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
+    for (i, b) in nonce.iter_mut().enumerate() {
+        *b = (now >> (i % 8 * 8)) as u8 ^ (std::process::id() >> (i % 4 * 8)) as u8 ^ i as u8;
+    }
+    let client_name = format!("data@{}", std::process::id());
+    let mac = key.session_mac(c.token(), &nonce, &client_name);
+    let req = IoRequest::Login { client_name, nonce, mac, credential: key.credential().cloned() };
     let bytes = c.call(encode_io_request(Envelope::new(0, 0, 0), &req)).map_err(|e| e.to_string())?;
     match decode_io_reply(&bytes).map_err(|e| e.to_string())?.2 {
         Ok(IoResponse::Done) => Ok(()),
@@ -1132,6 +1147,18 @@ fn log_in(c: &Client, secret: &dafne_auth::Secret) -> Result<(), String> {
         Err(e) => Err(e.to_string()),
     }
 }
+
+/// The capability of a `ServerInfo` sent on a logged-in connection, which
+/// every connection of a [`DataClient`] is (io servers do not check it
+/// there: `dafne_proto::io`, "Login"). Not a capability of anything.
+pub const LOGGED_IN: Capability = Capability {
+    object_id: 0,
+    ino: 0,
+    rights: dafne_proto::RIGHT_READ,
+    generation: 0,
+    expiry_unix_ns: 0,
+    mac: [0; 32],
+};
 
 /// A short-lived capability (object 0, read rights) for requests about the
 /// servers rather than a file, signed with the cluster secret.
@@ -1346,7 +1373,7 @@ mod tests {
     fn sync_reports_unstable_writes_acknowledged_before_a_reconnection() {
         let (_server, addr, _) = fake_io::start();
         let rt = fake_io::runtime("verifier");
-        let d = DataClient::connect(&rt, &[addr], &crate::fake_io::secret()).unwrap();
+        let d = DataClient::connect(&rt, &[addr], crate::fake_io::secret()).unwrap();
         let (f, g) = (file(10), file(11));
         // Control: no reconnection between write and sync.
         block_on(d.write_at(&f, 0, b"kept", Stability::Unstable)).unwrap();
@@ -1378,7 +1405,7 @@ mod tests {
         let (_s0, addr0, faults0) = fake_io::start();
         let (_s1, addr1, _) = fake_io::start();
         let rt = fake_io::runtime("verifier-two");
-        let d = DataClient::connect(&rt, &[addr0, addr1], &crate::fake_io::secret()).unwrap();
+        let d = DataClient::connect(&rt, &[addr0, addr1], crate::fake_io::secret()).unwrap();
         let f = file_on(30, 2);
         block_on(d.write_at(&f, 0, b"on server 0", Stability::Unstable)).unwrap();
         block_on(d.write_at(&f, 1 << 20, b"on server 1", Stability::Unstable)).unwrap();
@@ -1396,7 +1423,7 @@ mod tests {
     fn a_write_that_failed_is_not_reported_after_it_was_written_again() {
         let (_server, addr, faults) = fake_io::start();
         let rt = fake_io::runtime("verifier-failed");
-        let d = DataClient::connect(&rt, &[addr], &crate::fake_io::secret()).unwrap();
+        let d = DataClient::connect(&rt, &[addr], crate::fake_io::secret()).unwrap();
         let f = file(40);
         faults.fail_writes.store(true, Ordering::Relaxed);
         assert_eq!(block_on(d.write_at(&f, 0, b"first try", Stability::Unstable)), Err(Errno::EIO));
@@ -1412,7 +1439,7 @@ mod tests {
     fn past_the_bound_unstable_writes_are_sent_stable_and_need_no_check() {
         let (_server, addr, faults) = fake_io::start();
         let rt = fake_io::runtime("verifier-full");
-        let mut d = DataClient::connect(&rt, &[addr], &crate::fake_io::secret()).unwrap();
+        let mut d = DataClient::connect(&rt, &[addr], crate::fake_io::secret()).unwrap();
         d.verifier = std::sync::Arc::new(Mutex::new(Verifier::new(1)));
         let (f, g) = (file(20), file(21));
         block_on(d.write_at(&f, 0, b"recorded", Stability::Unstable)).unwrap();
@@ -1428,7 +1455,7 @@ mod tests {
     fn failed_requests_bounce_buffers_are_quarantined_not_reused() {
         let (_server, addr, _) = fake_io::start();
         let rt = fake_io::runtime("bounce");
-        let d = DataClient::connect(&rt, &[addr], &crate::fake_io::secret()).unwrap();
+        let d = DataClient::connect(&rt, &[addr], crate::fake_io::secret()).unwrap();
         let f = file(12);
         d.prefill_bounce(2).unwrap();
         assert_eq!(d.bounce_pooled(), 2);

@@ -52,12 +52,15 @@ use dafne_transport::{Client, Runtime, TransportError};
 pub enum ConnectError {
     #[error(transparent)]
     Transport(#[from] TransportError),
-    #[error("the metadata server refused the session: {0} (does this client use the cluster's secret file?)")]
+    #[error(
+        "the metadata server refused the session: {0} (does this client use the cluster's secret file, or a \
+         credential issued for this cluster and not revoked?)"
+    )]
     Refused(Errno),
     #[error("protocol error opening the session: {0}")]
     Protocol(String),
-    /// An io server did not accept the login (the capability signed with
-    /// this client's secret).
+    /// An io server did not accept the login (proven with this client's
+    /// secret or credential).
     #[error(
         "the io server at {addr} refused the login: {why} (does this client use the cluster's secret file, and was \
          the server started with the same --secret?)"
@@ -164,22 +167,25 @@ fn io_err(e: TransportError) -> Errno {
 }
 
 impl MetaSession {
-    /// Connects to the metadata server at `addr` and authenticates with the
-    /// cluster secret. Operations run as `uid`/`gid`.
+    /// Connects to the metadata server at `addr` and authenticates with
+    /// `key`: the cluster secret (a `&Secret` will do) or a credential
+    /// (`dafne_auth::LoginKey`). Operations run as `uid`/`gid`, which the
+    /// server holds to the credential's policy.
     pub fn connect(
         rt: &Runtime,
         addr: SocketAddr,
-        secret: &dafne_auth::Secret,
+        key: impl Into<dafne_auth::LoginKey>,
         client_name: &str,
         uid: u32,
         gid: u32,
     ) -> Result<MetaSession, ConnectError> {
+        let secret: dafne_auth::LoginKey = key.into();
         let client = Client::connect(rt, addr)?;
-        let root = Self::open_session(&client, secret, client_name, uid, gid)?;
+        let root = Self::open_session(&client, &secret, client_name, uid, gid)?;
         // After a lost connection (meta restarted), the next call opens the
         // session again on a new one (see `link`), which then hears of the
         // files this session holds open.
-        let (secret, name) = (secret.clone(), client_name.to_string());
+        let name = client_name.to_string();
         let held = Arc::new(Mutex::new(Held::default()));
         let held2 = held.clone();
         let hello = Box::new(move |c: &Client, generation| {
@@ -239,10 +245,11 @@ impl MetaSession {
         }
     }
 
-    /// Authenticates a connection with the cluster secret; the root inode.
+    /// Authenticates a connection with `secret` (the cluster's, or a
+    /// credential's key with its policy); the root inode.
     fn open_session(
         client: &Client,
-        secret: &dafne_auth::Secret,
+        secret: &dafne_auth::LoginKey,
         client_name: &str,
         uid: u32,
         gid: u32,
@@ -255,7 +262,12 @@ impl MetaSession {
                 ^ i as u8;
         }
         let mac = secret.session_mac(client.token(), &nonce, client_name);
-        let req = Request::SessionOpen { client_name: client_name.to_string(), nonce, mac };
+        let req = Request::SessionOpen {
+            client_name: client_name.to_string(),
+            nonce,
+            mac,
+            credential: secret.credential().cloned(),
+        };
         let bytes = client.call(encode_request(Envelope::new(0, uid, gid), &req))?;
         let (_, _, result) = decode_reply(&bytes).map_err(|e| ConnectError::Protocol(e.to_string()))?;
         match result {
@@ -546,6 +558,12 @@ impl MetaSession {
     /// [`dafne_proto::MAX_FORGET_ORPHANS`]) from the orphan list.
     pub async fn forget_orphans_async(&self, objects: Vec<u64>) -> Result<(), Errno> {
         Self::done(self.request_async(Request::ForgetOrphans { objects }).await)
+    }
+
+    /// Admin only (a session of the cluster secret, as root): the
+    /// credential `name` is refused from now on and its sessions end.
+    pub fn revoke_credential(&self, name: &str) -> Result<(), Errno> {
+        Self::done(self.request(Request::RevokeCredential { name: name.to_string() }))
     }
 
     /// Several dependent operations in one round trip. With `chain` set, an

@@ -811,7 +811,7 @@ mod tests {
         // could still land there) until the hold has passed.
         let (_server, addr, _) = crate::fake_io::start();
         let rt = crate::fake_io::runtime("readahead");
-        let data = DataClient::connect(&rt, &[addr], &crate::fake_io::secret()).unwrap();
+        let data = DataClient::connect(&rt, &[addr], crate::fake_io::secret()).unwrap();
         let ra = ReadAhead::new(&data, ReadAheadConfig { budget: 4 * UNIT_MAX, window: 4 * UNIT_MAX }).unwrap();
         assert_eq!(ra.stats().budget_bytes, 4 * UNIT_MAX as u64);
         let f = open_file(64 * U);
@@ -834,7 +834,7 @@ mod tests {
     fn changes_drop_the_units_they_overlap_and_a_long_log_drops_all() {
         let (_server, addr, _) = crate::fake_io::start();
         let rt = crate::fake_io::runtime("readahead-changes");
-        let data = DataClient::connect(&rt, &[addr], &crate::fake_io::secret()).unwrap();
+        let data = DataClient::connect(&rt, &[addr], crate::fake_io::secret()).unwrap();
         let ra = ReadAhead::new(&data, ReadAheadConfig { budget: 8 * UNIT_MAX, window: 4 * UNIT_MAX }).unwrap();
         let f = open_file(64 * U);
         let changes = Arc::new(Changes::default());

@@ -231,7 +231,6 @@ pub struct Core {
     table: Mutex<Table>,
     next_fh: AtomicU64,
     stats_file: Option<PathBuf>,
-    secret: Option<dafne_auth::Secret>,
     readahead: Option<ReadAhead>,
 }
 
@@ -258,7 +257,6 @@ impl Core {
             table: Mutex::new(Table::default()),
             next_fh: AtomicU64::new(1),
             stats_file: None,
-            secret: None,
             readahead: None,
         }
     }
@@ -278,14 +276,6 @@ impl Core {
     /// Writes [`RegistrationCounters`] to `path` after each `flush`.
     pub fn with_stats_file(mut self, path: PathBuf) -> Core {
         self.stats_file = Some(path);
-        self
-    }
-
-    /// With the cluster secret, `statfs` reports the io servers' capacity
-    /// (asked with a short-lived capability signed from it); without, only
-    /// meta's inode counts.
-    pub fn with_secret(mut self, secret: dafne_auth::Secret) -> Core {
-        self.secret = Some(secret);
         self
     }
 
@@ -489,14 +479,13 @@ impl Core {
     /// Inodes from meta; blocks from the io servers' file systems.
     pub fn statfs(&self, c: Caller) -> Result<StatFs, Errno> {
         let mut s = self.session(c).statfs()?;
-        if let Some(secret) = &self.secret {
-            let cap = dafne_client::data::info_capability(secret);
-            if let Ok((total, avail)) = block(self.data.capacity(cap)) {
-                let bsize = if s.bsize == 0 { 4096 } else { s.bsize as u64 };
-                s.blocks = total / bsize;
-                s.bfree = avail / bsize;
-                s.bavail = avail / bsize;
-            }
+        // The data client's connections are logged in, which is what lets
+        // it ask (no capability needed: `dafne_proto::io`, "Login").
+        if let Ok((total, avail)) = block(self.data.capacity(dafne_client::data::LOGGED_IN)) {
+            let bsize = if s.bsize == 0 { 4096 } else { s.bsize as u64 };
+            s.blocks = total / bsize;
+            s.bfree = avail / bsize;
+            s.bavail = avail / bsize;
         }
         Ok(s)
     }

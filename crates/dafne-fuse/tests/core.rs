@@ -57,7 +57,7 @@ fn fixture() -> Fixture {
     let session = MetaSession::connect(&rt, meta.addr, &s, "core-test", 0, 0).unwrap();
     let data = DataClient::connect(&rt, &io.iter().map(|s| s.addr).collect::<Vec<_>>(), &s).unwrap();
     let root = session.root();
-    let core = Core::new(session, data).with_secret(s);
+    let core = Core::new(session, data);
     let (meta_addr, io_addrs) = (meta.addr, io.iter().map(|s| s.addr).collect());
     Fixture { core, root, meta_addr, io_addrs, secret, _servers: (meta, io), _rt: rt, _dir: dir }
 }

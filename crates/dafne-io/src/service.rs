@@ -31,11 +31,12 @@ use crate::chunk::ChunkStore;
 use crate::modes::{Direct, ModeStats};
 use crate::server::ServingMode;
 
-/// How long a connection may go without showing a genuine capability
-/// (`Login`, or any request whose capability verifies) before the
-/// transport drops it: a peer without the cluster secret or an open file
-/// cannot hold a connection, and the buffers behind it, by pinging. A
-/// data client logs in right after connecting, so 10 s is generous.
+/// How long a connection may go without logging in (`Login`, proven with
+/// the cluster secret or a credential's key, or any request whose
+/// capability verifies) before the transport drops it: a peer without the
+/// cluster secret, a credential or an open file cannot hold a connection,
+/// and the buffers behind it, by pinging. A data client logs in right
+/// after connecting, so 10 s is generous.
 pub const LOGIN_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Units held by one request at a time: 64 × 64 KiB = 4 MiB of cache.
@@ -77,6 +78,9 @@ pub struct IoService {
     /// When a refused login was last logged: at most one warning per
     /// [`LOGIN_WARN_EVERY`], so a peer cannot flood the log.
     login_warned: std::cell::Cell<Option<std::time::Instant>>,
+    /// Connections that logged in with `Login` (the cluster secret or a
+    /// credential): they may ask `ServerInfo` without a capability.
+    logged_in: std::cell::RefCell<std::collections::HashSet<u32>>,
 }
 
 /// The least time between two warnings about refused logins.
@@ -141,6 +145,7 @@ impl IoService {
             draining: Default::default(),
             floors: Default::default(),
             login_warned: Default::default(),
+            logged_in: Default::default(),
         }
     }
 
@@ -236,34 +241,69 @@ impl IoService {
         dafne_proto::io::encode_io_reply(env.tag, op, &result)
     }
 
+    /// `Login`: proven as meta's `SessionOpen`, with the cluster secret or
+    /// the key it derives for the credential presented (`dafne_auth`'s
+    /// crate docs, "Credentials"). Io servers keep no list of revoked
+    /// credentials (meta does): a login only keeps the connection and
+    /// allows `ServerInfo`; data needs capabilities, which meta issues.
+    fn log_in(
+        &self,
+        conn: &ConnHandle,
+        client_name: &str,
+        nonce: &[u8; 16],
+        mac: &[u8; 32],
+        credential: Option<&dafne_proto::Credential>,
+    ) -> Result<IoResponse, Errno> {
+        if !self.secret.login_key(credential).verify_session(conn.token(), nonce, client_name, mac) {
+            let now = std::time::Instant::now();
+            if self.login_warned.get().is_none_or(|t| now.duration_since(t) >= LOGIN_WARN_EVERY) {
+                self.login_warned.set(Some(now));
+                tracing::warn!(
+                    "refused a login by {client_name:?} on connection {}: {} (at most one such warning per {}s)",
+                    conn.id(),
+                    match credential {
+                        Some(c) => format!(
+                            "the key of credential {:?} does not match its policy (edited, or issued by another \
+                             cluster?)",
+                            c.name
+                        ),
+                        None => "not proven with this server's secret (a client with another secret file?)".into(),
+                    },
+                    LOGIN_WARN_EVERY.as_secs()
+                );
+            }
+            return Err(Errno::EACCES);
+        }
+        // No longer dropped at the login deadline (`LOGIN_DEADLINE`).
+        conn.authenticated();
+        self.logged_in.borrow_mut().insert(conn.id());
+        Ok(IoResponse::Done)
+    }
+
     async fn serve(&self, conn: &ConnHandle, req: IoRequest) -> Result<IoResponse, Errno> {
-        let cap = *req.cap();
+        let cap = match &req {
+            IoRequest::Login { client_name, nonce, mac, credential } => {
+                return self.log_in(conn, client_name, nonce, mac, credential.as_ref())
+            }
+            // A logged-in connection asks about the server without a
+            // capability (a client with a credential cannot sign one).
+            IoRequest::ServerInfo { .. } if self.logged_in.borrow().contains(&conn.id()) => {
+                injected_panic();
+                return Ok(IoResponse::ServerInfo(self.server_info(conn)));
+            }
+            other => *other.cap().ok_or(Errno::EPROTO)?,
+        };
         let rights = match &req {
             IoRequest::Read { .. } => RIGHT_READ,
-            IoRequest::Stat { .. } | IoRequest::ServerInfo { .. } | IoRequest::Login { .. } => RIGHT_READ,
+            IoRequest::Stat { .. } | IoRequest::ServerInfo { .. } => RIGHT_READ,
             _ => RIGHT_WRITE,
         };
         if !self.secret.verify_cap(&cap, cap.object_id, rights, SystemTime::now()) {
-            if matches!(req, IoRequest::Login { .. }) {
-                let now = std::time::Instant::now();
-                if self.login_warned.get().is_none_or(|t| now.duration_since(t) >= LOGIN_WARN_EVERY) {
-                    self.login_warned.set(Some(now));
-                    tracing::warn!(
-                        "refused a login on connection {}: its capability is not signed with this server's secret \
-                         (or has expired); a client with another secret file? (at most one such warning per {}s)",
-                        conn.id(),
-                        LOGIN_WARN_EVERY.as_secs()
-                    );
-                }
-            }
             return Err(Errno::EACCES);
         }
         // A genuine capability authenticates the connection: it is no
         // longer dropped at the login deadline (`LOGIN_DEADLINE`).
         conn.authenticated();
-        if matches!(req, IoRequest::Login { .. }) {
-            return Ok(IoResponse::Done);
-        }
         if !matches!(req, IoRequest::Revoke { .. } | IoRequest::ServerInfo { .. }) {
             if let Err(why) = self.floors.borrow().check(&cap) {
                 // Removing what is gone already is done (the reclaimer retries).
@@ -572,6 +612,10 @@ impl Service for IoHandler {
     fn call(&self, req: TRequest) -> Pin<Box<dyn Future<Output = Vec<u8>>>> {
         let svc = self.0.clone();
         Box::pin(async move { svc.handle(req).await })
+    }
+
+    fn disconnected(&self, conn_id: u32) {
+        self.0.logged_in.borrow_mut().remove(&conn_id);
     }
 }
 

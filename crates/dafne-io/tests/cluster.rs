@@ -185,7 +185,7 @@ fn capabilities_are_checked_by_io_servers() {
 fn cached_reads_and_writes_copy_nothing() {
     let Single { args, m, rt, .. } = &single("zc", 16, common::storage_mode());
     let io = dafne_io::server::start(args).unwrap();
-    let d = DataClient::connect(rt, &[io.addr], &dafne_auth::Secret::load(&args.secret).unwrap()).unwrap();
+    let d = DataClient::connect(rt, &[io.addr], dafne_auth::Secret::load(&args.secret).unwrap()).unwrap();
     let a = m.create(ROOT_INO, b"zc", 0o644, true).unwrap();
     let f = m.open(a.ino, dafne_proto::OPEN_READ | dafne_proto::OPEN_WRITE).unwrap();
     let src =
@@ -317,7 +317,7 @@ fn slice_io_registers_nothing_per_call() {
 fn direct_storage_fills_and_writes_back_whole_units_without_the_page_cache() {
     let Single { args, m, rt, .. } = &single("direct", 4, dafne_io::chunk::StorageMode::Direct);
     let io = dafne_io::server::start(args).unwrap();
-    let d = DataClient::connect(rt, &[io.addr], &dafne_auth::Secret::load(&args.secret).unwrap()).unwrap();
+    let d = DataClient::connect(rt, &[io.addr], dafne_auth::Secret::load(&args.secret).unwrap()).unwrap();
     let f = open_new_on(m, "direct", 1 << 20, 1);
     // 16 MiB through a 4 MiB cache: write-behind and eviction write whole
     // 64 KiB units back; reading it all again misses and fills every unit.
@@ -366,7 +366,7 @@ fn concurrent_writers_are_written_back_in_the_background() {
     // 8 MiB of cache: write-behind bound 2 MiB, background from 1 MiB.
     let Single { args, m, rt, .. } = &single("bg", 8, common::storage_mode());
     let io = dafne_io::server::start(args).unwrap();
-    let d = DataClient::connect(rt, &[io.addr], &dafne_auth::Secret::load(&args.secret).unwrap()).unwrap();
+    let d = DataClient::connect(rt, &[io.addr], dafne_auth::Secret::load(&args.secret).unwrap()).unwrap();
     let files: Vec<OpenFile> = (0..3).map(|i| open_new_on(m, &format!("bg{i}"), 1 << 20, 1)).collect();
     let len = 6usize << 20;
     let data: Vec<Vec<u8>> = (0..3).map(|i| (0..len).map(|b| (b % 241) as u8 ^ (i as u8 * 85)).collect()).collect();
@@ -428,10 +428,68 @@ fn server_info_reports_capacity_and_counters_to_holders_of_a_capability() {
     let (total, avail) = futures::executor::block_on(d.capacity(cap)).unwrap();
     assert_eq!(total, statvfs.f_blocks * statvfs.f_frsize);
     assert!(avail > 0);
-    // Without a valid capability: refused.
+    // On a connection that did not log in, only a genuine capability
+    // opens it: a forged one, or none, is refused.
     let mut forged = cap;
     forged.mac[0] ^= 1;
-    assert_eq!(futures::executor::block_on(d.server_info(0, forged)), Err(Errno::EACCES));
+    let raw = dafne_transport::Client::connect(&rt, c.ios[0].addr).unwrap();
+    let ask = |cap| {
+        let req = dafne_proto::io::IoRequest::ServerInfo { cap };
+        let b = raw.call(dafne_proto::io::encode_io_request(dafne_proto::Envelope::new(1, 0, 0), &req)).unwrap();
+        dafne_proto::io::decode_io_reply(&b).unwrap().2.map(|_| ())
+    };
+    assert_eq!(ask(forged), Err(Errno::EACCES));
+    assert_eq!(ask(dafne_client::data::LOGGED_IN), Err(Errno::EACCES));
+    assert_eq!(ask(cap), Ok(()));
+    // A logged-in data client needs none.
+    assert!(futures::executor::block_on(d.server_info(0, dafne_client::data::LOGGED_IN)).is_ok());
+}
+
+/// Io servers verify a credential's login as meta does, without the
+/// client holding the cluster secret: the genuine credential logs in and
+/// reads and writes with the capabilities meta issues it; a policy edited
+/// after issue, or a login made with a credential's key posing as the
+/// cluster secret, is refused.
+#[test]
+fn a_credential_logs_in_to_io_servers_and_an_edited_one_is_refused() {
+    let c = cluster(4);
+    let rt = runtime();
+    let secret = dafne_auth::Secret::load(&c.secret).unwrap();
+    let policy = dafne_proto::Credential {
+        name: "alice".into(),
+        uids: vec![dafne_proto::IdRange { first: 1000, last: 1000 }],
+        gids: vec![dafne_proto::IdRange { first: 1000, last: 1000 }],
+        root: false,
+    };
+    let file = dafne_auth::CredentialFile::issue(&secret, policy).unwrap();
+    let addrs: Vec<SocketAddr> = c.ios.iter().map(|i| i.addr).collect();
+    let admin = MetaSession::connect(&rt, c.meta_addr, &secret, "admin", 0, 0).unwrap();
+    let home = admin.mkdir(ROOT_INO, b"home", 0o777).unwrap().ino;
+    let key = dafne_auth::LoginKey::from(file.clone());
+    let m = MetaSession::connect(&rt, c.meta_addr, &key, "alice", 1000, 1000).unwrap();
+    let d = DataClient::connect(&rt, &addrs, &key).unwrap();
+    let a = m.create(home, b"f", 0o644, true).unwrap();
+    assert_eq!(a.uid, 1000);
+    let f = m.open(a.ino, dafne_proto::OPEN_READ | dafne_proto::OPEN_WRITE).unwrap();
+    let data = vec![5u8; 300_000];
+    futures::executor::block_on(d.write_at(&f, 0, &data, Stability::FileSync)).unwrap();
+    let mut back = vec![0u8; data.len()];
+    futures::executor::block_on(d.read_at(&f, 0, &mut back)).unwrap();
+    assert!(back == data);
+    assert!(futures::executor::block_on(d.capacity(dafne_client::data::LOGGED_IN)).is_ok());
+
+    let mut edited = file.clone();
+    edited.credential.root = true;
+    match DataClient::connect(&rt, &addrs, dafne_auth::LoginKey::from(edited)) {
+        Err(dafne_client::ConnectError::IoLogin { why, .. }) => assert!(why.contains("Permission denied"), "{why}"),
+        Err(e) => panic!("unexpected error {e}"),
+        Ok(_) => panic!("an edited credential logged in to the io servers"),
+    }
+    match DataClient::connect(&rt, &addrs, &file.key) {
+        Err(dafne_client::ConnectError::IoLogin { .. }) => {}
+        Err(e) => panic!("unexpected error {e}"),
+        Ok(_) => panic!("a credential's key passed for the cluster secret"),
+    }
 }
 
 /// A sequential reader that misses gets the next units read ahead in the
@@ -445,12 +503,12 @@ fn sequential_reads_that_miss_read_ahead() {
     let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
     {
         let io = dafne_io::server::start(args).unwrap();
-        let d = DataClient::connect(rt, &[io.addr], &dafne_auth::Secret::load(&args.secret).unwrap()).unwrap();
+        let d = DataClient::connect(rt, &[io.addr], dafne_auth::Secret::load(&args.secret).unwrap()).unwrap();
         futures::executor::block_on(d.write_at(&f, 0, &data, Stability::FileSync)).unwrap();
     }
     // A new server on the same data: nothing cached.
     let io = dafne_io::server::start(args).unwrap();
-    let d = DataClient::connect(rt, &[io.addr], &dafne_auth::Secret::load(&args.secret).unwrap()).unwrap();
+    let d = DataClient::connect(rt, &[io.addr], dafne_auth::Secret::load(&args.secret).unwrap()).unwrap();
     let buf = d.register(vec![0u8; 128 << 10], dafne_transport::Access::RemoteWrite).unwrap();
     let read = |off: usize| {
         futures::executor::block_on(d.read_region(&f, off as u64, &buf, 0, 128 << 10)).unwrap();
@@ -484,7 +542,7 @@ fn a_clean_stop_refuses_writes_and_writes_back_what_it_acknowledged() {
     let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 241) as u8).collect();
     {
         let io = dafne_io::server::start(args).unwrap();
-        let d = DataClient::connect(rt, &[io.addr], &dafne_auth::Secret::load(&args.secret).unwrap()).unwrap();
+        let d = DataClient::connect(rt, &[io.addr], dafne_auth::Secret::load(&args.secret).unwrap()).unwrap();
         futures::executor::block_on(d.write_at(&f, 0, &data, Stability::Unstable)).unwrap();
         assert!(io.stats().unifier.dirty_bytes > 0);
         io.drain_and_flush().unwrap();
@@ -493,7 +551,7 @@ fn a_clean_stop_refuses_writes_and_writes_back_what_it_acknowledged() {
         assert_eq!(late, Err(Errno::EAGAIN), "a write after the final write-back is refused");
     }
     let io = dafne_io::server::start(args).unwrap();
-    let d = DataClient::connect(rt, &[io.addr], &dafne_auth::Secret::load(&args.secret).unwrap()).unwrap();
+    let d = DataClient::connect(rt, &[io.addr], dafne_auth::Secret::load(&args.secret).unwrap()).unwrap();
     let mut back = vec![0u8; data.len()];
     futures::executor::block_on(d.read_at(&f, 0, &mut back)).unwrap();
     assert!(back == data);

@@ -103,8 +103,10 @@ pub fn start(o: &ServeOptions) -> Result<MetaServer> {
         ..Default::default()
     })?;
     let store: Arc<dyn MetaStore> = Arc::new(store);
+    let revoked =
+        store.revoked_credentials().with_context(|| format!("reading the revoked credentials of {}", db.display()))?;
     let grace = o.open_grace;
-    let addr = rt.serve(o.listen, move |_| MetaHandler(Rc::new(MetaService::new(store, secret, grace))))?;
+    let addr = rt.serve(o.listen, move |_| MetaHandler(Rc::new(MetaService::new(store, secret, grace, revoked))))?;
     Ok(MetaServer { addr, _rt: rt })
 }
 

@@ -14,9 +14,27 @@
 //! table before any later `ListOrphans` runs. `Close` and `Reopen` change
 //! only the table and are answered on the loop thread; so is the end of a
 //! session, which the transport reports (`Service::disconnected`).
+//!
+//! # Who a request acts as
+//! A session is opened with the cluster secret (a fully trusted client:
+//! every request acts as the uid, gid and groups it states) or with a
+//! per-client credential (`dafne_auth`'s crate docs, "Credentials"), whose
+//! policy the session keeps. Each request of a credential session acts as
+//! [`dafne_auth::enforce`] says: uid 0 squashed to nobody/nogroup (65534,
+//! no supplementary groups) unless the credential grants root; any other
+//! uid outside the credential's uid ranges, or a primary gid outside its
+//! gid ranges, refused with `EPERM`; supplementary groups outside the gid
+//! ranges dropped. The cluster's own ops (ListOrphans, ForgetOrphans,
+//! Revocations, RevokeCredential) are refused with `EPERM` to credential
+//! sessions, root ones included: they are the servers' and the admin's.
+//!
+//! Revoked credential names live in the store and, for logins, in memory
+//! (loaded at start, added to by `RevokeCredential` once committed): a
+//! login under a revoked name is refused with `EKEYREVOKED`, and a
+//! revocation ends the name's live sessions (their requests get `EACCES`).
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
@@ -25,7 +43,10 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crossbeam_channel::{Receiver, Sender};
 use dafne_auth::Secret;
-use dafne_proto::{decode_request, encode_reply, CompoundOp, Errno, Op, Request, RequestHeader, Response, ROOT_INO};
+use dafne_proto::{
+    decode_request, encode_reply, CompoundOp, Credential, Envelope, Errno, Op, Request, RequestHeader, Response,
+    ROOT_INO,
+};
 use dafne_transport::{Request as TRequest, Service};
 use futures::channel::oneshot;
 
@@ -162,13 +183,22 @@ fn start_store_thread(store: Arc<dyn MetaStore>, opens: Opens) -> Sender<Work> {
     tx
 }
 
+/// One logged-in connection.
+#[derive(Debug)]
+struct Session {
+    /// The credential it logged in with; `None`: the cluster secret.
+    credential: Option<Credential>,
+}
+
 /// The metadata service (one per meta server runtime).
 pub struct MetaService {
     secret: Secret,
     work: Sender<Work>,
-    sessions: RefCell<HashSet<u32>>,
+    sessions: RefCell<HashMap<u32, Session>>,
     next_session: Cell<u64>,
     opens: Opens,
+    /// Names of revoked credentials (module docs, "Who a request acts as").
+    revoked: RefCell<HashSet<String>>,
     /// When a refused session was last logged, and the refusals since: at
     /// most one warning per [`REFUSED_WARN_EVERY`], so a peer without the
     /// secret cannot flood the log.
@@ -188,14 +218,17 @@ impl MetaService {
     /// `grace`: how long after its start the server lists no orphans, and
     /// how long an ended session's open files stay protected
     /// ([`crate::opens`]).
-    pub fn new(store: Arc<dyn MetaStore>, secret: Secret, grace: Duration) -> MetaService {
+    /// `revoked`: the names of revoked credentials, from the store
+    /// ([`MetaStore::revoked_credentials`]).
+    pub fn new(store: Arc<dyn MetaStore>, secret: Secret, grace: Duration, revoked: Vec<String>) -> MetaService {
         let opens = Arc::new(Mutex::new(OpenTable::new(grace, Instant::now())));
         MetaService {
             secret,
             work: start_store_thread(store, opens.clone()),
-            sessions: RefCell::new(HashSet::new()),
+            sessions: RefCell::new(HashMap::new()),
             next_session: Cell::new(1),
             opens,
+            revoked: RefCell::new(revoked.into_iter().collect()),
             refused: Cell::new((None, 0)),
         }
     }
@@ -233,38 +266,20 @@ impl MetaService {
         };
         let op = request.op();
         let conn = req.conn.id();
+        if let Request::SessionOpen { client_name, nonce, mac, credential } = request {
+            let result = self.open_session(&req.conn, &client_name, &nonce, &mac, credential);
+            return encode_reply(env.tag, op, &result);
+        }
+        let cred = match self.identity(conn, &env, &request) {
+            Ok(c) => c,
+            Err(e) => return encode_reply(env.tag, op, &Err(e)),
+        };
         let result = match request {
-            Request::SessionOpen { client_name, nonce, mac } => {
-                if self.secret.verify_session(req.conn.token(), &nonce, &client_name, &mac) {
-                    req.conn.authenticated();
-                    self.sessions.borrow_mut().insert(conn);
-                    lock(&self.opens).add_session(conn);
-                    let id = self.next_session.get();
-                    self.next_session.set(id + 1);
-                    tracing::info!("session {id} opened by {client_name:?} on connection {conn}");
-                    Ok(Response::Session { session_id: id, root: ROOT_INO })
-                } else {
-                    let (last, n) = self.refused.get();
-                    let now = Instant::now();
-                    if last.is_none_or(|t| now.duration_since(t) >= REFUSED_WARN_EVERY) {
-                        self.refused.set((Some(now), 0));
-                        tracing::warn!(
-                            "session refused for {client_name:?}: wrong cluster secret ({} more refused since the \
-                             last such warning; at most one per {}s)",
-                            n,
-                            REFUSED_WARN_EVERY.as_secs()
-                        );
-                    } else {
-                        self.refused.set((last, n + 1));
-                    }
-                    Err(Errno::EACCES)
-                }
-            }
-            _ if !self.sessions.borrow().contains(&conn) => Err(Errno::EACCES),
+            Request::SessionOpen { .. } => Err(Errno::EPROTO), // answered above
             Request::Close { object_id } => {
                 lock(&self.opens).close(conn, object_id).map(|()| Response::Done).map_err(|e| e.errno())
             }
-            Request::Recap { cap } => self.recap(conn, env.uid, env.gid, cap).await,
+            Request::Recap { cap } => self.recap(conn, cred, cap).await,
             Request::Reopen { held } => match lock(&self.opens).reopen(conn, &held, Instant::now()) {
                 Ok(()) => Ok(Response::Done),
                 Err(e) => {
@@ -273,11 +288,24 @@ impl MetaService {
                 }
             },
             Request::Compound { ops } => {
-                let cred = Cred::with_groups(env.uid, env.gid, env.groups);
                 self.run(conn, Job { cred, ops, protected: None }).await.map(|results| Response::Compound { results })
             }
+            Request::RevokeCredential { name } => {
+                let job = Job {
+                    cred,
+                    ops: vec![CompoundOp { chain: false, req: Request::RevokeCredential { name: name.clone() } }],
+                    protected: None,
+                };
+                let result = match self.run(conn, job).await {
+                    Ok(mut results) => results.pop().unwrap_or(Err(Errno::EIO)),
+                    Err(e) => Err(e),
+                };
+                if result.is_ok() {
+                    self.revoked_now(&name);
+                }
+                result
+            }
             single => {
-                let cred = Cred::with_groups(env.uid, env.gid, env.groups);
                 let job = Job { cred, ops: vec![CompoundOp { chain: false, req: single }], protected: None };
                 match self.run(conn, job).await {
                     Ok(mut results) => results.pop().unwrap_or(Err(Errno::EIO)),
@@ -286,6 +314,108 @@ impl MetaService {
             }
         };
         encode_reply(env.tag, op, &result)
+    }
+
+    /// `SessionOpen`: the MAC must be made with the cluster secret, or,
+    /// with a credential, with the key the secret derives for it
+    /// ([`Secret::login_key`]); a revoked credential is refused.
+    fn open_session(
+        &self,
+        conn: &dafne_transport::ConnHandle,
+        client_name: &str,
+        nonce: &[u8; 16],
+        mac: &[u8; 32],
+        credential: Option<Credential>,
+    ) -> Result<Response, Errno> {
+        let key = self.secret.login_key(credential.as_ref());
+        let who = match &credential {
+            Some(c) => format!("{client_name:?} with credential {:?}", c.name),
+            None => format!("{client_name:?} with the cluster secret"),
+        };
+        if !key.verify_session(conn.token(), nonce, client_name, mac) {
+            let why = if credential.is_some() {
+                "the key does not match the policy (edited, or issued by another cluster)"
+            } else {
+                "wrong cluster secret"
+            };
+            self.warn_refused(&who, why);
+            return Err(Errno::EACCES);
+        }
+        if credential.as_ref().is_some_and(|c| self.revoked.borrow().contains(&c.name)) {
+            self.warn_refused(&who, "the credential is revoked");
+            return Err(Errno::EKEYREVOKED);
+        }
+        let id = conn.id();
+        conn.authenticated();
+        self.sessions.borrow_mut().insert(id, Session { credential });
+        lock(&self.opens).add_session(id);
+        let session_id = self.next_session.get();
+        self.next_session.set(session_id + 1);
+        tracing::info!("session {session_id} opened by {who} on connection {id}");
+        Ok(Response::Session { session_id, root: ROOT_INO })
+    }
+
+    /// Logs a refused session, at most once per [`REFUSED_WARN_EVERY`] with
+    /// the count of those not logged: anyone who reaches the port may try.
+    fn warn_refused(&self, who: &str, why: &str) {
+        let (last, n) = self.refused.get();
+        let now = Instant::now();
+        if last.is_none_or(|t| now.duration_since(t) >= REFUSED_WARN_EVERY) {
+            self.refused.set((Some(now), 0));
+            tracing::warn!(
+                "session refused for {who}: {why} ({n} more refused since the last such warning; at most one per {}s)",
+                REFUSED_WARN_EVERY.as_secs()
+            );
+        } else {
+            self.refused.set((last, n + 1));
+        }
+    }
+
+    /// Who `req` on connection `conn` acts as (module docs, "Who a request
+    /// acts as"): `EACCES` without a session, `EPERM` when its credential
+    /// does not allow the identity stated or the op.
+    fn identity(&self, conn: u32, env: &Envelope, req: &Request) -> Result<Cred, Errno> {
+        let sessions = self.sessions.borrow();
+        let session = sessions.get(&conn).ok_or(Errno::EACCES)?;
+        let Some(policy) = &session.credential else {
+            return Ok(Cred::with_groups(env.uid, env.gid, env.groups));
+        };
+        if matches!(
+            req,
+            Request::ListOrphans { .. }
+                | Request::ForgetOrphans { .. }
+                | Request::Revocations { .. }
+                | Request::RevokeCredential { .. }
+        ) {
+            tracing::debug!("{} refused to credential {:?}: the cluster's own op", req.op(), policy.name);
+            return Err(Errno::EPERM);
+        }
+        match dafne_auth::enforce(policy, env.uid, env.gid, &env.groups) {
+            Ok((uid, gid, groups)) => Ok(Cred::with_groups(uid, gid, groups)),
+            Err(why) => {
+                tracing::debug!("{} refused on connection {conn} ({:?}): {why}", req.op(), policy.name);
+                Err(Errno::EPERM)
+            }
+        }
+    }
+
+    /// The credential `name` was revoked (committed): no more logins, and
+    /// its live sessions end.
+    fn revoked_now(&self, name: &str) {
+        self.revoked.borrow_mut().insert(name.to_string());
+        let ended: Vec<u32> = self
+            .sessions
+            .borrow()
+            .iter()
+            .filter(|(_, s)| s.credential.as_ref().is_some_and(|c| c.name == name))
+            .map(|(id, _)| *id)
+            .collect();
+        let now = Instant::now();
+        for id in &ended {
+            self.sessions.borrow_mut().remove(id);
+            lock(&self.opens).end_session(*id, now);
+        }
+        tracing::warn!("credential {name:?} revoked: {} live session(s) ended", ended.len());
     }
 
     async fn run(&self, conn: u32, job: Job) -> Result<JobResult, Errno> {
@@ -312,7 +442,7 @@ impl MetaService {
     /// "Revocation"): only for a genuine capability of an object this
     /// session holds open with proof; the store checks the object is still
     /// the file's or an unreclaimed orphan's.
-    async fn recap(&self, conn: u32, uid: u32, gid: u32, cap: dafne_proto::Capability) -> Result<Response, Errno> {
+    async fn recap(&self, conn: u32, cred: Cred, cap: dafne_proto::Capability) -> Result<Response, Errno> {
         if !self.secret.genuine(&cap) {
             tracing::warn!("recap refused on connection {conn}: not a capability of this cluster");
             return Err(Errno::EACCES);
@@ -321,11 +451,7 @@ impl MetaService {
             tracing::debug!("recap refused on connection {conn}: no open of object {}", cap.object_id);
             return Err(Errno::EACCES);
         }
-        let job = Job {
-            cred: Cred::new(uid, gid),
-            ops: vec![CompoundOp { chain: false, req: Request::Recap { cap } }],
-            protected: None,
-        };
+        let job = Job { cred, ops: vec![CompoundOp { chain: false, req: Request::Recap { cap } }], protected: None };
         match self.run(conn, job).await {
             Ok(mut results) => results.pop().unwrap_or(Err(Errno::EIO)),
             Err(e) => Err(e),

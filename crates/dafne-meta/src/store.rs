@@ -18,6 +18,7 @@
 //! | `counters` | `"next_ino"`, `"next_object"` | `u64` |
 //! | `orphans_v2` | object id `u64` | encoded orphan: objects whose file is gone, for the reclaimer |
 //! | `orphans` | object id `u64` | ino `u64` — the first orphan table, emptied into `orphans_v2` on open |
+//! | `revoked_credentials` | credential name | when it was revoked, unix seconds `u64` (`RevokeCredential`) |
 //!
 //! `dirseq` gives every entry a per-directory sequence number at insertion;
 //! readdir walks it in order and its cookie is the last sequence returned,
@@ -73,6 +74,7 @@ const DIRSEQ: TableDefinition<(u64, u64), &[u8]> = TableDefinition::new("dirseq"
 const COUNTERS: TableDefinition<&str, u64> = TableDefinition::new("counters");
 const ORPHANS: TableDefinition<u64, u64> = TableDefinition::new("orphans");
 const ORPHANS_V2: TableDefinition<u64, &[u8]> = TableDefinition::new("orphans_v2");
+const REVOKED_CREDENTIALS: TableDefinition<&str, u64> = TableDefinition::new("revoked_credentials");
 
 /// The orphan record format written (see the module docs).
 const ORPHAN_FORMAT: u8 = 1;
@@ -241,6 +243,10 @@ pub type JobResult = Vec<Result<Response, Errno>>;
 pub trait MetaStore: Send + Sync + 'static {
     /// Executes a batch atomically and durably; results in job order.
     fn execute(&self, jobs: &[Job]) -> Result<Vec<JobResult>, StoreError>;
+
+    /// The names of the credentials revoked so far (`RevokeCredential`),
+    /// which the service refuses at login.
+    fn revoked_credentials(&self) -> Result<Vec<String>, StoreError>;
 }
 
 /// An inode as stored.
@@ -460,6 +466,7 @@ impl RedbStore {
             let mut inodes = txn.open_table(INODES)?;
             txn.open_table(DIRENTS)?;
             txn.open_table(DIRSEQ)?;
+            txn.open_table(REVOKED_CREDENTIALS)?;
             let mut old = txn.open_table(ORPHANS)?;
             let mut orphans = txn.open_table(ORPHANS_V2)?;
             // A store from before `orphans_v2`: its orphans move over (module
@@ -551,6 +558,7 @@ impl MetaStore for RedbStore {
                 dirseq: txn.open_table(DIRSEQ)?,
                 counters: txn.open_table(COUNTERS)?,
                 orphans: txn.open_table(ORPHANS_V2)?,
+                revoked_credentials: txn.open_table(REVOKED_CREDENTIALS)?,
                 policy: &self.policy,
                 now: now(),
                 protected: None,
@@ -576,6 +584,16 @@ impl MetaStore for RedbStore {
         }
         Ok(out)
     }
+
+    fn revoked_credentials(&self) -> Result<Vec<String>, StoreError> {
+        let r = self.db.begin_read()?;
+        let t = r.open_table(REVOKED_CREDENTIALS)?;
+        let mut names = Vec::new();
+        for e in t.iter()? {
+            names.push(e?.0.value().to_string());
+        }
+        Ok(names)
+    }
 }
 
 struct Tables<'t> {
@@ -584,6 +602,7 @@ struct Tables<'t> {
     dirseq: redb::Table<'t, (u64, u64), &'static [u8]>,
     counters: redb::Table<'t, &'static str, u64>,
     orphans: redb::Table<'t, u64, &'static [u8]>,
+    revoked_credentials: redb::Table<'t, &'static str, u64>,
     policy: &'t LayoutPolicy,
     now: Timespec,
     /// The running job's [`Job::protected`].
@@ -1069,6 +1088,16 @@ impl Tables<'_> {
                     return Err(Errno::EPERM.into());
                 }
                 Ok(Response::Revocations(self.log.after(*instance, *since, self.generation()?)))
+            }
+            Request::RevokeCredential { name } => {
+                // The service lets only sessions of the cluster secret ask.
+                if cred.uid != 0 {
+                    return Err(Errno::EPERM.into());
+                }
+                if self.revoked_credentials.get(name.as_str())?.is_none() {
+                    self.revoked_credentials.insert(name.as_str(), self.now.sec.max(0) as u64)?;
+                }
+                Ok(Response::Done)
             }
             // Handled by the service (sessions, the open table), never here.
             Request::SessionOpen { .. } | Request::Compound { .. } | Request::Close { .. } | Request::Reopen { .. } => {

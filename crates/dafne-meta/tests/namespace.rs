@@ -60,7 +60,7 @@ fn secret(m: &Meta) -> Secret {
 }
 
 fn session(rt: &Runtime, m: &Meta, uid: u32, gid: u32) -> MetaSession {
-    MetaSession::connect(rt, m.addr, &secret(m), "test", uid, gid).expect("session")
+    MetaSession::connect(rt, m.addr, secret(m), "test", uid, gid).expect("session")
 }
 
 #[test]
@@ -558,13 +558,99 @@ fn wrong_secret_and_hostile_requests_are_refused_while_others_carry_on() {
     let other = Client::connect(&rt, m.addr).unwrap();
     let nonce = [3u8; 16];
     let mac = secret(&m).session_mac(other.token(), &nonce, "replay");
-    let open = dafne_proto::encode_request(env, &Request::SessionOpen { client_name: "replay".into(), nonce, mac });
+    let open = dafne_proto::encode_request(
+        env,
+        &Request::SessionOpen { client_name: "replay".into(), nonce, mac, credential: None },
+    );
     assert!(matches!(
         dafne_proto::decode_reply(&other.call(open.clone()).unwrap()).unwrap().2,
         Ok(Response::Session { .. })
     ));
     assert_eq!(dafne_proto::decode_reply(&raw.call(open).unwrap()).unwrap().2, Err(Errno::EACCES), "replayed login");
     assert_eq!(good.lookup(ROOT_INO, b"x").unwrap().kind, FileType::Directory, "the good session carries on");
+}
+
+/// A credential for `uids`/`gids` (one range each), issued from the
+/// cluster secret of `m`.
+fn credential(m: &Meta, name: &str, uids: (u32, u32), gids: (u32, u32), root: bool) -> dafne_auth::CredentialFile {
+    let policy = dafne_proto::Credential {
+        name: name.into(),
+        uids: vec![dafne_proto::IdRange { first: uids.0, last: uids.1 }],
+        gids: vec![dafne_proto::IdRange { first: gids.0, last: gids.1 }],
+        root,
+    };
+    dafne_auth::CredentialFile::issue(&secret(m), policy).unwrap()
+}
+
+#[test]
+fn credential_sessions_act_only_as_their_policy_allows() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = start_meta(dir.path(), 1);
+    let rt = runtime();
+    let admin = session(&rt, &m, 0, 0);
+    let shared = admin.mkdir(ROOT_INO, b"shared", 0o1777).unwrap().ino;
+    let alice = credential(&m, "alice", (1000, 1999), (1000, 1999), false);
+    let s = MetaSession::connect(&rt, m.addr, dafne_auth::LoginKey::from(alice.clone()), "alice-host", 0, 0).unwrap();
+
+    // Root is squashed to nobody/nogroup.
+    let f = s.create(shared, b"by-root", 0o644, true).unwrap();
+    assert_eq!((f.uid, f.gid), (65534, 65534));
+    // A uid and gid inside the ranges act as themselves.
+    let u = s.as_user(1000, 1000);
+    let f = u.create(shared, b"by-1000", 0o644, true).unwrap();
+    assert_eq!((f.uid, f.gid), (1000, 1000));
+    // Outside them: EPERM, whatever the op.
+    assert_eq!(s.as_user(5000, 1000).create(shared, b"x", 0o644, true).unwrap_err(), Errno::EPERM);
+    assert_eq!(s.as_user(1000, 0).getattr(ROOT_INO).unwrap_err(), Errno::EPERM);
+    assert_eq!(s.as_user(999, 1000).statfs().unwrap_err(), Errno::EPERM);
+    // Supplementary groups outside the gid ranges are dropped: group 0
+    // stated as a supplementary group does not let uid 1000 chgrp to it,
+    // which the same request with the cluster secret may.
+    let g = dafne_client::Groups::new(&[1500, 0]);
+    let to_root_group = SetAttr { gid: Some(0), ..SetAttr::default() };
+    assert_eq!(s.as_caller(1000, 1000, g).setattr(f.ino, to_root_group).unwrap_err(), Errno::EPERM);
+    assert_eq!(admin.as_caller(1000, 1000, g).setattr(f.ino, to_root_group).unwrap().gid, 0);
+    let to_1500 = SetAttr { gid: Some(1500), ..SetAttr::default() };
+    assert_eq!(s.as_caller(1000, 1000, g).setattr(f.ino, to_1500).unwrap().gid, 1500);
+    // The cluster's own ops are not a credential's.
+    assert_eq!(s.list_orphans(0, 10).unwrap_err(), Errno::EPERM);
+    assert_eq!(s.revoke_credential("bob").unwrap_err(), Errno::EPERM);
+
+    // With root granted, uid 0 stays root (yet the cluster's ops stay out of reach).
+    let boss = credential(&m, "boss", (1000, 1000), (1000, 1000), true);
+    let b = MetaSession::connect(&rt, m.addr, dafne_auth::LoginKey::from(boss), "boss-host", 0, 0).unwrap();
+    let f = b.create(shared, b"by-boss", 0o644, true).unwrap();
+    assert_eq!((f.uid, f.gid), (0, 0));
+    assert_eq!(b.list_orphans(0, 10).unwrap_err(), Errno::EPERM);
+
+    // A policy edited after issue (uids widened, key kept) is refused.
+    let mut edited = alice.clone();
+    edited.credential.uids[0].last = u32::MAX;
+    match MetaSession::connect(&rt, m.addr, dafne_auth::LoginKey::from(edited), "alice-host", 0, 0) {
+        Err(dafne_client::ConnectError::Refused(e)) => assert_eq!(e, Errno::EACCES),
+        other => panic!("an edited credential logged in: {other:?}"),
+    }
+    // So is the credential's key presented as the cluster secret.
+    match MetaSession::connect(&rt, m.addr, &alice.key, "alice-host", 0, 0) {
+        Err(dafne_client::ConnectError::Refused(e)) => assert_eq!(e, Errno::EACCES),
+        other => panic!("a credential's key passed for the cluster secret: {other:?}"),
+    }
+
+    // Revoked: the live session ends, new logins are refused, also after
+    // meta restarts (the store keeps it); other credentials carry on.
+    admin.revoke_credential("alice").unwrap();
+    assert_eq!(u.getattr(ROOT_INO).unwrap_err(), Errno::EACCES);
+    let refused =
+        |m: &Meta| match MetaSession::connect(&rt, m.addr, dafne_auth::LoginKey::from(alice.clone()), "a", 0, 0) {
+            Err(dafne_client::ConnectError::Refused(e)) => assert_eq!(e, Errno::EKEYREVOKED),
+            other => panic!("a revoked credential logged in: {other:?}"),
+        };
+    refused(&m);
+    assert!(b.getattr(ROOT_INO).is_ok());
+    drop((s, u, b, admin));
+    drop(m);
+    let m = start_meta(dir.path(), 1);
+    refused(&m);
 }
 
 #[test]

@@ -66,6 +66,7 @@ errnos! {
     ETIMEDOUT = 110, "Connection timed out";
     ESTALE = 116, "Stale file handle";
     EDQUOT = 122, "Disk quota exceeded";
+    EKEYREVOKED = 128, "Key has been revoked";
 }
 
 impl Errno {

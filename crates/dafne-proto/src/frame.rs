@@ -530,7 +530,24 @@ mod tests {
     fn requests() -> Vec<Request> {
         let n = |s: &str| s.as_bytes().to_vec();
         vec![
-            Request::SessionOpen { client_name: "host-1/pid 42 ✓".into(), nonce: [1; 16], mac: [2; 32] },
+            Request::SessionOpen {
+                client_name: "host-1/pid 42 ✓".into(),
+                nonce: [1; 16],
+                mac: [2; 32],
+                credential: None,
+            },
+            Request::SessionOpen {
+                client_name: "c".into(),
+                nonce: [1; 16],
+                mac: [2; 32],
+                credential: Some(crate::Credential {
+                    name: "alice ✓".into(),
+                    uids: vec![crate::IdRange { first: 1000, last: 1999 }, crate::IdRange { first: 7, last: 7 }],
+                    gids: vec![crate::IdRange { first: 0, last: u32::MAX }],
+                    root: false,
+                }),
+            },
+            Request::RevokeCredential { name: "alice ✓".into() },
             Request::Lookup { parent: ROOT_INO, name: n("etc") },
             Request::GetAttr { ino: 5 },
             Request::SetAttr {
@@ -769,8 +786,8 @@ mod tests {
         set(&mut b, 0, &(PROTO_VERSION + 1).to_le_bytes());
         assert_eq!(decode_request(&b), Err(DecodeError::BadVersion(PROTO_VERSION + 1)));
         let mut b = good.clone();
-        set(&mut b, 2, &24u16.to_le_bytes());
-        assert_eq!(decode_request(&b), Err(DecodeError::UnknownOp(24)));
+        set(&mut b, 2, &25u16.to_le_bytes());
+        assert_eq!(decode_request(&b), Err(DecodeError::UnknownOp(25)));
         let mut b = good.clone();
         set(&mut b, 2, &0u16.to_le_bytes());
         assert_eq!(decode_request(&b), Err(DecodeError::UnknownOp(0)));
@@ -892,11 +909,79 @@ mod tests {
         ));
     }
 
+    /// A SessionOpen body: name "c", zero nonce and mac, then `tail`.
+    fn session_with(tail: &[u8]) -> Vec<u8> {
+        let mut body = le32(1).to_vec();
+        body.push(b'c');
+        body.extend_from_slice(&[0; 48]);
+        body.extend_from_slice(tail);
+        raw_request(Op::SessionOpen, &body)
+    }
+
+    #[test]
+    fn hostile_credentials_are_refused() {
+        // No credential (presence 0) decodes; a presence byte of 2 does not.
+        assert!(decode_request(&session_with(&[0])).is_ok());
+        assert!(matches!(decode_request(&session_with(&[2])), Err(DecodeError::BadValue { value: 2, .. })));
+        // An empty name.
+        let mut t = vec![1];
+        t.extend_from_slice(&le32(0));
+        assert_eq!(
+            decode_request(&session_with(&t)),
+            Err(DecodeError::BadValue { what: "credential name length", value: 0 })
+        );
+        // Too many ranges, promised and absent.
+        let mut t = vec![1];
+        t.extend_from_slice(&le32(1));
+        t.push(b'a');
+        t.extend_from_slice(&le32(crate::MAX_CREDENTIAL_RANGES as u32 + 1));
+        assert!(matches!(
+            decode_request(&session_with(&t)),
+            Err(DecodeError::TooLong { what: "credential uid ranges", max: crate::MAX_CREDENTIAL_RANGES, .. })
+        ));
+        let mut t = vec![1];
+        t.extend_from_slice(&le32(1));
+        t.push(b'a');
+        t.extend_from_slice(&le32(3));
+        t.extend_from_slice(&[0; 8]);
+        assert!(matches!(
+            decode_request(&session_with(&t)),
+            Err(DecodeError::Truncated { what: "credential uid ranges", needed: 24, left: 8 })
+        ));
+        // A range whose first id is above its last.
+        let mut t = vec![1];
+        t.extend_from_slice(&le32(1));
+        t.push(b'a');
+        t.extend_from_slice(&le32(1));
+        t.extend_from_slice(&le32(10));
+        t.extend_from_slice(&le32(9));
+        t.extend_from_slice(&le32(0));
+        t.push(0);
+        assert_eq!(
+            decode_request(&session_with(&t)),
+            Err(DecodeError::BadValue { what: "id range (first above last)", value: 10 })
+        );
+        // The same with a valid range decodes; a root byte of 2 does not.
+        let n = t.len();
+        t[n - 9..n - 5].copy_from_slice(&le32(11));
+        assert!(decode_request(&session_with(&t)).is_ok());
+        t[n - 1] = 2;
+        assert!(matches!(decode_request(&session_with(&t)), Err(DecodeError::BadValue { value: 2, .. })));
+        // RevokeCredential: an empty name, a name that is not UTF-8.
+        assert!(decode_request(&raw_request(Op::RevokeCredential, &le32(0))).is_err());
+        let mut b = le32(1).to_vec();
+        b.push(0xff);
+        assert_eq!(
+            decode_request(&raw_request(Op::RevokeCredential, &b)),
+            Err(DecodeError::NotUtf8("credential name"))
+        );
+    }
+
     #[test]
     fn bad_values_in_bodies() {
         let mut body = le32(2).to_vec();
         body.extend_from_slice(&[0xc3, 0x28]);
-        body.extend_from_slice(&[0; 48]);
+        body.extend_from_slice(&[0; 49]);
         assert_eq!(decode_request(&raw_request(Op::SessionOpen, &body)), Err(DecodeError::NotUtf8("client name")));
         let mut body = 8u64.to_le_bytes().to_vec();
         body.extend_from_slice(&le32(8));
@@ -1081,7 +1166,7 @@ mod tests {
 
     #[test]
     fn op_numbers_are_stable() {
-        let want: Vec<u16> = (1..=23).collect();
+        let want: Vec<u16> = (1..=24).collect();
         let got: Vec<u16> = Op::ALL.iter().map(|op| u16::from(*op)).collect();
         assert_eq!(got, want);
         for op in Op::ALL {

@@ -33,7 +33,7 @@
 //! | Stat | 69 | capability | `Stat`: size u64 |
 //! | ServerInfo | 70 | capability | `ServerInfo`: n u32 (≤ [`MAX_INFO_FIELDS`]), n × u64 |
 //! | Revoke | 71 | capability, revocations | `Revoked`: instance u64, seq u64 |
-//! | Login | 72 | capability | `Done`: empty |
+//! | Login | 72 | client_name str, nonce \[16\], mac \[32\], credential? | `Done`: empty |
 //!
 //! Numbers are never reused: a retired op keeps its number, unassigned.
 //!
@@ -95,8 +95,14 @@
 //! authenticates its connection;
 //! `Login` is the request that does only that, sent by the data client on
 //! every new connection before its first use (an idle mount would
-//! otherwise be dropped). Its capability is any genuine one (the object
-//! and rights are not used; the data client sends `info_capability`).
+//! otherwise be dropped). It is proven like the metadata server's
+//! SessionOpen, with the same fields (crate docs): a MAC over the
+//! connection's token, the nonce and the client name, made with the
+//! cluster secret, or with the key derived for `credential`
+//! (`dafne_auth`'s module docs, "Credentials"), so a client that holds
+//! only a credential logs in too. A logged-in connection may also ask
+//! `ServerInfo` without a genuine capability (its capability is then not
+//! checked).
 //!
 //! # Sizes
 //!
@@ -339,11 +345,16 @@ pub enum IoRequest {
         cap: Capability,
         batch: crate::Revocations,
     },
-    /// The first request on a connection: its capability (any genuine
-    /// one; the object is not used) authenticates the connection, which an
-    /// io server otherwise drops at its login deadline.
+    /// The first request on a connection: authenticates the connection,
+    /// which an io server otherwise drops at its login deadline. Proven as
+    /// the metadata protocol's `SessionOpen` (module docs, "Login").
     Login {
-        cap: Capability,
+        /// UTF-8, at most [`MAX_CLIENT_NAME`](crate::MAX_CLIENT_NAME) bytes.
+        client_name: String,
+        nonce: [u8; 16],
+        mac: [u8; 32],
+        /// The per-client credential; `None` for the cluster secret.
+        credential: Option<crate::Credential>,
     },
 }
 
@@ -363,8 +374,9 @@ impl IoRequest {
         }
     }
 
-    /// The capability; its `object_id` names the object.
-    pub fn cap(&self) -> &Capability {
+    /// The capability; its `object_id` names the object. `None` for
+    /// `Login`, which carries none.
+    pub fn cap(&self) -> Option<&Capability> {
         match self {
             IoRequest::Read { cap, .. }
             | IoRequest::Write { cap, .. }
@@ -373,13 +385,13 @@ impl IoRequest {
             | IoRequest::Sync { cap }
             | IoRequest::Stat { cap }
             | IoRequest::ServerInfo { cap }
-            | IoRequest::Login { cap }
-            | IoRequest::Revoke { cap, .. } => cap,
+            | IoRequest::Revoke { cap, .. } => Some(cap),
+            IoRequest::Login { .. } => None,
         }
     }
 
     /// The capability, to replace it (a client re-sending with a fresh one).
-    pub fn cap_mut(&mut self) -> &mut Capability {
+    pub fn cap_mut(&mut self) -> Option<&mut Capability> {
         match self {
             IoRequest::Read { cap, .. }
             | IoRequest::Write { cap, .. }
@@ -388,8 +400,8 @@ impl IoRequest {
             | IoRequest::Sync { cap }
             | IoRequest::Stat { cap }
             | IoRequest::ServerInfo { cap }
-            | IoRequest::Login { cap }
-            | IoRequest::Revoke { cap, .. } => cap,
+            | IoRequest::Revoke { cap, .. } => Some(cap),
+            IoRequest::Login { .. } => None,
         }
     }
 
@@ -411,7 +423,16 @@ impl IoRequest {
     }
 
     fn put_body(&self, w: &mut Writer) {
-        self.cap().put(w);
+        if let IoRequest::Login { client_name, nonce, mac, credential } = self {
+            w.put_bytes(client_name.as_bytes());
+            w.put_raw(nonce);
+            w.put_raw(mac);
+            credential.put(w);
+            return;
+        }
+        if let Some(cap) = self.cap() {
+            cap.put(w);
+        }
         match self {
             IoRequest::Read { keys, extents, inline_reply, .. } => {
                 put_keys_extents(w, keys, extents);
@@ -433,6 +454,15 @@ impl IoRequest {
     }
 
     fn get_body(op: IoOp, r: &mut Reader<'_>) -> Result<IoRequest, DecodeError> {
+        if op == IoOp::Login {
+            let name = r.bytes("client name", crate::MAX_CLIENT_NAME)?;
+            return Ok(IoRequest::Login {
+                client_name: String::from_utf8(name).map_err(|_| DecodeError::NotUtf8("client name"))?,
+                nonce: r.array("login nonce")?,
+                mac: r.array("login mac")?,
+                credential: Option::get(r)?,
+            });
+        }
         let cap = Capability::get(r)?;
         Ok(match op {
             IoOp::Read => {
@@ -488,7 +518,7 @@ impl IoRequest {
             IoOp::Stat => IoRequest::Stat { cap },
             IoOp::ServerInfo => IoRequest::ServerInfo { cap },
             IoOp::Revoke => IoRequest::Revoke { cap, batch: crate::Revocations::get(r)? },
-            IoOp::Login => IoRequest::Login { cap },
+            IoOp::Login => unreachable!("Login is decoded above"),
         })
     }
 }
@@ -814,7 +844,18 @@ mod tests {
             IoRequest::Sync { cap: cap() },
             IoRequest::Stat { cap: cap() },
             IoRequest::ServerInfo { cap: cap() },
-            IoRequest::Login { cap: cap() },
+            IoRequest::Login { client_name: "fuse@host".into(), nonce: [3; 16], mac: [4; 32], credential: None },
+            IoRequest::Login {
+                client_name: "c".into(),
+                nonce: [0; 16],
+                mac: [0; 32],
+                credential: Some(crate::Credential {
+                    name: "alice".into(),
+                    uids: vec![crate::IdRange { first: 1000, last: 1999 }],
+                    gids: vec![],
+                    root: true,
+                }),
+            },
             IoRequest::Revoke {
                 cap: cap(),
                 batch: crate::Revocations {
@@ -887,7 +928,10 @@ mod tests {
         assert_eq!(reqs[4].total_bytes(), 203);
         assert_eq!(IoRequest::Truncate { cap: cap(), size: 9 }.total_bytes(), 0);
         for r in &reqs {
-            assert_eq!(r.cap(), &cap());
+            match r {
+                IoRequest::Login { .. } => assert_eq!(r.cap(), None),
+                _ => assert_eq!(r.cap(), Some(&cap())),
+            }
         }
         assert!(IoExtent::inline(1, 2).is_inline());
         assert!(!ext(1, 2, 0, 0).is_inline());

@@ -61,7 +61,7 @@
 //!
 //! | op | number | request body | reply body ([`Response`]) |
 //! |---|---|---|---|
-//! | SessionOpen | 1 | client_name str, nonce \[16\], mac \[32\] | `Session`: session_id u64, root u64 |
+//! | SessionOpen | 1 | client_name str, nonce \[16\], mac \[32\], credential? | `Session`: session_id u64, root u64 |
 //! | Lookup | 2 | parent u64, name | `Entry`: attr |
 //! | GetAttr | 3 | ino u64 | `Attr`: attr |
 //! | SetAttr | 4 | ino u64, setattr | `Attr`: attr |
@@ -84,6 +84,13 @@
 //! | Reopen | 21 | n u32 (≤ [`MAX_REOPEN`]), n × {object_id u64 (strictly increasing), count u32 (≥ 1)} | `Done`: empty |
 //! | Recap | 22 | capability | `Cap`: capability |
 //! | Revocations | 23 | instance u64, since u64 | `Revocations`: revocations |
+//! | RevokeCredential | 24 | name str (1..=[`MAX_CLIENT_NAME`], UTF-8) | `Done`: empty |
+//!
+//! SessionOpen's `credential?` is a per-client credential's policy
+//! ([`Credential`]: name, uid and gid ranges, root) that the client proves
+//! instead of the cluster secret; RevokeCredential (an admin's, never
+//! inside a Compound) revokes one by name (`dafne_auth`'s module docs,
+//! "Credentials").
 //!
 //! Recap and Revocations serve revocable capabilities (`dafne_auth`'s
 //! module docs): Recap re-issues a capability a revocation made stale to a
@@ -137,6 +144,9 @@
 //! * `revocations`: instance u64, from_seq u64, to_seq u64, reset_floor u64,
 //!   n u32 (≤ [`MAX_REVOCATIONS`], = to_seq − from_seq), n × (object_id u64,
 //!   floor u64), mac \[32\].
+//! * `credential`: name str (1..=[`MAX_CLIENT_NAME`], UTF-8), n u32
+//!   (≤ [`MAX_CREDENTIAL_RANGES`]) × uid range {first u32, last u32 ≥
+//!   first}, m u32 (≤ [`MAX_CREDENTIAL_RANGES`]) × gid range, root bool.
 //!
 //! # Compound requests and chaining
 //!
@@ -174,7 +184,9 @@
 //! and revocable capabilities (`ino` and `generation` in the capability,
 //! the ops Recap and Revocations, the generation in the Orphans reply, the
 //! io op Revoke); version 7 the caller's supplementary groups
-//! ([`REQUEST_FLAG_GROUPS`]). Bump
+//! ([`REQUEST_FLAG_GROUPS`]); version 8 per-client credentials (the
+//! optional credential in SessionOpen, RevokeCredential, the io op Login
+//! reshaped). Bump
 //! it for *every* change to what a decoder accepts or how it reads it: a new
 //! op, a field added, removed, resized or reordered, a new flag or mask bit,
 //! a new enum value, a changed limit. Numbers (ops, errno values, file types,
@@ -204,8 +216,8 @@ pub use io::{
 };
 pub use msg::{CompoundOp, HeldOpen, Op, Orphan, Request, Response};
 pub use types::{
-    Attr, Capability, DirEntry, FileType, Layout, LayoutHint, Revocation, Revocations, SetAttr, StatFs, TimeSet,
-    Timespec, MAX_REVOCATIONS,
+    Attr, Capability, Credential, DirEntry, FileType, IdRange, Layout, LayoutHint, Revocation, Revocations, SetAttr,
+    StatFs, TimeSet, Timespec, MAX_CREDENTIAL_RANGES, MAX_REVOCATIONS,
 };
 
 /// Version of this wire contract, first field of every header (metadata
@@ -216,8 +228,10 @@ pub use types::{
 /// Recap, Revocations, the Orphans reply's generation, the io op Revoke).
 /// 7: the io op Login (io servers drop connections that never show a
 /// genuine capability); supplementary groups in front of a request body
-/// ([`REQUEST_FLAG_GROUPS`]).
-pub const PROTO_VERSION: u16 = 7;
+/// ([`REQUEST_FLAG_GROUPS`]). 8: per-client credentials (an optional
+/// [`Credential`] in SessionOpen, the op RevokeCredential, the io op Login
+/// proven like a session instead of by a capability).
+pub const PROTO_VERSION: u16 = 8;
 
 /// Request header `flags`: the body starts with the caller's supplementary
 /// groups, `n u8` (1..=[`MAX_GROUPS`]) and `n × u32`. The only flag; any

@@ -4,7 +4,7 @@ use crate::types::Revocations;
 use crate::types::{get_mode, DIRENT_MIN_SIZE};
 use crate::wire::{Reader, Wire, Writer};
 use crate::{
-    Attr, Capability, DecodeError, DirEntry, Errno, FileType, Ino, Layout, LayoutHint, SetAttr, StatFs,
+    Attr, Capability, Credential, DecodeError, DirEntry, Errno, FileType, Ino, Layout, LayoutHint, SetAttr, StatFs,
     MAX_CLIENT_NAME, MAX_COMPOUND, MAX_FORGET_ORPHANS, MAX_LAYOUT_SERVERS, MAX_NAME_WIRE, MAX_ORPHANS,
     MAX_READDIR_ENTRIES, MAX_REOPEN, MAX_SYMLINK, OPEN_READ, OPEN_TRUNC, OPEN_WRITE,
 };
@@ -100,6 +100,10 @@ ops! {
         Recap = 22,
         /// Root only: meta's revocation log for the io servers.
         Revocations = 23,
+        /// Admin only (a session proven with the cluster secret itself, as
+        /// root): refuse a credential's logins from now on and end its
+        /// sessions.
+        RevokeCredential = 24,
     }
 }
 
@@ -155,9 +159,13 @@ pub enum Request {
         /// UTF-8, at most [`MAX_CLIENT_NAME`] bytes.
         client_name: String,
         nonce: [u8; 16],
-        /// The client's proof of the cluster secret (the metadata server
-        /// defines what it covers).
+        /// The client's proof of its key (the metadata server defines what
+        /// it covers): the cluster secret itself, or, with `credential`,
+        /// the key derived from it for that policy.
         mac: [u8; 32],
+        /// The per-client credential the client logs in with; `None` for a
+        /// holder of the cluster secret (a fully trusted client).
+        credential: Option<Credential>,
     },
     Lookup {
         parent: Ino,
@@ -282,6 +290,13 @@ pub enum Request {
         instance: u64,
         since: u64,
     },
+    /// Admin only (`EPERM` for a credential session or a uid other than
+    /// 0); never inside a Compound. Records the credential `name` as
+    /// revoked: its logins are refused and its live sessions end.
+    RevokeCredential {
+        /// 1..=[`MAX_CLIENT_NAME`] bytes, UTF-8.
+        name: String,
+    },
 }
 
 /// One op of a `Compound`.
@@ -328,7 +343,8 @@ impl CompoundOp {
             | Request::Close { .. }
             | Request::Reopen { .. }
             | Request::Recap { .. }
-            | Request::Revocations { .. } => None,
+            | Request::Revocations { .. }
+            | Request::RevokeCredential { .. } => None,
         }
     }
 
@@ -376,15 +392,17 @@ impl Request {
             Request::Reopen { .. } => Op::Reopen,
             Request::Recap { .. } => Op::Recap,
             Request::Revocations { .. } => Op::Revocations,
+            Request::RevokeCredential { .. } => Op::RevokeCredential,
         }
     }
 
     pub(crate) fn put_body(&self, w: &mut Writer) {
         match self {
-            Request::SessionOpen { client_name, nonce, mac } => {
+            Request::SessionOpen { client_name, nonce, mac, credential } => {
                 w.put_bytes(client_name.as_bytes());
                 w.put_raw(nonce);
                 w.put_raw(mac);
+                credential.put(w);
             }
             Request::Lookup { parent, name } | Request::Unlink { parent, name } | Request::Rmdir { parent, name } => {
                 w.put_u64(*parent);
@@ -463,6 +481,7 @@ impl Request {
                 w.put_u64(*instance);
                 w.put_u64(*since);
             }
+            Request::RevokeCredential { name } => w.put_bytes(name.as_bytes()),
             Request::Compound { ops } => {
                 w.put_len(ops.len());
                 for op in ops {
@@ -484,6 +503,7 @@ impl Request {
                     client_name: String::from_utf8(name).map_err(|_| DecodeError::NotUtf8("client name"))?,
                     nonce: r.array("session nonce")?,
                     mac: r.array("session mac")?,
+                    credential: Option::get(r)?,
                 }
             }
             Op::Lookup => Request::Lookup { parent: r.u64("parent")?, name: get_name(r, "name")? },
@@ -578,6 +598,15 @@ impl Request {
             Op::Revocations => {
                 Request::Revocations { instance: r.u64("revocations instance")?, since: r.u64("revocations since")? }
             }
+            Op::RevokeCredential => {
+                let name = r.bytes("credential name", MAX_CLIENT_NAME)?;
+                if name.is_empty() {
+                    return Err(DecodeError::BadValue { what: "credential name length", value: 0 });
+                }
+                Request::RevokeCredential {
+                    name: String::from_utf8(name).map_err(|_| DecodeError::NotUtf8("credential name"))?,
+                }
+            }
         })
     }
 }
@@ -600,10 +629,11 @@ fn get_compound_ops(r: &mut Reader<'_>) -> Result<Vec<CompoundOp>, DecodeError> 
             | Op::Close
             | Op::Reopen
             | Op::Recap
-            | Op::Revocations => {
+            | Op::Revocations
+            | Op::RevokeCredential => {
                 return Err(DecodeError::BadValue {
-                    what: "op inside a Compound (SessionOpen, the orphan ops, Close, Reopen, Recap and Revocations \
-                           are not allowed there)",
+                    what: "op inside a Compound (SessionOpen, the orphan ops, Close, Reopen, Recap, Revocations and \
+                           RevokeCredential are not allowed there)",
                     value: raw.into(),
                 })
             }
@@ -640,7 +670,7 @@ pub enum Response {
     /// Readdir: at most [`MAX_READDIR_ENTRIES`] entries; `eof` when the
     /// directory has no more.
     Dir { entries: Vec<DirEntry>, eof: bool },
-    /// Unlink, Rmdir, Rename, ForgetOrphans, Close, Reopen.
+    /// Unlink, Rmdir, Rename, ForgetOrphans, Close, Reopen, RevokeCredential.
     Done,
     /// Readlink.
     Link { target: Vec<u8> },
@@ -706,7 +736,9 @@ impl Kind {
             Op::Lookup | Op::Create | Op::Mkdir | Op::Mknod | Op::Symlink | Op::Link => Kind::Entry,
             Op::GetAttr | Op::SetAttr => Kind::Attr,
             Op::Readdir => Kind::Dir,
-            Op::Unlink | Op::Rmdir | Op::Rename | Op::ForgetOrphans | Op::Close | Op::Reopen => Kind::Done,
+            Op::Unlink | Op::Rmdir | Op::Rename | Op::ForgetOrphans | Op::Close | Op::Reopen | Op::RevokeCredential => {
+                Kind::Done
+            }
             Op::Readlink => Kind::Link,
             Op::Statfs => Kind::StatFs,
             Op::Open => Kind::Opened,

@@ -561,6 +561,121 @@ impl Wire for StatFs {
     }
 }
 
+/// Most ranges of each kind (uids, gids) in a [`Credential`].
+pub const MAX_CREDENTIAL_RANGES: usize = 64;
+
+/// Encoded size of an [`IdRange`]: first u32, last u32.
+const ID_RANGE_SIZE: usize = 8;
+
+/// The ids `first..=last` (uids or gids); `first <= last`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct IdRange {
+    pub first: u32,
+    pub last: u32,
+}
+
+impl IdRange {
+    pub fn contains(&self, id: u32) -> bool {
+        self.first <= id && id <= self.last
+    }
+}
+
+impl Wire for IdRange {
+    fn put(&self, w: &mut Writer) {
+        w.put_u32(self.first);
+        w.put_u32(self.last);
+    }
+
+    fn get(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        let (first, last) = (r.u32("id range first")?, r.u32("id range last")?);
+        if first > last {
+            return Err(DecodeError::BadValue { what: "id range (first above last)", value: first.into() });
+        }
+        Ok(IdRange { first, last })
+    }
+}
+
+fn get_ranges(r: &mut Reader<'_>, what: &'static str) -> Result<Vec<IdRange>, DecodeError> {
+    let n = r.count(what, MAX_CREDENTIAL_RANGES, ID_RANGE_SIZE)?;
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
+        v.push(IdRange::get(r)?);
+    }
+    Ok(v)
+}
+
+/// A per-client credential's policy: which uids and gids a client that
+/// proves it may state in its requests, and whether it may be root
+/// (`dafne_auth`'s module docs, "Credentials", say how it is proven and
+/// enforced). Its encoding is canonical, so the MAC key derived from it
+/// (`dafne_auth::Secret::credential_key`) covers exactly one policy:
+///
+/// name str (1..=[`MAX_CLIENT_NAME`](crate::MAX_CLIENT_NAME) bytes,
+/// UTF-8), n u32 (≤ [`MAX_CREDENTIAL_RANGES`]) × uid range {first u32,
+/// last u32 (≥ first)}, m u32 (≤ [`MAX_CREDENTIAL_RANGES`]) × gid range,
+/// root u8 (0 or 1).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Credential {
+    /// What an admin revokes it by.
+    pub name: String,
+    pub uids: Vec<IdRange>,
+    pub gids: Vec<IdRange>,
+    /// uid 0 stays root (otherwise it is squashed to nobody).
+    pub root: bool,
+}
+
+impl Credential {
+    /// The canonical encoding (what the key derivation covers).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::default();
+        self.put(&mut w);
+        w.into_vec()
+    }
+
+    /// The policy in `b`, which must be exactly one canonical encoding.
+    pub fn decode(b: &[u8]) -> Result<Credential, DecodeError> {
+        let mut r = Reader::new(b);
+        let c = Credential::get(&mut r)?;
+        r.finish()?;
+        Ok(c)
+    }
+
+    pub fn allows_uid(&self, uid: u32) -> bool {
+        self.uids.iter().any(|r| r.contains(uid))
+    }
+
+    pub fn allows_gid(&self, gid: u32) -> bool {
+        self.gids.iter().any(|r| r.contains(gid))
+    }
+}
+
+impl Wire for Credential {
+    fn put(&self, w: &mut Writer) {
+        w.put_bytes(self.name.as_bytes());
+        for list in [&self.uids, &self.gids] {
+            w.put_len(list.len());
+            for r in list {
+                r.put(w);
+            }
+        }
+        w.put_bool(self.root);
+    }
+
+    fn get(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        let name = r.bytes("credential name", crate::MAX_CLIENT_NAME)?;
+        if name.is_empty() {
+            return Err(DecodeError::BadValue { what: "credential name length", value: 0 });
+        }
+        let name = String::from_utf8(name).map_err(|_| DecodeError::NotUtf8("credential name"))?;
+        Ok(Credential {
+            name,
+            uids: get_ranges(r, "credential uid ranges")?,
+            gids: get_ranges(r, "credential gid ranges")?,
+            root: r.bool("credential root")?,
+        })
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;

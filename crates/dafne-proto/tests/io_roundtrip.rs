@@ -88,6 +88,13 @@ fn keys_and_extents() -> impl Strategy<Value = (Vec<Vec<u8>>, Vec<IoExtent>)> {
     ]
 }
 
+fn credential() -> impl Strategy<Value = dafne_proto::Credential> {
+    let range =
+        (any::<u32>(), any::<u32>()).prop_map(|(a, b)| dafne_proto::IdRange { first: a.min(b), last: a.max(b) });
+    ("\\PC{1,64}", vec(range.clone(), 0..=4), vec(range, 0..=4), any::<bool>())
+        .prop_map(|(name, uids, gids, root)| dafne_proto::Credential { name, uids, gids, root })
+}
+
 fn read() -> impl Strategy<Value = IoRequest> {
     let rma = (capability(), keys_and_extents()).prop_map(|(cap, (keys, extents))| IoRequest::Read {
         cap,
@@ -139,6 +146,9 @@ fn request() -> impl Strategy<Value = IoRequest> {
         1 => capability().prop_map(|cap| IoRequest::Sync { cap }),
         1 => capability().prop_map(|cap| IoRequest::Stat { cap }),
         1 => capability().prop_map(|cap| IoRequest::ServerInfo { cap }),
+        1 => ("\\PC{0,64}", any::<[u8; 16]>(), any::<[u8; 32]>(), proptest::option::of(credential())).prop_map(
+            |(client_name, nonce, mac, credential)| IoRequest::Login { client_name, nonce, mac, credential }
+        ),
         1 => (capability(), any::<u64>(), 0..u64::MAX / 2, vec((any::<u64>(), any::<u64>()), 0..8)).prop_map(
             |(cap, instance, from_seq, e)| IoRequest::Revoke {
                 cap,

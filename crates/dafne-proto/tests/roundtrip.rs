@@ -121,8 +121,8 @@ fn simple_request(session: bool) -> BoxedStrategy<Request> {
     if !session {
         return others.boxed();
     }
-    let session = ("\\PC{0,64}", any::<[u8; 16]>(), any::<[u8; 32]>())
-        .prop_map(|(client_name, nonce, mac)| Request::SessionOpen { client_name, nonce, mac });
+    let session = ("\\PC{0,64}", any::<[u8; 16]>(), any::<[u8; 32]>(), option::of(credential()))
+        .prop_map(|(client_name, nonce, mac, credential)| Request::SessionOpen { client_name, nonce, mac, credential });
     prop_oneof![1 => session, 15 => others].boxed()
 }
 
@@ -164,6 +164,17 @@ fn held_opens(max: usize) -> impl Strategy<Value = Vec<HeldOpen>> {
     })
 }
 
+/// An id range the decoder accepts (first ≤ last).
+fn id_range() -> impl Strategy<Value = IdRange> {
+    (any::<u32>(), any::<u32>()).prop_map(|(a, b)| IdRange { first: a.min(b), last: a.max(b) })
+}
+
+/// A credential policy the decoder accepts.
+pub fn credential() -> impl Strategy<Value = Credential> {
+    ("\\PC{1,64}", vec(id_range(), 0..=8), vec(id_range(), 0..=MAX_CREDENTIAL_RANGES), any::<bool>())
+        .prop_map(|(name, uids, gids, root)| Credential { name, uids, gids, root })
+}
+
 /// The open-table ops, which travel alone (never inside a Compound).
 fn open_table_request() -> impl Strategy<Value = Request> {
     prop_oneof![
@@ -171,6 +182,7 @@ fn open_table_request() -> impl Strategy<Value = Request> {
         prop_oneof![4 => held_opens(8), 1 => held_opens(MAX_REOPEN)].prop_map(|held| Request::Reopen { held }),
         capability().prop_map(|cap| Request::Recap { cap }),
         (any::<u64>(), any::<u64>()).prop_map(|(instance, since)| Request::Revocations { instance, since }),
+        "\\PC{1,64}".prop_map(|name| Request::RevokeCredential { name }),
     ]
 }
 

@@ -451,8 +451,11 @@ pub fn run(a: PosixBench, parse_size: impl Fn(&str) -> Result<usize>) -> Result<
     dafne_cpu.extend(servers.iter().cloned());
     let mut native_cpu = vec![("this process (client library)".to_string(), std::process::id())];
     native_cpu.extend(servers.iter().cloned());
-    let native =
-        if rows.iter().any(|r| r.has_native()) { Some(Session::connect(&cluster.dir, "bench-posix")?) } else { None };
+    let native = if rows.iter().any(|r| r.has_native()) {
+        Some(Session::connect(&cluster.dir, "bench-posix", None)?)
+    } else {
+        None
+    };
     let mut b = Bench {
         stop: &stop,
         logs: logs.clone(),

@@ -256,35 +256,88 @@ pub fn resolve_dir(flag: Option<&Path>) -> Result<PathBuf> {
     }
 }
 
+/// How a client of the cluster logs in, and from which file: the
+/// cluster secret (a fully trusted client) or a per-client credential
+/// (`--credential FILE`), which never needs the secret file.
+pub struct ClientLogin {
+    pub key: dafne_auth::LoginKey,
+    /// The secret or credential file it came from.
+    pub file: PathBuf,
+}
+
+impl ClientLogin {
+    /// With `credential`, that credential file (the cluster secret is not
+    /// read at all); otherwise the cluster's secret file.
+    pub fn load(info: &ClusterInfo, credential: Option<&Path>) -> Result<ClientLogin> {
+        match credential {
+            Some(f) => {
+                let c = dafne_auth::CredentialFile::load(f)?;
+                Ok(ClientLogin { key: c.into(), file: f.to_path_buf() })
+            }
+            None => {
+                let secret = dafne_auth::Secret::load(&info.secret).with_context(|| {
+                    format!(
+                        "reading the cluster secret {} (a client without it logs in with --credential FILE, \
+                         issued by `dafne credential issue` where the secret is)",
+                        info.secret.display()
+                    )
+                })?;
+                Ok(ClientLogin { key: secret.into(), file: info.secret.clone() })
+            }
+        }
+    }
+
+    fn is_credential(&self) -> bool {
+        self.key.credential().is_some()
+    }
+}
+
 /// What a client of the cluster `info` says when a connection is refused
-/// or fails: a refusal names the secret file this side used (the usual
-/// cause: a secret that does not match the cluster's) and the fix.
-pub fn explain_connect(info: &ClusterInfo, e: dafne_client::ConnectError) -> anyhow::Error {
+/// or fails: a refusal names the secret or credential file this side used
+/// (the usual causes: a secret that does not match the cluster's, a
+/// credential edited, issued elsewhere, or revoked) and the fix.
+pub fn explain_connect(info: &ClusterInfo, login: &ClientLogin, e: dafne_client::ConnectError) -> anyhow::Error {
     use dafne_client::ConnectError;
+    let file = login.file.display();
     let refusal = is_refusal(&e);
     match e {
+        ConnectError::Refused(errno) if errno == dafne_client::Errno::EKEYREVOKED => anyhow::anyhow!(
+            "the metadata server at {} refused the session: the credential {file} was revoked (`dafne credential \
+             revoke`); ask the cluster's admin for a new one",
+            info.meta
+        ),
+        ConnectError::Refused(errno) if refusal && login.is_credential() => anyhow::anyhow!(
+            "the metadata server at {} refused the session ({errno}): the credential {file} does not match the \
+             cluster's secret (was it edited after it was issued, or issued for another cluster? ask for a new one \
+             from `dafne credential issue`)",
+            info.meta
+        ),
         ConnectError::Refused(errno) if refusal => anyhow::anyhow!(
-            "the metadata server at {} refused the session ({errno}): the secret file {} does not match the \
+            "the metadata server at {} refused the session ({errno}): the secret file {file} does not match the \
              cluster's (use the cluster's own secret file, the one `dafne up` wrote)",
-            info.meta,
-            info.secret.display()
+            info.meta
+        ),
+        ConnectError::IoLogin { addr, why } if refusal && login.is_credential() => anyhow::anyhow!(
+            "the io server at {addr} refused the login ({why}): the credential {file} does not match the secret \
+             that server was started with (edited, or issued for another cluster?)"
         ),
         ConnectError::IoLogin { addr, why } if refusal => anyhow::anyhow!(
-            "the io server at {addr} refused the login ({why}): the secret file {} does not match the one that \
-             server was started with (its --secret)",
-            info.secret.display()
+            "the io server at {addr} refused the login ({why}): the secret file {file} does not match the one that \
+             server was started with (its --secret)"
         ),
         other => anyhow::Error::new(other),
     }
 }
 
-/// Whether a server refused this client's secret. Only EACCES is: a
-/// server that is stopping answers EAGAIN, and a login can also fail in
-/// transport (a timeout).
+/// Whether a server refused this client's secret or credential. Only
+/// EACCES (and a revoked credential) is: a server that is stopping answers
+/// EAGAIN, and a login can also fail in transport (a timeout).
 pub fn is_refusal(e: &dafne_client::ConnectError) -> bool {
     use dafne_client::ConnectError;
     match e {
-        ConnectError::Refused(errno) => *errno == dafne_proto::Errno::EACCES,
+        ConnectError::Refused(errno) => {
+            *errno == dafne_proto::Errno::EACCES || *errno == dafne_proto::Errno::EKEYREVOKED
+        }
         ConnectError::IoLogin { why, .. } => *why == dafne_proto::Errno::EACCES.to_string(),
         _ => false,
     }
@@ -541,7 +594,8 @@ mod tests {
             entry_timeout_ms: 1000,
         };
         let addr: SocketAddr = "127.0.0.1:7710".parse().unwrap();
-        let blames = |e: ConnectError| format!("{:#}", explain_connect(&info, e)).contains("does not match");
+        let login = ClientLogin { key: dafne_auth::Secret::from_bytes([1; 32]).into(), file: info.secret.clone() };
+        let blames = |e: ConnectError| format!("{:#}", explain_connect(&info, &login, e)).contains("does not match");
         assert!(blames(ConnectError::Refused(Errno::EACCES)));
         assert!(blames(ConnectError::IoLogin { addr, why: Errno::EACCES.to_string() }));
         assert!(!blames(ConnectError::Refused(Errno::EAGAIN)), "a busy metadata server blamed on the secret");

@@ -34,6 +34,10 @@ pub struct CpArgs {
     /// Replace an existing destination.
     #[arg(long, short)]
     pub force: bool,
+    /// Log in with this per-client credential (`dafne credential issue`)
+    /// instead of the cluster secret, which is then not read.
+    #[arg(long, value_name = "FILE")]
+    pub credential: Option<PathBuf>,
 }
 
 enum Side {
@@ -135,22 +139,21 @@ pub(crate) struct Session {
 impl Session {
     /// Connects to the cluster of `dir`; `name` names this client in the
     /// transport's logs and the metadata server's sessions.
-    pub(crate) fn connect(dir: &Path, name: &str) -> Result<Session> {
+    pub(crate) fn connect(dir: &Path, name: &str, credential: Option<&Path>) -> Result<Session> {
         let info = ClusterInfo::load(dir)?;
         let rt = dafne_transport::Runtime::new(dafne_transport::RuntimeOptions {
             name: name.into(),
             ucx_config: info.ucx.clone(),
             ..Default::default()
         })?;
-        let secret = dafne_auth::Secret::load(&info.secret)
-            .with_context(|| format!("reading the cluster secret {}", info.secret.display()))?;
+        let login = crate::cluster::ClientLogin::load(&info, credential)?;
         let uid = rustix::process::getuid().as_raw();
         let gid = rustix::process::getgid().as_raw();
-        let meta = MetaSession::connect(&rt, info.meta, &secret, &format!("dafne-{name}"), uid, gid)
-            .map_err(|e| crate::cluster::explain_connect(&info, e))
+        let meta = MetaSession::connect(&rt, info.meta, &login.key, &format!("dafne-{name}"), uid, gid)
+            .map_err(|e| crate::cluster::explain_connect(&info, &login, e))
             .context("connecting to the metadata server")?;
-        let data = DataClient::connect(&rt, &info.io, &secret)
-            .map_err(|e| crate::cluster::explain_connect(&info, e))
+        let data = DataClient::connect(&rt, &info.io, &login.key)
+            .map_err(|e| crate::cluster::explain_connect(&info, &login, e))
             .context("connecting to the io servers")?;
         // Revoked capabilities of this session's opens are re-issued.
         data.attach_meta(meta.clone());
@@ -161,7 +164,7 @@ impl Session {
 pub fn cp(a: CpArgs) -> Result<()> {
     let dir = crate::cluster::resolve_dir(a.dir.as_deref())?;
     let (src, dst) = (side(&a.src), side(&a.dst));
-    let s = Session::connect(&dir, "cp")?;
+    let s = Session::connect(&dir, "cp", a.credential.as_deref())?;
     let (meta, data) = (&s.meta, &s.data);
     let mut regions = (0..DEPTH)
         .map(|_| data.register(vec![0u8; CHUNK], Access::RemoteReadWrite))

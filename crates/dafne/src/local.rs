@@ -118,6 +118,10 @@ pub struct StatusArgs {
     /// Print JSON instead of tables.
     #[arg(long)]
     pub json: bool,
+    /// Log in with this per-client credential instead of the cluster
+    /// secret, which is then not read.
+    #[arg(long, value_name = "FILE")]
+    pub credential: Option<PathBuf>,
 }
 
 /// One server as the supervisor sees it (`DIR/servers.json`).
@@ -993,25 +997,27 @@ pub fn status(a: StatusArgs) -> Result<()> {
         ucx_config: info.ucx.clone(),
         ..Default::default()
     })?;
-    let secret = dafne_auth::Secret::load(&info.secret)
-        .with_context(|| format!("reading the cluster secret {}", info.secret.display()))?;
-    // Servers that refused this client's secret (they run; the secret is wrong).
+    let login = crate::cluster::ClientLogin::load(&info, a.credential.as_deref())?;
+    // Servers that refused this client's secret or credential (they run;
+    // the file is wrong).
     let mut refused = 0usize;
     let mut explain = |e: dafne_client::ConnectError| {
         refused += usize::from(crate::cluster::is_refusal(&e));
-        format!("{:#}", crate::cluster::explain_connect(&info, e))
+        format!("{:#}", crate::cluster::explain_connect(&info, &login, e))
     };
-    let (reachable, files) = match dafne_client::MetaSession::connect(&rt, info.meta, &secret, "status", 0, 0) {
+    let (reachable, files) = match dafne_client::MetaSession::connect(&rt, info.meta, &login.key, "status", 0, 0) {
         Ok(s) => match s.statfs() {
             Ok(f) => (None, f.files),
             Err(e) => (Some(format!("statfs: {e}")), 0),
         },
         Err(e) => (Some(explain(e)), 0),
     };
-    let cap = dafne_client::data::info_capability(&secret);
+    // The data client's connection is logged in: ServerInfo needs no
+    // capability there.
+    let cap = dafne_client::data::LOGGED_IN;
     let mut io = Vec::new();
     for (i, addr) in info.io.iter().enumerate() {
-        let r = dafne_client::data::DataClient::connect(&rt, &[*addr], &secret)
+        let r = dafne_client::data::DataClient::connect(&rt, &[*addr], &login.key)
             .map_err(&mut explain)
             .and_then(|d| block_on(d.server_info(0, cap)).map_err(|e| e.to_string()));
         io.push(IoStatus {
@@ -1037,9 +1043,10 @@ pub fn status(a: StatusArgs) -> Result<()> {
     // does not serve (the report above says which and why).
     let failing = usize::from(report.meta.reachable.is_some()) + report.io.iter().filter(|s| s.error.is_some()).count();
     if failing > 0 && refused == failing {
+        let what = if login.key.credential().is_some() { "credential" } else { "secret file" };
         bail!(
-            "the secret file {} is not the cluster's: {refused} of {} servers refused it (they run; see above)",
-            info.secret.display(),
+            "this cluster does not accept the {what} {}: {refused} of {} servers refused it (they run; see above)",
+            login.file.display(),
             1 + report.io.len()
         );
     }

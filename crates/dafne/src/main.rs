@@ -5,6 +5,7 @@ mod benchmount;
 mod benchposix;
 mod cluster;
 mod copy;
+mod credential;
 mod local;
 mod mount;
 
@@ -36,6 +37,10 @@ enum Cmd {
     /// The cluster's servers, capacity, cache and registration counters,
     /// credits in use, and mounts.
     Status(local::StatusArgs),
+    /// Issue or revoke per-client credentials (run where the cluster
+    /// secret is): which uids and gids a mount or `cp` may act as.
+    #[command(subcommand)]
+    Credential(credential::CredentialCmd),
     /// Copy a file into or out of dafne through the client library, without
     /// a mount (`dafne cp big.bin dafne:/big.bin`), with progress.
     Cp(copy::CpArgs),
@@ -375,6 +380,7 @@ fn run() -> Result<()> {
         Cmd::Down(a) => local::down(a),
         Cmd::Status(a) => local::status(a),
         Cmd::Cp(a) => copy::cp(a),
+        Cmd::Credential(c) => credential::run(c),
         Cmd::Config => {
             print!("{}", cluster::EXAMPLE);
             Ok(())

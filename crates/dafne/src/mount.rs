@@ -16,8 +16,11 @@
 //!
 //! Mistakes are refused before anything starts, each with what to do: a
 //! mount point that does not exist, is not a directory, or is already a
-//! mount point; no running cluster; a secret file that does not match the
-//! cluster (the metadata server refuses the session).
+//! mount point; no running cluster; a secret or `--credential` file that
+//! others may read or that is damaged; a secret that does not match the
+//! cluster, or a credential edited, issued elsewhere or revoked (the
+//! metadata server refuses the session: the daemon's error says which).
+//! With `--credential` the cluster secret is not read at all.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -65,6 +68,12 @@ pub struct MountArgs {
     /// may mknod on the cluster would otherwise open this host's devices).
     #[arg(long)]
     pub dev: bool,
+    /// Log in with this per-client credential (`dafne credential issue`)
+    /// instead of the cluster secret, which is then not read: the mount's
+    /// users act only as the uids and gids it allows, root as nobody
+    /// unless it grants root.
+    #[arg(long, value_name = "FILE")]
+    pub credential: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -169,6 +178,9 @@ pub fn mount(a: MountArgs) -> Result<()> {
     if a.threads == 0 || a.threads > max_threads {
         bail!("--threads {}: choose between 1 and {max_threads} (one pre-registered 1 MiB buffer each)", a.threads);
     }
+    // A credential or secret this process cannot use is refused here, not
+    // in the daemon's log.
+    cluster::ClientLogin::load(&info, a.credential.as_deref())?;
     if a.foreground {
         serve(&info, &mp, &a)
     } else {
@@ -196,6 +208,9 @@ fn spawn_daemon(info: &ClusterInfo, mp: &Path, a: &MountArgs) -> Result<()> {
     }
     if a.dev {
         cmd.arg("--dev");
+    }
+    if let Some(f) = &a.credential {
+        cmd.arg("--credential").arg(std::path::absolute(f)?);
     }
     use std::os::unix::process::CommandExt;
     let mut child = cmd
@@ -264,14 +279,13 @@ fn serve(info: &ClusterInfo, mp: &Path, a: &MountArgs) -> Result<()> {
         ..Default::default()
     })
     .context("starting the UCX runtime")?;
-    let secret = dafne_auth::Secret::load(&info.secret)
-        .with_context(|| format!("reading the cluster secret {}", info.secret.display()))?;
+    let login = cluster::ClientLogin::load(info, a.credential.as_deref())?;
     let host = rustix::system::uname().nodename().to_string_lossy().into_owned();
-    let meta = MetaSession::connect(&rt, info.meta, &secret, &format!("fuse@{host}"), 0, 0)
-        .map_err(|e| crate::cluster::explain_connect(info, e))
+    let meta = MetaSession::connect(&rt, info.meta, &login.key, &format!("fuse@{host}"), 0, 0)
+        .map_err(|e| crate::cluster::explain_connect(info, &login, e))
         .with_context(|| format!("connecting to the metadata server at {}", info.meta))?;
-    let data = DataClient::connect(&rt, &info.io, &secret)
-        .map_err(|e| crate::cluster::explain_connect(info, e))
+    let data = DataClient::connect(&rt, &info.io, &login.key)
+        .map_err(|e| crate::cluster::explain_connect(info, &login, e))
         .context("connecting to the io servers")?;
     // Registered now, one per worker thread: FUSE data then leaves through
     // buffers registered before the first request.
@@ -290,7 +304,7 @@ fn serve(info: &ClusterInfo, mp: &Path, a: &MountArgs) -> Result<()> {
             )
         }
     };
-    let mut core = dafne_fuse::core::Core::new(meta, data).with_secret(secret);
+    let mut core = dafne_fuse::core::Core::new(meta, data);
     if let Some(ra) = readahead {
         core = core.with_readahead(ra);
     }

@@ -206,6 +206,60 @@ fn mistakes_get_clear_messages_and_a_nonzero_exit() {
     assert!(text(&o).contains("io_servers = 99"), "{}", text(&o));
 }
 
+#[test]
+fn credential_mistakes_get_clear_messages_and_a_nonzero_exit() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display().to_string();
+    let out = dir.path().join("a.cred");
+    let o_ = out.display().to_string();
+    let issue = |extra: &[&str]| {
+        let mut args = vec!["credential", "issue"];
+        args.extend_from_slice(extra);
+        run(&args)
+    };
+    let refused = |o: Output, want: &[&str]| {
+        assert!(!o.status.success(), "succeeded: {}", text(&o));
+        let t = text(&o);
+        for w in want {
+            assert!(t.contains(w), "{w:?} not in: {t}");
+        }
+        assert!(!t.contains("panicked"), "{t}");
+    };
+
+    // No cluster secret here: say where it was looked for and where to run.
+    refused(
+        issue(&["a", "--uid", "1000", "--gid", "1000", "--dir", &d, "-o", &o_]),
+        &["cluster.secret", "dafne up", "--secret"],
+    );
+    let secret = dir.path().join("meta").join("cluster.secret");
+    std::fs::create_dir_all(secret.parent().unwrap()).unwrap();
+    std::fs::write(&secret, [7u8; 32]).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o644)).unwrap();
+    refused(issue(&["a", "--uid", "1000", "--gid", "1000", "--dir", &d, "-o", &o_]), &["mode 0644", "chmod 600"]);
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+
+    // Policies that say nothing, or too much without saying so.
+    refused(issue(&["a", "--gid", "1000", "--dir", &d, "-o", &o_]), &["--uid", "which users"]);
+    refused(issue(&["a", "--uid", "1000", "--dir", &d, "-o", &o_]), &["--gid", "which groups"]);
+    refused(issue(&["a", "--uid", "0-2000", "--gid", "1000", "--dir", &d, "-o", &o_]), &["includes 0", "--root"]);
+    refused(issue(&["a", "--uid", "2000-1000", "--gid", "1000", "--dir", &d]), &["ends before it starts"]);
+    refused(issue(&["a", "--uid", "alice", "--gid", "1000", "--dir", &d]), &["not an id"]);
+    refused(issue(&["a b", "--uid", "1000", "--gid", "1000", "--dir", &d, "-o", &o_]), &["no spaces"]);
+    assert!(!out.exists(), "a refused issue wrote {o_}");
+
+    // Issued once; never over an existing file.
+    let o = issue(&["a", "--uid", "1000", "--uid", "1001-1999", "--gid", "100", "--dir", &d, "-o", &o_]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("uids: 1000-1999"), "ranges are merged: {}", text(&o));
+    assert_eq!(std::fs::metadata(&out).unwrap().permissions().mode() & 0o777, 0o600);
+    refused(issue(&["a", "--uid", "1000", "--gid", "100", "--dir", &d, "-o", &o_]), &["exists already", "-o"]);
+
+    // Revoking needs a running cluster; a mount needs one before it reads a credential.
+    refused(run(&["credential", "revoke", "a", "--dir", &d]), &["no dafne cluster is running", "dafne up"]);
+    refused(run(&["cp", "--dir", &d, "--credential", &o_, "x", "dafne:/x"]), &["no dafne cluster is running"]);
+}
+
 /// A client of the cluster in `dir` (through `cluster.json`).
 fn connect(dir: &Path) -> (dafne_transport::Runtime, dafne_client::file::Fs) {
     use dafne_client::data::DataClient;
