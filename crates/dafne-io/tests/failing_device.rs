@@ -19,77 +19,15 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-use common::{spawn_io_storage, start_meta};
+use common::disk::{free_bytes, sh, Mounted};
+use common::{pattern, spawn_io_storage, start_meta};
 
 use dafne_client::data::DataClient;
 use dafne_client::file::Fs;
 use dafne_client::{MetaSession, ROOT_INO};
 use dafne_proto::io::Stability;
 use dafne_proto::LayoutHint;
-
-fn sh(args: &[&str]) -> String {
-    let o = Command::new(args[0]).args(&args[1..]).output().unwrap();
-    assert!(
-        o.status.success(),
-        "{args:?} failed (this test needs root, tmpfs, loop devices and mkfs.ext4): {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).trim().to_string()
-}
-
-/// Something mounted at a path (and a loop device, when there is one),
-/// undone when dropped.
-struct Mounted {
-    dir: PathBuf,
-    loop_dev: Option<String>,
-}
-
-impl Mounted {
-    fn tmpfs(dir: &Path, mib: u64) -> Mounted {
-        std::fs::create_dir_all(dir).unwrap();
-        sh(&["mount", "-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs", dir.to_str().unwrap()]);
-        Mounted { dir: dir.to_path_buf(), loop_dev: None }
-    }
-
-    fn ext4(image: &Path, dir: &Path) -> Mounted {
-        std::fs::create_dir_all(dir).unwrap();
-        let dev = sh(&["losetup", "--find", "--show", image.to_str().unwrap()]);
-        let m = Mounted { dir: dir.to_path_buf(), loop_dev: Some(dev.clone()) };
-        // errors=continue: a failed write must reach the io server as an
-        // error, not turn the file system read-only under the test.
-        sh(&["mount", "-t", "ext4", "-o", "errors=continue", &dev, dir.to_str().unwrap()]);
-        m
-    }
-}
-
-impl Drop for Mounted {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.dir).status();
-        if let Some(dev) = &self.loop_dev {
-            let _ = Command::new("losetup").args(["-d", dev]).status();
-        }
-    }
-}
-
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
-/// Free bytes of the file system holding `p`.
-fn free_bytes(p: &Path) -> u64 {
-    let out = sh(&["df", "--output=avail", "-B1", p.to_str().unwrap()]);
-    out.lines().last().unwrap().trim().parse().unwrap()
-}
 
 #[test]
 fn an_fsync_that_succeeds_after_the_device_failed_writes_means_the_bytes_are_on_it() {

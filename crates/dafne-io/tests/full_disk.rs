@@ -12,7 +12,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{spawn_io_storage, start_meta, IoProc};
+use common::disk::Mounted;
+use common::{pattern, spawn_io_storage, start_meta, IoProc};
 
 use dafne_client::data::DataClient;
 use dafne_client::file::Fs;
@@ -20,42 +21,12 @@ use dafne_client::{MetaSession, ROOT_INO};
 use dafne_proto::io::Stability;
 use dafne_proto::LayoutHint;
 
-/// A tmpfs of `mib` MiB mounted at `dir` for the life of the value.
-struct SmallFs(PathBuf);
-
-impl SmallFs {
-    fn mount(dir: &Path, mib: u32) -> SmallFs {
-        std::fs::create_dir_all(dir).unwrap();
-        let o = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs", dir.to_str().unwrap()])
-            .output()
-            .unwrap();
-        assert!(
-            o.status.success(),
-            "mounting a {mib} MiB tmpfs at {} failed (this test needs root): {}",
-            dir.display(),
-            String::from_utf8_lossy(&o.stderr)
-        );
-        SmallFs(dir.to_path_buf())
-    }
-}
-
-impl Drop for SmallFs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-    }
-}
-
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
-}
-
 #[test]
 fn a_full_disk_is_reported_and_the_server_takes_writes_again_once_space_is_freed() {
     let dir = tempfile::tempdir().unwrap();
     let (meta, secret) = start_meta(dir.path(), 1, 64 << 10, 1);
     let data_dir = dir.path().join("io0");
-    let small = SmallFs::mount(&data_dir, 8);
+    let small = Mounted::tmpfs(&data_dir, 8);
     // tmpfs has no O_DIRECT: the buffered storage path. A 32 MiB cache
     // acknowledges more than the disk holds.
     let io: IoProc = spawn_io_storage(&data_dir, &secret, 32, "127.0.0.1:0", "buffered");
@@ -112,7 +83,7 @@ fn units_that_failed_on_a_full_disk_are_written_once_space_returns() {
     let dir = tempfile::tempdir().unwrap();
     let (meta, secret) = start_meta(dir.path(), 1, 64 << 10, 1);
     let data_dir = dir.path().join("io0");
-    let small = SmallFs::mount(&data_dir, 8);
+    let small = Mounted::tmpfs(&data_dir, 8);
     let io: IoProc = spawn_io_storage(&data_dir, &secret, 32, "127.0.0.1:0", "buffered");
     // Another user of the disk leaves 2 MiB free.
     let filler = data_dir.join("filler");
@@ -175,7 +146,7 @@ fn a_full_disk_is_enospc_for_stable_writes_and_in_normal_mode() {
         let dir = tempfile::tempdir().unwrap();
         let (meta, secret) = start_meta(dir.path(), 1, 64 << 10, 1);
         let data_dir = dir.path().join("io0");
-        let small = SmallFs::mount(&data_dir, 8);
+        let small = Mounted::tmpfs(&data_dir, 8);
         let io = spawn_io_mode(&data_dir, &secret, mode);
         std::fs::write(data_dir.join("filler"), vec![1u8; 6 << 20]).unwrap();
         let rt = common::runtime("full-disk-3");
@@ -260,7 +231,7 @@ fn on_a_full_disk_another_writer_is_answered_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let (meta, secret) = start_meta(dir.path(), 1, 64 << 10, 1);
     let data_dir = dir.path().join("io0");
-    let small = SmallFs::mount(&data_dir, 8);
+    let small = Mounted::tmpfs(&data_dir, 8);
     let io: IoProc = spawn_io_storage(&data_dir, &secret, 8, "127.0.0.1:0", "buffered");
     std::fs::write(data_dir.join("filler"), vec![1u8; 6 << 20]).unwrap();
     let rt = common::runtime("full-disk-4");

@@ -13,7 +13,7 @@ mod common;
 
 use std::net::SocketAddr;
 
-use common::{cluster, Cluster};
+use common::{cluster, pattern, Cluster};
 
 use dafne_client::data::DataClient;
 use dafne_client::{Errno, MetaSession, OpenFile, ROOT_INO};
@@ -36,18 +36,6 @@ fn file_with(m: &MetaSession, d: &DataClient, name: &str, data: &[u8]) -> OpenFi
     let f = m.open(a.ino, dafne_proto::OPEN_READ | dafne_proto::OPEN_WRITE).unwrap();
     futures::executor::block_on(d.write_at(&f, 0, data, Stability::FileSync)).unwrap();
     f
-}
-
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 /// Every io server process is still the one started (none crashed).

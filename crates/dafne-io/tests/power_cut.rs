@@ -19,10 +19,10 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 
-use common::{spawn_io_storage, start_meta};
+use common::disk::Mounted;
+use common::{pattern, spawn_io_storage, start_meta};
 
 use dafne_client::data::DataClient;
 use dafne_client::file::Fs;
@@ -30,66 +30,14 @@ use dafne_client::{MetaSession, ROOT_INO};
 use dafne_proto::io::Stability;
 use dafne_proto::LayoutHint;
 
-fn sh(args: &[&str]) -> String {
-    let o = Command::new(args[0]).args(&args[1..]).output().unwrap();
-    assert!(
-        o.status.success(),
-        "{args:?} failed (this test needs root, loop devices and mkfs.ext4): {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).trim().to_string()
-}
-
-/// An ext4 file system in `image`, on a loop device, mounted at `mnt`;
-/// unmounted and detached when dropped.
-struct Disk {
-    dev: String,
-    mnt: PathBuf,
-}
-
-impl Disk {
-    fn attach(image: &Path, mnt: &Path) -> Disk {
-        std::fs::create_dir_all(mnt).unwrap();
-        let dev = sh(&["losetup", "--find", "--show", image.to_str().unwrap()]);
-        let disk = Disk { dev, mnt: mnt.to_path_buf() };
-        sh(&["mount", "-t", "ext4", &disk.dev, mnt.to_str().unwrap()]);
-        disk
-    }
-
-    fn create(image: &Path, mnt: &Path, mib: u64) -> Disk {
-        std::fs::File::create(image).unwrap().set_len(mib << 20).unwrap();
-        sh(&["mkfs.ext4", "-q", "-F", image.to_str().unwrap()]);
-        Disk::attach(image, mnt)
-    }
-}
-
-impl Drop for Disk {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.mnt).status();
-        let _ = Command::new("losetup").args(["-d", &self.dev]).status();
-    }
-}
-
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
 fn acknowledged_writes_survive_a_power_cut(storage: &str) {
     let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
     std::fs::create_dir_all(&base).unwrap();
     let root = tempfile::tempdir_in(base).unwrap();
     let (meta, secret) = start_meta(root.path(), 1, 64 << 10, 1);
     let image = root.path().join("disk.img");
-    let disk = Disk::create(&image, &root.path().join("mnt"), 64);
-    let data_dir = disk.mnt.join("io0");
+    let disk = Mounted::new_ext4(&image, &root.path().join("mnt"), 64);
+    let data_dir = disk.dir.join("io0");
     let io = spawn_io_storage(&data_dir, &secret, 16, "127.0.0.1:0", storage);
     let rt = common::runtime("power-cut");
     let s = dafne_auth::Secret::load(&secret).unwrap();
@@ -130,8 +78,8 @@ fn acknowledged_writes_survive_a_power_cut(storage: &str) {
     drop(fs);
 
     // Power back: the copy mounted (journal replayed), a new server on it.
-    let after = Disk::attach(&snapshot, &root.path().join("mnt-after"));
-    let io = spawn_io_storage(&after.mnt.join("io0"), &secret, 16, "127.0.0.1:0", storage);
+    let after = Mounted::ext4(&snapshot, &root.path().join("mnt-after"));
+    let io = spawn_io_storage(&after.dir.join("io0"), &secret, 16, "127.0.0.1:0", storage);
     let fs = Fs::new(m, DataClient::connect(&rt, &[io.addr], &s).unwrap());
     for (ino, want) in &stable {
         let f = fs.open(*ino, dafne_proto::OPEN_READ).unwrap();

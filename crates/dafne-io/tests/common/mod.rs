@@ -9,6 +9,8 @@ use std::process::{Child, Command, Stdio};
 
 use dafne_transport::{Runtime, RuntimeOptions};
 
+pub mod disk;
+
 pub fn ucx() -> Vec<(String, String)> {
     vec![("TLS".into(), "posix,sysv,cma,self,tcp".into()), ("NET_DEVICES".into(), "lo".into())]
 }
@@ -134,4 +136,17 @@ impl Rng {
     pub fn below(&mut self, n: u64) -> u64 {
         self.next() % n.max(1)
     }
+}
+
+/// `len` bytes of a deterministic pattern (xorshift) that differs by seed.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
 }
