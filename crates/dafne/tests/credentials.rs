@@ -13,7 +13,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::{Mutex, MutexGuard};
 
-use common::{dafne, free_ports, pattern, text};
+use common::cluster::{p, Cluster};
+use common::{dafne, pattern, text};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -21,101 +22,17 @@ fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn p(path: &Path) -> &str {
-    path.to_str().unwrap()
+/// `dafne credential issue NAME ARGS -o DIR/NAME.cred`; the file.
+fn issue(c: &Cluster, name: &str, args: &[&str]) -> PathBuf {
+    let out = c.dir().join(format!("{name}.cred"));
+    let o =
+        dafne().args(["credential", "issue", name, "--dir", p(c.dir()), "-o", p(&out)]).args(args).output().unwrap();
+    assert!(o.status.success(), "dafne credential issue failed:\n{}", text(&o));
+    out
 }
 
-/// A running cluster in its own directory; `dafne down` when dropped.
-struct Cluster {
-    dir: tempfile::TempDir,
-}
-
-impl Cluster {
-    fn start() -> Cluster {
-        let dir = tempfile::Builder::new().prefix("dafne-cred-test-").tempdir().unwrap();
-        let mut last = String::new();
-        for _ in 0..3 {
-            let (meta, base) = free_ports(2);
-            let o = dafne()
-                .args(["up", "--dir", p(dir.path()), "--io-servers", "2", "--cache-mib", "8"])
-                .args(["--meta-port", &meta.to_string(), "--io-base-port", &base.to_string()])
-                .output()
-                .unwrap();
-            if o.status.success() {
-                return Cluster { dir };
-            }
-            last = text(&o);
-            if !last.contains("already in use") {
-                break;
-            }
-        }
-        panic!("dafne up failed:\n{last}");
-    }
-
-    fn dir(&self) -> &Path {
-        self.dir.path()
-    }
-
-    fn secret(&self) -> PathBuf {
-        self.dir().join("meta").join("cluster.secret")
-    }
-
-    /// `dafne credential issue NAME ARGS -o DIR/NAME.cred`; the file.
-    fn issue(&self, name: &str, args: &[&str]) -> PathBuf {
-        let out = self.dir().join(format!("{name}.cred"));
-        let o = dafne()
-            .args(["credential", "issue", name, "--dir", p(self.dir()), "-o", p(&out)])
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "dafne credential issue failed:\n{}", text(&o));
-        out
-    }
-
-    fn try_mount(&self, name: &str, extra: &[&str]) -> (PathBuf, Output) {
-        let mp = self.dir().join(name);
-        std::fs::create_dir_all(&mp).unwrap();
-        let o = dafne().arg("mount").arg(&mp).args(["--dir", p(self.dir())]).args(extra).output().unwrap();
-        (mp, o)
-    }
-
-    fn mount(&self, name: &str, extra: &[&str]) -> Mount {
-        let (mp, o) = self.try_mount(name, extra);
-        assert!(o.status.success(), "dafne mount failed:\n{}", text(&o));
-        Mount { mp, dir: self.dir().to_path_buf() }
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let o = dafne().args(["down", "--dir", p(self.dir())]).output();
-        if let Ok(o) = o {
-            if !o.status.success() {
-                eprintln!("dafne down: {}", text(&o));
-            }
-        }
-    }
-}
-
-/// A live mount; unmounted when dropped.
-struct Mount {
-    mp: PathBuf,
-    dir: PathBuf,
-}
-
-impl Mount {
-    fn path(&self, rel: &str) -> PathBuf {
-        self.mp.join(rel)
-    }
-}
-
-impl Drop for Mount {
-    fn drop(&mut self) {
-        let o = dafne().arg("umount").arg(&self.mp).args(["--dir", p(&self.dir)]).output();
-        if !o.is_ok_and(|o| o.status.success()) {
-            let _ = Command::new("fusermount3").arg("-uz").arg(&self.mp).status();
-        }
-    }
+fn secret(c: &Cluster) -> PathBuf {
+    c.dir().join("meta").join("cluster.secret")
 }
 
 /// The cluster secret moved away while it lives (this process is root, so
@@ -128,7 +45,7 @@ struct SecretHidden {
 
 impl SecretHidden {
     fn new(c: &Cluster) -> SecretHidden {
-        let path = c.secret();
+        let path = secret(c);
         let away = c.dir().join("secret-hidden-by-test");
         std::fs::rename(&path, &away).unwrap();
         SecretHidden { path, away }
@@ -162,7 +79,7 @@ fn owner(path: &Path) -> (u32, u32) {
 /// A directory everyone may write, made on a fully trusted mount (the
 /// cluster secret's), for the credential mounts' users.
 fn shared_dir(c: &Cluster) {
-    let m = c.mount("trusted", &[]);
+    let m = c.mount_at("trusted", &[]);
     std::fs::create_dir(m.path("shared")).unwrap();
     let o = Command::new("chmod").args(["1777", p(&m.path("shared"))]).output().unwrap();
     assert!(o.status.success(), "{}", text(&o));
@@ -171,18 +88,18 @@ fn shared_dir(c: &Cluster) {
 #[test]
 fn a_credential_mount_squashes_root_and_holds_users_to_their_ranges() {
     let _g = serial();
-    let c = Cluster::start();
+    let c = Cluster::start_sized(2, "");
     shared_dir(&c);
-    let cred = c.issue("alice", &["--uid", "1000-1999", "--gid", "1000-1999"]);
+    let cred = issue(&c, "alice", &["--uid", "1000-1999", "--gid", "1000-1999"]);
     let mode = std::fs::metadata(&cred).unwrap().mode() & 0o777;
     assert_eq!(mode, 0o600, "the credential file is private");
     let file = std::fs::read_to_string(&cred).unwrap();
-    let secret = std::fs::read(c.secret()).unwrap();
+    let secret = std::fs::read(secret(&c)).unwrap();
     assert!(!file.contains(&hex(&secret)), "the credential file holds the cluster secret:\n{file}");
 
     // From here on nothing can read the cluster secret.
     let hidden = SecretHidden::new(&c);
-    let m = c.mount("mnt", &["--credential", p(&cred)]);
+    let m = c.mount_at("mnt", &["--credential", p(&cred)]);
 
     // Root on this mount is nobody.
     let by_root = m.path("shared/by-root");
@@ -244,14 +161,14 @@ fn a_credential_mount_squashes_root_and_holds_users_to_their_ranges() {
 #[test]
 fn root_credentials_keep_root_and_edited_or_revoked_ones_are_refused() {
     let _g = serial();
-    let c = Cluster::start();
+    let c = Cluster::start_sized(2, "");
     shared_dir(&c);
-    let admin = c.issue("admin", &["--uid", "1000", "--gid", "1000", "--root"]);
-    let bob = c.issue("bob", &["--uid", "2000-2999", "--gid", "100"]);
+    let admin = issue(&c, "admin", &["--uid", "1000", "--gid", "1000", "--root"]);
+    let bob = issue(&c, "bob", &["--uid", "2000-2999", "--gid", "100"]);
     let hidden = SecretHidden::new(&c);
 
     // --root keeps root.
-    let m = c.mount("mnt-admin", &["--credential", p(&admin)]);
+    let m = c.mount_at("mnt-admin", &["--credential", p(&admin)]);
     std::fs::write(m.path("shared/by-root"), b"root").unwrap();
     assert_eq!(owner(&m.path("shared/by-root")), (0, 0));
     drop(m);
@@ -263,13 +180,13 @@ fn root_credentials_keep_root_and_edited_or_revoked_ones_are_refused() {
     assert_ne!(widened, text_of, "the uid line was not found in\n{text_of}");
     std::fs::write(&edited, widened).unwrap();
     std::fs::set_permissions(&edited, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
-    let (_, o) = c.try_mount("mnt-edited", &["--credential", p(&edited)]);
+    let (_, o) = c.try_mount_at("mnt-edited", &["--credential", p(&edited)]);
     assert!(!o.status.success(), "a mount with an edited credential succeeded");
     let said = text(&o);
     assert!(said.contains("edited.cred") && said.contains("does not match"), "{said}");
 
     // Revoked: a live mount loses its session, a new one is refused.
-    let live = c.mount("mnt-bob", &["--credential", p(&bob)]);
+    let live = c.mount_at("mnt-bob", &["--credential", p(&bob)]);
     assert!(std::fs::read_dir(live.path("shared")).is_ok());
     drop(hidden);
     let o = dafne().args(["credential", "revoke", "bob", "--dir", p(c.dir())]).output().unwrap();
@@ -278,11 +195,11 @@ fn root_credentials_keep_root_and_edited_or_revoked_ones_are_refused() {
     let o = as_user(2000, 100, "ls", &[p(&live.path("shared/"))]);
     assert!(!o.status.success(), "a revoked credential's mount still lists: {}", text(&o));
     drop(live);
-    let (_, o) = c.try_mount("mnt-bob2", &["--credential", p(&bob)]);
+    let (_, o) = c.try_mount_at("mnt-bob2", &["--credential", p(&bob)]);
     assert!(!o.status.success(), "a mount with a revoked credential succeeded");
     assert!(text(&o).contains("revoked"), "{}", text(&o));
     // Others are unaffected.
-    let m = c.mount("mnt-admin2", &["--credential", p(&admin)]);
+    let m = c.mount_at("mnt-admin2", &["--credential", p(&admin)]);
     assert!(std::fs::read_dir(m.path("shared")).is_ok());
 }
 

@@ -18,10 +18,11 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Mutex, MutexGuard};
 
-use common::{alive, dafne, free_ports, pattern, text, wait_for};
+use common::cluster::{mounted, p, Cluster, Mount};
+use common::{alive, dafne, pattern, text, wait_for};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -53,10 +54,6 @@ fn cmd(program: &str, args: &[&str]) -> Command {
     c
 }
 
-fn p(path: &Path) -> &str {
-    path.to_str().unwrap()
-}
-
 /// Where a tool is, or why the test may skip.
 fn tool(name: &str) -> Option<PathBuf> {
     let mut dirs: Vec<PathBuf> = Vec::new();
@@ -83,132 +80,6 @@ fn require(name: &str, how: &str) -> Option<PathBuf> {
             None
         }
     }
-}
-
-/// A running cluster in its own directory; `dafne down` when dropped.
-struct Cluster {
-    dir: tempfile::TempDir,
-}
-
-impl Cluster {
-    /// The one place a test cluster is started: `dafne up` with 4 io
-    /// servers, small caches and free ports.
-    fn start() -> Cluster {
-        Cluster::start_with_config("")
-    }
-
-    /// [`Cluster::start`] with a configuration file of `toml` (the flags
-    /// still choose io servers, cache and ports).
-    fn start_with_config(toml: &str) -> Cluster {
-        let dir = tempfile::Builder::new().prefix("dafne-mount-test-").tempdir().unwrap();
-        let config = dir.path().join("test-config.toml");
-        std::fs::write(&config, toml).unwrap();
-        let mut last = String::new();
-        for _ in 0..3 {
-            let (meta, base) = free_ports(4);
-            let o = dafne()
-                .args(["up", "--dir", p(dir.path()), "--io-servers", "4", "--cache-mib", "8"])
-                .args(["--config", p(&config)])
-                .args(["--meta-port", &meta.to_string(), "--io-base-port", &base.to_string()])
-                .output()
-                .unwrap();
-            if o.status.success() {
-                return Cluster { dir };
-            }
-            last = text(&o);
-            if !last.contains("already in use") {
-                break;
-            }
-        }
-        panic!("dafne up failed:\n{last}");
-    }
-
-    fn dir(&self) -> &Path {
-        self.dir.path()
-    }
-
-    /// A fresh directory beside the cluster's (not on the mount).
-    fn scratch(&self, name: &str) -> PathBuf {
-        let d = self.dir().join("scratch").join(name);
-        std::fs::create_dir_all(&d).unwrap();
-        d
-    }
-
-    fn mount(&self) -> Mount {
-        self.mount_with(&[])
-    }
-
-    fn mount_with(&self, extra: &[&str]) -> Mount {
-        self.mount_at("mnt", extra)
-    }
-
-    /// Another mount of the same cluster sees only what reached the
-    /// servers (no shared kernel cache).
-    fn mount_at(&self, name: &str, extra: &[&str]) -> Mount {
-        let mp = self.dir().join(name);
-        std::fs::create_dir_all(&mp).unwrap();
-        let o = dafne().arg("mount").arg(&mp).args(["--dir", p(self.dir())]).args(extra).output().unwrap();
-        assert!(o.status.success(), "dafne mount failed:\n{}", text(&o));
-        let out = text(&o);
-        assert!(out.contains("mounted dafne at"), "{out}");
-        // When `dafne mount` returns, `dafne down` can already find the
-        // mount by its record (CI once saw the record missing here).
-        // This daemon's own record: another mount of the cluster may have
-        // one already.
-        let pid = out
-            .split("daemon pid ")
-            .nth(1)
-            .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
-            .unwrap_or_else(|| panic!("no daemon pid in {out:?}"));
-        let record = self.dir().join("mounts").join(pid);
-        assert!(record.is_file(), "dafne mount returned before it recorded the mount in {}", record.display());
-        Mount { mp, dir: self.dir().to_path_buf() }
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let o = dafne().args(["down", "--dir", p(self.dir())]).output();
-        if let Ok(o) = o {
-            if !o.status.success() {
-                eprintln!("dafne down: {}", text(&o));
-            }
-        }
-    }
-}
-
-/// A live mount; unmounted when dropped (also after a failed check).
-struct Mount {
-    mp: PathBuf,
-    dir: PathBuf,
-}
-
-impl Mount {
-    fn path(&self, rel: &str) -> PathBuf {
-        self.mp.join(rel)
-    }
-
-    fn umount(&self) -> Output {
-        dafne().arg("umount").arg(&self.mp).args(["--dir", p(&self.dir)]).output().unwrap()
-    }
-}
-
-impl Drop for Mount {
-    fn drop(&mut self) {
-        if mounted(&self.mp) {
-            let o = self.umount();
-            if !o.status.success() {
-                eprintln!("dafne umount: {}", text(&o));
-                // Leave no mount behind for the next test.
-                let _ = Command::new("fusermount3").arg("-uz").arg(&self.mp).status();
-            }
-        }
-    }
-}
-
-fn mounted(mp: &Path) -> bool {
-    let want = mp.to_string_lossy().into_owned();
-    std::fs::read_to_string("/proc/self/mountinfo").unwrap().lines().any(|l| l.split(' ').nth(4) == Some(&want))
 }
 
 #[test]

@@ -6,6 +6,8 @@ use std::net::TcpListener;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+pub mod cluster;
+
 /// The `dafne` binary, with no cluster directory from the environment and
 /// errors printed without backtraces (as a person sees them).
 pub fn dafne() -> Command {

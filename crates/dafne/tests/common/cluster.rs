@@ -1,0 +1,150 @@
+//! A test cluster (`dafne up` in a temporary directory) and FUSE mounts
+//! of it, for the tests that mount (`mount.rs`, `credentials.rs`).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use super::{dafne, free_ports, text};
+
+/// A path as the `&str` a command line takes.
+pub fn p(path: &Path) -> &str {
+    path.to_str().unwrap()
+}
+
+/// A running cluster in its own directory; `dafne down` when dropped.
+pub struct Cluster {
+    pub dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    /// The one place a test cluster is started: `dafne up` with 4 io
+    /// servers, small caches and free ports.
+    pub fn start() -> Cluster {
+        Cluster::start_with_config("")
+    }
+
+    /// [`Cluster::start`] with a configuration file of `toml` (the flags
+    /// still choose io servers, cache and ports).
+    pub fn start_with_config(toml: &str) -> Cluster {
+        Cluster::start_sized(4, toml)
+    }
+
+    /// A cluster of `io_servers` io servers and a configuration of `toml`.
+    pub fn start_sized(io_servers: u16, toml: &str) -> Cluster {
+        let dir = tempfile::Builder::new().prefix("dafne-mount-test-").tempdir().unwrap();
+        let config = dir.path().join("test-config.toml");
+        std::fs::write(&config, toml).unwrap();
+        let mut last = String::new();
+        for _ in 0..3 {
+            let (meta, base) = free_ports(io_servers);
+            let o = dafne()
+                .args(["up", "--dir", p(dir.path()), "--io-servers", &io_servers.to_string(), "--cache-mib", "8"])
+                .args(["--config", p(&config)])
+                .args(["--meta-port", &meta.to_string(), "--io-base-port", &base.to_string()])
+                .output()
+                .unwrap();
+            if o.status.success() {
+                return Cluster { dir };
+            }
+            last = text(&o);
+            if !last.contains("already in use") {
+                break;
+            }
+        }
+        panic!("dafne up failed:\n{last}");
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// A fresh directory beside the cluster's (not on the mount).
+    pub fn scratch(&self, name: &str) -> PathBuf {
+        let d = self.dir().join("scratch").join(name);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    pub fn mount(&self) -> Mount {
+        self.mount_with(&[])
+    }
+
+    pub fn mount_with(&self, extra: &[&str]) -> Mount {
+        self.mount_at("mnt", extra)
+    }
+
+    /// `dafne mount DIR/name EXTRA...`, whatever it answers: the mount
+    /// point and the output.
+    pub fn try_mount_at(&self, name: &str, extra: &[&str]) -> (PathBuf, Output) {
+        let mp = self.dir().join(name);
+        std::fs::create_dir_all(&mp).unwrap();
+        let o = dafne().arg("mount").arg(&mp).args(["--dir", p(self.dir())]).args(extra).output().unwrap();
+        (mp, o)
+    }
+
+    /// Another mount of the same cluster sees only what reached the
+    /// servers (no shared kernel cache).
+    pub fn mount_at(&self, name: &str, extra: &[&str]) -> Mount {
+        let (mp, o) = self.try_mount_at(name, extra);
+        assert!(o.status.success(), "dafne mount failed:\n{}", text(&o));
+        let out = text(&o);
+        assert!(out.contains("mounted dafne at"), "{out}");
+        // When `dafne mount` returns, `dafne down` can already find the
+        // mount by its record (CI once saw the record missing here).
+        // This daemon's own record: another mount of the cluster may have
+        // one already.
+        let pid = out
+            .split("daemon pid ")
+            .nth(1)
+            .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+            .unwrap_or_else(|| panic!("no daemon pid in {out:?}"));
+        let record = self.dir().join("mounts").join(pid);
+        assert!(record.is_file(), "dafne mount returned before it recorded the mount in {}", record.display());
+        Mount { mp, dir: self.dir().to_path_buf() }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let o = dafne().args(["down", "--dir", p(self.dir())]).output();
+        if let Ok(o) = o {
+            if !o.status.success() {
+                eprintln!("dafne down: {}", text(&o));
+            }
+        }
+    }
+}
+
+/// A live mount; unmounted when dropped (also after a failed check).
+pub struct Mount {
+    pub mp: PathBuf,
+    pub dir: PathBuf,
+}
+
+impl Mount {
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.mp.join(rel)
+    }
+
+    pub fn umount(&self) -> Output {
+        dafne().arg("umount").arg(&self.mp).args(["--dir", p(&self.dir)]).output().unwrap()
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if mounted(&self.mp) {
+            let o = self.umount();
+            if !o.status.success() {
+                eprintln!("dafne umount: {}", text(&o));
+                // Leave no mount behind for the next test.
+                let _ = Command::new("fusermount3").arg("-uz").arg(&self.mp).status();
+            }
+        }
+    }
+}
+
+pub fn mounted(mp: &Path) -> bool {
+    let want = mp.to_string_lossy().into_owned();
+    std::fs::read_to_string("/proc/self/mountinfo").unwrap().lines().any(|l| l.split(' ').nth(4) == Some(&want))
+}
