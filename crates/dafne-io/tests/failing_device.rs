@@ -29,6 +29,41 @@ use dafne_client::{MetaSession, ROOT_INO};
 use dafne_proto::io::Stability;
 use dafne_proto::LayoutHint;
 
+/// The failing device: a 64 MiB ext4 image on an 80 MiB tmpfs, mounted.
+struct Device {
+    // Field order is drop order: the file system before what holds it.
+    disk: Mounted,
+    image: PathBuf,
+    backing: Mounted,
+}
+
+impl Device {
+    /// The image is allocated in full after mkfs (which leaves its zeroed
+    /// journal as holes), so until [`Device::fail`] every write lands.
+    fn new(root: &Path) -> Device {
+        let backing = Mounted::tmpfs(&root.join("backing"), 80);
+        let image = backing.dir.join("disk.img");
+        std::fs::File::create(&image).unwrap().set_len(64 << 20).unwrap();
+        sh(&["mkfs.ext4", "-q", "-F", image.to_str().unwrap()]);
+        sh(&["fallocate", "-l", "64M", image.to_str().unwrap()]);
+        let disk = Mounted::ext4(&image, &root.join("mnt"));
+        Device { disk, image, backing }
+    }
+
+    /// From now on new data fails: the file system's free blocks are
+    /// trimmed out of the image and the tmpfs under it is filled but for
+    /// 512 KiB (metadata and journal, allocated, still land). Returns the
+    /// filler file; removing it repairs the device.
+    fn fail(&self) -> PathBuf {
+        sh(&["sync", "-f", self.disk.dir.to_str().unwrap()]);
+        sh(&["fstrim", self.disk.dir.to_str().unwrap()]);
+        let filler = self.backing.dir.join("filler");
+        let room = free_bytes(&self.backing.dir).saturating_sub(512 << 10);
+        std::fs::write(&filler, vec![0u8; room as usize]).unwrap();
+        filler
+    }
+}
+
 #[test]
 fn an_fsync_that_succeeds_after_the_device_failed_writes_means_the_bytes_are_on_it() {
     let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
@@ -36,14 +71,8 @@ fn an_fsync_that_succeeds_after_the_device_failed_writes_means_the_bytes_are_on_
     let root = tempfile::tempdir_in(base).unwrap();
     let (meta, secret) = start_meta(root.path(), 1, 64 << 10, 1);
 
-    // The device: a 64 MiB ext4 image on an 80 MiB tmpfs, allocated in
-    // full after mkfs (which leaves its zeroed journal as holes).
-    let backing = Mounted::tmpfs(&root.path().join("backing"), 80);
-    let image = backing.dir.join("disk.img");
-    std::fs::File::create(&image).unwrap().set_len(64 << 20).unwrap();
-    sh(&["mkfs.ext4", "-q", "-F", image.to_str().unwrap()]);
-    sh(&["fallocate", "-l", "64M", image.to_str().unwrap()]);
-    let disk = Mounted::ext4(&image, &root.path().join("mnt"));
+    let dev = Device::new(root.path());
+    let (image, disk) = (&dev.image, &dev.disk);
     let data_dir = disk.dir.join("io0");
     let io = spawn_io_storage(&data_dir, &secret, 32, "127.0.0.1:0", "buffered");
     let rt = common::runtime("failing-device");
@@ -60,13 +89,8 @@ fn an_fsync_that_succeeds_after_the_device_failed_writes_means_the_bytes_are_on_
     let ino0 = f0.attr().ino;
     f0.close().unwrap();
 
-    // Now the device fails new data: free blocks out of the image, and
-    // the image's file system full but for 512 KiB.
-    sh(&["sync", "-f", disk.dir.to_str().unwrap()]);
-    sh(&["fstrim", disk.dir.to_str().unwrap()]);
-    let filler = backing.dir.join("filler");
-    let room = free_bytes(&backing.dir).saturating_sub(512 << 10);
-    std::fs::write(&filler, vec![0u8; room as usize]).unwrap();
+    // Now the device fails new data.
+    let filler = dev.fail();
 
     let want = pattern(4 << 20, 2);
     let f = fs.create(ROOT_INO, b"during", 0o644, hint).unwrap();
@@ -91,7 +115,7 @@ fn an_fsync_that_succeeds_after_the_device_failed_writes_means_the_bytes_are_on_
     let copy_dir = root.path().join("copy");
     std::fs::create_dir_all(&copy_dir).unwrap();
     let at_third = copy_dir.join("at-third-fsync.img");
-    std::fs::copy(&image, &at_third).unwrap();
+    std::fs::copy(image, &at_third).unwrap();
     // A read does not answer bytes the device may not hold (the server's
     // cache has them, the device has zeros: tried).
     let mut buf = vec![0u8; want.len()];
@@ -114,7 +138,7 @@ fn an_fsync_that_succeeds_after_the_device_failed_writes_means_the_bytes_are_on_
     // What is on the device now: a copy of the image, mounted elsewhere
     // (off the backing tmpfs), served by a new io server.
     let snapshot = copy_dir.join("after.img");
-    std::fs::copy(&image, &snapshot).unwrap();
+    std::fs::copy(image, &snapshot).unwrap();
     drop(f);
     drop(io);
     drop(fs);
@@ -156,8 +180,7 @@ fn an_fsync_that_succeeds_after_the_device_failed_writes_means_the_bytes_are_on_
     drop(io);
     drop(fs);
     drop(third);
-    drop(disk);
-    drop(backing);
+    drop(dev);
 }
 
 /// `sync_all` (the clean stop's "everything acknowledged is on disk",
@@ -174,12 +197,8 @@ fn sync_all_marks_every_failed_object_and_does_not_forget_them() {
     let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
     std::fs::create_dir_all(&base).unwrap();
     let root = tempfile::tempdir_in(base).unwrap();
-    let backing = Mounted::tmpfs(&root.path().join("backing"), 80);
-    let image = backing.dir.join("disk.img");
-    std::fs::File::create(&image).unwrap().set_len(64 << 20).unwrap();
-    sh(&["mkfs.ext4", "-q", "-F", image.to_str().unwrap()]);
-    sh(&["fallocate", "-l", "64M", image.to_str().unwrap()]);
-    let disk = Mounted::ext4(&image, &root.path().join("mnt"));
+    let dev = Device::new(root.path());
+    let disk = &dev.disk;
     let data_dir = disk.dir.join("io0");
     std::fs::create_dir_all(&data_dir).unwrap();
     let store = ChunkStore::open_with(&data_dir, None).unwrap();
@@ -188,11 +207,7 @@ fn sync_all_marks_every_failed_object_and_does_not_forget_them() {
         store.write_at(object, 0, b"x").unwrap();
         store.sync(object).unwrap();
     }
-    sh(&["sync", "-f", disk.dir.to_str().unwrap()]);
-    sh(&["fstrim", disk.dir.to_str().unwrap()]);
-    let filler = backing.dir.join("filler");
-    let room = free_bytes(&backing.dir).saturating_sub(512 << 10);
-    std::fs::write(&filler, vec![0u8; room as usize]).unwrap();
+    let filler = dev.fail();
 
     // 4 MiB into each, taken by the page cache; the device cannot hold them.
     for object in [1u64, 2] {
@@ -210,6 +225,5 @@ fn sync_all_marks_every_failed_object_and_does_not_forget_them() {
     std::fs::remove_file(&filler).unwrap();
     store.sync_all().unwrap();
     drop(store);
-    drop(disk);
-    drop(backing);
+    drop(dev);
 }
