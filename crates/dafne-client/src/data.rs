@@ -385,10 +385,11 @@ fn io_err(e: dafne_transport::TransportError) -> Errno {
 
 impl DataClient {
     /// Connects to the io servers (`addrs[i]` is server id `i`) and logs
-    /// in to each with a capability signed by `secret`: an io server drops
-    /// a connection that has not shown a genuine capability within its
-    /// login deadline (`dafne_proto::io`, "Login"). Every reconnection
-    /// logs in again before it is used.
+    /// in to each with `secret` (io op `Login`, which also keys the
+    /// connection's frames): an io server serves nothing before, and drops
+    /// a connection that has not logged in within its login deadline
+    /// (`dafne_proto::io`, "Login"). Every reconnection logs in again
+    /// before it is used.
     pub fn connect(
         rt: &Runtime,
         addrs: &[SocketAddr],
@@ -410,8 +411,8 @@ impl DataClient {
         }
         let regcache = servers.first().map(|c| std::sync::Arc::new(RegCache::new(c.context(), cache)));
         let anchor = servers.first().cloned();
-        // Io servers need no session: capabilities are checked per request.
-        // The hello is the login that keeps a new connection past the
+        // Io servers keep no session: capabilities are checked per request.
+        // The login keys each new connection and keeps it past the
         // server's deadline.
         let servers = servers
             .into_iter()
@@ -586,9 +587,11 @@ impl DataClient {
     /// attached session for a fresh one and sends again (module docs,
     /// "Revoked capabilities").
     async fn call(&self, server: usize, req: &IoRequest) -> Result<IoResponse, Errno> {
-        let mut owned = self.fresher(req.cap()).map(|c| {
+        let mut owned = req.cap().and_then(|cap| self.fresher(cap)).map(|c| {
             let mut r = req.clone();
-            *r.cap_mut() = c;
+            if let Some(cap) = r.cap_mut() {
+                *cap = c;
+            }
             r
         });
         let mut attempt = 0;
@@ -597,15 +600,20 @@ impl DataClient {
             let reply = self.call_once(server, r).await;
             attempt += 1;
             let Some(meta) = self.meta.get() else { return reply };
-            if !matches!(reply, Err(Errno::ESTALE)) || attempt >= RECAP_ATTEMPTS || r.cap().object_id == 0 {
-                return reply;
-            }
+            let old = match r.cap() {
+                Some(old) if matches!(reply, Err(Errno::ESTALE)) && attempt < RECAP_ATTEMPTS && old.object_id != 0 => {
+                    *old
+                }
+                _ => return reply,
+            };
             // Meta refusing (no open of ours, the object reclaimed) leaves
             // the io server's answer standing.
-            let Ok(cap) = meta.recap_async(*r.cap()).await else { return reply };
+            let Ok(cap) = meta.recap_async(old).await else { return reply };
             self.remember(cap);
             let mut next = r.clone();
-            *next.cap_mut() = cap;
+            if let Some(c) = next.cap_mut() {
+                *c = cap;
+            }
             owned = Some(next);
         }
     }
@@ -1121,11 +1129,17 @@ pub const FRESH_CAPS_MAX: usize = 4096;
 /// re-issues the capability each time (a revocation racing the request).
 const RECAP_ATTEMPTS: usize = 3;
 
-/// Shows an io server a genuine capability on connection `c` (io op
-/// `Login`), so that it keeps the connection. Blocking.
+/// Logs in to an io server on connection `c` (io op `Login`, like a
+/// metadata session: a MAC over the connection's token and a fresh
+/// nonce), so that it keeps the connection, and keys the connection's
+/// frames with the same secret. Blocking.
 fn log_in(c: &Client, secret: &dafne_auth::Secret) -> Result<(), String> {
-    let req = IoRequest::Login { cap: info_capability(secret) };
-    let bytes = c.call(encode_io_request(Envelope::new(0, 0, 0), &req)).map_err(|e| e.to_string())?;
+    let nonce = crate::login_nonce();
+    let client_name = crate::client_name();
+    let mac = secret.session_mac(c.token(), &nonce, &client_name);
+    let keys = secret.frame_keys(c.token(), &nonce);
+    let req = IoRequest::Login { client_name, nonce, mac };
+    let bytes = c.login(encode_io_request(Envelope::new(0, 0, 0), &req), keys).map_err(|e| e.to_string())?;
     match decode_io_reply(&bytes).map_err(|e| e.to_string())?.2 {
         Ok(IoResponse::Done) => Ok(()),
         Ok(other) => Err(format!("unexpected reply {other:?}")),

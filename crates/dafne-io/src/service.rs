@@ -31,9 +31,8 @@ use crate::chunk::ChunkStore;
 use crate::modes::{Direct, ModeStats};
 use crate::server::ServingMode;
 
-/// How long a connection may go without showing a genuine capability
-/// (`Login`, or any request whose capability verifies) before the
-/// transport drops it: a peer without the cluster secret or an open file
+/// How long a connection may go without logging in (io op `Login`)
+/// before the transport drops it: a peer without the cluster secret
 /// cannot hold a connection, and the buffers behind it, by pinging. A
 /// data client logs in right after connecting, so 10 s is generous.
 pub const LOGIN_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
@@ -220,6 +219,39 @@ impl IoService {
         }
     }
 
+    /// Io op `Login`: verified like a metadata session; keys the
+    /// connection's frames with the secret it was verified with and keeps
+    /// the connection past the login deadline. Once per connection.
+    fn log_in(
+        &self,
+        conn: &ConnHandle,
+        client_name: &str,
+        nonce: &[u8; 16],
+        mac: &[u8; 32],
+    ) -> Result<IoResponse, Errno> {
+        let refused = |why: &str| {
+            let now = std::time::Instant::now();
+            if self.login_warned.get().is_none_or(|t| now.duration_since(t) >= LOGIN_WARN_EVERY) {
+                self.login_warned.set(Some(now));
+                tracing::warn!(
+                    "refused a login by {client_name:?} on connection {}: {why} (at most one such warning per {}s)",
+                    conn.id(),
+                    LOGIN_WARN_EVERY.as_secs()
+                );
+            }
+            Err(Errno::EACCES)
+        };
+        if conn.has_frame_keys() {
+            return refused("the connection has logged in already");
+        }
+        if !self.secret.verify_session(conn.token(), nonce, client_name, mac) {
+            return refused("its MAC is not made with this server's secret; a client with another secret file?");
+        }
+        conn.set_frame_keys(self.secret.frame_keys(conn.token(), nonce));
+        conn.authenticated();
+        Ok(IoResponse::Done)
+    }
+
     async fn handle(self: Rc<Self>, req: TRequest) -> Vec<u8> {
         let (env, request) = match dafne_proto::io::decode_io_request(&req.payload) {
             Ok(x) => x,
@@ -237,32 +269,22 @@ impl IoService {
     }
 
     async fn serve(&self, conn: &ConnHandle, req: IoRequest) -> Result<IoResponse, Errno> {
-        let cap = *req.cap();
+        let cap = match (&req, req.cap()) {
+            (IoRequest::Login { client_name, nonce, mac }, _) => return self.log_in(conn, client_name, nonce, mac),
+            // Every other request needs a logged-in connection, whose
+            // frames are authenticated (module docs of `dafne_proto::io`,
+            // "Login").
+            (_, _) if !conn.has_frame_keys() => return Err(Errno::EACCES),
+            (_, Some(cap)) => *cap,
+            (_, None) => return Err(Errno::EPROTO),
+        };
         let rights = match &req {
             IoRequest::Read { .. } => RIGHT_READ,
-            IoRequest::Stat { .. } | IoRequest::ServerInfo { .. } | IoRequest::Login { .. } => RIGHT_READ,
+            IoRequest::Stat { .. } | IoRequest::ServerInfo { .. } => RIGHT_READ,
             _ => RIGHT_WRITE,
         };
         if !self.secret.verify_cap(&cap, cap.object_id, rights, SystemTime::now()) {
-            if matches!(req, IoRequest::Login { .. }) {
-                let now = std::time::Instant::now();
-                if self.login_warned.get().is_none_or(|t| now.duration_since(t) >= LOGIN_WARN_EVERY) {
-                    self.login_warned.set(Some(now));
-                    tracing::warn!(
-                        "refused a login on connection {}: its capability is not signed with this server's secret \
-                         (or has expired); a client with another secret file? (at most one such warning per {}s)",
-                        conn.id(),
-                        LOGIN_WARN_EVERY.as_secs()
-                    );
-                }
-            }
             return Err(Errno::EACCES);
-        }
-        // A genuine capability authenticates the connection: it is no
-        // longer dropped at the login deadline (`LOGIN_DEADLINE`).
-        conn.authenticated();
-        if matches!(req, IoRequest::Login { .. }) {
-            return Ok(IoResponse::Done);
         }
         if !matches!(req, IoRequest::Revoke { .. } | IoRequest::ServerInfo { .. }) {
             if let Err(why) = self.floors.borrow().check(&cap) {

@@ -226,8 +226,18 @@ impl MetaService {
         let op = request.op();
         let conn = req.conn.id();
         let result = match request {
+            Request::SessionOpen { .. } if req.conn.has_frame_keys() => {
+                // One login per connection: its frame keys are those of
+                // the first (`ConnHandle::set_frame_keys`).
+                tracing::warn!("a second session open on connection {conn}: refused");
+                Err(Errno::EACCES)
+            }
             Request::SessionOpen { client_name, nonce, mac } => {
                 if self.secret.verify_session(req.conn.token(), &nonce, &client_name, &mac) {
+                    // The frame keys come from the secret the login was
+                    // verified with: from the answer on, every frame of
+                    // this connection is tagged and numbered.
+                    req.conn.set_frame_keys(self.secret.frame_keys(req.conn.token(), &nonce));
                     req.conn.authenticated();
                     self.sessions.borrow_mut().insert(conn);
                     lock(&self.opens).add_session(conn);

@@ -33,7 +33,7 @@
 //! | Stat | 69 | capability | `Stat`: size u64 |
 //! | ServerInfo | 70 | capability | `ServerInfo`: n u32 (≤ [`MAX_INFO_FIELDS`]), n × u64 |
 //! | Revoke | 71 | capability, revocations | `Revoked`: instance u64, seq u64 |
-//! | Login | 72 | capability | `Done`: empty |
+//! | Login | 72 | client_name str, nonce \[16\], mac \[32\] (no capability) | `Done`: empty |
 //!
 //! Numbers are never reused: a retired op keeps its number, unassigned.
 //!
@@ -87,16 +87,20 @@
 //!
 //! # Login
 //!
-//! An io server drops a connection that has not shown a genuine
-//! capability within its login deadline (10 s), so a peer without the
-//! cluster secret or an open file cannot hold a connection by pinging.
-//! Any request whose capability verifies (its MAC and expiry: a revoked
-//! one too, since a login proves who signed it, not rights to an object)
-//! authenticates its connection;
-//! `Login` is the request that does only that, sent by the data client on
-//! every new connection before its first use (an idle mount would
-//! otherwise be dropped). Its capability is any genuine one (the object
-//! and rights are not used; the data client sends `info_capability`).
+//! `Login` is the first request on every connection, sent by the data
+//! client before its first use, and authenticates it like a metadata
+//! session (`SessionOpen`): `mac` is `HMAC-SHA256(secret,
+//! "dafne-session-v2" ‖ connection token ‖ nonce ‖ client_name)`
+//! (`dafne_auth::Secret::session_mac`), so it holds only on the connection
+//! it was made for. An io server that verifies it installs the
+//! connection's frame keys (`dafne_auth::Secret::frame_keys` of the token
+//! and nonce, `dafne_transport` frame docs): every later frame of the
+//! connection, both ways, is tagged and numbered. Every other request is
+//! refused with `EACCES` on a connection that has not logged in, and a
+//! second login on one that has is refused too. An io server drops a
+//! connection that has not logged in within its login deadline (10 s),
+//! so a peer without the cluster secret cannot hold a connection by
+//! pinging.
 //!
 //! # Sizes
 //!
@@ -339,11 +343,16 @@ pub enum IoRequest {
         cap: Capability,
         batch: crate::Revocations,
     },
-    /// The first request on a connection: its capability (any genuine
-    /// one; the object is not used) authenticates the connection, which an
-    /// io server otherwise drops at its login deadline.
+    /// The first request on a connection: authenticates it and keys its
+    /// frames (module docs, "Login"). The only request without a
+    /// capability.
     Login {
-        cap: Capability,
+        /// UTF-8, at most [`crate::MAX_CLIENT_NAME`] bytes.
+        client_name: String,
+        nonce: [u8; 16],
+        /// `Secret::session_mac` of the connection's token, the nonce and
+        /// the name.
+        mac: [u8; 32],
     },
 }
 
@@ -363,8 +372,8 @@ impl IoRequest {
         }
     }
 
-    /// The capability; its `object_id` names the object.
-    pub fn cap(&self) -> &Capability {
+    /// The capability; its `object_id` names the object. None for `Login`.
+    pub fn cap(&self) -> Option<&Capability> {
         match self {
             IoRequest::Read { cap, .. }
             | IoRequest::Write { cap, .. }
@@ -373,13 +382,13 @@ impl IoRequest {
             | IoRequest::Sync { cap }
             | IoRequest::Stat { cap }
             | IoRequest::ServerInfo { cap }
-            | IoRequest::Login { cap }
-            | IoRequest::Revoke { cap, .. } => cap,
+            | IoRequest::Revoke { cap, .. } => Some(cap),
+            IoRequest::Login { .. } => None,
         }
     }
 
     /// The capability, to replace it (a client re-sending with a fresh one).
-    pub fn cap_mut(&mut self) -> &mut Capability {
+    pub fn cap_mut(&mut self) -> Option<&mut Capability> {
         match self {
             IoRequest::Read { cap, .. }
             | IoRequest::Write { cap, .. }
@@ -388,8 +397,8 @@ impl IoRequest {
             | IoRequest::Sync { cap }
             | IoRequest::Stat { cap }
             | IoRequest::ServerInfo { cap }
-            | IoRequest::Login { cap }
-            | IoRequest::Revoke { cap, .. } => cap,
+            | IoRequest::Revoke { cap, .. } => Some(cap),
+            IoRequest::Login { .. } => None,
         }
     }
 
@@ -411,7 +420,9 @@ impl IoRequest {
     }
 
     fn put_body(&self, w: &mut Writer) {
-        self.cap().put(w);
+        if let Some(cap) = self.cap() {
+            cap.put(w);
+        }
         match self {
             IoRequest::Read { keys, extents, inline_reply, .. } => {
                 put_keys_extents(w, keys, extents);
@@ -424,15 +435,27 @@ impl IoRequest {
             }
             IoRequest::Truncate { size, .. } => w.put_u64(*size),
             IoRequest::Revoke { batch, .. } => batch.put(w),
+            IoRequest::Login { client_name, nonce, mac } => {
+                w.put_bytes(client_name.as_bytes());
+                w.put_raw(nonce);
+                w.put_raw(mac);
+            }
             IoRequest::Remove { .. }
             | IoRequest::Sync { .. }
             | IoRequest::Stat { .. }
-            | IoRequest::ServerInfo { .. }
-            | IoRequest::Login { .. } => {}
+            | IoRequest::ServerInfo { .. } => {}
         }
     }
 
     fn get_body(op: IoOp, r: &mut Reader<'_>) -> Result<IoRequest, DecodeError> {
+        if op == IoOp::Login {
+            let name = r.bytes("io login client name", crate::MAX_CLIENT_NAME)?;
+            return Ok(IoRequest::Login {
+                client_name: String::from_utf8(name).map_err(|_| DecodeError::NotUtf8("io login client name"))?,
+                nonce: r.array("io login nonce")?,
+                mac: r.array("io login mac")?,
+            });
+        }
         let cap = Capability::get(r)?;
         Ok(match op {
             IoOp::Read => {
@@ -488,7 +511,8 @@ impl IoRequest {
             IoOp::Stat => IoRequest::Stat { cap },
             IoOp::ServerInfo => IoRequest::ServerInfo { cap },
             IoOp::Revoke => IoRequest::Revoke { cap, batch: crate::Revocations::get(r)? },
-            IoOp::Login => IoRequest::Login { cap },
+            // Decoded above: a login has no capability.
+            IoOp::Login => return Err(DecodeError::BadValue { what: "io op with a capability", value: 72 }),
         })
     }
 }
@@ -814,7 +838,7 @@ mod tests {
             IoRequest::Sync { cap: cap() },
             IoRequest::Stat { cap: cap() },
             IoRequest::ServerInfo { cap: cap() },
-            IoRequest::Login { cap: cap() },
+            IoRequest::Login { client_name: "host-1/pid 42 ✓".into(), nonce: [1; 16], mac: [2; 32] },
             IoRequest::Revoke {
                 cap: cap(),
                 batch: crate::Revocations {
@@ -887,7 +911,8 @@ mod tests {
         assert_eq!(reqs[4].total_bytes(), 203);
         assert_eq!(IoRequest::Truncate { cap: cap(), size: 9 }.total_bytes(), 0);
         for r in &reqs {
-            assert_eq!(r.cap(), &cap());
+            let want = if r.op() == IoOp::Login { None } else { Some(&cap()) };
+            assert_eq!(r.cap(), want);
         }
         assert!(IoExtent::inline(1, 2).is_inline());
         assert!(!ext(1, 2, 0, 0).is_inline());

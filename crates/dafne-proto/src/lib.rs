@@ -216,8 +216,10 @@ pub use types::{
 /// Recap, Revocations, the Orphans reply's generation, the io op Revoke).
 /// 7: the io op Login (io servers drop connections that never show a
 /// genuine capability); supplementary groups in front of a request body
-/// ([`REQUEST_FLAG_GROUPS`]).
-pub const PROTO_VERSION: u16 = 7;
+/// ([`REQUEST_FLAG_GROUPS`]). 8: the io op Login carries a session login
+/// (client name, nonce, MAC over the connection's token) instead of a
+/// capability, and keys the connection's frames.
+pub const PROTO_VERSION: u16 = 8;
 
 /// Request header `flags`: the body starts with the caller's supplementary
 /// groups, `n u8` (1..=[`MAX_GROUPS`]) and `n × u32`. The only flag; any

@@ -139,6 +139,8 @@ fn request() -> impl Strategy<Value = IoRequest> {
         1 => capability().prop_map(|cap| IoRequest::Sync { cap }),
         1 => capability().prop_map(|cap| IoRequest::Stat { cap }),
         1 => capability().prop_map(|cap| IoRequest::ServerInfo { cap }),
+        1 => ("\\PC{0,64}", any::<[u8; 16]>(), any::<[u8; 32]>())
+            .prop_map(|(client_name, nonce, mac)| IoRequest::Login { client_name, nonce, mac }),
         1 => (capability(), any::<u64>(), 0..u64::MAX / 2, vec((any::<u64>(), any::<u64>()), 0..8)).prop_map(
             |(cap, instance, from_seq, e)| IoRequest::Revoke {
                 cap,
