@@ -7,8 +7,10 @@
 #![allow(clippy::missing_panics_doc)]
 
 /// Every transport decoder (frame header, hello, welcome): no panic,
-/// round trips of what is accepted.
+/// round trips of what is accepted; and the replay window, fed sequence
+/// numbers from the same bytes, agrees with a set of what it accepted.
 pub fn frame(data: &[u8]) {
+    replay_window(data);
     use dafne_transport::frame::{FrameHeader, Hello, Welcome};
     let (claimed, rest) = data.split_at(data.len().min(4));
     let mut n = [0u8; 4];
@@ -22,6 +24,37 @@ pub fn frame(data: &[u8]) {
     }
     if let Ok(w) = Welcome::decode(data) {
         assert_eq!(Welcome::decode(&w.encode()), Ok(w));
+    }
+}
+
+/// Sequence numbers from `data` (2 bytes each: a step forward or back
+/// from the highest accepted) against a model: accepted exactly when above
+/// the highest, or within the window and not accepted before.
+fn replay_window(data: &[u8]) {
+    use dafne_transport::frame::{Replay, ReplayWindow, REPLAY_WINDOW};
+    let mut w = ReplayWindow::default();
+    let mut seen = std::collections::HashSet::new();
+    let mut top = 0u64;
+    for c in data.chunks_exact(2) {
+        let step = i16::from_le_bytes([c[0], c[1]]) as i64;
+        let seq = (top as i64 + step).max(0) as u64;
+        let want = if seq == 0 {
+            Err(Replay::Zero)
+        } else if seq > top {
+            Ok(())
+        } else if top - seq >= REPLAY_WINDOW {
+            Err(Replay::TooOld { seq, top })
+        } else if seen.contains(&seq) {
+            Err(Replay::Seen { seq })
+        } else {
+            Ok(())
+        };
+        assert_eq!(w.check(seq), want);
+        assert_eq!(w.record(seq), want);
+        if want.is_ok() {
+            seen.insert(seq);
+            top = top.max(seq);
+        }
     }
 }
 

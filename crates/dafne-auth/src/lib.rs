@@ -7,6 +7,11 @@
 //!   the cluster secret, without sending it. The token is the transport
 //!   connection's random id, so a captured login cannot be replayed on
 //!   another connection.
+//! * A verified login (a metadata session, or an io server's `Login`,
+//!   made alike) keys its connection's frames: [`Secret::frame_keys`]
+//!   derives one key per direction, `HMAC-SHA256(secret, "dafne-frame-v1" ‖
+//!   direction ‖ token ‖ nonce)`, with which the transport tags and checks
+//!   every later frame ([`FrameKey`]; `dafne_transport` frame docs).
 //! * On open, meta issues a capability: `HMAC-SHA256(secret,
 //!   "dafne-cap-v2" ‖ object id ‖ ino ‖ rights ‖ generation ‖ expiry)`. An
 //!   io server holding the same secret verifies it alone, without asking
@@ -263,6 +268,20 @@ impl Secret {
         self.mac(&[b"dafne-session-v2", &token.to_le_bytes(), nonce, client_name.as_bytes()]).verify_slice(mac).is_ok()
     }
 
+    /// The per-direction frame keys of the connection `token` on which a
+    /// login with `nonce` was verified with this secret (client and server
+    /// derive them alike; [`FrameKeys`]). Called on the `Secret` the login
+    /// was checked with, so whatever key verifies a login also keys its
+    /// connection's frames.
+    pub fn frame_keys(&self, token: u64, nonce: &[u8; 16]) -> FrameKeys {
+        let key = |direction: &[u8]| {
+            let k: [u8; 32] =
+                self.mac(&[b"dafne-frame-v1", direction, &token.to_le_bytes(), nonce]).finalize().into_bytes().into();
+            FrameKey(HmacSha256::new_from_slice(&k).expect("HMAC takes any key length"))
+        };
+        FrameKeys { to_server: key(b"client->server"), to_client: key(b"server->client") }
+    }
+
     /// Fills in expiry and MAC of a capability (object, ino, rights and
     /// generation are the caller's).
     pub fn sign(&self, cap: &mut Capability, now: SystemTime) {
@@ -292,6 +311,56 @@ impl Secret {
     pub fn verify_revocations(&self, batch: &Revocations) -> bool {
         self.mac(&[b"dafne-revoke-v1", &batch.signed_bytes()]).verify_slice(&batch.mac).is_ok()
     }
+}
+
+/// Length of a frame tag: HMAC-SHA256 truncated to its first 16 bytes
+/// (RFC 2104 section 5 allows truncation to half the output or more; 128
+/// bits is what IPsec's HMAC-SHA-256-128 uses).
+pub const FRAME_TAG_LEN: usize = 16;
+
+/// The key of one direction of a connection's frames, with HMAC's inner
+/// and outer pads already hashed (each frame costs only its own bytes and
+/// the finalisation).
+#[derive(Clone)]
+pub struct FrameKey(HmacSha256);
+
+impl std::fmt::Debug for FrameKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FrameKey(…)")
+    }
+}
+
+impl FrameKey {
+    /// The tag of a frame: `HMAC-SHA256(key, header ‖ payload)`, first
+    /// [`FRAME_TAG_LEN`] bytes. `header` is the part of the header the tag
+    /// covers (every field but the tag).
+    pub fn tag(&self, header: &[u8], payload: &[u8]) -> [u8; FRAME_TAG_LEN] {
+        let mut m = self.0.clone();
+        m.update(header);
+        m.update(payload);
+        let full = m.finalize().into_bytes();
+        let mut t = [0u8; FRAME_TAG_LEN];
+        t.copy_from_slice(&full[..FRAME_TAG_LEN]);
+        t
+    }
+
+    /// Constant-time check of a frame's tag.
+    pub fn verify(&self, header: &[u8], payload: &[u8], tag: &[u8; FRAME_TAG_LEN]) -> bool {
+        let mut m = self.0.clone();
+        m.update(header);
+        m.update(payload);
+        m.verify_truncated_left(tag).is_ok()
+    }
+}
+
+/// The two keys of one logged-in connection ([`Secret::frame_keys`]): the
+/// client tags what it sends with `to_server`, the server with `to_client`.
+/// Separate keys per direction, so that a frame cannot be reflected back
+/// to its sender as if the peer had sent it.
+#[derive(Debug, Clone)]
+pub struct FrameKeys {
+    pub to_server: FrameKey,
+    pub to_client: FrameKey,
 }
 
 /// Most objects an io server keeps a floor or tombstone for. An entry is
@@ -510,6 +579,27 @@ mod tests {
 
     fn cap_at(object_id: u64, generation: u64) -> Capability {
         Capability { object_id, ino: 1, rights: 3, generation, expiry_unix_ns: 0, mac: [0; 32] }
+    }
+
+    #[test]
+    fn frame_keys_depend_on_secret_token_nonce_and_direction() {
+        let s = Secret([7; SECRET_LEN]);
+        let k = s.frame_keys(77, &[1; 16]);
+        let (h, p) = (&[5u8; 48][..], &b"payload"[..]);
+        let t = k.to_server.tag(h, p);
+        assert!(k.to_server.verify(h, p, &t));
+        assert!(s.frame_keys(77, &[1; 16]).to_server.verify(h, p, &t), "both ends derive the same key");
+        assert!(!k.to_client.verify(h, p, &t), "reflected to its sender");
+        assert!(!s.frame_keys(78, &[1; 16]).to_server.verify(h, p, &t), "another connection");
+        assert!(!s.frame_keys(77, &[2; 16]).to_server.verify(h, p, &t), "another login");
+        assert!(!Secret([8; SECRET_LEN]).frame_keys(77, &[1; 16]).to_server.verify(h, p, &t), "another secret");
+        assert!(!k.to_server.verify(h, b"payloaD", &t), "payload changed");
+        let mut h2 = [5u8; 48];
+        h2[40] ^= 1;
+        assert!(!k.to_server.verify(&h2, p, &t), "header changed");
+        let mut t2 = t;
+        t2[15] ^= 0x80;
+        assert!(!k.to_server.verify(h, p, &t2), "tag changed");
     }
 
     #[test]

@@ -86,6 +86,33 @@ pub struct Options {
     pub latency_iters: usize,
     pub with_perftest: bool,
     pub server: ServerCommand,
+    /// Echo sizes of the frame authentication comparison (empty: skip it).
+    pub auth_sizes: Vec<usize>,
+    /// Measure only the frame authentication comparison.
+    pub auth_only: bool,
+}
+
+/// One cell of the frame authentication comparison: the same echo on two
+/// connections to one server, one with frame keys and one without.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct AuthRow {
+    pub transport: Transport,
+    /// Echo payload bytes (request and reply each carry this many).
+    pub size: usize,
+    /// `untagged` (no keys) or `hmac-sha256-128` (keys installed: every
+    /// frame tagged, checked and numbered, both ways).
+    pub frames: &'static str,
+    /// One echo in flight.
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub iterations: usize,
+    /// Echoes per second with `window` in flight.
+    pub calls_per_s: f64,
+    pub window: usize,
+    /// CPU time to tag a frame of this payload and check it (sender and
+    /// receiver together; a round trip is two frames), one thread, no
+    /// network; 0 for untagged rows.
+    pub tag_and_check_us: f64,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -119,6 +146,8 @@ pub struct Report {
     pub ucx_version: String,
     pub bandwidth: Vec<BwRow>,
     pub latency: Vec<LatRow>,
+    /// What frame authentication costs (`frame_auth` rows in pairs).
+    pub frame_auth: Vec<AuthRow>,
     /// Which UCX lanes carried the data endpoint, per transport.
     pub lanes: Vec<(Transport, String)>,
 }
@@ -231,10 +260,26 @@ fn bandwidth(
 /// Round-trip times of an 8-byte echo, one in flight, measured on the
 /// loop thread (the application-thread hop is a property of the caller).
 fn latency(rt: &Runtime, client: &Client, iters: usize) -> Result<(f64, f64)> {
+    echo_latency(rt, client, 8, iters)
+}
+
+/// [`latency`] of an echo of `size` bytes.
+fn echo_latency(rt: &Runtime, client: &Client, size: usize, iters: usize) -> Result<(f64, f64)> {
+    Ok(percentiles(echo_samples(rt, client, size, iters)?))
+}
+
+/// (p50, p99) of round-trip times.
+fn percentiles(mut v: Vec<f64>) -> (f64, f64) {
+    v.sort_by(|a, b| a.total_cmp(b));
+    (v[v.len() / 2], v[(v.len() * 99 / 100).min(v.len() - 1)])
+}
+
+/// Round-trip times (µs) of `iters` echoes of `size` bytes, one in flight.
+fn echo_samples(rt: &Runtime, client: &Client, size: usize, iters: usize) -> Result<Vec<f64>> {
     let client = client.clone();
-    let mut v: Vec<f64> = rt.block_on_loop(move |l| async move {
+    let v: Vec<f64> = rt.block_on_loop(move |l| async move {
         let mut req = vec![OP_ECHO];
-        req.extend_from_slice(&[0u8; 8]);
+        req.resize(1 + size, 0x5a);
         for _ in 0..iters / 10 + 10 {
             client.call_on_loop(&l, req.clone()).await?;
         }
@@ -246,8 +291,92 @@ fn latency(rt: &Runtime, client: &Client, iters: usize) -> Result<(f64, f64)> {
         }
         Ok::<_, dafne_transport::TransportError>(v)
     })??;
-    v.sort_by(|a, b| a.total_cmp(b));
-    Ok((v[v.len() / 2], v[(v.len() * 99 / 100).min(v.len() - 1)]))
+    Ok(v)
+}
+
+/// Rounds of the frame authentication comparison: each round measures
+/// both connections back to back, so that load from elsewhere on a shared
+/// machine falls on both alike.
+const AUTH_ROUNDS: usize = 5;
+
+/// The frame authentication comparison on one transport: an untagged and
+/// a keyed connection to one server, from one client runtime, each size
+/// measured on both alternately in [`AUTH_ROUNDS`] rounds (latency, then
+/// rate with `window` in flight). Latency percentiles are over every
+/// round's samples, the rate is the median round's.
+fn frame_auth(o: &Options, t: Transport, progress: &mut impl FnMut(&str)) -> Result<Vec<AuthRow>> {
+    let spin = 50;
+    let (_srv, addr) = start_server(&o.server, t, spin)?;
+    let rt = runtime(t, spin)?;
+    let plain = Client::connect(&rt, addr)?;
+    let keyed = Client::connect(&rt, addr)?;
+    let nonce = [0x11u8; 16];
+    let r = keyed.login(testsvc::encode_login(&nonce), testsvc::test_frame_keys(keyed.token(), &nonce))?;
+    testsvc::parse_reply(&r).map_err(|e| anyhow!("login: {e}"))?;
+    let mut rows = Vec::new();
+    let modes = [("untagged", &plain), ("hmac-sha256-128", &keyed)];
+    let per_round = (o.latency_iters / AUTH_ROUNDS).max(10);
+    for &size in &o.auth_sizes {
+        let mut samples: [Vec<f64>; 2] = Default::default();
+        let mut rates: [Vec<f64>; 2] = Default::default();
+        let mut req = vec![OP_ECHO];
+        req.resize(1 + size, 0x5a);
+        for round in 0..AUTH_ROUNDS {
+            progress(&format!("{} frame authentication: {} echo, round {}", t.name(), human(size), round + 1));
+            for (i, (_, client)) in modes.iter().enumerate() {
+                samples[i].extend(echo_samples(&rt, client, size, per_round)?);
+                let (n, el) = pump(&rt, client, vec![req.clone(); o.window], o.duration)?;
+                rates[i].push(n as f64 / el.as_secs_f64());
+            }
+        }
+        for (i, (frames, _)) in modes.iter().enumerate() {
+            let (p50, p99) = percentiles(std::mem::take(&mut samples[i]));
+            rates[i].sort_by(|a, b| a.total_cmp(b));
+            rows.push(AuthRow {
+                transport: t,
+                size,
+                frames,
+                p50_us: p50,
+                p99_us: p99,
+                iterations: per_round * AUTH_ROUNDS,
+                calls_per_s: rates[i][AUTH_ROUNDS / 2],
+                window: o.window,
+                tag_and_check_us: if i == 0 { 0.0 } else { tag_and_check(size) },
+            });
+        }
+    }
+    // Every frame of the keyed connection, pings included, verified.
+    let reply = plain.call(vec![testsvc::OP_STATS])?;
+    let stats = testsvc::parse_reply(&reply).map_err(|e| anyhow!("stats: {e}"))?;
+    let v: serde_json::Value = serde_json::from_slice(stats)?;
+    let refused = ["unauthenticated_frames", "replayed_frames"]
+        .iter()
+        .map(|k| v["transport"][k].as_u64().unwrap_or(0))
+        .sum::<u64>();
+    if refused != 0 {
+        return Err(anyhow!("the server refused {refused} frames of the benchmark's own connections"));
+    }
+    Ok(rows)
+}
+
+/// Microseconds to seal a request frame with `size` payload bytes and
+/// verify it (what sender and receiver add per frame), over ~0.2 s.
+fn tag_and_check(size: usize) -> f64 {
+    use dafne_transport::frame::{FrameHeader, FrameKind};
+    let keys = testsvc::test_frame_keys(1, &[2; 16]);
+    let payload = vec![0x5au8; size];
+    let mut h = FrameHeader::new(FrameKind::Request);
+    h.payload_len = size as u32;
+    let start = Instant::now();
+    let mut n = 0u64;
+    while start.elapsed() < Duration::from_millis(200) {
+        for _ in 0..16 {
+            n += 1;
+            h.seal(&keys.to_server, n, &payload);
+            assert!(h.verify(&keys.to_server, &payload));
+        }
+    }
+    start.elapsed().as_secs_f64() * 1e6 / n as f64
 }
 
 fn lanes_summary(info: &str) -> String {
@@ -264,10 +393,22 @@ fn perftest_iters(size: usize) -> usize {
 
 /// Runs the whole benchmark; `progress` is told what is being measured.
 pub fn run(o: &Options, mut progress: impl FnMut(&str)) -> Result<Report> {
-    let mut report =
-        Report { machine: machine(), ucx_version: ucx_version(), bandwidth: vec![], latency: vec![], lanes: vec![] };
+    let mut report = Report {
+        machine: machine(),
+        ucx_version: ucx_version(),
+        bandwidth: vec![],
+        latency: vec![],
+        frame_auth: vec![],
+        lanes: vec![],
+    };
     let perftest_ok = o.with_perftest && perftest::available();
     for &t in &o.transports {
+        if !o.auth_sizes.is_empty() {
+            report.frame_auth.extend(frame_auth(o, t, &mut progress)?);
+        }
+        if o.auth_only {
+            continue;
+        }
         let spin = 50;
         let (_srv, addr) = start_server(&o.server, t, spin)?;
         let rt = runtime(t, spin)?;
@@ -386,6 +527,33 @@ impl Report {
                 r.p99_us,
                 r.perftest_am_lat_p50_us.map(|v| format!("{v:.1}")).unwrap_or_else(|| "-".into())
             ));
+        }
+        if !self.frame_auth.is_empty() {
+            s.push_str(
+                "\nFrame authentication: CPU per frame (tag by the sender + check by the receiver, one thread), \
+                 and an echo on one connection with frame keys and one without (same server; latency one in \
+                 flight, rate with the window in flight; median of 5 alternating rounds)\n\n",
+            );
+            s.push_str(
+                "| transport | echo | tag + check per frame | p50 untagged | p50 tagged | p99 untagged | p99 tagged | \
+                 calls/s untagged | calls/s tagged | rate cost |\n|---|---|---|---|---|---|---|---|---|---|\n",
+            );
+            for pair in self.frame_auth.chunks(2) {
+                let [u, k] = pair else { continue };
+                s.push_str(&format!(
+                    "| {} | {} | {:.2} µs | {:.1} µs | {:.1} µs | {:.1} µs | {:.1} µs | {:.0} | {:.0} | {:+.1}% |\n",
+                    u.transport.name(),
+                    human(u.size),
+                    k.tag_and_check_us,
+                    u.p50_us,
+                    k.p50_us,
+                    u.p99_us,
+                    k.p99_us,
+                    u.calls_per_s,
+                    k.calls_per_s,
+                    (k.calls_per_s / u.calls_per_s - 1.0) * 100.0,
+                ));
+            }
         }
         s.push_str("\nData endpoint lanes\n\n");
         for (t, l) in &self.lanes {

@@ -386,9 +386,11 @@ fn io_err(e: dafne_transport::TransportError) -> Errno {
 impl DataClient {
     /// Connects to the io servers (`addrs[i]` is server id `i`) and logs
     /// in to each with `key` (the cluster secret, a `&Secret` will do, or a
-    /// credential: `dafne_auth::LoginKey`): an io server drops a connection
-    /// that has not logged in within its login deadline (`dafne_proto::io`,
-    /// "Login"). Every reconnection logs in again before it is used.
+    /// credential: `dafne_auth::LoginKey`; io op `Login`, which also keys
+    /// the connection's frames): an io server serves nothing before, and
+    /// drops a connection that has not logged in within its login deadline
+    /// (`dafne_proto::io`, "Login"). Every reconnection logs in again
+    /// before it is used.
     pub fn connect(
         rt: &Runtime,
         addrs: &[SocketAddr],
@@ -412,8 +414,8 @@ impl DataClient {
         }
         let regcache = servers.first().map(|c| std::sync::Arc::new(RegCache::new(c.context(), cache)));
         let anchor = servers.first().cloned();
-        // Io servers need no session: capabilities are checked per request.
-        // The hello is the login that keeps a new connection past the
+        // Io servers keep no session: capabilities are checked per request.
+        // The login keys each new connection and keeps it past the
         // server's deadline.
         let servers = servers
             .into_iter()
@@ -1129,18 +1131,16 @@ pub const FRESH_CAPS_MAX: usize = 4096;
 const RECAP_ATTEMPTS: usize = 3;
 
 /// Logs in to an io server on connection `c` (io op `Login`, proven with
-/// `key` as a metadata session is), so that it keeps the connection.
-/// Blocking.
+/// `key` as a metadata session is: a MAC over the connection's token and a
+/// fresh nonce), so that it keeps the connection, and keys the
+/// connection's frames with the same key. Blocking.
 fn log_in(c: &Client, key: &dafne_auth::LoginKey) -> Result<(), String> {
-    let mut nonce = [0u8; 16];
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
-    for (i, b) in nonce.iter_mut().enumerate() {
-        *b = (now >> (i % 8 * 8)) as u8 ^ (std::process::id() >> (i % 4 * 8)) as u8 ^ i as u8;
-    }
-    let client_name = format!("data@{}", std::process::id());
+    let nonce = crate::login_nonce();
+    let client_name = crate::client_name();
     let mac = key.session_mac(c.token(), &nonce, &client_name);
+    let keys = key.key().frame_keys(c.token(), &nonce);
     let req = IoRequest::Login { client_name, nonce, mac, credential: key.credential().cloned() };
-    let bytes = c.call(encode_io_request(Envelope::new(0, 0, 0), &req)).map_err(|e| e.to_string())?;
+    let bytes = c.login(encode_io_request(Envelope::new(0, 0, 0), &req), keys).map_err(|e| e.to_string())?;
     match decode_io_reply(&bytes).map_err(|e| e.to_string())?.2 {
         Ok(IoResponse::Done) => Ok(()),
         Ok(other) => Err(format!("unexpected reply {other:?}")),

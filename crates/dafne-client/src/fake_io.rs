@@ -45,6 +45,16 @@ impl Service for FakeIo {
                     IoRequest::Read { .. } => Err(Errno::EIO),
                     IoRequest::Stat { .. } => Ok(IoResponse::Stat { size: 0 }),
                     IoRequest::ServerInfo { .. } => Err(Errno::ENOSYS),
+                    // Like an io server: the login keys the frames.
+                    IoRequest::Login { client_name, nonce, mac, credential } => {
+                        let s = secret().login_key(credential.as_ref());
+                        if s.verify_session(req.conn.token(), nonce, client_name, mac) {
+                            req.conn.set_frame_keys(s.frame_keys(req.conn.token(), nonce));
+                            Ok(IoResponse::Done)
+                        } else {
+                            Err(Errno::EACCES)
+                        }
+                    }
                     _ => Ok(IoResponse::Done),
                 };
                 encode_io_reply(env.tag, r.op(), &result)
@@ -71,7 +81,7 @@ pub(crate) fn start() -> (Runtime, SocketAddr, Arc<Faults>) {
 }
 
 /// The secret test clients of the fake server log in with (the fake server
-/// checks no capability).
+/// checks logins with it, and no capability).
 pub(crate) fn secret() -> dafne_auth::Secret {
     dafne_auth::Secret::from_bytes([7; dafne_auth::SECRET_LEN])
 }

@@ -137,6 +137,30 @@ impl Inner {
     }
 }
 
+/// 16 random bytes for a login: with the connection's token they make the
+/// connection's frame keys (`dafne_auth::Secret::frame_keys`).
+pub(crate) fn login_nonce() -> [u8; 16] {
+    let mut nonce = [0u8; 16];
+    let random = std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut nonce));
+    if random.is_err() {
+        // No randomness: time and pid. The keys stay unique to the
+        // connection anyway, through its random token.
+        for (i, b) in nonce.iter_mut().enumerate() {
+            *b = (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos()
+                >> (i % 8 * 8)) as u8
+                ^ (std::process::id() >> (i % 4 * 8)) as u8
+                ^ i as u8;
+        }
+    }
+    nonce
+}
+
+/// How this process names itself in io logins: host name and pid.
+pub(crate) fn client_name() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    format!("{}/pid {}", host.trim(), std::process::id())
+}
+
 /// An authenticated session to the metadata server, acting as one user.
 /// Cheap to clone; `Send + Sync`.
 #[derive(Clone)]
@@ -254,27 +278,31 @@ impl MetaSession {
         uid: u32,
         gid: u32,
     ) -> Result<Ino, ConnectError> {
-        let mut nonce = [0u8; 16];
-        for (i, b) in nonce.iter_mut().enumerate() {
-            *b = (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos()
-                >> (i % 8 * 8)) as u8
-                ^ (std::process::id() >> (i % 4 * 8)) as u8
-                ^ i as u8;
-        }
+        let nonce = login_nonce();
         let mac = secret.session_mac(client.token(), &nonce, client_name);
+        // The frame keys come from the same key, token and nonce as the
+        // login: the server derives them when the login verifies.
+        let keys = secret.key().frame_keys(client.token(), &nonce);
         let req = Request::SessionOpen {
             client_name: client_name.to_string(),
             nonce,
             mac,
             credential: secret.credential().cloned(),
         };
-        let bytes = client.call(encode_request(Envelope::new(0, uid, gid), &req))?;
+        let bytes = client.login(encode_request(Envelope::new(0, uid, gid), &req), keys)?;
         let (_, _, result) = decode_reply(&bytes).map_err(|e| ConnectError::Protocol(e.to_string()))?;
         match result {
             Ok(Response::Session { root, .. }) => Ok(root),
             Ok(other) => Err(ConnectError::Protocol(format!("unexpected reply {other:?}"))),
             Err(e) => Err(ConnectError::Refused(e)),
         }
+    }
+
+    /// The transport connection the session uses now (tests: what a
+    /// wiretap on it sees).
+    #[doc(hidden)]
+    pub fn transport(&self) -> Option<dafne_transport::Client> {
+        self.inner.link.get().map(|(c, _)| c)
     }
 
     /// Connections opened again after the metadata server was lost.

@@ -31,12 +31,11 @@ use crate::chunk::ChunkStore;
 use crate::modes::{Direct, ModeStats};
 use crate::server::ServingMode;
 
-/// How long a connection may go without logging in (`Login`, proven with
-/// the cluster secret or a credential's key, or any request whose
-/// capability verifies) before the transport drops it: a peer without the
-/// cluster secret, a credential or an open file cannot hold a connection,
-/// and the buffers behind it, by pinging. A data client logs in right
-/// after connecting, so 10 s is generous.
+/// How long a connection may go without logging in (io op `Login`,
+/// proven with the cluster secret or a credential's key) before the
+/// transport drops it: a peer without either cannot hold a connection, and
+/// the buffers behind it, by pinging. A data client logs in right after
+/// connecting, so 10 s is generous.
 pub const LOGIN_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Units held by one request at a time: 64 × 64 KiB = 4 MiB of cache.
@@ -241,11 +240,14 @@ impl IoService {
         dafne_proto::io::encode_io_reply(env.tag, op, &result)
     }
 
-    /// `Login`: proven as meta's `SessionOpen`, with the cluster secret or
-    /// the key it derives for the credential presented (`dafne_auth`'s
-    /// crate docs, "Credentials"). Io servers keep no list of revoked
-    /// credentials (meta does): a login only keeps the connection and
-    /// allows `ServerInfo`; data needs capabilities, which meta issues.
+    /// Io op `Login`: proven as meta's `SessionOpen`, with the cluster
+    /// secret or the key it derives for the credential presented
+    /// (`dafne_auth`'s crate docs, "Credentials"). It keys the connection's
+    /// frames with the key it was verified with (so a token seen on the
+    /// wire is worthless) and keeps the connection past the login deadline.
+    /// Once per connection. Io servers keep no list of revoked credentials
+    /// (meta does): a login only keeps the connection and allows
+    /// `ServerInfo`; data needs capabilities, which meta issues.
     fn log_in(
         &self,
         conn: &ConnHandle,
@@ -254,27 +256,32 @@ impl IoService {
         mac: &[u8; 32],
         credential: Option<&dafne_proto::Credential>,
     ) -> Result<IoResponse, Errno> {
-        if !self.secret.login_key(credential).verify_session(conn.token(), nonce, client_name, mac) {
+        let refused = |why: String| {
             let now = std::time::Instant::now();
             if self.login_warned.get().is_none_or(|t| now.duration_since(t) >= LOGIN_WARN_EVERY) {
                 self.login_warned.set(Some(now));
                 tracing::warn!(
-                    "refused a login by {client_name:?} on connection {}: {} (at most one such warning per {}s)",
+                    "refused a login by {client_name:?} on connection {}: {why} (at most one such warning per {}s)",
                     conn.id(),
-                    match credential {
-                        Some(c) => format!(
-                            "the key of credential {:?} does not match its policy (edited, or issued by another \
-                             cluster?)",
-                            c.name
-                        ),
-                        None => "not proven with this server's secret (a client with another secret file?)".into(),
-                    },
                     LOGIN_WARN_EVERY.as_secs()
                 );
             }
-            return Err(Errno::EACCES);
+            Err(Errno::EACCES)
+        };
+        if conn.has_frame_keys() {
+            return refused("the connection has logged in already".into());
         }
-        // No longer dropped at the login deadline (`LOGIN_DEADLINE`).
+        let key = self.secret.login_key(credential);
+        if !key.verify_session(conn.token(), nonce, client_name, mac) {
+            return refused(match credential {
+                Some(c) => format!(
+                    "the key of credential {:?} does not match its policy (edited, or issued by another cluster?)",
+                    c.name
+                ),
+                None => "its MAC is not made with this server's secret; a client with another secret file?".into(),
+            });
+        }
+        conn.set_frame_keys(key.frame_keys(conn.token(), nonce));
         conn.authenticated();
         self.logged_in.borrow_mut().insert(conn.id());
         Ok(IoResponse::Done)
@@ -285,9 +292,13 @@ impl IoService {
             IoRequest::Login { client_name, nonce, mac, credential } => {
                 return self.log_in(conn, client_name, nonce, mac, credential.as_ref())
             }
+            // Every other request needs a logged-in connection, whose
+            // frames are authenticated (module docs of `dafne_proto::io`,
+            // "Login").
+            _ if !conn.has_frame_keys() => return Err(Errno::EACCES),
             // A logged-in connection asks about the server without a
             // capability (a client with a credential cannot sign one).
-            IoRequest::ServerInfo { .. } if self.logged_in.borrow().contains(&conn.id()) => {
+            IoRequest::ServerInfo { .. } => {
                 injected_panic();
                 return Ok(IoResponse::ServerInfo(self.server_info(conn)));
             }
@@ -301,9 +312,6 @@ impl IoService {
         if !self.secret.verify_cap(&cap, cap.object_id, rights, SystemTime::now()) {
             return Err(Errno::EACCES);
         }
-        // A genuine capability authenticates the connection: it is no
-        // longer dropped at the login deadline (`LOGIN_DEADLINE`).
-        conn.authenticated();
         if !matches!(req, IoRequest::Revoke { .. } | IoRequest::ServerInfo { .. }) {
             if let Err(why) = self.floors.borrow().check(&cap) {
                 // Removing what is gone already is done (the reclaimer retries).

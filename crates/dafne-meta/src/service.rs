@@ -327,6 +327,12 @@ impl MetaService {
         mac: &[u8; 32],
         credential: Option<Credential>,
     ) -> Result<Response, Errno> {
+        if conn.has_frame_keys() {
+            // One login per connection: its frame keys are those of the
+            // first (`ConnHandle::set_frame_keys`).
+            tracing::warn!("a second session open on connection {}: refused", conn.id());
+            return Err(Errno::EACCES);
+        }
         let key = self.secret.login_key(credential.as_ref());
         let who = match &credential {
             Some(c) => format!("{client_name:?} with credential {:?}", c.name),
@@ -346,6 +352,10 @@ impl MetaService {
             return Err(Errno::EKEYREVOKED);
         }
         let id = conn.id();
+        // The frame keys come from the key the login was verified with
+        // (the cluster secret or the credential's): from the answer on,
+        // every frame of this connection is tagged and numbered.
+        conn.set_frame_keys(key.frame_keys(conn.token(), nonce));
         conn.authenticated();
         self.sessions.borrow_mut().insert(id, Session { credential });
         lock(&self.opens).add_session(id);

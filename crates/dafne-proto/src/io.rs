@@ -445,11 +445,11 @@ impl IoRequest {
             }
             IoRequest::Truncate { size, .. } => w.put_u64(*size),
             IoRequest::Revoke { batch, .. } => batch.put(w),
+            IoRequest::Login { .. } => unreachable!("Login is written above"),
             IoRequest::Remove { .. }
             | IoRequest::Sync { .. }
             | IoRequest::Stat { .. }
-            | IoRequest::ServerInfo { .. }
-            | IoRequest::Login { .. } => {}
+            | IoRequest::ServerInfo { .. } => {}
         }
     }
 

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use dafne_ucx::{Context, Endpoint, ErrMode};
 use futures::channel::oneshot;
 
+use crate::auth::ConnKeys;
 use crate::error::{Result, TransportError};
 use crate::frame::{FrameHeader, FrameKind, Hello, TransportStatus, Welcome, AM_ID};
 use crate::runtime::{random_u64, Inbound, Local, Runtime, Shared};
@@ -29,6 +30,10 @@ struct Pending {
     deadline: Instant,
 }
 
+/// A request waiting for a credit: correlation id, payload, and for a
+/// login the frame keys to install once it is sent.
+type Queued = (u64, Vec<u8>, Option<dafne_auth::FrameKeys>);
+
 struct ClientConn {
     addr: SocketAddr,
     ctrl: RefCell<Option<Endpoint>>,
@@ -39,7 +44,9 @@ struct ClientConn {
     granted: Cell<u32>,
     credits: Cell<u32>,
     max_request: Cell<usize>,
-    queue: RefCell<VecDeque<(u64, Vec<u8>)>>,
+    /// Requests waiting for a credit; a login carries the keys to install
+    /// once it is sent.
+    queue: RefCell<VecDeque<Queued>>,
     pending: RefCell<HashMap<u64, Pending>>,
     next_corr: Cell<u64>,
     state: Cell<State>,
@@ -50,6 +57,17 @@ struct ClientConn {
     last_ping: Cell<Instant>,
     /// The server's worker address, from its welcome.
     server_worker: RefCell<Vec<u8>>,
+    /// Frame keys, installed as the login request is sent (`Client::login`).
+    auth: RefCell<Option<ConnKeys>>,
+}
+
+impl ClientConn {
+    /// Tags `h` when the connection has keys.
+    fn seal(&self, h: &mut FrameHeader, payload: &[u8]) {
+        if let Some(k) = &*self.auth.borrow() {
+            k.seal(h, payload);
+        }
+    }
 }
 
 /// The client connections of one runtime (lives on the loop thread).
@@ -94,6 +112,7 @@ impl ClientSide {
             last_heard: Cell::new(now),
             last_ping: Cell::new(now),
             server_worker: RefCell::new(Vec::new()),
+            auth: RefCell::new(None),
         });
         cs.conns.borrow_mut().insert(id, conn.clone());
         let ctrl = match l.worker.connect_sockaddr(addr) {
@@ -141,6 +160,12 @@ impl ClientSide {
             return;
         };
         let id = id.unwrap_or_default();
+        if m.hdr.kind != FrameKind::Welcome {
+            if let Err(why) = crate::auth::admit(conn.auth.borrow().as_ref(), &m.hdr, &m.payload, true) {
+                crate::server::ServerSide::refused(l, &m.hdr, why);
+                return;
+            }
+        }
         conn.last_heard.set(Instant::now());
         match m.hdr.kind {
             FrameKind::Welcome => Self::on_welcome(l, id, &conn, &m),
@@ -206,6 +231,7 @@ impl ClientSide {
         let mut p = FrameHeader::new(FrameKind::Ping);
         p.conn_id = m.hdr.conn_id;
         p.token = m.hdr.token;
+        conn.seal(&mut p, &[]);
         if let Some(ep) = &*conn.ctrl.borrow() {
             let _ = ep.am_send(AM_ID, p.encode().to_vec(), Vec::new(), false);
         }
@@ -215,7 +241,13 @@ impl ClientSide {
         Self::pump(l, conn);
     }
 
-    fn call(l: &Rc<Local>, id: u64, payload: Vec<u8>, tx: oneshot::Sender<Result<Vec<u8>>>) {
+    fn call(
+        l: &Rc<Local>,
+        id: u64,
+        payload: Vec<u8>,
+        keys: Option<dafne_auth::FrameKeys>,
+        tx: oneshot::Sender<Result<Vec<u8>>>,
+    ) {
         let Some(conn) = Self::get(l, id) else {
             let _ = tx.send(Err(TransportError::Shutdown));
             return;
@@ -236,7 +268,7 @@ impl ClientSide {
         if conn.credits.get() == 0 {
             TransportStats::inc(&l.stats().credit_waits);
         }
-        conn.queue.borrow_mut().push_back((corr, payload));
+        conn.queue.borrow_mut().push_back((corr, payload, keys));
         Self::pump(l, &conn);
     }
 
@@ -246,11 +278,17 @@ impl ClientSide {
             return;
         }
         while conn.credits.get() > 0 {
-            let Some((corr, payload)) = conn.queue.borrow_mut().pop_front() else {
+            let Some((corr, payload, keys)) = conn.queue.borrow_mut().pop_front() else {
                 break;
             };
             if !conn.pending.borrow().contains_key(&corr) {
                 continue; // timed out while queued
+            }
+            if keys.is_some() && conn.auth.borrow().is_some() {
+                if let Some(p) = conn.pending.borrow_mut().remove(&corr) {
+                    let _ = p.tx.send(Err(TransportError::Protocol("this connection has logged in already".into())));
+                }
+                continue;
             }
             conn.credits.set(conn.credits.get() - 1);
             let mut h = FrameHeader::new(FrameKind::Request);
@@ -258,11 +296,17 @@ impl ClientSide {
             h.token = conn.token.get();
             h.corr = corr;
             h.payload_len = payload.len() as u32;
+            conn.seal(&mut h, &payload);
             let r = match &*conn.data.borrow() {
                 Some(ep) => ep.am_send(AM_ID, h.encode().to_vec(), payload, false).map(|_| ()),
                 None => Err(dafne_ucx::Error::Invalid { op: "send", reason: "no data endpoint".into() }),
             };
             TransportStats::inc(&l.stats().requests_sent);
+            if let Some(k) = keys {
+                // The login itself went untagged (the server has no keys
+                // before it verifies it); everything after it is tagged.
+                *conn.auth.borrow_mut() = Some(ConnKeys::new(k.to_server, k.to_client, true));
+            }
             if let Err(e) = r {
                 conn.credits.set(conn.credits.get() + 1);
                 if let Some(p) = conn.pending.borrow_mut().remove(&corr) {
@@ -270,6 +314,17 @@ impl ClientSide {
                 }
             }
         }
+    }
+
+    /// See `Client::forge_request`.
+    fn forge(conn: &ClientConn, payload: Vec<u8>) -> (Vec<u8>, Vec<u8>) {
+        let mut h = FrameHeader::new(FrameKind::Request);
+        h.conn_id = conn.conn_id.get();
+        h.token = conn.token.get();
+        h.corr = u64::MAX - conn.next_corr.get();
+        h.payload_len = payload.len() as u32;
+        conn.seal(&mut h, &payload);
+        (h.encode().to_vec(), payload)
     }
 
     pub(crate) fn housekeeping(l: &Rc<Local>, now: Instant) {
@@ -296,6 +351,7 @@ impl ClientSide {
                         let mut h = FrameHeader::new(FrameKind::Ping);
                         h.conn_id = c.conn_id.get();
                         h.token = c.token.get();
+                        c.seal(&mut h, &[]);
                         if let Some(ep) = &*c.ctrl.borrow() {
                             let _ = ep.am_send(AM_ID, h.encode().to_vec(), Vec::new(), false);
                         }
@@ -381,6 +437,7 @@ impl ClientSide {
             let mut h = FrameHeader::new(FrameKind::Bye);
             h.conn_id = c.conn_id.get();
             h.token = c.token.get();
+            c.seal(&mut h, &[]);
             if let Some(ep) = &*c.ctrl.borrow() {
                 let _ = ep.am_send(AM_ID, h.encode().to_vec(), Vec::new(), false);
             }
@@ -491,6 +548,39 @@ impl Client {
         Ok(client)
     }
 
+    /// The connection id the server assigned (tests: what a wiretap reads
+    /// from any frame of this connection).
+    #[doc(hidden)]
+    pub fn conn_id(&self) -> u32 {
+        let id = self.inner.id;
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        if self
+            .inner
+            .shared
+            .submit(move |l| {
+                let _ = tx.send(ClientSide::get(l, id).map(|c| c.conn_id.get()).unwrap_or(0));
+            })
+            .is_err()
+        {
+            return 0;
+        }
+        rx.recv().unwrap_or(0)
+    }
+
+    /// The request frame (header, payload) this connection would send for
+    /// `payload` now, as a wiretap would capture it, without sending it:
+    /// for tests of what a copied frame is worth when another endpoint
+    /// sends it. Its correlation id is one no call of this client uses.
+    #[doc(hidden)]
+    pub fn forge_request(&self, payload: Vec<u8>) -> Result<(Vec<u8>, Vec<u8>)> {
+        let id = self.inner.id;
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.inner.shared.submit(move |l| {
+            let _ = tx.send(ClientSide::get(l, id).map(|c| ClientSide::forge(&c, payload)));
+        })?;
+        rx.recv().map_err(|_| TransportError::Shutdown)?.ok_or(TransportError::Shutdown)
+    }
+
     /// The connection's random token (see `ConnHandle::token` on the server):
     /// what session authentication binds to.
     pub fn token(&self) -> u64 {
@@ -512,7 +602,23 @@ impl Client {
     /// inside a caller's `block_on` (a session opened again while a
     /// blocking call reconnects).
     pub fn call(&self, payload: Vec<u8>) -> Result<Vec<u8>> {
-        let fut = self.call_async(payload);
+        self.call_blocking(payload, None)
+    }
+
+    /// Sends an application login request and waits for its answer, like
+    /// [`Client::call`], and installs `keys` (`dafne_auth::Secret::frame_keys`
+    /// of the login's token and nonce) as the request leaves: the login
+    /// is the last untagged frame this client sends on the connection, and
+    /// from its answer on every frame it receives must carry a valid tag
+    /// and a fresh sequence number (`frame` module docs). A refused login
+    /// is answered untagged and still reaches the caller; the connection
+    /// is then of no further use. Once per connection.
+    pub fn login(&self, payload: Vec<u8>, keys: dafne_auth::FrameKeys) -> Result<Vec<u8>> {
+        self.call_blocking(payload, Some(keys))
+    }
+
+    fn call_blocking(&self, payload: Vec<u8>, keys: Option<dafne_auth::FrameKeys>) -> Result<Vec<u8>> {
+        let fut = self.call_keyed(payload, keys);
         let (tx, rx) = crossbeam_channel::bounded(1);
         self.inner.shared.submit(move |l| {
             l.spawn(async move {
@@ -525,9 +631,17 @@ impl Client {
     /// Sends a request; the future resolves with the reply. The future is
     /// `Send` and may be awaited on any executor.
     pub fn call_async(&self, payload: Vec<u8>) -> impl Future<Output = Result<Vec<u8>>> + Send + 'static {
+        self.call_keyed(payload, None)
+    }
+
+    fn call_keyed(
+        &self,
+        payload: Vec<u8>,
+        keys: Option<dafne_auth::FrameKeys>,
+    ) -> impl Future<Output = Result<Vec<u8>>> + Send + 'static {
         let (tx, rx) = oneshot::channel();
         let id = self.inner.id;
-        let submitted = self.inner.shared.submit(move |l| ClientSide::call(l, id, payload, tx));
+        let submitted = self.inner.shared.submit(move |l| ClientSide::call(l, id, payload, keys, tx));
         async move {
             submitted?;
             rx.await.unwrap_or(Err(TransportError::Shutdown))
@@ -541,7 +655,7 @@ impl Client {
     pub fn call_on_loop(&self, l: &Rc<Local>, payload: Vec<u8>) -> impl Future<Output = Result<Vec<u8>>> + 'static {
         let (tx, rx) = oneshot::channel();
         if Arc::ptr_eq(&l.shared, &self.inner.shared) {
-            ClientSide::call(l, self.inner.id, payload, tx);
+            ClientSide::call(l, self.inner.id, payload, None, tx);
         } else {
             let _ = tx.send(Err(TransportError::Protocol("call_on_loop from another runtime's loop".into())));
         }

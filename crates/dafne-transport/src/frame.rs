@@ -1,10 +1,10 @@
-//! The transport frame: the fixed 40-byte header carried as the UCX
+//! The transport frame: the fixed 64-byte header carried as the UCX
 //! active-message header of every dafne message.
 //!
 //! ```text
 //! offset size field
 //!      0    2 magic        0xDAF0
-//!      2    1 version      FRAME_VERSION
+//!      2    1 version      FRAME_VERSION (3)
 //!      3    1 kind         FrameKind
 //!      4    4 status       transport status (0 = ok; see TransportStatus)
 //!      8    4 conn_id      connection id assigned by the server (0 before)
@@ -13,16 +13,38 @@
 //!     24    8 token        connection secret assigned by the server
 //!     32    4 payload_len  length of the AM data that follows
 //!     36    4 reserved     must be zero
+//!     40    8 seq          0: untagged; else this direction's sequence number (from 1)
+//!     48   16 tag          HMAC-SHA256(direction key, bytes 0..48 ‖ payload), first
+//!                          16 bytes; all zero when seq is 0
 //! ```
 //! All fields little-endian. The header is decoded by [`FrameHeader::decode`],
 //! which treats its input as hostile: every way it can be wrong has its own
 //! [`FrameError`]. Bumping `FRAME_VERSION` is required for any layout change;
 //! a receiver rejects other versions.
+//!
+//! # Frame authentication
+//! Until an application login succeeds a connection's frames are untagged
+//! (seq 0, tag zero): the token alone names the connection. The login
+//! gives both ends per-direction keys (`dafne_auth::Secret::frame_keys`,
+//! from the login's token and nonce and the secret it was verified with);
+//! from then on every frame of that connection, both ways, carries the
+//! next sequence number of its direction and a tag over its header and
+//! payload. The receiver refuses a frame whose tag does not verify, an
+//! untagged one, and a sequence number it has seen ([`ReplayWindow`]), so
+//! a token or a whole frame copied off the wire is worth nothing: a copy
+//! sent again is a replay, a changed one fails its tag, and a new frame
+//! needs the key. What the tag does not cover: bulk data moved by RMA
+//! (its bytes are never in a frame), and hello/welcome (before keys).
 
 /// Size of the encoded header.
-pub const FRAME_HEADER_LEN: usize = 40;
+pub const FRAME_HEADER_LEN: usize = 64;
 pub const FRAME_MAGIC: u16 = 0xDAF0;
-pub const FRAME_VERSION: u8 = 2;
+pub const FRAME_VERSION: u8 = 3;
+/// The header bytes a tag covers: everything before the tag.
+pub const TAGGED_HEADER_LEN: usize = 48;
+/// Length of a frame's tag.
+pub const TAG_LEN: usize = dafne_auth::FRAME_TAG_LEN;
+const _: () = assert!(TAGGED_HEADER_LEN + TAG_LEN == FRAME_HEADER_LEN);
 
 /// The UCX active-message id all dafne frames use.
 pub const AM_ID: u16 = 7;
@@ -103,6 +125,11 @@ pub struct FrameHeader {
     pub corr: u64,
     pub token: u64,
     pub payload_len: u32,
+    /// This direction's sequence number once the connection has keys; 0
+    /// in an untagged frame.
+    pub seq: u64,
+    /// The frame's tag (module docs); zero in an untagged frame.
+    pub tag: [u8; TAG_LEN],
 }
 
 /// Why a header was refused.
@@ -122,11 +149,23 @@ pub enum FrameError {
     LengthMismatch { announced: u32, actual: usize },
     #[error("payload of {len} bytes exceeds the limit of {limit}")]
     TooLarge { len: usize, limit: usize },
+    #[error("untagged frame (sequence number 0) with a non-zero tag")]
+    StrayTag,
 }
 
 impl FrameHeader {
     pub fn new(kind: FrameKind) -> FrameHeader {
-        FrameHeader { kind, status: 0, conn_id: 0, credits: 0, corr: 0, token: 0, payload_len: 0 }
+        FrameHeader {
+            kind,
+            status: 0,
+            conn_id: 0,
+            credits: 0,
+            corr: 0,
+            token: 0,
+            payload_len: 0,
+            seq: 0,
+            tag: [0; TAG_LEN],
+        }
     }
 
     pub fn encode(&self) -> [u8; FRAME_HEADER_LEN] {
@@ -140,7 +179,21 @@ impl FrameHeader {
         b[16..24].copy_from_slice(&self.corr.to_le_bytes());
         b[24..32].copy_from_slice(&self.token.to_le_bytes());
         b[32..36].copy_from_slice(&self.payload_len.to_le_bytes());
+        b[40..48].copy_from_slice(&self.seq.to_le_bytes());
+        b[48..64].copy_from_slice(&self.tag);
         b
+    }
+
+    /// Sets `seq` and the tag made with `key` over this header and `payload`.
+    pub fn seal(&mut self, key: &dafne_auth::FrameKey, seq: u64, payload: &[u8]) {
+        self.seq = seq;
+        self.tag = key.tag(&self.encode()[..TAGGED_HEADER_LEN], payload);
+    }
+
+    /// Whether this (tagged) frame's tag is `key`'s over its header and
+    /// `payload`. Constant time.
+    pub fn verify(&self, key: &dafne_auth::FrameKey, payload: &[u8]) -> bool {
+        key.verify(&self.encode()[..TAGGED_HEADER_LEN], payload, &self.tag)
     }
 
     /// Decodes and validates a header. `payload_len` is checked against the
@@ -175,6 +228,12 @@ impl FrameHeader {
         if actual_payload > max_payload {
             return Err(FrameError::TooLarge { len: actual_payload, limit: max_payload });
         }
+        let seq = u64_at(40);
+        let mut tag = [0u8; TAG_LEN];
+        tag.copy_from_slice(&b[48..64]);
+        if seq == 0 && tag != [0; TAG_LEN] {
+            return Err(FrameError::StrayTag);
+        }
         Ok(FrameHeader {
             kind,
             status: u32_at(4) as i32,
@@ -183,7 +242,99 @@ impl FrameHeader {
             corr: u64_at(16),
             token: u64_at(24),
             payload_len,
+            seq,
+            tag,
         })
+    }
+}
+
+/// Width of the replay window, in sequence numbers.
+pub const REPLAY_WINDOW: u64 = 1024;
+
+/// The sequence numbers of one direction a receiver has accepted, IPsec
+/// style (RFC 4303 3.4.3, with RFC 6479's ring of bits): the highest one,
+/// and which of the [`REPLAY_WINDOW`] below it were seen. A frame is fresh
+/// if its number is above the highest, or within the window and not seen;
+/// anything older than the window is refused.
+///
+/// Why a window and not "each number one above the last": UCX does not
+/// keep order between the frames of one endpoint. A small payload goes
+/// eager and a large one by rendezvous (its payload fetched after the
+/// header arrives), so a request sent after a large one may be delivered
+/// first; pings and bye travel on the control endpoint, requests on the
+/// data endpoint. Strict order would refuse honest frames. 1024 numbers
+/// cover far more than can be out of order at once: a client has at most
+/// its credits (64 by default) of requests in flight, plus a ping.
+#[derive(Debug, Clone)]
+pub struct ReplayWindow {
+    /// The highest number accepted (0: none yet).
+    top: u64,
+    /// Bit `n % REPLAY_WINDOW` is set when `n` (within the window) was seen.
+    seen: [u64; (REPLAY_WINDOW / 64) as usize],
+}
+
+/// Why a sequence number was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Replay {
+    #[error("sequence number 0 (an untagged frame)")]
+    Zero,
+    #[error("sequence number {seq} was seen already")]
+    Seen { seq: u64 },
+    #[error("sequence number {seq} is older than the window (highest {top})")]
+    TooOld { seq: u64, top: u64 },
+}
+
+impl Default for ReplayWindow {
+    fn default() -> Self {
+        ReplayWindow { top: 0, seen: [0; (REPLAY_WINDOW / 64) as usize] }
+    }
+}
+
+impl ReplayWindow {
+    fn bit(seq: u64) -> (usize, u64) {
+        let i = seq % REPLAY_WINDOW;
+        ((i / 64) as usize, 1 << (i % 64))
+    }
+
+    /// Whether `seq` would be accepted. Check before the tag (cheap), and
+    /// [`ReplayWindow::record`] only after it verified: a forged frame
+    /// must not move the window.
+    pub fn check(&self, seq: u64) -> Result<(), Replay> {
+        if seq == 0 {
+            return Err(Replay::Zero);
+        }
+        if seq > self.top {
+            return Ok(());
+        }
+        if self.top - seq >= REPLAY_WINDOW {
+            return Err(Replay::TooOld { seq, top: self.top });
+        }
+        let (w, m) = Self::bit(seq);
+        if self.seen[w] & m != 0 {
+            return Err(Replay::Seen { seq });
+        }
+        Ok(())
+    }
+
+    /// Checks and records `seq` as seen.
+    pub fn record(&mut self, seq: u64) -> Result<(), Replay> {
+        self.check(seq)?;
+        if seq > self.top {
+            if seq - self.top >= REPLAY_WINDOW {
+                self.seen = [0; (REPLAY_WINDOW / 64) as usize];
+            } else {
+                // The numbers between the old top and `seq` enter the
+                // window unseen (their bits still hold numbers a window ago).
+                for n in self.top + 1..seq {
+                    let (w, m) = Self::bit(n);
+                    self.seen[w] &= !m;
+                }
+            }
+            self.top = seq;
+        }
+        let (w, m) = Self::bit(seq);
+        self.seen[w] |= m;
+        Ok(())
     }
 }
 
@@ -288,6 +439,8 @@ mod tests {
             corr: u64::MAX - 1,
             token: 0x1234_5678_9abc_def0,
             payload_len: 100,
+            seq: 5,
+            tag: [0xA5; TAG_LEN],
         }
     }
 
@@ -300,7 +453,7 @@ mod tests {
     #[test]
     fn every_corruption_is_named() {
         let good = sample().encode();
-        assert_eq!(FrameHeader::decode(&good[..39], 100, 1000), Err(FrameError::BadLength(39)));
+        assert_eq!(FrameHeader::decode(&good[..63], 100, 1000), Err(FrameError::BadLength(63)));
         let mut b = good;
         b[0] = 0;
         assert!(matches!(FrameHeader::decode(&b, 100, 1000), Err(FrameError::BadMagic(_))));
@@ -310,6 +463,9 @@ mod tests {
         let mut b = good;
         b[3] = 200;
         assert_eq!(FrameHeader::decode(&b, 100, 1000), Err(FrameError::BadKind(200)));
+        let mut b = good;
+        b[40..48].copy_from_slice(&0u64.to_le_bytes());
+        assert_eq!(FrameHeader::decode(&b, 100, 1000), Err(FrameError::StrayTag));
         let mut b = good;
         b[39] = 1;
         assert!(matches!(FrameHeader::decode(&b, 100, 1000), Err(FrameError::Reserved(_))));
@@ -321,10 +477,90 @@ mod tests {
     }
 
     #[test]
+    fn a_sealed_frame_verifies_and_any_change_breaks_it() {
+        let keys = dafne_auth::Secret::from_bytes([3; 32]).frame_keys(9, &[4; 16]);
+        let payload = b"a request".to_vec();
+        let mut h = sample();
+        h.payload_len = payload.len() as u32;
+        h.seal(&keys.to_server, 42, &payload);
+        assert_eq!(h.seq, 42);
+        let got = FrameHeader::decode(&h.encode(), payload.len(), 1000).unwrap();
+        assert!(got.verify(&keys.to_server, &payload));
+        assert!(!got.verify(&keys.to_client, &payload), "the other direction's key");
+        let mut bad = payload.clone();
+        bad[0] ^= 1;
+        assert!(!got.verify(&keys.to_server, &bad), "payload changed");
+        // Every header byte the tag covers matters.
+        for i in 0..TAGGED_HEADER_LEN {
+            let mut b = h.encode();
+            b[i] ^= 0x10;
+            if let Ok(x) = FrameHeader::decode(&b, payload.len(), 1000) {
+                assert!(!x.verify(&keys.to_server, &payload), "byte {i} changed");
+            }
+        }
+    }
+
+    #[test]
+    fn the_replay_window_takes_each_number_once_in_any_order_within_its_width() {
+        let mut w = ReplayWindow::default();
+        assert_eq!(w.record(0), Err(Replay::Zero));
+        for s in [3, 1, 2, 10, 5] {
+            assert_eq!(w.record(s), Ok(()), "{s}");
+        }
+        for s in [1, 2, 3, 5, 10] {
+            assert_eq!(w.record(s), Err(Replay::Seen { seq: s }));
+        }
+        assert_eq!(w.check(4), Ok(()), "skipped, still in the window");
+        assert_eq!(w.record(10 + REPLAY_WINDOW), Ok(()));
+        assert_eq!(w.record(10), Err(Replay::TooOld { seq: 10, top: 10 + REPLAY_WINDOW }));
+        assert_eq!(w.record(11), Ok(()), "the oldest number inside the window");
+        assert_eq!(w.record(11), Err(Replay::Seen { seq: 11 }));
+        // The ring's bits of numbers a window ago do not count as seen.
+        let top = 10 + REPLAY_WINDOW;
+        assert_eq!(w.record(top + 5), Ok(()));
+        assert_eq!(w.record(top + 3), Ok(()), "{} shares a bit with 2 + window", top + 3);
+        assert_eq!(w.record(top + 5 + 10 * REPLAY_WINDOW), Ok(()), "a jump clears the window");
+        assert_eq!(w.record(top + 5), Err(Replay::TooOld { seq: top + 5, top: top + 5 + 10 * REPLAY_WINDOW }));
+    }
+
+    #[test]
+    fn the_replay_window_agrees_with_a_set_model() {
+        let mut w = ReplayWindow::default();
+        let mut seen = std::collections::HashSet::new();
+        let mut top = 0u64;
+        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+        for i in 0..200_000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // Mostly forward, sometimes back (reordering), sometimes replays.
+            let s = match x % 8 {
+                0 => i / 2 + 1,
+                1 => (top + 1).saturating_sub(x % (REPLAY_WINDOW + 50)).max(1),
+                _ => top + 1 + x % 4,
+            };
+            let want = if s > top {
+                Ok(())
+            } else if top - s >= REPLAY_WINDOW {
+                Err(Replay::TooOld { seq: s, top })
+            } else if seen.contains(&s) {
+                Err(Replay::Seen { seq: s })
+            } else {
+                Ok(())
+            };
+            assert_eq!(w.record(s), want, "step {i}, seq {s}, top {top}");
+            if want.is_ok() {
+                seen.insert(s);
+                top = top.max(s);
+            }
+        }
+    }
+
+    #[test]
     fn decode_never_panics_on_any_short_or_random_input() {
         // A deterministic sweep over lengths and byte patterns.
         let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-        for len in 0..64 {
+        for len in 0..80 {
             for _ in 0..200 {
                 let buf: Vec<u8> = (0..len)
                     .map(|_| {

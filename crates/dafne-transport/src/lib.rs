@@ -20,9 +20,13 @@
 //!   client may have in flight), and refuses requests beyond them.
 //! * Bulk data never travels in messages: the server drives RMA put/get
 //!   against keys the client packed into its request ([`ConnHandle`]).
+//! * After an application login, both ends hold per-direction frame keys
+//!   ([`Client::login`], [`ConnHandle::set_frame_keys`]) and every frame is
+//!   tagged and numbered (`frame` module docs, "Frame authentication").
 //!
 //! See `ARCHITECTURE.md` for the rules and the reasoning.
 
+mod auth;
 mod client;
 mod error;
 pub mod frame;
@@ -35,6 +39,7 @@ pub mod testsvc;
 mod timer;
 
 pub use client::Client;
+pub use dafne_auth::{FrameKey, FrameKeys};
 pub use dafne_ucx::{Access, Context, Local, Region, RemoteKey, Slab, SubRegion};
 pub use error::TransportError;
 pub use runtime::{fail_fast_on_panic, parse_ucx_overrides, DataPath, Runtime, RuntimeOptions};

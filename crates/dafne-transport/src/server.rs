@@ -13,6 +13,7 @@ use std::time::Instant;
 
 use dafne_ucx::{ConnRequest, Endpoint, Local as LocalMem, Op, RemoteKey};
 
+use crate::auth::{ConnKeys, Refused};
 use crate::error::{Result, TransportError};
 use crate::frame::{FrameHeader, FrameKind, Hello, TransportStatus, Welcome, AM_ID};
 use crate::runtime::{random_u64, Inbound, Local, Runtime, Shared};
@@ -77,6 +78,9 @@ pub(crate) struct ServerConn {
     /// `on_hello`). Until then the connection counts against
     /// [`MAX_UNPROVEN`].
     proven: Cell<bool>,
+    /// The frame keys the service installed after a login
+    /// (`ConnHandle::set_frame_keys`); from then on every frame is tagged.
+    auth: RefCell<Option<ConnKeys>>,
 }
 
 /// A client connection as seen by a handler: the way to reach the client's
@@ -113,6 +117,27 @@ impl ConnHandle {
     /// peer cannot hold a connection (and its buffers) by pinging forever.
     pub fn authenticated(&self) {
         self.0.authenticated.set(true);
+    }
+
+    /// Installs the keys of a login the service verified
+    /// (`dafne_auth::Secret::frame_keys`): from now on every frame this
+    /// server sends on the connection is tagged, and every frame it
+    /// receives must be tagged with a fresh sequence number (`frame`
+    /// module docs). Keys are set once: returns false, changing nothing,
+    /// when the connection has them already (a second login).
+    pub fn set_frame_keys(&self, keys: dafne_auth::FrameKeys) -> bool {
+        let mut auth = self.0.auth.borrow_mut();
+        if auth.is_some() {
+            return false;
+        }
+        *auth = Some(ConnKeys::new(keys.to_client, keys.to_server, false));
+        true
+    }
+
+    /// Whether the connection's frames are authenticated
+    /// ([`ConnHandle::set_frame_keys`]).
+    pub fn has_frame_keys(&self) -> bool {
+        self.0.auth.borrow().is_some()
     }
 
     /// The connection's random token, known to both ends: protocols above
@@ -348,14 +373,37 @@ impl ServerSide {
         }
     }
 
-    fn conn_for(l: &Local, h: &FrameHeader) -> Option<Rc<ServerConn>> {
+    /// The connection a frame names, if its token matches and, once the
+    /// connection has frame keys, its tag verifies and its sequence number
+    /// is fresh. A refused frame is counted and logged (rate-limited) and
+    /// gets no answer; the connection itself is untouched, so a peer that
+    /// sends copies cannot close an honest session.
+    fn conn_for(l: &Local, m: &Inbound) -> Option<Rc<ServerConn>> {
+        let h = &m.hdr;
         let c = l.server.conns.borrow().get(&h.conn_id).cloned()?;
-        (c.token == h.token).then(|| {
-            if !c.proven.replace(true) {
-                l.server.unproven.set(l.server.unproven.get() - 1);
-            }
-            c
-        })
+        if c.token != h.token {
+            return None;
+        }
+        if let Err(why) = crate::auth::admit(c.auth.borrow().as_ref(), h, &m.payload, false) {
+            Self::refused(l, h, why);
+            return None;
+        }
+        if !c.proven.replace(true) {
+            l.server.unproven.set(l.server.unproven.get() - 1);
+        }
+        Some(c)
+    }
+
+    /// Counts and logs a frame its connection's keys refused.
+    pub(crate) fn refused(l: &Local, h: &FrameHeader, why: Refused) {
+        let stats = l.stats();
+        match why {
+            Refused::Replayed(_) => TransportStats::inc(&stats.replayed_frames),
+            _ => TransportStats::inc(&stats.unauthenticated_frames),
+        }
+        if l.shared.log_limit.allow() {
+            tracing::warn!("refusing a {:?} frame for connection {}: {why}", h.kind, h.conn_id);
+        }
     }
 
     pub(crate) fn on_frame(l: &Rc<Local>, m: Inbound) {
@@ -363,7 +411,7 @@ impl ServerSide {
         match m.hdr.kind {
             FrameKind::Hello => Self::on_hello(l, m),
             FrameKind::Request => {
-                let Some(conn) = Self::conn_for(l, &m.hdr) else {
+                let Some(conn) = Self::conn_for(l, &m) else {
                     TransportStats::inc(&stats.malformed_frames);
                     if l.shared.log_limit.allow() {
                         tracing::warn!("request for unknown connection {} (or wrong token): dropped", m.hdr.conn_id);
@@ -395,7 +443,7 @@ impl ServerSide {
                 });
             }
             FrameKind::Ping => {
-                let Some(conn) = Self::conn_for(l, &m.hdr) else {
+                let Some(conn) = Self::conn_for(l, &m) else {
                     TransportStats::inc(&stats.malformed_frames);
                     return;
                 };
@@ -403,12 +451,15 @@ impl ServerSide {
                 let mut h = FrameHeader::new(FrameKind::Pong);
                 h.conn_id = conn.id;
                 h.token = conn.token;
+                if let Some(k) = &*conn.auth.borrow() {
+                    k.seal(&mut h, &[]);
+                }
                 let ctrl = conn.ctrl.borrow().clone();
                 if let Some(ep) = ctrl {
                     let _ = ep.am_send(AM_ID, h.encode().to_vec(), Vec::new(), false);
                 }
             }
-            FrameKind::Bye => match Self::conn_for(l, &m.hdr) {
+            FrameKind::Bye => match Self::conn_for(l, &m) {
                 Some(conn) => Self::drop_conn(l, conn.id, false),
                 None => TransportStats::inc(&stats.malformed_frames),
             },
@@ -491,6 +542,7 @@ impl ServerSide {
             authenticated: Cell::new(false),
             created: Instant::now(),
             proven: Cell::new(false),
+            auth: RefCell::new(None),
         });
         let address = match l.worker.address() {
             Ok(a) => a,
@@ -541,6 +593,9 @@ impl ServerSide {
         h.corr = corr;
         h.credits = 1;
         h.payload_len = payload.len() as u32;
+        if let Some(k) = &*conn.auth.borrow() {
+            k.seal(&mut h, &payload);
+        }
         if let Some(ep) = &*conn.data.borrow() {
             if let Err(e) = ep.am_send(AM_ID, h.encode().to_vec(), payload, false) {
                 tracing::warn!("reply to connection {} failed ({e}): closing it", conn.id);

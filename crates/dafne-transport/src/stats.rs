@@ -62,6 +62,14 @@ counters! {
     /// Frames refused before their payload was received (unknown
     /// connection, wrong token, a kind that carries no payload this big).
     refused_before_receive,
+    /// Frames refused by their connection's frame keys: untagged on a
+    /// connection with keys, tagged on one without, or a tag that does not
+    /// verify (a token or frame copied off the wire, a changed frame).
+    unauthenticated_frames,
+    /// Genuine frames refused because their sequence number was seen
+    /// already or is older than the replay window (a copied frame sent
+    /// again).
+    replayed_frames,
 }
 
 impl TransportStats {

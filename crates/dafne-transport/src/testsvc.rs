@@ -14,6 +14,11 @@
 //!   unregistered memory instead of its registered pool.
 //! * `SLEEP` body = `ms: u32`.
 //! * `STATS` → JSON of the server's transport and UCX counters.
+//! * `LOGIN` body = `nonce: [u8; 16]`: installs the connection's frame keys
+//!   made from [`TEST_SECRET`] (no MAC is checked: this service has no
+//!   users). The client sends it with `Client::login` and
+//!   [`test_frame_keys`]; from then on the connection's frames are tagged,
+//!   which is how tests and the benchmark measure frame authentication.
 //!
 //! Reply: `ok: u8` (1 = success) then, on success, op-specific bytes
 //! (`GET`: `hash: u64, len: u64`), on failure a UTF-8 message.
@@ -39,6 +44,25 @@ pub const OP_STATS: u8 = 5;
 /// Blocks the loop thread itself for the given milliseconds (a handler
 /// gone wrong): what the watchdog must catch.
 pub const OP_BLOCK: u8 = 6;
+/// Keys the connection's frames (module docs).
+pub const OP_LOGIN: u8 = 7;
+
+/// The secret the reference service keys frames with: fixed and public,
+/// for tests and benchmarks of the transport only (servers of a cluster
+/// derive keys from a login they verified with their own secret).
+pub const TEST_SECRET: [u8; 32] = [0x7e; 32];
+
+/// The frame keys of a `LOGIN` with `nonce` on a connection with `token`.
+pub fn test_frame_keys(token: u64, nonce: &[u8; 16]) -> dafne_auth::FrameKeys {
+    dafne_auth::Secret::from_bytes(TEST_SECRET).frame_keys(token, nonce)
+}
+
+/// A `LOGIN` request with `nonce`.
+pub fn encode_login(nonce: &[u8; 16]) -> Vec<u8> {
+    let mut v = vec![OP_LOGIN];
+    v.extend_from_slice(nonce);
+    v
+}
 
 pub const FLAG_VERIFY: u8 = 1;
 pub const FLAG_PLAIN: u8 = 2;
@@ -357,6 +381,11 @@ impl Service for TestServiceHandle {
                     Err(_) => Err("block wants 4 bytes".into()),
                 },
                 OP_STATS => Ok((svc.rt_stats)().into_bytes()),
+                OP_LOGIN => match <[u8; 16]>::try_from(body) {
+                    Ok(nonce) if conn.set_frame_keys(test_frame_keys(conn.token(), &nonce)) => Ok(Vec::new()),
+                    Ok(_) => Err("logged in already".into()),
+                    Err(_) => Err("login wants a 16-byte nonce".into()),
+                },
                 other => Err(format!("unknown op {other}")),
             };
             match r {

@@ -504,3 +504,53 @@ fn hellos_that_never_use_their_welcome_do_not_lock_out_honest_clients() {
         }
     }
 }
+
+/// With frame keys (the reference service's `LOGIN`), every frame of the
+/// connection is tagged and numbered both ways: small and rendezvous-sized
+/// calls, server RMA, and the keepalive pings of a few seconds all pass,
+/// out of order or not, and neither end refuses any frame. A second login
+/// on the connection is refused.
+#[test]
+fn a_keyed_connection_tags_every_frame_both_ways() {
+    for tls in [Tls::Tcp, Tls::Shm] {
+        let server = spawn_server(tls, &[]);
+        let rt = client_runtime(tls);
+        let c = Client::connect(&rt, server.addr).unwrap();
+        let plain = Client::connect(&rt, server.addr).unwrap();
+        let nonce = [9u8; 16];
+        let r = c.login(testsvc::encode_login(&nonce), testsvc::test_frame_keys(c.token(), &nonce)).unwrap();
+        testsvc::parse_reply(&r).unwrap();
+        // Many in flight, eager and rendezvous mixed: UCX may deliver them
+        // out of order, which the replay window allows.
+        let futs: Vec<_> = (0..200usize)
+            .map(|i| {
+                let mut req = vec![testsvc::OP_ECHO];
+                req.resize(1 + if i % 3 == 0 { 300_000 } else { i }, i as u8);
+                (req.clone(), c.call_async(req))
+            })
+            .collect();
+        for (req, f) in futs {
+            let r = futures::executor::block_on(f).unwrap();
+            assert_eq!(testsvc::parse_reply(&r).unwrap(), &req[1..]);
+        }
+        put_and_check(&c, 1 << 20, true, FLAG_VERIFY, 5);
+        get_and_check(&c, 65536 + 3, false, FLAG_VERIFY, 6);
+        // Keepalives (every second) on both connections.
+        std::thread::sleep(Duration::from_millis(2500));
+        let again = c.login(testsvc::encode_login(&nonce), testsvc::test_frame_keys(c.token(), &nonce));
+        assert!(again.is_err(), "a second login went through: {again:?}");
+        let s = server_stats(&plain);
+        for k in ["unauthenticated_frames", "replayed_frames"] {
+            assert_eq!(s["transport"][k].as_u64(), Some(0), "{tls:?}: the server refused honest frames: {s}");
+        }
+        // The one frame an honest client may refuse: the untagged pong to
+        // its first ping (sent before the login) when it arrives after
+        // the login's tagged answer (another endpoint: no order).
+        let mine = rt.stats().snapshot();
+        assert!(
+            mine.unauthenticated_frames <= 1 && mine.replayed_frames == 0,
+            "{tls:?}: the client refused frames: {mine:?}"
+        );
+        testsvc::parse_reply(&c.call(vec![testsvc::OP_ECHO, 1]).unwrap()).unwrap();
+    }
+}

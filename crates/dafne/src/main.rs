@@ -186,6 +186,15 @@ struct TransportBench {
     /// A short run (0.2 s per cell, 2000 round trips) for smoke checks.
     #[arg(long)]
     quick: bool,
+    /// Echo sizes of the frame authentication comparison: the same echoes
+    /// on a connection with frame keys (every frame tagged with
+    /// HMAC-SHA256-128 and numbered, both ways) and on one without, to one
+    /// server in one run (comma-separated; empty to skip).
+    #[arg(long, default_value = "8,4K,64K", value_delimiter = ',')]
+    auth_sizes: Vec<String>,
+    /// Measure only the frame authentication comparison.
+    #[arg(long)]
+    auth_only: bool,
     /// Where to write the JSON report.
     #[arg(long, default_value = "bench-results/transport.json")]
     json: PathBuf,
@@ -236,7 +245,14 @@ fn bench_transport(a: TransportBench) -> Result<()> {
         bail!("--window {} must be between 1 and 64 (the server grants 64 credits)", a.window);
     }
     let (seconds, iters) = if a.quick { (0.2, 2000) } else { (a.seconds, a.latency_iters) };
+    let auth_sizes =
+        a.auth_sizes.iter().filter(|s| !s.trim().is_empty()).map(|s| parse_size(s)).collect::<Result<Vec<_>>>()?;
+    if let Some(&s) = auth_sizes.iter().find(|&&s| s >= 1 << 20) {
+        bail!("--auth-sizes: {s} bytes is more than a request may carry (under 1 MiB)");
+    }
     let opts = Options {
+        auth_sizes,
+        auth_only: a.auth_only,
         transports,
         sizes,
         window: a.window,

@@ -737,3 +737,132 @@ fn a_stale_write_capability_after_reclaim_does_not_recreate_the_object() {
     }
     honest_client_round_trip(&c, 50);
 }
+
+// ---------------------------------------------------------------------
+// Issue 10, finding 3: frames copied from a logged-in connection.
+// ---------------------------------------------------------------------
+
+/// Sends raw frames `(header, payload)` to the server at `addr` from an
+/// endpoint of a fresh UCX worker (not a dafne connection: what a peer
+/// that copied frames off the wire has), then lets them leave.
+fn send_raw(c: &Clients, addr: std::net::SocketAddr, frames: &[(Vec<u8>, Vec<u8>)]) {
+    let ctx =
+        dafne_ucx::Context::new(&dafne_ucx::ContextOptions { name: "wiretap".into(), config: c.info.ucx.clone() })
+            .unwrap();
+    let worker = dafne_ucx::Worker::new(&ctx).unwrap();
+    let ep = worker.connect_sockaddr(addr).unwrap();
+    let mut ops = Vec::new();
+    for (h, p) in frames {
+        ops.push(ep.am_send(dafne_transport::frame::AM_ID, h.clone(), p.clone(), false).unwrap());
+    }
+    ops.push(ep.flush().unwrap());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ops.iter().any(|o| o.poll_done().is_none()) && Instant::now() < deadline {
+        worker.progress();
+    }
+    assert!(ops.iter().all(|o| o.poll_done().is_some()), "the raw frames did not leave");
+    // Time for the server to act on them.
+    let linger = Instant::now() + Duration::from_millis(500);
+    while Instant::now() < linger {
+        worker.progress();
+    }
+}
+
+/// An honest metadata session, the transport connection under it, and a
+/// way to encode requests for it.
+fn victim(c: &Clients) -> (dafne_client::MetaSession, dafne_transport::Client) {
+    let s = dafne_client::MetaSession::connect(&c.rt, c.info.meta, &c.secret, "victim", 0, 0).unwrap();
+    let t = s.transport().unwrap();
+    (s, t)
+}
+
+fn meta_request(req: &dafne_proto::Request) -> Vec<u8> {
+    dafne_proto::encode_request(dafne_proto::Envelope::new(0, 0, 0), req)
+}
+
+fn exists(s: &dafne_client::MetaSession, name: &[u8]) -> bool {
+    match s.request(dafne_proto::Request::Lookup { parent: s.root(), name: name.to_vec() }) {
+        Ok(_) => true,
+        Err(dafne_proto::Errno::ENOENT) => false,
+        Err(e) => panic!("lookup {:?}: {e}", String::from_utf8_lossy(name)),
+    }
+}
+
+fn mkdir(s: &dafne_client::MetaSession, name: &[u8]) {
+    s.request(dafne_proto::Request::Mkdir { parent: s.root(), name: name.to_vec(), mode: 0o755 }).unwrap();
+}
+
+/// The honest session still works on its first connection.
+fn still_serving(s: &dafne_client::MetaSession) {
+    s.request(dafne_proto::Request::GetAttr { ino: s.root() }).unwrap();
+    assert_eq!(s.reconnects(), 0, "the honest session lost its connection");
+}
+
+/// A peer that learned a logged-in connection's id and token (they travel
+/// in every frame) sends a request and a goodbye with them from its own
+/// endpoint: both were served before (the request ran as the victim's
+/// session, the goodbye closed it). Now neither has a valid tag.
+#[test]
+fn frames_with_a_stolen_token_from_another_endpoint_are_refused() {
+    let up = Up::start(1);
+    let c = Clients::new(&up);
+    let (s, t) = victim(&c);
+    let (conn_id, token) = (t.conn_id(), t.token());
+    assert_ne!(conn_id, 0);
+    let header = |kind, len: usize| {
+        let mut h = dafne_transport::frame::FrameHeader::new(kind);
+        h.conn_id = conn_id;
+        h.token = token;
+        h.corr = 1 << 40;
+        h.payload_len = len as u32;
+        h.encode().to_vec()
+    };
+    let inject =
+        meta_request(&dafne_proto::Request::Mkdir { parent: s.root(), name: b"injected".to_vec(), mode: 0o777 });
+    let frames = vec![
+        (header(dafne_transport::frame::FrameKind::Request, inject.len()), inject),
+        (header(dafne_transport::frame::FrameKind::Bye, 0), Vec::new()),
+    ];
+    send_raw(&c, c.info.meta, &frames);
+    assert!(!exists(&s, b"injected"), "a request with a stolen token was served");
+    still_serving(&s);
+}
+
+/// A frame copied off the wire with its valid tag, sent again: refused.
+#[test]
+fn a_replayed_frame_is_refused() {
+    let up = Up::start(1);
+    let c = Clients::new(&up);
+    let (s, t) = victim(&c);
+    mkdir(&s, b"r");
+    let frame =
+        t.forge_request(meta_request(&dafne_proto::Request::Rmdir { parent: s.root(), name: b"r".to_vec() })).unwrap();
+    // The first copy is the one the client would have sent: it is served.
+    send_raw(&c, c.info.meta, std::slice::from_ref(&frame));
+    wait_for("the genuine frame to be served", || !exists(&s, b"r"));
+    mkdir(&s, b"r");
+    send_raw(&c, c.info.meta, std::slice::from_ref(&frame));
+    assert!(exists(&s, b"r"), "the replayed frame was served again");
+    still_serving(&s);
+}
+
+/// A copied frame whose payload was changed in flight: refused.
+#[test]
+fn a_frame_with_a_tampered_payload_is_refused() {
+    let up = Up::start(1);
+    let c = Clients::new(&up);
+    let (s, t) = victim(&c);
+    mkdir(&s, b"s");
+    mkdir(&s, b"t");
+    let (h, p) =
+        t.forge_request(meta_request(&dafne_proto::Request::Rmdir { parent: s.root(), name: b"s".to_vec() })).unwrap();
+    let at = p.iter().rposition(|&b| b == b's').unwrap();
+    let mut tampered = p.clone();
+    tampered[at] = b't';
+    send_raw(&c, c.info.meta, &[(h.clone(), tampered)]);
+    assert!(exists(&s, b"t"), "a tampered frame was served");
+    // The untouched frame goes through: the refusal was the tag's.
+    send_raw(&c, c.info.meta, &[(h, p)]);
+    wait_for("the genuine frame to be served", || !exists(&s, b"s"));
+    still_serving(&s);
+}
