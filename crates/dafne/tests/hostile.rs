@@ -17,21 +17,33 @@ fn run(args: &[&str]) -> Output {
     dafne().args(args).output().expect("running dafne")
 }
 
-/// A running cluster in a temporary directory; `down` when dropped.
+/// One cluster at a time: the floods and deadlines here are measured on a
+/// 2-core machine, and a flood against another test's cluster took the
+/// CPU a listener's guard needs (a garbage connection outlived its 20 s).
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A running cluster in a temporary directory; `down` when dropped (then
+/// the next test's cluster may start).
 struct Up {
     dir: tempfile::TempDir,
+    _serial: std::sync::MutexGuard<'static, ()>,
 }
 
 impl Up {
     fn start(io_servers: u16) -> Up {
         let (meta, io) = free_ports(io_servers);
+        let _serial = serial();
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path().display().to_string();
         let (n, m, i) = (io_servers.to_string(), meta.to_string(), io.to_string());
         let o =
             run(&["up", "--dir", &d, "--io-servers", &n, "--cache-mib", "8", "--meta-port", &m, "--io-base-port", &i]);
         assert!(o.status.success(), "{}", text(&o));
-        Up { dir }
+        Up { dir, _serial }
     }
 
     fn d(&self) -> String {
@@ -299,6 +311,7 @@ fn a_flood_at_the_usual_descriptor_limit_is_reset_and_floods_no_log() {
         rustix::process::setrlimit(rustix::process::Resource::Nofile, raised).unwrap();
     }
     let (meta, io) = free_ports(1);
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().display().to_string();
     let exe = dafne().get_program().to_string_lossy().into_owned();
@@ -312,7 +325,7 @@ fn a_flood_at_the_usual_descriptor_limit_is_reset_and_floods_no_log() {
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", text(&o));
-    let c = Up { dir };
+    let c = Up { dir, _serial };
     let servers = c.servers();
     let (_, io_pid, io_port) = servers.iter().find(|(n, _, _)| n == "io-0").cloned().unwrap();
     let log = c.dir.path().join("logs/io-0.log");
@@ -429,6 +442,7 @@ fn a_panicking_handler_takes_its_server_down_and_it_is_restarted() {
     let flag = scratch.path().join("panic-once");
     std::fs::write(&flag, b"").unwrap();
     let (meta, io) = free_ports(1);
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().display().to_string();
     let (m, i) = (meta.to_string(), io.to_string());
@@ -438,7 +452,7 @@ fn a_panicking_handler_takes_its_server_down_and_it_is_restarted() {
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", text(&o));
-    let c = Up { dir };
+    let c = Up { dir, _serial };
     let victim = c.servers().iter().find(|s| s.0 == "io-0").unwrap().1;
     // `status` asks the io server for ServerInfo: its handler panics.
     let _ = run(&["status", "--dir", &c.d()]);
@@ -513,6 +527,7 @@ impl Clients {
 /// files' data reclaimed 1 s after the unlink.
 fn up_reclaiming(io_servers: u16) -> Up {
     let (meta, io) = free_ports(io_servers);
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("caps.toml");
     std::fs::write(
@@ -526,7 +541,7 @@ fn up_reclaiming(io_servers: u16) -> Up {
     let d = dir.path().display().to_string();
     let o = run(&["up", "--dir", &d, "--config", cfg.to_str().unwrap()]);
     assert!(o.status.success(), "{}", text(&o));
-    Up { dir }
+    Up { dir, _serial }
 }
 
 /// The object files of an open file on the io servers.
