@@ -77,9 +77,6 @@ pub struct IoService {
     /// When a refused login was last logged: at most one warning per
     /// [`LOGIN_WARN_EVERY`], so a peer cannot flood the log.
     login_warned: std::cell::Cell<Option<std::time::Instant>>,
-    /// Connections that logged in with `Login` (the cluster secret or a
-    /// credential): they may ask `ServerInfo` without a capability.
-    logged_in: std::cell::RefCell<std::collections::HashSet<u32>>,
 }
 
 /// The least time between two warnings about refused logins.
@@ -144,7 +141,6 @@ impl IoService {
             draining: Default::default(),
             floors: Default::default(),
             login_warned: Default::default(),
-            logged_in: Default::default(),
         }
     }
 
@@ -283,7 +279,6 @@ impl IoService {
         }
         conn.set_frame_keys(key.frame_keys(conn.token(), nonce));
         conn.authenticated();
-        self.logged_in.borrow_mut().insert(conn.id());
         Ok(IoResponse::Done)
     }
 
@@ -620,10 +615,6 @@ impl Service for IoHandler {
     fn call(&self, req: TRequest) -> Pin<Box<dyn Future<Output = Vec<u8>>>> {
         let svc = self.0.clone();
         Box::pin(async move { svc.handle(req).await })
-    }
-
-    fn disconnected(&self, conn_id: u32) {
-        self.0.logged_in.borrow_mut().remove(&conn_id);
     }
 }
 
