@@ -359,6 +359,9 @@ pub struct DataClient {
     bounce: std::sync::Arc<std::sync::Mutex<Vec<Region>>>,
     /// `None` only without servers (no UCX context to register with).
     regcache: Option<std::sync::Arc<RegCache>>,
+    /// An io server refused a key of the registration cache (`EREMOTEIO`:
+    /// on one host): caller buffers go through bounce buffers instead.
+    regcache_refused: std::sync::Arc<std::sync::atomic::AtomicBool>,
     verifier: std::sync::Arc<Mutex<Verifier>>,
     quarantine: std::sync::Arc<Mutex<Quarantine>>,
     /// The session that re-issues revoked capabilities (module docs,
@@ -429,6 +432,7 @@ impl DataClient {
             anchor,
             bounce: Default::default(),
             regcache,
+            regcache_refused: Default::default(),
             verifier: std::sync::Arc::new(Mutex::new(Verifier::new(VERIFIER_MAX))),
             quarantine: std::sync::Arc::new(Mutex::new(Quarantine {
                 bufs: VecDeque::new(),
@@ -534,10 +538,26 @@ impl DataClient {
         }
     }
 
-    /// Registers memory for zero-copy I/O.
+    /// Memory for zero-copy I/O holding `buf`'s bytes: a region UCX
+    /// allocated ([`DataClient::allocate`]) into which `buf` is copied once,
+    /// here. Not `buf` itself registered in place: on one host io servers
+    /// refuse keys to ordinary memory (`EREMOTEIO`), which UCX 1.13 reaches
+    /// only by RMA emulated over messages this process must answer (see
+    /// `dafne_io`'s `remote_keys`). Every later read and write through the
+    /// region is zero-copy.
     pub fn register(&self, buf: Vec<u8>, access: Access) -> Result<Region, Errno> {
+        let mut r = self.allocate(buf.len(), access)?;
+        r.as_mut_slice().copy_from_slice(&buf);
+        Ok(r)
+    }
+
+    /// Memory for zero-copy I/O allocated and registered by UCX: on one
+    /// host a shared-memory segment that io servers write and read directly
+    /// (without this process's help) once the kernel shows this process
+    /// created it; across hosts, memory registered with the NIC.
+    pub fn allocate(&self, len: usize, access: Access) -> Result<Region, Errno> {
         let ctx = self.context().ok_or(Errno::EIO)?;
-        Region::register(ctx, buf, access).map_err(|_| Errno::ENOMEM)
+        Region::allocate(ctx, len, access).map_err(|_| Errno::ENOMEM)
     }
 
     /// Splits `[offset, offset+len)` by stripe; `addr` is the client address
@@ -846,6 +866,9 @@ impl DataClient {
         };
         // Memory UCX cannot register (e.g. read-only pages on RDMA
         // hardware) still works, through the bounce buffers.
+        if self.regcache_refused.load(std::sync::atomic::Ordering::Relaxed) {
+            return self.read_at(f, offset, buf).await;
+        }
         let Ok(reg) = cache.get(buf) else { return self.read_at(f, offset, buf).await };
         // `buf` stays mutably borrowed until the servers have answered, so
         // nothing else touches it while they put into it; `reg` keeps the
@@ -864,6 +887,12 @@ impl DataClient {
             cache.evict(&reg);
         }
         drop(reg);
+        if r == Err(Errno::EREMOTEIO) {
+            // On one host servers refuse registered memory (`register`):
+            // nothing was read; the bounce buffers serve from now on.
+            self.regcache_refused.store(true, std::sync::atomic::Ordering::Relaxed);
+            return self.read_at(f, offset, buf).await;
+        }
         r
     }
 
@@ -881,6 +910,9 @@ impl DataClient {
         let Some(cache) = self.regcache.as_ref().filter(|_| buf.len() >= ZERO_COPY_MIN) else {
             return self.write_at(f, offset, buf, stability).await;
         };
+        if self.regcache_refused.load(std::sync::atomic::Ordering::Relaxed) {
+            return self.write_at(f, offset, buf, stability).await;
+        }
         let Ok(reg) = cache.get(buf) else { return self.write_at(f, offset, buf, stability).await };
         let r = self
             .rma_at(f, &[(offset, buf.len())], reg.key(), buf.as_ptr() as u64, |keys, extents| IoRequest::Write {
@@ -896,6 +928,12 @@ impl DataClient {
             cache.evict(&reg);
         }
         drop(reg);
+        if r == Err(Errno::EREMOTEIO) {
+            // As in `read_into`: the servers refused the key before writing
+            // (a server across hosts may have written: the same bytes again).
+            self.regcache_refused.store(true, std::sync::atomic::Ordering::Relaxed);
+            return self.write_at(f, offset, buf, stability).await;
+        }
         r
     }
 

@@ -728,6 +728,16 @@ impl Direct {
 /// memory it registered, in its own process (`dafne_ucx::RemoteKey`; the
 /// endpoint checks each put and get again). A bad key is `EINVAL`, an
 /// extent outside its key's window `EFAULT`.
+///
+/// On one host a key must also reach the client's memory without the
+/// client's help (`RemoteKey::is_mapped`: a shared-memory segment the
+/// client allocated through UCX), else `EREMOTEIO`. UCX 1.13 emulates RMA
+/// to other memory over messages the client's worker answers; when such a
+/// client stopped and was then killed, nothing on one host fails those
+/// operations, and the cache units they were given stayed held for good
+/// (eight such clients retired every unit of an 8 MiB cache). The client
+/// library never sends such keys (`DataClient::register` copies into UCX
+/// memory; the registration cache falls back to bounce buffers).
 pub(crate) fn remote_keys(
     conn: &ConnHandle,
     keys: &[Vec<u8>],
@@ -737,6 +747,10 @@ pub(crate) fn remote_keys(
         tracing::debug!("bad key: {e}");
         Errno::EINVAL
     })?;
+    if !conn.detects_peer_failure() && rkeys.iter().any(|k| !k.is_mapped()) {
+        tracing::debug!("key would need RMA emulated by the client's own worker on this host: refused");
+        return Err(Errno::EREMOTEIO);
+    }
     for e in extents.iter().filter(|e| !e.is_inline()) {
         let key = rkeys.get(e.key as usize).ok_or(Errno::EINVAL)?;
         if !key.covers(e.addr, e.len as u64) {

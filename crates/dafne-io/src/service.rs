@@ -217,6 +217,7 @@ impl IoService {
             requests_in_flight: t.requests_in_flight,
             connections: t.connections_accepted,
             filesystem_id,
+            retired_units: u.retired_units,
         }
     }
 

@@ -168,3 +168,52 @@ fn a_key_naming_the_servers_own_segment_reaches_only_the_clients_memory() {
     futures::executor::block_on(d2.read_at(&f2, 0, &mut back)).unwrap();
     assert!(back == honest, "an io server's cache was written through a key naming its own segment");
 }
+
+/// A key to ordinary memory the client registered (not a segment UCX
+/// allocated): on one host UCX 1.13 reaches such memory only by RMA
+/// emulated over messages that the client's own worker answers, so a
+/// client that stops and then dies mid-request held the server's cache
+/// units for good (see `crates/dafne/tests/hostile.rs`,
+/// `clients_stopped_and_killed_mid_copy_leave_the_io_caches_whole`). The
+/// servers refuse such keys with `EREMOTEIO` before anything moves; the
+/// client library's own buffers are UCX memory and keep working.
+#[test]
+fn keys_to_registered_memory_are_refused_on_one_host_before_anything_moves() {
+    let mut c = cluster(8);
+    let rt = common::runtime("hostile-registered");
+    let (m, d) = connect(&c, &rt, "hostile-registered");
+    let data = pattern(1 << 20, 4);
+    let f = file_with(&m, &d, "victim", &data);
+    let region = Region::register(d.context().unwrap(), vec![0u8; 64 << 10], Access::RemoteReadWrite).unwrap();
+    let key = region.pack_key().unwrap();
+    for server in 0..4 {
+        let r = futures::executor::block_on(d.raw_request(server, &read_req(&f, &key, 0, 4096, region.addr())));
+        assert_eq!(r.err(), Some(Errno::EREMOTEIO), "read into registered memory on io server {server}");
+        let w = IoRequest::Write {
+            cap: f.cap,
+            keys: vec![key.clone()],
+            extents: vec![IoExtent { offset: 0, len: 4096, key: 0, addr: region.addr() }],
+            stability: Stability::FileSync,
+            inline: Vec::new(),
+        };
+        let r = futures::executor::block_on(d.raw_request(server, &w));
+        assert_eq!(r.err(), Some(Errno::EREMOTEIO), "write from registered memory on io server {server}");
+    }
+    assert!(all_alive(&mut c), "an io server died");
+    assert!(region.as_slice().iter().all(|&b| b == 0), "a refused read wrote into the client's memory");
+    // The client library: `register` copies into UCX memory, and caller
+    // buffers (the registration cache) fall back to bounce buffers.
+    let mut back = d.register(vec![0u8; data.len()], Access::RemoteReadWrite).unwrap();
+    futures::executor::block_on(d.read_region(&f, 0, &back, 0, data.len())).unwrap();
+    assert!(back.as_slice() == &data[..], "read through a registered copy");
+    let other = pattern(data.len(), 5);
+    futures::executor::block_on(d.write_from(&f, 0, &other, Stability::FileSync)).unwrap();
+    let mut plain = vec![0u8; data.len()];
+    futures::executor::block_on(d.read_into(&f, 0, &mut plain)).unwrap();
+    assert!(plain == other, "caller buffers through the registration cache's fallback");
+    back.as_mut_slice().fill(0);
+    let (m2, d2) = connect(&c, &rt, "honest");
+    let f2 = m2.open(f.attr.ino, dafne_proto::OPEN_READ).unwrap();
+    futures::executor::block_on(d2.read_region(&f2, 0, &back, 0, data.len())).unwrap();
+    assert!(back.as_slice() == &other[..], "the honest client's bytes differ");
+}

@@ -2,6 +2,11 @@
 //! slice I/O is zero-copy on cached registrations of the application's own
 //! buffers, a freed (unmapped) buffer's registration is never served again,
 //! and the pinned-bytes bound holds. Data is checked byte for byte.
+//!
+//! The servers and clients here behave as on different hosts
+//! (`common::as_if_across_hosts`): on one host io servers refuse keys to
+//! registered memory (`EREMOTEIO`, see `hostile_rma.rs`) and the library
+//! sends caller buffers through its bounce buffers instead.
 
 mod common;
 
@@ -17,9 +22,17 @@ use dafne_proto::LayoutHint;
 use dafne_transport::Runtime;
 use futures::executor::block_on;
 
+/// Four io servers that treat this process as on another host.
+fn across_hosts(cache_mib: usize) -> Cluster {
+    common::as_if_across_hosts();
+    cluster(cache_mib)
+}
+
 fn clients(c: &Cluster, rt: &Runtime, cache: RegCacheConfig) -> (MetaSession, DataClient) {
     let secret = dafne_auth::Secret::load(&c.secret).unwrap();
-    let meta = MetaSession::connect(rt, c.meta_addr, &secret, "regcache-test", 0, 0).unwrap();
+    // The metadata server runs in this process, on this host's terms.
+    let meta_rt: &'static Runtime = Box::leak(Box::new(common::runtime_on_this_host("regcache-meta")));
+    let meta = MetaSession::connect(meta_rt, c.meta_addr, &secret, "regcache-test", 0, 0).unwrap();
     let addrs: Vec<SocketAddr> = c.ios.iter().map(|i| i.addr).collect();
     (meta, DataClient::connect_with(rt, &addrs, &secret, cache).unwrap())
 }
@@ -36,7 +49,7 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 
 #[test]
 fn repeated_large_io_from_one_buffer_registers_it_once() {
-    let c = cluster(16);
+    let c = across_hosts(16);
     let rt = common::runtime("regcache-test");
     let (m, d) = clients(&c, &rt, RegCacheConfig::default());
     assert!(d.regcache_is_caching(), "UCX's unmap hooks are expected to work here");
@@ -67,7 +80,7 @@ fn repeated_large_io_from_one_buffer_registers_it_once() {
 
 #[test]
 fn a_freed_buffer_is_not_served_by_its_stale_registration() {
-    let c = cluster(16);
+    let c = across_hosts(16);
     let rt = common::runtime("regcache-test");
     let (m, d) = clients(&c, &rt, RegCacheConfig::default());
     let f = open_new(&m, "freed");
@@ -99,7 +112,7 @@ fn a_freed_buffer_is_not_served_by_its_stale_registration() {
 
 #[test]
 fn the_pinned_bound_holds_under_a_stream_of_buffers() {
-    let c = cluster(16);
+    let c = across_hosts(16);
     let rt = common::runtime("regcache-test");
     let bound = 2 << 20;
     let (m, d) = clients(&c, &rt, RegCacheConfig { max_pinned: bound, ..Default::default() });

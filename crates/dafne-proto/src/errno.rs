@@ -65,6 +65,7 @@ errnos! {
     ENOTCONN = 107, "Transport endpoint is not connected";
     ETIMEDOUT = 110, "Connection timed out";
     ESTALE = 116, "Stale file handle";
+    EREMOTEIO = 121, "Remote I/O error";
     EDQUOT = 122, "Disk quota exceeded";
     EKEYREVOKED = 128, "Key has been revoked";
 }

@@ -578,6 +578,9 @@ server_info! {
     /// The file system holding the data (`statvfs` f_fsid), so that
     /// servers sharing one are counted once.
     filesystem_id,
+    /// Cache units retired because an RMA operation abandoned by a dead
+    /// client still held their memory (lost until UCX lets go of it).
+    retired_units,
 }
 
 /// A reply's byte count, at most [`MAX_IO_BYTES`].
@@ -1294,6 +1297,6 @@ mod tests {
         let body = IoReplyHeader::SIZE;
         w[body..body + 4].copy_from_slice(&(MAX_INFO_FIELDS as u32 + 1).to_le_bytes());
         assert!(decode_io_reply(&w).is_err());
-        assert_eq!(n, 16, "update the field count in tests/io_roundtrip.rs");
+        assert_eq!(n, 17, "update the field count in tests/io_roundtrip.rs");
     }
 }

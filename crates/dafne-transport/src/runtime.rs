@@ -43,6 +43,22 @@ pub enum DataPath {
 }
 
 impl DataPath {
+    /// From `DAFNE_DATA_PATH` (`auto`, `peer`, `none`), else `Auto`. `peer`
+    /// serves one host as if its processes were on different hosts (UCX
+    /// over TCP, peer failure detection, registered memory allowed): what
+    /// the tests of cross-host behaviour use.
+    pub fn from_env() -> DataPath {
+        match std::env::var("DAFNE_DATA_PATH").as_deref() {
+            Ok("peer") => DataPath::PeerErrorHandling,
+            Ok("none") => DataPath::NoErrorHandling,
+            Ok("auto") | Err(_) => DataPath::Auto,
+            Ok(other) => {
+                tracing::warn!("DAFNE_DATA_PATH={other} is not auto, peer or none: using auto");
+                DataPath::Auto
+            }
+        }
+    }
+
     /// The error-handling mode of a data endpoint to a peer on `peer_host`
     /// (its boot id) from this host.
     pub(crate) fn mode_for(self, peer_host: &[u8; 16], our_host: &[u8; 16]) -> dafne_ucx::ErrMode {
@@ -115,7 +131,7 @@ impl Default for RuntimeOptions {
             connect_timeout: Duration::from_secs(10),
             keepalive: Duration::from_secs(1),
             keepalive_misses: 5,
-            data_path: DataPath::Auto,
+            data_path: DataPath::from_env(),
             auth_timeout: None,
             watchdog: None,
         }

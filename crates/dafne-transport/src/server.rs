@@ -162,6 +162,15 @@ impl ConnHandle {
         self.0.shared.stats.snapshot()
     }
 
+    /// Whether UCX watches the client's data endpoint for failure (peer
+    /// error handling: across hosts). On one host it does not (shared
+    /// memory needs `ErrMode::None`, see UCX-NOTES), so an RMA operation
+    /// that needs the client's help (`RemoteKey::is_mapped` is false) can
+    /// outlive the client forever.
+    pub fn detects_peer_failure(&self) -> bool {
+        self.data().is_ok_and(|d| d.mode() == dafne_ucx::ErrMode::Peer)
+    }
+
     /// The client's packed key, unpacked on this connection (cached).
     pub fn remote_key(&self, packed: &[u8]) -> Result<Rc<RemoteKey>> {
         if let Some(k) = self.0.keys.borrow().get(packed) {

@@ -519,6 +519,8 @@ pub struct RemoteKey {
     pub(crate) ep: Rc<EpInner>,
     base: u64,
     len: u64,
+    /// The key kept a shared-memory part (see `KeyShape`).
+    mapped: bool,
 }
 
 impl std::fmt::Debug for RemoteKey {
@@ -543,6 +545,7 @@ impl RemoteKey {
         let peers = ep.peer_processes.borrow().clone();
         let (ucx, unmapped) = shape.without_mapped_parts(ucx, (base, len), &peers)?;
         shape.check(&ucx)?;
+        let mapped = key_map(&ucx) & shape.mapped != 0;
         // ucp_ep_rkey_unpack takes no length: it walks the buffer by the sizes
         // written inside it. A hostile or truncated key could send it past the
         // end of `packed`, so the bytes are copied into a zeroed buffer large
@@ -560,7 +563,21 @@ impl RemoteKey {
         Stats::add(&s.rkey_unpacks, 1);
         Stats::add(&s.rkey_unpack_ns, t.elapsed().as_nanos() as u64);
         Stats::add(&s.key_parts_unmapped, unmapped);
-        Ok(RemoteKey { h, ep, base, len })
+        Ok(RemoteKey { h, ep, base, len, mapped })
+    }
+
+    /// Whether this key reaches the peer's memory through a shared-memory
+    /// segment the peer proved it created (a System V part kept by
+    /// `KeyShape`). On one host (an endpoint without peer error handling)
+    /// that is the only way UCX 1.13 puts into and gets from another
+    /// process's memory *by itself*: for any other key (ordinary memory
+    /// registered by the peer, reached by cma or over TCP) `ucp_put_nbx`
+    /// and `ucp_get_nbx` are emulated over active messages that the peer's
+    /// own worker must answer, so an operation to a stopped peer waits, and
+    /// one to a peer that died without UCX noticing never completes and
+    /// keeps the local memory it was given for good.
+    pub fn is_mapped(&self) -> bool {
+        self.mapped
     }
 
     /// The window the key was packed for: `(first address, bytes)`.
@@ -757,6 +774,12 @@ impl KeyShape {
 
 /// Splits a packed key into its memory type and `(md index, size)` parts,
 /// checking that the sizes account for every byte.
+/// The memory-domain map of a key that passed [`parse_key`] (its first
+/// eight bytes).
+fn key_map(k: &[u8]) -> u64 {
+    k.get(..8).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes).unwrap_or(0)
+}
+
 fn parse_key(k: &[u8]) -> Result<(u8, Vec<(usize, u8)>), String> {
     if k.len() < 9 {
         return Err(format!("key of {} bytes is shorter than its 9-byte header", k.len()));

@@ -167,7 +167,7 @@ pub fn cp(a: CpArgs) -> Result<()> {
     let s = Session::connect(&dir, "cp", a.credential.as_deref())?;
     let (meta, data) = (&s.meta, &s.data);
     let mut regions = (0..DEPTH)
-        .map(|_| data.register(vec![0u8; CHUNK], Access::RemoteReadWrite))
+        .map(|_| data.allocate(CHUNK, Access::RemoteReadWrite))
         .collect::<Result<Vec<Region>, Errno>>()
         .map_err(|e| anyhow::anyhow!("registering copy buffers: {e}"))?;
     match (src, dst) {

@@ -892,3 +892,88 @@ fn a_frame_with_a_tampered_payload_is_refused() {
     wait_for("the genuine frame to be served", || !exists(&s, b"s"));
     still_serving(&s);
 }
+
+/// The io servers' counters from `dafne status --json`, one object each.
+fn io_info(c: &Up) -> Vec<serde_json::Value> {
+    let o = run(&["status", "--dir", &c.d(), "--json"]);
+    assert!(o.status.success(), "dafne status: {}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    v["io"].as_array().unwrap().iter().map(|s| s["info"].clone()).collect()
+}
+
+fn io_sum(c: &Up, field: &str) -> u64 {
+    io_info(c).iter().map(|i| i[field].as_u64().unwrap_or_else(|| panic!("no {field} in {i}"))).sum()
+}
+
+/// Bytes process `pid` has read and written through system calls
+/// (`/proc/PID/io`): how far a `dafne cp` got.
+fn io_bytes(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/io")).unwrap_or_default();
+    s.lines()
+        .filter(|l| l.starts_with("rchar:") || l.starts_with("wchar:"))
+        .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .sum()
+}
+
+/// Found by trying (issue 10, "a slow client holding units"): a `dafne cp`
+/// stopped in the middle (`kill -STOP`) and then killed left every RMA
+/// operation the io servers had posted to it pending for good (UCX 1.13
+/// emulates RMA to a process's ordinary memory over messages that process
+/// must answer, and on one host nothing tells UCX the process died); each
+/// held a cache unit, which the Unifier then had to retire. Three rounds
+/// retired every unit of two 8 MiB caches, and every later copy failed
+/// with EAGAIN. Now the servers refuse keys that need the client's help
+/// on one host and the client library's buffers are memory the servers
+/// reach directly: nothing is retired and an honest copy succeeds.
+#[test]
+fn clients_stopped_and_killed_mid_copy_leave_the_io_caches_whole() {
+    let c = Up::start(2);
+    let scratch = tempfile::tempdir().unwrap();
+    let src = scratch.path().join("src.bin");
+    let data = pattern(128 << 20, 11);
+    std::fs::write(&src, &data).unwrap();
+    let src = src.to_str().unwrap();
+    let o = run(&["cp", "--dir", &c.d(), src, "dafne:/data"]);
+    assert!(o.status.success(), "cp in: {}", text(&o));
+    for round in 0..4 {
+        let to = format!("dafne:/up-{round}");
+        let (from, to) = if round % 2 == 0 { ("dafne:/data", "/dev/null") } else { (src, to.as_str()) };
+        let mut child = dafne()
+            .args(["cp", "-f", "--dir", &c.d(), from, to])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        // Stop it once it is moving data (a few of its 8 MiB buffers): the
+        // copy takes a fraction of a second, so this polls every 1 ms.
+        let start = Instant::now();
+        while io_bytes(pid) < 24 << 20 {
+            // (Before the fix, from the second round on, the copy failed
+            // at once here: EAGAIN, its cache units lost to round one.)
+            if let Some(status) = child.try_wait().unwrap() {
+                panic!("round {round}: the copy ended ({status}) before it moved 24 MiB: {:?}", io_info(&c));
+            }
+            assert!(start.elapsed() < Duration::from_secs(30), "round {round}: the copy did not start");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let stopped = std::process::Command::new("kill").args(["-STOP", &pid.to_string()]).status().unwrap();
+        assert!(stopped.success());
+        assert!(child.try_wait().unwrap().is_none(), "round {round}: the copy ended before it was stopped");
+        // A while stopped with requests in flight, then killed.
+        std::thread::sleep(Duration::from_millis(500));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        // (Each server counts the status request it is answering.)
+        wait_for("the dead client's requests to end", || {
+            io_info(&c).iter().all(|i| i["requests_in_flight"].as_u64() <= Some(1))
+        });
+    }
+    assert_eq!(io_sum(&c, "retired_units"), 0, "cache units lost to dead clients: {:?}", io_info(&c));
+    let back = scratch.path().join("back.bin");
+    let o = run(&["cp", "--dir", &c.d(), src, "dafne:/after"]);
+    assert!(o.status.success(), "an honest copy in after the killed ones: {}", text(&o));
+    let o = run(&["cp", "--dir", &c.d(), "dafne:/after", back.to_str().unwrap()]);
+    assert!(o.status.success(), "an honest copy out: {}", text(&o));
+    assert!(std::fs::read(&back).unwrap() == data, "the honest client's bytes differ");
+}

@@ -19,7 +19,36 @@ pub fn ucx_args() -> Vec<String> {
     ucx().iter().map(|(k, v)| format!("{k}={v}")).collect()
 }
 
+thread_local! {
+    static DATA_PATH: std::cell::Cell<&'static str> = const { std::cell::Cell::new("auto") };
+}
+
+/// `DAFNE_DATA_PATH` for the io servers this thread starts next (`auto`
+/// unless [`as_if_across_hosts`]).
+fn data_path() -> &'static str {
+    DATA_PATH.with(|d| d.get())
+}
+
+/// The io servers this thread starts from now on, and its runtimes, treat
+/// each other as on different hosts (`DAFNE_DATA_PATH=peer`: UCX over TCP
+/// with peer failure detection, where servers accept keys to registered
+/// memory; on one host they refuse them, `EREMOTEIO`).
+pub fn as_if_across_hosts() {
+    DATA_PATH.with(|d| d.set("peer"));
+}
+
+/// A runtime on this host's terms whatever [`as_if_across_hosts`] said
+/// (for the in-process metadata server's clients: it serves this host).
+pub fn runtime_on_this_host(name: &str) -> Runtime {
+    Runtime::new(RuntimeOptions { name: name.into(), ucx_config: ucx(), ..Default::default() }).unwrap()
+}
+
 pub fn runtime(name: &str) -> Runtime {
+    if data_path() == "peer" {
+        let data_path = dafne_transport::DataPath::PeerErrorHandling;
+        return Runtime::new(RuntimeOptions { name: name.into(), ucx_config: ucx(), data_path, ..Default::default() })
+            .unwrap();
+    }
     Runtime::new(RuntimeOptions { name: name.into(), ucx_config: ucx(), ..Default::default() }).unwrap()
 }
 
@@ -86,6 +115,7 @@ pub fn spawn_io(dir: &Path, secret: &Path, cache_mib: usize, listen: &str) -> Io
 /// (a server that cannot serve that way exits, and this panics).
 pub fn spawn_io_storage(dir: &Path, secret: &Path, cache_mib: usize, listen: &str, storage: &str) -> IoProc {
     let mut child = Command::new(env!("CARGO_BIN_EXE_dafne-io"))
+        .env("DAFNE_DATA_PATH", data_path())
         .args(["--data-dir", dir.to_str().unwrap(), "--secret", secret.to_str().unwrap(), "--listen", listen])
         .args(["--cache-mib", &cache_mib.to_string(), "--storage", storage])
         .args(ucx_args().into_iter().flat_map(|kv| ["--ucx".to_string(), kv]))
