@@ -4,7 +4,7 @@
 //! ```text
 //! offset size field
 //!      0    2 magic        0xDAF0
-//!      2    1 version      FRAME_VERSION (3)
+//!      2    1 version      FRAME_VERSION (4)
 //!      3    1 kind         FrameKind
 //!      4    4 status       transport status (0 = ok; see TransportStatus)
 //!      8    4 conn_id      connection id assigned by the server (0 before)
@@ -14,8 +14,8 @@
 //!     32    4 payload_len  length of the AM data that follows
 //!     36    4 reserved     must be zero
 //!     40    8 seq          0: untagged; else this direction's sequence number (from 1)
-//!     48   16 tag          HMAC-SHA256(direction key, bytes 0..48 ‖ payload), first
-//!                          16 bytes; all zero when seq is 0
+//!     48   16 tag          keyed BLAKE3(direction key, payload ‖ bytes 0..48), first
+//!                          16 bytes; all zero when seq is 0 (version 3: HMAC-SHA256)
 //! ```
 //! All fields little-endian. The header is decoded by [`FrameHeader::decode`],
 //! which treats its input as hostile: every way it can be wrong has its own
@@ -39,7 +39,7 @@
 /// Size of the encoded header.
 pub const FRAME_HEADER_LEN: usize = 64;
 pub const FRAME_MAGIC: u16 = 0xDAF0;
-pub const FRAME_VERSION: u8 = 3;
+pub const FRAME_VERSION: u8 = 4;
 /// The header bytes a tag covers: everything before the tag.
 pub const TAGGED_HEADER_LEN: usize = 48;
 /// Length of a frame's tag.

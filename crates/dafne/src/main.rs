@@ -188,7 +188,7 @@ struct TransportBench {
     quick: bool,
     /// Echo sizes of the frame authentication comparison: the same echoes
     /// on a connection with frame keys (every frame tagged with
-    /// HMAC-SHA256-128 and numbered, both ways) and on one without, to one
+    /// keyed BLAKE3, 128 bits, and numbered, both ways) and on one without, to one
     /// server in one run (comma-separated; empty to skip).
     #[arg(long, default_value = "8,4K,64K", value_delimiter = ',')]
     auth_sizes: Vec<String>,
