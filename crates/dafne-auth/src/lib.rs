@@ -9,9 +9,10 @@
 //!   another connection.
 //! * A verified login (a metadata session, or an io server's `Login`,
 //!   made alike) keys its connection's frames: [`Secret::frame_keys`]
-//!   derives one key per direction, `HMAC-SHA256(secret, "dafne-frame-v1" ‖
-//!   direction ‖ token ‖ nonce)`, with which the transport tags and checks
-//!   every later frame ([`FrameKey`]; `dafne_transport` frame docs).
+//!   derives one key per direction, `HMAC-SHA256(secret, "dafne-frame-v2" ‖
+//!   direction ‖ token ‖ nonce)`, with which the transport tags (keyed
+//!   BLAKE3) and checks every later frame ([`FrameKey`]; `dafne_transport`
+//!   frame docs).
 //! * On open, meta issues a capability: `HMAC-SHA256(secret,
 //!   "dafne-cap-v2" ‖ object id ‖ ino ‖ rights ‖ generation ‖ expiry)`. An
 //!   io server holding the same secret verifies it alone, without asking

@@ -99,7 +99,7 @@ pub struct AuthRow {
     pub transport: Transport,
     /// Echo payload bytes (request and reply each carry this many).
     pub size: usize,
-    /// `untagged` (no keys) or `hmac-sha256-128` (keys installed: every
+    /// `untagged` (no keys) or `blake3-128` (keys installed: every
     /// frame tagged, checked and numbered, both ways).
     pub frames: &'static str,
     /// One echo in flight.
@@ -314,7 +314,7 @@ fn frame_auth(o: &Options, t: Transport, progress: &mut impl FnMut(&str)) -> Res
     let r = keyed.login(testsvc::encode_login(&nonce), testsvc::test_frame_keys(keyed.token(), &nonce))?;
     testsvc::parse_reply(&r).map_err(|e| anyhow!("login: {e}"))?;
     let mut rows = Vec::new();
-    let modes = [("untagged", &plain), ("hmac-sha256-128", &keyed)];
+    let modes = [("untagged", &plain), ("blake3-128", &keyed)];
     let per_round = (o.latency_iters / AUTH_ROUNDS).max(10);
     for &size in &o.auth_sizes {
         let mut samples: [Vec<f64>; 2] = Default::default();

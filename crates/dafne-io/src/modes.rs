@@ -652,6 +652,9 @@ impl Direct {
         stability: Stability,
     ) -> Result<(), Errno> {
         self.account(object, extents);
+        let work = pieces(extents, POOL_BUFFER_SIZE);
+        // Keys are checked before anything is written, inline bytes too.
+        let rkeys = if work.is_empty() { Vec::new() } else { remote_keys(conn, keys, extents)? };
         let mut at = 0usize;
         for e in extents.iter().filter(|e| e.is_inline()) {
             let src = inline.get(at..at + e.len as usize).ok_or(Errno::EINVAL)?;
@@ -659,9 +662,7 @@ impl Direct {
             self.copied(src.len());
             at += e.len as usize;
         }
-        let work = pieces(extents, POOL_BUFFER_SIZE);
         if !work.is_empty() {
-            let rkeys = remote_keys(conn, keys, extents)?;
             let mut private = vec![0u8; POOL_BUFFER_SIZE];
             for batch in work.chunks(BUFFERS_PER_REQUEST) {
                 let bufs = self.pool.take(batch.len(), &self.stats).await?;
@@ -729,15 +730,18 @@ impl Direct {
 /// endpoint checks each put and get again). A bad key is `EINVAL`, an
 /// extent outside its key's window `EFAULT`.
 ///
-/// On one host a key must also reach the client's memory without the
-/// client's help (`RemoteKey::is_mapped`: a shared-memory segment the
-/// client allocated through UCX), else `EREMOTEIO`. UCX 1.13 emulates RMA
-/// to other memory over messages the client's worker answers; when such a
-/// client stopped and was then killed, nothing on one host fails those
-/// operations, and the cache units they were given stayed held for good
-/// (eight such clients retired every unit of an 8 MiB cache). The client
-/// library never sends such keys (`DataClient::register` copies into UCX
-/// memory; the registration cache falls back to bounce buffers).
+/// On one host (as the kernel shows it) a key must also reach the
+/// client's memory without the client's help
+/// (`ConnHandle::requires_direct_keys`, `ConnHandle::reaches_directly`: a
+/// System V segment the client allocated through UCX, on a shared-memory
+/// data endpoint), else `EREMOTEIO`. UCX 1.13 emulates RMA to other memory
+/// over messages the client's worker answers; when such a client stopped
+/// and was then killed, nothing on one host fails those operations, and
+/// the cache units they were given stayed held for good (three rounds of a
+/// stopped, then killed `dafne cp` retired every unit of two 8 MiB caches).
+/// The client library's own buffers are UCX memory (`DataClient::register`
+/// copies into it); only the registration cache sends a key to a caller's
+/// buffer, once, and falls back to bounce buffers when it is refused.
 pub(crate) fn remote_keys(
     conn: &ConnHandle,
     keys: &[Vec<u8>],
@@ -747,8 +751,13 @@ pub(crate) fn remote_keys(
         tracing::debug!("bad key: {e}");
         Errno::EINVAL
     })?;
-    if !conn.detects_peer_failure() && rkeys.iter().any(|k| !k.is_mapped()) {
-        tracing::debug!("key would need RMA emulated by the client's own worker on this host: refused");
+    if !rkeys.is_empty() && conn.requires_direct_keys() && !rkeys.iter().all(|k| conn.reaches_directly(k)) {
+        tracing::debug!(
+            "connection {}: a key this server would reach only through the client's own UCX (memory the \
+             client registered rather than allocated through UCX, a segment it did not prove, or a data \
+             endpoint without shared memory): refused",
+            conn.id()
+        );
         return Err(Errno::EREMOTEIO);
     }
     for e in extents.iter().filter(|e| !e.is_inline()) {

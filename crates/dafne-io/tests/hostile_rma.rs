@@ -217,3 +217,43 @@ fn keys_to_registered_memory_are_refused_on_one_host_before_anything_moves() {
     futures::executor::block_on(d2.read_region(&f2, 0, &back, 0, data.len())).unwrap();
     assert!(back.as_slice() == &other[..], "the honest client's bytes differ");
 }
+
+/// Review of the fix above: the server chose shared memory or TCP for its
+/// data endpoint from the host id the client's hello states, and allowed
+/// every key on TCP (as across hosts). A client on this host that claimed
+/// another host got a TCP endpoint, where all RMA is emulated by the
+/// client's own worker, and every key was served: stopped mid-copy, such
+/// clients held 97 and 128 units of two 8 MiB caches. Now whether the
+/// client is on this host is the kernel's word (its end of the control
+/// connection is one of this host's sockets), and such a client's keys
+/// are refused, allocated memory included.
+#[test]
+fn a_client_that_claims_another_host_is_held_to_this_hosts_rule() {
+    let mut c = cluster(8);
+    let rt = common::runtime("honest-meta");
+    let (m, d) = connect(&c, &rt, "honest-meta");
+    let data = pattern(1 << 20, 6);
+    let f = file_with(&m, &d, "victim", &data);
+    let liar_rt = dafne_transport::Runtime::new(dafne_transport::RuntimeOptions {
+        name: "liar".into(),
+        ucx_config: common::ucx(),
+        claim_host_id: Some([0x5A; 16]),
+        ..Default::default()
+    })
+    .unwrap();
+    let (_lm, ld) = connect(&c, &liar_rt, "liar");
+    let allocated = Region::allocate(ld.context().unwrap(), 64 << 10, Access::RemoteReadWrite).unwrap();
+    let registered = Region::register(ld.context().unwrap(), vec![0u8; 64 << 10], Access::RemoteReadWrite).unwrap();
+    for (what, region) in [("allocated", &allocated), ("registered", &registered)] {
+        let key = region.pack_key().unwrap();
+        for server in 0..4 {
+            let r = futures::executor::block_on(ld.raw_request(server, &read_req(&f, &key, 0, 4096, region.addr())));
+            assert_eq!(r.err(), Some(Errno::EREMOTEIO), "{what} memory of a lying client on io server {server}");
+        }
+        assert!(region.as_slice().iter().all(|&b| b == 0), "a refused read wrote into {what} memory");
+    }
+    assert!(all_alive(&mut c), "an io server died");
+    let mut back = vec![0u8; data.len()];
+    futures::executor::block_on(d.read_at(&f, 0, &mut back)).unwrap();
+    assert!(back == data, "the honest client's bytes differ");
+}

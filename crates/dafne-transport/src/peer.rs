@@ -16,15 +16,18 @@ use std::collections::HashSet;
 use std::net::SocketAddr;
 
 /// The pids holding the client's socket of a TCP connection from `client`
-/// to our port `server_port`. Empty when the client is not on this host or
-/// /proc cannot say.
-pub(crate) fn socket_owners(client: SocketAddr, server_port: u16) -> Vec<u32> {
+/// to our port `server_port`: `None` when that socket is not one of this
+/// host's (the client is on another host, or in another network
+/// namespace), else the processes /proc shows holding it (possibly none,
+/// e.g. another user's processes when this one may not read their fds):
+/// whether a client is local is the kernel's word, not the client's.
+pub(crate) fn socket_owners(client: SocketAddr, server_port: u16) -> Option<Vec<u32>> {
     let inodes = client_socket_inodes(client, server_port);
     if inodes.is_empty() {
-        return Vec::new();
+        return None;
     }
     let mut pids = Vec::new();
-    let Ok(procs) = std::fs::read_dir("/proc") else { return pids };
+    let Ok(procs) = std::fs::read_dir("/proc") else { return Some(pids) };
     for p in procs.flatten() {
         let Some(pid) = p.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
         let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else { continue };
@@ -38,7 +41,7 @@ pub(crate) fn socket_owners(client: SocketAddr, server_port: u16) -> Vec<u32> {
             pids.push(pid);
         }
     }
-    pids
+    Some(pids)
 }
 
 fn socket_inode(link: &str) -> Option<u64> {
@@ -122,9 +125,9 @@ mod tests {
         let client = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
         let (_server_side, seen) = listener.accept().unwrap();
         assert_eq!(seen, client.local_addr().unwrap());
-        assert_eq!(socket_owners(seen, port), vec![std::process::id()]);
-        // A port nobody connects from, and a remote address.
-        assert!(socket_owners("127.0.0.1:1".parse().unwrap(), port).is_empty());
-        assert!(socket_owners(SocketAddr::new("192.0.2.7".parse().unwrap(), seen.port()), port).is_empty());
+        assert_eq!(socket_owners(seen, port), Some(vec![std::process::id()]));
+        // A port nobody connects from, and a remote address: not local.
+        assert_eq!(socket_owners("127.0.0.1:1".parse().unwrap(), port), None);
+        assert_eq!(socket_owners(SocketAddr::new("192.0.2.7".parse().unwrap(), seen.port()), port), None);
     }
 }

@@ -87,7 +87,9 @@ pub struct RuntimeOptions {
     pub name: String,
     /// UCX overrides (`UCX_` keys without prefix), on top of the environment.
     pub ucx_config: Vec<(String, String)>,
-    /// Keep progressing this long after activity before sleeping.
+    /// Keep progressing this long after activity before sleeping (default
+    /// [`DEFAULT_SPIN`], or `DAFNE_SPIN_US` microseconds: see
+    /// [`spin_from_env`]).
     pub spin: Duration,
     /// Largest request payload a server accepts / a client sends (1 MiB:
     /// requests carry segment lists and inline small writes, not bulk data).
@@ -116,6 +118,34 @@ pub struct RuntimeOptions {
     /// The loop comes round at least every housekeeping tick (≤ 250 ms)
     /// even when idle. None: no watchdog (clients, tests).
     pub watchdog: Option<Duration>,
+    /// The host id this runtime states in its hellos and welcomes instead
+    /// of its own (the machine's boot id): for tests of a hostile client
+    /// that claims to be on another host, as any modified client can.
+    /// Servers do not take the claim for RMA decisions
+    /// (`ConnHandle::requires_direct_keys`). None: the real one.
+    pub claim_host_id: Option<[u8; 16]>,
+}
+
+/// How long an event loop keeps progressing after activity by default.
+pub const DEFAULT_SPIN: Duration = Duration::from_micros(50);
+
+/// `DAFNE_SPIN_US` (microseconds, at most 10 000) if set and valid, else
+/// [`DEFAULT_SPIN`]: every dafne process's loops read it, so that spinning
+/// can be measured against sleeping on a whole cluster and its mount
+/// (`dafne bench posix`, issue 9) without a rebuild.
+pub fn spin_from_env() -> Duration {
+    match std::env::var("DAFNE_SPIN_US") {
+        Err(_) => DEFAULT_SPIN,
+        Ok(v) => match v.trim().parse::<u64>() {
+            Ok(us) if us <= 10_000 => Duration::from_micros(us),
+            _ => {
+                tracing::warn!(
+                    "DAFNE_SPIN_US={v:?} is not a number of microseconds up to 10000: using {DEFAULT_SPIN:?}"
+                );
+                DEFAULT_SPIN
+            }
+        },
+    }
 }
 
 impl Default for RuntimeOptions {
@@ -123,7 +153,7 @@ impl Default for RuntimeOptions {
         RuntimeOptions {
             name: "dafne".into(),
             ucx_config: Vec::new(),
-            spin: Duration::from_micros(50),
+            spin: spin_from_env(),
             max_request: 1 << 20,
             max_reply: 16 << 20,
             credits: 64,
@@ -133,6 +163,7 @@ impl Default for RuntimeOptions {
             keepalive_misses: 5,
             data_path: DataPath::from_env(),
             auth_timeout: None,
+            claim_host_id: None,
             watchdog: None,
         }
     }
@@ -267,7 +298,7 @@ impl Runtime {
             wake_fd,
             sleeping: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
-            host_id: host_id(),
+            host_id: opts.claim_host_id.unwrap_or_else(host_id),
             log_limit: LogLimit::new(),
             heartbeat: std::sync::atomic::AtomicU64::new(0),
             born: Instant::now(),

@@ -55,6 +55,8 @@ pub(crate) struct ServerConn {
     /// service is unpacking a key for it (io servers: after the request's
     /// capability was verified), never for a bare hello.
     peer_lookup: Cell<Option<(SocketAddr, u16)>>,
+    /// Whether the client is on this host, once `peer_lookup` ran.
+    local: Cell<Option<bool>>,
     dead: Cell<bool>,
     /// RMA waiters to wake if the connection dies or their deadline passes
     /// (checked by housekeeping: no timer per request), keyed by waiter id;
@@ -162,13 +164,44 @@ impl ConnHandle {
         self.0.shared.stats.snapshot()
     }
 
-    /// Whether UCX watches the client's data endpoint for failure (peer
-    /// error handling: across hosts). On one host it does not (shared
-    /// memory needs `ErrMode::None`, see UCX-NOTES), so an RMA operation
-    /// that needs the client's help (`RemoteKey::is_mapped` is false) can
-    /// outlive the client forever.
-    pub fn detects_peer_failure(&self) -> bool {
-        self.data().is_ok_and(|d| d.mode() == dafne_ucx::ErrMode::Peer)
+    /// Looks up, once, which processes of this host are the client (the
+    /// kernel's word: `peer::socket_owners`) and gives them to the data
+    /// endpoint (the System V rule of `KeyShape`).
+    fn lookup_peer(&self) {
+        if let Some((client, port)) = self.0.peer_lookup.take() {
+            let owners = crate::peer::socket_owners(client, port);
+            tracing::debug!("client {client} is local processes {owners:?}");
+            self.0.local.set(Some(owners.is_some()));
+            if let Ok(data) = self.data() {
+                data.set_peer_processes(owners.unwrap_or_default());
+            }
+        }
+    }
+
+    /// Whether this server must refuse the client's keys that it cannot
+    /// reach by itself ([`ConnHandle::reaches_directly`]). So on one host
+    /// as the kernel shows it (the client's end of the control connection
+    /// is a socket of this host, whatever host id its hello claimed),
+    /// unless this runtime treats every peer as remote
+    /// (`DAFNE_DATA_PATH=peer`) or cannot keep System V parts (no `sysv` in
+    /// its transports: then nothing is direct on one host and emulated RMA
+    /// is all there is). Why: on one host UCX 1.13 reaches other memory by
+    /// RMA emulated over messages the client's own worker answers, and an
+    /// operation to a client that stopped and then died never completes
+    /// (no peer-failure detection on one host; a client that claims another
+    /// host gets a TCP endpoint, where it is emulated as well), keeping
+    /// whatever memory the server gave it.
+    pub fn requires_direct_keys(&self) -> bool {
+        self.lookup_peer();
+        self.0.shared.opts.data_path != crate::DataPath::PeerErrorHandling
+            && self.0.local.get() == Some(true)
+            && self.data().is_ok_and(|d| d.maps_peer_segments())
+    }
+
+    /// Whether RMA with `key` (from [`ConnHandle::remote_key`]) needs no
+    /// help from the client.
+    pub fn reaches_directly(&self, key: &RemoteKey) -> bool {
+        self.data().is_ok_and(|d| d.reaches_directly(key))
     }
 
     /// The client's packed key, unpacked on this connection (cached).
@@ -179,11 +212,7 @@ impl ConnHandle {
         }
         TransportStats::inc(&self.0.shared.stats.rkey_cache_misses);
         let data = self.data()?;
-        if let Some((client, port)) = self.0.peer_lookup.take() {
-            let owners = crate::peer::socket_owners(client, port);
-            tracing::debug!("client {client} is local processes {owners:?}");
-            data.set_peer_processes(owners);
-        }
+        self.lookup_peer();
         let k = Rc::new(data.unpack_key(packed)?);
         let mut keys = self.0.keys.borrow_mut();
         if keys.len() >= KEY_CACHE_ENTRIES {
@@ -541,6 +570,9 @@ impl ServerSide {
             inflight: Cell::new(0),
             keys: RefCell::new(HashMap::new()),
             peer_lookup: Cell::new(peer_lookup),
+            // Without the client's address the kernel cannot be asked:
+            // then the hello's word is all there is.
+            local: Cell::new(peer_lookup.is_none().then_some(mode == dafne_ucx::ErrMode::None)),
             dead: Cell::new(false),
             dead_wakers: RefCell::new(HashMap::new()),
             next_waiter: Cell::new(0),

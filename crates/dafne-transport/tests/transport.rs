@@ -492,8 +492,13 @@ fn hellos_that_never_use_their_welcome_do_not_lock_out_honest_clients() {
                 std::thread::spawn(move || Client::connect_claiming(&rt, server.addr, sink).is_ok())
             })
             .collect();
-        // The last hellos have arrived.
-        std::thread::sleep(Duration::from_secs(1));
+        // Wait for the state under test: the server has accepted enough of
+        // the liars' hellos to fill its unproven connections (256).
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while server_stats(&victim)["transport"]["connections_accepted"].as_u64().unwrap() < 1 + 256 {
+            assert!(Instant::now() < deadline, "{tls:?}: the liars' hellos never filled the unproven connections");
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let honest_rt = client_runtime_with(tls, |o| o.connect_timeout = Duration::from_secs(5));
         let honest = Client::connect(&honest_rt, server.addr)
             .unwrap_or_else(|e| panic!("{tls:?}: an honest client was locked out by unproven hellos: {e}"));

@@ -162,6 +162,20 @@ impl Endpoint {
         self.inner.mode
     }
 
+    /// Whether RMA on this endpoint with `key` (unpacked on it) needs no
+    /// help from the peer: error handling off (on one host, so UCX may use
+    /// shared memory) and the key kept a shared-memory part
+    /// ([`crate::RemoteKey::is_mapped`]).
+    pub fn reaches_directly(&self, key: &crate::RemoteKey) -> bool {
+        self.inner.mode == ErrMode::None && key.is_mapped()
+    }
+
+    /// Whether this endpoint's context can keep a peer's System V segment
+    /// in its keys (System V shared memory is among its transports).
+    pub fn maps_peer_segments(&self) -> bool {
+        self.inner.worker.ctx.key_shape().maps_sysv()
+    }
+
     /// An identity for matching against [`crate::AmRecv::reply_ep`].
     pub fn id(&self) -> usize {
         self.inner.h as usize

@@ -652,6 +652,12 @@ fn sysv_segment(shmid: i32) -> Option<(u32, u64)> {
 }
 
 impl KeyShape {
+    /// Whether peers' System V segments can be kept in keys (the only
+    /// memory a server reaches on one host without the peer's help).
+    pub(crate) fn maps_sysv(&self) -> bool {
+        self.sysv.is_some()
+    }
+
     pub(crate) fn learn(ctx: &Context) -> KeyShape {
         let mut sizes = [None; 64];
         let mut mds = |r: &Result<Region>| -> u64 {

@@ -1101,14 +1101,14 @@ fn print_status(r: &StatusReport) {
         println!("| io-{i} | {} | {} | {} |", s.addr, st(&s.server), state);
     }
     println!();
-    println!("| io server | mode | capacity | available | cache | dirty | hits | misses | evictions | bytes copied | registrations (start-up) | requests | credits in use | connections |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("| io server | mode | capacity | available | cache | dirty | hits | misses | evictions | bytes copied | registrations (start-up) | requests | credits in use | connections | units retired |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for (i, s) in r.io.iter().enumerate() {
         let Some(f) = &s.info else { continue };
         let g = |k: &str| f.get(k).copied().unwrap_or(0);
         let mode = ["normal", "mmap", "unifier"].get(g("mode") as usize).copied().unwrap_or("?");
         println!(
-            "| io-{i} | {mode} | {} | {} | {} | {} | {} | {} | {} | {} | {} ({}) | {} | {} | {} |",
+            "| io-{i} | {mode} | {} | {} | {} | {} | {} | {} | {} | {} | {} ({}) | {} | {} | {} | {} |",
             mib(g("capacity_bytes")),
             mib(g("available_bytes")),
             mib(g("cache_bytes")),
@@ -1123,6 +1123,9 @@ fn print_status(r: &StatusReport) {
             // This status request is one of them.
             g("requests_in_flight").saturating_sub(1),
             g("connections"),
+            // Since start; a retired unit's memory is carved again once
+            // UCX lets go of it.
+            g("retired_units"),
         );
     }
     println!();
