@@ -24,8 +24,8 @@
 //! 4. **CPU per MiB**: client (this process) and server CPU time per MiB
 //!    moved, cached reads and writes of 128 KiB and 1 MiB, measured with
 //!    both event loops set not to spin (`spin = 0`): a loop then sleeps
-//!    whenever it has nothing to do, so its CPU time is its work. (With the
-//!    default 50 µs spin a loop under steady load never sleeps, and CPU
+//!    whenever it has nothing to do, so its CPU time is its work. (With a
+//!    50 µs spin, the default on 4 cores or more, a loop under steady load never sleeps, and CPU
 //!    time per MiB is only the inverse of the bandwidth; table 1's rows
 //!    carry those figures too, in the JSON.)
 
@@ -517,7 +517,7 @@ fn cached_bandwidth(
                     op: op.name(),
                     size,
                     window: o.window,
-                    spin_us: spin_us.unwrap_or(50),
+                    spin_us: spin_us.unwrap_or_else(|| dafne_transport::spin_from_env().as_micros() as u64),
                     requests: n,
                     mib_per_s: mib(bytes) / el.as_secs_f64().max(1e-9),
                     client_cpu_us_per_mib: (cpu1 - cpu0) as f64 / 1e3 / mib(bytes).max(1e-9),

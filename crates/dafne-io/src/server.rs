@@ -101,7 +101,8 @@ pub struct ModeArgs {
     #[arg(long)]
     pub strict_cache: bool,
     /// Busy-poll window of the server's event loop after activity, in µs
-    /// (default: the transport's, 50). 0 makes the loop sleep whenever it
+    /// (default: the transport's, `dafne_transport::default_spin`, or
+    /// `DAFNE_SPIN_US`). 0 makes the loop sleep whenever it
     /// is idle, so that its CPU time is the work it did (benchmarks).
     #[arg(long, hide = true)]
     pub spin_us: Option<u64>,

@@ -248,7 +248,24 @@ fn a_client_that_claims_another_host_is_held_to_this_hosts_rule() {
         let key = region.pack_key().unwrap();
         for server in 0..4 {
             let r = futures::executor::block_on(ld.raw_request(server, &read_req(&f, &key, 0, 4096, region.addr())));
-            assert_eq!(r.err(), Some(Errno::EREMOTEIO), "{what} memory of a lying client on io server {server}");
+            assert_eq!(
+                r.err(),
+                Some(Errno::EREMOTEIO),
+                "read into {what} memory of a lying client on io server {server}"
+            );
+            let w = IoRequest::Write {
+                cap: f.cap,
+                keys: vec![key.clone()],
+                extents: vec![IoExtent { offset: 0, len: 4096, key: 0, addr: region.addr() }],
+                stability: Stability::FileSync,
+                inline: Vec::new(),
+            };
+            let r = futures::executor::block_on(ld.raw_request(server, &w));
+            assert_eq!(
+                r.err(),
+                Some(Errno::EREMOTEIO),
+                "write from {what} memory of a lying client on io server {server}"
+            );
         }
         assert!(region.as_slice().iter().all(|&b| b == 0), "a refused read wrote into {what} memory");
     }

@@ -42,7 +42,9 @@ pub use client::Client;
 pub use dafne_auth::{FrameKey, FrameKeys};
 pub use dafne_ucx::{Access, Context, Local, Region, RemoteKey, Slab, SubRegion};
 pub use error::TransportError;
-pub use runtime::{fail_fast_on_panic, parse_ucx_overrides, DataPath, Runtime, RuntimeOptions};
+pub use runtime::{
+    default_spin, fail_fast_on_panic, parse_ucx_overrides, spin_from_env, DataPath, Runtime, RuntimeOptions,
+};
 pub use server::{ConnHandle, Request, RmaSeg, Service};
 pub use stats::{TransportStats, TransportStatsSnapshot};
 pub use timer::sleep;

@@ -140,9 +140,9 @@ pub const SPIN_MIN_CORES: usize = 4;
 /// runs a metadata server, four io servers, the FUSE daemon and the
 /// application, each loop spinning after every request; on the 2-core VM,
 /// `dafne bench posix` with `DAFNE_SPIN_US=0` beat 50 µs on every row, two
-/// runs each in turns (random 4 KiB qd16 +43%, 4 jobs +32%, PostMark
-/// +35%, sequential write +18%, sequential read +6%) at 35–50% less CPU
-/// per GB (docs/BENCHMARKS.md, "Spinning against sleeping"): the spinning
+/// runs each in turns (means: random 4 KiB qd16 +45%, 4 jobs +30%,
+/// PostMark +35%, sequential write +19%, sequential read +8%) at 16–52%
+/// less CPU per GB (docs/BENCHMARKS.md, "Spinning against sleeping"): the spinning
 /// loops took the cores the others needed. Machines with more cores were
 /// not measured here and keep the spin.
 pub fn default_spin() -> Duration {

@@ -171,6 +171,13 @@ impl ConnHandle {
         if let Some((client, port)) = self.0.peer_lookup.take() {
             let owners = crate::peer::socket_owners(client, port);
             tracing::debug!("client {client} is local processes {owners:?}");
+            if owners.as_ref().is_some_and(|o| o.is_empty()) && self.0.shared.log_limit.allow() {
+                tracing::warn!(
+                    "client {client} is on this host but /proc shows none of its processes (another user's, \
+                     unreadable to this server): its shared-memory segments cannot be proven, so its keys are \
+                     refused (EREMOTEIO). Run io servers as root, as the clients' user, or with CAP_SYS_PTRACE"
+                );
+            }
             self.0.local.set(Some(owners.is_some()));
             if let Ok(data) = self.data() {
                 data.set_peer_processes(owners.unwrap_or_default());
@@ -179,23 +186,31 @@ impl ConnHandle {
     }
 
     /// Whether this server must refuse the client's keys that it cannot
-    /// reach by itself ([`ConnHandle::reaches_directly`]). So on one host
-    /// as the kernel shows it (the client's end of the control connection
-    /// is a socket of this host, whatever host id its hello claimed),
-    /// unless this runtime treats every peer as remote
-    /// (`DAFNE_DATA_PATH=peer`) or cannot keep System V parts (no `sysv` in
-    /// its transports: then nothing is direct on one host and emulated RMA
-    /// is all there is). Why: on one host UCX 1.13 reaches other memory by
-    /// RMA emulated over messages the client's own worker answers, and an
-    /// operation to a client that stopped and then died never completes
-    /// (no peer-failure detection on one host; a client that claims another
-    /// host gets a TCP endpoint, where it is emulated as well), keeping
-    /// whatever memory the server gave it.
+    /// reach by itself ([`ConnHandle::reaches_directly`]). Why: UCX 1.13
+    /// reaches other memory by RMA emulated over messages the client's own
+    /// worker answers; on an endpoint UCX does not watch for failure, an
+    /// operation to a client that stopped and then died never completes,
+    /// keeping whatever memory the server gave it. So keys must be direct
+    /// * on every data endpoint with error handling off (one host by the
+    ///   hello's host id, or `DAFNE_DATA_PATH=none`; a client elsewhere
+    ///   that copies this server's host id from a welcome lands here), and
+    /// * for a client on this host as the kernel shows it (its end of the
+    ///   control connection is a socket of this host) even on a watched
+    ///   (TCP) endpoint: a client that claims another host gets one, and a
+    ///   stopped client holds what its emulated operations hold,
+    ///
+    /// unless this runtime cannot keep System V parts (no `sysv` in its
+    /// transports: then nothing is direct on one host, and emulated RMA is
+    /// all there is) or treats every peer as remote (`DAFNE_DATA_PATH=peer`,
+    /// which gives every endpoint error handling).
     pub fn requires_direct_keys(&self) -> bool {
         self.lookup_peer();
-        self.0.shared.opts.data_path != crate::DataPath::PeerErrorHandling
-            && self.0.local.get() == Some(true)
-            && self.data().is_ok_and(|d| d.maps_peer_segments())
+        let Ok(data) = self.data() else { return true };
+        if !data.maps_peer_segments() {
+            return false;
+        }
+        data.mode() == dafne_ucx::ErrMode::None
+            || (self.0.shared.opts.data_path != crate::DataPath::PeerErrorHandling && self.0.local.get() == Some(true))
     }
 
     /// Whether RMA with `key` (from [`ConnHandle::remote_key`]) needs no

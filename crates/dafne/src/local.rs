@@ -1123,8 +1123,8 @@ fn print_status(r: &StatusReport) {
             // This status request is one of them.
             g("requests_in_flight").saturating_sub(1),
             g("connections"),
-            // Since start; a retired unit's memory is carved again once
-            // UCX lets go of it.
+            // Unifier mode, since start; a retired unit's memory is carved
+            // again once UCX lets go of it.
             g("retired_units"),
         );
     }
