@@ -43,6 +43,16 @@ fn all_alive(c: &mut Cluster) -> bool {
     c.ios.iter_mut().all(|i| i.child.try_wait().unwrap().is_none())
 }
 
+fn write_req(f: &OpenFile, key: &[u8], offset: u64, len: u32, addr: u64) -> IoRequest {
+    IoRequest::Write {
+        cap: f.cap,
+        keys: vec![key.to_vec()],
+        extents: vec![IoExtent { offset, len, key: 0, addr }],
+        stability: Stability::FileSync,
+        inline: Vec::new(),
+    }
+}
+
 fn read_req(f: &OpenFile, key: &[u8], offset: u64, len: u32, addr: u64) -> IoRequest {
     IoRequest::Read {
         cap: f.cap,
@@ -78,13 +88,7 @@ fn extents_outside_their_keys_window_are_refused_before_anything_moves() {
         for server in 0..4 {
             let r = futures::executor::block_on(d.raw_request(server, &read_req(&f, &key, 0, len, addr)));
             assert!(refused(r.as_ref().err().copied()), "read {what} on io server {server}: {r:?}");
-            let w = IoRequest::Write {
-                cap: f.cap,
-                keys: vec![key.clone()],
-                extents: vec![IoExtent { offset: 0, len, key: 0, addr }],
-                stability: Stability::FileSync,
-                inline: Vec::new(),
-            };
+            let w = write_req(&f, &key, 0, len, addr);
             let r = futures::executor::block_on(d.raw_request(server, &w));
             assert!(refused(r.as_ref().err().copied()), "write {what} on io server {server}: {r:?}");
         }
@@ -189,13 +193,7 @@ fn keys_to_registered_memory_are_refused_on_one_host_before_anything_moves() {
     for server in 0..4 {
         let r = futures::executor::block_on(d.raw_request(server, &read_req(&f, &key, 0, 4096, region.addr())));
         assert_eq!(r.err(), Some(Errno::EREMOTEIO), "read into registered memory on io server {server}");
-        let w = IoRequest::Write {
-            cap: f.cap,
-            keys: vec![key.clone()],
-            extents: vec![IoExtent { offset: 0, len: 4096, key: 0, addr: region.addr() }],
-            stability: Stability::FileSync,
-            inline: Vec::new(),
-        };
+        let w = write_req(&f, &key, 0, 4096, region.addr());
         let r = futures::executor::block_on(d.raw_request(server, &w));
         assert_eq!(r.err(), Some(Errno::EREMOTEIO), "write from registered memory on io server {server}");
     }
@@ -253,13 +251,7 @@ fn a_client_that_claims_another_host_is_held_to_this_hosts_rule() {
                 Some(Errno::EREMOTEIO),
                 "read into {what} memory of a lying client on io server {server}"
             );
-            let w = IoRequest::Write {
-                cap: f.cap,
-                keys: vec![key.clone()],
-                extents: vec![IoExtent { offset: 0, len: 4096, key: 0, addr: region.addr() }],
-                stability: Stability::FileSync,
-                inline: Vec::new(),
-            };
+            let w = write_req(&f, &key, 0, 4096, region.addr());
             let r = futures::executor::block_on(ld.raw_request(server, &w));
             assert_eq!(
                 r.err(),
