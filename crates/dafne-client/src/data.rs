@@ -887,13 +887,22 @@ impl DataClient {
             cache.evict(&reg);
         }
         drop(reg);
-        if r == Err(Errno::EREMOTEIO) {
-            // On one host servers refuse registered memory (`register`):
-            // nothing was read; the bounce buffers serve from now on.
-            self.regcache_refused.store(true, std::sync::atomic::Ordering::Relaxed);
+        if self.regcache_was_refused(&r) {
             return self.read_at(f, offset, buf).await;
         }
         r
+    }
+
+    /// Whether an io server refused a registration cache key (`EREMOTEIO`:
+    /// on one host servers refuse memory they cannot reach by themselves,
+    /// before anything moves); then the bounce buffers serve caller
+    /// buffers from now on.
+    fn regcache_was_refused<T>(&self, r: &Result<T, Errno>) -> bool {
+        let refused = matches!(r, Err(e) if *e == Errno::EREMOTEIO);
+        if refused {
+            self.regcache_refused.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        refused
     }
 
     /// Writes a caller's buffer: zero-copy from [`ZERO_COPY_MIN`] bytes up
@@ -928,10 +937,8 @@ impl DataClient {
             cache.evict(&reg);
         }
         drop(reg);
-        if r == Err(Errno::EREMOTEIO) {
-            // As in `read_into`: the servers refused the key before writing
-            // (a server across hosts may have written: the same bytes again).
-            self.regcache_refused.store(true, std::sync::atomic::Ordering::Relaxed);
+        if self.regcache_was_refused(&r) {
+            // (A server across hosts may have written: the same bytes again.)
             return self.write_at(f, offset, buf, stability).await;
         }
         r

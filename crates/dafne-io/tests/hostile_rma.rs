@@ -53,6 +53,27 @@ fn write_req(f: &OpenFile, key: &[u8], offset: u64, len: u32, addr: u64) -> IoRe
     }
 }
 
+/// A read into and a write from `[addr, addr + len)` under `key` (file
+/// offset 0), sent by `d` to each of the four io servers: what each
+/// answered, labelled.
+fn read_and_write_on_every_server(
+    d: &DataClient,
+    f: &OpenFile,
+    key: &[u8],
+    len: u32,
+    addr: u64,
+) -> Vec<(String, Result<dafne_proto::io::IoResponse, Errno>)> {
+    let mut out = Vec::new();
+    for server in 0..4 {
+        for (op, req) in
+            [("read into", read_req(f, key, 0, len, addr)), ("write from", write_req(f, key, 0, len, addr))]
+        {
+            out.push((format!("{op} io server {server}"), futures::executor::block_on(d.raw_request(server, &req))));
+        }
+    }
+    out
+}
+
 fn read_req(f: &OpenFile, key: &[u8], offset: u64, len: u32, addr: u64) -> IoRequest {
     IoRequest::Read {
         cap: f.cap,
@@ -85,12 +106,8 @@ fn extents_outside_their_keys_window_are_refused_before_anything_moves() {
     // (EPROTO, finding 6); the others are refused by the window check.
     let refused = |e: Option<Errno>| e == Some(Errno::EFAULT) || e == Some(Errno::EPROTO);
     for (what, addr, len) in cases {
-        for server in 0..4 {
-            let r = futures::executor::block_on(d.raw_request(server, &read_req(&f, &key, 0, len, addr)));
-            assert!(refused(r.as_ref().err().copied()), "read {what} on io server {server}: {r:?}");
-            let w = write_req(&f, &key, 0, len, addr);
-            let r = futures::executor::block_on(d.raw_request(server, &w));
-            assert!(refused(r.as_ref().err().copied()), "write {what} on io server {server}: {r:?}");
+        for (op, r) in read_and_write_on_every_server(&d, &f, &key, len, addr) {
+            assert!(refused(r.as_ref().err().copied()), "{op}, {what}: {r:?}");
         }
     }
     assert!(all_alive(&mut c), "an io server died");
@@ -190,12 +207,8 @@ fn keys_to_registered_memory_are_refused_on_one_host_before_anything_moves() {
     let f = file_with(&m, &d, "victim", &data);
     let region = Region::register(d.context().unwrap(), vec![0u8; 64 << 10], Access::RemoteReadWrite).unwrap();
     let key = region.pack_key().unwrap();
-    for server in 0..4 {
-        let r = futures::executor::block_on(d.raw_request(server, &read_req(&f, &key, 0, 4096, region.addr())));
-        assert_eq!(r.err(), Some(Errno::EREMOTEIO), "read into registered memory on io server {server}");
-        let w = write_req(&f, &key, 0, 4096, region.addr());
-        let r = futures::executor::block_on(d.raw_request(server, &w));
-        assert_eq!(r.err(), Some(Errno::EREMOTEIO), "write from registered memory on io server {server}");
+    for (op, r) in read_and_write_on_every_server(&d, &f, &key, 4096, region.addr()) {
+        assert_eq!(r.err(), Some(Errno::EREMOTEIO), "{op}, registered memory");
     }
     assert!(all_alive(&mut c), "an io server died");
     assert!(region.as_slice().iter().all(|&b| b == 0), "a refused read wrote into the client's memory");
@@ -244,20 +257,8 @@ fn a_client_that_claims_another_host_is_held_to_this_hosts_rule() {
     let registered = Region::register(ld.context().unwrap(), vec![0u8; 64 << 10], Access::RemoteReadWrite).unwrap();
     for (what, region) in [("allocated", &allocated), ("registered", &registered)] {
         let key = region.pack_key().unwrap();
-        for server in 0..4 {
-            let r = futures::executor::block_on(ld.raw_request(server, &read_req(&f, &key, 0, 4096, region.addr())));
-            assert_eq!(
-                r.err(),
-                Some(Errno::EREMOTEIO),
-                "read into {what} memory of a lying client on io server {server}"
-            );
-            let w = write_req(&f, &key, 0, 4096, region.addr());
-            let r = futures::executor::block_on(ld.raw_request(server, &w));
-            assert_eq!(
-                r.err(),
-                Some(Errno::EREMOTEIO),
-                "write from {what} memory of a lying client on io server {server}"
-            );
+        for (op, r) in read_and_write_on_every_server(&ld, &f, &key, 4096, region.addr()) {
+            assert_eq!(r.err(), Some(Errno::EREMOTEIO), "{op}, {what} memory of a lying client");
         }
         assert!(region.as_slice().iter().all(|&b| b == 0), "a refused read wrote into {what} memory");
     }

@@ -40,16 +40,20 @@ pub fn as_if_across_hosts() {
 /// A runtime on this host's terms whatever [`as_if_across_hosts`] said
 /// (for the in-process metadata server's clients: it serves this host).
 pub fn runtime_on_this_host(name: &str) -> Runtime {
-    Runtime::new(RuntimeOptions { name: name.into(), ucx_config: ucx(), ..Default::default() }).unwrap()
+    runtime_with(name, dafne_transport::DataPath::Auto)
 }
 
+/// A client runtime as this thread's io servers expect ([`as_if_across_hosts`]).
 pub fn runtime(name: &str) -> Runtime {
-    if data_path() == "peer" {
-        let data_path = dafne_transport::DataPath::PeerErrorHandling;
-        return Runtime::new(RuntimeOptions { name: name.into(), ucx_config: ucx(), data_path, ..Default::default() })
-            .unwrap();
-    }
-    Runtime::new(RuntimeOptions { name: name.into(), ucx_config: ucx(), ..Default::default() }).unwrap()
+    let across = data_path() == "peer";
+    runtime_with(
+        name,
+        if across { dafne_transport::DataPath::PeerErrorHandling } else { dafne_transport::DataPath::Auto },
+    )
+}
+
+fn runtime_with(name: &str, data_path: dafne_transport::DataPath) -> Runtime {
+    Runtime::new(RuntimeOptions { name: name.into(), ucx_config: ucx(), data_path, ..Default::default() }).unwrap()
 }
 
 /// Starts a metadata server in this process, storing under `dir/meta`;
