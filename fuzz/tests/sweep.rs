@@ -149,6 +149,19 @@ fn proto() {
     let seeds = vec![
         encode_request(env(), &Request::Lookup { parent: 1, name: b"hello".to_vec() }),
         encode_request(env(), &Request::GetAttr { ino: 1 }),
+        encode_request(
+            env(),
+            &Request::Lock {
+                ino: 1,
+                client: 2,
+                owner: 3,
+                pid: 4,
+                start: 5,
+                end: u64::MAX,
+                kind: dafne_proto::LockKind::Write,
+                flags: dafne_proto::LOCK_WAIT,
+            },
+        ),
     ];
     sweep("proto", dafne_fuzz::proto, seeds, 3);
 }

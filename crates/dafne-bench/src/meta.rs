@@ -3,6 +3,13 @@
 //! (each its own process-level connection and session, in its own thread).
 //! Every create and unlink is durable (fsynced) before it is acknowledged;
 //! concurrent clients share commits (group commit).
+//!
+//! Locks (issue 11): lock + unlock pairs per second, each pair two round
+//! trips (the metadata server holds locks in memory: no commit). Free:
+//! each client locks a file of its own. Contended: every client takes and
+//! releases a write lock on the same bytes of one file, waiting for it
+//! (`F_SETLKW`), so each pair also waits for the others' (the server
+//! grants a waiter the moment the holder's unlock arrives).
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -11,7 +18,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context as _, Result};
-use dafne_client::{MetaSession, ROOT_INO};
+use dafne_client::{LockKind, MetaSession, ROOT_INO};
 use dafne_transport::{Runtime, RuntimeOptions};
 
 use crate::transport::ServerCommand;
@@ -34,6 +41,10 @@ pub struct Row {
     pub creates_per_s: f64,
     pub stats_per_s: f64,
     pub unlinks_per_s: f64,
+    /// Lock + unlock pairs per second, each client on a file of its own.
+    pub lock_pairs_per_s: f64,
+    /// Lock + unlock pairs per second, every client on the same bytes.
+    pub contended_lock_pairs_per_s: f64,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -125,6 +136,21 @@ pub fn run(o: &Options, mut progress: impl FnMut(&str)) -> Result<Report> {
         progress(&format!("{n} client(s): stats"));
         let stats =
             phase(&sessions, o.files, |s, d, i| s.lookup(d, &name(i)).map(|_| ()).map_err(|e| anyhow!("lookup: {e}")))?;
+        progress(&format!("{n} client(s): locks"));
+        let mut files = Vec::new();
+        for (s, d) in &sessions {
+            let f = s.create(*d, b"lockfile", 0o644, true).map_err(|e| anyhow!("create: {e}"))?;
+            files.push((s.clone(), f.ino));
+        }
+        let pair = |s: &MetaSession, f: u64, _i: usize| -> Result<()> {
+            s.lock(f, 1, 1, 0, 0, LockKind::Write, true).map_err(|e| anyhow!("lock: {e}"))?;
+            s.lock(f, 1, 1, 0, 0, LockKind::Unlock, false).map_err(|e| anyhow!("unlock: {e}"))
+        };
+        let lock_pairs = phase(&files, o.files, pair)?;
+        let shared = files[0].1;
+        let contended: Vec<(MetaSession, u64)> = files.iter().map(|(s, _)| (s.clone(), shared)).collect();
+        progress(&format!("{n} client(s): contended locks"));
+        let contended_pairs = phase(&contended, o.files, pair)?;
         progress(&format!("{n} client(s): unlinks"));
         let unlinks = phase(&sessions, o.files, |s, d, i| s.unlink(d, &name(i)).map_err(|e| anyhow!("unlink: {e}")))?;
         rows.push(Row {
@@ -133,7 +159,11 @@ pub fn run(o: &Options, mut progress: impl FnMut(&str)) -> Result<Report> {
             creates_per_s: creates,
             stats_per_s: stats,
             unlinks_per_s: unlinks,
+            lock_pairs_per_s: lock_pairs,
+            contended_lock_pairs_per_s: contended_pairs,
         });
+        drop(files);
+        drop(contended);
         drop(sessions);
         drop(runtimes);
         let _ = std::fs::remove_dir_all(&dir);
@@ -145,12 +175,19 @@ impl Report {
     pub fn to_markdown(&self) -> String {
         let mut s = String::from(
             "Metadata operations per second (durable: each create/unlink is fsynced before its reply)\n\n\
-             | clients | files per client | creates/s | stats/s | unlinks/s |\n|---|---|---|---|---|\n",
+             | clients | files per client | creates/s | stats/s | unlinks/s | lock+unlock pairs/s (own file) | \
+             lock+unlock pairs/s (same bytes, waiting) |\n|---|---|---|---|---|---|---|\n",
         );
         for r in &self.rows {
             s.push_str(&format!(
-                "| {} | {} | {:.0} | {:.0} | {:.0} |\n",
-                r.clients, r.files_per_client, r.creates_per_s, r.stats_per_s, r.unlinks_per_s
+                "| {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} |\n",
+                r.clients,
+                r.files_per_client,
+                r.creates_per_s,
+                r.stats_per_s,
+                r.unlinks_per_s,
+                r.lock_pairs_per_s,
+                r.contended_lock_pairs_per_s
             ));
         }
         s

@@ -22,6 +22,12 @@
 //! the server every [`KEEPALIVE`], so that a lost connection (a restarted
 //! server) is noticed and replaced within the server's grace even when the
 //! application makes no call.
+//!
+//! # Locks
+//! Byte-range locks ([`MetaSession::lock`], [`MetaSession::test_lock`])
+//! are held by the metadata server for this session's client id, and
+//! claimed back on every new connection like the opens (module [`locks`]).
+//! The keepalive also runs while the session holds a lock.
 
 pub mod cq;
 pub mod data;
@@ -29,6 +35,7 @@ pub mod data;
 mod fake_io;
 pub mod file;
 mod link;
+pub mod locks;
 pub mod readahead;
 pub mod regcache;
 
@@ -41,8 +48,8 @@ use std::time::Duration;
 
 use dafne_proto::{decode_reply, encode_request, Capability, Envelope, HeldOpen, Layout, Request, MAX_REOPEN};
 pub use dafne_proto::{
-    Attr, CompoundOp, DirEntry, Errno, FileType, Groups, Ino, LayoutHint, Orphan, Response, SetAttr, StatFs, TimeSet,
-    ROOT_INO,
+    Attr, CompoundOp, DirEntry, Errno, FileType, Groups, Ino, LayoutHint, LockHolder, LockKind, Orphan, Response,
+    SetAttr, StatFs, TimeSet, ROOT_INO,
 };
 use dafne_transport::{Client, Runtime, TransportError};
 
@@ -96,6 +103,9 @@ struct Inner {
     next_tag: AtomicU64,
     root: Ino,
     held: Arc<Mutex<Held>>,
+    /// This session's identity for its locks (module [`locks`]).
+    client_id: u64,
+    locks: Arc<locks::Locks>,
 }
 
 fn held(h: &Mutex<Held>) -> MutexGuard<'_, Held> {
@@ -182,7 +192,7 @@ impl std::fmt::Debug for MetaSession {
     }
 }
 
-fn io_err(e: TransportError) -> Errno {
+pub(crate) fn io_err(e: TransportError) -> Errno {
     match e {
         TransportError::TimedOut { .. } => Errno::EAGAIN,
         TransportError::TooLarge { .. } => Errno::EINVAL,
@@ -212,12 +222,16 @@ impl MetaSession {
         let name = client_name.to_string();
         let held = Arc::new(Mutex::new(Held::default()));
         let held2 = held.clone();
+        let client_id = u64::from_le_bytes(login_nonce()[..8].try_into().unwrap_or_default());
+        let locks = Arc::new(locks::Locks::default());
+        let locks2 = locks.clone();
         let hello = Box::new(move |c: &Client, generation| {
             Self::open_session(c, &secret, &name, uid, gid).map_err(|e| e.to_string())?;
-            Self::reannounce(c, &held2, generation, uid, gid)
+            Self::reannounce(c, &held2, generation, uid, gid)?;
+            locks2.reclaim(c, client_id, uid, gid)
         });
         let link = link::Link::new(client, hello);
-        let inner = Arc::new(Inner { link, next_tag: AtomicU64::new(1), root, held });
+        let inner = Arc::new(Inner { link, next_tag: AtomicU64::new(1), root, held, client_id, locks });
         Self::start_keepalive(Arc::downgrade(&inner), uid, gid);
         Ok(MetaSession { inner, uid, gid, groups: Groups::NONE })
     }
@@ -255,7 +269,7 @@ impl MetaSession {
         let spawned = std::thread::Builder::new().name("dafne-meta-keepalive".into()).spawn(move || loop {
             std::thread::sleep(KEEPALIVE);
             let Some(inner) = inner.upgrade() else { return };
-            if held(&inner.held).objects.is_empty() {
+            if held(&inner.held).objects.is_empty() && !inner.locks.any() {
                 continue;
             }
             let s = MetaSession { inner, uid, gid, groups: Groups::NONE };
@@ -324,6 +338,14 @@ impl MetaSession {
 
     pub fn root(&self) -> Ino {
         self.inner.root
+    }
+
+    fn next_tag(&self) -> u64 {
+        self.inner.next_tag.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn envelope(&self, tag: u64) -> Envelope {
+        Envelope { tag, uid: self.uid, gid: self.gid, groups: self.groups }
     }
 
     /// Sends one request; resolves with the server's answer.

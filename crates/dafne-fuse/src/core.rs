@@ -48,6 +48,34 @@
 //! created exclusively by the caller is opened as root if its own mode
 //! forbids the access asked for (POSIX: `open(O_CREAT)` of a new file grants
 //! the requested access whatever the mode).
+//!
+//! # Locks
+//! `fcntl` locks, OFD locks and `flock` are the cluster's: the kernel sends
+//! them here (the mount asks for `FUSE_POSIX_LOCKS` and `FUSE_FLOCK_LOCKS`)
+//! and they go to the metadata server under the kernel's lock owner
+//! ([`Core::setlk`], [`Core::getlk`]; rules in `dafne_meta::locks`), so a
+//! lock taken on one mount excludes processes on every other. A process's
+//! `fcntl` locks on a file end at any close of it (the `flush` that every
+//! `close(2)` sends names the owner), an open file's `flock` and OFD locks
+//! at its last close (`release`). The kernel names the owner at release
+//! only for `flock`; for OFD locks it tells a FUSE file system nothing at
+//! all (its close path leaves POSIX-style unlocks to `flush`, whose owner
+//! is the process's), so each handle remembers the owners that locked
+//! through it and its release ends their locks on the file. Any close
+//! asks the server only when this mount holds a lock of that owner.
+//! Data under a lock is coherent across mounts as with NFS: before a lock
+//! is released the size of this mount's writes is published (the bytes
+//! are on the io servers already: writes are not cached here), and when a
+//! lock is granted this mount drops its read-ahead of the file, asks meta
+//! for the size, and has the kernel drop the file's cached pages and
+//! attributes, so the holder reads what the previous holder wrote,
+//! whichever mount it wrote through. A request that must wait waits on a
+//! thread of its own, so the FUSE workers go on (the holder's unlock
+//! among them). Known limits: the kernel does not tell `flock` from a
+//! whole-file `fcntl` lock (fuser drops the flag), so the two kinds
+//! conflict with each other here as on NFS; and a waiting process killed
+//! by a signal stays until its lock is granted (fuser does not handle
+//! FUSE_INTERRUPT), after which its exit releases it.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -57,7 +85,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use dafne_client::data::DataClient;
 use dafne_client::readahead::{Changes, ReadAhead, ReadAheadStats, Stream};
 use dafne_client::{
-    Attr, CompoundOp, DirEntry, Errno, FileType, Groups, Ino, MetaSession, OpenFile, Response, SetAttr, StatFs, TimeSet,
+    Attr, CompoundOp, DirEntry, Errno, FileType, Groups, Ino, LockHolder, LockKind, MetaSession, OpenFile, Response,
+    SetAttr, StatFs, TimeSet,
 };
 use dafne_proto::io::Stability;
 use dafne_proto::{Request, OPEN_READ, OPEN_TRUNC, OPEN_WRITE, RIGHT_READ, RIGHT_WRITE};
@@ -160,6 +189,9 @@ struct Handle {
     file: Arc<OpenFile>,
     /// Read-ahead of this handle (with read-ahead on).
     stream: Option<Arc<Stream>>,
+    /// The lock owners that locked through this handle (module docs,
+    /// "Locks"): released when the handle is.
+    lock_owners: Vec<u64>,
 }
 
 /// What this mount knows of an inode it has open.
@@ -223,6 +255,11 @@ pub struct RegistrationCounters {
     pub deregistrations: u64,
     pub registered_bytes: u64,
 }
+
+/// Most lock owners a handle remembers (module docs, "Locks"); an open
+/// file shared by more processes that all lock through it leaves the
+/// locks of the later ones to their own closes (`flush`) or leases.
+const MAX_LOCK_OWNERS_PER_HANDLE: usize = 256;
 
 /// The file system over one metadata session and one data client.
 pub struct Core {
@@ -512,7 +549,7 @@ impl Core {
         attr.size = st.size();
         let changes = t.changes.entry(ino).or_default().clone();
         let stream = self.readahead.as_ref().map(|r| Arc::new(r.stream(changes)));
-        t.handles.insert(fh, Handle { ino, file: Arc::new(file), stream });
+        t.handles.insert(fh, Handle { ino, file: Arc::new(file), stream, lock_owners: Vec::new() });
         (fh, attr)
     }
 
@@ -653,6 +690,84 @@ impl Core {
         r
     }
 
+    /// `F_GETLK`: the first lock of another owner that conflicts (module
+    /// docs, "Locks").
+    pub fn getlk(
+        &self,
+        ino: Ino,
+        owner: u64,
+        start: u64,
+        end: u64,
+        kind: LockKind,
+    ) -> Result<Option<LockHolder>, Errno> {
+        self.meta.test_lock(ino, owner, start, end, kind)
+    }
+
+    /// The daemon's session, for a lock request that waits on a thread of
+    /// its own (the adapter's `setlk`).
+    pub fn lock_session(&self) -> MetaSession {
+        self.meta.clone()
+    }
+
+    /// `F_SETLK`, `F_SETLKW`, `flock`: takes or releases a lock of `owner`
+    /// on the metadata server (module docs, "Locks"). With `wait`, blocks
+    /// until granted.
+    #[allow(clippy::too_many_arguments)]
+    pub fn setlk(
+        &self,
+        ino: Ino,
+        owner: u64,
+        pid: u32,
+        start: u64,
+        end: u64,
+        kind: LockKind,
+        wait: bool,
+    ) -> Result<(), Errno> {
+        self.meta.lock(ino, owner, pid, start, end, kind, wait)
+    }
+
+    /// A lock was granted on `ino` (module docs, "Locks"): what this mount
+    /// knows of its bytes and size may be older than the last holder's
+    /// writes, so read-ahead drops the file's units and the size is asked
+    /// of meta again. (The adapter also has the kernel drop its pages and
+    /// attributes.)
+    pub fn lock_granted(&self, ino: Ino) {
+        self.table().changed(ino, 0, u64::MAX);
+        if let Ok(a) = self.meta.getattr(ino) {
+            self.local(a);
+        }
+    }
+
+    /// A lock on the file of handle `fh` is about to be released: this
+    /// mount's writes' size is published first, so the next holder, on any
+    /// mount, sees it (module docs, "Locks").
+    pub fn before_unlock(&self, fh: u64) -> Result<(), Errno> {
+        match self.publish_if_dirty(fh) {
+            Err(e) if e == Errno::EBADF => Ok(()),
+            r => r,
+        }
+    }
+
+    /// Remembers that `owner` locks through handle `fh`, whose release
+    /// then ends that owner's locks on the file (module docs, "Locks").
+    pub fn locking_through(&self, fh: u64, owner: u64) {
+        if let Some(h) = self.table().handles.get_mut(&fh) {
+            if !h.lock_owners.contains(&owner) && h.lock_owners.len() < MAX_LOCK_OWNERS_PER_HANDLE {
+                h.lock_owners.push(owner);
+            }
+        }
+    }
+
+    /// Releases every lock `owner` holds on `ino` (POSIX: a process's
+    /// `fcntl` locks on a file go at any close of it; an open file's
+    /// `flock` at its last close). No round trip when it holds none.
+    pub fn unlock_owner(&self, ino: Ino, owner: u64) -> Result<(), Errno> {
+        if !self.meta.holds_lock(ino, owner) {
+            return Ok(());
+        }
+        self.meta.lock(ino, owner, 0, 0, u64::MAX, LockKind::Unlock, false)
+    }
+
     /// Makes the written data durable on the io servers and the size exact.
     pub fn fsync(&self, fh: u64) -> Result<(), Errno> {
         let (file, ino) = {
@@ -682,7 +797,7 @@ impl Core {
     /// it in meta (the last close of an unlinked file lets its data go).
     pub fn release(&self, fh: u64) -> Result<(), Errno> {
         let r = self.publish_if_dirty(fh);
-        let file = {
+        let (file, unlocked) = {
             let mut t = self.table();
             let h = t.handles.remove(&fh);
             if let Some(h) = &h {
@@ -694,12 +809,18 @@ impl Core {
                     }
                 }
             }
-            h.map(|h| h.file)
+            match h {
+                Some(h) => (Some(h.file), h.lock_owners.iter().map(|o| (h.ino, *o)).collect()),
+                None => (None, Vec::new()),
+            }
         };
+        // Whoever locked through this open file and still holds: its OFD
+        // and `flock` locks end with it (module docs, "Locks").
+        let unlocked = unlocked.into_iter().map(|(ino, o)| self.unlock_owner(ino, o)).fold(Ok(()), Result::and);
         if let Some(file) = file {
             self.close_in_meta(&file);
         }
-        r
+        r.and(unlocked)
     }
 
     /// Releases one open in meta. A failure (a lost connection) only keeps

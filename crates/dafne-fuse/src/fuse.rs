@@ -16,6 +16,8 @@
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use dafne_client::{Attr, FileType, Ino, SetAttr, TimeSet};
@@ -23,7 +25,7 @@ use dafne_proto::Timespec;
 use fuser::{
     AccessFlags, FileHandle, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags,
     RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry,
-    ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
+    ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
 };
 
 use crate::core::{Caller, Core, OpenMode};
@@ -123,16 +125,63 @@ fn caller(req: &Request) -> Caller {
 /// The mount's `fuser::Filesystem`.
 #[derive(Debug)]
 pub struct FuseFs {
-    core: Core,
+    core: Arc<Core>,
     root: Ino,
     attr_ttl: Duration,
     entry_ttl: Duration,
+    /// Threads waiting for a lock (`setlk` with `sleep`), at most
+    /// [`MAX_LOCK_WAITERS`].
+    lock_waiters: Arc<AtomicUsize>,
+    /// Tells the kernel to drop cached pages and attributes (set once the
+    /// session exists: [`FuseFs::notifier_slot`]).
+    notifier: Arc<OnceLock<fuser::Notifier>>,
+}
+
+/// Most lock requests of this mount waiting at once, each on a thread of
+/// its own so that the FUSE workers stay free; past it `ENOLCK`.
+pub const MAX_LOCK_WAITERS: usize = 1024;
+
+/// The kernel's lock type (`F_RDLCK`, `F_WRLCK`, `F_UNLCK`) as dafne's.
+fn lock_kind(typ: i32) -> Option<dafne_client::LockKind> {
+    match typ {
+        libc::F_RDLCK => Some(dafne_client::LockKind::Read),
+        libc::F_WRLCK => Some(dafne_client::LockKind::Write),
+        libc::F_UNLCK => Some(dafne_client::LockKind::Unlock),
+        _ => None,
+    }
+}
+
+/// The kernel's last byte of a lock (`OFFSET_MAX` for "to the end of the
+/// file") as dafne's (`u64::MAX`), and back.
+fn lock_end_in(end: u64) -> u64 {
+    if end >= i64::MAX as u64 {
+        u64::MAX
+    } else {
+        end
+    }
+}
+
+fn lock_end_out(end: u64) -> u64 {
+    end.min(i64::MAX as u64)
 }
 
 impl FuseFs {
     pub fn new(core: Core, opts: &MountOptions) -> FuseFs {
         let root = core.root();
-        FuseFs { core, root, attr_ttl: opts.attr_ttl, entry_ttl: opts.entry_ttl }
+        FuseFs {
+            core: Arc::new(core),
+            notifier: Arc::new(OnceLock::new()),
+            root,
+            attr_ttl: opts.attr_ttl,
+            entry_ttl: opts.entry_ttl,
+            lock_waiters: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    /// Where the session's notifier goes once the session is made (the
+    /// session owns this file system, so it cannot be passed to `new`).
+    pub fn notifier_slot(&self) -> Arc<OnceLock<fuser::Notifier>> {
+        self.notifier.clone()
     }
 
     fn ino(&self, ino: INodeNo) -> Ino {
@@ -208,6 +257,11 @@ impl fuser::Filesystem for FuseFs {
         // The worker threads serve them concurrently, as they already do
         // for several processes' requests.
         let _ = config.add_capabilities(InitFlags::FUSE_ASYNC_DIO);
+        // Locks are the cluster's, not this kernel's: `fcntl` and OFD locks
+        // (FUSE_POSIX_LOCKS) and `flock` (FUSE_FLOCK_LOCKS) come here and go
+        // to the metadata server, so they exclude processes on every mount.
+        // Without these flags the kernel would keep them to itself.
+        let _ = config.add_capabilities(InitFlags::FUSE_POSIX_LOCKS | InitFlags::FUSE_FLOCK_LOCKS);
         Ok(())
     }
 
@@ -367,21 +421,120 @@ impl fuser::Filesystem for FuseFs {
         }
     }
 
-    fn flush(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
-        empty(self.core.flush(fh.0), reply)
+    fn flush(&self, _req: &Request, ino: INodeNo, fh: FileHandle, lock_owner: LockOwner, reply: ReplyEmpty) {
+        // Every close(2) ends the closing process's `fcntl` locks on the
+        // file (POSIX); the kernel leaves that to us (FUSE_POSIX_LOCKS).
+        // After the size is published: the next holder must see it.
+        let flushed = self.core.flush(fh.0);
+        let unlocked = self.core.unlock_owner(self.ino(ino), lock_owner.0);
+        empty(flushed.and(unlocked), reply)
     }
 
     fn release(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
+        lock_owner: Option<LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        empty(self.core.release(fh.0), reply)
+        // The last close of an open file ends its `flock` and OFD locks
+        // (the kernel names their owner here).
+        let released = self.core.release(fh.0);
+        let unlocked = lock_owner.map_or(Ok(()), |o| self.core.unlock_owner(self.ino(ino), o.0));
+        empty(released.and(unlocked), reply)
+    }
+
+    fn getlk(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        _pid: u32,
+        reply: ReplyLock,
+    ) {
+        let kind = match lock_kind(typ) {
+            Some(k) if k != dafne_client::LockKind::Unlock => k,
+            _ => return reply.error(fuser::Errno::EINVAL),
+        };
+        match self.core.getlk(self.ino(ino), lock_owner.0, start, lock_end_in(end), kind) {
+            Ok(None) => reply.locked(start, end, libc::F_UNLCK, 0),
+            Ok(Some(h)) => {
+                let typ = if h.kind == dafne_client::LockKind::Write { libc::F_WRLCK } else { libc::F_RDLCK };
+                reply.locked(h.start, lock_end_out(h.end), typ, h.pid)
+            }
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn setlk(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        sleep: bool,
+        reply: ReplyEmpty,
+    ) {
+        let Some(kind) = lock_kind(typ) else { return reply.error(fuser::Errno::EINVAL) };
+        let (kernel_ino, ino, owner, end) = (ino, self.ino(ino), lock_owner.0, lock_end_in(end));
+        if kind == dafne_client::LockKind::Unlock {
+            let r = self.core.before_unlock(fh.0).and(self.core.setlk(ino, owner, pid, start, end, kind, false));
+            return empty(r, reply);
+        }
+        self.core.locking_through(fh.0, owner);
+        let granted = {
+            let (core, notifier) = (self.core.clone(), self.notifier.clone());
+            move || {
+                core.lock_granted(ino);
+                if let Some(n) = notifier.get() {
+                    if let Err(e) = n.inval_inode(kernel_ino, 0, 0) {
+                        tracing::debug!("invalidating inode {ino} after a lock: {e}");
+                    }
+                }
+            }
+        };
+        // First without waiting: most locks are free, and this keeps the
+        // common case on this worker.
+        match self.core.setlk(ino, owner, pid, start, end, kind, false) {
+            Err(e) if e == dafne_client::Errno::EAGAIN && sleep => {}
+            Ok(()) => {
+                granted();
+                return reply.ok();
+            }
+            r => return empty(r, reply),
+        }
+        // F_SETLKW: wait on a thread of its own, so the workers go on
+        // serving (the lock holder's own unlock among them).
+        if self.lock_waiters.fetch_add(1, Ordering::AcqRel) >= MAX_LOCK_WAITERS {
+            self.lock_waiters.fetch_sub(1, Ordering::AcqRel);
+            tracing::warn!("{MAX_LOCK_WAITERS} lock requests wait already on this mount: ENOLCK");
+            return reply.error(fuser::Errno::from_i32(libc::ENOLCK));
+        }
+        let session = self.core.lock_session();
+        let waiters = self.lock_waiters.clone();
+        let spawned = std::thread::Builder::new().name("dafne-lock-wait".into()).spawn(move || {
+            let r = session.lock(ino, owner, pid, start, end, kind, true);
+            waiters.fetch_sub(1, Ordering::AcqRel);
+            if r.is_ok() {
+                granted();
+            }
+            empty(r, reply)
+        });
+        if let Err(e) = spawned {
+            self.lock_waiters.fetch_sub(1, Ordering::AcqRel);
+            tracing::warn!("no thread for a waiting lock ({e}): ENOLCK");
+        }
     }
 
     fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {

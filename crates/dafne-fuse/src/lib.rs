@@ -139,8 +139,11 @@ pub fn mount(core: core::Core, mountpoint: &Path, opts: &MountOptions) -> Result
     // (default_permissions) and the metadata server decide what each may do.
     config.acl = fuser::SessionACL::All;
     config.n_threads = Some(opts.threads.max(1));
-    let session = fuser::Session::new(fuse::FuseFs::new(core, opts), mountpoint, &config)
+    let fs = fuse::FuseFs::new(core, opts);
+    let notifier = fs.notifier_slot();
+    let session = fuser::Session::new(fs, mountpoint, &config)
         .map_err(|source| MountError::Mount { mountpoint: mountpoint.to_path_buf(), source })?;
+    let _ = notifier.set(session.notifier());
     if let Err(e) = raise_readahead(mountpoint, MAX_IO / 1024) {
         tracing::warn!("could not raise the readahead of {}: {e}", mountpoint.display());
     }

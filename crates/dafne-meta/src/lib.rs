@@ -6,11 +6,14 @@
 //! * [`posix`]: permission and name rules, pure functions.
 //! * [`opens`]: the files clients hold open, so that the data of an
 //!   unlinked open file is not reclaimed before its last close.
+//! * [`locks`]: byte-range locks across clients, with leases, fairness,
+//!   deadlock detection and reclaim after a restart.
 //! * Authentication and capabilities come from `dafne-auth`.
 //! * [`service`]: the server on dafne's transport: sessions, decoding,
 //!   group commit of concurrent writes, compounds.
 //! * [`server`]: starting one (store + secret + runtime + service).
 
+pub mod locks;
 pub mod opens;
 pub mod posix;
 pub mod server;

@@ -106,7 +106,9 @@ pub fn start(o: &ServeOptions) -> Result<MetaServer> {
     let revoked =
         store.revoked_credentials().with_context(|| format!("reading the revoked credentials of {}", db.display()))?;
     let grace = o.open_grace;
-    let addr = rt.serve(o.listen, move |_| MetaHandler(Rc::new(MetaService::new(store, secret, grace, revoked))))?;
+    let dir = o.data_dir.clone();
+    let addr =
+        rt.serve(o.listen, move |_| MetaHandler(Rc::new(MetaService::new(store, secret, grace, revoked, Some(&dir)))))?;
     Ok(MetaServer { addr, _rt: rt })
 }
 

@@ -28,6 +28,19 @@
 //! Revocations, RevokeCredential) are refused with `EPERM` to credential
 //! sessions, root ones included: they are the servers' and the admin's.
 //!
+//! # Locks
+//! Byte-range locks (`Lock`, `TestLock`) never reach the store thread: the
+//! table ([`crate::locks`]) lives on the loop thread, in memory. A request
+//! that waits is an open call whose answer the loop sends when the lock is
+//! granted; while it waits, its task also ends leases that ran out (at
+//! least every second), so a dead client's locks pass to a waiter within a
+//! second of its lease ending. Leases are also ended at every lock request.
+//! The grace after a restart applies only when the previous instance
+//! granted locks and did not stop with none held: the first lock an
+//! instance grants writes the marker file `locks.held` beside the store
+//! (fsynced, once per instance), and an instance that stops with no lock
+//! held removes it. So a fresh cluster grants its first lock at once.
+//!
 //! Revoked credential names live in the store and, for logins, in memory
 //! (loaded at start, added to by `RevokeCredential` once committed): a
 //! login under a revoked name is refused with `EKEYREVOKED`, and a
@@ -50,6 +63,7 @@ use dafne_proto::{
 use dafne_transport::{Request as TRequest, Service};
 use futures::channel::oneshot;
 
+use crate::locks::{LockRequest, LockTable, Outcome, Owner};
 use crate::opens::OpenTable;
 use crate::store::{Cred, Job, JobResult, MetaStore};
 
@@ -203,7 +217,19 @@ pub struct MetaService {
     /// most one warning per [`REFUSED_WARN_EVERY`], so a peer without the
     /// secret cannot flood the log.
     refused: Cell<(Option<Instant>, u64)>,
+    /// Byte-range locks (module docs, "Locks").
+    locks: RefCell<LockTable>,
+    /// The marker file that says this store's server granted locks (module
+    /// docs, "Locks"), and whether this instance has written it.
+    lock_marker: Option<(std::path::PathBuf, Cell<bool>)>,
 }
+
+/// Name of the marker file beside the store (module docs, "Locks").
+pub const LOCK_MARKER: &str = "locks.held";
+
+/// The longest a waiting lock request sleeps before it ends leases that ran
+/// out (a lease may start after the request began waiting).
+const LEASE_CHECK: Duration = Duration::from_secs(1);
 
 /// The least time between two warnings about refused sessions.
 const REFUSED_WARN_EVERY: Duration = Duration::from_secs(10);
@@ -220,9 +246,32 @@ impl MetaService {
     /// ([`crate::opens`]).
     /// `revoked`: the names of revoked credentials, from the store
     /// ([`MetaStore::revoked_credentials`]).
-    pub fn new(store: Arc<dyn MetaStore>, secret: Secret, grace: Duration, revoked: Vec<String>) -> MetaService {
+    /// `lock_marker`: the directory of the lock marker file (module docs,
+    /// "Locks"); `None`: no marker, and no lock grace after a start.
+    pub fn new(
+        store: Arc<dyn MetaStore>,
+        secret: Secret,
+        grace: Duration,
+        revoked: Vec<String>,
+        lock_marker: Option<&std::path::Path>,
+    ) -> MetaService {
         let opens = Arc::new(Mutex::new(OpenTable::new(grace, Instant::now())));
+        let lock_marker = lock_marker.map(|dir| (dir.join(LOCK_MARKER), Cell::new(false)));
+        let lock_grace = match &lock_marker {
+            Some((path, _)) if path.exists() => {
+                tracing::info!(
+                    "the previous instance granted locks ({} exists): only reclaims for the first {grace:?}",
+                    path.display()
+                );
+                grace
+            }
+            _ => Duration::ZERO,
+        };
+        let mut locks = LockTable::new(lock_grace, Instant::now());
+        locks.set_lease(grace);
         MetaService {
+            locks: RefCell::new(locks),
+            lock_marker,
             secret,
             work: start_store_thread(store, opens.clone()),
             sessions: RefCell::new(HashMap::new()),
@@ -246,7 +295,20 @@ impl Service for MetaHandler {
 
     fn disconnected(&self, conn_id: u32) {
         self.0.sessions.borrow_mut().remove(&conn_id);
-        lock(&self.0.opens).end_session(conn_id, Instant::now());
+        let now = Instant::now();
+        lock(&self.0.opens).end_session(conn_id, now);
+        self.0.locks.borrow_mut().disconnected(conn_id, now);
+    }
+}
+
+impl Drop for MetaService {
+    fn drop(&mut self) {
+        // Stopping with no lock held: the next instance needs no grace.
+        if let Some((path, _)) = &self.lock_marker {
+            if self.locks.get_mut().ranges() == 0 {
+                let _ = std::fs::remove_file(path);
+            }
+        }
     }
 }
 
@@ -290,6 +352,19 @@ impl MetaService {
             Request::Compound { ops } => {
                 self.run(conn, Job { cred, ops, protected: None }).await.map(|results| Response::Compound { results })
             }
+            Request::Lock { ino, client, owner, pid, start, end, kind, flags } => {
+                let wait = flags & dafne_proto::LOCK_WAIT != 0;
+                let reclaim = flags & dafne_proto::LOCK_RECLAIM != 0;
+                let owner = Owner { client, owner };
+                self.lock(&req.conn, LockRequest { ino, owner, pid, start, end, kind, wait, reclaim }).await
+            }
+            Request::TestLock { ino, client, owner, start, end, kind } => {
+                self.lock_grace().await;
+                let mut locks = self.locks.borrow_mut();
+                locks.expire(Instant::now());
+                let conflict = locks.test(conn, ino, Owner { client, owner }, start, end, kind);
+                Ok(Response::LockTest { conflict })
+            }
             Request::RevokeCredential { name } => {
                 let job = Job {
                     cred,
@@ -314,6 +389,77 @@ impl MetaService {
             }
         };
         encode_reply(env.tag, op, &result)
+    }
+
+    /// Waits out the lock grace after a start (module docs, "Locks").
+    async fn lock_grace(&self) {
+        let until = self.locks.borrow().grace_until(Instant::now());
+        if let Some(until) = until {
+            dafne_transport::sleep(until.saturating_duration_since(Instant::now())).await;
+        }
+    }
+
+    /// `Lock` (module docs, "Locks").
+    async fn lock(&self, conn: &dafne_transport::ConnHandle, req: LockRequest) -> Result<Response, Errno> {
+        // Releasing takes nothing from anyone: no grace for unlocks (a
+        // reconnecting client sends the unlocks it owes before its reclaims).
+        if !req.reclaim && req.kind != dafne_proto::LockKind::Unlock {
+            self.lock_grace().await;
+            if !conn.is_alive() {
+                return Err(Errno::EIO);
+            }
+        }
+        let outcome = {
+            let mut locks = self.locks.borrow_mut();
+            locks.expire(Instant::now());
+            locks.lock(conn.id(), req)
+        };
+        tracing::debug!("lock {req:?} on connection {}: {outcome:?}", conn.id());
+        let mut rx = match outcome {
+            Outcome::Done => {
+                self.mark_locks_granted(&req);
+                return Ok(Response::Done);
+            }
+            Outcome::Refused(e) => return Err(e),
+            Outcome::Wait(rx) => rx,
+        };
+        loop {
+            let now = Instant::now();
+            let next = self.locks.borrow().next_expiry().map_or(now + LEASE_CHECK, |t| t.min(now + LEASE_CHECK));
+            let tick = dafne_transport::sleep(next.saturating_duration_since(now));
+            futures::pin_mut!(tick);
+            match futures::future::select(&mut rx, tick).await {
+                futures::future::Either::Left((answer, _)) => {
+                    return match answer {
+                        Ok(Ok(())) => {
+                            self.mark_locks_granted(&req);
+                            Ok(Response::Done)
+                        }
+                        Ok(Err(e)) => Err(e),
+                        // Dropped: its connection ended.
+                        Err(_) => Err(Errno::EINTR),
+                    };
+                }
+                futures::future::Either::Right(_) => self.locks.borrow_mut().expire(Instant::now()),
+            }
+        }
+    }
+
+    /// Writes the lock marker once per instance (module docs, "Locks").
+    fn mark_locks_granted(&self, req: &LockRequest) {
+        let Some((path, written)) = &self.lock_marker else { return };
+        if written.get() || req.kind == dafne_proto::LockKind::Unlock {
+            return;
+        }
+        written.set(true);
+        let r = std::fs::File::create(path).and_then(|f| f.sync_all());
+        if let Err(e) = r {
+            tracing::warn!(
+                "cannot write the lock marker {} ({e}): after a crash, clients' locks may be taken by others before \
+                 their holders reclaim them",
+                path.display()
+            );
+        }
     }
 
     /// `SessionOpen`: the MAC must be made with the cluster secret, or,

@@ -1100,9 +1100,12 @@ impl Tables<'_> {
                 Ok(Response::Done)
             }
             // Handled by the service (sessions, the open table), never here.
-            Request::SessionOpen { .. } | Request::Compound { .. } | Request::Close { .. } | Request::Reopen { .. } => {
-                Err(Errno::EINVAL.into())
-            }
+            Request::SessionOpen { .. }
+            | Request::Compound { .. }
+            | Request::Close { .. }
+            | Request::Reopen { .. }
+            | Request::Lock { .. }
+            | Request::TestLock { .. } => Err(Errno::EINVAL.into()),
         }
     }
 

@@ -34,6 +34,7 @@ macro_rules! errnos {
 errnos! {
     EPERM = 1, "Operation not permitted";
     ENOENT = 2, "No such file or directory";
+    EINTR = 4, "Interrupted system call";
     EIO = 5, "Input/output error";
     ENXIO = 6, "No such device or address";
     EBADF = 9, "Bad file descriptor";
@@ -54,7 +55,9 @@ errnos! {
     EROFS = 30, "Read-only file system";
     EMLINK = 31, "Too many links";
     ERANGE = 34, "Numerical result out of range";
+    EDEADLK = 35, "Resource deadlock avoided";
     ENAMETOOLONG = 36, "File name too long";
+    ENOLCK = 37, "No locks available";
     ENOSYS = 38, "Function not implemented";
     ENOTEMPTY = 39, "Directory not empty";
     ELOOP = 40, "Too many levels of symbolic links";

@@ -578,6 +578,17 @@ mod tests {
             Request::Close { object_id: 77 },
             Request::Recap { cap: cap() },
             Request::Revocations { instance: 3, since: u64::MAX },
+            Request::Lock {
+                ino: 8,
+                client: 0xfeed,
+                owner: 7,
+                pid: 4242,
+                start: 10,
+                end: u64::MAX,
+                kind: crate::LockKind::Write,
+                flags: crate::LOCK_WAIT,
+            },
+            Request::TestLock { ino: 8, client: 1, owner: 2, start: 0, end: 0, kind: crate::LockKind::Read },
             Request::Reopen {
                 held: vec![
                     crate::HeldOpen { object_id: 3, count: 1 },
@@ -655,6 +666,14 @@ mod tests {
             (Op::Close, Response::Done),
             (Op::Reopen, Response::Done),
             (Op::Recap, Response::Cap { cap: cap() }),
+            (Op::Lock, Response::Done),
+            (Op::TestLock, Response::LockTest { conflict: None }),
+            (
+                Op::TestLock,
+                Response::LockTest {
+                    conflict: Some(crate::LockHolder { start: 5, end: 9, kind: crate::LockKind::Write, pid: 0 }),
+                },
+            ),
             (
                 Op::Revocations,
                 Response::Revocations(crate::Revocations {
@@ -786,8 +805,8 @@ mod tests {
         set(&mut b, 0, &(PROTO_VERSION + 1).to_le_bytes());
         assert_eq!(decode_request(&b), Err(DecodeError::BadVersion(PROTO_VERSION + 1)));
         let mut b = good.clone();
-        set(&mut b, 2, &25u16.to_le_bytes());
-        assert_eq!(decode_request(&b), Err(DecodeError::UnknownOp(25)));
+        set(&mut b, 2, &63u16.to_le_bytes());
+        assert_eq!(decode_request(&b), Err(DecodeError::UnknownOp(63)));
         let mut b = good.clone();
         set(&mut b, 2, &0u16.to_le_bytes());
         assert_eq!(decode_request(&b), Err(DecodeError::UnknownOp(0)));
@@ -1165,8 +1184,41 @@ mod tests {
     }
 
     #[test]
+    fn lock_requests_with_a_backwards_range_an_unknown_kind_or_flag_are_refused() {
+        let req = Request::Lock {
+            ino: 8,
+            client: 1,
+            owner: 2,
+            pid: 3,
+            start: 10,
+            end: 20,
+            kind: crate::LockKind::Read,
+            flags: 0,
+        };
+        let good = encode_request(ENV, &req);
+        // Body: ino, client, owner u64, pid u32, start, end u64, kind u8, flags u8.
+        let start_at = good.len() - 2 - 16;
+        let kind_at = good.len() - 2;
+        let mut b = good.clone();
+        b[start_at..start_at + 8].copy_from_slice(&21u64.to_le_bytes());
+        assert_eq!(decode_request(&b), Err(DecodeError::BadValue { what: "lock end (before its start)", value: 20 }));
+        let mut b = good.clone();
+        b[kind_at] = 0;
+        assert_eq!(decode_request(&b), Err(DecodeError::BadValue { what: "lock kind", value: 0 }));
+        let mut b = good.clone();
+        b[kind_at + 1] = 4;
+        assert_eq!(decode_request(&b), Err(DecodeError::BadValue { what: "lock flags", value: 4 }));
+        // Never inside a Compound.
+        let c = encode_request(ENV, &Request::Compound { ops: vec![CompoundOp { chain: false, req }] });
+        assert!(matches!(decode_request(&c), Err(DecodeError::BadValue { what, .. }) if what.contains("lock ops")));
+        for n in 0..good.len() {
+            assert!(decode_request(&good[..n]).is_err(), "{n} bytes");
+        }
+    }
+
+    #[test]
     fn op_numbers_are_stable() {
-        let want: Vec<u16> = (1..=24).collect();
+        let want: Vec<u16> = (1..=26).collect();
         let got: Vec<u16> = Op::ALL.iter().map(|op| u16::from(*op)).collect();
         assert_eq!(got, want);
         for op in Op::ALL {

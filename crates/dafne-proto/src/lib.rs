@@ -85,6 +85,8 @@
 //! | Recap | 22 | capability | `Cap`: capability |
 //! | Revocations | 23 | instance u64, since u64 | `Revocations`: revocations |
 //! | RevokeCredential | 24 | name str (1..=[`MAX_CLIENT_NAME`], UTF-8) | `Done`: empty |
+//! | Lock | 25 | ino u64, client u64, owner u64, pid u32, start u64, end u64 (≥ start), kind u8 (Read 1, Write 2, Unlock 3), flags u8 ([`LOCK_WAIT`] 1, [`LOCK_RECLAIM`] 2) | `Done`: empty |
+//! | TestLock | 26 | ino u64, client u64, owner u64, start u64, end u64 (≥ start), kind u8 (Read 1, Write 2) | `LockTest`: presence u8, then start u64, end u64, kind u8, pid u32 |
 //!
 //! SessionOpen's `credential?` is a per-client credential's policy
 //! ([`Credential`]: name, uid and gid ranges, root) that the client proves
@@ -112,6 +114,11 @@
 //! Past the server's bounds an Open or Reopen fails with `EMFILE` (this
 //! session holds too many) or `ENFILE` (the server does). Neither travels
 //! inside a Compound.
+//!
+//! Lock and TestLock are byte-range locks held by the server for the
+//! session (module `lock`; the server's rules are in `dafne_meta::locks`);
+//! neither travels inside a Compound, and a Lock with [`LOCK_WAIT`] may be
+//! answered much later than other requests (when the lock is granted).
 //!
 //! Numbers are never reused: a retired op keeps its number, unassigned. The
 //! io ops (Read 64, Write 65, Truncate 66, Remove 67, Sync 68, Stat 69,
@@ -161,7 +168,8 @@
 //! A compound result names its [`Response`] variant with a kind byte:
 //! Entry 2, Attr 3, Dir 4, Done 5, Link 6, StatFs 7, Opened 8 (Session 1 and
 //! Compound 9 cannot occur there, nor Orphans 10, Cap 11 and Revocations
-//! 12, which answer only a ListOrphans, Recap or Revocations sent alone).
+//! 12, which answer only a ListOrphans, Recap or Revocations sent alone, nor
+//! LockTest 13, which answers a TestLock).
 //!
 //! # Canonical encoding
 //!
@@ -186,7 +194,7 @@
 //! io op Revoke); version 7 the caller's supplementary groups
 //! ([`REQUEST_FLAG_GROUPS`]); version 8 per-client credentials (the
 //! optional credential in SessionOpen, RevokeCredential, the io op Login
-//! reshaped). Bump
+//! reshaped); version 9 the lock ops Lock and TestLock. Bump
 //! it for *every* change to what a decoder accepts or how it reads it: a new
 //! op, a field added, removed, resized or reordered, a new flag or mask bit,
 //! a new enum value, a changed limit. Numbers (ops, errno values, file types,
@@ -197,6 +205,7 @@ mod errno;
 mod error;
 mod frame;
 pub mod io;
+mod lock;
 mod msg;
 mod types;
 mod wire;
@@ -214,7 +223,8 @@ pub use io::{
     ServerInfo, Stability, MAX_INLINE, MAX_IO_BYTES, MAX_IO_EXTENTS, MAX_IO_KEYS, MAX_IO_KEY_BYTES, MAX_IO_REPLY_LEN,
     MAX_IO_REQUEST_LEN, NO_KEY,
 };
-pub use msg::{CompoundOp, HeldOpen, Op, Orphan, Request, Response};
+pub use lock::{LockKind, LockRange, OwnerLocks, LOCK_FLAGS, LOCK_RECLAIM, LOCK_WAIT};
+pub use msg::{CompoundOp, HeldOpen, LockHolder, Op, Orphan, Request, Response};
 pub use types::{
     Attr, Capability, Credential, DirEntry, FileType, IdRange, Layout, LayoutHint, Revocation, Revocations, SetAttr,
     StatFs, TimeSet, Timespec, MAX_CREDENTIAL_RANGES, MAX_REVOCATIONS,
@@ -231,7 +241,7 @@ pub use types::{
 /// ([`REQUEST_FLAG_GROUPS`]). 8: per-client credentials (an optional
 /// [`Credential`] in SessionOpen, the op RevokeCredential, the io op Login
 /// proven like a session instead of by a capability).
-pub const PROTO_VERSION: u16 = 8;
+pub const PROTO_VERSION: u16 = 9;
 
 /// Request header `flags`: the body starts with the caller's supplementary
 /// groups, `n u8` (1..=[`MAX_GROUPS`]) and `n × u32`. The only flag; any

@@ -1,5 +1,6 @@
 //! Ops, request bodies and reply bodies.
 
+use crate::lock::{LockKind, LOCK_FLAGS};
 use crate::types::Revocations;
 use crate::types::{get_mode, DIRENT_MIN_SIZE};
 use crate::wire::{Reader, Wire, Writer};
@@ -104,6 +105,11 @@ ops! {
         /// root): refuse a credential's logins from now on and end its
         /// sessions.
         RevokeCredential = 24,
+        /// Take, change or release a byte-range lock (POSIX `fcntl` locks,
+        /// OFD locks, `flock`), held by the server for the session.
+        Lock = 25,
+        /// Which lock, if any, would stop a lock request (`F_GETLK`).
+        TestLock = 26,
     }
 }
 
@@ -297,6 +303,45 @@ pub enum Request {
         /// 1..=[`MAX_CLIENT_NAME`] bytes, UTF-8.
         name: String,
     },
+    /// Takes (`Read`, `Write`) or releases (`Unlock`) the lock of owner
+    /// (`client`, `owner`) over bytes `start..=end` of `ino`; never inside
+    /// a Compound. `Done` when granted; `EAGAIN` when another owner's lock
+    /// (or, for fairness, an earlier waiting request) stands in the way and
+    /// `flags` lacks [`crate::LOCK_WAIT`]; with it, the server answers once
+    /// the lock is granted, or `EDEADLK` at once when waiting would close a
+    /// cycle of owners waiting for each other. `ENOLCK` past the server's
+    /// bounds.
+    Lock {
+        ino: Ino,
+        /// The client's identity for its locks: a random number it chose
+        /// when its session began, kept across reconnects.
+        client: u64,
+        /// Who holds the lock within the client (for a FUSE mount, the
+        /// kernel's lock owner: a process's file table, or an open file
+        /// for OFD locks and `flock`).
+        owner: u64,
+        /// The locking process, as the client sees it (`F_GETLK` reports
+        /// it to the same client).
+        pid: u32,
+        start: u64,
+        /// Inclusive, ≥ `start`; `u64::MAX`: to the end of the file.
+        end: u64,
+        kind: LockKind,
+        /// [`crate::LOCK_WAIT`] | [`crate::LOCK_RECLAIM`].
+        flags: u8,
+    },
+    /// The first lock of another owner that conflicts with `kind`
+    /// (`Read` or `Write`) over `start..=end`, if any; never inside a
+    /// Compound.
+    TestLock {
+        ino: Ino,
+        client: u64,
+        owner: u64,
+        start: u64,
+        /// Inclusive, ≥ `start`.
+        end: u64,
+        kind: LockKind,
+    },
 }
 
 /// One op of a `Compound`.
@@ -344,7 +389,9 @@ impl CompoundOp {
             | Request::Reopen { .. }
             | Request::Recap { .. }
             | Request::Revocations { .. }
-            | Request::RevokeCredential { .. } => None,
+            | Request::RevokeCredential { .. }
+            | Request::Lock { .. }
+            | Request::TestLock { .. } => None,
         }
     }
 
@@ -393,6 +440,8 @@ impl Request {
             Request::Recap { .. } => Op::Recap,
             Request::Revocations { .. } => Op::Revocations,
             Request::RevokeCredential { .. } => Op::RevokeCredential,
+            Request::Lock { .. } => Op::Lock,
+            Request::TestLock { .. } => Op::TestLock,
         }
     }
 
@@ -482,6 +531,24 @@ impl Request {
                 w.put_u64(*since);
             }
             Request::RevokeCredential { name } => w.put_bytes(name.as_bytes()),
+            Request::Lock { ino, client, owner, pid, start, end, kind, flags } => {
+                w.put_u64(*ino);
+                w.put_u64(*client);
+                w.put_u64(*owner);
+                w.put_u32(*pid);
+                w.put_u64(*start);
+                w.put_u64(*end);
+                kind.put(w);
+                w.put_u8(*flags);
+            }
+            Request::TestLock { ino, client, owner, start, end, kind } => {
+                w.put_u64(*ino);
+                w.put_u64(*client);
+                w.put_u64(*owner);
+                w.put_u64(*start);
+                w.put_u64(*end);
+                kind.put(w);
+            }
             Request::Compound { ops } => {
                 w.put_len(ops.len());
                 for op in ops {
@@ -607,8 +674,42 @@ impl Request {
                     name: String::from_utf8(name).map_err(|_| DecodeError::NotUtf8("credential name"))?,
                 }
             }
+            Op::Lock => {
+                let ino = r.u64("ino")?;
+                let client = r.u64("lock client")?;
+                let owner = r.u64("lock owner")?;
+                let pid = r.u32("lock pid")?;
+                let (start, end) = get_lock_range(r)?;
+                let kind = LockKind::get(r, "lock kind")?;
+                let flags = r.u8("lock flags")?;
+                if flags & !LOCK_FLAGS != 0 {
+                    return Err(DecodeError::BadValue { what: "lock flags", value: flags.into() });
+                }
+                Request::Lock { ino, client, owner, pid, start, end, kind, flags }
+            }
+            Op::TestLock => {
+                let ino = r.u64("ino")?;
+                let client = r.u64("lock client")?;
+                let owner = r.u64("lock owner")?;
+                let (start, end) = get_lock_range(r)?;
+                let kind = LockKind::get(r, "test lock kind")?;
+                if kind == LockKind::Unlock {
+                    return Err(DecodeError::BadValue { what: "test lock kind (Read or Write)", value: kind as u64 });
+                }
+                Request::TestLock { ino, client, owner, start, end, kind }
+            }
         })
     }
+}
+
+/// A lock's `start, end`: inclusive, so `end >= start`.
+fn get_lock_range(r: &mut Reader<'_>) -> Result<(u64, u64), DecodeError> {
+    let start = r.u64("lock start")?;
+    let end = r.u64("lock end")?;
+    if end < start {
+        return Err(DecodeError::BadValue { what: "lock end (before its start)", value: end });
+    }
+    Ok((start, end))
 }
 
 fn get_compound_ops(r: &mut Reader<'_>) -> Result<Vec<CompoundOp>, DecodeError> {
@@ -630,10 +731,12 @@ fn get_compound_ops(r: &mut Reader<'_>) -> Result<Vec<CompoundOp>, DecodeError> 
             | Op::Reopen
             | Op::Recap
             | Op::Revocations
-            | Op::RevokeCredential => {
+            | Op::RevokeCredential
+            | Op::Lock
+            | Op::TestLock => {
                 return Err(DecodeError::BadValue {
-                    what: "op inside a Compound (SessionOpen, the orphan ops, Close, Reopen, Recap, Revocations and \
-                           RevokeCredential are not allowed there)",
+                    what: "op inside a Compound (SessionOpen, the orphan ops, Close, Reopen, Recap, Revocations, \
+                           RevokeCredential and the lock ops are not allowed there)",
                     value: raw.into(),
                 })
             }
@@ -689,6 +792,21 @@ pub enum Response {
     Cap { cap: Capability },
     /// Revocations.
     Revocations(Revocations),
+    /// TestLock: the conflicting lock, if any.
+    LockTest { conflict: Option<LockHolder> },
+}
+
+/// A lock that stands in the way ([`Response::LockTest`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LockHolder {
+    pub start: u64,
+    /// Inclusive, ≥ `start`.
+    pub end: u64,
+    /// `Read` or `Write`.
+    pub kind: LockKind,
+    /// The holder's process when the holder is the asking client; 0 for
+    /// another client's (its pid means nothing on this host).
+    pub pid: u32,
 }
 
 /// Which [`Response`] variant a body is: the wire's kind byte in compound
@@ -708,6 +826,7 @@ pub(crate) enum Kind {
     Orphans = 10,
     Cap = 11,
     Revocations = 12,
+    LockTest = 13,
 }
 
 impl Kind {
@@ -725,6 +844,7 @@ impl Kind {
             10 => Kind::Orphans,
             11 => Kind::Cap,
             12 => Kind::Revocations,
+            13 => Kind::LockTest,
             _ => return None,
         })
     }
@@ -736,9 +856,14 @@ impl Kind {
             Op::Lookup | Op::Create | Op::Mkdir | Op::Mknod | Op::Symlink | Op::Link => Kind::Entry,
             Op::GetAttr | Op::SetAttr => Kind::Attr,
             Op::Readdir => Kind::Dir,
-            Op::Unlink | Op::Rmdir | Op::Rename | Op::ForgetOrphans | Op::Close | Op::Reopen | Op::RevokeCredential => {
-                Kind::Done
-            }
+            Op::Unlink
+            | Op::Rmdir
+            | Op::Rename
+            | Op::ForgetOrphans
+            | Op::Close
+            | Op::Reopen
+            | Op::RevokeCredential
+            | Op::Lock => Kind::Done,
             Op::Readlink => Kind::Link,
             Op::Statfs => Kind::StatFs,
             Op::Open => Kind::Opened,
@@ -746,6 +871,7 @@ impl Kind {
             Op::ListOrphans => Kind::Orphans,
             Op::Recap => Kind::Cap,
             Op::Revocations => Kind::Revocations,
+            Op::TestLock => Kind::LockTest,
         }
     }
 }
@@ -767,7 +893,8 @@ impl Response {
             | Response::Compound { .. }
             | Response::Orphans { .. }
             | Response::Cap { .. }
-            | Response::Revocations(_) => None,
+            | Response::Revocations(_)
+            | Response::LockTest { .. } => None,
         }
     }
 
@@ -783,9 +910,10 @@ impl Response {
         };
         results.len() <= MAX_COMPOUND
             && results.iter().enumerate().all(|(i, res)| match res {
-                Ok(r) => {
-                    !matches!(r.kind(), Kind::Session | Kind::Compound | Kind::Orphans | Kind::Cap | Kind::Revocations)
-                }
+                Ok(r) => !matches!(
+                    r.kind(),
+                    Kind::Session | Kind::Compound | Kind::Orphans | Kind::Cap | Kind::Revocations | Kind::LockTest
+                ),
                 Err(e) => e.is_valid() && i + 1 == results.len(),
             })
     }
@@ -804,6 +932,7 @@ impl Response {
             Response::Orphans { .. } => Kind::Orphans,
             Response::Cap { .. } => Kind::Cap,
             Response::Revocations(_) => Kind::Revocations,
+            Response::LockTest { .. } => Kind::LockTest,
         }
     }
 
@@ -838,6 +967,16 @@ impl Response {
             }
             Response::Cap { cap } => cap.put(w),
             Response::Revocations(v) => v.put(w),
+            Response::LockTest { conflict } => match conflict {
+                None => w.put_bool(false),
+                Some(h) => {
+                    w.put_bool(true);
+                    w.put_u64(h.start);
+                    w.put_u64(h.end);
+                    h.kind.put(w);
+                    w.put_u32(h.pid);
+                }
+            },
             Response::Compound { results } => {
                 w.put_len(results.len());
                 for res in results {
@@ -888,6 +1027,19 @@ impl Response {
             }
             Kind::Cap => Response::Cap { cap: Capability::get(r)? },
             Kind::Revocations => Response::Revocations(Revocations::get(r)?),
+            Kind::LockTest => {
+                let conflict = if r.bool("lock conflict presence")? {
+                    let (start, end) = get_lock_range(r)?;
+                    let kind = LockKind::get(r, "lock conflict kind")?;
+                    if kind == LockKind::Unlock {
+                        return Err(DecodeError::BadValue { what: "lock conflict kind (Read or Write)", value: 3 });
+                    }
+                    Some(LockHolder { start, end, kind, pid: r.u32("lock conflict pid")? })
+                } else {
+                    None
+                };
+                Response::LockTest { conflict }
+            }
         })
     }
 }
@@ -910,7 +1062,7 @@ fn get_compound_results(r: &mut Reader<'_>) -> Result<Vec<Result<Response, Errno
         let raw = r.u8("compound result kind")?;
         let kind = match Kind::from_u8(raw) {
             Some(Kind::Compound) => return Err(DecodeError::NestedCompound),
-            Some(Kind::Session | Kind::Orphans | Kind::Cap | Kind::Revocations) | None => {
+            Some(Kind::Session | Kind::Orphans | Kind::Cap | Kind::Revocations | Kind::LockTest) | None => {
                 return Err(DecodeError::BadValue { what: "compound result kind", value: raw.into() })
             }
             Some(k) => k,

@@ -186,12 +186,48 @@ fn open_table_request() -> impl Strategy<Value = Request> {
     ]
 }
 
+/// A lock range the decoder accepts (start ≤ end), often to the end of the
+/// file.
+fn lock_range() -> impl Strategy<Value = (u64, u64)> {
+    prop_oneof![
+        (any::<u64>(), any::<u64>()).prop_map(|(a, b)| (a.min(b), a.max(b))),
+        any::<u64>().prop_map(|a| (a, u64::MAX)),
+    ]
+}
+
+fn lock_kind() -> impl Strategy<Value = LockKind> {
+    prop_oneof![Just(LockKind::Read), Just(LockKind::Write), Just(LockKind::Unlock)]
+}
+
+/// The lock ops, which travel alone (never inside a Compound).
+fn lock_request() -> impl Strategy<Value = Request> {
+    let ids = (any::<Ino>(), any::<u64>(), any::<u64>());
+    prop_oneof![
+        (ids, any::<u32>(), lock_range(), lock_kind(), 0..=LOCK_FLAGS).prop_map(
+            |((ino, client, owner), pid, (start, end), kind, flags)| Request::Lock {
+                ino,
+                client,
+                owner,
+                pid,
+                start,
+                end,
+                kind,
+                flags
+            }
+        ),
+        (ids, lock_range(), prop_oneof![Just(LockKind::Read), Just(LockKind::Write)]).prop_map(
+            |((ino, client, owner), (start, end), kind)| Request::TestLock { ino, client, owner, start, end, kind }
+        ),
+    ]
+}
+
 fn request() -> impl Strategy<Value = Request> {
     prop_oneof![
         3 => simple_request(true),
         1 => compound_request(),
         1 => orphan_request(),
         1 => open_table_request(),
+        1 => lock_request(),
     ]
 }
 
@@ -260,7 +296,7 @@ fn simple_response() -> BoxedStrategy<(Op, Response)> {
             any::<bool>()
         )
             .prop_map(|(entries, eof)| (Op::Readdir, Response::Dir { entries, eof })),
-        one_of(&[Op::Unlink, Op::Rmdir, Op::Rename, Op::ForgetOrphans, Op::Close, Op::Reopen])
+        one_of(&[Op::Unlink, Op::Rmdir, Op::Rename, Op::ForgetOrphans, Op::Close, Op::Reopen, Op::Lock])
             .prop_map(|op| (op, Response::Done)),
         target().prop_map(|target| (Op::Readlink, Response::Link { target })),
         stat_fs().prop_map(|s| (Op::Statfs, Response::StatFs(s))),
@@ -325,6 +361,11 @@ fn reply() -> impl Strategy<Value = (Op, Result<Response, Errno>)> {
         1 => orphans_response().prop_map(|r| (Op::ListOrphans, Ok(r))),
         1 => capability().prop_map(|cap| (Op::Recap, Ok(Response::Cap { cap }))),
         1 => revocations().prop_map(|v| (Op::Revocations, Ok(Response::Revocations(v)))),
+        1 => option::of((lock_range(), prop_oneof![Just(LockKind::Read), Just(LockKind::Write)], any::<u32>()))
+            .prop_map(|c| {
+                let conflict = c.map(|((start, end), kind, pid)| LockHolder { start, end, kind, pid });
+                (Op::TestLock, Ok(Response::LockTest { conflict }))
+            }),
         2 => (one_of(Op::ALL), errno()).prop_map(|(op, e)| (op, Err(e))),
     ]
 }

@@ -27,7 +27,9 @@ enum State {
 
 struct Pending {
     tx: oneshot::Sender<Result<Vec<u8>>>,
-    deadline: Instant,
+    /// `None`: the call waits as long as the connection lives
+    /// ([`Client::call_async_unbounded`]).
+    deadline: Option<Instant>,
 }
 
 /// A request waiting for a credit: correlation id, payload, and for a
@@ -246,6 +248,7 @@ impl ClientSide {
         id: u64,
         payload: Vec<u8>,
         keys: Option<dafne_auth::FrameKeys>,
+        bounded: bool,
         tx: oneshot::Sender<Result<Vec<u8>>>,
     ) {
         let Some(conn) = Self::get(l, id) else {
@@ -263,7 +266,7 @@ impl ClientSide {
         }
         let corr = conn.next_corr.get();
         conn.next_corr.set(corr + 1);
-        let deadline = Instant::now() + l.options().call_timeout;
+        let deadline = bounded.then(|| Instant::now() + l.options().call_timeout);
         conn.pending.borrow_mut().insert(corr, Pending { tx, deadline });
         if conn.credits.get() == 0 {
             TransportStats::inc(&l.stats().credit_waits);
@@ -370,8 +373,13 @@ impl ClientSide {
                     }
                 }
             }
-            let expired: Vec<u64> =
-                c.pending.borrow().iter().filter(|(_, p)| p.deadline <= now).map(|(k, _)| *k).collect();
+            let expired: Vec<u64> = c
+                .pending
+                .borrow()
+                .iter()
+                .filter(|(_, p)| p.deadline.is_some_and(|d| d <= now))
+                .map(|(k, _)| *k)
+                .collect();
             for corr in expired {
                 if let Some(p) = c.pending.borrow_mut().remove(&corr) {
                     TransportStats::inc(&l.stats().call_timeouts);
@@ -618,7 +626,7 @@ impl Client {
     }
 
     fn call_blocking(&self, payload: Vec<u8>, keys: Option<dafne_auth::FrameKeys>) -> Result<Vec<u8>> {
-        let fut = self.call_keyed(payload, keys);
+        let fut = self.call_keyed(payload, keys, true);
         let (tx, rx) = crossbeam_channel::bounded(1);
         self.inner.shared.submit(move |l| {
             l.spawn(async move {
@@ -631,17 +639,27 @@ impl Client {
     /// Sends a request; the future resolves with the reply. The future is
     /// `Send` and may be awaited on any executor.
     pub fn call_async(&self, payload: Vec<u8>) -> impl Future<Output = Result<Vec<u8>>> + Send + 'static {
-        self.call_keyed(payload, None)
+        self.call_keyed(payload, None, true)
+    }
+
+    /// [`Client::call_async`] without the call timeout: the future resolves
+    /// when the server answers or the connection fails (the keepalive
+    /// notices a server that stopped answering). For requests the server
+    /// may rightly hold for as long as it likes, such as a blocking lock
+    /// that is granted when another client lets go.
+    pub fn call_async_unbounded(&self, payload: Vec<u8>) -> impl Future<Output = Result<Vec<u8>>> + Send + 'static {
+        self.call_keyed(payload, None, false)
     }
 
     fn call_keyed(
         &self,
         payload: Vec<u8>,
         keys: Option<dafne_auth::FrameKeys>,
+        bounded: bool,
     ) -> impl Future<Output = Result<Vec<u8>>> + Send + 'static {
         let (tx, rx) = oneshot::channel();
         let id = self.inner.id;
-        let submitted = self.inner.shared.submit(move |l| ClientSide::call(l, id, payload, keys, tx));
+        let submitted = self.inner.shared.submit(move |l| ClientSide::call(l, id, payload, keys, bounded, tx));
         async move {
             submitted?;
             rx.await.unwrap_or(Err(TransportError::Shutdown))
@@ -655,7 +673,7 @@ impl Client {
     pub fn call_on_loop(&self, l: &Rc<Local>, payload: Vec<u8>) -> impl Future<Output = Result<Vec<u8>>> + 'static {
         let (tx, rx) = oneshot::channel();
         if Arc::ptr_eq(&l.shared, &self.inner.shared) {
-            ClientSide::call(l, self.inner.id, payload, None, tx);
+            ClientSide::call(l, self.inner.id, payload, None, true, tx);
         } else {
             let _ = tx.send(Err(TransportError::Protocol("call_on_loop from another runtime's loop".into())));
         }
