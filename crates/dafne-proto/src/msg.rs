@@ -6,7 +6,8 @@ use crate::wire::{Reader, Wire, Writer};
 use crate::{
     Attr, Capability, Credential, DecodeError, DirEntry, Errno, FileType, Ino, Layout, LayoutHint, SetAttr, StatFs,
     MAX_CLIENT_NAME, MAX_COMPOUND, MAX_FORGET_ORPHANS, MAX_LAYOUT_SERVERS, MAX_NAME_WIRE, MAX_ORPHANS,
-    MAX_READDIR_ENTRIES, MAX_REOPEN, MAX_SYMLINK, OPEN_READ, OPEN_TRUNC, OPEN_WRITE,
+    MAX_READDIR_ENTRIES, MAX_REOPEN, MAX_SYMLINK, MAX_XATTR_NAMES, OPEN_READ, OPEN_TRUNC, OPEN_WRITE, RENAME_EXCHANGE,
+    RENAME_NOREPLACE, XATTR_CREATE, XATTR_NAME_MAX, XATTR_REPLACE, XATTR_SIZE_MAX,
 };
 
 /// Defines an op enum: `#[repr(u16)]` with the wire numbers, `ALL`,
@@ -104,6 +105,15 @@ ops! {
         /// root): refuse a credential's logins from now on and end its
         /// sessions.
         RevokeCredential = 24,
+        // 25..=29: the lock ops.
+        /// Set an extended attribute.
+        SetXattr = 30,
+        /// Read an extended attribute's value.
+        GetXattr = 31,
+        /// The names of an inode's extended attributes the caller may see.
+        ListXattr = 32,
+        /// Remove an extended attribute.
+        RemoveXattr = 33,
     }
 }
 
@@ -212,6 +222,9 @@ pub enum Request {
         src_name: Vec<u8>,
         dst_parent: Ino,
         dst_name: Vec<u8>,
+        /// 0, [`RENAME_NOREPLACE`] or [`RENAME_EXCHANGE`] (both: `EINVAL`
+        /// from the server; other bits are refused by the decoder).
+        flags: u32,
     },
     Symlink {
         parent: Ino,
@@ -297,6 +310,27 @@ pub enum Request {
         /// 1..=[`MAX_CLIENT_NAME`] bytes, UTF-8.
         name: String,
     },
+    /// Never inside a Compound (nor the other xattr ops).
+    SetXattr {
+        ino: Ino,
+        /// With its namespace prefix (`user.`, `trusted.`, `security.`).
+        name: Vec<u8>,
+        /// At most [`XATTR_SIZE_MAX`] bytes.
+        value: Vec<u8>,
+        /// [`XATTR_CREATE`] | [`XATTR_REPLACE`]; other bits are refused.
+        flags: u32,
+    },
+    GetXattr {
+        ino: Ino,
+        name: Vec<u8>,
+    },
+    ListXattr {
+        ino: Ino,
+    },
+    RemoveXattr {
+        ino: Ino,
+        name: Vec<u8>,
+    },
 }
 
 /// One op of a `Compound`.
@@ -344,7 +378,11 @@ impl CompoundOp {
             | Request::Reopen { .. }
             | Request::Recap { .. }
             | Request::Revocations { .. }
-            | Request::RevokeCredential { .. } => None,
+            | Request::RevokeCredential { .. }
+            | Request::SetXattr { .. }
+            | Request::GetXattr { .. }
+            | Request::ListXattr { .. }
+            | Request::RemoveXattr { .. } => None,
         }
     }
 
@@ -393,6 +431,10 @@ impl Request {
             Request::Recap { .. } => Op::Recap,
             Request::Revocations { .. } => Op::Revocations,
             Request::RevokeCredential { .. } => Op::RevokeCredential,
+            Request::SetXattr { .. } => Op::SetXattr,
+            Request::GetXattr { .. } => Op::GetXattr,
+            Request::ListXattr { .. } => Op::ListXattr,
+            Request::RemoveXattr { .. } => Op::RemoveXattr,
         }
     }
 
@@ -437,11 +479,12 @@ impl Request {
                 w.put_u64(*cookie);
                 w.put_u32(*max_entries);
             }
-            Request::Rename { src_parent, src_name, dst_parent, dst_name } => {
+            Request::Rename { src_parent, src_name, dst_parent, dst_name, flags } => {
                 w.put_u64(*src_parent);
                 w.put_bytes(src_name);
                 w.put_u64(*dst_parent);
                 w.put_bytes(dst_name);
+                w.put_u32(*flags);
             }
             Request::Symlink { parent, name, target } => {
                 w.put_u64(*parent);
@@ -482,6 +525,17 @@ impl Request {
                 w.put_u64(*since);
             }
             Request::RevokeCredential { name } => w.put_bytes(name.as_bytes()),
+            Request::SetXattr { ino, name, value, flags } => {
+                w.put_u64(*ino);
+                w.put_bytes(name);
+                w.put_bytes(value);
+                w.put_u32(*flags);
+            }
+            Request::GetXattr { ino, name } | Request::RemoveXattr { ino, name } => {
+                w.put_u64(*ino);
+                w.put_bytes(name);
+            }
+            Request::ListXattr { ino } => w.put_u64(*ino),
             Request::Compound { ops } => {
                 w.put_len(ops.len());
                 for op in ops {
@@ -533,6 +587,13 @@ impl Request {
                 src_name: get_name(r, "rename src_name")?,
                 dst_parent: r.u64("rename dst_parent")?,
                 dst_name: get_name(r, "rename dst_name")?,
+                flags: {
+                    let flags = r.u32("rename flags")?;
+                    if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0 {
+                        return Err(DecodeError::BadValue { what: "rename flags", value: flags.into() });
+                    }
+                    flags
+                },
             },
             Op::Symlink => Request::Symlink {
                 parent: r.u64("parent")?,
@@ -607,6 +668,19 @@ impl Request {
                     name: String::from_utf8(name).map_err(|_| DecodeError::NotUtf8("credential name"))?,
                 }
             }
+            Op::SetXattr => {
+                let ino = r.u64("ino")?;
+                let name = get_name(r, "xattr name")?;
+                let value = r.bytes("xattr value", XATTR_SIZE_MAX)?;
+                let flags = r.u32("setxattr flags")?;
+                if flags & !(XATTR_CREATE | XATTR_REPLACE) != 0 {
+                    return Err(DecodeError::BadValue { what: "setxattr flags", value: flags.into() });
+                }
+                Request::SetXattr { ino, name, value, flags }
+            }
+            Op::GetXattr => Request::GetXattr { ino: r.u64("ino")?, name: get_name(r, "xattr name")? },
+            Op::ListXattr => Request::ListXattr { ino: r.u64("ino")? },
+            Op::RemoveXattr => Request::RemoveXattr { ino: r.u64("ino")?, name: get_name(r, "xattr name")? },
         })
     }
 }
@@ -630,10 +704,14 @@ fn get_compound_ops(r: &mut Reader<'_>) -> Result<Vec<CompoundOp>, DecodeError> 
             | Op::Reopen
             | Op::Recap
             | Op::Revocations
-            | Op::RevokeCredential => {
+            | Op::RevokeCredential
+            | Op::SetXattr
+            | Op::GetXattr
+            | Op::ListXattr
+            | Op::RemoveXattr => {
                 return Err(DecodeError::BadValue {
-                    what: "op inside a Compound (SessionOpen, the orphan ops, Close, Reopen, Recap, Revocations and \
-                           RevokeCredential are not allowed there)",
+                    what: "op inside a Compound (SessionOpen, the orphan ops, Close, Reopen, Recap, Revocations, \
+                           RevokeCredential and the xattr ops are not allowed there)",
                     value: raw.into(),
                 })
             }
@@ -670,7 +748,8 @@ pub enum Response {
     /// Readdir: at most [`MAX_READDIR_ENTRIES`] entries; `eof` when the
     /// directory has no more.
     Dir { entries: Vec<DirEntry>, eof: bool },
-    /// Unlink, Rmdir, Rename, ForgetOrphans, Close, Reopen, RevokeCredential.
+    /// Unlink, Rmdir, Rename, ForgetOrphans, Close, Reopen, RevokeCredential,
+    /// SetXattr, RemoveXattr.
     Done,
     /// Readlink.
     Link { target: Vec<u8> },
@@ -689,6 +768,11 @@ pub enum Response {
     Cap { cap: Capability },
     /// Revocations.
     Revocations(Revocations),
+    /// GetXattr: the value, at most [`XATTR_SIZE_MAX`] bytes.
+    Xattr { value: Vec<u8> },
+    /// ListXattr: at most [`MAX_XATTR_NAMES`] names of at most
+    /// [`XATTR_NAME_MAX`] bytes, prefixes included.
+    XattrNames { names: Vec<Vec<u8>> },
 }
 
 /// Which [`Response`] variant a body is: the wire's kind byte in compound
@@ -708,6 +792,8 @@ pub(crate) enum Kind {
     Orphans = 10,
     Cap = 11,
     Revocations = 12,
+    Xattr = 13,
+    XattrNames = 14,
 }
 
 impl Kind {
@@ -725,6 +811,8 @@ impl Kind {
             10 => Kind::Orphans,
             11 => Kind::Cap,
             12 => Kind::Revocations,
+            13 => Kind::Xattr,
+            14 => Kind::XattrNames,
             _ => return None,
         })
     }
@@ -736,9 +824,15 @@ impl Kind {
             Op::Lookup | Op::Create | Op::Mkdir | Op::Mknod | Op::Symlink | Op::Link => Kind::Entry,
             Op::GetAttr | Op::SetAttr => Kind::Attr,
             Op::Readdir => Kind::Dir,
-            Op::Unlink | Op::Rmdir | Op::Rename | Op::ForgetOrphans | Op::Close | Op::Reopen | Op::RevokeCredential => {
-                Kind::Done
-            }
+            Op::Unlink
+            | Op::Rmdir
+            | Op::Rename
+            | Op::ForgetOrphans
+            | Op::Close
+            | Op::Reopen
+            | Op::RevokeCredential
+            | Op::SetXattr
+            | Op::RemoveXattr => Kind::Done,
             Op::Readlink => Kind::Link,
             Op::Statfs => Kind::StatFs,
             Op::Open => Kind::Opened,
@@ -746,6 +840,8 @@ impl Kind {
             Op::ListOrphans => Kind::Orphans,
             Op::Recap => Kind::Cap,
             Op::Revocations => Kind::Revocations,
+            Op::GetXattr => Kind::Xattr,
+            Op::ListXattr => Kind::XattrNames,
         }
     }
 }
@@ -767,7 +863,9 @@ impl Response {
             | Response::Compound { .. }
             | Response::Orphans { .. }
             | Response::Cap { .. }
-            | Response::Revocations(_) => None,
+            | Response::Revocations(_)
+            | Response::Xattr { .. }
+            | Response::XattrNames { .. } => None,
         }
     }
 
@@ -783,9 +881,16 @@ impl Response {
         };
         results.len() <= MAX_COMPOUND
             && results.iter().enumerate().all(|(i, res)| match res {
-                Ok(r) => {
-                    !matches!(r.kind(), Kind::Session | Kind::Compound | Kind::Orphans | Kind::Cap | Kind::Revocations)
-                }
+                Ok(r) => !matches!(
+                    r.kind(),
+                    Kind::Session
+                        | Kind::Compound
+                        | Kind::Orphans
+                        | Kind::Cap
+                        | Kind::Revocations
+                        | Kind::Xattr
+                        | Kind::XattrNames
+                ),
                 Err(e) => e.is_valid() && i + 1 == results.len(),
             })
     }
@@ -804,6 +909,8 @@ impl Response {
             Response::Orphans { .. } => Kind::Orphans,
             Response::Cap { .. } => Kind::Cap,
             Response::Revocations(_) => Kind::Revocations,
+            Response::Xattr { .. } => Kind::Xattr,
+            Response::XattrNames { .. } => Kind::XattrNames,
         }
     }
 
@@ -838,6 +945,13 @@ impl Response {
             }
             Response::Cap { cap } => cap.put(w),
             Response::Revocations(v) => v.put(w),
+            Response::Xattr { value } => w.put_bytes(value),
+            Response::XattrNames { names } => {
+                w.put_len(names.len());
+                for n in names {
+                    w.put_bytes(n);
+                }
+            }
             Response::Compound { results } => {
                 w.put_len(results.len());
                 for res in results {
@@ -888,6 +1002,16 @@ impl Response {
             }
             Kind::Cap => Response::Cap { cap: Capability::get(r)? },
             Kind::Revocations => Response::Revocations(Revocations::get(r)?),
+            Kind::Xattr => Response::Xattr { value: r.bytes("xattr value", XATTR_SIZE_MAX)? },
+            Kind::XattrNames => {
+                // Smallest name: its u32 length.
+                let n = r.count("xattr names", MAX_XATTR_NAMES, 4)?;
+                let mut names = Vec::with_capacity(n);
+                for _ in 0..n {
+                    names.push(r.bytes("xattr name", XATTR_NAME_MAX)?);
+                }
+                Response::XattrNames { names }
+            }
         })
     }
 }
@@ -910,9 +1034,8 @@ fn get_compound_results(r: &mut Reader<'_>) -> Result<Vec<Result<Response, Errno
         let raw = r.u8("compound result kind")?;
         let kind = match Kind::from_u8(raw) {
             Some(Kind::Compound) => return Err(DecodeError::NestedCompound),
-            Some(Kind::Session | Kind::Orphans | Kind::Cap | Kind::Revocations) | None => {
-                return Err(DecodeError::BadValue { what: "compound result kind", value: raw.into() })
-            }
+            Some(Kind::Session | Kind::Orphans | Kind::Cap | Kind::Revocations | Kind::Xattr | Kind::XattrNames)
+            | None => return Err(DecodeError::BadValue { what: "compound result kind", value: raw.into() }),
             Some(k) => k,
         };
         results.push(Ok(Response::get_kind(kind, r)?));
