@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what dafne needs on Debian 12 (idempotent: safe to run again).
 # UCX 1.13 headers and tools, libclang for bindgen, FUSE for the mount, the
-# ordinary tools the mount tests and the sample workload run (and the
+# ordinary tools the mount tests and the sample workload run (setfattr and
+# getfattr from attr, python3 for renameat2 through ctypes; and the
 # loop-device ext4 of the power-cut test), and the
 # workloads of `dafne bench posix` (fio 3.33, PostMark 1.53, and bindfs for
 # its FUSE ceiling).
@@ -9,7 +10,7 @@ set -euo pipefail
 
 pkgs=(libucx-dev ucx-utils libclang-dev clang pkg-config fuse3 libfuse3-dev
       git rsync sqlite3 tar coreutils findutils jq e2fsprogs mount util-linux
-      fio postmark bindfs)
+      fio postmark bindfs attr python3)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

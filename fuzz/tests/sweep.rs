@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use dafne_proto::io::{IoExtent, IoRequest, Stability};
-use dafne_proto::{encode_io_request, encode_request, Capability, Envelope, Request};
+use dafne_proto::{encode_io_request, encode_reply, encode_request, Capability, Envelope, Op, Request, Response};
 
 /// xorshift64*: a fixed seed per target, so a failure reproduces.
 struct Rng(u64);
@@ -162,6 +162,15 @@ fn proto() {
                 flags: dafne_proto::LOCK_WAIT,
             },
         ),
+        encode_request(
+            env(),
+            &Request::SetXattr { ino: 1, name: b"user.k".to_vec(), value: b"v".to_vec(), flags: 1 },
+        ),
+        encode_request(
+            env(),
+            &Request::Rename { src_parent: 1, src_name: b"a".to_vec(), dst_parent: 1, dst_name: b"b".to_vec(), flags: 2 },
+        ),
+        encode_reply(3, Op::ListXattr, &Ok(Response::XattrNames { names: vec![b"user.a".to_vec()] })),
     ];
     sweep("proto", dafne_fuzz::proto, seeds, 3);
 }

@@ -49,7 +49,7 @@ use std::time::Duration;
 use dafne_proto::{decode_reply, encode_request, Capability, Envelope, HeldOpen, Layout, Request, MAX_REOPEN};
 pub use dafne_proto::{
     Attr, CompoundOp, DirEntry, Errno, FileType, Groups, Ino, LayoutHint, LockHolder, LockKind, Orphan, Response,
-    SetAttr, StatFs, TimeSet, ROOT_INO,
+    SetAttr, StatFs, TimeSet, RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_INO, XATTR_CREATE, XATTR_REPLACE, XATTR_SIZE_MAX,
 };
 use dafne_transport::{Client, Runtime, TransportError};
 
@@ -503,15 +503,74 @@ impl MetaSession {
         dst_parent: Ino,
         dst_name: &[u8],
     ) -> Result<(), Errno> {
+        self.rename_flags_async(src_parent, src_name, dst_parent, dst_name, 0).await
+    }
+
+    /// `renameat2(2)`: with [`RENAME_NOREPLACE`], `EEXIST` if the
+    /// destination exists; with [`RENAME_EXCHANGE`], the two names swap
+    /// (both must exist, `ENOENT`). The server checks and changes in one
+    /// transaction, so no other client comes between. Other bits: `EINVAL`.
+    pub async fn rename_flags_async(
+        &self,
+        src_parent: Ino,
+        src_name: &[u8],
+        dst_parent: Ino,
+        dst_name: &[u8],
+        flags: u32,
+    ) -> Result<(), Errno> {
+        if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0 {
+            return Err(Errno::EINVAL);
+        }
         Self::done(
             self.request_async(Request::Rename {
                 src_parent,
                 src_name: src_name.to_vec(),
                 dst_parent,
                 dst_name: dst_name.to_vec(),
+                flags,
             })
             .await,
         )
+    }
+
+    /// `setxattr(2)` on an inode: `name` with its namespace prefix
+    /// (`user.`, `trusted.`, `security.`), `flags` [`XATTR_CREATE`] or
+    /// [`XATTR_REPLACE`] or 0. The server applies Linux's rules and
+    /// limits; a value above [`XATTR_SIZE_MAX`] is `E2BIG` here (the wire
+    /// carries no more), a name above the wire's limit `ERANGE`.
+    pub async fn setxattr_async(&self, ino: Ino, name: &[u8], value: &[u8], flags: u32) -> Result<(), Errno> {
+        if value.len() > XATTR_SIZE_MAX {
+            return Err(Errno::E2BIG);
+        }
+        if flags & !(XATTR_CREATE | XATTR_REPLACE) != 0 {
+            return Err(Errno::EINVAL);
+        }
+        let name = xattr_name(name)?;
+        Self::done(self.request_async(Request::SetXattr { ino, name, value: value.to_vec(), flags }).await)
+    }
+
+    /// `getxattr(2)`: the whole value (`ENODATA` if there is none).
+    pub async fn getxattr_async(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>, Errno> {
+        let name = xattr_name(name)?;
+        match self.request_async(Request::GetXattr { ino, name }).await? {
+            Response::Xattr { value } => Ok(value),
+            _ => Err(Errno::EPROTO),
+        }
+    }
+
+    /// `listxattr(2)`: the names the caller may see (`trusted.*` only for
+    /// root), in byte order.
+    pub async fn listxattr_async(&self, ino: Ino) -> Result<Vec<Vec<u8>>, Errno> {
+        match self.request_async(Request::ListXattr { ino }).await? {
+            Response::XattrNames { names } => Ok(names),
+            _ => Err(Errno::EPROTO),
+        }
+    }
+
+    /// `removexattr(2)` (`ENODATA` if there is none).
+    pub async fn removexattr_async(&self, ino: Ino, name: &[u8]) -> Result<(), Errno> {
+        let name = xattr_name(name)?;
+        Self::done(self.request_async(Request::RemoveXattr { ino, name }).await)
     }
 
     pub async fn symlink_async(&self, parent: Ino, name: &[u8], target: &[u8]) -> Result<Attr, Errno> {
@@ -641,6 +700,15 @@ impl MetaSession {
     }
 }
 
+/// An attribute name the wire can carry: longer than any name the server
+/// accepts is `ERANGE` here, as the server would answer.
+fn xattr_name(name: &[u8]) -> Result<Vec<u8>, Errno> {
+    if name.len() > dafne_proto::MAX_NAME_WIRE {
+        return Err(Errno::ERANGE);
+    }
+    Ok(name.to_vec())
+}
+
 /// The blocking twin of every `*_async` operation (never call these from a
 /// task running on the transport's loop thread).
 macro_rules! blocking {
@@ -666,6 +734,11 @@ blocking! {
     unlink => unlink_async(parent: Ino, name: &[u8]) -> Result<(), Errno>;
     rmdir => rmdir_async(parent: Ino, name: &[u8]) -> Result<(), Errno>;
     rename => rename_async(src_parent: Ino, src_name: &[u8], dst_parent: Ino, dst_name: &[u8]) -> Result<(), Errno>;
+    rename_flags => rename_flags_async(src_parent: Ino, src_name: &[u8], dst_parent: Ino, dst_name: &[u8], flags: u32) -> Result<(), Errno>;
+    setxattr => setxattr_async(ino: Ino, name: &[u8], value: &[u8], flags: u32) -> Result<(), Errno>;
+    getxattr => getxattr_async(ino: Ino, name: &[u8]) -> Result<Vec<u8>, Errno>;
+    listxattr => listxattr_async(ino: Ino) -> Result<Vec<Vec<u8>>, Errno>;
+    removexattr => removexattr_async(ino: Ino, name: &[u8]) -> Result<(), Errno>;
     symlink => symlink_async(parent: Ino, name: &[u8], target: &[u8]) -> Result<Attr, Errno>;
     readlink => readlink_async(ino: Ino) -> Result<Vec<u8>, Errno>;
     link => link_async(ino: Ino, new_parent: Ino, new_name: &[u8]) -> Result<Attr, Errno>;

@@ -142,6 +142,40 @@ impl OpenMode {
     }
 }
 
+/// The file capabilities attribute, which meta does not store (its store
+/// docs, "Extended attributes"): answered here.
+const XATTR_FILE_CAPS: &[u8] = b"security.capability";
+
+/// Attribute names as `listxattr(2)` returns them: each followed by a NUL.
+pub fn xattr_list(names: &[Vec<u8>]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(names.iter().map(|n| n.len() + 1).sum());
+    for n in names {
+        out.extend_from_slice(n);
+        out.push(0);
+    }
+    out
+}
+
+/// What a `getxattr` or `listxattr` of `size` bytes answers for `data`:
+/// its length when `size` is 0 (the caller asks how much room it needs),
+/// `ERANGE` when it does not fit, else the bytes.
+#[derive(Debug, PartialEq, Eq)]
+pub enum XattrReply<'a> {
+    Size(u32),
+    Data(&'a [u8]),
+}
+
+pub fn xattr_reply(data: &[u8], size: u32) -> Result<XattrReply<'_>, Errno> {
+    let len = u32::try_from(data.len()).map_err(|_| Errno::E2BIG)?;
+    if size == 0 {
+        Ok(XattrReply::Size(len))
+    } else if len > size {
+        Err(Errno::ERANGE)
+    } else {
+        Ok(XattrReply::Data(data))
+    }
+}
+
 /// Access bits of `access(2)`.
 pub const MAY_READ: u32 = 4;
 pub const MAY_WRITE: u32 = 2;
@@ -446,10 +480,10 @@ impl Core {
         self.session(c).link(ino, new_parent, new_name).map(|a| self.local(a))
     }
 
-    /// `rename`, replacing the destination unless `noreplace`. Meta's rename
-    /// always replaces, so `RENAME_NOREPLACE` is a lookup first: atomic
-    /// against this mount's other callers only up to the race between the
-    /// two round trips (another client could create the name in between).
+    /// `renameat2`: `flags` 0 replaces the destination,
+    /// [`dafne_client::RENAME_NOREPLACE`] refuses an existing one and
+    /// [`dafne_client::RENAME_EXCHANGE`] swaps the two, each decided by meta
+    /// in one transaction (atomic against every client).
     pub fn rename(
         &self,
         c: Caller,
@@ -457,17 +491,42 @@ impl Core {
         name: &[u8],
         new_parent: Ino,
         new_name: &[u8],
-        noreplace: bool,
+        flags: u32,
     ) -> Result<(), Errno> {
-        let s = self.session(c);
-        if noreplace {
-            match s.lookup(new_parent, new_name) {
-                Ok(_) => return Err(Errno::EEXIST),
-                Err(Errno::ENOENT) => {}
-                Err(e) => return Err(e),
-            }
+        self.session(c).rename_flags(parent, name, new_parent, new_name, flags)
+    }
+
+    /// `setxattr` (`flags`: `XATTR_CREATE`, `XATTR_REPLACE`); meta applies
+    /// the rules. `security.capability` is refused here as meta refuses it
+    /// (see [`Core::getxattr`]).
+    pub fn setxattr(&self, c: Caller, ino: Ino, name: &[u8], value: &[u8], flags: u32) -> Result<(), Errno> {
+        if name == XATTR_FILE_CAPS {
+            return Err(Errno::EOPNOTSUPP);
         }
-        s.rename(parent, name, new_parent, new_name)
+        self.session(c).setxattr(ino, name, value, flags)
+    }
+
+    /// `getxattr`: the whole value. The kernel asks for
+    /// `security.capability` before every write to a file (to drop file
+    /// capabilities, `file_remove_privs`); meta never stores it (its store
+    /// docs, "Extended attributes"), so that answer is `ENODATA` from here,
+    /// without a round trip on the data path.
+    pub fn getxattr(&self, c: Caller, ino: Ino, name: &[u8]) -> Result<Vec<u8>, Errno> {
+        if name == XATTR_FILE_CAPS {
+            return Err(Errno::ENODATA);
+        }
+        self.session(c).getxattr(ino, name)
+    }
+
+    /// `listxattr`: the names the caller may see, each followed by a NUL
+    /// (the kernel's format).
+    pub fn listxattr(&self, c: Caller, ino: Ino) -> Result<Vec<u8>, Errno> {
+        let names = self.session(c).listxattr(ino)?;
+        Ok(xattr_list(&names))
+    }
+
+    pub fn removexattr(&self, c: Caller, ino: Ino, name: &[u8]) -> Result<(), Errno> {
+        self.session(c).removexattr(ino, name)
     }
 
     /// One page of a directory after `cookie` (0 = from the start).
@@ -1001,6 +1060,16 @@ mod tests {
             OpenMode { read: true, write: false, trunc: true }.meta_flags(),
             OPEN_READ | OPEN_WRITE | OPEN_TRUNC
         );
+    }
+
+    #[test]
+    fn xattr_replies_follow_the_size_asked() {
+        assert_eq!(xattr_list(&[b"user.a".to_vec(), b"trusted.b".to_vec()]), b"user.a\0trusted.b\0");
+        assert_eq!(xattr_list(&[]), b"");
+        assert_eq!(xattr_reply(b"abc", 0), Ok(XattrReply::Size(3)));
+        assert_eq!(xattr_reply(b"abc", 2), Err(Errno::ERANGE));
+        assert_eq!(xattr_reply(b"abc", 3), Ok(XattrReply::Data(b"abc")));
+        assert_eq!(xattr_reply(b"", 0), Ok(XattrReply::Size(0)));
     }
 
     #[test]

@@ -25,10 +25,10 @@ use dafne_proto::Timespec;
 use fuser::{
     AccessFlags, FileHandle, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags,
     RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry,
-    ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
+    ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
-use crate::core::{Caller, Core, OpenMode};
+use crate::core::{xattr_reply, Caller, Core, OpenMode, XattrReply};
 use crate::{MountOptions, MAX_IO};
 
 /// The errno the kernel gets for a dafne error: the same number. Errors
@@ -220,6 +220,20 @@ impl FuseFs {
     }
 }
 
+/// A `getxattr` or `listxattr` answer for a caller with room for `size`
+/// bytes (0: it asks for the length).
+fn xattr(r: Result<Vec<u8>, dafne_client::Errno>, size: u32, reply: ReplyXattr) {
+    let data = match r {
+        Ok(data) => data,
+        Err(e) => return reply.error(errno(e)),
+    };
+    match xattr_reply(&data, size) {
+        Ok(XattrReply::Size(n)) => reply.size(n),
+        Ok(XattrReply::Data(d)) => reply.data(d),
+        Err(e) => reply.error(errno(e)),
+    }
+}
+
 fn empty(r: Result<(), dafne_client::Errno>, reply: ReplyEmpty) {
     match r {
         Ok(()) => reply.ok(),
@@ -355,13 +369,19 @@ impl fuser::Filesystem for FuseFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        // RENAME_EXCHANGE and RENAME_WHITEOUT need an atomic operation meta
-        // does not offer: EINVAL, as rename(2) documents for flags a file
-        // system does not support.
-        if flags.intersects(RenameFlags::RENAME_EXCHANGE | RenameFlags::RENAME_WHITEOUT) {
+        // RENAME_WHITEOUT is for overlay file systems: EINVAL, as rename(2)
+        // documents for flags a file system does not support. NOREPLACE and
+        // EXCHANGE are meta's, done in one transaction.
+        if flags.contains(RenameFlags::RENAME_WHITEOUT) {
             return reply.error(fuser::Errno::EINVAL);
         }
-        let noreplace = flags.contains(RenameFlags::RENAME_NOREPLACE);
+        let mut f = 0;
+        if flags.contains(RenameFlags::RENAME_NOREPLACE) {
+            f |= dafne_client::RENAME_NOREPLACE;
+        }
+        if flags.contains(RenameFlags::RENAME_EXCHANGE) {
+            f |= dafne_client::RENAME_EXCHANGE;
+        }
         empty(
             self.core.rename(
                 caller(req),
@@ -369,10 +389,41 @@ impl fuser::Filesystem for FuseFs {
                 name.as_bytes(),
                 self.ino(newparent),
                 newname.as_bytes(),
-                noreplace,
+                f,
             ),
             reply,
         )
+    }
+
+    fn setxattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        position: u32,
+        reply: ReplyEmpty,
+    ) {
+        // `position` is macOS's (resource forks); Linux always sends 0.
+        let known = libc::XATTR_CREATE | libc::XATTR_REPLACE;
+        if position != 0 || flags & !known != 0 {
+            return reply.error(fuser::Errno::EINVAL);
+        }
+        empty(self.core.setxattr(caller(req), self.ino(ino), name.as_bytes(), value, flags as u32), reply)
+    }
+
+    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let value = self.core.getxattr(caller(req), self.ino(ino), name.as_bytes());
+        xattr(value, size, reply)
+    }
+
+    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        xattr(self.core.listxattr(caller(req), self.ino(ino)), size, reply)
+    }
+
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        empty(self.core.removexattr(caller(req), self.ino(ino), name.as_bytes()), reply)
     }
 
     fn link(&self, req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {

@@ -5,7 +5,7 @@
 //! process.
 
 use dafne_client::data::DataClient;
-use dafne_client::{Errno, FileType, MetaSession, SetAttr};
+use dafne_client::{Errno, FileType, MetaSession, SetAttr, RENAME_EXCHANGE, RENAME_NOREPLACE};
 use dafne_fuse::core::{Caller, Core, OpenMode, MAY_READ, MAY_WRITE};
 use dafne_transport::{Runtime, RuntimeOptions};
 
@@ -231,9 +231,9 @@ fn rename_noreplace_refuses_an_existing_name() {
     let f = fixture();
     f.core.mknod(Caller::ROOT, f.root, b"a", S_IFREG | 0o644, 0).unwrap();
     f.core.mknod(Caller::ROOT, f.root, b"b", S_IFREG | 0o644, 0).unwrap();
-    assert_eq!(f.core.rename(Caller::ROOT, f.root, b"a", f.root, b"b", true).unwrap_err(), Errno::EEXIST);
-    f.core.rename(Caller::ROOT, f.root, b"a", f.root, b"c", true).unwrap();
-    f.core.rename(Caller::ROOT, f.root, b"c", f.root, b"b", false).unwrap();
+    assert_eq!(f.core.rename(Caller::ROOT, f.root, b"a", f.root, b"b", RENAME_NOREPLACE).unwrap_err(), Errno::EEXIST);
+    f.core.rename(Caller::ROOT, f.root, b"a", f.root, b"c", RENAME_NOREPLACE).unwrap();
+    f.core.rename(Caller::ROOT, f.root, b"c", f.root, b"b", 0).unwrap();
     let (entries, _) = f.core.readdir(Caller::ROOT, f.root, 0, 100).unwrap();
     let names: Vec<_> = entries.iter().map(|e| (e.name.clone(), e.kind)).collect();
     assert_eq!(names, vec![(b"b".to_vec(), FileType::Regular)]);
@@ -241,6 +241,29 @@ fn rename_noreplace_refuses_an_existing_name() {
     let d = f.core.mkdir(Caller::ROOT, f.root, b"d", 0o750).unwrap();
     assert!(f.core.access(Caller::ROOT, d.ino, MAY_READ | MAY_WRITE).is_ok());
     assert_eq!(f.core.access(USER, d.ino, MAY_READ).unwrap_err(), Errno::EACCES);
+}
+
+#[test]
+fn rename_exchange_swaps_and_xattrs_reach_meta() {
+    let f = fixture();
+    let a = f.core.mknod(Caller::ROOT, f.root, b"xa", S_IFREG | 0o644, 0).unwrap();
+    let b = f.core.mkdir(Caller::ROOT, f.root, b"xb", 0o755).unwrap();
+    f.core.rename(Caller::ROOT, f.root, b"xa", f.root, b"xb", RENAME_EXCHANGE).unwrap();
+    assert_eq!(f.core.lookup(Caller::ROOT, f.root, b"xa").unwrap().ino, b.ino);
+    assert_eq!(f.core.lookup(Caller::ROOT, f.root, b"xb").unwrap().ino, a.ino);
+    assert_eq!(f.core.rename(Caller::ROOT, f.root, b"xa", f.root, b"none", RENAME_EXCHANGE), Err(Errno::ENOENT));
+    // Extended attributes, as the kernel asks for them.
+    f.core.setxattr(Caller::ROOT, a.ino, b"user.k", b"value", 0).unwrap();
+    f.core.setxattr(Caller::ROOT, a.ino, b"trusted.t", b"", 0).unwrap();
+    assert_eq!(f.core.getxattr(Caller::ROOT, a.ino, b"user.k").unwrap(), b"value");
+    assert_eq!(f.core.listxattr(Caller::ROOT, a.ino).unwrap(), b"trusted.t\0user.k\0");
+    assert_eq!(f.core.listxattr(USER, a.ino).unwrap(), b"user.k\0", "trusted.* is root's");
+    assert_eq!(f.core.setxattr(USER, a.ino, b"user.k", b"v", 0), Err(Errno::EACCES));
+    f.core.removexattr(Caller::ROOT, a.ino, b"user.k").unwrap();
+    assert_eq!(f.core.getxattr(Caller::ROOT, a.ino, b"user.k"), Err(Errno::ENODATA));
+    // File capabilities: answered without meta, refused to store.
+    assert_eq!(f.core.getxattr(Caller::ROOT, a.ino, b"security.capability"), Err(Errno::ENODATA));
+    assert_eq!(f.core.setxattr(Caller::ROOT, a.ino, b"security.capability", b"x", 0), Err(Errno::EOPNOTSUPP));
 }
 
 #[test]
@@ -292,7 +315,7 @@ fn mknod_makes_fifos_sockets_and_devices_that_list_and_stat_with_their_type() {
     assert_eq!(f.core.getattr(Caller::ROOT, plain.ino).unwrap().size, 4);
     // Removed like any file.
     f.core.unlink(USER, t, b"users-fifo").unwrap();
-    f.core.rename(Caller::ROOT, t, b"null", f.root, b"null", false).unwrap();
+    f.core.rename(Caller::ROOT, t, b"null", f.root, b"null", 0).unwrap();
     assert_eq!(f.core.lookup(Caller::ROOT, f.root, b"null").unwrap().rdev, 0x0103);
 }
 

@@ -19,6 +19,7 @@
 //! | `orphans_v2` | object id `u64` | encoded orphan: objects whose file is gone, for the reclaimer |
 //! | `orphans` | object id `u64` | ino `u64` — the first orphan table, emptied into `orphans_v2` on open |
 //! | `revoked_credentials` | credential name | when it was revoked, unix seconds `u64` (`RevokeCredential`) |
+//! | `xattrs` | (ino `u64`, name bytes with prefix) | value bytes (extended attributes) |
 //!
 //! `dirseq` gives every entry a per-directory sequence number at insertion;
 //! readdir walks it in order and its cookie is the last sequence returned,
@@ -48,6 +49,30 @@
 //! open, which the service knows (`crate::opens`); the store keeps no
 //! record of opens.
 //!
+//! # Extended attributes
+//! One `xattrs` row per attribute, keyed by inode and full name
+//! (`user.x`), so an inode's attributes are one key range: listing and
+//! freeing walk it, and a freed inode (last link gone) takes its
+//! attributes with it in the same transaction. The rules are Linux's
+//! (`posix::xattr_namespace`, `posix::xattr_access`): namespaces `user.`,
+//! `trusted.` (root only; hidden from others' listings) and `security.`
+//! (root writes); names up to 255 bytes (`ERANGE`), values up to 64 KiB
+//! (`E2BIG`); `XATTR_CREATE` / `XATTR_REPLACE` give `EEXIST` / `ENODATA`;
+//! setting or removing one changes the inode's ctime.
+//!
+//! Budget: a hostile client must not grow the store without bound through
+//! one inode, so each inode holds at most [`XATTR_INODE_BUDGET`] bytes,
+//! each attribute counted as name + value + [`XATTR_ENTRY_OVERHEAD`]
+//! (about what a redb row costs beyond its bytes); past it a set answers
+//! `ENOSPC`, as a full ext4 attribute block does. The budget is twice
+//! the largest value, so one maximal attribute always fits; it bounds an
+//! inode to 128 KiB / (16 + 6) < 6000 attributes of the shortest name
+//! (`user.x`), under the wire's `MAX_XATTR_NAMES` (checked at compile
+//! time). `security.capability` is refused (`EOPNOTSUPP`), as NFS does:
+//! file capabilities are not supported, which lets a mount answer the
+//! kernel's check for it before every write without a round trip
+//! (`dafne_fuse::core`).
+//!
 //! # Special files
 //! FIFOs, sockets and device nodes are inodes without data: no layout, no
 //! object on the io servers, size 0. `Open` refuses them with `ENXIO` ("no
@@ -75,6 +100,19 @@ const COUNTERS: TableDefinition<&str, u64> = TableDefinition::new("counters");
 const ORPHANS: TableDefinition<u64, u64> = TableDefinition::new("orphans");
 const ORPHANS_V2: TableDefinition<u64, &[u8]> = TableDefinition::new("orphans_v2");
 const REVOKED_CREDENTIALS: TableDefinition<&str, u64> = TableDefinition::new("revoked_credentials");
+const XATTRS: TableDefinition<(u64, &[u8]), &[u8]> = TableDefinition::new("xattrs");
+
+/// Most bytes of extended attributes one inode holds (module docs,
+/// "Extended attributes").
+pub const XATTR_INODE_BUDGET: usize = 2 * dafne_proto::XATTR_SIZE_MAX;
+/// What each attribute costs against the budget beyond its name and value.
+pub const XATTR_ENTRY_OVERHEAD: usize = 16;
+/// The attribute a mount answers for locally (module docs).
+const XATTR_FILE_CAPS: &[u8] = b"security.capability";
+
+// A listing of the most attributes the budget allows (shortest name
+// `user.x`) fits one ListXattr reply.
+const _: () = assert!(XATTR_INODE_BUDGET / (XATTR_ENTRY_OVERHEAD + 6) <= dafne_proto::MAX_XATTR_NAMES);
 
 /// The orphan record format written (see the module docs).
 const ORPHAN_FORMAT: u8 = 1;
@@ -467,6 +505,7 @@ impl RedbStore {
             txn.open_table(DIRENTS)?;
             txn.open_table(DIRSEQ)?;
             txn.open_table(REVOKED_CREDENTIALS)?;
+            txn.open_table(XATTRS)?;
             let mut old = txn.open_table(ORPHANS)?;
             let mut orphans = txn.open_table(ORPHANS_V2)?;
             // A store from before `orphans_v2`: its orphans move over (module
@@ -539,7 +578,9 @@ pub fn is_read_only(req: &Request) -> bool {
         | Request::Statfs
         | Request::ListOrphans { .. }
         | Request::Recap { .. }
-        | Request::Revocations { .. } => true,
+        | Request::Revocations { .. }
+        | Request::GetXattr { .. }
+        | Request::ListXattr { .. } => true,
         Request::Open { flags, .. } => flags & dafne_proto::OPEN_TRUNC == 0,
         _ => false,
     }
@@ -559,6 +600,7 @@ impl MetaStore for RedbStore {
                 counters: txn.open_table(COUNTERS)?,
                 orphans: txn.open_table(ORPHANS_V2)?,
                 revoked_credentials: txn.open_table(REVOKED_CREDENTIALS)?,
+                xattrs: txn.open_table(XATTRS)?,
                 policy: &self.policy,
                 now: now(),
                 protected: None,
@@ -603,6 +645,7 @@ struct Tables<'t> {
     counters: redb::Table<'t, &'static str, u64>,
     orphans: redb::Table<'t, u64, &'static [u8]>,
     revoked_credentials: redb::Table<'t, &'static str, u64>,
+    xattrs: redb::Table<'t, (u64, &'static [u8]), &'static [u8]>,
     policy: &'t LayoutPolicy,
     now: Timespec,
     /// The running job's [`Job::protected`].
@@ -745,6 +788,9 @@ impl Tables<'_> {
         victim.attr.ctime = self.now;
         if victim.attr.nlink == 0 {
             self.inodes.remove(victim.attr.ino)?;
+            for name in self.xattr_names(victim.attr.ino)? {
+                self.xattrs.remove((victim.attr.ino, name.as_slice()))?;
+            }
             if let Some(l) = &victim.layout {
                 let rec = OrphanRecord { orphaned_at_unix_s: self.now.sec.max(0) as u64, servers: l.servers.clone() };
                 self.orphans.insert(l.object_id, rec.encode().as_slice())?;
@@ -927,8 +973,35 @@ impl Tables<'_> {
                 self.put(&d)?;
                 Ok(Response::Done)
             }
-            Request::Rename { src_parent, src_name, dst_parent, dst_name } => {
-                self.rename(cred, *src_parent, src_name, *dst_parent, dst_name)
+            Request::Rename { src_parent, src_name, dst_parent, dst_name, flags } => {
+                self.rename(cred, *src_parent, src_name, *dst_parent, dst_name, *flags)
+            }
+            Request::SetXattr { ino, name, value, flags } => self.setxattr(cred, *ino, name, value, *flags),
+            Request::GetXattr { ino, name } => {
+                let ns = posix::xattr_namespace(name)?;
+                let i = self.inode(*ino)?;
+                posix::xattr_access(cred, &i.attr, ns, false)?;
+                match self.xattrs.get((*ino, name.as_slice()))? {
+                    Some(v) => Ok(Response::Xattr { value: v.value().to_vec() }),
+                    None => Err(Errno::ENODATA.into()),
+                }
+            }
+            Request::ListXattr { ino } => {
+                // Linux asks no permission on the inode to list.
+                self.inode(*ino)?;
+                let names = self.xattr_names(*ino)?.into_iter().filter(|n| posix::xattr_listed(cred, n)).collect();
+                Ok(Response::XattrNames { names })
+            }
+            Request::RemoveXattr { ino, name } => {
+                let ns = posix::xattr_namespace(name)?;
+                let mut i = self.inode(*ino)?;
+                posix::xattr_access(cred, &i.attr, ns, true)?;
+                if self.xattrs.remove((*ino, name.as_slice()))?.is_none() {
+                    return Err(Errno::ENODATA.into());
+                }
+                i.attr.ctime = self.now;
+                self.put(&i)?;
+                Ok(Response::Done)
             }
             Request::Symlink { parent, name, target } => {
                 posix::valid_new_name(name)?;
@@ -1251,7 +1324,72 @@ impl Tables<'_> {
         Ok(Response::Attr { attr: i.attr })
     }
 
-    fn rename(&mut self, cred: &Cred, sp: Ino, sn: &[u8], dp: Ino, dn: &[u8]) -> R<Response> {
+    /// `setxattr(2)`, checking in Linux's order: name (`ERANGE`), size
+    /// (`E2BIG`), flags (`EINVAL`), namespace (`EOPNOTSUPP`), permission,
+    /// then existence (`EEXIST`, `ENODATA`) and the inode's budget
+    /// (`ENOSPC`).
+    fn setxattr(&mut self, cred: &Cred, ino: Ino, name: &[u8], value: &[u8], flags: u32) -> R<Response> {
+        if name.is_empty() || name.len() > dafne_proto::XATTR_NAME_MAX {
+            return Err(Errno::ERANGE.into());
+        }
+        if value.len() > dafne_proto::XATTR_SIZE_MAX {
+            return Err(Errno::E2BIG.into());
+        }
+        if flags & !(dafne_proto::XATTR_CREATE | dafne_proto::XATTR_REPLACE) != 0 {
+            return Err(Errno::EINVAL.into());
+        }
+        let ns = posix::xattr_namespace(name)?;
+        if name == XATTR_FILE_CAPS {
+            return Err(Errno::EOPNOTSUPP.into());
+        }
+        let mut i = self.inode(ino)?;
+        posix::xattr_access(cred, &i.attr, ns, true)?;
+        let mut used = 0;
+        let mut exists = false;
+        for e in self.xattrs.range((ino, &[][..])..(ino.saturating_add(1), &[][..]))? {
+            let (k, v) = e?;
+            if k.value().1 == name {
+                exists = true;
+            } else {
+                used += k.value().1.len() + v.value().len() + XATTR_ENTRY_OVERHEAD;
+            }
+        }
+        if exists && flags & dafne_proto::XATTR_CREATE != 0 {
+            return Err(Errno::EEXIST.into());
+        }
+        if !exists && flags & dafne_proto::XATTR_REPLACE != 0 {
+            return Err(Errno::ENODATA.into());
+        }
+        if used + name.len() + value.len() + XATTR_ENTRY_OVERHEAD > XATTR_INODE_BUDGET {
+            return Err(Errno::ENOSPC.into());
+        }
+        self.xattrs.insert((ino, name), value)?;
+        i.attr.ctime = self.now;
+        self.put(&i)?;
+        Ok(Response::Done)
+    }
+
+    /// The names of `ino`'s extended attributes, in order.
+    fn xattr_names(&self, ino: Ino) -> R<Vec<Vec<u8>>> {
+        let mut names = Vec::new();
+        for e in self.xattrs.range((ino, &[][..])..(ino.saturating_add(1), &[][..]))? {
+            names.push(e?.0.value().1.to_vec());
+        }
+        Ok(names)
+    }
+
+    /// `renameat2(2)`: `flags` 0 replaces the destination,
+    /// [`dafne_proto::RENAME_NOREPLACE`] refuses an existing one (`EEXIST`),
+    /// [`dafne_proto::RENAME_EXCHANGE`] swaps the two ([`Tables::exchange`]);
+    /// both is `EINVAL`. All inside this transaction, so no other client's
+    /// operation comes between the check and the change.
+    fn rename(&mut self, cred: &Cred, sp: Ino, sn: &[u8], dp: Ino, dn: &[u8], flags: u32) -> R<Response> {
+        let noreplace = match flags {
+            0 => false,
+            dafne_proto::RENAME_NOREPLACE => true,
+            dafne_proto::RENAME_EXCHANGE => return self.exchange(cred, sp, sn, dp, dn),
+            _ => return Err(Errno::EINVAL.into()),
+        };
         posix::valid_lookup_name(sn)?;
         posix::valid_new_name(dn).map_err(|e| if e == Errno::EEXIST { Errno::EBUSY } else { e })?;
         if sn == b"." || sn == b".." {
@@ -1272,6 +1410,9 @@ impl Tables<'_> {
             posix::check(cred, &src.attr, MAY_WRITE)?;
         }
         let existing = self.entry(dp, dn)?;
+        if noreplace && existing.is_some() {
+            return Err(Errno::EEXIST.into());
+        }
         if let Some((dino, _)) = existing {
             if dino == sino {
                 return Ok(Response::Done); // same file: POSIX says do nothing
@@ -1346,6 +1487,106 @@ impl Tables<'_> {
         src.attr.ctime = self.now;
         self.put(&src)?;
         Ok(Response::Done)
+    }
+
+    /// `RENAME_EXCHANGE`: the names `sn` in `sp` and `dn` in `dp` swap
+    /// their inodes. Both must exist (`ENOENT`); the same permission and
+    /// sticky checks as a rename apply to both sides, each as the one
+    /// that leaves its directory. Directories that change parent get the
+    /// new parent (their `..`), need write permission on themselves, may
+    /// not end up inside themselves (`EINVAL`, as Linux says for either
+    /// side of an exchange), and move one link count between the parents
+    /// when only one side is a directory.
+    fn exchange(&mut self, cred: &Cred, sp: Ino, sn: &[u8], dp: Ino, dn: &[u8]) -> R<Response> {
+        posix::valid_lookup_name(sn)?;
+        posix::valid_lookup_name(dn)?;
+        for n in [sn, dn] {
+            if n == b"." || n == b".." {
+                return Err(Errno::EBUSY.into());
+            }
+        }
+        let sdir = self.dir(sp)?;
+        let ddir = self.dir(dp)?;
+        posix::check(cred, &sdir.attr, MAY_WRITE | MAY_EXEC)?;
+        posix::check(cred, &ddir.attr, MAY_WRITE | MAY_EXEC)?;
+        let (sino, sseq) = self.entry(sp, sn)?.ok_or(Errno::ENOENT)?;
+        let (dino, dseq) = self.entry(dp, dn)?.ok_or(Errno::ENOENT)?;
+        let mut src = self.inode(sino)?;
+        let mut dst = self.inode(dino)?;
+        if !posix::sticky_allows(cred, &sdir.attr, &src.attr) || !posix::sticky_allows(cred, &ddir.attr, &dst.attr) {
+            return Err(Errno::EPERM.into());
+        }
+        if sino == dino {
+            return Ok(Response::Done); // two names of one file: nothing to do
+        }
+        let (s_dir, d_dir) = (src.attr.kind == FileType::Directory, dst.attr.kind == FileType::Directory);
+        if sp != dp {
+            // Each directory that moves changes its "..".
+            for (moves, i) in [(s_dir, &src), (d_dir, &dst)] {
+                if moves && cred.uid != 0 {
+                    posix::check(cred, &i.attr, MAY_WRITE)?;
+                }
+            }
+            // Neither may land inside itself.
+            for (moves, ino, into) in [(s_dir, sino, dp), (d_dir, dino, sp)] {
+                if moves && self.is_within(into, ino)? {
+                    return Err(Errno::EINVAL.into());
+                }
+            }
+            if s_dir && !d_dir && ddir.attr.nlink >= LINK_MAX || d_dir && !s_dir && sdir.attr.nlink >= LINK_MAX {
+                return Err(Errno::EMLINK.into());
+            }
+        }
+        // All checks passed: apply. Each name keeps its readdir position.
+        self.dirents.insert((sp, sn), (dino, sseq))?;
+        self.dirents.insert((dp, dn), (sino, dseq))?;
+        if s_dir {
+            src.parent = dp;
+        }
+        if d_dir {
+            dst.parent = sp;
+        }
+        src.attr.ctime = self.now;
+        dst.attr.ctime = self.now;
+        self.put(&src)?;
+        self.put(&dst)?;
+        let mut s = self.inode(sp)?;
+        if sp != dp && s_dir != d_dir {
+            // The subdirectory's ".." link moves from one parent to the other.
+            if s_dir {
+                s.attr.nlink = s.attr.nlink.saturating_sub(1);
+            } else {
+                s.attr.nlink += 1;
+            }
+        }
+        self.touch_dir(&mut s);
+        self.put(&s)?;
+        if sp != dp {
+            let mut d = self.inode(dp)?;
+            if s_dir != d_dir {
+                if s_dir {
+                    d.attr.nlink += 1;
+                } else {
+                    d.attr.nlink = d.attr.nlink.saturating_sub(1);
+                }
+            }
+            self.touch_dir(&mut d);
+            self.put(&d)?;
+        }
+        Ok(Response::Done)
+    }
+
+    /// Whether directory `ino` is `ancestor` or below it.
+    fn is_within(&self, mut ino: Ino, ancestor: Ino) -> R<bool> {
+        loop {
+            if ino == ancestor {
+                return Ok(true);
+            }
+            if ino == ROOT_INO {
+                return Ok(false);
+            }
+            ino = self.inode(ino)?.parent;
+        }
     }
 }
 
@@ -1464,6 +1705,352 @@ mod tests {
         let mut huge = b.clone();
         huge[9..13].copy_from_slice(&u32::MAX.to_le_bytes());
         assert!(OrphanRecord::decode(5, &huge).is_err());
+    }
+
+    fn fresh_store() -> (tempfile::TempDir, RedbStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RedbStore::open(&dir.path().join("meta.redb"), LayoutPolicy::default()).unwrap();
+        (dir, store)
+    }
+
+    /// One request alone, as `cred`.
+    fn ask(store: &RedbStore, cred: &Cred, req: Request) -> Result<Response, Errno> {
+        let job = Job { cred: cred.clone(), ops: vec![CompoundOp { chain: false, req }], protected: None };
+        store.execute(&[job]).unwrap().remove(0).pop().unwrap()
+    }
+
+    fn mk(store: &RedbStore, cred: &Cred, parent: Ino, name: &str, dir: bool, mode: u32) -> Attr {
+        let name = name.as_bytes().to_vec();
+        let req = if dir {
+            Request::Mkdir { parent, name, mode }
+        } else {
+            Request::Create { parent, name, mode, exclusive: true, hint: None }
+        };
+        match ask(store, cred, req).unwrap() {
+            Response::Entry { attr } => attr,
+            r => panic!("{r:?}"),
+        }
+    }
+
+    fn set(store: &RedbStore, cred: &Cred, ino: Ino, name: &str, value: &[u8], flags: u32) -> Result<(), Errno> {
+        let req = Request::SetXattr { ino, name: name.as_bytes().to_vec(), value: value.to_vec(), flags };
+        ask(store, cred, req).map(|_| ())
+    }
+
+    fn get(store: &RedbStore, cred: &Cred, ino: Ino, name: &str) -> Result<Vec<u8>, Errno> {
+        match ask(store, cred, Request::GetXattr { ino, name: name.as_bytes().to_vec() })? {
+            Response::Xattr { value } => Ok(value),
+            r => panic!("{r:?}"),
+        }
+    }
+
+    fn list(store: &RedbStore, cred: &Cred, ino: Ino) -> Vec<String> {
+        match ask(store, cred, Request::ListXattr { ino }).unwrap() {
+            Response::XattrNames { names } => names.into_iter().map(|n| String::from_utf8(n).unwrap()).collect(),
+            r => panic!("{r:?}"),
+        }
+    }
+
+    fn getattr(store: &RedbStore, ino: Ino) -> Result<Attr, Errno> {
+        match ask(store, &Cred::root(), Request::GetAttr { ino })? {
+            Response::Attr { attr } => Ok(attr),
+            r => panic!("{r:?}"),
+        }
+    }
+
+    fn xattr_rows(store: &RedbStore) -> u64 {
+        store.db.begin_read().unwrap().open_table(XATTRS).unwrap().len().unwrap()
+    }
+
+    #[test]
+    fn xattrs_set_get_list_remove_with_linux_errors() {
+        let (_d, s) = fresh_store();
+        let root = Cred::root();
+        let alice = Cred::new(1000, 1000);
+        let home = mk(&s, &root, ROOT_INO, "home", true, 0o777);
+        let f = mk(&s, &alice, home.ino, "f", false, 0o644);
+        set(&s, &alice, f.ino, "user.k", b"v1", 0).unwrap();
+        assert_eq!(get(&s, &alice, f.ino, "user.k").unwrap(), b"v1");
+        // Flags.
+        assert_eq!(set(&s, &alice, f.ino, "user.k", b"v2", dafne_proto::XATTR_CREATE), Err(Errno::EEXIST));
+        assert_eq!(set(&s, &alice, f.ino, "user.new", b"v", dafne_proto::XATTR_REPLACE), Err(Errno::ENODATA));
+        set(&s, &alice, f.ino, "user.k", b"v2", dafne_proto::XATTR_REPLACE).unwrap();
+        set(&s, &alice, f.ino, "user.empty", b"", dafne_proto::XATTR_CREATE).unwrap();
+        assert_eq!(get(&s, &alice, f.ino, "user.k").unwrap(), b"v2");
+        assert_eq!(get(&s, &alice, f.ino, "user.empty").unwrap(), b"");
+        assert_eq!(get(&s, &alice, f.ino, "user.missing"), Err(Errno::ENODATA));
+        assert_eq!(list(&s, &alice, f.ino), ["user.empty", "user.k"]);
+        // Names: namespaces and length.
+        assert_eq!(set(&s, &alice, f.ino, "system.posix_acl_access", b"x", 0), Err(Errno::EOPNOTSUPP));
+        assert_eq!(set(&s, &alice, f.ino, "plain", b"x", 0), Err(Errno::EOPNOTSUPP));
+        assert_eq!(get(&s, &alice, f.ino, "os2.x"), Err(Errno::EOPNOTSUPP));
+        assert_eq!(set(&s, &alice, f.ino, "user.", b"x", 0), Err(Errno::EINVAL));
+        assert_eq!(set(&s, &alice, f.ino, "", b"x", 0), Err(Errno::ERANGE));
+        let long = format!("user.{}", "n".repeat(dafne_proto::XATTR_NAME_MAX - 5));
+        set(&s, &alice, f.ino, &long, b"x", 0).unwrap();
+        assert_eq!(set(&s, &alice, f.ino, &format!("{long}n"), b"x", 0), Err(Errno::ERANGE));
+        assert_eq!(get(&s, &alice, f.ino, &format!("{long}n")), Err(Errno::ERANGE));
+        // Values: up to 64 KiB.
+        let big = vec![7u8; dafne_proto::XATTR_SIZE_MAX];
+        set(&s, &alice, f.ino, "user.big", &big, 0).unwrap();
+        assert_eq!(get(&s, &alice, f.ino, "user.big").unwrap(), big);
+        assert_eq!(set(&s, &alice, f.ino, "user.big", &[&big[..], b"x"].concat(), 0), Err(Errno::E2BIG));
+        // Remove.
+        let rm = |c: &Cred, name: &str| ask(&s, c, Request::RemoveXattr { ino: f.ino, name: name.as_bytes().to_vec() });
+        rm(&alice, "user.big").unwrap();
+        assert_eq!(rm(&alice, "user.big"), Err(Errno::ENODATA));
+        assert_eq!(get(&s, &alice, f.ino, "user.big"), Err(Errno::ENODATA));
+        assert_eq!(rm(&alice, "system.x"), Err(Errno::EOPNOTSUPP));
+        // Missing inode.
+        assert_eq!(get(&s, &alice, 999_999, "user.k"), Err(Errno::ENOENT));
+        assert_eq!(set(&s, &alice, 999_999, "user.k", b"", 0), Err(Errno::ENOENT));
+        assert_eq!(ask(&s, &alice, Request::ListXattr { ino: 999_999 }), Err(Errno::ENOENT));
+    }
+
+    #[test]
+    fn xattr_permissions_are_the_servers() {
+        let (_d, s) = fresh_store();
+        let root = Cred::root();
+        let (alice, bob) = (Cred::new(1000, 1000), Cred::new(1001, 1001));
+        let home = mk(&s, &root, ROOT_INO, "home", true, 0o1777);
+        let f = mk(&s, &alice, home.ino, "f", false, 0o644);
+        set(&s, &alice, f.ino, "user.k", b"v", 0).unwrap();
+        // user.*: read with r, write with w.
+        assert_eq!(get(&s, &bob, f.ino, "user.k").unwrap(), b"v");
+        assert_eq!(set(&s, &bob, f.ino, "user.k", b"w", 0), Err(Errno::EACCES));
+        assert_eq!(ask(&s, &bob, Request::RemoveXattr { ino: f.ino, name: b"user.k".to_vec() }), Err(Errno::EACCES));
+        let secret = mk(&s, &alice, home.ino, "secret", false, 0o600);
+        set(&s, &alice, secret.ino, "user.k", b"v", 0).unwrap();
+        assert_eq!(get(&s, &bob, secret.ino, "user.k"), Err(Errno::EACCES));
+        // A sticky directory: bob may not write user.* on it, even with w.
+        assert_eq!(set(&s, &bob, home.ino, "user.k", b"v", 0), Err(Errno::EPERM));
+        set(&s, &root, home.ino, "user.k", b"v", 0).unwrap();
+        // user.* only on regular files and directories.
+        let link =
+            match ask(&s, &alice, Request::Symlink { parent: home.ino, name: b"l".to_vec(), target: b"f".to_vec() })
+                .unwrap()
+            {
+                Response::Entry { attr } => attr,
+                r => panic!("{r:?}"),
+            };
+        assert_eq!(set(&s, &alice, link.ino, "user.k", b"v", 0), Err(Errno::EPERM));
+        assert_eq!(get(&s, &alice, link.ino, "user.k"), Err(Errno::ENODATA));
+        // trusted.*: root only, and unseen by others.
+        assert_eq!(set(&s, &alice, f.ino, "trusted.t", b"v", 0), Err(Errno::EPERM));
+        set(&s, &root, f.ino, "trusted.t", b"root's", 0).unwrap();
+        assert_eq!(get(&s, &alice, f.ino, "trusted.t"), Err(Errno::ENODATA));
+        assert_eq!(get(&s, &root, f.ino, "trusted.t").unwrap(), b"root's");
+        assert_eq!(list(&s, &alice, f.ino), ["user.k"]);
+        assert_eq!(list(&s, &root, f.ino), ["trusted.t", "user.k"]);
+        set(&s, &root, link.ino, "trusted.t", b"v", 0).unwrap();
+        // security.*: root writes, anyone reads; file capabilities refused.
+        assert_eq!(set(&s, &alice, f.ino, "security.label", b"v", 0), Err(Errno::EPERM));
+        set(&s, &root, f.ino, "security.label", b"v", 0).unwrap();
+        assert_eq!(get(&s, &bob, f.ino, "security.label").unwrap(), b"v");
+        assert_eq!(set(&s, &root, f.ino, "security.capability", b"\x01", 0), Err(Errno::EOPNOTSUPP));
+        assert_eq!(get(&s, &root, f.ino, "security.capability"), Err(Errno::ENODATA));
+    }
+
+    #[test]
+    fn xattrs_change_ctime_and_go_with_the_inode() {
+        let (_d, s) = fresh_store();
+        let root = Cred::root();
+        let f = mk(&s, &root, ROOT_INO, "f", false, 0o644);
+        let before = getattr(&s, f.ino).unwrap().ctime;
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        set(&s, &root, f.ino, "user.a", b"1", 0).unwrap();
+        let after_set = getattr(&s, f.ino).unwrap().ctime;
+        assert!(after_set > before, "{after_set:?} > {before:?}");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        ask(&s, &root, Request::RemoveXattr { ino: f.ino, name: b"user.a".to_vec() }).unwrap();
+        assert!(getattr(&s, f.ino).unwrap().ctime > after_set);
+        // A get changes nothing.
+        let t = getattr(&s, f.ino).unwrap().ctime;
+        let _ = get(&s, &root, f.ino, "user.a");
+        assert_eq!(getattr(&s, f.ino).unwrap().ctime, t);
+        // Freed with the last link: a second link keeps them, the last takes them.
+        set(&s, &root, f.ino, "user.a", b"1", 0).unwrap();
+        set(&s, &root, f.ino, "trusted.b", b"2", 0).unwrap();
+        let other = mk(&s, &root, ROOT_INO, "other", false, 0o644);
+        set(&s, &root, other.ino, "user.a", b"kept", 0).unwrap();
+        ask(&s, &root, Request::Link { ino: f.ino, new_parent: ROOT_INO, new_name: b"g".to_vec() }).unwrap();
+        ask(&s, &root, Request::Unlink { parent: ROOT_INO, name: b"f".to_vec() }).unwrap();
+        assert_eq!(xattr_rows(&s), 3);
+        ask(&s, &root, Request::Unlink { parent: ROOT_INO, name: b"g".to_vec() }).unwrap();
+        assert_eq!(xattr_rows(&s), 1, "the freed inode's attributes went");
+        assert_eq!(get(&s, &root, other.ino, "user.a").unwrap(), b"kept");
+        // A directory's go with rmdir, a replaced file's with the rename.
+        let d = mk(&s, &root, ROOT_INO, "d", true, 0o755);
+        set(&s, &root, d.ino, "user.d", b"", 0).unwrap();
+        ask(&s, &root, Request::Rmdir { parent: ROOT_INO, name: b"d".to_vec() }).unwrap();
+        let r = |src: &str, dst: &str| Request::Rename {
+            src_parent: ROOT_INO,
+            src_name: src.as_bytes().to_vec(),
+            dst_parent: ROOT_INO,
+            dst_name: dst.as_bytes().to_vec(),
+            flags: 0,
+        };
+        mk(&s, &root, ROOT_INO, "new", false, 0o644);
+        ask(&s, &root, r("new", "other")).unwrap();
+        assert_eq!(xattr_rows(&s), 0);
+    }
+
+    #[test]
+    fn an_inode_holds_a_bounded_amount_of_xattrs() {
+        let (_d, s) = fresh_store();
+        let root = Cred::root();
+        let f = mk(&s, &root, ROOT_INO, "f", false, 0o644);
+        let big = vec![1u8; dafne_proto::XATTR_SIZE_MAX];
+        // One maximal value fits, twice does not.
+        set(&s, &root, f.ino, "user.a", &big, 0).unwrap();
+        assert_eq!(set(&s, &root, f.ino, "user.b", &big, 0), Err(Errno::ENOSPC));
+        // Replacing counts the new value, not old + new.
+        set(&s, &root, f.ino, "user.a", &big, 0).unwrap();
+        // Small ones up to the budget, then ENOSPC; removing frees room.
+        let mut n = 0;
+        let err = loop {
+            match set(&s, &root, f.ino, &format!("user.{n:05}"), &[0; 100], 0) {
+                Ok(()) => n += 1,
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(err, Errno::ENOSPC);
+        let used = 6 + big.len() + 16 + n * (10 + 100 + 16);
+        assert!(used <= XATTR_INODE_BUDGET && used + 126 > XATTR_INODE_BUDGET, "{n} {used}");
+        ask(&s, &root, Request::RemoveXattr { ino: f.ino, name: b"user.a".to_vec() }).unwrap();
+        set(&s, &root, f.ino, &format!("user.{n:05}"), &[0; 100], 0).unwrap();
+        // Another inode has its own budget.
+        let g = mk(&s, &root, ROOT_INO, "g", false, 0o644);
+        set(&s, &root, g.ino, "user.a", &big, 0).unwrap();
+    }
+
+    fn ren(s: &RedbStore, c: &Cred, sp: Ino, sn: &str, dp: Ino, dn: &str, flags: u32) -> Result<Response, Errno> {
+        let req = Request::Rename {
+            src_parent: sp,
+            src_name: sn.as_bytes().to_vec(),
+            dst_parent: dp,
+            dst_name: dn.as_bytes().to_vec(),
+            flags,
+        };
+        ask(s, c, req)
+    }
+
+    fn lookup(s: &RedbStore, parent: Ino, name: &str) -> Result<Attr, Errno> {
+        match ask(s, &Cred::root(), Request::Lookup { parent, name: name.as_bytes().to_vec() })? {
+            Response::Entry { attr } => Ok(attr),
+            r => panic!("{r:?}"),
+        }
+    }
+
+    #[test]
+    fn rename_noreplace_refuses_an_existing_name_in_the_transaction() {
+        let (_d, s) = fresh_store();
+        let root = Cred::root();
+        let a = mk(&s, &root, ROOT_INO, "a", false, 0o644);
+        let b = mk(&s, &root, ROOT_INO, "b", false, 0o644);
+        let nr = dafne_proto::RENAME_NOREPLACE;
+        assert_eq!(ren(&s, &root, ROOT_INO, "a", ROOT_INO, "b", nr), Err(Errno::EEXIST));
+        assert_eq!(lookup(&s, ROOT_INO, "b").unwrap().ino, b.ino, "nothing replaced");
+        // Also a second name of the same file exists.
+        ask(&s, &root, Request::Link { ino: a.ino, new_parent: ROOT_INO, new_name: b"a2".to_vec() }).unwrap();
+        assert_eq!(ren(&s, &root, ROOT_INO, "a", ROOT_INO, "a2", nr), Err(Errno::EEXIST));
+        ren(&s, &root, ROOT_INO, "a", ROOT_INO, "c", nr).unwrap();
+        assert_eq!(lookup(&s, ROOT_INO, "c").unwrap().ino, a.ino);
+        assert_eq!(ren(&s, &root, ROOT_INO, "missing", ROOT_INO, "x", nr), Err(Errno::ENOENT));
+        // Both flags, or an unknown one: EINVAL.
+        let both = nr | dafne_proto::RENAME_EXCHANGE;
+        assert_eq!(ren(&s, &root, ROOT_INO, "c", ROOT_INO, "b", both), Err(Errno::EINVAL));
+        assert_eq!(ren(&s, &root, ROOT_INO, "c", ROOT_INO, "b", 4), Err(Errno::EINVAL));
+    }
+
+    #[test]
+    fn rename_exchange_swaps_names_parents_and_links() {
+        let (_d, s) = fresh_store();
+        let root = Cred::root();
+        let ex = dafne_proto::RENAME_EXCHANGE;
+        let p1 = mk(&s, &root, ROOT_INO, "p1", true, 0o755);
+        let p2 = mk(&s, &root, ROOT_INO, "p2", true, 0o755);
+        let f = mk(&s, &root, p1.ino, "f", false, 0o644);
+        let g = mk(&s, &root, p2.ino, "g", false, 0o644);
+        // Two files in one directory and across two.
+        let h = mk(&s, &root, p1.ino, "h", false, 0o644);
+        ren(&s, &root, p1.ino, "f", p1.ino, "h", ex).unwrap();
+        assert_eq!((lookup(&s, p1.ino, "f").unwrap().ino, lookup(&s, p1.ino, "h").unwrap().ino), (h.ino, f.ino));
+        ren(&s, &root, p1.ino, "h", p2.ino, "g", ex).unwrap();
+        assert_eq!((lookup(&s, p1.ino, "h").unwrap().ino, lookup(&s, p2.ino, "g").unwrap().ino), (g.ino, f.ino));
+        // Both must exist.
+        assert_eq!(ren(&s, &root, p1.ino, "h", p2.ino, "none", ex), Err(Errno::ENOENT));
+        assert_eq!(ren(&s, &root, p1.ino, "none", p2.ino, "g", ex), Err(Errno::ENOENT));
+        // A directory with a file across parents: "..", and one link moves.
+        let sub = mk(&s, &root, p1.ino, "sub", true, 0o755);
+        mk(&s, &root, sub.ino, "inside", false, 0o644);
+        let n1 = getattr(&s, p1.ino).unwrap().nlink;
+        let n2 = getattr(&s, p2.ino).unwrap().nlink;
+        ren(&s, &root, p1.ino, "sub", p2.ino, "g", ex).unwrap();
+        assert_eq!(lookup(&s, p2.ino, "g").unwrap().ino, sub.ino);
+        assert_eq!(lookup(&s, p1.ino, "sub").unwrap().ino, f.ino);
+        assert_eq!(lookup(&s, sub.ino, "..").unwrap().ino, p2.ino, "the directory's parent follows it");
+        assert_eq!(getattr(&s, p1.ino).unwrap().nlink, n1 - 1);
+        assert_eq!(getattr(&s, p2.ino).unwrap().nlink, n2 + 1);
+        assert!(lookup(&s, sub.ino, "inside").is_ok(), "its contents stay");
+        // Two directories across parents: both parents change, counts stay.
+        let d1 = mk(&s, &root, p1.ino, "d1", true, 0o755);
+        let (n1, n2) = (getattr(&s, p1.ino).unwrap().nlink, getattr(&s, p2.ino).unwrap().nlink);
+        ren(&s, &root, p1.ino, "d1", p2.ino, "g", ex).unwrap();
+        assert_eq!(lookup(&s, d1.ino, "..").unwrap().ino, p2.ino);
+        assert_eq!(lookup(&s, sub.ino, "..").unwrap().ino, p1.ino);
+        assert_eq!((getattr(&s, p1.ino).unwrap().nlink, getattr(&s, p2.ino).unwrap().nlink), (n1, n2));
+        // A directory may not be swapped into itself, on either side.
+        let inner = mk(&s, &root, d1.ino, "inner", false, 0o644);
+        assert_eq!(ren(&s, &root, p2.ino, "g", d1.ino, "inner", ex), Err(Errno::EINVAL));
+        assert_eq!(ren(&s, &root, d1.ino, "inner", p2.ino, "g", ex), Err(Errno::EINVAL));
+        assert_eq!(lookup(&s, d1.ino, "inner").unwrap().ino, inner.ino);
+        // Two names of one file: nothing happens.
+        ask(&s, &root, Request::Link { ino: inner.ino, new_parent: d1.ino, new_name: b"again".to_vec() }).unwrap();
+        ren(&s, &root, d1.ino, "inner", d1.ino, "again", ex).unwrap();
+        assert_eq!(lookup(&s, d1.ino, "again").unwrap().ino, inner.ino);
+        // Readdir still lists every name once.
+        match ask(&s, &root, Request::Readdir { ino: p1.ino, cookie: 0, max_entries: 100 }).unwrap() {
+            Response::Dir { entries, eof } => {
+                assert!(eof);
+                let mut names: Vec<_> = entries.iter().map(|e| String::from_utf8(e.name.clone()).unwrap()).collect();
+                names.sort();
+                assert_eq!(names, ["d1", "f", "h", "sub"]);
+                let sub_entry = entries.iter().find(|e| e.name == b"sub").unwrap();
+                assert_eq!(sub_entry.ino, f.ino);
+            }
+            r => panic!("{r:?}"),
+        }
+    }
+
+    #[test]
+    fn rename_exchange_checks_permissions_and_sticky_bits() {
+        let (_d, s) = fresh_store();
+        let root = Cred::root();
+        let ex = dafne_proto::RENAME_EXCHANGE;
+        let (alice, bob) = (Cred::new(1000, 1000), Cred::new(1001, 1001));
+        let tmp = mk(&s, &root, ROOT_INO, "tmp", true, 0o1777);
+        mk(&s, &alice, tmp.ino, "a", false, 0o644);
+        mk(&s, &bob, tmp.ino, "b", false, 0o644);
+        // Sticky: bob may not move alice's file out of its name.
+        assert_eq!(ren(&s, &bob, tmp.ino, "b", tmp.ino, "a", ex), Err(Errno::EPERM));
+        assert_eq!(ren(&s, &bob, tmp.ino, "a", tmp.ino, "b", ex), Err(Errno::EPERM));
+        ren(&s, &root, tmp.ino, "a", tmp.ino, "b", ex).unwrap();
+        // Write permission on both directories.
+        let work = mk(&s, &root, ROOT_INO, "work", true, 0o777);
+        let ro = mk(&s, &alice, work.ino, "ro", true, 0o755);
+        let rw = mk(&s, &alice, work.ino, "rw", true, 0o755);
+        mk(&s, &alice, ro.ino, "x", false, 0o644);
+        mk(&s, &alice, rw.ino, "y", false, 0o644);
+        let chmod = SetAttr { mode: Some(0o555), ..SetAttr::default() };
+        ask(&s, &alice, Request::SetAttr { ino: ro.ino, set: chmod }).unwrap();
+        assert_eq!(ren(&s, &alice, rw.ino, "y", ro.ino, "x", ex), Err(Errno::EACCES));
+        // A directory changing parent needs write permission on itself.
+        let theirs = mk(&s, &root, rw.ino, "theirs", true, 0o755);
+        let other = mk(&s, &alice, work.ino, "other", true, 0o777);
+        mk(&s, &alice, other.ino, "z", false, 0o644);
+        assert_eq!(ren(&s, &alice, rw.ino, "theirs", other.ino, "z", ex), Err(Errno::EACCES));
+        assert_eq!(lookup(&s, rw.ino, "theirs").unwrap().ino, theirs.ino);
     }
 
     /// A store from before `orphans_v2`: its orphans move over on open, on

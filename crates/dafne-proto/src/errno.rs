@@ -37,6 +37,7 @@ errnos! {
     EINTR = 4, "Interrupted system call";
     EIO = 5, "Input/output error";
     ENXIO = 6, "No such device or address";
+    E2BIG = 7, "Argument list too long";
     EBADF = 9, "Bad file descriptor";
     EAGAIN = 11, "Resource temporarily unavailable";
     ENOMEM = 12, "Cannot allocate memory";

@@ -567,7 +567,26 @@ mod tests {
             Request::Readdir { ino: 2, cookie: 9, max_entries: 100 },
             Request::Unlink { parent: 2, name: n("f") },
             Request::Rmdir { parent: 2, name: n("d") },
-            Request::Rename { src_parent: 2, src_name: n("a"), dst_parent: 3, dst_name: n("b") },
+            Request::Rename { src_parent: 2, src_name: n("a"), dst_parent: 3, dst_name: n("b"), flags: 0 },
+            Request::Rename {
+                src_parent: 2,
+                src_name: n("a"),
+                dst_parent: 3,
+                dst_name: n("b"),
+                flags: RENAME_NOREPLACE,
+            },
+            Request::Rename {
+                src_parent: 2,
+                src_name: n("a"),
+                dst_parent: 2,
+                dst_name: n("b"),
+                flags: RENAME_EXCHANGE,
+            },
+            Request::SetXattr { ino: 8, name: n("user.k"), value: vec![0, 1, 2], flags: XATTR_CREATE },
+            Request::SetXattr { ino: 8, name: n("trusted.k"), value: vec![7; XATTR_SIZE_MAX], flags: XATTR_REPLACE },
+            Request::GetXattr { ino: 8, name: n("security.k") },
+            Request::ListXattr { ino: 8 },
+            Request::RemoveXattr { ino: 8, name: vec![b'x'; MAX_NAME_WIRE] },
             Request::Symlink { parent: 2, name: n("l"), target: vec![b'x'; MAX_SYMLINK] },
             Request::Readlink { ino: 8 },
             Request::Link { ino: 8, new_parent: 2, new_name: vec![b'n'; MAX_NAME_WIRE] },
@@ -674,6 +693,14 @@ mod tests {
                     conflict: Some(crate::LockHolder { start: 5, end: 9, kind: crate::LockKind::Write, pid: 0 }),
                 },
             ),
+            (Op::SetXattr, Response::Done),
+            (Op::RemoveXattr, Response::Done),
+            (Op::GetXattr, Response::Xattr { value: vec![0xff; XATTR_SIZE_MAX] }),
+            (Op::GetXattr, Response::Xattr { value: vec![] }),
+            (
+                Op::ListXattr,
+                Response::XattrNames { names: vec![b"user.a".to_vec(), vec![b't'; XATTR_NAME_MAX], vec![]] },
+            ),
             (
                 Op::Revocations,
                 Response::Revocations(crate::Revocations {
@@ -722,6 +749,62 @@ mod tests {
         let b = encode_reply(8, Op::Mkdir, &Err(Errno::EEXIST));
         assert_eq!(b.len(), ReplyHeader::SIZE);
         assert_eq!(decode_reply(&b), Ok((8, Op::Mkdir, Err(Errno::EEXIST))));
+    }
+
+    /// Past their limits, or with unknown flag bits, the xattr and rename
+    /// bodies are refused; the xattr ops and their answers never travel in
+    /// a Compound.
+    #[test]
+    fn xattr_and_rename_bodies_are_bounded() {
+        let n = |s: &str| s.as_bytes().to_vec();
+        let refused = |req: Request| {
+            let b = encode_request(ENV, &req);
+            assert!(decode_request(&b).is_err(), "accepted {:?}", req.op());
+        };
+        refused(Request::SetXattr { ino: 1, name: n("user.a"), value: vec![0; XATTR_SIZE_MAX + 1], flags: 0 });
+        refused(Request::SetXattr { ino: 1, name: vec![b'a'; MAX_NAME_WIRE + 1], value: vec![], flags: 0 });
+        refused(Request::SetXattr { ino: 1, name: n("user.a"), value: vec![], flags: 4 });
+        refused(Request::GetXattr { ino: 1, name: vec![b'a'; MAX_NAME_WIRE + 1] });
+        refused(Request::Rename { src_parent: 1, src_name: n("a"), dst_parent: 1, dst_name: n("b"), flags: 4 });
+        // Both rename bits decode: the server answers EINVAL, as Linux.
+        let both = Request::Rename {
+            src_parent: 1,
+            src_name: n("a"),
+            dst_parent: 1,
+            dst_name: n("b"),
+            flags: RENAME_NOREPLACE | RENAME_EXCHANGE,
+        };
+        assert_eq!(decode_request(&encode_request(ENV, &both)), Ok((ENV, both)));
+        for req in [
+            Request::SetXattr { ino: 1, name: n("user.a"), value: vec![], flags: 0 },
+            Request::GetXattr { ino: 1, name: n("user.a") },
+            Request::ListXattr { ino: 1 },
+            Request::RemoveXattr { ino: 1, name: n("user.a") },
+        ] {
+            refused(Request::Compound { ops: vec![CompoundOp { chain: false, req }] });
+        }
+        let refused_reply = |op: Op, resp: Response| {
+            let b = encode_reply(3, op, &Ok(resp));
+            assert!(decode_reply(&b).is_err(), "accepted an answer to {op}");
+        };
+        refused_reply(Op::GetXattr, Response::Xattr { value: vec![0; XATTR_SIZE_MAX + 1] });
+        refused_reply(Op::ListXattr, Response::XattrNames { names: vec![vec![b'n'; XATTR_NAME_MAX + 1]] });
+        refused_reply(Op::ListXattr, Response::XattrNames { names: vec![vec![]; MAX_XATTR_NAMES + 1] });
+        for (kind, op, r) in [
+            (13u8, Op::GetXattr, Response::Xattr { value: vec![1] }),
+            (14, Op::ListXattr, Response::XattrNames { names: vec![] }),
+        ] {
+            let alone = encode_reply(3, op, &Ok(r.clone()));
+            assert!(!Response::Compound { results: vec![Ok(r)] }.answers(Op::Compound));
+            // A Compound reply of one result: errno 0, the kind, the body.
+            let mut body = 1u32.to_le_bytes().to_vec();
+            body.extend_from_slice(&0i32.to_le_bytes());
+            body.push(kind);
+            body.extend_from_slice(&alone[ReplyHeader::SIZE..]);
+            let mut b = ReplyHeader::new(Op::Compound, 3, 0, body.len() as u32).encode().to_vec();
+            b.extend_from_slice(&body);
+            assert!(decode_reply(&b).is_err(), "kind {kind} accepted in a Compound");
+        }
     }
 
     #[test]
@@ -1140,13 +1223,13 @@ mod tests {
     fn chaining() {
         let mut op = CompoundOp {
             chain: true,
-            req: Request::Rename { src_parent: 0, src_name: vec![], dst_parent: 9, dst_name: vec![] },
+            req: Request::Rename { src_parent: 0, src_name: vec![], dst_parent: 9, dst_name: vec![], flags: 0 },
         };
         *op.primary_ino_mut().unwrap() = 4;
         assert!(matches!(op.req, Request::Rename { src_parent: 4, dst_parent: 9, .. }));
         assert_eq!(
             op.clone().resolve(Some(6)).unwrap(),
-            Request::Rename { src_parent: 6, src_name: vec![], dst_parent: 9, dst_name: vec![] }
+            Request::Rename { src_parent: 6, src_name: vec![], dst_parent: 9, dst_name: vec![], flags: 0 }
         );
         assert_eq!(op.clone().resolve(None), Err(Errno::EINVAL));
         let statfs = CompoundOp { chain: true, req: Request::Statfs };
@@ -1218,7 +1301,7 @@ mod tests {
 
     #[test]
     fn op_numbers_are_stable() {
-        let want: Vec<u16> = (1..=26).collect();
+        let want: Vec<u16> = (1..=26).chain(30..=33).collect();
         let got: Vec<u16> = Op::ALL.iter().map(|op| u16::from(*op)).collect();
         assert_eq!(got, want);
         for op in Op::ALL {

@@ -70,7 +70,7 @@
 //! | Readdir | 7 | ino u64, cookie u64, max_entries u32 | `Dir`: n u32, n × dirent, eof u8 |
 //! | Unlink | 8 | parent u64, name | `Done`: empty |
 //! | Rmdir | 9 | parent u64, name | `Done`: empty |
-//! | Rename | 10 | src_parent u64, src_name, dst_parent u64, dst_name | `Done`: empty |
+//! | Rename | 10 | src_parent u64, src_name, dst_parent u64, dst_name, flags u32 ([`RENAME_NOREPLACE`] \| [`RENAME_EXCHANGE`]) | `Done`: empty |
 //! | Symlink | 11 | parent u64, name, target | `Entry`: attr |
 //! | Readlink | 12 | ino u64 | `Link`: target |
 //! | Link | 13 | ino u64, new_parent u64, new_name | `Entry`: attr |
@@ -87,6 +87,24 @@
 //! | RevokeCredential | 24 | name str (1..=[`MAX_CLIENT_NAME`], UTF-8) | `Done`: empty |
 //! | Lock | 25 | ino u64, client u64, owner u64, pid u32, start u64, end u64 (≥ start), kind u8 (Read 1, Write 2, Unlock 3), flags u8 ([`LOCK_WAIT`] 1, [`LOCK_RECLAIM`] 2) | `Done`: empty |
 //! | TestLock | 26 | ino u64, client u64, owner u64, start u64, end u64 (≥ start), kind u8 (Read 1, Write 2) | `LockTest`: presence u8, then start u64, end u64, kind u8, pid u32 |
+//! | SetXattr | 30 | ino u64, name, value (≤ [`XATTR_SIZE_MAX`]), flags u32 ([`XATTR_CREATE`] \| [`XATTR_REPLACE`]) | `Done`: empty |
+//! | GetXattr | 31 | ino u64, name | `Xattr`: value (≤ [`XATTR_SIZE_MAX`]) |
+//! | ListXattr | 32 | ino u64 | `XattrNames`: n u32 (≤ [`MAX_XATTR_NAMES`]), n × name (≤ [`XATTR_NAME_MAX`]) |
+//! | RemoveXattr | 33 | ino u64, name | `Done`: empty |
+//!
+//! Numbers 25–29 belong to the lock ops; 34 is reserved.
+//!
+//! Rename's flags are `renameat2(2)`'s, carried out by the server in the
+//! same store transaction as the rename: [`RENAME_NOREPLACE`] fails with
+//! `EEXIST` when the destination exists, [`RENAME_EXCHANGE`] swaps the two
+//! names (both must exist). Any other bit is refused by the decoder; both
+//! bits together are answered `EINVAL`, as Linux does.
+//!
+//! The extended attribute ops (`setxattr(2)` and its siblings; names carry
+//! their namespace prefix, `user.`, `trusted.` or `security.`) never travel
+//! inside a Compound, and their answers (`Xattr` 13, `XattrNames` 14)
+//! never appear among a Compound's results. The server applies Linux's
+//! rules and limits (`dafne_meta`'s store docs, "Extended attributes").
 //!
 //! SessionOpen's `credential?` is a per-client credential's policy
 //! ([`Credential`]: name, uid and gid ranges, root) that the client proves
@@ -167,9 +185,10 @@
 //! the first error, so in the reply only the last result may be an error.
 //! A compound result names its [`Response`] variant with a kind byte:
 //! Entry 2, Attr 3, Dir 4, Done 5, Link 6, StatFs 7, Opened 8 (Session 1 and
-//! Compound 9 cannot occur there, nor Orphans 10, Cap 11 and Revocations
-//! 12, which answer only a ListOrphans, Recap or Revocations sent alone, nor
-//! LockTest 13, which answers a TestLock).
+//! Compound 9 cannot occur there, nor Orphans 10, Cap 11, Revocations 12,
+//! Xattr 13, XattrNames 14 and LockTest 15, which answer only a
+//! ListOrphans, Recap, Revocations, GetXattr, ListXattr or TestLock sent
+//! alone).
 //!
 //! # Canonical encoding
 //!
@@ -194,7 +213,8 @@
 //! io op Revoke); version 7 the caller's supplementary groups
 //! ([`REQUEST_FLAG_GROUPS`]); version 8 per-client credentials (the
 //! optional credential in SessionOpen, RevokeCredential, the io op Login
-//! reshaped); version 9 the lock ops Lock and TestLock. Bump
+//! reshaped); version 9 the lock ops Lock and TestLock (25, 26), the
+//! extended attribute ops (30–33) and Rename's flags. Bump
 //! it for *every* change to what a decoder accepts or how it reads it: a new
 //! op, a field added, removed, resized or reordered, a new flag or mask bit,
 //! a new enum value, a changed limit. Numbers (ops, errno values, file types,
@@ -240,7 +260,10 @@ pub use types::{
 /// genuine capability); supplementary groups in front of a request body
 /// ([`REQUEST_FLAG_GROUPS`]). 8: per-client credentials (an optional
 /// [`Credential`] in SessionOpen, the op RevokeCredential, the io op Login
-/// proven like a session instead of by a capability).
+/// proven like a session instead of by a capability). 9: locks (Lock,
+/// TestLock), extended attributes (SetXattr, GetXattr, ListXattr,
+/// RemoveXattr) and the flags of Rename ([`RENAME_NOREPLACE`],
+/// [`RENAME_EXCHANGE`]).
 pub const PROTO_VERSION: u16 = 9;
 
 /// Request header `flags`: the body starts with the caller's supplementary
@@ -305,6 +328,27 @@ pub const MAX_FORGET_ORPHANS: usize = 1024;
 /// Most entries in one `Reopen` (12 KiB, under the transport's 1 MiB
 /// request limit); a client holding more sends several.
 pub const MAX_REOPEN: usize = 1024;
+
+/// Most bytes of an extended attribute's name, prefix included (Linux's
+/// `XATTR_NAME_MAX`); the server answers `ERANGE` above it. On the wire a
+/// name may have up to [`MAX_NAME_WIRE`] bytes.
+pub const XATTR_NAME_MAX: usize = 255;
+/// Most bytes of an extended attribute's value (Linux's `XATTR_SIZE_MAX`):
+/// also the wire's limit, so a client answers `E2BIG` above it itself.
+pub const XATTR_SIZE_MAX: usize = 65_536;
+/// Most names in one `ListXattr` reply (at most 8192 × (4 + 255) bytes ≈
+/// 2 MiB, under the transport's 16 MiB reply limit). The server's budget
+/// per inode keeps a list below it (`dafne_meta`'s store docs, "Extended
+/// attributes").
+pub const MAX_XATTR_NAMES: usize = 8192;
+/// `SetXattr` flags: fail with `EEXIST` if the attribute exists.
+pub const XATTR_CREATE: u32 = 1;
+/// `SetXattr` flags: fail with `ENODATA` if the attribute does not exist.
+pub const XATTR_REPLACE: u32 = 2;
+/// `Rename` flags: fail with `EEXIST` if the destination exists.
+pub const RENAME_NOREPLACE: u32 = 1;
+/// `Rename` flags: swap source and destination, which must both exist.
+pub const RENAME_EXCHANGE: u32 = 2;
 
 /// The permission bits a mode may carry (rwx for user, group, other, plus
 /// setuid, setgid and sticky); the file type travels separately.

@@ -7,7 +7,8 @@ use crate::wire::{Reader, Wire, Writer};
 use crate::{
     Attr, Capability, Credential, DecodeError, DirEntry, Errno, FileType, Ino, Layout, LayoutHint, SetAttr, StatFs,
     MAX_CLIENT_NAME, MAX_COMPOUND, MAX_FORGET_ORPHANS, MAX_LAYOUT_SERVERS, MAX_NAME_WIRE, MAX_ORPHANS,
-    MAX_READDIR_ENTRIES, MAX_REOPEN, MAX_SYMLINK, OPEN_READ, OPEN_TRUNC, OPEN_WRITE,
+    MAX_READDIR_ENTRIES, MAX_REOPEN, MAX_SYMLINK, MAX_XATTR_NAMES, OPEN_READ, OPEN_TRUNC, OPEN_WRITE, RENAME_EXCHANGE,
+    RENAME_NOREPLACE, XATTR_CREATE, XATTR_NAME_MAX, XATTR_REPLACE, XATTR_SIZE_MAX,
 };
 
 /// Defines an op enum: `#[repr(u16)]` with the wire numbers, `ALL`,
@@ -110,6 +111,15 @@ ops! {
         Lock = 25,
         /// Which lock, if any, would stop a lock request (`F_GETLK`).
         TestLock = 26,
+        // 25..=29: the lock ops.
+        /// Set an extended attribute.
+        SetXattr = 30,
+        /// Read an extended attribute's value.
+        GetXattr = 31,
+        /// The names of an inode's extended attributes the caller may see.
+        ListXattr = 32,
+        /// Remove an extended attribute.
+        RemoveXattr = 33,
     }
 }
 
@@ -218,6 +228,9 @@ pub enum Request {
         src_name: Vec<u8>,
         dst_parent: Ino,
         dst_name: Vec<u8>,
+        /// 0, [`RENAME_NOREPLACE`] or [`RENAME_EXCHANGE`] (both: `EINVAL`
+        /// from the server; other bits are refused by the decoder).
+        flags: u32,
     },
     Symlink {
         parent: Ino,
@@ -342,6 +355,27 @@ pub enum Request {
         end: u64,
         kind: LockKind,
     },
+    /// Never inside a Compound (nor the other xattr ops).
+    SetXattr {
+        ino: Ino,
+        /// With its namespace prefix (`user.`, `trusted.`, `security.`).
+        name: Vec<u8>,
+        /// At most [`XATTR_SIZE_MAX`] bytes.
+        value: Vec<u8>,
+        /// [`XATTR_CREATE`] | [`XATTR_REPLACE`]; other bits are refused.
+        flags: u32,
+    },
+    GetXattr {
+        ino: Ino,
+        name: Vec<u8>,
+    },
+    ListXattr {
+        ino: Ino,
+    },
+    RemoveXattr {
+        ino: Ino,
+        name: Vec<u8>,
+    },
 }
 
 /// One op of a `Compound`.
@@ -392,6 +426,10 @@ impl CompoundOp {
             | Request::RevokeCredential { .. }
             | Request::Lock { .. }
             | Request::TestLock { .. } => None,
+            Request::SetXattr { .. }
+            | Request::GetXattr { .. }
+            | Request::ListXattr { .. }
+            | Request::RemoveXattr { .. } => None,
         }
     }
 
@@ -442,6 +480,10 @@ impl Request {
             Request::RevokeCredential { .. } => Op::RevokeCredential,
             Request::Lock { .. } => Op::Lock,
             Request::TestLock { .. } => Op::TestLock,
+            Request::SetXattr { .. } => Op::SetXattr,
+            Request::GetXattr { .. } => Op::GetXattr,
+            Request::ListXattr { .. } => Op::ListXattr,
+            Request::RemoveXattr { .. } => Op::RemoveXattr,
         }
     }
 
@@ -486,11 +528,12 @@ impl Request {
                 w.put_u64(*cookie);
                 w.put_u32(*max_entries);
             }
-            Request::Rename { src_parent, src_name, dst_parent, dst_name } => {
+            Request::Rename { src_parent, src_name, dst_parent, dst_name, flags } => {
                 w.put_u64(*src_parent);
                 w.put_bytes(src_name);
                 w.put_u64(*dst_parent);
                 w.put_bytes(dst_name);
+                w.put_u32(*flags);
             }
             Request::Symlink { parent, name, target } => {
                 w.put_u64(*parent);
@@ -549,6 +592,17 @@ impl Request {
                 w.put_u64(*end);
                 kind.put(w);
             }
+            Request::SetXattr { ino, name, value, flags } => {
+                w.put_u64(*ino);
+                w.put_bytes(name);
+                w.put_bytes(value);
+                w.put_u32(*flags);
+            }
+            Request::GetXattr { ino, name } | Request::RemoveXattr { ino, name } => {
+                w.put_u64(*ino);
+                w.put_bytes(name);
+            }
+            Request::ListXattr { ino } => w.put_u64(*ino),
             Request::Compound { ops } => {
                 w.put_len(ops.len());
                 for op in ops {
@@ -600,6 +654,13 @@ impl Request {
                 src_name: get_name(r, "rename src_name")?,
                 dst_parent: r.u64("rename dst_parent")?,
                 dst_name: get_name(r, "rename dst_name")?,
+                flags: {
+                    let flags = r.u32("rename flags")?;
+                    if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0 {
+                        return Err(DecodeError::BadValue { what: "rename flags", value: flags.into() });
+                    }
+                    flags
+                },
             },
             Op::Symlink => Request::Symlink {
                 parent: r.u64("parent")?,
@@ -698,6 +759,19 @@ impl Request {
                 }
                 Request::TestLock { ino, client, owner, start, end, kind }
             }
+            Op::SetXattr => {
+                let ino = r.u64("ino")?;
+                let name = get_name(r, "xattr name")?;
+                let value = r.bytes("xattr value", XATTR_SIZE_MAX)?;
+                let flags = r.u32("setxattr flags")?;
+                if flags & !(XATTR_CREATE | XATTR_REPLACE) != 0 {
+                    return Err(DecodeError::BadValue { what: "setxattr flags", value: flags.into() });
+                }
+                Request::SetXattr { ino, name, value, flags }
+            }
+            Op::GetXattr => Request::GetXattr { ino: r.u64("ino")?, name: get_name(r, "xattr name")? },
+            Op::ListXattr => Request::ListXattr { ino: r.u64("ino")? },
+            Op::RemoveXattr => Request::RemoveXattr { ino: r.u64("ino")?, name: get_name(r, "xattr name")? },
         })
     }
 }
@@ -733,10 +807,14 @@ fn get_compound_ops(r: &mut Reader<'_>) -> Result<Vec<CompoundOp>, DecodeError> 
             | Op::Revocations
             | Op::RevokeCredential
             | Op::Lock
-            | Op::TestLock => {
+            | Op::TestLock
+            | Op::SetXattr
+            | Op::GetXattr
+            | Op::ListXattr
+            | Op::RemoveXattr => {
                 return Err(DecodeError::BadValue {
                     what: "op inside a Compound (SessionOpen, the orphan ops, Close, Reopen, Recap, Revocations, \
-                           RevokeCredential and the lock ops are not allowed there)",
+                           RevokeCredential, the lock ops and the xattr ops are not allowed there)",
                     value: raw.into(),
                 })
             }
@@ -773,7 +851,8 @@ pub enum Response {
     /// Readdir: at most [`MAX_READDIR_ENTRIES`] entries; `eof` when the
     /// directory has no more.
     Dir { entries: Vec<DirEntry>, eof: bool },
-    /// Unlink, Rmdir, Rename, ForgetOrphans, Close, Reopen, RevokeCredential.
+    /// Unlink, Rmdir, Rename, ForgetOrphans, Close, Reopen, RevokeCredential,
+    /// SetXattr, RemoveXattr, Lock.
     Done,
     /// Readlink.
     Link { target: Vec<u8> },
@@ -792,6 +871,11 @@ pub enum Response {
     Cap { cap: Capability },
     /// Revocations.
     Revocations(Revocations),
+    /// GetXattr: the value, at most [`XATTR_SIZE_MAX`] bytes.
+    Xattr { value: Vec<u8> },
+    /// ListXattr: at most [`MAX_XATTR_NAMES`] names of at most
+    /// [`XATTR_NAME_MAX`] bytes, prefixes included.
+    XattrNames { names: Vec<Vec<u8>> },
     /// TestLock: the conflicting lock, if any.
     LockTest { conflict: Option<LockHolder> },
 }
@@ -826,7 +910,9 @@ pub(crate) enum Kind {
     Orphans = 10,
     Cap = 11,
     Revocations = 12,
-    LockTest = 13,
+    Xattr = 13,
+    XattrNames = 14,
+    LockTest = 15,
 }
 
 impl Kind {
@@ -844,7 +930,9 @@ impl Kind {
             10 => Kind::Orphans,
             11 => Kind::Cap,
             12 => Kind::Revocations,
-            13 => Kind::LockTest,
+            13 => Kind::Xattr,
+            14 => Kind::XattrNames,
+            15 => Kind::LockTest,
             _ => return None,
         })
     }
@@ -863,7 +951,9 @@ impl Kind {
             | Op::Close
             | Op::Reopen
             | Op::RevokeCredential
-            | Op::Lock => Kind::Done,
+            | Op::Lock
+            | Op::SetXattr
+            | Op::RemoveXattr => Kind::Done,
             Op::Readlink => Kind::Link,
             Op::Statfs => Kind::StatFs,
             Op::Open => Kind::Opened,
@@ -872,6 +962,8 @@ impl Kind {
             Op::Recap => Kind::Cap,
             Op::Revocations => Kind::Revocations,
             Op::TestLock => Kind::LockTest,
+            Op::GetXattr => Kind::Xattr,
+            Op::ListXattr => Kind::XattrNames,
         }
     }
 }
@@ -894,7 +986,9 @@ impl Response {
             | Response::Orphans { .. }
             | Response::Cap { .. }
             | Response::Revocations(_)
-            | Response::LockTest { .. } => None,
+            | Response::LockTest { .. }
+            | Response::Xattr { .. }
+            | Response::XattrNames { .. } => None,
         }
     }
 
@@ -912,7 +1006,14 @@ impl Response {
             && results.iter().enumerate().all(|(i, res)| match res {
                 Ok(r) => !matches!(
                     r.kind(),
-                    Kind::Session | Kind::Compound | Kind::Orphans | Kind::Cap | Kind::Revocations | Kind::LockTest
+                    Kind::Session
+                        | Kind::Compound
+                        | Kind::Orphans
+                        | Kind::Cap
+                        | Kind::Revocations
+                        | Kind::Xattr
+                        | Kind::XattrNames
+                        | Kind::LockTest
                 ),
                 Err(e) => e.is_valid() && i + 1 == results.len(),
             })
@@ -933,6 +1034,8 @@ impl Response {
             Response::Cap { .. } => Kind::Cap,
             Response::Revocations(_) => Kind::Revocations,
             Response::LockTest { .. } => Kind::LockTest,
+            Response::Xattr { .. } => Kind::Xattr,
+            Response::XattrNames { .. } => Kind::XattrNames,
         }
     }
 
@@ -977,6 +1080,13 @@ impl Response {
                     w.put_u32(h.pid);
                 }
             },
+            Response::Xattr { value } => w.put_bytes(value),
+            Response::XattrNames { names } => {
+                w.put_len(names.len());
+                for n in names {
+                    w.put_bytes(n);
+                }
+            }
             Response::Compound { results } => {
                 w.put_len(results.len());
                 for res in results {
@@ -1040,6 +1150,16 @@ impl Response {
                 };
                 Response::LockTest { conflict }
             }
+            Kind::Xattr => Response::Xattr { value: r.bytes("xattr value", XATTR_SIZE_MAX)? },
+            Kind::XattrNames => {
+                // Smallest name: its u32 length.
+                let n = r.count("xattr names", MAX_XATTR_NAMES, 4)?;
+                let mut names = Vec::with_capacity(n);
+                for _ in 0..n {
+                    names.push(r.bytes("xattr name", XATTR_NAME_MAX)?);
+                }
+                Response::XattrNames { names }
+            }
         })
     }
 }
@@ -1062,9 +1182,16 @@ fn get_compound_results(r: &mut Reader<'_>) -> Result<Vec<Result<Response, Errno
         let raw = r.u8("compound result kind")?;
         let kind = match Kind::from_u8(raw) {
             Some(Kind::Compound) => return Err(DecodeError::NestedCompound),
-            Some(Kind::Session | Kind::Orphans | Kind::Cap | Kind::Revocations | Kind::LockTest) | None => {
-                return Err(DecodeError::BadValue { what: "compound result kind", value: raw.into() })
-            }
+            Some(
+                Kind::Session
+                | Kind::Orphans
+                | Kind::Cap
+                | Kind::Revocations
+                | Kind::Xattr
+                | Kind::XattrNames
+                | Kind::LockTest,
+            )
+            | None => return Err(DecodeError::BadValue { what: "compound result kind", value: raw.into() }),
             Some(k) => k,
         };
         results.push(Ok(Response::get_kind(kind, r)?));

@@ -109,9 +109,15 @@ fn simple_request(session: bool) -> BoxedStrategy<Request> {
             .prop_map(|(ino, cookie, max_entries)| { Request::Readdir { ino, cookie, max_entries } }),
         (ino(), name()).prop_map(|(parent, name)| Request::Unlink { parent, name }),
         (ino(), name()).prop_map(|(parent, name)| Request::Rmdir { parent, name }),
-        (ino(), name(), ino(), name()).prop_map(|(src_parent, src_name, dst_parent, dst_name)| {
-            Request::Rename { src_parent, src_name, dst_parent, dst_name }
-        }),
+        (ino(), name(), ino(), name(), 0..=(RENAME_NOREPLACE | RENAME_EXCHANGE)).prop_map(
+            |(src_parent, src_name, dst_parent, dst_name, flags)| Request::Rename {
+                src_parent,
+                src_name,
+                dst_parent,
+                dst_name,
+                flags
+            }
+        ),
         (ino(), name(), target()).prop_map(|(parent, name, target)| Request::Symlink { parent, name, target }),
         ino().prop_map(|ino| Request::Readlink { ino }),
         (ino(), ino(), name()).prop_map(|(ino, new_parent, new_name)| Request::Link { ino, new_parent, new_name }),
@@ -221,6 +227,27 @@ fn lock_request() -> impl Strategy<Value = Request> {
     ]
 }
 
+/// An extended attribute value: mostly short, sometimes up to the limit.
+fn xattr_value() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        8 => vec(any::<u8>(), 0..64),
+        1 => vec(any::<u8>(), 0..=XATTR_SIZE_MAX),
+        1 => Just(vec![b'v'; XATTR_SIZE_MAX]),
+    ]
+}
+
+/// The extended attribute ops, which travel alone (never inside a Compound).
+fn xattr_request() -> impl Strategy<Value = Request> {
+    let ino = any::<Ino>;
+    prop_oneof![
+        (ino(), name(), xattr_value(), 0..=(XATTR_CREATE | XATTR_REPLACE))
+            .prop_map(|(ino, name, value, flags)| Request::SetXattr { ino, name, value, flags }),
+        (ino(), name()).prop_map(|(ino, name)| Request::GetXattr { ino, name }),
+        ino().prop_map(|ino| Request::ListXattr { ino }),
+        (ino(), name()).prop_map(|(ino, name)| Request::RemoveXattr { ino, name }),
+    ]
+}
+
 fn request() -> impl Strategy<Value = Request> {
     prop_oneof![
         3 => simple_request(true),
@@ -228,6 +255,7 @@ fn request() -> impl Strategy<Value = Request> {
         1 => orphan_request(),
         1 => open_table_request(),
         1 => lock_request(),
+        1 => xattr_request(),
     ]
 }
 
@@ -296,8 +324,18 @@ fn simple_response() -> BoxedStrategy<(Op, Response)> {
             any::<bool>()
         )
             .prop_map(|(entries, eof)| (Op::Readdir, Response::Dir { entries, eof })),
-        one_of(&[Op::Unlink, Op::Rmdir, Op::Rename, Op::ForgetOrphans, Op::Close, Op::Reopen, Op::Lock])
-            .prop_map(|op| (op, Response::Done)),
+        one_of(&[
+            Op::Unlink,
+            Op::Rmdir,
+            Op::Rename,
+            Op::ForgetOrphans,
+            Op::Close,
+            Op::Reopen,
+            Op::SetXattr,
+            Op::RemoveXattr,
+            Op::Lock
+        ])
+        .prop_map(|op| (op, Response::Done)),
         target().prop_map(|target| (Op::Readlink, Response::Link { target })),
         stat_fs().prop_map(|s| (Op::Statfs, Response::StatFs(s))),
         (attr(), layout(), capability())
@@ -341,6 +379,16 @@ fn revocations() -> impl Strategy<Value = dafne_proto::Revocations> {
     )
 }
 
+/// A GetXattr or ListXattr answer (never inside a Compound).
+fn xattr_response() -> impl Strategy<Value = (Op, Result<Response, Errno>)> {
+    let xname = vec(any::<u8>(), 0..=XATTR_NAME_MAX);
+    prop_oneof![
+        xattr_value().prop_map(|value| (Op::GetXattr, Ok(Response::Xattr { value }))),
+        prop_oneof![4 => vec(xname.clone(), 0..8), 1 => vec(xname, 0..=MAX_XATTR_NAMES)]
+            .prop_map(|names| (Op::ListXattr, Ok(Response::XattrNames { names }))),
+    ]
+}
+
 /// A Compound answer: successes, possibly ended by one error.
 fn compound_response() -> impl Strategy<Value = Response> {
     (vec(simple_response(), 0..MAX_COMPOUND), option::of(errno())).prop_map(|(oks, err)| {
@@ -366,6 +414,7 @@ fn reply() -> impl Strategy<Value = (Op, Result<Response, Errno>)> {
                 let conflict = c.map(|((start, end), kind, pid)| LockHolder { start, end, kind, pid });
                 (Op::TestLock, Ok(Response::LockTest { conflict }))
             }),
+        1 => xattr_response(),
         2 => (one_of(Op::ALL), errno()).prop_map(|(op, e)| (op, Err(e))),
     ]
 }
@@ -451,6 +500,13 @@ proptest! {
         let mut b = ReplyHeader::new(Op::Compound, env.tag, 0, body.len() as u32).encode().to_vec();
         b.extend_from_slice(&body);
         prop_assert!(decode_reply(&b).is_err());
+    }
+
+    /// The xattr ops are refused inside a Compound.
+    #[test]
+    fn xattr_ops_travel_alone(env in envelope(), req in xattr_request()) {
+        let b = encode_request(env, &Request::Compound { ops: vec![CompoundOp { chain: false, req }] });
+        prop_assert!(decode_request(&b).is_err());
     }
 
     /// Close and Reopen are refused inside a Compound.
