@@ -367,6 +367,19 @@ impl fuser::Filesystem for FuseFs {
         }
     }
 
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        empty(self.core.fallocate(fh.0, offset, length, mode), reply)
+    }
+
     fn flush(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
         empty(self.core.flush(fh.0), reply)
     }

@@ -186,7 +186,7 @@
 //! io op Revoke); version 7 the caller's supplementary groups
 //! ([`REQUEST_FLAG_GROUPS`]); version 8 per-client credentials (the
 //! optional credential in SessionOpen, RevokeCredential, the io op Login
-//! reshaped). Bump
+//! reshaped); version 9 the io op Allocate (73: `fallocate`). Bump
 //! it for *every* change to what a decoder accepts or how it reads it: a new
 //! op, a field added, removed, resized or reordered, a new flag or mask bit,
 //! a new enum value, a changed limit. Numbers (ops, errno values, file types,
@@ -210,9 +210,9 @@ pub use frame::{
     ReplyHeader, RequestHeader,
 };
 pub use io::{
-    decode_io_reply, decode_io_request, encode_io_reply, encode_io_request, IoExtent, IoOp, IoRequest, IoResponse,
-    ServerInfo, Stability, MAX_INLINE, MAX_IO_BYTES, MAX_IO_EXTENTS, MAX_IO_KEYS, MAX_IO_KEY_BYTES, MAX_IO_REPLY_LEN,
-    MAX_IO_REQUEST_LEN, NO_KEY,
+    decode_io_reply, decode_io_request, encode_io_reply, encode_io_request, AllocateMode, IoExtent, IoOp, IoRequest,
+    IoResponse, ServerInfo, Stability, StripeSlots, MAX_INLINE, MAX_IO_BYTES, MAX_IO_EXTENTS, MAX_IO_KEYS,
+    MAX_IO_KEY_BYTES, MAX_IO_REPLY_LEN, MAX_IO_REQUEST_LEN, NO_KEY,
 };
 pub use msg::{CompoundOp, HeldOpen, Op, Orphan, Request, Response};
 pub use types::{
@@ -230,8 +230,9 @@ pub use types::{
 /// genuine capability); supplementary groups in front of a request body
 /// ([`REQUEST_FLAG_GROUPS`]). 8: per-client credentials (an optional
 /// [`Credential`] in SessionOpen, the op RevokeCredential, the io op Login
-/// proven like a session instead of by a capability).
-pub const PROTO_VERSION: u16 = 8;
+/// proven like a session instead of by a capability). 9: the io op
+/// Allocate (`fallocate`: reserve, punch a hole, zero a range).
+pub const PROTO_VERSION: u16 = 9;
 
 /// Request header `flags`: the body starts with the caller's supplementary
 /// groups, `n u8` (1..=[`MAX_GROUPS`]) and `n × u32`. The only flag; any
