@@ -8,7 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use dafne_proto::io::{IoExtent, IoRequest, Stability};
+use dafne_proto::io::{AllocateMode, IoExtent, IoRequest, Stability, StripeSlots};
 use dafne_proto::{encode_io_request, encode_reply, encode_request, Capability, Envelope, Op, Request, Response};
 
 /// xorshift64*: a fixed seed per target, so a failure reproduces.
@@ -136,6 +136,16 @@ fn io() {
                 extents: vec![IoExtent::inline(0, 5)],
                 stability: Stability::FileSync,
                 inline: b"hello".to_vec(),
+            },
+        ),
+        encode_io_request(
+            env(),
+            &IoRequest::Allocate {
+                cap: cap(),
+                offset: 3 << 20,
+                len: 5 << 20,
+                mode: AllocateMode::PunchHole,
+                stripes: StripeSlots { unit: 1 << 20, count: 4, slots: vec![1, 2] },
             },
         ),
     ];

@@ -94,7 +94,9 @@ use std::net::SocketAddr;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use dafne_proto::io::{decode_io_reply, encode_io_request, IoExtent, IoRequest, IoResponse, Stability, NO_KEY};
+use dafne_proto::io::{
+    decode_io_reply, encode_io_request, AllocateMode, IoExtent, IoRequest, IoResponse, Stability, StripeSlots, NO_KEY,
+};
 use dafne_proto::{Capability, Envelope, Errno, ServerInfo};
 use dafne_transport::{Access, Client, Region, Runtime};
 
@@ -1085,6 +1087,58 @@ impl DataClient {
             return Err(Errno::EFBIG);
         }
         self.every_server(f, IoRequest::Truncate { cap: f.cap, size }, |_| ()).await.map(|_| ())
+    }
+
+    /// `fallocate` of the file's bytes `[offset, offset + len)` on every
+    /// server of its layout (io op `Allocate`, `dafne_proto::io`,
+    /// "Allocate"): reserve blocks, punch a hole, or zero, by `mode`. Each
+    /// server is told its positions in the layout, so that a reserve takes
+    /// blocks only under its own stripe units. A range spanning more than
+    /// [`MAX_ALLOCATE_STRIPES`](dafne_proto::io::MAX_ALLOCATE_STRIPES)
+    /// stripe units goes as several requests, one after the other. Meta's
+    /// size is not changed here: a mode that does not keep the size needs
+    /// the caller to publish `offset + len` where it is larger
+    /// ([`crate::file::File::fallocate`]).
+    pub async fn fallocate(&self, f: &OpenFile, offset: u64, len: u64, mode: AllocateMode) -> Result<(), Errno> {
+        let l = &f.layout;
+        if l.stripe_count == 0 || l.servers.len() < l.stripe_count as usize || l.stripe_unit == 0 {
+            return Err(Errno::EIO);
+        }
+        if len == 0 {
+            return Err(Errno::EINVAL);
+        }
+        let end = offset.checked_add(len).filter(|&e| e <= dafne_proto::io::MAX_FILE_SIZE).ok_or(Errno::EFBIG)?;
+        // Each server's slots in the layout (a server may hold several).
+        let mut slots: std::collections::BTreeMap<usize, Vec<u32>> = Default::default();
+        for slot in 0..l.stripe_count {
+            slots.entry(l.servers[slot as usize] as usize).or_default().push(slot);
+        }
+        let span = dafne_proto::io::MAX_ALLOCATE_STRIPES * u64::from(l.stripe_unit);
+        let mut pos = offset;
+        while pos < end {
+            // Pieces end on multiples of `span`: each spans at most
+            // MAX_ALLOCATE_STRIPES stripe units.
+            let stop = ((pos / span + 1) * span).min(end);
+            let calls = slots.iter().map(|(&server, slots)| {
+                let req = IoRequest::Allocate {
+                    cap: f.cap,
+                    offset: pos,
+                    len: stop - pos,
+                    mode,
+                    stripes: StripeSlots { unit: l.stripe_unit, count: l.stripe_count, slots: slots.clone() },
+                };
+                async move { self.call(server, &req).await }
+            });
+            let results = futures::future::join_all(calls).await;
+            // As in `every_server`: an `EIO` is never hidden behind another
+            // server's error.
+            if results.iter().any(|r| matches!(r, Err(Errno::EIO))) {
+                return Err(Errno::EIO);
+            }
+            results.into_iter().try_for_each(|r| r.map(|_| ()))?;
+            pos = stop;
+        }
+        Ok(())
     }
 
     /// Deletes the file's data object on every server of its layout. Each

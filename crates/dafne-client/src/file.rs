@@ -10,7 +10,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use dafne_proto::io::Stability;
+use dafne_proto::io::{AllocateMode, Stability};
 use dafne_proto::{Errno, Ino, LayoutHint, SetAttr};
 
 use crate::data::DataClient;
@@ -94,6 +94,23 @@ impl File {
         futures::executor::block_on(self.fs.data.truncate(&self.open, size))?;
         self.fs.meta.setattr(self.open.attr.ino, SetAttr { size: Some(size), ..Default::default() })?;
         self.size.store(size, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// `fallocate` of `[offset, offset + len)` ([`DataClient::fallocate`]);
+    /// a mode that does not keep the size makes the range's end the size
+    /// where it is larger, in meta too (as a write past the end would once
+    /// published).
+    pub fn fallocate(&self, offset: u64, len: u64, mode: AllocateMode) -> Result<(), Errno> {
+        futures::executor::block_on(self.fs.data.fallocate(&self.open, offset, len, mode))?;
+        let end = offset + len;
+        if !mode.keeps_size() && end > self.size() {
+            let current = self.fs.meta.getattr(self.open.attr.ino)?.size;
+            if end > current {
+                self.fs.meta.setattr(self.open.attr.ino, SetAttr { size: Some(end), ..Default::default() })?;
+            }
+            self.size.fetch_max(end, Ordering::Relaxed);
+        }
         Ok(())
     }
 

@@ -88,7 +88,7 @@ use dafne_client::{
     Attr, CompoundOp, DirEntry, Errno, FileType, Groups, Ino, LockHolder, LockKind, MetaSession, OpenFile, Response,
     SetAttr, StatFs, TimeSet,
 };
-use dafne_proto::io::Stability;
+use dafne_proto::io::{AllocateMode, Stability};
 use dafne_proto::{Request, OPEN_READ, OPEN_TRUNC, OPEN_WRITE, RIGHT_READ, RIGHT_WRITE};
 
 /// Who asks: uid and gid from the FUSE request header, supplementary
@@ -210,6 +210,24 @@ pub fn node_kind(mode: u32) -> Option<FileType> {
         libc::S_IFCHR => FileType::CharDevice,
         libc::S_IFBLK => FileType::BlockDevice,
         _ => return None,
+    })
+}
+
+/// The io servers' [`AllocateMode`] for the mode bits of `fallocate(2)`:
+/// the combinations Linux allows that dafne serves; `EOPNOTSUPP` for the
+/// rest (collapse, insert, unshare; a punch without `KEEP_SIZE`, which the
+/// kernel refuses before asking).
+pub fn fallocate_mode(mode: i32) -> Result<AllocateMode, Errno> {
+    const KEEP: i32 = libc::FALLOC_FL_KEEP_SIZE;
+    const PUNCH: i32 = libc::FALLOC_FL_PUNCH_HOLE;
+    const ZERO: i32 = libc::FALLOC_FL_ZERO_RANGE;
+    Ok(match mode {
+        0 => AllocateMode::Reserve,
+        KEEP => AllocateMode::ReserveKeepSize,
+        m if m == PUNCH | KEEP => AllocateMode::PunchHole,
+        ZERO => AllocateMode::ZeroRange,
+        m if m == ZERO | KEEP => AllocateMode::ZeroRangeKeepSize,
+        _ => return Err(Errno::EOPNOTSUPP),
     })
 }
 
@@ -742,6 +760,53 @@ impl Core {
         Ok(n)
     }
 
+    /// `fallocate(2)` through a handle: reserve (mode 0, `KEEP_SIZE`),
+    /// punch a hole (`PUNCH_HOLE | KEEP_SIZE`) or zero (`ZERO_RANGE`, with
+    /// or without `KEEP_SIZE`) on the io servers ([`fallocate_mode`]; any
+    /// other mode is `EOPNOTSUPP`, so `posix_fallocate` falls back to
+    /// writing). A mode that does not keep the size makes `offset + len`
+    /// the size where it is larger, set in meta at once as the daemon (the
+    /// right to write was checked at open, as for `ftruncate`); one that
+    /// changes bytes sets mtime (and so ctime) to now, as Linux does. The
+    /// read-ahead over the range goes.
+    pub fn fallocate(&self, fh: u64, offset: u64, len: u64, mode: i32) -> Result<(), Errno> {
+        let mode = fallocate_mode(mode)?;
+        let (file, ino) = {
+            let t = self.table();
+            let h = t.handles.get(&fh).ok_or(Errno::EBADF)?;
+            (h.file.clone(), h.ino)
+        };
+        if file.cap.rights & RIGHT_WRITE == 0 {
+            return Err(Errno::EBADF);
+        }
+        let end = offset.checked_add(len).ok_or(Errno::EFBIG)?;
+        let r = block(self.data.fallocate(&file, offset, len, mode));
+        // Also after a failure: some servers may have done their part.
+        self.table().changed(ino, offset, end);
+        r?;
+        let known = self.table().inodes.get(&ino).map(|st| st.size()).unwrap_or(0);
+        let grows = !mode.keeps_size() && end > known;
+        if !grows && !mode.zeroes() {
+            return Ok(());
+        }
+        let set =
+            SetAttr { size: grows.then_some(end), mtime: mode.zeroes().then_some(TimeSet::Now), ..Default::default() };
+        let a = match self.meta.setattr(ino, set) {
+            Ok(a) => a,
+            // Unlinked while open: no name whose attributes could change.
+            Err(Errno::ENOENT) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        if let Some(st) = self.table().inodes.get_mut(&ino) {
+            st.meta_size = a.size;
+            st.attr = Some(a);
+            if mode.zeroes() {
+                st.mtime_set = false;
+            }
+        }
+        Ok(())
+    }
+
     /// Publishes the size if this mount wrote since the last publish.
     pub fn flush(&self, fh: u64) -> Result<(), Errno> {
         let r = self.publish_if_dirty(fh);
@@ -1070,6 +1135,23 @@ mod tests {
         assert_eq!(xattr_reply(b"abc", 2), Err(Errno::ERANGE));
         assert_eq!(xattr_reply(b"abc", 3), Ok(XattrReply::Data(b"abc")));
         assert_eq!(xattr_reply(b"", 0), Ok(XattrReply::Size(0)));
+    }
+
+    #[test]
+    fn fallocate_modes_are_the_ones_linux_allows_that_dafne_serves() {
+        use libc::{
+            FALLOC_FL_COLLAPSE_RANGE, FALLOC_FL_INSERT_RANGE, FALLOC_FL_KEEP_SIZE as KEEP,
+            FALLOC_FL_PUNCH_HOLE as PUNCH, FALLOC_FL_UNSHARE_RANGE, FALLOC_FL_ZERO_RANGE as ZERO,
+        };
+        assert_eq!(fallocate_mode(0), Ok(AllocateMode::Reserve));
+        assert_eq!(fallocate_mode(KEEP), Ok(AllocateMode::ReserveKeepSize));
+        assert_eq!(fallocate_mode(PUNCH | KEEP), Ok(AllocateMode::PunchHole));
+        assert_eq!(fallocate_mode(ZERO), Ok(AllocateMode::ZeroRange));
+        assert_eq!(fallocate_mode(ZERO | KEEP), Ok(AllocateMode::ZeroRangeKeepSize));
+        for m in [PUNCH, FALLOC_FL_COLLAPSE_RANGE, FALLOC_FL_INSERT_RANGE, FALLOC_FL_UNSHARE_RANGE, PUNCH | ZERO | KEEP]
+        {
+            assert_eq!(fallocate_mode(m), Err(Errno::EOPNOTSUPP), "mode {m:#x}");
+        }
     }
 
     #[test]

@@ -472,6 +472,19 @@ impl fuser::Filesystem for FuseFs {
         }
     }
 
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        empty(self.core.fallocate(fh.0, offset, length, mode), reply)
+    }
+
     fn flush(&self, _req: &Request, ino: INodeNo, fh: FileHandle, lock_owner: LockOwner, reply: ReplyEmpty) {
         // Every close(2) ends the closing process's `fcntl` locks on the
         // file (POSIX); the kernel leaves that to us (FUSE_POSIX_LOCKS).

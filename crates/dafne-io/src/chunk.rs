@@ -85,6 +85,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+use dafne_proto::io::{AllocateMode, StripeSlots};
 use dafne_unifier::{BackgroundStorage, BackgroundWrite, BatchRead, Storage};
 use dafne_uring::{Op, Ring, RingError};
 
@@ -532,6 +533,42 @@ impl ChunkStore {
         self.with_file(object, true, |f| f.set_len(size))?;
         if size == 0 {
             self.damaged.borrow_mut().remove(&object);
+        }
+        Ok(())
+    }
+
+    /// `fallocate(2)` on the object's file for an io `Allocate`
+    /// ([`crate::allocate`]): where the mode zeroes, a punch over the whole
+    /// range (other servers' units are holes here anyway); where it
+    /// reserves, a reserve of this server's own stripe units of the range
+    /// (growing the file unless the mode keeps sizes). A missing object is
+    /// created by a reserve and left missing by a plain punch.
+    pub fn fallocate(
+        &self,
+        object: u64,
+        offset: u64,
+        len: u64,
+        mode: AllocateMode,
+        stripes: &StripeSlots,
+    ) -> io::Result<()> {
+        use rustix::fs::{fallocate, FallocateFlags};
+        if mode.zeroes() {
+            self.with_file(object, false, |f| {
+                fallocate(f, FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE, offset, len)
+                    .map_err(io::Error::from)
+            })?;
+        }
+        if mode.reserves() {
+            let ranges = crate::allocate::own_ranges(offset, len, stripes);
+            if !ranges.is_empty() {
+                let flags = if mode.keeps_size() { FallocateFlags::KEEP_SIZE } else { FallocateFlags::empty() };
+                self.with_file(object, true, |f| {
+                    ranges
+                        .iter()
+                        .try_for_each(|r| fallocate(f, flags, r.start, r.end - r.start))
+                        .map_err(io::Error::from)
+                })?;
+            }
         }
         Ok(())
     }

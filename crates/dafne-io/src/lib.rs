@@ -12,8 +12,11 @@
 //!   registered pool) and `mmap` (register a mapping per read), as in the
 //!   Unifier paper's micro-benchmarks; the mode is chosen at start
 //!   ([`server::ServingMode`]).
+//! * [`allocate`]: `fallocate` of an object's part of a file range
+//!   (reserve, punch a hole, zero), in the cache and the chunk file.
 //! * [`server`]: starting one.
 
+pub mod allocate;
 pub mod chunk;
 pub mod modes;
 pub mod server;

@@ -362,6 +362,17 @@ impl IoService {
                 d.truncate(object, size).await?;
                 Ok(IoResponse::Done)
             }
+            (IoRequest::Allocate { offset, len, mode, stripes, .. }, backend) => {
+                // Zeroed bytes leave the cache first, and the file changes
+                // on this same turn of the loop (`crate::allocate`). The
+                // comparison modes cache in the page cache, which the punch
+                // itself keeps coherent.
+                if let (true, Backend::Unifier(u)) = (mode.zeroes(), backend) {
+                    u.zero_range(object, offset, len).await.map_err(eio("fallocate (cache)"))?;
+                }
+                store.fallocate(object, offset, len, mode, &stripes).map_err(crate::allocate::errno("fallocate"))?;
+                Ok(IoResponse::Done)
+            }
             (IoRequest::Remove { .. }, backend) => {
                 // The tombstone first: from here no capability reaches the
                 // object, so nothing re-creates it once its data is gone.

@@ -34,6 +34,7 @@
 //! | ServerInfo | 70 | capability | `ServerInfo`: n u32 (≤ [`MAX_INFO_FIELDS`]), n × u64 |
 //! | Revoke | 71 | capability, revocations | `Revoked`: instance u64, seq u64 |
 //! | Login | 72 | client_name str, nonce \[16\], mac \[32\], credential? | `Done`: empty |
+//! | Allocate | 73 | capability, offset u64, len u64, mode u8, stripes | `Done`: empty |
 //!
 //! Numbers are never reused: a retired op keeps its number, unassigned.
 //!
@@ -53,6 +54,11 @@
 //!   none is also fine (a no-op).
 //! * `data`, `inline`: u32 length (≤ [`MAX_INLINE`]) + bytes.
 //! * `stability` ([`Stability`]): 0 Unstable, 1 DataSync, 2 FileSync.
+//! * `mode` ([`AllocateMode`]): 0 Reserve, 1 ReserveKeepSize, 2 PunchHole,
+//!   3 ZeroRange, 4 ZeroRangeKeepSize.
+//! * `stripes` ([`StripeSlots`]): unit u32 (≥ 1), count u32 (1..=
+//!   [`MAX_LAYOUT_SERVERS`](crate::MAX_LAYOUT_SERVERS)), n u32 (1..=count),
+//!   n × slot u32, strictly ascending, each below count.
 //!
 //! # Read and Write
 //!
@@ -76,6 +82,33 @@
 //! on this server; `Remove` deletes the object here; `Sync` makes every
 //! acknowledged write of the object on this server stable; `Stat` answers
 //! the end of the bytes stored here (largest offset stored + 1, 0 if none).
+//!
+//! # Allocate
+//!
+//! `fallocate(2)` on the object's part of the file range
+//! `[offset, offset + len)`: `len` is at least 1, `offset + len` is at most
+//! [`MAX_FILE_SIZE`], and the range spans at most [`MAX_ALLOCATE_STRIPES`]
+//! stripe units (a client splits a longer one), so that one request is a
+//! bounded amount of work for the server. The server does not know the
+//! layout; `stripes` tells it which stripe units of the range are its own:
+//! unit `i` (bytes `[i × unit, (i + 1) × unit)`) when `i % count` is one of
+//! `slots` (the positions of this server in the layout's server list). The
+//! modes are Linux's:
+//!
+//! * `Reserve`: blocks are reserved under the server's own stripe units of
+//!   the range (mode 0); the object here grows to the end of the last one,
+//!   so that a later `Stat` answers the new end. The client publishes the
+//!   file's new size to meta.
+//! * `ReserveKeepSize`: the same without growing (`FALLOC_FL_KEEP_SIZE`).
+//! * `PunchHole`: the range reads as zeros from now on and its blocks are
+//!   freed; no size changes (`FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE`,
+//!   the only punch Linux allows). Cached bytes of the range are dropped or
+//!   zeroed first, so a later write-back cannot bring them back.
+//! * `ZeroRange`, `ZeroRangeKeepSize`: the range reads as zeros and its
+//!   blocks are reserved (`FALLOC_FL_ZERO_RANGE`, with or without
+//!   `KEEP_SIZE`): a punch, then a reserve.
+//!
+//! Write rights are required, as for `Write` and `Truncate`.
 //!
 //! `ServerInfo` asks about the server rather than an object: capacity of
 //! its storage and its counters ([`ServerInfo`]), for `statfs` and `dafne
@@ -141,6 +174,9 @@ ops! {
         /// Proves the connection's peer holds a genuine capability (the
         /// server's login deadline; module docs, "Login").
         Login = 72,
+        /// `fallocate(2)` on the object's part of a range: reserve, punch a
+        /// hole, zero (module docs, "Allocate").
+        Allocate = 73,
     }
 }
 
@@ -159,6 +195,12 @@ pub const MAX_INLINE: usize = 64 << 10;
 pub const MAX_IO_BYTES: usize = 64 << 20;
 /// The extent index that means "inline data" rather than a key.
 pub const NO_KEY: u16 = u16::MAX;
+
+/// Most stripe units one `Allocate` range may span (module docs,
+/// "Allocate"): a server then makes at most this many `fallocate` calls
+/// for one request (one per own stripe unit; adjacent ones are joined).
+/// With 1 MiB units that is 16 GiB per request.
+pub const MAX_ALLOCATE_STRIPES: u64 = 16 << 10;
 
 /// Encoded size of a capability: object_id u64, ino u64, rights u8,
 /// generation u64, expiry u64, mac.
@@ -191,6 +233,11 @@ pub const MAX_IO_REPLY_LEN: usize = IoReplyHeader::SIZE + 8 + 4 + MAX_INLINE;
 
 const _: () = assert!(MAX_IO_REQUEST_LEN == 153_774 && MAX_IO_REPLY_LEN == 65_580);
 const _: () = assert!(IoRequestHeader::SIZE + CAPABILITY_SIZE + crate::Revocations::MAX_SIZE <= MAX_IO_REQUEST_LEN);
+// An Allocate: 32 + 65 + 8 + 8 + 1 + 4 + 4 + 4 + 256 × 4 = 1 150 bytes.
+const _: () = assert!(
+    IoRequestHeader::SIZE + CAPABILITY_SIZE + 8 + 8 + 1 + 4 + 4 + 4 + 4 * crate::MAX_LAYOUT_SERVERS
+        <= MAX_IO_REQUEST_LEN
+);
 // Extent key indexes and NO_KEY cannot meet.
 const _: () = assert!(MAX_IO_KEYS < NO_KEY as usize);
 
@@ -228,6 +275,133 @@ impl Wire for Stability {
     fn get(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
         let v = r.u8("io write stability")?;
         Stability::from_u8(v).ok_or(DecodeError::BadValue { what: "io write stability", value: v.into() })
+    }
+}
+
+/// What an `Allocate` does to its range: the `fallocate(2)` modes dafne
+/// serves (module docs, "Allocate").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum AllocateMode {
+    /// Reserve blocks; the object grows to the range's end (mode 0).
+    Reserve = 0,
+    /// Reserve blocks; no size changes (`FALLOC_FL_KEEP_SIZE`).
+    ReserveKeepSize = 1,
+    /// Free the range's blocks: it reads as zeros; no size changes
+    /// (`FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE`).
+    PunchHole = 2,
+    /// The range reads as zeros, its blocks reserved; the object grows to
+    /// the range's end (`FALLOC_FL_ZERO_RANGE`).
+    ZeroRange = 3,
+    /// As `ZeroRange`, no size changes (`FALLOC_FL_ZERO_RANGE |
+    /// FALLOC_FL_KEEP_SIZE`).
+    ZeroRangeKeepSize = 4,
+}
+
+impl AllocateMode {
+    /// The mode with this wire number.
+    pub fn from_u8(v: u8) -> Option<AllocateMode> {
+        match v {
+            0 => Some(AllocateMode::Reserve),
+            1 => Some(AllocateMode::ReserveKeepSize),
+            2 => Some(AllocateMode::PunchHole),
+            3 => Some(AllocateMode::ZeroRange),
+            4 => Some(AllocateMode::ZeroRangeKeepSize),
+            _ => None,
+        }
+    }
+
+    /// Whether sizes stay as they are (else the range's end becomes the
+    /// size where it is larger).
+    pub fn keeps_size(self) -> bool {
+        matches!(self, AllocateMode::ReserveKeepSize | AllocateMode::PunchHole | AllocateMode::ZeroRangeKeepSize)
+    }
+
+    /// Whether the range's bytes become zeros (else they stay).
+    pub fn zeroes(self) -> bool {
+        matches!(self, AllocateMode::PunchHole | AllocateMode::ZeroRange | AllocateMode::ZeroRangeKeepSize)
+    }
+
+    /// Whether blocks are reserved under the range (else freed).
+    pub fn reserves(self) -> bool {
+        self != AllocateMode::PunchHole
+    }
+}
+
+impl Wire for AllocateMode {
+    fn put(&self, w: &mut Writer) {
+        w.put_u8(*self as u8);
+    }
+
+    fn get(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        let v = r.u8("io allocate mode")?;
+        AllocateMode::from_u8(v).ok_or(DecodeError::BadValue { what: "io allocate mode", value: v.into() })
+    }
+}
+
+/// Which stripe units of a range an io server holds (module docs,
+/// "Allocate"): unit `i` when `i % count` is in `slots`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct StripeSlots {
+    /// The layout's stripe unit, bytes (at least 1).
+    pub unit: u32,
+    /// The layout's stripe count, 1..=[`MAX_LAYOUT_SERVERS`](crate::MAX_LAYOUT_SERVERS).
+    pub count: u32,
+    /// This server's positions in the layout: at least one, strictly
+    /// ascending, each below `count`.
+    pub slots: Vec<u32>,
+}
+
+impl StripeSlots {
+    /// Every unit of the range (one server holding all the stripes).
+    pub fn all(unit: u32) -> StripeSlots {
+        StripeSlots { unit, count: 1, slots: vec![0] }
+    }
+
+    /// Whether stripe unit `index` is one of this server's.
+    pub fn holds(&self, index: u64) -> bool {
+        self.slots.binary_search(&((index % u64::from(self.count.max(1))) as u32)).is_ok()
+    }
+}
+
+impl Wire for StripeSlots {
+    fn put(&self, w: &mut Writer) {
+        w.put_u32(self.unit);
+        w.put_u32(self.count);
+        w.put_len(self.slots.len());
+        for s in &self.slots {
+            w.put_u32(*s);
+        }
+    }
+
+    fn get(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        let unit = r.u32("io allocate stripe unit")?;
+        if unit == 0 {
+            return Err(DecodeError::BadValue { what: "io allocate stripe unit (must not be 0)", value: 0 });
+        }
+        let count = r.u32("io allocate stripe count")?;
+        if count == 0 || count as usize > crate::MAX_LAYOUT_SERVERS {
+            return Err(DecodeError::BadValue {
+                what: "io allocate stripe count (1 to MAX_LAYOUT_SERVERS)",
+                value: count.into(),
+            });
+        }
+        let n = r.count("io allocate slots", count as usize, 4)?;
+        if n == 0 {
+            return Err(DecodeError::BadValue { what: "io allocate slots (at least one)", value: 0 });
+        }
+        let mut slots = Vec::with_capacity(n);
+        for _ in 0..n {
+            let s = r.u32("io allocate slot")?;
+            if s >= count || slots.last().is_some_and(|&prev| s <= prev) {
+                return Err(DecodeError::BadValue {
+                    what: "io allocate slot (ascending, below the stripe count)",
+                    value: s.into(),
+                });
+            }
+            slots.push(s);
+        }
+        Ok(StripeSlots { unit, count, slots })
     }
 }
 
@@ -345,6 +519,17 @@ pub enum IoRequest {
         cap: Capability,
         batch: crate::Revocations,
     },
+    /// `fallocate(2)` on this server's stripe units of `[offset, offset +
+    /// len)` (module docs, "Allocate").
+    Allocate {
+        cap: Capability,
+        offset: u64,
+        /// At least 1; `offset + len` at most [`MAX_FILE_SIZE`]; the range
+        /// spans at most [`MAX_ALLOCATE_STRIPES`] stripe units.
+        len: u64,
+        mode: AllocateMode,
+        stripes: StripeSlots,
+    },
     /// The first request on a connection: authenticates the connection,
     /// which an io server otherwise drops at its login deadline. Proven as
     /// the metadata protocol's `SessionOpen` (module docs, "Login").
@@ -371,6 +556,7 @@ impl IoRequest {
             IoRequest::ServerInfo { .. } => IoOp::ServerInfo,
             IoRequest::Revoke { .. } => IoOp::Revoke,
             IoRequest::Login { .. } => IoOp::Login,
+            IoRequest::Allocate { .. } => IoOp::Allocate,
         }
     }
 
@@ -385,7 +571,8 @@ impl IoRequest {
             | IoRequest::Sync { cap }
             | IoRequest::Stat { cap }
             | IoRequest::ServerInfo { cap }
-            | IoRequest::Revoke { cap, .. } => Some(cap),
+            | IoRequest::Revoke { cap, .. }
+            | IoRequest::Allocate { cap, .. } => Some(cap),
             IoRequest::Login { .. } => None,
         }
     }
@@ -400,7 +587,8 @@ impl IoRequest {
             | IoRequest::Sync { cap }
             | IoRequest::Stat { cap }
             | IoRequest::ServerInfo { cap }
-            | IoRequest::Revoke { cap, .. } => Some(cap),
+            | IoRequest::Revoke { cap, .. }
+            | IoRequest::Allocate { cap, .. } => Some(cap),
             IoRequest::Login { .. } => None,
         }
     }
@@ -418,7 +606,8 @@ impl IoRequest {
             | IoRequest::Stat { .. }
             | IoRequest::ServerInfo { .. }
             | IoRequest::Login { .. }
-            | IoRequest::Revoke { .. } => 0,
+            | IoRequest::Revoke { .. }
+            | IoRequest::Allocate { .. } => 0,
         }
     }
 
@@ -445,6 +634,12 @@ impl IoRequest {
             }
             IoRequest::Truncate { size, .. } => w.put_u64(*size),
             IoRequest::Revoke { batch, .. } => batch.put(w),
+            IoRequest::Allocate { offset, len, mode, stripes, .. } => {
+                w.put_u64(*offset);
+                w.put_u64(*len);
+                mode.put(w);
+                stripes.put(w);
+            }
             IoRequest::Login { .. } => unreachable!("Login is written above"),
             IoRequest::Remove { .. }
             | IoRequest::Sync { .. }
@@ -518,6 +713,27 @@ impl IoRequest {
             IoOp::Stat => IoRequest::Stat { cap },
             IoOp::ServerInfo => IoRequest::ServerInfo { cap },
             IoOp::Revoke => IoRequest::Revoke { cap, batch: crate::Revocations::get(r)? },
+            IoOp::Allocate => {
+                let offset = r.u64("io allocate offset")?;
+                let len = r.u64("io allocate len")?;
+                if len == 0 {
+                    return Err(DecodeError::BadValue { what: "io allocate len (must not be 0)", value: 0 });
+                }
+                if offset.checked_add(len).is_none_or(|end| end > MAX_FILE_SIZE) {
+                    return Err(DecodeError::BadValue {
+                        what: "io allocate offset (offset + len past the largest file size)",
+                        value: offset,
+                    });
+                }
+                let mode = AllocateMode::get(r)?;
+                let stripes = StripeSlots::get(r)?;
+                let unit = u64::from(stripes.unit);
+                let spanned = (offset + len - 1) / unit - offset / unit + 1;
+                if spanned > MAX_ALLOCATE_STRIPES {
+                    return Err(too_long("io allocate stripe units spanned", spanned, MAX_ALLOCATE_STRIPES as usize));
+                }
+                IoRequest::Allocate { cap, offset, len, mode, stripes }
+            }
             IoOp::Login => unreachable!("Login is decoded above"),
         })
     }
@@ -651,7 +867,7 @@ pub enum IoResponse {
     Read { bytes: u64, data: Vec<u8> },
     /// Write: `bytes` transferred (at most [`MAX_IO_BYTES`]).
     Write { bytes: u64 },
-    /// Truncate, Remove, Sync.
+    /// Truncate, Remove, Sync, Login, Allocate.
     Done,
     /// Stat: the largest file offset stored on this server + 1, 0 if none.
     Stat { size: u64 },
@@ -674,7 +890,7 @@ impl IoResponse {
                     && (data.is_empty() || *bytes == data.len() as u64)
             }
             (IoResponse::Write { bytes }, IoOp::Write) => *bytes <= MAX_IO_BYTES as u64,
-            (IoResponse::Done, IoOp::Truncate | IoOp::Remove | IoOp::Sync | IoOp::Login) => true,
+            (IoResponse::Done, IoOp::Truncate | IoOp::Remove | IoOp::Sync | IoOp::Login | IoOp::Allocate) => true,
             (IoResponse::Stat { .. }, IoOp::Stat) => true,
             (IoResponse::ServerInfo(_), IoOp::ServerInfo) => true,
             (IoResponse::Revoked { .. }, IoOp::Revoke) => true,
@@ -719,7 +935,7 @@ impl IoResponse {
                 IoResponse::Read { bytes, data }
             }
             IoOp::Write => IoResponse::Write { bytes: get_bytes(r, "io write reply bytes")? },
-            IoOp::Truncate | IoOp::Remove | IoOp::Sync | IoOp::Login => IoResponse::Done,
+            IoOp::Truncate | IoOp::Remove | IoOp::Sync | IoOp::Login | IoOp::Allocate => IoResponse::Done,
             IoOp::Stat => IoResponse::Stat { size: r.u64("io stat size")? },
             IoOp::Revoke => {
                 IoResponse::Revoked { instance: r.u64("io revoked instance")?, seq: r.u64("io revoked seq")? }
@@ -818,6 +1034,10 @@ mod tests {
         IoRequest::Write { cap: cap(), keys, extents, stability: Stability::DataSync, inline }
     }
 
+    fn allocate(offset: u64, len: u64, mode: AllocateMode, stripes: StripeSlots) -> IoRequest {
+        IoRequest::Allocate { cap: cap(), offset, len, mode, stripes }
+    }
+
     /// Requests of every op, in several shapes.
     fn requests() -> Vec<IoRequest> {
         let keys = vec![vec![1; 40], vec![2; MAX_IO_KEY_BYTES]];
@@ -843,6 +1063,16 @@ mod tests {
                 inline: vec![],
             },
             IoRequest::Truncate { cap: cap(), size: 12345 },
+            allocate(0, 8 << 20, AllocateMode::Reserve, StripeSlots { unit: 1 << 20, count: 4, slots: vec![1] }),
+            allocate(7, 1, AllocateMode::ReserveKeepSize, StripeSlots::all(4096)),
+            allocate(
+                MAX_FILE_SIZE - 3,
+                3,
+                AllocateMode::PunchHole,
+                StripeSlots { unit: 1, count: 256, slots: (0..256).collect() },
+            ),
+            allocate(1 << 30, 5, AllocateMode::ZeroRange, StripeSlots { unit: 64, count: 3, slots: vec![0, 2] }),
+            allocate(0, 1 << 20, AllocateMode::ZeroRangeKeepSize, StripeSlots::all(u32::MAX)),
             IoRequest::Remove { cap: cap() },
             IoRequest::Sync { cap: cap() },
             IoRequest::Stat { cap: cap() },
@@ -883,6 +1113,7 @@ mod tests {
             (IoOp::Remove, IoResponse::Done),
             (IoOp::Sync, IoResponse::Done),
             (IoOp::Login, IoResponse::Done),
+            (IoOp::Allocate, IoResponse::Done),
             (IoOp::Stat, IoResponse::Stat { size: u64::MAX }),
             (IoOp::Revoke, IoResponse::Revoked { instance: 3, seq: u64::MAX }),
             (
@@ -1029,7 +1260,7 @@ mod tests {
     #[test]
     fn op_numbers_are_stable() {
         let got: Vec<u16> = IoOp::ALL.iter().map(|op| u16::from(*op)).collect();
-        assert_eq!(got, (64..=72).collect::<Vec<u16>>());
+        assert_eq!(got, (64..=73).collect::<Vec<u16>>());
         for op in IoOp::ALL {
             assert_eq!(IoOp::from_u16(u16::from(*op)), Some(*op));
         }
@@ -1203,11 +1434,87 @@ mod tests {
         b[4] = 1;
         assert_eq!(decode_io_request(&b), Err(DecodeError::TooLong { what: "groups", len: 77, max: 32 }));
         let mut b = good.clone();
-        b[2..4].copy_from_slice(&73u16.to_le_bytes());
-        assert_eq!(decode_io_request(&b), Err(DecodeError::UnknownOp(73)));
+        b[2..4].copy_from_slice(&74u16.to_le_bytes());
+        assert_eq!(decode_io_request(&b), Err(DecodeError::UnknownOp(74)));
         // The header alone decodes for a server that must reply.
         let hdr = IoRequestHeader::decode(&good).unwrap();
         assert_eq!((hdr.op, hdr.envelope(), hdr.body_len), (IoOp::Truncate, ENV, 73));
+    }
+
+    #[test]
+    fn allocate_layout_and_refusals() {
+        let quad = |slots: Vec<u32>| StripeSlots { unit: 1 << 20, count: 4, slots };
+        let b = encode_io_request(ENV, &allocate(0x11, 0x22, AllocateMode::PunchHole, quad(vec![0, 3])));
+        assert_eq!(&b[2..4], &73u16.to_le_bytes());
+        let mut want = Vec::new();
+        want.extend_from_slice(&0x11u64.to_le_bytes());
+        want.extend_from_slice(&0x22u64.to_le_bytes());
+        want.push(2);
+        want.extend_from_slice(&(1u32 << 20).to_le_bytes());
+        want.extend_from_slice(&4u32.to_le_bytes());
+        want.extend_from_slice(&2u32.to_le_bytes());
+        want.extend_from_slice(&0u32.to_le_bytes());
+        want.extend_from_slice(&3u32.to_le_bytes());
+        assert_eq!(&b[IoRequestHeader::SIZE + CAPABILITY_SIZE..], &want[..]);
+
+        let (what, v) = bad_value(refused(&allocate(5, 0, AllocateMode::Reserve, quad(vec![0]))));
+        assert_eq!((what, v), ("io allocate len (must not be 0)", 0));
+        let (what, _) = bad_value(refused(&allocate(MAX_FILE_SIZE, 1, AllocateMode::Reserve, quad(vec![0]))));
+        assert!(what.contains("largest file size"));
+        let (what, _) = bad_value(refused(&allocate(u64::MAX, 2, AllocateMode::Reserve, quad(vec![0]))));
+        assert!(what.contains("largest file size"));
+        let ok = allocate(MAX_FILE_SIZE - 1, 1, AllocateMode::Reserve, quad(vec![0]));
+        assert!(decode_io_request(&encode_io_request(ENV, &ok)).is_ok());
+        // Slots: at least one, ascending, each below the count.
+        for slots in [vec![], vec![4], vec![1, 1], vec![2, 1]] {
+            assert!(refused(&allocate(0, 1, AllocateMode::Reserve, quad(slots.clone()))).to_string().contains("slot"));
+        }
+        let no_unit = StripeSlots { unit: 0, count: 1, slots: vec![0] };
+        assert!(bad_value(refused(&allocate(0, 1, AllocateMode::Reserve, no_unit))).0.contains("stripe unit"));
+        for count in [0, crate::MAX_LAYOUT_SERVERS as u32 + 1] {
+            let s = StripeSlots { unit: 1, count, slots: vec![0] };
+            assert!(bad_value(refused(&allocate(0, 1, AllocateMode::Reserve, s))).0.contains("stripe count"));
+        }
+        // A hostile slot count is refused before anything is allocated.
+        let mut b = encode_io_request(ENV, &allocate(0, 1, AllocateMode::Reserve, quad(vec![0])));
+        let at = b.len() - 8;
+        b[at..at + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(matches!(decode_io_request(&b), Err(DecodeError::TooLong { what: "io allocate slots", .. })));
+        // Modes past the known ones.
+        let mut b = encode_io_request(ENV, &allocate(0, 1, AllocateMode::Reserve, quad(vec![0])));
+        let at = IoRequestHeader::SIZE + CAPABILITY_SIZE + 16;
+        assert_eq!(b[at], 0);
+        b[at] = 5;
+        assert_eq!(decode_io_request(&b), Err(DecodeError::BadValue { what: "io allocate mode", value: 5 }));
+        // The span limit: exactly MAX_ALLOCATE_STRIPES units, then one more
+        // byte (into the next unit).
+        let unit = 4096u64;
+        let exact = allocate(unit, MAX_ALLOCATE_STRIPES * unit, AllocateMode::Reserve, StripeSlots::all(4096));
+        assert!(decode_io_request(&encode_io_request(ENV, &exact)).is_ok());
+        let over = allocate(unit - 1, MAX_ALLOCATE_STRIPES * unit, AllocateMode::Reserve, StripeSlots::all(4096));
+        assert!(matches!(
+            refused(&over),
+            DecodeError::TooLong { what: "io allocate stripe units spanned", len, .. }
+                if len as u64 == MAX_ALLOCATE_STRIPES + 1
+        ));
+    }
+
+    #[test]
+    fn allocate_modes_and_slots() {
+        let modes: Vec<u8> = (0..=255).filter(|&v| AllocateMode::from_u8(v).is_some()).collect();
+        assert_eq!(modes, [0, 1, 2, 3, 4]);
+        for v in modes {
+            assert_eq!(AllocateMode::from_u8(v).map(|m| m as u8), Some(v));
+        }
+        use AllocateMode::*;
+        let keeps: Vec<bool> =
+            [Reserve, ReserveKeepSize, PunchHole, ZeroRange, ZeroRangeKeepSize].map(|m| m.keeps_size()).to_vec();
+        assert_eq!(keeps, [false, true, true, false, true]);
+        assert!(!Reserve.zeroes() && PunchHole.zeroes() && ZeroRange.zeroes() && !PunchHole.reserves());
+        let s = StripeSlots { unit: 10, count: 4, slots: vec![1, 3] };
+        let held: Vec<u64> = (0..9).filter(|&i| s.holds(i)).collect();
+        assert_eq!(held, [1, 3, 5, 7]);
+        assert!((0..9).all(|i| StripeSlots::all(1).holds(i)));
     }
 
     /// A reply whose body is `body`, with a header that agrees.

@@ -214,7 +214,8 @@
 //! ([`REQUEST_FLAG_GROUPS`]); version 8 per-client credentials (the
 //! optional credential in SessionOpen, RevokeCredential, the io op Login
 //! reshaped); version 9 the lock ops Lock and TestLock (25, 26), the
-//! extended attribute ops (30–33) and Rename's flags. Bump
+//! extended attribute ops (30–33), Rename's flags and the io op Allocate
+//! (73: `fallocate`). Bump
 //! it for *every* change to what a decoder accepts or how it reads it: a new
 //! op, a field added, removed, resized or reordered, a new flag or mask bit,
 //! a new enum value, a changed limit. Numbers (ops, errno values, file types,
@@ -239,9 +240,9 @@ pub use frame::{
     ReplyHeader, RequestHeader,
 };
 pub use io::{
-    decode_io_reply, decode_io_request, encode_io_reply, encode_io_request, IoExtent, IoOp, IoRequest, IoResponse,
-    ServerInfo, Stability, MAX_INLINE, MAX_IO_BYTES, MAX_IO_EXTENTS, MAX_IO_KEYS, MAX_IO_KEY_BYTES, MAX_IO_REPLY_LEN,
-    MAX_IO_REQUEST_LEN, NO_KEY,
+    decode_io_reply, decode_io_request, encode_io_reply, encode_io_request, AllocateMode, IoExtent, IoOp, IoRequest,
+    IoResponse, ServerInfo, Stability, StripeSlots, MAX_INLINE, MAX_IO_BYTES, MAX_IO_EXTENTS, MAX_IO_KEYS,
+    MAX_IO_KEY_BYTES, MAX_IO_REPLY_LEN, MAX_IO_REQUEST_LEN, NO_KEY,
 };
 pub use lock::{LockKind, LockRange, OwnerLocks, LOCK_FLAGS, LOCK_RECLAIM, LOCK_WAIT};
 pub use msg::{CompoundOp, HeldOpen, LockHolder, Op, Orphan, Request, Response};
@@ -262,8 +263,9 @@ pub use types::{
 /// [`Credential`] in SessionOpen, the op RevokeCredential, the io op Login
 /// proven like a session instead of by a capability). 9: locks (Lock,
 /// TestLock), extended attributes (SetXattr, GetXattr, ListXattr,
-/// RemoveXattr) and the flags of Rename ([`RENAME_NOREPLACE`],
-/// [`RENAME_EXCHANGE`]).
+/// RemoveXattr), the flags of Rename ([`RENAME_NOREPLACE`],
+/// [`RENAME_EXCHANGE`]) and the io op Allocate (`fallocate`: reserve,
+/// punch a hole, zero a range).
 pub const PROTO_VERSION: u16 = 9;
 
 /// Request header `flags`: the body starts with the caller's supplementary

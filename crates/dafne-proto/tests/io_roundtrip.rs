@@ -137,11 +137,44 @@ fn write() -> impl Strategy<Value = IoRequest> {
         .prop_map(|(cap, keys, extents, stability, inline)| IoRequest::Write { cap, keys, extents, stability, inline })
 }
 
+fn allocate_mode() -> impl Strategy<Value = AllocateMode> {
+    (0..=4u8).prop_map(|v| AllocateMode::from_u8(v).unwrap())
+}
+
+/// A server's slots of a layout: 1 to MAX_LAYOUT_SERVERS stripes, any
+/// non-empty ascending subset.
+fn stripe_slots() -> impl Strategy<Value = StripeSlots> {
+    (prop_oneof![1..=u32::MAX, Just(1u32 << 20), 1..=4096u32], 1..=MAX_LAYOUT_SERVERS as u32).prop_flat_map(
+        |(unit, count)| {
+            proptest::sample::subsequence((0..count).collect::<Vec<u32>>(), 1..=count as usize)
+                .prop_map(move |slots| StripeSlots { unit, count, slots })
+        },
+    )
+}
+
+/// An Allocate within the limits: its range spans at most
+/// MAX_ALLOCATE_STRIPES stripe units and ends by the largest file size.
+fn allocate() -> impl Strategy<Value = IoRequest> {
+    (capability(), allocate_mode(), stripe_slots(), any::<u64>(), any::<u64>()).prop_map(
+        |(cap, mode, stripes, a, b)| {
+            let unit = u64::from(stripes.unit);
+            let max = dafne_proto::io::MAX_FILE_SIZE;
+            let offset = a % max;
+            // Room to the end of the span limit and of the file.
+            let span_end = (offset / unit + dafne_proto::io::MAX_ALLOCATE_STRIPES) * unit;
+            let room = span_end.min(max) - offset;
+            let len = 1 + b % room;
+            IoRequest::Allocate { cap, offset, len, mode, stripes }
+        },
+    )
+}
+
 fn request() -> impl Strategy<Value = IoRequest> {
     prop_oneof![
         3 => read(),
         3 => write(),
         1 => (capability(), 0..=dafne_proto::io::MAX_FILE_SIZE).prop_map(|(cap, size)| IoRequest::Truncate { cap, size }),
+        2 => allocate(),
         1 => capability().prop_map(|cap| IoRequest::Remove { cap }),
         1 => capability().prop_map(|cap| IoRequest::Sync { cap }),
         1 => capability().prop_map(|cap| IoRequest::Stat { cap }),
@@ -187,7 +220,7 @@ fn reply() -> impl Strategy<Value = (IoOp, Result<IoResponse, Errno>)> {
         2 => bytes().prop_map(|bytes| (IoOp::Read, Ok(IoResponse::Read { bytes, data: vec![] }))),
         2 => data.prop_map(|data| (IoOp::Read, Ok(IoResponse::Read { bytes: data.len() as u64, data }))),
         2 => bytes().prop_map(|bytes| (IoOp::Write, Ok(IoResponse::Write { bytes }))),
-        2 => one_of(&[IoOp::Truncate, IoOp::Remove, IoOp::Sync]).prop_map(|op| (op, Ok(IoResponse::Done))),
+        2 => one_of(&[IoOp::Truncate, IoOp::Remove, IoOp::Sync, IoOp::Login, IoOp::Allocate]).prop_map(|op| (op, Ok(IoResponse::Done))),
         1 => any::<u64>().prop_map(|size| (IoOp::Stat, Ok(IoResponse::Stat { size }))),
         1 => (any::<u64>(), any::<u64>()).prop_map(|(instance, seq)| (IoOp::Revoke, Ok(IoResponse::Revoked { instance, seq }))),
         1 => vec(any::<u64>(), 17).prop_map(|v| (IoOp::ServerInfo, Ok(IoResponse::ServerInfo(ServerInfo::from_values(&v))))),

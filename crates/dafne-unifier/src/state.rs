@@ -711,6 +711,25 @@ impl State {
         }
     }
 
+    /// Removes `[lo, hi)` (bytes just zeroed, whose storage is punched)
+    /// from the unit's dirty range where that leaves one range: all of it,
+    /// or its head or its tail. A range strictly inside stays dirty (its
+    /// zeros are written back).
+    pub(crate) fn trim_dirty(&mut self, s: u32, lo: usize, hi: usize) {
+        match self.unit(s).dirty {
+            Some((a, b)) if lo <= a && b <= hi => self.clear_dirty(s),
+            Some((a, b)) if lo <= a && a < hi => {
+                self.unit_mut(s).dirty = Some((hi, b));
+                self.dirty_bytes -= (hi - a) as u64;
+            }
+            Some((a, b)) if lo < b && b <= hi => {
+                self.unit_mut(s).dirty = Some((a, lo));
+                self.dirty_bytes -= (b - lo) as u64;
+            }
+            _ => {}
+        }
+    }
+
     /// The oldest dirty unit a write-back can read now (not lent to a writer).
     pub(crate) fn oldest_writable_back(&self) -> Option<u32> {
         self.dirty_order

@@ -549,6 +549,58 @@ fn truncate_drops_and_zeroes_and_remove_forgets() {
 }
 
 #[test]
+fn zero_range_drops_whole_units_zeroes_partial_ones_and_no_write_back_resurrects_them() {
+    let (u, s) = setup(cfg(1, 4 * K, Policy::Lru));
+    for i in 0..4 {
+        write_unit(&u, 1, i, 0..4 * K, 0xEE);
+    }
+    block_on(u.flush(1)).unwrap();
+    // Dirty again: all of unit 1, and bytes 100..200 of unit 3.
+    write_unit(&u, 1, 1, 0..4 * K, 0xAA);
+    write_unit(&u, 1, 3, 100..200, 0xBB);
+    assert_eq!(u.stats().dirty_bytes, 4 * K as u64 + 100);
+    // From 100 bytes before the end of unit 0 to 150 bytes into unit 3.
+    let (from, to) = (4 * K - 100, 3 * 4 * K + 150);
+    block_on(u.zero_range(1, from as u64, (to - from) as u64)).unwrap();
+    // What the io server does next: the punch in storage.
+    let mut c = s.contents(1);
+    c[from..to].fill(0);
+    s.set(1, c);
+    assert!(u.is_cached(1, 0) && !u.is_cached(1, 1) && !u.is_cached(1, 2) && u.is_cached(1, 3));
+    // Unit 1's dirty bytes are gone; unit 3 keeps 150..200 (the head of
+    // its dirty range was zeroed).
+    assert_eq!(u.stats().dirty_bytes, 50);
+    let g0 = read_unit(&u, 1, 0);
+    assert!(g0[..4 * K - 100].iter().all(|&b| b == 0xEE) && g0[4 * K - 100..].iter().all(|&b| b == 0));
+    assert!(read_unit(&u, 1, 1).iter().all(|&b| b == 0), "a dropped unit refills from the punched storage");
+    let g3 = read_unit(&u, 1, 3);
+    assert!(g3[..150].iter().all(|&b| b == 0) && g3[150..200].iter().all(|&b| b == 0xBB));
+    assert!(g3[200..].iter().all(|&b| b == 0xEE));
+    // Write-back brings none of the zeroed bytes back.
+    block_on(u.flush(1)).unwrap();
+    let c = s.contents(1);
+    assert!(c[..from].iter().all(|&b| b == 0xEE));
+    assert!(c[from..to].iter().all(|&b| b == 0), "write-back resurrected punched bytes");
+    assert!(c[to..3 * 4 * K + 200].iter().all(|&b| b == 0xBB) && c[3 * 4 * K + 200..].iter().all(|&b| b == 0xEE));
+
+    // One unit, in the middle of its dirty range: the zeros stay dirty and
+    // are written back as zeros.
+    write_unit(&u, 2, 0, 0..4 * K, 7);
+    block_on(u.zero_range(2, 10, 20)).unwrap();
+    assert_eq!(u.stats().dirty_bytes, 4 * K as u64);
+    block_on(u.flush(2)).unwrap();
+    let c = s.contents(2);
+    assert!(c[..10].iter().all(|&b| b == 7) && c[10..30].iter().all(|&b| b == 0) && c[30..].iter().all(|&b| b == 7));
+
+    // A range that waits for the writer of a unit it covers in part.
+    let w = block_on(u.write(2, 0, 0..4 * K)).unwrap();
+    let mut z = Box::pin(u.zero_range(2, 1, 2));
+    assert!(poll_once(&mut z).is_pending());
+    drop(w);
+    assert!(poll_once(&mut z).is_ready());
+}
+
+#[test]
 fn invalidate_writes_back_then_drops() {
     let (u, s) = setup(cfg(1, 4 * K, Policy::Lru));
     write_unit(&u, 1, 0, 0..4, 9);

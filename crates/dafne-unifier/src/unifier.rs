@@ -440,6 +440,72 @@ impl Unifier {
         }
     }
 
+    /// Makes `object`'s bytes `[offset, offset + len)` read as zeros in the
+    /// cache, before the caller punches a hole in (or zeroes) that range of
+    /// storage (`fallocate`): units wholly inside the range are dropped with
+    /// their dirty bytes; a unit the range covers in part is taken
+    /// exclusively, zeroed over the range, and its dirty range trimmed where
+    /// the range covers one end of it (zeros in the middle of a dirty range
+    /// are written back as the zeros they now are). As for
+    /// [`Unifier::truncate`], background write-backs of the object are
+    /// waited for before and after, and the caller changes storage after
+    /// this completes without yielding to other tasks in between: no
+    /// write-back of the range's older bytes lands after the storage change.
+    /// A write that holds a unit of the range while this runs is ordered
+    /// before it.
+    pub fn zero_range(&self, object: u64, offset: u64, len: u64) -> impl Future<Output = Result<()>> + 'static {
+        let inner = self.inner.clone();
+        async move {
+            BgWait { inner: inner.clone(), until: Until::Quiet(object) }.await;
+            let end = offset.saturating_add(len);
+            if end <= offset {
+                return Ok(());
+            }
+            let size = inner.st.borrow().advice_for(object, &inner.cfg).0 as u64;
+            let (first, last) = (offset / size, (end - 1) / size);
+            let first_partial = offset > first * size || end < (first + 1) * size;
+            let last_partial = end < (last + 1) * size;
+            let mut partial = Vec::new();
+            if first_partial {
+                partial.push(first);
+            }
+            if last_partial && last != first {
+                partial.push(last);
+            }
+            for index in partial {
+                let base = index * size;
+                let lo = (offset.max(base) - base) as usize;
+                let hi = (end.min(base + size) - base) as usize;
+                let found =
+                    inner.st.borrow().lookup(object, index).map(|s| (s, inner.st.borrow().slots[s as usize].gen));
+                if let Some((s, gen)) = found {
+                    if let Some(mut h) = Inner::acquire_existing(&inner, s, gen, true).await? {
+                        let region = Arc::get_mut(&mut h.arc).expect("an exclusive holder's memory is unique");
+                        region.as_mut_slice()[lo..hi].fill(0);
+                        inner.st.borrow_mut().trim_dirty(s, lo, hi);
+                        inner.release_exclusive(s, h.gen, h.arc, Outcome::Keep);
+                    }
+                }
+            }
+            let whole = (first + u64::from(first_partial))..(last + 1 - u64::from(last_partial));
+            if whole.start < whole.end {
+                let mut st = inner.st.borrow_mut();
+                let gone: Vec<u32> = st
+                    .objects
+                    .get(&object)
+                    .map(|o| o.units.range(whole).map(|(_, &s)| s).collect())
+                    .unwrap_or_default();
+                for s in gone {
+                    st.detach(s, true);
+                }
+            }
+            // As in `truncate`: write-backs started while this waited for a
+            // unit must land before the caller changes storage.
+            BgWait { inner: inner.clone(), until: Until::Quiet(object) }.await;
+            Ok(())
+        }
+    }
+
     /// Forgets `object` (it was deleted): its units and their dirty bytes
     /// are dropped at once, and its advice. Units still held are freed when
     /// released; a writer's bytes are discarded then. Await

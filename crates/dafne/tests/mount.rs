@@ -362,7 +362,7 @@ fn pjdfstest_fails_no_more_than_documented() {
         "pjdfstest: {failed} failures, docs/CONFORMANCE.md documents {max}:\n{}",
         failures.join("\n")
     );
-    // The whole suite ran (377 pass where it was measured; a test that
+    // The whole suite ran (382 pass where it was measured; a test that
     // starts to skip instead of passing shows here, with some slack for
     // kernels that lack a feature).
     assert!(passed >= 350, "pjdfstest ran too few tests: {summary}");
@@ -693,6 +693,98 @@ fn write_new(c: &Cluster, path: &Path, data: &[u8]) -> Vec<PathBuf> {
     let made: Vec<PathBuf> = object_files(c).difference(&before).cloned().collect();
     assert!(!made.is_empty(), "no object files for {}", path.display());
     made
+}
+
+/// The chunk file of `object` on io server `server` (a path from
+/// [`object_files`] names the object).
+fn chunk_file(c: &Cluster, server: usize, object: &std::ffi::OsStr) -> PathBuf {
+    c.dir().join(format!("io-{server}/objects")).join(object)
+}
+
+/// Blocks (512 B) of the object's chunk files on all io servers.
+fn chunk_blocks(c: &Cluster, object: &std::ffi::OsStr) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    (0..4).filter_map(|i| std::fs::metadata(chunk_file(c, i, object)).ok()).map(|m| m.blocks()).sum()
+}
+
+/// Issue 11, item 4: `fallocate(1)` on the mount reaches the io servers'
+/// chunk files. 1 MiB stripe units over 4 io servers (the defaults): a
+/// reserve takes blocks under each server's own units only; a punch across
+/// stripe boundaries, made while the written bytes are still dirty in the
+/// io servers' caches, reads back as zeros through this mount, a second
+/// one and the chunk files themselves after fsync (no write-back brings
+/// the bytes back), the rest intact and the size unchanged; `--keep-size`
+/// past the end reserves without growing; `--zero-range` zeroes.
+#[test]
+fn fallocate_reserves_punches_holes_across_stripes_and_keeps_sizes_when_asked() {
+    let _g = serial();
+    let c = Cluster::start();
+    let m = c.mount();
+    const M: usize = 1 << 20;
+    let eight = m.path("eight");
+    let before = object_files(&c);
+    sh(cmd("fallocate", &["-l", "8M", p(&eight)]));
+    assert_eq!(std::fs::metadata(&eight).unwrap().len(), 8 << 20);
+    assert!(std::fs::read(&eight).unwrap() == vec![0u8; 8 * M], "a reserved file reads as zeros");
+    let made: Vec<PathBuf> = object_files(&c).difference(&before).cloned().collect();
+    assert_eq!(made.len(), 4, "one chunk file per io server: {made:?}");
+    let object = made[0].file_name().unwrap().to_owned();
+    // 2 MiB per server: each reserved its own two units, not all eight.
+    let blocks = chunk_blocks(&c, &object) * 512;
+    assert!((8 * M as u64..9 * M as u64).contains(&blocks), "{blocks} bytes reserved for 8 MiB");
+
+    // A pattern over six stripe units, still open (dirty in the io
+    // servers' caches), then a hole from 1.5 MiB to 100 bytes past
+    // 4.25 MiB: it crosses the boundaries at 2, 3 and 4 MiB.
+    let path = m.path("punched");
+    let data = pattern(6 * M, 7);
+    let mut f = std::fs::OpenOptions::new().create_new(true).read(true).write(true).open(&path).unwrap();
+    use std::io::Write;
+    f.write_all(&data).unwrap();
+    let (off, len) = (3 * M / 2, 11 * M / 4 + 100);
+    sh(cmd("fallocate", &["--punch-hole", "--offset", &off.to_string(), "--length", &len.to_string(), p(&path)]));
+    let mut want = data.clone();
+    want[off..off + len].fill(0);
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), 6 * M as u64, "a punch keeps the size");
+    assert!(std::fs::read(&path).unwrap() == want, "the punched range reads back as zeros, the rest intact");
+    f.sync_all().unwrap();
+    drop(f);
+    // Another mount has nothing of it in its kernel's cache.
+    let b = c.mount_at("b", &[]);
+    assert_eq!(std::fs::metadata(b.path("punched")).unwrap().len(), 6 * M as u64);
+    assert!(std::fs::read(b.path("punched")).unwrap() == want, "a second mount reads the hole");
+    // The chunk files, written back: unit i is on io server (object id +
+    // i) % 4 (meta starts each layout at its object id), at its file
+    // offset.
+    let object = object_files(&c)
+        .difference(&before)
+        .map(|f| f.file_name().unwrap().to_owned())
+        .find(|o| *o != object)
+        .expect("the punched file's chunk files");
+    let first = u64::from_str_radix(object.to_str().unwrap(), 16).unwrap() as usize % 4;
+    for unit in 0..6 {
+        let server = (first + unit) % 4;
+        let chunk = std::fs::read(chunk_file(&c, server, &object)).unwrap();
+        assert!(
+            chunk[unit * M..(unit + 1) * M] == want[unit * M..(unit + 1) * M],
+            "stripe unit {unit} in the chunk file of io server {server}"
+        );
+    }
+
+    // --keep-size past the end: blocks for units 6 and 7, the size stays.
+    let blocks = chunk_blocks(&c, &object);
+    sh(cmd("fallocate", &["--keep-size", "--offset", "6M", "--length", "2M", p(&path)]));
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), 6 * M as u64, "--keep-size grew the file");
+    assert!(chunk_blocks(&c, &object) >= blocks + (2 * M as u64) / 512, "--keep-size reserved nothing");
+    assert!(std::fs::read(&path).unwrap() == want);
+
+    // --zero-range inside the file, across the boundary at 5 MiB.
+    let (off, len) = (5 * M - 5000, 9000);
+    sh(cmd("fallocate", &["--zero-range", "--offset", &off.to_string(), "--length", &len.to_string(), p(&path)]));
+    want[off..off + len].fill(0);
+    assert!(std::fs::read(&path).unwrap() == want, "the zeroed range reads back as zeros, the rest intact");
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), 6 * M as u64);
+    wait_for("the second mount to see the zeroed range", || std::fs::read(b.path("punched")).unwrap() == want);
 }
 
 /// Issue 10, finding 9, on the mount: files opened, unlinked, and read
