@@ -48,8 +48,9 @@ use std::time::Duration;
 
 use dafne_proto::{decode_reply, encode_request, Capability, Envelope, HeldOpen, Layout, Request, MAX_REOPEN};
 pub use dafne_proto::{
-    Attr, CompoundOp, DirEntry, Errno, FileType, Groups, Ino, LayoutHint, LockHolder, LockKind, Orphan, Response,
-    SetAttr, StatFs, TimeSet, RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_INO, XATTR_CREATE, XATTR_REPLACE, XATTR_SIZE_MAX,
+    Attr, Change, CompoundOp, DirEntry, Errno, FileType, Groups, Ino, LayoutHint, LockHolder, LockKind, Orphan,
+    Response, SetAttr, StatFs, TimeSet, RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_INO, XATTR_CREATE, XATTR_REPLACE,
+    XATTR_SIZE_MAX,
 };
 use dafne_transport::{Client, Runtime, TransportError};
 
@@ -383,6 +384,19 @@ impl MetaSession {
                 }
             }
             result
+        }
+    }
+
+    /// Waits for the namespace changes other sessions made after change
+    /// `since` of the server's log (0: from now on) and returns them with
+    /// the cursor for the next call and whether some were lost
+    /// (`dafne_meta::changes`). No call timeout: the server answers when
+    /// there are changes; a broken connection fails it (`EIO`), and the
+    /// next call reconnects.
+    pub fn watch(&self, since: u64) -> Result<(u64, bool, Vec<dafne_proto::Change>), Errno> {
+        match self.call_retrying(Request::Watch { since }, true, Duration::ZERO)? {
+            Response::Changes { next, lost, changes } => Ok((next, lost, changes)),
+            _ => Err(Errno::EPROTO),
         }
     }
 

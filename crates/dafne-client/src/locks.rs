@@ -261,7 +261,7 @@ impl MetaSession {
     /// went on broke (lock requests may be repeated: granting a lock its
     /// owner holds, or releasing one it does not, changes nothing), for
     /// up to `patience`. `unbounded`: no call timeout (a waiting lock).
-    fn call_retrying(&self, req: Request, unbounded: bool, patience: Duration) -> Result<Response, Errno> {
+    pub(crate) fn call_retrying(&self, req: Request, unbounded: bool, patience: Duration) -> Result<Response, Errno> {
         let began = Instant::now();
         loop {
             let tag = self.next_tag();

@@ -49,6 +49,21 @@
 //! forbids the access asked for (POSIX: `open(O_CREAT)` of a new file grants
 //! the requested access whatever the mode).
 //!
+//! # Coherence
+//! The kernel caches attributes and names for the cluster's timeouts. So
+//! that another mount's changes show before they expire, the adapter keeps
+//! a `Watch` open on the metadata server (`dafne_meta::changes`; a thread
+//! of its own, `FuseFs::start_watcher`): for each inode another session
+//! changed it has the kernel drop the inode's attributes and cached pages
+//! (`FUSE_NOTIFY_INVAL_INODE`; for an inode this mount has open, read-ahead
+//! is dropped and the size asked of meta again: [`Core::changed_elsewhere`]),
+//! and for each name removed or replaced the kernel's entry
+//! (`FUSE_NOTIFY_INVAL_ENTRY`). Word comes once the change is committed,
+//! typically within a round trip; bytes written on another mount are
+//! visible once that mount published them (at its close, fsync or unlock:
+//! close-to-open, and the lock rule below). A credential session is told
+//! inodes but not names (its entries expire by the timeout).
+//!
 //! # Locks
 //! `fcntl` locks, OFD locks and `flock` are the cluster's: the kernel sends
 //! them here (the mount asks for `FUSE_POSIX_LOCKS` and `FUSE_FLOCK_LOCKS`)
@@ -859,6 +874,15 @@ impl Core {
         self.table().changed(ino, 0, u64::MAX);
         if let Ok(a) = self.meta.getattr(ino) {
             self.local(a);
+        }
+    }
+
+    /// Another session changed `ino` (module docs, "Coherence"): if this
+    /// mount has it open, what it knows of its bytes and size is refreshed
+    /// as after a lock grant.
+    pub fn changed_elsewhere(&self, ino: Ino) {
+        if self.table().inodes.contains_key(&ino) {
+            self.lock_granted(ino);
         }
     }
 

@@ -184,6 +184,50 @@ impl FuseFs {
         self.notifier.clone()
     }
 
+    /// Starts the thread that keeps a `Watch` open on the metadata server
+    /// and has the kernel drop what other clients changed (module docs of
+    /// `core`, "Coherence"). It waits for the session's notifier, and ends
+    /// with the file system.
+    pub fn start_watcher(&self) {
+        let core = Arc::downgrade(&self.core);
+        let session = self.core.lock_session();
+        let (notifier, root) = (self.notifier.clone(), self.root);
+        let spawned = std::thread::Builder::new().name("dafne-watch".into()).spawn(move || {
+            let mut since = 0;
+            loop {
+                let (next, lost, changes) = match session.watch(since) {
+                    Ok(w) => w,
+                    Err(e) => {
+                        tracing::debug!("watching the namespace: {e}; again in a moment");
+                        std::thread::sleep(Duration::from_millis(250));
+                        if core.strong_count() == 0 {
+                            return;
+                        }
+                        continue;
+                    }
+                };
+                let Some(core) = core.upgrade() else { return };
+                let Some(n) = notifier.get() else { continue };
+                if lost {
+                    tracing::debug!("some namespace changes were lost: the kernel's caches expire by their timeouts");
+                }
+                for c in changes {
+                    if c.ino != 0 {
+                        core.changed_elsewhere(c.ino);
+                        let _ = n.inval_inode(INodeNo(swap_root(c.ino, root)), 0, 0);
+                    }
+                    if c.parent != 0 {
+                        let _ = n.inval_entry(INodeNo(swap_root(c.parent, root)), OsStr::from_bytes(&c.name));
+                    }
+                }
+                since = next;
+            }
+        });
+        if let Err(e) = spawned {
+            tracing::warn!("no thread to watch the namespace ({e}): other clients' changes show after the timeouts");
+        }
+    }
+
     fn ino(&self, ino: INodeNo) -> Ino {
         swap_root(ino.0, self.root)
     }

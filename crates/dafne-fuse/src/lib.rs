@@ -141,6 +141,7 @@ pub fn mount(core: core::Core, mountpoint: &Path, opts: &MountOptions) -> Result
     config.n_threads = Some(opts.threads.max(1));
     let fs = fuse::FuseFs::new(core, opts);
     let notifier = fs.notifier_slot();
+    fs.start_watcher();
     let session = fuser::Session::new(fs, mountpoint, &config)
         .map_err(|source| MountError::Mount { mountpoint: mountpoint.to_path_buf(), source })?;
     let _ = notifier.set(session.notifier());

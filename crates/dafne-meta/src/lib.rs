@@ -6,6 +6,8 @@
 //! * [`posix`]: permission and name rules, pure functions.
 //! * [`opens`]: the files clients hold open, so that the data of an
 //!   unlinked open file is not reclaimed before its last close.
+//! * [`changes`]: the log of namespace changes that `Watch` serves, so a
+//!   mount drops what its kernel cached when another client changes it.
 //! * [`locks`]: byte-range locks across clients, with leases, fairness,
 //!   deadlock detection and reclaim after a restart.
 //! * Authentication and capabilities come from `dafne-auth`.
@@ -13,6 +15,7 @@
 //!   group commit of concurrent writes, compounds.
 //! * [`server`]: starting one (store + secret + runtime + service).
 
+pub mod changes;
 pub mod locks;
 pub mod opens;
 pub mod posix;

@@ -63,6 +63,7 @@ use dafne_proto::{
 use dafne_transport::{Request as TRequest, Service};
 use futures::channel::oneshot;
 
+use crate::changes::ChangeLog;
 use crate::locks::{LockRequest, LockTable, Outcome, Owner};
 use crate::opens::OpenTable;
 use crate::store::{Cred, Job, JobResult, MetaStore};
@@ -219,6 +220,8 @@ pub struct MetaService {
     refused: Cell<(Option<Instant>, u64)>,
     /// Byte-range locks (module docs, "Locks").
     locks: RefCell<LockTable>,
+    /// What other sessions changed, for `Watch` ([`crate::changes`]).
+    changes: RefCell<ChangeLog>,
     /// The marker file that says this store's server granted locks (module
     /// docs, "Locks"), and whether this instance has written it.
     lock_marker: Option<(std::path::PathBuf, Cell<bool>)>,
@@ -271,6 +274,7 @@ impl MetaService {
         locks.set_lease(grace);
         MetaService {
             locks: RefCell::new(locks),
+            changes: RefCell::new(ChangeLog::default()),
             lock_marker,
             secret,
             work: start_store_thread(store, opens.clone()),
@@ -298,6 +302,7 @@ impl Service for MetaHandler {
         let now = Instant::now();
         lock(&self.0.opens).end_session(conn_id, now);
         self.0.locks.borrow_mut().disconnected(conn_id, now);
+        self.0.changes.borrow_mut().disconnected(conn_id);
     }
 }
 
@@ -350,8 +355,14 @@ impl MetaService {
                 }
             },
             Request::Compound { ops } => {
-                self.run(conn, Job { cred, ops, protected: None }).await.map(|results| Response::Compound { results })
+                let logged = ops.clone();
+                let r = self.run(conn, Job { cred, ops, protected: None }).await;
+                if let Ok(results) = &r {
+                    self.changes.borrow_mut().record(conn, crate::changes::of_compound(&logged, results));
+                }
+                r.map(|results| Response::Compound { results })
             }
+            Request::Watch { since } => self.watch(conn, since).await,
             Request::Lock { ino, client, owner, pid, start, end, kind, flags } => {
                 let wait = flags & dafne_proto::LOCK_WAIT != 0;
                 let reclaim = flags & dafne_proto::LOCK_RECLAIM != 0;
@@ -381,14 +392,48 @@ impl MetaService {
                 result
             }
             single => {
+                let changed = crate::changes::of_request(&single);
                 let job = Job { cred, ops: vec![CompoundOp { chain: false, req: single }], protected: None };
-                match self.run(conn, job).await {
+                let r = match self.run(conn, job).await {
                     Ok(mut results) => results.pop().unwrap_or(Err(Errno::EIO)),
                     Err(e) => Err(e),
+                };
+                if r.is_ok() {
+                    self.changes.borrow_mut().record(conn, changed);
                 }
+                r
             }
         };
         encode_reply(env.tag, op, &result)
+    }
+
+    /// `Watch` ([`crate::changes`]): the changes after `since` that other
+    /// sessions made, once there are some.
+    /// A credential session (not fully trusted) is told which inodes
+    /// changed but not the names: a name in a directory it may not read is
+    /// not its business.
+    async fn watch(&self, conn: u32, mut since: u64) -> Result<Response, Errno> {
+        let trusted = self.sessions.borrow().get(&conn).is_some_and(|s| s.credential.is_none());
+        loop {
+            let polled = self.changes.borrow_mut().poll(conn, since)?;
+            match polled {
+                crate::changes::Poll::Ready { next, lost, mut changes } => {
+                    if !trusted {
+                        changes.retain_mut(|c| {
+                            c.parent = 0;
+                            c.name.clear();
+                            c.ino != 0
+                        });
+                    }
+                    return Ok(Response::Changes { next, lost, changes });
+                }
+                crate::changes::Poll::Wait { since: s, rx } => {
+                    since = s;
+                    // Dropped: the connection ended.
+                    rx.await.map_err(|_| Errno::EINTR)?;
+                }
+            }
+        }
     }
 
     /// Waits out the lock grace after a start (module docs, "Locks").

@@ -1178,7 +1178,8 @@ impl Tables<'_> {
             | Request::Close { .. }
             | Request::Reopen { .. }
             | Request::Lock { .. }
-            | Request::TestLock { .. } => Err(Errno::EINVAL.into()),
+            | Request::TestLock { .. }
+            | Request::Watch { .. } => Err(Errno::EINVAL.into()),
         }
     }
 

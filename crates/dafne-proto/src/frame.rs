@@ -608,6 +608,7 @@ mod tests {
                 flags: crate::LOCK_WAIT,
             },
             Request::TestLock { ino: 8, client: 1, owner: 2, start: 0, end: 0, kind: crate::LockKind::Read },
+            Request::Watch { since: 7 },
             Request::Reopen {
                 held: vec![
                     crate::HeldOpen { object_id: 3, count: 1 },
@@ -687,6 +688,17 @@ mod tests {
             (Op::Recap, Response::Cap { cap: cap() }),
             (Op::Lock, Response::Done),
             (Op::TestLock, Response::LockTest { conflict: None }),
+            (
+                Op::Watch,
+                Response::Changes {
+                    next: 9,
+                    lost: false,
+                    changes: vec![
+                        crate::Change { ino: 5, parent: 0, name: vec![] },
+                        crate::Change { ino: 0, parent: 1, name: b"gone".to_vec() },
+                    ],
+                },
+            ),
             (
                 Op::TestLock,
                 Response::LockTest {
@@ -1301,7 +1313,7 @@ mod tests {
 
     #[test]
     fn op_numbers_are_stable() {
-        let want: Vec<u16> = (1..=26).chain(30..=33).collect();
+        let want: Vec<u16> = (1..=27).chain(30..=33).collect();
         let got: Vec<u16> = Op::ALL.iter().map(|op| u16::from(*op)).collect();
         assert_eq!(got, want);
         for op in Op::ALL {

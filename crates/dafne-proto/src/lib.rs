@@ -87,6 +87,7 @@
 //! | RevokeCredential | 24 | name str (1..=[`MAX_CLIENT_NAME`], UTF-8) | `Done`: empty |
 //! | Lock | 25 | ino u64, client u64, owner u64, pid u32, start u64, end u64 (≥ start), kind u8 (Read 1, Write 2, Unlock 3), flags u8 ([`LOCK_WAIT`] 1, [`LOCK_RECLAIM`] 2) | `Done`: empty |
 //! | TestLock | 26 | ino u64, client u64, owner u64, start u64, end u64 (≥ start), kind u8 (Read 1, Write 2) | `LockTest`: presence u8, then start u64, end u64, kind u8, pid u32 |
+//! | Watch | 27 | since u64 | `Changes`: next u64, lost u8, n u32 (≤ [`MAX_CHANGES`]), n × {ino u64, parent u64, name (empty exactly when parent is 0)} |
 //! | SetXattr | 30 | ino u64, name, value (≤ [`XATTR_SIZE_MAX`]), flags u32 ([`XATTR_CREATE`] \| [`XATTR_REPLACE`]) | `Done`: empty |
 //! | GetXattr | 31 | ino u64, name | `Xattr`: value (≤ [`XATTR_SIZE_MAX`]) |
 //! | ListXattr | 32 | ino u64 | `XattrNames`: n u32 (≤ [`MAX_XATTR_NAMES`]), n × name (≤ [`XATTR_NAME_MAX`]) |
@@ -186,9 +187,9 @@
 //! A compound result names its [`Response`] variant with a kind byte:
 //! Entry 2, Attr 3, Dir 4, Done 5, Link 6, StatFs 7, Opened 8 (Session 1 and
 //! Compound 9 cannot occur there, nor Orphans 10, Cap 11, Revocations 12,
-//! Xattr 13, XattrNames 14 and LockTest 15, which answer only a
-//! ListOrphans, Recap, Revocations, GetXattr, ListXattr or TestLock sent
-//! alone).
+//! Xattr 13, XattrNames 14, LockTest 15 and Changes 16, which answer only
+//! a ListOrphans, Recap, Revocations, GetXattr, ListXattr, TestLock or
+//! Watch sent alone).
 //!
 //! # Canonical encoding
 //!
@@ -213,7 +214,8 @@
 //! io op Revoke); version 7 the caller's supplementary groups
 //! ([`REQUEST_FLAG_GROUPS`]); version 8 per-client credentials (the
 //! optional credential in SessionOpen, RevokeCredential, the io op Login
-//! reshaped); version 9 the lock ops Lock and TestLock (25, 26), the
+//! reshaped); version 9 the lock ops Lock and TestLock (25, 26), Watch
+//! (27), the
 //! extended attribute ops (30–33), Rename's flags and the io op Allocate
 //! (73: `fallocate`). Bump
 //! it for *every* change to what a decoder accepts or how it reads it: a new
@@ -245,7 +247,7 @@ pub use io::{
     MAX_IO_KEY_BYTES, MAX_IO_REPLY_LEN, MAX_IO_REQUEST_LEN, NO_KEY,
 };
 pub use lock::{LockKind, LockRange, OwnerLocks, LOCK_FLAGS, LOCK_RECLAIM, LOCK_WAIT};
-pub use msg::{CompoundOp, HeldOpen, LockHolder, Op, Orphan, Request, Response};
+pub use msg::{Change, CompoundOp, HeldOpen, LockHolder, Op, Orphan, Request, Response};
 pub use types::{
     Attr, Capability, Credential, DirEntry, FileType, IdRange, Layout, LayoutHint, Revocation, Revocations, SetAttr,
     StatFs, TimeSet, Timespec, MAX_CREDENTIAL_RANGES, MAX_REVOCATIONS,
@@ -262,7 +264,7 @@ pub use types::{
 /// ([`REQUEST_FLAG_GROUPS`]). 8: per-client credentials (an optional
 /// [`Credential`] in SessionOpen, the op RevokeCredential, the io op Login
 /// proven like a session instead of by a capability). 9: locks (Lock,
-/// TestLock), extended attributes (SetXattr, GetXattr, ListXattr,
+/// TestLock), Watch, extended attributes (SetXattr, GetXattr, ListXattr,
 /// RemoveXattr), the flags of Rename ([`RENAME_NOREPLACE`],
 /// [`RENAME_EXCHANGE`]) and the io op Allocate (`fallocate`: reserve,
 /// punch a hole, zero a range).
@@ -330,6 +332,9 @@ pub const MAX_FORGET_ORPHANS: usize = 1024;
 /// Most entries in one `Reopen` (12 KiB, under the transport's 1 MiB
 /// request limit); a client holding more sends several.
 pub const MAX_REOPEN: usize = 1024;
+
+/// Most changes in one [`Response::Changes`].
+pub const MAX_CHANGES: usize = 1024;
 
 /// Most bytes of an extended attribute's name, prefix included (Linux's
 /// `XATTR_NAME_MAX`); the server answers `ERANGE` above it. On the wire a

@@ -6,7 +6,7 @@ use crate::types::{get_mode, DIRENT_MIN_SIZE};
 use crate::wire::{Reader, Wire, Writer};
 use crate::{
     Attr, Capability, Credential, DecodeError, DirEntry, Errno, FileType, Ino, Layout, LayoutHint, SetAttr, StatFs,
-    MAX_CLIENT_NAME, MAX_COMPOUND, MAX_FORGET_ORPHANS, MAX_LAYOUT_SERVERS, MAX_NAME_WIRE, MAX_ORPHANS,
+    MAX_CHANGES, MAX_CLIENT_NAME, MAX_COMPOUND, MAX_FORGET_ORPHANS, MAX_LAYOUT_SERVERS, MAX_NAME_WIRE, MAX_ORPHANS,
     MAX_READDIR_ENTRIES, MAX_REOPEN, MAX_SYMLINK, MAX_XATTR_NAMES, OPEN_READ, OPEN_TRUNC, OPEN_WRITE, RENAME_EXCHANGE,
     RENAME_NOREPLACE, XATTR_CREATE, XATTR_NAME_MAX, XATTR_REPLACE, XATTR_SIZE_MAX,
 };
@@ -111,6 +111,9 @@ ops! {
         Lock = 25,
         /// Which lock, if any, would stop a lock request (`F_GETLK`).
         TestLock = 26,
+        /// Changes other sessions made to the namespace (so a mount can
+        /// drop what its kernel caches), answered once there are some.
+        Watch = 27,
         // 25..=29: the lock ops.
         /// Set an extended attribute.
         SetXattr = 30,
@@ -343,6 +346,14 @@ pub enum Request {
         /// [`crate::LOCK_WAIT`] | [`crate::LOCK_RECLAIM`].
         flags: u8,
     },
+    /// The changes other sessions made after change `since` of this
+    /// server's log (0: from now on); never inside a Compound. The server
+    /// answers when there is at least one (or at once when `since` is not
+    /// in its log: `lost`), so a client sends it without a call timeout and
+    /// sends the next with the answer's `next`.
+    Watch {
+        since: u64,
+    },
     /// The first lock of another owner that conflicts with `kind`
     /// (`Read` or `Write`) over `start..=end`, if any; never inside a
     /// Compound.
@@ -425,7 +436,8 @@ impl CompoundOp {
             | Request::Revocations { .. }
             | Request::RevokeCredential { .. }
             | Request::Lock { .. }
-            | Request::TestLock { .. } => None,
+            | Request::TestLock { .. }
+            | Request::Watch { .. } => None,
             Request::SetXattr { .. }
             | Request::GetXattr { .. }
             | Request::ListXattr { .. }
@@ -480,6 +492,7 @@ impl Request {
             Request::RevokeCredential { .. } => Op::RevokeCredential,
             Request::Lock { .. } => Op::Lock,
             Request::TestLock { .. } => Op::TestLock,
+            Request::Watch { .. } => Op::Watch,
             Request::SetXattr { .. } => Op::SetXattr,
             Request::GetXattr { .. } => Op::GetXattr,
             Request::ListXattr { .. } => Op::ListXattr,
@@ -603,6 +616,7 @@ impl Request {
                 w.put_bytes(name);
             }
             Request::ListXattr { ino } => w.put_u64(*ino),
+            Request::Watch { since } => w.put_u64(*since),
             Request::Compound { ops } => {
                 w.put_len(ops.len());
                 for op in ops {
@@ -759,6 +773,7 @@ impl Request {
                 }
                 Request::TestLock { ino, client, owner, start, end, kind }
             }
+            Op::Watch => Request::Watch { since: r.u64("watch since")? },
             Op::SetXattr => {
                 let ino = r.u64("ino")?;
                 let name = get_name(r, "xattr name")?;
@@ -808,6 +823,7 @@ fn get_compound_ops(r: &mut Reader<'_>) -> Result<Vec<CompoundOp>, DecodeError> 
             | Op::RevokeCredential
             | Op::Lock
             | Op::TestLock
+            | Op::Watch
             | Op::SetXattr
             | Op::GetXattr
             | Op::ListXattr
@@ -878,6 +894,43 @@ pub enum Response {
     XattrNames { names: Vec<Vec<u8>> },
     /// TestLock: the conflicting lock, if any.
     LockTest { conflict: Option<LockHolder> },
+    /// Watch: at most [`MAX_CHANGES`] changes, oldest first; `next` is the
+    /// `since` of the next Watch; `lost` when changes after `since` are no
+    /// longer known (the server's log moved on, or it restarted).
+    Changes { next: u64, lost: bool, changes: Vec<Change> },
+}
+
+/// Something another session changed ([`Response::Changes`]): an inode
+/// whose attributes (or data, or listing) a client may have cached, and/or
+/// a name in a directory that was removed or replaced.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Change {
+    /// 0: none.
+    pub ino: Ino,
+    /// The directory of `name`; 0: no name changed.
+    pub parent: Ino,
+    /// Empty when `parent` is 0.
+    pub name: Vec<u8>,
+}
+
+/// Smallest encoded change: ino, parent u64, name length u32.
+const CHANGE_MIN_SIZE: usize = 20;
+
+impl Wire for Change {
+    fn put(&self, w: &mut Writer) {
+        w.put_u64(self.ino);
+        w.put_u64(self.parent);
+        w.put_bytes(&self.name);
+    }
+    fn get(r: &mut Reader<'_>) -> Result<Change, DecodeError> {
+        let ino = r.u64("change ino")?;
+        let parent = r.u64("change parent")?;
+        let name = r.bytes("change name", MAX_NAME_WIRE)?;
+        if (parent == 0) != name.is_empty() {
+            return Err(DecodeError::BadValue { what: "change name (present exactly when parent is)", value: parent });
+        }
+        Ok(Change { ino, parent, name })
+    }
 }
 
 /// A lock that stands in the way ([`Response::LockTest`]).
@@ -913,6 +966,7 @@ pub(crate) enum Kind {
     Xattr = 13,
     XattrNames = 14,
     LockTest = 15,
+    Changes = 16,
 }
 
 impl Kind {
@@ -933,6 +987,7 @@ impl Kind {
             13 => Kind::Xattr,
             14 => Kind::XattrNames,
             15 => Kind::LockTest,
+            16 => Kind::Changes,
             _ => return None,
         })
     }
@@ -962,6 +1017,7 @@ impl Kind {
             Op::Recap => Kind::Cap,
             Op::Revocations => Kind::Revocations,
             Op::TestLock => Kind::LockTest,
+            Op::Watch => Kind::Changes,
             Op::GetXattr => Kind::Xattr,
             Op::ListXattr => Kind::XattrNames,
         }
@@ -987,6 +1043,7 @@ impl Response {
             | Response::Cap { .. }
             | Response::Revocations(_)
             | Response::LockTest { .. }
+            | Response::Changes { .. }
             | Response::Xattr { .. }
             | Response::XattrNames { .. } => None,
         }
@@ -1014,6 +1071,7 @@ impl Response {
                         | Kind::Xattr
                         | Kind::XattrNames
                         | Kind::LockTest
+                        | Kind::Changes
                 ),
                 Err(e) => e.is_valid() && i + 1 == results.len(),
             })
@@ -1034,6 +1092,7 @@ impl Response {
             Response::Cap { .. } => Kind::Cap,
             Response::Revocations(_) => Kind::Revocations,
             Response::LockTest { .. } => Kind::LockTest,
+            Response::Changes { .. } => Kind::Changes,
             Response::Xattr { .. } => Kind::Xattr,
             Response::XattrNames { .. } => Kind::XattrNames,
         }
@@ -1085,6 +1144,14 @@ impl Response {
                 w.put_len(names.len());
                 for n in names {
                     w.put_bytes(n);
+                }
+            }
+            Response::Changes { next, lost, changes } => {
+                w.put_u64(*next);
+                w.put_bool(*lost);
+                w.put_len(changes.len());
+                for c in changes {
+                    c.put(w);
                 }
             }
             Response::Compound { results } => {
@@ -1150,6 +1217,16 @@ impl Response {
                 };
                 Response::LockTest { conflict }
             }
+            Kind::Changes => {
+                let next = r.u64("changes next")?;
+                let lost = r.bool("changes lost")?;
+                let n = r.count("changes", MAX_CHANGES, CHANGE_MIN_SIZE)?;
+                let mut changes = Vec::with_capacity(n);
+                for _ in 0..n {
+                    changes.push(Change::get(r)?);
+                }
+                Response::Changes { next, lost, changes }
+            }
             Kind::Xattr => Response::Xattr { value: r.bytes("xattr value", XATTR_SIZE_MAX)? },
             Kind::XattrNames => {
                 // Smallest name: its u32 length.
@@ -1189,7 +1266,8 @@ fn get_compound_results(r: &mut Reader<'_>) -> Result<Vec<Result<Response, Errno
                 | Kind::Revocations
                 | Kind::Xattr
                 | Kind::XattrNames
-                | Kind::LockTest,
+                | Kind::LockTest
+                | Kind::Changes,
             )
             | None => return Err(DecodeError::BadValue { what: "compound result kind", value: raw.into() }),
             Some(k) => k,

@@ -221,6 +221,7 @@ fn lock_request() -> impl Strategy<Value = Request> {
                 flags
             }
         ),
+        any::<u64>().prop_map(|since| Request::Watch { since }),
         (ids, lock_range(), prop_oneof![Just(LockKind::Read), Just(LockKind::Write)]).prop_map(
             |((ino, client, owner), (start, end), kind)| Request::TestLock { ino, client, owner, start, end, kind }
         ),
@@ -415,6 +416,18 @@ fn reply() -> impl Strategy<Value = (Op, Result<Response, Errno>)> {
                 (Op::TestLock, Ok(Response::LockTest { conflict }))
             }),
         1 => xattr_response(),
+        1 => (any::<u64>(), any::<bool>(), vec((any::<u64>(), option::of((1..=u64::MAX, name()))), 0..8)).prop_map(
+            |(next, lost, c)| {
+                let changes = c
+                    .into_iter()
+                    .map(|(ino, entry)| match entry {
+                        Some((parent, name)) if !name.is_empty() => Change { ino, parent, name },
+                        _ => Change { ino, parent: 0, name: vec![] },
+                    })
+                    .collect();
+                (Op::Watch, Ok(Response::Changes { next, lost, changes }))
+            }
+        ),
         2 => (one_of(Op::ALL), errno()).prop_map(|(op, e)| (op, Err(e))),
     ]
 }
