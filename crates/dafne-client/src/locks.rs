@@ -30,10 +30,15 @@
 //! answers when it grants it) and is retried, after reconnecting, when the
 //! connection breaks under it, for up to [`RECONNECT_FOR`]; other lock
 //! requests are tried on a new connection for up to the link's
-//! reconnection wait, then fail with `EIO` like other calls. At most [`MAX_WAITING`] requests of a
-//! session wait on the server at once (the server's bound per connection,
-//! below the transport's request credits); more wait here, on a condition
-//! variable, for a turn.
+//! reconnection wait, then fail with `EIO` like other calls. At most
+//! [`MAX_WAITING`] requests of a session wait on the server at once (the
+//! server's bound per connection, below the transport's request credits);
+//! a request that finds them all taken does not queue behind them (it
+//! might wait for a lock that one of them holds): it asks without waiting,
+//! again and again with a growing pause (10 ms to 0.5 s), until it gets
+//! the lock or a turn to wait on the server frees. Such a request is not
+//! in the server's queue: no fairness, no `EDEADLK` for it. At most [`MAX_WAITING`] requests of a
+//! session wait on the server at once (below).
 
 use std::collections::HashMap;
 use std::sync::{Condvar, Mutex, MutexGuard};
@@ -147,12 +152,22 @@ impl Locks {
         Ok(())
     }
 
-    fn take_turn(&self) {
+    /// A turn to wait on the server, if one is free (module docs).
+    fn try_take_turn(&self) -> bool {
         let mut n = guard(&self.waiting);
-        while *n >= MAX_WAITING {
-            n = self.turn.wait(n).unwrap_or_else(|p| p.into_inner());
+        if *n >= MAX_WAITING {
+            return false;
         }
         *n += 1;
+        true
+    }
+
+    /// Waits up to `d` for a turn to free.
+    fn wait_for_turn(&self, d: Duration) {
+        let n = guard(&self.waiting);
+        if *n >= MAX_WAITING {
+            let _ = self.turn.wait_timeout(n, d);
+        }
     }
 
     fn end_turn(&self) {
@@ -216,23 +231,49 @@ impl MetaSession {
                 Err(e) => Err(e),
             };
         }
-        if wait {
-            locks.take_turn();
-        }
         let r = if wait {
-            self.call_retrying(req, true, RECONNECT_FOR)
+            self.wait_for_lock(req, ino, owner, pid, start, end, kind)
         } else {
             self.call_retrying(req, false, crate::link::WAIT_FOR_RECONNECT)
         };
-        if wait {
-            locks.end_turn();
-        }
         match r? {
             Response::Done => {
                 locks.record(ino, owner, pid, start, end, kind);
                 Ok(())
             }
             _ => Err(Errno::EPROTO),
+        }
+    }
+
+    /// A lock request that may wait (module docs, "Waiting"): on the server
+    /// when a turn is free, else by asking without waiting until a turn
+    /// frees or the lock is granted.
+    #[allow(clippy::too_many_arguments)]
+    fn wait_for_lock(
+        &self,
+        req: Request,
+        ino: Ino,
+        owner: u64,
+        pid: u32,
+        start: u64,
+        end: u64,
+        kind: LockKind,
+    ) -> Result<Response, Errno> {
+        let locks = &self.inner.locks;
+        let mut pause = Duration::from_millis(10);
+        loop {
+            if locks.try_take_turn() {
+                let r = self.call_retrying(req, true, RECONNECT_FOR);
+                locks.end_turn();
+                return r;
+            }
+            let now = Request::Lock { ino, client: self.inner.client_id, owner, pid, start, end, kind, flags: 0 };
+            match self.call_retrying(now, false, crate::link::WAIT_FOR_RECONNECT) {
+                Err(e) if e == Errno::EAGAIN => {}
+                r => return r,
+            }
+            locks.wait_for_turn(pause);
+            pause = (pause * 2).min(Duration::from_millis(500));
         }
     }
 

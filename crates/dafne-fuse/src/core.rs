@@ -88,9 +88,11 @@
 //! thread of its own, so the FUSE workers go on (the holder's unlock
 //! among them). Known limits: the kernel does not tell `flock` from a
 //! whole-file `fcntl` lock (fuser drops the flag), so the two kinds
-//! conflict with each other here as on NFS; and a waiting process killed
-//! by a signal stays until its lock is granted (fuser does not handle
-//! FUSE_INTERRUPT), after which its exit releases it.
+//! conflict with each other here as on NFS; and a waiting lock cannot be
+//! interrupted (fuser does not handle FUSE_INTERRUPT): a signal, Ctrl-C,
+//! `alarm` + `F_SETLKW` or `flock -w` do not end the wait, which ends
+//! when the lock is granted (a killed process then exits and releases
+//! it).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -910,6 +912,13 @@ impl Core {
     /// `fcntl` locks on a file go at any close of it; an open file's
     /// `flock` at its last close). No round trip when it holds none.
     pub fn unlock_owner(&self, ino: Ino, owner: u64) -> Result<(), Errno> {
+        // Its locks on the file end here: no handle's release may end the
+        // locks it takes later (a process that closed, reopened and locked
+        // again must keep that lock when another process closes its copy
+        // of the first open file).
+        for h in self.table().handles.values_mut().filter(|h| h.ino == ino) {
+            h.lock_owners.retain(|o| *o != owner);
+        }
         if !self.meta.holds_lock(ino, owner) {
             return Ok(());
         }

@@ -207,7 +207,11 @@ impl FuseFs {
                     }
                 };
                 let Some(core) = core.upgrade() else { return };
-                let Some(n) = notifier.get() else { continue };
+                let Some(n) = notifier.get() else {
+                    // The session is being made: a moment, then ask again.
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                };
                 if lost {
                     tracing::debug!("some namespace changes were lost: the kernel's caches expire by their timeouts");
                 }

@@ -142,6 +142,19 @@ mod tests {
     }
 
     #[test]
+    fn a_reserve_larger_than_the_free_space_is_refused_before_anything_is_reserved() {
+        let d = tempfile::tempdir().unwrap();
+        let s = ChunkStore::open(d.path()).unwrap();
+        let (_, free, _) = s.capacity().unwrap();
+        let all = StripeSlots { unit: M as u32, count: 1, slots: vec![0] };
+        let e = s.fallocate(2, 0, free + 64 * M, AllocateMode::Reserve, &all).unwrap_err();
+        assert_eq!(errno("fallocate")(e), Errno::ENOSPC);
+        assert_eq!(blocks(&s, 2), 0, "nothing reserved");
+        let (_, after, _) = s.capacity().unwrap();
+        assert!(after + 64 * M > free, "the device's free space is whole ({free} before, {after} after)");
+    }
+
+    #[test]
     fn a_punch_frees_the_range_and_keeps_the_rest_and_the_size() {
         let d = tempfile::tempdir().unwrap();
         let s = ChunkStore::open(d.path()).unwrap();

@@ -560,6 +560,15 @@ impl ChunkStore {
         }
         if mode.reserves() {
             let ranges = crate::allocate::own_ranges(offset, len, stripes);
+            // More than the device has free is refused before anything is
+            // reserved (a reserve that fails half-way keeps what it got):
+            // one request cannot fill the disk the other objects share.
+            // Conservative: blocks already allocated in the range count too.
+            let want: u64 = ranges.iter().map(|r| r.end - r.start).sum();
+            let (_, free, _) = self.capacity()?;
+            if want > free {
+                return Err(io::Error::from_raw_os_error(rustix::io::Errno::NOSPC.raw_os_error()));
+            }
             if !ranges.is_empty() {
                 let flags = if mode.keeps_size() { FallocateFlags::KEEP_SIZE } else { FallocateFlags::empty() };
                 self.with_file(object, true, |f| {

@@ -45,8 +45,8 @@ pub enum Poll {
 /// The log (module docs).
 #[derive(Debug)]
 pub struct ChangeLog {
-    /// The sequence number of `entries[0]`; numbers start at 1, so a
-    /// `since` of 0 means "from now on".
+    /// The sequence number of `entries[0]`; numbers start at 1 or later
+    /// (`Default`), so a `since` of 0 means "from now on".
     first: u64,
     /// (connection that made it, change).
     entries: VecDeque<(u32, Change)>,
@@ -54,12 +54,28 @@ pub struct ChangeLog {
 }
 
 impl Default for ChangeLog {
+    /// Numbers start at a random point (below 2⁶²), so a cursor of an
+    /// earlier instance of the server is almost surely outside this one's
+    /// log and is answered `lost` rather than with the wrong changes.
     fn default() -> ChangeLog {
-        ChangeLog { first: 1, entries: VecDeque::new(), waiters: Vec::new() }
+        let mut b = [0u8; 8];
+        let random = std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b));
+        let seed = match random {
+            Ok(()) => u64::from_le_bytes(b),
+            Err(_) => {
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
+            }
+        };
+        ChangeLog::starting_at(1 + (seed >> 2))
     }
 }
 
 impl ChangeLog {
+    /// A log whose first change gets number `first` (≥ 1).
+    pub fn starting_at(first: u64) -> ChangeLog {
+        ChangeLog { first: first.max(1), entries: VecDeque::new(), waiters: Vec::new() }
+    }
+
     /// The number the next change gets.
     pub fn head(&self) -> u64 {
         self.first + self.entries.len() as u64
@@ -194,14 +210,27 @@ mod tests {
     #[test]
     fn a_cursor_out_of_the_log_is_told_it_lost_changes() {
         let mut log = ChangeLog::default();
+        let start = log.head();
         for i in 0..LOG_LEN as u64 + 10 {
             log.record(2, vec![changed(i)]);
         }
-        assert!(matches!(log.poll(1, 1), Ok(Poll::Ready { lost: true, .. })));
+        assert!(matches!(log.poll(1, start), Ok(Poll::Ready { lost: true, .. })));
         assert!(matches!(log.poll(1, log.head() + 5), Ok(Poll::Ready { lost: true, .. })), "a restarted server");
         let Ok(Poll::Ready { changes, next, lost: false }) = log.poll(1, log.head() - 2000) else { panic!() };
         assert_eq!(changes.len(), MAX_CHANGES);
         assert_eq!(next, log.head() - 2000 + MAX_CHANGES as u64);
+    }
+
+    #[test]
+    fn a_restarted_servers_log_does_not_take_an_old_cursor_for_its_own() {
+        let mut old = ChangeLog::default();
+        old.record(2, vec![changed(1)]);
+        let cursor = old.head();
+        let mut new = ChangeLog::default();
+        for i in 0..100 {
+            new.record(2, vec![changed(i)]);
+        }
+        assert!(matches!(new.poll(1, cursor), Ok(Poll::Ready { lost: true, .. })));
     }
 
     #[test]

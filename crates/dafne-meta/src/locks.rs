@@ -25,12 +25,16 @@
 //! is dropped (its client re-sends after reconnecting).
 //!
 //! # Fairness and deadlock
-//! Waiters of a file are served in order: a request is granted only if no
-//! other owner's held lock conflicts with it *and* no earlier waiter of
-//! another owner wants a conflicting range, so a waiting writer is not
-//! starved by a stream of readers. The exception is an owner changing a
-//! lock it already holds there (an upgrade): it is judged by held locks
-//! only, as otherwise it would wait behind a writer that waits for it.
+//! Waiters of a file are served in order: a request that may wait is
+//! granted only if no other owner's held lock conflicts with it *and* no
+//! earlier waiter of another owner wants a conflicting range, so a waiting
+//! writer is not starved by a stream of waiting readers. Exceptions: an
+//! owner that already holds a lock on the file (an upgrade, an extension)
+//! is judged by held locks only, as otherwise it would wait behind a
+//! writer that waits for it; and a request that may not wait (`F_SETLK`)
+//! gets what POSIX says: granted unless a held lock conflicts (what
+//! `F_GETLK` reports). Any grant (an unlock, but also a downgrade or a
+//! shrink) wakes the file's waiters.
 //! Before a request waits, the owners it would wait for (holders and, by
 //! the rule above, earlier waiters) are followed through what *they* wait
 //! for; if the chain comes back to the requester, the request fails with
@@ -54,12 +58,15 @@
 //! (`crate::service`'s module docs, "Locks").
 //!
 //! A client holds at most [`MAX_RANGES_PER_CLIENT`] ranges and the server
-//! [`MAX_RANGES`] (each range ≈ 24 B in its owner's list plus its share of
-//! the maps: about 100 B at most, so 2²⁰ ranges ≤ 100 MiB); a connection
-//! has at most [`MAX_WAITERS_PER_CONN`] requests waiting (fewer than the
-//! transport's 64 request credits, so waiting locks never starve the
-//! connection's other requests), the server [`MAX_WAITERS`]. Past a
-//! bound a request fails with `ENOLCK`.
+//! [`MAX_RANGES`], an unlock that splits a range included (each range ≈
+//! 24 B in its owner's list plus its share of the maps: about 100 B at
+//! most, so 2²⁰ ranges ≤ 100 MiB); a connection speaks for at most
+//! [`MAX_CLIENTS_PER_CONN`] client ids (a client id is made only by a
+//! lock, never by a test or an unlock of nothing) and has at most
+//! [`MAX_WAITERS_PER_CONN`] requests waiting (fewer than the transport's
+//! 64 request credits, so waiting locks never starve the connection's
+//! other requests), the server [`MAX_WAITERS`]. Past a bound a request
+//! fails with `ENOLCK`.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
@@ -73,8 +80,12 @@ pub const MAX_RANGES_PER_CLIENT: usize = 1 << 16;
 pub const MAX_RANGES: usize = 1 << 20;
 /// Most lock requests one connection may have waiting.
 pub const MAX_WAITERS_PER_CONN: usize = 16;
-/// Most lock requests waiting on the server.
-pub const MAX_WAITERS: usize = 1 << 14;
+/// Most lock requests waiting on the server (the deadlock check walks
+/// the waiters: at most 4096² steps, on the loop thread).
+pub const MAX_WAITERS: usize = 1 << 12;
+/// Most client ids one connection may speak for (a native client has one;
+/// a hostile one must not grow the table of clients without bound).
+pub const MAX_CLIENTS_PER_CONN: usize = 16;
 
 /// Who holds a lock: a client and an owner within it (module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -138,10 +149,11 @@ impl FileLocks {
         })
     }
 
-    /// Whether `req` must yield to one of `earlier` (fairness, module
-    /// docs): not for an owner that already holds a lock in the range.
+    /// Whether waiting request `req` must yield to one of `earlier`
+    /// (fairness, module docs): not for an owner that already holds a lock
+    /// on this file (it changes or extends what it holds).
     fn yields_to<'a>(&self, req: &LockRequest, mut earlier: impl Iterator<Item = &'a Waiter>) -> Option<Owner> {
-        if self.held.get(&req.owner).is_some_and(|l| l.overlaps(req.start, req.end)) {
+        if self.held.contains_key(&req.owner) {
             return None;
         }
         earlier
@@ -226,8 +238,14 @@ impl LockTable {
     }
 
     /// Connection `conn` speaks for `client` from now on (a reconnect
-    /// moves it; a lease in progress ends).
-    fn bind(&mut self, conn: u32, client: u64) {
+    /// moves it; a lease in progress ends). `ENOLCK` for a new client id
+    /// past [`MAX_CLIENTS_PER_CONN`].
+    fn bind(&mut self, conn: u32, client: u64) -> Result<(), Errno> {
+        if !self.clients.contains_key(&client)
+            && self.conns.get(&conn).is_some_and(|set| set.len() >= MAX_CLIENTS_PER_CONN)
+        {
+            return Err(Errno::ENOLCK);
+        }
         let c = self.clients.entry(client).or_default();
         if c.conn != Some(conn) {
             if let Some(old) = c.conn {
@@ -239,20 +257,12 @@ impl LockTable {
             self.conns.entry(conn).or_default().insert(client);
         }
         c.expires = None;
+        Ok(())
     }
 
     /// The first lock of another owner that conflicts with a `kind` lock
     /// over `start..=end` (`F_GETLK`); its pid only for the same client.
-    pub fn test(
-        &mut self,
-        conn: u32,
-        ino: Ino,
-        owner: Owner,
-        start: u64,
-        end: u64,
-        kind: LockKind,
-    ) -> Option<LockHolder> {
-        self.bind(conn, owner.client);
+    pub fn test(&self, ino: Ino, owner: Owner, start: u64, end: u64, kind: LockKind) -> Option<LockHolder> {
         let req = LockRequest { ino, owner, pid: 0, start, end, kind, wait: false, reclaim: false };
         let (holder, mut h) = self.files.get(&ino)?.held_conflict(&req)?;
         if holder.client != owner.client {
@@ -263,24 +273,30 @@ impl LockTable {
 
     /// Takes, changes or releases a lock for connection `conn` (module docs).
     pub fn lock(&mut self, conn: u32, req: LockRequest) -> Outcome {
-        self.bind(conn, req.owner.client);
-        if req.kind == LockKind::Unlock {
-            self.set(req);
-            self.wake(req.ino);
-            return Outcome::Done;
+        if req.kind == LockKind::Unlock && !self.clients.contains_key(&req.owner.client) {
+            return Outcome::Done; // nothing held, nothing to bind
+        }
+        if let Err(e) = self.bind(conn, req.owner.client) {
+            return Outcome::Refused(e);
         }
         let file = self.files.entry(req.ino).or_default();
         let blocker = match file.held_conflict(&req) {
+            _ if req.kind == LockKind::Unlock => None,
             Some((o, _)) => Some(o),
-            None if req.reclaim => None,
+            // Fairness is for waiting requests: F_SETLK gets what POSIX
+            // says, whatever waits (and agrees with F_GETLK).
+            None if req.reclaim || !req.wait => None,
             None => file.yields_to(&req, file.waiters.iter()),
         };
         if blocker.is_none() {
+            // Unlocks too: splitting a range adds one.
             if let Err(e) = self.room_for(&req) {
                 self.drop_if_empty(req.ino);
                 return Outcome::Refused(e);
             }
             self.set(req);
+            // An unlock, a downgrade or a shrink may free bytes a waiter wants.
+            self.wake(req.ino);
             return Outcome::Done;
         }
         if !req.wait || req.reclaim {
@@ -526,17 +542,16 @@ mod tests {
         assert_eq!(answer(&mut rx), None, "B still reads 50..149");
         assert!(granted(&t.lock(2, req(B, 90, 95, Unlock, false))));
         assert_eq!(answer(&mut rx), Some(Ok(())), "B let go of exactly the bytes C waits for");
-        assert_eq!(t.test(1, 5, A, 0, u64::MAX, Read).map(|h| (h.start, h.end, h.kind)), Some((90, 95, Write)));
+        assert_eq!(t.test(5, A, 0, u64::MAX, Read).map(|h| (h.start, h.end, h.kind)), Some((90, 95, Write)));
         assert_eq!(t.waiting(), 0);
     }
 
     #[test]
-    fn a_waiting_writer_is_not_starved_by_later_readers() {
+    fn a_waiting_writer_is_not_starved_by_later_waiting_readers() {
         let mut t = table();
         assert!(granted(&t.lock(1, req(A, 0, 9, Read, false))));
         let Outcome::Wait(mut w) = t.lock(2, req(B, 0, 9, Write, true)) else { panic!() };
-        // A reader that arrives later queues behind the writer.
-        assert!(matches!(t.lock(3, req(C, 0, 9, Read, false)), Outcome::Refused(Errno::EAGAIN)));
+        // A reader that arrives later and may wait queues behind the writer.
         let Outcome::Wait(mut r) = t.lock(3, req(C, 0, 9, Read, true)) else { panic!() };
         t.lock(1, req(A, 0, 9, Unlock, false));
         assert_eq!(answer(&mut w), Some(Ok(())));
@@ -546,12 +561,33 @@ mod tests {
     }
 
     #[test]
-    fn an_owner_upgrading_its_own_lock_does_not_wait_behind_a_writer_that_waits_for_it() {
+    fn f_setlk_gets_what_posix_says_whatever_waits_and_agrees_with_f_getlk() {
         let mut t = table();
         assert!(granted(&t.lock(1, req(A, 0, 9, Read, false))));
-        let Outcome::Wait(mut w) = t.lock(2, req(B, 0, 9, Write, true)) else { panic!() };
+        let Outcome::Wait(_w) = t.lock(2, req(B, 0, 19, Write, true)) else { panic!() };
+        assert_eq!(t.test(5, C, 0, 9, Read), None);
+        assert!(granted(&t.lock(3, req(C, 0, 9, Read, false))), "no held lock conflicts");
+    }
+
+    #[test]
+    fn a_downgrade_wakes_the_readers_waiting_for_it() {
+        let mut t = table();
+        assert!(granted(&t.lock(1, req(A, 0, 9, Write, false))));
+        let Outcome::Wait(mut r) = t.lock(2, req(B, 0, 9, Read, true)) else { panic!() };
+        assert!(granted(&t.lock(1, req(A, 0, 9, Read, false))));
+        assert_eq!(answer(&mut r), Some(Ok(())));
+    }
+
+    #[test]
+    fn an_owner_changing_its_own_locks_does_not_wait_behind_a_writer_that_waits_for_it() {
+        let mut t = table();
+        assert!(granted(&t.lock(1, req(A, 0, 9, Read, false))));
+        let Outcome::Wait(mut w) = t.lock(2, req(B, 0, 19, Write, true)) else { panic!() };
+        // Extending its read lock next to the one it holds: granted, no
+        // EDEADLK (B waits for A, but A need not wait for B).
+        assert!(granted(&t.lock(1, req(A, 10, 19, Read, true))));
         assert!(granted(&t.lock(1, req(A, 0, 9, Write, true))), "no other holder: the upgrade is granted");
-        t.lock(1, req(A, 0, 9, Unlock, false));
+        t.lock(1, req(A, 0, 19, Unlock, false));
         assert_eq!(answer(&mut w), Some(Ok(())));
     }
 
@@ -600,22 +636,26 @@ mod tests {
         let mut t = table();
         assert!(granted(&t.lock(1, req(A, 0, 9, Read, false))));
         let Outcome::Wait(_w) = t.lock(2, req(B, 0, 9, Write, true)) else { panic!() };
-        assert!(matches!(t.lock(3, req(C, 0, 9, Read, false)), Outcome::Refused(Errno::EAGAIN)));
+        let Outcome::Wait(mut r) = t.lock(3, req(C, 0, 9, Read, true)) else { panic!("queued behind B") };
         t.disconnected(2, Instant::now());
+        assert_eq!(answer(&mut r), Some(Ok(())), "B's waiter went: C no longer yields to it");
         assert_eq!(t.waiting(), 0);
-        assert!(granted(&t.lock(3, req(C, 0, 9, Read, false))));
     }
 
     #[test]
     fn bounds_refuse_with_enolck() {
         let mut t = table();
+        let mut waiting = Vec::new();
         for i in 0..MAX_WAITERS_PER_CONN as u64 {
             assert!(granted(&t.lock(1, req(Owner { client: 1, owner: i }, i * 10, i * 10, Write, false))));
             let waiter = Owner { client: 2, owner: i };
-            assert!(matches!(t.lock(2, req(waiter, i * 10, i * 10, Write, true)), Outcome::Wait(_)));
+            let o = t.lock(2, req(waiter, i * 10, i * 10, Write, true));
+            assert!(matches!(o, Outcome::Wait(_)));
+            waiting.push(o);
         }
         let extra = Owner { client: 2, owner: 999 };
-        assert!(matches!(t.lock(2, req(extra, 0, 0, Write, true)), Outcome::Refused(Errno::ENOLCK)));
+        let o = t.lock(2, req(extra, 0, 0, Write, true));
+        assert!(matches!(o, Outcome::Refused(Errno::ENOLCK)), "{o:?}");
         // Ranges: a client that splits its locks into too many pieces.
         let mut t = table();
         for i in 0..MAX_RANGES_PER_CLIENT as u64 {
@@ -625,6 +665,26 @@ mod tests {
         assert!(matches!(t.lock(1, req(A, next, next, Write, false)), Outcome::Refused(Errno::ENOLCK)));
         // Merging does not grow: extending the last range is fine.
         assert!(granted(&t.lock(1, req(A, next - 2, next - 1, Write, false))));
+        // Unlocks that split a range count too.
+        let mut t = table();
+        assert!(granted(&t.lock(1, req(A, 0, 1 << 40, Write, false))));
+        let mut refused = None;
+        for i in 0..MAX_RANGES_PER_CLIENT as u64 + 10 {
+            if let Outcome::Refused(e) = t.lock(1, req(A, 2 * i + 1, 2 * i + 1, Unlock, false)) {
+                refused = Some((i, e));
+                break;
+            }
+        }
+        assert_eq!(refused.map(|(_, e)| e), Some(Errno::ENOLCK));
+        assert!(t.ranges() <= MAX_RANGES_PER_CLIENT);
+        // A connection cycling client ids does not grow the table of clients.
+        let mut t = table();
+        for c in 0..MAX_CLIENTS_PER_CONN as u64 {
+            assert!(granted(&t.lock(9, req(Owner { client: 100 + c, owner: 1 }, c, c, Read, false))));
+        }
+        let one_more = Owner { client: 999, owner: 1 };
+        assert!(matches!(t.lock(9, req(one_more, 0, 0, Read, false)), Outcome::Refused(Errno::ENOLCK)));
+        assert!(granted(&t.lock(9, req(one_more, 0, 0, Unlock, false))), "an unlock of nothing binds nothing");
     }
 
     #[test]
@@ -632,8 +692,8 @@ mod tests {
         let mut t = table();
         let same_client_other_owner = Owner { client: A.client, owner: 99 };
         assert!(granted(&t.lock(1, req(A, 0, 9, Write, false))));
-        assert_eq!(t.test(1, 5, same_client_other_owner, 0, 0, Read).map(|h| h.pid), Some(10));
-        assert_eq!(t.test(2, 5, B, 0, 0, Read).map(|h| h.pid), Some(0));
-        assert_eq!(t.test(1, 5, A, 0, 0, Write), None, "an owner never conflicts with itself");
+        assert_eq!(t.test(5, same_client_other_owner, 0, 0, Read).map(|h| h.pid), Some(10));
+        assert_eq!(t.test(5, B, 0, 0, Read).map(|h| h.pid), Some(0));
+        assert_eq!(t.test(5, A, 0, 0, Write), None, "an owner never conflicts with itself");
     }
 }

@@ -310,7 +310,9 @@ impl Drop for MetaService {
     fn drop(&mut self) {
         // Stopping with no lock held: the next instance needs no grace.
         if let Some((path, _)) = &self.lock_marker {
-            if self.locks.get_mut().ranges() == 0 {
+            let locks = self.locks.get_mut();
+            // Not during the grace: clients may not have reclaimed yet.
+            if locks.ranges() == 0 && locks.grace_until(Instant::now()).is_none() {
                 let _ = std::fs::remove_file(path);
             }
         }
@@ -373,7 +375,7 @@ impl MetaService {
                 self.lock_grace().await;
                 let mut locks = self.locks.borrow_mut();
                 locks.expire(Instant::now());
-                let conflict = locks.test(conn, ino, Owner { client, owner }, start, end, kind);
+                let conflict = locks.test(ino, Owner { client, owner }, start, end, kind);
                 Ok(Response::LockTest { conflict })
             }
             Request::RevokeCredential { name } => {

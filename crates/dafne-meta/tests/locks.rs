@@ -157,3 +157,40 @@ fn a_fresh_server_and_one_stopped_with_no_lock_held_have_no_lock_grace() {
     let _ = m.child.wait();
     assert!(!dir.path().join("locks.held").exists(), "a clean stop with no lock held leaves the marker behind");
 }
+
+#[test]
+fn past_sixteen_waiting_locks_a_session_still_gets_a_free_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = start_meta(dir.path(), "127.0.0.1:0", 10);
+    let (rt1, rt2) = (runtime(), runtime());
+    let (one, two) = (session(&rt1, dir.path(), m.addr), session(&rt2, dir.path(), m.addr));
+    let x = two.create(ROOT_INO, b"x", 0o644, true).unwrap().ino;
+    let z = two.create(ROOT_INO, b"z", 0o644, true).unwrap().ino;
+    two.lock(x, 1, 1, 0, 0, W, false).unwrap();
+    two.lock(z, 1, 1, 0, 0, W, false).unwrap();
+    // Every turn of `one` to wait on the server is taken by a wait for x.
+    let waiters: Vec<_> = (0..dafne_client::locks::MAX_WAITING as u64)
+        .map(|i| {
+            let one = one.clone();
+            std::thread::spawn(move || {
+                one.lock(x, 100 + i, 1, 0, 0, W, true)?;
+                one.lock(x, 100 + i, 1, 0, 0, U, false)
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    // One more, for z, which is released while x stays held.
+    let (tx, rx) = std::sync::mpsc::channel();
+    {
+        let one = one.clone();
+        std::thread::spawn(move || tx.send(one.lock(z, 7, 1, 0, 0, W, true)));
+    }
+    two.lock(z, 1, 1, 0, 0, U, false).unwrap();
+    let got = rx.recv_timeout(Duration::from_secs(20));
+    // Let the waiters for x go either way, then judge.
+    two.lock(x, 1, 1, 0, 0, U, false).unwrap();
+    for w in waiters {
+        assert_eq!(w.join().unwrap(), Ok(()), "each takes x in turn and lets the next have it");
+    }
+    assert_eq!(got, Ok(Ok(())), "the lock on z waited for the unrelated lock on x");
+}

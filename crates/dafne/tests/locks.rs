@@ -256,6 +256,62 @@ fn flock_and_fcntl_locks_exclude_across_mounts_and_waiters_wake_when_they_free()
     wait_for("the OFD lock to go with its file", || other.ask("ofd w 300 10 nowait") == "ok");
 }
 
+/// A process takes a POSIX lock through one open file, forks, closes that
+/// open (its lock goes, POSIX), opens the file again and locks again; then
+/// its child closes its copy of the first open file (the kernel's release
+/// of it). Prints `ready` and holds until stdin closes.
+const FORK_AND_RELOCK: &str = r#"
+import fcntl, os, sys
+path = sys.argv[1]
+fd1 = os.open(path, os.O_RDWR)
+fcntl.lockf(fd1, fcntl.LOCK_EX)
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.close(w)
+    os.read(r, 1)
+    os.close(fd1)
+    os._exit(0)
+os.close(fd1)
+fd2 = os.open(path, os.O_RDWR)
+fcntl.lockf(fd2, fcntl.LOCK_EX)
+os.write(w, b"x")
+os.waitpid(pid, 0)
+print("ready", flush=True)
+sys.stdin.readline()
+"#;
+
+#[test]
+fn another_processs_close_of_an_open_file_leaves_a_newer_lock_alone() {
+    let _g = serial();
+    let c = Cluster::start();
+    let (a, b) = two_mounts(&c);
+    let locker = script(&c, "locker.py", LOCKER);
+    let relock = script(&c, "relock.py", FORK_AND_RELOCK);
+    std::fs::write(a.path("f"), b"x").unwrap();
+    let mut p = Command::new("python3")
+        .arg(&relock)
+        .arg(a.path("f"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(p.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "ready");
+    // The child's release reaches the mount after its close returned:
+    // the lock must hold throughout.
+    let mut other = Locker::start(&locker, &b.path("f"));
+    let until = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < until {
+        assert_eq!(other.ask("posix w 0 0 nowait"), "err EAGAIN", "the parent's second lock was released");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(p.stdin.take());
+    let _ = p.wait();
+    wait_for("the lock to go with its holder", || other.ask("posix w 0 0 nowait") == "ok");
+}
+
 /// Kills a child when dropped (a failed assertion leaves no waiter behind).
 struct Guard(Child);
 
