@@ -969,13 +969,13 @@ mod tests {
 
     #[test]
     fn the_session_sequence_travels_after_the_groups_and_its_window_is_checked() {
-        let seq = SessionSeq { client: 0xc11e_47, seq: 4200, acked_below: 4100 };
+        let seq = SessionSeq { client: 0x00c1_1e47, seq: 4200, acked_below: 4100 };
         let env = Envelope { groups: Groups::new(&[7, 8]), session: Some(seq), ..ENV };
         let req = Request::Unlink { parent: 1, name: b"f".to_vec() };
         let b = encode_request(env, &req);
         assert_eq!(b[4], (REQUEST_FLAG_GROUPS | REQUEST_FLAG_SESSION) as u8);
         // Groups (1 + 2 × 4), then client, seq, acked_below.
-        assert_eq!(&b[32 + 9..32 + 17], &0xc11e_47u64.to_le_bytes());
+        assert_eq!(&b[32 + 9..32 + 17], &0x00c1_1e47_u64.to_le_bytes());
         assert_eq!(&b[32 + 17..32 + 25], &4200u64.to_le_bytes());
         assert_eq!(&b[32 + 25..32 + 33], &4100u64.to_le_bytes());
         assert_eq!(decode_request(&b), Ok((env, req.clone())));
