@@ -181,6 +181,15 @@ fn proto() {
             &Request::Rename { src_parent: 1, src_name: b"a".to_vec(), dst_parent: 1, dst_name: b"b".to_vec(), flags: 2 },
         ),
         encode_reply(3, Op::ListXattr, &Ok(Response::XattrNames { names: vec![b"user.a".to_vec()] })),
+        // Groups and the exactly-once session sequence, both extensions.
+        encode_request(
+            Envelope {
+                groups: dafne_proto::Groups::new(&[5, 6]),
+                session: Some(dafne_proto::SessionSeq { client: 0xfeed, seq: 40, acked_below: 37 }),
+                ..env()
+            },
+            &Request::Unlink { parent: 1, name: b"x".to_vec() },
+        ),
     ];
     sweep("proto", dafne_fuzz::proto, seeds, 3);
 }

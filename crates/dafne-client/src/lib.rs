@@ -23,6 +23,23 @@
 //! server) is noticed and replaced within the server's grace even when the
 //! application makes no call.
 //!
+//! # Exactly-once
+//! Every non-idempotent request (`Request::is_exactly_once`: create,
+//! mkdir, link, rename, unlink, setattr, xattr changes, and compounds with
+//! one of them) gets the next number of this session's sequence and goes
+//! out with (client id, seq, acked_below), where acked_below is the
+//! lowest seq still waiting for its answer (or the next seq when none
+//! waits). When its connection is lost before the answer came, the call is
+//! sent again, same bytes and same seq, on the next connection (waiting
+//! for one for up to [`RETRY_DEADLINE`] in all), and the metadata server
+//! answers from its replay cache if it had executed it (`dafne_meta`
+//! store docs, "Exactly-once replay cache"): a retried exclusive create
+//! gets its own `Ok`, not `EEXIST`; a retried unlink does not get
+//! `ENOENT`. Other requests are not retried here (one `EIO`, and the next
+//! call reconnects; module `link`). Past the deadline the call fails with
+//! `EIO` and its seq counts as answered. The retry waits block the calling
+//! thread, like reconnecting does (module `link`).
+//!
 //! # Locks
 //! Byte-range locks ([`MetaSession::lock`], [`MetaSession::test_lock`])
 //! are held by the metadata server for this session's client id, and
@@ -46,7 +63,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use dafne_proto::{decode_reply, encode_request, Capability, Envelope, HeldOpen, Layout, Request, MAX_REOPEN};
+use dafne_proto::{
+    decode_reply, encode_request, Capability, Envelope, HeldOpen, Layout, Request, SessionSeq, MAX_REOPEN, SEQ_WINDOW,
+};
 pub use dafne_proto::{
     Attr, Change, CompoundOp, DirEntry, Errno, FileType, Groups, Ino, LayoutHint, LockHolder, LockKind, Orphan,
     Response, SetAttr, StatFs, TimeSet, RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_INO, XATTR_CREATE, XATTR_REPLACE,
@@ -89,6 +108,45 @@ pub struct OpenFile {
 /// (module docs, "Open files"); the server's grace must be longer.
 pub const KEEPALIVE: Duration = Duration::from_secs(1);
 
+/// How long a non-idempotent call whose connection was lost keeps being
+/// sent again on new connections (module docs, "Exactly-once").
+pub const RETRY_DEADLINE: Duration = Duration::from_secs(30);
+
+/// This session's exactly-once sequence (module docs, "Exactly-once").
+#[derive(Debug)]
+struct Seqs {
+    /// The next seq to hand out (from 1).
+    next: u64,
+    /// Seqs sent and not yet answered or given up.
+    outstanding: std::collections::BTreeSet<u64>,
+}
+
+impl Seqs {
+    /// The identity of a new request: the next seq, and the lowest seq
+    /// still waiting, kept inside the server's window (a request more than
+    /// [`SEQ_WINDOW`] behind gives up its protection rather than have the
+    /// new one refused).
+    fn start(&mut self, client: u64) -> SessionSeq {
+        let seq = self.next;
+        self.next += 1;
+        self.outstanding.insert(seq);
+        let lowest = self.outstanding.first().copied().unwrap_or(seq);
+        SessionSeq { client, seq, acked_below: lowest.max(seq.saturating_sub(SEQ_WINDOW - 1)) }
+    }
+}
+
+/// Marks a seq answered (or given up) when the call ends, however it ends.
+struct SeqDone {
+    inner: Arc<Inner>,
+    seq: u64,
+}
+
+impl Drop for SeqDone {
+    fn drop(&mut self) {
+        self.inner.seqs.lock().unwrap_or_else(|p| p.into_inner()).outstanding.remove(&self.seq);
+    }
+}
+
 /// The opens this session holds, as the server counts them.
 #[derive(Debug, Default)]
 struct Held {
@@ -104,8 +162,10 @@ struct Inner {
     next_tag: AtomicU64,
     root: Ino,
     held: Arc<Mutex<Held>>,
-    /// This session's identity for its locks (module [`locks`]).
+    /// This session's identity for its locks (module [`locks`]) and its
+    /// exactly-once sequence.
     client_id: u64,
+    seqs: Mutex<Seqs>,
     locks: Arc<locks::Locks>,
 }
 
@@ -232,7 +292,8 @@ impl MetaSession {
             locks2.reclaim(c, client_id, uid, gid)
         });
         let link = link::Link::new(client, hello);
-        let inner = Arc::new(Inner { link, next_tag: AtomicU64::new(1), root, held, client_id, locks });
+        let seqs = Mutex::new(Seqs { next: 1, outstanding: Default::default() });
+        let inner = Arc::new(Inner { link, next_tag: AtomicU64::new(1), root, held, client_id, seqs, locks });
         Self::start_keepalive(Arc::downgrade(&inner), uid, gid);
         Ok(MetaSession { inner, uid, gid, groups: Groups::NONE })
     }
@@ -346,24 +407,49 @@ impl MetaSession {
     }
 
     fn envelope(&self, tag: u64) -> Envelope {
-        Envelope { tag, uid: self.uid, gid: self.gid, groups: self.groups }
+        Envelope { tag, uid: self.uid, gid: self.gid, groups: self.groups, session: None }
     }
 
-    /// Sends one request; resolves with the server's answer.
+    /// Sends one request; resolves with the server's answer. A
+    /// non-idempotent one is sent again after a lost connection (module
+    /// docs, "Exactly-once").
     pub fn request_async(&self, req: Request) -> impl Future<Output = Result<Response, Errno>> + Send + 'static {
         let tag = self.inner.next_tag.fetch_add(1, Ordering::Relaxed);
-        let call = self.inner.link.get().map(|(c, generation)| {
-            let env = Envelope { tag, uid: self.uid, gid: self.gid, groups: self.groups };
-            (c.call_async(encode_request(env, &req)), generation)
-        });
         let inner = self.inner.clone();
+        let session = req.is_exactly_once().then(|| {
+            let s = inner.seqs.lock().unwrap_or_else(|p| p.into_inner()).start(inner.client_id);
+            (s, SeqDone { inner: inner.clone(), seq: s.seq })
+        });
+        let env = Envelope { session: session.as_ref().map(|(s, _)| *s), ..self.envelope(tag) };
+        let payload = encode_request(env, &req);
+        let call = self.inner.link.get().map(|(c, generation)| (c.call_async(payload.clone()), generation));
         let (uid, gid) = (self.uid, self.gid);
         async move {
-            let Some((call, generation)) = call else { return Err(Errno::EIO) };
-            let bytes = call.await.map_err(|e| {
-                inner.link.failed(generation, &e);
-                io_err(e)
-            })?;
+            let began = std::time::Instant::now();
+            let retrying = session.is_some();
+            let _done = session.map(|(_, d)| d);
+            let mut call = call;
+            let (bytes, generation) = loop {
+                let Some((pending, generation)) = call.take() else {
+                    if retrying && began.elapsed() < RETRY_DEADLINE {
+                        std::thread::sleep(link::RETRY_EVERY);
+                        call = inner.link.get().map(|(c, g)| (c.call_async(payload.clone()), g));
+                        continue;
+                    }
+                    return Err(Errno::EIO);
+                };
+                match pending.await {
+                    Ok(bytes) => break (bytes, generation),
+                    Err(e) => {
+                        inner.link.failed(generation, &e);
+                        if !(retrying && link::is_connection_loss(&e) && began.elapsed() < RETRY_DEADLINE) {
+                            return Err(io_err(e));
+                        }
+                        tracing::debug!("connection lost under a non-idempotent call ({e}): sending it again");
+                        call = inner.link.get().map(|(c, g)| (c.call_async(payload.clone()), g));
+                    }
+                }
+            };
             let (rtag, _, result) = decode_reply(&bytes).map_err(|_| Errno::EPROTO)?;
             if rtag != tag {
                 return Err(Errno::EPROTO);

@@ -3,9 +3,11 @@
 //! call opens a new connection instead of failing forever.
 //!
 //! # What is and is not retried
-//! Nothing is retried. A call in flight when the connection fails returns
-//! its error (`EIO`): it may or may not have been applied (a create, a
-//! write), and only the caller knows whether repeating it is safe. The
+//! The link retries nothing by itself. A call in flight when the
+//! connection fails returns its error (`EIO`): it may or may not have been
+//! applied (a write), and only the caller knows whether repeating it is
+//! safe; the metadata session repeats its non-idempotent calls, which the
+//! server's replay cache makes safe (crate docs, "Exactly-once"). The
 //! *following* calls reconnect first. Reconnection is tried at most every
 //! [`RETRY_EVERY`], so a server that is down costs callers one fast error
 //! each rather than a connection attempt each. While one thread

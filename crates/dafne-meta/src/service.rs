@@ -41,6 +41,28 @@
 //! (fsynced, once per instance), and an instance that stops with no lock
 //! held removes it. So a fresh cluster grants its first lock at once.
 //!
+//! # Exactly-once
+//! A non-idempotent request (`Request::is_exactly_once`) that carries its
+//! client's session sequence (`REQUEST_FLAG_SESSION`) is handed to the
+//! store with it ([`Job::replay`]); the store answers a retry from its
+//! replay cache in the same transaction that would have run it (store
+//! docs, "Exactly-once replay cache"). A retry that arrives while its
+//! original still runs is queued behind it on the one store thread and so
+//! gets the cached answer: no second execution, no in-memory table. Other
+//! requests ignore the sequence. A replayed answer passes through the same
+//! path as a first one (capabilities signed afresh, opens counted for the
+//! connection that asked, changes logged again, which only repeats an
+//! invalidation).
+//!
+//! # Fault injection (tests only)
+//! `DAFNE_FAULT_DROP_REPLY=<op>:<n>[:kill],...` (read when the service
+//! starts; op names as `Op` prints them, any case) makes the server lose
+//! the reply to the `n`-th successful execution of `<op>` after the store
+//! committed it: the connection is closed instead of answered, or, with
+//! `:kill`, the process aborts on the spot (as `kill -9` right after the
+//! commit). Off unless set; it exists for the exactly-once tests
+//! (`tests/exactly_once.rs`).
+//!
 //! Revoked credential names live in the store and, for logins, in memory
 //! (loaded at start, added to by `RevokeCredential` once committed): a
 //! login under a revoked name is refused with `EKEYREVOKED`, and a
@@ -225,6 +247,51 @@ pub struct MetaService {
     /// The marker file that says this store's server granted locks (module
     /// docs, "Locks"), and whether this instance has written it.
     lock_marker: Option<(std::path::PathBuf, Cell<bool>)>,
+    /// Replies to lose (module docs, "Fault injection").
+    faults: Vec<DropReply>,
+}
+
+/// The environment variable of the reply-dropping test hook.
+pub const FAULT_DROP_REPLY: &str = "DAFNE_FAULT_DROP_REPLY";
+
+/// One `<op>:<n>[:kill]` of [`FAULT_DROP_REPLY`].
+#[derive(Debug)]
+struct DropReply {
+    op: Op,
+    nth: u64,
+    kill: bool,
+    /// Successful executions of `op` so far.
+    seen: Cell<u64>,
+}
+
+/// Why [`FAULT_DROP_REPLY`] could not be read.
+#[derive(Debug, thiserror::Error)]
+#[error("{FAULT_DROP_REPLY}={spec:?}: {why} (expected <op>:<n>[:kill],...)")]
+pub struct FaultSpecError {
+    spec: String,
+    why: String,
+}
+
+/// Parses [`FAULT_DROP_REPLY`]'s value.
+fn parse_faults(spec: &str) -> Result<Vec<DropReply>, FaultSpecError> {
+    let err = |why: String| FaultSpecError { spec: spec.to_string(), why };
+    let mut out = Vec::new();
+    for item in spec.split(',').filter(|i| !i.is_empty()) {
+        let parts: Vec<&str> = item.split(':').collect();
+        let (name, n, kill) = match parts.as_slice() {
+            [name, n] => (*name, *n, false),
+            [name, n, "kill"] => (*name, *n, true),
+            _ => return Err(err(format!("{item:?} is not <op>:<n>[:kill]"))),
+        };
+        let op = Op::ALL
+            .iter()
+            .copied()
+            .find(|op| op.name().eq_ignore_ascii_case(name))
+            .ok_or_else(|| err(format!("no op named {name:?}")))?;
+        let nth = n.parse::<u64>().ok().filter(|&n| n >= 1).ok_or_else(|| err(format!("{n:?} is not a count ≥ 1")))?;
+        out.push(DropReply { op, nth, kill, seen: Cell::new(0) });
+    }
+    Ok(out)
 }
 
 /// Name of the marker file beside the store (module docs, "Locks").
@@ -272,7 +339,21 @@ impl MetaService {
         };
         let mut locks = LockTable::new(lock_grace, Instant::now());
         locks.set_lease(grace);
+        let faults = match std::env::var(FAULT_DROP_REPLY) {
+            Ok(spec) => match parse_faults(&spec) {
+                Ok(f) => {
+                    tracing::warn!("test hook {FAULT_DROP_REPLY}={spec:?} is on: replies will be lost on purpose");
+                    f
+                }
+                Err(e) => {
+                    tracing::error!("{e}: the hook stays off");
+                    Vec::new()
+                }
+            },
+            Err(_) => Vec::new(),
+        };
         MetaService {
+            faults,
             locks: RefCell::new(locks),
             changes: RefCell::new(ChangeLog::default()),
             lock_marker,
@@ -343,6 +424,7 @@ impl MetaService {
             Ok(c) => c,
             Err(e) => return encode_reply(env.tag, op, &Err(e)),
         };
+        let replay = env.session.filter(|_| request.is_exactly_once());
         let result = match request {
             Request::SessionOpen { .. } => Err(Errno::EPROTO), // answered above
             Request::Close { object_id } => {
@@ -358,7 +440,7 @@ impl MetaService {
             },
             Request::Compound { ops } => {
                 let logged = ops.clone();
-                let r = self.run(conn, Job { cred, ops, protected: None }).await;
+                let r = self.run(conn, Job { cred, ops, protected: None, replay }).await;
                 if let Ok(results) = &r {
                     self.changes.borrow_mut().record(conn, crate::changes::of_compound(&logged, results));
                 }
@@ -383,6 +465,7 @@ impl MetaService {
                     cred,
                     ops: vec![CompoundOp { chain: false, req: Request::RevokeCredential { name: name.clone() } }],
                     protected: None,
+                    replay: None,
                 };
                 let result = match self.run(conn, job).await {
                     Ok(mut results) => results.pop().unwrap_or(Err(Errno::EIO)),
@@ -395,7 +478,7 @@ impl MetaService {
             }
             single => {
                 let changed = crate::changes::of_request(&single);
-                let job = Job { cred, ops: vec![CompoundOp { chain: false, req: single }], protected: None };
+                let job = Job { cred, ops: vec![CompoundOp { chain: false, req: single }], protected: None, replay };
                 let r = match self.run(conn, job).await {
                     Ok(mut results) => results.pop().unwrap_or(Err(Errno::EIO)),
                     Err(e) => Err(e),
@@ -406,7 +489,27 @@ impl MetaService {
                 r
             }
         };
+        if result.is_ok() {
+            self.maybe_drop_reply(&req.conn, op);
+        }
         encode_reply(env.tag, op, &result)
+    }
+
+    /// The test hook (module docs, "Fault injection"): after the `n`-th
+    /// success of a listed op, close the connection (its reply is then
+    /// never sent) or die.
+    fn maybe_drop_reply(&self, conn: &dafne_transport::ConnHandle, op: Op) {
+        for f in self.faults.iter().filter(|f| f.op == op) {
+            f.seen.set(f.seen.get() + 1);
+            if f.seen.get() == f.nth {
+                if f.kill {
+                    tracing::warn!("fault hook: aborting after committed {op} #{}", f.nth);
+                    std::process::abort();
+                }
+                tracing::warn!("fault hook: dropping the reply to {op} #{} (closing connection {})", f.nth, conn.id());
+                conn.close();
+            }
+        }
     }
 
     /// `Watch` ([`crate::changes`]): the changes after `since` that other
@@ -654,7 +757,12 @@ impl MetaService {
             tracing::debug!("recap refused on connection {conn}: no open of object {}", cap.object_id);
             return Err(Errno::EACCES);
         }
-        let job = Job { cred, ops: vec![CompoundOp { chain: false, req: Request::Recap { cap } }], protected: None };
+        let job = Job {
+            cred,
+            ops: vec![CompoundOp { chain: false, req: Request::Recap { cap } }],
+            protected: None,
+            replay: None,
+        };
         match self.run(conn, job).await {
             Ok(mut results) => results.pop().unwrap_or(Err(Errno::EIO)),
             Err(e) => Err(e),

@@ -20,6 +20,8 @@
 //! | `orphans` | object id `u64` | ino `u64` — the first orphan table, emptied into `orphans_v2` on open |
 //! | `revoked_credentials` | credential name | when it was revoked, unix seconds `u64` (`RevokeCredential`) |
 //! | `xattrs` | (ino `u64`, name bytes with prefix) | value bytes (extended attributes) |
+//! | `replies` | (client `u64`, seq `u64`) | format u8 (1), stored_at_unix_ms u64, the job's results encoded as a Compound reply (exactly-once replay cache) |
+//! | `replies_by_time` | (stored_at_unix_ms `u64`, client `u64`, seq `u64`) | `()`: the same entries in age order, for purging |
 //!
 //! `dirseq` gives every entry a per-directory sequence number at insertion;
 //! readdir walks it in order and its cookie is the last sequence returned,
@@ -73,6 +75,35 @@
 //! kernel's check for it before every write without a round trip
 //! (`dafne_fuse::core`).
 //!
+//! # Exactly-once replay cache
+//! A job that carries its client's session sequence ([`Job::replay`]: a
+//! non-idempotent request, `Request::is_exactly_once`) is looked up in
+//! `replies` first, inside the batch's write transaction: found, its
+//! stored results are its answer and nothing runs; not found, it runs and
+//! its results are stored in the same transaction. So an answer is in the
+//! cache exactly when the operation was committed, `kill -9` or not, and a
+//! retry can never run an operation twice: the store thread is the single
+//! place jobs run, in queue order, and a retry queued behind its original
+//! (even in the same batch, which reads its own writes) finds its entry.
+//! The service therefore needs no in-memory "in progress" table.
+//!
+//! Bounds (entries are small: a header and typically one `Entry` answer,
+//! ~150 bytes; at most a 16-op Compound with layouts, < 32 KiB):
+//! * per client: the wire keeps `seq - acked_below < SEQ_WINDOW` (4096),
+//!   and each job first deletes its client's entries below `acked_below`
+//!   (the client received those answers), so a live client holds at most
+//!   4096 entries, in practice its requests in flight (≤ 64 credits per
+//!   connection) plus the last answered one;
+//! * in age: entries older than [`REPLY_TTL`] (10 min, twenty times the
+//!   client's 30 s retry deadline) are deleted by every committing batch
+//!   (at most [`PURGE_PER_BATCH`] of them, so no batch stalls) and all of
+//!   them when the store opens;
+//! * in all: past [`MAX_REPLIES`] entries (2¹⁸: ~40 MiB at 150 B, ~8 GiB
+//!   only if every entry were a maximal Compound), the oldest are deleted
+//!   first; a client whose entry went that way loses exactly-once for
+//!   that request (its retry runs again), never correctness otherwise.
+//!   Clients that vanish leave their entries to the age purge.
+//!
 //! # Special files
 //! FIFOs, sockets and device nodes are inodes without data: no layout, no
 //! object on the io servers, size 0. `Open` refuses them with `ENXIO` ("no
@@ -101,6 +132,17 @@ const ORPHANS: TableDefinition<u64, u64> = TableDefinition::new("orphans");
 const ORPHANS_V2: TableDefinition<u64, &[u8]> = TableDefinition::new("orphans_v2");
 const REVOKED_CREDENTIALS: TableDefinition<&str, u64> = TableDefinition::new("revoked_credentials");
 const XATTRS: TableDefinition<(u64, &[u8]), &[u8]> = TableDefinition::new("xattrs");
+const REPLIES: TableDefinition<(u64, u64), &[u8]> = TableDefinition::new("replies");
+const REPLIES_BY_TIME: TableDefinition<(u64, u64, u64), ()> = TableDefinition::new("replies_by_time");
+
+/// How long a cached answer is kept (module docs, "Exactly-once replay cache").
+pub const REPLY_TTL: std::time::Duration = std::time::Duration::from_secs(600);
+/// Most cached answers kept in all (module docs).
+pub const MAX_REPLIES: u64 = 1 << 18;
+/// Most expired or surplus entries one batch deletes.
+pub const PURGE_PER_BATCH: usize = 256;
+/// Format byte of a `replies` value.
+const REPLY_FORMAT: u8 = 1;
 
 /// Most bytes of extended attributes one inode holds (module docs,
 /// "Extended attributes").
@@ -193,6 +235,8 @@ pub enum StoreError {
     Corrupt { ino: u64, why: &'static str },
     #[error("corrupt orphan record of object {object}: {why}")]
     CorruptOrphan { object: u64, why: &'static str },
+    #[error("corrupt cached reply of client {client:#x} seq {seq}: {why}")]
+    CorruptReply { client: u64, seq: u64, why: String },
 }
 
 macro_rules! from_redb {
@@ -271,6 +315,10 @@ pub struct Job {
     /// Data objects `ListOrphans` must not name: files still open
     /// (`crate::opens`). `None`: no such restriction.
     pub protected: Option<Arc<HashSet<u64>>>,
+    /// The request's exactly-once identity: its first results are kept and
+    /// a retry gets them without running (module docs, "Exactly-once
+    /// replay cache"). `None`: runs every time.
+    pub replay: Option<dafne_proto::SessionSeq>,
 }
 
 /// Per-job results: one per operation executed (a chain stops at its first
@@ -506,6 +554,12 @@ impl RedbStore {
             txn.open_table(DIRSEQ)?;
             txn.open_table(REVOKED_CREDENTIALS)?;
             txn.open_table(XATTRS)?;
+            let mut replies = txn.open_table(REPLIES)?;
+            let mut by_time = txn.open_table(REPLIES_BY_TIME)?;
+            let purged = purge_replies(&mut replies, &mut by_time, unix_ms(), usize::MAX)?;
+            if purged > 0 {
+                tracing::info!("{purged} cached replies older than {REPLY_TTL:?} dropped at open");
+            }
             let mut old = txn.open_table(ORPHANS)?;
             let mut orphans = txn.open_table(ORPHANS_V2)?;
             // A store from before `orphans_v2`: its orphans move over (module
@@ -586,9 +640,60 @@ pub fn is_read_only(req: &Request) -> bool {
     }
 }
 
+/// Now, in unix milliseconds (the replay cache's clock).
+fn unix_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// When a `replies` value was stored.
+fn reply_time(client: u64, seq: u64, v: &[u8]) -> Result<u64, StoreError> {
+    let bad = |why: &str| StoreError::CorruptReply { client, seq, why: why.to_string() };
+    if v.first() != Some(&REPLY_FORMAT) {
+        return Err(bad("unknown format"));
+    }
+    let at = v.get(1..9).ok_or_else(|| bad("truncated"))?;
+    Ok(u64::from_le_bytes(at.try_into().map_err(|_| bad("truncated"))?))
+}
+
+/// The results a `replies` value keeps.
+fn decode_stored_reply(client: u64, seq: u64, v: &[u8]) -> Result<JobResult, StoreError> {
+    reply_time(client, seq, v)?;
+    let bad = |why: String| StoreError::CorruptReply { client, seq, why };
+    match dafne_proto::decode_reply(&v[9..]) {
+        Ok((_, _, Ok(Response::Compound { results }))) => Ok(results),
+        Ok(other) => Err(bad(format!("not a Compound answer: {other:?}"))),
+        Err(e) => Err(bad(e.to_string())),
+    }
+}
+
+/// Deletes cached answers older than [`REPLY_TTL`] and, past
+/// [`MAX_REPLIES`], the oldest: at most `limit`. The number deleted.
+fn purge_replies(
+    replies: &mut redb::Table<'_, (u64, u64), &'static [u8]>,
+    by_time: &mut redb::Table<'_, (u64, u64, u64), ()>,
+    now_ms: u64,
+    limit: usize,
+) -> Result<usize, StoreError> {
+    let cutoff = now_ms.saturating_sub(REPLY_TTL.as_millis() as u64);
+    let surplus = replies.len()?.saturating_sub(MAX_REPLIES);
+    let mut doomed = Vec::new();
+    for e in by_time.iter()? {
+        let (at, client, seq) = e?.0.value();
+        if doomed.len() >= limit || (at >= cutoff && doomed.len() as u64 >= surplus) {
+            break;
+        }
+        doomed.push((at, client, seq));
+    }
+    for &(at, client, seq) in &doomed {
+        by_time.remove((at, client, seq))?;
+        replies.remove((client, seq))?;
+    }
+    Ok(doomed.len())
+}
+
 impl MetaStore for RedbStore {
     fn execute(&self, jobs: &[Job]) -> Result<Vec<JobResult>, StoreError> {
-        let read_only = jobs.iter().all(|j| j.ops.iter().all(|o| is_read_only(&o.req)));
+        let read_only = jobs.iter().all(|j| j.replay.is_none() && j.ops.iter().all(|o| is_read_only(&o.req)));
         let txn = self.db.begin_write()?;
         let mut out = Vec::with_capacity(jobs.len());
         let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
@@ -601,14 +706,23 @@ impl MetaStore for RedbStore {
                 orphans: txn.open_table(ORPHANS_V2)?,
                 revoked_credentials: txn.open_table(REVOKED_CREDENTIALS)?,
                 xattrs: txn.open_table(XATTRS)?,
+                replies: txn.open_table(REPLIES)?,
+                replies_by_time: txn.open_table(REPLIES_BY_TIME)?,
                 policy: &self.policy,
                 now: now(),
                 protected: None,
                 log: &log,
                 revoked: Vec::new(),
             };
+            let now_ms = unix_ms();
             for job in jobs {
-                out.push(t.run_job(job)?);
+                out.push(match job.replay {
+                    Some(key) => t.run_once(job, key, now_ms)?,
+                    None => t.run_job(job)?,
+                });
+            }
+            if !read_only {
+                purge_replies(&mut t.replies, &mut t.replies_by_time, now_ms, PURGE_PER_BATCH)?;
             }
             t.revoked
         };
@@ -646,6 +760,8 @@ struct Tables<'t> {
     orphans: redb::Table<'t, u64, &'static [u8]>,
     revoked_credentials: redb::Table<'t, &'static str, u64>,
     xattrs: redb::Table<'t, (u64, &'static [u8]), &'static [u8]>,
+    replies: redb::Table<'t, (u64, u64), &'static [u8]>,
+    replies_by_time: redb::Table<'t, (u64, u64, u64), ()>,
     policy: &'t LayoutPolicy,
     now: Timespec,
     /// The running job's [`Job::protected`].
@@ -657,6 +773,47 @@ struct Tables<'t> {
 }
 
 impl Tables<'_> {
+    /// A job with an exactly-once identity (module docs, "Exactly-once
+    /// replay cache"): the client's acknowledged answers go, then the
+    /// cached answer if there is one, else the job runs and its answer is
+    /// kept.
+    fn run_once(&mut self, job: &Job, key: dafne_proto::SessionSeq, now_ms: u64) -> Result<JobResult, StoreError> {
+        let dafne_proto::SessionSeq { client, seq, acked_below } = key;
+        let acked: Vec<(u64, u64)> = {
+            let mut v = Vec::new();
+            for e in self.replies.range((client, 0)..(client, acked_below))? {
+                let (k, val) = e?;
+                v.push((k.value().1, reply_time(client, k.value().1, val.value())?));
+            }
+            v
+        };
+        for (s, at) in acked {
+            self.replies.remove((client, s))?;
+            self.replies_by_time.remove((at, client, s))?;
+        }
+        if let Some(v) = self.replies.get((client, seq))? {
+            tracing::debug!("replaying the answer to client {client:#x} seq {seq}");
+            return decode_stored_reply(client, seq, v.value());
+        }
+        let results = self.run_job(job)?;
+        let answer = Response::Compound { results };
+        if !answer.answers(dafne_proto::Op::Compound) {
+            // Cannot happen for the ops that carry a sequence; not worth
+            // failing the operation over.
+            tracing::warn!("the answer to client {client:#x} seq {seq} cannot be cached: {answer:?}");
+            let Response::Compound { results } = answer else { unreachable!() };
+            return Ok(results);
+        }
+        let mut value = Vec::with_capacity(64);
+        value.push(REPLY_FORMAT);
+        value.extend_from_slice(&now_ms.to_le_bytes());
+        value.extend_from_slice(&dafne_proto::encode_reply(0, dafne_proto::Op::Compound, &Ok(answer.clone())));
+        self.replies.insert((client, seq), value.as_slice())?;
+        self.replies_by_time.insert((now_ms, client, seq), ())?;
+        let Response::Compound { results } = answer else { unreachable!() };
+        Ok(results)
+    }
+
     fn run_job(&mut self, job: &Job) -> Result<JobResult, StoreError> {
         let mut results: JobResult = Vec::with_capacity(job.ops.len());
         let mut prev: Option<Ino> = None;
@@ -1716,7 +1873,8 @@ mod tests {
 
     /// One request alone, as `cred`.
     fn ask(store: &RedbStore, cred: &Cred, req: Request) -> Result<Response, Errno> {
-        let job = Job { cred: cred.clone(), ops: vec![CompoundOp { chain: false, req }], protected: None };
+        let job =
+            Job { cred: cred.clone(), ops: vec![CompoundOp { chain: false, req }], protected: None, replay: None };
         store.execute(&[job]).unwrap().remove(0).pop().unwrap()
     }
 
@@ -2056,6 +2214,90 @@ mod tests {
 
     /// A store from before `orphans_v2`: its orphans move over on open, on
     /// every server of the policy, and the old table is left empty.
+    fn once(cred: &Cred, req: Request, client: u64, seq: u64, acked_below: u64) -> Job {
+        Job {
+            cred: cred.clone(),
+            ops: vec![CompoundOp { chain: false, req }],
+            protected: None,
+            replay: Some(dafne_proto::SessionSeq { client, seq, acked_below }),
+        }
+    }
+
+    fn create(name: &str) -> Request {
+        Request::Create { parent: ROOT_INO, name: name.as_bytes().to_vec(), mode: 0o644, exclusive: true, hint: None }
+    }
+
+    fn reply_rows(store: &RedbStore) -> (u64, u64) {
+        let r = store.db.begin_read().unwrap();
+        (r.open_table(REPLIES).unwrap().len().unwrap(), r.open_table(REPLIES_BY_TIME).unwrap().len().unwrap())
+    }
+
+    #[test]
+    fn a_retried_job_gets_its_first_answer_and_runs_once() {
+        let (dir, store) = fresh_store();
+        let root = Cred::root();
+        let first = store.execute(&[once(&root, create("a"), 7, 1, 1)]).unwrap();
+        let ino = match &first[0][..] {
+            [Ok(Response::Entry { attr })] => attr.ino,
+            other => panic!("{other:?}"),
+        };
+        // Retried alone, and twice more inside one batch (the second reads
+        // the first's uncommitted entry): the first answer each time.
+        assert_eq!(store.execute(&[once(&root, create("a"), 7, 1, 1)]).unwrap(), first);
+        let both = store.execute(&[once(&root, create("b"), 7, 2, 1), once(&root, create("b"), 7, 2, 1)]).unwrap();
+        assert_eq!(both[0], both[1]);
+        assert!(both[0][0].is_ok());
+        // The same name under another seq or client, or with no sequence,
+        // is a new request: EEXIST.
+        assert_eq!(store.execute(&[once(&root, create("a"), 7, 3, 1)]).unwrap()[0], vec![Err(Errno::EEXIST)]);
+        assert_eq!(store.execute(&[once(&root, create("a"), 8, 1, 1)]).unwrap()[0], vec![Err(Errno::EEXIST)]);
+        assert_eq!(ask(&store, &root, create("a")), Err(Errno::EEXIST));
+        // An unlink retried after it ran: Ok again, not ENOENT.
+        let unlink = Request::Unlink { parent: ROOT_INO, name: b"a".to_vec() };
+        assert_eq!(store.execute(&[once(&root, unlink.clone(), 7, 4, 1)]).unwrap()[0], vec![Ok(Response::Done)]);
+        assert_eq!(store.execute(&[once(&root, unlink.clone(), 7, 4, 1)]).unwrap()[0], vec![Ok(Response::Done)]);
+        assert_eq!(lookup(&store, ROOT_INO, "a"), Err(Errno::ENOENT));
+        // Cached answers survive a reopen (they were committed with the op).
+        drop(store);
+        let store = RedbStore::open(&dir.path().join("meta.redb"), LayoutPolicy::default()).unwrap();
+        assert_eq!(store.execute(&[once(&root, create("a"), 7, 1, 1)]).unwrap(), first);
+        assert_ne!(ino, 0);
+        // acked_below 4 drops client 7's seqs 1..=3 (its errors included)
+        // and keeps seq 4 (answered from the cache, nothing added).
+        let before = reply_rows(&store);
+        store.execute(&[once(&root, unlink.clone(), 7, 4, 4)]).unwrap();
+        let after = reply_rows(&store);
+        assert_eq!(before.0 - after.0, 3, "acked answers were kept: {before:?} -> {after:?}");
+        assert_eq!(after.0, after.1, "the age index and the cache disagree");
+        // A new seq runs: "a" is gone, so this is a new file.
+        let again = store.execute(&[once(&root, create("a"), 7, 5, 4)]).unwrap();
+        assert!(matches!(&again[0][..], [Ok(Response::Entry { attr })] if attr.ino != ino));
+    }
+
+    #[test]
+    fn old_answers_are_purged() {
+        let (_dir, store) = fresh_store();
+        let root = Cred::root();
+        for seq in 1..=3 {
+            store.execute(&[once(&root, create(&format!("f{seq}")), 9, seq, 1)]).unwrap();
+        }
+        assert_eq!(reply_rows(&store), (3, 3));
+        let later = unix_ms() + REPLY_TTL.as_millis() as u64 + 1;
+        let txn = store.db.begin_write().unwrap();
+        {
+            let mut replies = txn.open_table(REPLIES).unwrap();
+            let mut by_time = txn.open_table(REPLIES_BY_TIME).unwrap();
+            // Not yet expired: nothing goes (the cap is far).
+            assert_eq!(purge_replies(&mut replies, &mut by_time, unix_ms(), usize::MAX).unwrap(), 0);
+            // Expired, at most `limit` per call, oldest first.
+            assert_eq!(purge_replies(&mut replies, &mut by_time, later, 2).unwrap(), 2);
+            assert_eq!(purge_replies(&mut replies, &mut by_time, later, 2).unwrap(), 1);
+            assert_eq!(replies.len().unwrap(), 0);
+        }
+        txn.commit().unwrap();
+        assert_eq!(reply_rows(&store), (0, 0));
+    }
+
     #[test]
     fn old_orphans_move_to_the_new_table() {
         let dir = tempfile::tempdir().unwrap();

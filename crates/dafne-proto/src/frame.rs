@@ -3,7 +3,10 @@
 
 use crate::msg::get_errno;
 use crate::wire::{Reader, Writer};
-use crate::{DecodeError, Errno, IoOp, Op, Request, Response, MAX_GROUPS, PROTO_VERSION, REQUEST_FLAG_GROUPS};
+use crate::{
+    DecodeError, Errno, IoOp, Op, Request, Response, MAX_GROUPS, PROTO_VERSION, REQUEST_FLAG_GROUPS,
+    REQUEST_FLAG_SESSION, SEQ_WINDOW,
+};
 
 /// Who sends a request and under which id: the header fields a caller
 /// chooses, and the caller's supplementary groups (which travel in front
@@ -18,12 +21,70 @@ pub struct Envelope {
     pub gid: u32,
     /// Supplementary groups, checked like `gid`.
     pub groups: Groups,
+    /// The request's place in its client's exactly-once session
+    /// ([`REQUEST_FLAG_SESSION`]); `None`: executed every time it arrives.
+    pub session: Option<SessionSeq>,
 }
 
 impl Envelope {
-    /// An envelope without supplementary groups.
+    /// An envelope without supplementary groups or session sequence.
     pub const fn new(tag: u64, uid: u32, gid: u32) -> Envelope {
-        Envelope { tag, uid, gid, groups: Groups::NONE }
+        Envelope { tag, uid, gid, groups: Groups::NONE, session: None }
+    }
+
+    /// The header flags this envelope's extensions need.
+    fn flags(&self) -> u32 {
+        let groups = if self.groups.is_empty() { 0 } else { REQUEST_FLAG_GROUPS };
+        let session = if self.session.is_some() { REQUEST_FLAG_SESSION } else { 0 };
+        groups | session
+    }
+}
+
+/// Exactly-once identity of a request (crate docs, "Messages";
+/// `dafne_meta`'s replay cache): a server that has answered
+/// (`client`, `seq`) before answers a retry with that first answer
+/// instead of executing it again.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct SessionSeq {
+    /// The client's random id, constant across its reconnects.
+    pub client: u64,
+    /// This request's number in the client's sequence (a retry repeats it).
+    pub seq: u64,
+    /// Every request of this client below this number has had its answer
+    /// received (or been given up): the server may forget their answers.
+    /// `acked_below <= seq < acked_below + SEQ_WINDOW`.
+    pub acked_below: u64,
+}
+
+impl SessionSeq {
+    /// `client u64, seq u64, acked_below u64`, after the groups.
+    fn put(&self, w: &mut Writer) {
+        w.put_u64(self.client);
+        w.put_u64(self.seq);
+        w.put_u64(self.acked_below);
+    }
+
+    /// Refuses a sequence outside its window: `acked_below > seq` (a
+    /// request its own client says was answered) or `seq` at least
+    /// [`SEQ_WINDOW`] above `acked_below` (which would let one client
+    /// keep unbounded answers in the server's cache).
+    fn get(r: &mut Reader<'_>) -> Result<SessionSeq, DecodeError> {
+        let s = SessionSeq {
+            client: r.u64("session client")?,
+            seq: r.u64("session seq")?,
+            acked_below: r.u64("acked_below")?,
+        };
+        if s.acked_below > s.seq {
+            return Err(DecodeError::BadValue { what: "acked_below above seq", value: s.acked_below });
+        }
+        if s.seq - s.acked_below >= SEQ_WINDOW {
+            return Err(DecodeError::TooLong {
+                what: "session window (seq - acked_below)",
+                len: usize::try_from(s.seq - s.acked_below).unwrap_or(usize::MAX),
+                max: SEQ_WINDOW as usize - 1,
+            });
+        }
+        Ok(s)
     }
 }
 
@@ -99,11 +160,12 @@ impl Groups {
 
 /// Defines a request header and a reply header whose op field is of the
 /// given op enum: [`RequestHeader`]/[`ReplyHeader`] for [`Op`],
-/// [`crate::IoRequestHeader`]/[`crate::IoReplyHeader`] for [`crate::IoOp`].
+/// [`crate::IoRequestHeader`]/[`crate::IoReplyHeader`] for [`crate::IoOp`];
+/// a request header with a flag outside the given mask is refused.
 /// One definition, so the two protocols' headers cannot drift apart; a
 /// header decoder refuses the other protocol's op numbers (`UnknownOp`).
 macro_rules! headers {
-    ($(#[$rqdoc:meta])* $req:ident, $(#[$rpdoc:meta])* $rep:ident, $op:ident) => {
+    ($(#[$rqdoc:meta])* $req:ident, $(#[$rpdoc:meta])* $rep:ident, $op:ident, $flags:expr) => {
         $(#[$rqdoc])*
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
         #[repr(C)]
@@ -111,8 +173,9 @@ macro_rules! headers {
             /// [`PROTO_VERSION`].
             pub version: u16,
             pub op: $op,
-            /// 0, or [`REQUEST_FLAG_GROUPS`]: the body starts with the
-            /// caller's supplementary groups.
+            /// 0, or [`REQUEST_FLAG_GROUPS`] (the body starts with the
+            /// caller's supplementary groups) and/or
+            /// [`REQUEST_FLAG_SESSION`] (then the session sequence).
             pub flags: u32,
             pub tag: u64,
             pub uid: u32,
@@ -134,7 +197,7 @@ macro_rules! headers {
                 $req {
                     version: PROTO_VERSION,
                     op,
-                    flags: if env.groups.is_empty() { 0 } else { REQUEST_FLAG_GROUPS },
+                    flags: env.flags(),
                     tag: env.tag,
                     uid: env.uid,
                     gid: env.gid,
@@ -143,8 +206,9 @@ macro_rules! headers {
                 }
             }
 
-            /// The caller-chosen fields of the header (the groups, if any,
-            /// are in the body: [`decode_request`] reads them).
+            /// The caller-chosen fields of the header (the groups and the
+            /// session sequence, if any, are in the body: [`decode_request`]
+            /// reads them).
             pub fn envelope(&self) -> Envelope {
                 Envelope::new(self.tag, self.uid, self.gid)
             }
@@ -192,7 +256,7 @@ macro_rules! headers {
                     body_len: r.u32("body_len")?,
                     reserved: r.u32("reserved")?,
                 };
-                if hdr.flags & !REQUEST_FLAG_GROUPS != 0 || hdr.reserved != 0 {
+                if hdr.flags & !($flags) != 0 || hdr.reserved != 0 {
                     return Err(DecodeError::Reserved);
                 }
                 Ok(hdr)
@@ -342,7 +406,8 @@ headers! {
     /// The 32-byte header in front of every metadata reply body,
     /// `#[repr(C)]` in wire order like [`RequestHeader`].
     ReplyHeader,
-    Op
+    Op,
+    REQUEST_FLAG_GROUPS | REQUEST_FLAG_SESSION
 }
 
 headers! {
@@ -352,7 +417,10 @@ headers! {
     /// The 32-byte header in front of every io reply body: the layout of
     /// [`ReplyHeader`], with an [`IoOp`].
     IoReplyHeader,
-    IoOp
+    IoOp,
+    // Io requests are repeatable (a write of the same bytes, a read):
+    // no session sequence.
+    REQUEST_FLAG_GROUPS
 }
 
 pub(crate) fn body_len(total: usize, header: usize) -> u32 {
@@ -403,6 +471,9 @@ pub(crate) fn encode_req<H: RequestFrame, B: RequestBody<Op = H::Op>>(env: Envel
     if !env.groups.is_empty() {
         env.groups.put(&mut w);
     }
+    if let Some(s) = &env.session {
+        s.put(&mut w);
+    }
     req.put_body(&mut w);
     let mut buf = w.into_vec();
     let hdr = H::make(req.op(), env, body_len(buf.len(), H::SIZE));
@@ -420,6 +491,9 @@ pub(crate) fn decode_req<H: RequestFrame, B: RequestBody<Op = H::Op>>(
     let mut env = hdr.envelope();
     if hdr.flags() & REQUEST_FLAG_GROUPS != 0 {
         env.groups = Groups::get(&mut r)?;
+    }
+    if hdr.flags() & REQUEST_FLAG_SESSION != 0 {
+        env.session = Some(SessionSeq::get(&mut r)?);
     }
     let req = B::get_body(hdr.op(), &mut r)?;
     r.finish()?;
@@ -894,6 +968,44 @@ mod tests {
     }
 
     #[test]
+    fn the_session_sequence_travels_after_the_groups_and_its_window_is_checked() {
+        let seq = SessionSeq { client: 0x00c1_1e47, seq: 4200, acked_below: 4100 };
+        let env = Envelope { groups: Groups::new(&[7, 8]), session: Some(seq), ..ENV };
+        let req = Request::Unlink { parent: 1, name: b"f".to_vec() };
+        let b = encode_request(env, &req);
+        assert_eq!(b[4], (REQUEST_FLAG_GROUPS | REQUEST_FLAG_SESSION) as u8);
+        // Groups (1 + 2 × 4), then client, seq, acked_below.
+        assert_eq!(&b[32 + 9..32 + 17], &0x00c1_1e47_u64.to_le_bytes());
+        assert_eq!(&b[32 + 17..32 + 25], &4200u64.to_le_bytes());
+        assert_eq!(&b[32 + 25..32 + 33], &4100u64.to_le_bytes());
+        assert_eq!(decode_request(&b), Ok((env, req.clone())));
+        // Without groups the sequence comes first.
+        let alone = Envelope { session: Some(seq), ..ENV };
+        let b2 = encode_request(alone, &req);
+        assert_eq!((b2[4], b2.len()), (REQUEST_FLAG_SESSION as u8, encode_request(ENV, &req).len() + 24));
+        assert_eq!(decode_request(&b2), Ok((alone, req.clone())));
+        // Outside the window: acked_below above seq, or seq too far ahead.
+        let with = |seq: u64, acked_below: u64| {
+            encode_request(Envelope { session: Some(SessionSeq { client: 1, seq, acked_below }), ..ENV }, &req)
+        };
+        assert!(decode_request(&with(SEQ_WINDOW - 1, 0)).is_ok());
+        assert!(decode_request(&with(u64::MAX, u64::MAX - (SEQ_WINDOW - 1))).is_ok());
+        assert_eq!(decode_request(&with(5, 6)), Err(DecodeError::BadValue { what: "acked_below above seq", value: 6 }));
+        assert!(matches!(
+            decode_request(&with(SEQ_WINDOW, 0)),
+            Err(DecodeError::TooLong { what: "session window (seq - acked_below)", .. })
+        ));
+        assert!(matches!(decode_request(&with(u64::MAX, 0)), Err(DecodeError::TooLong { .. })));
+        // A third flag bit is still refused; every truncation too.
+        let mut b3 = b2.clone();
+        b3[4] |= 4;
+        assert_eq!(decode_request(&b3), Err(DecodeError::Reserved));
+        for n in 0..b.len() {
+            assert!(decode_request(&b[..n]).is_err(), "{n} bytes");
+        }
+    }
+
+    #[test]
     fn request_header_corruption_is_caught() {
         let good = lookup();
         let mut b = good.clone();
@@ -906,7 +1018,7 @@ mod tests {
         set(&mut b, 2, &0u16.to_le_bytes());
         assert_eq!(decode_request(&b), Err(DecodeError::UnknownOp(0)));
         let mut b = good.clone();
-        b[4] = 2;
+        b[4] = 4;
         assert_eq!(decode_request(&b), Err(DecodeError::Reserved));
         let mut b = good.clone();
         b[7] = 0x80;

@@ -22,7 +22,10 @@
 //!      2    2 op        Op (table below) or IoOp (module io)
 //!      4    4 flags     0, or REQUEST_FLAG_GROUPS (1): the body starts
 //!                       with n u8 (1..=MAX_GROUPS), n × gid u32, the
-//!                       caller's supplementary groups (body_len counts them)
+//!                       caller's supplementary groups (body_len counts them);
+//!                       REQUEST_FLAG_SESSION (2, metadata only): then client u64, seq u64,
+//!                       acked_below u64, the exactly-once session sequence
+//!                       (acked_below <= seq < acked_below + SEQ_WINDOW)
 //!      8    8 tag       the client's request id, echoed in the reply
 //!     16    4 uid       caller's credentials, checked by the server
 //!     20    4 gid
@@ -216,8 +219,9 @@
 //! optional credential in SessionOpen, RevokeCredential, the io op Login
 //! reshaped); version 9 the lock ops Lock and TestLock (25, 26), Watch
 //! (27), the
-//! extended attribute ops (30–33), Rename's flags and the io op Allocate
-//! (73: `fallocate`). Bump
+//! extended attribute ops (30–33), Rename's flags, the io op Allocate
+//! (73: `fallocate`) and the exactly-once session sequence
+//! ([`REQUEST_FLAG_SESSION`]). Bump
 //! it for *every* change to what a decoder accepts or how it reads it: a new
 //! op, a field added, removed, resized or reordered, a new flag or mask bit,
 //! a new enum value, a changed limit. Numbers (ops, errno values, file types,
@@ -239,7 +243,7 @@ pub use errno::{Errno, MAX_ERRNO};
 pub use error::DecodeError;
 pub use frame::{
     decode_reply, decode_request, encode_reply, encode_request, Envelope, Groups, IoReplyHeader, IoRequestHeader,
-    ReplyHeader, RequestHeader,
+    ReplyHeader, RequestHeader, SessionSeq,
 };
 pub use io::{
     decode_io_reply, decode_io_request, encode_io_reply, encode_io_request, AllocateMode, IoExtent, IoOp, IoRequest,
@@ -267,13 +271,27 @@ pub use types::{
 /// TestLock), Watch, extended attributes (SetXattr, GetXattr, ListXattr,
 /// RemoveXattr), the flags of Rename ([`RENAME_NOREPLACE`],
 /// [`RENAME_EXCHANGE`]) and the io op Allocate (`fallocate`: reserve,
-/// punch a hole, zero a range).
+/// punch a hole, zero a range), the exactly-once session sequence
+/// ([`REQUEST_FLAG_SESSION`]).
 pub const PROTO_VERSION: u16 = 9;
 
 /// Request header `flags`: the body starts with the caller's supplementary
-/// groups, `n u8` (1..=[`MAX_GROUPS`]) and `n × u32`. The only flag; any
-/// other bit is refused ([`DecodeError::Reserved`]).
+/// groups, `n u8` (1..=[`MAX_GROUPS`]) and `n × u32`. Bits other than this
+/// and [`REQUEST_FLAG_SESSION`] are refused ([`DecodeError::Reserved`]).
 pub const REQUEST_FLAG_GROUPS: u32 = 1;
+
+/// Request header `flags`: after the groups (if any), the body carries the
+/// request's exactly-once identity ([`SessionSeq`]: client u64, seq u64,
+/// acked_below u64). The metadata server answers a retry of a
+/// non-idempotent op ([`Request::is_exactly_once`]) with the cached first
+/// answer; other ops, and io servers, ignore it.
+pub const REQUEST_FLAG_SESSION: u32 = 2;
+
+/// How far a request's `seq` may run ahead of its `acked_below`
+/// (exclusive): at most this many answers per client in a server's replay
+/// cache. A client with more requests unanswered gives up the oldest
+/// one's protection rather than send a sequence outside the window.
+pub const SEQ_WINDOW: u64 = 4096;
 
 /// Most supplementary groups a request carries (129 bytes). A FUSE mount
 /// sends the first 32 of the caller's groups (`dafne_fuse`, "Groups").

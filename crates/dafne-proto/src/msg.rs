@@ -463,6 +463,31 @@ fn get_name(r: &mut Reader<'_>, what: &'static str) -> Result<Vec<u8>, DecodeErr
 }
 
 impl Request {
+    /// Whether a repeat of this request could answer differently from its
+    /// first execution (a create that exists now, an unlink of a name now
+    /// gone), so that a retry must get the first answer: what the metadata
+    /// server's replay cache keeps ([`crate::REQUEST_FLAG_SESSION`]). A
+    /// Compound is when any op inside it is. Locks are repeatable by
+    /// design (granting a held lock, releasing a free range change
+    /// nothing) and `Open` with truncation is not cached either.
+    pub fn is_exactly_once(&self) -> bool {
+        match self {
+            Request::Create { .. }
+            | Request::Mkdir { .. }
+            | Request::Mknod { .. }
+            | Request::Symlink { .. }
+            | Request::Link { .. }
+            | Request::Rename { .. }
+            | Request::Unlink { .. }
+            | Request::Rmdir { .. }
+            | Request::SetAttr { .. }
+            | Request::SetXattr { .. }
+            | Request::RemoveXattr { .. } => true,
+            Request::Compound { ops } => ops.iter().any(|o| o.req.is_exactly_once()),
+            _ => false,
+        }
+    }
+
     /// The op this request is.
     pub fn op(&self) -> Op {
         match self {

@@ -20,7 +20,14 @@ fn capability() -> impl Strategy<Value = Capability> {
 
 fn envelope() -> impl Strategy<Value = Envelope> {
     (any::<u64>(), any::<u32>(), any::<u32>(), proptest::collection::vec(any::<u32>(), 0..=dafne_proto::MAX_GROUPS))
-        .prop_map(|(tag, uid, gid, groups)| Envelope { tag, uid, gid, groups: dafne_proto::Groups::new(&groups) })
+        .prop_map(|(tag, uid, gid, groups)| Envelope {
+            tag,
+            uid,
+            gid,
+            groups: dafne_proto::Groups::new(&groups),
+            // Io requests carry no session sequence (the decoder refuses it).
+            session: None,
+        })
 }
 
 fn stability() -> impl Strategy<Value = Stability> {

@@ -89,8 +89,25 @@ fn hint() -> impl Strategy<Value = Option<LayoutHint>> {
 }
 
 fn envelope() -> impl Strategy<Value = Envelope> {
-    (any::<u64>(), any::<u32>(), any::<u32>(), proptest::collection::vec(any::<u32>(), 0..=dafne_proto::MAX_GROUPS))
-        .prop_map(|(tag, uid, gid, groups)| Envelope { tag, uid, gid, groups: dafne_proto::Groups::new(&groups) })
+    (
+        any::<u64>(),
+        any::<u32>(),
+        any::<u32>(),
+        proptest::collection::vec(any::<u32>(), 0..=dafne_proto::MAX_GROUPS),
+        proptest::option::of((any::<u64>(), any::<u64>(), 0..dafne_proto::SEQ_WINDOW)),
+    )
+        .prop_map(|(tag, uid, gid, groups, session)| Envelope {
+            tag,
+            uid,
+            gid,
+            groups: dafne_proto::Groups::new(&groups),
+            // Any sequence inside the window the decoder accepts.
+            session: session.map(|(client, seq, behind)| dafne_proto::SessionSeq {
+                client,
+                seq,
+                acked_below: seq.saturating_sub(behind),
+            }),
+        })
 }
 
 /// Any request but Compound; SessionOpen only if `session`.

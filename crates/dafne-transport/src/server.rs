@@ -113,6 +113,16 @@ impl ConnHandle {
         !self.0.dead.get() && !self.0.broken.get()
     }
 
+    /// Ends the connection as if it had broken: no reply leaves on it from
+    /// now on (those of calls still running are dropped), the next
+    /// housekeeping tick tears it down (the service's `disconnected`
+    /// follows), and the client sees its calls fail with the connection
+    /// lost. For a service that must cut a peer off, and for fault
+    /// injection (a reply lost after its request was executed).
+    pub fn close(&self) {
+        self.0.broken.set(true);
+    }
+
     /// The service checked this client's credentials (e.g. a session
     /// login): with `RuntimeOptions::auth_timeout` set, a connection that
     /// is not marked within that time is dropped, so an unauthenticated
