@@ -8,59 +8,29 @@
 //! after the commit and starts a new one on the same store and address:
 //! the answer comes from the persistent replay cache.
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use dafne_auth::Secret;
 use dafne_client::{Errno, MetaSession, ROOT_INO};
-use dafne_transport::{Runtime, RuntimeOptions};
+use dafne_transport::Runtime;
 
-struct Meta {
-    child: Child,
-    addr: SocketAddr,
-}
+mod common;
 
-impl Drop for Meta {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn ucx() -> Vec<(String, String)> {
-    vec![("TLS".into(), "posix,sysv,self,tcp".into()), ("NET_DEVICES".into(), "lo".into())]
-}
+use common::{spawn_meta, Meta};
 
 /// A metadata server on `listen` with the reply-dropping hook set to
 /// `faults` (empty: off).
 fn start_meta(dir: &Path, listen: &str, faults: &str) -> Meta {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_dafne-meta"));
-    cmd.args(["--data-dir", dir.to_str().unwrap(), "--listen", listen, "--io-servers", "1"])
-        .args(["--open-grace-s", "5"])
-        .args(ucx().iter().flat_map(|(k, v)| ["--ucx".to_string(), format!("{k}={v}")]))
-        .env("UCX_TCP_CM_REUSEADDR", "y")
-        .env_remove(dafne_meta::service::FAULT_DROP_REPLY)
-        .stdout(Stdio::piped());
-    if !faults.is_empty() {
-        cmd.env(dafne_meta::service::FAULT_DROP_REPLY, faults);
-    }
-    let mut child = cmd.spawn().expect("spawn dafne-meta");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let addr = line.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("banner {line:?}")).parse().unwrap();
-    Meta { child, addr }
+    spawn_meta(dir, listen, 1, 5, faults)
 }
 
 fn runtime() -> Runtime {
-    Runtime::new(RuntimeOptions { name: "eos-test".into(), ucx_config: ucx(), ..Default::default() }).unwrap()
+    common::runtime("eos-test")
 }
 
 fn session(rt: &Runtime, dir: &Path, addr: SocketAddr) -> MetaSession {
-    let secret = Secret::load_or_create(&dir.join("cluster.secret")).unwrap();
-    MetaSession::connect(rt, addr, secret, "eos-test", 0, 0).expect("session")
+    common::session_at(rt, dir, addr, "eos-test", 0, 0)
 }
 
 fn names(s: &MetaSession) -> Vec<String> {

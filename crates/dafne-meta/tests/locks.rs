@@ -3,56 +3,30 @@
 //! without polling, leases after a session's end, and reclaim after a
 //! restart (issue 11, item 1). The FUSE side is `dafne`'s `tests/locks.rs`.
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use dafne_auth::Secret;
 use dafne_client::{Errno, LockKind, MetaSession, ROOT_INO};
-use dafne_transport::{Runtime, RuntimeOptions};
+use dafne_transport::Runtime;
 
-struct Meta {
-    child: Child,
-    addr: SocketAddr,
-}
+mod common;
 
-impl Drop for Meta {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn ucx() -> Vec<(String, String)> {
-    vec![("TLS".into(), "posix,sysv,self,tcp".into()), ("NET_DEVICES".into(), "lo".into())]
-}
+use common::{spawn_meta, Meta};
 
 /// A metadata server whose open grace (and so the locks' lease and the
 /// grace after a restart) is `grace_s`.
 fn start_meta(dir: &Path, listen: &str, grace_s: u32) -> Meta {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_dafne-meta"))
-        .args(["--data-dir", dir.to_str().unwrap(), "--listen", listen, "--io-servers", "1"])
-        .args(["--open-grace-s", &grace_s.to_string()])
-        .args(ucx().iter().flat_map(|(k, v)| ["--ucx".to_string(), format!("{k}={v}")]))
-        .env("UCX_TCP_CM_REUSEADDR", "y")
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("spawn dafne-meta");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let addr = line.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("banner {line:?}")).parse().unwrap();
-    Meta { child, addr }
+    spawn_meta(dir, listen, 1, grace_s, "")
 }
 
 fn runtime() -> Runtime {
-    Runtime::new(RuntimeOptions { name: "lock-test".into(), ucx_config: ucx(), ..Default::default() }).unwrap()
+    common::runtime("lock-test")
 }
 
 fn session(rt: &Runtime, dir: &Path, addr: SocketAddr) -> MetaSession {
-    let secret = Secret::load_or_create(&dir.join("cluster.secret")).unwrap();
-    MetaSession::connect(rt, addr, secret, "lock-test", 0, 0).expect("session")
+    common::session_at(rt, dir, addr, "lock-test", 0, 0)
 }
 
 const W: LockKind = LockKind::Write;

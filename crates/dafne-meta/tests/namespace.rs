@@ -2,32 +2,16 @@
 //! client library: POSIX semantics and their errors, races, crash-restart
 //! durability, hostile requests, authentication.
 
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 
 use dafne_auth::Secret;
 use dafne_client::{CompoundOp, Errno, FileType, MetaSession, Response, SetAttr, TimeSet, ROOT_INO};
 use dafne_proto::{Request, Timespec};
-use dafne_transport::{Client, Runtime, RuntimeOptions};
+use dafne_transport::{Client, Runtime};
 
-struct Meta {
-    child: Child,
-    addr: SocketAddr,
-    dir: PathBuf,
-}
+mod common;
 
-impl Drop for Meta {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn ucx() -> Vec<(String, String)> {
-    vec![("TLS".into(), "posix,sysv,self,tcp".into()), ("NET_DEVICES".into(), "lo".into())]
-}
+use common::{spawn_meta, Meta};
 
 /// A metadata server without open-file grace: orphans are listed from
 /// its start, and a session's opens go with its connection.
@@ -36,31 +20,19 @@ fn start_meta(dir: &Path, io_servers: u32) -> Meta {
 }
 
 fn start_meta_at(dir: &Path, io_servers: u32, listen: &str, open_grace_s: u32) -> Meta {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_dafne-meta"))
-        .args(["--data-dir", dir.to_str().unwrap(), "--listen", listen, "--io-servers", &io_servers.to_string()])
-        .args(["--open-grace-s", &open_grace_s.to_string()])
-        .args(ucx().iter().flat_map(|(k, v)| ["--ucx".to_string(), format!("{k}={v}")]))
-        // A restart on the same port does not wait out TIME_WAIT.
-        .env("UCX_TCP_CM_REUSEADDR", "y")
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("spawn dafne-meta");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let addr = line.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("banner {line:?}")).parse().unwrap();
-    Meta { child, addr, dir: dir.to_path_buf() }
+    spawn_meta(dir, listen, io_servers, open_grace_s, "")
 }
 
 fn runtime() -> Runtime {
-    Runtime::new(RuntimeOptions { name: "meta-test".into(), ucx_config: ucx(), ..Default::default() }).unwrap()
+    common::runtime("meta-test")
 }
 
 fn secret(m: &Meta) -> Secret {
-    Secret::load_or_create(&m.dir.join("cluster.secret")).unwrap()
+    common::secret(&m.dir)
 }
 
 fn session(rt: &Runtime, m: &Meta, uid: u32, gid: u32) -> MetaSession {
-    MetaSession::connect(rt, m.addr, secret(m), "test", uid, gid).expect("session")
+    common::session_at(rt, &m.dir, m.addr, "test", uid, gid)
 }
 
 #[test]

@@ -191,6 +191,28 @@ fn two_mounts(c: &Cluster) -> (Mount, Mount) {
     (c.mount_at("a", &[]), c.mount_at("b", &[]))
 }
 
+/// What most tests here start from: a cluster, two mounts of it (`a`,
+/// `b`), the locker script, and a file `f`. Bind it as `let Setup { _g,
+/// c, locker, a, b } = setup();` (`c: _c` where unused, never `c: _`):
+/// locals drop in reverse, so the mounts go before the cluster and the
+/// serial guard last.
+struct Setup {
+    a: Mount,
+    b: Mount,
+    locker: std::path::PathBuf,
+    c: Cluster,
+    _g: MutexGuard<'static, ()>,
+}
+
+fn setup() -> Setup {
+    let _g = serial();
+    let c = Cluster::start();
+    let (a, b) = two_mounts(&c);
+    let locker = script(&c, "locker.py", LOCKER);
+    std::fs::write(a.path("f"), b"x").unwrap();
+    Setup { a, b, locker, c, _g }
+}
+
 #[test]
 fn a_counter_incremented_under_locks_on_two_mounts_ends_exact() {
     let _g = serial();
@@ -213,11 +235,7 @@ fn a_counter_incremented_under_locks_on_two_mounts_ends_exact() {
 
 #[test]
 fn flock_and_fcntl_locks_exclude_across_mounts_and_waiters_wake_when_they_free() {
-    let _g = serial();
-    let c = Cluster::start();
-    let (a, b) = two_mounts(&c);
-    let locker = script(&c, "locker.py", LOCKER);
-    std::fs::write(a.path("f"), b"x").unwrap();
+    let Setup { _g, c: _c, locker, a, b } = setup();
     // flock, by util-linux's flock(1) on the other mount.
     let mut holder = Locker::start(&locker, &a.path("f"));
     assert_eq!(holder.ask("flock w nowait"), "ok");
@@ -327,11 +345,7 @@ fn scopeguard(c: Child) -> Guard {
 
 #[test]
 fn a_deadlock_between_two_mounts_is_reported() {
-    let _g = serial();
-    let c = Cluster::start();
-    let (a, b) = two_mounts(&c);
-    let locker = script(&c, "locker.py", LOCKER);
-    std::fs::write(a.path("f"), b"x").unwrap();
+    let Setup { _g, c: _c, locker, a, b } = setup();
     let mut one = Locker::start(&locker, &a.path("f"));
     let mut two = Locker::start(&locker, &b.path("f"));
     assert_eq!(one.ask("posix w 0 1 nowait"), "ok");
@@ -371,11 +385,7 @@ fn daemon_of(c: &Cluster, mp: &Path) -> u32 {
 
 #[test]
 fn a_killed_mounts_locks_pass_to_a_waiter_when_its_lease_ends() {
-    let _g = serial();
-    let c = Cluster::start();
-    let (a, b) = two_mounts(&c);
-    let locker = script(&c, "locker.py", LOCKER);
-    std::fs::write(a.path("f"), b"x").unwrap();
+    let Setup { _g, c, locker, a, b } = setup();
     let mut holder = Locker::start(&locker, &a.path("f"));
     assert_eq!(holder.ask("posix w 0 0 nowait"), "ok");
     let mut waiter = Locker::start(&locker, &b.path("f"));
@@ -393,11 +403,7 @@ fn a_killed_mounts_locks_pass_to_a_waiter_when_its_lease_ends() {
 
 #[test]
 fn locks_held_across_a_metadata_server_restart_are_claimed_back_first() {
-    let _g = serial();
-    let c = Cluster::start();
-    let (a, b) = two_mounts(&c);
-    let locker = script(&c, "locker.py", LOCKER);
-    std::fs::write(a.path("f"), b"x").unwrap();
+    let Setup { _g, c, locker, a, b } = setup();
     let mut holder = Locker::start(&locker, &a.path("f"));
     assert_eq!(holder.ask("posix w 0 0 nowait"), "ok");
     let servers = || -> serde_json::Value {
