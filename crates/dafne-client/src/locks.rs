@@ -36,16 +36,16 @@
 //! a request that finds them all taken does not queue behind them (it
 //! might wait for a lock that one of them holds): it asks without waiting,
 //! again and again with a growing pause (10 ms to 0.5 s), until it gets
-//! the lock or a turn to wait on the server frees. Such a request is not
-//! in the server's queue: no fairness, no `EDEADLK` for it. At most [`MAX_WAITING`] requests of a
-//! session wait on the server at once (below).
+//! the lock or a turn to wait on the server frees. Its tries are judged
+//! as waiting requests ([`LOCK_FAIR`]: they do not jump the queue), but
+//! it has no place in it (no `EDEADLK` for it).
 
 use std::collections::HashMap;
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use dafne_proto::{
-    decode_reply, encode_request, Envelope, Errno, Ino, LockHolder, LockKind, OwnerLocks, Request, Response,
+    decode_reply, encode_request, Envelope, Errno, Ino, LockHolder, LockKind, OwnerLocks, Request, Response, LOCK_FAIR,
     LOCK_RECLAIM, LOCK_WAIT,
 };
 use dafne_transport::Client;
@@ -267,13 +267,40 @@ impl MetaSession {
                 locks.end_turn();
                 return r;
             }
-            let now = Request::Lock { ino, client: self.inner.client_id, owner, pid, start, end, kind, flags: 0 };
+            let now =
+                Request::Lock { ino, client: self.inner.client_id, owner, pid, start, end, kind, flags: LOCK_FAIR };
             match self.call_retrying(now, false, crate::link::WAIT_FOR_RECONNECT) {
                 Err(e) if e == Errno::EAGAIN => {}
                 r => return r,
             }
             locks.wait_for_turn(pause);
             pause = (pause * 2).min(Duration::from_millis(500));
+        }
+    }
+
+    /// Takes a lock without waiting, but refused (`EAGAIN`) also when an
+    /// earlier waiting request stands in the way: the first try of a
+    /// caller that will then wait ([`Self::lock`] with `wait`) if it must,
+    /// so that the try does not jump the queue (a mount's `F_SETLKW`).
+    pub fn try_lock_fairly(
+        &self,
+        ino: Ino,
+        owner: u64,
+        pid: u32,
+        start: u64,
+        end: u64,
+        kind: LockKind,
+    ) -> Result<(), Errno> {
+        if end < start || kind == LockKind::Unlock {
+            return Err(Errno::EINVAL);
+        }
+        let req = Request::Lock { ino, client: self.inner.client_id, owner, pid, start, end, kind, flags: LOCK_FAIR };
+        match self.call_retrying(req, false, crate::link::WAIT_FOR_RECONNECT)? {
+            Response::Done => {
+                self.inner.locks.record(ino, owner, pid, start, end, kind);
+                Ok(())
+            }
+            _ => Err(Errno::EPROTO),
         }
     }
 

@@ -617,8 +617,14 @@ impl fuser::Filesystem for FuseFs {
             }
         };
         // First without waiting: most locks are free, and this keeps the
-        // common case on this worker.
-        match self.core.setlk(ino, owner, pid, start, end, kind, false) {
+        // common case on this worker. An F_SETLKW's try is judged as a
+        // waiting request (it must not jump the queue of waiters).
+        let first = if sleep {
+            self.core.lock_session().try_lock_fairly(ino, owner, pid, start, end, kind)
+        } else {
+            self.core.setlk(ino, owner, pid, start, end, kind, false)
+        };
+        match first {
             Err(e) if e == dafne_client::Errno::EAGAIN && sleep => {}
             Ok(()) => {
                 granted();

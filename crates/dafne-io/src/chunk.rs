@@ -328,6 +328,10 @@ fn aligned(x: u64) -> bool {
     x.is_multiple_of(DIRECT_ALIGN as u64)
 }
 
+/// What a `fallocate` reserve must leave free on the io server's device
+/// (`ChunkStore::fallocate`): 64 MiB, or the reserve gets `ENOSPC`.
+pub const RESERVE_MARGIN: u64 = 64 << 20;
+
 impl ChunkStore {
     /// A store on the buffered path.
     pub fn open(data_dir: &Path) -> io::Result<ChunkStore> {
@@ -560,13 +564,14 @@ impl ChunkStore {
         }
         if mode.reserves() {
             let ranges = crate::allocate::own_ranges(offset, len, stripes);
-            // More than the device has free is refused before anything is
-            // reserved (a reserve that fails half-way keeps what it got):
-            // one request cannot fill the disk the other objects share.
-            // Conservative: blocks already allocated in the range count too.
+            // A reserve that would leave less than RESERVE_MARGIN free is
+            // refused before anything is reserved (one that fails half-way
+            // keeps what it got, and the device is shared by every object):
+            // a request cannot fill the disk. Conservative: blocks already
+            // allocated in the range count too.
             let want: u64 = ranges.iter().map(|r| r.end - r.start).sum();
             let (_, free, _) = self.capacity()?;
-            if want > free {
+            if want.saturating_add(RESERVE_MARGIN) > free {
                 return Err(io::Error::from_raw_os_error(rustix::io::Errno::NOSPC.raw_os_error()));
             }
             if !ranges.is_empty() {

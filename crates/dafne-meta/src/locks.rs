@@ -28,13 +28,16 @@
 //! Waiters of a file are served in order: a request that may wait is
 //! granted only if no other owner's held lock conflicts with it *and* no
 //! earlier waiter of another owner wants a conflicting range, so a waiting
-//! writer is not starved by a stream of waiting readers. Exceptions: an
-//! owner that already holds a lock on the file (an upgrade, an extension)
-//! is judged by held locks only, as otherwise it would wait behind a
-//! writer that waits for it; and a request that may not wait (`F_SETLK`)
-//! gets what POSIX says: granted unless a held lock conflicts (what
-//! `F_GETLK` reports). Any grant (an unlock, but also a downgrade or a
-//! shrink) wakes the file's waiters.
+//! writer is not starved by a stream of waiting readers. Exceptions: a
+//! request does not yield to an earlier waiter that itself waits for a
+//! lock the request's owner holds (an upgrade, or an extension next to a
+//! held range, would otherwise close a cycle); and a request that may not
+//! wait (`F_SETLK`) gets what POSIX says: granted unless a held lock
+//! conflicts (what `F_GETLK` reports). A client's first try of a request
+//! that will wait if it must (the mount tries `F_SETLKW` without waiting
+//! first) carries [`dafne_proto::LOCK_FAIR`] and is judged as a waiting
+//! one. Any grant (an unlock, but also a downgrade or a shrink) wakes the
+//! file's waiters.
 //! Before a request waits, the owners it would wait for (holders and, by
 //! the rule above, earlier waiters) are followed through what *they* wait
 //! for; if the chain comes back to the requester, the request fails with
@@ -105,6 +108,9 @@ pub struct LockRequest {
     pub kind: LockKind,
     pub wait: bool,
     pub reclaim: bool,
+    /// Judged as a waiting request (fairness) though it does not wait
+    /// ([`dafne_proto::LOCK_FAIR`]).
+    pub fair: bool,
 }
 
 /// What became of a lock request.
@@ -150,18 +156,21 @@ impl FileLocks {
     }
 
     /// Whether waiting request `req` must yield to one of `earlier`
-    /// (fairness, module docs): not for an owner that already holds a lock
-    /// on this file (it changes or extends what it holds).
+    /// (fairness, module docs): an earlier waiter of another owner that
+    /// wants a conflicting range, unless that waiter itself waits for a
+    /// lock `req`'s owner holds (yielding would close a cycle: an upgrade,
+    /// an extension next to a held range).
     fn yields_to<'a>(&self, req: &LockRequest, mut earlier: impl Iterator<Item = &'a Waiter>) -> Option<Owner> {
-        if self.held.contains_key(&req.owner) {
-            return None;
-        }
+        let mine = self.held.get(&req.owner);
         earlier
             .find(|w| {
                 w.req.owner != req.owner
                     && w.req.start <= req.end
                     && req.start <= w.req.end
                     && w.req.kind.conflicts(req.kind)
+                    && !mine.is_some_and(|l| {
+                        l.overlapping(w.req.start, w.req.end).iter().any(|r| r.kind.conflicts(w.req.kind))
+                    })
             })
             .map(|w| w.req.owner)
     }
@@ -263,7 +272,7 @@ impl LockTable {
     /// The first lock of another owner that conflicts with a `kind` lock
     /// over `start..=end` (`F_GETLK`); its pid only for the same client.
     pub fn test(&self, ino: Ino, owner: Owner, start: u64, end: u64, kind: LockKind) -> Option<LockHolder> {
-        let req = LockRequest { ino, owner, pid: 0, start, end, kind, wait: false, reclaim: false };
+        let req = LockRequest { ino, owner, pid: 0, start, end, kind, wait: false, reclaim: false, fair: false };
         let (holder, mut h) = self.files.get(&ino)?.held_conflict(&req)?;
         if holder.client != owner.client {
             h.pid = 0;
@@ -283,9 +292,9 @@ impl LockTable {
         let blocker = match file.held_conflict(&req) {
             _ if req.kind == LockKind::Unlock => None,
             Some((o, _)) => Some(o),
-            // Fairness is for waiting requests: F_SETLK gets what POSIX
-            // says, whatever waits (and agrees with F_GETLK).
-            None if req.reclaim || !req.wait => None,
+            // Fairness is for requests that wait (or will: LOCK_FAIR):
+            // F_SETLK gets what POSIX says (and agrees with F_GETLK).
+            None if req.reclaim || !(req.wait || req.fair) => None,
             None => file.yields_to(&req, file.waiters.iter()),
         };
         if blocker.is_none() {
@@ -515,7 +524,7 @@ mod tests {
     const C: Owner = Owner { client: 3, owner: 30 };
 
     fn req(owner: Owner, start: u64, end: u64, kind: LockKind, wait: bool) -> LockRequest {
-        LockRequest { ino: 5, owner, pid: owner.owner as u32, start, end, kind, wait, reclaim: false }
+        LockRequest { ino: 5, owner, pid: owner.owner as u32, start, end, kind, wait, reclaim: false, fair: false }
     }
 
     fn table() -> LockTable {
@@ -567,6 +576,22 @@ mod tests {
         let Outcome::Wait(_w) = t.lock(2, req(B, 0, 19, Write, true)) else { panic!() };
         assert_eq!(t.test(5, C, 0, 9, Read), None);
         assert!(granted(&t.lock(3, req(C, 0, 9, Read, false))), "no held lock conflicts");
+    }
+
+    #[test]
+    fn a_fair_try_does_not_jump_the_queue_and_a_lock_elsewhere_gives_no_pass() {
+        let mut t = table();
+        assert!(granted(&t.lock(1, req(A, 0, 9, Read, false))));
+        let Outcome::Wait(_w) = t.lock(2, req(B, 0, 9, Write, true)) else { panic!() };
+        // The first, non-waiting try of an F_SETLKW (LOCK_FAIR) yields to
+        // the waiting writer; a plain F_SETLK does not.
+        let mut fair = req(C, 0, 9, Read, false);
+        fair.fair = true;
+        assert!(matches!(t.lock(3, fair), Outcome::Refused(Errno::EAGAIN)));
+        // A reader holding a lock elsewhere in the file still queues.
+        let d = Owner { client: 4, owner: 40 };
+        assert!(granted(&t.lock(4, req(d, 1000, 1000, Read, false))));
+        assert!(matches!(t.lock(4, req(d, 0, 9, Read, true)), Outcome::Wait(_)));
     }
 
     #[test]

@@ -450,8 +450,9 @@ impl MetaService {
             Request::Lock { ino, client, owner, pid, start, end, kind, flags } => {
                 let wait = flags & dafne_proto::LOCK_WAIT != 0;
                 let reclaim = flags & dafne_proto::LOCK_RECLAIM != 0;
+                let fair = flags & dafne_proto::LOCK_FAIR != 0;
                 let owner = Owner { client, owner };
-                self.lock(&req.conn, LockRequest { ino, owner, pid, start, end, kind, wait, reclaim }).await
+                self.lock(&req.conn, LockRequest { ino, owner, pid, start, end, kind, wait, reclaim, fair }).await
             }
             Request::TestLock { ino, client, owner, start, end, kind } => {
                 self.lock_grace().await;

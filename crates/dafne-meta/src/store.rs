@@ -87,19 +87,28 @@
 //! (even in the same batch, which reads its own writes) finds its entry.
 //! The service therefore needs no in-memory "in progress" table.
 //!
+//! Each client also has a *floor* (the entry at seq `u64::MAX`): the
+//! highest `acked_below` it ever sent. Every seq below it was answered, so
+//! a request below the floor (a late copy of a retried request, still in
+//! flight on a connection the client gave up on) is answered `ESTALE`
+//! without running, even after its entry went; and the floor never moves
+//! down, so a client cannot keep old entries by sending a lower
+//! `acked_below`.
+//!
 //! Bounds (entries are small: a header and typically one `Entry` answer,
-//! ~150 bytes; at most a 16-op Compound with layouts, < 32 KiB):
+//! ~150 bytes; an answer longer than [`MAX_CACHED_REPLY`] (64 KiB: a
+//! Compound that also listed directories) is kept as `EIO` instead, so its
+//! retry gets an error, not a second run):
 //! * per client: the wire keeps `seq - acked_below < SEQ_WINDOW` (4096),
-//!   and each job first deletes its client's entries below `acked_below`
-//!   (the client received those answers), so a live client holds at most
-//!   4096 entries, in practice its requests in flight (≤ 64 credits per
-//!   connection) plus the last answered one;
+//!   each job first deletes its client's entries below `acked_below`
+//!   (the client received those answers), and seqs below the floor are
+//!   refused, so a client holds at most 4096 entries and its floor;
 //! * in age: entries older than [`REPLY_TTL`] (10 min, twenty times the
 //!   client's 30 s retry deadline) are deleted by every committing batch
 //!   (at most [`PURGE_PER_BATCH`] of them, so no batch stalls) and all of
 //!   them when the store opens;
-//! * in all: past [`MAX_REPLIES`] entries (2¹⁸: ~40 MiB at 150 B, ~8 GiB
-//!   only if every entry were a maximal Compound), the oldest are deleted
+//! * in all: past [`MAX_REPLIES`] entries (2¹⁸: ~40 MiB at 150 B, 16 GiB
+//!   at most if every entry were a 64 KiB answer), the oldest are deleted
 //!   first; a client whose entry went that way loses exactly-once for
 //!   that request (its retry runs again), never correctness otherwise.
 //!   Clients that vanish leave their entries to the age purge.
@@ -655,6 +664,23 @@ fn reply_time(client: u64, seq: u64, v: &[u8]) -> Result<u64, StoreError> {
     Ok(u64::from_le_bytes(at.try_into().map_err(|_| bad("truncated"))?))
 }
 
+/// The `replies` key that holds a client's floor (module docs).
+const FLOOR_SEQ: u64 = u64::MAX;
+
+/// The largest answer kept whole (module docs).
+pub const MAX_CACHED_REPLY: usize = 64 << 10;
+
+/// A client's floor entry: (floor, stored_at_unix_ms).
+fn stored_floor(client: u64, v: &[u8]) -> Result<(u64, u64), StoreError> {
+    let at = reply_time(client, FLOOR_SEQ, v)?;
+    let f = v.get(9..17).ok_or_else(|| StoreError::CorruptReply {
+        client,
+        seq: FLOOR_SEQ,
+        why: "truncated floor".to_string(),
+    })?;
+    Ok((u64::from_le_bytes(f.try_into().unwrap_or_default()), at))
+}
+
 /// The results a `replies` value keeps.
 fn decode_stored_reply(client: u64, seq: u64, v: &[u8]) -> Result<JobResult, StoreError> {
     reply_time(client, seq, v)?;
@@ -779,6 +805,31 @@ impl Tables<'_> {
     /// kept.
     fn run_once(&mut self, job: &Job, key: dafne_proto::SessionSeq, now_ms: u64) -> Result<JobResult, StoreError> {
         let dafne_proto::SessionSeq { client, seq, acked_below } = key;
+        if seq == FLOOR_SEQ {
+            return Ok(vec![Err(Errno::EINVAL)]);
+        }
+        // The client's floor: every seq below it was answered and its
+        // entry may be gone, so a late copy of one must not run again.
+        let floor = match self.replies.get((client, FLOOR_SEQ))? {
+            Some(v) => stored_floor(client, v.value())?,
+            None => (0, 0),
+        };
+        if seq < floor.0 {
+            tracing::debug!("client {client:#x} seq {seq} is below its floor {}: a late duplicate", floor.0);
+            return Ok(vec![Err(Errno::ESTALE)]);
+        }
+        let acked_below = acked_below.max(floor.0);
+        if acked_below > floor.0 {
+            if floor.0 > 0 {
+                self.replies_by_time.remove((floor.1, client, FLOOR_SEQ))?;
+            }
+            let mut v = Vec::with_capacity(17);
+            v.push(REPLY_FORMAT);
+            v.extend_from_slice(&now_ms.to_le_bytes());
+            v.extend_from_slice(&acked_below.to_le_bytes());
+            self.replies.insert((client, FLOOR_SEQ), v.as_slice())?;
+            self.replies_by_time.insert((now_ms, client, FLOOR_SEQ), ())?;
+        }
         let acked: Vec<(u64, u64)> = {
             let mut v = Vec::new();
             for e in self.replies.range((client, 0)..(client, acked_below))? {
@@ -807,7 +858,15 @@ impl Tables<'_> {
         let mut value = Vec::with_capacity(64);
         value.push(REPLY_FORMAT);
         value.extend_from_slice(&now_ms.to_le_bytes());
-        value.extend_from_slice(&dafne_proto::encode_reply(0, dafne_proto::Op::Compound, &Ok(answer.clone())));
+        let encoded = dafne_proto::encode_reply(0, dafne_proto::Op::Compound, &Ok(answer.clone()));
+        if encoded.len() <= MAX_CACHED_REPLY {
+            value.extend_from_slice(&encoded);
+        } else {
+            // A Compound that also listed directories: its op ran once;
+            // a retry gets EIO rather than a second run.
+            let stand_in = Response::Compound { results: vec![Err(Errno::EIO)] };
+            value.extend_from_slice(&dafne_proto::encode_reply(0, dafne_proto::Op::Compound, &Ok(stand_in)));
+        }
         self.replies.insert((client, seq), value.as_slice())?;
         self.replies_by_time.insert((now_ms, client, seq), ())?;
         let Response::Compound { results } = answer else { unreachable!() };
@@ -2275,13 +2334,64 @@ mod tests {
     }
 
     #[test]
+    fn a_late_copy_below_the_floor_is_refused_and_the_floor_never_moves_down() {
+        let (_dir, store) = fresh_store();
+        let root = Cred::root();
+        // Seq 1 ran and was answered; the client has since acknowledged it
+        // (acked_below 2), so its entry is gone.
+        assert!(store.execute(&[once(&root, create("a"), 7, 1, 1)]).unwrap()[0][0].is_ok());
+        let unlink = Request::Unlink { parent: ROOT_INO, name: b"a".to_vec() };
+        assert_eq!(store.execute(&[once(&root, unlink, 7, 2, 2)]).unwrap()[0], vec![Ok(Response::Done)]);
+        // A late copy of seq 1 (sent on a connection the client gave up
+        // on) must not create "a" again.
+        assert_eq!(store.execute(&[once(&root, create("a"), 7, 1, 1)]).unwrap()[0], vec![Err(Errno::ESTALE)]);
+        assert_eq!(lookup(&store, ROOT_INO, "a"), Err(Errno::ENOENT));
+        // A lower acked_below does not bring the floor down.
+        assert_eq!(store.execute(&[once(&root, create("b"), 7, 3, 0)]).unwrap()[0].len(), 1);
+        assert_eq!(store.execute(&[once(&root, create("c"), 7, 1, 0)]).unwrap()[0], vec![Err(Errno::ESTALE)]);
+    }
+
+    #[test]
+    fn an_answer_too_large_to_keep_is_kept_as_an_error_not_run_twice() {
+        let (_dir, store) = fresh_store();
+        let root = Cred::root();
+        for i in 0..300 {
+            ask(&store, &root, create(&format!("{i:0>200}"))).unwrap();
+        }
+        // A mkdir with 15 full listings: an answer over 64 KiB.
+        let mut ops = vec![CompoundOp {
+            chain: false,
+            req: Request::Mkdir { parent: ROOT_INO, name: b"d".to_vec(), mode: 0o755 },
+        }];
+        for _ in 0..15 {
+            ops.push(CompoundOp {
+                chain: false,
+                req: Request::Readdir { ino: ROOT_INO, cookie: 0, max_entries: 4096 },
+            });
+        }
+        let job = |ops: Vec<CompoundOp>| Job {
+            cred: root.clone(),
+            ops,
+            protected: None,
+            replay: Some(dafne_proto::SessionSeq { client: 5, seq: 1, acked_below: 1 }),
+        };
+        let first = store.execute(&[job(ops.clone())]).unwrap();
+        assert_eq!(first[0].len(), 16);
+        assert_eq!(
+            store.execute(&[job(ops)]).unwrap()[0],
+            vec![Err(Errno::EIO)],
+            "the retry neither re-ran nor got 1 MiB"
+        );
+    }
+
+    #[test]
     fn old_answers_are_purged() {
         let (_dir, store) = fresh_store();
         let root = Cred::root();
         for seq in 1..=3 {
             store.execute(&[once(&root, create(&format!("f{seq}")), 9, seq, 1)]).unwrap();
         }
-        assert_eq!(reply_rows(&store), (3, 3));
+        assert_eq!(reply_rows(&store), (4, 4), "three answers and the client's floor");
         let later = unix_ms() + REPLY_TTL.as_millis() as u64 + 1;
         let txn = store.db.begin_write().unwrap();
         {
@@ -2291,7 +2401,7 @@ mod tests {
             assert_eq!(purge_replies(&mut replies, &mut by_time, unix_ms(), usize::MAX).unwrap(), 0);
             // Expired, at most `limit` per call, oldest first.
             assert_eq!(purge_replies(&mut replies, &mut by_time, later, 2).unwrap(), 2);
-            assert_eq!(purge_replies(&mut replies, &mut by_time, later, 2).unwrap(), 1);
+            assert_eq!(purge_replies(&mut replies, &mut by_time, later, 2).unwrap(), 2);
             assert_eq!(replies.len().unwrap(), 0);
         }
         txn.commit().unwrap();

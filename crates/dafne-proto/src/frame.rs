@@ -1413,8 +1413,8 @@ mod tests {
         b[kind_at] = 0;
         assert_eq!(decode_request(&b), Err(DecodeError::BadValue { what: "lock kind", value: 0 }));
         let mut b = good.clone();
-        b[kind_at + 1] = 4;
-        assert_eq!(decode_request(&b), Err(DecodeError::BadValue { what: "lock flags", value: 4 }));
+        b[kind_at + 1] = 8;
+        assert_eq!(decode_request(&b), Err(DecodeError::BadValue { what: "lock flags", value: 8 }));
         // Never inside a Compound.
         let c = encode_request(ENV, &Request::Compound { ops: vec![CompoundOp { chain: false, req }] });
         assert!(matches!(decode_request(&c), Err(DecodeError::BadValue { what, .. }) if what.contains("lock ops")));

@@ -88,7 +88,7 @@
 //! | Recap | 22 | capability | `Cap`: capability |
 //! | Revocations | 23 | instance u64, since u64 | `Revocations`: revocations |
 //! | RevokeCredential | 24 | name str (1..=[`MAX_CLIENT_NAME`], UTF-8) | `Done`: empty |
-//! | Lock | 25 | ino u64, client u64, owner u64, pid u32, start u64, end u64 (≥ start), kind u8 (Read 1, Write 2, Unlock 3), flags u8 ([`LOCK_WAIT`] 1, [`LOCK_RECLAIM`] 2) | `Done`: empty |
+//! | Lock | 25 | ino u64, client u64, owner u64, pid u32, start u64, end u64 (≥ start), kind u8 (Read 1, Write 2, Unlock 3), flags u8 ([`LOCK_WAIT`] 1, [`LOCK_RECLAIM`] 2, [`LOCK_FAIR`] 4) | `Done`: empty |
 //! | TestLock | 26 | ino u64, client u64, owner u64, start u64, end u64 (≥ start), kind u8 (Read 1, Write 2) | `LockTest`: presence u8, then start u64, end u64, kind u8, pid u32 |
 //! | Watch | 27 | since u64 | `Changes`: next u64, lost u8, n u32 (≤ [`MAX_CHANGES`]), n × {ino u64, parent u64, name (empty exactly when parent is 0)} |
 //! | SetXattr | 30 | ino u64, name, value (≤ [`XATTR_SIZE_MAX`]), flags u32 ([`XATTR_CREATE`] \| [`XATTR_REPLACE`]) | `Done`: empty |
@@ -250,7 +250,7 @@ pub use io::{
     IoResponse, ServerInfo, Stability, StripeSlots, MAX_INLINE, MAX_IO_BYTES, MAX_IO_EXTENTS, MAX_IO_KEYS,
     MAX_IO_KEY_BYTES, MAX_IO_REPLY_LEN, MAX_IO_REQUEST_LEN, NO_KEY,
 };
-pub use lock::{LockKind, LockRange, OwnerLocks, LOCK_FLAGS, LOCK_RECLAIM, LOCK_WAIT};
+pub use lock::{LockKind, LockRange, OwnerLocks, LOCK_FAIR, LOCK_FLAGS, LOCK_RECLAIM, LOCK_WAIT};
 pub use msg::{Change, CompoundOp, HeldOpen, LockHolder, Op, Orphan, Request, Response};
 pub use types::{
     Attr, Capability, Credential, DirEntry, FileType, IdRange, Layout, LayoutHint, Revocation, Revocations, SetAttr,

@@ -54,8 +54,13 @@ pub const LOCK_WAIT: u8 = 1;
 /// Lock request flag: a lock this client held before it lost its
 /// connection (or before the server restarted), claimed back.
 pub const LOCK_RECLAIM: u8 = 2;
+/// Lock request flag: without [`LOCK_WAIT`], refuse (`EAGAIN`) also when
+/// an earlier waiting request stands in the way, as a waiting request is
+/// judged: the first, non-waiting try of a client that will wait if it
+/// must (a mount's `F_SETLKW`), so it does not jump the queue.
+pub const LOCK_FAIR: u8 = 4;
 /// Every lock flag.
-pub const LOCK_FLAGS: u8 = LOCK_WAIT | LOCK_RECLAIM;
+pub const LOCK_FLAGS: u8 = LOCK_WAIT | LOCK_RECLAIM | LOCK_FAIR;
 
 /// One held range of one owner.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

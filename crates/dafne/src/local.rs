@@ -492,6 +492,9 @@ fn spawn_server(args: &[String], log: &Path) -> Result<(Child, SocketAddr)> {
         // A server restarted on its port must not wait out the TIME_WAIT of
         // its predecessor's connections (a UCT setting, so not in `--ucx`).
         .env("UCX_TCP_CM_REUSEADDR", "y")
+        // The metadata server's test hook that drops replies must never
+        // reach a cluster from a variable left set in the user's shell.
+        .env_remove(dafne_meta::service::FAULT_DROP_REPLY)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(logf.try_clone()?)

@@ -344,6 +344,30 @@ fn scopeguard(c: Child) -> Guard {
 }
 
 #[test]
+fn a_waiting_writer_is_not_starved_by_readers_on_another_mount() {
+    let Setup { _g, c: _c, locker, a, b } = setup();
+    let mut reader0 = Locker::start(&locker, &a.path("f"));
+    assert_eq!(reader0.ask("posix r 0 0 nowait"), "ok");
+    let mut writer = Locker::start(&locker, &b.path("f"));
+    writer.send("posix w 0 0 wait");
+    writer.blocked();
+    // Let the writer's waiting request reach the metadata server (it is
+    // sent from the mount's waiting thread after a first try).
+    std::thread::sleep(Duration::from_millis(300));
+    // A reader that will wait queues behind the writer, though no held
+    // lock stands in its way (an F_SETLK would be granted: POSIX).
+    let mut reader1 = Locker::start(&locker, &a.path("f"));
+    reader1.send("posix r 0 0 wait");
+    reader1.blocked();
+    assert!(reader1.answers.recv_timeout(Duration::from_millis(500)).is_err(), "a reader jumped the waiting writer");
+    assert_eq!(reader0.ask("posix u 0 0 nowait"), "ok");
+    assert_eq!(writer.answer(), "ok", "the writer must come first");
+    assert!(reader1.answers.try_recv().is_err());
+    assert_eq!(writer.ask("posix u 0 0 nowait"), "ok");
+    assert_eq!(reader1.answer(), "ok");
+}
+
+#[test]
 fn a_deadlock_between_two_mounts_is_reported() {
     let Setup { _g, c: _c, locker, a, b } = setup();
     let mut one = Locker::start(&locker, &a.path("f"));
