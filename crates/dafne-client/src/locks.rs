@@ -232,13 +232,19 @@ impl MetaSession {
             };
         }
         let r = if wait {
-            self.wait_for_lock(req, ino, owner, pid, start, end, kind)
+            self.wait_for_lock(&req)
         } else {
-            self.call_retrying(req, false, crate::link::WAIT_FOR_RECONNECT)
+            self.call_retrying(req.clone(), false, crate::link::WAIT_FOR_RECONNECT)
         };
-        match r? {
-            Response::Done => {
-                locks.record(ino, owner, pid, start, end, kind);
+        self.granted(r, &req)
+    }
+
+    /// The answer to lock request `req`: on `Done`, the session's copy
+    /// records the lock.
+    fn granted(&self, r: Result<Response, Errno>, req: &Request) -> Result<(), Errno> {
+        match (r?, req) {
+            (Response::Done, &Request::Lock { ino, owner, pid, start, end, kind, .. }) => {
+                self.inner.locks.record(ino, owner, pid, start, end, kind);
                 Ok(())
             }
             _ => Err(Errno::EPROTO),
@@ -248,28 +254,20 @@ impl MetaSession {
     /// A lock request that may wait (module docs, "Waiting"): on the server
     /// when a turn is free, else by asking without waiting until a turn
     /// frees or the lock is granted.
-    #[allow(clippy::too_many_arguments)]
-    fn wait_for_lock(
-        &self,
-        req: Request,
-        ino: Ino,
-        owner: u64,
-        pid: u32,
-        start: u64,
-        end: u64,
-        kind: LockKind,
-    ) -> Result<Response, Errno> {
+    fn wait_for_lock(&self, req: &Request) -> Result<Response, Errno> {
         let locks = &self.inner.locks;
+        let mut now = req.clone();
+        if let Request::Lock { flags, .. } = &mut now {
+            *flags = LOCK_FAIR;
+        }
         let mut pause = Duration::from_millis(10);
         loop {
             if locks.try_take_turn() {
-                let r = self.call_retrying(req, true, RECONNECT_FOR);
+                let r = self.call_retrying(req.clone(), true, RECONNECT_FOR);
                 locks.end_turn();
                 return r;
             }
-            let now =
-                Request::Lock { ino, client: self.inner.client_id, owner, pid, start, end, kind, flags: LOCK_FAIR };
-            match self.call_retrying(now, false, crate::link::WAIT_FOR_RECONNECT) {
+            match self.call_retrying(now.clone(), false, crate::link::WAIT_FOR_RECONNECT) {
                 Err(e) if e == Errno::EAGAIN => {}
                 r => return r,
             }
@@ -295,13 +293,8 @@ impl MetaSession {
             return Err(Errno::EINVAL);
         }
         let req = Request::Lock { ino, client: self.inner.client_id, owner, pid, start, end, kind, flags: LOCK_FAIR };
-        match self.call_retrying(req, false, crate::link::WAIT_FOR_RECONNECT)? {
-            Response::Done => {
-                self.inner.locks.record(ino, owner, pid, start, end, kind);
-                Ok(())
-            }
-            _ => Err(Errno::EPROTO),
-        }
+        let r = self.call_retrying(req.clone(), false, crate::link::WAIT_FOR_RECONNECT);
+        self.granted(r, &req)
     }
 
     /// The first lock of another owner that would stop `owner` taking a

@@ -915,6 +915,16 @@ impl Tables<'_> {
         Ok(())
     }
 
+    /// The two directories of a rename or an exchange, each of which the
+    /// caller must be allowed to write and search.
+    fn rename_dirs(&self, cred: &Cred, sp: Ino, dp: Ino) -> R<(Inode, Inode)> {
+        let sdir = self.dir(sp)?;
+        let ddir = self.dir(dp)?;
+        posix::check(cred, &sdir.attr, MAY_WRITE | MAY_EXEC)?;
+        posix::check(cred, &ddir.attr, MAY_WRITE | MAY_EXEC)?;
+        Ok((sdir, ddir))
+    }
+
     fn dir(&self, ino: Ino) -> R<Inode> {
         let d = self.inode(ino)?;
         if d.attr.kind != FileType::Directory {
@@ -1612,10 +1622,7 @@ impl Tables<'_> {
         if sn == b"." || sn == b".." {
             return Err(Errno::EBUSY.into());
         }
-        let sdir = self.dir(sp)?;
-        let ddir = self.dir(dp)?;
-        posix::check(cred, &sdir.attr, MAY_WRITE | MAY_EXEC)?;
-        posix::check(cred, &ddir.attr, MAY_WRITE | MAY_EXEC)?;
+        let (sdir, ddir) = self.rename_dirs(cred, sp, dp)?;
         let (sino, sseq) = self.entry(sp, sn)?.ok_or(Errno::ENOENT)?;
         let mut src = self.inode(sino)?;
         if !posix::sticky_allows(cred, &sdir.attr, &src.attr) {
@@ -1722,10 +1729,7 @@ impl Tables<'_> {
                 return Err(Errno::EBUSY.into());
             }
         }
-        let sdir = self.dir(sp)?;
-        let ddir = self.dir(dp)?;
-        posix::check(cred, &sdir.attr, MAY_WRITE | MAY_EXEC)?;
-        posix::check(cred, &ddir.attr, MAY_WRITE | MAY_EXEC)?;
+        let (sdir, ddir) = self.rename_dirs(cred, sp, dp)?;
         let (sino, sseq) = self.entry(sp, sn)?.ok_or(Errno::ENOENT)?;
         let (dino, dseq) = self.entry(dp, dn)?.ok_or(Errno::ENOENT)?;
         let mut src = self.inode(sino)?;

@@ -402,11 +402,11 @@ fn readdir_paging_survives_concurrent_inserts_and_removals() {
     }
 }
 
-#[test]
-fn two_clients_racing_to_create_exactly_one_wins() {
-    let dir = tempfile::tempdir().unwrap();
-    let m = start_meta(dir.path(), 0);
-    let sec = secret(&m);
+/// Two clients, each with its own runtime and session, run `step(session,
+/// worker, i)` for i in 0..100 at once; what each step returned, per
+/// worker.
+fn race(m: &Meta, step: fn(&MetaSession, usize, usize) -> bool) -> Vec<Vec<bool>> {
+    let sec = secret(m);
     let addr = m.addr;
     let workers: Vec<_> = (0..2)
         .map(|w| {
@@ -414,13 +414,18 @@ fn two_clients_racing_to_create_exactly_one_wins() {
             std::thread::spawn(move || {
                 let rt = runtime();
                 let s = MetaSession::connect(&rt, addr, &sec, &format!("racer{w}"), 0, 0).unwrap();
-                (0..100)
-                    .map(|i| s.create(ROOT_INO, format!("race{i}").as_bytes(), 0o644, true).is_ok())
-                    .collect::<Vec<_>>()
+                (0..100).map(|i| step(&s, w, i)).collect::<Vec<_>>()
             })
         })
         .collect();
-    let results: Vec<Vec<bool>> = workers.into_iter().map(|h| h.join().unwrap()).collect();
+    workers.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+#[test]
+fn two_clients_racing_to_create_exactly_one_wins() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = start_meta(dir.path(), 0);
+    let results = race(&m, |s, _, i| s.create(ROOT_INO, format!("race{i}").as_bytes(), 0o644, true).is_ok());
     for (i, (a, b)) in results[0].iter().zip(&results[1]).enumerate() {
         assert_eq!(*a as u32 + *b as u32, 1, "name race{i}: winners {a} {b}");
     }
@@ -828,35 +833,15 @@ fn rename_noreplace_races_have_one_winner_and_exchange_swaps() {
     use dafne_client::{RENAME_EXCHANGE, RENAME_NOREPLACE};
     let dir = tempfile::tempdir().unwrap();
     let m = start_meta(dir.path(), 0);
-    let sec = secret(&m);
-    let addr = m.addr;
-    let workers: Vec<_> = (0..2)
-        .map(|w| {
-            let sec = sec.clone();
-            std::thread::spawn(move || {
-                let rt = runtime();
-                let s = MetaSession::connect(&rt, addr, &sec, &format!("racer{w}"), 0, 0).unwrap();
-                (0..100)
-                    .map(|i| {
-                        let mine = format!("w{w}-{i}");
-                        s.create(ROOT_INO, mine.as_bytes(), 0o644, true).unwrap();
-                        match s.rename_flags(
-                            ROOT_INO,
-                            mine.as_bytes(),
-                            ROOT_INO,
-                            format!("t{i}").as_bytes(),
-                            RENAME_NOREPLACE,
-                        ) {
-                            Ok(()) => true,
-                            Err(Errno::EEXIST) => false,
-                            Err(e) => panic!("rename {mine}: {e}"),
-                        }
-                    })
-                    .collect::<Vec<_>>()
-            })
-        })
-        .collect();
-    let results: Vec<Vec<bool>> = workers.into_iter().map(|h| h.join().unwrap()).collect();
+    let results = race(&m, |s, w, i| {
+        let mine = format!("w{w}-{i}");
+        s.create(ROOT_INO, mine.as_bytes(), 0o644, true).unwrap();
+        match s.rename_flags(ROOT_INO, mine.as_bytes(), ROOT_INO, format!("t{i}").as_bytes(), RENAME_NOREPLACE) {
+            Ok(()) => true,
+            Err(Errno::EEXIST) => false,
+            Err(e) => panic!("rename {mine}: {e}"),
+        }
+    });
     let rt = runtime();
     let s = session(&rt, &m, 0, 0);
     for (i, (a, b)) in results[0].iter().zip(&results[1]).enumerate() {
