@@ -68,7 +68,7 @@
 //! `fcntl` locks, OFD locks and `flock` are the cluster's: the kernel sends
 //! them here (the mount asks for `FUSE_POSIX_LOCKS` and `FUSE_FLOCK_LOCKS`)
 //! and they go to the metadata server under the kernel's lock owner
-//! ([`Core::setlk`], [`Core::getlk`]; rules in `dafne_meta::locks`), so a
+//! (through [`Core::lock_session`]; rules in `dafne_meta::locks`), so a
 //! lock taken on one mount excludes processes on every other. A process's
 //! `fcntl` locks on a file end at any close of it (the `flush` that every
 //! `close(2)` sends names the owner), an open file's `flock` and OFD locks
@@ -102,8 +102,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use dafne_client::data::DataClient;
 use dafne_client::readahead::{Changes, ReadAhead, ReadAheadStats, Stream};
 use dafne_client::{
-    Attr, CompoundOp, DirEntry, Errno, FileType, Groups, Ino, LockHolder, LockKind, MetaSession, OpenFile, Response,
-    SetAttr, StatFs, TimeSet,
+    Attr, CompoundOp, DirEntry, Errno, FileType, Groups, Ino, LockKind, MetaSession, OpenFile, Response, SetAttr,
+    StatFs, TimeSet,
 };
 use dafne_proto::io::{AllocateMode, Stability};
 use dafne_proto::{Request, OPEN_READ, OPEN_TRUNC, OPEN_WRITE, RIGHT_READ, RIGHT_WRITE};
@@ -831,40 +831,11 @@ impl Core {
         r
     }
 
-    /// `F_GETLK`: the first lock of another owner that conflicts (module
-    /// docs, "Locks").
-    pub fn getlk(
-        &self,
-        ino: Ino,
-        owner: u64,
-        start: u64,
-        end: u64,
-        kind: LockKind,
-    ) -> Result<Option<LockHolder>, Errno> {
-        self.meta.test_lock(ino, owner, start, end, kind)
-    }
-
-    /// The daemon's session, for a lock request that waits on a thread of
-    /// its own (the adapter's `setlk`).
+    /// The daemon's session, through which the adapter takes, tests and
+    /// releases locks (`MetaSession::lock` and its siblings; module docs,
+    /// "Locks"), also from the threads where waiting requests wait.
     pub fn lock_session(&self) -> MetaSession {
         self.meta.clone()
-    }
-
-    /// `F_SETLK`, `F_SETLKW`, `flock`: takes or releases a lock of `owner`
-    /// on the metadata server (module docs, "Locks"). With `wait`, blocks
-    /// until granted.
-    #[allow(clippy::too_many_arguments)]
-    pub fn setlk(
-        &self,
-        ino: Ino,
-        owner: u64,
-        pid: u32,
-        start: u64,
-        end: u64,
-        kind: LockKind,
-        wait: bool,
-    ) -> Result<(), Errno> {
-        self.meta.lock(ino, owner, pid, start, end, kind, wait)
     }
 
     /// A lock was granted on `ino` (module docs, "Locks"): what this mount

@@ -575,7 +575,7 @@ impl fuser::Filesystem for FuseFs {
             Some(k) if k != dafne_client::LockKind::Unlock => k,
             _ => return reply.error(fuser::Errno::EINVAL),
         };
-        match self.core.getlk(self.ino(ino), lock_owner.0, start, lock_end_in(end), kind) {
+        match self.core.lock_session().test_lock(self.ino(ino), lock_owner.0, start, lock_end_in(end), kind) {
             Ok(None) => reply.locked(start, end, libc::F_UNLCK, 0),
             Ok(Some(h)) => {
                 let typ = if h.kind == dafne_client::LockKind::Write { libc::F_WRLCK } else { libc::F_RDLCK };
@@ -601,7 +601,10 @@ impl fuser::Filesystem for FuseFs {
         let Some(kind) = lock_kind(typ) else { return reply.error(fuser::Errno::EINVAL) };
         let (kernel_ino, ino, owner, end) = (ino, self.ino(ino), lock_owner.0, lock_end_in(end));
         if kind == dafne_client::LockKind::Unlock {
-            let r = self.core.before_unlock(fh.0).and(self.core.setlk(ino, owner, pid, start, end, kind, false));
+            let r = self
+                .core
+                .before_unlock(fh.0)
+                .and(self.core.lock_session().lock(ino, owner, pid, start, end, kind, false));
             return empty(r, reply);
         }
         self.core.locking_through(fh.0, owner);
@@ -622,7 +625,7 @@ impl fuser::Filesystem for FuseFs {
         let first = if sleep {
             self.core.lock_session().try_lock_fairly(ino, owner, pid, start, end, kind)
         } else {
-            self.core.setlk(ino, owner, pid, start, end, kind, false)
+            self.core.lock_session().lock(ino, owner, pid, start, end, kind, false)
         };
         match first {
             Err(e) if e == dafne_client::Errno::EAGAIN && sleep => {}
