@@ -46,6 +46,7 @@
 //! claimed back on every new connection like the opens (module [`locks`]).
 //! The keepalive also runs while the session holds a lock.
 
+pub mod cluster;
 pub mod cq;
 pub mod data;
 #[cfg(test)]

@@ -452,7 +452,7 @@ pub fn run(a: PosixBench, parse_size: impl Fn(&str) -> Result<usize>) -> Result<
     let mut native_cpu = vec![("this process (client library)".to_string(), std::process::id())];
     native_cpu.extend(servers.iter().cloned());
     let native = if rows.iter().any(|r| r.has_native()) {
-        Some(Session::connect(&cluster.dir, "bench-posix", None)?)
+        Some(crate::copy::connect(&cluster.dir, "bench-posix", None)?)
     } else {
         None
     };

@@ -129,42 +129,31 @@ pub(crate) fn parent_of(meta: &MetaSession, path: &str) -> Result<(u64, Vec<u8>)
 /// The client library connected to a running cluster from this process:
 /// a metadata session as this process's user and the io servers. `dafne
 /// cp` and the native rows of `dafne bench posix` use it.
-pub(crate) struct Session {
-    pub meta: MetaSession,
-    pub data: DataClient,
-    // Dropped last: the sessions above run on it.
-    _rt: dafne_transport::Runtime,
-}
+pub(crate) type Session = dafne_client::cluster::Cluster;
 
-impl Session {
-    /// Connects to the cluster of `dir`; `name` names this client in the
-    /// transport's logs and the metadata server's sessions.
-    pub(crate) fn connect(dir: &Path, name: &str, credential: Option<&Path>) -> Result<Session> {
-        let info = ClusterInfo::load(dir)?;
-        let rt = dafne_transport::Runtime::new(dafne_transport::RuntimeOptions {
-            name: name.into(),
-            ucx_config: info.ucx.clone(),
-            ..Default::default()
-        })?;
-        let login = crate::cluster::ClientLogin::load(&info, credential)?;
-        let uid = rustix::process::getuid().as_raw();
-        let gid = rustix::process::getgid().as_raw();
-        let meta = MetaSession::connect(&rt, info.meta, &login.key, &format!("dafne-{name}"), uid, gid)
-            .map_err(|e| crate::cluster::explain_connect(&info, &login, e))
-            .context("connecting to the metadata server")?;
-        let data = DataClient::connect(&rt, &info.io, &login.key)
-            .map_err(|e| crate::cluster::explain_connect(&info, &login, e))
-            .context("connecting to the io servers")?;
-        // Revoked capabilities of this session's opens are re-issued.
-        data.attach_meta(meta.clone());
-        Ok(Session { meta, data, _rt: rt })
-    }
+/// Connects to the cluster of `dir` (which must be running: the CLI checks
+/// its supervisor, for a better message than a connection timeout); `name`
+/// names this client in the transport's logs and the metadata server's
+/// sessions.
+pub(crate) fn connect(dir: &Path, name: &str, credential: Option<&Path>) -> Result<Session> {
+    let info = ClusterInfo::load(dir)?;
+    let login = crate::cluster::ClientLogin::load(&info, credential)?;
+    let file = dafne_client::cluster::ClusterFile {
+        meta: info.meta,
+        io: info.io.clone(),
+        secret: info.secret.clone(),
+        ucx: info.ucx.clone(),
+    };
+    let opts = dafne_client::cluster::OpenOptions::new(dir, name);
+    Session::connect(&file, &login.key, &opts).map_err(|(what, e)| {
+        crate::cluster::explain_connect(&info, &login, e).context(format!("connecting to the {what}"))
+    })
 }
 
 pub fn cp(a: CpArgs) -> Result<()> {
     let dir = crate::cluster::resolve_dir(a.dir.as_deref())?;
     let (src, dst) = (side(&a.src), side(&a.dst));
-    let s = Session::connect(&dir, "cp", a.credential.as_deref())?;
+    let s = connect(&dir, "cp", a.credential.as_deref())?;
     let (meta, data) = (&s.meta, &s.data);
     let mut regions = (0..DEPTH)
         .map(|_| data.allocate(CHUNK, Access::RemoteReadWrite))
