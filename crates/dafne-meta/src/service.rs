@@ -66,7 +66,11 @@
 //! Revoked credential names live in the store and, for logins, in memory
 //! (loaded at start, added to by `RevokeCredential` once committed): a
 //! login under a revoked name is refused with `EKEYREVOKED`, and a
-//! revocation ends the name's live sessions (their requests get `EACCES`).
+//! revocation ends the name's live sessions (their requests get `EACCES`)
+//! and, in the store's transaction, revokes every capability issued so far
+//! (the store's `revoke_all`: the credential's holders are not tracked per
+//! object, so all are revoked; other clients with opens get theirs
+//! re-issued).
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};

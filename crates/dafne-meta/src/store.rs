@@ -479,6 +479,11 @@ const CAP_GENERATION: &str = "cap_generation";
 /// server further behind gets a reset instead.
 pub const REVOCATION_LOG: usize = 1 << 16;
 
+/// The object id of a revocation of every object ([`Tables::revoke_all`]);
+/// never an entry of the log (it restarts the log instead), so never sent.
+/// Data object ids are allocated upwards from 1 and do not reach it.
+const EVERY_OBJECT: u64 = u64::MAX;
+
 /// Meta's revocation log (`dafne_auth`'s module docs, "Revocation"): the
 /// revocations committed since this store was opened, numbered from 1, the
 /// last [`REVOCATION_LOG`] of them kept. `instance` tells one opening from
@@ -498,6 +503,15 @@ impl RevocationLog {
         let t = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_nanos() as u64;
         let instance = (t ^ (u64::from(std::process::id()) << 48)).max(1);
         RevocationLog { instance, head: 0, entries: std::collections::VecDeque::new() }
+    }
+
+    /// Revokes every capability issued so far, of every object: a new
+    /// instance, so every reader's next batch is a reset to the generation
+    /// then (which the caller raised first).
+    fn restart(&mut self) {
+        self.instance = self.instance.wrapping_add(1).max(1);
+        self.head = 0;
+        self.entries.clear();
     }
 
     fn push(&mut self, r: dafne_proto::Revocation) {
@@ -762,7 +776,11 @@ impl MetaStore for RedbStore {
         }
         // In the log once committed, in commit order (one store thread).
         for r in revoked {
-            log.push(r);
+            if r.object_id == EVERY_OBJECT {
+                log.restart();
+            } else {
+                log.push(r);
+            }
         }
         Ok(out)
     }
@@ -968,6 +986,15 @@ impl Tables<'_> {
         self.counters.insert(CAP_GENERATION, g)?;
         self.revoked.push(dafne_proto::Revocation { object_id, floor: g });
         Ok(g)
+    }
+
+    /// Revokes every capability of every object issued so far (a revoked
+    /// credential's: their holders are not known per object): the
+    /// generation goes up, and once committed the revocation log restarts,
+    /// so the io servers' next relay is a reset to it. Holders with an
+    /// open get theirs re-issued (`Recap`), as after any revocation.
+    fn revoke_all(&mut self) -> R<u64> {
+        self.revoke(EVERY_OBJECT)
     }
 
     /// A capability for `f`'s data object with `rights` at the current
@@ -1396,6 +1423,8 @@ impl Tables<'_> {
                 if self.revoked_credentials.get(name.as_str())?.is_none() {
                     self.revoked_credentials.insert(name.as_str(), self.now.sec.max(0) as u64)?;
                 }
+                // The capabilities its sessions were issued die with it.
+                self.revoke_all()?;
                 Ok(Response::Done)
             }
             // Handled by the service (sessions, the open table), never here.
@@ -1843,6 +1872,16 @@ mod tests {
         assert_eq!(log.after(me, 1, 20).reset_floor, 20, "behind what is kept");
         let b = log.after(me, 3, 20);
         assert_eq!((b.reset_floor, b.entries.len()), (0, dafne_proto::MAX_REVOCATIONS), "a batch at most");
+        // A revocation of everything: every reader, however current, is
+        // reset to the generation, and then follows the new instance.
+        let head = log.head;
+        log.restart();
+        let b = log.after(me, head, 21);
+        assert_ne!(b.instance, me);
+        assert_eq!((b.from_seq, b.to_seq, b.reset_floor), (0, 0, 21), "a current reader is reset");
+        log.push(dafne_proto::Revocation { object_id: 7, floor: 22 });
+        let b = log.after(b.instance, 0, 22);
+        assert_eq!((b.reset_floor, b.entries.len()), (0, 1), "then continues");
     }
 
     fn inode(kind: FileType, rdev: u64) -> Inode {

@@ -14,8 +14,8 @@
 //! is answered by the server within milliseconds (UCX sends its own private
 //! data back), so a socket on the listener port that the server never sent
 //! a byte on is a handshake in progress; it is reset when
-//! * its unread bytes have not moved for [`STUCK_SCANS`] scans (UCX stopped
-//!   reading: the spin above), or
+//! * UCX has read some of its bytes and the rest have not moved for
+//!   [`STUCK_SCANS`] scans (UCX stopped reading: the spin above), or
 //! * it is older than the handshake deadline (a stalled or idle peer), or
 //! * more than [`MAX_PENDING_HANDSHAKES`] such sockets exist (a flood; the
 //!   oldest go first, since genuine handshakes finish at once: a client
@@ -101,10 +101,21 @@ pub enum Verdict {
     Excess,
 }
 
-/// The decision for one unanswered socket, given how long it has been seen
-/// and how many scans its unread bytes stood still.
-pub fn judge(age: Duration, rx_queue: u32, still_scans: u32, deadline: Duration) -> Verdict {
-    if rx_queue > 0 && still_scans >= STUCK_SCANS {
+/// The decision for one unanswered socket, given how long it has been seen,
+/// its unread bytes (`rx_queue`), the bytes UCX has read from it
+/// (`consumed`) and how many scans its unread bytes stood still.
+///
+/// Stuck needs all three: bytes waiting, UCX having read some (the spin
+/// starts once UCX's buffer is full), and no progress for [`STUCK_SCANS`]
+/// scans. A request UCX has not read at all is a server that has not got
+/// to it yet (its async thread busy or starved of a core on a loaded
+/// machine), not the spin: such a socket is left to the deadline and the
+/// cap on pending handshakes. (Before, a genuine client's connection to a
+/// server busy for 750 ms was reset: seen once in CI as `dafne status`
+/// failing with "Connection reset by remote peer" right after a client
+/// was killed.)
+pub fn judge(age: Duration, rx_queue: u32, consumed: u64, still_scans: u32, deadline: Duration) -> Verdict {
+    if rx_queue > 0 && consumed > 0 && still_scans >= STUCK_SCANS {
         Verdict::Stuck
     } else if age >= deadline {
         Verdict::Expired
@@ -192,7 +203,8 @@ fn run(port: u16, deadline: Duration, shared: &Shared, stop: &AtomicBool) {
                 e.still = 0;
                 e.last_rx = p.unread;
             }
-            match judge(now.duration_since(e.first_seen), p.unread, e.still, deadline) {
+            let consumed = p.bytes_received.saturating_sub(u64::from(p.unread));
+            match judge(now.duration_since(e.first_seen), p.unread, consumed, e.still, deadline) {
                 Verdict::Keep => pending.push((ino, fd, e.first_seen)),
                 _ if resets_this_scan < MAX_RESETS_PER_SCAN => {
                     resets_this_scan += 1;
@@ -255,9 +267,13 @@ mod tests {
     #[test]
     fn verdicts() {
         let d = Duration::from_secs(5);
-        assert_eq!(judge(Duration::from_millis(300), 2000, STUCK_SCANS, d), Verdict::Stuck);
-        assert_eq!(judge(Duration::from_millis(300), 2000, STUCK_SCANS - 1, d), Verdict::Keep);
-        assert_eq!(judge(Duration::from_millis(300), 0, 100, d), Verdict::Keep);
-        assert_eq!(judge(d, 0, 0, d), Verdict::Expired);
+        let t = Duration::from_millis(300);
+        assert_eq!(judge(t, 2000, 4096, STUCK_SCANS, d), Verdict::Stuck);
+        assert_eq!(judge(t, 2000, 4096, STUCK_SCANS - 1, d), Verdict::Keep);
+        assert_eq!(judge(t, 0, 4096, 100, d), Verdict::Keep);
+        // Not read at all yet: a busy server, not UCX's spin.
+        assert_eq!(judge(t, 2000, 0, 100, d), Verdict::Keep);
+        assert_eq!(judge(d, 2000, 0, 100, d), Verdict::Expired);
+        assert_eq!(judge(d, 0, 0, 0, d), Verdict::Expired);
     }
 }

@@ -60,6 +60,22 @@ impl Up {
         self.dir.path().display().to_string()
     }
 
+    /// The last lines of every server's log, for a failure's message.
+    fn log_tails(&self) -> String {
+        let mut out = String::new();
+        let Ok(dir) = std::fs::read_dir(self.dir.path().join("logs")) else { return out };
+        for e in dir.flatten() {
+            let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            out += &format!("--- {} (last 20 lines)\n", e.path().display());
+            for l in &lines[lines.len().saturating_sub(20)..] {
+                out += l;
+                out.push('\n');
+            }
+        }
+        out
+    }
+
     /// (name, pid, listener port) of every server.
     fn servers(&self) -> Vec<(String, u32, u16)> {
         let v: serde_json::Value =
@@ -702,6 +718,56 @@ fn a_capability_revoked_by_chmod_is_refused() {
     honest_client_round_trip(&c, 30);
 }
 
+/// Found by review (issue 10): revoking a credential ended its sessions
+/// in meta, but the capabilities they had been issued stayed good on the
+/// io servers for the rest of their hour: a client whose credential was
+/// revoked went on reading and writing every file it had opened, and the
+/// io servers were never told. Now a revocation revokes every capability
+/// issued before it; a fully trusted client that holds an open gets its
+/// capability re-issued (`Recap`) and carries on, the revoked client
+/// cannot (its session is gone).
+#[test]
+fn a_revoked_credentials_capabilities_are_refused_by_the_io_servers() {
+    let c = up_reclaiming(2);
+    let cl = Clients::new(&c);
+    let root = cl.fs(0, 0);
+    let data = pattern(2 << 20, 40);
+    let ino = root_file(&root, b"shared", 0o666, &data);
+    let cred = c.dir.path().join("mallory.cred");
+    let o = run(&["credential", "issue", "mallory", "--uid", "1000", "--gid", "1000", "--dir", &c.d(), "-o"]
+        .into_iter()
+        .chain([cred.to_str().unwrap()])
+        .collect::<Vec<_>>());
+    assert!(o.status.success(), "{}", text(&o));
+    let key: dafne_auth::LoginKey = dafne_auth::CredentialFile::load(&cred).unwrap().into();
+    let mallory = dafne_client::MetaSession::connect(&cl.rt, cl.info.meta, &key, "mallory", 1000, 1000).unwrap();
+    let raw = dafne_client::data::DataClient::connect(&cl.rt, &cl.info.io, &key).unwrap();
+    let stolen = mallory.open(ino, dafne_proto::OPEN_READ | dafne_proto::OPEN_WRITE).unwrap();
+    assert!(read(&raw, &stolen, 0, 4096).unwrap() == data[..4096], "the credential's own read");
+    // A trusted user holds an open across the revocation.
+    let user = cl.fs(1001, 1001);
+    let held = user.open(ino, dafne_proto::OPEN_READ | dafne_proto::OPEN_WRITE).unwrap();
+    let o = run(&["credential", "revoke", "mallory", "--dir", &c.d()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let junk = pattern(4096, 41);
+    wait_for("the io servers to refuse the revoked credential's capability", || {
+        read(&raw, &stolen, 0, 4096).is_err() && read(&raw, &stolen, 1 << 20, 4096).is_err()
+    });
+    for at in [0u64, 1 << 20] {
+        assert_eq!(write(&raw, &stolen, at, &junk), Err(dafne_proto::Errno::ESTALE), "write at {at}");
+    }
+    assert!(mallory.recap(stolen.cap).is_err(), "meta re-issued a capability to a revoked credential");
+    // The trusted holder carries on (its data client re-obtains the
+    // capability), and the file is untouched by the revoked client.
+    let mut back = vec![0u8; data.len()];
+    assert_eq!(held.read_at(0, &mut back).unwrap(), data.len());
+    assert!(back == data, "the file changed");
+    let more = pattern(1 << 20, 42);
+    held.write_at(1 << 20, &more, dafne_proto::io::Stability::FileSync).unwrap();
+    drop(held);
+    honest_client_round_trip(&c, 40);
+}
+
 /// A write capability taken before a truncate is refused afterwards to a
 /// client without an open: it cannot put back bytes the truncate cut.
 #[test]
@@ -896,9 +962,21 @@ fn a_frame_with_a_tampered_payload_is_refused() {
 /// The io servers' counters from `dafne status --json`, one object each.
 fn io_info(c: &Up) -> Vec<serde_json::Value> {
     let o = run(&["status", "--dir", &c.d(), "--json"]);
-    assert!(o.status.success(), "dafne status: {}", text(&o));
+    assert!(o.status.success(), "dafne status: {}\n{}", text(&o), c.log_tails());
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     v["io"].as_array().unwrap().iter().map(|s| s["info"].clone()).collect()
+}
+
+/// [`io_info`], or `None` (reported on stderr) when `dafne status` did not
+/// reach every server.
+fn try_io_info(c: &Up) -> Option<Vec<serde_json::Value>> {
+    let o = run(&["status", "--dir", &c.d(), "--json"]);
+    if !o.status.success() {
+        eprintln!("dafne status failed (retrying): {}", text(&o));
+        return None;
+    }
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).ok()?;
+    Some(v["io"].as_array()?.iter().map(|s| s["info"].clone()).collect())
 }
 
 fn io_sum(c: &Up, field: &str) -> u64 {
@@ -964,9 +1042,11 @@ fn clients_stopped_and_killed_mid_copy_leave_the_io_caches_whole() {
         std::thread::sleep(Duration::from_millis(500));
         child.kill().unwrap();
         child.wait().unwrap();
-        // (Each server counts the status request it is answering.)
+        // (Each server counts the status request it is answering. A status
+        // that could not reach a server counts as not yet: the servers
+        // must answer again within the wait, and `io_info` below insists.)
         wait_for("the dead client's requests to end", || {
-            io_info(&c).iter().all(|i| i["requests_in_flight"].as_u64() <= Some(1))
+            try_io_info(&c).is_some_and(|v| v.iter().all(|i| i["requests_in_flight"].as_u64() <= Some(1)))
         });
     }
     assert_eq!(io_sum(&c, "retired_units"), 0, "cache units lost to dead clients: {:?}", io_info(&c));
