@@ -491,6 +491,9 @@ pub struct Report {
     pub fio_runtime_s: u64,
     pub postmark: PostmarkSettings,
     pub fio_version: String,
+    /// Extra arguments the dafne mount was given (`--mount-args`).
+    #[serde(default)]
+    pub mount_args: Vec<String>,
     /// Which processes' CPU time each system's column counts.
     pub cpu_counted: Vec<(String, String)>,
     pub rows: Vec<RowResult>,

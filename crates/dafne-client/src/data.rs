@@ -517,7 +517,7 @@ impl DataClient {
 
     /// Failed requests' bounce buffers held now.
     #[cfg(test)]
-    fn bounce_quarantined(&self) -> usize {
+    pub(crate) fn bounce_quarantined(&self) -> usize {
         self.quarantine.lock().map(|q| q.bufs.len()).unwrap_or(0)
     }
 
@@ -530,6 +530,12 @@ impl DataClient {
         } else {
             self.quarantine.lock().unwrap_or_else(|p| p.into_inner()).admit(bufs);
         }
+    }
+
+    /// Holds `r`, memory of a request that failed, until no server can
+    /// still put or get on it (module docs, "Buffers of failed requests").
+    pub fn quarantine_region(&self, r: Region) {
+        self.quarantine.lock().unwrap_or_else(|p| p.into_inner()).admit(vec![r]);
     }
 
     fn give_bounce(&self, r: Region) {
@@ -1304,7 +1310,6 @@ fn bounce_region(ctx: &dafne_transport::Context) -> Result<Region, Errno> {
 mod tests {
     use super::*;
     use crate::fake_io;
-    use dafne_proto::{Attr, FileType, Layout, Timespec};
     use dafne_transport::TransportError;
     use futures::executor::block_on;
     use std::sync::atomic::Ordering;
@@ -1435,33 +1440,8 @@ mod tests {
         assert!(v.note_write(3, 0, 0).is_some(), "settled and removed pairs make room");
     }
 
-    /// An open file striped over servers `0..servers` (1 MiB units).
-    fn file_on(object_id: u64, servers: u32) -> OpenFile {
-        let t = Timespec::default();
-        let attr = Attr {
-            ino: 2,
-            kind: FileType::Regular,
-            mode: 0o644,
-            nlink: 1,
-            uid: 0,
-            gid: 0,
-            rdev: 0,
-            size: 0,
-            blocks: 0,
-            atime: t,
-            mtime: t,
-            ctime: t,
-        };
-        let layout = Layout { object_id, stripe_unit: 1 << 20, stripe_count: servers, servers: (0..servers).collect() };
-        OpenFile {
-            attr,
-            layout,
-            cap: Capability { object_id, ino: 0, rights: 3, generation: 0, expiry_unix_ns: 0, mac: [0; 32] },
-        }
-    }
-
     fn file(object_id: u64) -> OpenFile {
-        file_on(object_id, 1)
+        fake_io::file_on(object_id, 1)
     }
 
     fn loss() -> TransportError {
@@ -1505,7 +1485,7 @@ mod tests {
         let (_s1, addr1, _) = fake_io::start();
         let rt = fake_io::runtime("verifier-two");
         let d = DataClient::connect(&rt, &[addr0, addr1], crate::fake_io::secret()).unwrap();
-        let f = file_on(30, 2);
+        let f = fake_io::file_on(30, 2);
         block_on(d.write_at(&f, 0, b"on server 0", Stability::Unstable)).unwrap();
         block_on(d.write_at(&f, 1 << 20, b"on server 1", Stability::Unstable)).unwrap();
         // Server 1 is reconnected (its writes may be lost) while server 0

@@ -24,6 +24,11 @@ pub(crate) struct Faults {
     pub fail_writes: AtomicBool,
     /// Answer syncs with `EAGAIN`.
     pub fail_syncs: AtomicBool,
+    /// Answer each write this many milliseconds after it arrived.
+    pub write_delay_ms: AtomicU64,
+    /// Writes arrived and not yet answered, and the most at once.
+    pub writes_in_flight: AtomicU64,
+    pub max_writes_in_flight: AtomicU64,
 }
 
 struct FakeIo {
@@ -57,11 +62,60 @@ impl Service for FakeIo {
                     }
                     _ => Ok(IoResponse::Done),
                 };
-                encode_io_reply(env.tag, r.op(), &result)
+                let reply = encode_io_reply(env.tag, r.op(), &result);
+                if let IoRequest::Write { .. } = r {
+                    return self.write_reply(reply);
+                }
+                reply
             }
             Err(_) => Vec::new(),
         };
         Box::pin(async move { reply })
+    }
+}
+
+impl FakeIo {
+    /// A write's answer, after the configured delay; counts the writes in
+    /// flight while they wait.
+    fn write_reply(&self, reply: Vec<u8>) -> Pin<Box<dyn Future<Output = Vec<u8>>>> {
+        let f = self.faults.clone();
+        let now = f.writes_in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        f.max_writes_in_flight.fetch_max(now, Ordering::SeqCst);
+        let delay = f.write_delay_ms.load(Ordering::Relaxed);
+        let (tx, rx) = futures::channel::oneshot::channel();
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(delay));
+            f.writes_in_flight.fetch_sub(1, Ordering::SeqCst);
+            let _ = tx.send(reply);
+        });
+        Box::pin(async move { rx.await.unwrap_or_default() })
+    }
+}
+
+/// An open file of object `object_id` striped over servers `0..servers`
+/// (1 MiB units), with a capability the fake server does not check.
+pub(crate) fn file_on(object_id: u64, servers: u32) -> crate::OpenFile {
+    use dafne_proto::{Attr, Capability, FileType, Layout, Timespec};
+    let t = Timespec::default();
+    let attr = Attr {
+        ino: 2,
+        kind: FileType::Regular,
+        mode: 0o644,
+        nlink: 1,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        size: 0,
+        blocks: 0,
+        atime: t,
+        mtime: t,
+        ctime: t,
+    };
+    let layout = Layout { object_id, stripe_unit: 1 << 20, stripe_count: servers, servers: (0..servers).collect() };
+    crate::OpenFile {
+        attr,
+        layout,
+        cap: Capability { object_id, ino: 0, rights: 3, generation: 0, expiry_unix_ns: 0, mac: [0; 32] },
     }
 }
 

@@ -56,6 +56,7 @@ mod link;
 pub mod locks;
 pub mod readahead;
 pub mod regcache;
+pub mod writebehind;
 
 use std::collections::BTreeMap;
 use std::future::Future;

@@ -21,6 +21,23 @@
 //! every window of the file that they overlap (`dafne_client::readahead`).
 //! A new open starts with nothing (close-to-open).
 //!
+//! # Write-behind
+//! With a [`WriteBehind`] (`with_write_behind`), a write returns once its
+//! bytes are copied into the daemon's registered memory; the io servers get
+//! them from there while the application goes on (`dafne_client::
+//! writebehind`: bounded memory, overlapping writes in order, the first
+//! error kept for the file). Everything that must see the bytes waits for
+//! the file's writes in flight first: a read, a truncate, `fallocate`, an
+//! `O_TRUNC` open; and everything that reports to the application drains
+//! them and returns their error: `flush` (each `close(2)`), `fsync`, the
+//! release of a lock (so the next holder, on any mount, reads them), and
+//! the next write. The change a write makes is recorded for read-ahead when
+//! it is posted; reads wait for the file's writes before they post
+//! read-ahead, so a unit is never fetched between the two (a read and a
+//! write of one file racing on two threads can, as without write-behind).
+//! `O_SYNC` needs nothing here: the kernel follows each such write with an
+//! `fsync`.
+//!
 //! # Publishing the size
 //! The io servers hold the bytes; meta holds the size. After writes, the
 //! size and mtime go to meta on `flush` (each `close(2)`, so the size is exact
@@ -101,6 +118,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use dafne_client::data::DataClient;
 use dafne_client::readahead::{Changes, ReadAhead, ReadAheadStats, Stream};
+use dafne_client::writebehind::{WriteBehind, WriteBehindStats};
 use dafne_client::{
     Attr, CompoundOp, DirEntry, Errno, FileType, Groups, Ino, LockKind, MetaSession, OpenFile, Response, SetAttr,
     StatFs, TimeSet,
@@ -338,6 +356,7 @@ pub struct Core {
     next_fh: AtomicU64,
     stats_file: Option<PathBuf>,
     readahead: Option<ReadAhead>,
+    writebehind: Option<WriteBehind>,
 }
 
 impl std::fmt::Debug for Core {
@@ -364,6 +383,7 @@ impl Core {
             next_fh: AtomicU64::new(1),
             stats_file: None,
             readahead: None,
+            writebehind: None,
         }
     }
 
@@ -377,6 +397,31 @@ impl Core {
     /// The read-ahead counters (`None` without read-ahead).
     pub fn readahead_stats(&self) -> Option<ReadAheadStats> {
         self.readahead.as_ref().map(|r| r.stats())
+    }
+
+    /// Writes return once their bytes are in the daemon's registered
+    /// memory (module docs, "Write-behind").
+    pub fn with_write_behind(mut self, wb: WriteBehind) -> Core {
+        self.writebehind = Some(wb);
+        self
+    }
+
+    pub fn write_behind_stats(&self) -> Option<WriteBehindStats> {
+        self.writebehind.as_ref().map(|w| w.stats())
+    }
+
+    /// Waits for this mount's writes of `file` in flight (write-behind);
+    /// their error stays for the next fsync, close or write.
+    fn settle(&self, file: &OpenFile) {
+        if let Some(wb) = &self.writebehind {
+            wb.settle(file.layout.object_id);
+        }
+    }
+
+    /// Waits for this mount's writes of `file` in flight and returns the
+    /// first error of those that had returned early.
+    fn drain(&self, file: &OpenFile) -> Result<(), Errno> {
+        self.writebehind.as_ref().map_or(Ok(()), |wb| wb.drain(file.layout.object_id))
     }
 
     /// Writes [`RegistrationCounters`] to `path` after each `flush`.
@@ -448,6 +493,7 @@ impl Core {
                 Some(f) => (f, self.meta.clone(), false),
                 None => (Arc::new(self.session(c).open(ino, OPEN_WRITE)?), self.session(c), true),
             };
+            self.settle(&file);
             let r = block(self.data.truncate(&file, size))
                 .and_then(|()| s.setattr(ino, SetAttr { size: Some(size), ..Default::default() }));
             if temporary {
@@ -659,6 +705,7 @@ impl Core {
 
     fn opened(&self, file: OpenFile, trunc: bool) -> Result<(u64, Attr), Errno> {
         if trunc {
+            self.settle(&file);
             if let Err(e) = block(self.data.truncate(&file, 0)) {
                 self.close_in_meta(&file);
                 return Err(e);
@@ -729,6 +776,7 @@ impl Core {
         if offset >= known {
             return f(Ok(&[]));
         }
+        self.settle(&file);
         let n = (size as u64).min(known - offset) as usize;
         if let Some(hit) = stream.and_then(|s| s.read(&file, offset, n, known)) {
             // Straight from the read-ahead slot into the reply.
@@ -764,7 +812,10 @@ impl Core {
             let h = t.handles.get(&fh).ok_or(Errno::EBADF)?;
             (h.file.clone(), h.ino)
         };
-        let r = block(self.data.write_at(&file, offset, data, Stability::Unstable));
+        let r = match &self.writebehind {
+            Some(wb) => wb.write(&file, offset, data, Stability::Unstable),
+            None => block(self.data.write_at(&file, offset, data, Stability::Unstable)),
+        };
         let mut t = self.table();
         // Also after a failed write: some servers may have taken their part.
         t.changed(ino, offset, offset.saturating_add(data.len() as u64));
@@ -797,6 +848,7 @@ impl Core {
             return Err(Errno::EBADF);
         }
         let end = offset.checked_add(len).ok_or(Errno::EFBIG)?;
+        self.settle(&file);
         let r = block(self.data.fallocate(&file, offset, len, mode));
         // Also after a failure: some servers may have done their part.
         self.table().changed(ino, offset, end);
@@ -903,6 +955,7 @@ impl Core {
             let h = t.handles.get(&fh).ok_or(Errno::EBADF)?;
             (h.file.clone(), h.ino)
         };
+        let drained = self.drain(&file);
         // fsync(2) flushes the file, whoever wrote it, also through a
         // read-only descriptor; the io servers want write rights for Sync,
         // which the daemon asks for in that case (syncing changes no byte).
@@ -914,6 +967,7 @@ impl Core {
             self.close_in_meta(&sync_file);
             r
         };
+        drained?;
         r?;
         if let Some(st) = self.table().inodes.get_mut(&ino) {
             st.dirty = false;
@@ -965,6 +1019,17 @@ impl Core {
     }
 
     fn publish_if_dirty(&self, fh: u64) -> Result<(), Errno> {
+        // Writes in flight first: the size is the servers' once they have
+        // them, and a write that failed after it returned is reported here
+        // (close, fsync, a lock's release).
+        let drained = match self.handle_file(fh) {
+            Some(file) => self.drain(&file),
+            None => return Err(Errno::EBADF),
+        };
+        self.publish_dirty(fh).and(drained)
+    }
+
+    fn publish_dirty(&self, fh: u64) -> Result<(), Errno> {
         let (file, ino) = {
             let mut t = self.table();
             let Some(h) = t.handles.get(&fh) else { return Err(Errno::EBADF) };
@@ -1053,6 +1118,14 @@ impl Core {
                 r.posts_refused,
                 r.peak_bytes,
                 r.budget_bytes
+            ));
+        }
+        if let Some(w) = self.write_behind_stats() {
+            text.push_str(&format!(
+                "writebehind_writes {}\nwritebehind_bytes {}\nwritebehind_waits_for_memory {}\n\
+                 writebehind_waits_for_overlap {}\nwritebehind_errors {}\nwritebehind_peak_bytes {}\n\
+                 writebehind_budget_bytes {}\n",
+                w.writes, w.bytes, w.waits_for_memory, w.waits_for_overlap, w.errors, w.peak_bytes, w.budget_bytes
             ));
         }
         let tmp = path.with_extension("tmp");

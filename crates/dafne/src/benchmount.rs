@@ -125,8 +125,9 @@ pub(crate) struct ScratchCluster {
 
 impl ScratchCluster {
     /// Creates `root` (which must not hold anything of value: it is removed
-    /// when this is dropped), starts the cluster and mounts it.
-    pub(crate) fn start(root: &Path) -> Result<ScratchCluster> {
+    /// when this is dropped), starts the cluster and mounts it (with
+    /// `mount_args` added to `dafne mount`).
+    pub(crate) fn start(root: &Path, mount_args: &[String]) -> Result<ScratchCluster> {
         std::fs::create_dir_all(root).with_context(|| format!("creating {}", root.display()))?;
         let scratch = RemoveTreeOnDrop(root.to_path_buf());
         let dir = root.join("cluster");
@@ -137,7 +138,10 @@ impl ScratchCluster {
         let (meta, base) = free_port_base(io_servers as u16)?;
         dafne(&["up", "--dir", &d, "--meta-port", &meta.to_string(), "--io-base-port", &base.to_string()])?;
         let down = Down(dir.clone());
-        dafne(&["mount", &mnt.display().to_string(), "--dir", &d])?;
+        let mnt_arg = mnt.display().to_string();
+        let mut args = vec!["mount", &mnt_arg, "--dir", &d];
+        args.extend(mount_args.iter().map(String::as_str));
+        dafne(&args)?;
         Ok(ScratchCluster { dir, mnt, io_servers, down: Some(down), _scratch: scratch })
     }
 
@@ -156,7 +160,7 @@ pub fn run(a: MountBench, parse_size: impl Fn(&str) -> Result<usize>) -> Result<
     let started = Instant::now();
     let step = |what: &str| eprintln!("[{:>6.1}s] {what}", started.elapsed().as_secs_f64());
     step("starting a cluster (dafne up) and mounting it");
-    let mut cluster = ScratchCluster::start(&root)?;
+    let mut cluster = ScratchCluster::start(&root, &[])?;
     let (dir, mnt, io_servers) = (cluster.dir.clone(), cluster.mnt.clone(), cluster.io_servers);
     let d = dir.display().to_string();
     let mut rows = Vec::new();

@@ -73,6 +73,10 @@ pub struct PosixBench {
     /// Where to write the JSON report.
     #[arg(long, default_value = "bench-results/posix.json")]
     pub json: PathBuf,
+    /// Extra arguments for the dafne mount, e.g. `--mount-args=--write-behind-mib=0`
+    /// to measure without write-behind (repeat or separate with commas).
+    #[arg(long, value_delimiter = ',', allow_hyphen_values = true)]
+    pub mount_args: Vec<String>,
 }
 
 /// The systems a row runs on.
@@ -427,7 +431,7 @@ pub fn run(a: PosixBench, parse_size: impl Fn(&str) -> Result<usize>) -> Result<
     // scratch directory.
     let root = a.scratch.join(format!("dafne-bench-posix-{}", std::process::id()));
     step(&format!("starting a cluster (dafne up) in {} and mounting it", root.display()));
-    let mut cluster = ScratchCluster::start(&root)?;
+    let mut cluster = ScratchCluster::start(&root, &a.mount_args)?;
     let logs = root.join("logs");
     std::fs::create_dir_all(&logs)?;
     step("mounting bindfs --multithreaded over a tmpfs directory");
@@ -537,6 +541,7 @@ pub fn run(a: PosixBench, parse_size: impl Fn(&str) -> Result<usize>) -> Result<
         fio_runtime_s: runtime_s,
         postmark: b.postmark,
         fio_version: b.fio_version.clone(),
+        mount_args: a.mount_args.clone(),
         cpu_counted,
         rows: results,
     };

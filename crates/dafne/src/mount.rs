@@ -55,6 +55,12 @@ pub struct MountArgs {
     /// reader, so the default serves 7 such files at once.
     #[arg(long, default_value_t = (dafne_client::readahead::DEFAULT_BUDGET >> 20) as u64)]
     pub readahead_mib: u64,
+    /// Registered memory for write-behind, MiB, shared by all open files
+    /// (0: every write waits for the io servers). A write returns once its
+    /// bytes are in this memory; a failure after that is reported by the
+    /// next write, fsync or close of the file.
+    #[arg(long, default_value_t = (dafne_client::writebehind::DEFAULT_BUDGET >> 20) as u64)]
+    pub write_behind_mib: u64,
     /// Write the client's registration counters to this file after every
     /// close of a file (for tests and diagnosis).
     #[arg(long, hide = true)]
@@ -200,6 +206,7 @@ fn spawn_daemon(info: &ClusterInfo, mp: &Path, a: &MountArgs) -> Result<()> {
     cmd.arg("mount").arg(mp).arg("--foreground").arg("--dir").arg(&info.dir);
     cmd.args(["--threads", &a.threads.to_string()]);
     cmd.args(["--readahead-mib", &a.readahead_mib.to_string()]);
+    cmd.args(["--write-behind-mib", &a.write_behind_mib.to_string()]);
     if let Some(f) = &a.stats_file {
         cmd.arg("--stats-file").arg(std::path::absolute(f)?);
     }
@@ -304,9 +311,25 @@ fn serve(info: &ClusterInfo, mp: &Path, a: &MountArgs) -> Result<()> {
             )
         }
     };
+    let write_behind = match a.write_behind_mib {
+        0 => None,
+        mib => {
+            let budget = usize::try_from(mib)
+                .ok()
+                .and_then(|m| m.checked_mul(1 << 20))
+                .with_context(|| format!("--write-behind-mib {mib} is more memory than this machine can address"))?;
+            Some(
+                dafne_client::writebehind::WriteBehind::new(&data, budget)
+                    .map_err(|e| anyhow::anyhow!("registering {mib} MiB for write-behind (--write-behind-mib): {e}"))?,
+            )
+        }
+    };
     let mut core = dafne_fuse::core::Core::new(meta, data);
     if let Some(ra) = readahead {
         core = core.with_readahead(ra);
+    }
+    if let Some(wb) = write_behind {
+        core = core.with_write_behind(wb);
     }
     if let Some(f) = &a.stats_file {
         core = core.with_stats_file(f.clone());

@@ -839,6 +839,50 @@ fn unlinked_open_files_keep_their_data_until_the_last_close_or_the_mounts_death(
     assert!(!log().contains("error:"), "{}", log());
 }
 
+/// Write-behind (issue 9, on by default): writes return before the io
+/// servers have them. A daemon killed with writes in flight loses only
+/// what was never fsynced: everything before the fsync reads back whole on
+/// a new mount. (A failure after a write returned is reported by the next
+/// write, fsync or close; the mount cannot cause one on demand, so that is
+/// tested in the client library: `dafne-io/tests/write_behind.rs` and
+/// `dafne_client::writebehind`.)
+#[test]
+fn a_daemon_killed_with_writes_in_flight_loses_only_what_was_never_fsynced() {
+    let _g = serial();
+    let c = Cluster::start();
+    let stats = c.dir().join("wb-stats.txt");
+    let m = c.mount_with(&["--stats-file", p(&stats)]);
+    std::fs::write(m.path("small"), pattern(300 << 10, 59)).unwrap();
+    assert!(stat(&stats, "writebehind_writes") >= 1, "the mount's writes did not go through write-behind");
+    let synced = pattern(24 << 20, 60);
+    let unsynced = pattern(24 << 20, 61);
+    {
+        use std::io::Write;
+        std::fs::write(m.path("f"), b"").unwrap();
+        let mut f = open_direct(&m.path("f"));
+        for piece in synced.chunks(128 << 10) {
+            f.write_all(piece).unwrap();
+        }
+        f.sync_all().unwrap();
+        for piece in unsynced.chunks(128 << 10) {
+            f.write_all(piece).unwrap();
+        }
+        // Killed with the file open: no close, no flush.
+        let pid = mount_daemon_pid(&c.dir().join("mounts")) as i32;
+        rustix::process::kill_process(rustix::process::Pid::from_raw(pid).unwrap(), rustix::process::Signal::KILL)
+            .unwrap();
+        wait_for("the killed daemon to be gone", || !alive(pid as u32));
+        drop(f);
+    }
+    drop(m);
+    let again = c.mount_at("again", &[]);
+    let back = std::fs::read(again.path("f")).unwrap();
+    assert!(back.len() >= synced.len(), "the fsynced size was lost: {} bytes", back.len());
+    if let Some(at) = back[..synced.len()].iter().zip(&synced).position(|(x, y)| x != y) {
+        panic!("fsynced bytes differ after the daemon's death, first at offset {at}");
+    }
+}
+
 /// The pid of the one mount daemon recorded in a cluster's `mounts/`.
 fn mount_daemon_pid(records: &std::path::Path) -> u32 {
     std::fs::read_dir(records).unwrap().next().unwrap().unwrap().file_name().into_string().unwrap().parse().unwrap()
