@@ -41,9 +41,12 @@
 //! # Publishing the size
 //! The io servers hold the bytes; meta holds the size. After writes, the
 //! size and mtime go to meta on `flush` (each `close(2)`, so the size is exact
-//! when `close` returns), `fsync` and `release`: the size becomes the largest
-//! byte any io server stores (a `Stat` of every server of the layout), never
-//! smaller than meta's, as in `dafne_client::file::File`. This runs as the
+//! when `close` returns), `release` and a lock's release as a grow-only size,
+//! the end of this mount's writes (`SetAttr::grow_to`: one round trip; two
+//! writers' sizes can only grow, the larger wins); on `fsync` the size
+//! becomes the largest byte any io server stores (a `Stat` of every server
+//! of the layout), never smaller than meta's, as in `dafne_client::file::File`,
+//! which also takes in bytes a writer that died left past the size. This runs as the
 //! daemon's own (root) session: the writer was allowed to write when it
 //! opened; publishing what it wrote must not fail on a later chmod.
 //!
@@ -1029,20 +1032,38 @@ impl Core {
         self.publish_dirty(fh).and(drained)
     }
 
+    /// The size this mount's writes reached goes to meta as a grow-only
+    /// size (`SetAttr::grow_to`: one round trip, no `Stat` of the io
+    /// servers and no read of meta's size first), with mtime now unless it
+    /// was set explicitly since the last write. `fsync` publishes what the
+    /// io servers hold instead ([`Core::publish`]), which also covers bytes
+    /// a dead writer left beyond the size.
     fn publish_dirty(&self, fh: u64) -> Result<(), Errno> {
-        let (file, ino) = {
+        let (ino, end, mtime_set) = {
             let mut t = self.table();
             let Some(h) = t.handles.get(&fh) else { return Err(Errno::EBADF) };
-            let (file, ino) = (h.file.clone(), h.ino);
+            let ino = h.ino;
             match t.inodes.get_mut(&ino) {
                 // Cleared before publishing: a write racing the publish
                 // marks it again.
-                Some(st) if st.dirty => st.dirty = false,
+                Some(st) if st.dirty => {
+                    st.dirty = false;
+                    (ino, st.written_end, st.mtime_set)
+                }
                 _ => return Ok(()),
             }
-            (file, ino)
         };
-        self.publish(ino, &file)
+        let set = SetAttr { grow_to: Some(end), mtime: (!mtime_set).then_some(TimeSet::Now), ..Default::default() };
+        let a = match self.meta.setattr(ino, set) {
+            Ok(a) => a,
+            // Unlinked while open: no name, no size to publish.
+            Err(Errno::ENOENT) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        if let Some(st) = self.table().inodes.get_mut(&ino) {
+            st.meta_size = a.size;
+        }
+        Ok(())
     }
 
     /// Meta's size becomes the largest byte any io server holds (sizes only

@@ -1502,7 +1502,7 @@ impl Tables<'_> {
                 return Err(Errno::EPERM.into());
             }
         }
-        if set.size.is_some() {
+        if set.size.is_some() || set.grow_to.is_some() {
             match i.attr.kind {
                 FileType::Directory => return Err(Errno::EISDIR.into()),
                 // truncate(2) of anything but a regular file or directory.
@@ -1562,6 +1562,12 @@ impl Tables<'_> {
             i.attr.size = size;
             i.attr.blocks = size.div_ceil(512);
             i.attr.mtime = now;
+        }
+        // A writer's published end: only ever larger (no revocation, no
+        // mtime of its own: the writer says what mtime becomes).
+        if let Some(end) = set.grow_to.filter(|&e| e > i.attr.size) {
+            i.attr.size = end;
+            i.attr.blocks = end.div_ceil(512);
         }
         if let Some(t) = &set.atime {
             i.attr.atime = match t {

@@ -162,8 +162,9 @@
 //!   atime, mtime, ctime. 85 bytes.
 //! * `setattr`: mask u32, then the fields the mask names, in bit order:
 //!   bit 0 mode u32, 1 uid u32, 2 gid u32, 3 size u64, 4 atime timespec,
-//!   5 atime = now (no bytes), 6 mtime timespec, 7 mtime = now (no bytes).
-//!   Bits 4 and 5 (6 and 7) together, or any other bit, are refused.
+//!   5 atime = now (no bytes), 6 mtime timespec, 7 mtime = now (no bytes),
+//!   8 grow_to u64 (the size if larger). Bits 4 and 5 (6 and 7) together,
+//!   or any other bit, are refused.
 //! * `dirent`: name, ino u64, kind u8, cookie u64; at most
 //!   [`MAX_READDIR_ENTRIES`] per reply.
 //! * `layout`: object_id u64, stripe_unit u32, stripe_count u32, n u32
@@ -221,7 +222,8 @@
 //! (27), the
 //! extended attribute ops (30–33), Rename's flags, the io op Allocate
 //! (73: `fallocate`) and the exactly-once session sequence
-//! ([`REQUEST_FLAG_SESSION`]). Bump
+//! ([`REQUEST_FLAG_SESSION`]); version 10 SetAttr's `grow_to` (mask bit
+//! 8). Bump
 //! it for *every* change to what a decoder accepts or how it reads it: a new
 //! op, a field added, removed, resized or reordered, a new flag or mask bit,
 //! a new enum value, a changed limit. Numbers (ops, errno values, file types,
@@ -273,7 +275,7 @@ pub use types::{
 /// [`RENAME_EXCHANGE`]) and the io op Allocate (`fallocate`: reserve,
 /// punch a hole, zero a range), the exactly-once session sequence
 /// ([`REQUEST_FLAG_SESSION`]).
-pub const PROTO_VERSION: u16 = 9;
+pub const PROTO_VERSION: u16 = 10;
 
 /// Request header `flags`: the body starts with the caller's supplementary
 /// groups, `n u8` (1..=[`MAX_GROUPS`]) and `n × u32`. Bits other than this

@@ -432,6 +432,12 @@ pub struct SetAttr {
     pub size: Option<u64>,
     pub atime: Option<TimeSet>,
     pub mtime: Option<TimeSet>,
+    /// The size becomes this if it is larger (never smaller): what a
+    /// writer publishes after its writes, without first asking what the
+    /// size is, so two writers' sizes can only grow (the larger wins). It
+    /// does not by itself change mtime. With `size` too, `size` applies
+    /// first.
+    pub grow_to: Option<u64>,
 }
 
 // SetAttr mask bits; the fields follow in this order.
@@ -443,7 +449,8 @@ const SET_ATIME: u32 = 1 << 4;
 const SET_ATIME_NOW: u32 = 1 << 5;
 const SET_MTIME: u32 = 1 << 6;
 const SET_MTIME_NOW: u32 = 1 << 7;
-const SET_ALL: u32 = (1 << 8) - 1;
+const SET_GROW: u32 = 1 << 8;
+const SET_ALL: u32 = (1 << 9) - 1;
 
 impl SetAttr {
     /// Whether it changes nothing.
@@ -464,6 +471,7 @@ impl SetAttr {
             | bit(self.size.is_some(), SET_SIZE)
             | time(self.atime, SET_ATIME, SET_ATIME_NOW)
             | time(self.mtime, SET_MTIME, SET_MTIME_NOW)
+            | bit(self.grow_to.is_some(), SET_GROW)
     }
 }
 
@@ -504,6 +512,9 @@ impl Wire for SetAttr {
         }
         put_time(w, self.atime);
         put_time(w, self.mtime);
+        if let Some(v) = self.grow_to {
+            w.put_u64(v);
+        }
     }
 
     fn get(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
@@ -519,6 +530,7 @@ impl Wire for SetAttr {
             size: has(SET_SIZE).then(|| r.u64("setattr size")).transpose()?,
             atime: get_time(r, mask, SET_ATIME, SET_ATIME_NOW)?,
             mtime: get_time(r, mask, SET_MTIME, SET_MTIME_NOW)?,
+            grow_to: has(SET_GROW).then(|| r.u64("setattr grow_to")).transpose()?,
         })
     }
 }
@@ -766,10 +778,11 @@ pub(crate) mod tests {
             size: Some(3),
             atime: Some(TimeSet::Now),
             mtime: Some(TimeSet::At(Timespec { sec: 4, nsec: 5 })),
+            grow_to: Some(6),
         };
         let b = round_trip(&full);
-        assert_eq!(b[..4], 0b0110_1111u32.to_le_bytes());
-        assert_eq!(b.len(), 4 + 4 + 4 + 4 + 8 + 12);
+        assert_eq!(b[..4], 0b1_0110_1111u32.to_le_bytes());
+        assert_eq!(b.len(), 4 + 4 + 4 + 4 + 8 + 12 + 8);
         round_trip(&SetAttr {
             atime: Some(TimeSet::At(Timespec { sec: 9, nsec: 0 })),
             mtime: Some(TimeSet::Now),
@@ -781,7 +794,7 @@ pub(crate) mod tests {
 
     #[test]
     fn setattr_refuses_bad_masks() {
-        assert!(matches!(decode::<SetAttr>(&(1u32 << 8).to_le_bytes()), Err(DecodeError::BadValue { value: 256, .. })));
+        assert!(matches!(decode::<SetAttr>(&(1u32 << 9).to_le_bytes()), Err(DecodeError::BadValue { value: 512, .. })));
         assert!(matches!(
             decode::<SetAttr>(&(SET_MTIME | SET_MTIME_NOW).to_le_bytes()),
             Err(DecodeError::BadValue { value: 0xc0, .. })

@@ -78,8 +78,17 @@ fn set_attr() -> impl Strategy<Value = SetAttr> {
         option::of(any::<u64>()),
         option::of(time_set()),
         option::of(time_set()),
+        option::of(any::<u64>()),
     )
-        .prop_map(|(mode, uid, gid, size, atime, mtime)| SetAttr { mode, uid, gid, size, atime, mtime })
+        .prop_map(|(mode, uid, gid, size, atime, mtime, grow_to)| SetAttr {
+            mode,
+            uid,
+            gid,
+            size,
+            atime,
+            mtime,
+            grow_to,
+        })
 }
 
 fn hint() -> impl Strategy<Value = Option<LayoutHint>> {
