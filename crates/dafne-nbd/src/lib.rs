@@ -48,7 +48,7 @@ mod tests {
     use super::*;
 
     fn server(size: usize, read_only: bool) -> Server<MemBackend> {
-        let cfg = ExportConfig { name: "disk".into(), workers: 4, ..Default::default() };
+        let cfg = ExportConfig { name: "disk".into(), description: "test".into(), workers: 4, ..Default::default() };
         Server::new(Arc::new(MemBackend::new(size, read_only)), cfg)
     }
 
@@ -157,7 +157,7 @@ mod tests {
         a.read_exact(&mut g).unwrap();
         a.write_all(&1u32.to_be_bytes()).unwrap();
         a.write_all(&option(OPT_LIST, &[])).unwrap();
-        assert_eq!(option_reply(&mut a), (OPT_LIST, REP_SERVER, list_entry(b"disk")));
+        assert_eq!(option_reply(&mut a), (OPT_LIST, REP_SERVER, list_entry(b"disk", b"test")));
         assert_eq!(option_reply(&mut a).1, REP_ACK);
         a.write_all(&option(OPT_LIST, b"x")).unwrap();
         assert_eq!(option_reply(&mut a).1, REP_ERR_INVALID);

@@ -225,11 +225,13 @@ pub fn info_text(kind: u16, text: &[u8]) -> Vec<u8> {
     b
 }
 
-/// `NBD_REP_SERVER` data for `NBD_OPT_LIST`: one export's name.
-pub fn list_entry(name: &[u8]) -> Vec<u8> {
-    let mut b = Vec::with_capacity(4 + name.len());
+/// `NBD_REP_SERVER` data for `NBD_OPT_LIST`: one export's name and its
+/// description.
+pub fn list_entry(name: &[u8], description: &[u8]) -> Vec<u8> {
+    let mut b = Vec::with_capacity(4 + name.len() + description.len());
     b.extend_from_slice(&(name.len() as u32).to_be_bytes());
     b.extend_from_slice(name);
+    b.extend_from_slice(description);
     b
 }
 

@@ -338,7 +338,7 @@ impl<B: Backend> Server<B> {
                 }
                 proto::OPT_LIST if !data.is_empty() => reply(w, proto::REP_ERR_INVALID, &[])?,
                 proto::OPT_LIST => {
-                    reply(w, proto::REP_SERVER, &proto::list_entry(name))?;
+                    reply(w, proto::REP_SERVER, &proto::list_entry(name, self.cfg.description.as_bytes()))?;
                     reply(w, proto::REP_ACK, &[])?;
                 }
                 proto::OPT_INFO | proto::OPT_GO => match proto::decode_go(&data) {

@@ -8,6 +8,7 @@ mod copy;
 mod credential;
 mod local;
 mod mount;
+mod nbd;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -57,6 +58,9 @@ enum Cmd {
     /// Run a benchmark and print its table (and write JSON).
     #[command(subcommand)]
     Bench(Bench),
+    /// Export a dafne file as a Network Block Device (`dafne nbd serve --file /disk.raw --size 1G`).
+    #[command(subcommand)]
+    Nbd(nbd::NbdCmd),
     /// Run one dafne server in the foreground.
     #[command(subcommand)]
     Serve(Serve),
@@ -409,6 +413,7 @@ fn run() -> Result<()> {
         Cmd::Bench(Bench::Io(a)) => bench_io(a),
         Cmd::Bench(Bench::Mount(a)) => benchmount::run(a, parse_size),
         Cmd::Bench(Bench::Posix(a)) => benchposix::run(a, parse_size),
+        Cmd::Nbd(c) => nbd::run(c, parse_size),
         Cmd::Serve(Serve::Meta(a)) => dafne_meta::server::serve_forever(&a.to_options()?),
         Cmd::Serve(Serve::Io(a)) => dafne_io::server::serve_forever(&a),
         Cmd::TransportPeer(p) => {
