@@ -185,6 +185,9 @@ pub enum ConnError {
     UnknownExport(String),
     #[error("the handshake took more than {MAX_OPTIONS} options")]
     TooManyOptions,
+    /// A bug: a worker panicked (the connection ends, the server goes on).
+    #[error("a request's worker panicked")]
+    WorkerPanicked,
 }
 
 /// An NBD server of one export.
@@ -390,12 +393,14 @@ impl<B: Backend> Server<B> {
                 }
             })?);
         }
-        let result = self.read_requests(&mut r, &w, &tx);
+        let mut result = self.read_requests(&mut r, &w, &tx);
         // Requests already taken finish (and are answered if the client
         // still listens) before the connection closes.
         drop(tx);
         for t in pool {
-            let _ = t.join();
+            if t.join().is_err() {
+                result = Err(ConnError::WorkerPanicked);
+            }
         }
         let _ = w.lock().map(|mut w| w.flush());
         result
