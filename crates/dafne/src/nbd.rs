@@ -426,7 +426,9 @@ pub fn run(cmd: NbdCmd, parse_size: impl Fn(&str) -> Result<usize>) -> Result<()
     }
     let st = server.stats();
     use std::sync::atomic::Ordering::Relaxed;
-    println!(
+    // Whoever started the server may have stopped reading its output.
+    let _ = writeln!(
+        std::io::stdout(),
         "stopped (signal {}): {} connections, {} requests, {} bytes read, {} written, {} error replies, {} closed for protocol errors",
         sig.unwrap_or(0),
         st.connections.load(Relaxed),
