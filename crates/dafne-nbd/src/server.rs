@@ -16,6 +16,9 @@
 //! * Connections: at most [`ExportConfig::max_connections`]; one more is
 //!   closed as it arrives. A handshake must end within
 //!   [`HANDSHAKE_TIMEOUT`] and within [`MAX_OPTIONS`] options.
+//! * Time: a WRITE's payload must arrive, and a reply be taken, within
+//!   [`STALL_TIMEOUT`]; a client that stalls there would hold buffers all
+//!   connections share, and is disconnected. Idle between requests is fine.
 //! * A stream that stops making sense (a wrong magic, a WRITE above the
 //!   limit, an option above its limit, a client that does not speak the
 //!   fixed newstyle handshake) is closed; requests already taken finish
@@ -32,6 +35,11 @@ use crate::proto::{self, Command, NbdError, ProtoError, Request};
 
 /// How long a client may take over its handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a client may take to send a WRITE's payload once its header
+/// came, and to take a reply the server is writing: a client that stalls
+/// there holds buffers every connection shares, so it is disconnected.
+/// (Between requests a client may stay idle as long as it likes.)
+pub const STALL_TIMEOUT: Duration = Duration::from_secs(60);
 /// Options a client may send before it chooses an export.
 pub const MAX_OPTIONS: usize = 256;
 /// The preferred block size announced (`NBD_INFO_BLOCK_SIZE`).
@@ -117,6 +125,13 @@ impl Stream {
         match self {
             Stream::Tcp(s) => s.set_read_timeout(t),
             Stream::Unix(s) => s.set_read_timeout(t),
+        }
+    }
+
+    fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_write_timeout(t),
+            Stream::Unix(s) => s.set_write_timeout(t),
         }
     }
 
@@ -304,6 +319,7 @@ impl<B: Backend> Server<B> {
             Handshake::Transmit => {}
         }
         s.set_read_timeout(None)?;
+        s.set_write_timeout(Some(STALL_TIMEOUT))?;
         let w: Writer = Arc::new(Mutex::new(BufWriter::with_capacity(64 << 10, w)));
         self.transmit(r, w, s)
     }
@@ -429,7 +445,10 @@ impl<B: Backend> Server<B> {
                 Ok(Command::Disconnect) => return Ok(()),
                 Ok(Command::Write { len, .. }) => match self.backend.buffer(len as usize) {
                     Ok(mut buf) => {
+                        // The payload must follow its header promptly.
+                        r.get_ref().set_read_timeout(Some(STALL_TIMEOUT))?;
                         buf.fill_from(r, len as usize)?;
+                        r.get_ref().set_read_timeout(None)?;
                         Job { handle: req.handle, cmd: cmd.expect("checked"), buf: Some(buf) }
                     }
                     Err(e) => {
