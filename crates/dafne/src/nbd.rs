@@ -284,6 +284,12 @@ impl DafneExport {
         Ok(DafneExport { session, file, size, read_only, pool })
     }
 
+    /// Releases the file's open in meta now (at exit, where `Drop` does
+    /// not run).
+    fn close(&self) {
+        let _ = self.session.meta.close(self.file.layout.object_id);
+    }
+
     fn block_on<T>(&self, f: impl std::future::Future<Output = Result<T, Errno>>) -> Result<T, NbdError> {
         futures::executor::block_on(f).map_err(nbd_error)
     }
@@ -438,6 +444,7 @@ pub fn run(cmd: NbdCmd, parse_size: impl Fn(&str) -> Result<usize>) -> Result<()
         st.error_replies.load(Relaxed),
         st.protocol_errors.load(Relaxed)
     );
+    export.close();
     flushed.map_err(|e| anyhow::anyhow!("flushing dafne:{} at exit: NBD error {e:?}", a.file))?;
     // Threads still serving hold the export; leave without waiting for them.
     std::process::exit(0)

@@ -342,6 +342,36 @@ fn garbage_on_the_port_does_not_harm_the_server_and_an_honest_client_still_works
 }
 
 #[test]
+fn a_unix_socket_export_serves_nbdinfo_and_replaces_a_stale_socket_file() {
+    let Some(nbdinfo) = require("nbdinfo", "libnbd-bin") else { return };
+    let c = Cluster::start_sized(1, "");
+    let sock = c.dir().join("nbd.sock");
+    // A socket file nobody listens on any more (a server that died).
+    drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
+    assert!(sock.exists());
+    let log = std::fs::File::create(c.dir().join("nbd-unix.err")).unwrap();
+    let mut child = dafne()
+        .args(["nbd", "serve", "--dir", p(c.dir()), "--file", "/u.raw", "--size", "1M", "--socket", p(&sock)])
+        .stdout(Stdio::piped())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut first).unwrap();
+    let uri = first.trim().rsplit(" at ").next().unwrap().to_string();
+    assert_eq!(uri, format!("nbd+unix:///dafne?socket={}", sock.display()), "{first}");
+    let info = run("nbdinfo", timeout(60, &nbdinfo).arg(&uri));
+    assert!(info.contains("export-size: 1048576"), "{info}");
+    // A second server on the same socket is refused, naming the fix.
+    let o =
+        dafne().args(["nbd", "serve", "--dir", p(c.dir()), "--file", "/u.raw", "--socket", p(&sock)]).output().unwrap();
+    assert!(!o.status.success() && text(&o).contains("pass another --socket"), "{}", text(&o));
+    rustix::process::kill_process(rustix::process::Pid::from_child(&child), rustix::process::Signal::TERM).unwrap();
+    assert!(child.wait().unwrap().success());
+    assert!(!sock.exists(), "the server removes its socket when it stops");
+}
+
+#[test]
 fn nbd_serve_mistakes_say_how_to_fix_them() {
     let c = Cluster::start_sized(1, "");
     let o = dafne()
