@@ -11,8 +11,9 @@
 //!   comes from the backend, which bounds the memory of all connections
 //!   together (the dafne backend: a pool of registered buffers).
 //! * Requests in flight per connection: the workers plus the queue in
-//!   front of them, `2 × workers` in all; the reader stops reading the
-//!   socket past that, and TCP flow control stops the client.
+//!   front of them and the one the reader holds, `2 × workers + 1` in all;
+//!   the reader stops reading the socket past that, and TCP flow control
+//!   stops the client.
 //! * Connections: at most [`ExportConfig::max_connections`]; one more is
 //!   closed as it arrives. A handshake must end within
 //!   [`HANDSHAKE_TIMEOUT`] and within [`MAX_OPTIONS`] options.
