@@ -14,6 +14,9 @@
 //!   and keeps `--depth` zero-copy requests in flight on a completion
 //!   queue, into registered regions (no socket, no extra process).
 //!
+//! The block side also reports the NBD server process's CPU time per
+//! request (user + system, from `/proc/PID/stat`): the relay's cost.
+//!
 //! Both read and write random offsets aligned to the access size over the
 //! whole file, which is written once through the export first, and take
 //! turns within each row (the order alternates) so load from other users of
@@ -74,6 +77,8 @@ struct Row {
     op: &'static str,
     block: Cell,
     file: Cell,
+    /// CPU time (user + system) of the NBD server process per request.
+    server_cpu_us_per_op: f64,
     /// block ÷ file bandwidth.
     ratio: f64,
 }
@@ -221,6 +226,7 @@ pub fn run(a: NbdBench, parse_size: impl Fn(&str) -> Result<usize>) -> Result<()
         .spawn()
         .context("starting dafne nbd serve")?;
     let out = child.stdout.take().context("the server's stdout")?;
+    let server_pid = child.id();
     let serve = ServeProcess(child);
     let mut line = String::new();
     BufReader::new(out).read_line(&mut line)?;
@@ -266,33 +272,41 @@ pub fn run(a: NbdBench, parse_size: impl Fn(&str) -> Result<usize>) -> Result<()
     );
     println!("block: NBD over TCP to `dafne nbd serve`; file: client library, zero-copy, completion queue\n");
     println!(
-        "{:>6} {:>5} | {:>10} {:>9} | {:>10} {:>9} | {:>10}",
-        "size", "op", "block MiB/s", "IOPS", "file MiB/s", "IOPS", "block/file"
+        "{:>6} {:>5} | {:>10} {:>9} {:>9} | {:>10} {:>9} | {:>10}",
+        "size", "op", "block MiB/s", "IOPS", "srv µs/op", "file MiB/s", "IOPS", "block/file"
     );
     let mut rows = Vec::new();
     for (i, &size) in sizes.iter().enumerate() {
         for (j, (op, write)) in [("read", false), ("write", true)].into_iter().enumerate() {
             let seed = (i * 2 + j) as u64 + 1;
             let (mut ob, mut of) = (Offsets::new(file_size, size, seed), Offsets::new(file_size, size, seed));
-            let (b, fl) = if (i + j) % 2 == 0 {
-                let b = block(&mut c, write, size, a.depth, secs, &mut ob)?;
+            let mut timed_block = |c: &mut Client| -> Result<(Cell, f64)> {
+                let cpu0 = dafne_bench::posix::process_cpu_seconds(server_pid)?;
+                let b = block(c, write, size, a.depth, secs, &mut ob)?;
+                let cpu = dafne_bench::posix::process_cpu_seconds(server_pid)? - cpu0;
+                let per_op = cpu * 1e6 / (b.iops * secs).max(1.0);
+                Ok((b, per_op))
+            };
+            let ((b, cpu), fl) = if (i + j) % 2 == 0 {
+                let b = timed_block(&mut c)?;
                 (b, file(&s, &f, write, size, a.depth, secs, &mut of)?)
             } else {
                 let fl = file(&s, &f, write, size, a.depth, secs, &mut of)?;
-                (block(&mut c, write, size, a.depth, secs, &mut ob)?, fl)
+                (timed_block(&mut c)?, fl)
             };
             let ratio = b.mib_s / fl.mib_s.max(1e-9);
             println!(
-                "{:>6} {:>5} | {:>11.1} {:>9.0} | {:>10.1} {:>9.0} | {:>10.2}",
+                "{:>6} {:>5} | {:>11.1} {:>9.0} {:>9.1} | {:>10.1} {:>9.0} | {:>10.2}",
                 human(size),
                 op,
                 b.mib_s,
                 b.iops,
+                cpu,
                 fl.mib_s,
                 fl.iops,
                 ratio
             );
-            rows.push(Row { size, op, block: b, file: fl, ratio });
+            rows.push(Row { size, op, block: b, file: fl, server_cpu_us_per_op: cpu, ratio });
         }
     }
     let _ = s.meta.close(f.layout.object_id);
