@@ -441,16 +441,15 @@ impl<B: Backend> Server<B> {
             }
             let req = proto::decode_request(&h)?;
             self.stats.requests.fetch_add(1, Ordering::Relaxed);
-            let cmd = proto::check(&req, size, read_only);
-            let job = match cmd {
+            let job = match proto::check(&req, size, read_only) {
                 Ok(Command::Disconnect) => return Ok(()),
-                Ok(Command::Write { len, .. }) => match self.backend.buffer(len as usize) {
+                Ok(c @ Command::Write { len, .. }) => match self.backend.buffer(len as usize) {
                     Ok(mut buf) => {
                         // The payload must follow its header promptly.
                         r.get_ref().set_read_timeout(Some(STALL_TIMEOUT))?;
                         buf.fill_from(r, len as usize)?;
                         r.get_ref().set_read_timeout(None)?;
-                        Job { handle: req.handle, cmd: cmd.expect("checked"), buf: Some(buf) }
+                        Job { handle: req.handle, cmd: c, buf: Some(buf) }
                     }
                     Err(e) => {
                         skip(r, req.len)?;
@@ -458,8 +457,8 @@ impl<B: Backend> Server<B> {
                         continue;
                     }
                 },
-                Ok(Command::Read { len, .. }) => match self.backend.buffer(len as usize) {
-                    Ok(buf) => Job { handle: req.handle, cmd: cmd.expect("checked"), buf: Some(buf) },
+                Ok(c @ Command::Read { len, .. }) => match self.backend.buffer(len as usize) {
+                    Ok(buf) => Job { handle: req.handle, cmd: c, buf: Some(buf) },
                     Err(e) => {
                         self.answer(w, req.handle, Some(e))?;
                         continue;
