@@ -259,9 +259,11 @@ fn fio_nbd_engine_verifies_random_writes_with_many_in_flight() {
     }
     let c = Cluster::start_sized(2, "");
     let s = Serve::start(&c, &["--file", "/fio.raw", "--size", "32M"]);
+    // fio writes its verify state files into its working directory.
+    let scratch = c.scratch("fio");
     let out = run(
         "fio",
-        timeout(300, &fio).args([
+        timeout(300, &fio).current_dir(&scratch).args([
             "--name=verify",
             "--ioengine=nbd",
             &format!("--uri={}", s.uri),
