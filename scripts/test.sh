@@ -30,3 +30,5 @@ echo "== cargo test"
 DAFNE_LOG=${DAFNE_LOG:-error} cargo test --workspace --no-fail-fast
 echo "== benchmark smoke run (shared memory, 64 KiB)"
 cargo run --quiet -p dafne -- bench transport --quick --no-perftest --transports shm --sizes 64K --json target/bench-smoke.json
+echo "== benchmark smoke run: block (NBD) against file access, 0.3 s per cell"
+cargo run --quiet -p dafne -- bench nbd --quick --json target/bench-nbd-smoke.json

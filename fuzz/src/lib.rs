@@ -160,3 +160,47 @@ pub fn testsvc_request(data: &[u8]) {
         assert_eq!(&again[1..], data);
     }
 }
+
+/// The NBD server (`dafne-nbd`) on arbitrary bytes from a client: its
+/// decoders must not panic and what they accept must re-encode to the
+/// same bytes; and a whole connection fed `data` (an in-memory export of
+/// 64 KiB) must end, without a panic, once the client stops sending, with
+/// every byte the server sent parseable as the protocol says (greeting
+/// first).
+pub fn nbd(data: &[u8]) {
+    use dafne_nbd::proto;
+    use std::io::{Read, Write};
+    if let Ok(h) = <&[u8; proto::OPTION_LEN]>::try_from(data.get(..proto::OPTION_LEN).unwrap_or(&[])) {
+        let _ = proto::decode_option_header(h);
+    }
+    let _ = proto::decode_go(data);
+    if let Some(h) = data.get(..proto::REQUEST_LEN).and_then(|b| <&[u8; proto::REQUEST_LEN]>::try_from(b).ok()) {
+        if let Ok(r) = proto::decode_request(h) {
+            assert_eq!(&proto::encode_request(&r), h);
+            let _ = proto::check(&r, 1 << 16, false);
+        }
+    }
+    let cfg = dafne_nbd::ExportConfig { name: "x".into(), workers: 2, ..Default::default() };
+    let server = dafne_nbd::Server::new(std::sync::Arc::new(dafne_nbd::mem::MemBackend::new(1 << 16, false)), cfg);
+    let (a, b) = std::os::unix::net::UnixStream::pair().expect("socketpair");
+    let (done_tx, done) = std::sync::mpsc::channel();
+    let s = server.clone();
+    std::thread::spawn(move || {
+        let r = s.serve_stream(dafne_nbd::Stream::Unix(b));
+        let _ = done_tx.send(matches!(r, Err(dafne_nbd::server::ConnError::WorkerPanicked)));
+    });
+    let mut w = a.try_clone().expect("clone");
+    let input = data.to_vec();
+    let writer = std::thread::spawn(move || {
+        let _ = w.write_all(&input);
+        let _ = w.shutdown(std::net::Shutdown::Write);
+    });
+    let mut out = Vec::new();
+    let _ = (&a).read_to_end(&mut out);
+    let _ = writer.join();
+    let worker_panicked = done
+        .recv_timeout(std::time::Duration::from_secs(30))
+        .expect("the server must end a connection whose client stopped, without a panic");
+    assert!(!worker_panicked, "a worker panicked");
+    assert_eq!(out.get(..18), Some(&proto::greeting()[..]), "the greeting comes first");
+}

@@ -172,13 +172,16 @@ fn proto() {
                 flags: dafne_proto::LOCK_WAIT,
             },
         ),
+        encode_request(env(), &Request::SetXattr { ino: 1, name: b"user.k".to_vec(), value: b"v".to_vec(), flags: 1 }),
         encode_request(
             env(),
-            &Request::SetXattr { ino: 1, name: b"user.k".to_vec(), value: b"v".to_vec(), flags: 1 },
-        ),
-        encode_request(
-            env(),
-            &Request::Rename { src_parent: 1, src_name: b"a".to_vec(), dst_parent: 1, dst_name: b"b".to_vec(), flags: 2 },
+            &Request::Rename {
+                src_parent: 1,
+                src_name: b"a".to_vec(),
+                dst_parent: 1,
+                dst_name: b"b".to_vec(),
+                flags: 2,
+            },
         ),
         encode_reply(3, Op::ListXattr, &Ok(Response::XattrNames { names: vec![b"user.a".to_vec()] })),
         // Groups and the exactly-once session sequence, both extensions.
@@ -199,4 +202,34 @@ fn testsvc_request() {
     use dafne_transport::testsvc::{encode_rma, SegDesc};
     let seeds = vec![encode_rma(1, 0, 7, &[SegDesc { addr: 0x1000, len: 4096, key: vec![1; 30] }])[1..].to_vec()];
     sweep("testsvc_request", dafne_fuzz::testsvc_request, seeds, 4);
+}
+
+#[test]
+fn nbd() {
+    use dafne_nbd::proto;
+    use dafne_nbd::server::request;
+    // A client's whole side: flags, GO for "x", then requests.
+    let mut hello = 3u32.to_be_bytes().to_vec();
+    hello.extend_from_slice(&proto::IHAVEOPT.to_be_bytes());
+    hello.extend_from_slice(&proto::OPT_GO.to_be_bytes());
+    hello.extend_from_slice(&9u32.to_be_bytes());
+    hello.extend_from_slice(&[0, 0, 0, 1, b'x', 0, 1, 0, 3]);
+    let mut session = hello.clone();
+    session.extend_from_slice(&request(proto::CMD_WRITE, proto::CMD_FLAG_FUA, 1, 4096, 8));
+    session.extend_from_slice(b"abcdefgh");
+    session.extend_from_slice(&request(proto::CMD_READ, 0, 2, 4000, 200));
+    session.extend_from_slice(&request(proto::CMD_TRIM, 0, 3, 0, 100));
+    session.extend_from_slice(&request(proto::CMD_WRITE_ZEROES, proto::CMD_FLAG_NO_HOLE, 4, 9, 10));
+    session.extend_from_slice(&request(proto::CMD_FLUSH, 0, 5, 0, 0));
+    session.extend_from_slice(&request(proto::CMD_DISC, 0, 6, 0, 0));
+    let mut list = 1u32.to_be_bytes().to_vec();
+    list.extend_from_slice(&proto::IHAVEOPT.to_be_bytes());
+    list.extend_from_slice(&proto::OPT_LIST.to_be_bytes());
+    list.extend_from_slice(&0u32.to_be_bytes());
+    list.extend_from_slice(&proto::IHAVEOPT.to_be_bytes());
+    list.extend_from_slice(&proto::OPT_EXPORT_NAME.to_be_bytes());
+    list.extend_from_slice(&1u32.to_be_bytes());
+    list.push(b'x');
+    list.extend_from_slice(&request(proto::CMD_READ, 0, 9, 0, 65536));
+    sweep("nbd", dafne_fuzz::nbd, vec![hello, session, list], 5);
 }

@@ -2,12 +2,14 @@
 //! printing here; the work lives in the library crates.
 
 mod benchmount;
+mod benchnbd;
 mod benchposix;
 mod cluster;
 mod copy;
 mod credential;
 mod local;
 mod mount;
+mod nbd;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -57,6 +59,9 @@ enum Cmd {
     /// Run a benchmark and print its table (and write JSON).
     #[command(subcommand)]
     Bench(Bench),
+    /// Export a dafne file as a Network Block Device (`dafne nbd serve --file /disk.raw --size 1G`).
+    #[command(subcommand)]
+    Nbd(nbd::NbdCmd),
     /// Run one dafne server in the foreground.
     #[command(subcommand)]
     Serve(Serve),
@@ -90,6 +95,9 @@ enum Bench {
     /// fio and PostMark on a fresh dafne mount beside the FUSE ceiling
     /// (bindfs over tmpfs) and the native client, with CPU time per GB.
     Posix(benchposix::PosixBench),
+    /// Block access through `dafne nbd serve` (NBD over TCP) against file
+    /// access through the client library, same sizes and requests in flight.
+    Nbd(benchnbd::NbdBench),
 }
 
 #[derive(Args)]
@@ -409,6 +417,8 @@ fn run() -> Result<()> {
         Cmd::Bench(Bench::Io(a)) => bench_io(a),
         Cmd::Bench(Bench::Mount(a)) => benchmount::run(a, parse_size),
         Cmd::Bench(Bench::Posix(a)) => benchposix::run(a, parse_size),
+        Cmd::Bench(Bench::Nbd(a)) => benchnbd::run(a, parse_size),
+        Cmd::Nbd(c) => nbd::run(c, parse_size),
         Cmd::Serve(Serve::Meta(a)) => dafne_meta::server::serve_forever(&a.to_options()?),
         Cmd::Serve(Serve::Io(a)) => dafne_io::server::serve_forever(&a),
         Cmd::TransportPeer(p) => {
