@@ -5,12 +5,13 @@
 # getfattr from attr, python3 for renameat2 through ctypes; and the
 # loop-device ext4 of the power-cut test), and the
 # workloads of `dafne bench posix` (fio 3.33, PostMark 1.53, and bindfs for
-# its FUSE ceiling).
+# its FUSE ceiling), and gcc (cc) to build the C API's test programs
+# (crates/dafne/tests/capi.rs).
 set -euo pipefail
 
 pkgs=(libucx-dev ucx-utils libclang-dev clang pkg-config fuse3 libfuse3-dev
       git rsync sqlite3 tar coreutils findutils jq e2fsprogs mount util-linux
-      fio postmark bindfs attr python3)
+      fio postmark bindfs attr python3 gcc)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
