@@ -172,7 +172,9 @@ int dafne_cq_poll(const struct dafne_cq *q, struct dafne_completion *out);
 
 // Waits up to `timeout_ms` (negative: without limit) for the operation
 // `ticket` and takes its completion: 0 and `*out` filled, or
-// `-ETIMEDOUT`. Other completions stay queued.
+// `-ETIMEDOUT`. Other completions stay queued. A ticket that is neither
+// outstanding nor queued (taken already, or never posted on `q`) waits
+// the whole timeout.
 //
 // # Safety
 // `q` is a queue handle; `out` writable.

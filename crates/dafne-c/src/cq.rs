@@ -139,7 +139,9 @@ pub unsafe extern "C" fn dafne_cq_poll(q: *const dafne_cq, out: *mut dafne_compl
 
 /// Waits up to `timeout_ms` (negative: without limit) for the operation
 /// `ticket` and takes its completion: 0 and `*out` filled, or
-/// `-ETIMEDOUT`. Other completions stay queued.
+/// `-ETIMEDOUT`. Other completions stay queued. A ticket that is neither
+/// outstanding nor queued (taken already, or never posted on `q`) waits
+/// the whole timeout.
 ///
 /// # Safety
 /// `q` is a queue handle; `out` writable.

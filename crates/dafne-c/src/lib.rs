@@ -86,6 +86,16 @@ impl std::fmt::Debug for Client {
     }
 }
 
+// The header promises that every handle may be used from several threads
+// at once: what the handles hold must be shareable.
+const _: fn() = || {
+    fn shared<T: Send + Sync>() {}
+    shared::<Fs>();
+    shared::<Mutex<fs::Files>>();
+    shared::<mem::dafne_mem>();
+    shared::<cq::dafne_cq>();
+};
+
 /// Counters of the data path (see `dafne_get_stats`).
 #[repr(C)]
 #[derive(Debug, Default, Clone, Copy)]
