@@ -5,14 +5,15 @@
 # getfattr from attr, python3 for renameat2 through ctypes; and the
 # loop-device ext4 of the power-cut test), and the
 # workloads of `dafne bench posix` (fio 3.33, PostMark 1.53, and bindfs for
-# its FUSE ceiling); and the NBD clients the `dafne nbd serve` tests and
+# its FUSE ceiling); the NBD clients the `dafne nbd serve` tests and
 # `dafne bench nbd` drive (libnbd's nbdinfo/nbdcopy, nbdsh from
-# python3-libnbd, qemu-img from qemu-utils; fio's nbd engine is in fio).
+# python3-libnbd, qemu-img from qemu-utils; fio's nbd engine is in fio);
+# and gcc (cc) to build the C API's test programs (crates/dafne/tests/capi.rs).
 set -euo pipefail
 
 pkgs=(libucx-dev ucx-utils libclang-dev clang pkg-config fuse3 libfuse3-dev
       git rsync sqlite3 tar coreutils findutils jq e2fsprogs mount util-linux
-      fio postmark bindfs attr python3 libnbd-bin python3-libnbd qemu-utils)
+      fio postmark bindfs attr python3 libnbd-bin python3-libnbd qemu-utils gcc)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

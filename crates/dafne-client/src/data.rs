@@ -372,6 +372,9 @@ pub struct DataClient {
     /// Capabilities re-issued, by (object, rights): used in place of older
     /// ones of the same object and rights. At most [`FRESH_CAPS_MAX`].
     fresh: std::sync::Arc<Mutex<HashMap<(u64, u8), Capability>>>,
+    /// Bytes this client copied between a caller's memory and a request,
+    /// a reply or a bounce buffer ([`DataClient::bytes_copied`]).
+    copied: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// The part of an I/O that one server handles.
@@ -442,6 +445,7 @@ impl DataClient {
             })),
             meta: Default::default(),
             fresh: Default::default(),
+            copied: Default::default(),
         })
     }
 
@@ -475,6 +479,18 @@ impl DataClient {
     /// The registration cache's counters (zeros without servers).
     pub fn regcache_stats(&self) -> RegCacheStats {
         self.regcache.as_ref().map(|c| c.stats()).unwrap_or_default()
+    }
+
+    /// Bytes copied on this client's data path so far (and its clones'):
+    /// slice I/O inline or through bounce buffers, and `register`'s copy.
+    /// Zero-copy I/O (regions, registered caller buffers) adds nothing, so
+    /// a test or a user can see which path a transfer took.
+    pub fn bytes_copied(&self) -> u64 {
+        self.copied.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn count_copy(&self, n: usize) {
+        self.copied.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Whether the registration cache keeps registrations (UCX's unmap
@@ -556,6 +572,7 @@ impl DataClient {
     pub fn register(&self, buf: Vec<u8>, access: Access) -> Result<Region, Errno> {
         let mut r = self.allocate(buf.len(), access)?;
         r.as_mut_slice().copy_from_slice(&buf);
+        self.count_copy(buf.len());
         Ok(r)
     }
 
@@ -955,6 +972,8 @@ impl DataClient {
     /// Writes a slice: inline when small, else through a registered copy.
     pub async fn write_at(&self, f: &OpenFile, offset: u64, data: &[u8], stability: Stability) -> Result<usize, Errno> {
         let parts = Self::parts(f, offset, data.len(), None)?;
+        // Into the request inline, or into bounce buffers: once either way.
+        self.count_copy(data.len());
         if parts.iter().all(|p| p.bytes <= INLINE_MAX) {
             let calls = parts.into_iter().map(|p| {
                 let mut inline = Vec::with_capacity(p.bytes);
@@ -991,6 +1010,8 @@ impl DataClient {
     /// registered buffer.
     pub async fn read_at(&self, f: &OpenFile, offset: u64, buf: &mut [u8]) -> Result<usize, Errno> {
         let parts = Self::parts(f, offset, buf.len(), None)?;
+        // Out of the reply inline, or out of bounce buffers.
+        self.count_copy(buf.len());
         if parts.iter().all(|p| p.bytes <= INLINE_MAX) {
             let calls = parts.into_iter().map(|p| {
                 let req =

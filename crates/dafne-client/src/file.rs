@@ -9,11 +9,13 @@
 //! publishing the size.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use dafne_proto::io::{AllocateMode, Stability};
 use dafne_proto::{Errno, Ino, LayoutHint, SetAttr};
 
-use crate::data::DataClient;
+use crate::cq::{CompletionQueue, Ticket};
+use crate::data::{DataClient, RegionSlice};
 use crate::{Attr, MetaSession, OpenFile};
 
 /// A client of one cluster: namespace and data.
@@ -28,8 +30,9 @@ pub struct Fs {
 pub struct File {
     fs: Fs,
     open: OpenFile,
-    /// The size known to this handle: meta's at open, grown by own writes.
-    size: AtomicU64,
+    /// The size known to this handle: meta's at open, grown by own writes
+    /// (shared with the writes posted to completion queues).
+    size: Arc<AtomicU64>,
 }
 
 impl Fs {
@@ -49,7 +52,7 @@ impl Fs {
     /// Opens by inode (`OPEN_*` flags; `OPEN_TRUNC` also empties the data).
     pub fn open(&self, ino: Ino, flags: u32) -> Result<File, Errno> {
         let open = self.meta.open(ino, flags)?;
-        let size = AtomicU64::new(open.attr.size);
+        let size = Arc::new(AtomicU64::new(open.attr.size));
         // Built first, so that a failed truncation closes it again.
         let f = File { fs: self.clone(), open, size };
         if flags & dafne_proto::OPEN_TRUNC != 0 {
@@ -81,12 +84,127 @@ impl File {
 
     /// Reads up to `buf.len()` bytes, never past the size this handle knows.
     pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<usize, Errno> {
-        let size = self.size();
-        if offset >= size {
+        let n = self.readable(offset, buf.len());
+        if n == 0 {
             return Ok(0);
         }
-        let n = buf.len().min((size - offset) as usize);
         futures::executor::block_on(self.fs.data.read_at(&self.open, offset, &mut buf[..n]))
+    }
+
+    /// [`Self::read_at`] through [`DataClient::read_into`]: zero-copy on a
+    /// cached registration of `buf` from
+    /// [`ZERO_COPY_MIN`](crate::data::ZERO_COPY_MIN) bytes up where the io
+    /// servers can reach it, else one copy through a bounce buffer.
+    pub fn read_into(&self, offset: u64, buf: &mut [u8]) -> Result<usize, Errno> {
+        let n = self.readable(offset, buf.len());
+        if n == 0 {
+            return Ok(0);
+        }
+        futures::executor::block_on(self.fs.data.read_into(&self.open, offset, &mut buf[..n]))
+    }
+
+    /// [`Self::write_at`] through [`DataClient::write_from`] (zero-copy as
+    /// [`Self::read_into`]).
+    pub fn write_from(&self, offset: u64, buf: &[u8], stability: Stability) -> Result<usize, Errno> {
+        let n = futures::executor::block_on(self.fs.data.write_from(&self.open, offset, buf, stability))?;
+        self.size.fetch_max(offset + n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+
+    /// Reads into registered memory (`len` bytes at `region_offset`),
+    /// zero-copy: the io servers put straight into it. Never past the size
+    /// this handle knows.
+    pub fn read_region(&self, offset: u64, from: &RegionSlice) -> Result<usize, Errno> {
+        let n = self.readable(offset, from.len);
+        if n == 0 {
+            return Ok(0);
+        }
+        futures::executor::block_on(self.fs.data.read_region(&self.open, offset, &from.region, from.offset, n))
+    }
+
+    /// Writes from registered memory, zero-copy: the io servers get
+    /// straight from it.
+    pub fn write_region(&self, offset: u64, from: &RegionSlice, stability: Stability) -> Result<usize, Errno> {
+        let n = futures::executor::block_on(self.fs.data.write_region(
+            &self.open,
+            offset,
+            &from.region,
+            from.offset,
+            from.len,
+            stability,
+        ))?;
+        self.size.fetch_max(offset + n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+
+    /// Posts a zero-copy read into registered memory on `cq`, clamped now
+    /// to the size this handle knows (a read at or past it completes with
+    /// 0 bytes).
+    pub fn post_read(&self, cq: &CompletionQueue, offset: u64, into: RegionSlice) -> Ticket {
+        let len = into.len;
+        self.post_read_with(cq, offset, len, move |data, open, n| async move {
+            data.read_region(&open, offset, &into.region, into.offset, n).await
+        })
+    }
+
+    /// Posts a zero-copy write from registered memory on `cq`; the size
+    /// this handle knows grows when it completes.
+    pub fn post_write(&self, cq: &CompletionQueue, offset: u64, from: RegionSlice, stability: Stability) -> Ticket {
+        self.post_write_with(cq, offset, move |data, open| async move {
+            data.write_region(&open, offset, &from.region, from.offset, from.len, stability).await
+        })
+    }
+
+    /// Posts on `cq` the read of up to `len` bytes at `offset` that `read`
+    /// makes from the data client, the open and the length clamped to the
+    /// size this handle knows (0 bytes complete at once, without calling
+    /// `read`). For callers with memory of their own kind (the C library's
+    /// registered application buffers).
+    pub fn post_read_with<F>(
+        &self,
+        cq: &CompletionQueue,
+        offset: u64,
+        len: usize,
+        read: impl FnOnce(DataClient, OpenFile, usize) -> F,
+    ) -> Ticket
+    where
+        F: std::future::Future<Output = Result<usize, Errno>> + Send + 'static,
+    {
+        let n = self.readable(offset, len);
+        if n == 0 {
+            return cq.post(async { Ok(0) });
+        }
+        cq.post(read(self.fs.data.clone(), self.open.clone(), n))
+    }
+
+    /// Posts on `cq` the write at `offset` that `write` makes from the
+    /// data client and the open; the size this handle knows grows by the
+    /// bytes it reports when it completes.
+    pub fn post_write_with<F>(
+        &self,
+        cq: &CompletionQueue,
+        offset: u64,
+        write: impl FnOnce(DataClient, OpenFile) -> F,
+    ) -> Ticket
+    where
+        F: std::future::Future<Output = Result<usize, Errno>> + Send + 'static,
+    {
+        let size = self.size.clone();
+        let op = write(self.fs.data.clone(), self.open.clone());
+        cq.post(async move {
+            let n = op.await?;
+            size.fetch_max(offset + n as u64, Ordering::Relaxed);
+            Ok(n)
+        })
+    }
+
+    /// Bytes of `len` at `offset` before the size this handle knows.
+    fn readable(&self, offset: u64, len: usize) -> usize {
+        let size = self.size();
+        if offset >= size {
+            return 0;
+        }
+        len.min((size - offset).min(usize::MAX as u64) as usize)
     }
 
     /// Sets the size on every io server and in meta.
@@ -127,11 +245,29 @@ impl File {
         // `drop(self)` closes in meta.
     }
 
-    /// Meta's size becomes the largest byte any io server holds. Sizes only
-    /// grow here; shrinking is `truncate`'s job.
-    fn publish_size(&self) -> Result<(), Errno> {
-        let stored = futures::executor::block_on(self.fs.data.stored_size(&self.open))?;
-        let current = self.fs.meta.getattr(self.open.attr.ino)?.size;
+    /// Meta's size becomes the largest byte any io server holds (what
+    /// `close` does; for a handle shared by several users, the last of
+    /// which drops it). Sizes only grow here; shrinking is `truncate`'s job.
+    pub fn publish_size(&self) -> Result<(), Errno> {
+        let stored = if self.open.cap.rights & dafne_proto::RIGHT_READ != 0 {
+            futures::executor::block_on(self.fs.data.stored_size(&self.open))
+        } else {
+            // Io servers answer `Stat` to a reading capability only: a
+            // write-only handle asks with a read open of its own (as the
+            // mount does).
+            let reader = self.fs.meta.open(self.open.attr.ino, dafne_proto::OPEN_READ)?;
+            let r = futures::executor::block_on(self.fs.data.stored_size(&reader));
+            if let Err(e) = self.fs.meta.close(reader.layout.object_id) {
+                tracing::debug!("closing object {} in meta: {e}", reader.layout.object_id);
+            }
+            r
+        }?;
+        let current = match self.fs.meta.getattr(self.open.attr.ino) {
+            Ok(a) => a.size,
+            // Unlinked while open: no name, no size to publish.
+            Err(Errno::ENOENT) => return Ok(()),
+            Err(e) => return Err(e),
+        };
         if stored > current {
             self.fs.meta.setattr(self.open.attr.ino, SetAttr { size: Some(stored), ..Default::default() })?;
         }

@@ -867,6 +867,13 @@ impl MetaSession {
         self.resolve_from(self.inner.root, path.as_bytes(), follow_last, &mut budget)
     }
 
+    /// [`MetaSession::resolve`] following a symlink in the last component
+    /// too, whatever it names (what `stat(2)` and `open(2)` do).
+    pub fn resolve_follow(&self, path: &str) -> Result<Attr, Errno> {
+        let mut budget = 40u32;
+        self.resolve_from(self.inner.root, path.as_bytes(), true, &mut budget)
+    }
+
     fn resolve_from(&self, start: Ino, path: &[u8], follow_last: bool, budget: &mut u32) -> Result<Attr, Errno> {
         if path.len() >= dafne_proto::MAX_SYMLINK {
             return Err(Errno::ENAMETOOLONG);

@@ -215,7 +215,7 @@ pub fn run(a: NbdBench, parse_size: impl Fn(&str) -> Result<usize>) -> Result<()
         bail!("--sizes: {s} is larger than --file-size {file_size}");
     }
     let root = a.scratch.join(format!("dafne-bench-nbd-{}", std::process::id()));
-    let cluster = ScratchCluster::start(&root)?;
+    let cluster = ScratchCluster::start(&root, &[])?;
     let d = cluster.dir.display().to_string();
     let exe = std::env::current_exe().context("locating the dafne executable")?;
     let mut child = Command::new(exe)
