@@ -130,10 +130,23 @@ impl File {
     /// Meta's size becomes the largest byte any io server holds. Sizes only
     /// grow here; shrinking is `truncate`'s job.
     fn publish_size(&self) -> Result<(), Errno> {
-        let stored = futures::executor::block_on(self.fs.data.stored_size(&self.open))?;
-        let current = self.fs.meta.getattr(self.open.attr.ino)?.size;
+        let ino = self.open.attr.ino;
+        let stored = if self.open.cap.rights & dafne_proto::RIGHT_READ != 0 {
+            futures::executor::block_on(self.fs.data.stored_size(&self.open))?
+        } else {
+            // The io servers tell the stored size only to a capability that
+            // may read: a write-only handle asks meta for one (as the mount
+            // does), and releases that open right away.
+            let reader = self.fs.meta.open(ino, dafne_proto::OPEN_READ)?;
+            let r = futures::executor::block_on(self.fs.data.stored_size(&reader));
+            if let Err(e) = self.fs.meta.close(reader.layout.object_id) {
+                tracing::debug!("closing object {} in meta: {e}", reader.layout.object_id);
+            }
+            r?
+        };
+        let current = self.fs.meta.getattr(ino)?.size;
         if stored > current {
-            self.fs.meta.setattr(self.open.attr.ino, SetAttr { size: Some(stored), ..Default::default() })?;
+            self.fs.meta.setattr(ino, SetAttr { size: Some(stored), ..Default::default() })?;
         }
         self.size.store(stored.max(current), Ordering::Relaxed);
         Ok(())
