@@ -121,15 +121,27 @@ impl File {
     }
 
     /// Publishes the size (without forcing data to disk) and closes (in
-    /// meta too, whatever the publishing's outcome).
+    /// meta too, whatever the publishing's outcome). A handle that may not
+    /// write has nothing to publish.
     pub fn close(self) -> Result<(), Errno> {
+        if self.open.cap.rights & dafne_proto::RIGHT_WRITE == 0 {
+            return Ok(());
+        }
         self.publish_size()
         // `drop(self)` closes in meta.
     }
 
     /// Meta's size becomes the largest byte any io server holds. Sizes only
-    /// grow here; shrinking is `truncate`'s job.
+    /// grow here; shrinking is `truncate`'s job. A file unlinked while open
+    /// has no size to publish.
     fn publish_size(&self) -> Result<(), Errno> {
+        match self.try_publish_size() {
+            Err(Errno::ENOENT) => Ok(()),
+            r => r,
+        }
+    }
+
+    fn try_publish_size(&self) -> Result<(), Errno> {
         let ino = self.open.attr.ino;
         let stored = if self.open.cap.rights & dafne_proto::RIGHT_READ != 0 {
             futures::executor::block_on(self.fs.data.stored_size(&self.open))?

@@ -85,7 +85,8 @@ fn size_is_exact_after_close_with_several_writers_on_several_stripes() {
 
 /// The io servers tell a file's stored size only to a capability that may
 /// read, so a handle opened only for writing (Python's `wb`) asks meta for
-/// a reading one to publish its size at close, as the mount does.
+/// a reading one to publish its size at close, as the mount does; a file
+/// unlinked while open has no size to publish (no error at close).
 #[test]
 fn a_write_only_handle_publishes_its_size_at_close_and_fsync() {
     let c = cluster(8);
@@ -100,6 +101,13 @@ fn a_write_only_handle_publishes_its_size_at_close_and_fsync() {
     w.close().unwrap();
     assert_eq!(a.meta.getattr(ino).unwrap().size, 301_000);
     assert_eq!(a.meta.held_opens(), 0, "the reading open made for the size is closed again");
+    // Unlinked while open for writing: nothing to publish, and no error.
+    let w = a.open(ino, dafne_proto::OPEN_WRITE).unwrap();
+    w.write_at(0, b"gone", Stability::Unstable).unwrap();
+    a.meta.unlink(ROOT_INO, b"write-only").unwrap();
+    w.fsync().unwrap();
+    w.close().unwrap();
+    assert_eq!(a.meta.held_opens(), 0);
 }
 
 /// `fallocate` through the client library against real io servers, with

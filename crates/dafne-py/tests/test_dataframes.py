@@ -41,7 +41,7 @@ def test_pyarrow_datasets_through_the_fsspec_handler(fs, base):
     assert meta.num_rows == 100_000 and meta.num_row_groups == 10
     back = pq.read_table(base + "/ds", filesystem=fs)
     assert back.num_rows == 100_010
-    assert back.slice(0, 100_000).equals(table) or back.sort_by("id").slice(0, 100_000).num_rows == 100_000
+    assert back.column("id").to_pylist()[-10:] == list(range(10))
     pd.testing.assert_frame_equal(
         pq.read_table(base + "/ds/part-0.parquet", filesystem=fs).to_pandas(), table.to_pandas()
     )

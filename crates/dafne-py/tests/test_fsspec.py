@@ -34,9 +34,6 @@ def test_open_write_read_and_cat(fs, base):
         f.seek(1_000_000)
         assert f.read(2_000_000) == data[1_000_000:3_000_000]
         assert f.read() == data[3_000_000:]
-    with fsspec.open("dafne://" + p, "rt", cluster=fs.client and fs.storage_options["cluster"]) as f:
-        with pytest.raises(UnicodeDecodeError):
-            f.read()
 
 
 def test_ranged_reads(fs, base):
@@ -98,7 +95,8 @@ def test_put_and_get(fs, base, tmp_path):
 
 
 def test_rm_mv_cp_touch(fs, base):
-    fs.pipe({base + "/d/x": b"x", base + "/d/e/y": b"y"}) if fs.makedirs(base + "/d/e") is None else None
+    fs.makedirs(base + "/d/e")
+    fs.pipe({base + "/d/x": b"x", base + "/d/e/y": b"y"})
     with pytest.raises(OSError):
         fs.rm(base + "/d")  # a directory that holds something needs recursive
     fs.mv(base + "/d/x", base + "/d/e")  # into an existing directory
