@@ -447,10 +447,14 @@ impl From<Errno> for FileErr {
     }
 }
 
-/// Reads up to `n` bytes at `offset` (fewer only at the end of the file).
+/// Reads up to `n` bytes at `offset` (fewer only at the end of the file);
+/// `ENOMEM` when the buffer cannot be had (a `read()` of a huge sparse
+/// file), rather than aborting the interpreter.
 fn read_full(f: &DFile, offset: u64, n: usize) -> Result<Vec<u8>, Errno> {
-    let n = n.min(f.size().saturating_sub(offset) as usize);
-    let mut buf = vec![0u8; n];
+    let n = n.min(usize::try_from(f.size().saturating_sub(offset)).unwrap_or(usize::MAX));
+    let mut buf = Vec::new();
+    buf.try_reserve_exact(n).map_err(|_| Errno::ENOMEM)?;
+    buf.resize(n, 0);
     let mut done = 0;
     while done < n {
         let k = f.read_at(offset + done as u64, &mut buf[done..(done + PIECE).min(n)])?;
