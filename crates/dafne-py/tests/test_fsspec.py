@@ -149,3 +149,11 @@ def test_urls_with_storage_options(cluster, base):
         assert f.read() == b"through a URL"
     fs, path = fsspec.core.url_to_fs("dafne://" + base + "/u", cluster=cluster)
     assert isinstance(fs, DafneFileSystem) and path == base + "/u"
+
+
+def test_the_default_cluster_is_dafne_home(cluster, base, monkeypatch):
+    import dafne
+
+    monkeypatch.setenv("DAFNE_HOME", cluster)
+    assert base.lstrip("/") in dafne.Client().listdir("/")
+    assert DafneFileSystem(skip_instance_cache=True).isdir(base)
