@@ -3,7 +3,8 @@
 # UCX 1.13 headers and tools, libclang for bindgen, FUSE for the mount, the
 # ordinary tools the mount tests and the sample workload run (setfattr and
 # getfattr from attr, python3 for renameat2 through ctypes; and the
-# loop-device ext4 of the power-cut test), and the
+# loop-device ext4 of the power-cut test; python3-venv and pip for the
+# Python package's test venv, scripts/python-env.sh), and the
 # workloads of `dafne bench posix` (fio 3.33, PostMark 1.53, and bindfs for
 # its FUSE ceiling); the NBD clients the `dafne nbd serve` tests and
 # `dafne bench nbd` drive (libnbd's nbdinfo/nbdcopy, nbdsh from
@@ -13,7 +14,7 @@ set -euo pipefail
 
 pkgs=(libucx-dev ucx-utils libclang-dev clang pkg-config fuse3 libfuse3-dev
       git rsync sqlite3 tar coreutils findutils jq e2fsprogs mount util-linux
-      fio postmark bindfs attr python3 libnbd-bin python3-libnbd qemu-utils gcc)
+      fio postmark bindfs attr python3 libnbd-bin python3-libnbd qemu-utils gcc python3-venv python3-pip)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

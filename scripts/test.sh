@@ -28,6 +28,8 @@ export DAFNE_REQUIRE_TOOLS=1
 export DAFNE_REQUIRE_DIRECT=1
 echo "== cargo test"
 DAFNE_LOG=${DAFNE_LOG:-error} cargo test --workspace --no-fail-fast
+echo "== Python package (crates/dafne-py): abi3 wheel by maturin, pytest against a real cluster (scripts/test-python.sh)"
+bash scripts/test-python.sh
 echo "== benchmark smoke run (shared memory, 64 KiB)"
 cargo run --quiet -p dafne -- bench transport --quick --no-perftest --transports shm --sizes 64K --json target/bench-smoke.json
 echo "== benchmark smoke run: block (NBD) against file access, 0.3 s per cell"

@@ -239,8 +239,12 @@ impl File {
     }
 
     /// Publishes the size (without forcing data to disk) and closes (in
-    /// meta too, whatever the publishing's outcome).
+    /// meta too, whatever the publishing's outcome). A handle that may not
+    /// write has nothing to publish.
     pub fn close(self) -> Result<(), Errno> {
+        if self.open.cap.rights & dafne_proto::RIGHT_WRITE == 0 {
+            return Ok(());
+        }
         self.publish_size()
         // `drop(self)` closes in meta.
     }
@@ -248,28 +252,32 @@ impl File {
     /// Meta's size becomes the largest byte any io server holds (what
     /// `close` does; for a handle shared by several users, the last of
     /// which drops it). Sizes only grow here; shrinking is `truncate`'s job.
+    /// A file unlinked while open has no size to publish.
     pub fn publish_size(&self) -> Result<(), Errno> {
+        match self.try_publish_size() {
+            Err(Errno::ENOENT) => Ok(()),
+            r => r,
+        }
+    }
+
+    fn try_publish_size(&self) -> Result<(), Errno> {
+        let ino = self.open.attr.ino;
         let stored = if self.open.cap.rights & dafne_proto::RIGHT_READ != 0 {
-            futures::executor::block_on(self.fs.data.stored_size(&self.open))
+            futures::executor::block_on(self.fs.data.stored_size(&self.open))?
         } else {
-            // Io servers answer `Stat` to a reading capability only: a
-            // write-only handle asks with a read open of its own (as the
-            // mount does).
-            let reader = self.fs.meta.open(self.open.attr.ino, dafne_proto::OPEN_READ)?;
+            // The io servers tell the stored size only to a capability that
+            // may read: a write-only handle asks meta for one (as the mount
+            // does), and releases that open right away.
+            let reader = self.fs.meta.open(ino, dafne_proto::OPEN_READ)?;
             let r = futures::executor::block_on(self.fs.data.stored_size(&reader));
             if let Err(e) = self.fs.meta.close(reader.layout.object_id) {
                 tracing::debug!("closing object {} in meta: {e}", reader.layout.object_id);
             }
-            r
-        }?;
-        let current = match self.fs.meta.getattr(self.open.attr.ino) {
-            Ok(a) => a.size,
-            // Unlinked while open: no name, no size to publish.
-            Err(Errno::ENOENT) => return Ok(()),
-            Err(e) => return Err(e),
+            r?
         };
+        let current = self.fs.meta.getattr(ino)?.size;
         if stored > current {
-            self.fs.meta.setattr(self.open.attr.ino, SetAttr { size: Some(stored), ..Default::default() })?;
+            self.fs.meta.setattr(ino, SetAttr { size: Some(stored), ..Default::default() })?;
         }
         self.size.store(stored.max(current), Ordering::Relaxed);
         Ok(())

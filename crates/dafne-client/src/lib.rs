@@ -861,7 +861,16 @@ impl MetaSession {
     /// component. Symlinks met before the last component are followed (the
     /// whole resolution follows at most 40, as Linux); the last component is
     /// followed only when the path ends in `/`.
+    ///
+    /// A path of at most [`MAX_COMPOUND`](dafne_proto::MAX_COMPOUND)
+    /// components is first looked up in one round trip (a compound of
+    /// chained lookups); only when it meets a symbolic link on the way, or
+    /// ends in `/`, is it walked a component at a time, with the same
+    /// answers (the server checks each lookup as it would alone).
     pub fn resolve(&self, path: &str) -> Result<Attr, Errno> {
+        if let Some(r) = self.resolve_in_one_trip(path) {
+            return r;
+        }
         let mut budget = 40u32;
         let follow_last = path.ends_with('/');
         self.resolve_from(self.inner.root, path.as_bytes(), follow_last, &mut budget)
@@ -872,6 +881,51 @@ impl MetaSession {
     pub fn resolve_follow(&self, path: &str) -> Result<Attr, Errno> {
         let mut budget = 40u32;
         self.resolve_from(self.inner.root, path.as_bytes(), true, &mut budget)
+    }
+
+    /// `resolve` in one compound; `None` when the walk must decide (a
+    /// trailing `/`, the root alone, too many components, or a symbolic
+    /// link before the last component).
+    fn resolve_in_one_trip(&self, path: &str) -> Option<Result<Attr, Errno>> {
+        if path.ends_with('/') || path.len() >= dafne_proto::MAX_SYMLINK {
+            return None;
+        }
+        let comps: Vec<&[u8]> = path.as_bytes().split(|&b| b == b'/').filter(|c| !c.is_empty()).collect();
+        if comps.is_empty() || comps.len() > dafne_proto::MAX_COMPOUND {
+            return None;
+        }
+        let n = comps.len();
+        let ops = comps
+            .iter()
+            .enumerate()
+            .map(|(i, c)| CompoundOp {
+                chain: i > 0,
+                req: Request::Lookup { parent: self.inner.root, name: c.to_vec() },
+            })
+            .collect();
+        let results = match self.compound(ops) {
+            Ok(r) => r,
+            Err(e) => return Some(Err(e)),
+        };
+        // Results stop at the first error: all n of them, or an error last.
+        if results.len() > n {
+            return Some(Err(Errno::EPROTO));
+        }
+        let complete = results.len() == n;
+        let mut last = None;
+        for (i, r) in results.into_iter().enumerate() {
+            match Self::entry(r) {
+                // A link on the way: the walk follows it (a lookup chained
+                // on it failed with ENOTDIR, which is not the answer).
+                Ok(a) if a.kind == FileType::Symlink && i + 1 < n => return None,
+                Ok(a) => last = Some(a),
+                Err(e) => return Some(Err(e)),
+            }
+        }
+        Some(match last {
+            Some(a) if complete => Ok(a),
+            _ => Err(Errno::EPROTO),
+        })
     }
 
     fn resolve_from(&self, start: Ino, path: &[u8], follow_last: bool, budget: &mut u32) -> Result<Attr, Errno> {

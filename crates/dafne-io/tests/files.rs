@@ -83,6 +83,33 @@ fn size_is_exact_after_close_with_several_writers_on_several_stripes() {
     drop(w);
 }
 
+/// The io servers tell a file's stored size only to a capability that may
+/// read, so a handle opened only for writing (Python's `wb`) asks meta for
+/// a reading one to publish its size at close, as the mount does; a file
+/// unlinked while open has no size to publish (no error at close).
+#[test]
+fn a_write_only_handle_publishes_its_size_at_close_and_fsync() {
+    let c = cluster(8);
+    let rt = runtime();
+    let a = fs(&c, &rt);
+    let ino = a.create(ROOT_INO, b"write-only", 0o644, None).unwrap().attr().ino;
+    let w = a.open(ino, dafne_proto::OPEN_WRITE | dafne_proto::OPEN_TRUNC).unwrap();
+    w.write_at(0, &[7u8; 300_000], Stability::Unstable).unwrap();
+    w.fsync().unwrap();
+    assert_eq!(a.meta.getattr(ino).unwrap().size, 300_000);
+    w.write_at(300_000, &[8u8; 1000], Stability::Unstable).unwrap();
+    w.close().unwrap();
+    assert_eq!(a.meta.getattr(ino).unwrap().size, 301_000);
+    assert_eq!(a.meta.held_opens(), 0, "the reading open made for the size is closed again");
+    // Unlinked while open for writing: nothing to publish, and no error.
+    let w = a.open(ino, dafne_proto::OPEN_WRITE).unwrap();
+    w.write_at(0, b"gone", Stability::Unstable).unwrap();
+    a.meta.unlink(ROOT_INO, b"write-only").unwrap();
+    w.fsync().unwrap();
+    w.close().unwrap();
+    assert_eq!(a.meta.held_opens(), 0);
+}
+
 /// `fallocate` through the client library against real io servers, with
 /// 64 KiB stripe units over 4 servers and the io servers' Unifier in
 /// front of their chunk files: a reserve grows the size in meta and on the

@@ -147,6 +147,69 @@ fn posix_semantics_and_errors() {
     assert_eq!(t0.attr.size, 0);
 }
 
+/// `resolve` answers a path in one compound of chained lookups when it
+/// can; its answers are the walk's, a lookup at a time: found, `ENOENT`,
+/// `ENOTDIR` through a file, `EACCES` under a directory the user may not
+/// search, a link at the end not followed, links on the way followed, and
+/// paths longer than a compound (walked).
+#[test]
+fn resolve_in_one_round_trip_answers_as_the_walk() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = start_meta(dir.path(), 1);
+    let rt = runtime();
+    let root = session(&rt, &m, 0, 0);
+    let user = session(&rt, &m, 1000, 1000);
+    /// The reference: one lookup per component, links not followed.
+    fn walk(s: &MetaSession, path: &str) -> Result<dafne_client::Attr, Errno> {
+        let mut cur = s.getattr(ROOT_INO)?;
+        for c in path.split('/').filter(|c| !c.is_empty()) {
+            if cur.kind != FileType::Directory {
+                return Err(Errno::ENOTDIR);
+            }
+            cur = s.lookup(cur.ino, c.as_bytes())?;
+        }
+        Ok(cur)
+    }
+    let a = root.mkdir(ROOT_INO, b"a", 0o755).unwrap();
+    let b = root.mkdir(a.ino, b"b", 0o755).unwrap();
+    root.create(b.ino, b"f", 0o644, true).unwrap();
+    let secret = root.mkdir(a.ino, b"secret", 0o700).unwrap();
+    root.create(secret.ino, b"x", 0o644, true).unwrap();
+    root.symlink(a.ino, b"ln", b"/a/b").unwrap();
+    let mut deep = String::new();
+    let mut parent = ROOT_INO;
+    for i in 0..20 {
+        parent = root.mkdir(parent, format!("{i}").as_bytes(), 0o755).unwrap().ino;
+        deep.push_str(&format!("/{i}"));
+    }
+    let sixteen: String = (0..16).map(|i| format!("/{i}")).collect();
+    let paths = [
+        "/a",
+        "a/b",
+        "/a//b/f",
+        "/a/b/f/x",
+        "/a/b/f/x/y",
+        "/a/nope",
+        "/a/nope/f",
+        "/a/secret/x",
+        "/a/secret",
+        "/a/ln",
+        &sixteen,
+        &deep,
+        "/nope",
+    ];
+    for s in [&root, &user] {
+        for p in paths {
+            assert_eq!(s.resolve(p), walk(s, p), "{p} as uid {}", if std::ptr::eq(s, &root) { 0 } else { 1000 });
+        }
+    }
+    assert_eq!(user.resolve("/a/secret/x"), Err(Errno::EACCES));
+    assert_eq!(root.resolve("/a/b/f/x"), Err(Errno::ENOTDIR));
+    assert_eq!(root.resolve("/a/ln").unwrap().kind, FileType::Symlink);
+    assert_eq!(root.resolve("/a/ln/f").unwrap(), root.resolve("/a/b/f").unwrap(), "a link on the way is followed");
+    assert_eq!(root.resolve("/a/ln/").unwrap().ino, b.ino);
+}
+
 #[test]
 fn permissions_are_checked_on_the_server() {
     let dir = tempfile::tempdir().unwrap();
