@@ -751,6 +751,15 @@ impl State {
             .flat_map(|sl| &sl.slots)
             .filter(|&&s| !matches!(self.slots[s as usize].mem, Mem::Gone))
             .count() as u64;
+        for slot in &self.slots {
+            if let Some(u) = slot.unit.as_ref().filter(|u| u.attached) {
+                c.units_by_class[slot.class] += 1;
+                if u.policy == Policy::Clock {
+                    c.clock_units += 1;
+                }
+            }
+        }
+        c.pinned_bytes = self.slabs.iter().filter(|sl| sl.mem.is_some()).count() as u64 * self.slab_size as u64;
         c
     }
 }

@@ -69,4 +69,14 @@ pub struct UnifierStats {
     pub dirty_units: u64,
     pub dirty_bytes: u64,
     pub unit_slots: u64,
+    /// Gauge: units holding data, per size class (4, 8, 16, 32, 64 KiB, the
+    /// order of [`crate::UNIT_SIZES`]): shows which unit size files' advice
+    /// (or the default) gave them.
+    pub units_by_class: [u64; 5],
+    /// Gauge: units holding data that are under CLOCK replacement (the
+    /// others are under LRU).
+    pub clock_units: u64,
+    /// Gauge: bytes of cache memory registered now (ready slabs from the
+    /// start, raw slabs once first used): the memory a NIC would pin.
+    pub pinned_bytes: u64,
 }
