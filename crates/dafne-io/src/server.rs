@@ -106,6 +106,14 @@ pub struct ModeArgs {
     /// is idle, so that its CPU time is the work it did (benchmarks).
     #[arg(long, hide = true)]
     pub spin_us: Option<u64>,
+    /// Share of the Unifier's cache, in percent, that is "raw" memory
+    /// (the Unifier paper's raw buffers): registered slab by slab the first
+    /// time the cache needs it rather than at start, so the memory
+    /// registered (pinned by an RDMA NIC) grows with use up to the cache
+    /// size. 0 (default): all registered at start. Raw slabs stay
+    /// registered once used; releasing them under pressure is not built.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=100))]
+    pub raw_percent: u8,
 }
 
 /// The command line of an io server process (`dafne serve io`, `dafne-io`):
@@ -430,8 +438,11 @@ pub fn start_with(a: &IoArgs, m: ModeArgs) -> Result<IoServer> {
     let cache_mib = a.cache_mib.max(1);
     let slab_mib = [8, 4, 2, 1].into_iter().find(|m| cache_mib.is_multiple_of(*m)).unwrap_or(1);
     let cache = cache_mib << 20;
+    let slabs = cache_mib / slab_mib;
+    let raw_slabs = slabs * usize::from(m.raw_percent) / 100;
     let config = UnifierConfig {
-        ready_slabs: cache_mib / slab_mib,
+        ready_slabs: slabs - raw_slabs,
+        raw_slabs,
         slab_size: slab_mib << 20,
         max_dirty_bytes: cache / 4,
         ..Default::default()
