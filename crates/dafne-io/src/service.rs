@@ -225,6 +225,9 @@ impl IoService {
             units_64k: u.units_by_class[4],
             clock_units: u.clock_units,
             pinned_bytes: u.pinned_bytes,
+            deregistrations: u.deregistrations,
+            pinned_peak: u.pinned_peak,
+            parked_units: u.parked_units,
         }
     }
 

@@ -809,6 +809,12 @@ server_info! {
     /// Cache memory registered now, bytes (ready slabs, and raw slabs
     /// once used).
     pinned_bytes,
+    /// Raw slabs deregistered to stay under the pinned bound.
+    deregistrations,
+    /// The most cache memory registered at once since start, bytes.
+    pinned_peak,
+    /// Units holding data in deregistered (parked) raw memory.
+    parked_units,
 }
 
 /// A reply's byte count, at most [`MAX_IO_BYTES`].
@@ -1625,6 +1631,6 @@ mod tests {
         let body = IoReplyHeader::SIZE;
         w[body..body + 4].copy_from_slice(&(MAX_INFO_FIELDS as u32 + 1).to_le_bytes());
         assert!(decode_io_reply(&w).is_err());
-        assert_eq!(n, 24, "update the field count in tests/io_roundtrip.rs");
+        assert_eq!(n, 27, "update the field count in tests/io_roundtrip.rs");
     }
 }

@@ -115,11 +115,15 @@ pub struct IoConfig {
     /// Percent of each cache that is raw memory, registered when first
     /// used instead of at start (`dafne serve io --raw-percent`).
     pub raw_percent: u8,
+    /// Bound on each io server's registered cache memory, MiB
+    /// (`--max-pinned-mib`); `None`: no bound.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_pinned_mib: Option<usize>,
 }
 
 impl Default for IoConfig {
     fn default() -> Self {
-        IoConfig { cache_mib: None, mode: "unifier".into(), raw_percent: 0 }
+        IoConfig { cache_mib: None, mode: "unifier".into(), raw_percent: 0, max_pinned_mib: None }
     }
 }
 
@@ -202,6 +206,8 @@ open_grace_s = 10       # after a meta start, and after a client's connection
                         # servers, 8 to 1024 MiB each (`dafne status` shows it)
 raw_percent = 0         # percent of each cache registered when first used
                         # instead of at start (the seed's raw buffers)
+# max_pinned_mib = 48   # bound on each cache's registered memory: cold raw
+                        # memory is deregistered (its data kept) to stay under
 mode = "unifier"        # unifier | normal | mmap (the seed's serving modes)
 
 [mount]

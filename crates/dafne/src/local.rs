@@ -631,6 +631,9 @@ pub fn supervise(a: DirArgs) -> Result<()> {
         args.extend(["--listen".into(), c.io_addr(i).to_string()]);
         args.extend(["--cache-mib".into(), cache_mib.to_string()]);
         args.extend(["--raw-percent".into(), c.io.raw_percent.to_string()]);
+        if let Some(p) = c.io.max_pinned_mib {
+            args.extend(["--max-pinned-mib".into(), p.to_string()]);
+        }
         args.extend(["--mode".into(), c.io.mode.clone()]);
         args.extend(ucx.iter().cloned());
         servers.push(Managed {

@@ -112,3 +112,25 @@ fn advice_reaches_every_io_server_and_sets_the_files_unit_size_and_policy() {
     let o = run(&c, &["advise", "dafne:/missing", "--unit", "4k"]);
     assert!(!o.status.success() && text(&o).contains("dafne:/missing"), "{}", text(&o));
 }
+
+#[test]
+fn raw_memory_is_parked_so_pinned_bytes_stay_under_the_bound_while_the_cache_holds_more() {
+    let _s = serial();
+    // One io server, an 8 MiB cache of 1 MiB slabs: 2 ready, 6 raw, at
+    // most 4 MiB registered at once.
+    let c = Cluster::start_sized(1, "[io]\nraw_percent = 75\nmax_pinned_mib = 4\n");
+    const BOUND: u64 = 4 << 20;
+    assert_eq!(io_sum(&c, "pinned_bytes"), 2 << 20, "the ready part, registered at start");
+    // 6 MiB: more than the bound, less than the cache.
+    let data = pattern(6 << 20, 3);
+    put(&c, "/big", &data);
+    assert_eq!(get(&c, "/big"), data);
+    let misses = io_sum(&c, "misses");
+    assert_eq!(get(&c, "/big"), data);
+    assert_eq!(io_sum(&c, "misses"), misses, "the second read is served from the cache, all 6 MiB of it");
+    assert!(io_sum(&c, "parked_units") > 0, "some of it in raw memory not registered now");
+    assert!(io_sum(&c, "deregistrations") > 0);
+    let peak = io_sum(&c, "pinned_peak");
+    assert!(peak <= BOUND && io_sum(&c, "pinned_bytes") <= BOUND, "peak {peak} above the bound {BOUND}");
+    assert!(peak > 2 << 20, "raw memory was registered when used");
+}
