@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use dafne_proto::io::{AllocateMode, IoExtent, IoRequest, Stability, StripeSlots};
-use dafne_proto::{encode_io_request, encode_reply, encode_request, Capability, Envelope, Op, Request, Response};
+use dafne_proto::{encode_io_request, encode_reply, encode_request, CacheAdvice, CachePolicy, Capability, Envelope, Op, Request, Response};
 
 /// xorshift64*: a fixed seed per target, so a failure reproduces.
 struct Rng(u64);
@@ -106,6 +106,7 @@ fn cap() -> Capability {
         rights: 3,
         generation: 4,
         expiry_unix_ns: 1_900_000_000_000_000_000,
+        advice: CacheAdvice { unit_kib: 16, policy: CachePolicy::Clock },
         mac: [5; 32],
     }
 }

@@ -563,6 +563,7 @@ mod tests {
             rights: dafne_proto::RIGHT_READ,
             generation: 3,
             expiry_unix_ns: 0,
+            advice: dafne_proto::CacheAdvice::NONE,
             mac: [0; 32],
         };
         s.sign(&mut cap, now);
@@ -588,7 +589,15 @@ mod tests {
     }
 
     fn cap_at(object_id: u64, generation: u64) -> Capability {
-        Capability { object_id, ino: 1, rights: 3, generation, expiry_unix_ns: 0, mac: [0; 32] }
+        Capability {
+            object_id,
+            ino: 1,
+            rights: 3,
+            generation,
+            expiry_unix_ns: 0,
+            advice: dafne_proto::CacheAdvice::NONE,
+            mac: [0; 32],
+        }
     }
 
     #[test]

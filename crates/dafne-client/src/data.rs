@@ -1283,6 +1283,7 @@ pub const LOGGED_IN: Capability = Capability {
     rights: dafne_proto::RIGHT_READ,
     generation: 0,
     expiry_unix_ns: 0,
+    advice: dafne_proto::CacheAdvice::NONE,
     mac: [0; 32],
 };
 
@@ -1295,6 +1296,7 @@ pub fn info_capability(secret: &dafne_auth::Secret) -> Capability {
         rights: dafne_proto::RIGHT_READ,
         generation: dafne_auth::TRUSTED_GENERATION,
         expiry_unix_ns: 0,
+        advice: dafne_proto::CacheAdvice::NONE,
         mac: [0; 32],
     };
     secret.sign(&mut cap, std::time::SystemTime::now());
@@ -1314,7 +1316,15 @@ pub fn object_capability(secret: &dafne_auth::Secret, object_id: u64) -> Capabil
 /// as the floor of the object's tombstone.
 pub fn removal_capability(secret: &dafne_auth::Secret, object_id: u64, generation: u64) -> Capability {
     let rights = dafne_proto::RIGHT_READ | dafne_proto::RIGHT_WRITE;
-    let mut cap = Capability { object_id, ino: 0, rights, generation, expiry_unix_ns: 0, mac: [0; 32] };
+    let mut cap = Capability {
+        object_id,
+        ino: 0,
+        rights,
+        generation,
+        expiry_unix_ns: 0,
+        advice: dafne_proto::CacheAdvice::NONE,
+        mac: [0; 32],
+    };
     secret.sign(&mut cap, std::time::SystemTime::now());
     cap
 }

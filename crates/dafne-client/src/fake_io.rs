@@ -115,7 +115,15 @@ pub(crate) fn file_on(object_id: u64, servers: u32) -> crate::OpenFile {
     crate::OpenFile {
         attr,
         layout,
-        cap: Capability { object_id, ino: 0, rights: 3, generation: 0, expiry_unix_ns: 0, mac: [0; 32] },
+        cap: Capability {
+            object_id,
+            ino: 0,
+            rights: 3,
+            generation: 0,
+            expiry_unix_ns: 0,
+            advice: dafne_proto::CacheAdvice::NONE,
+            mac: [0; 32],
+        },
     }
 }
 

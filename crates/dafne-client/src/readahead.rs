@@ -799,8 +799,15 @@ mod tests {
             mtime: t,
             ctime: t,
         };
-        let cap =
-            dafne_proto::Capability { object_id: 9, ino: 0, rights: 3, generation: 0, expiry_unix_ns: 0, mac: [0; 32] };
+        let cap = dafne_proto::Capability {
+            object_id: 9,
+            ino: 0,
+            rights: 3,
+            generation: 0,
+            expiry_unix_ns: 0,
+            advice: dafne_proto::CacheAdvice::NONE,
+            mac: [0; 32],
+        };
         OpenFile { attr, layout: layout(1 << 20, 1), cap }
     }
 

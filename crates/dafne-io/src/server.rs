@@ -106,6 +106,20 @@ pub struct ModeArgs {
     /// is idle, so that its CPU time is the work it did (benchmarks).
     #[arg(long, hide = true)]
     pub spin_us: Option<u64>,
+    /// Share of the Unifier's cache, in percent, that is "raw" memory
+    /// (the Unifier paper's raw buffers): registered slab by slab the first
+    /// time the cache needs it rather than at start, so the memory
+    /// registered (pinned by an RDMA NIC) grows with use up to the cache
+    /// size. 0 (default): all registered at start.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=100))]
+    pub raw_percent: u8,
+    /// Bound on the cache memory registered at once, MiB (default: none).
+    /// With raw memory, cold clean raw slabs are deregistered ("parked",
+    /// their data kept) to register others, so pinned memory stays under
+    /// the bound while the whole cache holds data. At least the ready part
+    /// plus two slabs.
+    #[arg(long)]
+    pub max_pinned_mib: Option<usize>,
 }
 
 /// The command line of an io server process (`dafne serve io`, `dafne-io`):
@@ -427,16 +441,32 @@ pub fn start_with(a: &IoArgs, m: ModeArgs) -> Result<IoServer> {
     // machine): 8 MiB slabs allow 32 GiB of cache per machine, and a slab
     // is still small enough to move between unit sizes cheaply.
     // Write-behind may hold a quarter of the cache dirty.
+    // With raw memory, at least 8 slabs, so that the share and the pinned
+    // bound have slabs to count in.
     let cache_mib = a.cache_mib.max(1);
-    let slab_mib = [8, 4, 2, 1].into_iter().find(|m| cache_mib.is_multiple_of(*m)).unwrap_or(1);
+    let min_slabs = if m.raw_percent > 0 { 8 } else { 1 };
+    let slab_mib =
+        [8, 4, 2, 1].into_iter().find(|s| cache_mib.is_multiple_of(*s) && cache_mib / s >= min_slabs).unwrap_or(1);
     let cache = cache_mib << 20;
+    let slabs = cache_mib / slab_mib;
+    let raw_slabs = slabs * usize::from(m.raw_percent) / 100;
     let config = UnifierConfig {
-        ready_slabs: cache_mib / slab_mib,
+        ready_slabs: slabs - raw_slabs,
+        raw_slabs,
+        max_pinned_bytes: m.max_pinned_mib.map(|p| (p as u64) << 20),
         slab_size: slab_mib << 20,
         max_dirty_bytes: cache / 4,
         ..Default::default()
     };
-    config.validate().map_err(|e| anyhow::anyhow!("--cache-mib {}: {e}", a.cache_mib))?;
+    config.validate().map_err(|e| {
+        anyhow::anyhow!(
+            "--cache-mib {} --raw-percent {} --max-pinned-mib {:?} ({} slabs of {slab_mib} MiB): {e}",
+            a.cache_mib,
+            m.raw_percent,
+            m.max_pinned_mib,
+            slabs
+        )
+    })?;
     let dir = a.data_dir.clone();
     let addr = rt.serve(a.listen, move |l| {
         let store = Rc::new(ChunkStore::open_with(&dir, ring).expect("chunk store opened above"));

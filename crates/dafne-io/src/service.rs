@@ -218,6 +218,16 @@ impl IoService {
             connections: t.connections_accepted,
             filesystem_id,
             retired_units: u.retired_units,
+            units_4k: u.units_by_class[0],
+            units_8k: u.units_by_class[1],
+            units_16k: u.units_by_class[2],
+            units_32k: u.units_by_class[3],
+            units_64k: u.units_by_class[4],
+            clock_units: u.clock_units,
+            pinned_bytes: u.pinned_bytes,
+            deregistrations: u.deregistrations,
+            pinned_peak: u.pinned_peak,
+            parked_units: u.parked_units,
         }
     }
 
@@ -319,6 +329,13 @@ impl IoService {
             }
         }
         let object = cap.object_id;
+        if let (
+            Backend::Unifier(u),
+            IoRequest::Read { .. } | IoRequest::Write { .. } | IoRequest::Truncate { .. } | IoRequest::Allocate { .. },
+        ) = (&self.backend, &req)
+        {
+            apply_advice(u, object, cap.advice);
+        }
         let store = &*self.store;
         // A damaged object's cached bytes are not what the device holds
         // (`chunk` module docs, "A sync that fails"): no read answers.
@@ -559,6 +576,31 @@ impl IoService {
 /// Acquires a unit, waiting out `NoSpace` (every unit held by requests in
 /// flight) a bounded number of times: "no buffer, retry" on the server,
 /// never a failure the client sees for a transient shortage.
+/// Gives the Unifier the file's cache advice that the capability carries
+/// (meta put it there from the file's `user.dafne.cache` attribute at
+/// open), when it differs from what the Unifier holds for the object: so
+/// every io server of the stripe follows the advice of the latest open it
+/// sees requests of. A new unit size drops the object's cached units (dirty
+/// ones written back first); while any of them is in use the change waits
+/// for a later request (`Busy`), and the request is served with the advice
+/// in force. Past `MAX_ADVISED_OBJECTS` the object keeps the defaults.
+fn apply_advice(u: &Unifier, object: u64, advice: dafne_proto::CacheAdvice) {
+    let want = dafne_unifier::FileAdvice {
+        unit_size: advice.unit_bytes(),
+        policy: match advice.policy {
+            dafne_proto::CachePolicy::Default => None,
+            dafne_proto::CachePolicy::Lru => Some(dafne_unifier::Policy::Lru),
+            dafne_proto::CachePolicy::Clock => Some(dafne_unifier::Policy::Clock),
+        },
+    };
+    if u.file_advice(object) == want {
+        return;
+    }
+    if let Err(e) = u.set_file_advice(object, want) {
+        tracing::debug!("advice {advice} for object {object} not applied now: {e}");
+    }
+}
+
 async fn retry_no_space<T, F>(mut acquire: impl FnMut() -> F) -> Result<T, Errno>
 where
     F: Future<Output = dafne_unifier::Result<T>>,

@@ -999,6 +999,7 @@ impl Tables<'_> {
 
     /// A capability for `f`'s data object with `rights` at the current
     /// generation, unsigned (the service signs it).
+    /// It carries the file's cache advice (`advice`).
     fn capability(&self, ino: Ino, object_id: u64, rights: u8) -> R<dafne_proto::Capability> {
         Ok(dafne_proto::Capability {
             object_id,
@@ -1006,8 +1007,30 @@ impl Tables<'_> {
             rights,
             generation: self.generation()?,
             expiry_unix_ns: 0,
+            advice: self.advice(ino)?,
             mac: [0; 32],
         })
+    }
+
+    /// `ino`'s cache advice: its [`dafne_proto::CACHE_ADVICE_XATTR`]
+    /// attribute (checked when set, so a value that does not read as
+    /// advice cannot be there; it would count as none), else none.
+    fn advice(&self, ino: Ino) -> R<dafne_proto::CacheAdvice> {
+        Ok(match self.xattrs.get((ino, dafne_proto::CACHE_ADVICE_XATTR))? {
+            Some(v) => dafne_proto::CacheAdvice::parse(v.value()).unwrap_or_default(),
+            None => dafne_proto::CacheAdvice::NONE,
+        })
+    }
+
+    /// A new file or directory in `parent` takes a copy of the parent's
+    /// cache advice attribute (so advice on a directory reaches every file
+    /// created below it, in subdirectories made after it too).
+    fn inherit_advice(&mut self, parent: Ino, child: Ino) -> R<()> {
+        let value = self.xattrs.get((parent, dafne_proto::CACHE_ADVICE_XATTR))?.map(|v| v.value().to_vec());
+        if let Some(v) = value {
+            self.xattrs.insert((child, dafne_proto::CACHE_ADVICE_XATTR), v.as_slice())?;
+        }
+        Ok(())
     }
 
     fn add_entry(&mut self, dir: &mut Inode, name: &[u8], ino: Ino) -> R<()> {
@@ -1132,6 +1155,7 @@ impl Tables<'_> {
                 let mut f = self.new_inode(cred, &d, FileType::Regular, *mode)?;
                 f.layout = Some(layout);
                 self.put(&f)?;
+                self.inherit_advice(*parent, f.attr.ino)?;
                 self.add_entry(&mut d, name, f.attr.ino)?;
                 self.touch_dir(&mut d);
                 self.put(&d)?;
@@ -1146,6 +1170,7 @@ impl Tables<'_> {
                 }
                 let sub = self.new_inode(cred, &d, FileType::Directory, *mode)?;
                 self.put(&sub)?;
+                self.inherit_advice(*parent, sub.attr.ino)?;
                 self.add_entry(&mut d, name, sub.attr.ino)?;
                 d.attr.nlink += 1;
                 self.touch_dir(&mut d);
@@ -1603,6 +1628,9 @@ impl Tables<'_> {
         let ns = posix::xattr_namespace(name)?;
         if name == XATTR_FILE_CAPS {
             return Err(Errno::EOPNOTSUPP.into());
+        }
+        if name == dafne_proto::CACHE_ADVICE_XATTR && dafne_proto::CacheAdvice::parse(value).is_err() {
+            return Err(Errno::EINVAL.into());
         }
         let mut i = self.inode(ino)?;
         posix::xattr_access(cred, &i.attr, ns, true)?;
@@ -2072,6 +2100,36 @@ mod tests {
         assert_eq!(get(&s, &alice, 999_999, "user.k"), Err(Errno::ENOENT));
         assert_eq!(set(&s, &alice, 999_999, "user.k", b"", 0), Err(Errno::ENOENT));
         assert_eq!(ask(&s, &alice, Request::ListXattr { ino: 999_999 }), Err(Errno::ENOENT));
+    }
+
+    #[test]
+    fn cache_advice_comes_from_the_attribute_and_is_inherited() {
+        let (_d, s) = fresh_store();
+        let alice = Cred::new(1000, 1000);
+        let root = Cred::root();
+        let home = mk(&s, &root, ROOT_INO, "home", true, 0o777);
+        let open_advice = |ino: Ino| match ask(&s, &alice, Request::Open { ino, flags: dafne_proto::OPEN_READ }) {
+            Ok(Response::Opened { cap, .. }) => cap.advice,
+            other => panic!("open: {other:?}"),
+        };
+        let name = std::str::from_utf8(dafne_proto::CACHE_ADVICE_XATTR).unwrap();
+        let before = mk(&s, &alice, home.ino, "before", false, 0o644);
+        assert_eq!(open_advice(before.ino), dafne_proto::CacheAdvice::NONE);
+        // A value that is not advice is refused; advice on a directory is
+        // copied to what is created in it afterwards, subdirectories too.
+        assert_eq!(set(&s, &root, home.ino, name, b"unit=12k", 0), Err(Errno::EINVAL));
+        assert_eq!(set(&s, &root, home.ino, name, b"speed=fast", 0), Err(Errno::EINVAL));
+        set(&s, &root, home.ino, name, b"unit=16k,policy=clock", 0).unwrap();
+        let want = dafne_proto::CacheAdvice { unit_kib: 16, policy: dafne_proto::CachePolicy::Clock };
+        let f = mk(&s, &alice, home.ino, "f", false, 0o644);
+        assert_eq!(open_advice(f.ino), want);
+        let sub = mk(&s, &alice, home.ino, "sub", true, 0o755);
+        let g = mk(&s, &alice, sub.ino, "g", false, 0o644);
+        assert_eq!(open_advice(g.ino), want);
+        assert_eq!(open_advice(before.ino), dafne_proto::CacheAdvice::NONE, "only new files inherit");
+        // The file's own attribute wins, and its owner may change it.
+        set(&s, &alice, f.ino, name, b"unit=4k", 0).unwrap();
+        assert_eq!(open_advice(f.ino), dafne_proto::CacheAdvice { unit_kib: 4, policy: Default::default() });
     }
 
     #[test]

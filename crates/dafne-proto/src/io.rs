@@ -203,8 +203,8 @@ pub const NO_KEY: u16 = u16::MAX;
 pub const MAX_ALLOCATE_STRIPES: u64 = 16 << 10;
 
 /// Encoded size of a capability: object_id u64, ino u64, rights u8,
-/// generation u64, expiry u64, mac.
-const CAPABILITY_SIZE: usize = 8 + 8 + 1 + 8 + 8 + 32;
+/// generation u64, expiry u64, advice (2 bytes), mac.
+const CAPABILITY_SIZE: usize = 8 + 8 + 1 + 8 + 8 + 2 + 32;
 /// The largest file size, as on Linux (`MAX_LFS_FILESIZE` = 2^63 - 1): no
 /// byte lives at or beyond it. Extents and truncates past it are refused at
 /// decoding, so a hostile offset near `u64::MAX` never reaches a cache
@@ -215,9 +215,9 @@ pub const MAX_FILE_SIZE: u64 = i64::MAX as u64;
 const EXTENT_SIZE: usize = 8 + 4 + 2 + 8;
 
 /// The largest io request: header + a Write with every limit reached:
-/// 32 + 65 (capability) + 4 + 16 × (4 + 4096) (keys) + 4 + 1024 × 22
-/// (extents) + 1 (stability) + 4 + 65 536 (inline) = 153 774 bytes. A
-/// Revoke is smaller: 32 + 65 + at most 65 604 (revocations).
+/// 32 + 67 (capability) + 4 + 16 × (4 + 4096) (keys) + 4 + 1024 × 22
+/// (extents) + 1 (stability) + 4 + 65 536 (inline) = 153 776 bytes. A
+/// Revoke is smaller: 32 + 67 + at most 65 604 (revocations).
 pub const MAX_IO_REQUEST_LEN: usize = IoRequestHeader::SIZE
     + CAPABILITY_SIZE
     + 4
@@ -231,9 +231,9 @@ pub const MAX_IO_REQUEST_LEN: usize = IoRequestHeader::SIZE
 /// 32 + 8 (bytes) + 4 + 65 536 (data) = 65 580 bytes.
 pub const MAX_IO_REPLY_LEN: usize = IoReplyHeader::SIZE + 8 + 4 + MAX_INLINE;
 
-const _: () = assert!(MAX_IO_REQUEST_LEN == 153_774 && MAX_IO_REPLY_LEN == 65_580);
+const _: () = assert!(MAX_IO_REQUEST_LEN == 153_776 && MAX_IO_REPLY_LEN == 65_580);
 const _: () = assert!(IoRequestHeader::SIZE + CAPABILITY_SIZE + crate::Revocations::MAX_SIZE <= MAX_IO_REQUEST_LEN);
-// An Allocate: 32 + 65 + 8 + 8 + 1 + 4 + 4 + 4 + 256 × 4 = 1 150 bytes.
+// An Allocate: 32 + 67 + 8 + 8 + 1 + 4 + 4 + 4 + 256 × 4 = 1 152 bytes.
 const _: () = assert!(
     IoRequestHeader::SIZE + CAPABILITY_SIZE + 8 + 8 + 1 + 4 + 4 + 4 + 4 * crate::MAX_LAYOUT_SERVERS
         <= MAX_IO_REQUEST_LEN
@@ -797,6 +797,24 @@ server_info! {
     /// Cache units retired because an RMA operation abandoned by a dead
     /// client still held their memory (lost until UCX lets go of it).
     retired_units,
+    /// Cache units holding data, per unit size (files' advice, or the
+    /// server's default unit).
+    units_4k,
+    units_8k,
+    units_16k,
+    units_32k,
+    units_64k,
+    /// Of those, units under CLOCK replacement (the others are LRU).
+    clock_units,
+    /// Cache memory registered now, bytes (ready slabs, and raw slabs
+    /// once used).
+    pinned_bytes,
+    /// Raw slabs deregistered to stay under the pinned bound.
+    deregistrations,
+    /// The most cache memory registered at once since start, bytes.
+    pinned_peak,
+    /// Units holding data in deregistered (parked) raw memory.
+    parked_units,
 }
 
 /// A reply's byte count, at most [`MAX_IO_BYTES`].
@@ -1019,7 +1037,15 @@ mod tests {
     const ENV: Envelope = Envelope::new(0x0102_0304_0506_0708, 1000, 100);
 
     fn cap() -> Capability {
-        Capability { object_id: 77, ino: 5, rights: RIGHT_READ, generation: 6, expiry_unix_ns: 123, mac: [9; 32] }
+        Capability {
+            object_id: 77,
+            ino: 5,
+            rights: RIGHT_READ,
+            generation: 6,
+            expiry_unix_ns: 123,
+            advice: crate::CacheAdvice::NONE,
+            mac: [9; 32],
+        }
     }
 
     fn ext(offset: u64, len: u32, key: u16, addr: u64) -> IoExtent {
@@ -1185,6 +1211,7 @@ mod tests {
         want.push(RIGHT_READ);
         want.extend_from_slice(&6u64.to_le_bytes());
         want.extend_from_slice(&123u64.to_le_bytes());
+        want.extend_from_slice(&[0, 0]); // advice: none
         want.extend_from_slice(&[9; 32]);
         want.extend_from_slice(&1u32.to_le_bytes()); // keys
         want.extend_from_slice(&2u32.to_le_bytes());
@@ -1202,13 +1229,13 @@ mod tests {
         want.extend_from_slice(&1u32.to_le_bytes()); // inline
         want.push(0xcc);
         assert_eq!(body, &want[..]);
-        assert_eq!(CAPABILITY_SIZE, 65);
+        assert_eq!(CAPABILITY_SIZE, 67);
         // Read: the same up to the extents, then inline_reply.
         let b = encode_io_request(ENV, &read(vec![], vec![], true));
         assert_eq!(&b[2..4], &64u16.to_le_bytes());
-        assert_eq!(&b[IoRequestHeader::SIZE + 65..], &[0, 0, 0, 0, 0, 0, 0, 0, 1]);
+        assert_eq!(&b[IoRequestHeader::SIZE + 67..], &[0, 0, 0, 0, 0, 0, 0, 0, 1]);
         let b = encode_io_request(ENV, &IoRequest::Truncate { cap: cap(), size: 5 });
-        assert_eq!(&b[IoRequestHeader::SIZE + 65..], &5u64.to_le_bytes());
+        assert_eq!(&b[IoRequestHeader::SIZE + 67..], &5u64.to_le_bytes());
         let b = encode_io_reply(1, IoOp::Read, &Ok(IoResponse::Read { bytes: 2, data: vec![5, 6] }));
         assert_eq!(&b[IoReplyHeader::SIZE..], &[2, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 5, 6]);
     }
@@ -1420,8 +1447,8 @@ mod tests {
         // A trailing byte the header counts.
         let mut b = good.clone();
         b.push(0);
-        assert_eq!(decode_io_request(&b), Err(DecodeError::BodyLength { announced: 73, actual: 74 }));
-        b[24..28].copy_from_slice(&74u32.to_le_bytes());
+        assert_eq!(decode_io_request(&b), Err(DecodeError::BodyLength { announced: 75, actual: 76 }));
+        b[24..28].copy_from_slice(&76u32.to_le_bytes());
         assert_eq!(decode_io_request(&b), Err(DecodeError::Trailing(1)));
         let mut b = good.clone();
         b[0..2].copy_from_slice(&1u16.to_le_bytes());
@@ -1438,7 +1465,7 @@ mod tests {
         assert_eq!(decode_io_request(&b), Err(DecodeError::UnknownOp(74)));
         // The header alone decodes for a server that must reply.
         let hdr = IoRequestHeader::decode(&good).unwrap();
-        assert_eq!((hdr.op, hdr.envelope(), hdr.body_len), (IoOp::Truncate, ENV, 73));
+        assert_eq!((hdr.op, hdr.envelope(), hdr.body_len), (IoOp::Truncate, ENV, 75));
     }
 
     #[test]
@@ -1604,6 +1631,6 @@ mod tests {
         let body = IoReplyHeader::SIZE;
         w[body..body + 4].copy_from_slice(&(MAX_INFO_FIELDS as u32 + 1).to_le_bytes());
         assert!(decode_io_reply(&w).is_err());
-        assert_eq!(n, 17, "update the field count in tests/io_roundtrip.rs");
+        assert_eq!(n, 27, "update the field count in tests/io_roundtrip.rs");
     }
 }

@@ -170,7 +170,9 @@
 //! * `layout`: object_id u64, stripe_unit u32, stripe_count u32, n u32
 //!   (≤ [`MAX_LAYOUT_SERVERS`]), n × server id u32.
 //! * `capability`: object_id u64, ino u64, rights u8 ([`RIGHT_READ`] |
-//!   [`RIGHT_WRITE`]), generation u64, expiry_unix_ns u64, mac \[32\]. 65 bytes.
+//!   [`RIGHT_WRITE`]), generation u64, expiry_unix_ns u64, advice (unit_kib
+//!   u8: 0, 4, 8, 16, 32 or 64; policy u8: 0 default, 1 LRU, 2 CLOCK), mac
+//!   \[32\]. 67 bytes.
 //! * `revocations`: instance u64, from_seq u64, to_seq u64, reset_floor u64,
 //!   n u32 (≤ [`MAX_REVOCATIONS`], = to_seq − from_seq), n × (object_id u64,
 //!   floor u64), mac \[32\].
@@ -222,8 +224,8 @@
 //! (27), the
 //! extended attribute ops (30–33), Rename's flags, the io op Allocate
 //! (73: `fallocate`) and the exactly-once session sequence
-//! ([`REQUEST_FLAG_SESSION`]); version 10 SetAttr's `grow_to` (mask bit
-//! 8). Bump
+//! ([`REQUEST_FLAG_SESSION`]); version 10 the cache advice in the
+//! capability ([`CacheAdvice`]) and SetAttr's `grow_to` (mask bit 8). Bump
 //! it for *every* change to what a decoder accepts or how it reads it: a new
 //! op, a field added, removed, resized or reordered, a new flag or mask bit,
 //! a new enum value, a changed limit. Numbers (ops, errno values, file types,
@@ -255,8 +257,9 @@ pub use io::{
 pub use lock::{LockKind, LockRange, OwnerLocks, LOCK_FAIR, LOCK_FLAGS, LOCK_RECLAIM, LOCK_WAIT};
 pub use msg::{Change, CompoundOp, HeldOpen, LockHolder, Op, Orphan, Request, Response};
 pub use types::{
-    Attr, Capability, Credential, DirEntry, FileType, IdRange, Layout, LayoutHint, Revocation, Revocations, SetAttr,
-    StatFs, TimeSet, Timespec, MAX_CREDENTIAL_RANGES, MAX_REVOCATIONS,
+    AdviceError, Attr, CacheAdvice, CachePolicy, Capability, Credential, DirEntry, FileType, IdRange, Layout,
+    LayoutHint, Revocation, Revocations, SetAttr, StatFs, TimeSet, Timespec, CACHE_ADVICE_XATTR, MAX_CREDENTIAL_RANGES,
+    MAX_REVOCATIONS,
 };
 
 /// Version of this wire contract, first field of every header (metadata
@@ -274,7 +277,9 @@ pub use types::{
 /// RemoveXattr), the flags of Rename ([`RENAME_NOREPLACE`],
 /// [`RENAME_EXCHANGE`]) and the io op Allocate (`fallocate`: reserve,
 /// punch a hole, zero a range), the exactly-once session sequence
-/// ([`REQUEST_FLAG_SESSION`]).
+/// ([`REQUEST_FLAG_SESSION`]). 10: the capability carries the file's cache
+/// advice ([`CacheAdvice`]: unit size, replacement policy) to the io servers,
+/// and SetAttr a grow-only size (`grow_to`).
 pub const PROTO_VERSION: u16 = 10;
 
 /// Request header `flags`: the body starts with the caller's supplementary

@@ -255,23 +255,157 @@ pub struct Capability {
     /// while it is at least the object's revocation floor on the io server.
     pub generation: u64,
     pub expiry_unix_ns: u64,
+    /// The file's cache advice, from its `user.dafne.cache` attribute when
+    /// meta issued the capability: every io server of the stripe gets it
+    /// with each request and gives it to its Unifier for the object.
+    pub advice: CacheAdvice,
     pub mac: [u8; 32],
 }
 
 impl Capability {
     /// Length of [`Capability::signed_bytes`].
-    pub const SIGNED_LEN: usize = 33;
+    pub const SIGNED_LEN: usize = 35;
 
     /// The bytes the MAC covers: object_id, ino (LE), rights, generation,
-    /// expiry_unix_ns (LE).
+    /// expiry_unix_ns (LE), advice (unit KiB, policy).
     pub fn signed_bytes(&self) -> [u8; Self::SIGNED_LEN] {
         let mut b = [0u8; Self::SIGNED_LEN];
         b[..8].copy_from_slice(&self.object_id.to_le_bytes());
         b[8..16].copy_from_slice(&self.ino.to_le_bytes());
         b[16] = self.rights;
         b[17..25].copy_from_slice(&self.generation.to_le_bytes());
-        b[25..].copy_from_slice(&self.expiry_unix_ns.to_le_bytes());
+        b[25..33].copy_from_slice(&self.expiry_unix_ns.to_le_bytes());
+        b[33] = self.advice.unit_kib;
+        b[34] = self.advice.policy as u8;
         b
+    }
+}
+
+/// The extended attribute that holds a file's (or a directory's) cache
+/// advice, as text: `unit=16k`, `policy=clock`, or both separated by a
+/// comma or spaces. Meta refuses any other value (`EINVAL`); a file or
+/// directory created in a directory that has it gets a copy.
+pub const CACHE_ADVICE_XATTR: &[u8] = b"user.dafne.cache";
+
+/// A replacement policy asked for by advice (the Unifier paper's "cache
+/// policy selection").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum CachePolicy {
+    /// The io server's default.
+    #[default]
+    Default = 0,
+    /// Least recently used.
+    Lru = 1,
+    /// Second chance (CLOCK).
+    Clock = 2,
+}
+
+/// Per-file advice for the io servers' cache (the Unifier paper's
+/// "semantic information": cache unit size and policy). The all-default
+/// value ([`CacheAdvice::NONE`]) leaves both to the server.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct CacheAdvice {
+    /// The cache unit in KiB: 0 (the server's default) or one of
+    /// [`CacheAdvice::UNIT_KIB`].
+    pub unit_kib: u8,
+    pub policy: CachePolicy,
+}
+
+/// Why a text is not cache advice.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}; cache advice reads like `unit=16k,policy=clock` (unit 4k, 8k, 16k, 32k or 64k; policy lru or clock)")]
+pub struct AdviceError(pub String);
+
+impl CacheAdvice {
+    /// No advice: the server's defaults.
+    pub const NONE: CacheAdvice = CacheAdvice { unit_kib: 0, policy: CachePolicy::Default };
+    /// The unit sizes an io server offers (its size classes), in KiB.
+    pub const UNIT_KIB: [u8; 5] = [4, 8, 16, 32, 64];
+
+    /// Whether nothing is advised.
+    pub fn is_none(&self) -> bool {
+        *self == CacheAdvice::NONE
+    }
+
+    /// The advised unit in bytes, if any.
+    pub fn unit_bytes(&self) -> Option<usize> {
+        (self.unit_kib != 0).then(|| usize::from(self.unit_kib) * 1024)
+    }
+
+    /// Reads the attribute's text (see [`CACHE_ADVICE_XATTR`]). An empty
+    /// text is no advice.
+    pub fn parse(text: &[u8]) -> Result<CacheAdvice, AdviceError> {
+        let text = std::str::from_utf8(text).map_err(|_| AdviceError("the value is not UTF-8".into()))?;
+        let mut a = CacheAdvice::NONE;
+        for part in text.split([',', ' ', '\n', '\t']).filter(|p| !p.is_empty()) {
+            let (key, value) = part.split_once('=').ok_or_else(|| AdviceError(format!("`{part}` is not KEY=VALUE")))?;
+            match key {
+                "unit" => a.unit_kib = Self::parse_unit(value)?,
+                "policy" => {
+                    a.policy = match value.to_ascii_lowercase().as_str() {
+                        "lru" => CachePolicy::Lru,
+                        "clock" => CachePolicy::Clock,
+                        "default" => CachePolicy::Default,
+                        _ => return Err(AdviceError(format!("policy `{value}` is not lru or clock"))),
+                    }
+                }
+                _ => return Err(AdviceError(format!("unknown key `{key}`"))),
+            }
+        }
+        Ok(a)
+    }
+
+    /// A unit size as `16k`, `16K`, `16KiB` or `16384`.
+    pub fn parse_unit(value: &str) -> Result<u8, AdviceError> {
+        let v = value.trim().to_ascii_lowercase();
+        let kib = if let Some(n) = v.strip_suffix("kib").or_else(|| v.strip_suffix('k')) {
+            n.parse::<u64>().ok()
+        } else {
+            v.parse::<u64>().ok().filter(|b| b % 1024 == 0).map(|b| b / 1024)
+        };
+        match kib {
+            Some(k) if Self::UNIT_KIB.iter().any(|&u| u64::from(u) == k) => Ok(k as u8),
+            _ => Err(AdviceError(format!("unit `{value}` is not 4k, 8k, 16k, 32k or 64k"))),
+        }
+    }
+}
+
+impl std::fmt::Display for CacheAdvice {
+    /// The attribute's text: `unit=16k,policy=clock` (parts left at the
+    /// default are left out; no advice is empty).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut parts = Vec::new();
+        if self.unit_kib != 0 {
+            parts.push(format!("unit={}k", self.unit_kib));
+        }
+        match self.policy {
+            CachePolicy::Default => {}
+            CachePolicy::Lru => parts.push("policy=lru".into()),
+            CachePolicy::Clock => parts.push("policy=clock".into()),
+        }
+        f.write_str(&parts.join(","))
+    }
+}
+
+impl Wire for CacheAdvice {
+    fn put(&self, w: &mut Writer) {
+        w.put_u8(self.unit_kib);
+        w.put_u8(self.policy as u8);
+    }
+
+    fn get(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        let unit_kib = r.u8("advice unit_kib")?;
+        if unit_kib != 0 && !Self::UNIT_KIB.contains(&unit_kib) {
+            return Err(DecodeError::BadValue { what: "advice unit_kib", value: unit_kib.into() });
+        }
+        let policy = match r.u8("advice policy")? {
+            0 => CachePolicy::Default,
+            1 => CachePolicy::Lru,
+            2 => CachePolicy::Clock,
+            v => return Err(DecodeError::BadValue { what: "advice policy", value: v.into() }),
+        };
+        Ok(CacheAdvice { unit_kib, policy })
     }
 }
 
@@ -282,6 +416,7 @@ impl Wire for Capability {
         w.put_u8(self.rights);
         w.put_u64(self.generation);
         w.put_u64(self.expiry_unix_ns);
+        self.advice.put(w);
         w.put_raw(&self.mac);
     }
 
@@ -298,6 +433,7 @@ impl Wire for Capability {
             rights,
             generation: r.u64("capability generation")?,
             expiry_unix_ns: r.u64("capability expiry")?,
+            advice: CacheAdvice::get(r)?,
             mac: r.array("capability mac")?,
         })
     }
@@ -834,18 +970,47 @@ pub(crate) mod tests {
             rights: RIGHT_READ | RIGHT_WRITE,
             generation: 0x3132_3334_3536_3738,
             expiry_unix_ns: 0x1112_1314_1516_1718,
+            advice: CacheAdvice { unit_kib: 16, policy: CachePolicy::Clock },
             mac: [7; 32],
         };
         let b = round_trip(&c);
-        assert_eq!(b.len(), 8 + 8 + 1 + 8 + 8 + 32);
-        assert_eq!(&c.signed_bytes()[..], &b[..33]);
+        assert_eq!(b.len(), 8 + 8 + 1 + 8 + 8 + 2 + 32);
+        assert_eq!(&c.signed_bytes()[..], &b[..35]);
         assert_eq!(c.signed_bytes()[16], 3);
+        assert_eq!(&c.signed_bytes()[33..], &[16, 2]);
         let mut bad = b.clone();
         bad[16] = 4;
         assert!(matches!(
             decode::<Capability>(&bad),
             Err(DecodeError::BadValue { what: "capability rights", value: 4 })
         ));
+        // Advice: a unit that is no size class, a policy past CLOCK.
+        for (at, v, what) in [(33, 12, "advice unit_kib"), (33, 128, "advice unit_kib"), (34, 3, "advice policy")] {
+            let mut bad = b.clone();
+            bad[at] = v;
+            assert!(
+                matches!(decode::<Capability>(&bad), Err(DecodeError::BadValue { what: w, .. }) if w == what),
+                "{at}={v}"
+            );
+        }
+    }
+
+    #[test]
+    fn cache_advice_reads_and_writes_the_attributes_text() {
+        let a = CacheAdvice::parse(b"unit=16k,policy=clock").unwrap();
+        assert_eq!(a, CacheAdvice { unit_kib: 16, policy: CachePolicy::Clock });
+        assert_eq!(a.to_string(), "unit=16k,policy=clock");
+        assert_eq!(CacheAdvice::parse(a.to_string().as_bytes()).unwrap(), a);
+        assert_eq!(CacheAdvice::parse(b"policy=LRU unit=65536\n").unwrap().to_string(), "unit=64k,policy=lru");
+        assert_eq!(CacheAdvice::parse(b"unit=4KiB").unwrap().unit_bytes(), Some(4096));
+        assert_eq!(CacheAdvice::parse(b"").unwrap(), CacheAdvice::NONE);
+        assert_eq!(CacheAdvice::NONE.to_string(), "");
+        assert_eq!(CacheAdvice::NONE.unit_bytes(), None);
+        for bad in [&b"unit=12k"[..], b"unit=128k", b"unit=", b"unit=4097", b"policy=mru", b"speed=1", b"unit", b"\xff"]
+        {
+            let e = CacheAdvice::parse(bad).unwrap_err().to_string();
+            assert!(e.contains("cache advice reads like"), "{e}");
+        }
     }
 
     #[test]

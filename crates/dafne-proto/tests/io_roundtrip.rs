@@ -7,13 +7,18 @@ use proptest::collection::vec;
 use proptest::prelude::*;
 
 fn capability() -> impl Strategy<Value = Capability> {
-    (any::<u64>(), any::<u64>(), 0..=(RIGHT_READ | RIGHT_WRITE), any::<u64>(), any::<u64>(), any::<[u8; 32]>())
-        .prop_map(|(object_id, ino, rights, generation, expiry_unix_ns, mac)| Capability {
+    let advice = (prop::sample::select(vec![0u8, 4, 8, 16, 32, 64]), 0..3u8).prop_map(|(unit_kib, p)| CacheAdvice {
+        unit_kib,
+        policy: [CachePolicy::Default, CachePolicy::Lru, CachePolicy::Clock][p as usize],
+    });
+    (any::<u64>(), any::<u64>(), 0..=(RIGHT_READ | RIGHT_WRITE), any::<u64>(), any::<u64>(), advice, any::<[u8; 32]>())
+        .prop_map(|(object_id, ino, rights, generation, expiry_unix_ns, advice, mac)| Capability {
             object_id,
             ino,
             rights,
             generation,
             expiry_unix_ns,
+            advice,
             mac,
         })
 }
@@ -230,7 +235,7 @@ fn reply() -> impl Strategy<Value = (IoOp, Result<IoResponse, Errno>)> {
         2 => one_of(&[IoOp::Truncate, IoOp::Remove, IoOp::Sync, IoOp::Login, IoOp::Allocate]).prop_map(|op| (op, Ok(IoResponse::Done))),
         1 => any::<u64>().prop_map(|size| (IoOp::Stat, Ok(IoResponse::Stat { size }))),
         1 => (any::<u64>(), any::<u64>()).prop_map(|(instance, seq)| (IoOp::Revoke, Ok(IoResponse::Revoked { instance, seq }))),
-        1 => vec(any::<u64>(), 17).prop_map(|v| (IoOp::ServerInfo, Ok(IoResponse::ServerInfo(ServerInfo::from_values(&v))))),
+        1 => vec(any::<u64>(), 27).prop_map(|v| (IoOp::ServerInfo, Ok(IoResponse::ServerInfo(ServerInfo::from_values(&v))))),
         2 => (one_of(IoOp::ALL), errno()).prop_map(|(op, e)| (op, Err(e))),
     ]
 }

@@ -310,13 +310,18 @@ fn layout() -> impl Strategy<Value = Layout> {
 }
 
 fn capability() -> impl Strategy<Value = Capability> {
-    (any::<u64>(), any::<u64>(), 0..=(RIGHT_READ | RIGHT_WRITE), any::<u64>(), any::<u64>(), any::<[u8; 32]>())
-        .prop_map(|(object_id, ino, rights, generation, expiry_unix_ns, mac)| Capability {
+    let advice = (prop::sample::select(vec![0u8, 4, 8, 16, 32, 64]), 0..3u8).prop_map(|(unit_kib, p)| CacheAdvice {
+        unit_kib,
+        policy: [CachePolicy::Default, CachePolicy::Lru, CachePolicy::Clock][p as usize],
+    });
+    (any::<u64>(), any::<u64>(), 0..=(RIGHT_READ | RIGHT_WRITE), any::<u64>(), any::<u64>(), advice, any::<[u8; 32]>())
+        .prop_map(|(object_id, ino, rights, generation, expiry_unix_ns, advice, mac)| Capability {
             object_id,
             ino,
             rights,
             generation,
             expiry_unix_ns,
+            advice,
             mac,
         })
 }

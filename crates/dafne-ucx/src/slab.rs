@@ -111,6 +111,17 @@ impl Slab {
         self.inner.region.pack_key()
     }
 
+    /// The slab's region back (to deregister it while keeping a caller's
+    /// buffer: [`Region::into_vec`]), if this is the last handle of the
+    /// slab and no view of it is alive (views keep the slab); otherwise
+    /// the slab, unchanged.
+    pub fn into_region(self) -> std::result::Result<Region, Slab> {
+        match Arc::try_unwrap(self.inner) {
+            Ok(inner) => Ok(inner.region),
+            Err(inner) => Err(Slab { inner }),
+        }
+    }
+
     /// Hands out bytes `[offset, offset + len)` as a view, unless any of
     /// them belongs to a live view ([`Error::ViewTaken`]) or the range is
     /// empty or outside the slab ([`Error::Invalid`]).
@@ -254,6 +265,25 @@ mod tests {
         assert_eq!(ctx.stats().snapshot().since(&before).deregistrations, 0);
         drop((a2, b));
         assert_eq!(ctx.stats().snapshot().since(&before).deregistrations, 1);
+    }
+
+    #[test]
+    fn a_slab_without_views_gives_back_its_buffer_with_the_bytes() {
+        let ctx = Context::new(&ContextOptions::default()).unwrap();
+        let before = ctx.stats().snapshot();
+        let slab = Slab::new(Region::register(&ctx, vec![0u8; 64 * 1024], Access::Local).unwrap()).unwrap();
+        let mut v = slab.view(4096, 4096).unwrap();
+        v.as_mut_slice().fill(7);
+        // A live view (or another handle) keeps the slab registered.
+        let slab = slab.into_region().map(|_| ()).unwrap_err();
+        let other = slab.clone();
+        drop(v);
+        let slab = slab.into_region().map(|_| ()).unwrap_err();
+        drop(other);
+        let buf = slab.into_region().unwrap().into_vec().unwrap();
+        assert!(buf[4096..8192].iter().all(|&b| b == 7) && buf[..4096].iter().all(|&b| b == 0));
+        let d = ctx.stats().snapshot().since(&before);
+        assert_eq!((d.registrations, d.deregistrations), (1, 1));
     }
 
     #[test]

@@ -99,6 +99,13 @@ pub struct UnifierConfig {
     pub default_unit: usize,
     /// The replacement policy of files without advice.
     pub default_policy: Policy,
+    /// Bound on registered (pinned) cache memory, bytes; `None`: no bound
+    /// (every raw slab stays registered once used). With a bound, raw
+    /// slabs whose units are all clean and unused are deregistered, coldest
+    /// first, to make room for registering another: their memory and the
+    /// data in it stay ("parked"), and a hit on a parked unit registers its
+    /// slab again. At least the ready slabs plus two raw slabs.
+    pub max_pinned_bytes: Option<u64>,
 }
 
 impl Default for UnifierConfig {
@@ -110,6 +117,7 @@ impl Default for UnifierConfig {
             max_dirty_bytes: 16 * MIB,
             default_unit: 64 * KIB,
             default_policy: Policy::Lru,
+            max_pinned_bytes: None,
         }
     }
 }
@@ -152,6 +160,13 @@ impl UnifierConfig {
         if self.max_dirty_bytes as u64 > total {
             return Err(ConfigError::DirtyTooLarge { max_dirty_bytes: self.max_dirty_bytes, cache_bytes: total });
         }
+        if let Some(max) = self.max_pinned_bytes {
+            let ready = self.ready_slabs as u64 * self.slab_size as u64;
+            let min = ready + 2 * self.slab_size as u64;
+            if self.raw_slabs > 0 && max < min {
+                return Err(ConfigError::PinnedTooSmall { max_pinned_bytes: max, ready_bytes: ready, min });
+            }
+        }
         Ok(())
     }
 }
@@ -189,6 +204,13 @@ mod tests {
         assert!(matches!(bad(|c| c.default_unit = 12 * 1024), ConfigError::UnitSize { .. }));
         assert!(matches!(bad(|c| c.max_dirty_bytes = 4096), ConfigError::DirtyTooSmall { .. }));
         assert!(matches!(bad(|c| c.max_dirty_bytes = 1 << 30), ConfigError::DirtyTooLarge { .. }));
+        assert!(matches!(
+            bad(|c| {
+                c.raw_slabs = 4;
+                c.max_pinned_bytes = Some((9 * 8) << 20)
+            }),
+            ConfigError::PinnedTooSmall { min, .. } if min == (10 * 8) << 20
+        ));
         let msg = bad(|c| c.slab_size = 100_000).to_string();
         assert!(msg.contains("multiple of 65536"), "{msg}");
     }

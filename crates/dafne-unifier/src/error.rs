@@ -36,6 +36,11 @@ pub enum ConfigError {
          the cache is a good start)"
     )]
     DirtyTooLarge { max_dirty_bytes: usize, cache_bytes: u64 },
+    #[error(
+        "max_pinned_bytes = {max_pinned_bytes} leaves room for fewer than 2 raw slabs beside the ready ones \
+         ({ready_bytes} bytes); raise it to at least {min}, or make more of the cache ready"
+    )]
+    PinnedTooSmall { max_pinned_bytes: u64, ready_bytes: u64, min: u64 },
 }
 
 /// An operating error of the Unifier.

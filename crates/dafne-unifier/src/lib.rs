@@ -13,9 +13,13 @@
 //!   fetched (RMA get) straight into it, and it is written back from it.
 //!   The Unifier never copies bytes between buffers (`bytes_copied` stays 0);
 //! * **no registration on the hot path**: "ready" memory is registered once,
-//!   at start, one registration per slab; optional "raw" memory is
-//!   registered slab by slab the first time each slab is used, and stays
-//!   registered;
+//!   at start, one registration per slab; optional "raw" memory (heap
+//!   buffers) is registered slab by slab the first time each slab is used,
+//!   and stays registered unless `max_pinned_bytes` bounds the registered
+//!   bytes: then the coldest raw slab whose units are all clean and unused
+//!   is deregistered to make room, its buffer and data kept ("parked"), and
+//!   registered again when one of its units is used (the paper's on-the-fly
+//!   registration of raw buffers, per slab rather than per request);
 //! * **sharing instead of copying**: a unit has one owner, the Unifier, and
 //!   is lent out with reference counts (the paper's allocate/release).
 //!   Readers share it; a writer waits until readers release it and then
@@ -124,6 +128,10 @@
 //!   hold one connection's full window (64 × 16 = 1024 units).
 //! * Dirty bytes ≤ `max_dirty_bytes` + (writers in flight − 1) × 64 KiB.
 //! * Objects with advice ≤ [`MAX_ADVISED_OBJECTS`].
+//! * Registered bytes ≤ `max_pinned_bytes` when set (≥ ready slabs + 2
+//!   slabs). A parked unit that cannot be registered because every
+//!   registered raw slab has a unit in use is refused with
+//!   [`Error::NoSpace`] (the io server retries), as when every unit is held.
 //!
 //! # Threading
 //! Single-threaded: the types are `!Send` (`Rc`, `RefCell`) and live on the

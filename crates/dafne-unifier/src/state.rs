@@ -21,10 +21,16 @@ pub(crate) const NCLASSES: usize = UNIT_SIZES.len();
 pub(crate) enum SlabKind {
     /// UCX-allocated memory, registered (one `ucp_mem_map`) at start.
     Ready,
-    /// Ordinary memory, registered (one `ucp_mem_map`) the first time the
-    /// slab is carved.
+    /// Ordinary memory (a heap buffer, allocated the first time the slab
+    /// is carved), registered (one `ucp_mem_map`) when the cache needs it
+    /// and, under a pinned bound, deregistered again ("parked") when it is
+    /// clean and cold; the buffer and its data stay.
     Raw,
 }
+
+/// Page size assumed for alignment: units are read and written with
+/// O_DIRECT, which needs 4 KiB-aligned memory.
+const PAGE: usize = 4096;
 
 #[derive(Debug)]
 pub(crate) struct Slab {
@@ -32,9 +38,16 @@ pub(crate) struct Slab {
     /// The size class it is carved into (`None`: not carved yet).
     pub(crate) class: Option<usize>,
     pub(crate) slots: Vec<u32>,
-    /// The slab's one registration, made at its first carve and kept for
-    /// good: re-carving only hands out other views of it.
+    /// The slab's one registration, made at its first carve; re-carving
+    /// only hands out other views of it. A ready slab keeps it for good; a
+    /// raw slab loses it when parked.
     pub(crate) mem: Option<Registered>,
+    /// Where the units start in the registered memory: 0 for a ready slab
+    /// (UCX's allocation is page-aligned), the distance to the first page
+    /// boundary for a raw slab's heap buffer.
+    pub(crate) base: usize,
+    /// A parked raw slab's buffer (deregistered, data kept).
+    pub(crate) parked: Option<Vec<u8>>,
 }
 
 /// Where a slot's memory is.
@@ -50,6 +63,10 @@ pub(crate) enum Mem {
     /// Given up: the slab was re-carved, or an abandoned RMA operation
     /// still holds the memory (which then lives as long as that operation).
     Gone,
+    /// In its slab's parked (deregistered) buffer, at this offset of the
+    /// registered range (`Slab::base` included): registered again, with
+    /// its data, before anyone uses it.
+    Parked { offset: usize },
 }
 
 #[derive(Debug)]
@@ -212,6 +229,10 @@ pub(crate) enum Grant {
 #[derive(Debug)]
 pub(crate) struct State {
     slab_size: usize,
+    /// `UnifierConfig::max_pinned_bytes`.
+    max_pinned: Option<u64>,
+    /// Bytes of slabs registered now.
+    pub(crate) pinned: u64,
     pub(crate) slabs: Vec<Slab>,
     pub(crate) slots: Vec<Slot>,
     /// Slot numbers of re-carved slabs, reused by the next carve.
@@ -246,10 +267,12 @@ impl State {
         for kind in std::iter::repeat_n(SlabKind::Ready, cfg.ready_slabs)
             .chain(std::iter::repeat_n(SlabKind::Raw, cfg.raw_slabs))
         {
-            slabs.push(Slab { kind, class: None, slots: Vec::new(), mem: None });
+            slabs.push(Slab { kind, class: None, slots: Vec::new(), mem: None, base: 0, parked: None });
         }
         State {
             slab_size: cfg.slab_size,
+            max_pinned: cfg.max_pinned_bytes,
+            pinned: 0,
             slabs,
             slots: Vec::new(),
             dead: Vec::new(),
@@ -336,12 +359,18 @@ impl State {
         let mem = match &self.slabs[slab].mem {
             Some(m) => m.clone(),
             None => {
-                let kind = self.slabs[slab].kind;
-                let m = self.register(ctx, kind, at_start)?;
+                if !self.make_room_to_pin(slab) {
+                    // Its old units are gone; it is a slab never carved again.
+                    self.slabs[slab].class = None;
+                    self.c.no_space += 1;
+                    return Err(Error::NoSpace { unit_size: UNIT_SIZES[class], pinned: self.pinned_units() });
+                }
+                let m = self.register(ctx, slab, at_start)?;
                 self.slabs[slab].mem = Some(m.clone());
                 m
             }
         };
+        let base = self.slabs[slab].base;
         let size = UNIT_SIZES[class];
         self.slabs[slab].class = Some(class);
         if !at_start {
@@ -350,7 +379,7 @@ impl State {
         tracing::debug!(slab, unit_size = size, "carving slab");
         // slab_size is a multiple of 64 KiB, so of every class: no tail.
         for i in 0..self.slab_size / size {
-            let view = match mem.view(i * size, size) {
+            let view = match mem.view(base + i * size, size) {
                 Ok(v) => v,
                 // Part of the range is still held by an abandoned operation.
                 Err(dafne_ucx::Error::ViewTaken { .. }) => continue,
@@ -388,9 +417,10 @@ impl State {
             if self.slabs[slab].slots.len() == self.slab_size / size {
                 continue;
             }
+            let base = self.slabs[slab].base;
             for i in 0..self.slab_size / size {
                 // Ranges of live units (and of views still held) are taken.
-                if let Ok(view) = mem.view(i * size, size) {
+                if let Ok(view) = mem.view(base + i * size, size) {
                     let s = self.new_slot(slab, class, Mem::Registered(Arc::new(view)));
                     self.slabs[slab].slots.push(s);
                     self.free[class].push(s);
@@ -401,18 +431,30 @@ impl State {
         made
     }
 
-    /// Registers one slab (a ready one at start, a raw one the first time
-    /// it is used). Always UCX's allocation (mmap'ed or shared-memory
-    /// segments, page-aligned), never a `Vec`: a large heap buffer starts
-    /// 16 bytes past a page boundary, and the io server reads and writes
-    /// units with O_DIRECT, which needs 4 KiB-aligned memory.
-    fn register(&mut self, ctx: &Context, _kind: SlabKind, at_start: bool) -> Result<Registered> {
+    /// Registers one slab: a ready one at start, UCX's allocation
+    /// (page-aligned, one mmap'ed or shared-memory segment); a raw one when
+    /// the cache needs it, its heap buffer (allocated now the first time,
+    /// else the parked one with its data). A heap buffer starts 16 bytes
+    /// past a page boundary, and the io server reads and writes units with
+    /// O_DIRECT, which needs 4 KiB-aligned memory: the buffer is a page
+    /// longer and the units start at its first page boundary (`base`).
+    fn register(&mut self, ctx: &Context, slab: usize, at_start: bool) -> Result<Registered> {
         let size = self.slab_size;
         let t = Instant::now();
-        let r = Region::allocate(ctx, size, Access::Local)
-            .and_then(Registered::new)
-            .map_err(|source| Error::Register { bytes: size, source })?;
+        let r = match self.slabs[slab].kind {
+            SlabKind::Ready => Region::allocate(ctx, size, Access::Local),
+            SlabKind::Raw => {
+                let buf = self.slabs[slab].parked.take().unwrap_or_else(|| vec![0u8; size + PAGE]);
+                let addr = buf.as_ptr() as usize;
+                self.slabs[slab].base = addr.next_multiple_of(PAGE) - addr;
+                Region::register(ctx, buf, Access::Local)
+            }
+        }
+        .and_then(Registered::new)
+        .map_err(|source| Error::Register { bytes: size, source })?;
         let ns = t.elapsed().as_nanos() as u64;
+        self.pinned += size as u64;
+        self.c.pinned_peak = self.c.pinned_peak.max(self.pinned);
         if at_start {
             self.c.startup_registrations += 1;
             self.c.startup_registration_ns += ns;
@@ -422,6 +464,130 @@ impl State {
             self.c.registered_bytes += size as u64;
         }
         Ok(r)
+    }
+
+    /// Whether registering slab `except` (not registered now) keeps the
+    /// registered bytes within `max_pinned_bytes`, parking cold raw slabs
+    /// first where it would not. False if not enough can be parked now
+    /// (every other registered raw slab has a unit in use or dirty).
+    pub(crate) fn make_room_to_pin(&mut self, except: usize) -> bool {
+        let Some(max) = self.max_pinned else { return true };
+        while self.pinned + self.slab_size as u64 > max {
+            let Some(victim) = self.coldest_parkable(except) else { return false };
+            if !self.park(victim) {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// The registered raw slab (other than `except`) whose units are all
+    /// clean, attached and unused, with the oldest most recent use.
+    fn coldest_parkable(&self, except: usize) -> Option<usize> {
+        self.coldest_raw(except, false)
+    }
+
+    /// A dirty unit whose write-back would let a registered raw slab (other
+    /// than `except`) be parked: in the coldest slab whose units are all
+    /// attached and unused, clean or dirty. For when nothing can be parked
+    /// as it is.
+    pub(crate) fn dirty_blocking_park(&self, except: usize) -> Option<u32> {
+        let slab = self.coldest_raw(except, true)?;
+        self.slabs[slab]
+            .slots
+            .iter()
+            .copied()
+            .find(|&s| self.slots[s as usize].unit.as_ref().is_some_and(|u| u.dirty.is_some()))
+    }
+
+    fn coldest_raw(&self, except: usize, dirty_ok: bool) -> Option<usize> {
+        let mut best: Option<(u64, usize)> = None;
+        for (i, sl) in self.slabs.iter().enumerate() {
+            if i == except || sl.kind != SlabKind::Raw || sl.mem.is_none() {
+                continue;
+            }
+            let mut newest = 0u64;
+            let mut ok = true;
+            for &s in &sl.slots {
+                let slot = &self.slots[s as usize];
+                let unique = matches!(&slot.mem, Mem::Registered(a) if Arc::strong_count(a) == 1);
+                let idle = slot.unit.as_ref().is_none_or(|u| {
+                    u.attached && !u.pinned() && (u.dirty.is_none() || dirty_ok && !u.failed_recently())
+                });
+                if !unique || !idle {
+                    ok = false;
+                    break;
+                }
+                if let Some(u) = &slot.unit {
+                    newest = newest.max(u.last_use);
+                }
+            }
+            let dirty =
+                sl.slots.iter().any(|&s| self.slots[s as usize].unit.as_ref().is_some_and(|u| u.dirty.is_some()));
+            if ok && (!dirty_ok || dirty) && best.is_none_or(|(b, _)| newest < b) {
+                best = Some((newest, i));
+            }
+        }
+        best.map(|(_, i)| i)
+    }
+
+    /// Deregisters raw slab `slab` and keeps its buffer, data and units
+    /// ([`Mem::Parked`]); see [`State::coldest_parkable`] for when it may.
+    /// False (nothing changed) if the registration turns out to be held
+    /// elsewhere.
+    fn park(&mut self, slab: usize) -> bool {
+        let t = Instant::now();
+        for &s in &self.slabs[slab].slots {
+            let slot = &mut self.slots[s as usize];
+            if let Mem::Registered(arc) = &slot.mem {
+                let offset = arc.slab_offset();
+                slot.mem = Mem::Parked { offset }; // the view goes back to the slab
+            }
+        }
+        let Some(reg) = self.slabs[slab].mem.take() else { return false };
+        match reg.into_region() {
+            Ok(region) => {
+                self.slabs[slab].parked = region.into_vec();
+                self.pinned -= self.slab_size as u64;
+                self.c.deregistrations += 1;
+                self.c.deregistration_ns += t.elapsed().as_nanos() as u64;
+                tracing::debug!(slab, "parked a raw slab (deregistered, data kept)");
+                true
+            }
+            Err(reg) => {
+                self.views_again(slab, &reg);
+                self.slabs[slab].mem = Some(reg);
+                false
+            }
+        }
+    }
+
+    /// Gives the parked slots of `slab` their views of `reg` again.
+    fn views_again(&mut self, slab: usize, reg: &Registered) {
+        for &s in &self.slabs[slab].slots {
+            let slot = &mut self.slots[s as usize];
+            if let Mem::Parked { offset } = slot.mem {
+                let view = reg.view(offset, UNIT_SIZES[slot.class]).expect("a parked slot's range is free");
+                slot.mem = Mem::Registered(Arc::new(view));
+            }
+        }
+    }
+
+    /// Makes slot `s`'s memory registered: registers its slab again if it
+    /// is parked (parking colder ones to stay within the bound). False if
+    /// there is no room to now.
+    pub(crate) fn ensure_registered(&mut self, ctx: &Context, s: u32) -> Result<bool> {
+        let slab = self.slots[s as usize].slab as usize;
+        if self.slabs[slab].mem.is_some() {
+            return Ok(true);
+        }
+        if !self.make_room_to_pin(slab) {
+            return Ok(false);
+        }
+        let reg = self.register(ctx, slab, false)?;
+        self.views_again(slab, &reg);
+        self.slabs[slab].mem = Some(reg);
+        Ok(true)
     }
 
     /// A slab of another class with no unit in it (re-carving it evicts nothing).
@@ -575,7 +741,7 @@ impl State {
                     slot.mem = Mem::Gone;
                     self.c.retired_units += 1;
                 }
-                Mem::Registered(_) => self.free[slot.class].push(s),
+                Mem::Registered(_) | Mem::Parked { .. } => self.free[slot.class].push(s),
                 Mem::Gone => {}
                 Mem::Lent => unreachable!("freeing a unit whose memory is lent"),
             }
@@ -751,6 +917,17 @@ impl State {
             .flat_map(|sl| &sl.slots)
             .filter(|&&s| !matches!(self.slots[s as usize].mem, Mem::Gone))
             .count() as u64;
+        for slot in &self.slots {
+            if let Some(u) = slot.unit.as_ref().filter(|u| u.attached) {
+                c.units_by_class[slot.class] += 1;
+                if u.policy == Policy::Clock {
+                    c.clock_units += 1;
+                }
+            }
+        }
+        c.pinned_bytes = self.pinned;
+        c.parked_units =
+            self.slots.iter().filter(|s| s.unit.is_some() && matches!(s.mem, Mem::Parked { .. })).count() as u64;
         c
     }
 }

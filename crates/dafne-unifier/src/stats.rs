@@ -49,6 +49,13 @@ pub struct UnifierStats {
     pub registrations: u64,
     pub registration_ns: u64,
     pub registered_bytes: u64,
+    /// Raw slabs deregistered to keep registered memory under
+    /// `max_pinned_bytes` (their memory and data stay, parked), and the
+    /// time it took.
+    pub deregistrations: u64,
+    pub deregistration_ns: u64,
+    /// The most cache memory registered at once since start, bytes.
+    pub pinned_peak: u64,
     /// Registrations made at start (one per ready slab).
     pub startup_registrations: u64,
     pub startup_registration_ns: u64,
@@ -69,4 +76,16 @@ pub struct UnifierStats {
     pub dirty_units: u64,
     pub dirty_bytes: u64,
     pub unit_slots: u64,
+    /// Gauge: units holding data, per size class (4, 8, 16, 32, 64 KiB, the
+    /// order of [`crate::UNIT_SIZES`]): shows which unit size files' advice
+    /// (or the default) gave them.
+    pub units_by_class: [u64; 5],
+    /// Gauge: units holding data that are under CLOCK replacement (the
+    /// others are under LRU).
+    pub clock_units: u64,
+    /// Gauge: bytes of cache memory registered now (ready slabs from the
+    /// start, raw slabs once first used): the memory a NIC would pin.
+    pub pinned_bytes: u64,
+    /// Gauge: units holding data in parked (deregistered) raw memory.
+    pub parked_units: u64,
 }

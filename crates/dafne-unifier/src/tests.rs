@@ -30,6 +30,7 @@ fn cfg(slabs: usize, unit: usize, policy: Policy) -> UnifierConfig {
         max_dirty_bytes: 64 * K,
         default_unit: unit,
         default_policy: policy,
+        max_pinned_bytes: None,
     }
 }
 
@@ -659,6 +660,65 @@ fn raw_units_are_registered_on_first_use_only() {
 }
 
 #[test]
+fn raw_slabs_are_parked_under_the_pinned_bound_and_keep_their_data() {
+    // 1 ready + 5 raw slabs of 64 KiB (16 units of 4 KiB each), at most 3
+    // slabs registered: the cache holds 96 units, 48 of them registered.
+    let c = UnifierConfig {
+        ready_slabs: 1,
+        raw_slabs: 5,
+        max_pinned_bytes: Some(3 * 64 * K as u64),
+        ..cfg(1, 4 * K, Policy::Lru)
+    };
+    let (u, s) = setup(c);
+    let data = patterned(1, 96 * 4 * K);
+    s.set(1, data.clone());
+    let unit = |i: u64| &data[i as usize * 4 * K..][..4 * K];
+    for i in 0..96 {
+        assert_eq!(read_unit(&u, 1, i), unit(i));
+        assert!(u.stats().pinned_bytes <= 3 * 64 * K as u64);
+    }
+    let st = u.stats();
+    assert_eq!((st.units_in_use, st.evictions, st.fills), (96, 0, 96), "every unit cached, none evicted");
+    assert_eq!(st.pinned_bytes, 3 * 64 * K as u64);
+    assert_eq!(st.parked_units, 48, "3 slabs' units parked");
+    assert_eq!(st.deregistrations, 3);
+    // Every unit again: all hits, read from parked memory registered again
+    // (its data intact), still within the bound.
+    for i in 0..96 {
+        assert_eq!(read_unit(&u, 1, i), unit(i));
+    }
+    let st = u.stats();
+    assert_eq!((st.hits, st.misses, st.fills), (96, 96, 96));
+    assert!(st.deregistrations > 3 && st.registrations > 5, "{st:?}");
+    assert_eq!(st.pinned_peak, 3 * 64 * K as u64, "never above the bound");
+    // Dirty units keep their slab registered until written back; a parked
+    // unit written to is registered first, and the bytes land.
+    write_unit(&u, 1, 0, 0..100, 0xee);
+    block_on(u.flush(1)).unwrap();
+    assert_eq!(&s.contents(1)[..100], &[0xee; 100][..]);
+    assert_eq!(u.stats().pinned_peak, 3 * 64 * K as u64);
+    // Held units cannot be parked: holding units until every registered
+    // raw slab has one held, a parked unit cannot be registered, and the
+    // acquisition says so (the io server retries); released, it can.
+    let mut held = Vec::new();
+    let mut refused = None;
+    for i in 0..96 {
+        match block_on(u.read(1, i)) {
+            Ok(g) => held.push(g),
+            Err(Error::NoSpace { .. }) => {
+                refused = Some(i);
+                break;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let refused = refused.expect("a parked unit is refused while every registered raw slab is held");
+    assert!(u.stats().pinned_bytes <= 3 * 64 * K as u64);
+    drop(held);
+    assert_eq!(read_unit(&u, 1, refused), unit(refused));
+}
+
+#[test]
 fn every_unit_is_page_aligned_for_o_direct() {
     // Ready and raw slabs, every size class: storage reads and writes units
     // with O_DIRECT, which needs 4 KiB-aligned memory.
@@ -788,17 +848,29 @@ fn reference_model_with_background_write_back() {
     reference_model_with(true);
 }
 
+/// The same, with 3 of the 6 slabs raw and at most 4 registered at once:
+/// raw slabs are parked and registered again throughout.
+#[test]
+fn reference_model_under_a_pinned_bound() {
+    reference_model_pinned(false, Some(4 * 64 * K as u64));
+}
+
 fn reference_model_with(background: bool) {
+    reference_model_pinned(background, None);
+}
+
+fn reference_model_pinned(background: bool, max_pinned_bytes: Option<u64>) {
     const OBJECTS: u64 = 3;
     const MAX_LEN: u64 = 512 * K as u64;
     for seed in 1..=6u64 {
         let config = UnifierConfig {
             slab_size: 64 * K,
-            ready_slabs: 4,
-            raw_slabs: 2,
+            ready_slabs: if max_pinned_bytes.is_some() { 2 } else { 4 },
+            raw_slabs: if max_pinned_bytes.is_some() { 4 } else { 2 },
             max_dirty_bytes: 128 * K,
             default_unit: 64 * K,
             default_policy: Policy::Lru,
+            max_pinned_bytes,
         };
         let s = Rc::new(MemStorage::new());
         s.set_background(background);
@@ -867,6 +939,7 @@ fn reference_model_with(background: bool) {
             let st = u.stats();
             assert!(st.dirty_bytes <= 128 * K as u64, "seed {seed} step {step}: {st:?}");
             assert!(st.units_in_use <= st.unit_slots);
+            assert!(max_pinned_bytes.is_none_or(|m| st.pinned_bytes <= m), "seed {seed} step {step}: {st:?}");
             if background {
                 // Units being written back are pinned until reaped.
                 assert!(st.units_referenced <= 64, "seed {seed} step {step}: {st:?}");
@@ -886,6 +959,10 @@ fn reference_model_with(background: bool) {
         assert!(st.evictions > 100 && st.hits > 100, "seed {seed}: {st:?}");
         if background {
             assert!(st.background_writebacks > 0 && st.write_behind == 0, "seed {seed}: {st:?}");
+        } else if let Some(max) = max_pinned_bytes {
+            // Write-backs that let a slab be parked may leave nothing for
+            // write-behind to do.
+            assert!(st.deregistrations > 10 && st.pinned_peak <= max, "seed {seed}: {st:?}");
         } else {
             assert!(st.write_behind > 0, "seed {seed}: {st:?}");
         }
@@ -908,6 +985,7 @@ fn a_512_mib_cache_registers_once_per_slab() {
         max_dirty_bytes: 1 << 20,
         default_unit: 64 * K,
         default_policy: Policy::Lru,
+        max_pinned_bytes: None,
     };
     let s = Rc::new(MemStorage::new());
     let u = Unifier::new(&ctx, config, s.clone()).unwrap();

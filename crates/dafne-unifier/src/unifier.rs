@@ -559,6 +559,30 @@ impl Inner {
     /// Acquires a unit known by (slot, gen), without filling: `None` if it
     /// is gone (or was retired).
     async fn acquire_existing(inner: &Rc<Inner>, s: u32, gen: u64, exclusive: bool) -> Result<Option<Held>> {
+        // A parked unit (clean, unused) is registered again first.
+        loop {
+            let mut st = inner.st.borrow_mut();
+            let slot = &st.slots[s as usize];
+            let parked = matches!(slot.mem, Mem::Parked { .. });
+            match slot.unit.as_ref() {
+                Some(u) if slot.gen == gen && u.attached && parked => {}
+                _ => break,
+            }
+            if st.ensure_registered(&inner.ctx, s)? {
+                break;
+            }
+            match st.dirty_blocking_park(st.slots[s as usize].slab as usize) {
+                Some(d) => {
+                    drop(st);
+                    inner.write_back(d, None, Cause::Evict)?;
+                }
+                None => {
+                    st.c.no_space += 1;
+                    let unit_size = UNIT_SIZES[st.slots[s as usize].class];
+                    return Err(Error::NoSpace { unit_size, pinned: st.pinned_units() });
+                }
+            }
+        }
         let step = {
             let mut st = inner.st.borrow_mut();
             let slot = &st.slots[s as usize];
@@ -606,6 +630,19 @@ impl Inner {
         }
         let exclusive = matches!(mode, Mode::Write(_));
         if let Some(s) = st.lookup(object, index) {
+            if !st.unit(s).pinned() && !st.ensure_registered(&self.ctx, s)? {
+                // Parked, and no registered raw slab can be parked to make
+                // room within the bound: write back a dirty unit that keeps
+                // one registered and try again, else no room now.
+                let slab = st.slots[s as usize].slab as usize;
+                if let Some(d) = st.dirty_blocking_park(slab) {
+                    drop(st);
+                    self.write_back(d, None, Cause::Evict)?;
+                    return Ok(Step::Retry);
+                }
+                st.c.no_space += 1;
+                return Err(Error::NoSpace { unit_size: size, pinned: st.pinned_units() });
+            }
             if std::mem::take(&mut st.unit_mut(s).prefetched) {
                 st.c.misses += 1;
             } else {
@@ -799,12 +836,42 @@ impl Inner {
     fn alloc(&self, class: usize) -> Result<u32> {
         loop {
             let mut st = self.st.borrow_mut();
-            if let Some(s) = st.free[class].pop() {
+            // A free unit, registered if there is one (under a pinned bound
+            // some may be parked: using one registers its slab again).
+            let registered = |st: &State, s: u32| matches!(st.slots[s as usize].mem, Mem::Registered(_));
+            let pick = match self.cfg.max_pinned_bytes {
+                None => st.free[class].len().checked_sub(1),
+                Some(_) => st.free[class]
+                    .iter()
+                    .rposition(|&s| registered(&st, s))
+                    .or_else(|| st.free[class].len().checked_sub(1)),
+            };
+            if let Some(i) = pick {
+                let s = st.free[class][i];
+                if !st.ensure_registered(&self.ctx, s)? {
+                    if let Some(d) = st.dirty_blocking_park(st.slots[s as usize].slab as usize) {
+                        drop(st);
+                        self.write_back(d, None, Cause::Evict)?;
+                        continue;
+                    }
+                    st.c.no_space += 1;
+                    return Err(Error::NoSpace { unit_size: UNIT_SIZES[class], pinned: st.pinned_units() });
+                }
+                st.free[class].swap_remove(i);
                 return Ok(s);
             }
             if let Some(slab) = st.slabs.iter().position(|sl| sl.class.is_none()) {
-                st.carve(&self.ctx, slab, class, false)?;
-                continue;
+                // Raw memory never used: registered now, within the bound
+                // (parking cold raw slabs), else take a victim instead.
+                if st.make_room_to_pin(slab) {
+                    st.carve(&self.ctx, slab, class, false)?;
+                    continue;
+                }
+                if let Some(d) = st.dirty_blocking_park(slab) {
+                    drop(st);
+                    self.write_back(d, None, Cause::Evict)?;
+                    continue;
+                }
             }
             if let Some(v) = st.victim(class) {
                 if st.unit(v).dirty.is_some() {

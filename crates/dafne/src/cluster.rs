@@ -106,16 +106,61 @@ impl Default for MetaConfig {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct IoConfig {
-    /// Each io server's Unifier cache, in MiB.
-    pub cache_mib: usize,
+    /// Each io server's Unifier cache, in MiB; `None`: [`auto_cache_mib`]
+    /// (a share of the machine's available memory, with a cap).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache_mib: Option<usize>,
     /// Serving mode: "unifier", "normal" or "mmap".
     pub mode: String,
+    /// Percent of each cache that is raw memory, registered when first
+    /// used instead of at start (`dafne serve io --raw-percent`).
+    pub raw_percent: u8,
+    /// Bound on each io server's registered cache memory, MiB
+    /// (`--max-pinned-mib`); `None`: no bound.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_pinned_mib: Option<usize>,
 }
 
 impl Default for IoConfig {
     fn default() -> Self {
-        IoConfig { cache_mib: 64, mode: "unifier".into() }
+        IoConfig { cache_mib: None, mode: "unifier".into(), raw_percent: 0, max_pinned_mib: None }
     }
+}
+
+/// The share of the machine's available memory the io servers' caches
+/// take together when `[io] cache_mib` is not set: one eighth.
+pub const AUTO_CACHE_SHARE: u64 = 8;
+/// The most an io server's cache takes by default, MiB (set `cache_mib`
+/// for more).
+pub const AUTO_CACHE_CAP_MIB: usize = 1024;
+/// The least an io server's cache takes, MiB (also the floor `check`
+/// enforces on a set `cache_mib`).
+pub const MIN_CACHE_MIB: usize = 8;
+
+/// Each io server's cache when `[io] cache_mib` is not set: an
+/// [`AUTO_CACHE_SHARE`]th of `mem_available_mib` (the kernel's
+/// MemAvailable: free memory plus what the page cache would give back)
+/// shared by `io_servers`, rounded down to whole 8 MiB slabs, between
+/// [`MIN_CACHE_MIB`] and [`AUTO_CACHE_CAP_MIB`]. The Unifier paper sized
+/// its cache as "all free memory"; a share leaves room for the
+/// applications and the other servers of a machine that runs them all.
+pub fn auto_cache_mib(mem_available_mib: u64, io_servers: u32) -> usize {
+    let share = mem_available_mib / AUTO_CACHE_SHARE / u64::from(io_servers.max(1));
+    let mib = usize::try_from(share).unwrap_or(usize::MAX).min(AUTO_CACHE_CAP_MIB);
+    (mib / 8 * 8).max(MIN_CACHE_MIB)
+}
+
+/// MemAvailable from `/proc/meminfo`, MiB; `None` where it cannot be read
+/// (then the cache falls back to 64 MiB).
+pub fn mem_available_mib() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    parse_mem_available_mib(&text)
+}
+
+fn parse_mem_available_mib(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024)
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -156,7 +201,13 @@ open_grace_s = 10       # after a meta start, and after a client's connection
                         # still hold open this long (they re-announce it)
 
 [io]
-cache_mib = 64          # each io server's Unifier cache (registered memory), MiB
+# cache_mib = 64        # each io server's Unifier cache, MiB; unset: an eighth
+                        # of the machine's MemAvailable shared by the io
+                        # servers, 8 to 1024 MiB each (`dafne status` shows it)
+raw_percent = 0         # percent of each cache registered when first used
+                        # instead of at start (the seed's raw buffers)
+# max_pinned_mib = 48   # bound on each cache's registered memory: cold raw
+                        # memory is deregistered (its data kept) to stay under
 mode = "unifier"        # unifier | normal | mmap (the seed's serving modes)
 
 [mount]
@@ -219,13 +270,25 @@ impl Config {
         if !self.meta.stripe_unit.is_power_of_two() || self.meta.stripe_unit < 4096 {
             bail!("meta.stripe_unit = {}: use a power of two of at least 4096 bytes", self.meta.stripe_unit);
         }
-        if self.io.cache_mib < 8 {
-            bail!("io.cache_mib = {}: at least 8 MiB", self.io.cache_mib);
+        if let Some(m) = self.io.cache_mib.filter(|&m| m < MIN_CACHE_MIB) {
+            bail!("io.cache_mib = {m}: at least {MIN_CACHE_MIB} MiB (or leave it unset for a share of free memory)");
+        }
+        if self.io.raw_percent > 100 {
+            bail!("io.raw_percent = {}: choose between 0 and 100", self.io.raw_percent);
         }
         if dafne_io::server::ServingMode::parse(&self.io.mode).is_none() {
             bail!("io.mode = {:?}: choose unifier, normal or mmap", self.io.mode);
         }
         Ok(())
+    }
+
+    /// Each io server's cache, MiB: `[io] cache_mib`, else
+    /// [`auto_cache_mib`] of this machine's available memory (64 MiB if
+    /// `/proc/meminfo` cannot be read).
+    pub fn io_cache_mib(&self) -> usize {
+        self.io
+            .cache_mib
+            .unwrap_or_else(|| mem_available_mib().map_or(64, |m| auto_cache_mib(m, self.cluster.io_servers)))
     }
 
     pub fn meta_addr(&self) -> SocketAddr {
@@ -574,6 +637,24 @@ pub fn is_mount_point(path: &Path) -> bool {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn the_default_cache_is_a_capped_share_of_available_memory() {
+        let meminfo = "MemTotal:       24684136 kB\nMemFree:  748000 kB\nMemAvailable:   22720512 kB\n";
+        assert_eq!(parse_mem_available_mib(meminfo), Some(22188));
+        assert_eq!(parse_mem_available_mib("MemTotal: 1 kB\n"), None);
+        // 22188 MiB / 8 / 4 servers = 693 -> 688 (whole 8 MiB slabs).
+        assert_eq!(auto_cache_mib(22188, 4), 688);
+        assert_eq!(auto_cache_mib(22188, 1), AUTO_CACHE_CAP_MIB, "capped");
+        assert_eq!(auto_cache_mib(100, 4), MIN_CACHE_MIB, "floored");
+        assert_eq!(auto_cache_mib(u64::MAX, 0), AUTO_CACHE_CAP_MIB);
+        let mut c = Config::embedded();
+        c.io.cache_mib = Some(16);
+        assert_eq!(c.io_cache_mib(), 16, "an explicit size wins");
+        c.io.cache_mib = Some(4);
+        assert!(c.check().unwrap_err().to_string().contains("at least 8 MiB"));
+    }
+
     use super::*;
 
     /// Only a refusal blames the secret file: a server that is stopping

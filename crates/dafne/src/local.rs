@@ -167,7 +167,7 @@ fn effective_config(a: &UpArgs, dir: &Path) -> Result<(Config, Option<String>)> 
         c.meta.stripe_count = c.meta.stripe_count.min(n.max(1));
     }
     if let Some(m) = a.cache_mib {
-        c.io.cache_mib = m;
+        c.io.cache_mib = Some(m);
     }
     if let Some(p) = a.meta_port {
         c.cluster.meta_port = p;
@@ -618,12 +618,22 @@ pub fn supervise(a: DirArgs) -> Result<()> {
         args: meta_args,
         child: None,
     });
+    // Computed once, so every io server gets the same cache.
+    let cache_mib = c.io_cache_mib();
+    progress(format_args!(
+        "io caches: {cache_mib} MiB each{}",
+        if c.io.cache_mib.is_some() { "" } else { " (a share of available memory; set [io] cache_mib to choose)" }
+    ));
     for i in 0..c.cluster.io_servers {
         let mut args: Vec<String> = vec!["serve".into(), "io".into(), "--data-dir".into()];
         args.push(dir.join(format!("io-{i}")).display().to_string());
         args.extend(["--secret".into(), secret.display().to_string()]);
         args.extend(["--listen".into(), c.io_addr(i).to_string()]);
-        args.extend(["--cache-mib".into(), c.io.cache_mib.to_string()]);
+        args.extend(["--cache-mib".into(), cache_mib.to_string()]);
+        args.extend(["--raw-percent".into(), c.io.raw_percent.to_string()]);
+        if let Some(p) = c.io.max_pinned_mib {
+            args.extend(["--max-pinned-mib".into(), p.to_string()]);
+        }
         args.extend(["--mode".into(), c.io.mode.clone()]);
         args.extend(ucx.iter().cloned());
         servers.push(Managed {

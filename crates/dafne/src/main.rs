@@ -1,6 +1,7 @@
 //! `dafne`: the one command of the project. Thin: parsing, progress and
 //! printing here; the work lives in the library crates.
 
+mod advise;
 mod benchmount;
 mod benchnbd;
 mod benchposix;
@@ -46,6 +47,10 @@ enum Cmd {
     /// Copy a file into or out of dafne through the client library, without
     /// a mount (`dafne cp big.bin dafne:/big.bin`), with progress.
     Cp(copy::CpArgs),
+    /// Give a file or directory cache advice for the io servers (unit size
+    /// 4k–64k, replacement policy lru or clock), or show it: `dafne advise
+    /// dafne:/data --unit 16k --policy clock`.
+    Advise(advise::AdviseArgs),
     /// Print a commented example configuration (the embedded defaults).
     Config,
     /// The supervisor `dafne up` starts.
@@ -404,6 +409,7 @@ fn run() -> Result<()> {
         Cmd::Down(a) => local::down(a),
         Cmd::Status(a) => local::status(a),
         Cmd::Cp(a) => copy::cp(a),
+        Cmd::Advise(a) => advise::advise(a),
         Cmd::Credential(c) => credential::run(c),
         Cmd::Config => {
             print!("{}", cluster::EXAMPLE);
