@@ -89,6 +89,46 @@ impl File {
         futures::executor::block_on(self.fs.data.read_at(&self.open, offset, &mut buf[..n]))
     }
 
+    /// Reads into a caller's buffer as [`Self::read_at`], zero-copy for
+    /// large buffers ([`DataClient::read_into`]: the servers put straight
+    /// into `buf`).
+    pub fn read_into(&self, offset: u64, buf: &mut [u8]) -> Result<usize, Errno> {
+        let size = self.size();
+        if offset >= size {
+            return Ok(0);
+        }
+        let n = buf.len().min((size - offset) as usize);
+        futures::executor::block_on(self.fs.data.read_into(&self.open, offset, &mut buf[..n]))
+    }
+
+    /// Writes a caller's buffer as [`Self::write_at`], zero-copy for large
+    /// buffers ([`DataClient::write_from`]).
+    pub fn write_from(&self, offset: u64, data: &[u8], stability: Stability) -> Result<usize, Errno> {
+        let n = futures::executor::block_on(self.fs.data.write_from(&self.open, offset, data, stability))?;
+        self.size.fetch_max(offset + n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+
+    /// Learns meta's size where it is larger than this handle's (writes
+    /// another client published since the open); returns the size known
+    /// now. Sizes only grow here, as in publishing.
+    pub fn refresh_size(&self) -> Result<u64, Errno> {
+        let current = self.fs.meta.getattr(self.open.attr.ino)?.size;
+        Ok(self.size.fetch_max(current, Ordering::Relaxed).max(current))
+    }
+
+    /// The size changed through another path to the same file (a
+    /// truncation through the mount, which set it on the servers and in
+    /// meta): this handle knows exactly `size` from now on.
+    pub fn set_known_size(&self, size: u64) {
+        self.size.store(size, Ordering::Relaxed);
+    }
+
+    /// Publishes the size (as `close` does) and keeps the file open.
+    pub fn publish(&self) -> Result<(), Errno> {
+        self.publish_size()
+    }
+
     /// Sets the size on every io server and in meta.
     pub fn truncate(&self, size: u64) -> Result<(), Errno> {
         futures::executor::block_on(self.fs.data.truncate(&self.open, size))?;
@@ -128,9 +168,15 @@ impl File {
     }
 
     /// Meta's size becomes the largest byte any io server holds. Sizes only
-    /// grow here; shrinking is `truncate`'s job.
+    /// grow here; shrinking is `truncate`'s job. A handle without read
+    /// rights cannot ask the servers (they demand read rights for `Stat`):
+    /// it publishes the end of what it knows, its own writes included.
     fn publish_size(&self) -> Result<(), Errno> {
-        let stored = futures::executor::block_on(self.fs.data.stored_size(&self.open))?;
+        let stored = match futures::executor::block_on(self.fs.data.stored_size(&self.open)) {
+            Ok(s) => s,
+            Err(Errno::EACCES) if self.open.cap.rights & dafne_proto::RIGHT_READ == 0 => self.size(),
+            Err(e) => return Err(e),
+        };
         let current = self.fs.meta.getattr(self.open.attr.ino)?.size;
         if stored > current {
             self.fs.meta.setattr(self.open.attr.ino, SetAttr { size: Some(stored), ..Default::default() })?;
