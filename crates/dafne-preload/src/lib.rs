@@ -401,11 +401,18 @@ macro_rules! preadv2_like {
         /// preadv2(2)'s contract.
         #[cfg_attr(not(test), no_mangle)]
         pub unsafe extern "C" fn $name(fd: c_int, iov: *const iovec, n: c_int, off: off_t, flags: c_int) -> ssize_t {
-            if let Some(e) = state::entry(fd) {
+            let e = state::entry(fd);
+            if let Some(e) = &e {
                 e.sync_kernel(fd);
             }
             // SAFETY: forwarded unchanged.
-            unsafe { real::$real()(fd, iov, n, off, flags) }
+            let r = unsafe { real::$real()(fd, iov, n, off, flags) };
+            if let (true, Some(e)) = (r > 0, e) {
+                // A write through the kernel: the size and this process's
+                // read-ahead follow (harmless after a read).
+                e.resized(None);
+            }
+            r
         }
     };
 }

@@ -64,10 +64,11 @@
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 
 use dafne_client::cluster::{Cluster, OpenOptions};
 use dafne_client::file::{File, Fs};
+use dafne_client::readahead::{Changes, ReadAhead, ReadAheadConfig, Stream};
 use dafne_client::Errno;
 use dafne_proto::io::Stability;
 use libc::c_int;
@@ -232,7 +233,6 @@ fn count(c: &AtomicU64, n: u64) {
 }
 
 /// One open file description of a dafne file.
-#[derive(Debug)]
 pub struct Entry {
     file: File,
     readable: bool,
@@ -243,6 +243,17 @@ pub struct Entry {
     /// size in meta and the kernel's attributes) was last brought up to
     /// date.
     written: AtomicBool,
+    /// This process's changes of the file, which every read-ahead stream
+    /// of it follows (`dafne_client::readahead`, "Consistency").
+    changes: Arc<Changes>,
+    /// Read-ahead of this description (readable ones, when configured).
+    stream: Option<Stream>,
+}
+
+impl std::fmt::Debug for Entry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Entry").field("file", &self.file).field("writable", &self.writable).finish_non_exhaustive()
+    }
 }
 
 fn debug(msg: std::fmt::Arguments<'_>) {
@@ -274,9 +285,35 @@ fn mounts() -> Option<&'static Mounts> {
 
 struct Client {
     fs: Fs,
+    /// Read-ahead for sequential readers (`DAFNE_PRELOAD_READAHEAD_MIB`;
+    /// None when 0 or when its memory could not be registered).
+    readahead: Option<ReadAhead>,
+    /// The changes of each open inode's bytes made through this process,
+    /// shared by its descriptors' read-ahead streams.
+    changes: Mutex<HashMap<u64, Weak<Changes>>>,
     // Holds the runtime the sessions run on.
     _cluster: Cluster,
 }
+
+impl Client {
+    fn changes_of(&self, ino: u64) -> Arc<Changes> {
+        let mut m = self.changes.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = m.get(&ino).and_then(Weak::upgrade) {
+            return c;
+        }
+        m.retain(|_, w| w.strong_count() > 0);
+        let c = Arc::new(Changes::default());
+        m.insert(ino, Arc::downgrade(&c));
+        c
+    }
+}
+
+/// Read-ahead memory of a process that reads dafne files (MiB,
+/// `DAFNE_PRELOAD_READAHEAD_MIB`): two full windows of the default layout
+/// (8 MiB each: two 1 MiB units on each of four servers), registered once
+/// at the connection. The mount's default is 64 MiB for all its readers;
+/// a program is usually one reader.
+const READAHEAD_MIB: usize = 16;
 
 /// The connection, made on the first dafne open; a failure is kept (the
 /// FUSE path serves every file from then on).
@@ -290,7 +327,24 @@ fn client(p: &'static Proc, m: &Mounts) -> Option<&'static Client> {
             let mut o = OpenOptions::new(&m.cluster, &format!("preload-{}", std::process::id()));
             o.credential = std::env::var_os("DAFNE_CREDENTIAL").map(Into::into);
             match Cluster::open(&o) {
-                Ok(c) => Some(Client { fs: Fs::new(c.meta.clone(), c.data.clone()), _cluster: c }),
+                Ok(c) => {
+                    let mib = std::env::var("DAFNE_PRELOAD_READAHEAD_MIB")
+                        .ok()
+                        .and_then(|v| v.parse::<usize>().ok())
+                        .unwrap_or(READAHEAD_MIB);
+                    let readahead = (mib > 0)
+                        .then(|| {
+                            let config = ReadAheadConfig { budget: mib << 20, ..Default::default() };
+                            ReadAhead::new(&c.data, config).map_err(|e| debug(format_args!("no read-ahead: {e}"))).ok()
+                        })
+                        .flatten();
+                    Some(Client {
+                        fs: Fs::new(c.meta.clone(), c.data.clone()),
+                        readahead,
+                        changes: Mutex::new(HashMap::new()),
+                        _cluster: c,
+                    })
+                }
                 Err(e) => {
                     count(&STATS.connect_failures, 1);
                     debug(format_args!("cannot connect, files stay on the FUSE mount: {e}"));
@@ -367,7 +421,17 @@ pub fn opened(fd: c_int, flags: c_int) {
         Ok(f) => f,
         Err(e) => return fallback(&format!("the metadata server refused the open: {e:?}")),
     };
-    let e = Arc::new(Entry { file, readable, writable, pos: Mutex::new(()), written: AtomicBool::new(false) });
+    let changes = c.changes_of(ino);
+    let stream = c.readahead.as_ref().filter(|_| readable).map(|r| r.stream(changes.clone()));
+    let e = Arc::new(Entry {
+        file,
+        readable,
+        writable,
+        pos: Mutex::new(()),
+        written: AtomicBool::new(false),
+        changes,
+        stream,
+    });
     if let Ok(mut t) = p.table.write() {
         t.insert(fd, e);
         mark(fd, true);
@@ -448,10 +512,28 @@ fn install_handlers() {
         let parent = unsafe { PROC.load(Ordering::Acquire).as_ref() };
         new_proc(parent.is_some_and(|p| p.ucx_inherited || p.client.get().is_some()));
     }
+    extern "C" fn exit_work(_: *mut libc::c_void) -> *mut libc::c_void {
+        let _ = std::panic::catch_unwind(|| {
+            sync_all();
+            if !foreign() {
+                write_stats();
+            }
+        });
+        std::ptr::null_mut()
+    }
     extern "C" fn at_exit() {
-        sync_all();
-        if !foreign() {
-            write_stats();
+        // The exiting thread's thread-locals are already destroyed when
+        // exit handlers run (glibc runs the TLS destructors first), and
+        // waiting for the servers uses some: the work runs on a thread of
+        // its own, made with pthread_create (std's spawn reads the
+        // caller's thread-locals too).
+        let mut t: libc::pthread_t = 0;
+        // SAFETY: `t` is written by pthread_create; `exit_work` has the
+        // start routine's signature and ignores its argument (null).
+        let made = unsafe { libc::pthread_create(&mut t, std::ptr::null(), exit_work, std::ptr::null_mut()) };
+        if made == 0 {
+            // SAFETY: `t` is the thread just made, joined once.
+            unsafe { libc::pthread_join(t, std::ptr::null_mut()) };
         }
     }
     // SAFETY: the handlers are `extern "C"` functions without arguments
@@ -521,10 +603,27 @@ impl Entry {
     pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<usize, Errno> {
         let _b = Busy::enter();
         let end = offset.saturating_add(buf.len() as u64);
-        if end > self.file.size() {
-            self.file.refresh_size()?;
+        let mut size = self.file.size();
+        if end > size {
+            size = self.file.refresh_size()?;
         }
-        let n = self.file.read_into(offset, buf)?;
+        if offset >= size || buf.is_empty() {
+            return Ok(0);
+        }
+        let len = buf.len().min((size - offset) as usize);
+        let hit = self.stream.as_ref().and_then(|s| s.read(self.file.handle(), offset, len, size));
+        let n = match hit {
+            // One copy, from the read-ahead unit into the caller's buffer.
+            Some(hit) => {
+                let got = hit.copy_to(&mut buf[..len]);
+                if got < len {
+                    got + self.file.read_into(offset + got as u64, &mut buf[got..len])?
+                } else {
+                    got
+                }
+            }
+            None => self.file.read_into(offset, &mut buf[..len])?,
+        };
         count(&STATS.reads, 1);
         count(&STATS.read_bytes, n as u64);
         Ok(n)
@@ -534,7 +633,12 @@ impl Entry {
         let _b = Busy::enter();
         offset.checked_add(data.len() as u64).filter(|&e| e <= i64::MAX as u64).ok_or(Errno::EFBIG)?;
         self.written.store(true, Ordering::Relaxed);
-        let n = self.file.write_from(offset, data, Stability::Unstable)?;
+        let r = self.file.write_from(offset, data, Stability::Unstable);
+        // Read-ahead of this file in this process drops what the write
+        // may have changed (also after a failure: some servers may have
+        // the bytes).
+        self.changes.changed(offset, offset + data.len() as u64);
+        let n = r?;
         count(&STATS.writes, 1);
         count(&STATS.write_bytes, n as u64);
         Ok(n)
@@ -590,9 +694,13 @@ impl Entry {
     pub fn resized(&self, truncated_to: Option<u64>) {
         let _b = Busy::enter();
         match truncated_to {
-            Some(size) => self.file.set_known_size(size),
+            Some(size) => {
+                self.file.set_known_size(size);
+                self.changes.changed(size, u64::MAX);
+            }
             None => {
                 let _ = self.file.refresh_size();
+                self.changes.changed(0, u64::MAX);
             }
         }
     }

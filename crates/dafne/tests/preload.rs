@@ -221,8 +221,8 @@ fn patch_len() -> u64 {
 
 /// Python's file objects: buffered and raw I/O, seek and tell, SEEK_END
 /// with unpublished writes, O_APPEND (left to the kernel), fstat, mmap
-/// after writes, ftruncate, dup, a forked child sharing the offset, and a
-/// second process seeing the bytes once the first closed.
+/// after writes, ftruncate, dup, a forked child sharing the offset, and
+/// read-ahead dropping what another descriptor wrote.
 #[test]
 fn python_sees_posix_semantics_through_the_library() {
     let _g = serial();
@@ -271,6 +271,19 @@ with open(p, 'ab') as f:
     f.write(b'++')
 with open(p, 'rb') as f:
     assert f.read() == b'xxxxxABxxx++'
+# Read-ahead: a sequential reader's units ahead drop what another
+# descriptor of this process writes, before that one is closed.
+ra = os.path.join(d, 'ra')
+with open(ra, 'wb') as f:
+    f.write(b'a' * (8 << 20))
+r = os.open(ra, os.O_RDONLY)
+for _ in range(3):
+    assert os.read(r, 128 << 10) == b'a' * (128 << 10)
+w = os.open(ra, os.O_WRONLY)
+os.pwrite(w, b'b' * 4096, 1 << 20)
+assert os.read(r, 1 << 20) == b'a' * ((1 << 20) - (384 << 10)) + b'b' * 4096 + b'a' * ((384 << 10) - 4096)
+os.close(w)
+os.close(r)
 print('ok')
 "#;
     let out = s.run("python3", &["-c", script, p(&s.m.mp)]);
@@ -317,6 +330,12 @@ print('ok')
     let f = s.m.path("warm");
     let out = s.run("python3", &["-c", script, p(&f)]);
     assert_eq!(out.trim(), "ok");
+    // A program that exits with a written descriptor still open: the
+    // library publishes at exit (the kernel's close alone would not).
+    let open_at_exit = s.m.path("open-at-exit");
+    let script = "import os, sys\nfd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT)\nos.write(fd, b'q' * 5000)\n";
+    s.run("python3", &["-c", script, p(&open_at_exit)]);
+    assert!(through_fuse(&open_at_exit) == vec![b'q'; 5000], "the size was not published at exit");
     let st = s.take_stats();
     assert!(get(&st, "python", "write_bytes") >= 256 * 1200 + 4096, "{st:?}");
     assert!(get(&st, "python", "opens_fallback") >= 1, "{st:?}");
