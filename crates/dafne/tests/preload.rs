@@ -221,8 +221,9 @@ fn patch_len() -> u64 {
 
 /// Python's file objects: buffered and raw I/O, seek and tell, SEEK_END
 /// with unpublished writes, O_APPEND (left to the kernel), fstat, mmap
-/// after writes, ftruncate, dup, a forked child sharing the offset, and
-/// read-ahead dropping what another descriptor wrote.
+/// after writes, ftruncate, dup, a forked child sharing the offset,
+/// read-ahead dropping what another descriptor wrote, and `sendfile`
+/// (shutil) and `copy_file_range` into and out of the mount.
 #[test]
 fn python_sees_posix_semantics_through_the_library() {
     let _g = serial();
@@ -284,14 +285,31 @@ os.pwrite(w, b'b' * 4096, 1 << 20)
 assert os.read(r, 1 << 20) == b'a' * ((1 << 20) - (384 << 10)) + b'b' * 4096 + b'a' * ((384 << 10) - 4096)
 os.close(w)
 os.close(r)
+# sendfile (shutil.copyfile) into and out of the mount, and copy_file_range.
+import shutil
+local, back = sys.argv[2], sys.argv[3]
+sf = os.path.join(d, 'sf')
+shutil.copyfile(local, sf)
+shutil.copyfile(sf, back)
+with open(sf, 'rb') as i, open(os.path.join(d, 'cfr'), 'wb') as o:
+    while os.copy_file_range(i.fileno(), o.fileno(), 1 << 30) > 0:
+        pass
 print('ok')
 "#;
-    let out = s.run("python3", &["-c", script, p(&s.m.mp)]);
+    let scratch = s.c.scratch("py");
+    let local = scratch.join("local");
+    let local_data = pattern((2 << 20) + 77, 5);
+    std::fs::write(&local, &local_data).unwrap();
+    let back = scratch.join("back");
+    let out = s.run("python3", &["-c", script, p(&s.m.mp), p(&local), p(&back)]);
     assert_eq!(out.trim(), "ok");
     assert!(through_fuse(&s.m.path("py")) == b"xxxxxABxxx++", "{:?}", through_fuse(&s.m.path("py")));
+    assert!(through_fuse(&s.m.path("sf")) == local_data, "sendfile onto the mount");
+    assert!(std::fs::read(&back).unwrap() == local_data, "sendfile from the mount");
+    assert!(through_fuse(&s.m.path("cfr")) == local_data, "copy_file_range on the mount");
     let st = s.take_stats();
-    assert!(get(&st, "python", "write_bytes") >= 100_000, "{st:?}");
-    assert!(get(&st, "python", "read_bytes") >= 100_000, "{st:?}");
+    assert!(get(&st, "python", "write_bytes") >= 100_000 + 2 * local_data.len() as u64, "{st:?}");
+    assert!(get(&st, "python", "read_bytes") >= 100_000 + 2 * local_data.len() as u64, "{st:?}");
     assert!(get(&st, "python", "opens_fallback") >= 1, "the O_APPEND open stays on FUSE: {st:?}");
 }
 
