@@ -384,3 +384,24 @@ fn fio_psync_verifies_through_the_library() {
     assert!(get(&st, "fio", "read_bytes") >= 8 << 20, "{st:?}");
     assert_eq!(std::fs::metadata(&f).unwrap().len(), 8 << 20);
 }
+
+/// When the library cannot reach the cluster (here: a cluster file that
+/// does not exist, with the mount named explicitly), every file stays on
+/// the FUSE path and the program works the same; the counters say why.
+#[test]
+fn without_a_connection_files_stay_on_the_mount() {
+    let _g = serial();
+    let s = Setup::new();
+    let f = s.m.path("plain");
+    let data = pattern(300_000, 6);
+    std::fs::write(&f, &data).unwrap();
+    let mut c = s.preloaded("cat", &[p(&f)]);
+    c.env("DAFNE_CLUSTER", s.c.dir().join("no-such-cluster.json")).env("DAFNE_PRELOAD_MOUNT", &s.m.mp);
+    let o = c.output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(o.stdout == data, "cat read other bytes through the fallback");
+    let st = s.take_stats();
+    assert_eq!(get(&st, "cat", "connect_failures"), 1, "{st:?}");
+    assert_eq!(get(&st, "cat", "opens_fallback"), 1, "{st:?}");
+    assert_eq!(get(&st, "cat", "read_bytes"), 0, "{st:?}");
+}
