@@ -405,3 +405,44 @@ fn without_a_connection_files_stay_on_the_mount() {
     assert_eq!(get(&st, "cat", "opens_fallback"), 1, "{st:?}");
     assert_eq!(get(&st, "cat", "read_bytes"), 0, "{st:?}");
 }
+
+/// Forked children: one whose parent never connected opens its files
+/// through a connection of its own; one whose parent had started UCX
+/// leaves its files on the mount (UCX cannot start again there), and
+/// reads the same bytes.
+#[test]
+fn forked_children_connect_only_when_their_parent_had_not() {
+    let _g = serial();
+    let s = Setup::new();
+    let f = s.m.path("forked");
+    let data = pattern(500_000, 7);
+    std::fs::write(&f, &data).unwrap();
+    let script = r#"
+import os, sys, hashlib
+p, connect_first = sys.argv[1], sys.argv[2] == '1'
+if connect_first:
+    with open(p, 'rb') as f:
+        f.read(10)
+pid = os.fork()
+if pid == 0:
+    with open(p, 'rb') as f:
+        print(hashlib.sha256(f.read()).hexdigest(), flush=True)
+    sys.exit(0)
+_, status = os.waitpid(pid, 0)
+sys.exit(status >> 8)
+"#;
+    let want = String::from_utf8(Command::new("sha256sum").arg(s.c.dir().join("mnt/forked")).output().unwrap().stdout)
+        .unwrap();
+    let want = want.split_whitespace().next().unwrap().to_string();
+    // A parent that never connected: the child reads through the library.
+    let out = s.run("python3", &["-c", script, p(&f), "0"]);
+    assert_eq!(out.trim(), want);
+    let st = s.take_stats();
+    assert_eq!(get(&st, "python", "read_bytes"), data.len() as u64, "{st:?}");
+    // A parent that connected: the child's open stays on the mount.
+    let out = s.run("python3", &["-c", script, p(&f), "1"]);
+    assert_eq!(out.trim(), want);
+    let st = s.take_stats();
+    assert_eq!(get(&st, "python", "opens_fallback"), 1, "the child's open: {st:?}");
+    assert_eq!(get(&st, "python", "opens"), 1, "the parent's open: {st:?}");
+}
