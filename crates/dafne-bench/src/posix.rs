@@ -188,6 +188,14 @@ impl Row {
         }
     }
 
+    /// Whether the interception library (`LD_PRELOAD`) runs this row too:
+    /// every fio row whose engine calls the C library's read and write
+    /// (psync); libaio submits through `io_submit`, which no preload
+    /// library sees, and PostMark is left to the mount.
+    pub fn has_preload(self) -> bool {
+        !matches!(self, Row::RandRead1Qd16 | Row::Postmark)
+    }
+
     /// Whether the native client (no kernel) runs this row too: sequential
     /// 128 KiB one at a time, as fio's one psync job does.
     pub fn has_native(self) -> bool {
@@ -460,6 +468,8 @@ pub struct RowResult {
     pub dafne: Series,
     pub ceiling: Series,
     pub native: Option<Series>,
+    /// The same fio row under the interception library, on the mount.
+    pub preload: Option<Series>,
 }
 
 impl RowResult {
@@ -471,6 +481,7 @@ impl RowResult {
             dafne: Series::default(),
             ceiling: Series::default(),
             native: row.has_native().then(Series::default),
+            preload: None,
         }
     }
 
@@ -531,24 +542,33 @@ impl Report {
             self.postmark.subdirectories,
         );
         s.push_str(
-            "| row | unit | dafne mount | bindfs ceiling | dafne / ceiling | dafne native | CPU s/GB dafne | CPU s/GB bindfs | CPU s/GB native |\n\
-             |---|---|---|---|---|---|---|---|---|\n",
+            "| row | unit | dafne mount | bindfs ceiling | dafne / ceiling | dafne preload | preload / ceiling | dafne native | CPU s/GB dafne | CPU s/GB bindfs | CPU s/GB preload | CPU s/GB native |\n\
+             |---|---|---|---|---|---|---|---|---|---|---|---|\n",
         );
+        let cells = |x: &Option<Series>| match x {
+            Some(n) if !n.samples.is_empty() => (fmt_value(n.median), fmt_cpu(n.median_cpu_s_per_gb)),
+            _ => ("-".to_string(), "-".to_string()),
+        };
         for r in &self.rows {
-            let (nv, nc) = match &r.native {
-                Some(n) => (fmt_value(n.median), fmt_cpu(n.median_cpu_s_per_gb)),
-                None => ("-".into(), "-".into()),
+            let (nv, nc) = cells(&r.native);
+            let (pv, pc) = cells(&r.preload);
+            let pr = match &r.preload {
+                Some(p) if !p.samples.is_empty() => format!("{:.0}%", p.median / r.ceiling.median * 100.0),
+                _ => "-".into(),
             };
             s.push_str(&format!(
-                "| {} | {} | {} | {} | {:.0}% | {} | {} | {} | {} |\n",
+                "| {} | {} | {} | {} | {:.0}% | {} | {} | {} | {} | {} | {} | {} |\n",
                 r.label,
                 r.unit.label(),
                 fmt_value(r.dafne.median),
                 fmt_value(r.ceiling.median),
                 r.ratio() * 100.0,
+                pv,
+                pr,
                 nv,
                 fmt_cpu(r.dafne.median_cpu_s_per_gb),
                 fmt_cpu(r.ceiling.median_cpu_s_per_gb),
+                pc,
                 nc,
             ));
         }

@@ -207,6 +207,26 @@ impl File {
         len.min((size - offset).min(usize::MAX as u64) as usize)
     }
 
+    /// Learns meta's size where it is larger than this handle's (writes
+    /// another client published since the open); returns the size known
+    /// now. Sizes only grow here, as in publishing.
+    pub fn refresh_size(&self) -> Result<u64, Errno> {
+        let current = self.fs.meta.getattr(self.open.attr.ino)?.size;
+        Ok(self.size.fetch_max(current, Ordering::Relaxed).max(current))
+    }
+
+    /// The size changed through another path to the same file (a
+    /// truncation through the mount, which set it on the servers and in
+    /// meta): this handle knows exactly `size` from now on.
+    pub fn set_known_size(&self, size: u64) {
+        self.size.store(size, Ordering::Relaxed);
+    }
+
+    /// Publishes the size (as `close` does) and keeps the file open.
+    pub fn publish(&self) -> Result<(), Errno> {
+        self.publish_size()
+    }
+
     /// Sets the size on every io server and in meta.
     pub fn truncate(&self, size: u64) -> Result<(), Errno> {
         futures::executor::block_on(self.fs.data.truncate(&self.open, size))?;

@@ -224,3 +224,39 @@ fn a_256_mib_file_through_caches_much_smaller_than_it() {
         assert!(bad.is_none(), "byte {} differs", off + bad.unwrap_or(0));
     }
 }
+
+/// A handle without read rights cannot ask the io servers for the stored
+/// size (they demand read rights for `Stat`): its close and publish set
+/// the end of its own writes instead of failing, never shrink meta's size,
+/// and the zero-copy calls and `refresh_size` the interception library
+/// uses agree with the copying ones.
+#[test]
+fn a_write_only_handle_publishes_the_end_of_its_own_writes() {
+    let c = cluster(8);
+    let rt = runtime();
+    let a = fs(&c, &rt);
+    let f = a.create(ROOT_INO, b"wonly", 0o644, None).unwrap();
+    let ino = f.attr().ino;
+    f.close().unwrap();
+    let w = a.open(ino, dafne_proto::OPEN_WRITE).unwrap();
+    let data: Vec<u8> = (0..(600 << 10)).map(|i| (i % 251) as u8).collect();
+    assert_eq!(w.write_from(1000, &data, Stability::Unstable).unwrap(), data.len());
+    w.publish().unwrap();
+    let end = 1000 + data.len() as u64;
+    assert_eq!(a.meta.getattr(ino).unwrap().size, end);
+    // A reader opened before a second writer grows the file learns the
+    // new size from meta.
+    let r = a.open(ino, dafne_proto::OPEN_READ).unwrap();
+    assert_eq!(r.size(), end);
+    w.write_at(end, b"tail", Stability::Unstable).unwrap();
+    w.close().unwrap();
+    assert_eq!(r.refresh_size().unwrap(), end + 4);
+    let mut back = vec![0u8; data.len() + 4];
+    assert_eq!(r.read_into(1000, &mut back).unwrap(), back.len());
+    assert!(back[..data.len()] == data[..] && &back[data.len()..] == b"tail");
+    // A write-only handle that wrote less does not shrink the file.
+    let w = a.open(ino, dafne_proto::OPEN_WRITE).unwrap();
+    w.write_at(0, b"x", Stability::Unstable).unwrap();
+    w.close().unwrap();
+    assert_eq!(a.meta.getattr(ino).unwrap().size, end + 4);
+}

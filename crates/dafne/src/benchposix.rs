@@ -1,5 +1,7 @@
 //! `dafne bench posix`: unmodified programs (fio, PostMark) on a fresh dafne
-//! mount, beside the FUSE ceiling (`bindfs --multithreaded` over tmpfs) and,
+//! mount, beside the FUSE ceiling (`bindfs --multithreaded` over tmpfs),
+//! the same fio rows under the interception library (`LD_PRELOAD`
+//! `libdafne_preload.so` on the mount: ORFA beside ORFS, seed 001/002) and,
 //! where a row allows it, beside the client library without the kernel.
 //!
 //! # Why this shape
@@ -77,6 +79,14 @@ pub struct PosixBench {
     /// to measure without write-behind (repeat or separate with commas).
     #[arg(long, value_delimiter = ',', allow_hyphen_values = true)]
     pub mount_args: Vec<String>,
+    /// The interception library for the preload column (default:
+    /// libdafne_preload.so beside this dafne executable, where `cargo build`
+    /// puts it).
+    #[arg(long)]
+    pub preload_lib: Option<PathBuf>,
+    /// Leave out the preload column.
+    #[arg(long)]
+    pub no_preload: bool,
 }
 
 /// The systems a row runs on.
@@ -85,6 +95,7 @@ enum System {
     Dafne,
     Ceiling,
     Native,
+    Preload,
 }
 
 impl System {
@@ -93,6 +104,7 @@ impl System {
             System::Dafne => "dafne",
             System::Ceiling => "bindfs",
             System::Native => "native",
+            System::Preload => "preload",
         }
     }
 }
@@ -122,6 +134,18 @@ impl Stop {
 /// `logs`; kills it when the run is interrupted. Returns its stdout and the
 /// wall time from spawn to exit.
 fn run_tool(stop: &Stop, logs: &Path, tag: &str, program: &str, args: &[String]) -> Result<(String, f64)> {
+    run_tool_env(stop, logs, tag, program, args, &[])
+}
+
+/// [`run_tool`] with more environment.
+fn run_tool_env(
+    stop: &Stop,
+    logs: &Path,
+    tag: &str,
+    program: &str,
+    args: &[String],
+    env: &[(&str, std::ffi::OsString)],
+) -> Result<(String, f64)> {
     let out_path = logs.join(format!("{tag}.out"));
     let err_path = logs.join(format!("{tag}.err"));
     let out = std::fs::File::create(&out_path).with_context(|| format!("creating {}", out_path.display()))?;
@@ -129,6 +153,7 @@ fn run_tool(stop: &Stop, logs: &Path, tag: &str, program: &str, args: &[String])
     let t = Instant::now();
     let mut child = Command::new(program)
         .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(out)
         .stderr(err)
@@ -252,6 +277,10 @@ struct Bench<'a> {
     native_cpu: Counted,
     native: Option<Session>,
     fio_version: String,
+    /// The interception library and the cluster directory it finds the
+    /// mount by (None: no preload column).
+    preload: Option<(PathBuf, PathBuf)>,
+    preload_cpu: Counted,
 }
 
 impl Bench<'_> {
@@ -262,6 +291,7 @@ impl Bench<'_> {
             System::Dafne => (&self.dafne_dir, &self.dafne_cpu),
             System::Ceiling => (&self.ceiling_dir, &self.ceiling_cpu),
             System::Native => (&self.dafne_dir, &self.native_cpu),
+            System::Preload => (&self.dafne_dir, &self.preload_cpu),
         };
         let before = counted.cpu_seconds()?;
         let mut sample = if sys == System::Native {
@@ -275,8 +305,22 @@ impl Bench<'_> {
             let seconds = t.elapsed().as_secs_f64();
             let value = bytes as f64 / (1 << 20) as f64 / seconds;
             Sample { value, bytes, seconds, cpu_seconds: 0.0, fio: None, postmark: None }
-        } else if let Some(args) = row.fio_args(dir, self.size, self.runtime_s) {
-            let (out, seconds) = run_tool(self.stop, &self.logs, &tag, "fio", &args)?;
+        } else if let Some(mut args) = row.fio_args(dir, self.size, self.runtime_s) {
+            let mut env = Vec::new();
+            let stats = self.logs.join(format!("{tag}.preload-stats"));
+            if sys == System::Preload {
+                let (lib, cluster) = self.preload.as_ref().context("no interception library")?;
+                env.push(("LD_PRELOAD", lib.clone().into_os_string()));
+                env.push(("DAFNE_HOME", cluster.clone().into_os_string()));
+                env.push(("DAFNE_PRELOAD_STATS", stats.clone().into_os_string()));
+                // Jobs as threads: a forked job of a process that started
+                // UCX cannot start it again (the library's notes on fork).
+                args.push("--thread".into());
+            }
+            let (out, seconds) = run_tool_env(self.stop, &self.logs, &tag, "fio", &args, &env)?;
+            if sys == System::Preload {
+                check_preloaded(&stats, &tag)?;
+            }
             let fio = posix::parse_fio(&out).with_context(|| format!("{tag}: fio's report"))?;
             self.fio_version.clone_from(&fio.version);
             let value = match row.unit() {
@@ -299,6 +343,25 @@ impl Bench<'_> {
         sample.cpu_seconds = counted.cpu_seconds()? - before;
         Ok(sample)
     }
+}
+
+/// Fails unless the interception library served the run: its counters
+/// (one JSON line per process) show opens and bytes, no failed connection.
+fn check_preloaded(stats: &Path, tag: &str) -> Result<()> {
+    let text = std::fs::read_to_string(stats)
+        .with_context(|| format!("{tag}: the interception library wrote no counters to {}", stats.display()))?;
+    let (mut opens, mut bytes, mut failures) = (0, 0, 0);
+    for line in text.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).with_context(|| format!("{tag}: {line:?}"))?;
+        let n = |k: &str| v[k].as_u64().unwrap_or(0);
+        opens += n("opens");
+        bytes += n("read_bytes") + n("write_bytes");
+        failures += n("connect_failures") + n("opens_fallback");
+    }
+    if opens == 0 || bytes == 0 || failures > 0 {
+        bail!("{tag}: the interception library did not serve fio ({opens} opens, {bytes} bytes, {failures} fallbacks): {text}");
+    }
+    Ok(())
 }
 
 /// Writes `/native-seq` from one registered 128 KiB region, one request at
@@ -455,6 +518,22 @@ pub fn run(a: PosixBench, parse_size: impl Fn(&str) -> Result<usize>) -> Result<
     dafne_cpu.extend(servers.iter().cloned());
     let mut native_cpu = vec![("this process (client library)".to_string(), std::process::id())];
     native_cpu.extend(servers.iter().cloned());
+    let preload = if a.no_preload || !rows.iter().any(|r| r.has_preload()) {
+        None
+    } else {
+        let lib = match &a.preload_lib {
+            Some(l) => l.clone(),
+            None => std::env::current_exe()?.with_file_name("libdafne_preload.so"),
+        };
+        if !lib.is_file() {
+            bail!(
+                "the interception library {} is missing: build it (`cargo build --release -p dafne-preload`), \
+                 name it with --preload-lib, or leave the column out with --no-preload",
+                lib.display()
+            );
+        }
+        Some((lib, cluster.dir.clone()))
+    };
     let native = if rows.iter().any(|r| r.has_native()) {
         Some(crate::copy::connect(&cluster.dir, "bench-posix", None)?)
     } else {
@@ -473,6 +552,8 @@ pub fn run(a: PosixBench, parse_size: impl Fn(&str) -> Result<usize>) -> Result<
         native_cpu: Counted(native_cpu),
         native,
         fio_version: String::new(),
+        preload,
+        preload_cpu: Counted(servers.clone()),
     };
     step(&format!("counted for dafne: {}", b.dafne_cpu.describe()));
     step(&format!("counted for bindfs: {}", b.ceiling_cpu.describe()));
@@ -496,6 +577,9 @@ pub fn run(a: PosixBench, parse_size: impl Fn(&str) -> Result<usize>) -> Result<
         for res in results.iter_mut() {
             let row = res.row;
             let mut systems = vec![System::Dafne, System::Ceiling];
+            if row.has_preload() && b.preload.is_some() {
+                systems.push(System::Preload);
+            }
             if row.has_native() {
                 systems.push(System::Native);
             }
@@ -517,6 +601,7 @@ pub fn run(a: PosixBench, parse_size: impl Fn(&str) -> Result<usize>) -> Result<
                     System::Dafne => res.dafne.push(s),
                     System::Ceiling => res.ceiling.push(s),
                     System::Native => res.native.get_or_insert_with(Default::default).push(s),
+                    System::Preload => res.preload.get_or_insert_with(Default::default).push(s),
                 }
             }
         }
@@ -526,6 +611,10 @@ pub fn run(a: PosixBench, parse_size: impl Fn(&str) -> Result<usize>) -> Result<
         ("dafne".to_string(), b.dafne_cpu.describe()),
         ("bindfs ceiling".to_string(), b.ceiling_cpu.describe()),
         ("dafne native".to_string(), b.native_cpu.describe()),
+        (
+            "dafne preload".to_string(),
+            format!("{} (the client library runs inside fio, not counted)", b.preload_cpu.describe()),
+        ),
         (
             "not counted".to_string(),
             "the workload's own process (fio, PostMark: its system time includes the kernel's FUSE and \
