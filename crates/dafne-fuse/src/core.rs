@@ -863,12 +863,7 @@ impl Core {
         }
         let set =
             SetAttr { size: grows.then_some(end), mtime: mode.zeroes().then_some(TimeSet::Now), ..Default::default() };
-        let a = match self.meta.setattr(ino, set) {
-            Ok(a) => a,
-            // Unlinked while open: no name whose attributes could change.
-            Err(Errno::ENOENT) => return Ok(()),
-            Err(e) => return Err(e),
-        };
+        let Some(a) = self.set_size_attrs(ino, set)? else { return Ok(()) };
         if let Some(st) = self.table().inodes.get_mut(&ino) {
             st.meta_size = a.size;
             st.attr = Some(a);
@@ -1054,16 +1049,22 @@ impl Core {
             }
         };
         let set = SetAttr { grow_to: Some(end), mtime: (!mtime_set).then_some(TimeSet::Now), ..Default::default() };
-        let a = match self.meta.setattr(ino, set) {
-            Ok(a) => a,
-            // Unlinked while open: no name, no size to publish.
-            Err(Errno::ENOENT) => return Ok(()),
-            Err(e) => return Err(e),
-        };
+        let Some(a) = self.set_size_attrs(ino, set)? else { return Ok(()) };
         if let Some(st) = self.table().inodes.get_mut(&ino) {
             st.meta_size = a.size;
         }
         Ok(())
+    }
+
+    /// Sets the size or times this mount's writes made, as the daemon;
+    /// `None` for a file unlinked while open (no name whose attributes
+    /// could change).
+    fn set_size_attrs(&self, ino: Ino, set: SetAttr) -> Result<Option<Attr>, Errno> {
+        match self.meta.setattr(ino, set) {
+            Ok(a) => Ok(Some(a)),
+            Err(Errno::ENOENT) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// Meta's size becomes the largest byte any io server holds (sizes only

@@ -300,10 +300,7 @@ fn serve(info: &ClusterInfo, mp: &Path, a: &MountArgs) -> Result<()> {
     let readahead = match a.readahead_mib {
         0 => None,
         mib => {
-            let budget = usize::try_from(mib)
-                .ok()
-                .and_then(|m| m.checked_mul(1 << 20))
-                .with_context(|| format!("--readahead-mib {mib} is more memory than this machine can address"))?;
+            let budget = mib_bytes(mib, "--readahead-mib")?;
             let config = dafne_client::readahead::ReadAheadConfig { budget, ..Default::default() };
             Some(
                 dafne_client::readahead::ReadAhead::new(&data, config)
@@ -314,10 +311,7 @@ fn serve(info: &ClusterInfo, mp: &Path, a: &MountArgs) -> Result<()> {
     let write_behind = match a.write_behind_mib {
         0 => None,
         mib => {
-            let budget = usize::try_from(mib)
-                .ok()
-                .and_then(|m| m.checked_mul(1 << 20))
-                .with_context(|| format!("--write-behind-mib {mib} is more memory than this machine can address"))?;
+            let budget = mib_bytes(mib, "--write-behind-mib")?;
             Some(
                 dafne_client::writebehind::WriteBehind::new(&data, budget)
                     .map_err(|e| anyhow::anyhow!("registering {mib} MiB for write-behind (--write-behind-mib): {e}"))?,
@@ -421,6 +415,15 @@ pub fn umount(a: UmountArgs) -> Result<()> {
     }
     println!("unmounted {}", mp.display());
     Ok(())
+}
+
+/// `mib` MiB in bytes, or an error naming the option when this machine
+/// cannot address that much.
+fn mib_bytes(mib: u64, option: &str) -> Result<usize> {
+    usize::try_from(mib)
+        .ok()
+        .and_then(|m| m.checked_mul(1 << 20))
+        .with_context(|| format!("{option} {mib} is more memory than this machine can address"))
 }
 
 #[cfg(test)]
