@@ -349,19 +349,6 @@ pub struct dafne_attr {
     pub ctime_nsec: u32,
 }
 
-/// `S_IF*` of a file type (Linux values).
-fn type_bits(k: FileType) -> u32 {
-    match k {
-        FileType::Regular => 0o100000,
-        FileType::Directory => 0o040000,
-        FileType::Symlink => 0o120000,
-        FileType::Fifo => 0o010000,
-        FileType::Socket => 0o140000,
-        FileType::CharDevice => 0o020000,
-        FileType::BlockDevice => 0o060000,
-    }
-}
-
 /// `DT_*` of a file type (`<dirent.h>`).
 fn dirent_type(k: FileType) -> u8 {
     match k {
@@ -379,7 +366,7 @@ impl From<&Attr> for dafne_attr {
     fn from(a: &Attr) -> dafne_attr {
         dafne_attr {
             ino: a.ino,
-            mode: type_bits(a.kind) | a.mode,
+            mode: a.kind.mode_bits() | a.mode,
             nlink: a.nlink,
             uid: a.uid,
             gid: a.gid,
@@ -588,8 +575,8 @@ mod tests {
 
     #[test]
     fn file_types_map_to_the_c_constants() {
-        assert_eq!(type_bits(FileType::Regular), 0o100000);
-        assert_eq!(type_bits(FileType::Directory), 0o040000);
+        assert_eq!(FileType::Regular.mode_bits(), 0o100000);
+        assert_eq!(FileType::Directory.mode_bits(), 0o040000);
         assert_eq!(dirent_type(FileType::Regular), 8);
         assert_eq!(dirent_type(FileType::Directory), 4);
         assert_eq!(dirent_type(FileType::Symlink), 10);

@@ -64,6 +64,20 @@ impl FileType {
         FileType::BlockDevice,
     ];
 
+    /// `st_mode`'s file-type bits (`S_IFREG`, ...; Linux values), for the
+    /// access paths that report a `stat` (C, Python).
+    pub fn mode_bits(self) -> u32 {
+        match self {
+            FileType::Regular => 0o100000,
+            FileType::Directory => 0o040000,
+            FileType::Symlink => 0o120000,
+            FileType::Fifo => 0o010000,
+            FileType::Socket => 0o140000,
+            FileType::CharDevice => 0o020000,
+            FileType::BlockDevice => 0o060000,
+        }
+    }
+
     /// The file type with this wire number.
     pub fn from_u8(v: u8) -> Option<FileType> {
         match v {

@@ -75,19 +75,6 @@ fn parent_of(meta: &MetaSession, path: &str) -> Result<(Ino, Vec<u8>), Errno> {
     Ok((parent.ino, name.as_bytes().to_vec()))
 }
 
-/// `st_mode`'s file-type bits (`S_IFREG`...) for a kind.
-fn type_bits(kind: FileType) -> u32 {
-    match kind {
-        FileType::Regular => 0o100000,
-        FileType::Directory => 0o040000,
-        FileType::Symlink => 0o120000,
-        FileType::Fifo => 0o010000,
-        FileType::Socket => 0o140000,
-        FileType::CharDevice => 0o020000,
-        FileType::BlockDevice => 0o060000,
-    }
-}
-
 /// A kind's name in `Stat.type`.
 fn kind_name(kind: FileType) -> &'static str {
     match kind {
@@ -122,7 +109,7 @@ impl From<&Attr> for Stat {
         let secs = |t: &dafne_proto::Timespec| t.sec as f64 + f64::from(t.nsec) / 1e9;
         Stat {
             st_ino: a.ino,
-            st_mode: type_bits(a.kind) | a.mode,
+            st_mode: a.kind.mode_bits() | a.mode,
             st_nlink: a.nlink,
             st_uid: a.uid,
             st_gid: a.gid,
