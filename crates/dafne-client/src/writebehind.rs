@@ -17,11 +17,16 @@
 //! * **Order**: a write that overlaps a write of the same file still in
 //!   flight waits for it first, so the later bytes always land last. Writes
 //!   that do not overlap go out together, to every server of the stripe.
-//! * **Errors** of a write are kept for its file (the first one) and
-//!   returned by the next [`WriteBehind::write`] or [`WriteBehind::drain`]
-//!   of that file; `drain` is what fsync, close, truncate and a lock
-//!   release call first, so an error is never lost silently (NFS's model:
-//!   a write that returned may still fail, and fsync/close say so).
+//! * **Errors** of a write are kept for its file, numbered, and reported
+//!   once to *each* caller's cursor (as Linux's `errseq`): every open file
+//!   (a handle of the mount, say) samples the file's error number when it
+//!   opens ([`WriteBehind::error_mark`]) and its next [`WriteBehind::write`]
+//!   or [`WriteBehind::drain`] reports an error newer than its cursor; so
+//!   a reader's close cannot take the error away from the writer's (review
+//!   finding). `drain` is what fsync, close and a lock release call, so an
+//!   error is never lost silently (NFS's model: a write that returned may
+//!   still fail, and fsync/close say so). The file's entry goes with
+//!   [`WriteBehind::forget`], when its last open closes.
 //! * **Reads** of a file wait for its writes in flight
 //!   ([`WriteBehind::settle`]; the error stays for the next drain), so a
 //!   read sees every write that returned before it.
@@ -69,12 +74,12 @@ pub struct WriteBehindStats {
     pub budget_bytes: u64,
 }
 
-/// Writes of one file in flight, and the first error not yet reported.
+/// Writes of one file in flight, and its latest error with its number.
 #[derive(Debug, Default)]
 struct Pending {
     /// (id, start, end) of every piece in flight.
     ranges: Vec<(u64, u64, u64)>,
-    error: Option<Errno>,
+    error: Option<(u64, Errno)>,
 }
 
 #[derive(Debug, Default)]
@@ -84,6 +89,8 @@ struct State {
     slots: usize,
     files: HashMap<u64, Pending>,
     next_id: u64,
+    /// Numbers errors (module docs, "Errors"); 0 is "none".
+    errors_seen: u64,
     stats: WriteBehindStats,
 }
 
@@ -143,19 +150,41 @@ impl WriteBehind {
         self.inner.changed.wait(g).unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The number of `object`'s latest error (0: none): the cursor of an
+    /// open file starts here, so it is told only of errors after it opened.
+    pub fn error_mark(&self, object: u64) -> u64 {
+        self.lock().files.get(&object).and_then(|p| p.error).map_or(0, |(n, _)| n)
+    }
+
     /// Copies `data` into slots and sends it to the io servers without
-    /// waiting; `Ok(data.len())` once every piece is on its way, or the
-    /// file's earlier error (module docs, "Errors").
-    pub fn write(&self, f: &OpenFile, offset: u64, data: &[u8], stability: Stability) -> Result<usize, Errno> {
+    /// waiting; `Ok(data.len())` once every piece is on its way, or an
+    /// error of the file newer than `cursor`, which then moves past it
+    /// (module docs, "Errors"). Each piece's range is recorded in
+    /// `changes` (the file's read-ahead change log) when it has landed,
+    /// so a unit read ahead while it was on its way is dropped (the caller
+    /// records it when posting too).
+    pub fn write(
+        &self,
+        f: &OpenFile,
+        offset: u64,
+        data: &[u8],
+        stability: Stability,
+        cursor: &mut u64,
+        changes: Option<Arc<crate::readahead::Changes>>,
+    ) -> Result<usize, Errno> {
         offset.checked_add(data.len() as u64).ok_or(Errno::EFBIG)?;
         let object = f.layout.object_id;
         for (i, piece) in data.chunks(SLOT).enumerate() {
             let at = offset + (i * SLOT) as u64;
-            let (id, mut slot) = self.acquire(object, at, at + piece.len() as u64)?;
+            let (id, mut slot) = self.acquire(object, at, at + piece.len() as u64, cursor)?;
             slot.as_mut_slice()[..piece.len()].copy_from_slice(piece);
-            let (me, f, len) = (self.clone(), f.clone(), piece.len());
+            let (me, f, len, changes) = (self.clone(), f.clone(), piece.len(), changes.clone());
             let posted = self.inner.cq.post_detached(async move {
                 let r = me.inner.data.write_region(&f, at, &slot, 0, len, stability).await;
+                // Also after a failure: some servers may have taken their part.
+                if let Some(c) = &changes {
+                    c.changed(at, at + len as u64);
+                }
                 me.complete(object, id, slot, r.map(|_| ()));
             });
             if !posted {
@@ -173,12 +202,12 @@ impl WriteBehind {
 
     /// A free slot for a piece of `object` at `start..end`, once no write of
     /// the object in flight overlaps it; registers the piece as in flight.
-    fn acquire(&self, object: u64, start: u64, end: u64) -> Result<(u64, Region), Errno> {
+    fn acquire(&self, object: u64, start: u64, end: u64, cursor: &mut u64) -> Result<(u64, Region), Errno> {
         let mut st = self.lock();
         let (mut counted_overlap, mut counted_memory) = (false, false);
         loop {
-            if let Some(e) = st.files.get_mut(&object).and_then(|p| p.error.take()) {
-                Self::forget_if_idle(&mut st, object);
+            if let Some((n, e)) = st.files.get(&object).and_then(|p| p.error).filter(|&(n, _)| n > *cursor) {
+                *cursor = n;
                 return Err(e);
             }
             let overlaps =
@@ -237,8 +266,9 @@ impl WriteBehind {
     fn finish(st: &mut State, object: u64, id: u64, r: Result<(), Errno>) {
         if let Err(e) = r {
             st.stats.errors += 1;
-            let p = st.files.entry(object).or_default();
-            p.error.get_or_insert(e);
+            st.errors_seen += 1;
+            let n = st.errors_seen;
+            st.files.entry(object).or_default().error = Some((n, e));
         }
         if let Some(p) = st.files.get_mut(&object) {
             p.ranges.retain(|&(i, _, _)| i != id);
@@ -261,14 +291,29 @@ impl WriteBehind {
         }
     }
 
-    /// Waits until no write of `object` is in flight and returns the first
-    /// error of those that returned early (once: it is then reported).
-    pub fn drain(&self, object: u64) -> Result<(), Errno> {
+    /// Waits until no write of `object` is in flight and returns its error
+    /// newer than `cursor` (once per cursor: the cursor moves past it).
+    pub fn drain(&self, object: u64, cursor: &mut u64) -> Result<(), Errno> {
         self.settle(object);
+        let st = self.lock();
+        match st.files.get(&object).and_then(|p| p.error).filter(|&(n, _)| n > *cursor) {
+            Some((n, e)) => {
+                *cursor = n;
+                Err(e)
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// The last open of `object` closed: its error is no one's to report
+    /// any more (entries of files with writes in flight stay until they
+    /// end).
+    pub fn forget(&self, object: u64) {
         let mut st = self.lock();
-        let e = st.files.get_mut(&object).and_then(|p| p.error.take());
+        if let Some(p) = st.files.get_mut(&object) {
+            p.error = None;
+        }
         Self::forget_if_idle(&mut st, object);
-        e.map_or(Ok(()), Err)
     }
 
     /// Writes of any file in flight now.
@@ -296,22 +341,42 @@ mod tests {
         let rt = fake_io::runtime("write-behind");
         let d = DataClient::connect(&rt, &[addr], fake_io::secret()).unwrap();
         let wb = WriteBehind::new(&d, 8 * SLOT).unwrap();
+        let mut c = 0;
         let f = fake_io::file_on(50, 1);
         let bytes = vec![7u8; 256 << 10];
         faults.write_delay_ms.store(100, Ordering::Relaxed);
         for i in 0..4u64 {
-            assert_eq!(wb.write(&f, i << 20, &bytes, Stability::Unstable), Ok(bytes.len()));
+            assert_eq!(wb.write(&f, i << 20, &bytes, Stability::Unstable, &mut c, None), Ok(bytes.len()));
         }
-        wb.drain(50).unwrap();
+        wb.drain(50, &mut c).unwrap();
         assert_eq!(faults.max_writes_in_flight.load(Ordering::SeqCst), 4, "disjoint writes went one at a time");
         faults.max_writes_in_flight.store(0, Ordering::SeqCst);
         for _ in 0..4 {
-            wb.write(&f, 4096, &bytes, Stability::Unstable).unwrap();
+            wb.write(&f, 4096, &bytes, Stability::Unstable, &mut c, None).unwrap();
         }
-        wb.drain(50).unwrap();
+        wb.drain(50, &mut c).unwrap();
         assert_eq!(faults.max_writes_in_flight.load(Ordering::SeqCst), 1, "an overlapping write was sent early");
         let s = wb.stats();
         assert_eq!((s.writes, s.waits_for_overlap, s.errors), (8, 3, 0), "{s:?}");
+    }
+
+    /// A write's range goes to the file's read-ahead change log when it
+    /// has landed, not only when posted (review finding: a unit read ahead
+    /// while the write was on its way was kept).
+    #[test]
+    fn a_landed_write_is_recorded_in_the_read_ahead_change_log() {
+        let (_server, addr, faults) = fake_io::start();
+        let rt = fake_io::runtime("write-behind-changes");
+        let d = DataClient::connect(&rt, &[addr], fake_io::secret()).unwrap();
+        let wb = WriteBehind::new(&d, 2 * SLOT).unwrap();
+        let mut c = 0;
+        let f = fake_io::file_on(53, 1);
+        let changes = Arc::new(crate::readahead::Changes::default());
+        faults.write_delay_ms.store(100, Ordering::Relaxed);
+        wb.write(&f, 0, &[3u8; 8192], Stability::Unstable, &mut c, Some(changes.clone())).unwrap();
+        assert_eq!(changes.version(), 0, "recorded before it landed");
+        wb.drain(53, &mut c).unwrap();
+        assert_eq!(changes.version(), 1, "not recorded when it landed");
     }
 
     /// The budget bounds the slots in flight: a writer waits for one.
@@ -321,13 +386,14 @@ mod tests {
         let rt = fake_io::runtime("write-behind-budget");
         let d = DataClient::connect(&rt, &[addr], fake_io::secret()).unwrap();
         let wb = WriteBehind::new(&d, 2 * SLOT).unwrap();
+        let mut c = 0;
         let f = fake_io::file_on(51, 1);
         faults.write_delay_ms.store(50, Ordering::Relaxed);
         let bytes = vec![1u8; SLOT];
         for i in 0..6u64 {
-            wb.write(&f, i * SLOT as u64, &bytes, Stability::Unstable).unwrap();
+            wb.write(&f, i * SLOT as u64, &bytes, Stability::Unstable, &mut c, None).unwrap();
         }
-        wb.drain(51).unwrap();
+        wb.drain(51, &mut c).unwrap();
         let s = wb.stats();
         assert_eq!(faults.max_writes_in_flight.load(Ordering::SeqCst), 2);
         assert_eq!(s.peak_bytes, 2 * SLOT as u64, "{s:?}");
@@ -342,15 +408,23 @@ mod tests {
         let rt = fake_io::runtime("write-behind-failure");
         let d = DataClient::connect(&rt, &[addr], fake_io::secret()).unwrap();
         let wb = WriteBehind::new(&d, SLOT).unwrap();
+        let mut c = 0;
         let f = fake_io::file_on(52, 1);
         let bytes = vec![2u8; 200 << 10];
         faults.fail_writes.store(true, Ordering::Relaxed);
-        assert_eq!(wb.write(&f, 0, &bytes, Stability::Unstable), Ok(bytes.len()));
+        assert_eq!(wb.write(&f, 0, &bytes, Stability::Unstable, &mut c, None), Ok(bytes.len()));
         wb.settle(52);
         faults.fail_writes.store(false, Ordering::Relaxed);
-        assert_eq!(wb.write(&f, 0, &bytes, Stability::Unstable), Err(Errno::EIO));
-        assert_eq!(wb.write(&f, 0, &bytes, Stability::Unstable), Ok(bytes.len()), "reported once");
-        assert_eq!(wb.drain(52), Ok(()));
+        // Another open of the file (a reader, say) hears of it too, and
+        // does not take it from the writer (errseq; review finding).
+        let mut reader = 0;
+        assert_eq!(wb.drain(52, &mut reader), Err(Errno::EIO));
+        assert_eq!(wb.drain(52, &mut reader), Ok(()), "reported once to each");
+        assert_eq!(wb.write(&f, 0, &bytes, Stability::Unstable, &mut c, None), Err(Errno::EIO));
+        assert_eq!(wb.write(&f, 0, &bytes, Stability::Unstable, &mut c, None), Ok(bytes.len()), "reported once");
+        assert_eq!(wb.drain(52, &mut c), Ok(()));
+        // An open made after the error is not told of it.
+        assert_eq!(wb.drain(52, &mut wb.error_mark(52)), Ok(()));
         assert_eq!(d.bounce_quarantined(), 1, "the failed write's slot was quarantined");
         assert_eq!(wb.stats().errors, 1);
     }

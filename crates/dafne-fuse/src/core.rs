@@ -32,21 +32,21 @@
 //! them and returns their error: `flush` (each `close(2)`), `fsync`, the
 //! release of a lock (so the next holder, on any mount, reads them), and
 //! the next write. The change a write makes is recorded for read-ahead when
-//! it is posted; reads wait for the file's writes before they post
-//! read-ahead, so a unit is never fetched between the two (a read and a
-//! write of one file racing on two threads can, as without write-behind).
+//! it is posted and again when it has landed, so a unit another thread's
+//! read fetched ahead while the write was on its way is dropped too (review
+//! finding: recorded only at posting, such a unit was kept and served
+//! later); reads of the file also wait for its writes before they fetch.
 //! `O_SYNC` needs nothing here: the kernel follows each such write with an
 //! `fsync`.
 //!
 //! # Publishing the size
 //! The io servers hold the bytes; meta holds the size. After writes, the
 //! size and mtime go to meta on `flush` (each `close(2)`, so the size is exact
-//! when `close` returns), `release` and a lock's release as a grow-only size,
-//! the end of this mount's writes (`SetAttr::grow_to`: one round trip; two
-//! writers' sizes can only grow, the larger wins); on `fsync` the size
+//! when `close` returns), `fsync`, `release` and a lock's release: the size
 //! becomes the largest byte any io server stores (a `Stat` of every server
-//! of the layout), never smaller than meta's, as in `dafne_client::file::File`,
-//! which also takes in bytes a writer that died left past the size. This runs as the
+//! of the layout, which also writes the file's cached units back and runs
+//! the write verifier), sent as a grow-only size (`SetAttr::grow_to`, one
+//! round trip to meta), as in `dafne_client::file::File`. This runs as the
 //! daemon's own (root) session: the writer was allowed to write when it
 //! opened; publishing what it wrote must not fail on a later chmod.
 //!
@@ -282,6 +282,9 @@ struct Handle {
     /// The lock owners that locked through this handle (module docs,
     /// "Locks"): released when the handle is.
     lock_owners: Vec<u64>,
+    /// The last write-behind error of the file this handle was told of
+    /// (`WriteBehind::error_mark`): each handle hears of each error once.
+    wb_cursor: u64,
 }
 
 /// What this mount knows of an inode it has open.
@@ -421,10 +424,17 @@ impl Core {
         }
     }
 
-    /// Waits for this mount's writes of `file` in flight and returns the
-    /// first error of those that had returned early.
-    fn drain(&self, file: &OpenFile) -> Result<(), Errno> {
-        self.writebehind.as_ref().map_or(Ok(()), |wb| wb.drain(file.layout.object_id))
+    /// Waits for the writes in flight of handle `fh`'s file and returns an
+    /// error of theirs this handle was not told of yet (module docs,
+    /// "Write-behind").
+    fn drain(&self, fh: u64, file: &OpenFile) -> Result<(), Errno> {
+        let Some(wb) = &self.writebehind else { return Ok(()) };
+        let mut cursor = self.table().handles.get(&fh).map_or(0, |h| h.wb_cursor);
+        let r = wb.drain(file.layout.object_id, &mut cursor);
+        if let Some(h) = self.table().handles.get_mut(&fh) {
+            h.wb_cursor = h.wb_cursor.max(cursor);
+        }
+        r
     }
 
     /// Writes [`RegistrationCounters`] to `path` after each `flush`.
@@ -692,7 +702,8 @@ impl Core {
         attr.size = st.size();
         let changes = t.changes.entry(ino).or_default().clone();
         let stream = self.readahead.as_ref().map(|r| Arc::new(r.stream(changes)));
-        t.handles.insert(fh, Handle { ino, file: Arc::new(file), stream, lock_owners: Vec::new() });
+        let wb_cursor = self.writebehind.as_ref().map_or(0, |wb| wb.error_mark(file.layout.object_id));
+        t.handles.insert(fh, Handle { ino, file: Arc::new(file), stream, lock_owners: Vec::new(), wb_cursor });
         (fh, attr)
     }
 
@@ -810,16 +821,19 @@ impl Core {
     /// Writes `data` at `offset` (unstable: the io servers may cache it
     /// until `fsync`).
     pub fn write(&self, fh: u64, offset: u64, data: &[u8]) -> Result<usize, Errno> {
-        let (file, ino) = {
+        let (file, ino, mut cursor, changes) = {
             let t = self.table();
             let h = t.handles.get(&fh).ok_or(Errno::EBADF)?;
-            (h.file.clone(), h.ino)
+            (h.file.clone(), h.ino, h.wb_cursor, t.changes.get(&h.ino).cloned())
         };
         let r = match &self.writebehind {
-            Some(wb) => wb.write(&file, offset, data, Stability::Unstable),
+            Some(wb) => wb.write(&file, offset, data, Stability::Unstable, &mut cursor, changes),
             None => block(self.data.write_at(&file, offset, data, Stability::Unstable)),
         };
         let mut t = self.table();
+        if let Some(h) = t.handles.get_mut(&fh) {
+            h.wb_cursor = h.wb_cursor.max(cursor);
+        }
         // Also after a failed write: some servers may have taken their part.
         t.changed(ino, offset, offset.saturating_add(data.len() as u64));
         let n = r?;
@@ -953,7 +967,7 @@ impl Core {
             let h = t.handles.get(&fh).ok_or(Errno::EBADF)?;
             (h.file.clone(), h.ino)
         };
-        let drained = self.drain(&file);
+        let drained = self.drain(fh, &file);
         // fsync(2) flushes the file, whoever wrote it, also through a
         // read-only descriptor; the io servers want write rights for Sync,
         // which the daemon asks for in that case (syncing changes no byte).
@@ -986,6 +1000,9 @@ impl Core {
                     if st.handles == 0 {
                         t.inodes.remove(&h.ino);
                         t.changes.remove(&h.ino);
+                        if let Some(wb) = &self.writebehind {
+                            wb.forget(h.file.layout.object_id);
+                        }
                     }
                 }
             }
@@ -1021,39 +1038,26 @@ impl Core {
         // them, and a write that failed after it returned is reported here
         // (close, fsync, a lock's release).
         let drained = match self.handle_file(fh) {
-            Some(file) => self.drain(&file),
+            Some(file) => self.drain(fh, &file),
             None => return Err(Errno::EBADF),
         };
         self.publish_dirty(fh).and(drained)
     }
 
-    /// The size this mount's writes reached goes to meta as a grow-only
-    /// size (`SetAttr::grow_to`: one round trip, no `Stat` of the io
-    /// servers and no read of meta's size first), with mtime now unless it
-    /// was set explicitly since the last write. `fsync` publishes what the
-    /// io servers hold instead ([`Core::publish`]), which also covers bytes
-    /// a dead writer left beyond the size.
     fn publish_dirty(&self, fh: u64) -> Result<(), Errno> {
-        let (ino, end, mtime_set) = {
+        let (file, ino) = {
             let mut t = self.table();
             let Some(h) = t.handles.get(&fh) else { return Err(Errno::EBADF) };
-            let ino = h.ino;
+            let (file, ino) = (h.file.clone(), h.ino);
             match t.inodes.get_mut(&ino) {
                 // Cleared before publishing: a write racing the publish
                 // marks it again.
-                Some(st) if st.dirty => {
-                    st.dirty = false;
-                    (ino, st.written_end, st.mtime_set)
-                }
+                Some(st) if st.dirty => st.dirty = false,
                 _ => return Ok(()),
             }
+            (file, ino)
         };
-        let set = SetAttr { grow_to: Some(end), mtime: (!mtime_set).then_some(TimeSet::Now), ..Default::default() };
-        let Some(a) = self.set_size_attrs(ino, set)? else { return Ok(()) };
-        if let Some(st) = self.table().inodes.get_mut(&ino) {
-            st.meta_size = a.size;
-        }
-        Ok(())
+        self.publish(ino, &file)
     }
 
     /// Sets the size or times this mount's writes made, as the daemon;
@@ -1067,9 +1071,14 @@ impl Core {
         }
     }
 
-    /// Meta's size becomes the largest byte any io server holds (sizes only
-    /// grow here; truncation shrinks), and mtime becomes now unless it was
-    /// set explicitly since the last write.
+    /// Meta's size becomes the largest byte any io server holds, if that
+    /// is larger (`SetAttr::grow_to`: sizes only grow here, truncation
+    /// shrinks; no read of meta's size first), and mtime becomes now unless
+    /// it was set explicitly since the last write. Asking the io servers
+    /// (`Stat`) also writes the file's cached units back on each and runs
+    /// the write verifier (`dafne_client::data`), so a close reports a
+    /// write an io server lost, and a size never counts bytes that did not
+    /// arrive or that another mount's truncate removed.
     fn publish(&self, ino: Ino, file: &Arc<OpenFile>) -> Result<(), Errno> {
         let stored = if file.cap.rights & RIGHT_READ != 0 {
             block(self.data.stored_size(file))
@@ -1079,24 +1088,9 @@ impl Core {
             self.close_in_meta(&stat_file);
             r
         }?;
-        let current = match self.meta.getattr(ino) {
-            Ok(a) => a,
-            // Unlinked while open: no name, no size to publish.
-            Err(Errno::ENOENT) => return Ok(()),
-            Err(e) => return Err(e),
-        };
         let mtime_set = self.table().inodes.get(&ino).is_some_and(|st| st.mtime_set);
-        let set = SetAttr {
-            size: (stored > current.size).then_some(stored),
-            // A size change alone would make meta's mtime "now": keep an
-            // explicitly set one by restating it.
-            mtime: Some(if mtime_set { TimeSet::At(current.mtime) } else { TimeSet::Now }),
-            ..Default::default()
-        };
-        if mtime_set && set.size.is_none() {
-            return Ok(());
-        }
-        let a = self.meta.setattr(ino, set)?;
+        let set = SetAttr { grow_to: Some(stored), mtime: (!mtime_set).then_some(TimeSet::Now), ..Default::default() };
+        let Some(a) = self.set_size_attrs(ino, set)? else { return Ok(()) };
         if let Some(st) = self.table().inodes.get_mut(&ino) {
             st.meta_size = a.size;
         }

@@ -38,6 +38,7 @@ fn writes_read_back_whole_within_the_budget() {
     let f = fs.create(ROOT_INO, b"seq", 0o644, hint).unwrap();
     let budget = 4 * SLOT;
     let wb = WriteBehind::new(&fs.data, budget).unwrap();
+    let mut c = 0;
     // 24 MiB in 128 KiB writes (six times the budget), then the same
     // 128 KiB rewritten 40 times with different bytes: only the last may
     // be left, although each rewrite returned before the one before it
@@ -46,18 +47,18 @@ fn writes_read_back_whole_within_the_budget() {
     // server that delays its answers, in `writebehind`'s unit tests.)
     let mut want = pattern(24 << 20, 1);
     for (i, piece) in want.chunks(128 << 10).enumerate() {
-        assert_eq!(wb.write(f.handle(), (i << 17) as u64, piece, Stability::Unstable), Ok(piece.len()));
+        assert_eq!(wb.write(f.handle(), (i << 17) as u64, piece, Stability::Unstable, &mut c, None), Ok(piece.len()));
     }
     let at = 5 << 20;
     for round in 0..40u64 {
         let bytes = pattern(128 << 10, 100 + round);
-        wb.write(f.handle(), at as u64, &bytes, Stability::Unstable).unwrap();
+        wb.write(f.handle(), at as u64, &bytes, Stability::Unstable, &mut c, None).unwrap();
         want[at..at + bytes.len()].copy_from_slice(&bytes);
     }
     // A write larger than a slot goes as several pieces.
     let big = pattern(3 * SLOT + 5, 7);
-    wb.write(f.handle(), 30 << 20, &big, Stability::Unstable).unwrap();
-    wb.drain(f.handle().layout.object_id).unwrap();
+    wb.write(f.handle(), 30 << 20, &big, Stability::Unstable, &mut c, None).unwrap();
+    wb.drain(f.handle().layout.object_id, &mut c).unwrap();
     assert_eq!(wb.in_flight(), 0);
     let mut got = vec![0u8; want.len()];
     assert_eq!(read(&fs, f.handle(), 0, &mut got), want.len());
@@ -85,24 +86,29 @@ fn a_write_that_fails_after_it_returned_is_reported_once() {
     f.close().unwrap();
     let ro = fs.meta.open(ino, dafne_proto::OPEN_READ).unwrap();
     let wb = WriteBehind::new(&fs.data, 2 * SLOT).unwrap();
+    let mut c = 0;
     let bytes = pattern(256 << 10, 3);
-    assert_eq!(wb.write(&ro, 0, &bytes, Stability::Unstable), Ok(bytes.len()), "returned before the servers answered");
+    assert_eq!(
+        wb.write(&ro, 0, &bytes, Stability::Unstable, &mut c, None),
+        Ok(bytes.len()),
+        "returned before the servers answered"
+    );
     wb.settle(ro.layout.object_id);
-    let e = wb.write(&ro, 1 << 20, &bytes, Stability::Unstable).unwrap_err();
+    let e = wb.write(&ro, 1 << 20, &bytes, Stability::Unstable, &mut c, None).unwrap_err();
     assert_eq!(e, dafne_proto::Errno::EACCES, "the next write reports the failure");
     // Reported once; a new failing write is reported by the drain.
-    wb.write(&ro, 2 << 20, &bytes, Stability::Unstable).unwrap();
-    assert_eq!(wb.drain(ro.layout.object_id), Err(dafne_proto::Errno::EACCES));
-    assert_eq!(wb.drain(ro.layout.object_id), Ok(()), "reported once");
+    wb.write(&ro, 2 << 20, &bytes, Stability::Unstable, &mut c, None).unwrap();
+    assert_eq!(wb.drain(ro.layout.object_id, &mut c), Err(dafne_proto::Errno::EACCES));
+    assert_eq!(wb.drain(ro.layout.object_id, &mut c), Ok(()), "reported once");
     let s = wb.stats();
     assert_eq!(s.errors, 2, "{s:?}");
     // The failed writes' slots were replaced: write-behind still works, on
     // a file this client may write.
     let w = fs.open(ino, dafne_proto::OPEN_READ | dafne_proto::OPEN_WRITE).unwrap();
     for i in 0..4u64 {
-        wb.write(w.handle(), i << 18, &bytes, Stability::Unstable).unwrap();
+        wb.write(w.handle(), i << 18, &bytes, Stability::Unstable, &mut c, None).unwrap();
     }
-    wb.drain(w.handle().layout.object_id).unwrap();
+    wb.drain(w.handle().layout.object_id, &mut c).unwrap();
     let mut got = vec![0u8; bytes.len()];
     assert_eq!(read(&fs, w.handle(), 3 << 18, &mut got), bytes.len());
     assert!(got == bytes);

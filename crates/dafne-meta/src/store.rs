@@ -1445,11 +1445,13 @@ impl Tables<'_> {
                 if cred.uid != 0 {
                     return Err(Errno::EPERM.into());
                 }
+                // The capabilities its sessions were issued die with it (once:
+                // a repeated revocation changes nothing, and must not make
+                // every client re-obtain its capabilities again).
                 if self.revoked_credentials.get(name.as_str())?.is_none() {
                     self.revoked_credentials.insert(name.as_str(), self.now.sec.max(0) as u64)?;
+                    self.revoke_all()?;
                 }
-                // The capabilities its sessions were issued die with it.
-                self.revoke_all()?;
                 Ok(Response::Done)
             }
             // Handled by the service (sessions, the open table), never here.
@@ -1528,6 +1530,11 @@ impl Tables<'_> {
             }
         }
         if set.size.is_some() || set.grow_to.is_some() {
+            // Past it the io servers refuse every offset, and the kernel
+            // would read the size as negative (review finding).
+            if set.size.max(set.grow_to).is_some_and(|s| s > dafne_proto::io::MAX_FILE_SIZE) {
+                return Err(Errno::EFBIG.into());
+            }
             match i.attr.kind {
                 FileType::Directory => return Err(Errno::EISDIR.into()),
                 // truncate(2) of anything but a regular file or directory.
@@ -2346,6 +2353,27 @@ mod tests {
             }
             r => panic!("{r:?}"),
         }
+    }
+
+    #[test]
+    fn grow_to_only_grows_and_sizes_past_the_largest_file_are_refused() {
+        let (_d, s) = fresh_store();
+        let root = Cred::root();
+        let f = mk(&s, &root, ROOT_INO, "f", false, 0o644);
+        let size_of = |r: Result<Response, Errno>| match r.unwrap() {
+            Response::Attr { attr } => attr.size,
+            r => panic!("{r:?}"),
+        };
+        let grow = |n| Request::SetAttr { ino: f.ino, set: SetAttr { grow_to: Some(n), ..Default::default() } };
+        assert_eq!(size_of(ask(&s, &root, grow(100))), 100);
+        assert_eq!(size_of(ask(&s, &root, grow(50))), 100, "grow_to never shrinks");
+        for set in [
+            SetAttr { grow_to: Some(u64::MAX), ..Default::default() },
+            SetAttr { size: Some(dafne_proto::io::MAX_FILE_SIZE + 1), ..Default::default() },
+        ] {
+            assert_eq!(ask(&s, &root, Request::SetAttr { ino: f.ino, set }).map(|_| ()), Err(Errno::EFBIG));
+        }
+        assert_eq!(size_of(ask(&s, &root, grow(dafne_proto::io::MAX_FILE_SIZE))), dafne_proto::io::MAX_FILE_SIZE);
     }
 
     #[test]

@@ -161,9 +161,14 @@ impl UnifierConfig {
             return Err(ConfigError::DirtyTooLarge { max_dirty_bytes: self.max_dirty_bytes, cache_bytes: total });
         }
         if let Some(max) = self.max_pinned_bytes {
+            // Ready slabs are registered at start whatever the bound (review
+            // finding: a bound below them with no raw slabs passed here and
+            // then failed the start itself); raw memory needs room for two
+            // more.
             let ready = self.ready_slabs as u64 * self.slab_size as u64;
-            let min = ready + 2 * self.slab_size as u64;
-            if self.raw_slabs > 0 && max < min {
+            let raw_room = if self.raw_slabs > 0 { 2 * self.slab_size as u64 } else { 0 };
+            let min = ready + raw_room;
+            if max < min {
                 return Err(ConfigError::PinnedTooSmall { max_pinned_bytes: max, ready_bytes: ready, min });
             }
         }
@@ -174,6 +179,14 @@ impl UnifierConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pinned_bound_below_the_ready_slabs_is_refused_also_without_raw_slabs() {
+        let c = UnifierConfig { max_pinned_bytes: Some(8 << 20), ..Default::default() };
+        assert!(matches!(c.validate(), Err(ConfigError::PinnedTooSmall { min, .. }) if min == 64 << 20));
+        let ok = UnifierConfig { max_pinned_bytes: Some(64 << 20), ..Default::default() };
+        ok.validate().unwrap();
+    }
 
     #[test]
     fn defaults_are_valid_and_add_up() {

@@ -37,8 +37,9 @@ pub enum ConfigError {
     )]
     DirtyTooLarge { max_dirty_bytes: usize, cache_bytes: u64 },
     #[error(
-        "max_pinned_bytes = {max_pinned_bytes} leaves room for fewer than 2 raw slabs beside the ready ones \
-         ({ready_bytes} bytes); raise it to at least {min}, or make more of the cache ready"
+        "max_pinned_bytes = {max_pinned_bytes} is below the memory registered at start ({ready_bytes} bytes of \
+         ready slabs) plus two raw slabs if there is raw memory: raise it to at least {min} (--max-pinned-mib), \
+         or make more of the cache raw (--raw-percent)"
     )]
     PinnedTooSmall { max_pinned_bytes: u64, ready_bytes: u64, min: u64 },
 }

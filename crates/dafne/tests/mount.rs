@@ -676,16 +676,27 @@ fn a_mount_heals_after_its_servers_crash_and_restart() {
     std::fs::write(m.path("before"), &data).unwrap();
     // sync(1) on the file: fsync through the mount, so the data is on disk.
     sh(cmd("sync", &[p(&m.path("before"))]));
+    // Only closed, not fsynced: a close writes the file's cached units back
+    // on every io server (review finding: a close that only published the
+    // size left them in the io servers' memory, and a crash of the servers
+    // then turned the closed file into zeros without an error).
+    let closed = pattern(2 << 20, 10);
+    std::fs::write(m.path("closed"), &closed).unwrap();
     let servers: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(c.dir().join("servers.json")).unwrap()).unwrap();
-    for i in [0, 2] {
+    // Every io server (index 0 of servers.json is meta).
+    let io: Vec<usize> = (0..servers.as_array().unwrap().len())
+        .filter(|&i| servers[i]["name"].as_str().is_some_and(|n| n.starts_with("io-")))
+        .collect();
+    assert_eq!(io.len(), 4, "{servers}");
+    for &i in &io {
         let pid = servers[i]["pid"].as_u64().unwrap();
         Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap();
     }
     wait_for("the supervisor's restarts", || {
         let s: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(c.dir().join("servers.json")).unwrap()).unwrap();
-        [0, 2].iter().all(|&i| s[i]["restarts"] == 1 && s[i]["state"] == "running")
+        io.iter().all(|&i| s[i]["restarts"] == 1 && s[i]["state"] == "running")
     });
     // The first operations may fail (EIO: they were in flight or met the
     // lost connections); the mount then reconnects by itself, no remount.
@@ -695,9 +706,18 @@ fn a_mount_heals_after_its_servers_crash_and_restart() {
     wait_for("the mount to answer again", || {
         bounded("dd").args([&before, "iflag=nocache", "count=0", "status=none"]).status().is_ok_and(|s| s.success())
             && std::fs::read(m.path("before")).is_ok_and(|b| b == data)
-            && std::fs::write(m.path("after"), b"x").is_ok()
+            // Checked at fsync: with write-behind a write that met a lost
+            // connection reports it at fsync or close, and std::fs::write
+            // ignores close's result.
+            && std::fs::File::create(m.path("after")).and_then(|mut f| {
+                use std::io::Write;
+                f.write_all(b"x")?;
+                f.sync_all()
+            }).is_ok()
     });
     assert_eq!(std::fs::read(m.path("after")).unwrap(), b"x");
+    let closed_back = std::fs::read(m.path("closed")).unwrap();
+    assert!(closed_back == closed, "a closed file's bytes did not survive the io servers' crash");
     assert!(mounted(&m.mp));
 }
 
@@ -920,6 +940,31 @@ fn a_daemon_killed_with_writes_in_flight_loses_only_what_was_never_fsynced() {
     if let Some(at) = back[..synced.len()].iter().zip(&synced).position(|(x, y)| x != y) {
         panic!("fsynced bytes differ after the daemon's death, first at offset {at}");
     }
+}
+
+/// Found by review: a close published the end of this mount's own writes
+/// as the size, so a truncate made meanwhile on another mount was undone
+/// (the size came back, filled with zeros), and a write lost on its way
+/// still counted. The size at close is the io servers' (which a truncate
+/// changes) and only grows.
+#[test]
+fn a_close_after_another_mounts_truncate_keeps_the_truncated_size() {
+    let _g = serial();
+    let c = Cluster::start();
+    let a = c.mount();
+    let b = c.mount_at("b", &[]);
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new().create_new(true).write(true).open(a.path("f")).unwrap();
+    f.write_all(&pattern(4 << 20, 70)).unwrap();
+    f.flush().unwrap();
+    // B truncates while A still holds the file open with its writes done.
+    let g = std::fs::OpenOptions::new().write(true).open(b.path("f")).unwrap();
+    g.set_len(0).unwrap();
+    drop(g);
+    assert_eq!(std::fs::metadata(b.path("f")).unwrap().len(), 0);
+    drop(f);
+    let back = std::fs::read(b.path("f")).unwrap();
+    assert_eq!(back.len(), 0, "A's close brought back {} bytes that B's truncate removed", back.len());
 }
 
 /// The pid of the one mount daemon recorded in a cluster's `mounts/`.
