@@ -620,6 +620,12 @@ fn mistakes_get_clear_messages_and_a_nonzero_exit() {
     let raw: i32 = pid.parse().unwrap();
     rustix::process::kill_process(rustix::process::Pid::from_raw(raw).unwrap(), rustix::process::Signal::KILL).unwrap();
     wait_for("the killed daemon to be gone", || !alive(pid.parse::<u32>().unwrap()));
+    // (Under load a run here once saw the mount not yet ENOTCONN right after
+    // the daemon was reaped: wait for the kernel's verdict, which is what
+    // `dafne mount` reads.)
+    wait_for("the kernel to report the mount dead", || {
+        std::fs::metadata(&m2.mp).is_err_and(|e| e.raw_os_error() == Some(rustix::io::Errno::NOTCONN.raw_os_error()))
+    });
     let t = fail(dafne().arg("mount").arg(&m2.mp).args(["--dir", &d]));
     assert!(t.contains("dead dafne mount") && t.contains("dafne umount"), "{t}");
     let o = m2.umount();
