@@ -21,7 +21,9 @@
 //! (`F_DUPFD*`, `F_SETFL`), `close`, `close_range` and `fclose` keep the
 //! table right; `fstat` (all its names), `statx`, `mmap`, `ftruncate`,
 //! `fallocate` and lock calls first bring the kernel's view up to date
-//! and then go to the kernel ([`state`]'s coherence rules).
+//! and then go to the kernel ([`state`]'s coherence rules). `execve`,
+//! `execv`, `execvp`, `execvpe`, `execveat`, `fexecve`, `posix_spawn` and
+//! `posix_spawnp` publish every entry's writes before the real call.
 //!
 //! # Calling convention
 //! `open`, `openat` and `fcntl` are variadic in C. They are defined here

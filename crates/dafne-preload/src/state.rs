@@ -31,7 +31,8 @@
 //! another process read through the mount before. So before the kernel
 //! path is used on a descriptor this process has written through (close,
 //! `fstat`, `mmap`, `fsync`, `ftruncate`, `fallocate`, `sendfile`, a
-//! `SEEK_DATA`/`SEEK_HOLE` seek, `fork`, exit) the library publishes the
+//! `SEEK_DATA`/`SEEK_HOLE` seek, `fork`, an exec or spawn, exit, another
+//! open of the same inode) the library publishes the
 //! size to meta (as the mount does at every close), makes the kernel fetch
 //! the attributes again (`statx` with `AT_STATX_FORCE_SYNC`, which also
 //! drops cached pages when the size changed) and drops clean cached pages
@@ -58,7 +59,8 @@
 //! subprocess) shares the parent's memory and runs no fork handler: it
 //! changes nothing and intercepts nothing until it execs. An exec'd
 //! program starts with an empty table (LD_PRELOAD loads the library
-//! afresh) and its inherited descriptors on the FUSE path. The table, the
+//! afresh) and its inherited descriptors on the FUSE path; the exec
+//! functions publish first, since no exit handler runs. The table, the
 //! connection and the counters are safe to use from any thread.
 
 use std::cell::Cell;
