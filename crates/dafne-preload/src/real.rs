@@ -188,7 +188,19 @@ pub fn identity(fd: c_int) -> Option<(u64, u64, u32)> {
 /// Makes the kernel ask the mount for the attributes of `fd`'s file now
 /// (`AT_STATX_FORCE_SYNC`: FUSE sends a getattr whatever its cache
 /// holds). A changed size also drops the inode's cached pages in FUSE.
+///
+/// FUSE drops a getattr's reply when the inode's attributes changed while
+/// it was in flight (its `attr_version` check), leaving them marked
+/// stale, and a write through an `O_APPEND` descriptor takes the cached
+/// size without checking it: seen as an append landing at the size before
+/// the publish. A plain `fstat` after the forced one fetches again exactly
+/// when the attributes are stale, and costs no request otherwise.
 pub fn refresh_kernel_attributes(fd: c_int) {
+    force_statx(fd);
+    let _ = identity(fd);
+}
+
+fn force_statx(fd: c_int) {
     let mut stx = std::mem::MaybeUninit::<libc::statx>::zeroed();
     // SAFETY: the empty path is a NUL-terminated literal; `stx` is a
     // writable statx buffer; the result is not read.
