@@ -21,7 +21,9 @@
 //! (`F_DUPFD*`, `F_SETFL`), `close`, `close_range` and `fclose` keep the
 //! table right; `fstat` (all its names), `statx`, `mmap`, `ftruncate`,
 //! `fallocate` and lock calls first bring the kernel's view up to date
-//! and then go to the kernel ([`state`]'s coherence rules).
+//! and then go to the kernel ([`state`]'s coherence rules). `execve`,
+//! `execv`, `execvp`, `execvpe`, `execveat`, `fexecve`, `posix_spawn` and
+//! `posix_spawnp` publish every entry's writes before the real call.
 //!
 //! # Calling convention
 //! `open`, `openat` and `fcntl` are variadic in C. They are defined here
@@ -917,3 +919,108 @@ pub unsafe extern "C" fn copy_file_range(
     // SAFETY: forwarded unchanged.
     unsafe { real::copy_file_range()(inp, in_off, out, out_off, count, flags) }
 }
+
+// Exec: the new program starts without this process's table, and no exit
+// handler runs, so what the library wrote is published first (as at exit).
+// The `execl*` family is variadic and not interposed (docs/PRELOAD.md,
+// "Limits").
+
+macro_rules! exec_path {
+    ($(#[$doc:meta])* $name:ident, envp) => {
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// The contract of the exec function of the same name.
+        #[cfg_attr(not(test), no_mangle)]
+        pub unsafe extern "C" fn $name(path: *const c_char, argv: real::Argv, envp: real::Argv) -> c_int {
+            state::before_exec();
+            // SAFETY: forwarded unchanged.
+            unsafe { real::$name()(path, argv, envp) }
+        }
+    };
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// The contract of the exec function of the same name.
+        #[cfg_attr(not(test), no_mangle)]
+        pub unsafe extern "C" fn $name(path: *const c_char, argv: real::Argv) -> c_int {
+            state::before_exec();
+            // SAFETY: forwarded unchanged.
+            unsafe { real::$name()(path, argv) }
+        }
+    };
+}
+
+exec_path!(
+    /// Interposed: publishes every entry's writes, then execs.
+    execve,
+    envp
+);
+exec_path!(
+    /// Interposed: publishes every entry's writes, then execs.
+    execvpe,
+    envp
+);
+exec_path!(
+    /// Interposed: publishes every entry's writes, then execs.
+    execv
+);
+exec_path!(
+    /// Interposed: publishes every entry's writes, then execs.
+    execvp
+);
+
+/// Interposed: publishes every entry's writes, then execs.
+///
+/// # Safety
+/// execveat(2)'s contract.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn execveat(
+    dirfd: c_int,
+    path: *const c_char,
+    argv: real::Argv,
+    envp: real::Argv,
+    flags: c_int,
+) -> c_int {
+    state::before_exec();
+    // SAFETY: forwarded unchanged.
+    unsafe { real::execveat()(dirfd, path, argv, envp, flags) }
+}
+
+/// Interposed: publishes every entry's writes, then execs.
+///
+/// # Safety
+/// fexecve(3)'s contract.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn fexecve(fd: c_int, argv: real::Argv, envp: real::Argv) -> c_int {
+    state::before_exec();
+    // SAFETY: forwarded unchanged.
+    unsafe { real::fexecve()(fd, argv, envp) }
+}
+
+macro_rules! spawn {
+    ($name:ident) => {
+        /// Interposed: the spawned program reads through the kernel, so it
+        /// must see what this process wrote: publishes first.
+        ///
+        /// # Safety
+        /// posix_spawn(3)'s contract.
+        #[cfg_attr(not(test), no_mangle)]
+        pub unsafe extern "C" fn $name(
+            pid: *mut libc::pid_t,
+            path: *const c_char,
+            actions: *const libc::posix_spawn_file_actions_t,
+            attr: *const libc::posix_spawnattr_t,
+            argv: real::Argv,
+            envp: real::Argv,
+        ) -> c_int {
+            state::before_exec();
+            // SAFETY: forwarded unchanged.
+            unsafe { real::$name()(pid, path, actions, attr, argv, envp) }
+        }
+    };
+}
+
+spawn!(posix_spawn);
+spawn!(posix_spawnp);

@@ -70,6 +70,19 @@ pub type CloseRangeFn = unsafe extern "C" fn(c_uint, c_uint, c_int) -> c_int;
 pub type FcloseFn = unsafe extern "C" fn(*mut libc::FILE) -> c_int;
 pub type MmapFn = unsafe extern "C" fn(*mut c_void, size_t, c_int, c_int, c_int, off_t) -> *mut c_void;
 pub type SendfileFn = unsafe extern "C" fn(c_int, c_int, *mut off_t, size_t) -> ssize_t;
+pub type Argv = *const *const c_char;
+pub type ExecveFn = unsafe extern "C" fn(*const c_char, Argv, Argv) -> c_int;
+pub type ExecvFn = unsafe extern "C" fn(*const c_char, Argv) -> c_int;
+pub type ExecveatFn = unsafe extern "C" fn(c_int, *const c_char, Argv, Argv, c_int) -> c_int;
+pub type FexecveFn = unsafe extern "C" fn(c_int, Argv, Argv) -> c_int;
+pub type SpawnFn = unsafe extern "C" fn(
+    *mut libc::pid_t,
+    *const c_char,
+    *const libc::posix_spawn_file_actions_t,
+    *const libc::posix_spawnattr_t,
+    Argv,
+    Argv,
+) -> c_int;
 pub type CopyRangeFn = unsafe extern "C" fn(c_int, *mut off_t, c_int, *mut off_t, size_t, c_uint) -> ssize_t;
 
 real_fn!(open, "open", OpenFn);
@@ -126,6 +139,14 @@ real_fn!(mmap64, "mmap64", MmapFn);
 real_fn!(sendfile, "sendfile", SendfileFn);
 real_fn!(sendfile64, "sendfile64", SendfileFn);
 real_fn!(copy_file_range, "copy_file_range", CopyRangeFn);
+real_fn!(execve, "execve", ExecveFn);
+real_fn!(execv, "execv", ExecvFn);
+real_fn!(execvp, "execvp", ExecvFn);
+real_fn!(execvpe, "execvpe", ExecveFn);
+real_fn!(execveat, "execveat", ExecveatFn);
+real_fn!(fexecve, "fexecve", FexecveFn);
+real_fn!(posix_spawn, "posix_spawn", SpawnFn);
+real_fn!(posix_spawnp, "posix_spawnp", SpawnFn);
 
 /// The last error of this thread.
 pub fn errno() -> c_int {
@@ -167,7 +188,19 @@ pub fn identity(fd: c_int) -> Option<(u64, u64, u32)> {
 /// Makes the kernel ask the mount for the attributes of `fd`'s file now
 /// (`AT_STATX_FORCE_SYNC`: FUSE sends a getattr whatever its cache
 /// holds). A changed size also drops the inode's cached pages in FUSE.
+///
+/// FUSE drops a getattr's reply when the inode's attributes changed while
+/// it was in flight (its `attr_version` check), leaving them marked
+/// stale, and a write through an `O_APPEND` descriptor takes the cached
+/// size without checking it: seen as an append landing at the size before
+/// the publish. A plain `fstat` after the forced one fetches again exactly
+/// when the attributes are stale, and costs no request otherwise.
 pub fn refresh_kernel_attributes(fd: c_int) {
+    force_statx(fd);
+    let _ = identity(fd);
+}
+
+fn force_statx(fd: c_int) {
     let mut stx = std::mem::MaybeUninit::<libc::statx>::zeroed();
     // SAFETY: the empty path is a NUL-terminated literal; `stx` is a
     // writable statx buffer; the result is not read.

@@ -31,7 +31,8 @@
 //! another process read through the mount before. So before the kernel
 //! path is used on a descriptor this process has written through (close,
 //! `fstat`, `mmap`, `fsync`, `ftruncate`, `fallocate`, `sendfile`, a
-//! `SEEK_DATA`/`SEEK_HOLE` seek, `fork`, exit) the library publishes the
+//! `SEEK_DATA`/`SEEK_HOLE` seek, `fork`, an exec or spawn, exit, another
+//! open of the same inode) the library publishes the
 //! size to meta (as the mount does at every close), makes the kernel fetch
 //! the attributes again (`statx` with `AT_STATX_FORCE_SYNC`, which also
 //! drops cached pages when the size changed) and drops clean cached pages
@@ -58,7 +59,8 @@
 //! subprocess) shares the parent's memory and runs no fork handler: it
 //! changes nothing and intercepts nothing until it execs. An exec'd
 //! program starts with an empty table (LD_PRELOAD loads the library
-//! afresh) and its inherited descriptors on the FUSE path. The table, the
+//! afresh) and its inherited descriptors on the FUSE path; the exec
+//! functions publish first, since no exit handler runs. The table, the
 //! connection and the counters are safe to use from any thread.
 
 use std::cell::Cell;
@@ -182,7 +184,8 @@ fn mark(fd: c_int, on: bool) {
 pub struct Stats {
     pub opens: AtomicU64,
     /// Files on a dafne mount left to the FUSE path at open (O_APPEND, a
-    /// refused open in meta, no connection, a descriptor past MAX_FDS).
+    /// refused open in meta, no connection, a descriptor past MAX_FDS, a
+    /// mount that is not the connected cluster's).
     pub opens_fallback: AtomicU64,
     pub reads: AtomicU64,
     pub read_bytes: AtomicU64,
@@ -235,6 +238,8 @@ fn count(c: &AtomicU64, n: u64) {
 /// One open file description of a dafne file.
 pub struct Entry {
     file: File,
+    /// The inode (the kernel's number is the cluster's).
+    ino: u64,
     readable: bool,
     writable: bool,
     /// Held while a call reads and moves the description's offset.
@@ -380,10 +385,24 @@ pub fn opened(fd: c_int, flags: c_int) {
     let Some(m) = mounts() else { return };
     let Some(p) = proc() else { return };
     let Some((dev, ino, kind)) = real::identity(fd) else { return };
-    if !m.contains(dev) || kind != libc::S_IFREG {
+    if kind != libc::S_IFREG {
+        return;
+    }
+    if m.is_foreign(dev) {
+        // Another cluster's mount (or one the environment left out): this
+        // connection would read and write its own inode of that number.
+        count(&STATS.opens_fallback, 1);
+        debug(format_args!("fd {fd} (inode {ino}) stays on the FUSE path: its mount is not the cluster's"));
+        return;
+    }
+    if !m.contains(dev) {
         return;
     }
     let _b = Busy::enter();
+    // This process's library writers of the inode publish first: the new
+    // descriptor (an O_APPEND one the kernel serves, or a new entry that
+    // learns the size from meta) starts from their size.
+    publish_writers_of(p, ino);
     let fallback = |why: &str| {
         count(&STATS.opens_fallback, 1);
         debug(format_args!("fd {fd} (inode {ino}) stays on the FUSE path: {why}"));
@@ -425,6 +444,7 @@ pub fn opened(fd: c_int, flags: c_int) {
     let stream = c.readahead.as_ref().filter(|_| readable).map(|r| r.stream(changes.clone()));
     let e = Arc::new(Entry {
         file,
+        ino,
         readable,
         writable,
         pos: Mutex::new(()),
@@ -436,6 +456,26 @@ pub fn opened(fd: c_int, flags: c_int) {
         t.insert(fd, e);
         mark(fd, true);
         count(&STATS.opens, 1);
+    }
+}
+
+/// Publishes what this process's entries of `ino` wrote (and brings the
+/// kernel's view up to date), before another open of the inode is used.
+fn publish_writers_of(p: &Proc, ino: u64) {
+    let writers: Vec<(c_int, Arc<Entry>)> = match p.table.read() {
+        Ok(t) => t
+            .iter()
+            .filter(|(_, e)| e.ino == ino && e.written.load(Ordering::Relaxed))
+            .map(|(k, v)| (*k, v.clone()))
+            .collect(),
+        Err(_) => return,
+    };
+    let mut seen: Vec<*const Entry> = Vec::new();
+    for (fd, e) in writers {
+        if !seen.contains(&Arc::as_ptr(&e)) {
+            seen.push(Arc::as_ptr(&e));
+            e.sync_kernel(fd);
+        }
     }
 }
 
@@ -545,7 +585,18 @@ fn install_handlers() {
     }
 }
 
-/// Publishes what every entry wrote (before a fork, at exit).
+/// Before this process image is replaced (`execve` and friends): the
+/// entries' writes are published, as at exit, since the new program
+/// starts without this table and no exit handler runs. A `vfork` child
+/// (foreign) has nothing of its own to publish.
+pub fn before_exec() {
+    if busy() {
+        return;
+    }
+    sync_all();
+}
+
+/// Publishes what every entry wrote (before a fork, an exec, at exit).
 fn sync_all() {
     let Some(p) = proc() else { return };
     let entries: Vec<(c_int, Arc<Entry>)> = match p.table.read() {
