@@ -224,8 +224,11 @@ int dafne_open(const struct dafne_client *c, const char *path, int flags, uint32
 // Closes `fd`: publishes the file's size to meta (as `dafne_fsync`
 // does, without forcing the data to disk) and releases the open. The
 // descriptor is closed even when the size could not be published (that
-// error is returned). Operations of `fd` still running elsewhere finish
-// first on their own reference.
+// error is returned). Operations posted on `fd` (`dafne_post_read`,
+// `dafne_post_write`) that are still running are waited for first, so
+// the size published includes their writes; their completions stay on
+// their queue to be taken as usual. A blocking call on `fd` still running
+// in another thread finishes on its own reference.
 //
 // # Safety
 // `c` is a client handle.
@@ -323,8 +326,12 @@ int dafne_rename(const struct dafne_client *c, const char *from, const char *to)
 // (zero-copy). `dafne_mem_addr` gives the address; release with
 // `dafne_mem_free`. The memory may outlive the client.
 //
-// Errors: `-EINVAL` for `len == 0`, `-ENOMEM` if UCX cannot allocate or
-// register it.
+// Errors: `-EINVAL` for `len == 0`; `-ENOMEM` for more than half of the
+// machine's available memory (MemAvailable of `/proc/meminfo`; where that
+// cannot be read, more than `isize::MAX`), refused before anything is
+// allocated, or if UCX cannot allocate or register it. The bound is there
+// because on one host UCX allocates in `/dev/shm`, where a huge request
+// fills the machine's memory and wakes the OOM killer before failing.
 //
 // # Safety
 // `c` is a client handle; `out` writable.

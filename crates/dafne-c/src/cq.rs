@@ -227,11 +227,17 @@ pub unsafe extern "C" fn dafne_post_read(
         let (c, q, m) = unsafe { (client(c)?, queue(q)?, mem(m)?) };
         m.range(mem_offset, len)?;
         let o = c.readable(fd)?;
+        // Counted in flight until it finishes, for `dafne_close` to wait.
+        let busy = o.posted.start();
         let t = match m.slice(mem_offset, len) {
-            Some(s) => o.file.post_read(&q.cq, offset, s),
+            Some(s) => o.file.post_read_with(&q.cq, offset, len, move |data, open, n| async move {
+                let _busy = busy;
+                data.read_region(&open, offset, &s.region, s.offset, n).await
+            }),
             None => {
                 let addr = user_addr(m, mem_offset);
                 o.file.post_read_with(&q.cq, offset, len, move |data, open, n| async move {
+                    let _busy = busy;
                     // SAFETY: registered memory stays valid until it is
                     // freed, and belongs to this operation until its
                     // completion is taken (the header's contract for
@@ -267,11 +273,16 @@ pub unsafe extern "C" fn dafne_post_write(
         let (c, q, m) = unsafe { (client(c)?, queue(q)?, mem(m)?) };
         m.range(mem_offset, len)?;
         let o = c.writable(fd)?;
+        let busy = o.posted.start();
         let t = match m.slice(mem_offset, len) {
-            Some(s) => o.file.post_write(&q.cq, offset, s, Stability::Unstable),
+            Some(s) => o.file.post_write_with(&q.cq, offset, move |data, open| async move {
+                let _busy = busy;
+                data.write_region(&open, offset, &s.region, s.offset, s.len, Stability::Unstable).await
+            }),
             None => {
                 let addr = user_addr(m, mem_offset);
                 o.file.post_write_with(&q.cq, offset, move |data, open| async move {
+                    let _busy = busy;
                     // SAFETY: as in `dafne_post_read`, for reads of `len`
                     // bytes.
                     let buf = unsafe { std::slice::from_raw_parts(addr as *const u8, len) };
