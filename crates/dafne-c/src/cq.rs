@@ -24,11 +24,19 @@ use crate::{client, dafne_client, guard, guard_int, handle, put, release};
 const CQ_TAG: u64 = 0xDAF0_C0C0_0000_0001;
 
 /// A completion queue. Opaque to C.
+///
+/// `#[repr(C)]` for the tag's place only: cbindgen is told to skip it
+/// (`cbindgen.toml` declares it opaque), so C sees no field.
+/// cbindgen:ignore
+#[repr(C)]
 #[derive(Debug)]
 pub struct dafne_cq {
     tag: AtomicU64,
     cq: CompletionQueue,
 }
+// The tag is the first word, so a check reads the first 8 bytes of
+// whatever it is given, however the other fields change.
+const _: () = assert!(std::mem::offset_of!(dafne_cq, tag) == 0);
 
 /// The outcome of a posted operation.
 #[repr(C)]

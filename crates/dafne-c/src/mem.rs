@@ -28,11 +28,19 @@ const MEM_TAG: u64 = 0xDAF0_3E30_0000_0001;
 
 /// Memory for I/O: allocated by this library, or the application's own.
 /// Opaque to C.
+///
+/// `#[repr(C)]` for the tag's place only: cbindgen is told to skip it
+/// (`cbindgen.toml` declares it opaque), so C sees no field.
+/// cbindgen:ignore
+#[repr(C)]
 #[derive(Debug)]
 pub struct dafne_mem {
     tag: AtomicU64,
     pub(crate) kind: Kind,
 }
+// The tag is the first word, so a check reads the first 8 bytes of
+// whatever it is given, however the other fields change.
+const _: () = assert!(std::mem::offset_of!(dafne_mem, tag) == 0);
 
 #[derive(Debug)]
 pub(crate) enum Kind {
