@@ -22,6 +22,17 @@
 #include <stddef.h>
 #include <stdint.h>
 
+// A client of one cluster: a metadata session and the io servers, and the
+// table of its open files. Opaque to C.
+typedef struct dafne_client dafne_client;
+
+// A completion queue. Opaque to C.
+typedef struct dafne_cq dafne_cq;
+
+// Memory for I/O: allocated by this library, or the application's own.
+// Opaque to C.
+typedef struct dafne_mem dafne_mem;
+
 // The ABI's version: bumped when a function or a struct of the header
 // changes incompatibly.
 #define DAFNE_ABI_VERSION 1
@@ -34,17 +45,6 @@
 
 // Bytes of `dafne_dirent::name`: the longest name and its NUL.
 #define DAFNE_NAME_SIZE 256
-
-// A client of one cluster: a metadata session and the io servers, and the
-// table of its open files. Opaque to C.
-typedef struct dafne_client dafne_client;
-
-// A completion queue. Opaque to C.
-typedef struct dafne_cq dafne_cq;
-
-// Memory for I/O: allocated by this library, or the application's own.
-// Opaque to C.
-typedef struct dafne_mem dafne_mem;
 
 // Counters of the data path (see `dafne_get_stats`).
 typedef struct dafne_stats {
@@ -126,7 +126,7 @@ extern "C" {
 // # Safety
 // `cluster` and `credential` (unless NULL) are NUL-terminated strings;
 // `out` is writable.
-int dafne_open_client(const char *cluster, const char *credential, struct dafne_client **out);
+int dafne_open_client(const char *cluster, const char *credential, dafne_client **out);
 
 // Releases a client: its files still open are closed (in meta too, but
 // without publishing sizes: close them with `dafne_close` first), and its
@@ -135,40 +135,40 @@ int dafne_open_client(const char *cluster, const char *credential, struct dafne_
 //
 // # Safety
 // `c` is NULL or a client this library gave and not yet released.
-int dafne_close_client(struct dafne_client *c);
+int dafne_close_client(dafne_client *c);
 
 // Fills `*out` with the data path's counters: this client's copies and
 // registrations, and the io servers' (asked now, one request each).
 //
 // # Safety
 // `c` is a client handle; `out` is writable.
-int dafne_get_stats(const struct dafne_client *c, struct dafne_stats *out);
+int dafne_get_stats(const dafne_client *c, struct dafne_stats *out);
 
 // Makes a completion queue (with its driver thread).
 //
 // # Safety
 // `out` is writable.
-int dafne_cq_create(struct dafne_cq **out);
+int dafne_cq_create(dafne_cq **out);
 
 // Releases a queue. `-EBUSY` (and the queue stays) while operations are
 // outstanding: wait for them first. Completions not taken are dropped.
 //
 // # Safety
 // `q` is NULL or a queue not yet released.
-int dafne_cq_destroy(struct dafne_cq *q);
+int dafne_cq_destroy(dafne_cq *q);
 
 // Operations posted on `q` and not yet completed.
 //
 // # Safety
 // `q` is a queue handle.
-int64_t dafne_cq_outstanding(const struct dafne_cq *q);
+int64_t dafne_cq_outstanding(const dafne_cq *q);
 
 // Takes the oldest completion without waiting: 0 and `*out` filled, or
 // `-EAGAIN` if none is there.
 //
 // # Safety
 // `q` is a queue handle; `out` writable.
-int dafne_cq_poll(const struct dafne_cq *q, struct dafne_completion *out);
+int dafne_cq_poll(const dafne_cq *q, struct dafne_completion *out);
 
 // Waits up to `timeout_ms` (negative: without limit) for the operation
 // `ticket` and takes its completion: 0 and `*out` filled, or
@@ -178,7 +178,7 @@ int dafne_cq_poll(const struct dafne_cq *q, struct dafne_completion *out);
 //
 // # Safety
 // `q` is a queue handle; `out` writable.
-int dafne_cq_wait(const struct dafne_cq *q, uint64_t ticket, int64_t timeout_ms, struct dafne_completion *out);
+int dafne_cq_wait(const dafne_cq *q, uint64_t ticket, int64_t timeout_ms, struct dafne_completion *out);
 
 // Waits up to `timeout_ms` (negative: without limit) for any completion
 // and takes it: 0 and `*out` filled; `-ETIMEDOUT` if none came, `-ENOENT`
@@ -186,7 +186,7 @@ int dafne_cq_wait(const struct dafne_cq *q, uint64_t ticket, int64_t timeout_ms,
 //
 // # Safety
 // `q` is a queue handle; `out` writable.
-int dafne_cq_wait_any(const struct dafne_cq *q, int64_t timeout_ms, struct dafne_completion *out);
+int dafne_cq_wait_any(const dafne_cq *q, int64_t timeout_ms, struct dafne_completion *out);
 
 // Posts a read of up to `len` bytes at file `offset` of `fd` into the
 // memory `m` at `mem_offset` on `q`: the ticket (`> 0`). The read is
@@ -196,7 +196,7 @@ int dafne_cq_wait_any(const struct dafne_cq *q, int64_t timeout_ms, struct dafne
 //
 // # Safety
 // `c`, `q` and `m` are handles of this library.
-int64_t dafne_post_read(const struct dafne_client *c, int fd, const struct dafne_cq *q, const struct dafne_mem *m, size_t mem_offset, size_t len, uint64_t offset);
+int64_t dafne_post_read(const dafne_client *c, int fd, const dafne_cq *q, const dafne_mem *m, size_t mem_offset, size_t len, uint64_t offset);
 
 // Posts a write of `len` bytes of the memory `m` at `mem_offset` to file
 // `offset` of `fd` on `q`: the ticket (`> 0`). The memory belongs to the
@@ -204,7 +204,7 @@ int64_t dafne_post_read(const struct dafne_client *c, int fd, const struct dafne
 //
 // # Safety
 // `c`, `q` and `m` are handles of this library.
-int64_t dafne_post_write(const struct dafne_client *c, int fd, const struct dafne_cq *q, const struct dafne_mem *m, size_t mem_offset, size_t len, uint64_t offset);
+int64_t dafne_post_write(const dafne_client *c, int fd, const dafne_cq *q, const dafne_mem *m, size_t mem_offset, size_t len, uint64_t offset);
 
 // Opens (and with `O_CREAT` creates, `mode` its permission bits, no umask
 // applied) the regular file at `path`. `flags`: `O_RDONLY`, `O_WRONLY` or
@@ -219,17 +219,20 @@ int64_t dafne_post_write(const struct dafne_client *c, int fd, const struct dafn
 //
 // # Safety
 // `c` is a client handle; `path` a NUL-terminated string.
-int dafne_open(const struct dafne_client *c, const char *path, int flags, uint32_t mode);
+int dafne_open(const dafne_client *c, const char *path, int flags, uint32_t mode);
 
 // Closes `fd`: publishes the file's size to meta (as `dafne_fsync`
 // does, without forcing the data to disk) and releases the open. The
 // descriptor is closed even when the size could not be published (that
-// error is returned). Operations of `fd` still running elsewhere finish
-// first on their own reference.
+// error is returned). Operations posted on `fd` (`dafne_post_read`,
+// `dafne_post_write`) that are still running are waited for first, so
+// the size published includes their writes; their completions stay on
+// their queue to be taken as usual. A blocking call on `fd` still running
+// in another thread finishes on its own reference.
 //
 // # Safety
 // `c` is a client handle.
-int dafne_close(const struct dafne_client *c, int fd);
+int dafne_close(const dafne_client *c, int fd);
 
 // Reads up to `len` bytes at `offset` of `fd` into `buf`: the number read
 // (short, or 0, at the end of the file as this descriptor knows it).
@@ -241,7 +244,7 @@ int dafne_close(const struct dafne_client *c, int fd);
 //
 // # Safety
 // `c` is a client handle; `buf` is writable for `len` bytes.
-int64_t dafne_pread(const struct dafne_client *c, int fd, void *buf, size_t len, uint64_t offset);
+int64_t dafne_pread(const dafne_client *c, int fd, void *buf, size_t len, uint64_t offset);
 
 // Writes `len` bytes of `buf` at `offset` of `fd`: the number written
 // (all of them). Acknowledged once the io servers hold the data in their
@@ -249,40 +252,40 @@ int64_t dafne_pread(const struct dafne_client *c, int fd, void *buf, size_t len,
 //
 // # Safety
 // `c` is a client handle; `buf` is readable for `len` bytes.
-int64_t dafne_pwrite(const struct dafne_client *c, int fd, const void *buf, size_t len, uint64_t offset);
+int64_t dafne_pwrite(const dafne_client *c, int fd, const void *buf, size_t len, uint64_t offset);
 
 // Makes the data written through any descriptor of this file durable on
 // every io server, and the size in meta exact.
 //
 // # Safety
 // `c` is a client handle.
-int dafne_fsync(const struct dafne_client *c, int fd);
+int dafne_fsync(const dafne_client *c, int fd);
 
 // Sets the size of the file open as `fd` (which must be writable: else
 // `-EBADF`), on the io servers and in meta.
 //
 // # Safety
 // `c` is a client handle.
-int dafne_ftruncate(const struct dafne_client *c, int fd, uint64_t size);
+int dafne_ftruncate(const dafne_client *c, int fd, uint64_t size);
 
 // The attributes of `path`, following a symlink in its last component.
 //
 // # Safety
 // `c` is a client handle; `path` a NUL-terminated string; `out` writable.
-int dafne_stat(const struct dafne_client *c, const char *path, struct dafne_attr *out);
+int dafne_stat(const dafne_client *c, const char *path, struct dafne_attr *out);
 
 // The attributes of `path` itself (a symlink's own).
 //
 // # Safety
 // As `dafne_stat`.
-int dafne_lstat(const struct dafne_client *c, const char *path, struct dafne_attr *out);
+int dafne_lstat(const dafne_client *c, const char *path, struct dafne_attr *out);
 
 // The attributes of the file open as `fd`; the size includes this
 // descriptor's writes not yet published.
 //
 // # Safety
 // `c` is a client handle; `out` writable.
-int dafne_fstat(const struct dafne_client *c, int fd, struct dafne_attr *out);
+int dafne_fstat(const dafne_client *c, int fd, struct dafne_attr *out);
 
 // Lists the directory `path` (symlinks followed) a page at a time: fills
 // up to `max` entries of `out` with those after `*cookie` (0 = from the
@@ -292,43 +295,47 @@ int dafne_fstat(const struct dafne_client *c, int fd, struct dafne_attr *out);
 // # Safety
 // `c` is a client handle; `path` a NUL-terminated string; `cookie`
 // readable and writable; `out` writable for `max` entries.
-int dafne_readdir(const struct dafne_client *c, const char *path, uint64_t *cookie, struct dafne_dirent *out, size_t max);
+int dafne_readdir(const dafne_client *c, const char *path, uint64_t *cookie, struct dafne_dirent *out, size_t max);
 
 // Makes the directory `path` with permission bits `mode` (no umask).
 //
 // # Safety
 // `c` is a client handle; `path` a NUL-terminated string.
-int dafne_mkdir(const struct dafne_client *c, const char *path, uint32_t mode);
+int dafne_mkdir(const dafne_client *c, const char *path, uint32_t mode);
 
 // Removes the empty directory `path`.
 //
 // # Safety
 // `c` is a client handle; `path` a NUL-terminated string.
-int dafne_rmdir(const struct dafne_client *c, const char *path);
+int dafne_rmdir(const dafne_client *c, const char *path);
 
 // Removes the name `path` (not a directory). A file still open keeps its
 // data until its last close.
 //
 // # Safety
 // `c` is a client handle; `path` a NUL-terminated string.
-int dafne_unlink(const struct dafne_client *c, const char *path);
+int dafne_unlink(const dafne_client *c, const char *path);
 
 // Renames `from` to `to` atomically, replacing `to` as `rename(2)` does.
 //
 // # Safety
 // `c` is a client handle; `from` and `to` NUL-terminated strings.
-int dafne_rename(const struct dafne_client *c, const char *from, const char *to);
+int dafne_rename(const dafne_client *c, const char *from, const char *to);
 
 // Allocates `len` bytes the io servers read and write directly
 // (zero-copy). `dafne_mem_addr` gives the address; release with
 // `dafne_mem_free`. The memory may outlive the client.
 //
-// Errors: `-EINVAL` for `len == 0`, `-ENOMEM` if UCX cannot allocate or
-// register it.
+// Errors: `-EINVAL` for `len == 0`; `-ENOMEM` for more than half of the
+// machine's available memory (MemAvailable of `/proc/meminfo`; where that
+// cannot be read, more than `isize::MAX`), refused before anything is
+// allocated, or if UCX cannot allocate or register it. The bound is there
+// because on one host UCX allocates in `/dev/shm`, where a huge request
+// fills the machine's memory and wakes the OOM killer before failing.
 //
 // # Safety
 // `c` is a client handle; `out` writable.
-int dafne_mem_alloc(const struct dafne_client *c, size_t len, struct dafne_mem **out);
+int dafne_mem_alloc(const dafne_client *c, size_t len, dafne_mem **out);
 
 // Describes `len` bytes of the application's memory at `addr` for I/O
 // (see the module docs for when it is zero-copy). The memory must stay
@@ -338,19 +345,19 @@ int dafne_mem_alloc(const struct dafne_client *c, size_t len, struct dafne_mem *
 // # Safety
 // `c` is a client handle; `addr` is valid for reads and writes of `len`
 // bytes until the handle is freed; `out` writable.
-int dafne_mem_register(const struct dafne_client *c, void *addr, size_t len, struct dafne_mem **out);
+int dafne_mem_register(const dafne_client *c, void *addr, size_t len, dafne_mem **out);
 
 // The first byte of the memory (NULL for a bad handle).
 //
 // # Safety
 // `m` is a memory handle.
-void *dafne_mem_addr(const struct dafne_mem *m);
+void *dafne_mem_addr(const dafne_mem *m);
 
 // The memory's length in bytes (0 for a bad handle).
 //
 // # Safety
 // `m` is a memory handle.
-size_t dafne_mem_len(const struct dafne_mem *m);
+size_t dafne_mem_len(const dafne_mem *m);
 
 // Releases a memory handle (allocated memory is freed once no posted
 // operation uses it any more; the application's own memory is left as
@@ -358,7 +365,7 @@ size_t dafne_mem_len(const struct dafne_mem *m);
 //
 // # Safety
 // `m` is NULL or a memory handle not yet released.
-int dafne_mem_free(struct dafne_mem *m);
+int dafne_mem_free(dafne_mem *m);
 
 // Reads up to `len` bytes at file `offset` of `fd` into the memory `m` at
 // `mem_offset`: the number read (short at the end of the file). Zero-copy
@@ -366,14 +373,14 @@ int dafne_mem_free(struct dafne_mem *m);
 //
 // # Safety
 // `c` is a client handle, `m` a memory handle.
-int64_t dafne_pread_mem(const struct dafne_client *c, int fd, const struct dafne_mem *m, size_t mem_offset, size_t len, uint64_t offset);
+int64_t dafne_pread_mem(const dafne_client *c, int fd, const dafne_mem *m, size_t mem_offset, size_t len, uint64_t offset);
 
 // Writes `len` bytes of the memory `m` at `mem_offset` to file `offset`
 // of `fd`: the number written. Zero-copy from `dafne_mem_alloc` memory.
 //
 // # Safety
 // `c` is a client handle, `m` a memory handle.
-int64_t dafne_pwrite_mem(const struct dafne_client *c, int fd, const struct dafne_mem *m, size_t mem_offset, size_t len, uint64_t offset);
+int64_t dafne_pwrite_mem(const dafne_client *c, int fd, const dafne_mem *m, size_t mem_offset, size_t len, uint64_t offset);
 
 #ifdef __cplusplus
 }  // extern "C"

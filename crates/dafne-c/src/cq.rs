@@ -24,11 +24,19 @@ use crate::{client, dafne_client, guard, guard_int, handle, put, release};
 const CQ_TAG: u64 = 0xDAF0_C0C0_0000_0001;
 
 /// A completion queue. Opaque to C.
+///
+/// `#[repr(C)]` for the tag's place only: cbindgen is told to skip it
+/// (`cbindgen.toml` declares it opaque), so C sees no field.
+/// cbindgen:ignore
+#[repr(C)]
 #[derive(Debug)]
 pub struct dafne_cq {
     tag: AtomicU64,
     cq: CompletionQueue,
 }
+// The tag is the first word, so a check reads the first 8 bytes of
+// whatever it is given, however the other fields change.
+const _: () = assert!(std::mem::offset_of!(dafne_cq, tag) == 0);
 
 /// The outcome of a posted operation.
 #[repr(C)]
@@ -227,11 +235,17 @@ pub unsafe extern "C" fn dafne_post_read(
         let (c, q, m) = unsafe { (client(c)?, queue(q)?, mem(m)?) };
         m.range(mem_offset, len)?;
         let o = c.readable(fd)?;
+        // Counted in flight until it finishes, for `dafne_close` to wait.
+        let busy = o.posted.start();
         let t = match m.slice(mem_offset, len) {
-            Some(s) => o.file.post_read(&q.cq, offset, s),
+            Some(s) => o.file.post_read_with(&q.cq, offset, len, move |data, open, n| async move {
+                let _busy = busy;
+                data.read_region(&open, offset, &s.region, s.offset, n).await
+            }),
             None => {
                 let addr = user_addr(m, mem_offset);
                 o.file.post_read_with(&q.cq, offset, len, move |data, open, n| async move {
+                    let _busy = busy;
                     // SAFETY: registered memory stays valid until it is
                     // freed, and belongs to this operation until its
                     // completion is taken (the header's contract for
@@ -267,11 +281,16 @@ pub unsafe extern "C" fn dafne_post_write(
         let (c, q, m) = unsafe { (client(c)?, queue(q)?, mem(m)?) };
         m.range(mem_offset, len)?;
         let o = c.writable(fd)?;
+        let busy = o.posted.start();
         let t = match m.slice(mem_offset, len) {
-            Some(s) => o.file.post_write(&q.cq, offset, s, Stability::Unstable),
+            Some(s) => o.file.post_write_with(&q.cq, offset, move |data, open| async move {
+                let _busy = busy;
+                data.write_region(&open, offset, &s.region, s.offset, s.len, Stability::Unstable).await
+            }),
             None => {
                 let addr = user_addr(m, mem_offset);
                 o.file.post_write_with(&q.cq, offset, move |data, open| async move {
+                    let _busy = busy;
                     // SAFETY: as in `dafne_post_read`, for reads of `len`
                     // bytes.
                     let buf = unsafe { std::slice::from_raw_parts(addr as *const u8, len) };

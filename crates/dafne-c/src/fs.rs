@@ -11,7 +11,7 @@
 //! and a reader on the same descriptor sees its own writes at once.
 
 use std::ffi::{c_char, c_int, c_void};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 
 use ::dafne_client::file::File;
 use ::dafne_client::{Attr, DirEntry, Errno, FileType, Ino};
@@ -50,6 +50,46 @@ pub(crate) struct Open {
     pub(crate) file: File,
     pub(crate) read: bool,
     pub(crate) write: bool,
+    /// Its posted operations not yet finished: `dafne_close` waits for
+    /// them, so that the size it publishes includes their writes.
+    pub(crate) posted: Arc<Posted>,
+}
+
+/// A count of operations in flight, and a wait for it to reach zero.
+#[derive(Default)]
+pub(crate) struct Posted {
+    n: Mutex<usize>,
+    idle: Condvar,
+}
+
+/// One posted operation in flight; dropped (finished, failed or
+/// cancelled) it is counted out.
+pub(crate) struct InFlight(Arc<Posted>);
+
+impl Posted {
+    /// Counts one operation in until the returned guard drops.
+    pub(crate) fn start(self: &Arc<Self>) -> InFlight {
+        *self.n.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        InFlight(self.clone())
+    }
+
+    /// Returns once no operation is in flight.
+    fn wait_idle(&self) {
+        let mut n = self.n.lock().unwrap_or_else(|p| p.into_inner());
+        while *n > 0 {
+            n = self.idle.wait(n).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut n = self.0.n.lock().unwrap_or_else(|p| p.into_inner());
+        *n -= 1;
+        if *n == 0 {
+            self.0.idle.notify_all();
+        }
+    }
 }
 
 /// A client's descriptors: slot `fd` holds the file open as `fd`.
@@ -128,6 +168,10 @@ impl Client {
         if flags & O_APPEND != 0 || flags & !known != 0 {
             return Err(Errno::EINVAL);
         }
+        // As open(2): an empty path names nothing (not the root).
+        if path.is_empty() {
+            return Err(Errno::ENOENT);
+        }
         let (read, write) = match flags & O_ACCMODE {
             0 => (true, false),
             O_WRONLY => (false, true),
@@ -165,7 +209,7 @@ impl Client {
             open_flags |= dafne_proto::OPEN_TRUNC;
         }
         let file = self.fs.open(attr.ino, open_flags)?;
-        self.files.lock().unwrap_or_else(|p| p.into_inner()).insert(Open { file, read, write })
+        self.files.lock().unwrap_or_else(|p| p.into_inner()).insert(Open { file, read, write, posted: Arc::default() })
     }
 }
 
@@ -194,8 +238,11 @@ pub unsafe extern "C" fn dafne_open(c: *const dafne_client, path: *const c_char,
 /// Closes `fd`: publishes the file's size to meta (as `dafne_fsync`
 /// does, without forcing the data to disk) and releases the open. The
 /// descriptor is closed even when the size could not be published (that
-/// error is returned). Operations of `fd` still running elsewhere finish
-/// first on their own reference.
+/// error is returned). Operations posted on `fd` (`dafne_post_read`,
+/// `dafne_post_write`) that are still running are waited for first, so
+/// the size published includes their writes; their completions stay on
+/// their queue to be taken as usual. A blocking call on `fd` still running
+/// in another thread finishes on its own reference.
 ///
 /// # Safety
 /// `c` is a client handle.
@@ -205,6 +252,8 @@ pub unsafe extern "C" fn dafne_close(c: *const dafne_client, fd: c_int) -> c_int
         // SAFETY: the caller's contract.
         let c = unsafe { client(c)? };
         let o = c.files.lock().unwrap_or_else(|p| p.into_inner()).remove(fd)?;
+        // Out of the table, nothing more can be posted on it.
+        o.posted.wait_idle();
         // The open in meta is released when the last reference goes.
         if o.write {
             o.file.publish_size()?;

@@ -55,6 +55,11 @@ const DEAD_TAG: u64 = 0xDAF0_DEAD_DEAD_DEAD;
 
 /// A client of one cluster: a metadata session and the io servers, and the
 /// table of its open files. Opaque to C.
+///
+/// `#[repr(C)]` for the tag's place only: cbindgen is told to skip it
+/// (`cbindgen.toml` declares it opaque), so C sees no field.
+/// cbindgen:ignore
+#[repr(C)]
 #[derive(Debug)]
 pub struct dafne_client {
     tag: AtomicU64,
@@ -62,6 +67,9 @@ pub struct dafne_client {
     // read whatever kind of handle it was given.
     inner: Box<Client>,
 }
+// The tag is the first word, so a check reads the first 8 bytes of
+// whatever it is given, however the other fields change.
+const _: () = assert!(std::mem::offset_of!(dafne_client, tag) == 0);
 
 /// What a client handle holds.
 pub struct Client {

@@ -28,11 +28,19 @@ const MEM_TAG: u64 = 0xDAF0_3E30_0000_0001;
 
 /// Memory for I/O: allocated by this library, or the application's own.
 /// Opaque to C.
+///
+/// `#[repr(C)]` for the tag's place only: cbindgen is told to skip it
+/// (`cbindgen.toml` declares it opaque), so C sees no field.
+/// cbindgen:ignore
+#[repr(C)]
 #[derive(Debug)]
 pub struct dafne_mem {
     tag: AtomicU64,
     pub(crate) kind: Kind,
 }
+// The tag is the first word, so a check reads the first 8 bytes of
+// whatever it is given, however the other fields change.
+const _: () = assert!(std::mem::offset_of!(dafne_mem, tag) == 0);
 
 #[derive(Debug)]
 pub(crate) enum Kind {
@@ -91,8 +99,12 @@ fn boxed(kind: Kind) -> *mut dafne_mem {
 /// (zero-copy). `dafne_mem_addr` gives the address; release with
 /// `dafne_mem_free`. The memory may outlive the client.
 ///
-/// Errors: `-EINVAL` for `len == 0`, `-ENOMEM` if UCX cannot allocate or
-/// register it.
+/// Errors: `-EINVAL` for `len == 0`; `-ENOMEM` for more than half of the
+/// machine's available memory (MemAvailable of `/proc/meminfo`; where that
+/// cannot be read, more than `isize::MAX`), refused before anything is
+/// allocated, or if UCX cannot allocate or register it. The bound is there
+/// because on one host UCX allocates in `/dev/shm`, where a huge request
+/// fills the machine's memory and wakes the OOM killer before failing.
 ///
 /// # Safety
 /// `c` is a client handle; `out` writable.
@@ -104,10 +116,34 @@ pub unsafe extern "C" fn dafne_mem_alloc(c: *const dafne_client, len: usize, out
         if out.is_null() || len == 0 {
             return Err(Errno::EINVAL);
         }
+        if len > alloc_bound(mem_available()) {
+            return Err(Errno::ENOMEM);
+        }
         let r = c.fs.data.allocate(len, Access::RemoteReadWrite)?;
         // SAFETY: `out` is writable by the caller's contract.
         unsafe { put(out, boxed(Kind::Region(Arc::new(r)))) }
     })
+}
+
+/// The kernel's MemAvailable in bytes (free memory plus what the page
+/// cache would give back), `None` where `/proc/meminfo` cannot be read.
+fn mem_available() -> Option<u64> {
+    parse_mem_available(&std::fs::read_to_string("/proc/meminfo").ok()?)
+}
+
+fn parse_mem_available(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// The largest `dafne_mem_alloc`: half of `available`, or `isize::MAX`
+/// (what no allocation can exceed anyway) where it is unknown.
+fn alloc_bound(available: Option<u64>) -> usize {
+    match available {
+        Some(a) => usize::try_from(a / 2).unwrap_or(usize::MAX).min(isize::MAX as usize),
+        None => isize::MAX as usize,
+    }
 }
 
 /// Describes `len` bytes of the application's memory at `addr` for I/O
@@ -253,6 +289,17 @@ mod tests {
             let mut buf = [0u8; 8];
             assert_eq!(dafne_mem_register(std::ptr::null(), buf.as_mut_ptr().cast(), 8, &mut m), -22);
         }
+    }
+
+    #[test]
+    fn the_allocation_bound_is_half_of_mem_available() {
+        let meminfo = "MemTotal:       24684136 kB\nMemFree:  748000 kB\nMemAvailable:   22720512 kB\n";
+        assert_eq!(parse_mem_available(meminfo), Some(22720512 * 1024));
+        assert_eq!(alloc_bound(Some(8 << 30)), 4 << 30);
+        assert_eq!(alloc_bound(None), isize::MAX as usize);
+        assert_eq!(alloc_bound(Some(u64::MAX)), isize::MAX as usize);
+        assert_eq!(parse_mem_available("MemFree: 1 kB\n"), None);
+        assert_eq!(parse_mem_available("MemAvailable: lots kB\n"), None);
     }
 
     #[test]

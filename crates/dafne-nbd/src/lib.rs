@@ -246,4 +246,59 @@ mod tests {
         c.disconnect().unwrap();
         t.join().unwrap().unwrap();
     }
+
+    /// Sends `bytes` one at a time, `pause` apart, until the server stops
+    /// taking them: how many it took.
+    fn trickle(a: &mut UnixStream, bytes: usize, pause: std::time::Duration) -> usize {
+        for n in 0..bytes {
+            if a.write_all(&[0]).is_err() {
+                return n;
+            }
+            std::thread::sleep(pause);
+        }
+        bytes
+    }
+
+    fn server_with_deadlines(limit: std::time::Duration) -> Server<MemBackend> {
+        let cfg =
+            ExportConfig { name: "disk".into(), handshake_timeout: limit, stall_timeout: limit, ..Default::default() };
+        Server::new(Arc::new(MemBackend::new(1 << 20, false)), cfg)
+    }
+
+    #[test]
+    fn a_payload_trickled_a_byte_at_a_time_is_cut_at_its_deadline() {
+        // Each byte comes well within the limit; the payload as a whole
+        // cannot (200 bytes 20 ms apart, 4 s, against 300 ms): a limit per
+        // read would take all 200 and then wait for the rest.
+        let s = server_with_deadlines(std::time::Duration::from_millis(300));
+        let (mut a, t) = connect(&s);
+        let c = Client::handshake(Stream::Unix(a.try_clone().unwrap()), "disk").unwrap();
+        a.write_all(&server::request(CMD_WRITE, 0, 1, 0, 4096)).unwrap();
+        let sent = trickle(&mut a, 200, std::time::Duration::from_millis(20));
+        assert!(sent < 200, "the server took all {sent} bytes of a trickled payload");
+        assert!(t.join().unwrap().unwrap_err().contains("too long"));
+        drop(c);
+        // The server goes on: a prompt client is served.
+        let (mut c, t) = client(&s, "disk");
+        assert_eq!(c.call(CMD_WRITE, 0, 0, &[7; 4096], 4096).unwrap(), 0);
+        assert_eq!(c.read(0, 4).unwrap().unwrap(), vec![7; 4]);
+        c.disconnect().unwrap();
+        t.join().unwrap().unwrap();
+    }
+
+    #[test]
+    fn a_handshake_trickled_a_byte_at_a_time_is_cut_at_its_deadline() {
+        let s = server_with_deadlines(std::time::Duration::from_millis(300));
+        let (mut a, t) = connect(&s);
+        let mut greeting = [0u8; 18];
+        a.read_exact(&mut greeting).unwrap();
+        a.write_all(&1u32.to_be_bytes()).unwrap();
+        // An option header, then a long option's data a byte at a time.
+        a.write_all(&IHAVEOPT.to_be_bytes()).unwrap();
+        a.write_all(&OPT_LIST.to_be_bytes()).unwrap();
+        a.write_all(&1000u32.to_be_bytes()).unwrap();
+        let sent = trickle(&mut a, 200, std::time::Duration::from_millis(20));
+        assert!(sent < 200, "the server took all {sent} bytes of a trickled handshake");
+        assert!(t.join().unwrap().unwrap_err().contains("too long"));
+    }
 }

@@ -15,11 +15,15 @@
 //!   the reader stops reading the socket past that, and TCP flow control
 //!   stops the client.
 //! * Connections: at most [`ExportConfig::max_connections`]; one more is
-//!   closed as it arrives. A handshake must end within
+//!   closed as it arrives. The whole handshake must end within
 //!   [`HANDSHAKE_TIMEOUT`] and within [`MAX_OPTIONS`] options.
-//! * Time: a WRITE's payload must arrive, and a reply be taken, within
-//!   [`STALL_TIMEOUT`]; a client that stalls there would hold buffers all
-//!   connections share, and is disconnected. Idle between requests is fine.
+//! * Time: a WRITE's whole payload must arrive, and a whole reply be
+//!   taken, within [`STALL_TIMEOUT`] of its start; a client that stalls or
+//!   trickles there would hold buffers all connections share, and is
+//!   disconnected. Idle between requests is fine. These are deadlines on
+//!   the whole exchange, not on each read or write: the socket's timeout is
+//!   set to the time left before every system call ([`Timed`]), so a client
+//!   sending a byte now and then cannot stretch them.
 //! * A stream that stops making sense (a wrong magic, a WRITE above the
 //!   limit, an option above its limit, a client that does not speak the
 //!   fixed newstyle handshake) is closed; requests already taken finish
@@ -30,16 +34,18 @@ use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::proto::{self, Command, NbdError, ProtoError, Request};
 
-/// How long a client may take over its handshake.
+/// How long a client may take over its whole handshake (the default of
+/// [`ExportConfig::handshake_timeout`]).
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long a client may take to send a WRITE's payload once its header
-/// came, and to take a reply the server is writing: a client that stalls
-/// there holds buffers every connection shares, so it is disconnected.
-/// (Between requests a client may stay idle as long as it likes.)
+/// How long a client may take to send a WRITE's whole payload once its
+/// header came, and to take a whole reply the server is writing (the
+/// default of [`ExportConfig::stall_timeout`]): a client that stalls there
+/// holds buffers every connection shares, so it is disconnected. (Between
+/// requests a client may stay idle as long as it likes.)
 pub const STALL_TIMEOUT: Duration = Duration::from_secs(60);
 /// Options a client may send before it chooses an export.
 pub const MAX_OPTIONS: usize = 256;
@@ -86,11 +92,22 @@ pub struct ExportConfig {
     /// Requests one connection runs at once.
     pub workers: usize,
     pub max_connections: usize,
+    /// The deadline of a connection's whole handshake.
+    pub handshake_timeout: Duration,
+    /// The deadline of a WRITE's whole payload and of a whole reply.
+    pub stall_timeout: Duration,
 }
 
 impl Default for ExportConfig {
     fn default() -> Self {
-        ExportConfig { name: String::new(), description: String::new(), workers: 16, max_connections: 32 }
+        ExportConfig {
+            name: String::new(),
+            description: String::new(),
+            workers: 16,
+            max_connections: 32,
+            handshake_timeout: HANDSHAKE_TIMEOUT,
+            stall_timeout: STALL_TIMEOUT,
+        }
     }
 }
 
@@ -168,6 +185,96 @@ impl Write for Stream {
     }
 }
 
+/// A stream under a deadline: before every read or write system call the
+/// socket's timeout becomes the time left (an error once none is), so the
+/// deadline bounds a whole exchange however the client paces its bytes.
+/// Without a deadline it waits as long as it takes.
+#[derive(Debug)]
+pub(crate) struct Timed {
+    s: Stream,
+    deadline: Option<Instant>,
+    /// A timeout is set on the socket (to clear when the deadline goes).
+    armed: bool,
+}
+
+impl Timed {
+    fn new(s: Stream) -> Timed {
+        Timed { s, deadline: None, armed: false }
+    }
+
+    /// From now on, `limit` from now is the deadline.
+    fn start(&mut self, limit: Duration) {
+        self.deadline = Some(Instant::now() + limit);
+    }
+
+    /// No deadline from now on.
+    fn stop(&mut self) {
+        self.deadline = None;
+    }
+
+    /// The timeout for the next system call: the time left, or none.
+    fn left(&mut self) -> io::Result<Option<Duration>> {
+        match self.deadline {
+            None if !self.armed => Ok(None),
+            None => {
+                self.armed = false;
+                Ok(None)
+            }
+            Some(d) => match d.checked_duration_since(Instant::now()).filter(|t| !t.is_zero()) {
+                Some(t) => {
+                    self.armed = true;
+                    Ok(Some(t))
+                }
+                None => Err(too_long()),
+            },
+        }
+    }
+
+    /// `r`, with a socket timeout under the deadline said as such.
+    fn said<T>(&self, r: io::Result<T>) -> io::Result<T> {
+        match r {
+            Err(e)
+                if self.deadline.is_some()
+                    && matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) =>
+            {
+                Err(too_long())
+            }
+            r => r,
+        }
+    }
+}
+
+fn too_long() -> io::Error {
+    io::Error::new(io::ErrorKind::TimedOut, "the client took too long")
+}
+
+impl Read for Timed {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let was = self.armed;
+        let t = self.left()?;
+        if t.is_some() || was {
+            self.s.set_read_timeout(t)?;
+        }
+        let r = self.s.read(buf);
+        self.said(r)
+    }
+}
+
+impl Write for Timed {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let was = self.armed;
+        let t = self.left()?;
+        if t.is_some() || was {
+            self.s.set_write_timeout(t)?;
+        }
+        let r = self.s.write(buf);
+        self.said(r)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.s.flush()
+    }
+}
+
 /// Where clients connect.
 #[derive(Debug)]
 pub enum Listener {
@@ -239,7 +346,7 @@ struct Job<T> {
     buf: Option<T>,
 }
 
-type Writer = Arc<Mutex<BufWriter<Stream>>>;
+type Writer = Arc<Mutex<BufWriter<Timed>>>;
 
 impl<B: Backend> Server<B> {
     pub fn new(backend: Arc<B>, cfg: ExportConfig) -> Server<B> {
@@ -312,15 +419,17 @@ impl<B: Backend> Server<B> {
     }
 
     fn serve_inner(&self, s: &Stream) -> Result<(), ConnError> {
-        s.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
-        let mut r = BufReader::with_capacity(64 << 10, s.try_clone()?);
-        let mut w = s.try_clone()?;
+        let mut r = BufReader::with_capacity(64 << 10, Timed::new(s.try_clone()?));
+        let mut w = Timed::new(s.try_clone()?);
+        // One deadline for the whole handshake, both directions.
+        r.get_mut().start(self.cfg.handshake_timeout);
+        w.start(self.cfg.handshake_timeout);
         match self.handshake(&mut r, &mut w)? {
             Handshake::Abort => return Ok(()),
             Handshake::Transmit => {}
         }
-        s.set_read_timeout(None)?;
-        s.set_write_timeout(Some(STALL_TIMEOUT))?;
+        r.get_mut().stop();
+        w.stop();
         let w: Writer = Arc::new(Mutex::new(BufWriter::with_capacity(64 << 10, w)));
         self.transmit(r, w, s)
     }
@@ -393,7 +502,7 @@ impl<B: Backend> Server<B> {
         Err(ConnError::TooManyOptions)
     }
 
-    fn transmit(&self, mut r: BufReader<Stream>, w: Writer, s: &Stream) -> Result<(), ConnError> {
+    fn transmit(&self, mut r: BufReader<Timed>, w: Writer, s: &Stream) -> Result<(), ConnError> {
         let workers = self.cfg.workers.max(1);
         let (tx, rx) = crossbeam_channel::bounded::<Job<B::Buf>>(workers);
         let mut pool = Vec::with_capacity(workers);
@@ -425,7 +534,7 @@ impl<B: Backend> Server<B> {
 
     fn read_requests(
         &self,
-        r: &mut BufReader<Stream>,
+        r: &mut BufReader<Timed>,
         w: &Writer,
         tx: &crossbeam_channel::Sender<Job<B::Buf>>,
     ) -> Result<(), ConnError> {
@@ -445,14 +554,15 @@ impl<B: Backend> Server<B> {
                 Ok(Command::Disconnect) => return Ok(()),
                 Ok(c @ Command::Write { len, .. }) => match self.backend.buffer(len as usize) {
                     Ok(mut buf) => {
-                        // The payload must follow its header promptly.
-                        r.get_ref().set_read_timeout(Some(STALL_TIMEOUT))?;
-                        buf.fill_from(r, len as usize)?;
-                        r.get_ref().set_read_timeout(None)?;
+                        // The whole payload must follow its header promptly.
+                        r.get_mut().start(self.cfg.stall_timeout);
+                        let filled = buf.fill_from(r, len as usize);
+                        r.get_mut().stop();
+                        filled?;
                         Job { handle: req.handle, cmd: c, buf: Some(buf) }
                     }
                     Err(e) => {
-                        skip(r, req.len)?;
+                        self.skip(r, req.len)?;
                         self.answer(w, req.handle, Some(e))?;
                         continue;
                     }
@@ -467,7 +577,7 @@ impl<B: Backend> Server<B> {
                 Ok(c) => Job { handle: req.handle, cmd: c, buf: None },
                 Err(e) => {
                     if req.kind == proto::CMD_WRITE {
-                        skip(r, req.len)?;
+                        self.skip(r, req.len)?;
                     }
                     self.answer(w, req.handle, Some(e))?;
                     continue;
@@ -511,12 +621,28 @@ impl<B: Backend> Server<B> {
         match (job.cmd, result, buf.as_ref()) {
             (Command::Read { len, .. }, Ok(()), Some(buf)) if len > 0 => {
                 let mut w = w.lock().map_err(|_| io::Error::other("reply lock poisoned"))?;
-                w.write_all(&proto::encode_reply(job.handle, None))?;
-                buf.send_to(&mut *w, len as usize)?;
-                w.flush()
+                w.get_mut().start(self.cfg.stall_timeout);
+                let sent = w
+                    .write_all(&proto::encode_reply(job.handle, None))
+                    .and_then(|_| buf.send_to(&mut *w, len as usize))
+                    .and_then(|_| w.flush());
+                w.get_mut().stop();
+                sent
             }
             (_, r, _) => self.answer(w, job.handle, r.err()),
         }
+    }
+
+    /// Reads and drops a refused WRITE's payload (at most `MAX_PAYLOAD`),
+    /// under the same deadline as one taken.
+    fn skip(&self, r: &mut BufReader<Timed>, len: u32) -> io::Result<()> {
+        r.get_mut().start(self.cfg.stall_timeout);
+        let n = io::copy(&mut r.by_ref().take(u64::from(len)), &mut io::sink());
+        r.get_mut().stop();
+        if n? < u64::from(len) {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        Ok(())
     }
 
     fn answer(&self, w: &Writer, handle: u64, error: Option<NbdError>) -> io::Result<()> {
@@ -524,18 +650,11 @@ impl<B: Backend> Server<B> {
             self.stats.error_replies.fetch_add(1, Ordering::Relaxed);
         }
         let mut w = w.lock().map_err(|_| io::Error::other("reply lock poisoned"))?;
-        w.write_all(&proto::encode_reply(handle, error))?;
-        w.flush()
+        w.get_mut().start(self.cfg.stall_timeout);
+        let sent = w.write_all(&proto::encode_reply(handle, error)).and_then(|_| w.flush());
+        w.get_mut().stop();
+        sent
     }
-}
-
-/// Reads and drops a refused WRITE's payload (at most `MAX_PAYLOAD`).
-fn skip(r: &mut impl Read, len: u32) -> io::Result<()> {
-    let n = io::copy(&mut r.take(u64::from(len)), &mut io::sink())?;
-    if n < u64::from(len) {
-        return Err(io::ErrorKind::UnexpectedEof.into());
-    }
-    Ok(())
 }
 
 /// A request as a client sends it (for tests and tools).

@@ -398,8 +398,8 @@ struct State {
 
 /// An open file of `Client.open`: `read`, `write`, `seek`, `tell` move a
 /// position; `pread` and `pwrite` do not. `close` (or leaving a `with`
-/// block) publishes the size; a file collected without `close` is closed
-/// in meta without publishing it.
+/// block) publishes the size; a file collected without `close` publishes
+/// it too, best effort (an error there has no one to go to), and closes.
 #[pyclass(module = "dafne._native", frozen)]
 struct File {
     // The runtime the sessions run on stays while a file is open.
@@ -528,15 +528,24 @@ impl File {
 
     /// Writes all of `data` at the position (at the end in append mode)
     /// and returns its length.
+    ///
+    /// In append mode the end is learnt from meta before the write and the
+    /// size published after it, so appends through several handles, one
+    /// after another, all land (two round trips to meta more per write).
+    /// Appends at the same moment through several handles are not atomic
+    /// (as on NFS): both may take the same end and one overwrite the other.
     fn write(&self, py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<usize> {
         let data = bytes_of(data)?;
         let append = self.append;
         self.with(py, Some(true), |f, pos| {
             if append {
-                *pos = f.size();
+                *pos = f.refresh_size()?;
             }
             write_all(f, *pos, &data)?;
             *pos += data.len() as u64;
+            if append {
+                f.publish()?;
+            }
             Ok(data.len())
         })
     }
@@ -639,6 +648,20 @@ impl File {
     fn __repr__(&self, py: Python<'_>) -> String {
         let closed = if self.closed(py) { " closed" } else { "" };
         format!("<dafne.File {:?} mode={:?}{closed}>", self.name, self.mode)
+    }
+}
+
+impl Drop for File {
+    /// A file collected without `close` publishes its size as `close`
+    /// would (a program that forgets `close` keeps its bytes), best effort:
+    /// there is no caller to raise to. The GIL is held here (the object is
+    /// being deallocated), so other Python threads wait for this round trip.
+    fn drop(&mut self) {
+        let state = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = state.file.take() {
+            // Closes in meta whatever the publishing's outcome.
+            let _ = f.close();
+        }
     }
 }
 

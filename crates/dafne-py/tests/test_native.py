@@ -42,6 +42,37 @@ def test_a_large_file_in_several_pieces(client, base):
         assert f.pread(1 << 20, (9 << 20) - 7) == data[(9 << 20) - 7 : (10 << 20) - 7]
 
 
+def test_a_file_collected_without_close_keeps_its_size(client, base):
+    import gc
+
+    p = base + "/forgotten"
+    f = client.open(p, "wb")
+    f.write(b"x" * 100000)
+    assert client.stat(p).st_size == 0  # not published yet
+    del f
+    gc.collect()
+    assert client.stat(p).st_size == 100000
+    with client.open(p) as r:
+        assert r.read() == b"x" * 100000
+
+
+def test_appends_through_two_handles_both_land(client, base):
+    p = base + "/two-appenders"
+    with client.open(p, "xb") as f:
+        f.write(b"0")
+    a = client.open(p, "ab")
+    b = client.open(p, "ab")
+    a.write(b"A" * 10)
+    b.write(b"B" * 10)
+    a.write(b"C" * 5)
+    assert a.tell() == 26
+    a.close()
+    b.close()
+    assert client.stat(p).st_size == 26
+    with client.open(p) as f:
+        assert f.read() == b"0" + b"A" * 10 + b"B" * 10 + b"C" * 5
+
+
 def test_append_truncate_fsync_and_modes(client, base):
     p = base + "/m"
     with client.open(p, "xb") as f:

@@ -78,7 +78,8 @@ pub struct ServeArgs {
     #[arg(long)]
     pub read_only: bool,
     /// Registered memory for requests in flight, all clients together, in
-    /// MiB (at least 32: one request may move 32 MiB).
+    /// MiB (at least 32: one request may move 32 MiB; at most half of the
+    /// machine's MemAvailable).
     #[arg(long, default_value_t = 64)]
     pub buffer_mib: usize,
     /// Requests one connection runs at once.
@@ -395,6 +396,18 @@ pub fn run(cmd: NbdCmd, parse_size: impl Fn(&str) -> Result<usize>) -> Result<()
     }
     if a.buffer_mib < 32 {
         bail!("--buffer-mib {} is below 32: one NBD request may move 32 MiB", a.buffer_mib);
+    }
+    // Registered memory comes from /dev/shm on one host: a pool larger
+    // than the machine can give would fill it and wake the OOM killer.
+    if let Some(avail) = crate::cluster::mem_available_mib() {
+        if a.buffer_mib as u64 > avail / 2 {
+            bail!(
+                "--buffer-mib {} is more than half of the memory available ({avail} MiB, MemAvailable in \
+                 /proc/meminfo): give at most {}",
+                a.buffer_mib,
+                avail / 2
+            );
+        }
     }
     let (listener, uri) = listen(&a)?;
     let session = crate::copy::connect(&dir, "nbd", a.credential.as_deref())?;

@@ -391,4 +391,13 @@ fn nbd_serve_mistakes_say_how_to_fix_them() {
         .output()
         .unwrap();
     assert!(text(&o).contains("pass --listen with a free port"), "{}", text(&o));
+    // A pool larger than the machine could give is refused before any
+    // memory is taken (it would fill /dev/shm).
+    let o = dafne()
+        .args(["nbd", "serve", "--dir", p(c.dir()), "--file", "/x", "--size", "1M"])
+        .args(["--listen", "127.0.0.1:0", "--buffer-mib", "18446744073709551"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(text(&o).contains("more than half of the memory available"), "{}", text(&o));
 }

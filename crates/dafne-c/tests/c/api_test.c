@@ -19,6 +19,25 @@
 
 static int checks;
 
+/* Files of /dev/shm of 1 GiB or more (where UCX allocates on one host). */
+static int huge_shm_files(void) {
+  DIR *d = opendir("/dev/shm");
+  if (!d)
+    return 0;
+  int n = 0;
+  struct dirent *e;
+  char path[512];
+  struct stat st;
+  while ((e = readdir(d))) {
+    snprintf(path, sizeof path, "/dev/shm/%s", e->d_name);
+    if (stat(path, &st) == 0 && S_ISREG(st.st_mode) &&
+        st.st_size >= (off_t)1 << 30)
+      n++;
+  }
+  closedir(d);
+  return n;
+}
+
 #define CHECK(cond)                                                            \
   do {                                                                         \
     checks++;                                                                  \
@@ -275,6 +294,26 @@ int main(int argc, char **argv) {
   EQ(dafne_mem_free(um_back), 0);
   EQ(dafne_fsync(c, fd), 0);
   EQ(dafne_close(c, fd), 0);
+
+  /* Close with a posted write still running waits for it: the size it
+   * publishes includes the write, whose completion stays on the queue. */
+  fd = dafne_open(c, "/capi/closing", O_CREAT | O_RDWR, 0644);
+  CHECK(fd >= 0);
+  EQ(dafne_pwrite(c, fd, src, 2, 0), 2);
+  for (int i = 0; i < pieces; i++) {
+    tickets[i] = dafne_post_write(c, fd, q, wm, i * piece, piece,
+                                  (uint64_t)i * piece);
+    CHECK(tickets[i] > 0);
+  }
+  EQ(dafne_close(c, fd), 0);
+  EQ(dafne_stat(c, "/capi/closing", &st), 0);
+  EQ(st.size, pieces * piece);
+  for (int i = 0; i < pieces; i++) {
+    EQ(dafne_cq_wait(q, tickets[i], 30000, &done), 0);
+    EQ(done.result, piece);
+  }
+  EQ(dafne_cq_outstanding(q), 0);
+  EQ(dafne_unlink(c, "/capi/closing"), 0);
   EQ(dafne_cq_destroy(q), 0);
 
   /* readdir lists every file, over several pages. */
@@ -314,6 +353,15 @@ int main(int argc, char **argv) {
   EQ(dafne_stat(c, NULL, &st), -EINVAL);
   EQ(dafne_stat(c, "/capi", NULL), -EINVAL);
   EQ(dafne_mem_alloc(c, 0, &wm), -EINVAL);
+  /* A length past half of the available memory is refused before any
+   * allocation: nothing new appears in /dev/shm. */
+  int huge_before = huge_shm_files();
+  dafne_mem *huge = NULL;
+  EQ(dafne_mem_alloc(c, SIZE_MAX, &huge), -ENOMEM);
+  EQ(dafne_mem_alloc(c, (size_t)1 << 62, &huge), -ENOMEM);
+  CHECK(huge == NULL);
+  EQ(huge_shm_files(), huge_before);
+  EQ(dafne_open(c, "", O_RDONLY, 0), -ENOENT);
   EQ(dafne_pread_mem(c, 0, NULL, 0, 1, 0), -EINVAL);
   /* Readable memory that holds no handle is refused by the missing tag. */
   _Alignas(16) uint8_t junk[1024];
