@@ -116,7 +116,7 @@ pub unsafe extern "C" fn dafne_mem_alloc(c: *const dafne_client, len: usize, out
         if out.is_null() || len == 0 {
             return Err(Errno::EINVAL);
         }
-        if len > alloc_bound(mem_available()) {
+        if len > alloc_bound(::dafne_client::machine::available_bytes()) {
             return Err(Errno::ENOMEM);
         }
         let r = c.fs.data.allocate(len, Access::RemoteReadWrite)?;
@@ -127,16 +127,6 @@ pub unsafe extern "C" fn dafne_mem_alloc(c: *const dafne_client, len: usize, out
 
 /// The kernel's MemAvailable in bytes (free memory plus what the page
 /// cache would give back), `None` where `/proc/meminfo` cannot be read.
-fn mem_available() -> Option<u64> {
-    parse_mem_available(&std::fs::read_to_string("/proc/meminfo").ok()?)
-}
-
-fn parse_mem_available(meminfo: &str) -> Option<u64> {
-    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    kib.checked_mul(1024)
-}
-
 /// The largest `dafne_mem_alloc`: half of `available`, or `isize::MAX`
 /// (what no allocation can exceed anyway) where it is unknown.
 fn alloc_bound(available: Option<u64>) -> usize {
@@ -294,12 +284,10 @@ mod tests {
     #[test]
     fn the_allocation_bound_is_half_of_mem_available() {
         let meminfo = "MemTotal:       24684136 kB\nMemFree:  748000 kB\nMemAvailable:   22720512 kB\n";
-        assert_eq!(parse_mem_available(meminfo), Some(22720512 * 1024));
+        assert_eq!(::dafne_client::machine::parse_available_bytes(meminfo), Some(22720512 * 1024));
         assert_eq!(alloc_bound(Some(8 << 30)), 4 << 30);
         assert_eq!(alloc_bound(None), isize::MAX as usize);
         assert_eq!(alloc_bound(Some(u64::MAX)), isize::MAX as usize);
-        assert_eq!(parse_mem_available("MemFree: 1 kB\n"), None);
-        assert_eq!(parse_mem_available("MemAvailable: lots kB\n"), None);
     }
 
     #[test]

@@ -54,6 +54,7 @@ mod fake_io;
 pub mod file;
 mod link;
 pub mod locks;
+pub mod machine;
 pub mod readahead;
 pub mod regcache;
 pub mod writebehind;

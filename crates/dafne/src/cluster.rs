@@ -153,14 +153,7 @@ pub fn auto_cache_mib(mem_available_mib: u64, io_servers: u32) -> usize {
 /// MemAvailable from `/proc/meminfo`, MiB; `None` where it cannot be read
 /// (then the cache falls back to 64 MiB).
 pub fn mem_available_mib() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    parse_mem_available_mib(&text)
-}
-
-fn parse_mem_available_mib(meminfo: &str) -> Option<u64> {
-    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib / 1024)
+    dafne_client::machine::available_bytes().map(|b| b >> 20)
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -641,8 +634,7 @@ mod tests {
     #[test]
     fn the_default_cache_is_a_capped_share_of_available_memory() {
         let meminfo = "MemTotal:       24684136 kB\nMemFree:  748000 kB\nMemAvailable:   22720512 kB\n";
-        assert_eq!(parse_mem_available_mib(meminfo), Some(22188));
-        assert_eq!(parse_mem_available_mib("MemTotal: 1 kB\n"), None);
+        assert_eq!(dafne_client::machine::parse_available_bytes(meminfo).map(|b| b >> 20), Some(22188));
         // 22188 MiB / 8 / 4 servers = 693 -> 688 (whole 8 MiB slabs).
         assert_eq!(auto_cache_mib(22188, 4), 688);
         assert_eq!(auto_cache_mib(22188, 1), AUTO_CACHE_CAP_MIB, "capped");
