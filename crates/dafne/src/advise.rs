@@ -45,6 +45,11 @@ fn wanted(a: &AdviseArgs) -> Result<Option<CacheAdvice>> {
     if a.unit.is_none() && a.policy.is_none() {
         return Ok(None);
     }
+    for (flag, v) in [("--unit", &a.unit), ("--policy", &a.policy)] {
+        if let Some(v) = v.as_deref().filter(|v| v.contains([',', '='])) {
+            bail!("{flag} {v:?}: give one value (e.g. `--unit 16k --policy clock`), not advice text");
+        }
+    }
     let mut text = Vec::new();
     if let Some(u) = &a.unit {
         text.push(format!("unit={u}"));
@@ -76,7 +81,21 @@ pub fn advise(a: AdviseArgs) -> Result<()> {
         return Ok(());
     }
     match want {
-        Some(advice) => {
+        Some(mut advice) => {
+            // A flag not given keeps what the file has (review finding:
+            // `--unit 4k` on a file advised `policy=clock` dropped the
+            // policy).
+            let current = futures::executor::block_on(s.meta.getxattr_async(attr.ino, CACHE_ADVICE_XATTR))
+                .ok()
+                .and_then(|v| CacheAdvice::parse(&v).ok());
+            if let Some(cur) = current {
+                if a.unit.is_none() {
+                    advice.unit_kib = cur.unit_kib;
+                }
+                if a.policy.is_none() {
+                    advice.policy = cur.policy;
+                }
+            }
             futures::executor::block_on(s.meta.setxattr_async(
                 attr.ino,
                 CACHE_ADVICE_XATTR,
@@ -126,5 +145,7 @@ mod tests {
         assert!(e.contains("unit `12k`") && e.contains("4k, 8k, 16k, 32k or 64k"), "{e}");
         let e = wanted(&args(None, Some("mru"))).unwrap_err().to_string();
         assert!(e.contains("policy `mru`"), "{e}");
+        let e = wanted(&args(Some("4k,policy=lru"), None)).unwrap_err().to_string();
+        assert!(e.contains("--unit") && e.contains("one value"), "{e}");
     }
 }

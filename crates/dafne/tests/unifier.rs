@@ -72,6 +72,10 @@ fn advice_reaches_every_io_server_and_sets_the_files_unit_size_and_policy() {
     let out = ok(&c, &["advise", "dafne:/small", "--unit", "16k", "--policy", "clock"]);
     assert!(out.contains("unit=16k,policy=clock"), "{out}");
     assert!(ok(&c, &["advise", "dafne:/small"]).contains("unit=16k,policy=clock"));
+    // A flag given alone keeps the rest of the advice.
+    mkdir(c.dir(), "merged");
+    ok(&c, &["advise", "dafne:/merged", "--unit", "16k", "--policy", "clock"]);
+    assert!(ok(&c, &["advise", "dafne:/merged", "--unit", "4k"]).contains("unit=4k,policy=clock"));
     assert_eq!(io_sum(&c, "units_16k"), 0);
 
     // 2 MiB striped over both servers (1 MiB stripe unit): the upload's
