@@ -784,31 +784,9 @@ mod tests {
 
     /// An open file of `size` bytes on one server with 1 MiB units.
     fn open_file(size: u64) -> OpenFile {
-        let t = dafne_proto::Timespec::default();
-        let attr = dafne_proto::Attr {
-            ino: 2,
-            kind: dafne_proto::FileType::Regular,
-            mode: 0o644,
-            nlink: 1,
-            uid: 0,
-            gid: 0,
-            rdev: 0,
-            size,
-            blocks: 0,
-            atime: t,
-            mtime: t,
-            ctime: t,
-        };
-        let cap = dafne_proto::Capability {
-            object_id: 9,
-            ino: 0,
-            rights: 3,
-            generation: 0,
-            expiry_unix_ns: 0,
-            advice: dafne_proto::CacheAdvice::NONE,
-            mac: [0; 32],
-        };
-        OpenFile { attr, layout: layout(1 << 20, 1), cap }
+        let mut f = crate::fake_io::file_on(9, 1);
+        f.attr.size = size;
+        f
     }
 
     #[test]

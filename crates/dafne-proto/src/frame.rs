@@ -597,15 +597,7 @@ mod tests {
     const ENV: Envelope = Envelope::new(0x1122_3344_5566_7788, 1000, 100);
 
     fn cap() -> Capability {
-        Capability {
-            object_id: 77,
-            ino: 5,
-            rights: RIGHT_READ,
-            generation: 6,
-            expiry_unix_ns: 123,
-            advice: crate::CacheAdvice::NONE,
-            mac: [9; 32],
-        }
+        crate::types::sample_capability()
     }
 
     /// One request of every op (Compound with chaining).

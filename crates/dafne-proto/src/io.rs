@@ -1037,15 +1037,7 @@ mod tests {
     const ENV: Envelope = Envelope::new(0x0102_0304_0506_0708, 1000, 100);
 
     fn cap() -> Capability {
-        Capability {
-            object_id: 77,
-            ino: 5,
-            rights: RIGHT_READ,
-            generation: 6,
-            expiry_unix_ns: 123,
-            advice: crate::CacheAdvice::NONE,
-            mac: [9; 32],
-        }
+        crate::types::sample_capability()
     }
 
     fn ext(offset: u64, len: u32, key: u16, addr: u64) -> IoExtent {

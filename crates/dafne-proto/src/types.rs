@@ -838,6 +838,20 @@ impl Wire for Credential {
     }
 }
 
+/// A capability with every field set, for the decoders' tests.
+#[cfg(test)]
+pub(crate) fn sample_capability() -> Capability {
+    Capability {
+        object_id: 77,
+        ino: 5,
+        rights: crate::RIGHT_READ,
+        generation: 6,
+        expiry_unix_ns: 123,
+        advice: CacheAdvice::NONE,
+        mac: [9; 32],
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
