@@ -5,4 +5,5 @@ pub mod io;
 pub mod meta;
 pub mod perftest;
 pub mod posix;
+pub mod seed;
 pub mod transport;
