@@ -32,5 +32,5 @@ echo "== Python package (crates/dafne-py): abi3 wheel by maturin, pytest against
 bash scripts/test-python.sh
 echo "== benchmark smoke run (shared memory, 64 KiB)"
 cargo run --quiet -p dafne -- bench transport --quick --no-perftest --transports shm --sizes 64K --json target/bench-smoke.json
-echo "== benchmark smoke run: block (NBD) against file access, 0.3 s per cell"
-cargo run --quiet -p dafne -- bench nbd --quick --json target/bench-nbd-smoke.json
+echo "== every seed experiment, the short pass (dafne bench seeds --quick; it includes the NBD block-vs-file run)"
+cargo run --quiet -p dafne -- bench seeds --quick --out target/bench-seeds-smoke

@@ -4,6 +4,7 @@
 pub mod io;
 pub mod meta;
 pub mod perftest;
+pub mod plot;
 pub mod posix;
 pub mod seed;
 pub mod transport;

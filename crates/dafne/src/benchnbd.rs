@@ -66,31 +66,31 @@ pub struct NbdBench {
 }
 
 #[derive(Debug, Serialize)]
-struct Cell {
-    mib_s: f64,
-    iops: f64,
+pub struct Cell {
+    pub mib_s: f64,
+    pub iops: f64,
 }
 
 #[derive(Debug, Serialize)]
-struct Row {
-    size: usize,
-    op: &'static str,
-    block: Cell,
-    file: Cell,
+pub struct Row {
+    pub size: usize,
+    pub op: &'static str,
+    pub block: Cell,
+    pub file: Cell,
     /// CPU time (user + system) of the NBD server process per request.
-    server_cpu_us_per_op: f64,
+    pub server_cpu_us_per_op: f64,
     /// block ÷ file bandwidth.
-    ratio: f64,
+    pub ratio: f64,
 }
 
 #[derive(Debug, Serialize)]
-struct Report {
-    machine: String,
-    io_servers: u32,
-    file_size: u64,
-    depth: usize,
-    seconds: f64,
-    rows: Vec<Row>,
+pub struct Report {
+    pub machine: String,
+    pub io_servers: u32,
+    pub file_size: u64,
+    pub depth: usize,
+    pub seconds: f64,
+    pub rows: Vec<Row>,
 }
 
 /// xorshift64*: offsets reproducible from run to run.
@@ -203,6 +203,20 @@ fn file(
 }
 
 pub fn run(a: NbdBench, parse_size: impl Fn(&str) -> Result<usize>) -> Result<()> {
+    let report = measure(&a, parse_size, |line| println!("{line}"))?;
+    if let Some(dir) = a.json.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(&a.json, serde_json::to_string_pretty(&report)?)
+        .with_context(|| format!("writing {}", a.json.display()))?;
+    println!("\nJSON: {}", a.json.display());
+    Ok(())
+}
+
+/// Runs the comparison and returns its report; `emit` gets the table's
+/// lines as they are measured (`dafne bench nbd` prints them on stdout,
+/// `dafne bench seeds` as progress on stderr).
+pub fn measure(a: &NbdBench, parse_size: impl Fn(&str) -> Result<usize>, mut emit: impl FnMut(&str)) -> Result<Report> {
     let sizes = a.sizes.iter().map(|s| parse_size(s)).collect::<Result<Vec<_>>>()?;
     if let Some(s) = sizes.iter().find(|&&s| s > dafne_nbd::proto::MAX_PAYLOAD as usize) {
         bail!("--sizes: {s} is above what one NBD request may move (32M)");
@@ -216,6 +230,7 @@ pub fn run(a: NbdBench, parse_size: impl Fn(&str) -> Result<usize>) -> Result<()
     }
     let root = a.scratch.join(format!("dafne-bench-nbd-{}", std::process::id()));
     let cluster = ScratchCluster::start(&root, &[])?;
+    let cluster_io_servers = cluster.io_servers;
     let d = cluster.dir.display().to_string();
     let exe = std::env::current_exe().context("locating the dafne executable")?;
     let mut child = Command::new(exe)
@@ -262,19 +277,19 @@ pub fn run(a: NbdBench, parse_size: impl Fn(&str) -> Result<usize>) -> Result<()
         .map_err(|e| anyhow!("opening /bench.raw: {e}"))?;
 
     let machine = dafne_bench::transport::machine();
-    println!("machine: {machine}");
-    println!(
+    emit(&format!("machine: {machine}"));
+    emit(&format!(
         "cluster: `dafne up` defaults ({} io servers) on {}; file {} MiB; {} requests in flight; {secs} s per cell",
         cluster.io_servers,
         a.scratch.display(),
         file_size >> 20,
         a.depth
-    );
-    println!("block: NBD over TCP to `dafne nbd serve`; file: client library, zero-copy, completion queue\n");
-    println!(
+    ));
+    emit(&format!("block: NBD over TCP to `dafne nbd serve`; file: client library, zero-copy, completion queue\n"));
+    emit(&format!(
         "{:>6} {:>5} | {:>10} {:>9} {:>9} | {:>10} {:>9} | {:>10}",
         "size", "op", "block MiB/s", "IOPS", "srv µs/op", "file MiB/s", "IOPS", "block/file"
-    );
+    ));
     let mut rows = Vec::new();
     for (i, &size) in sizes.iter().enumerate() {
         for (j, (op, write)) in [("read", false), ("write", true)].into_iter().enumerate() {
@@ -295,7 +310,7 @@ pub fn run(a: NbdBench, parse_size: impl Fn(&str) -> Result<usize>) -> Result<()
                 (timed_block(&mut c)?, fl)
             };
             let ratio = b.mib_s / fl.mib_s.max(1e-9);
-            println!(
+            emit(&format!(
                 "{:>6} {:>5} | {:>11.1} {:>9.0} {:>9.1} | {:>10.1} {:>9.0} | {:>10.2}",
                 human(size),
                 op,
@@ -305,22 +320,15 @@ pub fn run(a: NbdBench, parse_size: impl Fn(&str) -> Result<usize>) -> Result<()
                 fl.mib_s,
                 fl.iops,
                 ratio
-            );
+            ));
             rows.push(Row { size, op, block: b, file: fl, server_cpu_us_per_op: cpu, ratio });
         }
     }
     let _ = s.meta.close(f.layout.object_id);
     let _ = c.disconnect();
     drop(serve);
-    let report = Report { machine, io_servers: cluster.io_servers, file_size, depth: a.depth, seconds: secs, rows };
-    if let Some(dir) = a.json.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir)?;
-    }
-    std::fs::write(&a.json, serde_json::to_string_pretty(&report)?)
-        .with_context(|| format!("writing {}", a.json.display()))?;
-    println!("\nJSON: {}", a.json.display());
     drop(cluster);
-    Ok(())
+    Ok(Report { machine, io_servers: cluster_io_servers, file_size, depth: a.depth, seconds: secs, rows })
 }
 
 fn human(n: usize) -> String {

@@ -5,6 +5,7 @@ mod advise;
 mod benchmount;
 mod benchnbd;
 mod benchposix;
+mod benchseeds;
 mod cluster;
 mod copy;
 mod credential;
@@ -103,6 +104,10 @@ enum Bench {
     /// Block access through `dafne nbd serve` (NBD over TCP) against file
     /// access through the client library, same sizes and requests in flight.
     Nbd(benchnbd::NbdBench),
+    /// Every seed paper's headline experiment on this machine, beside the
+    /// paper's figure as the same ratio, with a plot per figure
+    /// (`--quick` for a short pass, `--only ID,...` for some, `--list`).
+    Seeds(benchseeds::SeedsBench),
 }
 
 #[derive(Args)]
@@ -366,6 +371,7 @@ fn bench_io(a: IoBench) -> Result<()> {
         program: std::env::current_exe().context("locating the dafne executable")?,
         scratch: a.scratch,
         storage: a.storage,
+        tables: dafne_bench::io::Tables::ALL,
     };
     let started = std::time::Instant::now();
     let report =
@@ -419,6 +425,7 @@ fn run() -> Result<()> {
         Cmd::Mount(a) => mount::mount(a),
         Cmd::Umount(a) => mount::umount(a),
         Cmd::Bench(Bench::Transport(a)) => bench_transport(a),
+        Cmd::Bench(Bench::Seeds(a)) => benchseeds::run(a),
         Cmd::Bench(Bench::Meta(a)) => bench_meta(a),
         Cmd::Bench(Bench::Io(a)) => bench_io(a),
         Cmd::Bench(Bench::Mount(a)) => benchmount::run(a, parse_size),

@@ -1,0 +1,242 @@
+//! SVG line charts of a [`Figure`]: what `dafne bench seeds` draws beside
+//! each paper's figure.
+//!
+//! A plot is a plain SVG file written from the points, with no plotting
+//! dependency: axes with rounded ticks (the x axis on a log₂ scale where
+//! the figure asks, as access sizes and client counts double), one
+//! polyline with markers per series, and a legend. Browsers and GitHub
+//! render it as is.
+
+use std::fmt::Write as _;
+
+use crate::seed::Figure;
+
+const WIDTH: f64 = 640.0;
+const HEIGHT: f64 = 400.0;
+const LEFT: f64 = 72.0;
+const RIGHT: f64 = 170.0;
+const TOP: f64 = 40.0;
+const BOTTOM: f64 = 56.0;
+const COLOURS: [&str; 8] = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"];
+
+/// Escapes text for SVG.
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+}
+
+/// A "nice" step (1, 2 or 5 × 10ⁿ) giving about `ticks` intervals over `span`.
+fn nice_step(span: f64, ticks: f64) -> f64 {
+    let raw = (span / ticks).max(f64::MIN_POSITIVE);
+    let mag = 10f64.powf(raw.log10().floor());
+    let f = raw / mag;
+    let m = if f <= 1.0 {
+        1.0
+    } else if f <= 2.0 {
+        2.0
+    } else if f <= 5.0 {
+        5.0
+    } else {
+        10.0
+    };
+    m * mag
+}
+
+/// A tick label: integers plainly, sizes in powers of two as K/M when the
+/// axis is log₂ and the values are byte counts of at least 1024.
+fn label(v: f64, log2: bool) -> String {
+    if log2 && v >= 1024.0 && v.fract() == 0.0 {
+        let n = v as u64;
+        if n.is_multiple_of(1 << 20) {
+            return format!("{}M", n >> 20);
+        }
+        if n.is_multiple_of(1 << 10) {
+            return format!("{}K", n >> 10);
+        }
+    }
+    if v.abs() >= 100.0 || v.fract() == 0.0 {
+        format!("{v:.0}")
+    } else if v.abs() >= 1.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+/// Draws `fig` as an SVG document. Points that are not finite, and x ≤ 0
+/// on a log axis, are left out; a figure with no point left gets its
+/// frame and a "no data" note.
+pub fn svg(fig: &Figure) -> String {
+    let log2 = fig.log_x;
+    let keep = |&(x, y): &(f64, f64)| x.is_finite() && y.is_finite() && (!log2 || x > 0.0);
+    let pts: Vec<(f64, f64)> = fig.series.iter().flat_map(|s| s.points.iter().copied().filter(keep)).collect();
+    let tx = |x: f64| if log2 { x.log2() } else { x };
+    let (mut x0, mut x1) = pts.iter().fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(tx(p.0)), b.max(tx(p.0))));
+    let y1 = pts.iter().fold(0f64, |m, p| m.max(p.1));
+    let y0 = pts.iter().fold(0f64, |m, p| m.min(p.1));
+    if pts.is_empty() {
+        (x0, x1) = (0.0, 1.0);
+    }
+    if x1 <= x0 {
+        x1 = x0 + 1.0;
+    }
+    let ystep = nice_step((y1 - y0).max(1e-9), 5.0);
+    let (ylo, yhi) = ((y0 / ystep).floor() * ystep, ((y1 / ystep).ceil() * ystep).max(ystep));
+    let pw = WIDTH - LEFT - RIGHT;
+    let ph = HEIGHT - TOP - BOTTOM;
+    let px = |x: f64| LEFT + (tx(x) - x0) / (x1 - x0) * pw;
+    let py = |y: f64| TOP + ph - (y - ylo) / (yhi - ylo) * ph;
+
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
+    let _ = writeln!(
+        s,
+        r#"<text x="{}" y="22" text-anchor="middle" font-size="14" font-weight="bold">{}</text>"#,
+        LEFT + pw / 2.0,
+        esc(&fig.title)
+    );
+    // Y grid and ticks.
+    let mut y = ylo;
+    while y <= yhi + ystep * 1e-6 {
+        let yy = py(y);
+        let _ = writeln!(
+            s,
+            r##"<line x1="{LEFT}" y1="{yy:.1}" x2="{:.1}" y2="{yy:.1}" stroke="#ddd"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##,
+            LEFT + pw,
+            LEFT - 6.0,
+            yy + 4.0,
+            label(y, false)
+        );
+        y += ystep;
+    }
+    // X ticks: every power of two on a log axis (thinned to at most 10),
+    // else nice steps.
+    let mut xt: Vec<f64> = Vec::new();
+    if log2 {
+        let (a, b) = (x0.floor() as i32, x1.ceil() as i32);
+        let every = (((b - a) as f64 / 10.0).ceil() as i32).max(1);
+        xt.extend((a..=b).filter(|e| (e - a) % every == 0).map(|e| 2f64.powi(e)).filter(|&v| {
+            let t = v.log2();
+            t >= x0 - 1e-9 && t <= x1 + 1e-9
+        }));
+    } else {
+        let step = nice_step(x1 - x0, 6.0);
+        let mut v = (x0 / step).ceil() * step;
+        while v <= x1 + step * 1e-6 {
+            xt.push(v);
+            v += step;
+        }
+    }
+    for v in xt {
+        let xx = px(v);
+        let _ = writeln!(
+            s,
+            r##"<line x1="{xx:.1}" y1="{:.1}" x2="{xx:.1}" y2="{:.1}" stroke="#999"/><text x="{xx:.1}" y="{:.1}" text-anchor="middle">{}</text>"##,
+            TOP + ph,
+            TOP + ph + 5.0,
+            TOP + ph + 18.0,
+            label(v, log2)
+        );
+    }
+    let _ = writeln!(
+        s,
+        r##"<rect x="{LEFT}" y="{TOP}" width="{pw}" height="{ph}" fill="none" stroke="#333"/>"##
+    );
+    let _ = writeln!(
+        s,
+        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
+        LEFT + pw / 2.0,
+        HEIGHT - 14.0,
+        esc(&fig.x_label)
+    );
+    let _ = writeln!(
+        s,
+        r#"<text transform="translate(16 {:.1}) rotate(-90)" text-anchor="middle">{}</text>"#,
+        TOP + ph / 2.0,
+        esc(&fig.y_label)
+    );
+    if pts.is_empty() {
+        let _ = writeln!(
+            s,
+            r##"<text x="{:.1}" y="{:.1}" text-anchor="middle" fill="#999">no data</text>"##,
+            LEFT + pw / 2.0,
+            TOP + ph / 2.0
+        );
+    }
+    for (i, series) in fig.series.iter().enumerate() {
+        let c = COLOURS[i % COLOURS.len()];
+        let p: Vec<(f64, f64)> = series.points.iter().copied().filter(keep).collect();
+        if p.len() > 1 {
+            let line: Vec<String> = p.iter().map(|&(x, y)| format!("{:.1},{:.1}", px(x), py(y))).collect();
+            let _ = writeln!(s, r#"<polyline fill="none" stroke="{c}" stroke-width="2" points="{}"/>"#, line.join(" "));
+        }
+        for &(x, y) in &p {
+            let _ = writeln!(s, r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{c}"/>"#, px(x), py(y));
+        }
+        let ly = TOP + 8.0 + i as f64 * 18.0;
+        let lx = LEFT + pw + 12.0;
+        let _ = writeln!(
+            s,
+            r#"<line x1="{lx:.1}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{c}" stroke-width="2"/><text x="{:.1}" y="{:.1}">{}</text>"#,
+            lx + 18.0,
+            lx + 24.0,
+            ly + 4.0,
+            esc(&series.name)
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::seed::Series;
+
+    fn fig(log_x: bool, series: Vec<Series>) -> Figure {
+        Figure {
+            id: "t".into(),
+            title: "A <title> & more".into(),
+            x_label: "access size".into(),
+            y_label: "MiB/s".into(),
+            log_x,
+            series,
+        }
+    }
+
+    #[test]
+    fn draws_every_point_and_escapes_text() {
+        let f = fig(
+            true,
+            vec![
+                Series { name: "unifier".into(), points: vec![(4096.0, 100.0), (65536.0, 900.0), (1048576.0, 1200.0)] },
+                Series { name: "normal".into(), points: vec![(4096.0, 50.0), (1048576.0, 600.0)] },
+            ],
+        );
+        let s = svg(&f);
+        assert_eq!(s.matches("<circle").count(), 5);
+        assert_eq!(s.matches("<polyline").count(), 2);
+        assert!(s.contains("A &lt;title&gt; &amp; more"));
+        assert!(s.contains(">4K<") && s.contains(">1M<"), "log₂ ticks labelled as sizes: {s}");
+        assert!(s.starts_with("<svg") && s.ends_with("</svg>\n"));
+    }
+
+    #[test]
+    fn bad_points_are_left_out_and_empty_figures_still_draw() {
+        let f = fig(
+            true,
+            vec![Series { name: "x".into(), points: vec![(0.0, 1.0), (2.0, f64::NAN), (4.0, f64::INFINITY)] }],
+        );
+        let s = svg(&f);
+        assert_eq!(s.matches("<circle").count(), 0);
+        assert!(s.contains("no data"));
+        assert!(!s.contains("NaN") && !s.contains("inf"), "{s}");
+        let one = fig(false, vec![Series { name: "x".into(), points: vec![(3.0, 7.0)] }]);
+        let s = svg(&one);
+        assert_eq!(s.matches("<circle").count(), 1);
+        assert!(!s.contains("NaN"), "{s}");
+    }
+}
