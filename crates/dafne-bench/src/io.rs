@@ -1005,7 +1005,10 @@ pub mod seed {
     /// 100% and about 0%.
     pub fn reread_headlines(r: &Report) -> Vec<Headline> {
         let at = |m: &str| {
-            r.reread.iter().filter(|row| row.mode == m).min_by(|a, b| (a.ratio - 1.0).abs().total_cmp(&(b.ratio - 1.0).abs()))
+            r.reread
+                .iter()
+                .filter(|row| row.mode == m)
+                .min_by(|a, b| (a.ratio - 1.0).abs().total_cmp(&(b.ratio - 1.0).abs()))
         };
         let why = "Every mode gets the same cache C here and normal loses its 4 MiB registered pool from it, as \
                    the paper's normal lost 20 MB; the shares agree because both re-read sequentially through an \
@@ -1050,7 +1053,9 @@ pub mod seed {
                             .scaling
                             .iter()
                             .filter(|s| s.mode == m && s.servers == servers)
-                            .map(|s| (s.clients as f64, if op == "read" { s.read_mib_per_s } else { s.write_mib_per_s }))
+                            .map(|s| {
+                                (s.clients as f64, if op == "read" { s.read_mib_per_s } else { s.write_mib_per_s })
+                            })
                             .collect(),
                     })
                     .collect(),

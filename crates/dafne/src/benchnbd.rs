@@ -285,7 +285,7 @@ pub fn measure(a: &NbdBench, parse_size: impl Fn(&str) -> Result<usize>, mut emi
         file_size >> 20,
         a.depth
     ));
-    emit(&format!("block: NBD over TCP to `dafne nbd serve`; file: client library, zero-copy, completion queue\n"));
+    emit("block: NBD over TCP to `dafne nbd serve`; file: client library, zero-copy, completion queue\n");
     emit(&format!(
         "{:>6} {:>5} | {:>10} {:>9} {:>9} | {:>10} {:>9} | {:>10}",
         "size", "op", "block MiB/s", "IOPS", "srv µs/op", "file MiB/s", "IOPS", "block/file"

@@ -161,7 +161,12 @@ fn progress(id: &str, started: Instant) -> impl FnMut(&str) + '_ {
     move |what: &str| eprintln!("[{:>6.1}s] {id}: {what}", started.elapsed().as_secs_f64())
 }
 
-fn unifier(e: &Experiment, a: &SeedsBench, started: Instant, tables: dafne_bench::io::Tables) -> Result<dafne_bench::io::Report> {
+fn unifier(
+    e: &Experiment,
+    a: &SeedsBench,
+    started: Instant,
+    tables: dafne_bench::io::Tables,
+) -> Result<dafne_bench::io::Report> {
     dafne_bench::io::run(&io_options(a, tables)?, progress(e.id, started))
 }
 
@@ -210,8 +215,14 @@ fn block_file_figures(r: &crate::benchnbd::Report) -> Vec<Figure> {
                 y_label: "MiB/s".into(),
                 log_x: true,
                 series: vec![
-                    Series { name: "block (NBD)".into(), points: rows.iter().map(|x| (x.size as f64, x.block.mib_s)).collect() },
-                    Series { name: "file".into(), points: rows.iter().map(|x| (x.size as f64, x.file.mib_s)).collect() },
+                    Series {
+                        name: "block (NBD)".into(),
+                        points: rows.iter().map(|x| (x.size as f64, x.block.mib_s)).collect(),
+                    },
+                    Series {
+                        name: "file".into(),
+                        points: rows.iter().map(|x| (x.size as f64, x.file.mib_s)).collect(),
+                    },
                 ],
             }
         })
@@ -315,7 +326,10 @@ fn markdown(r: &SeedsReport, out: &Path, doc: &Path) -> String {
     s.push('\n');
     for o in &r.outcomes {
         let e = &o.experiment;
-        s.push_str(&format!("### {}: {}\n\nSeed: {}. The paper: {}. Took {:.0} s.\n\n", e.id, e.what, e.seed, e.paper, o.seconds));
+        s.push_str(&format!(
+            "### {}: {}\n\nSeed: {}. The paper: {}. Took {:.0} s.\n\n",
+            e.id, e.what, e.seed, e.paper, o.seconds
+        ));
         for f in &o.figures {
             s.push_str(&format!("![{}]({})\n", f.title, rel.join(format!("{}.svg", f.id)).display()));
         }
@@ -356,7 +370,14 @@ pub fn run(a: SeedsBench) -> Result<()> {
             let path = a.out.join(format!("{}.svg", f.id));
             std::fs::write(&path, dafne_bench::plot::svg(f)).with_context(|| format!("writing {}", path.display()))?;
         }
-        outcomes.push(Outcome { experiment: *e, seconds: t.elapsed().as_secs_f64(), figures, headlines, report, error });
+        outcomes.push(Outcome {
+            experiment: *e,
+            seconds: t.elapsed().as_secs_f64(),
+            figures,
+            headlines,
+            report,
+            error,
+        });
     }
     let report = SeedsReport { machine: dafne_bench::transport::machine(), quick: a.quick, outcomes };
 
@@ -381,7 +402,8 @@ pub fn run(a: SeedsBench) -> Result<()> {
         }
     }
     let json = a.out.join("seeds.json");
-    std::fs::write(&json, serde_json::to_string_pretty(&report)?).with_context(|| format!("writing {}", json.display()))?;
+    std::fs::write(&json, serde_json::to_string_pretty(&report)?)
+        .with_context(|| format!("writing {}", json.display()))?;
     println!("\nplots and JSON in {} ({:.0} s in all)", a.out.display(), started.elapsed().as_secs_f64());
     if let Some(doc) = &a.markdown {
         std::fs::write(doc, markdown(&report, &a.out, doc)).with_context(|| format!("writing {}", doc.display()))?;

@@ -408,6 +408,9 @@ fn run() -> Result<()> {
                 .unwrap_or_else(|_| "warn,dafne_io::storage=info".into()),
         )
         .with_writer(std::io::stderr)
+        // Colour only on a terminal: the supervisor writes servers' output
+        // to log files, which must stay plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
     match cli.cmd {

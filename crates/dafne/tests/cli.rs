@@ -135,6 +135,13 @@ fn a_crashed_server_is_reported_and_restarted() {
     assert_eq!(st["io"][1]["addr"], format!("127.0.0.1:{}", c.io_base + 1));
     let log = std::fs::read_to_string(c.path().join("logs/supervisor.log")).unwrap();
     assert!(log.contains("io-1") && log.contains("exited unexpectedly"), "{log}");
+    // Log files are plain text: no terminal colour escapes in any of them
+    // (issue 13: they are read with less, grep and log shippers).
+    for entry in std::fs::read_dir(c.path().join("logs")).unwrap() {
+        let path = entry.unwrap().path();
+        let body = std::fs::read(&path).unwrap();
+        assert!(!body.contains(&0x1b), "{} has terminal escapes:\n{}", path.display(), String::from_utf8_lossy(&body));
+    }
 }
 
 #[test]

@@ -19,6 +19,9 @@ fn main() -> Result<()> {
                 .unwrap_or_else(|_| "warn,dafne_io::storage=info".into()),
         )
         .with_writer(std::io::stderr)
+        // Colour only on a terminal: the supervisor writes servers' output
+        // to log files, which must stay plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     serve_forever(&Cli::parse().args)
 }

@@ -56,6 +56,9 @@ fn main() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_env("DAFNE_LOG"))
         .with_writer(std::io::stderr)
+        // Colour only on a terminal: the supervisor writes servers' output
+        // to log files, which must stay plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
     let data_path = match cli.data_path.as_str() {
