@@ -172,7 +172,7 @@ fn unifier(
 
 fn unifier_cached(e: &Experiment, a: &SeedsBench, started: Instant) -> Result<Run> {
     use dafne_bench::io::{seed as u, Tables};
-    let r = unifier(e, a, started, Tables { cached: true, ..Tables::NONE })?;
+    let r = unifier(e, a, started, Tables { cached: true, cpu: true, ..Tables::NONE })?;
     Ok((u::cached_figures(&r), u::cached_headlines(&r), serde_json::to_value(&r)?))
 }
 
