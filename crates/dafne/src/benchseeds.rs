@@ -297,10 +297,27 @@ fn selected(a: &SeedsBench) -> Result<Vec<&'static Experiment>> {
 /// The table and the plots as Markdown; plots linked relative to `doc`.
 fn markdown(r: &SeedsReport, out: &Path, doc: &Path) -> String {
     let rel = relative(out, doc.parent().unwrap_or(Path::new(".")));
+    let only: Vec<&str> = r.outcomes.iter().map(|o| o.experiment.id).collect();
+    let command = format!(
+        "dafne bench seeds{}{} --out {} --markdown {}",
+        if r.quick { " --quick" } else { "" },
+        if only.len() == EXPERIMENTS.len() { String::new() } else { format!(" --only {}", only.join(",")) },
+        out.display(),
+        doc.display()
+    );
     let mut s = format!(
-        "Machine: {}. Pass: {}.\n\n| experiment (seed) | quantity | ours | the paper's | why they differ |\n|---|---|---|---|---|\n",
+        "# The seeds' experiments on dafne\n\n\
+         Each seed paper argues for its idea with one experiment. dafne builds those ideas, so it reruns those \
+         experiments: this file is written by `{command}` (run from the repository root after \
+         `cargo build --release -p dafne`), which measures each one on this machine and sets ours beside the \
+         paper's figure as the same ratio. No number here is typed by hand; the plots are drawn from the same \
+         run. The machine is shared and has 2 cores for every server, client and tool, so each figure is one \
+         run's and moves from run to run; the reports in full are in `{}/seeds.json` when the command ran.\n\n\
+         Machine: {}. Pass: {}.\n\n\
+         | experiment (seed) | quantity | ours | the paper's | why they differ |\n|---|---|---|---|---|\n",
+        out.display(),
         r.machine,
-        if r.quick { "`--quick`" } else { "full" }
+        if r.quick { "`--quick` (short cells)" } else { "full" }
     );
     for o in &r.outcomes {
         let e = &o.experiment;
