@@ -46,7 +46,7 @@ pub struct ParseError {
 const KINDS: [&str; 5] = ["counter", "gauge", "histogram", "summary", "untyped"];
 
 /// The family a sample named `name` belongs to, among `typed`.
-fn family_of<'a>(name: &'a str, typed: &BTreeMap<String, usize>, families: &[Family]) -> Option<usize> {
+fn family_of(name: &str, typed: &BTreeMap<String, usize>, families: &[Family]) -> Option<usize> {
     if let Some(&i) = typed.get(name) {
         return Some(i);
     }
