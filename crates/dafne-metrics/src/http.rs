@@ -422,9 +422,11 @@ mod tests {
         for mut s in extra {
             s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
             let mut out = Vec::new();
-            // Closed at once, unanswered.
+            // Closed at once, unanswered (or, on a machine so loaded that a
+            // stalled peer's time ran out first, timed out itself): never
+            // the page.
             let _ = s.read_to_end(&mut out);
-            assert!(out.is_empty());
+            assert!(out.is_empty() || out.starts_with(b"HTTP/1.1 408"), "{}", String::from_utf8_lossy(&out));
         }
         let started = Instant::now();
         let page = loop {
