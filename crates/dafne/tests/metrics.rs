@@ -256,3 +256,22 @@ fn hostile_peers_on_the_metrics_port_do_not_stop_it() {
     let o = dafne().args(["status", "--dir", p(c.dir()), "--json"]).output().unwrap();
     assert!(o.status.success(), "{}", text(&o));
 }
+
+/// A server that is gone: `dafne status --metrics` prints the others' pages,
+/// names it on stderr and exits non-zero.
+#[test]
+fn status_metrics_names_a_server_that_does_not_answer() {
+    let c = Cluster::start_sized(1, "[cluster]\nrestart = false\n");
+    let servers: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(c.dir().join("servers.json")).unwrap()).unwrap();
+    assert_eq!(servers[1]["name"], "io-0");
+    let pid = servers[1]["pid"].as_u64().unwrap();
+    std::process::Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap();
+    wait_for("io-0 gone", || !common::alive(pid));
+    let o = dafne().args(["status", "--dir", p(c.dir()), "--metrics"]).output().unwrap();
+    assert!(!o.status.success(), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("io-0") && err.contains("1 of 2 servers"), "{err}");
+    let page = check_page(&String::from_utf8(o.stdout).unwrap());
+    assert!(page.iter().all(|(_, l, _)| l.get("server").map(String::as_str) == Some("meta")), "only meta's page");
+}
