@@ -15,9 +15,11 @@
 //! * [`allocate`]: `fallocate` of an object's part of a file range
 //!   (reserve, punch a hole, zero), in the cache and the chunk file.
 //! * [`server`]: starting one.
+//! * [`metrics`]: its counters as a Prometheus page (`--metrics-listen`).
 
 pub mod allocate;
 pub mod chunk;
+pub mod metrics;
 pub mod modes;
 pub mod server;
 pub mod service;

@@ -139,6 +139,17 @@ pub struct IoCommand {
     /// server as a child process).
     #[arg(long, hide = true)]
     pub stats_on_stdin: bool,
+    /// Serve this server's counters in the Prometheus text format at
+    /// http://ADDR/metrics (port 0: any free port; the address is printed
+    /// as `metrics on ADDR` before `listening on`). Off unless given;
+    /// `dafne up` gives every server one. Use a loopback address unless
+    /// the network is trusted: the page needs no login.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<SocketAddr>,
+    /// The server's name in its metrics (the `server` label), e.g. `io-1`
+    /// (`dafne up` passes the name it gives the server).
+    #[arg(long, default_value = "io")]
+    pub server_name: String,
 }
 
 /// Everything an io server counts, as of the last request served.
@@ -154,6 +165,8 @@ pub struct IoStats {
     pub ucx: dafne_ucx::StatsSnapshot,
     /// The chunk store's: which storage path, ops and bytes per path.
     pub storage: StorageStats,
+    /// Requests, errors and bytes by op.
+    pub ops: crate::service::OpStats,
 }
 
 impl IoStats {
@@ -310,7 +323,35 @@ impl IoServer {
             .ok()
             .flatten()
             .unwrap_or_default();
-        IoStats { mode: self.mode, serving: s.mode, unifier: s.unifier, ucx: self.ucx_stats(), storage: s.storage }
+        IoStats {
+            mode: self.mode,
+            serving: s.mode,
+            unifier: s.unifier,
+            ucx: self.ucx_stats(),
+            storage: s.storage,
+            ops: s.ops,
+        }
+    }
+
+    /// This server's metrics page (`crate::metrics`), every counter read
+    /// on the loop thread at once; an error when the server is stopping.
+    pub fn metrics_page(&self, server: &str) -> Result<String, String> {
+        let (s, capacity) = self
+            .rt
+            .run_on_loop(|_| {
+                SERVICE.with(|s| s.borrow().as_ref().and_then(Weak::upgrade).map(|svc| (svc.stats(), svc.capacity())))
+            })
+            .map_err(|e| format!("the server is stopping ({e})"))?
+            .ok_or("the io service is not running")?;
+        let stats = IoStats {
+            mode: self.mode,
+            serving: s.mode,
+            unifier: s.unifier,
+            ucx: self.ucx_stats(),
+            storage: s.storage,
+            ops: s.ops,
+        };
+        Ok(crate::metrics::render(server, &stats, &capacity.1, &self.rt.stats().snapshot()))
     }
 
     /// A clean stop's first half: refuse new requests (EAGAIN), then, until
@@ -494,7 +535,18 @@ pub fn start_with(a: &IoArgs, m: ModeArgs) -> Result<IoServer> {
 pub fn serve_forever(c: &IoCommand) -> Result<()> {
     use std::io::{BufRead as _, Write as _};
     dafne_transport::fail_fast_on_panic();
-    let s = start_with(&c.args, c.serving)?;
+    let s = std::sync::Arc::new(start_with(&c.args, c.serving)?);
+    // Dropped before the server (it holds a reference for its page).
+    let metrics = match c.metrics_listen {
+        Some(addr) => {
+            let (server, name) = (s.clone(), c.server_name.clone());
+            let m = dafne_metrics::MetricsServer::start(addr, move || server.metrics_page(&name))
+                .with_context(|| format!("listening for metrics on {addr} (--metrics-listen)"))?;
+            println!("metrics on {}", m.addr());
+            Some(m)
+        }
+        None => None,
+    };
     println!("listening on {}", s.addr);
     std::io::stdout().flush()?;
     if c.stats_on_stdin {
@@ -504,7 +556,9 @@ pub fn serve_forever(c: &IoCommand) -> Result<()> {
                 std::io::stdout().flush()?;
             }
         }
-        return s.drain_and_flush();
+        let r = s.drain_and_flush();
+        drop(metrics);
+        return r;
     }
     let stop = stop_on_signals()?;
     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
@@ -513,8 +567,9 @@ pub fn serve_forever(c: &IoCommand) -> Result<()> {
     // A clean stop: what the cache holds dirty reaches the disk first,
     // and nothing is acknowledged after that.
     tracing::info!("stopping: writing back the cache");
-    s.drain_and_flush()?;
-    Ok(())
+    let r = s.drain_and_flush();
+    drop(metrics);
+    r
 }
 
 /// A flag raised by SIGTERM or SIGINT (a supervisor's `down`, or ^C).

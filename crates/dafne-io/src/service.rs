@@ -22,7 +22,7 @@ use std::rc::Rc;
 use std::time::SystemTime;
 
 use dafne_auth::{CapFloors, Refusal, Secret};
-use dafne_proto::io::{IoRequest, IoResponse, Stability, NO_KEY};
+use dafne_proto::io::{IoOp, IoRequest, IoResponse, Stability, NO_KEY};
 use dafne_proto::{Errno, RIGHT_READ, RIGHT_WRITE};
 use dafne_transport::{ConnHandle, Request as TRequest, RmaSeg, Service};
 use dafne_unifier::{spans, Unifier};
@@ -49,9 +49,68 @@ pub enum Backend {
     Direct(Box<Direct>),
 }
 
+/// What the requests of one op came to: counted where they are answered
+/// ([`IoService`]'s `handle`), so they are the real counts.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct OpCount {
+    /// Requests answered (successfully or not).
+    pub requests: u64,
+    /// Of those, the ones answered with an error.
+    pub errors: u64,
+    /// Bytes moved by the successful ones: the bytes a `Read` returned or
+    /// a `Write` wrote (0 for the other ops).
+    pub bytes: u64,
+}
+
+/// Requests by op, in the order of [`IoOp::ALL`], and the ones that could
+/// not be decoded (no op to count them under).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpStats {
+    pub by_op: [OpCount; IoOp::ALL.len()],
+    pub undecodable: u64,
+}
+
+impl Default for OpStats {
+    fn default() -> Self {
+        OpStats { by_op: [OpCount::default(); IoOp::ALL.len()], undecodable: 0 }
+    }
+}
+
+impl OpStats {
+    /// The counts of `op`.
+    pub fn of(&self, op: IoOp) -> OpCount {
+        IoOp::ALL.iter().position(|&o| o == op).map(|i| self.by_op[i]).unwrap_or_default()
+    }
+
+    fn record(&mut self, op: IoOp, result: &Result<IoResponse, Errno>) {
+        let Some(c) = IoOp::ALL.iter().position(|&o| o == op).map(|i| &mut self.by_op[i]) else { return };
+        c.requests += 1;
+        match result {
+            Ok(IoResponse::Read { bytes, .. }) | Ok(IoResponse::Write { bytes }) => c.bytes += bytes,
+            Ok(_) => {}
+            Err(_) => c.errors += 1,
+        }
+    }
+}
+
+/// How much the server holds: the data directory's file system and the cache.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Capacity {
+    /// The file system of the data directory (statvfs): size and bytes
+    /// available to the server; 0 when statvfs failed.
+    pub capacity_bytes: u64,
+    pub available_bytes: u64,
+    pub filesystem_id: u64,
+    /// The cache: the Unifier's slabs, or the page cache the comparison
+    /// modes count on.
+    pub cache_bytes: u64,
+}
+
 /// The counters of a service.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct ServingStats {
+    /// Requests, errors and bytes by op.
+    pub ops: OpStats,
     /// The serving mode's own counters (zero in the `unifier` mode).
     pub mode: ModeStats,
     /// The Unifier's counters (zero in `normal` and `mmap`).
@@ -77,6 +136,8 @@ pub struct IoService {
     /// When a refused login was last logged: at most one warning per
     /// [`LOGIN_WARN_EVERY`], so a peer cannot flood the log.
     login_warned: std::cell::Cell<Option<std::time::Instant>>,
+    /// Requests by op (the metrics page).
+    ops: std::cell::RefCell<OpStats>,
 }
 
 /// The least time between two warnings about refused logins.
@@ -141,6 +202,7 @@ impl IoService {
             draining: Default::default(),
             floors: Default::default(),
             login_warned: Default::default(),
+            ops: Default::default(),
         }
     }
 
@@ -154,10 +216,27 @@ impl IoService {
 
     pub fn stats(&self) -> ServingStats {
         let storage = self.store.stats();
+        let ops = *self.ops.borrow();
         match &self.backend {
-            Backend::Unifier(u) => ServingStats { mode: ModeStats::default(), unifier: u.stats(), storage },
-            Backend::Direct(d) => ServingStats { mode: d.stats(), unifier: Default::default(), storage },
+            Backend::Unifier(u) => ServingStats { ops, mode: ModeStats::default(), unifier: u.stats(), storage },
+            Backend::Direct(d) => ServingStats { ops, mode: d.stats(), unifier: Default::default(), storage },
         }
+    }
+
+    /// The serving mode, the data directory's file system and the cache size.
+    pub fn capacity(&self) -> (ServingMode, Capacity) {
+        let (capacity_bytes, available_bytes, filesystem_id) = self.store.capacity().unwrap_or_else(|e| {
+            tracing::warn!("statvfs of the data directory failed: {e}");
+            (0, 0, 0)
+        });
+        let (mode, cache_bytes) = match &self.backend {
+            Backend::Unifier(un) => {
+                let c = un.config();
+                (ServingMode::Unifier, ((c.ready_slabs + c.raw_slabs) * c.slab_size) as u64)
+            }
+            Backend::Direct(d) => (d.mode(), d.cache_bytes()),
+        };
+        (mode, Capacity { capacity_bytes, available_bytes, filesystem_id, cache_bytes })
     }
 
     /// Refuses every request from now on (the server is stopping).
@@ -184,17 +263,7 @@ impl IoService {
     /// Capacity and counters, for `statfs` and `dafne status`.
     fn server_info(&self, conn: &ConnHandle) -> dafne_proto::ServerInfo {
         let ServingStats { mode: m, unifier: u, .. } = self.stats();
-        let (capacity_bytes, available_bytes, filesystem_id) = self.store.capacity().unwrap_or_else(|e| {
-            tracing::warn!("statvfs of the data directory failed: {e}");
-            (0, 0, 0)
-        });
-        let (mode, cache_bytes) = match &self.backend {
-            Backend::Unifier(un) => {
-                let c = un.config();
-                (ServingMode::Unifier, ((c.ready_slabs + c.raw_slabs) * c.slab_size) as u64)
-            }
-            Backend::Direct(d) => (d.mode(), d.cache_bytes()),
-        };
+        let (mode, Capacity { capacity_bytes, available_bytes, filesystem_id, cache_bytes }) = self.capacity();
         let t = conn.transport_stats();
         dafne_proto::ServerInfo {
             capacity_bytes,
@@ -236,14 +305,13 @@ impl IoService {
             Ok(x) => x,
             Err(e) => {
                 tracing::warn!("undecodable io request from connection {}: {e}", req.conn.id());
+                self.ops.borrow_mut().undecodable += 1;
                 return dafne_proto::io::encode_io_reply(0, dafne_proto::io::IoOp::Stat, &Err(Errno::EPROTO));
             }
         };
         let op = request.op();
-        if self.draining.get() {
-            return dafne_proto::io::encode_io_reply(env.tag, op, &Err(Errno::EAGAIN));
-        }
-        let result = self.serve(&req.conn, request).await;
+        let result = if self.draining.get() { Err(Errno::EAGAIN) } else { self.serve(&req.conn, request).await };
+        self.ops.borrow_mut().record(op, &result);
         dafne_proto::io::encode_io_reply(env.tag, op, &result)
     }
 

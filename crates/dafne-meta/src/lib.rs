@@ -14,9 +14,11 @@
 //! * [`service`]: the server on dafne's transport: sessions, decoding,
 //!   group commit of concurrent writes, compounds.
 //! * [`server`]: starting one (store + secret + runtime + service).
+//! * [`metrics`]: its counters as a Prometheus page (`--metrics-listen`).
 
 pub mod changes;
 pub mod locks;
+pub mod metrics;
 pub mod opens;
 pub mod posix;
 pub mod server;

@@ -59,9 +59,24 @@ pub struct MetaArgs {
     /// for which a closed or dead session's open files stay protected.
     #[arg(long, default_value_t = crate::opens::DEFAULT_GRACE.as_secs())]
     pub open_grace_s: u64,
+    /// Serve this server's counters in the Prometheus text format at
+    /// http://ADDR/metrics (port 0: any free port; the address is printed
+    /// as `metrics on ADDR` before `listening on`). Off unless given;
+    /// `dafne up` gives every server one. Use a loopback address unless
+    /// the network is trusted: the page needs no login.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<SocketAddr>,
+    /// The server's name in its metrics (the `server` label).
+    #[arg(long, default_value = "meta")]
+    pub server_name: String,
 }
 
 impl MetaArgs {
+    /// Serves until SIGTERM or SIGINT, with the metrics port if asked.
+    pub fn serve(&self) -> Result<()> {
+        serve_forever_with(&self.to_options()?, self.metrics_listen, &self.server_name)
+    }
+
     pub fn to_options(&self) -> Result<ServeOptions> {
         Ok(ServeOptions {
             data_dir: self.data_dir.clone(),
@@ -82,7 +97,29 @@ impl MetaArgs {
 #[derive(Debug)]
 pub struct MetaServer {
     pub addr: SocketAddr,
-    _rt: Runtime,
+    rt: Runtime,
+}
+
+thread_local! {
+    /// The metadata service of this thread's runtime, so that its counters
+    /// can be read on its loop thread when asked.
+    static SERVICE: std::cell::RefCell<Option<std::rc::Weak<MetaService>>> = const { std::cell::RefCell::new(None) };
+}
+
+impl MetaServer {
+    /// The counters, read on the loop thread (`None`: not serving).
+    pub fn stats(&self) -> Option<crate::service::MetaStats> {
+        self.rt
+            .run_on_loop(|_| SERVICE.with(|s| s.borrow().as_ref().and_then(std::rc::Weak::upgrade).map(|s| s.stats())))
+            .ok()
+            .flatten()
+    }
+
+    /// This server's metrics page (`crate::metrics`).
+    pub fn metrics_page(&self, server: &str) -> std::result::Result<String, String> {
+        let stats = self.stats().ok_or("the metadata server is stopping")?;
+        Ok(crate::metrics::render(server, &stats, &self.rt.stats().snapshot()))
+    }
 }
 
 /// Starts a metadata server and returns once it listens.
@@ -107,15 +144,35 @@ pub fn start(o: &ServeOptions) -> Result<MetaServer> {
         store.revoked_credentials().with_context(|| format!("reading the revoked credentials of {}", db.display()))?;
     let grace = o.open_grace;
     let dir = o.data_dir.clone();
-    let addr =
-        rt.serve(o.listen, move |_| MetaHandler(Rc::new(MetaService::new(store, secret, grace, revoked, Some(&dir)))))?;
-    Ok(MetaServer { addr, _rt: rt })
+    let addr = rt.serve(o.listen, move |_| {
+        let service = Rc::new(MetaService::new(store, secret, grace, revoked, Some(&dir)));
+        SERVICE.with(|s| *s.borrow_mut() = Some(Rc::downgrade(&service)));
+        MetaHandler(service)
+    })?;
+    Ok(MetaServer { addr, rt })
 }
 
 /// Starts a server, prints `listening on ADDR`, and serves until killed.
 pub fn serve_forever(o: &ServeOptions) -> Result<()> {
+    serve_forever_with(o, None, "meta")
+}
+
+/// [`serve_forever`] with a metrics port on `metrics` (printed as
+/// `metrics on ADDR` before `listening on`), its samples labelled
+/// `server="NAME"`.
+pub fn serve_forever_with(o: &ServeOptions, metrics: Option<SocketAddr>, name: &str) -> Result<()> {
     dafne_transport::fail_fast_on_panic();
-    let server = start(o)?;
+    let server = Arc::new(start(o)?);
+    let metrics = match metrics {
+        Some(addr) => {
+            let (s, name) = (server.clone(), name.to_string());
+            let m = dafne_metrics::MetricsServer::start(addr, move || s.metrics_page(&name))
+                .with_context(|| format!("listening for metrics on {addr} (--metrics-listen)"))?;
+            println!("metrics on {}", m.addr());
+            Some(m)
+        }
+        None => None,
+    };
     println!("listening on {}", server.addr);
     use std::io::Write as _;
     std::io::stdout().flush()?;
@@ -127,7 +184,8 @@ pub fn serve_forever(o: &ServeOptions) -> Result<()> {
         std::thread::park_timeout(std::time::Duration::from_millis(100));
     }
     // Every acknowledged change is committed already; dropping the server
-    // closes the store cleanly.
+    // closes the store cleanly (the metrics port first: it holds the server).
+    drop(metrics);
     drop(server);
     Ok(())
 }

@@ -203,8 +203,18 @@ fn run_batch(store: &dyn MetaStore, opens: &Opens, batch: Vec<Work>) {
     }
 }
 
+/// What the store thread did (the metrics page): read from the loop
+/// thread while the store thread counts.
+#[derive(Debug, Default)]
+struct StoreCounts {
+    /// Batches executed (each one transaction: a commit, or none when read-only).
+    batches: std::sync::atomic::AtomicU64,
+    /// Client jobs in them.
+    jobs: std::sync::atomic::AtomicU64,
+}
+
 /// Starts the store thread; returns the queue feeding it.
-fn start_store_thread(store: Arc<dyn MetaStore>, opens: Opens) -> Sender<Work> {
+fn start_store_thread(store: Arc<dyn MetaStore>, opens: Opens, counts: Arc<StoreCounts>) -> Sender<Work> {
     let (tx, rx): (Sender<Work>, Receiver<Work>) = crossbeam_channel::unbounded();
     std::thread::Builder::new()
         .name("meta-store".into())
@@ -217,6 +227,8 @@ fn start_store_thread(store: Arc<dyn MetaStore>, opens: Opens) -> Sender<Work> {
                         Err(_) => break,
                     }
                 }
+                counts.batches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                counts.jobs.fetch_add(batch.len() as u64, std::sync::atomic::Ordering::Relaxed);
                 run_batch(store.as_ref(), &opens, batch);
             }
         })
@@ -253,6 +265,35 @@ pub struct MetaService {
     lock_marker: Option<(std::path::PathBuf, Cell<bool>)>,
     /// Replies to lose (module docs, "Fault injection").
     faults: Vec<DropReply>,
+    /// Requests answered and errors, by op in the order of [`Op::ALL`],
+    /// and undecodable requests (the metrics page).
+    ops: RefCell<Vec<(u64, u64)>>,
+    undecodable: Cell<u64>,
+    store: Arc<dyn MetaStore>,
+    store_counts: Arc<StoreCounts>,
+}
+
+/// The metadata server's counters, read on its loop thread
+/// ([`MetaService::stats`]) for the metrics page.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct MetaStats {
+    /// `(op, requests answered, of them errors)`, every op of [`Op::ALL`].
+    pub ops: Vec<(Op, u64, u64)>,
+    pub undecodable: u64,
+    /// Sessions logged in now, and opened since start.
+    pub sessions: u64,
+    pub sessions_opened: u64,
+    /// Opens held over all sessions, with those of ended sessions still
+    /// protected (`crate::opens`'s units).
+    pub open_files: u64,
+    /// Byte ranges locked, and lock requests waiting.
+    pub locked_ranges: u64,
+    pub lock_waiters: u64,
+    /// Store batches (one transaction each) and the client jobs in them.
+    pub store_batches: u64,
+    pub store_jobs: u64,
+    /// Transactions committed, if the store counts them.
+    pub commits: Option<u64>,
 }
 
 /// The environment variable of the reply-dropping test hook.
@@ -356,13 +397,18 @@ impl MetaService {
             },
             Err(_) => Vec::new(),
         };
+        let store_counts = Arc::new(StoreCounts::default());
         MetaService {
+            ops: RefCell::new(vec![(0, 0); Op::ALL.len()]),
+            undecodable: Cell::new(0),
+            store: store.clone(),
+            store_counts: store_counts.clone(),
             faults,
             locks: RefCell::new(locks),
             changes: RefCell::new(ChangeLog::default()),
             lock_marker,
             secret,
-            work: start_store_thread(store, opens.clone()),
+            work: start_store_thread(store, opens.clone(), store_counts),
             sessions: RefCell::new(HashMap::new()),
             next_session: Cell::new(1),
             opens,
@@ -405,10 +451,38 @@ impl Drop for MetaService {
 }
 
 impl MetaService {
+    /// The counters, for the metrics page.
+    pub fn stats(&self) -> MetaStats {
+        let ops = self.ops.borrow();
+        let locks = self.locks.borrow();
+        let sc = &self.store_counts;
+        MetaStats {
+            ops: Op::ALL.iter().zip(ops.iter()).map(|(&op, &(n, e))| (op, n, e)).collect(),
+            undecodable: self.undecodable.get(),
+            sessions: self.sessions.borrow().len() as u64,
+            sessions_opened: self.next_session.get() - 1,
+            open_files: lock(&self.opens).units() as u64,
+            locked_ranges: locks.ranges() as u64,
+            lock_waiters: locks.waiting() as u64,
+            store_batches: sc.batches.load(std::sync::atomic::Ordering::Relaxed),
+            store_jobs: sc.jobs.load(std::sync::atomic::Ordering::Relaxed),
+            commits: self.store.commits(),
+        }
+    }
+
+    fn count(&self, op: Op, ok: bool) {
+        if let Some(i) = Op::ALL.iter().position(|&o| o == op) {
+            let c = &mut self.ops.borrow_mut()[i];
+            c.0 += 1;
+            c.1 += u64::from(!ok);
+        }
+    }
+
     async fn handle(self: Rc<Self>, req: TRequest) -> Vec<u8> {
         let (env, request) = match decode_request(&req.payload) {
             Ok(x) => x,
             Err(e) => {
+                self.undecodable.set(self.undecodable.get() + 1);
                 tracing::warn!("undecodable metadata request from connection {}: {e}", req.conn.id());
                 // Echo the tag and op when at least the header made sense.
                 let (tag, op) = match RequestHeader::decode(&req.payload) {
@@ -422,11 +496,15 @@ impl MetaService {
         let conn = req.conn.id();
         if let Request::SessionOpen { client_name, nonce, mac, credential } = request {
             let result = self.open_session(&req.conn, &client_name, &nonce, &mac, credential);
+            self.count(op, result.is_ok());
             return encode_reply(env.tag, op, &result);
         }
         let cred = match self.identity(conn, &env, &request) {
             Ok(c) => c,
-            Err(e) => return encode_reply(env.tag, op, &Err(e)),
+            Err(e) => {
+                self.count(op, false);
+                return encode_reply(env.tag, op, &Err(e));
+            }
         };
         let replay = env.session.filter(|_| request.is_exactly_once());
         let result = match request {
@@ -494,6 +572,7 @@ impl MetaService {
                 r
             }
         };
+        self.count(op, result.is_ok());
         if result.is_ok() {
             self.maybe_drop_reply(&req.conn, op);
         }

@@ -342,6 +342,12 @@ pub trait MetaStore: Send + Sync + 'static {
     /// The names of the credentials revoked so far (`RevokeCredential`),
     /// which the service refuses at login.
     fn revoked_credentials(&self) -> Result<Vec<String>, StoreError>;
+
+    /// Transactions committed since the store was opened (each one fsync),
+    /// if the engine counts them.
+    fn commits(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// An inode as stored.
@@ -557,6 +563,8 @@ pub struct RedbStore {
     db: Database,
     policy: LayoutPolicy,
     log: std::sync::Mutex<RevocationLog>,
+    /// Write transactions committed (the metrics page).
+    commits: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for RedbStore {
@@ -622,7 +630,7 @@ impl RedbStore {
             }
         }
         txn.commit()?;
-        Ok(RedbStore { db, policy, log: std::sync::Mutex::new(RevocationLog::new()) })
+        Ok(RedbStore { db, policy, log: std::sync::Mutex::new(RevocationLog::new()), commits: Default::default() })
     }
 
     /// Removes every entry of the first orphan table; returns their objects.
@@ -773,6 +781,7 @@ impl MetaStore for RedbStore {
             txn.abort()?;
         } else {
             txn.commit()?;
+            self.commits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         // In the log once committed, in commit order (one store thread).
         for r in revoked {
@@ -783,6 +792,10 @@ impl MetaStore for RedbStore {
             }
         }
         Ok(out)
+    }
+
+    fn commits(&self) -> Option<u64> {
+        Some(self.commits.load(std::sync::atomic::Ordering::Relaxed))
     }
 
     fn revoked_credentials(&self) -> Result<Vec<String>, StoreError> {

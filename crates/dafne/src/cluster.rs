@@ -63,6 +63,16 @@ pub struct ClusterConfig {
     /// somewhere keeps its data until its last close whatever this says
     /// (the metadata server tracks opens; see `local.rs`).
     pub reclaim_after_s: u32,
+    /// Address every server's metrics port (Prometheus text over HTTP,
+    /// `GET /metrics`) listens on: loopback unless the network is trusted,
+    /// as the page needs no login.
+    pub metrics_host: IpAddr,
+    /// The metadata server's metrics port; io server `i` has
+    /// `metrics_base_port + 1 + i`. 0: each server takes a free port when
+    /// the cluster starts (kept across its restarts), recorded in
+    /// `cluster.json` and shown by `dafne status`; choose a base for ports
+    /// a Prometheus configuration can name.
+    pub metrics_base_port: u16,
 }
 
 impl Default for ClusterConfig {
@@ -75,6 +85,8 @@ impl Default for ClusterConfig {
             restart: true,
             max_restarts: 5,
             reclaim_after_s: 60,
+            metrics_host: IpAddr::from([127, 0, 0, 1]),
+            metrics_base_port: 0,
         }
     }
 }
@@ -185,6 +197,10 @@ restart = true          # restart a server that exits unexpectedly
 max_restarts = 5        # ... at most this many times per server
 reclaim_after_s = 60    # remove an unlinked file's data this many seconds
                         # later, or at its last close if it is still open
+metrics_host = "127.0.0.1" # every server's metrics port (Prometheus text,
+                        # GET /metrics) listens here; the page needs no login
+metrics_base_port = 0   # meta's metrics port; io server i: base + 1 + i.
+                        # 0: free ports chosen at `up` (`dafne status` shows them)
 
 [meta]
 stripe_unit = 1048576   # default stripe unit, bytes
@@ -253,6 +269,27 @@ impl Config {
         if c.meta_port != 0 && io_ports.contains(&(c.meta_port as u32)) {
             bail!("cluster.meta_port = {} collides with the io servers' ports {:?}", c.meta_port, io_ports);
         }
+        if c.metrics_base_port != 0 {
+            let metrics = c.metrics_base_port as u32..c.metrics_base_port as u32 + 1 + c.io_servers;
+            if metrics.end > u16::MAX as u32 + 1 {
+                bail!(
+                    "cluster.metrics_base_port = {} leaves no room for the metrics ports of 1 + {} servers",
+                    c.metrics_base_port,
+                    c.io_servers
+                );
+            }
+            let overlaps = |r: &std::ops::Range<u32>| r.start < metrics.end && metrics.start < r.end;
+            if overlaps(&io_ports) || metrics.contains(&(c.meta_port as u32)) {
+                bail!(
+                    "cluster.metrics_base_port = {}: the metrics ports {:?} collide with the metadata server's port {} \
+                     or the io servers' {:?}",
+                    c.metrics_base_port,
+                    metrics,
+                    c.meta_port,
+                    io_ports
+                );
+            }
+        }
         if self.meta.stripe_count == 0 || self.meta.stripe_count > c.io_servers {
             bail!(
                 "meta.stripe_count = {}: choose between 1 and cluster.io_servers ({})",
@@ -290,6 +327,18 @@ impl Config {
 
     pub fn io_addr(&self, i: u32) -> SocketAddr {
         SocketAddr::new(self.cluster.host, self.cluster.io_base_port + i as u16)
+    }
+
+    /// The metrics address of the metadata server (`None`) or io server
+    /// `i`: port 0 (a free one) when `metrics_base_port` is 0.
+    pub fn metrics_addr(&self, io: Option<u32>) -> SocketAddr {
+        let c = &self.cluster;
+        let port = match (c.metrics_base_port, io) {
+            (0, _) => 0,
+            (base, None) => base,
+            (base, Some(i)) => base + 1 + i as u16,
+        };
+        SocketAddr::new(c.metrics_host, port)
     }
 
     /// UCX settings as `KEY=VALUE` arguments of the server commands.
@@ -416,6 +465,18 @@ pub struct ClusterInfo {
     /// Kernel cache timeouts for mounts, milliseconds.
     pub attr_timeout_ms: u64,
     pub entry_timeout_ms: u64,
+    /// Each server's metrics port (`GET /metrics`), meta first, then the io
+    /// servers in order.
+    #[serde(default)]
+    pub metrics: Vec<MetricsEndpoint>,
+}
+
+/// Where one server's metrics are.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct MetricsEndpoint {
+    /// `meta` or `io-N` (the `server` label of its samples).
+    pub server: String,
+    pub addr: SocketAddr,
 }
 
 impl ClusterInfo {
@@ -665,6 +726,7 @@ mod tests {
             supervisor_pid: 1,
             attr_timeout_ms: 1000,
             entry_timeout_ms: 1000,
+            metrics: vec![],
         };
         let addr: SocketAddr = "127.0.0.1:7710".parse().unwrap();
         let login = ClientLogin { key: dafne_auth::Secret::from_bytes([1; 32]).into(), file: info.secret.clone() };
@@ -693,6 +755,17 @@ mod tests {
         assert!(format!("{e:#}").contains("io.mode"), "{e:#}");
         let e = Config::parse("[cluster]\nmeta_port = 7711\n", Path::new("c.toml")).unwrap_err();
         assert!(format!("{e:#}").contains("collides"), "{e:#}");
+        // Metrics ports 7705..=7709 are free; 7706..=7710 take io server 0's.
+        let ok = Config::parse("[cluster]\nmetrics_base_port = 7705\n", Path::new("c.toml")).unwrap();
+        assert_eq!(ok.metrics_addr(None).port(), 7705);
+        assert_eq!(ok.metrics_addr(Some(3)).port(), 7709);
+        let e = Config::parse("[cluster]\nmetrics_base_port = 7706\n", Path::new("c.toml")).unwrap_err();
+        assert!(format!("{e:#}").contains("metrics_base_port"), "{e:#}");
+        let e = Config::parse("[cluster]\nmetrics_base_port = 7698\n", Path::new("c.toml")).unwrap_err();
+        assert!(format!("{e:#}").contains("collide"), "{e:#}");
+        let e = Config::parse("[cluster]\nmetrics_base_port = 65533\n", Path::new("c.toml")).unwrap_err();
+        assert!(format!("{e:#}").contains("no room"), "{e:#}");
+        assert_eq!(Config::embedded().metrics_addr(Some(2)), "127.0.0.1:0".parse().unwrap(), "free ports by default");
     }
 
     #[test]

@@ -101,6 +101,10 @@ pub struct UpArgs {
     /// The first io server's port (overrides [cluster] io_base_port).
     #[arg(long)]
     pub io_base_port: Option<u16>,
+    /// The metadata server's metrics port; io server i gets this + 1 + i
+    /// (overrides [cluster] metrics_base_port; 0: free ports, the default).
+    #[arg(long)]
+    pub metrics_base_port: Option<u16>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -122,6 +126,11 @@ pub struct StatusArgs {
     /// secret, which is then not read.
     #[arg(long, value_name = "FILE")]
     pub credential: Option<PathBuf>,
+    /// Print every server's metrics (fetched from its metrics port, see
+    /// `cluster.json`) as one page in the Prometheus text format, instead
+    /// of the tables.
+    #[arg(long, conflicts_with_all = ["json", "credential"])]
+    pub metrics: bool,
 }
 
 /// One server as the supervisor sees it (`DIR/servers.json`).
@@ -140,6 +149,9 @@ pub struct ServerState {
     /// reused pid is not taken for it.
     #[serde(default)]
     pub start: u64,
+    /// Its metrics port (`GET /metrics`), once it listens.
+    #[serde(default)]
+    pub metrics: Option<SocketAddr>,
 }
 
 fn logs_dir(dir: &Path) -> PathBuf {
@@ -175,13 +187,11 @@ fn effective_config(a: &UpArgs, dir: &Path) -> Result<(Config, Option<String>)> 
     if let Some(p) = a.io_base_port {
         c.cluster.io_base_port = p;
     }
+    if let Some(p) = a.metrics_base_port {
+        c.cluster.metrics_base_port = p;
+    }
     c.check().context("the configuration with the command line's flags")?;
-    if a.config.is_some()
-        || a.io_servers.is_some()
-        || a.cache_mib.is_some()
-        || a.meta_port.is_some()
-        || a.io_base_port.is_some()
-    {
+    if a.config.is_some() || flags_given(a) {
         let text = toml::to_string(&c).context("serializing the configuration")?;
         save = Some(format!(
             "# Written by `dafne up` (its flags applied). `dafne config` prints a commented example.\n{text}"
@@ -190,17 +200,31 @@ fn effective_config(a: &UpArgs, dir: &Path) -> Result<(Config, Option<String>)> 
     Ok((c, save))
 }
 
+/// Whether flags that change the configuration were given.
+fn flags_given(a: &UpArgs) -> bool {
+    a.io_servers.is_some()
+        || a.cache_mib.is_some()
+        || a.meta_port.is_some()
+        || a.io_base_port.is_some()
+        || a.metrics_base_port.is_some()
+}
+
 /// Refuses ports something else holds, before any process starts.
 fn check_ports(c: &Config) -> Result<()> {
     let mut addrs = vec![("metadata server", c.meta_addr())];
     addrs.extend((0..c.cluster.io_servers).map(|i| ("io server", c.io_addr(i))));
+    if c.cluster.metrics_base_port != 0 {
+        addrs.push(("metadata server's metrics", c.metrics_addr(None)));
+        addrs.extend((0..c.cluster.io_servers).map(|i| ("io server's metrics", c.metrics_addr(Some(i)))));
+    }
     for (what, addr) in addrs {
         if let Err(e) = TcpListener::bind(addr) {
             if e.kind() == std::io::ErrorKind::AddrInUse {
                 bail!(
                     "address {addr} (for the {what}) is already in use, by another dafne cluster or another program \
                      (`ss -ltnp | grep {}` shows which): stop it, or choose other ports with --meta-port / \
-                     --io-base-port or [cluster] meta_port / io_base_port in the configuration",
+                     --io-base-port / --metrics-base-port or [cluster] meta_port / io_base_port / \
+                     metrics_base_port in the configuration",
                     addr.port()
                 );
             }
@@ -229,12 +253,7 @@ pub fn up(a: UpArgs) -> Result<()> {
             dir_flag(&dir),
             dir_flag(&dir)
         );
-        if a.config.is_some()
-            || a.io_servers.is_some()
-            || a.cache_mib.is_some()
-            || a.meta_port.is_some()
-            || a.io_base_port.is_some()
-        {
+        if a.config.is_some() || flags_given(&a) {
             eprintln!("warning: the configuration and flags given were not applied: `dafne down` first to change them");
         }
         return Ok(());
@@ -333,6 +352,10 @@ fn print_up(info: &ClusterInfo) {
     println!("  metadata server  {}", info.meta);
     for (i, a) in info.io.iter().enumerate() {
         println!("  io server {i:<6} {a}");
+    }
+    if !info.metrics.is_empty() {
+        let list: Vec<String> = info.metrics.iter().map(|m| format!("{} {}", m.server, m.addr)).collect();
+        println!("  metrics (GET /metrics): {}", list.join(", "));
     }
     println!("Next: `dafne mount <dir>{f}` to mount it, `dafne status{f}`, `dafne down{f}` to stop it.");
 }
@@ -478,9 +501,17 @@ fn progress(msg: impl std::fmt::Display) {
     println!("progress: {msg}");
 }
 
-/// Starts `dafne serve …`, waits for `listening on ADDR`; output goes to
-/// `log` (stdout's banner line is read here first).
-fn spawn_server(args: &[String], log: &Path) -> Result<(Child, SocketAddr)> {
+/// A server that listens: its process, address and metrics address.
+struct Spawned {
+    child: Child,
+    addr: SocketAddr,
+    metrics: Option<SocketAddr>,
+}
+
+/// Starts `dafne serve …`, waits for `listening on ADDR` (after it,
+/// `metrics on ADDR` when it serves metrics); output goes to `log`
+/// (stdout's banner lines are read here first).
+fn spawn_server(args: &[String], log: &Path) -> Result<Spawned> {
     let exe = supervisor_exe()?;
     let logf = std::fs::OpenOptions::new()
         .create(true)
@@ -506,35 +537,41 @@ fn spawn_server(args: &[String], log: &Path) -> Result<(Child, SocketAddr)> {
         use std::io::Write as _;
         let mut r = BufReader::new(stdout);
         let mut logf = logf;
+        let mut metrics = None;
         // UCX logs to stdout: pass its lines to the log until the banner.
         let banner = loop {
             let mut line = String::new();
             match r.read_line(&mut line) {
                 Ok(0) => break Ok(String::new()),
                 Ok(_) if line.starts_with("listening on ") => break Ok(line),
+                Ok(_) if line.starts_with("metrics on ") => metrics = Some(line),
                 Ok(_) => {
                     let _ = logf.write_all(line.as_bytes());
                 }
                 Err(e) => break Err(e),
             }
         };
-        let _ = tx.send(banner);
+        let _ = tx.send(banner.map(|b| (b, metrics)));
         // Keep draining stdout into the log so the server never blocks on it.
         let _ = std::io::copy(&mut r, &mut logf);
     });
     match rx.recv_timeout(LISTEN_TIMEOUT) {
-        Ok(Ok(line)) if line.starts_with("listening on ") => {
+        Ok(Ok((line, metrics))) if line.starts_with("listening on ") => {
             let addr = line.trim()["listening on ".len()..].parse().context("parsing the server's address")?;
-            Ok((child, addr))
+            let metrics = match metrics {
+                Some(m) => Some(m.trim()["metrics on ".len()..].parse().context("parsing the metrics address")?),
+                None => None,
+            };
+            Ok(Spawned { child, addr, metrics })
         }
         other => {
             let _ = child.kill();
             let status = child.wait().ok();
             let why = match other {
-                Ok(Ok(l)) if l.is_empty() => {
+                Ok(Ok((l, _))) if l.is_empty() => {
                     format!("it exited ({})", status.map(|s| s.to_string()).unwrap_or_default())
                 }
-                Ok(Ok(l)) => format!("unexpected first line {l:?}"),
+                Ok(Ok((l, _))) => format!("unexpected first line {l:?}"),
                 Ok(Err(e)) => format!("reading its output: {e}"),
                 Err(_) => format!("it did not listen within {}s", LISTEN_TIMEOUT.as_secs()),
             };
@@ -604,6 +641,8 @@ pub fn supervise(a: DirArgs) -> Result<()> {
     meta_args.extend(["--stripe-unit".into(), c.meta.stripe_unit.to_string()]);
     meta_args.extend(["--stripe-count".into(), c.meta.stripe_count.to_string()]);
     meta_args.extend(["--open-grace-s".into(), c.meta.open_grace_s.to_string()]);
+    meta_args.extend(["--metrics-listen".into(), c.metrics_addr(None).to_string()]);
+    meta_args.extend(["--server-name".into(), "meta".into()]);
     meta_args.extend(ucx.iter().cloned());
     servers.push(Managed {
         state: ServerState {
@@ -614,6 +653,7 @@ pub fn supervise(a: DirArgs) -> Result<()> {
             restarts: 0,
             last_exit: None,
             start: 0,
+            metrics: None,
         },
         args: meta_args,
         child: None,
@@ -635,6 +675,8 @@ pub fn supervise(a: DirArgs) -> Result<()> {
             args.extend(["--max-pinned-mib".into(), p.to_string()]);
         }
         args.extend(["--mode".into(), c.io.mode.clone()]);
+        args.extend(["--metrics-listen".into(), c.metrics_addr(Some(i)).to_string()]);
+        args.extend(["--server-name".into(), format!("io-{i}")]);
         args.extend(ucx.iter().cloned());
         servers.push(Managed {
             state: ServerState {
@@ -645,6 +687,7 @@ pub fn supervise(a: DirArgs) -> Result<()> {
                 restarts: 0,
                 last_exit: None,
                 start: 0,
+                metrics: None,
             },
             args,
             child: None,
@@ -666,10 +709,11 @@ pub fn supervise(a: DirArgs) -> Result<()> {
         };
         progress(format_args!("starting {what} on {}", m.state.addr));
         match spawn_server(&m.args, &logs_dir(&dir).join(format!("{}.log", m.state.name))) {
-            Ok((child, addr)) => {
+            Ok(Spawned { child, addr, metrics }) => {
                 m.state.pid = child.id();
                 m.state.start = start_time(child.id()).unwrap_or(0);
                 m.state.addr = addr;
+                m.state.metrics = metrics;
                 m.state.state = "running".into();
                 m.child = Some(child);
             }
@@ -690,6 +734,12 @@ pub fn supervise(a: DirArgs) -> Result<()> {
         supervisor_pid: std::process::id(),
         attr_timeout_ms: c.mount.attr_timeout_ms,
         entry_timeout_ms: c.mount.entry_timeout_ms,
+        metrics: servers
+            .iter()
+            .filter_map(|m| {
+                Some(crate::cluster::MetricsEndpoint { server: m.state.name.clone(), addr: m.state.metrics? })
+            })
+            .collect(),
     };
     if !stop.load(Ordering::Relaxed) {
         info.save()?;
@@ -730,13 +780,17 @@ pub fn supervise(a: DirArgs) -> Result<()> {
             m.state.restarts += 1;
             m.state.state = "restarting".into();
             println!("restarting {} ({}/{})", m.state.name, m.state.restarts, c.cluster.max_restarts);
-            // The same address, so clients and layouts stay valid.
+            // The same address, so clients and layouts stay valid, and the
+            // same metrics port (recorded in cluster.json).
             let mut args = m.args.clone();
             if let Some(i) = args.iter().position(|a| a == "--listen") {
                 args[i + 1] = m.state.addr.to_string();
             }
+            if let (Some(i), Some(addr)) = (args.iter().position(|a| a == "--metrics-listen"), m.state.metrics) {
+                args[i + 1] = addr.to_string();
+            }
             match spawn_server(&args, &log) {
-                Ok((child, _)) => {
+                Ok(Spawned { child, .. }) => {
                     m.state.pid = child.id();
                     m.state.start = start_time(child.id()).unwrap_or(0);
                     m.state.state = "running".into();
@@ -988,6 +1042,8 @@ struct StatusReport {
 struct MetaStatus {
     server: Option<ServerState>,
     addr: SocketAddr,
+    /// Its metrics port (`GET /metrics`).
+    metrics: Option<SocketAddr>,
     reachable: Option<String>,
     files: u64,
 }
@@ -996,14 +1052,58 @@ struct MetaStatus {
 struct IoStatus {
     server: Option<ServerState>,
     addr: SocketAddr,
+    metrics: Option<SocketAddr>,
     error: Option<String>,
     info: Option<std::collections::BTreeMap<&'static str, u64>>,
+}
+
+/// How long `status --metrics` waits for each server's page.
+const METRICS_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// `dafne status --metrics`: every server's page, fetched from the
+/// addresses in `cluster.json`, printed as one page (each family once,
+/// with every server's samples). A server that does not answer is named on
+/// stderr and makes the exit status non-zero; the others are printed.
+fn print_metrics(info: &ClusterInfo) -> Result<()> {
+    if info.metrics.is_empty() {
+        bail!(
+            "{} records no metrics ports (a cluster started by an older dafne): `dafne down` and `dafne up` again",
+            ClusterInfo::path(&info.dir).display()
+        );
+    }
+    let mut pages = Vec::new();
+    let mut failed = Vec::new();
+    for m in &info.metrics {
+        match dafne_metrics::fetch(m.addr, METRICS_TIMEOUT) {
+            Ok(page) => pages.push((m, page)),
+            Err(e) => {
+                eprintln!("error: the metrics of {} ({}): {e}", m.server, m.addr);
+                failed.push(m.server.clone());
+            }
+        }
+    }
+    let texts: Vec<&str> = pages.iter().map(|(_, p)| p.as_str()).collect();
+    let merged = dafne_metrics::parse::merge(&texts).map_err(|(i, e)| match pages.get(i) {
+        Some((m, _)) => {
+            anyhow::anyhow!("the metrics page of {} ({}) is not valid Prometheus text: {e}", m.server, m.addr)
+        }
+        None => anyhow::anyhow!("the gathered metrics are not valid Prometheus text: {e}"),
+    })?;
+    print!("{merged}");
+    if !failed.is_empty() {
+        bail!("{} of {} servers did not serve their metrics: {}", failed.len(), info.metrics.len(), failed.join(", "));
+    }
+    Ok(())
 }
 
 pub fn status(a: StatusArgs) -> Result<()> {
     let dir = crate::cluster::resolve_dir(a.dir.as_deref())?;
     let info = ClusterInfo::load(&dir)?;
+    if a.metrics {
+        return print_metrics(&info);
+    }
     let states = load_states(&dir);
+    let metrics_of = |name: &str| info.metrics.iter().find(|m| m.server == name).map(|m| m.addr);
     let state_of = |name: &str| states.iter().find(|s| s.name == name).cloned();
     let rt = dafne_transport::Runtime::new(dafne_transport::RuntimeOptions {
         name: "status".into(),
@@ -1036,6 +1136,7 @@ pub fn status(a: StatusArgs) -> Result<()> {
         io.push(IoStatus {
             server: state_of(&format!("io-{i}")),
             addr: *addr,
+            metrics: metrics_of(&format!("io-{i}")),
             error: r.as_ref().err().cloned(),
             info: r.ok().map(|s| s.fields().into_iter().collect()),
         });
@@ -1043,7 +1144,7 @@ pub fn status(a: StatusArgs) -> Result<()> {
     let report = StatusReport {
         dir: dir.clone(),
         supervisor_pid: info.supervisor_pid,
-        meta: MetaStatus { server: state_of("meta"), addr: info.meta, reachable, files },
+        meta: MetaStatus { server: state_of("meta"), addr: info.meta, metrics: metrics_of("meta"), reachable, files },
         io,
         mounts: ClusterInfo::live_mounts(&dir).into_iter().map(|(_, m)| m).collect(),
     };
@@ -1098,20 +1199,21 @@ fn print_status(r: &StatusReport) {
             })
             .unwrap_or_else(|| "?".into())
     };
+    let metrics = |m: &Option<SocketAddr>| m.map_or_else(|| "-".to_string(), |a| format!("http://{a}/metrics"));
     println!();
-    println!("| server | address | process | state |");
-    println!("|---|---|---|---|");
+    println!("| server | address | process | state | metrics |");
+    println!("|---|---|---|---|---|");
     let meta_state = match &r.meta.reachable {
         None => format!("serving, {} inodes", r.meta.files),
         Some(e) => format!("not serving: {e}"),
     };
-    println!("| meta | {} | {} | {} |", r.meta.addr, st(&r.meta.server), meta_state);
+    println!("| meta | {} | {} | {} | {} |", r.meta.addr, st(&r.meta.server), meta_state, metrics(&r.meta.metrics));
     for (i, s) in r.io.iter().enumerate() {
         let state = match &s.error {
             None => "serving".to_string(),
             Some(e) => format!("not serving: {e}"),
         };
-        println!("| io-{i} | {} | {} | {} |", s.addr, st(&s.server), state);
+        println!("| io-{i} | {} | {} | {} | {} |", s.addr, st(&s.server), state, metrics(&s.metrics));
     }
     println!();
     println!("| io server | mode | capacity | available | cache | dirty | hits | misses | evictions | bytes copied | registrations (start-up) | requests | credits in use | connections | units retired |");

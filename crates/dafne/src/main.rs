@@ -435,7 +435,7 @@ fn run() -> Result<()> {
         Cmd::Bench(Bench::Posix(a)) => benchposix::run(a, parse_size),
         Cmd::Bench(Bench::Nbd(a)) => benchnbd::run(a, parse_size),
         Cmd::Nbd(c) => nbd::run(c, parse_size),
-        Cmd::Serve(Serve::Meta(a)) => dafne_meta::server::serve_forever(&a.to_options()?),
+        Cmd::Serve(Serve::Meta(a)) => a.serve(),
         Cmd::Serve(Serve::Io(a)) => dafne_io::server::serve_forever(&a),
         Cmd::TransportPeer(p) => {
             let ucx = dafne_transport::parse_ucx_overrides(&p.ucx).map_err(anyhow::Error::msg)?;

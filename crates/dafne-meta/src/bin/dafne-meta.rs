@@ -4,7 +4,7 @@
 
 use anyhow::Result;
 use clap::Parser;
-use dafne_meta::server::{serve_forever, MetaArgs};
+use dafne_meta::server::MetaArgs;
 
 #[derive(Parser)]
 #[command(about = "dafne metadata server")]
@@ -21,5 +21,5 @@ fn main() -> Result<()> {
         // to log files, which must stay plain text.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    serve_forever(&Cli::parse().args.to_options()?)
+    Cli::parse().args.serve()
 }

@@ -1,0 +1,83 @@
+//! The metadata server's metrics page (`--metrics-listen`): requests and
+//! errors by op (counted where requests are answered), sessions, open
+//! files, locks, the store's batches and commits (group commit: jobs per
+//! batch), the transport's counters and the process's CPU time and memory,
+//! every sample labelled `server="NAME"`.
+
+use dafne_metrics::{Kind, Text};
+use dafne_transport::TransportStatsSnapshot;
+
+use crate::service::MetaStats;
+
+/// The page of the server `server`.
+pub fn render(server: &str, s: &MetaStats, transport: &TransportStatsSnapshot) -> String {
+    let mut t = Text::new(&[("server", server)]);
+    t.family("dafne_server_info", Kind::Gauge, "Always 1: what this server is, in its labels.")
+        .sample(&[("kind", "meta"), ("version", env!("CARGO_PKG_VERSION"))], 1);
+    let mut f = t.family("dafne_meta_requests_total", Kind::Counter, "Requests answered, by op (errors included).");
+    for (op, n, _) in &s.ops {
+        f.sample(&[("op", &dafne_metrics::snake(op.name()))], *n);
+    }
+    let mut f = t.family("dafne_meta_request_errors_total", Kind::Counter, "Requests answered with an error, by op.");
+    for (op, _, e) in &s.ops {
+        f.sample(&[("op", &dafne_metrics::snake(op.name()))], *e);
+    }
+    t.single(
+        "dafne_meta_undecodable_requests_total",
+        Kind::Counter,
+        "Requests that could not be decoded (answered EPROTO).",
+        s.undecodable,
+    );
+    t.single("dafne_meta_sessions", Kind::Gauge, "Client sessions logged in now.", s.sessions);
+    t.single("dafne_meta_sessions_opened_total", Kind::Counter, "Sessions opened since start.", s.sessions_opened);
+    t.single(
+        "dafne_meta_open_files",
+        Kind::Gauge,
+        "Opens held by all sessions, with those of ended sessions still protected.",
+        s.open_files,
+    );
+    t.single("dafne_meta_locked_ranges", Kind::Gauge, "Byte ranges locked now.", s.locked_ranges);
+    t.single("dafne_meta_lock_waiters", Kind::Gauge, "Lock requests waiting now.", s.lock_waiters);
+    t.single(
+        "dafne_meta_store_batches_total",
+        Kind::Counter,
+        "Batches the store thread executed (one transaction each).",
+        s.store_batches,
+    );
+    t.single("dafne_meta_store_jobs_total", Kind::Counter, "Client jobs in those batches.", s.store_jobs);
+    if let Some(c) = s.commits {
+        t.single("dafne_meta_commits_total", Kind::Counter, "Store transactions committed (each one fsync).", c);
+    }
+    dafne_metrics::write_fields(
+        &mut t,
+        "dafne_transport_",
+        "dafne_transport::TransportStats",
+        &transport.fields(),
+        &["requests_in_flight"],
+    );
+    dafne_metrics::write_process(&mut t);
+    t.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_page_is_valid() {
+        let s = MetaStats {
+            ops: vec![(dafne_proto::Op::Lookup, 4, 1), (dafne_proto::Op::SessionOpen, 1, 0)],
+            commits: Some(2),
+            sessions: 1,
+            ..Default::default()
+        };
+        let page = render("meta", &s, &TransportStatsSnapshot::default());
+        let f = dafne_metrics::parse(&page).unwrap_or_else(|e| panic!("{e}\n{page}"));
+        let req = f.iter().find(|f| f.name == "dafne_meta_requests_total").unwrap();
+        assert_eq!(req.samples[0].label("op"), Some("lookup"));
+        assert_eq!(req.samples[0].value, 4.0);
+        assert_eq!(req.samples[1].label("op"), Some("session_open"));
+        assert!(page.contains("dafne_meta_commits_total{server=\"meta\"} 2\n"), "{page}");
+        assert!(page.contains("dafne_meta_sessions{server=\"meta\"} 1\n"), "{page}");
+    }
+}
