@@ -152,7 +152,15 @@ pub struct Report {
     pub lanes: Vec<(Transport, String)>,
 }
 
-struct ServerProc(Child);
+pub(crate) struct ServerProc(Child);
+
+impl ServerProc {
+    /// The server process's id (for its CPU time in `/proc`).
+    pub(crate) fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
 impl Drop for ServerProc {
     fn drop(&mut self) {
         let _ = self.0.kill();
@@ -160,7 +168,7 @@ impl Drop for ServerProc {
     }
 }
 
-fn start_server(cmd: &ServerCommand, t: Transport, spin_us: u64) -> Result<(ServerProc, SocketAddr)> {
+pub(crate) fn start_server(cmd: &ServerCommand, t: Transport, spin_us: u64) -> Result<(ServerProc, SocketAddr)> {
     let mut c = Command::new(&cmd.program);
     c.args(&cmd.prefix);
     for (k, v) in t.ucx() {
@@ -184,7 +192,7 @@ fn start_server(cmd: &ServerCommand, t: Transport, spin_us: u64) -> Result<(Serv
     Ok((proc_, addr))
 }
 
-fn runtime(t: Transport, spin_us: u64) -> Result<Runtime> {
+pub(crate) fn runtime(t: Transport, spin_us: u64) -> Result<Runtime> {
     Ok(Runtime::new(RuntimeOptions {
         name: format!("bench-{}", t.name()),
         ucx_config: t.ucx(),
