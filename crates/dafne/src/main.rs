@@ -333,7 +333,8 @@ fn bench_designs(a: DesignsBench) -> Result<()> {
     use dafne_bench::designs;
     let transports = a.transports.iter().map(|t| Transport::parse(t.trim())).collect::<Result<Vec<_>>>()?;
     let base = if a.quick { designs::Options::quick() } else { designs::Options::default() };
-    if !a.quick && !(a.seconds > 0.0 && a.seconds <= 600.0) {
+    let seconds_ok = a.seconds > 0.0 && a.seconds <= 600.0;
+    if !a.quick && !seconds_ok {
         bail!("--seconds {} must be above 0 and at most 600", a.seconds);
     }
     let opts = designs::Options {
@@ -349,7 +350,6 @@ fn bench_designs(a: DesignsBench) -> Result<()> {
             program: std::env::current_exe().context("locating the dafne executable")?,
             prefix: vec!["transport-peer".into()],
         },
-        ..base
     };
     let started = std::time::Instant::now();
     let report = designs::run(&opts, |what| eprintln!("[{:>6.1}s] measuring {what}", started.elapsed().as_secs_f64()))?;
