@@ -125,6 +125,11 @@ pub struct Options {
     pub spin_us: u64,
     /// Fill, poison and check every record (module docs).
     pub verify: bool,
+    /// `UCX_*` settings (without the prefix) added to the transport's, in
+    /// both processes, e.g. `("MM_FIFO_SIZE", "256")` (docs/BENCHMARKS.md:
+    /// the shared-memory set's default FIFO overflows with four or more
+    /// 128 KiB reads in flight to ordinary memory).
+    pub extra_ucx: Vec<(String, String)>,
     pub server: ServerCommand,
 }
 
@@ -139,6 +144,7 @@ impl Default for Options {
             rounds: 3,
             spin_us: 0,
             verify: false,
+            extra_ucx: Vec::new(),
             server: ServerCommand {
                 program: std::env::current_exe().unwrap_or_else(|_| "dafne".into()),
                 prefix: vec!["transport-peer".into()],
@@ -204,6 +210,8 @@ pub struct Report {
     pub duration_s: f64,
     pub rounds: usize,
     pub spin_us: u64,
+    /// `UCX_*` settings added to each transport's (`Options::extra_ucx`).
+    pub extra_ucx: Vec<(String, String)>,
     pub rows: Vec<Row>,
 }
 
@@ -224,8 +232,9 @@ pub fn run(o: &Options, mut progress: impl FnMut(&str)) -> Result<Report> {
     o.check()?;
     let mut rows = Vec::new();
     for &t in &o.transports {
-        let (srv, addr) = transport::start_server(&o.server, t, o.spin_us)?;
-        let rt = transport::runtime(t, o.spin_us)?;
+        let ucx: Vec<(String, String)> = t.ucx().into_iter().chain(o.extra_ucx.iter().cloned()).collect();
+        let (srv, addr) = transport::start_server_with(&o.server, &ucx, o.spin_us)?;
+        let rt = transport::runtime_with(t, ucx, o.spin_us)?;
         let client =
             Client::connect(&rt, addr).with_context(|| format!("connecting to the server over {}", t.name()))?;
         let cache = Arc::new(RegCache::new(client.context(), RegCacheConfig::default()));
@@ -258,6 +267,7 @@ pub fn run(o: &Options, mut progress: impl FnMut(&str)) -> Result<Report> {
         duration_s: o.duration.as_secs_f64(),
         rounds: o.rounds,
         spin_us: o.spin_us,
+        extra_ucx: o.extra_ucx.clone(),
         rows,
     })
 }
@@ -521,16 +531,42 @@ impl Report {
         v
     }
 
+    /// What to add to a headline's `why` when the Read-Write bandwidth at
+    /// `n` threads collapsed below a quarter of its one-thread value on
+    /// the shared-memory set without a larger FIFO: the known cause
+    /// (docs/BENCHMARKS.md), not a property of the design.
+    fn collapse_note(&self, t: Transport, n: usize) -> String {
+        let first = self.threads(t).first().copied().unwrap_or(n);
+        let bw = |k| self.find(t, Design::ReadWrite, k).map_or(0.0, |r| r.mib_per_s);
+        let fifo_set = self.extra_ucx.iter().any(|(k, _)| k == "MM_FIFO_SIZE");
+        if t == Transport::Shm && !fifo_set && bw(n) < bw(first) / 4.0 {
+            format!(
+                "; at {n} threads RW fell to {:.0} MiB/s from {:.0} at {first}: with 4 or more 128 KiB RMAs in flight \
+                 to ordinary memory the posix/sysv FIFO (UCX_MM_FIFO_SIZE, default 64 × 8 KiB) overflows and CPU \
+                 per MiB rises 30-60× on both sides; --ucx MM_FIFO_SIZE=256 removes it",
+                bw(n),
+                bw(first)
+            )
+        } else {
+            String::new()
+        }
+    }
+
     /// The tables as Markdown (what `dafne bench designs` prints).
     pub fn to_markdown(&self) -> String {
         let mut s = format!(
-            "machine: {}\nUCX: {}\nrecord {}, {} round(s) of {:.1} s per cell, spin {} µs\n",
+            "machine: {}\nUCX: {}\nrecord {}, {} round(s) of {:.1} s per cell, spin {} µs, extra UCX settings: {}\n",
             self.machine,
             self.ucx_version,
             transport::human(self.record),
             self.rounds,
             self.duration_s,
-            self.spin_us
+            self.spin_us,
+            if self.extra_ucx.is_empty() {
+                "none".to_string()
+            } else {
+                self.extra_ucx.iter().map(|(k, v)| format!("UCX_{k}={v}")).collect::<Vec<_>>().join(" ")
+            }
         );
         let designs = self.designs();
         for t in self.transports() {
@@ -647,7 +683,7 @@ impl Report {
                         cpu(rw),
                         cpu(rr),
                         t.name()
-                    ),
+                    ) + &self.collapse_note(t, n),
                 });
             }
             if let (Some(rw), Some(nc)) = (rw, nc) {
@@ -669,7 +705,7 @@ impl Report {
                         transport::human(self.record),
                         rw.mib_per_s,
                         nc.mib_per_s
-                    ),
+                    ) + &self.collapse_note(t, n),
                 });
             }
         }

@@ -139,6 +139,10 @@ struct DesignsBench {
     /// Fill, poison and check every record's bytes.
     #[arg(long)]
     verify: bool,
+    /// UCX setting added to each transport's, in both processes
+    /// (repeatable), e.g. MM_FIFO_SIZE=256.
+    #[arg(long = "ucx", value_name = "KEY=VALUE")]
+    ucx: Vec<String>,
     #[arg(long, default_value = "bench-results/designs.json")]
     json: PathBuf,
 }
@@ -346,6 +350,7 @@ fn bench_designs(a: DesignsBench) -> Result<()> {
         rounds: if a.quick { base.rounds } else { a.rounds },
         spin_us: a.spin_us,
         verify: a.verify,
+        extra_ucx: dafne_transport::parse_ucx_overrides(&a.ucx).map_err(anyhow::Error::msg)?,
         server: ServerCommand {
             program: std::env::current_exe().context("locating the dafne executable")?,
             prefix: vec!["transport-peer".into()],
