@@ -528,11 +528,6 @@ impl TestService {
             }
         }
     }
-
-    /// Leases out now (tests).
-    pub fn rr_leases(&self) -> usize {
-        self.rr.leases.borrow().len()
-    }
 }
 
 impl std::fmt::Debug for TestService {
