@@ -152,7 +152,15 @@ pub struct Report {
     pub lanes: Vec<(Transport, String)>,
 }
 
-struct ServerProc(Child);
+pub(crate) struct ServerProc(Child);
+
+impl ServerProc {
+    /// The server process's id (for its CPU time in `/proc`).
+    pub(crate) fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
 impl Drop for ServerProc {
     fn drop(&mut self) {
         let _ = self.0.kill();
@@ -160,10 +168,19 @@ impl Drop for ServerProc {
     }
 }
 
-fn start_server(cmd: &ServerCommand, t: Transport, spin_us: u64) -> Result<(ServerProc, SocketAddr)> {
+pub(crate) fn start_server(cmd: &ServerCommand, t: Transport, spin_us: u64) -> Result<(ServerProc, SocketAddr)> {
+    start_server_with(cmd, &t.ucx(), spin_us)
+}
+
+/// [`start_server`] with the `UCX_*` settings given.
+pub(crate) fn start_server_with(
+    cmd: &ServerCommand,
+    ucx: &[(String, String)],
+    spin_us: u64,
+) -> Result<(ServerProc, SocketAddr)> {
     let mut c = Command::new(&cmd.program);
     c.args(&cmd.prefix);
-    for (k, v) in t.ucx() {
+    for (k, v) in ucx {
         c.arg("--ucx").arg(format!("{k}={v}"));
     }
     c.args(["--spin-us", &spin_us.to_string(), "serve", "--listen", "127.0.0.1:0"]);
@@ -184,10 +201,15 @@ fn start_server(cmd: &ServerCommand, t: Transport, spin_us: u64) -> Result<(Serv
     Ok((proc_, addr))
 }
 
-fn runtime(t: Transport, spin_us: u64) -> Result<Runtime> {
+pub(crate) fn runtime(t: Transport, spin_us: u64) -> Result<Runtime> {
+    runtime_with(t, t.ucx(), spin_us)
+}
+
+/// [`runtime`] with the `UCX_*` settings given.
+pub(crate) fn runtime_with(t: Transport, ucx: Vec<(String, String)>, spin_us: u64) -> Result<Runtime> {
     Ok(Runtime::new(RuntimeOptions {
         name: format!("bench-{}", t.name()),
-        ucx_config: t.ucx(),
+        ucx_config: ucx,
         spin: Duration::from_micros(spin_us),
         ..Default::default()
     })?)

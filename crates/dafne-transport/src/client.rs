@@ -61,7 +61,14 @@ struct ClientConn {
     server_worker: RefCell<Vec<u8>>,
     /// Frame keys, installed as the login request is sent (`Client::login`).
     auth: RefCell<Option<ConnKeys>>,
+    /// The server's packed keys unpacked on the data endpoint, for
+    /// [`Client::get_on_loop`] only (bounded like the server's cache).
+    server_keys: RefCell<HashMap<Vec<u8>, Rc<dafne_ucx::RemoteKey>>>,
 }
+
+/// Server keys a client keeps unpacked ([`Client::get_on_loop`]);
+/// overflowing the bound starts over.
+const SERVER_KEY_ENTRIES: usize = 256;
 
 impl ClientConn {
     /// Tags `h` when the connection has keys.
@@ -115,6 +122,7 @@ impl ClientSide {
             last_ping: Cell::new(now),
             server_worker: RefCell::new(Vec::new()),
             auth: RefCell::new(None),
+            server_keys: RefCell::new(HashMap::new()),
         });
         cs.conns.borrow_mut().insert(id, conn.clone());
         let ctrl = match l.worker.connect_sockaddr(addr) {
@@ -678,6 +686,70 @@ impl Client {
             let _ = tx.send(Err(TransportError::Protocol("call_on_loop from another runtime's loop".into())));
         }
         async move { rx.await.unwrap_or(Err(TransportError::Shutdown)) }
+    }
+
+    /// Reads `[remote_addr, remote_addr + len)` of the *server's* memory,
+    /// named by its packed key, into `local`, driven by this client: the
+    /// Read-Read design of `dafne_bench::designs` (an NFS/RDMA client that
+    /// RDMA-reads a buffer the server exposed). dafne's own protocols never
+    /// do this (the server drives every RMA; ARCHITECTURE.md), which is why
+    /// it is hidden and exists for that comparison only. Resolves when the
+    /// bytes are in `local` (or after the call timeout; the memory stays
+    /// owned by the operation until UCX completes it). Returns, for a
+    /// `Local::Bytes` destination, the filled `Vec`.
+    #[doc(hidden)]
+    pub fn get_on_loop(
+        &self,
+        l: &Rc<crate::runtime::Local>,
+        local: dafne_ucx::Local,
+        remote_addr: u64,
+        packed_key: &[u8],
+    ) -> impl Future<Output = Result<Option<Vec<u8>>>> + 'static {
+        let op = self.post_get(l, local, remote_addr, packed_key);
+        let timeout = l.options().call_timeout;
+        async move {
+            let op = op?;
+            let handle = dafne_ucx::Op::clone_handle(&op);
+            let timer = std::pin::pin!(crate::timer::sleep(timeout));
+            match futures::future::select(handle, timer).await {
+                futures::future::Either::Left((r, _)) => r?,
+                futures::future::Either::Right(_) => {
+                    return Err(TransportError::TimedOut { what: "RMA", after: timeout })
+                }
+            }
+            Ok(op.take_kept().into_iter().find_map(|b| b.downcast::<Vec<u8>>().ok()).map(|b| *b))
+        }
+    }
+
+    fn post_get(
+        &self,
+        l: &Rc<crate::runtime::Local>,
+        local: dafne_ucx::Local,
+        remote_addr: u64,
+        packed_key: &[u8],
+    ) -> Result<dafne_ucx::Op> {
+        if !Arc::ptr_eq(&l.shared, &self.inner.shared) {
+            return Err(TransportError::Protocol("get_on_loop from another runtime's loop".into()));
+        }
+        let conn = ClientSide::get(l, self.inner.id).ok_or(TransportError::Shutdown)?;
+        if conn.state.get() != State::Ready {
+            return Err(conn.failure.borrow().clone().unwrap_or(TransportError::Shutdown));
+        }
+        let ep = conn.data.borrow().clone().ok_or(TransportError::Shutdown)?;
+        let cached = conn.server_keys.borrow().get(packed_key).cloned();
+        let key = match cached {
+            Some(k) => k,
+            None => {
+                let k = Rc::new(ep.unpack_key(packed_key)?);
+                let mut keys = conn.server_keys.borrow_mut();
+                if keys.len() >= SERVER_KEY_ENTRIES {
+                    keys.clear();
+                }
+                keys.insert(packed_key.to_vec(), k.clone());
+                k
+            }
+        };
+        Ok(ep.get(local, remote_addr, &key)?)
     }
 
     /// UCX's description of this connection's data endpoint: which

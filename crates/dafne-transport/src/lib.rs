@@ -42,6 +42,10 @@ pub use client::Client;
 pub use dafne_auth::{FrameKey, FrameKeys};
 pub use dafne_ucx::{Access, Context, Local, Region, RemoteKey, Slab, SubRegion};
 pub use error::TransportError;
+/// A runtime's loop-thread state, as tasks on the loop receive it
+/// (`Runtime::block_on_loop`): named so that code running there can keep
+/// it in its own types (`Client::call_on_loop` takes it).
+pub use runtime::Local as LoopLocal;
 pub use runtime::{
     default_spin, fail_fast_on_panic, parse_ucx_overrides, spin_from_env, DataPath, Runtime, RuntimeOptions,
 };

@@ -20,11 +20,23 @@
 //!   [`test_frame_keys`]; from then on the connection's frames are tagged,
 //!   which is how tests and the benchmark measure frame authentication.
 //!
+//! * `RR_READ` body = `flags: u8, seed: u64, len: u64` (`len` ≤
+//!   [`RR_BUFFER_SIZE`]): the Read-Read design of an NFS/RDMA server, for
+//!   `dafne_bench::designs` only (dafne's io protocol never exposes server
+//!   memory). The server takes a buffer of its read pool ([`RR_BUFFERS`]
+//!   buffers, registered for remote read; a request waits while none is
+//!   free), fills `len` bytes of it with [`pattern`]`(seed, i)` when
+//!   `FLAG_VERIFY`, and answers a lease ([`RrLease`]: id, address, length,
+//!   packed key). The client RMA-gets the bytes, then sends
+//!   * `RR_DONE` body = `lease: u64`: the buffer goes back to the pool.
+//!     Only the connection that holds a lease may return it; a
+//!     connection's leases return when it goes away.
+//!
 //! Reply: `ok: u8` (1 = success) then, on success, op-specific bytes
 //! (`GET`: `hash: u64, len: u64`), on failure a UTF-8 message.
 
 use std::cell::{Cell, RefCell};
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
@@ -63,6 +75,18 @@ pub fn encode_login(nonce: &[u8; 16]) -> Vec<u8> {
     v.extend_from_slice(nonce);
     v
 }
+
+/// Read-Read design: lease a server buffer to read (module docs).
+pub const OP_RR_READ: u8 = 8;
+/// Read-Read design: give a leased buffer back.
+pub const OP_RR_DONE: u8 = 9;
+/// Size of one buffer of the Read-Read pool: the largest `RR_READ`.
+pub const RR_BUFFER_SIZE: usize = 1 << 20;
+/// Buffers in the Read-Read pool (allocated on first use), so at most this
+/// many leases are out at once, as an NFS server's pool of reply buffers.
+pub const RR_BUFFERS: usize = 16;
+/// Largest lease reply body: id, address, length, key length, key.
+const MAX_LEASE: usize = 8 + 8 + 8 + 4 + dafne_ucx::MAX_PACKED_KEY;
 
 pub const FLAG_VERIFY: u8 = 1;
 pub const FLAG_PLAIN: u8 = 2;
@@ -169,25 +193,122 @@ pub fn decode_rma(body: &[u8]) -> Result<(u8, u64, Vec<SegDesc>), String> {
     Ok((flags, seed, segs))
 }
 
+/// An `RR_READ` request.
+pub fn encode_rr_read(flags: u8, seed: u64, len: u64) -> Vec<u8> {
+    let mut v = vec![OP_RR_READ, flags];
+    v.extend_from_slice(&seed.to_le_bytes());
+    v.extend_from_slice(&len.to_le_bytes());
+    v
+}
+
+/// Decodes an `RR_READ` body (after the op byte) into `(flags, seed, len)`.
+/// Hostile input gets an error.
+pub fn decode_rr_read(body: &[u8]) -> Result<(u8, u64, usize), String> {
+    let mut r = Reader(body);
+    let flags = r.u8()?;
+    let seed = r.u64()?;
+    let len = r.u64()?;
+    if len == 0 || len > RR_BUFFER_SIZE as u64 {
+        return Err(format!("read of {len} bytes: must be 1..={RR_BUFFER_SIZE}"));
+    }
+    if !r.0.is_empty() {
+        return Err(format!("{} trailing bytes", r.0.len()));
+    }
+    Ok((flags, seed, len as usize))
+}
+
+/// A server buffer lent to one client for one read (`RR_READ`'s answer).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RrLease {
+    /// What `RR_DONE` names.
+    pub id: u64,
+    /// Where the bytes are in the server's memory.
+    pub addr: u64,
+    pub len: u64,
+    /// The server buffer's packed key.
+    pub key: Vec<u8>,
+}
+
+impl RrLease {
+    /// The reply body (after the ok byte).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(28 + self.key.len());
+        v.extend_from_slice(&self.id.to_le_bytes());
+        v.extend_from_slice(&self.addr.to_le_bytes());
+        v.extend_from_slice(&self.len.to_le_bytes());
+        v.extend_from_slice(&(self.key.len() as u32).to_le_bytes());
+        v.extend_from_slice(&self.key);
+        v
+    }
+
+    /// Decodes a reply body; the server is a peer too, so its bytes are
+    /// checked (bounded key, length within a pool buffer, nothing trailing).
+    pub fn decode(body: &[u8]) -> Result<RrLease, String> {
+        if body.len() > MAX_LEASE {
+            return Err(format!("lease of {} bytes, at most {MAX_LEASE}", body.len()));
+        }
+        let mut r = Reader(body);
+        let id = r.u64()?;
+        let addr = r.u64()?;
+        let len = r.u64()?;
+        if len == 0 || len > RR_BUFFER_SIZE as u64 {
+            return Err(format!("lease of {len} bytes: must be 1..={RR_BUFFER_SIZE}"));
+        }
+        let klen = r.u32()? as usize;
+        if klen > dafne_ucx::MAX_PACKED_KEY {
+            return Err(format!("key of {klen} bytes"));
+        }
+        let key = r.take(klen)?.to_vec();
+        if !r.0.is_empty() {
+            return Err(format!("{} trailing bytes", r.0.len()));
+        }
+        Ok(RrLease { id, addr, len, key })
+    }
+}
+
+/// An `RR_DONE` request for lease `id`.
+pub fn encode_rr_done(id: u64) -> Vec<u8> {
+    let mut v = vec![OP_RR_DONE];
+    v.extend_from_slice(&id.to_le_bytes());
+    v
+}
+
+/// Decodes an `RR_DONE` body (after the op byte) into the lease id.
+pub fn decode_rr_done(body: &[u8]) -> Result<u64, String> {
+    <[u8; 8]>::try_from(body).map(u64::from_le_bytes).map_err(|_| format!("done wants 8 bytes, got {}", body.len()))
+}
+
+/// The Read-Read pool: buffers registered for remote read, their packed
+/// keys (packed once per buffer), and the leases out.
+struct RrPool {
+    class: SlotClass,
+    keys: RefCell<HashMap<u64, Vec<u8>>>,
+    /// Lease id → (connection holding it, buffer).
+    leases: RefCell<HashMap<u64, (u32, Arc<Region>)>>,
+    next: Cell<u64>,
+}
+
 /// A size class of registered slots with an async wait queue.
 struct SlotClass {
     size: usize,
     max: usize,
+    access: Access,
     made: Cell<usize>,
     free: RefCell<Vec<Arc<Region>>>,
     waiters: RefCell<VecDeque<Waker>>,
 }
 
 impl SlotClass {
-    fn new(ctx: &Context, size: usize, max: usize, eager: bool) -> SlotClass {
+    fn new(ctx: &Context, size: usize, max: usize, eager: bool, access: Access) -> SlotClass {
         let free: Vec<Arc<Region>> = if eager {
-            (0..max).filter_map(|_| Region::allocate(ctx, size, Access::Local).ok().map(Arc::new)).collect()
+            (0..max).filter_map(|_| Region::allocate(ctx, size, access).ok().map(Arc::new)).collect()
         } else {
             Vec::new()
         };
         SlotClass {
             size,
             max,
+            access,
             made: Cell::new(free.len()),
             free: RefCell::new(free),
             waiters: RefCell::new(VecDeque::new()),
@@ -203,7 +324,7 @@ impl SlotClass {
             if self.made.get() < self.max {
                 self.made.set(self.made.get() + 1);
                 return Poll::Ready(
-                    Region::allocate(ctx, self.size, Access::Local).map(Arc::new).map_err(|e| e.to_string()),
+                    Region::allocate(ctx, self.size, self.access).map(Arc::new).map_err(|e| e.to_string()),
                 );
             }
             self.waiters.borrow_mut().push_back(cx.waker().clone());
@@ -235,6 +356,7 @@ pub struct TestService {
     /// The slot non-verifying puts read from: concurrent readers share one
     /// registered buffer, as cached reads of one Unifier unit will.
     shared_source: Arc<Region>,
+    rr: RrPool,
 }
 
 impl TestService {
@@ -248,8 +370,14 @@ impl TestService {
                 .expect("registering the reference service's source buffer"),
         );
         TestService {
-            small: SlotClass::new(&ctx, SMALL_SLOT_SIZE, SMALL_SLOTS, true),
-            large: SlotClass::new(&ctx, SLOT_SIZE, LARGE_SLOTS, false),
+            small: SlotClass::new(&ctx, SMALL_SLOT_SIZE, SMALL_SLOTS, true, Access::Local),
+            large: SlotClass::new(&ctx, SLOT_SIZE, LARGE_SLOTS, false, Access::Local),
+            rr: RrPool {
+                class: SlotClass::new(&ctx, RR_BUFFER_SIZE, RR_BUFFERS, false, Access::RemoteRead),
+                keys: RefCell::new(HashMap::new()),
+                leases: RefCell::new(HashMap::new()),
+                next: Cell::new(1),
+            },
             shared_source,
             ctx,
             rt_stats: Rc::new(move || {
@@ -335,6 +463,73 @@ impl TestService {
     }
 }
 
+impl TestService {
+    /// `RR_READ`: lease a pool buffer holding the bytes (module docs).
+    async fn rr_read(&self, conn: &ConnHandle, body: &[u8]) -> Result<Vec<u8>, String> {
+        let (flags, seed, len) = decode_rr_read(body)?;
+        let mut buf = self.rr.class.take(&self.ctx).await?;
+        if flags & FLAG_VERIFY != 0 {
+            match Arc::get_mut(&mut buf) {
+                Some(r) => {
+                    for (i, b) in r.as_mut_slice()[..len].iter_mut().enumerate() {
+                        *b = pattern(seed, i as u64);
+                    }
+                }
+                None => {
+                    self.rr.class.give_back(buf);
+                    return Err("pool buffer still referenced".into());
+                }
+            }
+        }
+        let addr = buf.addr();
+        let cached = self.rr.keys.borrow().get(&addr).cloned();
+        let key = match cached {
+            Some(k) => k,
+            None => match buf.pack_key() {
+                Ok(k) => {
+                    self.rr.keys.borrow_mut().insert(addr, k.clone());
+                    k
+                }
+                Err(e) => {
+                    self.rr.class.give_back(buf);
+                    return Err(e.to_string());
+                }
+            },
+        };
+        let id = self.rr.next.get();
+        self.rr.next.set(id + 1);
+        self.rr.leases.borrow_mut().insert(id, (conn.id(), buf));
+        Ok(RrLease { id, addr, len: len as u64, key }.encode())
+    }
+
+    /// `RR_DONE`: the client read its lease; the buffer goes back.
+    fn rr_done(&self, conn: &ConnHandle, body: &[u8]) -> Result<Vec<u8>, String> {
+        let id = decode_rr_done(body)?;
+        let mut leases = self.rr.leases.borrow_mut();
+        match leases.get(&id) {
+            Some(&(holder, _)) if holder == conn.id() => {
+                let (_, buf) = leases.remove(&id).ok_or("lease vanished")?;
+                drop(leases);
+                self.rr.class.give_back(buf);
+                Ok(Vec::new())
+            }
+            _ => Err(format!("no lease {id} on this connection")),
+        }
+    }
+
+    /// Returns the leases of a connection that went away.
+    fn rr_forget(&self, conn_id: u32) {
+        let ids: Vec<u64> =
+            self.rr.leases.borrow().iter().filter(|(_, (c, _))| *c == conn_id).map(|(&id, _)| id).collect();
+        for id in ids {
+            let lease = self.rr.leases.borrow_mut().remove(&id);
+            if let Some((_, buf)) = lease {
+                self.rr.class.give_back(buf);
+            }
+        }
+    }
+}
+
 impl std::fmt::Debug for TestService {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TestService")
@@ -366,6 +561,8 @@ impl Service for TestServiceHandle {
                 OP_ECHO => Ok(body.to_vec()),
                 OP_PUT => svc.rma(conn, true, body.to_vec()).await,
                 OP_GET => svc.rma(conn, false, body.to_vec()).await,
+                OP_RR_READ => svc.rr_read(&conn, body).await,
+                OP_RR_DONE => svc.rr_done(&conn, body),
                 OP_SLEEP => match <[u8; 4]>::try_from(body) {
                     Ok(ms) => {
                         crate::timer::sleep(std::time::Duration::from_millis(u32::from_le_bytes(ms) as u64)).await;
@@ -396,6 +593,10 @@ impl Service for TestServiceHandle {
                 Err(e) => err_reply(&e),
             }
         })
+    }
+
+    fn disconnected(&self, conn_id: u32) {
+        self.0.rr_forget(conn_id);
     }
 }
 
@@ -435,5 +636,65 @@ pub fn serve_forever(opts: crate::RuntimeOptions, listen: std::net::SocketAddr) 
     // stdin closed (or was never open): keep serving until killed.
     loop {
         std::thread::sleep(std::time::Duration::from_secs(3600));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rr_read_round_trips_and_refuses_bad_bodies() {
+        let v = encode_rr_read(FLAG_VERIFY, 42, 128 << 10);
+        assert_eq!(v[0], OP_RR_READ);
+        assert_eq!(decode_rr_read(&v[1..]), Ok((FLAG_VERIFY, 42, 128 << 10)));
+        // Every truncation is an error, never a panic.
+        for n in 0..v.len() - 1 {
+            assert!(decode_rr_read(&v[1..1 + n]).is_err(), "{n} bytes accepted");
+        }
+        let mut long = v[1..].to_vec();
+        long.push(0);
+        assert!(decode_rr_read(&long).unwrap_err().contains("trailing"));
+        for len in [0u64, RR_BUFFER_SIZE as u64 + 1, u64::MAX] {
+            let e = decode_rr_read(&encode_rr_read(0, 1, len)[1..]).unwrap_err();
+            assert!(e.contains("must be 1..="), "{len}: {e}");
+        }
+        assert!(decode_rr_read(&encode_rr_read(0, 1, RR_BUFFER_SIZE as u64)[1..]).is_ok());
+    }
+
+    #[test]
+    fn lease_round_trips_and_refuses_bad_bodies() {
+        let l = RrLease { id: 7, addr: 0x7f00_0000_1000, len: 4096, key: vec![0xda, 1, 2, 3] };
+        let b = l.encode();
+        assert_eq!(RrLease::decode(&b), Ok(l.clone()));
+        for n in 0..b.len() {
+            assert!(RrLease::decode(&b[..n]).is_err(), "{n} bytes accepted");
+        }
+        let mut long = b.clone();
+        long.push(9);
+        assert!(RrLease::decode(&long).unwrap_err().contains("trailing"));
+        // A key length beyond the bound, and one beyond the bytes sent.
+        let mut huge = b[..24].to_vec();
+        huge.extend_from_slice(&u32::MAX.to_le_bytes());
+        assert!(RrLease::decode(&huge).unwrap_err().contains("key of"));
+        let mut short = b[..24].to_vec();
+        short.extend_from_slice(&100u32.to_le_bytes());
+        short.extend_from_slice(&[1, 2, 3]);
+        assert!(RrLease::decode(&short).unwrap_err().contains("truncated"));
+        for len in [0u64, RR_BUFFER_SIZE as u64 + 1] {
+            let bad = RrLease { len, ..l.clone() }.encode();
+            assert!(RrLease::decode(&bad).is_err(), "{len}");
+        }
+        assert!(RrLease::decode(&vec![0u8; MAX_LEASE + 1]).unwrap_err().contains("at most"));
+    }
+
+    #[test]
+    fn done_decodes_exactly_eight_bytes() {
+        let v = encode_rr_done(u64::MAX - 3);
+        assert_eq!(v[0], OP_RR_DONE);
+        assert_eq!(decode_rr_done(&v[1..]), Ok(u64::MAX - 3));
+        for bad in [&[][..], &[1, 2, 3][..], &[0u8; 9][..]] {
+            assert!(decode_rr_done(bad).is_err());
+        }
     }
 }

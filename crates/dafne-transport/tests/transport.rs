@@ -559,3 +559,70 @@ fn a_keyed_connection_tags_every_frame_both_ways() {
         testsvc::parse_reply(&c.call(vec![testsvc::OP_ECHO, 1]).unwrap()).unwrap();
     }
 }
+
+/// Takes a Read-Read lease of `len` bytes filled with `pattern(seed, ·)`.
+fn rr_lease(c: &Client, seed: u64, len: u64) -> testsvc::RrLease {
+    let r = c.call(testsvc::encode_rr_read(FLAG_VERIFY, seed, len)).unwrap();
+    testsvc::RrLease::decode(testsvc::parse_reply(&r).unwrap()).unwrap()
+}
+
+/// The Read-Read ops of the reference service (`dafne_bench::designs`):
+/// a lease names server memory that the client reads with a get it drives
+/// itself; the pool is bounded (a read waits while every buffer is out);
+/// only the holder's DONE returns a buffer; a closed connection's leases
+/// come back; bad bodies are refused.
+#[test]
+fn read_read_leases_are_bounded_owned_and_returned() {
+    for tls in [Tls::Tcp, Tls::Shm] {
+        let srv = spawn_server(tls, &[]);
+        let rt = client_runtime(tls);
+        let a = Client::connect(&rt, srv.addr).unwrap();
+        let b = Client::connect(&rt, srv.addr).unwrap();
+        let leases: Vec<_> = (0..testsvc::RR_BUFFERS as u64).map(|i| rr_lease(&a, i, 4099)).collect();
+        // Every lease is read by a client-driven get.
+        for (i, lease) in leases.iter().enumerate() {
+            let (a2, lease2) = (a.clone(), lease.clone());
+            let got = rt
+                .block_on_loop(move |l| async move {
+                    a2.get_on_loop(&l, dafne_transport::Local::Bytes(vec![0; 4099]), lease2.addr, &lease2.key).await
+                })
+                .unwrap()
+                .unwrap_or_else(|e| panic!("{tls:?}: get of lease {i}: {e}"))
+                .expect("the filled buffer");
+            check_pattern(&got, i as u64, 0);
+        }
+        // Every buffer is out: the next read waits.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let b2 = b.clone();
+        let waiter = std::thread::spawn(move || {
+            let _ = tx.send(b2.call(testsvc::encode_rr_read(0, 99, 4096)));
+        });
+        assert!(
+            rx.recv_timeout(Duration::from_millis(500)).is_err(),
+            "{tls:?}: a read got a buffer from an empty pool"
+        );
+        // Another connection's DONE is refused; an unknown lease too.
+        let e = testsvc::parse_reply(&b.call(testsvc::encode_rr_done(leases[0].id)).unwrap()).unwrap_err();
+        assert!(e.contains("no lease"), "{e}");
+        let e = testsvc::parse_reply(&a.call(testsvc::encode_rr_done(u64::MAX)).unwrap()).unwrap_err();
+        assert!(e.contains("no lease"), "{e}");
+        assert!(rx.recv_timeout(Duration::from_millis(200)).is_err(), "{tls:?}: a refused DONE freed a buffer");
+        // The holder's DONE frees one: the waiting read gets it.
+        testsvc::parse_reply(&a.call(testsvc::encode_rr_done(leases[0].id)).unwrap()).unwrap();
+        let r = rx.recv_timeout(Duration::from_secs(10)).expect("the waiting read was served").unwrap();
+        testsvc::RrLease::decode(testsvc::parse_reply(&r).unwrap()).unwrap();
+        waiter.join().unwrap();
+        // A second DONE of the same lease is refused.
+        assert!(testsvc::parse_reply(&a.call(testsvc::encode_rr_done(leases[0].id)).unwrap()).is_err());
+        // Bad bodies.
+        for bad in [vec![testsvc::OP_RR_READ, 0], testsvc::encode_rr_read(0, 1, 0), vec![testsvc::OP_RR_DONE, 1]] {
+            assert!(testsvc::parse_reply(&b.call(bad).unwrap()).is_err());
+        }
+        // `a` goes away holding 15 leases: they come back, so `b` (holding
+        // one) can take the other 15.
+        drop(a);
+        for i in 0..testsvc::RR_BUFFERS as u64 - 1 {
+            rr_lease(&b, 100 + i, 1);
+        }
+    }
+}

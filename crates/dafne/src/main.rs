@@ -108,6 +108,48 @@ enum Bench {
     /// paper's figure as the same ratio, with a plot per figure
     /// (`--quick` for a short pass, `--only ID,...` for some, `--list`).
     Seeds(benchseeds::SeedsBench),
+    /// NFS/RDMA designs (issue 14): multi-threaded read bandwidth and CPU
+    /// of Read-Read vs Read-Write, with and without the client's
+    /// registration cache, through a real server process.
+    Designs(DesignsBench),
+}
+
+#[derive(Args)]
+struct DesignsBench {
+    /// About 15 s: one round of 0.3 s per cell.
+    #[arg(long)]
+    quick: bool,
+    /// Transport sets (comma-separated: shm = the io servers' set
+    /// posix,sysv,cma,self,tcp; tcp; cma).
+    #[arg(long, default_value = "shm,tcp", value_delimiter = ',')]
+    transports: Vec<String>,
+    /// Designs (comma-separated: rr, rw, rw-nocache, rr-nocache).
+    #[arg(long, default_value = "rr,rw,rw-nocache,rr-nocache", value_delimiter = ',')]
+    designs: Vec<String>,
+    /// Reads in flight ("threads"), comma-separated.
+    #[arg(long, default_value = "1,2,4,8", value_delimiter = ',')]
+    threads: Vec<usize>,
+    /// Record size (K and M suffixes allowed; at most 1M).
+    #[arg(long, default_value = "128K")]
+    record: String,
+    /// Seconds per cell per round (ignored with --quick).
+    #[arg(long, default_value_t = 0.6)]
+    seconds: f64,
+    /// Rounds (the designs in turn each round; ignored with --quick).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Busy-poll window of both ends in µs (0: CPU time is work, not spinning).
+    #[arg(long, default_value_t = 0)]
+    spin_us: u64,
+    /// Fill, poison and check every record's bytes.
+    #[arg(long)]
+    verify: bool,
+    /// UCX setting added to each transport's, in both processes
+    /// (repeatable), e.g. MM_FIFO_SIZE=256.
+    #[arg(long = "ucx", value_name = "KEY=VALUE")]
+    ucx: Vec<String>,
+    #[arg(long, default_value = "bench-results/designs.json")]
+    json: PathBuf,
 }
 
 #[derive(Args)]
@@ -296,6 +338,35 @@ fn bench_transport(a: TransportBench) -> Result<()> {
     Ok(())
 }
 
+fn bench_designs(a: DesignsBench) -> Result<()> {
+    use dafne_bench::designs;
+    let transports = a.transports.iter().map(|t| Transport::parse(t.trim())).collect::<Result<Vec<_>>>()?;
+    let base = if a.quick { designs::Options::quick() } else { designs::Options::default() };
+    let seconds_ok = a.seconds > 0.0 && a.seconds <= 600.0;
+    if !a.quick && !seconds_ok {
+        bail!("--seconds {} must be above 0 and at most 600", a.seconds);
+    }
+    let opts = designs::Options {
+        transports,
+        designs: a.designs.iter().map(|d| designs::Design::parse(d.trim())).collect::<Result<Vec<_>>>()?,
+        threads: a.threads,
+        record: parse_size(&a.record)?,
+        duration: if a.quick { base.duration } else { Duration::from_secs_f64(a.seconds) },
+        rounds: if a.quick { base.rounds } else { a.rounds },
+        spin_us: a.spin_us,
+        verify: a.verify,
+        extra_ucx: dafne_transport::parse_ucx_overrides(&a.ucx).map_err(anyhow::Error::msg)?,
+        server: ServerCommand {
+            program: std::env::current_exe().context("locating the dafne executable")?,
+            prefix: vec!["transport-peer".into()],
+        },
+    };
+    let started = std::time::Instant::now();
+    let report = designs::run(&opts, |what| eprintln!("[{:>6.1}s] measuring {what}", started.elapsed().as_secs_f64()))?;
+    println!("{}", report.to_markdown());
+    write_json(&a.json, &serde_json::to_string_pretty(&report)?)
+}
+
 fn bench_meta(a: MetaBench) -> Result<()> {
     if a.clients.is_empty() || a.clients.iter().any(|&c| c == 0 || c > 64) {
         bail!("--clients: each count must be between 1 and 64");
@@ -434,6 +505,7 @@ fn run() -> Result<()> {
         Cmd::Bench(Bench::Mount(a)) => benchmount::run(a, parse_size),
         Cmd::Bench(Bench::Posix(a)) => benchposix::run(a, parse_size),
         Cmd::Bench(Bench::Nbd(a)) => benchnbd::run(a, parse_size),
+        Cmd::Bench(Bench::Designs(a)) => bench_designs(a),
         Cmd::Nbd(c) => nbd::run(c, parse_size),
         Cmd::Serve(Serve::Meta(a)) => a.serve(),
         Cmd::Serve(Serve::Io(a)) => dafne_io::server::serve_forever(&a),
