@@ -2,6 +2,7 @@
 //! printing here; the work lives in the library crates.
 
 mod advise;
+mod benchdafs;
 mod benchmount;
 mod benchnbd;
 mod benchposix;
@@ -103,6 +104,10 @@ enum Bench {
     /// Block access through `dafne nbd serve` (NBD over TCP) against file
     /// access through the client library, same sizes and requests in flight.
     Nbd(benchnbd::NbdBench),
+    /// The DAFS paper's experiments: the client library (user level)
+    /// against the FUSE mount (kernel path): bandwidth and client CPU vs
+    /// block size, and a PostMark-like workload on both.
+    Dafs(benchdafs::DafsBench),
 }
 
 #[derive(Args)]
@@ -424,6 +429,7 @@ fn run() -> Result<()> {
         Cmd::Bench(Bench::Mount(a)) => benchmount::run(a, parse_size),
         Cmd::Bench(Bench::Posix(a)) => benchposix::run(a, parse_size),
         Cmd::Bench(Bench::Nbd(a)) => benchnbd::run(a, parse_size),
+        Cmd::Bench(Bench::Dafs(a)) => benchdafs::cli(a, parse_size),
         Cmd::Nbd(c) => nbd::run(c, parse_size),
         Cmd::Serve(Serve::Meta(a)) => dafne_meta::server::serve_forever(&a.to_options()?),
         Cmd::Serve(Serve::Io(a)) => dafne_io::server::serve_forever(&a),
