@@ -31,16 +31,24 @@ use crate::seed::{Figure, Headline, Series};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ClientPath {
-    /// The client library in this process, registered buffers.
+    /// The client library in this process, registered buffers: the io
+    /// servers move the bytes by RMA straight from and into them.
     UserLevel,
+    /// The client library in this process, plain buffers: small requests'
+    /// bytes inline in the messages, larger ones through the library's
+    /// bounce buffers (one copy). Only in the bandwidth sweep.
+    UserInline,
     /// The FUSE mount (`pread`/`pwrite` on `O_DIRECT`, or `std::fs`).
     Kernel,
 }
 
 impl ClientPath {
+    pub const ALL: [ClientPath; 3] = [ClientPath::UserLevel, ClientPath::UserInline, ClientPath::Kernel];
+
     pub fn label(self) -> &'static str {
         match self {
             ClientPath::UserLevel => "user level (client library)",
+            ClientPath::UserInline => "user level, inline/copy (client library)",
             ClientPath::Kernel => "kernel path (FUSE mount)",
         }
     }
@@ -48,6 +56,7 @@ impl ClientPath {
     pub fn short(self) -> &'static str {
         match self {
             ClientPath::UserLevel => "user level",
+            ClientPath::UserInline => "user inline",
             ClientPath::Kernel => "kernel path",
         }
     }
@@ -86,9 +95,25 @@ pub struct Cell {
     /// CPU seconds of the FUSE daemon during the cell (near 0 for the user
     /// level, which does not go through it).
     pub daemon_cpu_s: f64,
+    /// MB/s of every round of this cell; the fields above are the round
+    /// with the median MB/s (the machine is shared: rounds interleave the
+    /// paths, and the median drops a round that met a burst of load).
+    pub rounds_mb_per_s: Vec<f64>,
 }
 
 impl Cell {
+    /// The round with the median MB/s (the lower middle of an even
+    /// count), with every round's MB/s recorded in it; `None` if empty.
+    pub fn median_of(rounds: Vec<Cell>) -> Option<Cell> {
+        let all: Vec<f64> = rounds.iter().map(Cell::mb_per_s).collect();
+        let mut sorted = rounds;
+        sorted.sort_by(|a, b| a.mb_per_s().total_cmp(&b.mb_per_s()));
+        let mid = sorted.len().checked_sub(1)? / 2;
+        let mut c = sorted.swap_remove(mid);
+        c.rounds_mb_per_s = all;
+        Some(c)
+    }
+
     /// Megabytes (10⁶ bytes) per second, as the paper's figures.
     pub fn mb_per_s(&self) -> f64 {
         self.bytes as f64 / 1e6 / self.seconds.max(1e-9)
@@ -196,6 +221,8 @@ pub struct PostmarkCounts {
 #[derive(Debug, Clone, Serialize)]
 pub struct PostmarkRun {
     pub path: ClientPath,
+    /// Which round (the paths alternate, rounds from 0).
+    pub round: usize,
     pub counts: PostmarkCounts,
     /// Creating the initial files.
     pub create_phase_s: f64,
@@ -389,8 +416,10 @@ pub struct Report {
     pub mount_args: Vec<String>,
     /// Bytes of each path's file in the sweep.
     pub file_size: u64,
-    /// Seconds each cell runs for (at least one request).
+    /// Seconds each round of a cell runs for (at least one request).
     pub cell_seconds: f64,
+    /// Rounds of every cell and of PostMark on each path.
+    pub rounds: usize,
     /// What "client host CPU" counts.
     pub cpu_counted: String,
     pub cells: Vec<Cell>,
@@ -411,8 +440,11 @@ impl Report {
         b
     }
 
-    pub fn postmark_run(&self, path: ClientPath) -> Option<&PostmarkRun> {
-        self.postmark_runs.iter().find(|r| r.path == path)
+    /// The median over rounds of PostMark's transactions/s on `path`.
+    pub fn postmark_rate(&self, path: ClientPath) -> Option<f64> {
+        let v: Vec<f64> =
+            self.postmark_runs.iter().filter(|r| r.path == path).map(|r| r.transactions_per_s(&self.postmark)).collect();
+        (!v.is_empty()).then(|| crate::posix::median(&v))
     }
 
     /// `user / kernel` of `f` on the cells at `block`.
@@ -434,9 +466,7 @@ impl Report {
 
     /// User level / kernel path PostMark transactions per second.
     pub fn postmark_ratio(&self) -> Option<f64> {
-        let u = self.postmark_run(ClientPath::UserLevel)?.transactions_per_s(&self.postmark);
-        let k = self.postmark_run(ClientPath::Kernel)?.transactions_per_s(&self.postmark);
-        Some(u / k)
+        Some(self.postmark_rate(ClientPath::UserLevel)? / self.postmark_rate(ClientPath::Kernel)?)
     }
 
     pub fn to_markdown(&self) -> String {
@@ -450,35 +480,42 @@ impl Report {
         );
         s += &format!(
             "Bandwidth and client CPU vs block size (figures 3-4, no read-ahead): one {} MiB file per path, \
-             sequential requests one at a time for {:.1} s per cell. User level: the client library with one \
-             registered buffer; kernel path: pread/pwrite on an O_DIRECT descriptor on the mount. \
+             sequential requests one at a time, {} rounds of {:.2} s per cell, the paths interleaved; \
+             each cell is its median round. User level: the client library with one \
+             registered buffer (RMA); user inline: the library with a plain buffer (bytes inline in the \
+             messages up to its inline limit, one copy through bounce buffers above); kernel path: \
+             pread/pwrite on an O_DIRECT descriptor on the mount. \
              CPU counted: {}.\n\n",
             self.file_size >> 20,
+            self.rounds,
             self.cell_seconds,
             self.cpu_counted
         );
-        s += "| op | block | user MB/s | kernel MB/s | user/kernel | user CPU µs/MiB | kernel CPU µs/MiB | kernel/user CPU | user CPU % | kernel CPU % |\n";
-        s += "|---|---|---|---|---|---|---|---|---|---|\n";
+        s += "| op | block | path | MB/s | vs kernel | CPU µs/MiB | kernel/this CPU | CPU % of a core | requests |\n";
+        s += "|---|---|---|---|---|---|---|---|---|\n";
         for op in [Op::Read, Op::Write] {
             for b in self.blocks() {
-                let (Some(u), Some(k)) =
-                    (self.cell(ClientPath::UserLevel, op, b), self.cell(ClientPath::Kernel, op, b))
-                else {
-                    continue;
-                };
-                s += &format!(
-                    "| {} | {} | {:.1} | {:.1} | {:.2}× | {:.0} | {:.0} | {:.2}× | {:.0} | {:.0} |\n",
-                    op.label(),
-                    block_label(b),
-                    u.mb_per_s(),
-                    k.mb_per_s(),
-                    u.mb_per_s() / k.mb_per_s(),
-                    u.cpu_us_per_mib(),
-                    k.cpu_us_per_mib(),
-                    k.cpu_us_per_mib() / u.cpu_us_per_mib(),
-                    u.cpu_percent(),
-                    k.cpu_percent(),
-                );
+                let k = self.cell(ClientPath::Kernel, op, b);
+                for path in ClientPath::ALL {
+                    let Some(c) = self.cell(path, op, b) else { continue };
+                    let (vs, cpu) = match k {
+                        Some(k) => (
+                            format!("{:.2}×", c.mb_per_s() / k.mb_per_s()),
+                            format!("{:.2}×", k.cpu_us_per_mib() / c.cpu_us_per_mib()),
+                        ),
+                        None => ("-".into(), "-".into()),
+                    };
+                    s += &format!(
+                        "| {} | {} | {} | {:.1} | {vs} | {:.0} | {cpu} | {:.0} | {} |\n",
+                        op.label(),
+                        block_label(b),
+                        path.short(),
+                        c.mb_per_s(),
+                        c.cpu_us_per_mib(),
+                        c.cpu_percent(),
+                        c.requests
+                    );
+                }
             }
         }
         s += "\nCross-checks (each path's file read back through the other path):\n\n";
@@ -497,13 +534,14 @@ impl Report {
              {} transactions, seed {:#x}\n\n",
             p.files, p.min_size, p.max_size, p.subdirectories, p.transactions, p.seed
         );
-        s += "| path | transactions/s | create phase s | transactions s | delete phase s | host CPU s | creates | deletes | reads | appends | entries left |\n";
-        s += "|---|---|---|---|---|---|---|---|---|---|---|\n";
+        s += "| path | round | transactions/s | create phase s | transactions s | delete phase s | host CPU s | creates | deletes | reads | appends | entries left |\n";
+        s += "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
         for r in &self.postmark_runs {
             let c = &r.counts;
             s += &format!(
-                "| {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {} | {} |\n",
+                "| {} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {} | {} |\n",
                 r.path.short(),
+                r.round,
                 r.transactions_per_s(p),
                 r.create_phase_s,
                 r.transaction_phase_s,
@@ -517,7 +555,7 @@ impl Report {
             );
         }
         if let Some(r) = self.postmark_ratio() {
-            s += &format!("\nPostMark user level / kernel path: {r:.2}×\n");
+            s += &format!("\nPostMark user level / kernel path (medians over rounds): {r:.2}×\n");
         }
         s
     }
@@ -527,7 +565,7 @@ impl Report {
         let series = |f: &dyn Fn(&Cell) -> f64| -> Vec<Series> {
             let mut out = Vec::new();
             for op in [Op::Read, Op::Write] {
-                for path in [ClientPath::UserLevel, ClientPath::Kernel] {
+                for path in ClientPath::ALL {
                     let points: Vec<(f64, f64)> = self
                         .blocks()
                         .into_iter()
@@ -730,6 +768,7 @@ mod tests {
             seconds: 1.0,
             process_cpu_s: cpu_s,
             daemon_cpu_s: 0.0,
+            rounds_mb_per_s: vec![],
         }
     }
 
@@ -739,6 +778,7 @@ mod tests {
         let cfg = PostmarkConfig::paper_small_files(100);
         let pm = |path, s| PostmarkRun {
             path,
+            round: 0,
             counts: PostmarkCounts::default(),
             create_phase_s: 0.0,
             transaction_phase_s: s,
@@ -752,6 +792,7 @@ mod tests {
             mount_args: vec![],
             file_size: 1 << 20,
             cell_seconds: 1.0,
+            rounds: 1,
             cpu_counted: "x".into(),
             cells: vec![
                 cell(UserLevel, Op::Read, 4096, 30.0, 0.5),
@@ -776,8 +817,17 @@ mod tests {
         assert_eq!(f[0].series.len(), 2, "no write cells, so two read curves");
         assert_eq!(f[0].series[0].points, vec![(4.0, 30.0), (1024.0, 300.0)]);
         let md = r.to_markdown();
-        assert!(md.contains("| read | 4 KiB | 30.0 | 10.0 | 3.00×"), "{md}");
-        assert!(md.contains("user level / kernel path: 4.00×"), "{md}");
+        assert!(md.contains("| read | 4 KiB | user level | 30.0 | 3.00× | "), "{md}");
+        assert!(md.contains("user level / kernel path (medians over rounds): 4.00×"), "{md}");
+        let m = Cell::median_of(vec![
+            cell(UserLevel, Op::Read, 4096, 5.0, 0.1),
+            cell(UserLevel, Op::Read, 4096, 1.0, 0.2),
+            cell(UserLevel, Op::Read, 4096, 9.0, 0.3),
+        ])
+        .unwrap();
+        assert_eq!(m.process_cpu_s, 0.1);
+        assert_eq!(m.rounds_mb_per_s.len(), 3);
+        assert!(Cell::median_of(vec![]).is_none());
         assert_eq!(block_label(4096), "4 KiB");
         assert_eq!(block_label(1 << 20), "1 MiB");
     }

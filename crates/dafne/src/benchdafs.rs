@@ -59,8 +59,8 @@ const ALIGN: usize = 4096;
 #[derive(Debug, clap::Args)]
 pub struct DafsBench {
     /// A short pass (~40 s with the cluster's start): blocks 4K, 64K, 1M,
-    /// a 16 MiB file, 0.5 s per cell, 500 PostMark transactions (each
-    /// setting below wins).
+    /// a 16 MiB file, 3 rounds of 0.25 s per cell, 2 rounds of 300
+    /// PostMark transactions (each setting below wins).
     #[arg(long)]
     pub quick: bool,
     /// Block sizes (K/M), multiples of 4 KiB, comma-separated (default 4K
@@ -71,13 +71,21 @@ pub struct DafsBench {
     /// (default 128M, --quick 16M).
     #[arg(long)]
     pub file_size: Option<String>,
-    /// Seconds each cell runs (default 1, --quick 0.5).
+    /// Seconds each round of a cell runs (default 0.4, --quick 0.25).
     #[arg(long)]
     pub cell_seconds: Option<f64>,
+    /// Rounds of every cell, the paths interleaved; the table shows the
+    /// median round (default 3).
+    #[arg(long)]
+    pub rounds: Option<usize>,
+    /// Rounds of PostMark on each path, the paths alternating (default 3,
+    /// --quick 2).
+    #[arg(long)]
+    pub postmark_rounds: Option<usize>,
     /// PostMark: files created before the transactions (default 150).
     #[arg(long)]
     pub files: Option<u32>,
-    /// PostMark: transactions (default 5000, --quick 500).
+    /// PostMark: transactions (default 3000, --quick 300).
     #[arg(long)]
     pub transactions: Option<u32>,
     /// Scratch directory: the cluster (its data) and the mount point go in
@@ -97,32 +105,40 @@ pub struct Options {
     pub blocks: Vec<usize>,
     pub file_size: u64,
     pub cell_seconds: f64,
+    pub rounds: usize,
     pub postmark: PostmarkConfig,
+    pub postmark_rounds: usize,
     pub scratch: PathBuf,
 }
 
 impl Options {
-    /// Blocks 4 KiB to 1 MiB in powers of two, a 128 MiB file, 1 s cells,
-    /// 5000 PostMark transactions over 150 files of about 4 KB.
+    /// Blocks 4 KiB to 1 MiB in powers of two, a 128 MiB file, 3 rounds
+    /// of 0.4 s per cell, 3 rounds of 3000 PostMark transactions over 150
+    /// files of about 4 KB.
     pub fn full() -> Options {
         Options {
             quick: false,
             blocks: (12..=20).map(|s| 1usize << s).collect(),
             file_size: 128 << 20,
-            cell_seconds: 1.0,
-            postmark: PostmarkConfig::paper_small_files(5000),
+            cell_seconds: 0.4,
+            rounds: 3,
+            postmark: PostmarkConfig::paper_small_files(3000),
+            postmark_rounds: 3,
             scratch: PathBuf::from("/dev/shm"),
         }
     }
 
-    /// Blocks 4K, 64K, 1M, a 16 MiB file, 0.5 s cells, 500 transactions.
+    /// Blocks 4K, 64K, 1M, a 16 MiB file, 3 rounds of 0.25 s per cell, 2
+    /// rounds of 300 PostMark transactions.
     pub fn quick() -> Options {
         Options {
             quick: true,
             blocks: vec![4 << 10, 64 << 10, 1 << 20],
             file_size: 16 << 20,
-            cell_seconds: 0.5,
-            postmark: PostmarkConfig::paper_small_files(500),
+            cell_seconds: 0.25,
+            rounds: 3,
+            postmark: PostmarkConfig::paper_small_files(300),
+            postmark_rounds: 2,
             ..Options::full()
         }
     }
@@ -137,6 +153,9 @@ impl Options {
         let max = *self.blocks.iter().max().unwrap_or(&ALIGN) as u64;
         if self.file_size < max || !self.file_size.is_multiple_of(max) {
             bail!("the file size {} is not a multiple of the largest block ({max})", self.file_size);
+        }
+        if self.rounds == 0 || self.postmark_rounds == 0 {
+            bail!("--rounds and --postmark-rounds must be at least 1");
         }
         if !(self.cell_seconds > 0.0 && self.cell_seconds <= 600.0) {
             bail!("--cell-seconds must be more than 0 and at most 600");
@@ -158,6 +177,12 @@ pub fn cli(a: DafsBench, parse_size: impl Fn(&str) -> Result<usize>) -> Result<(
     }
     if let Some(s) = a.cell_seconds {
         o.cell_seconds = s;
+    }
+    if let Some(n) = a.rounds {
+        o.rounds = n;
+    }
+    if let Some(n) = a.postmark_rounds {
+        o.postmark_rounds = n;
     }
     if let Some(n) = a.files {
         o.postmark.files = n;
@@ -253,6 +278,8 @@ struct Sweep<'a> {
     /// file offset, zero-copy.
     user_src: Region,
     user_dst: Region,
+    /// The inline variant's read buffer (not registered).
+    plain_dst: Vec<u8>,
     kernel: std::fs::File,
     kernel_src: Aligned,
     kernel_dst: Aligned,
@@ -273,6 +300,22 @@ impl Sweep<'_> {
             (ClientPath::UserLevel, Op::Read) => {
                 let r = self.s.data.read_region(&self.user.open, off, &self.user_dst, 0, block);
                 let n = lib("reading", name, futures::executor::block_on(r))?;
+                if n != block {
+                    bail!("dafne:{name}: read {n} of {block} bytes at {off}");
+                }
+            }
+            (ClientPath::UserInline, Op::Write) => {
+                let o = off as usize;
+                let src = &self.user_src.as_slice()[o..o + block];
+                let r = self.s.data.write_at(&self.user.open, off, src, Stability::Unstable);
+                let n = lib("writing", name, futures::executor::block_on(r))?;
+                if n != block {
+                    bail!("dafne:{name}: wrote {n} of {block} bytes at {off}");
+                }
+            }
+            (ClientPath::UserInline, Op::Read) => {
+                let dst = &mut self.plain_dst[..block];
+                let n = lib("reading", name, futures::executor::block_on(self.s.data.read_at(&self.user.open, off, dst)))?;
                 if n != block {
                     bail!("dafne:{name}: read {n} of {block} bytes at {off}");
                 }
@@ -316,6 +359,7 @@ impl Sweep<'_> {
             seconds,
             process_cpu_s: p1 - p0,
             daemon_cpu_s: d1 - d0,
+            rounds_mb_per_s: Vec::new(),
         })
     }
 }
@@ -550,6 +594,7 @@ fn postmark(path: ClientPath, fs: &mut dyn PostmarkFs, cfg: &PostmarkConfig, cpu
     let (p1, d1) = cpu.now()?;
     Ok(PostmarkRun {
         path,
+        round: 0,
         counts,
         create_phase_s: c,
         transaction_phase_s: t,
@@ -590,6 +635,7 @@ pub fn run(o: &Options, progress: &dyn Fn(&str)) -> Result<Report> {
         mount_args,
         file_size: o.file_size,
         cell_seconds: o.cell_seconds,
+        rounds: o.rounds,
         cpu_counted: format!(
             "this process (all threads, CLOCK_PROCESS_CPUTIME_ID) + the FUSE daemon (pid {daemon}, \
              /proc/PID/stat); the metadata and io servers are the server host and are not counted"
@@ -629,6 +675,7 @@ fn measure(
         user,
         user_src,
         user_dst,
+        plain_dst: vec![0; max_block],
         kernel,
         kernel_src,
         kernel_dst: Aligned::zeroed(max_block),
@@ -637,20 +684,26 @@ fn measure(
     let mut cells = Vec::new();
     for (i, &block) in o.blocks.iter().enumerate() {
         for op in [Op::Write, Op::Read] {
-            // The paths take turns first, so that a burst of load from the
-            // machine's other users does not always fall on one.
-            let mut paths = [ClientPath::UserLevel, ClientPath::Kernel];
-            paths.rotate_left(i % 2);
-            for path in paths {
-                let c = sweep.cell(path, op, block)?;
+            let mut rounds: Vec<Vec<Cell>> = vec![Vec::new(); ClientPath::ALL.len()];
+            for round in 0..o.rounds {
+                // The paths take turns first, so that a burst of load from
+                // the machine's other users does not always fall on one.
+                let mut order: Vec<usize> = (0..ClientPath::ALL.len()).collect();
+                order.rotate_left((i + round) % ClientPath::ALL.len());
+                for k in order {
+                    rounds[k].push(sweep.cell(ClientPath::ALL[k], op, block)?);
+                }
+            }
+            for r in rounds {
+                let Some(c) = Cell::median_of(r) else { continue };
                 progress(&format!(
-                    "{} {} {}: {:.1} MB/s, {:.0} CPU µs/MiB ({} requests)",
-                    path.short(),
+                    "{} {} {}: {:.1} MB/s, {:.0} CPU µs/MiB (median of {:?} MB/s)",
+                    c.path.short(),
                     op.label(),
                     dafs::block_label(block),
                     c.mb_per_s(),
                     c.cpu_us_per_mib(),
-                    c.requests
+                    c.rounds_mb_per_s.iter().map(|x| (x * 10.0).round() / 10.0).collect::<Vec<_>>()
                 ));
                 cells.push(c);
             }
@@ -658,8 +711,8 @@ fn measure(
     }
 
     progress("cross-checks: each path's file read back through the other");
-    let Sweep { user, user_dst, kernel, user_src, kernel_src, kernel_dst, .. } = sweep;
-    drop((user, kernel, user_src, kernel_src, kernel_dst));
+    let Sweep { user, user_dst, kernel, user_src, kernel_src, kernel_dst, plain_dst, .. } = sweep;
+    drop((user, kernel, user_src, kernel_src, kernel_dst, plain_dst));
     let mut cross_checks = vec![check_through_mount(&cluster.mnt.join("dafs-user"), &want)?];
     cross_checks.push(check_through_library(s, "/dafs-kernel", &want, &user_dst)?);
     for c in &cross_checks {
@@ -674,16 +727,34 @@ fn measure(
     }
 
     let cfg = &o.postmark;
-    progress(&format!("PostMark on the user level ({} files, {} transactions)", cfg.files, cfg.transactions));
-    let base = lib("making", "/postmark-user", s.meta.mkdir(s.meta.root(), b"postmark-user", 0o755))?;
-    let mut lfs = LibraryFs { s: s, base: base.ino, base_path: "/postmark-user".into(), dirs: HashMap::new() };
-    let user_run = postmark(ClientPath::UserLevel, &mut lfs, cfg, cpu)?;
-    progress(&format!("  {:.0} transactions/s", user_run.transactions_per_s(cfg)));
-    progress("PostMark on the kernel path");
-    let base = cluster.mnt.join("postmark-kernel");
-    std::fs::create_dir(&base).with_context(|| format!("mkdir {}", base.display()))?;
-    let kernel_run = postmark(ClientPath::Kernel, &mut MountFs { base }, cfg, cpu)?;
-    progress(&format!("  {:.0} transactions/s", kernel_run.transactions_per_s(cfg)));
-
-    Ok((cells, cross_checks, vec![user_run, kernel_run]))
+    let mut runs = Vec::new();
+    for round in 0..o.postmark_rounds {
+        let mut order = [ClientPath::UserLevel, ClientPath::Kernel];
+        order.rotate_left(round % 2);
+        for path in order {
+            progress(&format!(
+                "PostMark round {}/{} on the {} ({} files, {} transactions)",
+                round + 1,
+                o.postmark_rounds,
+                path.short(),
+                cfg.files,
+                cfg.transactions
+            ));
+            let name = format!("postmark-{}-{round}", if path == ClientPath::Kernel { "kernel" } else { "user" });
+            let mut run = if path == ClientPath::Kernel {
+                let base = cluster.mnt.join(&name);
+                std::fs::create_dir(&base).with_context(|| format!("mkdir {}", base.display()))?;
+                postmark(path, &mut MountFs { base }, cfg, cpu)?
+            } else {
+                let base_path = format!("/{name}");
+                let base = lib("making", &base_path, s.meta.mkdir(s.meta.root(), name.as_bytes(), 0o755))?;
+                let mut lfs = LibraryFs { s, base: base.ino, base_path, dirs: HashMap::new() };
+                postmark(path, &mut lfs, cfg, cpu)?
+            };
+            run.round = round;
+            progress(&format!("  {:.0} transactions/s", run.transactions_per_s(cfg)));
+            runs.push(run);
+        }
+    }
+    Ok((cells, cross_checks, runs))
 }
