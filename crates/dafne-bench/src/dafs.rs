@@ -171,11 +171,14 @@ impl PostmarkConfig {
     }
 
     pub fn check(&self) -> Result<(), String> {
-        if self.files == 0 || self.subdirectories == 0 {
-            return Err("PostMark needs at least one file and one subdirectory".into());
+        if self.files == 0 || self.subdirectories == 0 || self.transactions == 0 {
+            return Err("PostMark needs at least one file, one subdirectory and one transaction".into());
         }
         if self.min_size == 0 || self.min_size > self.max_size {
-            return Err(format!("PostMark's sizes {}..{} are not a range of at least 1 byte", self.min_size, self.max_size));
+            return Err(format!(
+                "PostMark's sizes {}..{} are not a range of at least 1 byte",
+                self.min_size, self.max_size
+            ));
         }
         if self.read_bias > 100 || self.create_bias > 100 {
             return Err("PostMark's biases are percentages (0 to 100)".into());
@@ -360,7 +363,12 @@ pub fn run_postmark(
             if rng.percent(cfg.read_bias) {
                 fs.read(&dir_name(d), &file_name(n), &mut buf)?;
                 if buf.len() as u64 != size {
-                    anyhow::bail!("{}/{} read back {} bytes, not the {size} written", dir_name(d), file_name(n), buf.len());
+                    anyhow::bail!(
+                        "{}/{} read back {} bytes, not the {size} written",
+                        dir_name(d),
+                        file_name(n),
+                        buf.len()
+                    );
                 }
                 counts.reads += 1;
                 counts.bytes_read += size;
@@ -442,8 +450,12 @@ impl Report {
 
     /// The median over rounds of PostMark's transactions/s on `path`.
     pub fn postmark_rate(&self, path: ClientPath) -> Option<f64> {
-        let v: Vec<f64> =
-            self.postmark_runs.iter().filter(|r| r.path == path).map(|r| r.transactions_per_s(&self.postmark)).collect();
+        let v: Vec<f64> = self
+            .postmark_runs
+            .iter()
+            .filter(|r| r.path == path)
+            .map(|r| r.transactions_per_s(&self.postmark))
+            .collect();
         (!v.is_empty()).then(|| crate::posix::median(&v))
     }
 

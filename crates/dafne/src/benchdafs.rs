@@ -315,7 +315,8 @@ impl Sweep<'_> {
             }
             (ClientPath::UserInline, Op::Read) => {
                 let dst = &mut self.plain_dst[..block];
-                let n = lib("reading", name, futures::executor::block_on(self.s.data.read_at(&self.user.open, off, dst)))?;
+                let n =
+                    lib("reading", name, futures::executor::block_on(self.s.data.read_at(&self.user.open, off, dst)))?;
                 if n != block {
                     bail!("dafne:{name}: read {n} of {block} bytes at {off}");
                 }
@@ -325,7 +326,9 @@ impl Sweep<'_> {
                 self.kernel.write_all_at(&self.kernel_src.slice()[o..o + block], off).context("pwrite (O_DIRECT)")?;
             }
             (ClientPath::Kernel, Op::Read) => {
-                self.kernel.read_exact_at(&mut self.kernel_dst.slice_mut()[..block], off).context("pread (O_DIRECT)")?;
+                self.kernel
+                    .read_exact_at(&mut self.kernel_dst.slice_mut()[..block], off)
+                    .context("pread (O_DIRECT)")?;
             }
         }
         Ok(())
@@ -378,7 +381,11 @@ fn user_layout<'a>(s: &'a Session, path: &'static str, src: &Region, size: u64) 
         lib("writing", path, futures::executor::block_on(r))?;
         off += n as u64;
     }
-    lib("setting the size of", path, s.meta.setattr(attr.ino, dafne_proto::SetAttr { size: Some(size), ..Default::default() }))?;
+    lib(
+        "setting the size of",
+        path,
+        s.meta.setattr(attr.ino, dafne_proto::SetAttr { size: Some(size), ..Default::default() }),
+    )?;
     Ok(f)
 }
 
@@ -462,7 +469,13 @@ impl LibraryFs<'_> {
         let ops = vec![
             CompoundOp {
                 chain: false,
-                req: Request::Create { parent, name: name.as_bytes().to_vec(), mode: 0o644, exclusive: true, hint: None },
+                req: Request::Create {
+                    parent,
+                    name: name.as_bytes().to_vec(),
+                    mode: 0o644,
+                    exclusive: true,
+                    hint: None,
+                },
             },
             CompoundOp { chain: true, req: Request::Open { ino: 0, flags } },
         ];
@@ -558,7 +571,11 @@ impl PostmarkFs for MountFs {
 
     fn create(&mut self, dir: &str, name: &str, data: &[u8]) -> Result<()> {
         let p = self.base.join(dir).join(name);
-        let mut f = OpenOptions::new().write(true).create_new(true).open(&p).with_context(|| format!("creating {}", p.display()))?;
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&p)
+            .with_context(|| format!("creating {}", p.display()))?;
         f.write_all(data).with_context(|| format!("writing {}", p.display()))
     }
 
@@ -611,7 +628,11 @@ fn register(s: &Session, buf: Vec<u8>) -> Result<Region> {
 pub fn run(o: &Options, progress: &dyn Fn(&str)) -> Result<Report> {
     o.check()?;
     let root = o.scratch.join(format!("dafne-bench-dafs-{}", std::process::id()));
-    progress(&format!("starting a cluster (dafne up) in {} and mounting it ({})", root.display(), MOUNT_ARGS.join(" ")));
+    progress(&format!(
+        "starting a cluster (dafne up) in {} and mounting it ({})",
+        root.display(),
+        MOUNT_ARGS.join(" ")
+    ));
     let mount_args: Vec<String> = MOUNT_ARGS.iter().map(|s| s.to_string()).collect();
     let mut cluster = ScratchCluster::start(&root, &mount_args)?;
     let daemon = ClusterInfo::live_mounts(&cluster.dir)
