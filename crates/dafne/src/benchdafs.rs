@@ -689,7 +689,7 @@ fn measure(
     let kernel_path = cluster.mnt.join("dafs-kernel");
     let kernel = kernel_layout(&kernel_path, &kernel_src)?;
     let mut sweep = Sweep {
-        s: s,
+        s,
         cpu,
         file_size: size,
         cell: Duration::from_secs_f64(o.cell_seconds),
