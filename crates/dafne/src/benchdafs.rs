@@ -44,6 +44,7 @@ use dafne_proto::Request;
 use dafne_transport::{Access, Region};
 
 use crate::benchmount::ScratchCluster;
+use crate::benchposix::Stop;
 use crate::cluster::ClusterInfo;
 use crate::copy::{errno, Session};
 
@@ -270,6 +271,7 @@ fn lib<T>(what: &str, path: &str, r: Result<T, Errno>) -> Result<T> {
 /// The sweep's state: both paths' files and buffers.
 struct Sweep<'a> {
     s: &'a Session,
+    stop: &'a Stop,
     cpu: &'a HostCpu,
     file_size: u64,
     cell: Duration,
@@ -337,6 +339,7 @@ impl Sweep<'_> {
     /// Sequential requests of `block` bytes from offset 0 (wrapping at the
     /// file's end) for the cell's time, at least one.
     fn cell(&mut self, path: ClientPath, op: Op, block: usize) -> Result<Cell> {
+        self.stop.check()?;
         let (p0, d0) = self.cpu.now()?;
         let t = Instant::now();
         let (mut off, mut requests) = (0u64, 0u64);
@@ -604,9 +607,59 @@ impl PostmarkFs for MountFs {
     }
 }
 
-fn postmark(path: ClientPath, fs: &mut dyn PostmarkFs, cfg: &PostmarkConfig, cpu: &HostCpu) -> Result<PostmarkRun> {
+/// A [`PostmarkFs`] that fails at the next operation once the run is
+/// interrupted (the guards then clean up).
+struct Stoppable<'a> {
+    stop: &'a Stop,
+    fs: &'a mut dyn PostmarkFs,
+}
+
+impl PostmarkFs for Stoppable<'_> {
+    fn mkdir(&mut self, dir: &str) -> Result<()> {
+        self.stop.check()?;
+        self.fs.mkdir(dir)
+    }
+
+    fn rmdir(&mut self, dir: &str) -> Result<()> {
+        self.stop.check()?;
+        self.fs.rmdir(dir)
+    }
+
+    fn create(&mut self, dir: &str, name: &str, data: &[u8]) -> Result<()> {
+        self.stop.check()?;
+        self.fs.create(dir, name, data)
+    }
+
+    fn append(&mut self, dir: &str, name: &str, data: &[u8]) -> Result<()> {
+        self.stop.check()?;
+        self.fs.append(dir, name, data)
+    }
+
+    fn read(&mut self, dir: &str, name: &str, buf: &mut Vec<u8>) -> Result<()> {
+        self.stop.check()?;
+        self.fs.read(dir, name, buf)
+    }
+
+    fn delete(&mut self, dir: &str, name: &str) -> Result<()> {
+        self.stop.check()?;
+        self.fs.delete(dir, name)
+    }
+
+    fn entries(&mut self) -> Result<usize> {
+        self.fs.entries()
+    }
+}
+
+fn postmark(
+    path: ClientPath,
+    fs: &mut dyn PostmarkFs,
+    cfg: &PostmarkConfig,
+    cpu: &HostCpu,
+    stop: &Stop,
+) -> Result<PostmarkRun> {
     let (p0, d0) = cpu.now()?;
-    let (counts, [c, t, d]) = dafs::run_postmark(fs, cfg, &WallClock(Instant::now()))
+    let mut fs = Stoppable { stop, fs };
+    let (counts, [c, t, d]) = dafs::run_postmark(&mut fs, cfg, &WallClock(Instant::now()))
         .with_context(|| format!("PostMark on the {}", path.short()))?;
     let (p1, d1) = cpu.now()?;
     Ok(PostmarkRun {
@@ -627,6 +680,9 @@ fn register(s: &Session, buf: Vec<u8>) -> Result<Region> {
 /// Starts a scratch cluster and its mount, measures, takes them down.
 pub fn run(o: &Options, progress: &dyn Fn(&str)) -> Result<Report> {
     o.check()?;
+    // Ctrl-C, SIGTERM, SIGHUP: the run stops at its next request and the
+    // guards unmount, take the cluster down and remove the scratch tree.
+    let stop = Stop::install()?;
     let root = o.scratch.join(format!("dafne-bench-dafs-{}", std::process::id()));
     progress(&format!(
         "starting a cluster (dafne up) in {} and mounting it ({})",
@@ -644,7 +700,7 @@ pub fn run(o: &Options, progress: &dyn Fn(&str)) -> Result<Report> {
     let io_servers = cluster.io_servers;
     // The client's connections end before the servers do.
     let s = crate::copy::connect(&cluster.dir, "bench-dafs", None)?;
-    let (cells, cross_checks, postmark_runs) = measure(o, &s, &cluster, &cpu, progress)?;
+    let (cells, cross_checks, postmark_runs) = measure(o, &s, &cluster, &cpu, &stop, progress)?;
     drop(s);
     progress("unmounting, taking the cluster down");
     cluster.down();
@@ -674,6 +730,7 @@ fn measure(
     s: &Session,
     cluster: &ScratchCluster,
     cpu: &HostCpu,
+    stop: &Stop,
     progress: &dyn Fn(&str),
 ) -> Result<(Vec<Cell>, Vec<CrossCheck>, Vec<PostmarkRun>)> {
     let size = o.file_size;
@@ -690,6 +747,7 @@ fn measure(
     let kernel = kernel_layout(&kernel_path, &kernel_src)?;
     let mut sweep = Sweep {
         s,
+        stop,
         cpu,
         file_size: size,
         cell: Duration::from_secs_f64(o.cell_seconds),
@@ -765,12 +823,12 @@ fn measure(
             let mut run = if path == ClientPath::Kernel {
                 let base = cluster.mnt.join(&name);
                 std::fs::create_dir(&base).with_context(|| format!("mkdir {}", base.display()))?;
-                postmark(path, &mut MountFs { base }, cfg, cpu)?
+                postmark(path, &mut MountFs { base }, cfg, cpu, stop)?
             } else {
                 let base_path = format!("/{name}");
                 let base = lib("making", &base_path, s.meta.mkdir(s.meta.root(), name.as_bytes(), 0o755))?;
                 let mut lfs = LibraryFs { s, base: base.ino, base_path, dirs: HashMap::new() };
-                postmark(path, &mut lfs, cfg, cpu)?
+                postmark(path, &mut lfs, cfg, cpu, stop)?
             };
             run.round = round;
             progress(&format!("  {:.0} transactions/s", run.transactions_per_s(cfg)));
