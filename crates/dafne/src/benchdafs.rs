@@ -6,8 +6,13 @@
 //! # What is measured
 //! 1. Bandwidth and client CPU vs block size: sequential reads and writes
 //!    of one file per path, one request at a time, for a fixed time per
-//!    cell. The user level moves bytes by RMA straight from and into one
-//!    registered buffer; the kernel path uses `pread`/`pwrite` on an
+//!    cell (rather than a fixed size: a 4 KiB cell and a 1 MiB cell then
+//!    cost the same time), in rounds that interleave the paths, the median
+//!    round kept (the machine is shared). The user level moves bytes by
+//!    RMA straight from and into one registered buffer; a second
+//!    user-level variant uses plain buffers (inline bytes, or one copy
+//!    through the library's bounce buffers), to show what the registered
+//!    buffer itself is worth; the kernel path uses `pread`/`pwrite` on an
 //!    `O_DIRECT` descriptor, so the page cache is not in the way (the
 //!    paper's NFS had no useful client cache either), and the mount runs
 //!    with read-ahead and write-behind off, the paper's no-read-ahead
