@@ -200,6 +200,10 @@ pub fn cli(a: DafsBench, parse_size: impl Fn(&str) -> Result<usize>) -> Result<(
     let started = Instant::now();
     let report = run(&o, &|what| eprintln!("[{:>6.1}s] {what}", started.elapsed().as_secs_f64()))?;
     println!("{}", report.to_markdown());
+    println!("Headlines (ours beside the paper's):\n");
+    for h in report.headlines() {
+        println!("- {}: {:.2}{} (paper: {:.1}{}); {}", h.quantity, h.ours, h.unit, h.paper, h.unit, h.why);
+    }
     crate::write_json(&a.json, &serde_json::to_string_pretty(&report)?)
 }
 
