@@ -1,6 +1,7 @@
 //! Benchmarks of dafne, as library functions that `dafne bench` runs and
 //! prints. Each returns a report that serialises to JSON.
 
+pub mod dafs;
 pub mod designs;
 pub mod io;
 pub mod meta;

@@ -111,10 +111,10 @@ impl System {
 
 /// Set by SIGINT, SIGTERM and SIGHUP: the run stops at the next check and
 /// its guards clean up.
-struct Stop(Arc<AtomicBool>);
+pub(crate) struct Stop(Arc<AtomicBool>);
 
 impl Stop {
-    fn install() -> Result<Stop> {
+    pub(crate) fn install() -> Result<Stop> {
         let flag = Arc::new(AtomicBool::new(false));
         for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM, signal_hook::consts::SIGHUP] {
             signal_hook::flag::register(sig, flag.clone()).context("installing signal handlers")?;
@@ -122,7 +122,7 @@ impl Stop {
         Ok(Stop(flag))
     }
 
-    fn check(&self) -> Result<()> {
+    pub(crate) fn check(&self) -> Result<()> {
         if self.0.load(Ordering::Relaxed) {
             bail!("interrupted: cleaning up (unmounting, stopping the cluster, removing the scratch directory)");
         }

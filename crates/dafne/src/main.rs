@@ -2,6 +2,7 @@
 //! printing here; the work lives in the library crates.
 
 mod advise;
+mod benchdafs;
 mod benchmount;
 mod benchnbd;
 mod benchposix;
@@ -112,6 +113,10 @@ enum Bench {
     /// of Read-Read vs Read-Write, with and without the client's
     /// registration cache, through a real server process.
     Designs(DesignsBench),
+    /// The DAFS paper's experiments: the client library (user level)
+    /// against the FUSE mount (kernel path): bandwidth and client CPU vs
+    /// block size, and a PostMark-like workload on both.
+    Dafs(benchdafs::DafsBench),
 }
 
 #[derive(Args)]
@@ -506,6 +511,7 @@ fn run() -> Result<()> {
         Cmd::Bench(Bench::Posix(a)) => benchposix::run(a, parse_size),
         Cmd::Bench(Bench::Nbd(a)) => benchnbd::run(a, parse_size),
         Cmd::Bench(Bench::Designs(a)) => bench_designs(a),
+        Cmd::Bench(Bench::Dafs(a)) => benchdafs::cli(a, parse_size),
         Cmd::Nbd(c) => nbd::run(c, parse_size),
         Cmd::Serve(Serve::Meta(a)) => a.serve(),
         Cmd::Serve(Serve::Io(a)) => dafne_io::server::serve_forever(&a),
