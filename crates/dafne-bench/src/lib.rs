@@ -7,3 +7,4 @@ pub mod perftest;
 pub mod posix;
 pub mod seed;
 pub mod transport;
+pub mod writers;
