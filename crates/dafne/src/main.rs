@@ -124,8 +124,9 @@ struct WritersBench {
     #[arg(long, default_value = "64K")]
     size: String,
     /// Each client's file; its writes cycle through it (all the files
-    /// together must fit in half the cache: the writes hit the cache).
-    #[arg(long, default_value = "256K")]
+    /// together must fit in an eighth of the cache, half what the io server
+    /// holds dirty before writing back: the writes hit the cache).
+    #[arg(long, default_value = "128K")]
     file_size: String,
     /// The io server's cache, in MiB.
     #[arg(long, default_value_t = 64)]
@@ -133,6 +134,10 @@ struct WritersBench {
     /// Do not read the files back to check what every client reported.
     #[arg(long)]
     no_verify: bool,
+    /// Nice value of the client processes (-20 to 19; 10 lets the io
+    /// server's thread run first when the clients outnumber the cores).
+    #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
+    client_nice: i32,
     /// A short run (1, 2, 4, 8, 16 clients, 2 s each; about 15 s; --clients
     /// and --seconds are then ignored).
     #[arg(long)]
@@ -439,6 +444,10 @@ fn bench_writers(a: WritersBench) -> Result<()> {
     }
     opts.cache_mib = a.cache_mib;
     opts.verify = !a.no_verify;
+    if !(-20..=19).contains(&a.client_nice) {
+        bail!("--client-nice {} must be between -20 and 19", a.client_nice);
+    }
+    opts.client_nice = a.client_nice;
     opts.program = std::env::current_exe().context("locating the dafne executable")?;
     opts.scratch = a.scratch;
     opts.storage = a.storage;

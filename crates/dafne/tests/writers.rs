@@ -65,5 +65,5 @@ fn writers_refuses_files_that_would_not_fit_the_cache() {
         .unwrap();
     assert!(!out.status.success());
     let t = text(&out);
-    assert!(t.contains("half the 64 MiB cache") && !t.contains("panicked"), "{t}");
+    assert!(t.contains("an eighth of the 64 MiB cache") && !t.contains("panicked"), "{t}");
 }
