@@ -200,6 +200,8 @@ pub struct Row {
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
     pub machine: String,
+    /// CPUs this process may run on (the clients and servers share them).
+    pub cores: usize,
     pub ucx_version: String,
     pub ucx_tls: &'static str,
     pub storage: &'static str,
@@ -577,6 +579,7 @@ pub fn run(o: &Options, mut progress: impl FnMut(&str)) -> Result<Report> {
     let _ = std::fs::remove_dir_all(&dir);
     Ok(Report {
         machine: machine(),
+        cores: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
         ucx_version: ucx_version(),
         ucx_tls: UCX_TLS,
         storage: o.storage.name(),
@@ -668,13 +671,16 @@ impl Report {
         };
         let why = format!(
             "no receive-buffer starvation here (the io server gets each write from the client's memory when it \
-             serves it, the paper's fix); on this machine the clients share its cores with the server, whose CPU \
-             per MiB went from {:.0} µs at {} client{} to {:.0} µs at {}, at {:.0}% then {:.0}% of a core",
+             serves it, the paper's fix); what runs out is CPU: {} client processes and the server share {} cores, \
+             the server's CPU per MiB went from {:.0} µs at {} client{} to {:.0} µs, and its share of a core from \
+             {:.0}% to {:.0}% (the scheduler shares the cores per thread; the clients' nice value, \
+             `--client-nice`, moves it)",
+            hi.clients,
+            self.cores,
             lo.server_cpu_us_per_mib,
             lo.clients,
             if lo.clients == 1 { "" } else { "s" },
             hi.server_cpu_us_per_mib,
-            hi.clients,
             lo.server_cpu_share * 100.0,
             hi.server_cpu_share * 100.0
         );
