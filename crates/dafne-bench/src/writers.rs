@@ -17,9 +17,11 @@
 //! request carries the client region's key and the server gets the data
 //! from the client's memory when it serves the request (`Stability::
 //! Unstable`, into a Unifier cache unit). So what this measures is not the
-//! paper's starvation but what else many writers cost one server here:
-//! connections, the event loop's fairness, and on a small machine the
-//! CPU the clients take from the server.
+//! paper's starvation but what else many writers cost one server here. On
+//! the 2-core VM it was CPU: each reply wakes a sleeping client process,
+//! and once the clients outnumber the cores the scheduler's per-thread
+//! share starves the server's one loop thread (`Options::client_nice`
+//! moves it; docs/BENCHMARKS.md, "One server, many writers").
 //!
 //! Shape of a run:
 //! - one metadata server and one io server (unifier mode, `cache_mib` of
@@ -27,9 +29,9 @@
 //!   in [`crate::io`];
 //! - for each N, N client processes (`PROGRAM bench writers-client`, a
 //!   hidden subcommand that calls [`client_main`]). Each in turn gets its
-//!   job as one JSON line on stdin, connects, creates **its own file** and overwrites it
-//!   once (the cache units exist before the clock starts), then says
-//!   `ready`. Own files rather than one shared file: the paper's clients are
+//!   job as one JSON line on stdin, connects, creates **its own file** and
+//!   overwrites it once (the cache units exist before the clock starts),
+//!   then says `ready`. Own files rather than one shared file: the paper's clients are
 //!   independent, and a file per client keeps each one's stream sequential
 //!   and lets every client's bytes be checked on their own afterwards;
 //! - when all are ready the benchmark sends `go` to each (the barrier is
