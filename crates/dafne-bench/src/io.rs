@@ -53,7 +53,7 @@ const MIB: usize = 1 << 20;
 /// The UCX transports of every process (client and servers).
 pub const UCX_TLS: &str = "posix,sysv,cma,self,tcp";
 
-fn ucx() -> Vec<(String, String)> {
+pub(crate) fn ucx() -> Vec<(String, String)> {
     vec![("TLS".into(), UCX_TLS.into()), ("NET_DEVICES".into(), "lo".into())]
 }
 
@@ -195,7 +195,7 @@ pub struct Report {
 }
 
 /// A child process, killed on drop.
-struct Proc(Child);
+pub(crate) struct Proc(pub(crate) Child);
 impl Drop for Proc {
     fn drop(&mut self) {
         let _ = self.0.kill();
@@ -204,15 +204,19 @@ impl Drop for Proc {
 }
 
 /// An io server process that answers `stats`.
-struct IoProc {
-    addr: SocketAddr,
+pub(crate) struct IoProc {
+    pub(crate) addr: SocketAddr,
     stdin: ChildStdin,
     out: BufReader<ChildStdout>,
-    _proc: Proc,
+    proc: Proc,
 }
 
 impl IoProc {
-    fn counters(&mut self) -> Result<Counters> {
+    pub(crate) fn pid(&self) -> u32 {
+        self.proc.0.id()
+    }
+
+    pub(crate) fn counters(&mut self) -> Result<Counters> {
         writeln!(self.stdin, "stats")?;
         self.stdin.flush()?;
         let mut line = String::new();
@@ -247,13 +251,13 @@ fn start_meta(program: &Path, dir: &Path, io_servers: usize) -> Result<(Proc, So
 
 /// How io servers are started.
 #[derive(Debug, Clone, Copy)]
-struct ServerCfg {
-    mode: ServingMode,
-    cache_mib: usize,
-    strict: bool,
+pub(crate) struct ServerCfg {
+    pub(crate) mode: ServingMode,
+    pub(crate) cache_mib: usize,
+    pub(crate) strict: bool,
     /// Busy-poll window of the server's loop (µs); `None`: the default.
-    spin_us: Option<u64>,
-    storage: dafne_io::chunk::StorageMode,
+    pub(crate) spin_us: Option<u64>,
+    pub(crate) storage: dafne_io::chunk::StorageMode,
 }
 
 fn start_io(program: &Path, dir: &Path, secret: &Path, cfg: ServerCfg) -> Result<IoProc> {
@@ -282,15 +286,15 @@ fn start_io(program: &Path, dir: &Path, secret: &Path, cfg: ServerCfg) -> Result
     let mut out = BufReader::new(child.stdout.take().ok_or_else(|| anyhow!("no stdout"))?);
     let p = Proc(child);
     let addr = banner(&mut out, "the io server")?;
-    Ok(IoProc { addr, stdin, out, _proc: p })
+    Ok(IoProc { addr, stdin, out, proc: p })
 }
 
 /// A metadata server and `n` io servers in one mode, in a fresh directory.
-struct Cluster {
-    ios: Vec<IoProc>,
+pub(crate) struct Cluster {
+    pub(crate) ios: Vec<IoProc>,
     meta: Option<Proc>,
-    meta_addr: SocketAddr,
-    secret: PathBuf,
+    pub(crate) meta_addr: SocketAddr,
+    pub(crate) secret: PathBuf,
     dir: PathBuf,
     cfg: ServerCfg,
 }
@@ -303,22 +307,28 @@ impl Drop for Cluster {
     }
 }
 
-fn cluster(o: &Options, tag: &str, n: usize, cfg: ServerCfg) -> Result<Cluster> {
-    let dir = o.scratch.join(format!("dafne-io-bench-{}-{tag}", std::process::id()));
+/// A metadata server and `n` io servers of `program`, in a fresh directory
+/// `dafne-io-bench-<pid>-<tag>` of `scratch` (removed on drop).
+pub(crate) fn cluster_of(program: &Path, scratch: &Path, tag: &str, n: usize, cfg: ServerCfg) -> Result<Cluster> {
+    let dir = scratch.join(format!("dafne-io-bench-{}-{tag}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let (meta, meta_addr) = start_meta(&o.program, &dir.join("meta"), n)?;
+    let (meta, meta_addr) = start_meta(program, &dir.join("meta"), n)?;
     let secret = dir.join("meta").join("cluster.secret");
     let mut c = Cluster { ios: Vec::new(), meta: Some(meta), meta_addr, secret, dir, cfg };
     for i in 0..n {
-        let io = start_io(&o.program, &c.dir.join(format!("io{i}")), &c.secret, cfg)?;
+        let io = start_io(program, &c.dir.join(format!("io{i}")), &c.secret, cfg)?;
         c.ios.push(io);
     }
     Ok(c)
 }
 
+fn cluster(o: &Options, tag: &str, n: usize, cfg: ServerCfg) -> Result<Cluster> {
+    cluster_of(&o.program, &o.scratch, tag, n, cfg)
+}
+
 impl Cluster {
-    fn counters(&mut self) -> Result<Vec<Counters>> {
+    pub(crate) fn counters(&mut self) -> Result<Vec<Counters>> {
         self.ios.iter_mut().map(|i| i.counters()).collect()
     }
 
@@ -344,14 +354,14 @@ impl Cluster {
 
 /// One client: its own runtime (event-loop thread), sessions with meta and
 /// every io server. Fields drop in order: connections before the runtime.
-struct ClientSide {
-    meta: MetaSession,
-    data: DataClient,
-    rt: Runtime,
+pub(crate) struct ClientSide {
+    pub(crate) meta: MetaSession,
+    pub(crate) data: DataClient,
+    pub(crate) rt: Runtime,
 }
 
 /// A client whose loop spins like the cluster's servers.
-fn client(c: &Cluster, name: &str) -> Result<ClientSide> {
+pub(crate) fn client(c: &Cluster, name: &str) -> Result<ClientSide> {
     let mut opts = RuntimeOptions { name: format!("bench-io-{name}"), ucx_config: ucx(), ..Default::default() };
     if let Some(us) = c.cfg.spin_us {
         opts.spin = Duration::from_micros(us);
@@ -366,7 +376,7 @@ fn client(c: &Cluster, name: &str) -> Result<ClientSide> {
 
 impl ClientSide {
     /// A new file striped over `stripe_count` servers in 1 MiB units.
-    fn create(&self, name: &str, stripe_count: usize) -> Result<OpenFile> {
+    pub(crate) fn create(&self, name: &str, stripe_count: usize) -> Result<OpenFile> {
         let hint = LayoutHint { stripe_unit: MIB as u32, stripe_count: stripe_count as u32 };
         let a = self
             .meta
@@ -377,7 +387,7 @@ impl ClientSide {
             .map_err(|e| anyhow!("open {name}: {e:?}"))
     }
 
-    fn region(&self, len: usize, op: Op) -> Result<Arc<Region>> {
+    pub(crate) fn region(&self, len: usize, op: Op) -> Result<Arc<Region>> {
         let ctx = self.data.context().ok_or_else(|| anyhow!("no io server"))?;
         let access = match op {
             Op::Read => Access::RemoteWrite,
@@ -386,13 +396,13 @@ impl ClientSide {
         Ok(Arc::new(Region::allocate(ctx, len, access)?))
     }
 
-    fn pump(&self, f: &OpenFile, region: &Arc<Region>, load: Load, until: Until) -> Result<(u64, Duration)> {
+    pub(crate) fn pump(&self, f: &OpenFile, region: &Arc<Region>, load: Load, until: Until) -> Result<(u64, Duration)> {
         pump(&self.rt, &self.data, f, region, load, until)
     }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Op {
+pub(crate) enum Op {
     Read,
     Write,
 }
@@ -409,15 +419,15 @@ impl Op {
 /// What one client does: `op`s of `size` bytes, `window` in flight, at
 /// offsets `k × size mod file_size` for k = 0, 1, 2, … (sequential).
 #[derive(Debug, Clone, Copy)]
-struct Load {
-    op: Op,
-    size: usize,
-    window: usize,
-    file_size: usize,
+pub(crate) struct Load {
+    pub(crate) op: Op,
+    pub(crate) size: usize,
+    pub(crate) window: usize,
+    pub(crate) file_size: usize,
 }
 
 #[derive(Debug, Clone, Copy)]
-enum Until {
+pub(crate) enum Until {
     Time(Duration),
     Requests(u64),
 }
@@ -427,7 +437,7 @@ type Issued<'a> = Pin<Box<dyn Future<Output = (usize, Result<usize, Errno>)> + '
 /// Runs `load` on the client runtime's loop thread (no thread hop per
 /// request) until `until`; slot `i` uses bytes `[i × size, (i+1) × size)`
 /// of `region`. Returns requests completed and the time they took.
-fn pump(
+pub(crate) fn pump(
     rt: &Runtime,
     dc: &DataClient,
     f: &OpenFile,
@@ -484,12 +494,12 @@ fn pump(
 }
 
 /// CPU time of this process so far (all threads), in ns.
-fn process_cpu_ns() -> u64 {
+pub(crate) fn process_cpu_ns() -> u64 {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
     t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }
 
-fn mib(bytes: u64) -> f64 {
+pub(crate) fn mib(bytes: u64) -> f64 {
     bytes as f64 / MIB as f64
 }
 

@@ -10,3 +10,4 @@ pub mod plot;
 pub mod posix;
 pub mod seed;
 pub mod transport;
+pub mod writers;

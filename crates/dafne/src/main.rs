@@ -117,6 +117,13 @@ enum Bench {
     /// against the FUSE mount (kernel path): bandwidth and client CPU vs
     /// block size, and a PostMark-like workload on both.
     Dafs(benchdafs::DafsBench),
+    /// One io server's write throughput as client processes multiply (1 to
+    /// 64, each writing 64 KiB requests one at a time): the ORFA/MX paper's
+    /// figure 9.
+    Writers(WritersBench),
+    /// A client process of `dafne bench writers` (its job on stdin).
+    #[command(hide = true)]
+    WritersClient,
 }
 
 #[derive(Args)]
@@ -154,6 +161,47 @@ struct DesignsBench {
     #[arg(long = "ucx", value_name = "KEY=VALUE")]
     ucx: Vec<String>,
     #[arg(long, default_value = "bench-results/designs.json")]
+    json: PathBuf,
+}
+
+#[derive(Args)]
+struct WritersBench {
+    /// Client process counts (comma-separated).
+    #[arg(long, default_value = "1,2,4,8,16,32,64", value_delimiter = ',')]
+    clients: Vec<usize>,
+    /// Seconds each client writes per count.
+    #[arg(long, default_value_t = 3.0)]
+    seconds: f64,
+    /// Bytes per write request (K and M suffixes).
+    #[arg(long, default_value = "64K")]
+    size: String,
+    /// Each client's file; its writes cycle through it (all the files
+    /// together must fit in an eighth of the cache, half what the io server
+    /// holds dirty before writing back: the writes hit the cache).
+    #[arg(long, default_value = "128K")]
+    file_size: String,
+    /// The io server's cache, in MiB.
+    #[arg(long, default_value_t = 64)]
+    cache_mib: usize,
+    /// Do not read the files back to check what every client reported.
+    #[arg(long)]
+    no_verify: bool,
+    /// Nice value of the client processes (-20 to 19; 10 lets the io
+    /// server's thread run first when the clients outnumber the cores).
+    #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
+    client_nice: i32,
+    /// A short run (1, 2, 4, 8, 16 clients, 2 s each; about 15 s; --clients
+    /// and --seconds are then ignored).
+    #[arg(long)]
+    quick: bool,
+    /// Scratch directory for the servers' data (a fresh directory inside).
+    #[arg(long, default_value = "/tmp")]
+    scratch: PathBuf,
+    /// The io server's storage path: auto, direct or buffered.
+    #[arg(long, value_enum, default_value_t = dafne_io::chunk::StorageMode::Auto)]
+    storage: dafne_io::chunk::StorageMode,
+    /// Where to write the JSON report.
+    #[arg(long, default_value = "bench-results/writers.json")]
     json: PathBuf,
 }
 
@@ -456,6 +504,43 @@ fn bench_io(a: IoBench) -> Result<()> {
     write_json(&a.json, &serde_json::to_string_pretty(&report)?)
 }
 
+fn bench_writers(a: WritersBench) -> Result<()> {
+    let mut opts = if a.quick { dafne_bench::writers::Options::quick() } else { Default::default() };
+    if !a.quick {
+        opts.clients = a.clients;
+        if !(a.seconds > 0.0 && a.seconds <= 600.0) {
+            bail!("--seconds {} must be above 0 and at most 600", a.seconds);
+        }
+        opts.duration = Duration::from_secs_f64(a.seconds);
+    }
+    if opts.clients.is_empty() || opts.clients.iter().any(|&c| c == 0 || c > 256) {
+        bail!("--clients: each count must be between 1 and 256");
+    }
+    opts.size = parse_size(&a.size)?;
+    opts.file_size = parse_size(&a.file_size)?;
+    if !opts.file_size.is_multiple_of(opts.size) {
+        bail!("--size {} must divide --file-size {}", a.size, a.file_size);
+    }
+    if a.cache_mib == 0 {
+        bail!("--cache-mib must be at least 1");
+    }
+    opts.cache_mib = a.cache_mib;
+    opts.verify = !a.no_verify;
+    if !(-20..=19).contains(&a.client_nice) {
+        bail!("--client-nice {} must be between -20 and 19", a.client_nice);
+    }
+    opts.client_nice = a.client_nice;
+    opts.program = std::env::current_exe().context("locating the dafne executable")?;
+    opts.scratch = a.scratch;
+    opts.storage = a.storage;
+    let started = std::time::Instant::now();
+    let report = dafne_bench::writers::run(&opts, |what| {
+        eprintln!("[{:>6.1}s] measuring {what}", started.elapsed().as_secs_f64())
+    })?;
+    println!("{}", report.to_markdown());
+    write_json(&a.json, &serde_json::to_string_pretty(&report)?)
+}
+
 fn write_json(path: &std::path::Path, body: &str) -> Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -512,6 +597,8 @@ fn run() -> Result<()> {
         Cmd::Bench(Bench::Nbd(a)) => benchnbd::run(a, parse_size),
         Cmd::Bench(Bench::Designs(a)) => bench_designs(a),
         Cmd::Bench(Bench::Dafs(a)) => benchdafs::cli(a, parse_size),
+        Cmd::Bench(Bench::Writers(a)) => bench_writers(a),
+        Cmd::Bench(Bench::WritersClient) => dafne_bench::writers::client_main(),
         Cmd::Nbd(c) => nbd::run(c, parse_size),
         Cmd::Serve(Serve::Meta(a)) => a.serve(),
         Cmd::Serve(Serve::Io(a)) => dafne_io::server::serve_forever(&a),
