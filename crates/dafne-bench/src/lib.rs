@@ -5,5 +5,6 @@ pub mod io;
 pub mod meta;
 pub mod perftest;
 pub mod posix;
+pub mod registration;
 pub mod seed;
 pub mod transport;

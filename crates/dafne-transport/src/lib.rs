@@ -40,7 +40,7 @@ mod timer;
 
 pub use client::Client;
 pub use dafne_auth::{FrameKey, FrameKeys};
-pub use dafne_ucx::{Access, Context, Local, Region, RemoteKey, Slab, SubRegion};
+pub use dafne_ucx::{Access, Context, Local, Region, Registration, RemoteKey, Slab, SubRegion};
 pub use error::TransportError;
 pub use runtime::{
     default_spin, fail_fast_on_panic, parse_ucx_overrides, spin_from_env, DataPath, Runtime, RuntimeOptions,
