@@ -423,9 +423,9 @@ fn latency(o: &Options, progress: &mut impl FnMut(&str)) -> Result<Vec<LatencyRo
         for op in ["write", "read"] {
             let mut cell = |way: Way, progress: &mut dyn FnMut(&str)| -> Result<(f64, u64, u64)> {
                 progress(&format!(
-                    "{op} of {} from an {} buffer, {way:?}",
+                    "{op} of {} from {} buffer, {way:?}",
                     human(size),
-                    if way == Way::Cached { "registered" } else { "unregistered" }
+                    if way == Way::Cached { "a registered" } else { "an unregistered" }
                 ));
                 let d = if way == Way::Cached { &cached } else { &fresh };
                 d.set_frrwp(way == Way::Frrwp);
@@ -641,9 +641,17 @@ impl Report {
                     ours: r.saving_us,
                     paper: r.paper_saving_us,
                     unit: "µs".into(),
-                    why: "FRRWP can save at most the client's registration, which is small here; an extra \
-                          message (the keys) costs a round of the event loops on a loaded 2-core machine"
-                        .into(),
+                    why: {
+                        let reg = self.fit(crate::io::UCX_TLS).map(|f| f.a_us_per_page * r.pages as f64 + f.b_us);
+                        format!(
+                            "FRRWP can save at most the client's registration, {:.2} µs at {} pages here (the \
+                             fit), against {:.0} µs per request registering first; the rest of the difference \
+                             is the extra Keys message and the scheduling of two messages on the loaded machine",
+                            reg.unwrap_or(0.0),
+                            r.pages,
+                            r.register_first_us
+                        )
+                    },
                 });
             }
         }

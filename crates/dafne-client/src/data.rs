@@ -28,6 +28,8 @@
 //! request to leave while this thread registers: so from a thread other
 //! than the runtime's loop (a future polled on the loop sends its request
 //! only when the loop runs again, after the registration). Off by default.
+//! A request of more than [`FOLLOW_MAX_EXTENTS`] extents carries its key:
+//! its `Keys` must not overtake it.
 //! Requests sent this way are counted ([`DataClient::frrwp_requests`]).
 //!
 //! # Write verifier
@@ -117,6 +119,10 @@ use crate::cq::{CompletionQueue, Ticket};
 use crate::link::Generation;
 use crate::regcache::{RegCache, RegCacheConfig, RegCacheStats};
 use crate::{ConnectError, OpenFile};
+
+/// Most extents in a request whose keys follow (3 KiB of extents): larger
+/// requests carry their keys ([`DataClient::set_frrwp`]).
+pub const FOLLOW_MAX_EXTENTS: usize = 128;
 
 /// Largest inline payload per server request (the protocol's limit).
 pub const INLINE_MAX: usize = dafne_proto::io::MAX_INLINE;
@@ -915,6 +921,15 @@ impl DataClient {
         .await
     }
 
+    /// Whether every request of `[offset, offset + len)` is small enough
+    /// (at most [`FOLLOW_MAX_EXTENTS`] extents) to travel eagerly: its
+    /// `Keys` must not overtake it (a large frame is received by
+    /// rendezvous, and a small one sent after it may be delivered first; a
+    /// `Keys` for a request the server has not seen is refused).
+    fn follow_fits(f: &OpenFile, offset: u64, len: usize) -> bool {
+        Self::parts(f, offset, len, Some(0)).is_ok_and(|p| p.iter().all(|p| p.extents.len() <= FOLLOW_MAX_EXTENTS))
+    }
+
     /// FRRWP (module docs, "Keys that follow"): sends each server its part
     /// of `[offset, offset + buf.len())` (client memory from `base`) with
     /// its key to follow, registers `buf` meanwhile, then sends the keys.
@@ -1034,7 +1049,8 @@ impl DataClient {
             inline_reply: false,
             keys_follow,
         };
-        let (reg, r) = match self.frrwp().then(|| cache.cached(buf)) {
+        let follow = self.frrwp() && Self::follow_fits(f, offset, buf.len());
+        let (reg, r) = match follow.then(|| cache.cached(buf)) {
             Some(None) => match self.rma_follow(f, offset, buf, base, cache, make).await {
                 Some(x) => x,
                 None => return self.read_at(f, offset, buf).await,
@@ -1115,7 +1131,8 @@ impl DataClient {
             inline: Vec::new(),
             keys_follow,
         };
-        let (reg, r) = match self.frrwp().then(|| cache.cached(buf)) {
+        let follow = self.frrwp() && Self::follow_fits(f, offset, buf.len());
+        let (reg, r) = match follow.then(|| cache.cached(buf)) {
             Some(None) => match self.rma_follow(f, offset, buf, base, cache, make).await {
                 Some(x) => x,
                 None => return self.write_at(f, offset, buf, stability).await,

@@ -98,8 +98,12 @@
 //! storage read on a miss), then waits for the keys, checks them exactly as
 //! it checks keys carried in a request, and moves the data; the `Read` or
 //! `Write` is answered as usual, the `Keys` with `Done` once delivered.
-//! A `Keys` whose tag names no waiting request on its connection is
-//! refused (`ENOENT`); a request whose keys do not come within the
+//! The `Keys` must reach the server after its request (a server parks a
+//! request as soon as it is delivered): the client sends it after the
+//! request, on the same connection, and only for requests small enough
+//! to travel eagerly (a large frame is received by rendezvous and may be
+//! delivered after a small one sent later). A `Keys` whose tag names no
+//! waiting request on its connection is refused (`ENOENT`); a request whose keys do not come within the
 //! server's deadline is answered `ETIMEDOUT`; a tag already waiting on
 //! the connection, or more waiting requests than the server allows per
 //! connection, are refused (`EBUSY`). A `Keys` with the wrong number of
