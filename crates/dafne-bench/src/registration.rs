@@ -13,7 +13,8 @@
 //! 1. **The cost model**: `ucp_mem_map` of ordinary page-aligned heap memory
 //!    (already faulted in), the key packed (`ucp_rkey_pack`, framed with its
 //!    window by `dafne_ucx`), and `ucp_mem_unmap`, each timed separately
-//!    for 1 to N pages, many repetitions, median; a least-squares fit of
+//!    for 1 to N pages, many repetitions (the sizes taking turns), median;
+//!    a least-squares fit of
 //!    `T = a·p + b` over the medians of map + pack + unmap (the paper's
 //!    "registration and deregistration"), and of map alone. Per UCX
 //!    transport set: the io servers' (`posix,sysv,cma,self,tcp`) and `tcp`.
@@ -23,7 +24,8 @@
 //!    registration cache is bounded at 0 pinned bytes), with the key in the
 //!    request (register first) or following it (FRRWP,
 //!    `DataClient::set_frrwp`); and the same buffer with its registration
-//!    cached, the floor neither can beat. The client and the server run as
+//!    cached, the floor neither can beat. The three take turns request by
+//!    request, so that the machine's load weighs on each alike. The client and the server run as
 //!    if on different hosts (`DAFNE_DATA_PATH=peer`, UCX over TCP): on one
 //!    host io servers refuse keys to memory the client registered rather
 //!    than allocated through UCX (`EREMOTEIO`, `dafne_io::modes`), so the
@@ -93,7 +95,7 @@ impl Default for Options {
             reps: 2000,
             tls_sets: TLS_SETS.iter().map(|s| s.to_string()).collect(),
             latency_sizes: vec![4 << 10, 16 << 10, 64 << 10, 128 << 10, 256 << 10, 1 << 20],
-            latency_reps: 300,
+            latency_reps: 1000,
             program: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("dafne")),
             scratch: std::env::temp_dir(),
         }
@@ -236,17 +238,18 @@ fn cost_model(o: &Options, tls: &str, progress: &mut impl FnMut(&str)) -> Result
     .with_context(|| format!("a UCX context on {tls}"))?;
     let ctx = rt.context().clone();
     let page = page_size();
-    let mut rows = Vec::new();
-    for &p in &o.pages {
-        progress(&format!("registration of {p} pages on {tls}"));
-        let mem = Aligned::new(p * page);
-        let (mut map, mut pack, mut unmap, mut total) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        // A few unmeasured rounds first (UCX's first registration sets up
-        // its caches).
-        for i in 0..o.reps + 10 {
+    progress(&format!("registration of {:?} pages on {tls}, sizes interleaved", o.pages));
+    let mems: Vec<Aligned> = o.pages.iter().map(|&p| Aligned::new(p * page)).collect();
+    // Per size: map, pack, unmap, total (µs). The sizes take turns,
+    // repetition by repetition, so that the machine's load weighs on each
+    // alike; a few unmeasured rounds first (UCX's first registration sets
+    // up its caches).
+    let mut t: Vec<[Vec<f64>; 4]> = o.pages.iter().map(|_| Default::default()).collect();
+    for i in 0..o.reps + 10 {
+        for (j, mem) in mems.iter().enumerate() {
             let t0 = Instant::now();
             let reg = Registration::covering(&ctx, mem.slice(), Access::RemoteReadWrite)
-                .with_context(|| format!("registering {p} pages on {tls}"))?;
+                .with_context(|| format!("registering {} pages on {tls}", o.pages[j]))?;
             let t1 = Instant::now();
             let key = reg.pack_key().context("packing a key")?;
             let t2 = Instant::now();
@@ -254,22 +257,26 @@ fn cost_model(o: &Options, tls: &str, progress: &mut impl FnMut(&str)) -> Result
             let t3 = Instant::now();
             std::hint::black_box(key);
             if i >= 10 {
-                map.push(us(t1 - t0));
-                pack.push(us(t2 - t1));
-                unmap.push(us(t3 - t2));
-                total.push(us(t3 - t0));
+                for (v, d) in t[j].iter_mut().zip([t1 - t0, t2 - t1, t3 - t2, t3 - t0]) {
+                    v.push(us(d));
+                }
             }
         }
-        rows.push(RegRow {
+    }
+    let rows = o
+        .pages
+        .iter()
+        .zip(t)
+        .map(|(&p, mut v)| RegRow {
             tls: tls.into(),
             pages: p,
             bytes: p * page,
-            map_us: median(&mut map),
-            pack_us: median(&mut pack),
-            unmap_us: median(&mut unmap),
-            total_us: median(&mut total),
-        });
-    }
+            map_us: median(&mut v[0]),
+            pack_us: median(&mut v[1]),
+            unmap_us: median(&mut v[2]),
+            total_us: median(&mut v[3]),
+        })
+        .collect();
     Ok(rows)
 }
 
@@ -421,17 +428,18 @@ fn latency(o: &Options, progress: &mut impl FnMut(&str)) -> Result<Vec<LatencyRo
     let mut mem = Aligned::new(max);
     for &size in &o.latency_sizes {
         for op in ["write", "read"] {
-            let mut cell = |way: Way, progress: &mut dyn FnMut(&str)| -> Result<(f64, u64, u64)> {
-                progress(&format!(
-                    "{op} of {} from {} buffer, {way:?}",
-                    human(size),
-                    if way == Way::Cached { "a registered" } else { "an unregistered" }
-                ));
-                let d = if way == Way::Cached { &cached } else { &fresh };
-                d.set_frrwp(way == Way::Frrwp);
-                let (c0, s0) = (d.frrwp_requests(), server_frrwp(d)?);
-                let mut lat = Vec::with_capacity(o.latency_reps);
-                for i in 0..o.latency_reps + 5 {
+            progress(&format!("{op} of {}: register first, FRRWP and cached, interleaved", human(size)));
+            // The three ways take turns, request by request (rotating which
+            // goes first), so that the machine's load weighs on each alike.
+            const WAYS: [Way; 3] = [Way::RegisterFirst, Way::Frrwp, Way::Cached];
+            let (c0, s0) = (fresh.frrwp_requests(), server_frrwp(&fresh)?);
+            let mut lat: [Vec<f64>; 3] = Default::default();
+            for i in 0..o.latency_reps + 5 {
+                for k in 0..WAYS.len() {
+                    let w = (i + k) % WAYS.len();
+                    let way = WAYS[w];
+                    let d = if way == Way::Cached { &cached } else { &fresh };
+                    d.set_frrwp(way == Way::Frrwp);
                     let buf = &mut mem.slice_mut()[..size];
                     let t = Instant::now();
                     let r = if op == "write" {
@@ -442,16 +450,13 @@ fn latency(o: &Options, progress: &mut impl FnMut(&str)) -> Result<Vec<LatencyRo
                     let el = t.elapsed();
                     r.map_err(|e| anyhow!("{op} of {} ({way:?}): {e:?}", human(size)))?;
                     if i >= 5 {
-                        lat.push(us(el));
+                        lat[w].push(us(el));
                     }
                 }
-                d.set_frrwp(false);
-                let (c1, s1) = (d.frrwp_requests(), server_frrwp(d)?);
-                Ok((median(&mut lat), c1 - c0, s1 - s0))
-            };
-            let (first, _, _) = cell(Way::RegisterFirst, progress)?;
-            let (frrwp, cn, sn) = cell(Way::Frrwp, progress)?;
-            let (floor, _, _) = cell(Way::Cached, progress)?;
+            }
+            fresh.set_frrwp(false);
+            let (cn, sn) = (fresh.frrwp_requests() - c0, server_frrwp(&fresh)? - s0);
+            let [first, frrwp, floor] = lat.map(|mut v| median(&mut v));
             let pages = size.div_ceil(page_size());
             rows.push(LatencyRow {
                 op,

@@ -122,7 +122,7 @@ struct RegistrationBench {
     #[arg(long, default_value = "4K,16K,64K,128K,256K,1M", value_delimiter = ',')]
     sizes: Vec<String>,
     /// Requests per size and way (median reported).
-    #[arg(long, default_value_t = 300)]
+    #[arg(long, default_value_t = 1000)]
     requests: usize,
     /// A short run (a few seconds in all).
     #[arg(long)]
