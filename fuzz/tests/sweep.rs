@@ -8,7 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use dafne_proto::io::{AllocateMode, IoExtent, IoRequest, Stability, StripeSlots};
+use dafne_proto::io::{AllocateMode, IoExtent, IoRequest, KeysFollow, Stability, StripeSlots};
 use dafne_proto::{encode_io_request, encode_reply, encode_request, CacheAdvice, CachePolicy, Capability, Envelope, Op, Request, Response};
 
 /// xorshift64*: a fixed seed per target, so a failure reproduces.
@@ -127,7 +127,7 @@ fn io() {
     let seeds = vec![
         encode_io_request(
             env(),
-            &IoRequest::Read { cap: cap(), keys: vec![vec![0xda; 40]], extents: vec![extent], inline_reply: false },
+            &IoRequest::Read { cap: cap(), keys: vec![vec![0xda; 40]], extents: vec![extent], inline_reply: false, keys_follow: None },
         ),
         encode_io_request(
             env(),
@@ -137,8 +137,20 @@ fn io() {
                 extents: vec![IoExtent::inline(0, 5)],
                 stability: Stability::FileSync,
                 inline: b"hello".to_vec(),
+                keys_follow: None,
             },
         ),
+        encode_io_request(
+            env(),
+            &IoRequest::Read {
+                cap: cap(),
+                keys: vec![],
+                extents: vec![extent],
+                inline_reply: false,
+                keys_follow: Some(KeysFollow { tag: 9, count: 1 }),
+            },
+        ),
+        encode_io_request(env(), &IoRequest::Keys { tag: 9, keys: vec![vec![0xda; 40]] }),
         encode_io_request(
             env(),
             &IoRequest::Allocate {

@@ -8,6 +8,7 @@ pub mod meta;
 pub mod perftest;
 pub mod plot;
 pub mod posix;
+pub mod registration;
 pub mod seed;
 pub mod transport;
 pub mod writers;

@@ -17,6 +17,21 @@
 //! `write_at`, copy once through pre-registered 1 MiB bounce buffers, so
 //! nothing is registered on their hot path either.
 //!
+//! # Keys that follow (FRRWP)
+//! With [`DataClient::set_frrwp`] on, a zero-copy read or write from a
+//! caller's buffer whose registration is not cached sends its requests
+//! first, with `keys_follow` (`dafne_proto::io`, "Keys that follow"),
+//! registers the buffer while they travel and the servers prepare (the
+//! FRRWP paper, Ou, He and Han), then sends each server the key in a `Keys`
+//! request under the request's tag. A cached registration has nothing to
+//! overlap: those requests carry their key as usual. The overlap needs the
+//! request to leave while this thread registers: so from a thread other
+//! than the runtime's loop (a future polled on the loop sends its request
+//! only when the loop runs again, after the registration). Off by default.
+//! A request of more than [`FOLLOW_MAX_EXTENTS`] extents carries its key:
+//! its `Keys` must not overtake it.
+//! Requests sent this way are counted ([`DataClient::frrwp_requests`]).
+//!
 //! # Write verifier
 //! Io servers acknowledge [`Stability::Unstable`] writes once the data is
 //! in their cache; a server process that crashes loses it, and the
@@ -104,6 +119,10 @@ use crate::cq::{CompletionQueue, Ticket};
 use crate::link::Generation;
 use crate::regcache::{RegCache, RegCacheConfig, RegCacheStats};
 use crate::{ConnectError, OpenFile};
+
+/// Most extents in a request whose keys follow (3 KiB of extents): larger
+/// requests carry their keys ([`DataClient::set_frrwp`]).
+pub const FOLLOW_MAX_EXTENTS: usize = 128;
 
 /// Largest inline payload per server request (the protocol's limit).
 pub const INLINE_MAX: usize = dafne_proto::io::MAX_INLINE;
@@ -375,6 +394,11 @@ pub struct DataClient {
     /// Bytes this client copied between a caller's memory and a request,
     /// a reply or a bounce buffer ([`DataClient::bytes_copied`]).
     copied: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// FRRWP (module docs, "Keys that follow"): on, requests sent that way,
+    /// the next tag.
+    frrwp: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    frrwp_sent: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    next_tag: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// The part of an I/O that one server handles.
@@ -446,6 +470,9 @@ impl DataClient {
             meta: Default::default(),
             fresh: Default::default(),
             copied: Default::default(),
+            frrwp: Default::default(),
+            frrwp_sent: Default::default(),
+            next_tag: Default::default(),
         })
     }
 
@@ -474,6 +501,23 @@ impl DataClient {
         if cap.generation >= slot.generation {
             *slot = cap;
         }
+    }
+
+    /// Sends zero-copy I/O from caller buffers whose registration is not
+    /// cached the FRRWP way: request first, key after (module docs, "Keys
+    /// that follow (FRRWP)"). Shared by clones.
+    pub fn set_frrwp(&self, on: bool) {
+        self.frrwp.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether [`Self::set_frrwp`] is on.
+    pub fn frrwp(&self) -> bool {
+        self.frrwp.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Requests (one per server part) sent with their keys following.
+    pub fn frrwp_requests(&self) -> u64 {
+        self.frrwp_sent.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The registration cache's counters (zeros without servers).
@@ -799,6 +843,7 @@ impl DataClient {
             extents,
             stability,
             inline: Vec::new(),
+            keys_follow: None,
         })
         .await
     }
@@ -817,6 +862,7 @@ impl DataClient {
             keys,
             extents,
             inline_reply: false,
+            keys_follow: None,
         })
         .await
     }
@@ -870,8 +916,96 @@ impl DataClient {
             keys,
             extents,
             inline_reply: false,
+            keys_follow: None,
         })
         .await
+    }
+
+    /// Whether every request of `[offset, offset + len)` is small enough
+    /// (at most [`FOLLOW_MAX_EXTENTS`] extents) to travel eagerly: its
+    /// `Keys` must not overtake it (a large frame is received by
+    /// rendezvous, and a small one sent after it may be delivered first; a
+    /// `Keys` for a request the server has not seen is refused).
+    fn follow_fits(f: &OpenFile, offset: u64, len: usize) -> bool {
+        Self::parts(f, offset, len, Some(0)).is_ok_and(|p| p.iter().all(|p| p.extents.len() <= FOLLOW_MAX_EXTENTS))
+    }
+
+    /// FRRWP (module docs, "Keys that follow"): sends each server its part
+    /// of `[offset, offset + buf.len())` (client memory from `base`) with
+    /// its key to follow, registers `buf` meanwhile, then sends the keys.
+    /// `None` when `buf` could not be registered (nothing moved: the
+    /// servers answer `ETIMEDOUT` after their deadline, unseen).
+    async fn rma_follow(
+        &self,
+        f: &OpenFile,
+        offset: u64,
+        buf: &[u8],
+        base: u64,
+        cache: &RegCache,
+        make: impl Fn(Vec<Vec<u8>>, Vec<IoExtent>, Option<dafne_proto::io::KeysFollow>) -> IoRequest,
+    ) -> Option<(std::sync::Arc<crate::regcache::CachedReg>, Result<usize, Errno>)> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let mut parts = Vec::new();
+        if let Err(e) = Self::add_parts(&mut parts, f, offset, buf.len(), Some(base)) {
+            return cache.get(buf).ok().map(|r| (r, Err(e)));
+        }
+        let mut reqs = Vec::new();
+        for p in &parts {
+            for chunk in p.extents.chunks(dafne_proto::io::MAX_IO_EXTENTS) {
+                let tag = self.next_tag.fetch_add(1, Relaxed);
+                let follow = dafne_proto::io::KeysFollow { tag, count: 1 };
+                reqs.push((p.server, tag, make(Vec::new(), chunk.to_vec(), Some(follow))));
+            }
+        }
+        // Each request leaves on its first poll (its frame is submitted to
+        // the runtime's loop), before the registration below.
+        let mut calls: Vec<_> = reqs
+            .iter()
+            .map(|(server, _, req)| Box::pin(futures::future::maybe_done(self.call_once(*server, req))))
+            .collect();
+        futures::future::poll_fn(|cx| {
+            for c in &mut calls {
+                let _ = std::future::Future::poll(c.as_mut(), cx);
+            }
+            std::task::Poll::Ready(())
+        })
+        .await;
+        self.frrwp_sent.fetch_add(reqs.len() as u64, Relaxed);
+        let reg = match cache.get(buf) {
+            Ok(r) => r,
+            Err(_) => {
+                futures::future::join_all(calls.iter_mut().map(|c| c.as_mut())).await;
+                return None;
+            }
+        };
+        let keys: Vec<IoRequest> =
+            reqs.iter().map(|(_, tag, _)| IoRequest::Keys { tag: *tag, keys: vec![reg.key().to_vec()] }).collect();
+        let sends = reqs.iter().zip(&keys).map(|((server, _, _), k)| self.call_once(*server, k));
+        let (_, sent) = futures::future::join(
+            futures::future::join_all(calls.iter_mut().map(|c| c.as_mut())),
+            futures::future::join_all(sends),
+        )
+        .await;
+        let mut result = Ok(buf.len());
+        for (c, k) in calls.iter_mut().zip(sent) {
+            let r = c.as_mut().take_output().unwrap_or(Err(Errno::EIO));
+            if let Err(e) = r {
+                tracing::debug!("a request whose keys followed failed: {e:?} (its keys: {k:?})");
+                // Any error wins over success; a revoked capability (whose
+                // fresh one the registered path asks meta for) wins over
+                // other errors.
+                if result.is_ok() || e == Errno::ESTALE {
+                    result = Err(e);
+                }
+            }
+        }
+        if result == Err(Errno::ESTALE) && self.meta.get().is_some() {
+            // Again with the key in the request, through `call` (which
+            // asks meta for a fresh capability).
+            let r = self.rma_at(f, &[(offset, buf.len())], reg.key(), base, |k, e| make(k, e, None)).await;
+            return Some((reg, r));
+        }
+        Some((reg, result))
     }
 
     /// How long memory of a failed request must stay unused (a late put may
@@ -886,7 +1020,17 @@ impl DataClient {
     /// if `buf` cannot be registered) as [`Self::read_at`]. Bytes never
     /// written read as zeros.
     pub async fn read_into(&self, f: &OpenFile, offset: u64, buf: &mut [u8]) -> Result<usize, Errno> {
-        let Some(cache) = self.regcache.as_ref().filter(|_| buf.len() >= ZERO_COPY_MIN) else {
+        if buf.len() < ZERO_COPY_MIN {
+            return self.read_at(f, offset, buf).await;
+        }
+        self.read_into_registered(f, offset, buf).await
+    }
+
+    /// [`Self::read_into`] zero-copy whatever the size (registered through
+    /// the registration cache; FRRWP when on and not cached), unless the
+    /// buffer cannot be registered or the servers refuse its key.
+    pub async fn read_into_registered(&self, f: &OpenFile, offset: u64, buf: &mut [u8]) -> Result<usize, Errno> {
+        let Some(cache) = self.regcache.as_ref().filter(|_| !buf.is_empty()) else {
             return self.read_at(f, offset, buf).await;
         };
         // Memory UCX cannot register (e.g. read-only pages on RDMA
@@ -894,19 +1038,35 @@ impl DataClient {
         if self.regcache_refused.load(std::sync::atomic::Ordering::Relaxed) {
             return self.read_at(f, offset, buf).await;
         }
-        let Ok(reg) = cache.get(buf) else { return self.read_at(f, offset, buf).await };
         // `buf` stays mutably borrowed until the servers have answered, so
         // nothing else touches it while they put into it; `reg` keeps the
         // registration until then even if the cache evicts it.
         let base = buf.as_mut_ptr() as u64;
-        let r = self
-            .rma_at(f, &[(offset, buf.len())], reg.key(), base, |keys, extents| IoRequest::Read {
-                cap: f.cap,
-                keys,
-                extents,
-                inline_reply: false,
-            })
-            .await;
+        let make = |keys, extents, keys_follow| IoRequest::Read {
+            cap: f.cap,
+            keys,
+            extents,
+            inline_reply: false,
+            keys_follow,
+        };
+        let follow = self.frrwp() && Self::follow_fits(f, offset, buf.len());
+        let (reg, r) = match follow.then(|| cache.cached(buf)) {
+            Some(None) => match self.rma_follow(f, offset, buf, base, cache, make).await {
+                Some(x) => x,
+                None => return self.read_at(f, offset, buf).await,
+            },
+            cached => {
+                let reg = match cached.flatten() {
+                    Some(r) => r,
+                    None => match cache.get(buf) {
+                        Ok(r) => r,
+                        Err(_) => return self.read_at(f, offset, buf).await,
+                    },
+                };
+                let r = self.rma_at(f, &[(offset, buf.len())], reg.key(), base, |k, e| make(k, e, None)).await;
+                (reg, r)
+            }
+        };
         if r.is_err() {
             // A server may still put into `buf` (module docs).
             cache.evict(&reg);
@@ -941,22 +1101,54 @@ impl DataClient {
         buf: &[u8],
         stability: Stability,
     ) -> Result<usize, Errno> {
-        let Some(cache) = self.regcache.as_ref().filter(|_| buf.len() >= ZERO_COPY_MIN) else {
+        if buf.len() < ZERO_COPY_MIN {
+            return self.write_at(f, offset, buf, stability).await;
+        }
+        self.write_from_registered(f, offset, buf, stability).await
+    }
+
+    /// [`Self::write_from`] zero-copy whatever the size (as
+    /// [`Self::read_into_registered`]).
+    pub async fn write_from_registered(
+        &self,
+        f: &OpenFile,
+        offset: u64,
+        buf: &[u8],
+        stability: Stability,
+    ) -> Result<usize, Errno> {
+        let Some(cache) = self.regcache.as_ref().filter(|_| !buf.is_empty()) else {
             return self.write_at(f, offset, buf, stability).await;
         };
         if self.regcache_refused.load(std::sync::atomic::Ordering::Relaxed) {
             return self.write_at(f, offset, buf, stability).await;
         }
-        let Ok(reg) = cache.get(buf) else { return self.write_at(f, offset, buf, stability).await };
-        let r = self
-            .rma_at(f, &[(offset, buf.len())], reg.key(), buf.as_ptr() as u64, |keys, extents| IoRequest::Write {
-                cap: f.cap,
-                keys,
-                extents,
-                stability,
-                inline: Vec::new(),
-            })
-            .await;
+        let base = buf.as_ptr() as u64;
+        let make = |keys, extents, keys_follow| IoRequest::Write {
+            cap: f.cap,
+            keys,
+            extents,
+            stability,
+            inline: Vec::new(),
+            keys_follow,
+        };
+        let follow = self.frrwp() && Self::follow_fits(f, offset, buf.len());
+        let (reg, r) = match follow.then(|| cache.cached(buf)) {
+            Some(None) => match self.rma_follow(f, offset, buf, base, cache, make).await {
+                Some(x) => x,
+                None => return self.write_at(f, offset, buf, stability).await,
+            },
+            cached => {
+                let reg = match cached.flatten() {
+                    Some(r) => r,
+                    None => match cache.get(buf) {
+                        Ok(r) => r,
+                        Err(_) => return self.write_at(f, offset, buf, stability).await,
+                    },
+                };
+                let r = self.rma_at(f, &[(offset, buf.len())], reg.key(), base, |k, e| make(k, e, None)).await;
+                (reg, r)
+            }
+        };
         if r.is_err() {
             // A server may still get from `buf` (module docs).
             cache.evict(&reg);
@@ -981,7 +1173,14 @@ impl DataClient {
                     let at = (e.offset - offset) as usize;
                     inline.extend_from_slice(&data[at..at + e.len as usize]);
                 }
-                let req = IoRequest::Write { cap: f.cap, keys: Vec::new(), extents: p.extents, stability, inline };
+                let req = IoRequest::Write {
+                    cap: f.cap,
+                    keys: Vec::new(),
+                    extents: p.extents,
+                    stability,
+                    inline,
+                    keys_follow: None,
+                };
                 async move { self.call(p.server, &req).await }
             });
             for r in futures::future::join_all(calls).await {
@@ -1014,8 +1213,13 @@ impl DataClient {
         self.count_copy(buf.len());
         if parts.iter().all(|p| p.bytes <= INLINE_MAX) {
             let calls = parts.into_iter().map(|p| {
-                let req =
-                    IoRequest::Read { cap: f.cap, keys: Vec::new(), extents: p.extents.clone(), inline_reply: true };
+                let req = IoRequest::Read {
+                    cap: f.cap,
+                    keys: Vec::new(),
+                    extents: p.extents.clone(),
+                    inline_reply: true,
+                    keys_follow: None,
+                };
                 async move { (p.extents, self.call(p.server, &req).await) }
             });
             for (extents, r) in futures::future::join_all(calls).await {

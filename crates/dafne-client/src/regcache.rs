@@ -190,26 +190,36 @@ impl RegCache {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A registration covering `buf`: an entry's, or a new one. Hold the
-    /// returned `Arc` for as long as a peer may use its key.
-    pub fn get(&self, buf: &[u8]) -> Result<Arc<CachedReg>, RegCacheError> {
+    /// An entry's registration covering `buf`, if the cache holds one
+    /// (counted as a hit); `None` otherwise, counting nothing (a
+    /// [`RegCache::get`] that follows counts the miss).
+    pub fn cached(&self, buf: &[u8]) -> Option<Arc<CachedReg>> {
         let (addr, len) = (buf.as_ptr() as usize, buf.len());
         let mut g = self.lock();
         let inner = &mut *g;
         self.invalidate(inner);
         let end = addr.saturating_add(len);
-        let found = inner.entries.range(..=(addr, usize::MAX)).rev().find(|(&(_, e), _)| e >= end).map(|(&k, _)| k);
-        if let Some(k) = found {
-            inner.tick += 1;
-            let tick = inner.tick;
-            let e = inner.entries.get_mut(&k).expect("found above");
-            let old = std::mem::replace(&mut e.last_use, tick);
-            let reg = e.reg.clone();
-            inner.lru.remove(&old);
-            inner.lru.insert(tick, k);
-            self.c.hits.fetch_add(1, Ordering::Relaxed);
+        let k = inner.entries.range(..=(addr, usize::MAX)).rev().find(|(&(_, e), _)| e >= end).map(|(&k, _)| k)?;
+        inner.tick += 1;
+        let tick = inner.tick;
+        let e = inner.entries.get_mut(&k).expect("found above");
+        let old = std::mem::replace(&mut e.last_use, tick);
+        let reg = e.reg.clone();
+        inner.lru.remove(&old);
+        inner.lru.insert(tick, k);
+        self.c.hits.fetch_add(1, Ordering::Relaxed);
+        Some(reg)
+    }
+
+    /// A registration covering `buf`: an entry's, or a new one. Hold the
+    /// returned `Arc` for as long as a peer may use its key.
+    pub fn get(&self, buf: &[u8]) -> Result<Arc<CachedReg>, RegCacheError> {
+        if let Some(reg) = self.cached(buf) {
             return Ok(reg);
         }
+        let (addr, len) = (buf.as_ptr() as usize, buf.len());
+        let mut g = self.lock();
+        let inner = &mut *g;
         self.c.misses.fetch_add(1, Ordering::Relaxed);
         let reg = Registration::covering(&self.ctx, buf, Access::RemoteReadWrite)
             .map_err(|source| RegCacheError::Register { addr, len, source })?;

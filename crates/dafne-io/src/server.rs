@@ -120,6 +120,11 @@ pub struct ModeArgs {
     /// plus two slabs.
     #[arg(long)]
     pub max_pinned_mib: Option<usize>,
+    /// How long a Read or Write whose keys follow it (FRRWP) waits for
+    /// them before it is answered `ETIMEDOUT`, in ms (default:
+    /// `service::KEYS_DEADLINE`).
+    #[arg(long, hide = true)]
+    pub keys_deadline_ms: Option<u64>,
 }
 
 /// The command line of an io server process (`dafne serve io`, `dafne-io`):
@@ -523,7 +528,11 @@ pub fn start_with(a: &IoArgs, m: ModeArgs) -> Result<IoServer> {
                     .expect("registering the pool of send buffers"),
             )),
         };
-        let service = Rc::new(IoService::new(secret, backend, store));
+        let mut service = IoService::new(secret, backend, store);
+        if let Some(ms) = m.keys_deadline_ms {
+            service.set_keys_deadline(std::time::Duration::from_millis(ms));
+        }
+        let service = Rc::new(service);
         SERVICE.with(|s| *s.borrow_mut() = Some(Rc::downgrade(&service)));
         IoHandler(service)
     })?;

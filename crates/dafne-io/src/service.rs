@@ -15,14 +15,41 @@
 //! cache units; a write gets straight into them: no copy on either path.
 //! Inline data (small I/O) is the exception, copied once between the
 //! message and the unit and counted as such.
+//!
+//! # Keys that follow (FRRWP)
+//! A Read or Write may come before its keys (`dafne_proto::io`, "Keys that
+//! follow"): the client registers its memory while the request travels and
+//! is prepared here, as the FRRWP paper (Ou, He and Han) proposes. The
+//! request is parked under its (connection, tag) at once, before anything
+//! else is awaited, so that a `Keys` sent after it on the same connection
+//! always finds it; it then does all it can without the keys: the
+//! capability, the cut into units, and in the `unifier` mode its first
+//! batch of units acquired (a storage read of a miss, a raw slab
+//! registered on use). Only then does it wait for the keys, and checks
+//! them with [`crate::modes::remote_keys`], exactly as keys carried in a
+//! request, before any RMA. The `normal` and `mmap` modes wait for the keys
+//! first (their preparation is per piece, inside the RMA loop).
+//!
+//! Hostile input: at most [`PARKED_PER_CONN`] requests wait per connection
+//! and [`PARKED_MAX`] in all (beyond, `EBUSY`), each at most the keys
+//! deadline ([`KEYS_DEADLINE`] unless set: `ETIMEDOUT`, and its units are
+//! released); a tag already waiting on the connection is `EBUSY`, a `Keys`
+//! naming no waiting request `ENOENT`, one with the wrong number of keys
+//! `EINVAL` (and the request it named too). A parked request holds at most
+//! one batch of units ([`UNITS_PER_BATCH`], a quarter of the cache at
+//! most) for at most the deadline.
 
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
+
+use futures::channel::oneshot;
 
 use dafne_auth::{CapFloors, Refusal, Secret};
-use dafne_proto::io::{IoOp, IoRequest, IoResponse, Stability, NO_KEY};
+use dafne_proto::io::{IoOp, IoRequest, IoResponse, KeysFollow, Stability, NO_KEY};
 use dafne_proto::{Errno, RIGHT_READ, RIGHT_WRITE};
 use dafne_transport::{ConnHandle, Request as TRequest, RmaSeg, Service};
 use dafne_unifier::{spans, Unifier};
@@ -40,6 +67,20 @@ pub const LOGIN_DEADLINE: std::time::Duration = std::time::Duration::from_secs(1
 
 /// Units held by one request at a time: 64 × 64 KiB = 4 MiB of cache.
 pub const UNITS_PER_BATCH: usize = 64;
+
+/// How long a request whose keys follow waits for them by default: the
+/// client sends them as soon as its memory is registered (µs to ms).
+pub const KEYS_DEADLINE: Duration = Duration::from_secs(5);
+/// Requests waiting for their keys, per connection.
+pub const PARKED_PER_CONN: usize = 16;
+/// Requests waiting for their keys, over all connections.
+pub const PARKED_MAX: usize = 256;
+
+/// A request waiting for its keys: where to deliver them, how many.
+struct Parked {
+    tx: oneshot::Sender<Vec<Vec<u8>>>,
+    count: u16,
+}
 
 /// What serves reads and writes: the Unifier, or a comparison mode.
 #[derive(Debug)]
@@ -138,6 +179,12 @@ pub struct IoService {
     login_warned: std::cell::Cell<Option<std::time::Instant>>,
     /// Requests by op (the metrics page).
     ops: std::cell::RefCell<OpStats>,
+    /// Requests waiting for their keys, by (connection, tag).
+    parked: RefCell<HashMap<(u32, u64), Parked>>,
+    keys_deadline: Duration,
+    /// Requests served with keys that followed them; refused or timed out.
+    frrwp_served: Cell<u64>,
+    frrwp_refused: Cell<u64>,
 }
 
 /// The least time between two warnings about refused logins.
@@ -203,7 +250,58 @@ impl IoService {
             floors: Default::default(),
             login_warned: Default::default(),
             ops: Default::default(),
+            parked: Default::default(),
+            keys_deadline: KEYS_DEADLINE,
+            frrwp_served: Default::default(),
+            frrwp_refused: Default::default(),
         }
+    }
+
+    /// How long a request whose keys follow waits for them (module docs).
+    pub fn set_keys_deadline(&mut self, d: Duration) {
+        self.keys_deadline = d;
+    }
+
+    /// Requests served with keys that followed them (FRRWP), and those
+    /// refused or timed out (with refused `Keys`).
+    pub fn frrwp_counts(&self) -> (u64, u64) {
+        (self.frrwp_served.get(), self.frrwp_refused.get())
+    }
+
+    fn refuse_frrwp(&self, e: Errno) -> Errno {
+        self.frrwp_refused.set(self.frrwp_refused.get() + 1);
+        e
+    }
+
+    /// Parks a request whose keys follow (module docs): synchronously, so a
+    /// `Keys` after it on the connection finds it.
+    fn park(&self, conn: &ConnHandle, f: KeysFollow) -> Result<KeyWait<'_>, Errno> {
+        let mut p = self.parked.borrow_mut();
+        let id = (conn.id(), f.tag);
+        if p.contains_key(&id)
+            || p.len() >= PARKED_MAX
+            || p.keys().filter(|(c, _)| *c == conn.id()).count() >= PARKED_PER_CONN
+        {
+            tracing::debug!("connection {}: request with keys to follow (tag {}) refused", conn.id(), f.tag);
+            return Err(self.refuse_frrwp(Errno::EBUSY));
+        }
+        let (tx, rx) = oneshot::channel();
+        p.insert(id, Parked { tx, count: f.count });
+        Ok(KeyWait { svc: self, id, rx: Some(rx) })
+    }
+
+    /// Io op `Keys`: delivers keys to the request parked under the tag.
+    fn deliver_keys(&self, conn: &ConnHandle, tag: u64, keys: Vec<Vec<u8>>) -> Result<IoResponse, Errno> {
+        let Some(p) = self.parked.borrow_mut().remove(&(conn.id(), tag)) else {
+            tracing::debug!("connection {}: keys for tag {tag}, which no request waits for", conn.id());
+            return Err(self.refuse_frrwp(Errno::ENOENT));
+        };
+        if keys.len() != usize::from(p.count) {
+            // Dropping the sender fails the waiting request too.
+            return Err(self.refuse_frrwp(Errno::EINVAL));
+        }
+        p.tx.send(keys).map_err(|_| self.refuse_frrwp(Errno::ENOENT))?;
+        Ok(IoResponse::Done)
     }
 
     /// The Unifier, in the `unifier` mode.
@@ -297,6 +395,8 @@ impl IoService {
             deregistrations: u.deregistrations,
             pinned_peak: u.pinned_peak,
             parked_units: u.parked_units,
+            frrwp_requests: self.frrwp_served.get(),
+            frrwp_refused: self.frrwp_refused.get(),
         }
     }
 
@@ -361,8 +461,8 @@ impl IoService {
         Ok(IoResponse::Done)
     }
 
-    async fn serve(&self, conn: &ConnHandle, req: IoRequest) -> Result<IoResponse, Errno> {
-        let cap = match &req {
+    async fn serve(&self, conn: &ConnHandle, mut req: IoRequest) -> Result<IoResponse, Errno> {
+        let cap = match &mut req {
             IoRequest::Login { client_name, nonce, mac, credential } => {
                 return self.log_in(conn, client_name, nonce, mac, credential.as_ref())
             }
@@ -376,6 +476,7 @@ impl IoService {
                 injected_panic();
                 return Ok(IoResponse::ServerInfo(self.server_info(conn)));
             }
+            IoRequest::Keys { tag, keys } => return self.deliver_keys(conn, *tag, std::mem::take(keys)),
             other => *other.cap().ok_or(Errno::EPROTO)?,
         };
         let rights = match &req {
@@ -411,23 +512,27 @@ impl IoService {
             return Err(Errno::EIO);
         }
         match (req, &self.backend) {
-            (IoRequest::Read { keys, extents, inline_reply, .. }, Backend::Unifier(u)) => {
-                let rkeys = crate::modes::remote_keys(conn, &keys, &extents)?;
+            (IoRequest::Read { keys, extents, inline_reply, keys_follow, .. }, Backend::Unifier(u)) => {
+                let mut keys = self.keys(conn, keys, &extents, keys_follow)?;
                 let work = cut(u, object, &extents)?;
-                self.read(conn, u, object, &rkeys, work, inline_reply).await
+                self.read(conn, u, object, &mut keys, &extents, work, inline_reply).await
             }
-            (IoRequest::Read { keys, extents, inline_reply, .. }, Backend::Direct(d)) => {
+            (IoRequest::Read { keys, extents, inline_reply, keys_follow, .. }, Backend::Direct(d)) => {
+                let keys = self.keys(conn, keys, &extents, keys_follow)?.raw(conn, &extents).await?;
                 d.read(conn, object, &keys, &extents, inline_reply).await
             }
-            (IoRequest::Write { keys, extents, stability, inline, .. }, backend) => {
+            (IoRequest::Write { keys, extents, stability, inline, keys_follow, .. }, backend) => {
                 let bytes = extents.iter().map(|e| e.len as u64).sum();
+                let mut keys = self.keys(conn, keys, &extents, keys_follow)?;
                 match backend {
                     Backend::Unifier(u) => {
-                        let rkeys = crate::modes::remote_keys(conn, &keys, &extents)?;
                         let work = cut(u, object, &extents)?;
-                        self.write(conn, u, object, &rkeys, work, &inline, stability).await?
+                        self.write(conn, u, object, &mut keys, &extents, work, &inline, stability).await?
                     }
-                    Backend::Direct(d) => d.write(conn, object, &keys, &extents, &inline, stability).await?,
+                    Backend::Direct(d) => {
+                        let keys = keys.raw(conn, &extents).await?;
+                        d.write(conn, object, &keys, &extents, &inline, stability).await?
+                    }
                 }
                 Ok(IoResponse::Write { bytes })
             }
@@ -491,6 +596,7 @@ impl IoService {
                 Ok(IoResponse::Revoked { instance, seq })
             }
             (IoRequest::Login { .. }, _) => Ok(IoResponse::Done),
+            (IoRequest::Keys { .. }, _) => Err(Errno::EPROTO), // answered above
             (IoRequest::ServerInfo { .. }, _) => {
                 injected_panic();
                 Ok(IoResponse::ServerInfo(self.server_info(conn)))
@@ -536,12 +642,29 @@ impl IoService {
         (units / 4).clamp(1, UNITS_PER_BATCH)
     }
 
+    /// The keys of a Read or Write: carried (checked now, before anything
+    /// is read or written) or to follow (parked now; module docs).
+    fn keys(
+        &self,
+        conn: &ConnHandle,
+        keys: Vec<Vec<u8>>,
+        extents: &[dafne_proto::io::IoExtent],
+        follow: Option<KeysFollow>,
+    ) -> Result<Keys<'_>, Errno> {
+        match follow {
+            None => Ok(Keys::Ready(crate::modes::remote_keys(conn, &keys, extents)?, keys)),
+            Some(f) => Ok(Keys::Follow(self.park(conn, f)?)),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
     async fn read(
         &self,
         conn: &ConnHandle,
         unifier: &Unifier,
         object: u64,
-        rkeys: &[Rc<dafne_transport::RemoteKey>],
+        keys: &mut Keys<'_>,
+        extents: &[dafne_proto::io::IoExtent],
         work: Vec<UnitWork>,
         inline_reply: bool,
     ) -> Result<IoResponse, Errno> {
@@ -560,6 +683,8 @@ impl IoService {
             for w in batch {
                 guards.push(retry_no_space(|| unifier.read(object, w.unit_index)).await?);
             }
+            // Keys that follow are awaited here, the units in hand.
+            let rkeys = if inline_reply { &[][..] } else { keys.checked(conn, extents).await? };
             let mut segs = Vec::new();
             for (w, g) in batch.iter().zip(&guards) {
                 for p in &w.pieces {
@@ -590,7 +715,8 @@ impl IoService {
         conn: &ConnHandle,
         unifier: &Unifier,
         object: u64,
-        rkeys: &[Rc<dafne_transport::RemoteKey>],
+        keys: &mut Keys<'_>,
+        extents: &[dafne_proto::io::IoExtent],
         work: Vec<UnitWork>,
         inline: &[u8],
         stability: Stability,
@@ -601,6 +727,8 @@ impl IoService {
                 let span = w.span();
                 guards.push(retry_no_space(|| unifier.write(object, w.unit_index, span.clone())).await?);
             }
+            // Keys that follow are awaited here, the units in hand.
+            let rkeys = keys.checked(conn, extents).await?;
             let mut segs = Vec::new();
             for (w, g) in batch.iter().zip(guards.iter_mut()) {
                 let base = g.range().start;
@@ -711,6 +839,76 @@ fn cut(unifier: &Unifier, object: u64, extents: &[dafne_proto::io::IoExtent]) ->
         }
     }
     Ok(work)
+}
+
+/// The keys of one Read or Write.
+enum Keys<'a> {
+    /// Carried in the request (or arrived), unpacked and checked; and as sent.
+    Ready(Vec<Rc<dafne_transport::RemoteKey>>, Vec<Vec<u8>>),
+    /// To follow in a `Keys` request.
+    Follow(KeyWait<'a>),
+}
+
+impl Keys<'_> {
+    /// The keys unpacked and checked against `extents` (by
+    /// [`crate::modes::remote_keys`], whichever way they came), waiting for
+    /// them first if they follow.
+    async fn checked(
+        &mut self,
+        conn: &ConnHandle,
+        extents: &[dafne_proto::io::IoExtent],
+    ) -> Result<&[Rc<dafne_transport::RemoteKey>], Errno> {
+        if let Keys::Follow(w) = self {
+            let raw = w.wait().await?;
+            let rkeys = crate::modes::remote_keys(conn, &raw, extents).map_err(|e| w.svc.refuse_frrwp(e))?;
+            w.svc.frrwp_served.set(w.svc.frrwp_served.get() + 1);
+            *self = Keys::Ready(rkeys, raw);
+        }
+        match self {
+            Keys::Ready(k, _) => Ok(k),
+            Keys::Follow(_) => unreachable!("resolved above"),
+        }
+    }
+
+    /// The packed keys (for the `normal` and `mmap` modes, which check
+    /// them themselves), waiting for them first if they follow.
+    async fn raw(mut self, conn: &ConnHandle, extents: &[dafne_proto::io::IoExtent]) -> Result<Vec<Vec<u8>>, Errno> {
+        self.checked(conn, extents).await?;
+        match self {
+            Keys::Ready(_, raw) => Ok(raw),
+            Keys::Follow(_) => unreachable!("resolved by checked"),
+        }
+    }
+}
+
+/// A parked request's wait for its keys; leaves the parked table when
+/// dropped (answered, failed or timed out).
+struct KeyWait<'a> {
+    svc: &'a IoService,
+    id: (u32, u64),
+    rx: Option<oneshot::Receiver<Vec<Vec<u8>>>>,
+}
+
+impl KeyWait<'_> {
+    async fn wait(&mut self) -> Result<Vec<Vec<u8>>, Errno> {
+        let rx = self.rx.take().ok_or(Errno::EPROTO)?;
+        let sleep = dafne_transport::sleep(self.svc.keys_deadline);
+        match futures::future::select(rx, std::pin::pin!(sleep)).await {
+            futures::future::Either::Left((Ok(keys), _)) => Ok(keys),
+            // The `Keys` had the wrong count (counted there).
+            futures::future::Either::Left((Err(oneshot::Canceled), _)) => Err(Errno::EINVAL),
+            futures::future::Either::Right(_) => {
+                tracing::debug!("connection {}: keys for tag {} never came", self.id.0, self.id.1);
+                Err(self.svc.refuse_frrwp(Errno::ETIMEDOUT))
+            }
+        }
+    }
+}
+
+impl Drop for KeyWait<'_> {
+    fn drop(&mut self) {
+        self.svc.parked.borrow_mut().remove(&self.id);
+    }
 }
 
 /// The pieces of one request that fall in one unit.

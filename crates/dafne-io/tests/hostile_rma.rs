@@ -50,6 +50,7 @@ fn write_req(f: &OpenFile, key: &[u8], offset: u64, len: u32, addr: u64) -> IoRe
         extents: vec![IoExtent { offset, len, key: 0, addr }],
         stability: Stability::FileSync,
         inline: Vec::new(),
+        keys_follow: None,
     }
 }
 
@@ -80,6 +81,7 @@ fn read_req(f: &OpenFile, key: &[u8], offset: u64, len: u32, addr: u64) -> IoReq
         keys: vec![key.to_vec()],
         extents: vec![IoExtent { offset, len, key: 0, addr }],
         inline_reply: false,
+        keys_follow: None,
     }
 }
 

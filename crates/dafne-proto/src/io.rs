@@ -25,8 +25,8 @@
 //!
 //! | op | number | request body | reply body ([`IoResponse`]) |
 //! |---|---|---|---|
-//! | Read | 64 | capability, keys, extents, inline_reply u8 | `Read`: bytes u64, data |
-//! | Write | 65 | capability, keys, extents, stability u8, inline | `Write`: bytes u64 |
+//! | Read | 64 | capability, keys_follow?, keys, extents, inline_reply u8 | `Read`: bytes u64, data |
+//! | Write | 65 | capability, keys_follow?, keys, extents, stability u8, inline | `Write`: bytes u64 |
 //! | Truncate | 66 | capability, size u64 | `Done`: empty |
 //! | Remove | 67 | capability | `Done`: empty |
 //! | Sync | 68 | capability | `Done`: empty |
@@ -35,6 +35,7 @@
 //! | Revoke | 71 | capability, revocations | `Revoked`: instance u64, seq u64 |
 //! | Login | 72 | client_name str, nonce \[16\], mac \[32\], credential? | `Done`: empty |
 //! | Allocate | 73 | capability, offset u64, len u64, mode u8, stripes | `Done`: empty |
+//! | Keys | 74 | tag u64, keys (1..=[`MAX_IO_KEYS`]) | `Done`: empty |
 //!
 //! Numbers are never reused: a retired op keeps its number, unassigned.
 //!
@@ -82,6 +83,31 @@
 //! on this server; `Remove` deletes the object here; `Sync` makes every
 //! acknowledged write of the object on this server stable; `Stat` answers
 //! the end of the bytes stored here (largest offset stored + 1, 0 if none).
+//!
+//! # Keys that follow (FRRWP)
+//!
+//! A `Read` or `Write` may say that its keys follow it (`keys_follow`
+//! present: a presence byte 1, then tag u64 and count u16, 1..=
+//! [`MAX_IO_KEYS`]; byte 0 and nothing else when absent): its own `keys`
+//! are then empty, its extents index the `count` keys to come, and it may
+//! not be an inline-reply read. The client sends such a request *before*
+//! it registers its memory (the FRRWP paper, Ou, He and Han: the client's
+//! registration overlaps the server's own preparation), then a `Keys`
+//! request on the same connection with the same tag and exactly `count`
+//! keys. The server does its part at once (capability, cache units, a
+//! storage read on a miss), then waits for the keys, checks them exactly as
+//! it checks keys carried in a request, and moves the data; the `Read` or
+//! `Write` is answered as usual, the `Keys` with `Done` once delivered.
+//! The `Keys` must reach the server after its request (a server parks a
+//! request as soon as it is delivered): the client sends it after the
+//! request, on the same connection, and only for requests small enough
+//! to travel eagerly (a large frame is received by rendezvous and may be
+//! delivered after a small one sent later). A `Keys` whose tag names no
+//! waiting request on its connection is refused (`ENOENT`); a request whose keys do not come within the
+//! server's deadline is answered `ETIMEDOUT`; a tag already waiting on
+//! the connection, or more waiting requests than the server allows per
+//! connection, are refused (`EBUSY`). A `Keys` with the wrong number of
+//! keys is refused (`EINVAL`), and so is the request it names.
 //!
 //! # Allocate
 //!
@@ -139,7 +165,7 @@
 //!
 //! # Sizes
 //!
-//! The largest request is [`MAX_IO_REQUEST_LEN`] bytes (153 758, under the
+//! The largest request is [`MAX_IO_REQUEST_LEN`] bytes (153 777, under the
 //! transport's default 1 MiB request limit), the largest reply
 //! [`MAX_IO_REPLY_LEN`] (65 580).
 
@@ -177,6 +203,35 @@ ops! {
         /// `fallocate(2)` on the object's part of a range: reserve, punch a
         /// hole, zero (module docs, "Allocate").
         Allocate = 73,
+        /// The keys of a `Read` or `Write` sent ahead of them (module docs,
+        /// "Keys that follow (FRRWP)").
+        Keys = 74,
+    }
+}
+
+/// A `Read` or `Write` whose keys follow it in a `Keys` request (module
+/// docs, "Keys that follow (FRRWP)").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KeysFollow {
+    /// Names the request on its connection; the `Keys` repeats it.
+    pub tag: u64,
+    /// Keys to come, 1..=[`MAX_IO_KEYS`]; the extents index them.
+    pub count: u16,
+}
+
+impl Wire for KeysFollow {
+    fn put(&self, w: &mut Writer) {
+        w.put_u64(self.tag);
+        w.put_u16(self.count);
+    }
+
+    fn get(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        let tag = r.u64("io keys_follow tag")?;
+        let count = r.u16("io keys_follow count")?;
+        if count == 0 || usize::from(count) > MAX_IO_KEYS {
+            return Err(DecodeError::BadValue { what: "io keys_follow count (1 to MAX_IO_KEYS)", value: count.into() });
+        }
+        Ok(KeysFollow { tag, count })
     }
 }
 
@@ -215,11 +270,14 @@ pub const MAX_FILE_SIZE: u64 = i64::MAX as u64;
 const EXTENT_SIZE: usize = 8 + 4 + 2 + 8;
 
 /// The largest io request: header + a Write with every limit reached:
-/// 32 + 67 (capability) + 4 + 16 × (4 + 4096) (keys) + 4 + 1024 × 22
-/// (extents) + 1 (stability) + 4 + 65 536 (inline) = 153 776 bytes. A
-/// Revoke is smaller: 32 + 67 + at most 65 604 (revocations).
+/// 32 + 67 (capability) + 1 (no keys_follow: a request with keys has
+/// none) + 4 + 16 × (4 + 4096) (keys) + 4 + 1024 × 22 (extents) + 1
+/// (stability) + 4 + 65 536 (inline) = 153 777 bytes. A Revoke is
+/// smaller: 32 + 67 + at most 65 604 (revocations); a Keys too: 32 + 8 +
+/// the keys.
 pub const MAX_IO_REQUEST_LEN: usize = IoRequestHeader::SIZE
     + CAPABILITY_SIZE
+    + 1
     + 4
     + MAX_IO_KEYS * (4 + MAX_IO_KEY_BYTES)
     + 4
@@ -231,7 +289,7 @@ pub const MAX_IO_REQUEST_LEN: usize = IoRequestHeader::SIZE
 /// 32 + 8 (bytes) + 4 + 65 536 (data) = 65 580 bytes.
 pub const MAX_IO_REPLY_LEN: usize = IoReplyHeader::SIZE + 8 + 4 + MAX_INLINE;
 
-const _: () = assert!(MAX_IO_REQUEST_LEN == 153_776 && MAX_IO_REPLY_LEN == 65_580);
+const _: () = assert!(MAX_IO_REQUEST_LEN == 153_777 && MAX_IO_REPLY_LEN == 65_580);
 const _: () = assert!(IoRequestHeader::SIZE + CAPABILITY_SIZE + crate::Revocations::MAX_SIZE <= MAX_IO_REQUEST_LEN);
 // An Allocate: 32 + 67 + 8 + 8 + 1 + 4 + 4 + 4 + 256 × 4 = 1 152 bytes.
 const _: () = assert!(
@@ -482,6 +540,8 @@ pub enum IoRequest {
         /// Return the data in the reply: then every extent is [`NO_KEY`]
         /// and they add up to at most [`MAX_INLINE`]. Otherwise none is.
         inline_reply: bool,
+        /// The keys follow in a `Keys` request (FRRWP); `keys` is empty.
+        keys_follow: Option<KeysFollow>,
     },
     Write {
         cap: Capability,
@@ -494,6 +554,8 @@ pub enum IoRequest {
         /// The bytes of the [`NO_KEY`] extents, concatenated in order:
         /// exactly their total length, at most [`MAX_INLINE`].
         inline: Vec<u8>,
+        /// As for `Read`.
+        keys_follow: Option<KeysFollow>,
     },
     /// Discard the bytes at file offsets `size` and beyond.
     Truncate {
@@ -541,6 +603,13 @@ pub enum IoRequest {
         /// The per-client credential; `None` for the cluster secret.
         credential: Option<crate::Credential>,
     },
+    /// The keys of the `Read` or `Write` sent on this connection with
+    /// `keys_follow.tag == tag` (module docs, "Keys that follow (FRRWP)").
+    Keys {
+        tag: u64,
+        /// 1..=[`MAX_IO_KEYS`] packed keys, as a request's `keys`.
+        keys: Vec<Vec<u8>>,
+    },
 }
 
 impl IoRequest {
@@ -557,6 +626,7 @@ impl IoRequest {
             IoRequest::Revoke { .. } => IoOp::Revoke,
             IoRequest::Login { .. } => IoOp::Login,
             IoRequest::Allocate { .. } => IoOp::Allocate,
+            IoRequest::Keys { .. } => IoOp::Keys,
         }
     }
 
@@ -573,7 +643,7 @@ impl IoRequest {
             | IoRequest::ServerInfo { cap }
             | IoRequest::Revoke { cap, .. }
             | IoRequest::Allocate { cap, .. } => Some(cap),
-            IoRequest::Login { .. } => None,
+            IoRequest::Login { .. } | IoRequest::Keys { .. } => None,
         }
     }
 
@@ -589,7 +659,7 @@ impl IoRequest {
             | IoRequest::ServerInfo { cap }
             | IoRequest::Revoke { cap, .. }
             | IoRequest::Allocate { cap, .. } => Some(cap),
-            IoRequest::Login { .. } => None,
+            IoRequest::Login { .. } | IoRequest::Keys { .. } => None,
         }
     }
 
@@ -607,6 +677,7 @@ impl IoRequest {
             | IoRequest::ServerInfo { .. }
             | IoRequest::Login { .. }
             | IoRequest::Revoke { .. }
+            | IoRequest::Keys { .. }
             | IoRequest::Allocate { .. } => 0,
         }
     }
@@ -619,15 +690,22 @@ impl IoRequest {
             credential.put(w);
             return;
         }
+        if let IoRequest::Keys { tag, keys } = self {
+            w.put_u64(*tag);
+            put_keys(w, keys);
+            return;
+        }
         if let Some(cap) = self.cap() {
             cap.put(w);
         }
         match self {
-            IoRequest::Read { keys, extents, inline_reply, .. } => {
+            IoRequest::Read { keys, extents, inline_reply, keys_follow, .. } => {
+                keys_follow.put(w);
                 put_keys_extents(w, keys, extents);
                 w.put_bool(*inline_reply);
             }
-            IoRequest::Write { keys, extents, stability, inline, .. } => {
+            IoRequest::Write { keys, extents, stability, inline, keys_follow, .. } => {
+                keys_follow.put(w);
                 put_keys_extents(w, keys, extents);
                 stability.put(w);
                 w.put_bytes(inline);
@@ -640,7 +718,7 @@ impl IoRequest {
                 mode.put(w);
                 stripes.put(w);
             }
-            IoRequest::Login { .. } => unreachable!("Login is written above"),
+            IoRequest::Login { .. } | IoRequest::Keys { .. } => unreachable!("written above"),
             IoRequest::Remove { .. }
             | IoRequest::Sync { .. }
             | IoRequest::Stat { .. }
@@ -658,11 +736,26 @@ impl IoRequest {
                 credential: Option::get(r)?,
             });
         }
+        if op == IoOp::Keys {
+            let tag = r.u64("io keys tag")?;
+            let keys = get_keys(r)?;
+            if keys.is_empty() {
+                return Err(DecodeError::BadValue { what: "io keys (at least one)", value: 0 });
+            }
+            return Ok(IoRequest::Keys { tag, keys });
+        }
         let cap = Capability::get(r)?;
         Ok(match op {
             IoOp::Read => {
-                let (keys, extents) = get_keys_extents(r)?;
+                let keys_follow = Option::<KeysFollow>::get(r)?;
+                let (keys, extents) = get_keys_extents(r, keys_follow)?;
                 let inline_reply = r.bool("io read inline_reply")?;
+                if inline_reply && keys_follow.is_some() {
+                    return Err(DecodeError::BadValue {
+                        what: "io read keys_follow (an inline-reply read has no keys to follow)",
+                        value: 1,
+                    });
+                }
                 if inline_reply {
                     if let Some(e) = extents.iter().find(|e| !e.is_inline()) {
                         return Err(DecodeError::BadValue {
@@ -680,10 +773,11 @@ impl IoRequest {
                         value: NO_KEY.into(),
                     });
                 }
-                IoRequest::Read { cap, keys, extents, inline_reply }
+                IoRequest::Read { cap, keys, extents, inline_reply, keys_follow }
             }
             IoOp::Write => {
-                let (keys, extents) = get_keys_extents(r)?;
+                let keys_follow = Option::<KeysFollow>::get(r)?;
+                let (keys, extents) = get_keys_extents(r, keys_follow)?;
                 let stability = Stability::get(r)?;
                 let want = sum_len(extents.iter().filter(|e| e.is_inline()));
                 if want > MAX_INLINE as u64 {
@@ -696,7 +790,7 @@ impl IoRequest {
                         value: inline.len() as u64,
                     });
                 }
-                IoRequest::Write { cap, keys, extents, stability, inline }
+                IoRequest::Write { cap, keys, extents, stability, inline, keys_follow }
             }
             IoOp::Truncate => {
                 let size = r.u64("io truncate size")?;
@@ -734,7 +828,7 @@ impl IoRequest {
                 }
                 IoRequest::Allocate { cap, offset, len, mode, stripes }
             }
-            IoOp::Login => unreachable!("Login is decoded above"),
+            IoOp::Login | IoOp::Keys => unreachable!("decoded above"),
         })
     }
 }
@@ -815,6 +909,13 @@ server_info! {
     pinned_peak,
     /// Units holding data in deregistered (parked) raw memory.
     parked_units,
+    /// Reads and writes whose keys followed them (FRRWP) that were served
+    /// with their keys.
+    frrwp_requests,
+    /// Of the requests whose keys were to follow: refused (too many
+    /// waiting on the connection, a tag waiting already, a wrong count)
+    /// or answered `ETIMEDOUT` (keys never came); and `Keys` refused.
+    frrwp_refused,
 }
 
 /// A reply's byte count, at most [`MAX_IO_BYTES`].
@@ -834,20 +935,23 @@ fn too_long(what: &'static str, len: u64, max: usize) -> DecodeError {
     DecodeError::TooLong { what, len: usize::try_from(len).unwrap_or(usize::MAX), max }
 }
 
-fn put_keys_extents(w: &mut Writer, keys: &[Vec<u8>], extents: &[IoExtent]) {
+fn put_keys(w: &mut Writer, keys: &[Vec<u8>]) {
     w.put_len(keys.len());
     for k in keys {
         w.put_bytes(k);
     }
+}
+
+fn put_keys_extents(w: &mut Writer, keys: &[Vec<u8>], extents: &[IoExtent]) {
+    put_keys(w, keys);
     w.put_len(extents.len());
     for e in extents {
         e.put(w);
     }
 }
 
-/// Keys and extents, each extent's key in range and the total within
-/// [`MAX_IO_BYTES`].
-fn get_keys_extents(r: &mut Reader<'_>) -> Result<(Vec<Vec<u8>>, Vec<IoExtent>), DecodeError> {
+/// At most [`MAX_IO_KEYS`] keys of 1 to [`MAX_IO_KEY_BYTES`] bytes.
+fn get_keys(r: &mut Reader<'_>) -> Result<Vec<Vec<u8>>, DecodeError> {
     // A key is at least its u32 length and one byte.
     let n = r.count("io keys", MAX_IO_KEYS, 4 + 1)?;
     let mut keys = Vec::with_capacity(n);
@@ -858,12 +962,29 @@ fn get_keys_extents(r: &mut Reader<'_>) -> Result<(Vec<Vec<u8>>, Vec<IoExtent>),
         }
         keys.push(k);
     }
+    Ok(keys)
+}
+
+/// Keys and extents, each extent's key in range (of the keys, or of the
+/// keys to follow) and the total within [`MAX_IO_BYTES`].
+fn get_keys_extents(
+    r: &mut Reader<'_>,
+    follow: Option<KeysFollow>,
+) -> Result<(Vec<Vec<u8>>, Vec<IoExtent>), DecodeError> {
+    let keys = get_keys(r)?;
+    if follow.is_some() && !keys.is_empty() {
+        return Err(DecodeError::BadValue {
+            what: "io keys (a request whose keys follow carries none)",
+            value: keys.len() as u64,
+        });
+    }
+    let key_count = follow.map_or(keys.len(), |f| usize::from(f.count));
     let n = r.count("io extents", MAX_IO_EXTENTS, EXTENT_SIZE)?;
     let mut extents = Vec::with_capacity(n);
     let mut total = 0u64;
     for _ in 0..n {
         let e = IoExtent::get(r)?;
-        if !e.is_inline() && usize::from(e.key) >= keys.len() {
+        if !e.is_inline() && usize::from(e.key) >= key_count {
             return Err(DecodeError::BadValue { what: "io extent key (past the request's keys)", value: e.key.into() });
         }
         total += u64::from(e.len);
@@ -908,7 +1029,10 @@ impl IoResponse {
                     && (data.is_empty() || *bytes == data.len() as u64)
             }
             (IoResponse::Write { bytes }, IoOp::Write) => *bytes <= MAX_IO_BYTES as u64,
-            (IoResponse::Done, IoOp::Truncate | IoOp::Remove | IoOp::Sync | IoOp::Login | IoOp::Allocate) => true,
+            (
+                IoResponse::Done,
+                IoOp::Truncate | IoOp::Remove | IoOp::Sync | IoOp::Login | IoOp::Allocate | IoOp::Keys,
+            ) => true,
             (IoResponse::Stat { .. }, IoOp::Stat) => true,
             (IoResponse::ServerInfo(_), IoOp::ServerInfo) => true,
             (IoResponse::Revoked { .. }, IoOp::Revoke) => true,
@@ -953,7 +1077,7 @@ impl IoResponse {
                 IoResponse::Read { bytes, data }
             }
             IoOp::Write => IoResponse::Write { bytes: get_bytes(r, "io write reply bytes")? },
-            IoOp::Truncate | IoOp::Remove | IoOp::Sync | IoOp::Login | IoOp::Allocate => IoResponse::Done,
+            IoOp::Truncate | IoOp::Remove | IoOp::Sync | IoOp::Login | IoOp::Allocate | IoOp::Keys => IoResponse::Done,
             IoOp::Stat => IoResponse::Stat { size: r.u64("io stat size")? },
             IoOp::Revoke => {
                 IoResponse::Revoked { instance: r.u64("io revoked instance")?, seq: r.u64("io revoked seq")? }
@@ -1045,11 +1169,11 @@ mod tests {
     }
 
     fn read(keys: Vec<Vec<u8>>, extents: Vec<IoExtent>, inline_reply: bool) -> IoRequest {
-        IoRequest::Read { cap: cap(), keys, extents, inline_reply }
+        IoRequest::Read { cap: cap(), keys, extents, inline_reply, keys_follow: None }
     }
 
     fn write(keys: Vec<Vec<u8>>, extents: Vec<IoExtent>, inline: Vec<u8>) -> IoRequest {
-        IoRequest::Write { cap: cap(), keys, extents, stability: Stability::DataSync, inline }
+        IoRequest::Write { cap: cap(), keys, extents, stability: Stability::DataSync, inline, keys_follow: None }
     }
 
     fn allocate(offset: u64, len: u64, mode: AllocateMode, stripes: StripeSlots) -> IoRequest {
@@ -1072,6 +1196,7 @@ mod tests {
                 extents: vec![ext(5, 5, 0, 5)],
                 stability: Stability::Unstable,
                 inline: vec![],
+                keys_follow: None,
             },
             IoRequest::Write {
                 cap: cap(),
@@ -1079,6 +1204,7 @@ mod tests {
                 extents: vec![],
                 stability: Stability::FileSync,
                 inline: vec![],
+                keys_follow: None,
             },
             IoRequest::Truncate { cap: cap(), size: 12345 },
             allocate(0, 8 << 20, AllocateMode::Reserve, StripeSlots { unit: 1 << 20, count: 4, slots: vec![1] }),
@@ -1091,6 +1217,23 @@ mod tests {
             ),
             allocate(1 << 30, 5, AllocateMode::ZeroRange, StripeSlots { unit: 64, count: 3, slots: vec![0, 2] }),
             allocate(0, 1 << 20, AllocateMode::ZeroRangeKeepSize, StripeSlots::all(u32::MAX)),
+            IoRequest::Read {
+                cap: cap(),
+                keys: vec![],
+                extents: vec![ext(0, 4096, 0, 0x1000), ext(8192, 10, 2, 0x9000)],
+                inline_reply: false,
+                keys_follow: Some(KeysFollow { tag: u64::MAX, count: 3 }),
+            },
+            IoRequest::Write {
+                cap: cap(),
+                keys: vec![],
+                extents: vec![ext(0, 100, 0, 64), IoExtent::inline(100, 2)],
+                stability: Stability::Unstable,
+                inline: vec![5, 6],
+                keys_follow: Some(KeysFollow { tag: 1, count: MAX_IO_KEYS as u16 }),
+            },
+            IoRequest::Keys { tag: 7, keys: vec![vec![1; 40]] },
+            IoRequest::Keys { tag: 0, keys: vec![vec![9]; MAX_IO_KEYS] },
             IoRequest::Remove { cap: cap() },
             IoRequest::Sync { cap: cap() },
             IoRequest::Stat { cap: cap() },
@@ -1132,6 +1275,7 @@ mod tests {
             (IoOp::Sync, IoResponse::Done),
             (IoOp::Login, IoResponse::Done),
             (IoOp::Allocate, IoResponse::Done),
+            (IoOp::Keys, IoResponse::Done),
             (IoOp::Stat, IoResponse::Stat { size: u64::MAX }),
             (IoOp::Revoke, IoResponse::Revoked { instance: 3, seq: u64::MAX }),
             (
@@ -1181,7 +1325,7 @@ mod tests {
         assert_eq!(IoRequest::Truncate { cap: cap(), size: 9 }.total_bytes(), 0);
         for r in &reqs {
             match r {
-                IoRequest::Login { .. } => assert_eq!(r.cap(), None),
+                IoRequest::Login { .. } | IoRequest::Keys { .. } => assert_eq!(r.cap(), None),
                 _ => assert_eq!(r.cap(), Some(&cap())),
             }
         }
@@ -1205,6 +1349,7 @@ mod tests {
         want.extend_from_slice(&123u64.to_le_bytes());
         want.extend_from_slice(&[0, 0]); // advice: none
         want.extend_from_slice(&[9; 32]);
+        want.push(0); // no keys_follow
         want.extend_from_slice(&1u32.to_le_bytes()); // keys
         want.extend_from_slice(&2u32.to_le_bytes());
         want.extend_from_slice(&[0xaa, 0xbb]);
@@ -1225,7 +1370,21 @@ mod tests {
         // Read: the same up to the extents, then inline_reply.
         let b = encode_io_request(ENV, &read(vec![], vec![], true));
         assert_eq!(&b[2..4], &64u16.to_le_bytes());
-        assert_eq!(&b[IoRequestHeader::SIZE + 67..], &[0, 0, 0, 0, 0, 0, 0, 0, 1]);
+        assert_eq!(&b[IoRequestHeader::SIZE + 67..], &[0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
+        // Keys to follow: presence 1, tag u64, count u16, before the keys.
+        let f = IoRequest::Read {
+            cap: cap(),
+            keys: vec![],
+            extents: vec![],
+            inline_reply: false,
+            keys_follow: Some(KeysFollow { tag: 0x55, count: 2 }),
+        };
+        let b = encode_io_request(ENV, &f);
+        assert_eq!(&b[IoRequestHeader::SIZE + 67..], &[1, 0x55, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        // Keys: tag u64, then the keys as a request's.
+        let b = encode_io_request(ENV, &IoRequest::Keys { tag: 3, keys: vec![vec![7]] });
+        assert_eq!(&b[2..4], &74u16.to_le_bytes());
+        assert_eq!(&b[IoRequestHeader::SIZE..], &[3, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 7]);
         let b = encode_io_request(ENV, &IoRequest::Truncate { cap: cap(), size: 5 });
         assert_eq!(&b[IoRequestHeader::SIZE + 67..], &5u64.to_le_bytes());
         let b = encode_io_reply(1, IoOp::Read, &Ok(IoResponse::Read { bytes: 2, data: vec![5, 6] }));
@@ -1240,8 +1399,14 @@ mod tests {
         let mut extents: Vec<IoExtent> =
             (0..MAX_IO_EXTENTS as u64 - 1).map(|i| ext(i * u64::from(each), each, (i % 16) as u16, i)).collect();
         extents.push(IoExtent::inline(1 << 50, MAX_INLINE as u32));
-        let req =
-            IoRequest::Write { cap: cap(), keys, extents, stability: Stability::FileSync, inline: vec![1; MAX_INLINE] };
+        let req = IoRequest::Write {
+            cap: cap(),
+            keys,
+            extents,
+            stability: Stability::FileSync,
+            inline: vec![1; MAX_INLINE],
+            keys_follow: None,
+        };
         assert_eq!(req.total_bytes(), MAX_IO_BYTES as u64);
         let b = encode_io_request(ENV, &req);
         assert_eq!(b.len(), MAX_IO_REQUEST_LEN);
@@ -1279,7 +1444,7 @@ mod tests {
     #[test]
     fn op_numbers_are_stable() {
         let got: Vec<u16> = IoOp::ALL.iter().map(|op| u16::from(*op)).collect();
-        assert_eq!(got, (64..=73).collect::<Vec<u16>>());
+        assert_eq!(got, (64..=74).collect::<Vec<u16>>());
         for op in IoOp::ALL {
             assert_eq!(IoOp::from_u16(u16::from(*op)), Some(*op));
         }
@@ -1374,7 +1539,7 @@ mod tests {
         assert_eq!((what, v), ("io key length (must not be 0)", 0));
         // A key count the input cannot hold allocates nothing.
         let mut b = encode_io_request(ENV, &read(vec![], vec![], false));
-        let at = IoRequestHeader::SIZE + CAPABILITY_SIZE;
+        let at = IoRequestHeader::SIZE + CAPABILITY_SIZE + 1;
         b[at..at + 4].copy_from_slice(&16u32.to_le_bytes());
         assert_eq!(decode_io_request(&b), Err(DecodeError::Truncated { what: "io keys", needed: 80, left: 5 }));
     }
@@ -1453,8 +1618,8 @@ mod tests {
         b[4] = 1;
         assert_eq!(decode_io_request(&b), Err(DecodeError::TooLong { what: "groups", len: 77, max: 32 }));
         let mut b = good.clone();
-        b[2..4].copy_from_slice(&74u16.to_le_bytes());
-        assert_eq!(decode_io_request(&b), Err(DecodeError::UnknownOp(74)));
+        b[2..4].copy_from_slice(&75u16.to_le_bytes());
+        assert_eq!(decode_io_request(&b), Err(DecodeError::UnknownOp(75)));
         // The header alone decodes for a server that must reply.
         let hdr = IoRequestHeader::decode(&good).unwrap();
         assert_eq!((hdr.op, hdr.envelope(), hdr.body_len), (IoOp::Truncate, ENV, 75));
@@ -1623,6 +1788,49 @@ mod tests {
         let body = IoReplyHeader::SIZE;
         w[body..body + 4].copy_from_slice(&(MAX_INFO_FIELDS as u32 + 1).to_le_bytes());
         assert!(decode_io_reply(&w).is_err());
-        assert_eq!(n, 27, "update the field count in tests/io_roundtrip.rs");
+        assert_eq!(n, 29, "update the field count in tests/io_roundtrip.rs");
+    }
+
+    #[test]
+    fn keys_that_follow_are_checked_like_keys_carried() {
+        let follow = |count: u16| Some(KeysFollow { tag: 3, count });
+        let rd = |keys: Vec<Vec<u8>>, extents, inline_reply, keys_follow| IoRequest::Read {
+            cap: cap(),
+            keys,
+            extents,
+            inline_reply,
+            keys_follow,
+        };
+        let bad = |req: IoRequest| decode_io_request(&encode_io_request(ENV, &req)).is_err();
+        // Extents index the keys to come, not the (empty) keys carried.
+        assert!(!bad(rd(vec![], vec![ext(0, 1, 1, 0)], false, follow(2))));
+        assert!(bad(rd(vec![], vec![ext(0, 1, 2, 0)], false, follow(2))), "an extent past the keys to follow");
+        assert!(bad(rd(vec![vec![1]], vec![ext(0, 1, 0, 0)], false, follow(1))), "keys carried and to follow");
+        assert!(bad(rd(vec![], vec![], false, follow(0))), "no key to follow");
+        assert!(bad(rd(vec![], vec![], false, follow(MAX_IO_KEYS as u16 + 1))), "too many keys to follow");
+        assert!(bad(rd(vec![], vec![IoExtent::inline(0, 1)], true, follow(1))), "an inline reply has no keys");
+        // A Keys: at least one key, each 1..=MAX_IO_KEY_BYTES, at most MAX_IO_KEYS.
+        assert!(bad(IoRequest::Keys { tag: 1, keys: vec![] }));
+        assert!(bad(IoRequest::Keys { tag: 1, keys: vec![vec![]] }));
+        assert!(bad(IoRequest::Keys { tag: 1, keys: vec![vec![0; MAX_IO_KEY_BYTES + 1]] }));
+        assert!(bad(IoRequest::Keys { tag: 1, keys: vec![vec![1]; MAX_IO_KEYS + 1] }));
+        // Every prefix of a Keys, and every byte of it changed, decodes or
+        // is refused without a panic; a presence byte other than 0 or 1 is refused.
+        let b = encode_io_request(ENV, &IoRequest::Keys { tag: 9, keys: vec![vec![1; 40], vec![2; 3]] });
+        for n in 0..b.len() {
+            assert!(decode_io_request(&b[..n]).is_err(), "prefix of {n} bytes accepted");
+        }
+        for i in 0..b.len() {
+            for v in [0u8, 1, 0x7f, 0xff] {
+                let mut g = b.clone();
+                g[i] = v;
+                let _ = decode_io_request(&g);
+            }
+        }
+        let mut r = encode_io_request(ENV, &rd(vec![], vec![], false, None));
+        let presence = IoRequestHeader::SIZE + CAPABILITY_SIZE;
+        assert_eq!(r[presence], 0);
+        r[presence] = 2;
+        assert!(decode_io_request(&r).is_err());
     }
 }

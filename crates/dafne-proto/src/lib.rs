@@ -225,7 +225,9 @@
 //! extended attribute ops (30–33), Rename's flags, the io op Allocate
 //! (73: `fallocate`) and the exactly-once session sequence
 //! ([`REQUEST_FLAG_SESSION`]); version 10 the cache advice in the
-//! capability ([`CacheAdvice`]) and SetAttr's `grow_to` (mask bit 8). Bump
+//! capability ([`CacheAdvice`]) and SetAttr's `grow_to` (mask bit 8);
+//! version 11 io keys that follow their Read or Write (`keys_follow`, the
+//! io op Keys, 74: FRRWP). Bump
 //! it for *every* change to what a decoder accepts or how it reads it: a new
 //! op, a field added, removed, resized or reordered, a new flag or mask bit,
 //! a new enum value, a changed limit. Numbers (ops, errno values, file types,
@@ -251,7 +253,7 @@ pub use frame::{
 };
 pub use io::{
     decode_io_reply, decode_io_request, encode_io_reply, encode_io_request, AllocateMode, IoExtent, IoOp, IoRequest,
-    IoResponse, ServerInfo, Stability, StripeSlots, MAX_INLINE, MAX_IO_BYTES, MAX_IO_EXTENTS, MAX_IO_KEYS,
+    IoResponse, KeysFollow, ServerInfo, Stability, StripeSlots, MAX_INLINE, MAX_IO_BYTES, MAX_IO_EXTENTS, MAX_IO_KEYS,
     MAX_IO_KEY_BYTES, MAX_IO_REPLY_LEN, MAX_IO_REQUEST_LEN, NO_KEY,
 };
 pub use lock::{LockKind, LockRange, OwnerLocks, LOCK_FAIR, LOCK_FLAGS, LOCK_RECLAIM, LOCK_WAIT};
@@ -279,8 +281,10 @@ pub use types::{
 /// punch a hole, zero a range), the exactly-once session sequence
 /// ([`REQUEST_FLAG_SESSION`]). 10: the capability carries the file's cache
 /// advice ([`CacheAdvice`]: unit size, replacement policy) to the io servers,
-/// and SetAttr a grow-only size (`grow_to`).
-pub const PROTO_VERSION: u16 = 10;
+/// and SetAttr a grow-only size (`grow_to`). 11: a Read or Write whose
+/// keys follow it (`keys_follow`) and the io op Keys (74) that brings them
+/// (FRRWP; `io` module docs, "Keys that follow").
+pub const PROTO_VERSION: u16 = 11;
 
 /// Request header `flags`: the body starts with the caller's supplementary
 /// groups, `n u8` (1..=[`MAX_GROUPS`]) and `n × u32`. Bits other than this

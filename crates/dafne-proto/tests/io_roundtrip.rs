@@ -113,14 +113,24 @@ fn read() -> impl Strategy<Value = IoRequest> {
         keys,
         extents,
         inline_reply: false,
+        keys_follow: None,
     });
     let inline = (capability(), inline_extents()).prop_map(|(cap, extents)| IoRequest::Read {
         cap,
         keys: vec![],
         extents,
         inline_reply: true,
+        keys_follow: None,
     });
-    prop_oneof![rma, inline]
+    let follow =
+        (capability(), keys_and_extents(), any::<u64>()).prop_map(|(cap, (keys, extents), tag)| IoRequest::Read {
+            cap,
+            keys: vec![],
+            extents,
+            inline_reply: false,
+            keys_follow: Some(dafne_proto::KeysFollow { tag, count: keys.len().max(1) as u16 }),
+        });
+    prop_oneof![rma, inline, follow]
 }
 
 fn write() -> impl Strategy<Value = IoRequest> {
@@ -146,7 +156,14 @@ fn write() -> impl Strategy<Value = IoRequest> {
             extents.extend(inlined);
             (Just(cap), Just(keys), Just(extents).prop_shuffle(), Just(stability), vec(any::<u8>(), inline_len))
         })
-        .prop_map(|(cap, keys, extents, stability, inline)| IoRequest::Write { cap, keys, extents, stability, inline })
+        .prop_map(|(cap, keys, extents, stability, inline)| IoRequest::Write {
+            cap,
+            keys,
+            extents,
+            stability,
+            inline,
+            keys_follow: None,
+        })
 }
 
 fn allocate_mode() -> impl Strategy<Value = AllocateMode> {
@@ -187,6 +204,7 @@ fn request() -> impl Strategy<Value = IoRequest> {
         3 => write(),
         1 => (capability(), 0..=dafne_proto::io::MAX_FILE_SIZE).prop_map(|(cap, size)| IoRequest::Truncate { cap, size }),
         2 => allocate(),
+        1 => (any::<u64>(), vec(vec(any::<u8>(), 1..64), 1..=MAX_IO_KEYS)).prop_map(|(tag, keys)| IoRequest::Keys { tag, keys }),
         1 => capability().prop_map(|cap| IoRequest::Remove { cap }),
         1 => capability().prop_map(|cap| IoRequest::Sync { cap }),
         1 => capability().prop_map(|cap| IoRequest::Stat { cap }),
@@ -232,10 +250,10 @@ fn reply() -> impl Strategy<Value = (IoOp, Result<IoResponse, Errno>)> {
         2 => bytes().prop_map(|bytes| (IoOp::Read, Ok(IoResponse::Read { bytes, data: vec![] }))),
         2 => data.prop_map(|data| (IoOp::Read, Ok(IoResponse::Read { bytes: data.len() as u64, data }))),
         2 => bytes().prop_map(|bytes| (IoOp::Write, Ok(IoResponse::Write { bytes }))),
-        2 => one_of(&[IoOp::Truncate, IoOp::Remove, IoOp::Sync, IoOp::Login, IoOp::Allocate]).prop_map(|op| (op, Ok(IoResponse::Done))),
+        2 => one_of(&[IoOp::Truncate, IoOp::Remove, IoOp::Sync, IoOp::Login, IoOp::Allocate, IoOp::Keys]).prop_map(|op| (op, Ok(IoResponse::Done))),
         1 => any::<u64>().prop_map(|size| (IoOp::Stat, Ok(IoResponse::Stat { size }))),
         1 => (any::<u64>(), any::<u64>()).prop_map(|(instance, seq)| (IoOp::Revoke, Ok(IoResponse::Revoked { instance, seq }))),
-        1 => vec(any::<u64>(), 27).prop_map(|v| (IoOp::ServerInfo, Ok(IoResponse::ServerInfo(ServerInfo::from_values(&v))))),
+        1 => vec(any::<u64>(), 29).prop_map(|v| (IoOp::ServerInfo, Ok(IoResponse::ServerInfo(ServerInfo::from_values(&v))))),
         2 => (one_of(IoOp::ALL), errno()).prop_map(|(op, e)| (op, Err(e))),
     ]
 }

@@ -40,7 +40,7 @@ mod timer;
 
 pub use client::Client;
 pub use dafne_auth::{FrameKey, FrameKeys};
-pub use dafne_ucx::{Access, Context, Local, Region, RemoteKey, Slab, SubRegion};
+pub use dafne_ucx::{Access, Context, Local, Region, Registration, RemoteKey, Slab, SubRegion};
 pub use error::TransportError;
 /// A runtime's loop-thread state, as tasks on the loop receive it
 /// (`Runtime::block_on_loop`): named so that code running there can keep

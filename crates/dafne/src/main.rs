@@ -124,6 +124,10 @@ enum Bench {
     /// A client process of `dafne bench writers` (its job on stdin).
     #[command(hide = true)]
     WritersClient,
+    /// Memory registration cost (ucp_mem_map + key pack + unmap) vs pages,
+    /// fitted to T = a·pages + b, and request latency through an io server
+    /// with FRRWP (keys following the request) vs registering first.
+    Registration(RegistrationBench),
 }
 
 #[derive(Args)]
@@ -161,6 +165,32 @@ struct DesignsBench {
     #[arg(long = "ucx", value_name = "KEY=VALUE")]
     ucx: Vec<String>,
     #[arg(long, default_value = "bench-results/designs.json")]
+    json: PathBuf,
+}
+
+#[derive(Args)]
+struct RegistrationBench {
+    /// Region sizes of the cost model, in pages (comma-separated).
+    #[arg(long, default_value = "1,2,4,8,16,32,64,128,256", value_delimiter = ',')]
+    pages: Vec<usize>,
+    /// Repetitions per size of the cost model (median reported).
+    #[arg(long, default_value_t = 2000)]
+    reps: usize,
+    /// Request sizes of the latency comparison (comma-separated; K and M
+    /// suffixes; `none` skips it).
+    #[arg(long, default_value = "4K,16K,64K,128K,256K,1M", value_delimiter = ',')]
+    sizes: Vec<String>,
+    /// Requests per size and way (median reported).
+    #[arg(long, default_value_t = 1000)]
+    requests: usize,
+    /// A short run (a few seconds in all).
+    #[arg(long)]
+    quick: bool,
+    /// Scratch directory for the io server's data (a fresh directory inside).
+    #[arg(long, default_value = "/tmp")]
+    scratch: PathBuf,
+    /// Where to write the JSON report.
+    #[arg(long, default_value = "bench-results/registration.json")]
     json: PathBuf,
 }
 
@@ -504,6 +534,37 @@ fn bench_io(a: IoBench) -> Result<()> {
     write_json(&a.json, &serde_json::to_string_pretty(&report)?)
 }
 
+fn bench_registration(a: RegistrationBench) -> Result<()> {
+    let mut o = if a.quick { dafne_bench::registration::Options::quick() } else { Default::default() };
+    if !a.quick {
+        o.pages = a.pages;
+        o.reps = a.reps;
+        o.latency_reps = a.requests;
+        o.latency_sizes = if a.sizes.iter().any(|s| s.trim() == "none") {
+            Vec::new()
+        } else {
+            a.sizes.iter().map(|s| parse_size(s)).collect::<Result<Vec<_>>>()?
+        };
+    }
+    if o.pages.iter().any(|&p| p == 0 || p > 1 << 16) {
+        bail!("--pages: each size must be between 1 and 65536");
+    }
+    if o.reps == 0 || o.latency_reps == 0 {
+        bail!("--reps and --requests must be at least 1");
+    }
+    if o.latency_sizes.iter().any(|&s| s == 0 || s > 16 << 20) {
+        bail!("--sizes: each size must be between 1 byte and 16 MiB");
+    }
+    o.program = std::env::current_exe().context("locating the dafne executable")?;
+    o.scratch = a.scratch;
+    let started = std::time::Instant::now();
+    let report = dafne_bench::registration::run(&o, |what| {
+        eprintln!("[{:>6.1}s] measuring {what}", started.elapsed().as_secs_f64())
+    })?;
+    println!("{}", report.to_markdown());
+    write_json(&a.json, &serde_json::to_string_pretty(&report)?)
+}
+
 fn bench_writers(a: WritersBench) -> Result<()> {
     let mut opts = if a.quick { dafne_bench::writers::Options::quick() } else { Default::default() };
     if !a.quick {
@@ -599,6 +660,7 @@ fn run() -> Result<()> {
         Cmd::Bench(Bench::Dafs(a)) => benchdafs::cli(a, parse_size),
         Cmd::Bench(Bench::Writers(a)) => bench_writers(a),
         Cmd::Bench(Bench::WritersClient) => dafne_bench::writers::client_main(),
+        Cmd::Bench(Bench::Registration(a)) => bench_registration(a),
         Cmd::Nbd(c) => nbd::run(c, parse_size),
         Cmd::Serve(Serve::Meta(a)) => a.serve(),
         Cmd::Serve(Serve::Io(a)) => dafne_io::server::serve_forever(&a),
