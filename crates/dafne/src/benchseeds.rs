@@ -55,11 +55,25 @@ pub const EXPERIMENTS: &[Experiment] = &[
         run: unifier_aggregate,
     },
     Experiment {
+        id: "orfa-writers",
+        seed: "ORFA/ORFS/MXBD over Myrinet MX",
+        what: "one server's write throughput as client processes multiply, 64 KiB writes",
+        paper: "233 MB/s with 92 clients falls to 163 MB/s with 184 (figure 9)",
+        run: writers,
+    },
+    Experiment {
         id: "block-file",
         seed: "ORFA/ORFS/MXBD over Myrinet MX",
         what: "block access (NBD) vs file access (client library), same sizes and depth",
         paper: "block about 2× file (figure 15)",
         run: block_file,
+    },
+    Experiment {
+        id: "frrwp",
+        seed: "FRRWP (fast RDMA read/write process)",
+        what: "registration cost T = a·pages + b, and FRRWP (keys following the request) vs registering first",
+        paper: "a = 0.77 µs/page, b = 7.42 µs; FRRWP saves T_r = 0.77·p + 7.42 µs per request",
+        run: registration,
     },
     Experiment {
         id: "dafs",
@@ -217,6 +231,28 @@ fn block_file(e: &Experiment, a: &SeedsBench, started: Instant) -> Result<Run> {
     Ok((block_file_figures(&r), block_file_headlines(&r), serde_json::to_value(&r)?))
 }
 
+fn writers(e: &Experiment, a: &SeedsBench, started: Instant) -> Result<Run> {
+    let mut o = if a.quick {
+        dafne_bench::writers::Options { duration: Duration::from_secs(1), ..dafne_bench::writers::Options::quick() }
+    } else {
+        dafne_bench::writers::Options::default()
+    };
+    o.scratch = a.scratch.clone();
+    let r = dafne_bench::writers::run(&o, progress(e.id, started))?;
+    Ok((vec![r.figure()], r.headlines(), serde_json::to_value(&r)?))
+}
+
+fn registration(e: &Experiment, a: &SeedsBench, started: Instant) -> Result<Run> {
+    let mut o = if a.quick {
+        dafne_bench::registration::Options::quick()
+    } else {
+        dafne_bench::registration::Options::default()
+    };
+    o.scratch = a.scratch.clone();
+    let r = dafne_bench::registration::run(&o, progress(e.id, started))?;
+    Ok((vec![r.figure()], r.headlines(), serde_json::to_value(&r)?))
+}
+
 fn dafs(e: &Experiment, a: &SeedsBench, started: Instant) -> Result<Run> {
     let mut o = if a.quick { crate::benchdafs::Options::quick() } else { crate::benchdafs::Options::full() };
     o.scratch = a.cluster_scratch.clone();
@@ -296,8 +332,12 @@ fn num(v: f64) -> String {
         format!("{v:.0}")
     } else if v.abs() >= 10.0 {
         format!("{v:.1}")
-    } else {
+    } else if v == 0.0 || v.abs() >= 0.1 {
         format!("{v:.2}")
+    } else {
+        // Three significant digits for small constants (µs per page).
+        let digits = (2 - v.abs().log10().floor() as i32).max(0) as usize;
+        format!("{v:.digits$}")
     }
 }
 
@@ -488,6 +528,17 @@ mod tests {
         assert_eq!(selected(&args(&["block-file"])).unwrap()[0].id, "block-file");
         let e = selected(&args(&["nope"])).unwrap_err().to_string();
         assert!(e.contains("\"nope\"") && e.contains("unifier-cached"), "{e}");
+    }
+
+    #[test]
+    fn numbers_keep_three_significant_digits_when_small() {
+        assert_eq!(num(0.0038), "0.00380");
+        assert_eq!(num(0.77), "0.77");
+        assert_eq!(num(7.42), "7.42");
+        assert_eq!(num(233.4), "233");
+        assert_eq!(num(0.0), "0.00");
+        assert_eq!(num(f64::NAN), "—");
+        assert_eq!(with_unit(1.5, "×"), "1.50×");
     }
 
     #[test]
