@@ -54,7 +54,8 @@ const MIB: usize = 1 << 20;
 pub const UCX_TLS: &str = "posix,sysv,cma,self,tcp";
 
 pub(crate) fn ucx() -> Vec<(String, String)> {
-    vec![("TLS".into(), UCX_TLS.into()), ("NET_DEVICES".into(), "lo".into())]
+    let (k, v) = dafne_transport::SHM_FIFO;
+    vec![("TLS".into(), UCX_TLS.into()), ("NET_DEVICES".into(), "lo".into()), (k.into(), v.into())]
 }
 
 #[derive(Debug, Clone)]

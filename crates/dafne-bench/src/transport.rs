@@ -54,7 +54,13 @@ impl Transport {
             Transport::Shm => "posix,sysv,cma,self,tcp",
             Transport::Cma => "cma,sysv,self,tcp",
         };
-        vec![("TLS".into(), tls.into()), ("NET_DEVICES".into(), "lo".into())]
+        let mut v = vec![("TLS".into(), tls.into()), ("NET_DEVICES".into(), "lo".into())];
+        if self != Transport::Tcp {
+            // The shared-memory FIFO every dafne process uses (its docs).
+            let (k, size) = dafne_transport::SHM_FIFO;
+            v.push((k.into(), size.into()));
+        }
+        v
     }
 
     pub fn parse(s: &str) -> Result<Transport> {

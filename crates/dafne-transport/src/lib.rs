@@ -52,3 +52,19 @@ pub use runtime::{
 pub use server::{ConnHandle, Request, RmaSeg, Service};
 pub use stats::{TransportStats, TransportStatsSnapshot};
 pub use timer::sleep;
+
+/// The shared-memory receive FIFO every dafne process asks UCX for
+/// (`UCX_MM_FIFO_SIZE`, elements of 8 KiB; UCX's default is 64), with the
+/// shared-memory transports (`posix`, `sysv`).
+///
+/// Why: RMA into memory a peer cannot map (an application's own buffer
+/// registered by the client's registration cache, as the C library,
+/// `LD_PRELOAD` and Python read into) travels through that FIFO in 8 KiB
+/// pieces. With 64 elements, eight 128 KiB reads in flight overflow it, and
+/// on a loaded machine (other processes on the cores) both ends then burn
+/// their CPU retrying: `dafne bench designs --transports shm --ucx
+/// MM_FIFO_SIZE=64` measured 29 MiB/s at 8 threads, at 8,700 µs of CPU per
+/// MiB on each side, against 456 MiB/s with 256 elements in the same
+/// minute (docs/BENCHMARKS.md, "NFS/RDMA designs"). 256 elements cost 2 MiB
+/// of shared memory per process and transport.
+pub const SHM_FIFO: (&str, &str) = ("MM_FIFO_SIZE", "256");

@@ -226,6 +226,8 @@ entry_timeout_ms = 1000 # kernel name cache
 [ucx]                   # UCX settings for every process (without the UCX_ prefix)
 TLS = "posix,sysv,cma,self,tcp"
 NET_DEVICES = "lo"
+MM_FIFO_SIZE = "256"    # shared-memory receive queue (UCX's default 64 overflows
+                        # with several reads in flight into application buffers)
 "#;
 
 impl Config {
@@ -235,6 +237,8 @@ impl Config {
         let mut c = Config::default();
         c.ucx.insert("TLS".into(), "posix,sysv,cma,self,tcp".into());
         c.ucx.insert("NET_DEVICES".into(), "lo".into());
+        let (k, v) = dafne_transport::SHM_FIFO;
+        c.ucx.insert(k.into(), v.into());
         c
     }
 
@@ -736,6 +740,15 @@ mod tests {
         assert!(!blames(ConnectError::Refused(Errno::EAGAIN)), "a busy metadata server blamed on the secret");
         assert!(!blames(ConnectError::IoLogin { addr, why: Errno::EAGAIN.to_string() }), "a stopping io server");
         assert!(!blames(ConnectError::IoLogin { addr, why: "timed out after 5 s".into() }), "a timeout");
+    }
+
+    #[test]
+    fn every_process_gets_the_larger_shared_memory_fifo() {
+        // dafne_transport::SHM_FIFO's docs: UCX's default overflows with
+        // several reads in flight into application buffers.
+        let c = Config::embedded();
+        assert_eq!(c.ucx.get("MM_FIFO_SIZE").map(String::as_str), Some("256"));
+        assert!(c.ucx_args().windows(2).any(|w| w[0] == "--ucx" && w[1] == "MM_FIFO_SIZE=256"), "{:?}", c.ucx_args());
     }
 
     #[test]
