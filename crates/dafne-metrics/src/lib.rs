@@ -17,15 +17,18 @@
 //! loopback unless told otherwise, and it is built so that anyone who
 //! reaches it cannot hurt the server: a request head of at most
 //! [`http::MAX_HEAD`] bytes read within [`http::READ_DEADLINE`], at most
-//! [`http::MAX_CONNECTIONS`] connections at once (more are closed at
-//! once), one request per connection, and the page is built only for a
-//! well-formed `GET /metrics`.
+//! [`http::MAX_CONNECTIONS`] connections at once (more are answered 503
+//! at once), one request per connection, the page is built only for a
+//! well-formed `GET /metrics` and at most once per [`http::CACHE_FOR`].
+//! A data server takes its port with
+//! [`MetricsServer::start_or_elsewhere`]: metrics are optional, and a
+//! taken port must never keep the server from serving its clients.
 
 pub mod http;
 pub mod parse;
 pub mod text;
 
-pub use http::{fetch, FetchError, MetricsServer};
+pub use http::{fetch, FetchError, MetricsServer, Options};
 pub use parse::{parse, Family as ParsedFamily, ParseError, Sample};
 pub use text::{Kind, Text};
 
