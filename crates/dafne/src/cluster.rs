@@ -69,7 +69,7 @@ pub struct ClusterConfig {
     pub metrics_host: IpAddr,
     /// The metadata server's metrics port; io server `i` has
     /// `metrics_base_port + 1 + i`. 0: each server takes a free port when
-    /// the cluster starts (kept across its restarts), recorded in
+    /// the cluster starts (asked for again at its restarts), recorded in
     /// `cluster.json` and shown by `dafne status`; choose a base for ports
     /// a Prometheus configuration can name.
     pub metrics_base_port: u16,

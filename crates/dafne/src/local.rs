@@ -149,7 +149,8 @@ pub struct ServerState {
     /// reused pid is not taken for it.
     #[serde(default)]
     pub start: u64,
-    /// Its metrics port (`GET /metrics`), once it listens.
+    /// Its metrics port (`GET /metrics`) as the server reported it at its
+    /// last start (`None`: it serves none).
     #[serde(default)]
     pub metrics: Option<SocketAddr>,
 }
@@ -580,6 +581,14 @@ fn spawn_server(args: &[String], log: &Path) -> Result<Spawned> {
     }
 }
 
+/// Where each server's metrics are now (a server without a port is left out).
+fn metrics_endpoints(servers: &[Managed]) -> Vec<crate::cluster::MetricsEndpoint> {
+    servers
+        .iter()
+        .filter_map(|m| Some(crate::cluster::MetricsEndpoint { server: m.state.name.clone(), addr: m.state.metrics? }))
+        .collect()
+}
+
 fn save_states(dir: &Path, servers: &[Managed]) {
     let states: Vec<&ServerState> = servers.iter().map(|m| &m.state).collect();
     let tmp = dir.join("servers.json.tmp");
@@ -725,7 +734,7 @@ pub fn supervise(a: DirArgs) -> Result<()> {
         }
     }
     save_states(&dir, &servers);
-    let info = ClusterInfo {
+    let mut info = ClusterInfo {
         dir: dir.clone(),
         meta: servers[0].state.addr,
         io: servers[1..].iter().map(|m| m.state.addr).collect(),
@@ -734,12 +743,7 @@ pub fn supervise(a: DirArgs) -> Result<()> {
         supervisor_pid: std::process::id(),
         attr_timeout_ms: c.mount.attr_timeout_ms,
         entry_timeout_ms: c.mount.entry_timeout_ms,
-        metrics: servers
-            .iter()
-            .filter_map(|m| {
-                Some(crate::cluster::MetricsEndpoint { server: m.state.name.clone(), addr: m.state.metrics? })
-            })
-            .collect(),
+        metrics: metrics_endpoints(&servers),
     };
     if !stop.load(Ordering::Relaxed) {
         info.save()?;
@@ -754,6 +758,7 @@ pub fn supervise(a: DirArgs) -> Result<()> {
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(200));
         let mut changed = false;
+        let mut endpoints_changed = false;
         for m in servers.iter_mut() {
             let Some(child) = m.child.as_mut() else { continue };
             let Ok(Some(status)) = child.try_wait() else { continue };
@@ -781,7 +786,8 @@ pub fn supervise(a: DirArgs) -> Result<()> {
             m.state.state = "restarting".into();
             println!("restarting {} ({}/{})", m.state.name, m.state.restarts, c.cluster.max_restarts);
             // The same address, so clients and layouts stay valid, and the
-            // same metrics port (recorded in cluster.json).
+            // metrics port it had if it can still take it; else it takes
+            // another (or none), which is recorded below.
             let mut args = m.args.clone();
             if let Some(i) = args.iter().position(|a| a == "--listen") {
                 args[i + 1] = m.state.addr.to_string();
@@ -790,7 +796,17 @@ pub fn supervise(a: DirArgs) -> Result<()> {
                 args[i + 1] = addr.to_string();
             }
             match spawn_server(&args, &log) {
-                Ok(Spawned { child, .. }) => {
+                Ok(Spawned { child, metrics, .. }) => {
+                    if metrics != m.state.metrics {
+                        println!(
+                            "{}'s metrics port is now {} (was {})",
+                            m.state.name,
+                            metrics.map_or_else(|| "none".to_string(), |a| a.to_string()),
+                            m.state.metrics.map_or_else(|| "none".to_string(), |a| a.to_string()),
+                        );
+                        m.state.metrics = metrics;
+                        endpoints_changed = true;
+                    }
                     m.state.pid = child.id();
                     m.state.start = start_time(child.id()).unwrap_or(0);
                     m.state.state = "running".into();
@@ -804,6 +820,12 @@ pub fn supervise(a: DirArgs) -> Result<()> {
         }
         if changed {
             save_states(&dir, &servers);
+        }
+        if endpoints_changed {
+            info.metrics = metrics_endpoints(&servers);
+            if let Err(e) = info.save() {
+                println!("error: recording the new metrics ports: {e:#}");
+            }
         }
     }
     stop_all(&dir, &mut servers);
