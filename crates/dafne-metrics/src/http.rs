@@ -503,8 +503,9 @@ pub fn fetch(addr: SocketAddr, timeout: Duration) -> Result<String, FetchError> 
         _ => FetchError::Connect { addr, source },
     })?;
     s.set_write_timeout(Some(left()?)).map_err(io)?;
-    // A few dozen bytes: one write into an empty send buffer.
-    write!(&s, "GET {PATH} HTTP/1.1\r\nHost: {addr}\r\nAccept: text/plain\r\nConnection: close\r\n\r\n").map_err(io)?;
+    // A few dozen bytes, written at once (one segment, as servers expect).
+    let request = format!("GET {PATH} HTTP/1.1\r\nHost: {addr}\r\nAccept: text/plain\r\nConnection: close\r\n\r\n");
+    (&s).write_all(request.as_bytes()).map_err(io)?;
     let limit = MAX_PAGE + MAX_HEAD;
     let mut raw = Vec::new();
     let mut chunk = vec![0u8; 64 << 10];

@@ -73,18 +73,18 @@ pub fn write_process(t: &mut Text) {
     }
 }
 
-/// Counters given as `(name, value)` pairs (a snapshot's `fields()`),
-/// each its own family `{prefix}{name}_total`, except the names listed in
-/// `gauges`, which are gauges `{prefix}{name}`. `source` says in the help
-/// where the counter is documented.
-pub fn write_fields(t: &mut Text, prefix: &str, source: &str, fields: &[(&str, u64)], gauges: &[&str]) {
-    for (name, value) in fields {
+/// Counters given as `(name, meaning, value)` triples (a snapshot's
+/// `described()`), each its own family `{prefix}{name}_total` with the
+/// meaning as its help, except the names listed in `gauges`, which are
+/// gauges `{prefix}{name}`.
+pub fn write_fields(t: &mut Text, prefix: &str, fields: &[(&str, String, u64)], gauges: &[&str]) {
+    for (name, meaning, value) in fields {
         let (full, kind) = if gauges.contains(name) {
             (format!("{prefix}{name}"), Kind::Gauge)
         } else {
             (format!("{prefix}{name}_total"), Kind::Counter)
         };
-        t.family(&full, kind, &format!("{source}: `{name}` (documented there).")).sample(&[], *value);
+        t.family(&full, kind, meaning).sample(&[], *value);
     }
 }
 

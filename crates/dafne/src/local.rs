@@ -218,6 +218,16 @@ fn check_ports(c: &Config) -> Result<()> {
         addrs.push(("metadata server's metrics", c.metrics_addr(None)));
         addrs.extend((0..c.cluster.io_servers).map(|i| ("io server's metrics", c.metrics_addr(Some(i)))));
     }
+    // Free ports (base 0) are taken by the servers, but the host must be
+    // one of this machine's: else they would all serve without metrics.
+    let host = SocketAddr::new(c.cluster.metrics_host, 0);
+    if let Err(e) = TcpListener::bind(host) {
+        bail!(
+            "cannot listen for metrics on {} ([cluster] metrics_host in the configuration): {e}; choose an \
+             address of this machine, such as 127.0.0.1",
+            c.cluster.metrics_host
+        );
+    }
     for (what, addr) in addrs {
         if let Err(e) = TcpListener::bind(addr) {
             if e.kind() == std::io::ErrorKind::AddrInUse {
@@ -1097,23 +1107,45 @@ fn print_metrics(info: &ClusterInfo) -> Result<()> {
     let mut failed = Vec::new();
     for m in &info.metrics {
         match dafne_metrics::fetch(m.addr, METRICS_TIMEOUT) {
-            Ok(page) => pages.push((m, page)),
+            // Each page checked alone, so that one bad page costs only itself.
+            Ok(page) => match dafne_metrics::parse(&page) {
+                Ok(_) => pages.push((m, page)),
+                Err(e) => {
+                    eprintln!("error: the metrics page of {} ({}) is not valid Prometheus text: {e}", m.server, m.addr);
+                    failed.push(m.server.clone());
+                }
+            },
             Err(e) => {
                 eprintln!("error: the metrics of {} ({}): {e}", m.server, m.addr);
                 failed.push(m.server.clone());
             }
         }
     }
-    let texts: Vec<&str> = pages.iter().map(|(_, p)| p.as_str()).collect();
-    let merged = dafne_metrics::parse::merge(&texts).map_err(|(i, e)| match pages.get(i) {
-        Some((m, _)) => {
-            anyhow::anyhow!("the metrics page of {} ({}) is not valid Prometheus text: {e}", m.server, m.addr)
+    // Valid pages can still disagree (a family a counter on one, a gauge
+    // on another): the page merging finds at fault is left out, the rest
+    // printed.
+    let merged = loop {
+        let texts: Vec<&str> = pages.iter().map(|(_, p)| p.as_str()).collect();
+        match dafne_metrics::parse::merge(&texts) {
+            Ok(merged) => break merged,
+            Err((i, e)) if i < pages.len() => {
+                let (m, _) = pages.remove(i);
+                eprintln!("error: the metrics page of {} ({}) does not fit the others': {e}", m.server, m.addr);
+                failed.push(m.server.clone());
+            }
+            Err((_, e)) => bail!("the gathered metrics are not valid Prometheus text: {e}"),
         }
-        None => anyhow::anyhow!("the gathered metrics are not valid Prometheus text: {e}"),
-    })?;
+    };
     print!("{merged}");
     if !failed.is_empty() {
-        bail!("{} of {} servers did not serve their metrics: {}", failed.len(), info.metrics.len(), failed.join(", "));
+        bail!(
+            "{} of {} servers did not serve their metrics: {} (`dafne status --dir {}` shows whether they run, and \
+             where their metrics are)",
+            failed.len(),
+            info.metrics.len(),
+            failed.join(", "),
+            info.dir.display()
+        );
     }
     Ok(())
 }

@@ -331,6 +331,37 @@ fn status_metrics_names_a_server_that_does_not_answer() {
     assert!(!o.status.success(), "{}", text(&o));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("io-0") && err.contains("1 of 2 servers"), "{err}");
+    assert!(err.contains("dafne status"), "points to where the servers' states are: {err}");
     let page = check_page(&String::from_utf8(o.stdout).unwrap());
     assert!(page.iter().all(|(_, l, _)| l.get("server").map(String::as_str) == Some("meta")), "only meta's page");
+
+    // A page that is not Prometheus text hides only itself: io-0's port is
+    // now a fake server's.
+    let fake = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let fake_addr = fake.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for mut s in fake.incoming().flatten() {
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") && matches!(s.read(&mut byte), Ok(1)) {
+                head.push(byte[0]);
+            }
+            let body = "this is not a metrics page\n";
+            let _ = write!(s, "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
+        }
+    });
+    let path = c.dir().join("cluster.json");
+    let mut info: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    for m in info["metrics"].as_array_mut().unwrap() {
+        if m["server"] == "io-0" {
+            m["addr"] = fake_addr.to_string().into();
+        }
+    }
+    std::fs::write(&path, serde_json::to_string(&info).unwrap()).unwrap();
+    let o = dafne().args(["status", "--dir", p(c.dir()), "--metrics"]).output().unwrap();
+    assert!(!o.status.success(), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("io-0") && err.contains("not valid Prometheus text"), "{err}");
+    let page = check_page(&String::from_utf8(o.stdout).unwrap());
+    assert!(page.iter().any(|(_, l, _)| l.get("server").map(String::as_str) == Some("meta")), "meta's page is printed");
 }
