@@ -270,8 +270,8 @@ fn log_of(dir: &Path, server: &str) -> String {
 }
 
 /// Garbage, a request that never ends, and more connections than the port
-/// serves at once: the port answers garbage with 400, closes the extra
-/// connections, and serves the page again once the stalled peers' time is
+/// serves at once: the port answers garbage with 400, the extra connections
+/// with 503, and serves the page again once the stalled peers' time is
 /// up, while the server goes on serving its clients.
 #[test]
 fn hostile_peers_on_the_metrics_port_do_not_stop_it() {
