@@ -146,7 +146,9 @@ pub struct IoCommand {
     pub stats_on_stdin: bool,
     /// Serve this server's counters in the Prometheus text format at
     /// http://ADDR/metrics (port 0: any free port; the address is printed
-    /// as `metrics on ADDR` before `listening on`). Off unless given;
+    /// as `metrics on ADDR` before `listening on`). If ADDR cannot be
+    /// taken, a free port of its host is (a warning says so), else none:
+    /// the server serves either way. Off unless given;
     /// `dafne up` gives every server one. Use a loopback address unless
     /// the network is trusted: the page needs no login.
     #[arg(long, value_name = "ADDR")]
@@ -546,16 +548,16 @@ pub fn serve_forever(c: &IoCommand) -> Result<()> {
     dafne_transport::fail_fast_on_panic();
     let s = std::sync::Arc::new(start_with(&c.args, c.serving)?);
     // Dropped before the server (it holds a reference for its page).
-    let metrics = match c.metrics_listen {
-        Some(addr) => {
-            let (server, name) = (s.clone(), c.server_name.clone());
-            let m = dafne_metrics::MetricsServer::start(addr, move || server.metrics_page(&name))
-                .with_context(|| format!("listening for metrics on {addr} (--metrics-listen)"))?;
-            println!("metrics on {}", m.addr());
-            Some(m)
-        }
-        None => None,
-    };
+    // A port it cannot take (a restart whose port something took
+    // meanwhile) costs the metrics, never the server: another port, or
+    // none (`start_or_elsewhere` logs which).
+    let metrics = c.metrics_listen.and_then(|addr| {
+        let (server, name) = (s.clone(), c.server_name.clone());
+        dafne_metrics::MetricsServer::start_or_elsewhere(addr, move || server.metrics_page(&name))
+    });
+    if let Some(m) = &metrics {
+        println!("metrics on {}", m.addr());
+    }
     println!("listening on {}", s.addr);
     std::io::stdout().flush()?;
     if c.stats_on_stdin {

@@ -323,10 +323,21 @@ impl IoService {
 
     /// The serving mode, the data directory's file system and the cache size.
     pub fn capacity(&self) -> (ServingMode, Capacity) {
-        let (capacity_bytes, available_bytes, filesystem_id) = self.store.capacity().unwrap_or_else(|e| {
-            tracing::warn!("statvfs of the data directory failed: {e}");
-            (0, 0, 0)
-        });
+        // Asked on every metrics page and status: a failure is warned of
+        // once, and again only after statvfs worked in between.
+        static FAILING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        let (capacity_bytes, available_bytes, filesystem_id) = match self.store.capacity() {
+            Ok(c) => {
+                FAILING.store(false, std::sync::atomic::Ordering::Relaxed);
+                c
+            }
+            Err(e) => {
+                if !FAILING.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    tracing::warn!("statvfs of the data directory failed: {e} (capacity shown as 0; warned once)");
+                }
+                (0, 0, 0)
+            }
+        };
         let (mode, cache_bytes) = match &self.backend {
             Backend::Unifier(un) => {
                 let c = un.config();

@@ -61,7 +61,9 @@ pub struct MetaArgs {
     pub open_grace_s: u64,
     /// Serve this server's counters in the Prometheus text format at
     /// http://ADDR/metrics (port 0: any free port; the address is printed
-    /// as `metrics on ADDR` before `listening on`). Off unless given;
+    /// as `metrics on ADDR` before `listening on`). If ADDR cannot be
+    /// taken, a free port of its host is (a warning says so), else none:
+    /// the server serves either way. Off unless given;
     /// `dafne up` gives every server one. Use a loopback address unless
     /// the network is trusted: the page needs no login.
     #[arg(long, value_name = "ADDR")]
@@ -157,22 +159,22 @@ pub fn serve_forever(o: &ServeOptions) -> Result<()> {
     serve_forever_with(o, None, "meta")
 }
 
-/// [`serve_forever`] with a metrics port on `metrics` (printed as
-/// `metrics on ADDR` before `listening on`), its samples labelled
+/// [`serve_forever`] with a metrics port on `metrics`, else elsewhere
+/// (`MetricsServer::start_or_elsewhere`; printed as `metrics on ADDR`
+/// before `listening on`), its samples labelled
 /// `server="NAME"`.
 pub fn serve_forever_with(o: &ServeOptions, metrics: Option<SocketAddr>, name: &str) -> Result<()> {
     dafne_transport::fail_fast_on_panic();
     let server = Arc::new(start(o)?);
-    let metrics = match metrics {
-        Some(addr) => {
-            let (s, name) = (server.clone(), name.to_string());
-            let m = dafne_metrics::MetricsServer::start(addr, move || s.metrics_page(&name))
-                .with_context(|| format!("listening for metrics on {addr} (--metrics-listen)"))?;
-            println!("metrics on {}", m.addr());
-            Some(m)
-        }
-        None => None,
-    };
+    // A port it cannot take costs the metrics, never the server: another
+    // port, or none (`start_or_elsewhere` logs which).
+    let metrics = metrics.and_then(|addr| {
+        let (s, name) = (server.clone(), name.to_string());
+        dafne_metrics::MetricsServer::start_or_elsewhere(addr, move || s.metrics_page(&name))
+    });
+    if let Some(m) = &metrics {
+        println!("metrics on {}", m.addr());
+    }
     println!("listening on {}", server.addr);
     use std::io::Write as _;
     std::io::stdout().flush()?;

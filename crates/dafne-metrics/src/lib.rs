@@ -17,15 +17,18 @@
 //! loopback unless told otherwise, and it is built so that anyone who
 //! reaches it cannot hurt the server: a request head of at most
 //! [`http::MAX_HEAD`] bytes read within [`http::READ_DEADLINE`], at most
-//! [`http::MAX_CONNECTIONS`] connections at once (more are closed at
-//! once), one request per connection, and the page is built only for a
-//! well-formed `GET /metrics`.
+//! [`http::MAX_CONNECTIONS`] connections at once (more are answered 503
+//! at once), one request per connection, the page is built only for a
+//! well-formed `GET /metrics` and at most once per [`http::CACHE_FOR`].
+//! A data server takes its port with
+//! [`MetricsServer::start_or_elsewhere`]: metrics are optional, and a
+//! taken port must never keep the server from serving its clients.
 
 pub mod http;
 pub mod parse;
 pub mod text;
 
-pub use http::{fetch, FetchError, MetricsServer};
+pub use http::{fetch, FetchError, MetricsServer, Options};
 pub use parse::{parse, Family as ParsedFamily, ParseError, Sample};
 pub use text::{Kind, Text};
 
@@ -70,18 +73,18 @@ pub fn write_process(t: &mut Text) {
     }
 }
 
-/// Counters given as `(name, value)` pairs (a snapshot's `fields()`),
-/// each its own family `{prefix}{name}_total`, except the names listed in
-/// `gauges`, which are gauges `{prefix}{name}`. `source` says in the help
-/// where the counter is documented.
-pub fn write_fields(t: &mut Text, prefix: &str, source: &str, fields: &[(&str, u64)], gauges: &[&str]) {
-    for (name, value) in fields {
+/// Counters given as `(name, meaning, value)` triples (a snapshot's
+/// `described()`), each its own family `{prefix}{name}_total` with the
+/// meaning as its help, except the names listed in `gauges`, which are
+/// gauges `{prefix}{name}`.
+pub fn write_fields(t: &mut Text, prefix: &str, fields: &[(&str, String, u64)], gauges: &[&str]) {
+    for (name, meaning, value) in fields {
         let (full, kind) = if gauges.contains(name) {
             (format!("{prefix}{name}"), Kind::Gauge)
         } else {
             (format!("{prefix}{name}_total"), Kind::Counter)
         };
-        t.family(&full, kind, &format!("{source}: `{name}` (documented there).")).sample(&[], *value);
+        t.family(&full, kind, meaning).sample(&[], *value);
     }
 }
 

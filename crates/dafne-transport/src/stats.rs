@@ -3,13 +3,13 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 macro_rules! counters {
-    ($($(#[$m:meta])* $f:ident),* $(,)?) => {
+    ($($(#[doc = $doc:literal])* $f:ident),* $(,)?) => {
         /// Live transport counters of one runtime.
         #[derive(Debug, Default)]
-        pub struct TransportStats { $($(#[$m])* pub(crate) $f: AtomicU64,)* }
+        pub struct TransportStats { $($(#[doc = $doc])* pub(crate) $f: AtomicU64,)* }
         /// A copy of [`TransportStats`].
         #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-        pub struct TransportStatsSnapshot { $($(#[$m])* pub $f: u64,)* }
+        pub struct TransportStatsSnapshot { $($(#[doc = $doc])* pub $f: u64,)* }
         impl TransportStats {
             pub fn snapshot(&self) -> TransportStatsSnapshot {
                 TransportStatsSnapshot { $($f: self.$f.load(Relaxed),)* }
@@ -18,6 +18,15 @@ macro_rules! counters {
         impl TransportStatsSnapshot {
             /// `(name, value)` pairs, for printing.
             pub fn fields(&self) -> Vec<(&'static str, u64)> { vec![$((stringify!($f), self.$f),)*] }
+            /// `(name, meaning, value)` triples: the meaning is the
+            /// field's doc comment on one line (for metrics' help).
+            pub fn described(&self) -> Vec<(&'static str, String, u64)> {
+                vec![$((
+                    stringify!($f),
+                    concat!($($doc, " "),*).split_whitespace().collect::<Vec<_>>().join(" "),
+                    self.$f,
+                ),)*]
+            }
         }
     };
 }
@@ -75,5 +84,18 @@ counters! {
 impl TransportStats {
     pub(crate) fn inc(c: &AtomicU64) {
         c.fetch_add(1, Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every counter has its doc comment as its meaning, on one line.
+    #[test]
+    fn every_counter_is_described() {
+        let d = super::TransportStatsSnapshot::default().described();
+        assert_eq!(d.len(), super::TransportStatsSnapshot::default().fields().len());
+        let (name, meaning, _) = &d[0];
+        assert_eq!((*name, meaning.as_str()), ("requests_sent", "Requests sent by clients of this runtime."));
+        assert!(d.iter().all(|(_, m, _)| !m.is_empty() && !m.contains('\n') && !m.contains("  ")), "{d:?}");
     }
 }

@@ -69,7 +69,7 @@ pub struct ClusterConfig {
     pub metrics_host: IpAddr,
     /// The metadata server's metrics port; io server `i` has
     /// `metrics_base_port + 1 + i`. 0: each server takes a free port when
-    /// the cluster starts (kept across its restarts), recorded in
+    /// the cluster starts (asked for again at its restarts), recorded in
     /// `cluster.json` and shown by `dafne status`; choose a base for ports
     /// a Prometheus configuration can name.
     pub metrics_base_port: u16,
@@ -277,20 +277,39 @@ impl Config {
             let metrics = c.metrics_base_port as u32..c.metrics_base_port as u32 + 1 + c.io_servers;
             if metrics.end > u16::MAX as u32 + 1 {
                 bail!(
-                    "cluster.metrics_base_port = {} leaves no room for the metrics ports of 1 + {} servers",
+                    "cluster.metrics_base_port = {} leaves no room for the metrics ports of 1 + {} servers: the \
+                     highest base for {} io servers is {}",
                     c.metrics_base_port,
-                    c.io_servers
+                    c.io_servers,
+                    c.io_servers,
+                    u16::MAX as u32 - c.io_servers
                 );
             }
-            let overlaps = |r: &std::ops::Range<u32>| r.start < metrics.end && metrics.start < r.end;
-            if overlaps(&io_ports) || metrics.contains(&(c.meta_port as u32)) {
+            let owner = |port: u32| -> Option<String> {
+                if port == c.meta_port as u32 {
+                    Some(format!("the metadata server's port (cluster.meta_port = {})", c.meta_port))
+                } else if io_ports.contains(&port) {
+                    Some(format!(
+                        "io server {}'s port (cluster.io_base_port = {} + {})",
+                        port - io_ports.start,
+                        c.io_base_port,
+                        port - io_ports.start
+                    ))
+                } else {
+                    None
+                }
+            };
+            if let Some((port, what)) = metrics.clone().find_map(|p| owner(p).map(|w| (p, w))) {
+                let whose = match port - metrics.start {
+                    0 => "the metadata server's metrics port".to_string(),
+                    k => format!("io server {}'s metrics port", k - 1),
+                };
                 bail!(
-                    "cluster.metrics_base_port = {}: the metrics ports {:?} collide with the metadata server's port {} \
-                     or the io servers' {:?}",
+                    "cluster.metrics_base_port = {}: port {port}, {whose}, collides with {what}; the metrics ports \
+                     are {}..={}",
                     c.metrics_base_port,
-                    metrics,
-                    c.meta_port,
-                    io_ports
+                    metrics.start,
+                    metrics.end - 1
                 );
             }
         }
@@ -774,10 +793,20 @@ mod tests {
         assert_eq!(ok.metrics_addr(Some(3)).port(), 7709);
         let e = Config::parse("[cluster]\nmetrics_base_port = 7706\n", Path::new("c.toml")).unwrap_err();
         assert!(format!("{e:#}").contains("metrics_base_port"), "{e:#}");
+        assert!(
+            format!("{e:#}").contains("port 7710, io server 3's metrics port, collides with io server 0's port"),
+            "{e:#}"
+        );
         let e = Config::parse("[cluster]\nmetrics_base_port = 7698\n", Path::new("c.toml")).unwrap_err();
-        assert!(format!("{e:#}").contains("collide"), "{e:#}");
+        assert!(
+            format!("{e:#}")
+                .contains("port 7700, io server 1's metrics port, collides with the metadata server's port"),
+            "{e:#}"
+        );
         let e = Config::parse("[cluster]\nmetrics_base_port = 65533\n", Path::new("c.toml")).unwrap_err();
         assert!(format!("{e:#}").contains("no room"), "{e:#}");
+        assert!(format!("{e:#}").contains("the highest base for 4 io servers is 65531"), "{e:#}");
+        Config::parse("[cluster]\nmetrics_base_port = 65531\n", Path::new("c.toml")).unwrap();
         assert_eq!(Config::embedded().metrics_addr(Some(2)), "127.0.0.1:0".parse().unwrap(), "free ports by default");
     }
 

@@ -149,7 +149,8 @@ pub struct ServerState {
     /// reused pid is not taken for it.
     #[serde(default)]
     pub start: u64,
-    /// Its metrics port (`GET /metrics`), once it listens.
+    /// Its metrics port (`GET /metrics`) as the server reported it at its
+    /// last start (`None`: it serves none).
     #[serde(default)]
     pub metrics: Option<SocketAddr>,
 }
@@ -216,6 +217,16 @@ fn check_ports(c: &Config) -> Result<()> {
     if c.cluster.metrics_base_port != 0 {
         addrs.push(("metadata server's metrics", c.metrics_addr(None)));
         addrs.extend((0..c.cluster.io_servers).map(|i| ("io server's metrics", c.metrics_addr(Some(i)))));
+    }
+    // Free ports (base 0) are taken by the servers, but the host must be
+    // one of this machine's: else they would all serve without metrics.
+    let host = SocketAddr::new(c.cluster.metrics_host, 0);
+    if let Err(e) = TcpListener::bind(host) {
+        bail!(
+            "cannot listen for metrics on {} ([cluster] metrics_host in the configuration): {e}; choose an \
+             address of this machine, such as 127.0.0.1",
+            c.cluster.metrics_host
+        );
     }
     for (what, addr) in addrs {
         if let Err(e) = TcpListener::bind(addr) {
@@ -580,6 +591,14 @@ fn spawn_server(args: &[String], log: &Path) -> Result<Spawned> {
     }
 }
 
+/// Where each server's metrics are now (a server without a port is left out).
+fn metrics_endpoints(servers: &[Managed]) -> Vec<crate::cluster::MetricsEndpoint> {
+    servers
+        .iter()
+        .filter_map(|m| Some(crate::cluster::MetricsEndpoint { server: m.state.name.clone(), addr: m.state.metrics? }))
+        .collect()
+}
+
 fn save_states(dir: &Path, servers: &[Managed]) {
     let states: Vec<&ServerState> = servers.iter().map(|m| &m.state).collect();
     let tmp = dir.join("servers.json.tmp");
@@ -725,7 +744,7 @@ pub fn supervise(a: DirArgs) -> Result<()> {
         }
     }
     save_states(&dir, &servers);
-    let info = ClusterInfo {
+    let mut info = ClusterInfo {
         dir: dir.clone(),
         meta: servers[0].state.addr,
         io: servers[1..].iter().map(|m| m.state.addr).collect(),
@@ -734,12 +753,7 @@ pub fn supervise(a: DirArgs) -> Result<()> {
         supervisor_pid: std::process::id(),
         attr_timeout_ms: c.mount.attr_timeout_ms,
         entry_timeout_ms: c.mount.entry_timeout_ms,
-        metrics: servers
-            .iter()
-            .filter_map(|m| {
-                Some(crate::cluster::MetricsEndpoint { server: m.state.name.clone(), addr: m.state.metrics? })
-            })
-            .collect(),
+        metrics: metrics_endpoints(&servers),
     };
     if !stop.load(Ordering::Relaxed) {
         info.save()?;
@@ -754,6 +768,7 @@ pub fn supervise(a: DirArgs) -> Result<()> {
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(200));
         let mut changed = false;
+        let mut endpoints_changed = false;
         for m in servers.iter_mut() {
             let Some(child) = m.child.as_mut() else { continue };
             let Ok(Some(status)) = child.try_wait() else { continue };
@@ -781,7 +796,8 @@ pub fn supervise(a: DirArgs) -> Result<()> {
             m.state.state = "restarting".into();
             println!("restarting {} ({}/{})", m.state.name, m.state.restarts, c.cluster.max_restarts);
             // The same address, so clients and layouts stay valid, and the
-            // same metrics port (recorded in cluster.json).
+            // metrics port it had if it can still take it; else it takes
+            // another (or none), which is recorded below.
             let mut args = m.args.clone();
             if let Some(i) = args.iter().position(|a| a == "--listen") {
                 args[i + 1] = m.state.addr.to_string();
@@ -790,7 +806,17 @@ pub fn supervise(a: DirArgs) -> Result<()> {
                 args[i + 1] = addr.to_string();
             }
             match spawn_server(&args, &log) {
-                Ok(Spawned { child, .. }) => {
+                Ok(Spawned { child, metrics, .. }) => {
+                    if metrics != m.state.metrics {
+                        println!(
+                            "{}'s metrics port is now {} (was {})",
+                            m.state.name,
+                            metrics.map_or_else(|| "none".to_string(), |a| a.to_string()),
+                            m.state.metrics.map_or_else(|| "none".to_string(), |a| a.to_string()),
+                        );
+                        m.state.metrics = metrics;
+                        endpoints_changed = true;
+                    }
                     m.state.pid = child.id();
                     m.state.start = start_time(child.id()).unwrap_or(0);
                     m.state.state = "running".into();
@@ -804,6 +830,12 @@ pub fn supervise(a: DirArgs) -> Result<()> {
         }
         if changed {
             save_states(&dir, &servers);
+        }
+        if endpoints_changed {
+            info.metrics = metrics_endpoints(&servers);
+            if let Err(e) = info.save() {
+                println!("error: recording the new metrics ports: {e:#}");
+            }
         }
     }
     stop_all(&dir, &mut servers);
@@ -1075,23 +1107,45 @@ fn print_metrics(info: &ClusterInfo) -> Result<()> {
     let mut failed = Vec::new();
     for m in &info.metrics {
         match dafne_metrics::fetch(m.addr, METRICS_TIMEOUT) {
-            Ok(page) => pages.push((m, page)),
+            // Each page checked alone, so that one bad page costs only itself.
+            Ok(page) => match dafne_metrics::parse(&page) {
+                Ok(_) => pages.push((m, page)),
+                Err(e) => {
+                    eprintln!("error: the metrics page of {} ({}) is not valid Prometheus text: {e}", m.server, m.addr);
+                    failed.push(m.server.clone());
+                }
+            },
             Err(e) => {
                 eprintln!("error: the metrics of {} ({}): {e}", m.server, m.addr);
                 failed.push(m.server.clone());
             }
         }
     }
-    let texts: Vec<&str> = pages.iter().map(|(_, p)| p.as_str()).collect();
-    let merged = dafne_metrics::parse::merge(&texts).map_err(|(i, e)| match pages.get(i) {
-        Some((m, _)) => {
-            anyhow::anyhow!("the metrics page of {} ({}) is not valid Prometheus text: {e}", m.server, m.addr)
+    // Valid pages can still disagree (a family a counter on one, a gauge
+    // on another): the page merging finds at fault is left out, the rest
+    // printed.
+    let merged = loop {
+        let texts: Vec<&str> = pages.iter().map(|(_, p)| p.as_str()).collect();
+        match dafne_metrics::parse::merge(&texts) {
+            Ok(merged) => break merged,
+            Err((i, e)) if i < pages.len() => {
+                let (m, _) = pages.remove(i);
+                eprintln!("error: the metrics page of {} ({}) does not fit the others': {e}", m.server, m.addr);
+                failed.push(m.server.clone());
+            }
+            Err((_, e)) => bail!("the gathered metrics are not valid Prometheus text: {e}"),
         }
-        None => anyhow::anyhow!("the gathered metrics are not valid Prometheus text: {e}"),
-    })?;
+    };
     print!("{merged}");
     if !failed.is_empty() {
-        bail!("{} of {} servers did not serve their metrics: {}", failed.len(), info.metrics.len(), failed.join(", "));
+        bail!(
+            "{} of {} servers did not serve their metrics: {} (`dafne status --dir {}` shows whether they run, and \
+             where their metrics are)",
+            failed.len(),
+            info.metrics.len(),
+            failed.join(", "),
+            info.dir.display()
+        );
     }
     Ok(())
 }

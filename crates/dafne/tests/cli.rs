@@ -194,6 +194,13 @@ fn mistakes_get_clear_messages_and_a_nonzero_exit() {
     assert!(!o.status.success());
     assert!(text(&o).contains("io_servers"), "{}", text(&o));
 
+    // A metrics host that is none of this machine's addresses (TEST-NET-1).
+    let cfg = dir.path().join("host.toml");
+    std::fs::write(&cfg, "[cluster]\nmetrics_host = \"192.0.2.1\"\n").unwrap();
+    let o = run(&["up", "--dir", &d, "--config", cfg.to_str().unwrap()]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("192.0.2.1 ([cluster] metrics_host"), "{}", text(&o));
+
     // The metadata server's port is taken.
     let c = Cluster::new(1);
     let _holder = TcpListener::bind(("127.0.0.1", c.meta_port)).unwrap();

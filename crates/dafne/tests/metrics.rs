@@ -1,9 +1,10 @@
 //! Every server of a `dafne up` cluster exports its counters in the
 //! Prometheus text format on a metrics port of its own: the counts match
 //! what a client did, the pages parse, `dafne status --metrics` gathers
-//! them, a restarted server keeps its port, and hostile peers on the port
-//! (garbage, a request never finished, more connections than it serves)
-//! do not stop it.
+//! them, a restarted server keeps its port (or, if something took it
+//! meanwhile, serves on with another that status names), and hostile
+//! peers on the port (garbage, a request never finished, more connections
+//! than it serves) do not stop it.
 
 mod common;
 
@@ -210,9 +211,67 @@ fn fixed_metrics_ports_and_a_restarted_server_keeps_its_port() {
     assert_eq!(servers()[2]["metrics"].as_str(), Some(ends["io-1"].to_string().as_str()));
 }
 
+/// A restarted server whose metrics port something else took meanwhile
+/// (the port is an ephemeral one by default, so any program may get it)
+/// still starts: it serves its clients, takes another metrics port, and
+/// servers.json, cluster.json and `dafne status` say which.
+#[test]
+fn a_restarted_server_whose_metrics_port_is_taken_still_serves() {
+    let c = Cluster::start_sized(1, "");
+    let json = |name: &str| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(c.dir().join(name)).unwrap()).unwrap()
+    };
+    let old = endpoints(c.dir())["io-0"];
+    assert_eq!(json("servers.json")[1]["name"], "io-0");
+    let pid = json("servers.json")[1]["pid"].as_u64().unwrap();
+    let supervisor = json("cluster.json")["supervisor_pid"].as_u64().unwrap().to_string();
+    // The supervisor paused, so the port is taken before it restarts io-0.
+    std::process::Command::new("kill").args(["-STOP", &supervisor]).status().unwrap();
+    std::process::Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap();
+    wait_for("io-0 gone", || !common::alive(pid));
+    let mut held = None;
+    wait_for("the old metrics port free", || {
+        held = std::net::TcpListener::bind(old).ok();
+        held.is_some()
+    });
+    std::process::Command::new("kill").args(["-CONT", &supervisor]).status().unwrap();
+    wait_for("io-0's restart settled", || {
+        let s = json("servers.json");
+        s[1]["restarts"] == 1 && s[1]["state"] != "restarting"
+    });
+    let s = json("servers.json");
+    assert_eq!(s[1]["state"], "running", "io-0 did not come back: {s:#}\n{}", log_of(c.dir(), "io-0"));
+    let new: SocketAddr = s[1]["metrics"].as_str().expect("servers.json records its metrics port").parse().unwrap();
+    assert_ne!(new, old, "the port is held by the test");
+    assert_eq!(new.ip(), old.ip(), "the same host");
+    wait_for("cluster.json updated", || endpoints(c.dir())["io-0"] == new);
+    let table = text(&dafne().args(["status", "--dir", p(c.dir())]).output().unwrap());
+    assert!(table.contains(&format!("http://{new}/metrics")), "{table}");
+    let log = log_of(c.dir(), "io-0");
+    assert!(log.contains(&old.to_string()), "the log names the port it could not take: {log}");
+    // It serves I/O, and its metrics count it where status says.
+    let (_rt, fs) = connect(c.dir());
+    let data = pattern(256 << 10, 3);
+    let f = fs.create(fs.meta.root(), b"after.bin", 0o644, None).unwrap();
+    f.write_at(0, &data, dafne_proto::io::Stability::FileSync).unwrap();
+    let mut back = vec![0u8; data.len()];
+    assert_eq!(f.read_at(0, &mut back).unwrap(), data.len());
+    assert!(back == data);
+    f.close().unwrap();
+    let m = check_page(&page(new));
+    assert!(m.iter().all(|(_, l, _)| l.get("server").map(String::as_str) == Some("io-0")), "server label");
+    assert!(sum(&m, "dafne_io_bytes_total", &[("op", "write")]) >= data.len() as f64);
+    drop(held);
+}
+
+/// A server's log.
+fn log_of(dir: &Path, server: &str) -> String {
+    std::fs::read_to_string(dir.join("logs").join(format!("{server}.log"))).unwrap_or_default()
+}
+
 /// Garbage, a request that never ends, and more connections than the port
-/// serves at once: the port answers garbage with 400, closes the extra
-/// connections, and serves the page again once the stalled peers' time is
+/// serves at once: the port answers garbage with 400, the extra connections
+/// with 503, and serves the page again once the stalled peers' time is
 /// up, while the server goes on serving its clients.
 #[test]
 fn hostile_peers_on_the_metrics_port_do_not_stop_it() {
@@ -272,6 +331,37 @@ fn status_metrics_names_a_server_that_does_not_answer() {
     assert!(!o.status.success(), "{}", text(&o));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("io-0") && err.contains("1 of 2 servers"), "{err}");
+    assert!(err.contains("dafne status"), "points to where the servers' states are: {err}");
     let page = check_page(&String::from_utf8(o.stdout).unwrap());
     assert!(page.iter().all(|(_, l, _)| l.get("server").map(String::as_str) == Some("meta")), "only meta's page");
+
+    // A page that is not Prometheus text hides only itself: io-0's port is
+    // now a fake server's.
+    let fake = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let fake_addr = fake.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for mut s in fake.incoming().flatten() {
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") && matches!(s.read(&mut byte), Ok(1)) {
+                head.push(byte[0]);
+            }
+            let body = "this is not a metrics page\n";
+            let _ = write!(s, "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
+        }
+    });
+    let path = c.dir().join("cluster.json");
+    let mut info: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    for m in info["metrics"].as_array_mut().unwrap() {
+        if m["server"] == "io-0" {
+            m["addr"] = fake_addr.to_string().into();
+        }
+    }
+    std::fs::write(&path, serde_json::to_string(&info).unwrap()).unwrap();
+    let o = dafne().args(["status", "--dir", p(c.dir()), "--metrics"]).output().unwrap();
+    assert!(!o.status.success(), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("io-0") && err.contains("not valid Prometheus text"), "{err}");
+    let page = check_page(&String::from_utf8(o.stdout).unwrap());
+    assert!(page.iter().any(|(_, l, _)| l.get("server").map(String::as_str) == Some("meta")), "meta's page is printed");
 }
