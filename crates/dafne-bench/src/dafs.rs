@@ -604,6 +604,7 @@ impl Report {
                 x_label: "block size (KiB)".into(),
                 y_label: "MB/s".into(),
                 log_x: true,
+                log_y: false,
                 series: series(&Cell::mb_per_s),
             },
             Figure {
@@ -612,6 +613,7 @@ impl Report {
                 x_label: "block size (KiB)".into(),
                 y_label: "CPU µs per MiB".into(),
                 log_x: true,
+                log_y: false,
                 series: series(&Cell::cpu_us_per_mib),
             },
         ]
@@ -625,6 +627,7 @@ impl Report {
         let b = block_label(small);
         if let Some(r) = self.bandwidth_ratio(Op::Read, small) {
             out.push(Headline {
+                paper_text: None,
                 quantity: format!("user level / kernel path, read bandwidth at {b}"),
                 ours: r,
                 paper: 2.5,
@@ -641,6 +644,7 @@ impl Report {
         }
         if let Some(r) = self.cpu_ratio(Op::Read, small) {
             out.push(Headline {
+                paper_text: None,
                 quantity: format!("kernel path / user level, client CPU per MiB read at {b}"),
                 ours: r,
                 paper: f64::NAN,
@@ -653,6 +657,7 @@ impl Report {
         }
         if let Some(r) = self.postmark_ratio() {
             out.push(Headline {
+                paper_text: None,
                 quantity: "user level / kernel path, PostMark transactions/s, small files".into(),
                 ours: r,
                 paper: 2.0,

@@ -634,6 +634,7 @@ impl Report {
                 x_label: "threads (reads in flight)".into(),
                 y_label: "MiB/s".into(),
                 log_x: true,
+                log_y: false,
                 series: self
                     .designs()
                     .into_iter()
@@ -665,6 +666,7 @@ impl Report {
             if let (Some(rr), Some(rw)) = (rr, rw) {
                 let cpu = |r: &Row| r.client_cpu_us_per_mib + r.server_cpu_us_per_mib;
                 v.push(Headline {
+                    paper_text: None,
                     quantity: format!(
                         "RW / RR read bandwidth, {} records, {n} threads, {}",
                         transport::human(self.record),
@@ -688,6 +690,7 @@ impl Report {
             }
             if let (Some(rw), Some(nc)) = (rw, nc) {
                 v.push(Headline {
+                    paper_text: None,
                     quantity: format!(
                         "RW read bandwidth with / without the client registration cache, {n} threads, {}",
                         t.name()

@@ -926,7 +926,7 @@ pub mod seed {
     }
 
     fn ratio(quantity: String, ours: Option<f64>, paper: f64, why: &str) -> Option<Headline> {
-        Some(Headline { quantity, ours: ours?, paper, unit: "×".into(), why: why.into() })
+        Some(Headline { quantity, ours: ours?, paper, paper_text: None, unit: "×".into(), why: why.into() })
     }
 
     /// Figures 5 and 6: cached read and write bandwidth vs access size.
@@ -939,6 +939,7 @@ pub mod seed {
                 x_label: "access size (bytes)".into(),
                 y_label: "MiB/s".into(),
                 log_x: true,
+                log_y: false,
                 series: r
                     .modes()
                     .into_iter()
@@ -1013,6 +1014,7 @@ pub mod seed {
             x_label: "file size / cache size".into(),
             y_label: y.into(),
             log_x: false,
+            log_y: false,
             series: modes
                 .iter()
                 .map(|&m| Series {
@@ -1054,6 +1056,7 @@ pub mod seed {
             .filter_map(|(m, paper)| {
                 let row = at(m)?;
                 Some(Headline {
+                    paper_text: None,
                     quantity: format!("{m}: share of a file of S = {:.2} × C served from cache on re-read", row.ratio),
                     ours: row.hit_rate * 100.0,
                     paper,
@@ -1081,6 +1084,7 @@ pub mod seed {
                 x_label: "clients".into(),
                 y_label: "MiB/s".into(),
                 log_x: true,
+                log_y: false,
                 series: modes
                     .iter()
                     .map(|&m| Series {

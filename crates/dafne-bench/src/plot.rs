@@ -11,11 +11,13 @@ use std::fmt::Write as _;
 
 use crate::seed::Figure;
 
-const WIDTH: f64 = 640.0;
+/// The plot area's width; the legend's column is added to it.
+const PLOT_WIDTH: f64 = 460.0;
 const HEIGHT: f64 = 400.0;
 const LEFT: f64 = 72.0;
-const RIGHT: f64 = 170.0;
 const TOP: f64 = 40.0;
+/// About the width of one character of the 12 px sans-serif text.
+const CHAR: f64 = 6.8;
 const BOTTOM: f64 = 56.0;
 const COLOURS: [&str; 8] = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"];
 
@@ -41,10 +43,10 @@ fn nice_step(span: f64, ticks: f64) -> f64 {
     m * mag
 }
 
-/// A tick label: integers plainly, sizes in powers of two as K/M when the
-/// axis is log₂ and the values are byte counts of at least 1024.
-fn label(v: f64, log2: bool) -> String {
-    if log2 && v >= 1024.0 && v.fract() == 0.0 {
+/// A tick label: integers plainly, sizes in powers of two as K/M when
+/// `bytes` (a log₂ axis of byte counts) and the value is at least 1024.
+fn label(v: f64, bytes: bool) -> String {
+    if bytes && v >= 1024.0 && v.fract() == 0.0 {
         let n = v as u64;
         if n.is_multiple_of(1 << 20) {
             return format!("{}M", n >> 20);
@@ -81,21 +83,29 @@ pub fn svg(fig: &Figure) -> String {
     }
     let ystep = nice_step((y1 - y0).max(1e-9), 5.0);
     let (ylo, yhi) = ((y0 / ystep).floor() * ystep, ((y1 / ystep).ceil() * ystep).max(ystep));
-    let pw = WIDTH - LEFT - RIGHT;
+    // The legend's column is as wide as its longest name (SVG text does
+    // not wrap), the title's font as small as it must be to fit.
+    let longest = fig.series.iter().map(|s| s.name.chars().count()).max().unwrap_or(0) as f64;
+    let legend = (longest * CHAR + 40.0).clamp(90.0, 480.0);
+    let pw = PLOT_WIDTH;
+    let width = LEFT + pw + legend;
+    let title_size = (14.0f64).min((width - 16.0) / (fig.title.chars().count().max(1) as f64 * 0.62)).max(8.0);
     let ph = HEIGHT - TOP - BOTTOM;
+    // Sizes as K/M only on a log₂ axis that says it counts bytes.
+    let bytes = log2 && fig.x_label.contains("bytes");
     let px = |x: f64| LEFT + (tx(x) - x0) / (x1 - x0) * pw;
     let py = |y: f64| TOP + ph - (y - ylo) / (yhi - ylo) * ph;
 
     let mut s = String::new();
     let _ = writeln!(
         s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="12">"#
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0}" height="{HEIGHT}" viewBox="0 0 {width:.0} {HEIGHT}" font-family="sans-serif" font-size="12">"#
     );
     let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
     let _ = writeln!(
         s,
-        r#"<text x="{}" y="22" text-anchor="middle" font-size="14" font-weight="bold">{}</text>"#,
-        LEFT + pw / 2.0,
+        r#"<text x="{:.1}" y="22" text-anchor="middle" font-size="{title_size:.1}" font-weight="bold">{}</text>"#,
+        width / 2.0,
         esc(&fig.title)
     );
     // Y grid and ticks.
@@ -138,7 +148,7 @@ pub fn svg(fig: &Figure) -> String {
             TOP + ph,
             TOP + ph + 5.0,
             TOP + ph + 18.0,
-            label(v, log2)
+            label(v, bytes)
         );
     }
     let _ = writeln!(s, r##"<rect x="{LEFT}" y="{TOP}" width="{pw}" height="{ph}" fill="none" stroke="#333"/>"##);
@@ -197,7 +207,7 @@ mod tests {
         Figure {
             id: "t".into(),
             title: "A <title> & more".into(),
-            x_label: "access size".into(),
+            x_label: "access size (bytes)".into(),
             y_label: "MiB/s".into(),
             log_x,
             series,
@@ -219,6 +229,17 @@ mod tests {
         assert!(s.contains("A &lt;title&gt; &amp; more"));
         assert!(s.contains(">4K<") && s.contains(">1M<"), "log₂ ticks labelled as sizes: {s}");
         assert!(s.starts_with("<svg") && s.ends_with("</svg>\n"));
+    }
+
+    #[test]
+    fn long_names_widen_the_legend_and_other_axes_keep_plain_numbers() {
+        let name = "a long series name that would be cut off in a fixed column";
+        let mut f = fig(true, vec![Series { name: name.into(), points: vec![(4.0, 1.0), (1024.0, 2.0)] }]);
+        f.x_label = "block size (KiB)".into();
+        let s = svg(&f);
+        let width: f64 = s.split("width=\"").nth(1).unwrap().split('"').next().unwrap().parse().unwrap();
+        assert!(width >= LEFT + PLOT_WIDTH + name.len() as f64 * CHAR, "{width}");
+        assert!(s.contains(">1024<") && !s.contains(">1K<"), "KiB values are not byte counts: {s}");
     }
 
     #[test]

@@ -606,6 +606,7 @@ impl Report {
             x_label: "pages (4 KiB)".into(),
             y_label: "µs".into(),
             log_x: true,
+            log_y: false,
             series,
         }
     }
@@ -623,6 +624,7 @@ impl Report {
                 map.map(|m| m.a_us_per_page).unwrap_or(0.0)
             );
             h.push(Headline {
+                paper_text: None,
                 quantity: format!("registration cost per page a, {} (map + pack + unmap)", f.tls),
                 ours: f.a_us_per_page,
                 paper: PAPER_A_US,
@@ -630,6 +632,7 @@ impl Report {
                 why: why.clone(),
             });
             h.push(Headline {
+                paper_text: None,
                 quantity: format!("registration cost per operation b, {} (map + pack + unmap)", f.tls),
                 ours: f.b_us,
                 paper: PAPER_B_US,
@@ -642,6 +645,7 @@ impl Report {
         for op in ["write", "read"] {
             if let Some(r) = self.latency.iter().filter(|r| r.op == op).max_by_key(|r| r.size) {
                 h.push(Headline {
+                    paper_text: None,
                     quantity: format!("FRRWP saving per {} {op} (register first − FRRWP)", human(r.size)),
                     ours: r.saving_us,
                     paper: r.paper_saving_us,

@@ -6,7 +6,7 @@
 //! page"). An experiment module measures the same quantity on this machine
 //! and returns it as a [`Headline`] with the paper's figure beside it, plus
 //! the curves behind it as a [`Figure`], which `dafne bench seeds` draws
-//! (`plot.rs` of the `dafne` crate) and tabulates in `docs/SEEDS.md`.
+//! (`dafne_bench::plot`) and tabulates in `docs/SEEDS.md`.
 
 use serde::Serialize;
 
@@ -27,6 +27,9 @@ pub struct Figure {
     pub y_label: String,
     /// Draw the x axis on a log₂ scale (access sizes, client counts).
     pub log_x: bool,
+    /// Draw the y axis on a log₁₀ scale (values spanning orders of
+    /// magnitude, such as CPU per MiB from 4 KiB to 1 MiB requests).
+    pub log_y: bool,
     pub series: Vec<Series>,
 }
 
@@ -37,8 +40,13 @@ pub struct Headline {
     pub quantity: String,
     /// Our value (a ratio, or a constant in `unit`).
     pub ours: f64,
-    /// The paper's value of the same quantity.
+    /// The paper's value of the same quantity (NaN where the paper gives
+    /// no number for it).
     pub paper: f64,
+    /// How the paper states it when a bare number would claim more
+    /// precision than the paper has ("2–3×", "more than 2×", "slightly
+    /// better"); shown instead of `paper`.
+    pub paper_text: Option<String>,
     /// Unit of both values: "×" for ratios, or e.g. "µs/page".
     pub unit: String,
     /// Why ours differs from the paper's where it does (one sentence,

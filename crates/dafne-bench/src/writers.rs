@@ -654,6 +654,7 @@ impl Report {
             x_label: "client processes".into(),
             y_label: "MB/s".into(),
             log_x: true,
+            log_y: false,
             series: vec![
                 Series {
                     name: "dafne (unifier io server, UCX shared memory)".into(),
@@ -687,6 +688,7 @@ impl Report {
             hi.server_cpu_share * 100.0
         );
         vec![Headline {
+            paper_text: None,
             quantity: format!("write throughput at {} clients / at {}", hi.clients, lo.clients),
             ours: hi.mb_per_s / lo.mb_per_s.max(1e-9),
             paper: PAPER_POINTS[1].1 / PAPER_POINTS[0].1,

@@ -278,6 +278,7 @@ fn block_file_figures(r: &crate::benchnbd::Report) -> Vec<Figure> {
                 x_label: "access size (bytes)".into(),
                 y_label: "MiB/s".into(),
                 log_x: true,
+                log_y: false,
                 series: vec![
                     Series {
                         name: "block (NBD)".into(),
@@ -299,6 +300,7 @@ fn block_file_headlines(r: &crate::benchnbd::Report) -> Vec<Headline> {
         .iter()
         .filter(|x| x.size == size)
         .map(|x| Headline {
+            paper_text: None,
             quantity: format!("block / file, {} {}s, {} in flight", human(size), x.op, r.depth),
             ours: x.ratio,
             paper: 2.0,
@@ -563,9 +565,11 @@ mod tests {
                     x_label: "x".into(),
                     y_label: "y".into(),
                     log_x: false,
+                    log_y: false,
                     series: vec![],
                 }],
                 headlines: vec![Headline {
+                    paper_text: None,
                     quantity: "q".into(),
                     ours: 1.5,
                     paper: 1.94,
