@@ -210,6 +210,7 @@ mod tests {
             x_label: "access size (bytes)".into(),
             y_label: "MiB/s".into(),
             log_x,
+            log_y: false,
             series,
         }
     }
