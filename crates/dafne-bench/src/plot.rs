@@ -19,7 +19,11 @@ const TOP: f64 = 40.0;
 /// About the width of one character of the 12 px sans-serif text.
 const CHAR: f64 = 6.8;
 const BOTTOM: f64 = 56.0;
-const COLOURS: [&str; 8] = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"];
+const COLOURS: [&str; 10] =
+    ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22"];
+/// Dash patterns, one per round through the colours, so no two series of
+/// a figure look alike.
+const DASHES: [&str; 3] = ["", "6 3", "2 2"];
 
 /// Escapes text for SVG.
 fn esc(s: &str) -> String {
@@ -69,20 +73,33 @@ fn label(v: f64, bytes: bool) -> String {
 /// frame and a "no data" note.
 pub fn svg(fig: &Figure) -> String {
     let log2 = fig.log_x;
-    let keep = |&(x, y): &(f64, f64)| x.is_finite() && y.is_finite() && (!log2 || x > 0.0);
+    let log10 = fig.log_y;
+    let keep = |&(x, y): &(f64, f64)| x.is_finite() && y.is_finite() && (!log2 || x > 0.0) && (!log10 || y > 0.0);
     let pts: Vec<(f64, f64)> = fig.series.iter().flat_map(|s| s.points.iter().copied().filter(keep)).collect();
     let tx = |x: f64| if log2 { x.log2() } else { x };
+    let ty = |y: f64| if log10 { y.log10() } else { y };
     let (mut x0, mut x1) = pts.iter().fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(tx(p.0)), b.max(tx(p.0))));
-    let y1 = pts.iter().fold(0f64, |m, p| m.max(p.1));
-    let y0 = pts.iter().fold(0f64, |m, p| m.min(p.1));
     if pts.is_empty() {
         (x0, x1) = (0.0, 1.0);
     }
     if x1 <= x0 {
         x1 = x0 + 1.0;
     }
-    let ystep = nice_step((y1 - y0).max(1e-9), 5.0);
-    let (ylo, yhi) = ((y0 / ystep).floor() * ystep, ((y1 / ystep).ceil() * ystep).max(ystep));
+    // The y range in axis units (log₁₀ of the values on a log axis: whole
+    // decades; else from 0, or below it, to a nice step above the top).
+    let (ylo, yhi, yticks): (f64, f64, Vec<f64>) = if log10 {
+        let lo = pts.iter().map(|p| p.1.log10()).fold(f64::MAX, f64::min);
+        let hi = pts.iter().map(|p| p.1.log10()).fold(f64::MIN, f64::max);
+        let (lo, hi) = if pts.is_empty() { (0.0, 1.0) } else { (lo.floor(), hi.ceil().max(lo.floor() + 1.0)) };
+        (lo, hi, (lo as i32..=hi as i32).map(|e| e as f64).collect())
+    } else {
+        let y1 = pts.iter().fold(0f64, |m, p| m.max(p.1));
+        let y0 = pts.iter().fold(0f64, |m, p| m.min(p.1));
+        let step = nice_step((y1 - y0).max(1e-9), 5.0);
+        let (lo, hi) = ((y0 / step).floor() * step, ((y1 / step).ceil() * step).max(step));
+        let n = ((hi - lo) / step).round() as i32;
+        (lo, hi, (0..=n).map(|i| lo + i as f64 * step).collect())
+    };
     // The legend's column is as wide as its longest name (SVG text does
     // not wrap), the title's font as small as it must be to fit.
     let longest = fig.series.iter().map(|s| s.name.chars().count()).max().unwrap_or(0) as f64;
@@ -94,7 +111,8 @@ pub fn svg(fig: &Figure) -> String {
     // Sizes as K/M only on a log₂ axis that says it counts bytes.
     let bytes = log2 && fig.x_label.contains("bytes");
     let px = |x: f64| LEFT + (tx(x) - x0) / (x1 - x0) * pw;
-    let py = |y: f64| TOP + ph - (y - ylo) / (yhi - ylo) * ph;
+    // `py` takes axis units (already log₁₀ on a log axis).
+    let py = |t: f64| TOP + ph - (t - ylo) / (yhi - ylo) * ph;
 
     let mut s = String::new();
     let _ = writeln!(
@@ -108,19 +126,18 @@ pub fn svg(fig: &Figure) -> String {
         width / 2.0,
         esc(&fig.title)
     );
-    // Y grid and ticks.
-    let mut y = ylo;
-    while y <= yhi + ystep * 1e-6 {
-        let yy = py(y);
+    // Y grid and ticks (decades on a log axis).
+    for &t in &yticks {
+        let yy = py(t);
+        let v = if log10 { 10f64.powf(t) } else { t };
         let _ = writeln!(
             s,
             r##"<line x1="{LEFT}" y1="{yy:.1}" x2="{:.1}" y2="{yy:.1}" stroke="#ddd"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##,
             LEFT + pw,
             LEFT - 6.0,
             yy + 4.0,
-            label(y, false)
+            label(v, false)
         );
-        y += ystep;
     }
     // X ticks: every power of two on a log axis (thinned to at most 10),
     // else nice steps.
@@ -175,19 +192,27 @@ pub fn svg(fig: &Figure) -> String {
     }
     for (i, series) in fig.series.iter().enumerate() {
         let c = COLOURS[i % COLOURS.len()];
+        let dash = match DASHES[(i / COLOURS.len()) % DASHES.len()] {
+            "" => String::new(),
+            d => format!(r#" stroke-dasharray="{d}""#),
+        };
         let p: Vec<(f64, f64)> = series.points.iter().copied().filter(keep).collect();
         if p.len() > 1 {
-            let line: Vec<String> = p.iter().map(|&(x, y)| format!("{:.1},{:.1}", px(x), py(y))).collect();
-            let _ = writeln!(s, r#"<polyline fill="none" stroke="{c}" stroke-width="2" points="{}"/>"#, line.join(" "));
+            let line: Vec<String> = p.iter().map(|&(x, y)| format!("{:.1},{:.1}", px(x), py(ty(y)))).collect();
+            let _ = writeln!(
+                s,
+                r#"<polyline fill="none" stroke="{c}" stroke-width="2"{dash} points="{}"/>"#,
+                line.join(" ")
+            );
         }
         for &(x, y) in &p {
-            let _ = writeln!(s, r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{c}"/>"#, px(x), py(y));
+            let _ = writeln!(s, r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{c}"/>"#, px(x), py(ty(y)));
         }
         let ly = TOP + 8.0 + i as f64 * 18.0;
         let lx = LEFT + pw + 12.0;
         let _ = writeln!(
             s,
-            r#"<line x1="{lx:.1}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{c}" stroke-width="2"/><text x="{:.1}" y="{:.1}">{}</text>"#,
+            r#"<line x1="{lx:.1}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{c}" stroke-width="2"{dash}/><text x="{:.1}" y="{:.1}">{}</text>"#,
             lx + 18.0,
             lx + 24.0,
             ly + 4.0,
@@ -241,6 +266,26 @@ mod tests {
         let width: f64 = s.split("width=\"").nth(1).unwrap().split('"').next().unwrap().parse().unwrap();
         assert!(width >= LEFT + PLOT_WIDTH + name.len() as f64 * CHAR, "{width}");
         assert!(s.contains(">1024<") && !s.contains(">1K<"), "KiB values are not byte counts: {s}");
+    }
+
+    #[test]
+    fn a_log_y_axis_has_decades_and_drops_nonpositive_values() {
+        let mut f =
+            fig(false, vec![Series { name: "cpu".into(), points: vec![(1.0, 120.0), (2.0, 55_000.0), (3.0, 0.0)] }]);
+        f.log_y = true;
+        let s = svg(&f);
+        assert_eq!(s.matches("<circle").count(), 2, "0 has no place on a log axis: {s}");
+        for decade in [">100<", ">1000<", ">10000<", ">100000<"] {
+            assert!(s.contains(decade), "{decade} tick missing: {s}");
+        }
+    }
+
+    #[test]
+    fn eleven_series_do_not_repeat_a_look() {
+        let series =
+            (0..11).map(|i| Series { name: format!("s{i}"), points: vec![(1.0, 1.0), (2.0, i as f64)] }).collect();
+        let s = svg(&fig(false, series));
+        assert_eq!(s.matches("stroke-dasharray").count(), 2, "the 11th series is dashed, line and legend: {s}");
     }
 
     #[test]
