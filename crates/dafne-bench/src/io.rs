@@ -1179,3 +1179,115 @@ pub mod seed {
         .collect()
     }
 }
+
+#[cfg(test)]
+mod seed_tests {
+    use super::seed::*;
+    use super::*;
+
+    fn cached(mode: &'static str, op: &'static str, size: usize, mib_per_s: f64, cpu: f64) -> CachedRow {
+        CachedRow {
+            mode,
+            op,
+            size,
+            window: 8,
+            spin_us: 0,
+            requests: 1,
+            mib_per_s,
+            client_cpu_us_per_mib: 0.0,
+            server_cpu_us_per_mib: cpu,
+            copies_per_byte: if mode == "normal" { 2.0 } else { 0.0 },
+            registrations_per_request: 0.0,
+            registration_us_per_request: 0.0,
+            hits: 0,
+            misses: 0,
+        }
+    }
+
+    fn report() -> Report {
+        Report {
+            machine: "m".into(),
+            ucx_version: "1.13".into(),
+            ucx_tls: UCX_TLS,
+            storage: "buffered",
+            window: 8,
+            file_size: 8 << 20,
+            cache_mib: 64,
+            seconds_per_cell: 0.1,
+            cached: vec![
+                // Peaks at different sizes: the headline is peak over peak.
+                cached("normal", "read", 4096, 100.0, 0.0),
+                cached("normal", "read", 1 << 20, 1000.0, 0.0),
+                cached("unifier", "read", 4096, 3000.0, 0.0),
+                cached("unifier", "read", 1 << 20, 2000.0, 0.0),
+                cached("mmap", "read", 1 << 20, 1500.0, 0.0),
+                cached("normal", "write", 1 << 20, 500.0, 0.0),
+                cached("unifier", "write", 1 << 20, 750.0, 0.0),
+                cached("mmap", "write", 1 << 20, 500.0, 0.0),
+            ],
+            cpu: vec![
+                cached("normal", "read", 1 << 20, 1.0, 200.0),
+                cached("mmap", "read", 1 << 20, 1.0, 180.0),
+                cached("unifier", "read", 1 << 20, 1.0, 150.0),
+            ],
+            reread: Vec::new(),
+            scaling: Vec::new(),
+            unifier_over_normal_128k_read: None,
+            unifier_over_normal_128k_write: None,
+        }
+    }
+
+    #[test]
+    fn cached_headlines_are_peak_over_peak_unifier_on_top_and_no_mmap_write_row() {
+        let h = cached_headlines(&report());
+        let q: Vec<&str> = h.iter().map(|h| h.quantity.as_str()).collect();
+        assert_eq!(h.len(), 3, "{q:?}");
+        assert!((h[0].ours - 3.0).abs() < 1e-9, "3000 / 1000: {:?}", h[0]);
+        assert!((h[1].ours - 2.0).abs() < 1e-9, "3000 / 1500: {:?}", h[1]);
+        assert!((h[2].ours - 1.5).abs() < 1e-9, "750 / 500 writes: {:?}", h[2]);
+        assert!((h[0].paper - 630.0 / 324.0).abs() < 1e-9);
+        assert!(!q.iter().any(|q| q.contains("mmap, cached write")), "{q:?}");
+        assert!(h[0].why.contains("25%"), "(200 - 150) / 200 of normal's work: {}", h[0].why);
+    }
+
+    #[test]
+    fn reread_and_aggregate_headlines_come_from_their_rows() {
+        let mut r = report();
+        let row = |mode: &'static str, hit_rate: f64, second: f64| RereadRow {
+            mode,
+            cache_mib: 8,
+            file_size: 8 << 20,
+            ratio: 1.0,
+            access_size: 128 << 10,
+            first_mib_per_s: 500.0,
+            second_mib_per_s: second,
+            hits: (hit_rate * 64.0) as u64,
+            misses: 64 - (hit_rate * 64.0) as u64,
+            read_ahead: 0,
+            evictions: 0,
+            hit_rate,
+        };
+        r.reread = vec![row("normal", 0.0, 250.0), row("unifier", 1.0, 1000.0)];
+        let h = reread_headlines(&r);
+        assert_eq!(h.len(), 2);
+        assert_eq!(h[0].ours, 100.0);
+        assert!((h[1].ours - 4.0).abs() < 1e-9 && h[1].paper.is_nan(), "{:?}", h[1]);
+        let scale = |mode: &'static str, clients: usize, read: f64| ScaleRow {
+            mode,
+            servers: 4,
+            clients,
+            read_mib_per_s: read,
+            write_mib_per_s: 0.0,
+            read_client_cpu_us_per_mib: 0.0,
+            read_server_cpu_us_per_mib: 100.0,
+            write_client_cpu_us_per_mib: 0.0,
+            write_server_cpu_us_per_mib: 0.0,
+            write_writebacks: 0,
+        };
+        r.scaling = vec![scale("normal", 1, 600.0), scale("normal", 4, 400.0), scale("unifier", 4, 900.0)];
+        r.scaling.push(scale("mmap", 2, 450.0));
+        let h = scaling_headlines(&r);
+        assert!((h[0].ours - 1.5).abs() < 1e-9 && (h[1].ours - 2.0).abs() < 1e-9, "{h:?}");
+        assert!(h[0].why.contains("Peaks at 4, 1 and 2 client(s)"), "{}", h[0].why);
+    }
+}
