@@ -28,6 +28,17 @@
 //! Revocations, RevokeCredential) are refused with `EPERM` to credential
 //! sessions, root ones included: they are the servers' and the admin's.
 //!
+//! # Reads on the loop
+//! A job of only `Lookup` and `GetAttr` ops (a stat, a path walk in one
+//! compound) is answered on the loop thread from a redb read transaction
+//! (`MetaStore::read_now`) instead of the store thread: it needs no commit,
+//! touches no open-file table and issues no capability, and a snapshot
+//! holds every commit acknowledged so far, so a client that saw its write
+//! answered reads it back. It saves the two thread hops (loop → store →
+//! loop) that dominated a stat through the mount. The snapshot is read
+//! from redb's cache or the page cache; a read that must go to the disk
+//! blocks the loop for that read.
+//!
 //! # Locks
 //! Byte-range locks (`Lock`, `TestLock`) never reach the store thread: the
 //! table ([`crate::locks`]) lives on the loop thread, in memory. A request
@@ -809,6 +820,15 @@ impl MetaService {
     }
 
     async fn run(&self, conn: u32, job: Job) -> Result<JobResult, Errno> {
+        // Lookups and attribute reads are answered here, on the loop
+        // thread, from a read snapshot (module docs, "Reads on the loop"):
+        // no hop to the store thread and back.
+        if let Some(r) = self.store.read_now(&job) {
+            return r.map_err(|e| {
+                tracing::error!("metadata store failure: {e}");
+                Errno::EIO
+            });
+        }
         let (tx, rx) = oneshot::channel();
         if self.work.send(Work { job, conn, reply: tx }).is_err() {
             return Err(Errno::EIO);

@@ -348,6 +348,26 @@ pub trait MetaStore: Send + Sync + 'static {
     fn commits(&self) -> Option<u64> {
         None
     }
+
+    /// Runs `job` at once on the caller's thread from a read snapshot, if
+    /// it only reads names and attributes (`GetAttr`, `Lookup`, chained or
+    /// not, with no exactly-once identity): answers exactly as
+    /// [`MetaStore::execute`] would. `None` for any other job (it goes to
+    /// the store thread), and for engines without snapshots.
+    fn read_now(&self, _job: &Job) -> Option<Result<JobResult, StoreError>> {
+        None
+    }
+}
+
+/// Whether [`MetaStore::read_now`] may answer `job`: lookups and attribute
+/// reads only. They need no commit, touch no open-file table, issue no
+/// capability and log no change, so a snapshot answers them as the store
+/// thread would (the snapshot holds every commit acknowledged so far).
+pub fn answerable_now(job: &Job) -> bool {
+    job.replay.is_none()
+        && job.protected.is_none()
+        && !job.ops.is_empty()
+        && job.ops.iter().all(|o| matches!(o.req, Request::GetAttr { .. } | Request::Lookup { .. }))
 }
 
 /// An inode as stored.
@@ -645,6 +665,66 @@ impl RedbStore {
         Ok(objects)
     }
 
+    /// [`MetaStore::read_now`]: the job's lookups and attribute reads from
+    /// one read transaction, chained as `Tables::run_job` chains them.
+    fn read_snapshot(&self, job: &Job) -> Result<JobResult, StoreError> {
+        let r = self.db.begin_read()?;
+        let inodes = r.open_table(INODES)?;
+        let dirents = r.open_table(DIRENTS)?;
+        let inode = |ino: Ino| -> R<Inode> {
+            match inodes.get(ino)? {
+                Some(v) => Ok(Inode::decode(ino, v.value())?),
+                None => Err(Errno::ENOENT.into()),
+            }
+        };
+        let run = |req: &Request| -> R<Response> {
+            match req {
+                Request::GetAttr { ino } => Ok(Response::Attr { attr: inode(*ino)?.attr }),
+                Request::Lookup { parent, name } => {
+                    posix::valid_lookup_name(name)?;
+                    let d = inode(*parent)?;
+                    if d.attr.kind != FileType::Directory {
+                        return Err(Errno::ENOTDIR.into());
+                    }
+                    posix::check(&job.cred, &d.attr, MAY_EXEC)?;
+                    let ino = match name.as_slice() {
+                        b"." => d.attr.ino,
+                        b".." => d.parent,
+                        _ => dirents.get((*parent, name.as_slice()))?.map(|v| v.value()).ok_or(Errno::ENOENT)?.0,
+                    };
+                    Ok(Response::Entry { attr: inode(ino)?.attr })
+                }
+                _ => Err(Errno::EINVAL.into()),
+            }
+        };
+        let mut results: JobResult = Vec::with_capacity(job.ops.len());
+        let mut prev: Option<Ino> = None;
+        for op in &job.ops {
+            let mut op = op.clone();
+            if op.chain {
+                match (prev, op.primary_ino_mut()) {
+                    (Some(p), Some(slot)) => *slot = p,
+                    _ => {
+                        results.push(Err(Errno::EINVAL));
+                        break;
+                    }
+                }
+            }
+            match run(&op.req) {
+                Ok(resp) => {
+                    prev = resp.ino();
+                    results.push(Ok(resp));
+                }
+                Err(Fail::Errno(e)) => {
+                    results.push(Err(e));
+                    break;
+                }
+                Err(Fail::Store(e)) => return Err(e),
+            }
+        }
+        Ok(results)
+    }
+
     /// Number of inodes (for statfs and tests).
     pub fn inode_count(&self) -> Result<u64, StoreError> {
         let r = self.db.begin_read()?;
@@ -740,6 +820,10 @@ fn purge_replies(
 }
 
 impl MetaStore for RedbStore {
+    fn read_now(&self, job: &Job) -> Option<Result<JobResult, StoreError>> {
+        answerable_now(job).then(|| self.read_snapshot(job))
+    }
+
     fn execute(&self, jobs: &[Job]) -> Result<Vec<JobResult>, StoreError> {
         let read_only = jobs.iter().all(|j| j.replay.is_none() && j.ops.iter().all(|o| is_read_only(&o.req)));
         let txn = self.db.begin_write()?;
@@ -2032,6 +2116,63 @@ mod tests {
         let job =
             Job { cred: cred.clone(), ops: vec![CompoundOp { chain: false, req }], protected: None, replay: None };
         store.execute(&[job]).unwrap().remove(0).pop().unwrap()
+    }
+
+    #[test]
+    fn reads_answered_now_match_the_store_threads_answers() {
+        let (_dir, store) = fresh_store();
+        let root = Cred::root();
+        let user = Cred::new(1000, 1000);
+        let d = mk(&store, &root, ROOT_INO, "d", true, 0o755);
+        let f = mk(&store, &root, d.ino, "f", false, 0o644);
+        let closed = mk(&store, &root, ROOT_INO, "closed", true, 0o700);
+        mk(&store, &root, closed.ino, "secret", false, 0o600);
+        let lookup = |parent: Ino, name: &str| Request::Lookup { parent, name: name.as_bytes().to_vec() };
+        let op = |req: Request| CompoundOp { chain: false, req };
+        let chained = |req: Request| CompoundOp { chain: true, req };
+        let jobs: Vec<(Cred, Vec<CompoundOp>)> = vec![
+            (root.clone(), vec![op(Request::GetAttr { ino: f.ino })]),
+            (root.clone(), vec![op(Request::GetAttr { ino: 999_999 })]),
+            (root.clone(), vec![op(lookup(d.ino, "f"))]),
+            (root.clone(), vec![op(lookup(d.ino, "."))]),
+            (root.clone(), vec![op(lookup(d.ino, ".."))]),
+            (root.clone(), vec![op(lookup(d.ino, "missing"))]),
+            (root.clone(), vec![op(lookup(f.ino, "x"))]),
+            (root.clone(), vec![op(lookup(d.ino, "a/b"))]),
+            (user.clone(), vec![op(lookup(closed.ino, "secret"))]),
+            (
+                root.clone(),
+                vec![op(lookup(ROOT_INO, "d")), chained(lookup(0, "f")), chained(Request::GetAttr { ino: 0 })],
+            ),
+            (root.clone(), vec![op(lookup(ROOT_INO, "nope")), chained(lookup(0, "f"))]),
+            (
+                root.clone(),
+                vec![
+                    op(Request::GetAttr { ino: d.ino }),
+                    op(lookup(d.ino, "missing")),
+                    op(Request::GetAttr { ino: f.ino }),
+                ],
+            ),
+            (root.clone(), vec![chained(Request::GetAttr { ino: 0 })]),
+        ];
+        for (cred, ops) in jobs {
+            let job = Job { cred, ops, protected: None, replay: None };
+            assert!(answerable_now(&job));
+            let now = store.read_now(&job).expect("answerable").unwrap();
+            let queued = store.execute(std::slice::from_ref(&job)).unwrap().remove(0);
+            assert_eq!(now, queued, "{:?}", job.ops);
+        }
+        // Anything else goes to the store thread.
+        let other = |req: Request, replay: Option<dafne_proto::SessionSeq>| Job {
+            cred: root.clone(),
+            ops: vec![op(lookup(ROOT_INO, "d")), op(req)],
+            protected: None,
+            replay,
+        };
+        assert!(store.read_now(&other(Request::Readdir { ino: d.ino, cookie: 0, max_entries: 10 }, None)).is_none());
+        assert!(store.read_now(&other(Request::Unlink { parent: d.ino, name: b"f".to_vec() }, None)).is_none());
+        let seq = dafne_proto::SessionSeq { client: 1, seq: 1, acked_below: 0 };
+        assert!(store.read_now(&other(Request::GetAttr { ino: f.ino }, Some(seq))).is_none());
     }
 
     fn mk(store: &RedbStore, cred: &Cred, parent: Ino, name: &str, dir: bool, mode: u32) -> Attr {
