@@ -664,56 +664,110 @@ impl Report {
             let rw = self.find(t, Design::ReadWrite, n);
             let nc = self.find(t, Design::ReadWriteNoCache, n);
             if let (Some(rr), Some(rw)) = (rr, rw) {
-                let cpu = |r: &Row| r.client_cpu_us_per_mib + r.server_cpu_us_per_mib;
+                let ours = rw.mib_per_s / rr.mib_per_s.max(1e-9);
                 v.push(Headline {
-                    paper_text: None,
+                    paper_text: Some("slightly better (no number given)".into()),
                     quantity: format!(
                         "RW / RR read bandwidth, {} records, {n} threads, {}",
                         transport::human(self.record),
                         t.name()
                     ),
-                    ours: rw.mib_per_s / rr.mib_per_s.max(1e-9),
+                    ours,
                     paper: 1.0,
                     unit: "×".into(),
                     why: format!(
-                        "the paper gives no number, only that both saturate near 350 MB/s with RW \"slightly better\", \
-                         so 1.0 stands for it; here RW {:.0} vs RR {:.0} MiB/s, CPU {:.0} vs {:.0} µs/MiB (client + \
-                         server), over {} on one 2-core host without an RDMA NIC, where the CPUs move every byte in \
-                         both designs, so the copies the paper's RW saves on InfiniBand are not there to save",
-                        rw.mib_per_s,
-                        rr.mib_per_s,
-                        cpu(rw),
-                        cpu(rr),
-                        t.name()
+                        "the paper gives no number, only that both saturate near 350 MB/s with RW \"slightly better\" \
+                         (1.0 stands for it); here, over {} on one host without an RDMA NIC, {}",
+                        t.name(),
+                        compare(("RW", rw), ("RR", rr), ours)
                     ) + &self.collapse_note(t, n),
                 });
             }
             if let (Some(rw), Some(nc)) = (rw, nc) {
+                let ours = rw.mib_per_s / nc.mib_per_s.max(1e-9);
                 v.push(Headline {
-                    paper_text: None,
+                    paper_text: Some("350 → 700 MB/s".into()),
                     quantity: format!(
                         "RW read bandwidth with / without the client registration cache, {n} threads, {}",
                         t.name()
                     ),
-                    ours: rw.mib_per_s / nc.mib_per_s.max(1e-9),
+                    ours,
                     paper: 2.0,
                     unit: "×".into(),
                     why: format!(
                         "paper ~700 / ~350 MB/s on InfiniBand, where registering pins pages in the HCA; here a \
-                         registration (ucp_mem_map + key pack of {} on {}) costs {:.1} µs, small beside a {} \
-                         read's round trip, so the cache buys {:.0} vs {:.0} MiB/s",
+                         registration (ucp_mem_map + key pack of {} on {}) costs {:.1} µs, {:.1}% of a read's \
+                         time without the cache; {}",
                         transport::human(self.record),
                         t.name(),
                         nc.registration_us,
-                        transport::human(self.record),
-                        rw.mib_per_s,
-                        nc.mib_per_s
+                        // A thread's read takes n records' time at the cell's bandwidth.
+                        nc.registration_us / read_us(nc, self.record).max(1e-9) * 100.0,
+                        compare(("with the cache", rw), ("without", nc), ours)
                     ) + &self.collapse_note(t, n),
                 });
             }
         }
         v
     }
+}
+
+/// Mean time of one read of a thread in a cell (µs): `threads` reads of
+/// `record` bytes are in flight at the cell's bandwidth.
+fn read_us(r: &Row, record: usize) -> f64 {
+    r.threads as f64 * record as f64 / (1u64 << 20) as f64 / r.mib_per_s.max(1e-9) * 1e6
+}
+
+/// Spread of a row's rounds relative to its median: (max − min) / median;
+/// `None` with fewer than two rounds.
+fn spread(r: &Row) -> Option<f64> {
+    if r.rounds_mib_per_s.len() < 2 {
+        return None;
+    }
+    let max = r.rounds_mib_per_s.iter().copied().fold(f64::MIN, f64::max);
+    let min = r.rounds_mib_per_s.iter().copied().fold(f64::MAX, f64::min);
+    Some((max - min) / r.mib_per_s.max(1e-9))
+}
+
+/// A headline's sentence on `a` / `b` (= `ratio`), from what was measured:
+/// within noise when |ratio − 1| is within the wider spread of the two
+/// rows' rounds; otherwise which way and by how much, and CPU per MiB
+/// (client + server) named as the cause only where it moved the same way.
+fn compare((an, a): (&str, &Row), (bn, b): (&str, &Row), ratio: f64) -> String {
+    let cpu = |r: &Row| r.client_cpu_us_per_mib + r.server_cpu_us_per_mib;
+    let bw = format!("{an} {:.0} vs {bn} {:.0} MiB/s", a.mib_per_s, b.mib_per_s);
+    let cpus = format!("CPU {:.0} vs {:.0} µs/MiB (client + server)", cpu(a), cpu(b));
+    let noise = match (spread(a), spread(b)) {
+        (Some(x), Some(y)) => Some(x.max(y)),
+        _ => None,
+    };
+    let diff = (ratio - 1.0).abs();
+    if let Some(n) = noise.filter(|&n| diff <= n) {
+        return format!(
+            "{bw}: the {:.0}% difference is within this machine's noise (the rounds of a cell spread by up to \
+             {:.0}%); {cpus}",
+            diff * 100.0,
+            n * 100.0
+        );
+    }
+    let way = if ratio > 1.0 { "faster" } else { "slower" };
+    let rounds = match noise {
+        Some(n) => format!("beyond the rounds' spread of {:.0}%", n * 100.0),
+        None => "one round per cell, so no spread to judge it by".into(),
+    };
+    // CPU per MiB explains a bandwidth difference only if the faster side
+    // spent less of it (by more than the noise, or 5% without rounds).
+    let margin = noise.unwrap_or(0.05);
+    let (fast, slow) = if ratio > 1.0 { (a, b) } else { (b, a) };
+    let cause = if cpu(fast) < cpu(slow) * (1.0 - margin) {
+        format!(
+            "; the faster one spent {:.0}% less CPU per MiB, and on this host the CPUs move every byte",
+            (1.0 - cpu(fast) / cpu(slow).max(1e-9)) * 100.0
+        )
+    } else {
+        "; CPU per MiB does not show why".into()
+    };
+    format!("{bw}: {an} is {:.0}% {way} ({rounds}); {cpus}{cause}", diff * 100.0)
 }
 
 #[cfg(test)]
@@ -729,6 +783,88 @@ mod tests {
         buf[4095] ^= 1;
         assert!(check(&buf, seed, "t").unwrap_err().to_string().contains("byte 4095"));
         assert!(check(&[POISON; 64], seed, "t").is_err(), "an untouched buffer passes");
+    }
+
+    fn row(d: Design, threads: usize, rounds: &[f64], cpu: f64) -> Row {
+        let mut sorted = rounds.to_vec();
+        sorted.sort_by(|a, b| a.total_cmp(b));
+        Row {
+            transport: Transport::Tcp,
+            design: d,
+            threads,
+            record: 128 << 10,
+            reads: 1,
+            mib_per_s: sorted[sorted.len() / 2],
+            rounds_mib_per_s: rounds.to_vec(),
+            client_cpu_us_per_mib: cpu / 2.0,
+            server_cpu_us_per_mib: cpu / 2.0,
+            client_registrations: 0,
+            registration_us: 10.0,
+            verified_bytes: 0,
+        }
+    }
+
+    fn report(rows: Vec<Row>) -> Report {
+        Report {
+            machine: "m".into(),
+            ucx_version: "u".into(),
+            record: 128 << 10,
+            duration_s: 1.0,
+            rounds: 3,
+            spin_us: 0,
+            extra_ucx: vec![],
+            rows,
+        }
+    }
+
+    #[test]
+    fn headlines_are_rw_over_rr_and_cached_over_not_at_the_most_threads() {
+        use Design::*;
+        let r = report(vec![
+            row(ReadRead, 1, &[100.0, 100.0, 100.0], 100.0),
+            row(ReadWrite, 1, &[900.0, 900.0, 900.0], 100.0),
+            // At 4 threads (the most): RW 300 vs RR 200, tight rounds; RW
+            // with the cache 300 vs 100 without.
+            row(ReadRead, 4, &[195.0, 200.0, 205.0], 400.0),
+            row(ReadWrite, 4, &[295.0, 300.0, 305.0], 200.0),
+            row(ReadWriteNoCache, 4, &[99.0, 100.0, 101.0], 200.0),
+        ]);
+        let h = r.headlines();
+        assert_eq!(h.len(), 2);
+        assert!((h[0].ours - 1.5).abs() < 1e-9 && h[0].quantity.contains("4 threads"), "{:?}", h[0]);
+        assert_eq!(h[0].paper_text.as_deref(), Some("slightly better (no number given)"));
+        assert!(h[0].why.contains("RW is 50% faster") && h[0].why.contains("50% less CPU per MiB"), "{}", h[0].why);
+        assert!((h[1].ours - 3.0).abs() < 1e-9, "{:?}", h[1]);
+        assert_eq!(h[1].paper_text.as_deref(), Some("350 → 700 MB/s"));
+        // Same CPU per MiB with and without the cache: no cause named.
+        assert!(
+            h[1].why.contains("with the cache is 200% faster") && h[1].why.contains("does not show why"),
+            "{}",
+            h[1].why
+        );
+
+        // RW slower than RR: the ratio is below 1 and says so.
+        let r = report(vec![
+            row(ReadRead, 2, &[300.0, 300.0, 300.0], 100.0),
+            row(ReadWrite, 2, &[150.0, 150.0, 150.0], 100.0),
+        ]);
+        let h = &r.headlines()[0];
+        assert!((h.ours - 0.5).abs() < 1e-9 && h.why.contains("RW is 50% slower"), "{h:?}");
+    }
+
+    #[test]
+    fn a_difference_within_the_rounds_spread_is_noise() {
+        use Design::*;
+        // RW 1.03× RR, but RR's rounds spread by 10%.
+        let r = report(vec![
+            row(ReadRead, 2, &[95.0, 100.0, 105.0], 100.0),
+            row(ReadWrite, 2, &[102.0, 103.0, 104.0], 100.0),
+            row(ReadWriteNoCache, 2, &[99.0, 101.0, 103.0], 100.0),
+        ]);
+        let h = r.headlines();
+        assert!(h[0].why.contains("within this machine's noise") && h[0].why.contains("up to 10%"), "{}", h[0].why);
+        assert!(h[1].why.contains("within this machine's noise"), "{}", h[1].why);
+        assert!(!h[0].why.contains("faster"), "{}", h[0].why);
     }
 
     #[test]

@@ -142,6 +142,10 @@ pub struct LatencyRow {
     pub frrwp_us: f64,
     /// Median per request on a cached registration (the floor).
     pub cached_us: f64,
+    /// 25th and 75th percentiles per request, registering first and FRRWP:
+    /// the spread the saving is judged against.
+    pub register_first_iqr_us: [f64; 2],
+    pub frrwp_iqr_us: [f64; 2],
     /// register_first − frrwp.
     pub saving_us: f64,
     /// The paper's saving for the same pages: 0.77·p + 7.42 (µs).
@@ -176,6 +180,18 @@ fn median(v: &mut [f64]) -> f64 {
     } else {
         (v[n / 2 - 1] + v[n / 2]) / 2.0
     }
+}
+
+/// The `q`-quantile (0..=1) of `v`, interpolated between neighbours; 0
+/// when empty.
+fn quantile(v: &mut [f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let x = q.clamp(0.0, 1.0) * (v.len() - 1) as f64;
+    let (i, f) = (x.floor() as usize, x.fract());
+    v[i] + (v[(i + 1).min(v.len() - 1)] - v[i]) * f
 }
 
 fn us(d: Duration) -> f64 {
@@ -456,6 +472,22 @@ fn latency(o: &Options, progress: &mut impl FnMut(&str)) -> Result<Vec<LatencyRo
             }
             fresh.set_frrwp(false);
             let (cn, sn) = (fresh.frrwp_requests() - c0, server_frrwp(&fresh)? - s0);
+            // Every FRRWP-way request (warm-up included) went with its key
+            // following: one server, one request each, under
+            // FOLLOW_MAX_EXTENTS extents, never a cached registration.
+            let made = (o.latency_reps + 5) as u64;
+            if cn != made || sn != made {
+                bail!(
+                    "{op} of {}: {made} requests were made the FRRWP way, but the client sent {cn} with keys \
+                     following and the server served {sn}: the FRRWP column would not measure FRRWP",
+                    human(size)
+                );
+            }
+            let iqr = |v: &[f64]| {
+                let mut v = v.to_vec();
+                [quantile(&mut v, 0.25), quantile(&mut v, 0.75)]
+            };
+            let (first_iqr, frrwp_iqr) = (iqr(&lat[0]), iqr(&lat[1]));
             let [first, frrwp, floor] = lat.map(|mut v| median(&mut v));
             let pages = size.div_ceil(page_size());
             rows.push(LatencyRow {
@@ -465,6 +497,8 @@ fn latency(o: &Options, progress: &mut impl FnMut(&str)) -> Result<Vec<LatencyRo
                 register_first_us: first,
                 frrwp_us: frrwp,
                 cached_us: floor,
+                register_first_iqr_us: first_iqr,
+                frrwp_iqr_us: frrwp_iqr,
                 saving_us: first - frrwp,
                 paper_saving_us: PAPER_A_US * pages as f64 + PAPER_B_US,
                 client_frrwp_requests: cn,
@@ -522,18 +556,19 @@ impl Report {
             );
             let _ = writeln!(
                 s,
-                "| op | size | register first | FRRWP | saving | paper's T_r | cached (floor) | FRRWP requests (client/server) |"
+                "| op | size | register first | FRRWP | saving | noise (±, half the wider IQR) | paper's T_r | cached (floor) | FRRWP requests (client/server) |"
             );
-            let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|");
+            let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|");
             for r in &self.latency {
                 let _ = writeln!(
                     s,
-                    "| {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {}/{} |",
+                    "| {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {}/{} |",
                     r.op,
                     human(r.size),
                     r.register_first_us,
                     r.frrwp_us,
                     r.saving_us,
+                    Self::saving_noise_us(r),
                     r.paper_saving_us,
                     r.cached_us,
                     r.client_frrwp_requests,
@@ -548,67 +583,85 @@ impl Report {
         self.fits.iter().find(|f| f.tls == tls && f.what == "map+pack+unmap")
     }
 
-    /// Registration time vs pages (measured, and the fitted line) per
-    /// transport set, the paper's model; and FRRWP vs register-first
-    /// latency vs request pages.
-    pub fn figure(&self) -> Figure {
+    /// The two figures: `frrwp-registration`, registration time vs pages
+    /// (measured, the fitted line, the paper's line; log y, since the
+    /// paper's line is ~10× ours), and `frrwp-latency`, request latency vs
+    /// size registering first, FRRWP and on a cached registration (µs
+    /// requests against ~1 µs registrations: apart, each on its own axis).
+    pub fn figures(&self) -> Vec<Figure> {
         let mut series = Vec::new();
         let mut tls_sets: Vec<&str> = self.registration.iter().map(|r| r.tls.as_str()).collect();
         tls_sets.dedup();
-        let pages: Vec<f64> = self.registration.iter().map(|r| r.pages as f64).collect();
         for tls in &tls_sets {
+            let rows = || self.registration.iter().filter(|r| r.tls == *tls);
             series.push(Series {
-                name: format!("registration, {tls} (measured)"),
-                points: self
-                    .registration
-                    .iter()
-                    .filter(|r| r.tls == *tls)
-                    .map(|r| (r.pages as f64, r.total_us))
-                    .collect(),
+                name: format!("{tls} (measured)"),
+                points: rows().map(|r| (r.pages as f64, r.total_us)).collect(),
             });
             if let Some(f) = self.fit(tls) {
                 series.push(Series {
                     name: format!("fit {:.3}·p + {:.2}, {tls}", f.a_us_per_page, f.b_us),
-                    points: self
-                        .registration
-                        .iter()
-                        .filter(|r| r.tls == *tls)
-                        .map(|r| (r.pages as f64, f.a_us_per_page * r.pages as f64 + f.b_us))
-                        .collect(),
+                    points: rows().map(|r| (r.pages as f64, f.a_us_per_page * r.pages as f64 + f.b_us)).collect(),
                 });
             }
         }
-        let mut xs = pages.clone();
+        let mut xs: Vec<f64> = self.registration.iter().map(|r| r.pages as f64).collect();
         xs.sort_by(|a, b| a.total_cmp(b));
         xs.dedup();
         series.push(Series {
             name: format!("paper: {PAPER_A_US}·p + {PAPER_B_US}"),
             points: xs.iter().map(|&p| (p, PAPER_A_US * p + PAPER_B_US)).collect(),
         });
+        let registration = Figure {
+            id: "frrwp-registration".into(),
+            title: "Registration cost (map + pack + unmap) vs pages, fit T = a·p + b, and the paper's".into(),
+            x_label: "pages (4 KiB)".into(),
+            y_label: "µs".into(),
+            log_x: true,
+            log_y: true,
+            series,
+        };
+        let mut series = Vec::new();
         for op in ["write", "read"] {
             let rows: Vec<&LatencyRow> = self.latency.iter().filter(|r| r.op == op).collect();
             if rows.is_empty() {
                 continue;
             }
-            series.push(Series {
-                name: format!("{op}, register first (request latency)"),
-                points: rows.iter().map(|r| (r.pages as f64, r.register_first_us)).collect(),
-            });
-            series.push(Series {
-                name: format!("{op}, FRRWP (request latency)"),
-                points: rows.iter().map(|r| (r.pages as f64, r.frrwp_us)).collect(),
-            });
+            let kib = |r: &LatencyRow| r.size as f64 / 1024.0;
+            for (way, f) in [
+                ("register first", (|r: &LatencyRow| r.register_first_us) as fn(&LatencyRow) -> f64),
+                ("FRRWP", |r| r.frrwp_us),
+                ("cached registration", |r| r.cached_us),
+            ] {
+                series.push(Series {
+                    name: format!("{op}, {way}"),
+                    points: rows.iter().map(|r| (kib(r), f(r))).collect(),
+                });
+            }
         }
-        Figure {
-            id: "frrwp-registration".into(),
-            title: "Registration cost vs pages (fit T = a·p + b), and request latency: FRRWP vs registering first"
-                .into(),
-            x_label: "pages (4 KiB)".into(),
+        let latency = Figure {
+            id: "frrwp-latency".into(),
+            title: format!(
+                "Request latency (median) vs size: registering first, FRRWP, cached registration ({})",
+                self.latency_data_path
+            ),
+            x_label: "request size (KiB)".into(),
             y_label: "µs".into(),
             log_x: true,
-            log_y: false,
+            log_y: true,
             series,
+        };
+        if self.latency.is_empty() {
+            vec![registration]
+        } else {
+            vec![registration, latency]
         }
+    }
+
+    /// The first of [`Self::figures`] (registration cost), for callers
+    /// not yet moved to `figures()`.
+    pub fn figure(&self) -> Figure {
+        self.figures().swap_remove(0)
     }
 
     /// a and b against the paper's; FRRWP's saving at the largest size
@@ -650,21 +703,60 @@ impl Report {
                     ours: r.saving_us,
                     paper: r.paper_saving_us,
                     unit: "µs".into(),
-                    why: {
-                        let reg = self.fit(crate::io::UCX_TLS).map(|f| f.a_us_per_page * r.pages as f64 + f.b_us);
-                        format!(
-                            "FRRWP can save at most the client's registration, {:.2} µs at {} pages here (the \
-                             fit), against {:.0} µs per request registering first; the rest of the difference \
-                             is the extra Keys message and the scheduling of two messages on the loaded machine",
-                            reg.unwrap_or(0.0),
-                            r.pages,
-                            r.register_first_us
-                        )
-                    },
+                    why: self.saving_why(r),
                 });
             }
         }
         h
+    }
+}
+
+impl Report {
+    /// Half the wider interquartile range of the two ways at `r`: a saving
+    /// within it is not told apart from noise (one run's medians move with
+    /// the machine's load).
+    pub fn saving_noise_us(r: &LatencyRow) -> f64 {
+        let w = |q: [f64; 2]| (q[1] - q[0]).abs();
+        w(r.register_first_iqr_us).max(w(r.frrwp_iqr_us)) / 2.0
+    }
+
+    /// Why FRRWP saved what it did at `r`, from the measured numbers: what
+    /// it can save at most (the client's registration, by the fit), the
+    /// saving and its noise.
+    fn saving_why(&self, r: &LatencyRow) -> String {
+        let reg = self.fit(crate::io::UCX_TLS).map(|f| f.a_us_per_page * r.pages as f64 + f.b_us);
+        let most = match reg {
+            Some(x) => format!("the client's registration, {x:.2} µs at {} pages here (the fit)", r.pages),
+            None => "the client's registration (not fitted in this run)".into(),
+        };
+        let noise = Self::saving_noise_us(r);
+        let spread = format!(
+            "the middle half of the requests took {:.0}–{:.0} µs registering first, {:.0}–{:.0} µs FRRWP",
+            r.register_first_iqr_us[0], r.register_first_iqr_us[1], r.frrwp_iqr_us[0], r.frrwp_iqr_us[1]
+        );
+        let s = r.saving_us;
+        if s.abs() <= noise {
+            format!(
+                "FRRWP can save at most {most}; the measured {s:+.1} µs is within noise (±{noise:.1} µs, half \
+                 the wider interquartile range: {spread})"
+            )
+        } else if s > 0.0 {
+            let beyond = match reg {
+                Some(x) if s > x => format!(
+                    "; that is more than the registration it hides, and these figures do not show where the other \
+                     {:.1} µs come from",
+                    s - x
+                ),
+                _ => String::new(),
+            };
+            format!("FRRWP saved {s:.1} µs per request, beyond the noise (±{noise:.1} µs; {spread}); it can save at most {most}{beyond}")
+        } else {
+            format!(
+                "FRRWP was {:.1} µs slower per request, beyond the noise (±{noise:.1} µs; {spread}); it can save at \
+                 most {most}, and it adds a second message per request (the Keys that follow, counted on both sides)",
+                -s
+            )
+        }
     }
 }
 
@@ -680,5 +772,91 @@ mod tests {
         assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(&mut [4.0, 1.0, 2.0, 3.0]), 2.5);
         assert_eq!(fit_line(&[(1.0, 5.0)]).1, 5.0);
+        assert_eq!(quantile(&mut [4.0, 1.0, 3.0, 2.0, 5.0], 0.25), 2.0);
+        assert_eq!(quantile(&mut [1.0, 2.0], 0.75), 1.75);
+    }
+
+    fn lat(op: &'static str, size: usize, first: f64, frrwp: f64, iqr: f64) -> LatencyRow {
+        LatencyRow {
+            op,
+            size,
+            pages: size / 4096,
+            register_first_us: first,
+            frrwp_us: frrwp,
+            cached_us: 1.0,
+            register_first_iqr_us: [first - iqr / 2.0, first + iqr / 2.0],
+            frrwp_iqr_us: [frrwp - iqr / 2.0, frrwp + iqr / 2.0],
+            saving_us: first - frrwp,
+            paper_saving_us: PAPER_A_US * (size / 4096) as f64 + PAPER_B_US,
+            client_frrwp_requests: 10,
+            server_frrwp_requests: 10,
+        }
+    }
+
+    fn report(latency: Vec<LatencyRow>) -> Report {
+        let tls = crate::io::UCX_TLS.to_string();
+        Report {
+            machine: "m".into(),
+            ucx_version: "u".into(),
+            reps: 1,
+            registration: [1, 2, 4]
+                .iter()
+                .map(|&p| RegRow {
+                    tls: tls.clone(),
+                    pages: p,
+                    bytes: p * 4096,
+                    map_us: 0.5,
+                    pack_us: 0.1,
+                    unmap_us: 0.2,
+                    total_us: 0.01 * p as f64 + 1.0,
+                })
+                .collect(),
+            fits: vec![Fit { tls, what: "map+pack+unmap", a_us_per_page: 0.01, b_us: 1.0, r2: 1.0 }],
+            latency_data_path: "d",
+            latency_reps: 10,
+            latency,
+        }
+    }
+
+    #[test]
+    fn the_saving_is_register_first_minus_frrwp_judged_against_the_spread() {
+        // Largest size per op; write: FRRWP 40 µs faster with a 20 µs IQR.
+        let r = report(vec![
+            lat("write", 4096, 100.0, 100.0, 20.0),
+            lat("write", 1 << 20, 240.0, 200.0, 20.0),
+            lat("read", 1 << 20, 200.0, 250.0, 20.0),
+        ]);
+        let h = r.headlines();
+        assert_eq!(h.len(), 4, "a, b, and one saving per op");
+        let (w, rd) = (&h[2], &h[3]);
+        assert!(w.quantity.contains("1 MiB write") && (w.ours - 40.0).abs() < 1e-9, "{w:?}");
+        // The fit: 0.01·256 + 1 = 3.56 µs at most; 36.4 µs unexplained.
+        assert!(w.why.contains("FRRWP saved 40.0 µs") && w.why.contains("3.56 µs"), "{}", w.why);
+        assert!(w.why.contains("other 36.4 µs"), "{}", w.why);
+        assert!((rd.ours + 50.0).abs() < 1e-9 && rd.why.contains("50.0 µs slower"), "{rd:?}");
+        assert!(!rd.why.contains("saved"), "{}", rd.why);
+
+        // +42.7 µs with requests spread over 200 µs: noise, not a saving.
+        let r = report(vec![lat("write", 1 << 20, 642.7, 600.0, 200.0)]);
+        let w = &r.headlines()[2];
+        assert!(w.why.contains("+42.7 µs is within noise (±100.0 µs"), "{}", w.why);
+        assert!(!w.why.contains("Keys message"), "{}", w.why);
+    }
+
+    #[test]
+    fn registration_and_latency_are_two_figures() {
+        let r = report(vec![lat("write", 4096, 100.0, 90.0, 1.0), lat("write", 8192, 120.0, 110.0, 1.0)]);
+        let f = r.figures();
+        assert_eq!(f.iter().map(|f| f.id.as_str()).collect::<Vec<_>>(), ["frrwp-registration", "frrwp-latency"]);
+        assert!(f.iter().all(|f| f.log_x && f.log_y));
+        // Registration: measured, fit, paper; no request latency in it.
+        assert_eq!(f[0].series.len(), 3);
+        assert!(f[0].series.iter().all(|s| !s.name.contains("write")));
+        assert_eq!(f[0].series[2].points[0], (1.0, PAPER_A_US + PAPER_B_US));
+        // Latency: three ways of the one op measured, x in KiB.
+        assert_eq!(f[1].series.len(), 3);
+        assert_eq!(f[1].series[1].points, vec![(4.0, 90.0), (8.0, 110.0)]);
+        assert_eq!(r.figure().id, "frrwp-registration");
+        assert_eq!(report(vec![]).figures().len(), 1, "no latency measured, no latency figure");
     }
 }

@@ -23,11 +23,15 @@ fn both_paths_move_the_same_bytes_and_run_the_same_postmark() {
         .arg(&work)
         .arg("--json")
         .arg(&json)
+        .env_remove("DAFNE_SPIN_US")
         .output()
         .unwrap();
     let out = text(&o);
     assert!(o.status.success(), "dafne bench dafs failed:\n{out}");
     let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    // CPU was measured with no event loop spinning.
+    let counted = r["cpu_counted"].as_str().unwrap();
+    assert!(counted.contains("DAFNE_SPIN_US=0"), "{counted}");
 
     // Every cell moved bytes, on all three clients, both directions.
     let cells = r["cells"].as_array().unwrap();

@@ -38,7 +38,12 @@ fn every_client_process_wrote_what_it_reported() {
     assert!(md.contains("| 3 |"), "{md}");
     let fig = report.figure();
     assert_eq!(fig.series[0].points.len(), 2);
-    assert_eq!(report.headlines().len(), 1);
+    let h = report.headlines();
+    assert_eq!(h.len(), 1);
+    // The most clients over half as many (3 / 1: nothing at 1.5).
+    assert!(h[0].quantity.contains("at 3 clients / at 1"), "{h:?}");
+    let (r1, r3) = (&report.rows[0], &report.rows[1]);
+    assert!((h[0].ours - r3.mb_per_s / r1.mb_per_s).abs() < 1e-9, "{h:?}");
 }
 
 #[test]
