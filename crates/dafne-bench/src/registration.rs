@@ -658,12 +658,6 @@ impl Report {
         }
     }
 
-    /// The first of [`Self::figures`] (registration cost), for callers
-    /// not yet moved to `figures()`.
-    pub fn figure(&self) -> Figure {
-        self.figures().swap_remove(0)
-    }
-
     /// a and b against the paper's; FRRWP's saving at the largest size
     /// measured against the paper's T_r for the same pages.
     pub fn headlines(&self) -> Vec<Headline> {

@@ -262,7 +262,7 @@ fn registration(e: &Experiment, a: &SeedsBench, started: Instant) -> Result<Run>
     };
     o.scratch = a.scratch.clone();
     let r = dafne_bench::registration::run(&o, progress(e.id, started))?;
-    Ok((vec![r.figure()], r.headlines(), serde_json::to_value(&r)?))
+    Ok((r.figures(), r.headlines(), serde_json::to_value(&r)?))
 }
 
 fn dafs(e: &Experiment, a: &SeedsBench, started: Instant) -> Result<Run> {
