@@ -850,7 +850,7 @@ mod tests {
         // Latency: three ways of the one op measured, x in KiB.
         assert_eq!(f[1].series.len(), 3);
         assert_eq!(f[1].series[1].points, vec![(4.0, 90.0), (8.0, 110.0)]);
-        assert_eq!(r.figure().id, "frrwp-registration");
+        assert_eq!(r.figures()[0].id, "frrwp-registration");
         assert_eq!(report(vec![]).figures().len(), 1, "no latency measured, no latency figure");
     }
 }
