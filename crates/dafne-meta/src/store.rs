@@ -697,32 +697,7 @@ impl RedbStore {
                 _ => Err(Errno::EINVAL.into()),
             }
         };
-        let mut results: JobResult = Vec::with_capacity(job.ops.len());
-        let mut prev: Option<Ino> = None;
-        for op in &job.ops {
-            let mut op = op.clone();
-            if op.chain {
-                match (prev, op.primary_ino_mut()) {
-                    (Some(p), Some(slot)) => *slot = p,
-                    _ => {
-                        results.push(Err(Errno::EINVAL));
-                        break;
-                    }
-                }
-            }
-            match run(&op.req) {
-                Ok(resp) => {
-                    prev = resp.ino();
-                    results.push(Ok(resp));
-                }
-                Err(Fail::Errno(e)) => {
-                    results.push(Err(e));
-                    break;
-                }
-                Err(Fail::Store(e)) => return Err(e),
-            }
-        }
-        Ok(results)
+        run_ops(&job.ops, run)
     }
 
     /// Number of inodes (for statfs and tests).
@@ -893,6 +868,39 @@ impl MetaStore for RedbStore {
     }
 }
 
+/// Runs a job's ops in order with `run`: a chained op takes the inode the
+/// previous answer named; the first error ends the job (it is the last
+/// result); a store failure fails the whole job. Shared by the store
+/// thread (`Tables::run_job`) and reads on the loop (`read_snapshot`).
+fn run_ops(ops: &[CompoundOp], mut run: impl FnMut(&Request) -> R<Response>) -> Result<JobResult, StoreError> {
+    let mut results: JobResult = Vec::with_capacity(ops.len());
+    let mut prev: Option<Ino> = None;
+    for op in ops {
+        let mut op = op.clone();
+        if op.chain {
+            match (prev, op.primary_ino_mut()) {
+                (Some(p), Some(slot)) => *slot = p,
+                _ => {
+                    results.push(Err(Errno::EINVAL));
+                    break;
+                }
+            }
+        }
+        match run(&op.req) {
+            Ok(resp) => {
+                prev = resp.ino();
+                results.push(Ok(resp));
+            }
+            Err(Fail::Errno(e)) => {
+                results.push(Err(e));
+                break;
+            }
+            Err(Fail::Store(e)) => return Err(e),
+        }
+    }
+    Ok(results)
+}
+
 struct Tables<'t> {
     inodes: redb::Table<'t, u64, &'static [u8]>,
     dirents: redb::Table<'t, (u64, &'static [u8]), (u64, u64)>,
@@ -989,33 +997,8 @@ impl Tables<'_> {
     }
 
     fn run_job(&mut self, job: &Job) -> Result<JobResult, StoreError> {
-        let mut results: JobResult = Vec::with_capacity(job.ops.len());
-        let mut prev: Option<Ino> = None;
         self.protected = job.protected.clone();
-        for op in &job.ops {
-            let mut op = op.clone();
-            if op.chain {
-                match (prev, op.primary_ino_mut()) {
-                    (Some(p), Some(slot)) => *slot = p,
-                    _ => {
-                        results.push(Err(Errno::EINVAL));
-                        break;
-                    }
-                }
-            }
-            match self.run(&job.cred, &op.req) {
-                Ok(resp) => {
-                    prev = resp.ino();
-                    results.push(Ok(resp));
-                }
-                Err(Fail::Errno(e)) => {
-                    results.push(Err(e));
-                    break;
-                }
-                Err(Fail::Store(e)) => return Err(e),
-            }
-        }
-        Ok(results)
+        run_ops(&job.ops, |req| self.run(&job.cred, req))
     }
 
     fn inode(&self, ino: Ino) -> R<Inode> {
