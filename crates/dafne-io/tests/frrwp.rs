@@ -398,7 +398,8 @@ fn parked_requests_do_not_starve_the_cache() {
 /// the table full ([`dafne_io::service::PARKED_MAX`]: 16 connections of 16
 /// requests each, whose keys would wait a minute), dropping those clients
 /// frees it, and another client's request whose keys follow is served
-/// again long before the deadline could have freed anything.
+/// again long before the deadline could have freed anything. While it is
+/// full, a client's FRRWP I/O falls back to carrying its key.
 #[test]
 fn a_connection_that_goes_away_leaves_nothing_parked() {
     common::as_if_across_hosts();
@@ -437,6 +438,15 @@ fn a_connection_that_goes_away_leaves_nothing_parked() {
             tag += 1;
             assert!(tag < (1 << 32) + 10_000, "the table never filled");
         }
+        // A client's FRRWP I/O that a server will not park (`EBUSY`)
+        // is done with its key carried, not failed.
+        d.set_frrwp(true);
+        let data = pattern(200 << 10, 11);
+        assert_eq!(block_on(d.write_from_registered(&f, 0, &data, Stability::Unstable)), Ok(data.len()));
+        let mut back = vec![0u8; data.len()];
+        assert_eq!(block_on(d.read_into_registered(&f, 0, &mut back)), Ok(data.len()));
+        assert!(back == data);
+        d.set_frrwp(false);
         drop(pending);
         drop(others);
     }
@@ -453,4 +463,29 @@ fn a_connection_that_goes_away_leaves_nothing_parked() {
         tries += 1;
         tag += 1;
     }
+}
+
+/// The client's bounds are the server's: requests of at most
+/// FOLLOW_MAX_EXTENTS extents park (larger ones are refused, `EINVAL`), and
+/// a client parks at most PARKED_PER_CONN requests per server.
+#[test]
+fn the_clients_bounds_are_the_servers() {
+    assert_eq!(dafne_client::data::FOLLOW_MAX_EXTENTS, dafne_io::service::FOLLOW_MAX_EXTENTS);
+    assert_eq!(dafne_client::data::FOLLOW_MAX_PARKED, dafne_io::service::PARKED_PER_CONN);
+    common::as_if_across_hosts();
+    let (_root, meta, secret, io) = one_server(2000);
+    let rt = common::runtime("frrwp-extents");
+    let (m, d) = clients(meta.addr, &secret, &[io.addr], &rt);
+    let f = open_new(&m, "extents", 1);
+    let n = dafne_io::service::FOLLOW_MAX_EXTENTS as u64 + 1;
+    let extents: Vec<IoExtent> =
+        (0..n).map(|i| IoExtent { offset: i * 8192, len: 4096, key: 0, addr: 0x1000 }).collect();
+    let req = IoRequest::Read {
+        cap: f.cap,
+        keys: vec![],
+        extents,
+        inline_reply: false,
+        keys_follow: Some(KeysFollow { tag: 1, count: 1 }),
+    };
+    assert_eq!(block_on(d.raw_request(0, &req)).map(|_| ()), Err(Errno::EINVAL), "too many extents to park");
 }
