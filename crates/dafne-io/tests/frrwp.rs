@@ -489,3 +489,45 @@ fn the_clients_bounds_are_the_servers() {
     };
     assert_eq!(block_on(d.raw_request(0, &req)).map(|_| ()), Err(Errno::EINVAL), "too many extents to park");
 }
+
+/// A capability revoked while its request waits for its keys is refused
+/// when they come (`ESTALE`), before anything moves.
+#[test]
+fn a_capability_revoked_while_parked_is_refused_when_the_keys_come() {
+    common::as_if_across_hosts();
+    let (_root, meta, secret, io) = one_server(5000);
+    let rt = common::runtime("frrwp-revoked");
+    let (m, d) = clients(meta.addr, &secret, &[io.addr], &rt);
+    let f = open_new(&m, "revoked", 1);
+    block_on(d.write_at(&f, 0, &[7u8; 4096], Stability::Unstable)).unwrap();
+    let region = Region::allocate(d.context().unwrap(), 64 << 10, Access::RemoteReadWrite).unwrap();
+    let key = region.pack_key().unwrap();
+    let s = dafne_auth::Secret::load(&secret).unwrap();
+    let signed = |instance, from_seq, entries: Vec<dafne_proto::Revocation>| {
+        let mut b = dafne_proto::Revocations {
+            instance,
+            from_seq,
+            to_seq: from_seq + entries.len() as u64,
+            reset_floor: 0,
+            entries,
+            mac: [0; 32],
+        };
+        s.sign_revocations(&mut b);
+        b
+    };
+    // Where the server's revocation log stands (a batch out of sequence
+    // applies nothing and is answered with it).
+    let (instance, seq) = block_on(d.revoke(0, f.cap, signed(u64::MAX, u64::MAX - 1, vec![]))).unwrap();
+    let req = follow_read(&f, 5, region.addr(), 4096);
+    std::thread::scope(|sc| {
+        let h = sc.spawn(|| block_on(d.raw_request(0, &req)));
+        std::thread::sleep(std::time::Duration::from_millis(150));
+        let floor = dafne_proto::Revocation { object_id: f.cap.object_id, floor: f.cap.generation + 1 };
+        let applied = block_on(d.revoke(0, f.cap, signed(instance, seq, vec![floor]))).unwrap();
+        assert_eq!(applied, (instance, seq + 1), "the revocation applied");
+        let keys = IoRequest::Keys { tag: 5, keys: vec![key] };
+        assert_eq!(block_on(d.raw_request(0, &keys)).map(|_| ()), Ok(()), "the read was parked");
+        assert_eq!(h.join().unwrap().map(|_| ()), Err(Errno::ESTALE));
+    });
+    assert!(region.as_slice()[..4096].iter().all(|&b| b == 0), "nothing was put");
+}
