@@ -29,7 +29,13 @@
 //! than the runtime's loop (a future polled on the loop sends its request
 //! only when the loop runs again, after the registration). Off by default.
 //! A request of more than [`FOLLOW_MAX_EXTENTS`] extents carries its key:
-//! its `Keys` must not overtake it.
+//! its `Keys` must not overtake it (io servers refuse it with `EINVAL`).
+//! At most [`FOLLOW_MAX_PARKED`] requests of this client wait for their
+//! keys on one server at a time (the server's bound per connection): the
+//! I/O past it carries its key. A server that refuses to park a request
+//! (`EBUSY`: its table is full) is asked again with the key carried, and a
+//! revoked capability (`ESTALE`) is renewed as for any request; requests
+//! leave with the freshest capability this client knows.
 //! Requests sent this way are counted ([`DataClient::frrwp_requests`]).
 //!
 //! # Write verifier
@@ -123,6 +129,11 @@ use crate::{ConnectError, OpenFile};
 /// Most extents in a request whose keys follow (3 KiB of extents): larger
 /// requests carry their keys ([`DataClient::set_frrwp`]).
 pub const FOLLOW_MAX_EXTENTS: usize = 128;
+
+/// Requests of one client waiting for their keys on one io server, at most:
+/// the io server's bound per connection (`dafne_io::service::PARKED_PER_CONN`;
+/// a test checks they agree). Beyond, requests carry their keys.
+pub const FOLLOW_MAX_PARKED: usize = 16;
 
 /// Largest inline payload per server request (the protocol's limit).
 pub const INLINE_MAX: usize = dafne_proto::io::MAX_INLINE;
@@ -399,6 +410,40 @@ pub struct DataClient {
     frrwp: std::sync::Arc<std::sync::atomic::AtomicBool>,
     frrwp_sent: std::sync::Arc<std::sync::atomic::AtomicU64>,
     next_tag: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// Requests waiting for their keys, by server ([`FOLLOW_MAX_PARKED`]).
+    follow_parked: std::sync::Arc<Vec<std::sync::atomic::AtomicUsize>>,
+}
+
+/// Places taken in [`DataClient`]'s `follow_parked`, given back on drop.
+struct FollowSlots<'a> {
+    parked: &'a [std::sync::atomic::AtomicUsize],
+    taken: Vec<(usize, usize)>,
+}
+
+impl<'a> FollowSlots<'a> {
+    /// `n` places on `server` for each `(server, n)`, or none at all if any
+    /// server would pass [`FOLLOW_MAX_PARKED`].
+    fn take(parked: &'a [std::sync::atomic::AtomicUsize], want: &[(usize, usize)]) -> Option<FollowSlots<'a>> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let mut slots = FollowSlots { parked, taken: Vec::new() };
+        for &(server, n) in want {
+            let counter = parked.get(server)?;
+            if counter.fetch_add(n, Relaxed) + n > FOLLOW_MAX_PARKED {
+                counter.fetch_sub(n, Relaxed);
+                return None; // `slots` gives back what it took
+            }
+            slots.taken.push((server, n));
+        }
+        Some(slots)
+    }
+}
+
+impl Drop for FollowSlots<'_> {
+    fn drop(&mut self) {
+        for &(server, n) in &self.taken {
+            self.parked[server].fetch_sub(n, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
 }
 
 /// The part of an I/O that one server handles.
@@ -473,6 +518,7 @@ impl DataClient {
             frrwp: Default::default(),
             frrwp_sent: Default::default(),
             next_tag: Default::default(),
+            follow_parked: std::sync::Arc::new((0..addrs.len()).map(|_| Default::default()).collect()),
         })
     }
 
@@ -949,14 +995,37 @@ impl DataClient {
         if let Err(e) = Self::add_parts(&mut parts, f, offset, buf.len(), Some(base)) {
             return cache.get(buf).ok().map(|r| (r, Err(e)));
         }
+        // The key carried, through `call` (a fresh capability for a
+        // revoked one): past this client's bound of parked requests, or
+        // when a server refused to park one.
+        let make = &make;
+        let carried = |reg: std::sync::Arc<crate::regcache::CachedReg>| async move {
+            let r = self.rma_at(f, &[(offset, buf.len())], reg.key(), base, |k, e| make(k, e, None)).await;
+            Some((reg, r))
+        };
         let mut reqs = Vec::new();
+        let mut per_server: Vec<(usize, usize)> = Vec::new();
         for p in &parts {
             for chunk in p.extents.chunks(dafne_proto::io::MAX_IO_EXTENTS) {
                 let tag = self.next_tag.fetch_add(1, Relaxed);
                 let follow = dafne_proto::io::KeysFollow { tag, count: 1 };
-                reqs.push((p.server, tag, make(Vec::new(), chunk.to_vec(), Some(follow))));
+                let mut req = make(Vec::new(), chunk.to_vec(), Some(follow));
+                // The freshest capability known, as `call` sends.
+                if let Some(c) = req.cap().and_then(|c| self.fresher(c)) {
+                    if let Some(slot) = req.cap_mut() {
+                        *slot = c;
+                    }
+                }
+                reqs.push((p.server, tag, req));
+                match per_server.iter_mut().find(|(s, _)| *s == p.server) {
+                    Some((_, n)) => *n += 1,
+                    None => per_server.push((p.server, 1)),
+                }
             }
         }
+        let Some(slots) = FollowSlots::take(&self.follow_parked, &per_server) else {
+            return carried(cache.get(buf).ok()?).await;
+        };
         // Each request leaves on its first poll (its frame is submitted to
         // the runtime's loop), before the registration below.
         let mut calls: Vec<_> = reqs
@@ -992,18 +1061,18 @@ impl DataClient {
             if let Err(e) = r {
                 tracing::debug!("a request whose keys followed failed: {e:?} (its keys: {k:?})");
                 // Any error wins over success; a revoked capability (whose
-                // fresh one the registered path asks meta for) wins over
-                // other errors.
-                if result.is_ok() || e == Errno::ESTALE {
+                // fresh one the registered path asks meta for) and a
+                // request the server would not park win over other errors.
+                if result.is_ok() || e == Errno::ESTALE || (e == Errno::EBUSY && result != Err(Errno::ESTALE)) {
                     result = Err(e);
                 }
             }
         }
-        if result == Err(Errno::ESTALE) && self.meta.get().is_some() {
-            // Again with the key in the request, through `call` (which
-            // asks meta for a fresh capability).
-            let r = self.rma_at(f, &[(offset, buf.len())], reg.key(), base, |k, e| make(k, e, None)).await;
-            return Some((reg, r));
+        // Again with the key in the request, through `call` (which asks
+        // meta for a fresh capability): each part again, the same bytes.
+        if (result == Err(Errno::ESTALE) && self.meta.get().is_some()) || result == Err(Errno::EBUSY) {
+            drop(slots);
+            return carried(reg).await;
         }
         Some((reg, result))
     }
@@ -1548,6 +1617,23 @@ mod tests {
     use dafne_transport::TransportError;
     use futures::executor::block_on;
     use std::sync::atomic::Ordering;
+
+    /// The client parks at most FOLLOW_MAX_PARKED requests per server: a
+    /// request set that would pass it takes nothing (on no server), and
+    /// places come back when their requests are done.
+    #[test]
+    fn follow_slots_are_bounded_per_server_and_given_back() {
+        let parked: Vec<std::sync::atomic::AtomicUsize> = (0..2).map(|_| Default::default()).collect();
+        let full = FollowSlots::take(&parked, &[(0, FOLLOW_MAX_PARKED)]).expect("up to the bound");
+        assert!(FollowSlots::take(&parked, &[(1, 1), (0, 1)]).is_none(), "server 0 is full");
+        assert_eq!(parked[1].load(Ordering::Relaxed), 0, "nothing kept on server 1 either");
+        assert!(FollowSlots::take(&parked, &[(2, 1)]).is_none(), "no such server");
+        drop(full);
+        let again = FollowSlots::take(&parked, &[(1, 1), (0, 1)]).expect("given back");
+        assert_eq!((parked[0].load(Ordering::Relaxed), parked[1].load(Ordering::Relaxed)), (1, 1));
+        drop(again);
+        assert_eq!((parked[0].load(Ordering::Relaxed), parked[1].load(Ordering::Relaxed)), (0, 0));
+    }
 
     /// An unstable write sent and acknowledged on `generation`.
     fn written(v: &mut Verifier, object: u64, server: usize, generation: Generation) {

@@ -198,6 +198,67 @@ impl RegCache {
         let mut g = self.lock();
         let inner = &mut *g;
         self.invalidate(inner);
+        let reg = Self::lookup(inner, addr, len)?;
+        self.c.hits.fetch_add(1, Ordering::Relaxed);
+        Some(reg)
+    }
+
+    /// A registration covering `buf`: an entry's, or a new one. Hold the
+    /// returned `Arc` for as long as a peer may use its key.
+    ///
+    /// The registration is made without the lock (it takes µs to ms), so
+    /// two threads may miss the same range at once: the entry is inserted
+    /// only after looking again under the lock, and a thread that finds an
+    /// entry by then uses it and drops its own registration (counted in
+    /// `registrations`, not kept).
+    pub fn get(&self, buf: &[u8]) -> Result<Arc<CachedReg>, RegCacheError> {
+        if let Some(reg) = self.cached(buf) {
+            return Ok(reg);
+        }
+        let (addr, len) = (buf.as_ptr() as usize, buf.len());
+        self.c.misses.fetch_add(1, Ordering::Relaxed);
+        let reg = Registration::covering(&self.ctx, buf, Access::RemoteReadWrite)
+            .map_err(|source| RegCacheError::Register { addr, len, source })?;
+        self.c.registrations.fetch_add(1, Ordering::Relaxed);
+        let key = reg.pack_key().map_err(|source| RegCacheError::PackKey { len: reg.len(), source })?;
+        let (start, size) = (reg.addr() as usize, reg.len());
+        let cached = Arc::new(CachedReg { reg, key });
+        let mut g = self.lock();
+        let inner = &mut *g;
+        if inner.cursor.is_none() || size > self.cfg.max_pinned {
+            return Ok(cached); // used for this call only
+        }
+        // Another thread may have inserted a covering entry meanwhile.
+        self.invalidate(inner);
+        if let Some(existing) = Self::lookup(inner, addr, len) {
+            return Ok(existing);
+        }
+        let k = (start, start + size);
+        // A same-range entry that does not cover `buf` cannot exist (the
+        // range is `buf`'s pages), but never leave one behind unaccounted.
+        self.remove(inner, k);
+        // Least recently used first, until the new entry fits both bounds.
+        // Each turn removes one LRU record, so the loop ends even if a
+        // record were stale (its entry gone or re-used).
+        while inner.pinned + size > self.cfg.max_pinned || inner.entries.len() >= self.cfg.max_entries.max(1) {
+            let Some((tick, victim)) = inner.lru.pop_first() else { break };
+            if inner.entries.get(&victim).is_some_and(|e| e.last_use == tick) {
+                if let Some(_e) = inner.entries.remove(&victim) {
+                    inner.pinned -= victim.1 - victim.0;
+                }
+                self.c.evictions.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        inner.tick += 1;
+        let tick = inner.tick;
+        inner.entries.insert(k, Entry { reg: cached.clone(), last_use: tick });
+        inner.lru.insert(tick, k);
+        inner.pinned += size;
+        Ok(cached)
+    }
+
+    /// The entry covering `[addr, addr + len)`, its use recorded (a hit).
+    fn lookup(inner: &mut Inner, addr: usize, len: usize) -> Option<Arc<CachedReg>> {
         let end = addr.saturating_add(len);
         let k = inner.entries.range(..=(addr, usize::MAX)).rev().find(|(&(_, e), _)| e >= end).map(|(&k, _)| k)?;
         inner.tick += 1;
@@ -207,42 +268,7 @@ impl RegCache {
         let reg = e.reg.clone();
         inner.lru.remove(&old);
         inner.lru.insert(tick, k);
-        self.c.hits.fetch_add(1, Ordering::Relaxed);
         Some(reg)
-    }
-
-    /// A registration covering `buf`: an entry's, or a new one. Hold the
-    /// returned `Arc` for as long as a peer may use its key.
-    pub fn get(&self, buf: &[u8]) -> Result<Arc<CachedReg>, RegCacheError> {
-        if let Some(reg) = self.cached(buf) {
-            return Ok(reg);
-        }
-        let (addr, len) = (buf.as_ptr() as usize, buf.len());
-        let mut g = self.lock();
-        let inner = &mut *g;
-        self.c.misses.fetch_add(1, Ordering::Relaxed);
-        let reg = Registration::covering(&self.ctx, buf, Access::RemoteReadWrite)
-            .map_err(|source| RegCacheError::Register { addr, len, source })?;
-        self.c.registrations.fetch_add(1, Ordering::Relaxed);
-        let key = reg.pack_key().map_err(|source| RegCacheError::PackKey { len: reg.len(), source })?;
-        let (start, size) = (reg.addr() as usize, reg.len());
-        let cached = Arc::new(CachedReg { reg, key });
-        if inner.cursor.is_none() || size > self.cfg.max_pinned {
-            return Ok(cached); // used for this call only
-        }
-        // Least recently used first, until the new entry fits both bounds.
-        while inner.pinned + size > self.cfg.max_pinned || inner.entries.len() >= self.cfg.max_entries.max(1) {
-            let (_, &victim) = inner.lru.iter().next().expect("pinned bytes and entries belong to the LRU");
-            self.remove(inner, victim);
-            self.c.evictions.fetch_add(1, Ordering::Relaxed);
-        }
-        inner.tick += 1;
-        let tick = inner.tick;
-        let k = (start, start + size);
-        inner.entries.insert(k, Entry { reg: cached.clone(), last_use: tick });
-        inner.lru.insert(tick, k);
-        inner.pinned += size;
-        Ok(cached)
     }
 
     /// Drops the entry of `reg` if the cache still holds it: an I/O on it
@@ -310,6 +336,60 @@ mod tests {
 
     fn ctx() -> Context {
         Context::new(&ContextOptions::default()).unwrap()
+    }
+
+    /// Two threads missing the same buffer at once (security review): the
+    /// second must not insert a duplicate (pinned bytes counted twice, a
+    /// stale LRU record on which the eviction loop spun forever holding
+    /// the lock). After the races, a stream of registrations must all
+    /// return (a watchdog, not a sleep, decides) and the accounting add up.
+    #[test]
+    fn concurrent_misses_of_one_buffer_keep_the_accounting_exact() {
+        let c = Arc::new(RegCache::new(&ctx(), RegCacheConfig { max_pinned: 8 << 20, ..Default::default() }));
+        let buf = Arc::new(vec![0u8; 1 << 20]);
+        let rounds = 100_000;
+        let bar = Arc::new(std::sync::Barrier::new(2));
+        let other = {
+            let (c, buf, bar) = (c.clone(), buf.clone(), bar.clone());
+            std::thread::spawn(move || {
+                for _ in 0..rounds {
+                    bar.wait();
+                    drop(c.get(&buf).unwrap());
+                    bar.wait();
+                }
+            })
+        };
+        for _ in 0..rounds {
+            bar.wait();
+            let r = c.get(&buf).unwrap();
+            bar.wait();
+            // Both threads are done with this round: one entry at most.
+            let st = c.stats();
+            assert!(st.entries <= 1 && st.pinned_bytes <= st.entries * ((1 << 20) + 8192), "{st:?}");
+            c.evict(&r);
+            let st = c.stats();
+            assert_eq!((st.entries, st.pinned_bytes), (0, 0), "the evicted entry left pinned bytes: {st:?}");
+        }
+        other.join().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stream = {
+            let c = c.clone();
+            std::thread::spawn(move || {
+                let bufs: Vec<Vec<u8>> = (0..16).map(|_| vec![0u8; 1 << 20]).collect();
+                for b in &bufs {
+                    drop(c.get(b).unwrap());
+                    tx.send(()).unwrap();
+                }
+            })
+        };
+        for i in 0..16 {
+            rx.recv_timeout(std::time::Duration::from_secs(60))
+                .unwrap_or_else(|e| panic!("registration {i} of the stream did not return ({e}): a spinning eviction"));
+        }
+        stream.join().unwrap();
+        let st = c.stats();
+        assert!(st.pinned_bytes <= 8 << 20 && st.entries >= 1, "{st:?}");
+        assert!(st.pinned_bytes <= st.entries * ((1 << 20) + 8192), "pinned bytes beyond the entries': {st:?}");
     }
 
     #[test]

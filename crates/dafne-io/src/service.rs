@@ -22,22 +22,36 @@
 //! is prepared here, as the FRRWP paper (Ou, He and Han) proposes. The
 //! request is parked under its (connection, tag) at once, before anything
 //! else is awaited, so that a `Keys` sent after it on the same connection
-//! always finds it; it then does all it can without the keys: the
-//! capability, the cut into units, and in the `unifier` mode its first
-//! batch of units acquired (a storage read of a miss, a raw slab
-//! registered on use). Only then does it wait for the keys, and checks
-//! them with [`crate::modes::remote_keys`], exactly as keys carried in a
-//! request, before any RMA. The `normal` and `mmap` modes wait for the keys
-//! first (their preparation is per piece, inside the RMA loop).
+//! always finds it; it then does what it can without the keys and without
+//! holding anything: the capability, the cut into units, and in the
+//! `unifier` mode its first batch's missing units read from storage into
+//! the cache (`Unifier::prefetch_with_ahead`, which holds no unit when it
+//! returns; a unit evicted meanwhile is filled again later). Then it waits
+//! for the keys, checks them with [`crate::modes::remote_keys`] exactly as
+//! keys carried in a request, checks the capability again (a `Revoke` may
+//! have come meanwhile: `ESTALE`), and only then runs the path of a
+//! request that carried its keys: units acquired, RMA, committed. So a
+//! parked request holds nothing but its entry in the table: no unit, no
+//! slab, no guard that an error could release as written, and another
+//! client's request never waits for it.
 //!
 //! Hostile input: at most [`PARKED_PER_CONN`] requests wait per connection
-//! and [`PARKED_MAX`] in all (beyond, `EBUSY`), each at most the keys
-//! deadline ([`KEYS_DEADLINE`] unless set: `ETIMEDOUT`, and its units are
-//! released); a tag already waiting on the connection is `EBUSY`, a `Keys`
-//! naming no waiting request `ENOENT`, one with the wrong number of keys
-//! `EINVAL` (and the request it named too). A parked request holds at most
-//! one batch of units ([`UNITS_PER_BATCH`], a quarter of the cache at
-//! most) for at most the deadline.
+//! and [`PARKED_MAX`] in all (beyond, `EBUSY`); a request of more than
+//! [`FOLLOW_MAX_EXTENTS`] extents may not wait (`EINVAL`: its frame could be
+//! overtaken by its keys). Each waits at most the keys deadline
+//! ([`KEYS_DEADLINE`] unless set), counted from when it was parked
+//! (`ETIMEDOUT`). A tag already waiting on the connection is `EBUSY`, a
+//! `Keys` naming no waiting request `ENOENT`, one with the wrong number of
+//! keys `EINVAL` (and the request it named too). A connection that goes
+//! away takes its parked requests out of the table at once
+//! (`Service::disconnected`), so reconnecting does not pile up entries. A
+//! waiter leaving the table removes only its own entry (a serial per
+//! entry), never a later request's that reused the tag.
+//!
+//! A write's units are aborted on every early return after they were taken
+//! (`AbortUnlessCommitted`): a unit not filled from storage is dropped
+//! rather than saved as written, so an error never exposes the slot's
+//! previous bytes.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -76,10 +90,20 @@ pub const PARKED_PER_CONN: usize = 16;
 /// Requests waiting for their keys, over all connections.
 pub const PARKED_MAX: usize = 256;
 
-/// A request waiting for its keys: where to deliver them, how many.
+/// Extents of a request whose keys follow, at most: the client's
+/// `dafne_client::data::FOLLOW_MAX_EXTENTS`. A larger request frame may be
+/// received by rendezvous and overtaken by its `Keys` (which would then
+/// find no parked request), so it is refused (`EINVAL`) rather than
+/// parked: such a request carries its keys.
+pub const FOLLOW_MAX_EXTENTS: usize = 128;
+
+/// A request waiting for its keys: where to deliver them, how many; and
+/// its serial, so that a waiter leaving the table removes its own entry,
+/// never a later request's that reused the tag.
 struct Parked {
     tx: oneshot::Sender<Vec<Vec<u8>>>,
     count: u16,
+    serial: u64,
 }
 
 /// What serves reads and writes: the Unifier, or a comparison mode.
@@ -181,6 +205,8 @@ pub struct IoService {
     ops: std::cell::RefCell<OpStats>,
     /// Requests waiting for their keys, by (connection, tag).
     parked: RefCell<HashMap<(u32, u64), Parked>>,
+    /// The serial of the next parked request.
+    parked_serial: Cell<u64>,
     keys_deadline: Duration,
     /// Requests served with keys that followed them; refused or timed out.
     frrwp_served: Cell<u64>,
@@ -251,6 +277,7 @@ impl IoService {
             login_warned: Default::default(),
             ops: Default::default(),
             parked: Default::default(),
+            parked_serial: Default::default(),
             keys_deadline: KEYS_DEADLINE,
             frrwp_served: Default::default(),
             frrwp_refused: Default::default(),
@@ -286,8 +313,77 @@ impl IoService {
             return Err(self.refuse_frrwp(Errno::EBUSY));
         }
         let (tx, rx) = oneshot::channel();
-        p.insert(id, Parked { tx, count: f.count });
-        Ok(KeyWait { svc: self, id, rx: Some(rx) })
+        let serial = self.parked_serial.get();
+        self.parked_serial.set(serial + 1);
+        p.insert(id, Parked { tx, count: f.count, serial });
+        // The deadline runs from here: preparation counts against it.
+        let deadline = std::time::Instant::now() + self.keys_deadline;
+        Ok(KeyWait { svc: self, id, serial, deadline, rx: Some(rx) })
+    }
+
+    /// The connection is gone: its parked requests leave the table (their
+    /// waiters, woken by the dropped senders, end without touching the
+    /// cache), so a client that reconnects cannot
+    /// pile up entries against [`PARKED_MAX`].
+    fn forget_connection(&self, conn_id: u32) {
+        let mut p = self.parked.borrow_mut();
+        let before = p.len();
+        p.retain(|(c, _), _| *c != conn_id);
+        if p.len() != before {
+            tracing::debug!("connection {conn_id} gone: {} parked requests dropped", before - p.len());
+        }
+    }
+
+    /// The capability check of [`Self::serve`]: its MAC, expiry and
+    /// rights, then the revocation floors and tombstones. `Ok(true)` when
+    /// the request is done already (a `Remove` of what is gone).
+    fn check_cap(&self, conn: &ConnHandle, req: &IoRequest, cap: &dafne_proto::Capability) -> Result<bool, Errno> {
+        let rights = match req {
+            IoRequest::Read { .. } => RIGHT_READ,
+            IoRequest::Stat { .. } | IoRequest::ServerInfo { .. } => RIGHT_READ,
+            _ => RIGHT_WRITE,
+        };
+        if !self.secret.verify_cap(cap, cap.object_id, rights, SystemTime::now()) {
+            return Err(Errno::EACCES);
+        }
+        if !matches!(req, IoRequest::Revoke { .. } | IoRequest::ServerInfo { .. }) {
+            if let Err(why) = self.floors.borrow().check(cap) {
+                // Removing what is gone already is done (the reclaimer retries).
+                if matches!((req, why), (IoRequest::Remove { .. }, Refusal::Removed { .. })) {
+                    return Ok(true);
+                }
+                tracing::debug!("refused on connection {}: {why}", conn.id());
+                return Err(Errno::ESTALE);
+            }
+        }
+        Ok(false)
+    }
+
+    /// What a request whose keys follow does while it waits for them, in
+    /// the `unifier` mode: its first batch's missing units read from
+    /// storage into the cache ([`Unifier::prefetch_with_ahead`], which
+    /// holds nothing when it returns), the units a write covers only in
+    /// part included (a write fills them first). Best effort: what cannot
+    /// be had now is filled by the acquisition after the keys came.
+    fn prepare(&self, req: &IoRequest, object: u64) {
+        let Backend::Unifier(u) = &self.backend else { return };
+        let (extents, write) = match req {
+            IoRequest::Read { extents, .. } => (extents, false),
+            IoRequest::Write { extents, .. } => (extents, true),
+            _ => return,
+        };
+        let Ok(work) = cut(u, object, extents) else { return };
+        let unit = u.unit_size_for(object);
+        let indices: Vec<u64> = work
+            .iter()
+            .take(Self::batch_units(u, object))
+            .filter(|w| !write || w.span() != (0..unit))
+            .map(|w| w.unit_index)
+            .filter(|&i| !u.is_cached(object, i))
+            .collect();
+        if !indices.is_empty() {
+            u.prefetch_with_ahead(object, &indices, &[]);
+        }
     }
 
     /// Io op `Keys`: delivers keys to the request parked under the tag.
@@ -490,23 +586,8 @@ impl IoService {
             IoRequest::Keys { tag, keys } => return self.deliver_keys(conn, *tag, std::mem::take(keys)),
             other => *other.cap().ok_or(Errno::EPROTO)?,
         };
-        let rights = match &req {
-            IoRequest::Read { .. } => RIGHT_READ,
-            IoRequest::Stat { .. } | IoRequest::ServerInfo { .. } => RIGHT_READ,
-            _ => RIGHT_WRITE,
-        };
-        if !self.secret.verify_cap(&cap, cap.object_id, rights, SystemTime::now()) {
-            return Err(Errno::EACCES);
-        }
-        if !matches!(req, IoRequest::Revoke { .. } | IoRequest::ServerInfo { .. }) {
-            if let Err(why) = self.floors.borrow().check(&cap) {
-                // Removing what is gone already is done (the reclaimer retries).
-                if matches!((&req, why), (IoRequest::Remove { .. }, Refusal::Removed { .. })) {
-                    return Ok(IoResponse::Done);
-                }
-                tracing::debug!("refused on connection {}: {why}", conn.id());
-                return Err(Errno::ESTALE);
-            }
+        if self.check_cap(conn, &req, &cap)? {
+            return Ok(IoResponse::Done);
         }
         let object = cap.object_id;
         if let (
@@ -522,28 +603,56 @@ impl IoService {
         if matches!(req, IoRequest::Read { .. }) && store.is_damaged(object) {
             return Err(Errno::EIO);
         }
-        match (req, &self.backend) {
-            (IoRequest::Read { keys, extents, inline_reply, keys_follow, .. }, Backend::Unifier(u)) => {
-                let mut keys = self.keys(conn, keys, &extents, keys_follow)?;
-                let work = cut(u, object, &extents)?;
-                self.read(conn, u, object, &mut keys, &extents, work, inline_reply).await
+        // Keys that follow (module docs): parked now, before anything is
+        // awaited; prepared holding nothing; then, once the keys are here
+        // and checked, the capability checked again (it may have been
+        // revoked meanwhile) and the request served exactly as one that
+        // carried its keys.
+        let mut followed = None;
+        if let IoRequest::Read { keys_follow, extents, .. } | IoRequest::Write { keys_follow, extents, .. } = &mut req {
+            if let Some(f) = keys_follow.take() {
+                if extents.len() > FOLLOW_MAX_EXTENTS {
+                    return Err(self.refuse_frrwp(Errno::EINVAL));
+                }
+                let mut wait = self.park(conn, f)?;
+                self.prepare(&req, object);
+                let raw = wait.wait().await?;
+                drop(wait);
+                if self.check_cap(conn, &req, &cap)? {
+                    return Ok(IoResponse::Done);
+                }
+                if let IoRequest::Read { keys, extents, .. } | IoRequest::Write { keys, extents, .. } = &mut req {
+                    let checked = crate::modes::remote_keys(conn, &raw, extents).map_err(|e| self.refuse_frrwp(e))?;
+                    self.frrwp_served.set(self.frrwp_served.get() + 1);
+                    *keys = raw;
+                    followed = Some(checked);
+                }
             }
-            (IoRequest::Read { keys, extents, inline_reply, keys_follow, .. }, Backend::Direct(d)) => {
-                let keys = self.keys(conn, keys, &extents, keys_follow)?.raw(conn, &extents).await?;
+        }
+        // The keys of a Read or Write, checked before anything is read or
+        // written (those that followed, above).
+        let mut rkeys = |keys: &[Vec<u8>], extents: &[dafne_proto::io::IoExtent]| match followed.take() {
+            Some(k) => Ok(k),
+            None => crate::modes::remote_keys(conn, keys, extents),
+        };
+        match (req, &self.backend) {
+            (IoRequest::Read { keys, extents, inline_reply, .. }, Backend::Unifier(u)) => {
+                let rkeys = rkeys(&keys, &extents)?;
+                let work = cut(u, object, &extents)?;
+                self.read(conn, u, object, &rkeys, work, inline_reply).await
+            }
+            (IoRequest::Read { keys, extents, inline_reply, .. }, Backend::Direct(d)) => {
                 d.read(conn, object, &keys, &extents, inline_reply).await
             }
-            (IoRequest::Write { keys, extents, stability, inline, keys_follow, .. }, backend) => {
+            (IoRequest::Write { keys, extents, stability, inline, .. }, backend) => {
                 let bytes = extents.iter().map(|e| e.len as u64).sum();
-                let mut keys = self.keys(conn, keys, &extents, keys_follow)?;
                 match backend {
                     Backend::Unifier(u) => {
+                        let rkeys = rkeys(&keys, &extents)?;
                         let work = cut(u, object, &extents)?;
-                        self.write(conn, u, object, &mut keys, &extents, work, &inline, stability).await?
+                        self.write(conn, u, object, &rkeys, work, &inline, stability).await?
                     }
-                    Backend::Direct(d) => {
-                        let keys = keys.raw(conn, &extents).await?;
-                        d.write(conn, object, &keys, &extents, &inline, stability).await?
-                    }
+                    Backend::Direct(d) => d.write(conn, object, &keys, &extents, &inline, stability).await?,
                 }
                 Ok(IoResponse::Write { bytes })
             }
@@ -653,29 +762,13 @@ impl IoService {
         (units / 4).clamp(1, UNITS_PER_BATCH)
     }
 
-    /// The keys of a Read or Write: carried (checked now, before anything
-    /// is read or written) or to follow (parked now; module docs).
-    fn keys(
-        &self,
-        conn: &ConnHandle,
-        keys: Vec<Vec<u8>>,
-        extents: &[dafne_proto::io::IoExtent],
-        follow: Option<KeysFollow>,
-    ) -> Result<Keys<'_>, Errno> {
-        match follow {
-            None => Ok(Keys::Ready(crate::modes::remote_keys(conn, &keys, extents)?, keys)),
-            Some(f) => Ok(Keys::Follow(self.park(conn, f)?)),
-        }
-    }
-
     #[allow(clippy::too_many_arguments)]
     async fn read(
         &self,
         conn: &ConnHandle,
         unifier: &Unifier,
         object: u64,
-        keys: &mut Keys<'_>,
-        extents: &[dafne_proto::io::IoExtent],
+        rkeys: &[Rc<dafne_transport::RemoteKey>],
         work: Vec<UnitWork>,
         inline_reply: bool,
     ) -> Result<IoResponse, Errno> {
@@ -694,8 +787,6 @@ impl IoService {
             for w in batch {
                 guards.push(retry_no_space(|| unifier.read(object, w.unit_index)).await?);
             }
-            // Keys that follow are awaited here, the units in hand.
-            let rkeys = if inline_reply { &[][..] } else { keys.checked(conn, extents).await? };
             let mut segs = Vec::new();
             for (w, g) in batch.iter().zip(&guards) {
                 for p in &w.pieces {
@@ -726,22 +817,21 @@ impl IoService {
         conn: &ConnHandle,
         unifier: &Unifier,
         object: u64,
-        keys: &mut Keys<'_>,
-        extents: &[dafne_proto::io::IoExtent],
+        rkeys: &[Rc<dafne_transport::RemoteKey>],
         work: Vec<UnitWork>,
         inline: &[u8],
         stability: Stability,
     ) -> Result<(), Errno> {
         for batch in work.chunks(Self::batch_units(unifier, object)) {
-            let mut guards = Vec::with_capacity(batch.len());
+            // Every early return below aborts the batch's units (a unit not
+            // filled from storage is dropped, not saved as written).
+            let mut guards = AbortUnlessCommitted(Vec::with_capacity(batch.len()));
             for w in batch {
                 let span = w.span();
-                guards.push(retry_no_space(|| unifier.write(object, w.unit_index, span.clone())).await?);
+                guards.0.push(retry_no_space(|| unifier.write(object, w.unit_index, span.clone())).await?);
             }
-            // Keys that follow are awaited here, the units in hand.
-            let rkeys = keys.checked(conn, extents).await?;
             let mut segs = Vec::new();
-            for (w, g) in batch.iter().zip(guards.iter_mut()) {
+            for (w, g) in batch.iter().zip(guards.0.iter_mut()) {
                 let base = g.range().start;
                 for p in &w.pieces {
                     match p.remote {
@@ -762,13 +852,11 @@ impl IoService {
             if !segs.is_empty() {
                 if let Err(e) = conn.get(segs).await {
                     tracing::warn!("get from client failed: {e}");
-                    for g in guards {
-                        g.abort();
-                    }
-                    return Err(Errno::EIO);
+                    return Err(Errno::EIO); // `guards` aborts
                 }
             }
-            for g in guards {
+            // Committed: what arrived is the units' content now.
+            for g in std::mem::take(&mut guards.0) {
                 if stability == Stability::Unstable {
                     drop(g);
                 } else {
@@ -852,42 +940,16 @@ fn cut(unifier: &Unifier, object: u64, extents: &[dafne_proto::io::IoExtent]) ->
     Ok(work)
 }
 
-/// The keys of one Read or Write.
-enum Keys<'a> {
-    /// Carried in the request (or arrived), unpacked and checked; and as sent.
-    Ready(Vec<Rc<dafne_transport::RemoteKey>>, Vec<Vec<u8>>),
-    /// To follow in a `Keys` request.
-    Follow(KeyWait<'a>),
-}
+/// A write's unit guards, aborted ([`dafne_unifier::WriteGuard::abort`])
+/// unless taken out to commit: a guard dropped as is saves its range as
+/// written, which for a unit not filled from storage would expose the
+/// slot's previous bytes (another object's) if nothing arrived.
+struct AbortUnlessCommitted(Vec<dafne_unifier::WriteGuard>);
 
-impl Keys<'_> {
-    /// The keys unpacked and checked against `extents` (by
-    /// [`crate::modes::remote_keys`], whichever way they came), waiting for
-    /// them first if they follow.
-    async fn checked(
-        &mut self,
-        conn: &ConnHandle,
-        extents: &[dafne_proto::io::IoExtent],
-    ) -> Result<&[Rc<dafne_transport::RemoteKey>], Errno> {
-        if let Keys::Follow(w) = self {
-            let raw = w.wait().await?;
-            let rkeys = crate::modes::remote_keys(conn, &raw, extents).map_err(|e| w.svc.refuse_frrwp(e))?;
-            w.svc.frrwp_served.set(w.svc.frrwp_served.get() + 1);
-            *self = Keys::Ready(rkeys, raw);
-        }
-        match self {
-            Keys::Ready(k, _) => Ok(k),
-            Keys::Follow(_) => unreachable!("resolved above"),
-        }
-    }
-
-    /// The packed keys (for the `normal` and `mmap` modes, which check
-    /// them themselves), waiting for them first if they follow.
-    async fn raw(mut self, conn: &ConnHandle, extents: &[dafne_proto::io::IoExtent]) -> Result<Vec<Vec<u8>>, Errno> {
-        self.checked(conn, extents).await?;
-        match self {
-            Keys::Ready(_, raw) => Ok(raw),
-            Keys::Follow(_) => unreachable!("resolved by checked"),
+impl Drop for AbortUnlessCommitted {
+    fn drop(&mut self) {
+        for g in self.0.drain(..) {
+            g.abort();
         }
     }
 }
@@ -897,16 +959,21 @@ impl Keys<'_> {
 struct KeyWait<'a> {
     svc: &'a IoService,
     id: (u32, u64),
+    serial: u64,
+    /// The keys deadline, from when the request was parked.
+    deadline: std::time::Instant,
     rx: Option<oneshot::Receiver<Vec<Vec<u8>>>>,
 }
 
 impl KeyWait<'_> {
     async fn wait(&mut self) -> Result<Vec<Vec<u8>>, Errno> {
         let rx = self.rx.take().ok_or(Errno::EPROTO)?;
-        let sleep = dafne_transport::sleep(self.svc.keys_deadline);
+        let sleep = dafne_transport::sleep(self.deadline.saturating_duration_since(std::time::Instant::now()));
         match futures::future::select(rx, std::pin::pin!(sleep)).await {
             futures::future::Either::Left((Ok(keys), _)) => Ok(keys),
-            // The `Keys` had the wrong count (counted there).
+            // The `Keys` had the wrong count (counted there), or the
+            // connection is gone (`forget_connection`: nobody reads the
+            // answer).
             futures::future::Either::Left((Err(oneshot::Canceled), _)) => Err(Errno::EINVAL),
             futures::future::Either::Right(_) => {
                 tracing::debug!("connection {}: keys for tag {} never came", self.id.0, self.id.1);
@@ -918,7 +985,12 @@ impl KeyWait<'_> {
 
 impl Drop for KeyWait<'_> {
     fn drop(&mut self) {
-        self.svc.parked.borrow_mut().remove(&self.id);
+        // Only its own entry: the tag may have been delivered to and then
+        // reused by a later request of the connection.
+        let mut p = self.svc.parked.borrow_mut();
+        if p.get(&self.id).is_some_and(|e| e.serial == self.serial) {
+            p.remove(&self.id);
+        }
     }
 }
 
@@ -946,6 +1018,10 @@ impl Service for IoHandler {
     fn call(&self, req: TRequest) -> Pin<Box<dyn Future<Output = Vec<u8>>>> {
         let svc = self.0.clone();
         Box::pin(async move { svc.handle(req).await })
+    }
+
+    fn disconnected(&self, conn_id: u32) {
+        self.0.forget_connection(conn_id);
     }
 }
 

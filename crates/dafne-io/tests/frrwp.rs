@@ -203,3 +203,331 @@ fn requests_whose_keys_never_come_are_answered_at_the_deadline_and_bounded_per_c
     assert_eq!(server_counts(&d, &secret).0, 1);
     drop(io);
 }
+
+// The security review's cases (each seen failing before the parked
+// request stopped holding units; module docs of `dafne_io::service`,
+// "Keys that follow").
+
+/// One io server (8 MiB of cache, keys deadline `ms`) and its meta.
+fn one_server(ms: u64) -> (tempfile::TempDir, dafne_meta::server::MetaServer, std::path::PathBuf, common::IoProc) {
+    let base = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    std::fs::create_dir_all(&base).unwrap();
+    let root = tempfile::tempdir_in(base).unwrap();
+    let (meta, secret) = common::start_meta(root.path(), 1, 64 << 10, 1);
+    let io = io_with_deadline(&root.path().join("io0"), &secret, ms);
+    (root, meta, secret, io)
+}
+
+fn follow_write(f: &OpenFile, tag: u64, offset: u64, addr: u64, len: u32) -> IoRequest {
+    IoRequest::Write {
+        cap: f.cap,
+        keys: vec![],
+        extents: vec![IoExtent { offset, len, key: 0, addr }],
+        stability: Stability::Unstable,
+        inline: vec![],
+        keys_follow: Some(KeysFollow { tag, count: 1 }),
+    }
+}
+
+fn follow_read_at(f: &OpenFile, tag: u64, offset: u64, addr: u64, len: u32) -> IoRequest {
+    IoRequest::Read {
+        cap: f.cap,
+        keys: vec![],
+        extents: vec![IoExtent { offset, len, key: 0, addr }],
+        inline_reply: false,
+        keys_follow: Some(KeysFollow { tag, count: 1 }),
+    }
+}
+
+/// Fills 16 MiB of `victim` through the 8 MiB cache: every slot of the
+/// cache has held its bytes.
+fn fill_victim(d: &DataClient, victim: &OpenFile, seed: u64) -> Vec<u8> {
+    let data = pattern(16 << 20, seed);
+    for (i, c) in data.chunks(1 << 20).enumerate() {
+        block_on(d.write_at(victim, (i as u64) << 20, c, Stability::Unstable)).unwrap();
+    }
+    data
+}
+
+/// What `attacker`'s first unit reads as: its non-zero bytes, and which
+/// unit of `victim`'s data it equals, if any.
+fn first_unit(d: &DataClient, attacker: &OpenFile, victim_data: &[u8]) -> (usize, Option<usize>) {
+    let mut back = vec![0u8; 64 << 10];
+    block_on(d.read_at(attacker, 0, &mut back)).unwrap();
+    (back.iter().filter(|&&b| b != 0).count(), victim_data.chunks(64 << 10).position(|c| c == &back[..]))
+}
+
+/// A whole-unit write whose keys are refused (outside their window) must
+/// leave nothing in the file: a unit taken for it before the keys came,
+/// and released as written, exposed another file's bytes from the slot.
+#[test]
+fn a_refused_write_whose_keys_followed_leaves_no_bytes() {
+    common::as_if_across_hosts();
+    let (_root, meta, secret, io) = one_server(2000);
+    let rt = common::runtime("frrwp-leak");
+    let (m, d) = clients(meta.addr, &secret, &[io.addr], &rt);
+    let victim = open_new(&m, "victim", 1);
+    let attacker = open_new(&m, "attacker", 1);
+    let victim_data = fill_victim(&d, &victim, 3);
+    let region = Region::allocate(d.context().unwrap(), 64 << 10, Access::RemoteReadWrite).unwrap();
+    let key = region.pack_key().unwrap();
+    let req = follow_write(&attacker, 7, 0, region.addr() + (1 << 30), 64 << 10);
+    let keys = IoRequest::Keys { tag: 7, keys: vec![key] };
+    let (r, k) = block_on(futures::future::join(d.raw_request(0, &req), d.raw_request(0, &keys)));
+    assert_eq!(k.map(|_| ()), Ok(()), "the keys were delivered");
+    assert_eq!(r.map(|_| ()), Err(Errno::EFAULT));
+    let (nonzero, from_victim) = first_unit(&d, &attacker, &victim_data);
+    assert_eq!(nonzero, 0, "a refused write left bytes in the file (victim's unit {from_victim:?})");
+}
+
+/// A whole-unit write whose keys never come (the deadline) leaves nothing
+/// in the file either.
+#[test]
+fn a_write_whose_keys_never_came_leaves_no_bytes() {
+    common::as_if_across_hosts();
+    let (_root, meta, secret, io) = one_server(300);
+    let rt = common::runtime("frrwp-leak-deadline");
+    let (m, d) = clients(meta.addr, &secret, &[io.addr], &rt);
+    let victim = open_new(&m, "victim", 1);
+    let attacker = open_new(&m, "attacker", 1);
+    let victim_data = fill_victim(&d, &victim, 4);
+    let r = block_on(d.raw_request(0, &follow_write(&attacker, 7, 0, 0x1000, 64 << 10)));
+    assert_eq!(r.map(|_| ()), Err(Errno::ETIMEDOUT));
+    let (nonzero, from_victim) = first_unit(&d, &attacker, &victim_data);
+    assert_eq!(nonzero, 0, "a timed-out write left bytes in the file (victim's unit {from_victim:?})");
+}
+
+/// Tag reuse: A (tag 1) gets its keys; B (tag 1 again) parks before A's
+/// task has left the table; A leaving must not remove B's entry.
+#[test]
+fn a_reused_tag_does_not_orphan_a_parked_request() {
+    common::as_if_across_hosts();
+    let (_root, meta, secret, io) = one_server(3000);
+    let rt = common::runtime("frrwp-tag-reuse");
+    let (m, d) = clients(meta.addr, &secret, &[io.addr], &rt);
+    let f = open_new(&m, "orphan", 1);
+    let region = Region::allocate(d.context().unwrap(), 256 << 10, Access::RemoteReadWrite).unwrap();
+    let key = region.pack_key().unwrap();
+    let ks = |tag| IoRequest::Keys { tag, keys: vec![key.clone()] };
+    let w = follow_write(&f, 50, 0, region.addr(), 4096);
+    let a = follow_read_at(&f, 1, 0, region.addr() + (64 << 10), 4096);
+    let b = follow_read_at(&f, 1, 5 << 16, region.addr() + (128 << 10), 4096);
+    // Each step waits until the server has seen the previous one (a
+    // request is parked when its answer is pending; the order of the
+    // calls below is the order the server sees).
+    let pause = || std::thread::sleep(std::time::Duration::from_millis(150));
+    std::thread::scope(|s| {
+        let hw = s.spawn(|| block_on(d.raw_request(0, &w)));
+        pause();
+        let ha = s.spawn(|| block_on(d.raw_request(0, &a)));
+        pause();
+        assert_eq!(block_on(d.raw_request(0, &ks(1))).map(|_| ()), Ok(()), "keys for A");
+        let hb = s.spawn(|| block_on(d.raw_request(0, &b)));
+        pause();
+        assert_eq!(block_on(d.raw_request(0, &ks(50))).map(|_| ()), Ok(()), "keys for W");
+        assert!(hw.join().unwrap().is_ok() && ha.join().unwrap().is_ok(), "W and A served");
+        // B still waits for its keys (deadline 3 s): they must find it.
+        let kb = block_on(d.raw_request(0, &ks(1)));
+        assert_eq!(kb.map(|_| ()), Ok(()), "B's keys found no waiting request: A's exit removed B's entry");
+        assert!(hb.join().unwrap().is_ok(), "B served");
+    });
+}
+
+/// A parked read holds no unit: another client's write of the same unit
+/// is answered while the read is still parked, whose keys then still find
+/// it (it would have timed out first if the writer had had to wait).
+#[test]
+fn a_parked_read_does_not_stall_a_writer_of_its_unit() {
+    common::as_if_across_hosts();
+    let (_root, meta, secret, io) = one_server(5000);
+    let rt = common::runtime("frrwp-stall");
+    let (m, d) = clients(meta.addr, &secret, &[io.addr], &rt);
+    let rt2 = common::runtime("frrwp-stall-2");
+    let d2 = DataClient::connect(&rt2, &[io.addr], dafne_auth::Secret::load(&secret).unwrap()).unwrap();
+    let f = open_new(&m, "stall", 1);
+    block_on(d.write_at(&f, 0, &[1u8; 4096], Stability::Unstable)).unwrap();
+    let region = Region::allocate(d.context().unwrap(), 64 << 10, Access::RemoteReadWrite).unwrap();
+    let parked = follow_read_at(&f, 9, 0, region.addr(), 4096);
+    std::thread::scope(|s| {
+        let h = s.spawn(|| block_on(d.raw_request(0, &parked)));
+        std::thread::sleep(std::time::Duration::from_millis(150));
+        block_on(d2.write_at(&f, 0, &[2u8; 100], Stability::Unstable)).unwrap();
+        let keys = IoRequest::Keys { tag: 9, keys: vec![region.pack_key().unwrap()] };
+        assert_eq!(block_on(d.raw_request(0, &keys)).map(|_| ()), Ok(()), "the read was still parked");
+        assert!(h.join().unwrap().is_ok());
+    });
+    // The read was served after the write: it put the written bytes.
+    let back = &region.as_slice()[..4096];
+    assert!(back[..100].iter().all(|&b| b == 2) && back[100..].iter().all(|&b| b == 1));
+}
+
+/// One connection parks 16 large reads (a quarter of the cache each, keys
+/// not sent yet): another client's read of another file is served while
+/// they are all still parked (their keys, sent afterwards, still find
+/// them and are refused for their window: EFAULT, not ETIMEDOUT).
+#[test]
+fn parked_requests_do_not_starve_the_cache() {
+    common::as_if_across_hosts();
+    let (_root, meta, secret, io) = one_server(5000);
+    let rt = common::runtime("frrwp-starve");
+    let (m, d) = clients(meta.addr, &secret, &[io.addr], &rt);
+    let rt2 = common::runtime("frrwp-starve-2");
+    let d2 = DataClient::connect(&rt2, &[io.addr], dafne_auth::Secret::load(&secret).unwrap()).unwrap();
+    let mine = open_new(&m, "hog", 1);
+    let other = open_new(&m, "other", 1);
+    block_on(d2.write_at(&other, 0, &[3u8; 100], Stability::FileSync)).unwrap();
+    let n = dafne_io::service::PARKED_PER_CONN as u64;
+    let hogs: Vec<IoRequest> = (0..n).map(|t| follow_read_at(&mine, 1000 + t, t << 21, 0x1000, 2 << 20)).collect();
+    let region = Region::allocate(d.context().unwrap(), 64 << 10, Access::RemoteReadWrite).unwrap();
+    let key = region.pack_key().unwrap();
+    std::thread::scope(|s| {
+        let h = s.spawn(|| block_on(futures::future::join_all(hogs.iter().map(|r| d.raw_request(0, r)))));
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let mut buf = [0u8; 100];
+        assert_eq!(block_on(d2.read_at(&other, 0, &mut buf)), Ok(100));
+        assert_eq!(buf, [3u8; 100]);
+        let keys: Vec<IoRequest> = (0..n).map(|t| IoRequest::Keys { tag: 1000 + t, keys: vec![key.clone()] }).collect();
+        let delivered = block_on(futures::future::join_all(keys.iter().map(|k| d.raw_request(0, k))));
+        assert!(delivered.iter().all(|k| k.is_ok()), "all still parked: {delivered:?}");
+        let answers: Vec<_> = h.join().unwrap().into_iter().map(|r| r.map(|_| ())).collect();
+        assert_eq!(answers, vec![Err(Errno::EFAULT); n as usize]);
+    });
+}
+
+/// Connections that park requests and go away leave nothing parked: with
+/// the table full ([`dafne_io::service::PARKED_MAX`]: 16 connections of 16
+/// requests each, whose keys would wait a minute), dropping those clients
+/// frees it, and another client's request whose keys follow is served
+/// again long before the deadline could have freed anything. While it is
+/// full, a client's FRRWP I/O falls back to carrying its key.
+#[test]
+fn a_connection_that_goes_away_leaves_nothing_parked() {
+    common::as_if_across_hosts();
+    let (_root, meta, secret, io) = one_server(60_000);
+    let rt = common::runtime("frrwp-gone");
+    let (m, d) = clients(meta.addr, &secret, &[io.addr], &rt);
+    let f = open_new(&m, "gone", 1);
+    let region = Region::allocate(d.context().unwrap(), 64 << 10, Access::RemoteReadWrite).unwrap();
+    let key = region.pack_key().unwrap();
+    let probe = |tag| {
+        let req = follow_read(&f, tag, region.addr(), 4096);
+        let keys = IoRequest::Keys { tag, keys: vec![key.clone()] };
+        let (r, _) = block_on(futures::future::join(d.raw_request(0, &req), d.raw_request(0, &keys)));
+        r.map(|_| ())
+    };
+    let per_conn = dafne_io::service::PARKED_PER_CONN as u64;
+    let conns = dafne_io::service::PARKED_MAX as u64 / per_conn;
+    let secret_key = dafne_auth::Secret::load(&secret).unwrap();
+    {
+        let rtx = common::runtime("frrwp-gone-x");
+        let others: Vec<DataClient> =
+            (0..conns).map(|_| DataClient::connect(&rtx, &[io.addr], &secret_key).unwrap()).collect();
+        let reqs: Vec<IoRequest> = (0..per_conn).map(|t| follow_read(&f, t, 0x1000, 4096)).collect();
+        // Each request leaves on its first poll and stays unanswered.
+        let mut pending = Vec::new();
+        for o in &others {
+            for r in &reqs {
+                let mut fut = Box::pin(o.raw_request(0, r));
+                assert!(futures::FutureExt::now_or_never(&mut fut).is_none(), "answered before its keys");
+                pending.push(fut);
+            }
+        }
+        // The table fills (the requests reach the server in their time).
+        let mut tag = 1 << 32;
+        while probe(tag) != Err(Errno::EBUSY) {
+            tag += 1;
+            assert!(tag < (1 << 32) + 10_000, "the table never filled");
+        }
+        // A client's FRRWP I/O that a server will not park (`EBUSY`)
+        // is done with its key carried, not failed.
+        d.set_frrwp(true);
+        let data = pattern(200 << 10, 11);
+        assert_eq!(block_on(d.write_from_registered(&f, 0, &data, Stability::Unstable)), Ok(data.len()));
+        let mut back = vec![0u8; data.len()];
+        assert_eq!(block_on(d.read_into_registered(&f, 0, &mut back)), Ok(data.len()));
+        assert!(back == data);
+        d.set_frrwp(false);
+        drop(pending);
+        drop(others);
+    }
+    // The server sees the connections go (in its time); the deadline is a
+    // minute away.
+    let mut tries = 0;
+    let mut tag = 2 << 32;
+    loop {
+        match probe(tag) {
+            Ok(()) => break,
+            Err(Errno::EBUSY) if tries < 600 => std::thread::sleep(std::time::Duration::from_millis(50)),
+            other => panic!("parked requests of connections gone still fill the table: {other:?}"),
+        }
+        tries += 1;
+        tag += 1;
+    }
+}
+
+/// The client's bounds are the server's: requests of at most
+/// FOLLOW_MAX_EXTENTS extents park (larger ones are refused, `EINVAL`), and
+/// a client parks at most PARKED_PER_CONN requests per server.
+#[test]
+fn the_clients_bounds_are_the_servers() {
+    assert_eq!(dafne_client::data::FOLLOW_MAX_EXTENTS, dafne_io::service::FOLLOW_MAX_EXTENTS);
+    assert_eq!(dafne_client::data::FOLLOW_MAX_PARKED, dafne_io::service::PARKED_PER_CONN);
+    common::as_if_across_hosts();
+    let (_root, meta, secret, io) = one_server(2000);
+    let rt = common::runtime("frrwp-extents");
+    let (m, d) = clients(meta.addr, &secret, &[io.addr], &rt);
+    let f = open_new(&m, "extents", 1);
+    let n = dafne_io::service::FOLLOW_MAX_EXTENTS as u64 + 1;
+    let extents: Vec<IoExtent> =
+        (0..n).map(|i| IoExtent { offset: i * 8192, len: 4096, key: 0, addr: 0x1000 }).collect();
+    let req = IoRequest::Read {
+        cap: f.cap,
+        keys: vec![],
+        extents,
+        inline_reply: false,
+        keys_follow: Some(KeysFollow { tag: 1, count: 1 }),
+    };
+    assert_eq!(block_on(d.raw_request(0, &req)).map(|_| ()), Err(Errno::EINVAL), "too many extents to park");
+}
+
+/// A capability revoked while its request waits for its keys is refused
+/// when they come (`ESTALE`), before anything moves.
+#[test]
+fn a_capability_revoked_while_parked_is_refused_when_the_keys_come() {
+    common::as_if_across_hosts();
+    let (_root, meta, secret, io) = one_server(5000);
+    let rt = common::runtime("frrwp-revoked");
+    let (m, d) = clients(meta.addr, &secret, &[io.addr], &rt);
+    let f = open_new(&m, "revoked", 1);
+    block_on(d.write_at(&f, 0, &[7u8; 4096], Stability::Unstable)).unwrap();
+    let region = Region::allocate(d.context().unwrap(), 64 << 10, Access::RemoteReadWrite).unwrap();
+    let key = region.pack_key().unwrap();
+    let s = dafne_auth::Secret::load(&secret).unwrap();
+    let signed = |instance, from_seq, entries: Vec<dafne_proto::Revocation>| {
+        let mut b = dafne_proto::Revocations {
+            instance,
+            from_seq,
+            to_seq: from_seq + entries.len() as u64,
+            reset_floor: 0,
+            entries,
+            mac: [0; 32],
+        };
+        s.sign_revocations(&mut b);
+        b
+    };
+    // Where the server's revocation log stands (a batch out of sequence
+    // applies nothing and is answered with it).
+    let (instance, seq) = block_on(d.revoke(0, f.cap, signed(u64::MAX, u64::MAX - 1, vec![]))).unwrap();
+    let req = follow_read(&f, 5, region.addr(), 4096);
+    std::thread::scope(|sc| {
+        let h = sc.spawn(|| block_on(d.raw_request(0, &req)));
+        std::thread::sleep(std::time::Duration::from_millis(150));
+        let floor = dafne_proto::Revocation { object_id: f.cap.object_id, floor: f.cap.generation + 1 };
+        let applied = block_on(d.revoke(0, f.cap, signed(instance, seq, vec![floor]))).unwrap();
+        assert_eq!(applied, (instance, seq + 1), "the revocation applied");
+        let keys = IoRequest::Keys { tag: 5, keys: vec![key] };
+        assert_eq!(block_on(d.raw_request(0, &keys)).map(|_| ()), Ok(()), "the read was parked");
+        assert_eq!(h.join().unwrap().map(|_| ()), Err(Errno::ESTALE));
+    });
+    assert!(region.as_slice()[..4096].iter().all(|&b| b == 0), "nothing was put");
+}

@@ -94,15 +94,19 @@
 //! it registers its memory (the FRRWP paper, Ou, He and Han: the client's
 //! registration overlaps the server's own preparation), then a `Keys`
 //! request on the same connection with the same tag and exactly `count`
-//! keys. The server does its part at once (capability, cache units, a
-//! storage read on a miss), then waits for the keys, checks them exactly as
-//! it checks keys carried in a request, and moves the data; the `Read` or
-//! `Write` is answered as usual, the `Keys` with `Done` once delivered.
+//! keys. The server does its part at once (capability, a storage read of
+//! the units it will need into its cache), holding nothing while it waits
+//! for the keys; then checks them exactly as it checks keys carried in a
+//! request, checks the capability again, and serves the request as one
+//! that carried its keys; the `Read` or `Write` is answered as usual, the
+//! `Keys` with `Done` once delivered.
 //! The `Keys` must reach the server after its request (a server parks a
 //! request as soon as it is delivered): the client sends it after the
 //! request, on the same connection, and only for requests small enough
 //! to travel eagerly (a large frame is received by rendezvous and may be
-//! delivered after a small one sent later). A `Keys` whose tag names no
+//! delivered after a small one sent later; a server may refuse, `EINVAL`,
+//! keys to follow a request of more extents than it parks, 128 for dafne's
+//! io server). A `Keys` whose tag names no
 //! waiting request on its connection is refused (`ENOENT`); a request whose keys do not come within the
 //! server's deadline is answered `ETIMEDOUT`; a tag already waiting on
 //! the connection, or more waiting requests than the server allows per
