@@ -666,7 +666,7 @@ impl Report {
                 paper: 2.5,
                 unit: "×".into(),
                 why: format!(
-                    "the paper gives 2-3× (DAFS over cLAN VI vs NFS over UDP/IP, 30 vs 132 µs round trips); here \
+                    "the paper gives 2–3× (DAFS over cLAN VI vs NFS over UDP/IP, 30 vs 132 µs round trips); here \
                      both paths use the same UCX transport to the same local servers, and {here}{}",
                     rounds_note(noise)
                 ),
@@ -706,13 +706,13 @@ impl Report {
                     n * 100.0
                 ),
                 Verdict::Higher => format!(
-                    "here the user level is {:.0}% faster: the library makes one round trip per operation while the \
-                     mount adds lookups, opens and releases through FUSE, on the same transport",
+                    "here the user level is {:.0}% faster over the same transport and servers; the mount's calls also \
+                     cross the kernel and the FUSE daemon (round trips per operation were not counted)",
                     (r - 1.0) * 100.0
                 ),
                 Verdict::Lower => format!(
-                    "here the user level is {:.0}% slower, though the mount adds lookups, opens and releases \
-                     through FUSE; these figures do not say where the library's time goes",
+                    "here the user level is {:.0}% slower, though the mount's calls also cross the kernel and the \
+                     FUSE daemon; these figures do not say where the library's time goes",
                     (1.0 - r) * 100.0
                 ),
             };
@@ -723,8 +723,8 @@ impl Report {
                 paper: 2.0,
                 unit: "×".into(),
                 why: format!(
-                    "the paper says DAFS beats NFS-nocopy by more than 2× for small files, from cheaper and fewer \
-                     metadata RPCs; {here}{}",
+                    "the paper says DAFS beats NFS-nocopy by more than 2× for small files, \"due largely to the lower \
+                     latency of metadata operations\" on its network; {here}{}",
                     rounds_note(noise)
                 ),
             });

@@ -61,10 +61,11 @@ pub use timer::sleep;
 /// registered by the client's registration cache, as the C library,
 /// `LD_PRELOAD` and Python read into) travels through that FIFO in 8 KiB
 /// pieces. With 64 elements, eight 128 KiB reads in flight overflow it, and
-/// on a loaded machine (other processes on the cores) both ends then burn
-/// their CPU retrying: `dafne bench designs --transports shm --ucx
-/// MM_FIFO_SIZE=64` measured 29 MiB/s at 8 threads, at 8,700 µs of CPU per
-/// MiB on each side, against 456 MiB/s with 256 elements in the same
-/// minute (docs/BENCHMARKS.md, "NFS/RDMA designs"). 256 elements cost 2 MiB
+/// on a loaded machine (six busy loops beside it) both ends then burn their
+/// CPU retrying: `dafne bench designs --quick --transports shm --threads 8
+/// --ucx MM_FIFO_SIZE=64` measured Read-Write at 29 MiB/s and 9,272 + 7,778
+/// µs of CPU per MiB (client + server), against 821 MiB/s and 178 + 159 µs
+/// with 256 elements in the same minute (docs/BENCHMARKS.md, "NFS/RDMA
+/// designs"). 256 elements cost 2 MiB
 /// of shared memory per process and transport.
 pub const SHM_FIFO: (&str, &str) = ("MM_FIFO_SIZE", "256");

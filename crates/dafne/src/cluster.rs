@@ -226,9 +226,29 @@ entry_timeout_ms = 1000 # kernel name cache
 [ucx]                   # UCX settings for every process (without the UCX_ prefix)
 TLS = "posix,sysv,cma,self,tcp"
 NET_DEVICES = "lo"
-MM_FIFO_SIZE = "256"    # shared-memory receive queue (UCX's default 64 overflows
-                        # with several reads in flight into application buffers)
+# MM_FIFO_SIZE = "256"  # added whenever TLS has shared memory (posix, sysv): UCX's
+                        # default 64 overflows with reads in flight into application
+                        # buffers; a key set here wins, as for every other key
 "#;
+
+/// `ucx` with every embedded UCX setting it does not give (a key given
+/// wins), except the shared-memory FIFO (`dafne_transport::SHM_FIFO`) when
+/// its transports have no shared memory: UCX warns about a setting no
+/// transport takes. So a configuration written before a default was added
+/// gets it too.
+fn with_embedded_ucx(mut ucx: BTreeMap<String, String>) -> BTreeMap<String, String> {
+    for (k, v) in Config::embedded().ucx {
+        ucx.entry(k).or_insert(v);
+    }
+    let shm = ucx.get("TLS").is_none_or(|t| {
+        t == "all" || t.starts_with('^') || t.split(',').any(|x| matches!(x.trim(), "posix" | "sysv" | "mm" | "shm"))
+    });
+    let (fifo, _) = dafne_transport::SHM_FIFO;
+    if !shm && ucx.get(fifo).map(String::as_str) == Some(dafne_transport::SHM_FIFO.1) {
+        ucx.remove(fifo);
+    }
+    ucx
+}
 
 impl Config {
     /// The embedded defaults, UCX settings included (shared memory and cma
@@ -247,9 +267,7 @@ impl Config {
         let mut c: Config = toml::from_str(text).with_context(|| {
             format!("{}: not a valid dafne configuration (`dafne config` prints a commented example)", origin.display())
         })?;
-        if c.ucx.is_empty() {
-            c.ucx = Config::embedded().ucx;
-        }
+        c.ucx = with_embedded_ucx(std::mem::take(&mut c.ucx));
         c.check().with_context(|| format!("{}", origin.display()))?;
         Ok(c)
     }
@@ -768,6 +786,19 @@ mod tests {
         let c = Config::embedded();
         assert_eq!(c.ucx.get("MM_FIFO_SIZE").map(String::as_str), Some("256"));
         assert!(c.ucx_args().windows(2).any(|w| w[0] == "--ucx" && w[1] == "MM_FIFO_SIZE=256"), "{:?}", c.ucx_args());
+    }
+
+    #[test]
+    fn a_ucx_section_keeps_its_keys_and_gets_the_embedded_ones_it_lacks() {
+        let old = Config::parse("[ucx]\nTLS = \"posix,sysv,cma,self,tcp\"\nNET_DEVICES = \"lo\"\n", Path::new("old"))
+            .unwrap();
+        assert_eq!(old.ucx.get("MM_FIFO_SIZE").map(String::as_str), Some("256"), "a config from before the FIFO");
+        let tcp = Config::parse("[ucx]\nTLS = \"tcp\"\n", Path::new("tcp")).unwrap();
+        assert_eq!(tcp.ucx.get("TLS").map(String::as_str), Some("tcp"));
+        assert_eq!(tcp.ucx.get("NET_DEVICES").map(String::as_str), Some("lo"));
+        assert!(!tcp.ucx.contains_key("MM_FIFO_SIZE"), "no shared memory, no FIFO setting: {:?}", tcp.ucx);
+        let own = Config::parse("[ucx]\nMM_FIFO_SIZE = \"512\"\n", Path::new("own")).unwrap();
+        assert_eq!(own.ucx.get("MM_FIFO_SIZE").map(String::as_str), Some("512"), "a key given wins");
     }
 
     #[test]

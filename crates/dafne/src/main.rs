@@ -161,7 +161,7 @@ struct DesignsBench {
     #[arg(long)]
     verify: bool,
     /// UCX setting added to each transport's, in both processes
-    /// (repeatable), e.g. MM_FIFO_SIZE=256.
+    /// (repeatable), e.g. MM_FIFO_SIZE=64 (UCX's default; dafne asks for 256).
     #[arg(long = "ucx", value_name = "KEY=VALUE")]
     ucx: Vec<String>,
     #[arg(long, default_value = "bench-results/designs.json")]
