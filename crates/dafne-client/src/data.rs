@@ -1056,9 +1056,15 @@ impl DataClient {
         )
         .await;
         let mut result = Ok(buf.len());
+        // Whether every failure is one that moved nothing (a revoked
+        // capability, a request the server would not park). A part that
+        // failed otherwise (a timeout) may still move bytes later: then no
+        // fallback hides it, the caller gets the error and drops `reg`.
+        let mut only_unmoved = true;
         for (c, k) in calls.iter_mut().zip(sent) {
             let r = c.as_mut().take_output().unwrap_or(Err(Errno::EIO));
             if let Err(e) = r {
+                only_unmoved &= e == Errno::ESTALE || e == Errno::EBUSY;
                 tracing::debug!("a request whose keys followed failed: {e:?} (its keys: {k:?})");
                 // Any error wins over success; a revoked capability (whose
                 // fresh one the registered path asks meta for) and a
@@ -1070,7 +1076,8 @@ impl DataClient {
         }
         // Again with the key in the request, through `call` (which asks
         // meta for a fresh capability): each part again, the same bytes.
-        if (result == Err(Errno::ESTALE) && self.meta.get().is_some()) || result == Err(Errno::EBUSY) {
+        if only_unmoved && ((result == Err(Errno::ESTALE) && self.meta.get().is_some()) || result == Err(Errno::EBUSY))
+        {
             drop(slots);
             return carried(reg).await;
         }

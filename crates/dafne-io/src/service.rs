@@ -377,7 +377,7 @@ impl IoService {
         let indices: Vec<u64> = work
             .iter()
             .take(Self::batch_units(u, object))
-            .filter(|w| !write || w.span() != (0..unit))
+            .filter(|w| !write || w.span() != (0..unit) || !w.covers_span())
             .map(|w| w.unit_index)
             .filter(|&i| !u.is_cached(object, i))
             .collect();
@@ -828,7 +828,11 @@ impl IoService {
             let mut guards = AbortUnlessCommitted(Vec::with_capacity(batch.len()));
             for w in batch {
                 let span = w.span();
-                guards.0.push(retry_no_space(|| unifier.write(object, w.unit_index, span.clone())).await?);
+                // Pieces with holes between them: the unit is filled on a
+                // miss, so a hole holds the file's bytes, not the slot's
+                // previous unit's.
+                let whole = w.covers_span();
+                guards.0.push(retry_no_space(|| unifier.write_mode(object, w.unit_index, span.clone(), whole)).await?);
             }
             let mut segs = Vec::new();
             for (w, g) in batch.iter().zip(guards.0.iter_mut()) {
@@ -1007,6 +1011,24 @@ impl UnitWork {
         let start = self.pieces.iter().map(|p| p.range.start).min().unwrap_or(0);
         let end = self.pieces.iter().map(|p| p.range.end).max().unwrap_or(0);
         start..end
+    }
+
+    /// Whether the pieces together write every byte of [`Self::span`]
+    /// (no hole between them).
+    fn covers_span(&self) -> bool {
+        let mut r: Vec<std::ops::Range<usize>> = self.pieces.iter().map(|p| p.range.clone()).collect();
+        r.sort_by_key(|x| x.start);
+        let mut end = match r.first() {
+            Some(x) => x.start,
+            None => return true,
+        };
+        for x in r {
+            if x.start > end {
+                return false;
+            }
+            end = end.max(x.end);
+        }
+        true
     }
 }
 

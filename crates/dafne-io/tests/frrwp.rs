@@ -531,3 +531,34 @@ fn a_capability_revoked_while_parked_is_refused_when_the_keys_come() {
     });
     assert!(region.as_slice()[..4096].iter().all(|&b| b == 0), "nothing was put");
 }
+
+/// Not FRRWP: one list write with two pieces in one unit not in the cache
+/// (its first and last KiB). The unit is taken for the span between them;
+/// the hole between the pieces must read as the file's bytes (zeros here),
+/// never as the bytes a reused cache slot held for another file (a review
+/// found the unit was not filled because the span covered it).
+#[test]
+fn a_list_write_with_a_hole_inside_one_unit_keeps_the_files_bytes_in_the_hole() {
+    common::as_if_across_hosts();
+    let (_root, meta, secret, io) = one_server(2000);
+    let rt = common::runtime("list-hole");
+    let (m, d) = clients(meta.addr, &secret, &[io.addr], &rt);
+    let victim = open_new(&m, "victim", 1);
+    let file = open_new(&m, "holes", 1);
+    let victim_data = fill_victim(&d, &victim, 5);
+    let unit = 64usize << 10;
+    let ranges = [(0u64, 1024usize), ((unit - 1024) as u64, 1024usize)];
+    let mut src = d.register(vec![0u8; 2048], Access::RemoteRead).unwrap();
+    src.as_mut_slice().fill(0xa5);
+    assert_eq!(block_on(d.write_list(&file, &ranges, &src, 0, Stability::Unstable)), Ok(2048));
+    let mut back = vec![0u8; unit];
+    block_on(d.read_at(&file, 0, &mut back)).unwrap();
+    assert!(back[..1024].iter().all(|&b| b == 0xa5) && back[unit - 1024..].iter().all(|&b| b == 0xa5));
+    let hole = &back[1024..unit - 1024];
+    let stale = victim_data.chunks(unit).position(|c| c[1024..unit - 1024] == *hole);
+    assert!(
+        hole.iter().all(|&b| b == 0),
+        "the hole holds {} non-zero bytes (victim's unit {stale:?})",
+        hole.iter().filter(|&&b| b != 0).count()
+    );
+}

@@ -65,8 +65,9 @@ struct BgState {
 enum Mode {
     /// Shared; fill on a miss.
     Read,
-    /// Exclusive, to write `range`; fill on a miss unless `range` covers the unit.
-    Write(Range<usize>),
+    /// Exclusive, to write `range`; fill on a miss unless `range` covers
+    /// the unit and the writer overwrites every byte of it (`whole`).
+    Write(Range<usize>, bool),
 }
 
 /// A unit entered: its slot, generation and memory.
@@ -322,10 +323,25 @@ impl Unifier {
         unit_index: u64,
         range: Range<usize>,
     ) -> impl Future<Output = Result<WriteGuard>> + 'static {
+        self.write_mode(object, unit_index, range, true)
+    }
+
+    /// [`Self::write`] for a writer that says whether it overwrites every
+    /// byte of `range` (`whole`). One that leaves holes inside it (several
+    /// pieces of a list I/O in one unit) passes `false`: on a miss the unit
+    /// is then always filled from storage first, so the bytes between the
+    /// pieces are the file's, never a reused slot's previous contents.
+    pub fn write_mode(
+        &self,
+        object: u64,
+        unit_index: u64,
+        range: Range<usize>,
+        whole: bool,
+    ) -> impl Future<Output = Result<WriteGuard>> + 'static {
         let inner = self.inner.clone();
         async move {
             Inner::make_room(&inner, object, unit_index, &range).await?;
-            let h = Inner::acquire(&inner, object, unit_index, Mode::Write(range.clone())).await?;
+            let h = Inner::acquire(&inner, object, unit_index, Mode::Write(range.clone(), whole)).await?;
             Ok(WriteGuard {
                 inner,
                 slot: h.slot,
@@ -623,12 +639,12 @@ impl Inner {
         let mut st = self.st.borrow_mut();
         let (size, class, policy) = st.advice_for(object, &self.cfg);
         unit_base(index, size)?;
-        if let Mode::Write(r) = mode {
+        if let Mode::Write(r, _) = mode {
             if r.start >= r.end || r.end > size {
                 return Err(Error::BadRange { start: r.start, end: r.end, unit_size: size });
             }
         }
-        let exclusive = matches!(mode, Mode::Write(_));
+        let exclusive = matches!(mode, Mode::Write(..));
         if let Some(s) = st.lookup(object, index) {
             if !st.unit(s).pinned() && !st.ensure_registered(&self.ctx, s)? {
                 // Parked, and no registered raw slab can be parked to make
@@ -682,7 +698,7 @@ impl Inner {
         }
         let fill = match mode {
             Mode::Read => true,
-            Mode::Write(r) => !(r.start == 0 && r.end == size),
+            Mode::Write(r, whole) => !(*whole && r.start == 0 && r.end == size),
         };
         st.attach(s, object, index, policy, fill);
         let slot = &mut st.slots[s as usize];
@@ -744,7 +760,7 @@ impl Inner {
                         st.unit_mut(h.slot).readers += 1;
                         st.unit(h.slot).wake_eligible();
                     }
-                    Mode::Write(_) => st.unit_mut(h.slot).writer = true,
+                    Mode::Write(..) => st.unit_mut(h.slot).writer = true,
                 }
                 Ok(h)
             }
