@@ -179,7 +179,8 @@ impl MetricsServer {
 
     /// For a data server, whose metrics are optional: listens on `addr`,
     /// else (the port is taken, say) on a free port of the same host, else
-    /// not at all; each fallback is logged as a warning naming `addr`.
+    /// not at all; each fallback is written on stderr (the server's log
+    /// file), naming `addr`, whatever the log level.
     /// A metrics port must never keep a server from serving its clients.
     pub fn start_or_elsewhere(
         addr: SocketAddr,
@@ -194,17 +195,19 @@ impl MetricsServer {
             let any = SocketAddr::new(addr.ip(), 0);
             match Self::start_with(any, Options::default(), render) {
                 Ok(m) => {
-                    tracing::warn!("metrics port: cannot listen on {addr} ({e}); listening on {} instead", m.addr());
+                    // On stderr whatever the log level: the operator looks
+                    // for the port where it was (the server's log file).
+                    eprintln!("metrics port: cannot listen on {addr} ({e}); listening on {} instead", m.addr());
                     return Some(m);
                 }
-                Err(e2) => tracing::warn!(
+                Err(e2) => eprintln!(
                     "metrics port: cannot listen on {addr} ({e}) nor on a free port of {} ({e2}); serving without \
                      metrics",
                     addr.ip()
                 ),
             }
         } else {
-            tracing::warn!("metrics port: cannot listen on {addr} ({e}); serving without metrics");
+            eprintln!("metrics port: cannot listen on {addr} ({e}); serving without metrics");
         }
         None
     }
