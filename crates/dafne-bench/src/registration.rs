@@ -45,6 +45,7 @@ use anyhow::{anyhow, bail, Context as _, Result};
 use dafne_transport::{Access, Registration, Runtime, RuntimeOptions};
 use serde::Serialize;
 
+use crate::posix::median;
 use crate::seed::{Figure, Headline, Series};
 use crate::transport::{human, machine, ucx_version};
 
@@ -169,19 +170,6 @@ pub struct Report {
     pub latency: Vec<LatencyRow>,
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(|a, b| a.total_cmp(b));
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
-
 /// The `q`-quantile (0..=1) of `v`, interpolated between neighbours; 0
 /// when empty.
 fn quantile(v: &mut [f64], q: f64) -> f64 {
@@ -283,14 +271,14 @@ fn cost_model(o: &Options, tls: &str, progress: &mut impl FnMut(&str)) -> Result
         .pages
         .iter()
         .zip(t)
-        .map(|(&p, mut v)| RegRow {
+        .map(|(&p, v)| RegRow {
             tls: tls.into(),
             pages: p,
             bytes: p * page,
-            map_us: median(&mut v[0]),
-            pack_us: median(&mut v[1]),
-            unmap_us: median(&mut v[2]),
-            total_us: median(&mut v[3]),
+            map_us: median(&v[0]),
+            pack_us: median(&v[1]),
+            unmap_us: median(&v[2]),
+            total_us: median(&v[3]),
         })
         .collect();
     Ok(rows)
@@ -489,7 +477,7 @@ fn latency(o: &Options, progress: &mut impl FnMut(&str)) -> Result<Vec<LatencyRo
                 [quantile(&mut v, 0.25), quantile(&mut v, 0.75)]
             };
             let (first_iqr, frrwp_iqr) = (iqr(&lat[0]), iqr(&lat[1]));
-            let [first, frrwp, floor] = lat.map(|mut v| median(&mut v));
+            let [first, frrwp, floor] = lat.map(|v| median(&v));
             let pages = size.div_ceil(page_size());
             rows.push(LatencyRow {
                 op,
@@ -776,8 +764,8 @@ mod tests {
         let pts: Vec<(f64, f64)> = [1.0, 2.0, 4.0, 8.0].iter().map(|&p| (p, 0.77 * p + 7.42)).collect();
         let (a, b, r2) = fit_line(&pts);
         assert!((a - 0.77).abs() < 1e-9 && (b - 7.42).abs() < 1e-9 && (r2 - 1.0).abs() < 1e-9, "{a} {b} {r2}");
-        assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
-        assert_eq!(median(&mut [4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
         assert_eq!(fit_line(&[(1.0, 5.0)]).1, 5.0);
         assert_eq!(quantile(&mut [4.0, 1.0, 3.0, 2.0, 5.0], 0.25), 2.0);
         assert_eq!(quantile(&mut [1.0, 2.0], 0.75), 1.75);
