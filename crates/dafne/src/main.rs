@@ -407,10 +407,7 @@ fn bench_transport(a: TransportBench) -> Result<()> {
             prefix: vec!["transport-peer".into()],
         },
     };
-    let started = std::time::Instant::now();
-    let report = dafne_bench::transport::run(&opts, |what| {
-        eprintln!("[{:>6.1}s] measuring {what}", started.elapsed().as_secs_f64())
-    })?;
+    let report = dafne_bench::transport::run(&opts, measuring())?;
     println!("{}", report.to_markdown());
     if let Some(dir) = a.json.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -444,8 +441,7 @@ fn bench_designs(a: DesignsBench) -> Result<()> {
             prefix: vec!["transport-peer".into()],
         },
     };
-    let started = std::time::Instant::now();
-    let report = designs::run(&opts, |what| eprintln!("[{:>6.1}s] measuring {what}", started.elapsed().as_secs_f64()))?;
+    let report = designs::run(&opts, measuring())?;
     println!("{}", report.to_markdown());
     write_json(&a.json, &serde_json::to_string_pretty(&report)?)
 }
@@ -466,10 +462,7 @@ fn bench_meta(a: MetaBench) -> Result<()> {
         },
         scratch: a.scratch,
     };
-    let started = std::time::Instant::now();
-    let report = dafne_bench::meta::run(&opts, |what| {
-        eprintln!("[{:>6.1}s] measuring {what}", started.elapsed().as_secs_f64())
-    })?;
+    let report = dafne_bench::meta::run(&opts, measuring())?;
     println!("{}", report.to_markdown());
     write_json(&a.json, &serde_json::to_string_pretty(&report)?)
 }
@@ -527,9 +520,7 @@ fn bench_io(a: IoBench) -> Result<()> {
         storage: a.storage,
         tables: dafne_bench::io::Tables::ALL,
     };
-    let started = std::time::Instant::now();
-    let report =
-        dafne_bench::io::run(&opts, |what| eprintln!("[{:>6.1}s] measuring {what}", started.elapsed().as_secs_f64()))?;
+    let report = dafne_bench::io::run(&opts, measuring())?;
     println!("{}", report.to_markdown());
     write_json(&a.json, &serde_json::to_string_pretty(&report)?)
 }
@@ -557,10 +548,7 @@ fn bench_registration(a: RegistrationBench) -> Result<()> {
     }
     o.program = std::env::current_exe().context("locating the dafne executable")?;
     o.scratch = a.scratch;
-    let started = std::time::Instant::now();
-    let report = dafne_bench::registration::run(&o, |what| {
-        eprintln!("[{:>6.1}s] measuring {what}", started.elapsed().as_secs_f64())
-    })?;
+    let report = dafne_bench::registration::run(&o, measuring())?;
     println!("{}", report.to_markdown());
     write_json(&a.json, &serde_json::to_string_pretty(&report)?)
 }
@@ -594,12 +582,16 @@ fn bench_writers(a: WritersBench) -> Result<()> {
     opts.program = std::env::current_exe().context("locating the dafne executable")?;
     opts.scratch = a.scratch;
     opts.storage = a.storage;
-    let started = std::time::Instant::now();
-    let report = dafne_bench::writers::run(&opts, |what| {
-        eprintln!("[{:>6.1}s] measuring {what}", started.elapsed().as_secs_f64())
-    })?;
+    let report = dafne_bench::writers::run(&opts, measuring())?;
     println!("{}", report.to_markdown());
     write_json(&a.json, &serde_json::to_string_pretty(&report)?)
+}
+
+/// A benchmark's progress printer: `[  12.3s] measuring WHAT` on stderr,
+/// seconds since it was made.
+fn measuring() -> impl FnMut(&str) {
+    let started = std::time::Instant::now();
+    move |what: &str| eprintln!("[{:>6.1}s] measuring {what}", started.elapsed().as_secs_f64())
 }
 
 fn write_json(path: &std::path::Path, body: &str) -> Result<()> {
