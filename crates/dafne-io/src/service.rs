@@ -504,6 +504,7 @@ impl IoService {
             parked_units: u.parked_units,
             frrwp_requests: self.frrwp_served.get(),
             frrwp_refused: self.frrwp_refused.get(),
+            frrwp_parked: self.parked.borrow().len() as u64,
         }
     }
 

@@ -239,6 +239,20 @@ fn follow_read_at(f: &OpenFile, tag: u64, offset: u64, addr: u64, len: u32) -> I
     }
 }
 
+/// Waits until the server has exactly `n` requests parked for their keys
+/// (its `frrwp_parked` gauge), at most 10 s.
+fn wait_parked(d: &DataClient, f: &OpenFile, n: u64) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let now = block_on(d.server_info(0, f.cap)).expect("server info").frrwp_parked;
+        if now == n {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "the server has {now} requests parked, waited for {n}");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 /// Fills 16 MiB of `victim` through the 8 MiB cache: every slot of the
 /// cache has held its bytes.
 fn fill_victim(d: &DataClient, victim: &OpenFile, seed: u64) -> Vec<u8> {
@@ -312,18 +326,18 @@ fn a_reused_tag_does_not_orphan_a_parked_request() {
     let w = follow_write(&f, 50, 0, region.addr(), 4096);
     let a = follow_read_at(&f, 1, 0, region.addr() + (64 << 10), 4096);
     let b = follow_read_at(&f, 1, 5 << 16, region.addr() + (128 << 10), 4096);
-    // Each step waits until the server has seen the previous one (a
-    // request is parked when its answer is pending; the order of the
-    // calls below is the order the server sees).
-    let pause = || std::thread::sleep(std::time::Duration::from_millis(150));
+    // Each step waits until the server has parked what the previous one
+    // sent (its gauge of parked requests), not for a fixed time.
+    let parked = |n| wait_parked(&d, &f, n);
     std::thread::scope(|s| {
         let hw = s.spawn(|| block_on(d.raw_request(0, &w)));
-        pause();
+        parked(1);
         let ha = s.spawn(|| block_on(d.raw_request(0, &a)));
-        pause();
+        parked(2);
         assert_eq!(block_on(d.raw_request(0, &ks(1))).map(|_| ()), Ok(()), "keys for A");
         let hb = s.spawn(|| block_on(d.raw_request(0, &b)));
-        pause();
+        // W and B (A's keys took A out of the table).
+        parked(2);
         assert_eq!(block_on(d.raw_request(0, &ks(50))).map(|_| ()), Ok(()), "keys for W");
         assert!(hw.join().unwrap().is_ok() && ha.join().unwrap().is_ok(), "W and A served");
         // B still waits for its keys (deadline 3 s): they must find it.
@@ -350,7 +364,7 @@ fn a_parked_read_does_not_stall_a_writer_of_its_unit() {
     let parked = follow_read_at(&f, 9, 0, region.addr(), 4096);
     std::thread::scope(|s| {
         let h = s.spawn(|| block_on(d.raw_request(0, &parked)));
-        std::thread::sleep(std::time::Duration::from_millis(150));
+        wait_parked(&d, &f, 1);
         block_on(d2.write_at(&f, 0, &[2u8; 100], Stability::Unstable)).unwrap();
         let keys = IoRequest::Keys { tag: 9, keys: vec![region.pack_key().unwrap()] };
         assert_eq!(block_on(d.raw_request(0, &keys)).map(|_| ()), Ok(()), "the read was still parked");
@@ -382,7 +396,7 @@ fn parked_requests_do_not_starve_the_cache() {
     let key = region.pack_key().unwrap();
     std::thread::scope(|s| {
         let h = s.spawn(|| block_on(futures::future::join_all(hogs.iter().map(|r| d.raw_request(0, r)))));
-        std::thread::sleep(std::time::Duration::from_millis(300));
+        wait_parked(&d, &mine, n);
         let mut buf = [0u8; 100];
         assert_eq!(block_on(d2.read_at(&other, 0, &mut buf)), Ok(100));
         assert_eq!(buf, [3u8; 100]);
@@ -521,7 +535,7 @@ fn a_capability_revoked_while_parked_is_refused_when_the_keys_come() {
     let req = follow_read(&f, 5, region.addr(), 4096);
     std::thread::scope(|sc| {
         let h = sc.spawn(|| block_on(d.raw_request(0, &req)));
-        std::thread::sleep(std::time::Duration::from_millis(150));
+        wait_parked(&d, &f, 1);
         let floor = dafne_proto::Revocation { object_id: f.cap.object_id, floor: f.cap.generation + 1 };
         let applied = block_on(d.revoke(0, f.cap, signed(instance, seq, vec![floor]))).unwrap();
         assert_eq!(applied, (instance, seq + 1), "the revocation applied");

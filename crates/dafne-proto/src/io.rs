@@ -920,6 +920,9 @@ server_info! {
     /// waiting on the connection, a tag waiting already, a wrong count)
     /// or answered `ETIMEDOUT` (keys never came); and `Keys` refused.
     frrwp_refused,
+    /// Requests parked now, waiting for their keys (a gauge: tests wait
+    /// on it instead of sleeping).
+    frrwp_parked,
 }
 
 /// A reply's byte count, at most [`MAX_IO_BYTES`].
