@@ -1493,7 +1493,7 @@ impl DataClient {
     /// with read rights ([`info_capability`] makes one from the secret).
     pub async fn server_info(&self, server: usize, cap: Capability) -> Result<ServerInfo, Errno> {
         match self.call(server, &IoRequest::ServerInfo { cap }).await? {
-            IoResponse::ServerInfo(i) => Ok(i),
+            IoResponse::ServerInfo(i) => Ok(*i),
             _ => Err(Errno::EPROTO),
         }
     }

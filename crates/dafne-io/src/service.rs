@@ -582,7 +582,7 @@ impl IoService {
             // capability (a client with a credential cannot sign one).
             IoRequest::ServerInfo { .. } => {
                 injected_panic();
-                return Ok(IoResponse::ServerInfo(self.server_info(conn)));
+                return Ok(IoResponse::ServerInfo(Box::new(self.server_info(conn))));
             }
             IoRequest::Keys { tag, keys } => return self.deliver_keys(conn, *tag, std::mem::take(keys)),
             other => *other.cap().ok_or(Errno::EPROTO)?,
@@ -720,7 +720,7 @@ impl IoService {
             (IoRequest::Keys { .. }, _) => Err(Errno::EPROTO), // answered above
             (IoRequest::ServerInfo { .. }, _) => {
                 injected_panic();
-                Ok(IoResponse::ServerInfo(self.server_info(conn)))
+                Ok(IoResponse::ServerInfo(Box::new(self.server_info(conn))))
             }
             (IoRequest::Stat { .. }, backend) => {
                 // Cached writes count: write them back first.

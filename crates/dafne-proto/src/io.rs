@@ -1018,7 +1018,7 @@ pub enum IoResponse {
     /// Stat: the largest file offset stored on this server + 1, 0 if none.
     Stat { size: u64 },
     /// ServerInfo.
-    ServerInfo(ServerInfo),
+    ServerInfo(Box<ServerInfo>),
     /// Revoke: the last log entry this server has applied, and of which
     /// meta instance (0, 0: none yet). A batch that did not follow on
     /// from it was not applied; the relay then sends what does.
@@ -1095,7 +1095,7 @@ impl IoResponse {
                 for _ in 0..n {
                     values.push(r.u64("io server info field")?);
                 }
-                IoResponse::ServerInfo(ServerInfo::from_values(&values))
+                IoResponse::ServerInfo(Box::new(ServerInfo::from_values(&values)))
             }
         })
     }
@@ -1287,7 +1287,7 @@ mod tests {
             (IoOp::Revoke, IoResponse::Revoked { instance: 3, seq: u64::MAX }),
             (
                 IoOp::ServerInfo,
-                IoResponse::ServerInfo(ServerInfo { capacity_bytes: 1 << 40, mode: 2, ..Default::default() }),
+                IoResponse::ServerInfo(Box::new(ServerInfo { capacity_bytes: 1 << 40, mode: 2, ..Default::default() })),
             ),
         ]
     }
@@ -1783,8 +1783,8 @@ mod tests {
     fn server_info_takes_known_fields_and_ignores_the_rest() {
         let info = ServerInfo { capacity_bytes: 7, connections: 9, ..Default::default() };
         let n = info.fields().len();
-        let bytes = encode_io_reply(3, IoOp::ServerInfo, &Ok(IoResponse::ServerInfo(info)));
-        assert_eq!(decode_io_reply(&bytes).unwrap().2, Ok(IoResponse::ServerInfo(info)));
+        let bytes = encode_io_reply(3, IoOp::ServerInfo, &Ok(IoResponse::ServerInfo(Box::new(info))));
+        assert_eq!(decode_io_reply(&bytes).unwrap().2, Ok(IoResponse::ServerInfo(Box::new(info))));
         // A newer server with two more fields; an older one with fewer.
         let mut vals: Vec<u64> = info.fields().iter().map(|f| f.1).collect();
         vals.extend([1, 2]);

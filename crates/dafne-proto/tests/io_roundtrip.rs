@@ -253,7 +253,7 @@ fn reply() -> impl Strategy<Value = (IoOp, Result<IoResponse, Errno>)> {
         2 => one_of(&[IoOp::Truncate, IoOp::Remove, IoOp::Sync, IoOp::Login, IoOp::Allocate, IoOp::Keys]).prop_map(|op| (op, Ok(IoResponse::Done))),
         1 => any::<u64>().prop_map(|size| (IoOp::Stat, Ok(IoResponse::Stat { size }))),
         1 => (any::<u64>(), any::<u64>()).prop_map(|(instance, seq)| (IoOp::Revoke, Ok(IoResponse::Revoked { instance, seq }))),
-        1 => vec(any::<u64>(), 29).prop_map(|v| (IoOp::ServerInfo, Ok(IoResponse::ServerInfo(ServerInfo::from_values(&v))))),
+        1 => vec(any::<u64>(), 30).prop_map(|v| (IoOp::ServerInfo, Ok(IoResponse::ServerInfo(Box::new(ServerInfo::from_values(&v)))))),
         2 => (one_of(IoOp::ALL), errno()).prop_map(|(op, e)| (op, Err(e))),
     ]
 }
