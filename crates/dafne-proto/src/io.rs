@@ -1795,7 +1795,7 @@ mod tests {
         let body = IoReplyHeader::SIZE;
         w[body..body + 4].copy_from_slice(&(MAX_INFO_FIELDS as u32 + 1).to_le_bytes());
         assert!(decode_io_reply(&w).is_err());
-        assert_eq!(n, 29, "update the field count in tests/io_roundtrip.rs");
+        assert_eq!(n, 30, "update the field count in tests/io_roundtrip.rs");
     }
 
     #[test]
