@@ -55,7 +55,7 @@ fn locks_exclude_between_sessions_and_a_waiter_is_woken_when_the_range_frees() {
         std::thread::spawn(move || two.lock(f, 2, 222, 0, 9, W, true))
     };
     // Not granted while held: the waiter is parked on the server.
-    std::thread::sleep(Duration::from_millis(200));
+    m.wait_gauge("dafne_meta_lock_waiters", 1.0);
     assert!(!waiter.is_finished(), "a waiter got a lock that is held");
     one.lock(f, 1, 111, 0, 99, U, false).unwrap();
     assert_eq!(waiter.join().unwrap(), Ok(()));
@@ -152,7 +152,7 @@ fn past_sixteen_waiting_locks_a_session_still_gets_a_free_lock() {
             })
         })
         .collect();
-    std::thread::sleep(Duration::from_millis(300));
+    m.wait_gauge("dafne_meta_lock_waiters", dafne_client::locks::MAX_WAITING as f64);
     // One more, for z, which is released while x stays held.
     let (tx, rx) = std::sync::mpsc::channel();
     {

@@ -345,15 +345,15 @@ fn scopeguard(c: Child) -> Guard {
 
 #[test]
 fn a_waiting_writer_is_not_starved_by_readers_on_another_mount() {
-    let Setup { _g, c: _c, locker, a, b } = setup();
+    let Setup { _g, c, locker, a, b } = setup();
     let mut reader0 = Locker::start(&locker, &a.path("f"));
     assert_eq!(reader0.ask("posix r 0 0 nowait"), "ok");
     let mut writer = Locker::start(&locker, &b.path("f"));
     writer.send("posix w 0 0 wait");
     writer.blocked();
-    // Let the writer's waiting request reach the metadata server (it is
+    // The writer's waiting request has reached the metadata server (it is
     // sent from the mount's waiting thread after a first try).
-    std::thread::sleep(Duration::from_millis(300));
+    c.wait_meta_gauge("dafne_meta_lock_waiters", 1.0);
     // A reader that will wait queues behind the writer, though no held
     // lock stands in its way (an F_SETLK would be granted: POSIX).
     let mut reader1 = Locker::start(&locker, &a.path("f"));

@@ -58,6 +58,35 @@ impl Cluster {
         self.dir.path()
     }
 
+    /// Waits until the metadata server's gauge `name` (its metrics page,
+    /// from `cluster.json`; rendered at most once a second) reads `want`,
+    /// at most 20 s: for a test that must know the server has a request
+    /// (a lock waiter, say) rather than guess with a sleep.
+    pub fn wait_meta_gauge(&self, name: &str, want: f64) {
+        let info: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(self.dir().join("cluster.json")).unwrap()).unwrap();
+        let addr: std::net::SocketAddr = info["metrics"]
+            .as_array()
+            .and_then(|m| m.iter().find(|e| e["server"] == "meta"))
+            .and_then(|e| e["addr"].as_str())
+            .expect("cluster.json names meta's metrics port")
+            .parse()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let mut seen = None;
+        while std::time::Instant::now() < deadline {
+            let page =
+                dafne_metrics::http::fetch(addr, std::time::Duration::from_secs(5)).expect("meta's metrics page");
+            let families = dafne_metrics::parse::parse(&page).expect("a well-formed page");
+            seen = families.iter().find(|f| f.name == name).and_then(|f| f.samples.first()).map(|s| s.value);
+            if seen == Some(want) {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        panic!("meta's {name} stayed {seen:?}, waited for {want}");
+    }
+
     /// A fresh directory beside the cluster's (not on the mount).
     pub fn scratch(&self, name: &str) -> PathBuf {
         let d = self.dir().join("scratch").join(name);
