@@ -103,6 +103,11 @@ pub struct OpenOptions {
     /// a credential, within its policy). Default: this process's.
     pub uid: u32,
     pub gid: u32,
+    /// How long the client's event loop spins after activity before it
+    /// sleeps; `None`: the runtime's default (`DAFNE_SPIN_US` or by the
+    /// machine's cores). A benchmark that counts CPU asks for zero here
+    /// rather than change its own environment while threads run.
+    pub spin: Option<std::time::Duration>,
 }
 
 impl OpenOptions {
@@ -114,6 +119,7 @@ impl OpenOptions {
             name: name.into(),
             uid: rustix::process::getuid().as_raw(),
             gid: rustix::process::getgid().as_raw(),
+            spin: None,
         }
     }
 }
@@ -148,9 +154,11 @@ impl Cluster {
         key: &dafne_auth::LoginKey,
         o: &OpenOptions,
     ) -> Result<Cluster, (&'static str, ConnectError)> {
-        let rt =
-            Runtime::new(RuntimeOptions { name: o.name.clone(), ucx_config: file.ucx.clone(), ..Default::default() })
-                .map_err(|e| ("transport", ConnectError::Transport(e)))?;
+        let mut ro = RuntimeOptions { name: o.name.clone(), ucx_config: file.ucx.clone(), ..Default::default() };
+        if let Some(spin) = o.spin {
+            ro.spin = spin;
+        }
+        let rt = Runtime::new(ro).map_err(|e| ("transport", ConnectError::Transport(e)))?;
         let meta = MetaSession::connect(&rt, file.meta, key, &format!("dafne-{}", o.name), o.uid, o.gid)
             .map_err(|e| ("metadata server", e))?;
         let data = DataClient::connect(&rt, &file.io, key).map_err(|e| ("io servers", e))?;

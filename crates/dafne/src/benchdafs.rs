@@ -688,31 +688,23 @@ fn register(s: &Session, buf: Vec<u8>) -> Result<Region> {
     s.data.register(buf, Access::RemoteReadWrite).map_err(|e| anyhow::anyhow!("registering a buffer: {e}"))
 }
 
-/// Removes the `DAFNE_SPIN_US` that [`run`] set, however it ends.
-struct UnsetSpin;
-
-impl Drop for UnsetSpin {
-    fn drop(&mut self) {
-        std::env::remove_var("DAFNE_SPIN_US");
-    }
-}
-
 /// Starts a scratch cluster and its mount, measures, takes them down.
 pub fn run(o: &Options, progress: &dyn Fn(&str)) -> Result<Report> {
     o.check()?;
     // CPU is measured: no event loop may spin while it waits (the default
     // on 4 cores or more is a 50 µs spin, and the CPU figures would count
-    // it). The servers, the mount's daemon and this process's client all
-    // read `DAFNE_SPIN_US`; set before any of them, or any thread, starts.
-    // A value the user set is kept, and said in the report; ours is
-    // removed when the run ends (`dafne bench seeds` runs other
-    // experiments in this process afterwards, with their own spin).
-    let (spin, _unset) = match std::env::var("DAFNE_SPIN_US") {
-        Ok(v) => (format!("DAFNE_SPIN_US={v} as set by the caller"), None),
-        Err(_) => {
-            std::env::set_var("DAFNE_SPIN_US", "0");
-            ("no event loop spinning (DAFNE_SPIN_US=0)".to_string(), Some(UnsetSpin))
-        }
+    // it). The servers and the mount's daemon get `DAFNE_SPIN_US=0` in
+    // their environment, this process's client a runtime that does not
+    // spin; this process's own environment is left alone (changing it
+    // while threads run races with their `getenv`, UCX's included). A
+    // value the user set is kept, and said in the report.
+    let (spin, child_env, client_spin) = match std::env::var("DAFNE_SPIN_US") {
+        Ok(v) => (format!("DAFNE_SPIN_US={v} as set by the caller"), vec![], None),
+        Err(_) => (
+            "no event loop spinning (DAFNE_SPIN_US=0)".to_string(),
+            vec![("DAFNE_SPIN_US", "0")],
+            Some(std::time::Duration::ZERO),
+        ),
     };
     // Ctrl-C, SIGTERM, SIGHUP: the run stops at its next request and the
     // guards unmount, take the cluster down and remove the scratch tree.
@@ -724,7 +716,7 @@ pub fn run(o: &Options, progress: &dyn Fn(&str)) -> Result<Report> {
         MOUNT_ARGS.join(" ")
     ));
     let mount_args: Vec<String> = MOUNT_ARGS.iter().map(|s| s.to_string()).collect();
-    let mut cluster = ScratchCluster::start(&root, &mount_args)?;
+    let mut cluster = ScratchCluster::start_with_env(&root, &mount_args, &child_env)?;
     let daemon = ClusterInfo::live_mounts(&cluster.dir)
         .into_iter()
         .find(|(_, mp)| mp == &cluster.mnt)
@@ -733,7 +725,7 @@ pub fn run(o: &Options, progress: &dyn Fn(&str)) -> Result<Report> {
     let cpu = HostCpu { daemon };
     let io_servers = cluster.io_servers;
     // The client's connections end before the servers do.
-    let s = crate::copy::connect(&cluster.dir, "bench-dafs", None)?;
+    let s = crate::copy::connect_with(&cluster.dir, "bench-dafs", None, client_spin)?;
     let (cells, cross_checks, postmark_runs) = measure(o, &s, &cluster, &cpu, &stop, progress)?;
     drop(s);
     progress("unmounting, taking the cluster down");

@@ -57,8 +57,14 @@ struct Report {
 
 /// Runs `dafne ARGS`, failing with its output.
 pub(crate) fn dafne(args: &[&str]) -> Result<String> {
+    dafne_env(args, &[])
+}
+
+/// [`dafne`] with `env` added to the command's environment (and so to the
+/// servers or the mount daemon it starts).
+pub(crate) fn dafne_env(args: &[&str], env: &[(&str, &str)]) -> Result<String> {
     let exe = std::env::current_exe().context("locating the dafne executable")?;
-    let o = Command::new(exe).args(args).output().context("running dafne")?;
+    let o = Command::new(exe).args(args).envs(env.iter().copied()).output().context("running dafne")?;
     let text = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
     if !o.status.success() {
         bail!("`dafne {}` failed:\n{text}", args.join(" "));
@@ -128,6 +134,12 @@ impl ScratchCluster {
     /// when this is dropped), starts the cluster and mounts it (with
     /// `mount_args` added to `dafne mount`).
     pub(crate) fn start(root: &Path, mount_args: &[String]) -> Result<ScratchCluster> {
+        ScratchCluster::start_with_env(root, mount_args, &[])
+    }
+
+    /// [`ScratchCluster::start`] with `env` in the environment of every
+    /// server and of the mount daemon.
+    pub(crate) fn start_with_env(root: &Path, mount_args: &[String], env: &[(&str, &str)]) -> Result<ScratchCluster> {
         std::fs::create_dir_all(root).with_context(|| format!("creating {}", root.display()))?;
         let scratch = RemoveTreeOnDrop(root.to_path_buf());
         let dir = root.join("cluster");
@@ -139,12 +151,12 @@ impl ScratchCluster {
         // 64 MiB caches, as when the figures in docs/BENCHMARKS.md were
         // taken (without a size `up` takes a share of free memory).
         let (m, b) = (meta.to_string(), base.to_string());
-        dafne(&["up", "--dir", &d, "--cache-mib", "64", "--meta-port", &m, "--io-base-port", &b])?;
+        dafne_env(&["up", "--dir", &d, "--cache-mib", "64", "--meta-port", &m, "--io-base-port", &b], env)?;
         let down = Down(dir.clone());
         let mnt_arg = mnt.display().to_string();
         let mut args = vec!["mount", &mnt_arg, "--dir", &d];
         args.extend(mount_args.iter().map(String::as_str));
-        dafne(&args)?;
+        dafne_env(&args, env)?;
         Ok(ScratchCluster { dir, mnt, io_servers, down: Some(down), _scratch: scratch })
     }
 

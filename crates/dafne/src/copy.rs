@@ -136,6 +136,17 @@ pub(crate) type Session = dafne_client::cluster::Cluster;
 /// names this client in the transport's logs and the metadata server's
 /// sessions.
 pub(crate) fn connect(dir: &Path, name: &str, credential: Option<&Path>) -> Result<Session> {
+    connect_with(dir, name, credential, None)
+}
+
+/// [`connect`] with the client's event loop spin chosen (`None`: the
+/// default).
+pub(crate) fn connect_with(
+    dir: &Path,
+    name: &str,
+    credential: Option<&Path>,
+    spin: Option<std::time::Duration>,
+) -> Result<Session> {
     let info = ClusterInfo::load(dir)?;
     let login = crate::cluster::ClientLogin::load(&info, credential)?;
     let file = dafne_client::cluster::ClusterFile {
@@ -144,7 +155,8 @@ pub(crate) fn connect(dir: &Path, name: &str, credential: Option<&Path>) -> Resu
         secret: info.secret.clone(),
         ucx: info.ucx.clone(),
     };
-    let opts = dafne_client::cluster::OpenOptions::new(dir, name);
+    let mut opts = dafne_client::cluster::OpenOptions::new(dir, name);
+    opts.spin = spin;
     Session::connect(&file, &login.key, &opts).map_err(|(what, e)| {
         crate::cluster::explain_connect(&info, &login, e).context(format!("connecting to the {what}"))
     })
