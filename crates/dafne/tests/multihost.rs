@@ -195,8 +195,66 @@ fn cp_until_done(client: &Host, cred: &Path, from: &str, to: &str) -> Vec<String
     }
 }
 
+/// The long-lived client: this test's own binary, run again in the
+/// client's namespace with this variable set to "CLUSTER_DIR\nCREDENTIAL\nSTOP_FILE".
+const CLIENT_ROLE: &str = "DAFNE_MULTIHOST_CLIENT";
+const TEST_NAME: &str = "a_cluster_of_four_namespaces_serves_a_client_over_tcp_and_survives_a_cut_link";
+
+/// One process, one cluster connection for its whole life: rounds of a
+/// 1 MiB write (DataSync) and its read-back at offsets over all three io
+/// servers; a round that fails is retried after 300 ms on the same
+/// connections (which heal: `dafne_client::link`), until the stop file
+/// exists and three more rounds passed. Prints a summary line (`client:
+/// N rounds, E errors, longest round T ms`) and each error; panics (a non-zero exit) on a byte that differs or
+/// when a round keeps failing for 120 s.
+fn long_lived_client(spec: &str) {
+    use dafne_client::cluster::{Cluster, OpenOptions};
+    let mut it = spec.split('\n');
+    let (dir, cred, stop) = (it.next().unwrap(), it.next().unwrap(), it.next().unwrap());
+    let mut o = OpenOptions::new(dir, "multihost-client");
+    o.credential = Some(cred.into());
+    let c = Cluster::open(&o).expect("opening the cluster from the client's cluster.json");
+    let fs = dafne_client::file::Fs::new(c.meta.clone(), c.data.clone());
+    let root = fs.meta.resolve("/").unwrap().ino;
+    let f = fs.create(root, b"long-lived", 0o644, None).unwrap();
+    let chunk = 1 << 20;
+    let (mut round, mut after, mut errors, mut longest) = (0u64, 0, 0, Duration::ZERO);
+    while after < 3 {
+        let data = pattern(chunk, 1000 + round);
+        let off = (round % 8) * chunk as u64;
+        let started = Instant::now();
+        loop {
+            let mut back = vec![0u8; chunk];
+            let r =
+                f.write_at(off, &data, dafne_proto::io::Stability::DataSync).and_then(|_| f.read_at(off, &mut back));
+            match r {
+                Ok(n) => {
+                    assert_eq!(n, chunk, "round {round}: a short read");
+                    assert!(back == data, "round {round}: the bytes read back differ from those written");
+                    longest = longest.max(started.elapsed());
+                    break;
+                }
+                Err(e) => {
+                    errors += 1;
+                    println!("client error: round {round} after {:?}: {e} (retried)", started.elapsed());
+                    assert!(started.elapsed() < Duration::from_secs(120), "round {round} kept failing: {e}");
+                    std::thread::sleep(Duration::from_millis(300));
+                }
+            }
+        }
+        round += 1;
+        if Path::new(stop).exists() {
+            after += 1;
+        }
+    }
+    println!("\nclient: {round} rounds, {errors} errors, longest round {} ms", longest.as_millis());
+}
+
 #[test]
 fn a_cluster_of_four_namespaces_serves_a_client_over_tcp_and_survives_a_cut_link() {
+    if let Ok(spec) = std::env::var(CLIENT_ROLE) {
+        return long_lived_client(&spec);
+    }
     let Some(net) = Net::create(&["meta", "io1", "io2", "client"]) else { return };
     let (meta, io1, io2, client) = (net.host("meta"), net.host("io1"), net.host("io2"), net.host("client"));
     let config = net.path("hosts.toml");
@@ -319,6 +377,18 @@ io_servers = 2
     let outage =
         Duration::from_secs(std::env::var("DAFNE_TEST_OUTAGE_S").ok().and_then(|v| v.parse().ok()).unwrap_or(4));
     let restored = std::sync::atomic::AtomicBool::new(false);
+    let stop = net.path("stop");
+    let client_log = net.path("client.log");
+    let mut long_lived = Command::new("ip")
+        .args(["netns", "exec", &client.ns])
+        .arg(std::env::current_exe().unwrap())
+        .args(["--exact", TEST_NAME, "--nocapture", "--test-threads", "1"])
+        .env(CLIENT_ROLE, format!("{}\n{}\n{}", p(&client.dir), p(&cred), p(&stop)))
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&client_log).unwrap())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
     let (workload, rounds, during) = std::thread::scope(|s| {
         let w = s.spawn(|| {
             let mut errors = Vec::new();
@@ -349,8 +419,34 @@ io_servers = 2
         std::thread::sleep(outage);
         ip(&["link", "set", &io2.veth, "up"]);
         restored.store(true, std::sync::atomic::Ordering::SeqCst);
+        std::fs::write(&stop, "").unwrap();
         w.join().unwrap()
     });
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = long_lived.try_wait().unwrap() {
+            break s;
+        }
+        if start.elapsed() > Duration::from_secs(200) {
+            let _ = long_lived.kill();
+            panic!("the long-lived client did not finish: {}", std::fs::read_to_string(&client_log).unwrap());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let log = std::fs::read_to_string(&client_log).unwrap();
+    assert!(status.success(), "the long-lived client failed ({status}): {log}");
+    let summary = log
+        .lines()
+        .find_map(|l| l.strip_prefix("client: "))
+        .unwrap_or_else(|| panic!("no summary from the client: {log}"));
+    eprintln!("long-lived client (errors retried on the same connections): {summary}");
+    for l in log.lines().filter_map(|l| l.find("client error").map(|i| &l[i..])) {
+        eprintln!("  {l}");
+    }
+    // Every round touches every io server: one of them was held up by the
+    // cut, so the cut was under the client's workload.
+    let longest: u64 = summary.rsplit(' ').nth(1).and_then(|t| t.parse().ok()).unwrap();
+    assert!(longest >= 1000, "no round of the long-lived client was held up by the cut: {summary}");
     assert!(during >= 1, "no round of the workload was under way when the link came back ({rounds} rounds)");
     eprintln!(
         "{rounds} rounds; {during} spanned the return of io2's link after {} s; failed copies, each retried: {}",
