@@ -919,6 +919,8 @@ fn supervise_locked(dir: &Path) -> Result<()> {
             } else {
                 "metadata server".to_string()
             }
+        } else if host.is_none() {
+            format!("io server {k}/{n}")
         } else {
             format!("{} ({}/{n} here)", m.state.name, k + 1 - usize::from(runs_meta))
         };

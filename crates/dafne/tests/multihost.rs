@@ -375,7 +375,7 @@ io_servers = 2
     // of a copy in and out run from before the cut until two rounds after
     // the link is back.
     let outage =
-        Duration::from_secs(std::env::var("DAFNE_TEST_OUTAGE_S").ok().and_then(|v| v.parse().ok()).unwrap_or(4));
+        Duration::from_secs(std::env::var("DAFNE_TEST_OUTAGE_S").ok().and_then(|v| v.parse().ok()).unwrap_or(10));
     let restored = std::sync::atomic::AtomicBool::new(false);
     let stop = net.path("stop");
     let client_log = net.path("client.log");
@@ -463,4 +463,44 @@ io_servers = 2
     let states = std::fs::read_to_string(io2.dir.join("servers.json")).unwrap();
     assert!(!states.contains("\"restarts\": 1"), "{states}");
     drop(net);
+}
+
+/// `dafne up --foreground` (what the systemd unit runs): the supervisor
+/// in the command itself, the cluster usable while it runs, everything
+/// stopped and `cluster.json` gone when it gets SIGTERM, exit status 0.
+/// One host, no namespaces.
+#[test]
+fn the_foreground_supervisor_serves_until_sigterm() {
+    let dir = tempfile::Builder::new().prefix("dafne-foreground-test-").tempdir().unwrap();
+    let (meta, base) = common::free_ports(1);
+    let log = dir.path().join("foreground.out");
+    let mut sup = common::dafne()
+        .args(["up", "--foreground", "--dir", p(dir.path()), "--io-servers", "1", "--cache-mib", "8"])
+        .args(["--meta-port", &meta.to_string(), "--io-base-port", &base.to_string()])
+        .stdout(std::fs::File::create(&log).unwrap())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    common::wait_for("cluster.json", || dir.path().join("cluster.json").exists());
+    let o = run(common::dafne().args(["status", "--dir", p(dir.path())]));
+    assert!(o.status.success(), "{}", text(&o));
+    let info: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("cluster.json")).unwrap()).unwrap();
+    assert_eq!(info["supervisor_pid"], sup.id(), "the command itself supervises");
+    let o = run(Command::new("kill").args(["-TERM", &sup.id().to_string()]));
+    assert!(o.status.success());
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = sup.try_wait().unwrap() {
+            break s;
+        }
+        assert!(start.elapsed() < Duration::from_secs(150), "the supervisor did not stop");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let out = std::fs::read_to_string(&log).unwrap();
+    assert!(status.success(), "{status}: {out}");
+    assert!(out.contains("progress: stopping io-0") && out.contains("progress: stopped"), "{out}");
+    assert!(!dir.path().join("cluster.json").exists());
+    let states = std::fs::read_to_string(dir.path().join("servers.json")).unwrap();
+    assert_eq!(states.matches("\"stopped\"").count(), 2, "{states}");
 }
