@@ -271,6 +271,19 @@ NET_DEVICES = "lo"
 # MM_FIFO_SIZE = "256"  # added whenever TLS has shared memory (posix, sysv): UCX's
                         # default 64 overflows with reads in flight into application
                         # buffers; a key set here wins, as for every other key
+
+# Several hosts (docs/DEPLOY.md): list them; each runs `dafne up --host NAME`
+# with this same file. [cluster] host and io_servers are then not used; io
+# server ids follow this order; each host's io servers take io_base_port + k.
+# [[hosts]]
+# name = "meta1"
+# address = "10.0.0.10"
+# meta = true
+# [[hosts]]
+# name = "io1"
+# address = "10.0.0.11"
+# io_servers = 2
+# ucx = { NET_DEVICES = "eth0" }  # this host's own UCX settings over [ucx]'s
 "#;
 
 /// `ucx` with every embedded UCX setting it does not give (a key given

@@ -454,6 +454,9 @@ io_servers = 2
         workload.len()
     );
     for e in &workload {
+        eprintln!("  cp: {}", e.lines().last().unwrap_or(""));
+    }
+    for e in &workload {
         eprintln!("  {e}");
     }
     // Every server serves again, and io2's supervisor restarted nothing
