@@ -401,8 +401,9 @@ impl Config {
         }
         if self.meta.stripe_count == 0 || self.meta.stripe_count > c.io_servers {
             bail!(
-                "meta.stripe_count = {}: choose between 1 and cluster.io_servers ({})",
+                "meta.stripe_count = {}: choose between 1 and {} ({})",
                 self.meta.stripe_count,
+                if self.multi_host() { "the io servers of [[hosts]]" } else { "cluster.io_servers" },
                 c.io_servers
             );
         }
@@ -1156,6 +1157,8 @@ ucx = { NET_DEVICES = "eth1" }
         assert!(err(&twice).contains("listed twice"), "{}", err(&twice));
         let idle = THREE.replace("io_servers = 1\n", "");
         assert!(err(&idle).contains("host \"a\" runs nothing"), "{}", err(&idle));
+        let wide = THREE.replace("stripe_count = 3", "stripe_count = 4");
+        assert!(err(&wide).contains("between 1 and the io servers of [[hosts]] (3)"), "{}", err(&wide));
         let no_meta = THREE.replace("meta = true\n", "io_servers = 1\n");
         assert!(err(&no_meta).contains("no host runs the metadata server"), "{}", err(&no_meta));
         let two_metas = THREE.replace("io_servers = 1\n", "io_servers = 1\nmeta = true\n");

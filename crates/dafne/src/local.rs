@@ -587,6 +587,8 @@ pub fn down(a: DirArgs) -> Result<()> {
     let dir = crate::cluster::resolve_dir(a.dir.as_deref())?;
     let supervisor = match ClusterInfo::load(&dir) {
         Ok(i) if i.client => {
+            // Mounts made here go with the file that found the cluster.
+            unmount_all(&dir);
             std::fs::remove_file(ClusterInfo::path(&dir))
                 .with_context(|| format!("removing {}", ClusterInfo::path(&dir).display()))?;
             println!("removed {} (a client's: no server ran here)", ClusterInfo::path(&dir).display());
@@ -1449,7 +1451,11 @@ fn mib(b: u64) -> String {
 }
 
 fn print_status(r: &StatusReport) {
-    println!("dafne in {} (supervisor pid {})", r.dir.display(), r.supervisor_pid);
+    if r.supervisor_pid == 0 {
+        println!("dafne from {} (a client's cluster file: no server runs here)", r.dir.display());
+    } else {
+        println!("dafne in {} (supervisor pid {})", r.dir.display(), r.supervisor_pid);
+    }
     let st = |s: &Option<ServerState>| {
         s.as_ref()
             .map(|s| {

@@ -340,6 +340,11 @@ io_servers = 2
     assert!(o.status.success(), "{}", text(&o));
     let status = text(&o);
     assert_eq!(status.matches("| serving").count(), 4, "meta and 3 io servers serve: {status}");
+    assert!(status.contains("no server runs here"), "{status}");
+    // A server host's status shows the other hosts' servers too.
+    let o = run(dafne_in(&meta.ns).args(["status", "--dir", p(&meta.dir)]));
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(text(&o).matches("| serving").count(), 4, "from meta's host: {}", text(&o));
 
     // A file of some MiB in and out, every byte checked, and the bytes on
     // the io hosts' links: UCX carried them over the network.
@@ -465,6 +470,8 @@ io_servers = 2
     assert!(o.status.success(), "{}", text(&o));
     let states = std::fs::read_to_string(io2.dir.join("servers.json")).unwrap();
     assert!(!states.contains("\"restarts\": 1"), "{states}");
+    let o = run(dafne_in(&client.ns).args(["down", "--dir", p(&client.dir)]));
+    assert!(o.status.success() && text(&o).contains("no server ran here"), "{}", text(&o));
     drop(net);
 }
 
