@@ -1311,6 +1311,13 @@ const METRICS_TIMEOUT: Duration = Duration::from_secs(5);
 /// with every server's samples). A server that does not answer is named on
 /// stderr and makes the exit status non-zero; the others are printed.
 fn print_metrics(info: &ClusterInfo) -> Result<()> {
+    if info.client {
+        bail!(
+            "{} is a client's cluster file (`dafne up --client`): the metrics ports are on the server hosts, \
+             loopback by default; run `dafne status --metrics` there",
+            ClusterInfo::path(&info.dir).display()
+        );
+    }
     if info.metrics.is_empty() {
         bail!(
             "{} records no metrics ports (a cluster started by an older dafne): `dafne down` and `dafne up` again",

@@ -332,6 +332,8 @@ io_servers = 2
         .args(["credential", "issue", "tester", "--uid", "0", "--gid", "0", "--root"])
         .args(["-o", p(&cred), "--dir", p(&meta.dir)]));
     assert!(o.status.success(), "{}", text(&o));
+    let o = up(client, &config, &["--client", "--io-servers", "2"]);
+    assert!(!o.status.success() && text(&o).contains("[[hosts]] list says how many"), "{}", text(&o));
     let o = up(client, &config, &["--client"]);
     assert!(o.status.success(), "{}", text(&o));
     let o = run(dafne_in(&client.ns).args(["status", "--dir", p(&client.dir)]));
@@ -341,6 +343,8 @@ io_servers = 2
     let status = text(&o);
     assert_eq!(status.matches("| serving").count(), 4, "meta and 3 io servers serve: {status}");
     assert!(status.contains("no server runs here"), "{status}");
+    let o = run(dafne_in(&client.ns).args(["status", "--metrics", "--dir", p(&client.dir)]));
+    assert!(!o.status.success() && text(&o).contains("run `dafne status --metrics` there"), "{}", text(&o));
     // A server host's status shows the other hosts' servers too.
     let o = run(dafne_in(&meta.ns).args(["status", "--dir", p(&meta.dir)]));
     assert!(o.status.success(), "{}", text(&o));
