@@ -105,6 +105,7 @@ impl Net {
             );
         }
         let _ = run(Command::new("ip").args(["netns", "del", &probe]));
+        remove_leftovers();
         let tmp = tempfile::Builder::new().prefix("dafne-hosts-test-").tempdir().unwrap();
         // A /24 of 10.0.0.0/8 picked by the pid, so that two runs side by
         // side do not share one (each has its own bridge anyway).
@@ -143,6 +144,33 @@ impl Net {
 
     fn path(&self, name: &str) -> PathBuf {
         self._tmp.path().join(name)
+    }
+}
+
+/// Removes what a run of this test that was killed (no Drop) left: the
+/// namespaces `dafne-PID-*` and bridges `dhbPID` of a PID that no longer
+/// runs, with whatever still runs in those namespaces.
+fn remove_leftovers() {
+    let o = run(Command::new("ip").args(["netns", "list"]));
+    for ns in String::from_utf8_lossy(&o.stdout).lines().filter_map(|l| l.split_whitespace().next()) {
+        let Some(pid) = ns.strip_prefix("dafne-").and_then(|r| r.split('-').next()) else { continue };
+        if pid.parse::<u32>().is_err() || Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        let o = run(Command::new("ip").args(["netns", "pids", ns]));
+        for p in String::from_utf8_lossy(&o.stdout).split_whitespace() {
+            let _ = run(Command::new("kill").args(["-9", p]));
+        }
+        let _ = run(Command::new("ip").args(["netns", "del", ns]));
+        eprintln!("removed namespace {ns}, left by a run that was killed");
+    }
+    let o = run(Command::new("ip").args(["-o", "link", "show", "type", "bridge"]));
+    for l in String::from_utf8_lossy(&o.stdout).lines() {
+        let Some(name) = l.split(": ").nth(1) else { continue };
+        let Some(pid) = name.strip_prefix("dhb").filter(|p| p.parse::<u32>().is_ok()) else { continue };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = run(Command::new("ip").args(["link", "del", name]));
+        }
     }
 }
 
