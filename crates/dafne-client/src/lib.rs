@@ -90,12 +90,23 @@ pub enum ConnectError {
     #[error("protocol error opening the session: {0}")]
     Protocol(String),
     /// An io server did not accept the login (proven with this client's
-    /// secret or credential).
-    #[error(
-        "the io server at {addr} refused the login: {why} (does this client use the cluster's secret file, and was \
-         the server started with the same --secret?)"
-    )]
+    /// secret or credential), or the login did not reach it.
+    #[error("the io server at {addr} did not accept the login: {why}{}", io_login_hint(why))]
     IoLogin { addr: std::net::SocketAddr, why: String },
+}
+
+/// What to look at when an io server's login failed: the secret only when
+/// the server refused it (EACCES); a login that failed in transport (a
+/// host cut off, seen in tests/multihost.rs as "no keepalive answer")
+/// blamed the secret too.
+fn io_login_hint(why: &str) -> &'static str {
+    if why == Errno::EACCES.to_string() {
+        " (does this client use the cluster's secret file, and was the server started with the same --secret?)"
+    } else if why.contains("keepalive") || why.contains("timed out") {
+        " (the server's host, or the network to it, did not answer in time)"
+    } else {
+        ""
+    }
 }
 
 /// What `open` returns: attributes, where the data lives, and the
@@ -959,5 +970,23 @@ impl MetaSession {
             return Err(Errno::ENOTDIR);
         }
         Ok(cur)
+    }
+}
+
+#[cfg(test)]
+mod io_login_tests {
+    use super::*;
+
+    #[test]
+    fn only_a_refused_login_blames_the_secret() {
+        let addr: SocketAddr = "10.0.0.2:7710".parse().unwrap();
+        let refused = ConnectError::IoLogin { addr, why: Errno::EACCES.to_string() }.to_string();
+        assert!(refused.contains("same --secret"), "{refused}");
+        let cut = ConnectError::IoLogin {
+            addr,
+            why: "connection to 10.0.0.2:7710 failed: no keepalive answer for 5.2s".into(),
+        };
+        let cut = cut.to_string();
+        assert!(!cut.contains("secret") && cut.contains("did not answer in time"), "{cut}");
     }
 }

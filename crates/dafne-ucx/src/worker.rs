@@ -28,6 +28,9 @@ pub(crate) struct WorkerInner {
     pub(crate) ctx: Context,
     pending_close: RefCell<Vec<PendingClose>>,
     closing: RefCell<Vec<(Op, Rc<EpErr>, Instant)>>,
+    /// A close was given up on ([`CLOSE_PATIENCE`]): its request is still
+    /// UCX's, so the worker is not destroyed (see Drop).
+    abandoned: Cell<bool>,
     // Boxed on purpose: UCX holds a pointer to each handler, which must not
     // move when the Vec grows.
     #[allow(clippy::vec_box)]
@@ -65,7 +68,7 @@ impl WorkerInner {
         }
         // Closes that never finish (a dead peer on an endpoint without error
         // handling) are abandoned after a while: the endpoint's resources are
-        // reclaimed with the worker.
+        // left to the process's end (the worker is then not destroyed).
         self.closing.borrow_mut().retain(|(op, err, t)| {
             if op.poll_done().is_some() {
                 return false;
@@ -76,6 +79,8 @@ impl WorkerInner {
             // UCX may still call the error callback of an endpoint whose
             // close never finished: leak its argument rather than free it.
             std::mem::forget(err.clone());
+            // And the worker must not be destroyed (see its Drop).
+            self.abandoned.set(true);
             false
         });
     }
@@ -92,6 +97,22 @@ impl Drop for WorkerInner {
             // user code, never in UCX callbacks: callbacks hold no Worker).
             unsafe { sys::ucp_worker_progress(self.h) };
             self.closing.borrow_mut().retain(|(op, _, _)| op.poll_done().is_none());
+        }
+        if self.abandoned.get() || !self.closing.borrow().is_empty() {
+            // UCX 1.13 asserts (`ucp_ep.c:382`, `req->flags &
+            // UCP_REQUEST_FLAG_RELEASED`) and aborts the process when the
+            // worker is destroyed with the request of a close that never
+            // finished: seen at the exit of a client whose connection to a
+            // host died while the host's link was down for 10 s
+            // (`dafne/tests/multihost.rs`). Such a worker is left as it is,
+            // and with it everything UCX may still point at (the context,
+            // the handlers, the endpoints' error arguments): the process
+            // is ending, or gave up on this worker, and a leak is better
+            // than an abort.
+            std::mem::forget(self.ctx.clone());
+            std::mem::forget(std::mem::take(&mut *self.handlers.borrow_mut()));
+            std::mem::forget(std::mem::take(&mut *self.closing.borrow_mut()));
+            return;
         }
         // SAFETY: endpoints, listeners and keys hold Rc<WorkerInner>, so none
         // remain; the handler boxes (fields) are freed after this call.
@@ -134,6 +155,7 @@ impl Worker {
                 ctx: ctx.clone(),
                 pending_close: RefCell::new(Vec::new()),
                 closing: RefCell::new(Vec::new()),
+                abandoned: Cell::new(false),
                 handlers: RefCell::new(Vec::new()),
                 efd,
                 in_callback: Rc::new(Cell::new(false)),

@@ -19,6 +19,24 @@
 //! The file `cluster.json` is the rendezvous: clients read the server
 //! addresses, the secret's path and the UCX settings (every process of a
 //! cluster must use the same transports, see ARCHITECTURE "Trust") from it.
+//!
+//! # Several hosts
+//! A configuration with a `[[hosts]]` list describes a cluster spread over
+//! machines: each entry names a host, the address its servers listen on,
+//! and what it runs (`meta = true`, `io_servers = N`). Io server ids follow
+//! the file's order (the first host's io servers are 0.., the next host's
+//! continue), and on each host its io servers take `io_base_port + k`,
+//! `k` counting that host's own. The same file goes to every host:
+//! `dafne up --host NAME` there starts and supervises only NAME's servers
+//! (the reclaimer and the revocation relay only on the metadata server's
+//! host) and writes a `cluster.json` with every address of the file, so
+//! that any client there can use it; `dafne up --client` writes that file
+//! on a machine that runs no server. Why one file rather than servers that
+//! register with the metadata server: layouts name io servers by id, so
+//! the ids must be fixed and the same for every host, which one file
+//! copied everywhere gives with nothing to agree on at run time. Without
+//! `[[hosts]]` the cluster is the one-host cluster of `[cluster] host`, as
+//! it always was.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
@@ -40,6 +58,30 @@ pub struct Config {
     pub mount: MountConfig,
     /// UCX settings shared by every process of the cluster (KEY = "VALUE",
     /// without the `UCX_` prefix).
+    pub ucx: BTreeMap<String, String>,
+    /// The hosts of a cluster spread over several machines (module docs,
+    /// "Several hosts"); empty: one host, `[cluster] host`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<HostConfig>,
+}
+
+/// One host of a multi-host cluster (`[[hosts]]`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct HostConfig {
+    /// The name `dafne up --host NAME` takes (letters, digits, `.`, `-`, `_`).
+    pub name: String,
+    /// The address this host's servers listen on, and clients connect to.
+    pub address: IpAddr,
+    /// Whether the metadata server runs here (on exactly one host).
+    #[serde(default)]
+    pub meta: bool,
+    /// How many io servers run here.
+    #[serde(default)]
+    pub io_servers: u32,
+    /// UCX settings for this host's servers over `[ucx]`'s (a network
+    /// device named differently there, for instance).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub ucx: BTreeMap<String, String>,
 }
 
@@ -229,6 +271,19 @@ NET_DEVICES = "lo"
 # MM_FIFO_SIZE = "256"  # added whenever TLS has shared memory (posix, sysv): UCX's
                         # default 64 overflows with reads in flight into application
                         # buffers; a key set here wins, as for every other key
+
+# Several hosts (docs/DEPLOY.md): list them; each runs `dafne up --host NAME`
+# with this same file. [cluster] host and io_servers are then not used; io
+# server ids follow this order; each host's io servers take io_base_port + k.
+# [[hosts]]
+# name = "meta1"
+# address = "10.0.0.10"
+# meta = true
+# [[hosts]]
+# name = "io1"
+# address = "10.0.0.11"
+# io_servers = 2
+# ucx = { NET_DEVICES = "eth0" }  # this host's own UCX settings over [ucx]'s
 "#;
 
 /// `ucx` with every embedded UCX setting it does not give (a key given
@@ -236,8 +291,15 @@ NET_DEVICES = "lo"
 /// its transports have no shared memory: UCX warns about a setting no
 /// transport takes. So a configuration written before a default was added
 /// gets it too.
-fn with_embedded_ucx(mut ucx: BTreeMap<String, String>) -> BTreeMap<String, String> {
+///
+/// A multi-host configuration does not get the embedded `NET_DEVICES =
+/// "lo"` (loopback reaches no other host): UCX then uses every device,
+/// unless `[ucx]` or a host's `ucx` names some.
+fn with_embedded_ucx(mut ucx: BTreeMap<String, String>, multi_host: bool) -> BTreeMap<String, String> {
     for (k, v) in Config::embedded().ucx {
+        if multi_host && k == "NET_DEVICES" {
+            continue;
+        }
         ucx.entry(k).or_insert(v);
     }
     let shm = ucx.get("TLS").is_none_or(|t| {
@@ -267,7 +329,12 @@ impl Config {
         let mut c: Config = toml::from_str(text).with_context(|| {
             format!("{}: not a valid dafne configuration (`dafne config` prints a commented example)", origin.display())
         })?;
-        c.ucx = with_embedded_ucx(std::mem::take(&mut c.ucx));
+        let multi = !c.hosts.is_empty();
+        c.ucx = with_embedded_ucx(std::mem::take(&mut c.ucx), multi);
+        if multi {
+            // The hosts list decides how many io servers there are.
+            c.cluster.io_servers = c.hosts.iter().map(|h| h.io_servers).sum();
+        }
         c.check().with_context(|| format!("{}", origin.display()))?;
         Ok(c)
     }
@@ -280,6 +347,7 @@ impl Config {
 
     /// Values that parse but cannot work.
     pub fn check(&self) -> Result<()> {
+        self.check_hosts()?;
         let c = &self.cluster;
         if c.io_servers == 0 || c.io_servers > 64 {
             bail!("cluster.io_servers = {}: choose between 1 and 64", c.io_servers);
@@ -333,8 +401,9 @@ impl Config {
         }
         if self.meta.stripe_count == 0 || self.meta.stripe_count > c.io_servers {
             bail!(
-                "meta.stripe_count = {}: choose between 1 and cluster.io_servers ({})",
+                "meta.stripe_count = {}: choose between 1 and {} ({})",
                 self.meta.stripe_count,
+                if self.multi_host() { "the io servers of [[hosts]]" } else { "cluster.io_servers" },
                 c.io_servers
             );
         }
@@ -356,18 +425,144 @@ impl Config {
     /// Each io server's cache, MiB: `[io] cache_mib`, else
     /// [`auto_cache_mib`] of this machine's available memory (64 MiB if
     /// `/proc/meminfo` cannot be read).
-    pub fn io_cache_mib(&self) -> usize {
-        self.io
-            .cache_mib
-            .unwrap_or_else(|| mem_available_mib().map_or(64, |m| auto_cache_mib(m, self.cluster.io_servers)))
+    /// `local`: how many io servers this machine runs (a host of a
+    /// multi-host cluster runs some of them).
+    pub fn io_cache_mib_for(&self, local: u32) -> usize {
+        self.io.cache_mib.unwrap_or_else(|| mem_available_mib().map_or(64, |m| auto_cache_mib(m, local)))
+    }
+
+    /// The hosts list's problems: names, one metadata server, a host with
+    /// nothing to run, fixed ports that two servers would share.
+    fn check_hosts(&self) -> Result<()> {
+        if self.hosts.is_empty() {
+            return Ok(());
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for h in &self.hosts {
+            if h.name.is_empty()
+                || h.name.len() > 64
+                || !h.name.chars().all(|ch| ch.is_ascii_alphanumeric() || matches!(ch, '.' | '-' | '_'))
+            {
+                bail!("[[hosts]] name = {:?}: use 1 to 64 letters, digits, '.', '-' or '_'", h.name);
+            }
+            if !names.insert(h.name.as_str()) {
+                bail!("[[hosts]] name = {:?} is listed twice: each host once, with all its servers", h.name);
+            }
+            if h.address.is_unspecified() || h.address.is_multicast() {
+                bail!(
+                    "host {:?}: address = \"{}\" is not an address clients can reach: give the host's own address \
+                     on the cluster's network",
+                    h.name,
+                    h.address
+                );
+            }
+            if !h.meta && h.io_servers == 0 {
+                bail!(
+                    "host {:?} runs nothing (neither meta = true nor io_servers): remove it from [[hosts]]; a machine \
+                     that only runs clients needs no entry (`dafne up --client` there)",
+                    h.name
+                );
+            }
+            if u32::from(self.cluster.io_base_port) + h.io_servers > u32::from(u16::MAX) {
+                bail!(
+                    "host {:?}: cluster.io_base_port = {} leaves no room for its {} io servers",
+                    h.name,
+                    self.cluster.io_base_port,
+                    h.io_servers
+                );
+            }
+        }
+        let metas: Vec<&str> = self.hosts.iter().filter(|h| h.meta).map(|h| h.name.as_str()).collect();
+        match metas.len() {
+            1 => {}
+            0 => bail!("[[hosts]]: no host runs the metadata server: set meta = true on one of them"),
+            _ => bail!("[[hosts]]: hosts {} all set meta = true: one metadata server per cluster", metas.join(", ")),
+        }
+        if self.cluster.meta_port == 0 || self.cluster.io_base_port == 0 {
+            bail!(
+                "cluster.meta_port and cluster.io_base_port must be fixed ports (not 0) for a cluster of several hosts"
+            );
+        }
+        // Every server's address once: two hosts on one address share its ports.
+        let mut seen: BTreeMap<SocketAddr, String> = BTreeMap::new();
+        for (name, host, addr) in self.servers() {
+            if let Some(other) = seen.insert(addr, format!("{name} of host {host:?}")) {
+                bail!(
+                    "[[hosts]]: {name} of host {host:?} and {other} would both listen on {addr}: give the hosts \
+                     different addresses"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether this is a cluster of several hosts (`[[hosts]]`).
+    pub fn multi_host(&self) -> bool {
+        !self.hosts.is_empty()
+    }
+
+    /// Every server of the cluster: (name, host, address), meta first, then
+    /// the io servers by id. One host: every server on `[cluster] host`
+    /// (its host named "").
+    pub fn servers(&self) -> Vec<(String, String, SocketAddr)> {
+        let mut out = vec![("meta".to_string(), self.meta_host().to_string(), self.meta_addr())];
+        out.extend(
+            (0..self.cluster.io_servers).map(|i| (format!("io-{i}"), self.io_host(i).to_string(), self.io_addr(i))),
+        );
+        out
+    }
+
+    /// The host entry named `name`, or an error listing the names.
+    pub fn host(&self, name: &str) -> Result<&HostConfig> {
+        if self.hosts.is_empty() {
+            bail!("--host {name}: this configuration lists no [[hosts]] (a one-host cluster): leave --host out");
+        }
+        self.hosts.iter().find(|h| h.name == name).with_context(|| {
+            let names: Vec<&str> = self.hosts.iter().map(|h| h.name.as_str()).collect();
+            format!("--host {name}: no such host in the configuration's [[hosts]] (it lists {})", names.join(", "))
+        })
+    }
+
+    /// The name of the host the metadata server runs on ("" for one host).
+    pub fn meta_host(&self) -> &str {
+        self.hosts.iter().find(|h| h.meta).map_or("", |h| h.name.as_str())
+    }
+
+    /// The host of io server `i` ("" for one host), and its index among
+    /// that host's io servers.
+    fn io_place(&self, i: u32) -> (Option<&HostConfig>, u32) {
+        let mut first = 0;
+        for h in &self.hosts {
+            if i < first + h.io_servers {
+                return (Some(h), i - first);
+            }
+            first += h.io_servers;
+        }
+        (None, i)
+    }
+
+    /// The name of io server `i`'s host ("" for one host).
+    pub fn io_host(&self, i: u32) -> &str {
+        self.io_place(i).0.map_or("", |h| h.name.as_str())
+    }
+
+    /// The io servers `host` runs (every one for one host, `host` `None`).
+    pub fn local_io(&self, host: Option<&str>) -> Vec<u32> {
+        (0..self.cluster.io_servers).filter(|&i| host.is_none_or(|n| self.io_host(i) == n)).collect()
     }
 
     pub fn meta_addr(&self) -> SocketAddr {
-        SocketAddr::new(self.cluster.host, self.cluster.meta_port)
+        match self.hosts.iter().find(|h| h.meta) {
+            Some(h) => SocketAddr::new(h.address, self.cluster.meta_port),
+            None => SocketAddr::new(self.cluster.host, self.cluster.meta_port),
+        }
     }
 
     pub fn io_addr(&self, i: u32) -> SocketAddr {
-        SocketAddr::new(self.cluster.host, self.cluster.io_base_port + i as u16)
+        match self.io_place(i) {
+            (Some(h), k) => SocketAddr::new(h.address, self.cluster.io_base_port + k as u16),
+            (None, k) => SocketAddr::new(self.cluster.host, self.cluster.io_base_port + k as u16),
+        }
     }
 
     /// The metrics address of the metadata server (`None`) or io server
@@ -382,9 +577,24 @@ impl Config {
         SocketAddr::new(c.metrics_host, port)
     }
 
-    /// UCX settings as `KEY=VALUE` arguments of the server commands.
-    pub fn ucx_args(&self) -> Vec<String> {
-        self.ucx.iter().flat_map(|(k, v)| ["--ucx".to_string(), format!("{k}={v}")]).collect()
+    /// The UCX settings of `host`'s processes: `[ucx]` with the host's own
+    /// `ucx` over it.
+    pub fn ucx_of(&self, host: Option<&str>) -> BTreeMap<String, String> {
+        let mut u = self.ucx.clone();
+        if let Some(h) = host.and_then(|n| self.hosts.iter().find(|h| h.name == n)) {
+            u.extend(h.ucx.iter().map(|(k, v)| (k.clone(), v.clone())));
+        }
+        u
+    }
+
+    /// [`Config::ucx_of`] as `--ucx KEY=VALUE` arguments of the server
+    /// commands.
+    pub fn ucx_args_of(&self, host: Option<&str>) -> Vec<String> {
+        Self::args_of(&self.ucx_of(host))
+    }
+
+    fn args_of(ucx: &BTreeMap<String, String>) -> Vec<String> {
+        ucx.iter().flat_map(|(k, v)| ["--ucx".to_string(), format!("{k}={v}")]).collect()
     }
 }
 
@@ -507,9 +717,17 @@ pub struct ClusterInfo {
     pub attr_timeout_ms: u64,
     pub entry_timeout_ms: u64,
     /// Each server's metrics port (`GET /metrics`), meta first, then the io
-    /// servers in order.
+    /// servers in order (of a multi-host cluster, this host's servers).
     #[serde(default)]
     pub metrics: Vec<MetricsEndpoint>,
+    /// Of a multi-host cluster, the host whose supervisor wrote this file
+    /// (`dafne up --host`); `None` for one host or a client.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    /// Written by `dafne up --client`: no server and no supervisor run
+    /// here; the file only tells clients where the cluster's servers are.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub client: bool,
 }
 
 /// Where one server's metrics are.
@@ -538,6 +756,9 @@ impl ClusterInfo {
         let info: ClusterInfo = serde_json::from_str(&text).with_context(|| {
             format!("{} is damaged: stop the cluster with `dafne down` and start it again", path.display())
         })?;
+        if info.client {
+            return Ok(info);
+        }
         if !supervisor_running(dir) || !pid_alive(info.supervisor_pid) {
             bail!(
                 "the dafne cluster in {} is not running (its supervisor, pid {}, is gone): run `dafne up{}` again",
@@ -744,7 +965,7 @@ mod tests {
         assert_eq!(auto_cache_mib(u64::MAX, 0), AUTO_CACHE_CAP_MIB);
         let mut c = Config::embedded();
         c.io.cache_mib = Some(16);
-        assert_eq!(c.io_cache_mib(), 16, "an explicit size wins");
+        assert_eq!(c.io_cache_mib_for(4), 16, "an explicit size wins");
         c.io.cache_mib = Some(4);
         assert!(c.check().unwrap_err().to_string().contains("at least 8 MiB"));
     }
@@ -768,6 +989,8 @@ mod tests {
             attr_timeout_ms: 1000,
             entry_timeout_ms: 1000,
             metrics: vec![],
+            host: None,
+            client: false,
         };
         let addr: SocketAddr = "127.0.0.1:7710".parse().unwrap();
         let login = ClientLogin { key: dafne_auth::Secret::from_bytes([1; 32]).into(), file: info.secret.clone() };
@@ -785,7 +1008,11 @@ mod tests {
         // several reads in flight into application buffers.
         let c = Config::embedded();
         assert_eq!(c.ucx.get("MM_FIFO_SIZE").map(String::as_str), Some("256"));
-        assert!(c.ucx_args().windows(2).any(|w| w[0] == "--ucx" && w[1] == "MM_FIFO_SIZE=256"), "{:?}", c.ucx_args());
+        assert!(
+            c.ucx_args_of(None).windows(2).any(|w| w[0] == "--ucx" && w[1] == "MM_FIFO_SIZE=256"),
+            "{:?}",
+            c.ucx_args_of(None)
+        );
     }
 
     #[test]
@@ -860,5 +1087,89 @@ mod tests {
         assert!(try_lock(d.path()).unwrap().is_none());
         drop(held);
         assert!(!supervisor_running(d.path()));
+    }
+}
+
+#[cfg(test)]
+mod hosts_tests {
+    use super::*;
+
+    const THREE: &str = r#"
+[cluster]
+meta_port = 7700
+io_base_port = 7710
+[meta]
+stripe_count = 3
+[[hosts]]
+name = "m"
+address = "10.0.0.1"
+meta = true
+[[hosts]]
+name = "a"
+address = "10.0.0.2"
+io_servers = 1
+[[hosts]]
+name = "b"
+address = "10.0.0.3"
+io_servers = 2
+ucx = { NET_DEVICES = "eth1" }
+"#;
+
+    fn err(text: &str) -> String {
+        format!("{:#}", Config::parse(text, Path::new("h.toml")).unwrap_err())
+    }
+
+    #[test]
+    fn io_server_ids_follow_the_files_order_and_each_host_counts_its_ports() {
+        let c = Config::parse(THREE, Path::new("h.toml")).unwrap();
+        assert_eq!(c.cluster.io_servers, 3, "the hosts list decides");
+        assert_eq!(c.meta_addr(), "10.0.0.1:7700".parse().unwrap());
+        assert_eq!(c.io_addr(0), "10.0.0.2:7710".parse().unwrap());
+        assert_eq!(c.io_addr(1), "10.0.0.3:7710".parse().unwrap());
+        assert_eq!(c.io_addr(2), "10.0.0.3:7711".parse().unwrap());
+        assert_eq!(c.local_io(Some("b")), vec![1, 2]);
+        assert_eq!(c.local_io(Some("m")), Vec::<u32>::new());
+        assert_eq!(c.meta_host(), "m");
+        assert!(!c.ucx.contains_key("NET_DEVICES"), "no loopback-only default across hosts: {:?}", c.ucx);
+        assert_eq!(c.ucx_of(Some("b")).get("NET_DEVICES").map(String::as_str), Some("eth1"));
+        assert_eq!(c.ucx_of(Some("a")).get("NET_DEVICES"), None);
+        // What `up` saves parses back to the same configuration.
+        let saved = toml::to_string(&c).unwrap();
+        assert_eq!(Config::parse(&saved, Path::new("saved")).unwrap(), c, "{saved}");
+        assert!(format!("{:#}", c.host("x").unwrap_err()).contains("it lists m, a, b"));
+    }
+
+    #[test]
+    fn a_one_host_configuration_is_unchanged() {
+        let c = Config::embedded();
+        assert!(!c.multi_host());
+        assert_eq!(c.io_addr(3), "127.0.0.1:7713".parse().unwrap());
+        assert_eq!(c.local_io(None), vec![0, 1, 2, 3]);
+        assert!(format!("{:#}", c.host("m").unwrap_err()).contains("lists no [[hosts]]"));
+        assert!(toml::to_string(&c).unwrap().find("hosts").is_none(), "no empty hosts list written");
+    }
+
+    #[test]
+    fn impossible_host_lists_are_refused_with_the_reason() {
+        let dup = THREE.replace("10.0.0.3", "10.0.0.2");
+        assert!(err(&dup).contains("would both listen on 10.0.0.2:7710"), "{}", err(&dup));
+        let twice = THREE.replace("name = \"b\"", "name = \"a\"");
+        assert!(err(&twice).contains("listed twice"), "{}", err(&twice));
+        let idle = THREE.replace("io_servers = 1\n", "");
+        assert!(err(&idle).contains("host \"a\" runs nothing"), "{}", err(&idle));
+        let wide = THREE.replace("stripe_count = 3", "stripe_count = 4");
+        assert!(err(&wide).contains("between 1 and the io servers of [[hosts]] (3)"), "{}", err(&wide));
+        let no_meta = THREE.replace("meta = true\n", "io_servers = 1\n");
+        assert!(err(&no_meta).contains("no host runs the metadata server"), "{}", err(&no_meta));
+        let two_metas = THREE.replace("io_servers = 1\n", "io_servers = 1\nmeta = true\n");
+        assert!(err(&two_metas).contains("one metadata server per cluster"), "{}", err(&two_metas));
+        let any = THREE.replace("10.0.0.2", "0.0.0.0");
+        assert!(err(&any).contains("not an address clients can reach"), "{}", err(&any));
+        let free = THREE.replace("meta_port = 7700", "meta_port = 0");
+        assert!(err(&free).contains("fixed ports"), "{}", err(&free));
+        let name = THREE.replace("name = \"a\"", "name = \"a/b\"");
+        assert!(err(&name).contains("letters, digits"), "{}", err(&name));
+        let typo = THREE.replace("io_servers = 1", "io_server = 1");
+        assert!(err(&typo).contains("io_server"), "{}", err(&typo));
     }
 }

@@ -44,6 +44,21 @@
 //! cluster's mounts, stops the io servers (SIGTERM: each writes back its
 //! cache first), then the metadata server, and removes `cluster.json`.
 //!
+//! # Several hosts
+//! With a `[[hosts]]` list in the configuration (`cluster.rs`, "Several
+//! hosts"), `dafne up --host NAME` runs on each host and its supervisor
+//! starts only NAME's servers; the reclaimer and the revocation relay run
+//! with the metadata server, and reach the other hosts' io servers at
+//! their addresses in the file. Each host's `cluster.json` lists every
+//! server of the file. The io servers of a host that is not the metadata
+//! server's need the cluster secret before they start: the operator copies
+//! it from the metadata server's host (`DIR/meta/cluster.secret`, the same
+//! path on every host), and `up` says so when it is missing. `dafne up
+//! --client` prepares a machine that runs no server: it writes
+//! `cluster.json` from the file and starts nothing (its clients log in
+//! with credentials). `--foreground` runs the supervisor in the command
+//! itself, for a service manager (deploy/systemd/).
+//!
 //! Why a separate supervisor process rather than the servers detaching
 //! themselves: someone has to notice a crash and restart it, and the
 //! servers must not fork after UCX starts (UCX does not survive fork).
@@ -105,6 +120,20 @@ pub struct UpArgs {
     /// (overrides [cluster] metrics_base_port; 0: free ports, the default).
     #[arg(long)]
     pub metrics_base_port: Option<u16>,
+    /// Of a configuration with a [[hosts]] list: the host this machine is;
+    /// only its servers start here.
+    #[arg(long, value_name = "NAME")]
+    pub host: Option<String>,
+    /// Of a configuration with a [[hosts]] list: start nothing, write
+    /// DIR/cluster.json for the clients of this machine (which log in with
+    /// `--credential`).
+    #[arg(long, conflicts_with_all = ["host", "foreground"])]
+    pub client: bool,
+    /// Run the supervisor in this command until SIGTERM (for systemd and
+    /// other service managers), its log on stdout, instead of in the
+    /// background.
+    #[arg(long)]
+    pub foreground: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -175,6 +204,9 @@ fn effective_config(a: &UpArgs, dir: &Path) -> Result<(Config, Option<String>)> 
             Config::embedded()
         }
     };
+    if c.multi_host() && a.io_servers.is_some() {
+        bail!("--io-servers: this configuration's [[hosts]] list says how many io servers each host runs");
+    }
     if let Some(n) = a.io_servers {
         c.cluster.io_servers = n;
         c.meta.stripe_count = c.meta.stripe_count.min(n.max(1));
@@ -210,18 +242,53 @@ fn flags_given(a: &UpArgs) -> bool {
         || a.metrics_base_port.is_some()
 }
 
-/// Refuses ports something else holds, before any process starts.
-fn check_ports(c: &Config) -> Result<()> {
-    let mut addrs = vec![("metadata server", c.meta_addr())];
-    addrs.extend((0..c.cluster.io_servers).map(|i| ("io server", c.io_addr(i))));
+/// The file naming the host a multi-host supervisor runs (`up --host`).
+fn host_path(dir: &Path) -> PathBuf {
+    dir.join("host")
+}
+
+/// The host `dir`'s supervisor runs, as `up --host` recorded it.
+fn recorded_host(dir: &Path) -> Option<String> {
+    std::fs::read_to_string(host_path(dir)).ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty())
+}
+
+/// The `--host` given, checked against the configuration: required, and
+/// listed, when it has [[hosts]]; refused when it has none.
+fn this_host(c: &Config, flag: Option<&str>) -> Result<Option<String>> {
+    match flag {
+        Some(n) => c.host(n).map(|h| Some(h.name.clone())),
+        None if c.multi_host() => {
+            let names: Vec<&str> = c.hosts.iter().map(|h| h.name.as_str()).collect();
+            bail!(
+                "this configuration lists several hosts ({}): say which one this machine is with --host NAME, or \
+                 --client on a machine that runs no server",
+                names.join(", ")
+            )
+        }
+        None => Ok(None),
+    }
+}
+
+/// Refuses ports something else holds, before any process starts: those
+/// of `host`'s servers (every server for one host).
+fn check_ports(c: &Config, host: Option<&str>) -> Result<()> {
+    let runs_meta = host.is_none_or(|h| c.meta_host() == h);
+    let local = c.local_io(host);
+    let mut addrs = Vec::new();
+    if runs_meta {
+        addrs.push(("metadata server", c.meta_addr()));
+    }
+    addrs.extend(local.iter().map(|&i| ("io server", c.io_addr(i))));
     if c.cluster.metrics_base_port != 0 {
-        addrs.push(("metadata server's metrics", c.metrics_addr(None)));
-        addrs.extend((0..c.cluster.io_servers).map(|i| ("io server's metrics", c.metrics_addr(Some(i)))));
+        if runs_meta {
+            addrs.push(("metadata server's metrics", c.metrics_addr(None)));
+        }
+        addrs.extend(local.iter().map(|&i| ("io server's metrics", c.metrics_addr(Some(i)))));
     }
     // Free ports (base 0) are taken by the servers, but the host must be
     // one of this machine's: else they would all serve without metrics.
-    let host = SocketAddr::new(c.cluster.metrics_host, 0);
-    if let Err(e) = TcpListener::bind(host) {
+    let metrics_host = SocketAddr::new(c.cluster.metrics_host, 0);
+    if let Err(e) = TcpListener::bind(metrics_host) {
         bail!(
             "cannot listen for metrics on {} ([cluster] metrics_host in the configuration): {e}; choose an \
              address of this machine, such as 127.0.0.1",
@@ -230,6 +297,13 @@ fn check_ports(c: &Config) -> Result<()> {
     }
     for (what, addr) in addrs {
         if let Err(e) = TcpListener::bind(addr) {
+            if let (Some(h), std::io::ErrorKind::AddrNotAvailable) = (host, e.kind()) {
+                bail!(
+                    "{} (for the {what}) is not an address of this machine: host {h:?}'s address in [[hosts]] \
+                     must be one of this machine's (is this machine {h:?}? `ip addr` lists its addresses)",
+                    addr.ip()
+                );
+            }
             if e.kind() == std::io::ErrorKind::AddrInUse {
                 bail!(
                     "address {addr} (for the {what}) is already in use, by another dafne cluster or another program \
@@ -276,6 +350,39 @@ pub fn up(a: UpArgs) -> Result<()> {
     let prep = crate::cluster::try_lock(&dir)?
         .with_context(|| format!("another `dafne up` or a supervisor is starting in {}: wait for it", dir.display()))?;
     let (c, save) = effective_config(&a, &dir)?;
+    if a.client {
+        return up_client(&dir, &c, save);
+    }
+    let host = this_host(&c, a.host.as_deref())?;
+    if let Some(h) = &host {
+        // Io servers of a host without the metadata server need the
+        // secret it created, before they start.
+        let secret = dir.join("meta").join("cluster.secret");
+        if c.meta_host() != h && !secret.exists() {
+            bail!(
+                "host {h:?} runs io servers without the metadata server, so it needs the cluster secret first: copy \
+                 {} from host {:?} (created by its first `dafne up --host {}`) to {} on this machine, mode 0600 \
+                 (e.g. `install -D -m 600 SECRET {}`)",
+                secret.display(),
+                c.meta_host(),
+                c.meta_host(),
+                secret.display(),
+                secret.display()
+            );
+        }
+        // Io server ids are the file's: data of a server this host no
+        // longer runs means the file changed under existing data.
+        let local = c.local_io(Some(h));
+        if let Some(i) = (0..256u32).find(|i| !local.contains(i) && dir.join(format!("io-{i}")).is_dir()) {
+            bail!(
+                "{} holds the data of io server {i}, which the configuration puts on host {:?}, not {h:?}: the \
+                 [[hosts]] list changed under existing data (io server ids follow the file's order); restore the \
+                 list, or move the data to that host",
+                dir.display(),
+                c.io_host(i)
+            );
+        }
+    }
     // Layouts name io servers by number: fewer servers than the data
     // directory has would leave files striped over the others unreadable.
     let existing = (0..256u32).filter(|i| dir.join(format!("io-{i}")).is_dir()).max();
@@ -300,12 +407,23 @@ pub fn up(a: UpArgs) -> Result<()> {
             dir_flag(&dir)
         );
     }
-    check_ports(&c)?;
+    check_ports(&c, host.as_deref())?;
     if let Some(text) = save {
         let path = dir.join("config.toml");
         std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
     }
+    match &host {
+        Some(h) => std::fs::write(host_path(&dir), format!("{h}\n"))
+            .with_context(|| format!("writing {}", host_path(&dir).display()))?,
+        None => {
+            let _ = std::fs::remove_file(host_path(&dir));
+        }
+    }
     let _ = std::fs::remove_file(ClusterInfo::path(&dir));
+    if a.foreground {
+        crate::cluster::set_lock_owner(&prep, std::process::id())?;
+        return supervise_locked(&dir);
+    }
     let log_path = logs_dir(&dir).join("supervisor.log");
     let log = std::fs::File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
     let exe = std::env::current_exe().context("locating the dafne executable")?;
@@ -320,7 +438,17 @@ pub fn up(a: UpArgs) -> Result<()> {
         .context("starting the supervisor")?;
     crate::cluster::set_lock_owner(&prep, sup.id())?;
     drop(prep);
-    eprintln!("starting dafne in {} (1 metadata server, {} io servers)", dir.display(), c.cluster.io_servers);
+    match &host {
+        Some(h) => eprintln!(
+            "starting host {h:?} of dafne in {} ({}{} io servers)",
+            dir.display(),
+            if c.meta_host() == h { "the metadata server, " } else { "" },
+            c.local_io(Some(h)).len()
+        ),
+        None => {
+            eprintln!("starting dafne in {} (1 metadata server, {} io servers)", dir.display(), c.cluster.io_servers)
+        }
+    }
     // Follow the supervisor's log until cluster.json appears.
     let started = Instant::now();
     let mut follow = LogFollower::new(log_path.clone());
@@ -357,9 +485,52 @@ pub fn up(a: UpArgs) -> Result<()> {
     }
 }
 
+/// `dafne up --client`: the cluster file of a machine that runs no server.
+fn up_client(dir: &Path, c: &Config, save: Option<String>) -> Result<()> {
+    if !c.multi_host() {
+        bail!(
+            "--client: this configuration lists no [[hosts]]; a one-host cluster's clients use the cluster.json \
+             its `dafne up` wrote"
+        );
+    }
+    if let Some(text) = save {
+        let path = dir.join("config.toml");
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+    }
+    let _ = std::fs::remove_file(host_path(dir));
+    let info = ClusterInfo {
+        dir: dir.to_path_buf(),
+        meta: c.meta_addr(),
+        io: (0..c.cluster.io_servers).map(|i| c.io_addr(i)).collect(),
+        secret: dir.join("meta").join("cluster.secret"),
+        ucx: c.ucx.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        supervisor_pid: 0,
+        attr_timeout_ms: c.mount.attr_timeout_ms,
+        entry_timeout_ms: c.mount.entry_timeout_ms,
+        metrics: Vec::new(),
+        host: None,
+        client: true,
+    };
+    info.save()?;
+    let f = dir_flag(dir);
+    println!("wrote {} for the clients of this machine (no server runs here)", ClusterInfo::path(dir).display());
+    println!("  metadata server  {}", info.meta);
+    for (i, a) in info.io.iter().enumerate() {
+        println!("  io server {i:<6} {a}");
+    }
+    println!(
+        "Clients here log in with a credential: `dafne credential issue` where the secret is, then e.g. `dafne cp \
+         --credential FILE{f} ...` or `dafne status --credential FILE{f}`"
+    );
+    Ok(())
+}
+
 fn print_up(info: &ClusterInfo) {
     let f = dir_flag(&info.dir);
-    println!("dafne is up in {}", info.dir.display());
+    match &info.host {
+        Some(h) => println!("dafne host {h:?} is up in {} (every server of the cluster below)", info.dir.display()),
+        None => println!("dafne is up in {}", info.dir.display()),
+    }
     println!("  metadata server  {}", info.meta);
     for (i, a) in info.io.iter().enumerate() {
         println!("  io server {i:<6} {a}");
@@ -415,6 +586,14 @@ pub fn tail(path: &Path, n: usize) -> String {
 pub fn down(a: DirArgs) -> Result<()> {
     let dir = crate::cluster::resolve_dir(a.dir.as_deref())?;
     let supervisor = match ClusterInfo::load(&dir) {
+        Ok(i) if i.client => {
+            // Mounts made here go with the file that found the cluster.
+            unmount_all(&dir);
+            std::fs::remove_file(ClusterInfo::path(&dir))
+                .with_context(|| format!("removing {}", ClusterInfo::path(&dir).display()))?;
+            println!("removed {} (a client's: no server ran here)", ClusterInfo::path(&dir).display());
+            return Ok(());
+        }
         Ok(i) => i.supervisor_pid,
         // A supervisor that is starting (or whose cluster.json is damaged):
         // its pid is in its lock file.
@@ -631,7 +810,6 @@ fn supervisor_exe() -> Result<PathBuf> {
 
 /// `dafne supervise --dir DIR` (hidden): run by `up`.
 pub fn supervise(a: DirArgs) -> Result<()> {
-    supervisor_exe()?;
     let dir = crate::cluster::resolve_dir(a.dir.as_deref())?;
     // The lock, held until this process exits: the cluster is running
     // while it is. `up` hands it over as stdin; started by hand, take it.
@@ -643,12 +821,30 @@ pub fn supervise(a: DirArgs) -> Result<()> {
         crate::cluster::set_lock_owner(&l, std::process::id())?;
         Some(l)
     };
+    supervise_locked(&dir)
+}
+
+/// The supervisor's work, its lock held by the caller (`supervise`, or
+/// `up --foreground`): the servers of this host (`DIR/host`, written by
+/// `up --host`; every server without it), until SIGTERM.
+fn supervise_locked(dir: &Path) -> Result<()> {
+    supervisor_exe()?;
+    let dir = dir.to_path_buf();
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT, signal_hook::consts::SIGHUP] {
         signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
     }
     let c = Config::load(&dir.join("config.toml"))?;
-    let ucx = c.ucx_args();
+    let host = recorded_host(&dir);
+    if let Some(h) = &host {
+        c.host(h)
+            .with_context(|| format!("{} names a host the configuration does not list", host_path(&dir).display()))?;
+    } else if c.multi_host() {
+        this_host(&c, None)?;
+    }
+    let runs_meta = host.as_deref().is_none_or(|h| c.meta_host() == h);
+    let local_io = c.local_io(host.as_deref());
+    let ucx = c.ucx_args_of(host.as_deref());
     let meta_dir = dir.join("meta");
     let secret = meta_dir.join("cluster.secret");
     let fresh = !secret.exists();
@@ -663,27 +859,29 @@ pub fn supervise(a: DirArgs) -> Result<()> {
     meta_args.extend(["--metrics-listen".into(), c.metrics_addr(None).to_string()]);
     meta_args.extend(["--server-name".into(), "meta".into()]);
     meta_args.extend(ucx.iter().cloned());
-    servers.push(Managed {
-        state: ServerState {
-            name: "meta".into(),
-            addr: c.meta_addr(),
-            pid: 0,
-            state: "starting".into(),
-            restarts: 0,
-            last_exit: None,
-            start: 0,
-            metrics: None,
-        },
-        args: meta_args,
-        child: None,
-    });
+    if runs_meta {
+        servers.push(Managed {
+            state: ServerState {
+                name: "meta".into(),
+                addr: c.meta_addr(),
+                pid: 0,
+                state: "starting".into(),
+                restarts: 0,
+                last_exit: None,
+                start: 0,
+                metrics: None,
+            },
+            args: meta_args,
+            child: None,
+        });
+    }
     // Computed once, so every io server gets the same cache.
-    let cache_mib = c.io_cache_mib();
+    let cache_mib = c.io_cache_mib_for(local_io.len() as u32);
     progress(format_args!(
         "io caches: {cache_mib} MiB each{}",
         if c.io.cache_mib.is_some() { "" } else { " (a share of available memory; set [io] cache_mib to choose)" }
     ));
-    for i in 0..c.cluster.io_servers {
+    for &i in &local_io {
         let mut args: Vec<String> = vec!["serve".into(), "io".into(), "--data-dir".into()];
         args.push(dir.join(format!("io-{i}")).display().to_string());
         args.extend(["--secret".into(), secret.display().to_string()]);
@@ -712,19 +910,21 @@ pub fn supervise(a: DirArgs) -> Result<()> {
             child: None,
         });
     }
-    let n = servers.len();
+    let n = local_io.len();
     for (k, m) in servers.iter_mut().enumerate() {
         if stop.load(Ordering::Relaxed) {
             break;
         }
-        let what = if k == 0 {
+        let what = if m.state.name == "meta" {
             if fresh {
                 "metadata server (first start: generating the cluster secret)".to_string()
             } else {
                 "metadata server".to_string()
             }
+        } else if host.is_none() {
+            format!("io server {k}/{n}")
         } else {
-            format!("io server {}/{}", k, n - 1)
+            format!("{} ({}/{n} here)", m.state.name, k + 1 - usize::from(runs_meta))
         };
         progress(format_args!("starting {what} on {}", m.state.addr));
         match spawn_server(&m.args, &logs_dir(&dir).join(format!("{}.log", m.state.name))) {
@@ -744,20 +944,31 @@ pub fn supervise(a: DirArgs) -> Result<()> {
         }
     }
     save_states(&dir, &servers);
+    // Every server's address: this host's as they listen, the others' from
+    // the file (fixed ports).
+    let addr_of = |name: &str, planned: SocketAddr| {
+        servers.iter().find(|m| m.state.name == name).map_or(planned, |m| m.state.addr)
+    };
     let mut info = ClusterInfo {
         dir: dir.clone(),
-        meta: servers[0].state.addr,
-        io: servers[1..].iter().map(|m| m.state.addr).collect(),
+        meta: addr_of("meta", c.meta_addr()),
+        io: (0..c.cluster.io_servers).map(|i| addr_of(&format!("io-{i}"), c.io_addr(i))).collect(),
         secret: secret.clone(),
-        ucx: c.ucx.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        ucx: c.ucx_of(host.as_deref()).into_iter().collect(),
         supervisor_pid: std::process::id(),
         attr_timeout_ms: c.mount.attr_timeout_ms,
         entry_timeout_ms: c.mount.entry_timeout_ms,
         metrics: metrics_endpoints(&servers),
+        host: host.clone(),
+        client: false,
     };
     if !stop.load(Ordering::Relaxed) {
         info.save()?;
         progress("all servers listen");
+    }
+    // Where the metadata server runs: the reclaimer and the revocation
+    // relay (they reach every io server, on whichever host).
+    if !stop.load(Ordering::Relaxed) && runs_meta {
         let r = Reclaimer::new(&info, c.cluster.reclaim_after_s);
         let stop = stop.clone();
         std::thread::Builder::new()
@@ -1012,7 +1223,10 @@ fn unmount_all(dir: &Path) {
 /// metadata server (io servers write back their caches on SIGTERM).
 fn stop_all(dir: &Path, servers: &mut [Managed]) {
     unmount_all(dir);
-    let (meta, io) = servers.split_at_mut(1);
+    // Io servers first: they write back their caches. (The metadata
+    // server, when this host runs it, is first in the list.)
+    let split = usize::from(servers.first().is_some_and(|m| m.state.name == "meta"));
+    let (meta, io) = servers.split_at_mut(split);
     for (group, grace) in [(io, IO_STOP_GRACE), (meta, STOP_GRACE)] {
         for m in group.iter_mut() {
             if let Some(c) = &m.child {
@@ -1097,6 +1311,13 @@ const METRICS_TIMEOUT: Duration = Duration::from_secs(5);
 /// with every server's samples). A server that does not answer is named on
 /// stderr and makes the exit status non-zero; the others are printed.
 fn print_metrics(info: &ClusterInfo) -> Result<()> {
+    if info.client {
+        bail!(
+            "{} is a client's cluster file (`dafne up --client`): the metrics ports are on the server hosts, \
+             loopback by default; run `dafne status --metrics` there",
+            ClusterInfo::path(&info.dir).display()
+        );
+    }
     if info.metrics.is_empty() {
         bail!(
             "{} records no metrics ports (a cluster started by an older dafne): `dafne down` and `dafne up` again",
@@ -1237,7 +1458,11 @@ fn mib(b: u64) -> String {
 }
 
 fn print_status(r: &StatusReport) {
-    println!("dafne in {} (supervisor pid {})", r.dir.display(), r.supervisor_pid);
+    if r.supervisor_pid == 0 {
+        println!("dafne from {} (a client's cluster file: no server runs here)", r.dir.display());
+    } else {
+        println!("dafne in {} (supervisor pid {})", r.dir.display(), r.supervisor_pid);
+    }
     let st = |s: &Option<ServerState>| {
         s.as_ref()
             .map(|s| {

@@ -1,0 +1,548 @@
+//! A cluster of several hosts on one machine: each host a network
+//! namespace with its own address on a bridge (veth pairs), its servers
+//! started there by `dafne up --host NAME` under `ip netns exec`, and a
+//! client in a namespace of its own that runs no server (`dafne up
+//! --client`, a credential). UCX is restricted to TCP on the namespaces'
+//! `eth0`, so every byte between hosts crosses a veth link: the test
+//! checks that on the links' byte counters, which shared memory or CMA
+//! (what UCX would pick between processes of one machine) never touch.
+//!
+//! Needs root (network namespaces); without it the test fails and says
+//! so, unless `DAFNE_SKIP_NETNS=1` asks to skip it.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{pattern, text};
+
+/// The `dafne` binary run inside namespace `ns` (`ip netns exec`), with
+/// no cluster directory from the environment.
+fn dafne_in(ns: &str) -> Command {
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", ns, env!("CARGO_BIN_EXE_dafne")])
+        .env_remove("DAFNE_HOME")
+        .env("RUST_BACKTRACE", "0")
+        .stdin(Stdio::null());
+    c
+}
+
+fn run(cmd: &mut Command) -> Output {
+    cmd.stdin(Stdio::null()).output().expect("running a command")
+}
+
+/// Runs `ip ARGS`, panicking with its output on failure.
+fn ip(args: &[&str]) {
+    let o = run(Command::new("ip").args(args));
+    assert!(o.status.success(), "ip {}: {}", args.join(" "), text(&o));
+}
+
+/// One host of the test cluster: its namespace, the root side of its veth
+/// pair (on the bridge), its address and its cluster directory.
+struct Host {
+    name: &'static str,
+    ns: String,
+    veth: String,
+    addr: String,
+    dir: PathBuf,
+}
+
+/// The namespaces, links and clusters of one test, removed when dropped
+/// (a panicking test too): each host's cluster is stopped (`dafne down`),
+/// whatever still runs in its namespace is killed by pid (only this
+/// test's processes are in it), then the namespaces and the bridge go.
+struct Net {
+    hosts: Vec<Host>,
+    bridge: String,
+    _tmp: tempfile::TempDir,
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        for h in &self.hosts {
+            if h.dir.join("cluster.json").exists() {
+                let _ = run(Command::new("timeout").args(["150", "ip", "netns", "exec", &h.ns]).args([
+                    env!("CARGO_BIN_EXE_dafne"),
+                    "down",
+                    "--dir",
+                    h.dir.to_str().unwrap(),
+                ]));
+            }
+        }
+        for h in &self.hosts {
+            let o = run(Command::new("ip").args(["netns", "pids", &h.ns]));
+            for pid in String::from_utf8_lossy(&o.stdout).split_whitespace() {
+                let _ = run(Command::new("kill").args(["-9", pid]));
+            }
+            let _ = run(Command::new("ip").args(["netns", "del", &h.ns]));
+            let _ = run(Command::new("ip").args(["link", "del", &h.veth]));
+        }
+        let _ = run(Command::new("ip").args(["link", "del", &self.bridge]));
+    }
+}
+
+impl Net {
+    /// Namespaces named after this process (unique while it runs), a
+    /// bridge in the root namespace without an address (traffic stays
+    /// between the namespaces), and a veth pair per host whose inner end
+    /// is `eth0` in the host's namespace. `None`: the test is skipped
+    /// (not root, and DAFNE_SKIP_NETNS=1 said so).
+    fn create(names: &[&'static str]) -> Option<Net> {
+        let pid = std::process::id();
+        let probe = format!("dafne-probe-{pid}");
+        let o = run(Command::new("ip").args(["netns", "add", &probe]));
+        if !o.status.success() {
+            if std::env::var("DAFNE_SKIP_NETNS").is_ok_and(|v| v == "1") {
+                eprintln!("skipped: cannot create network namespaces ({}); DAFNE_SKIP_NETNS=1", text(&o).trim());
+                return None;
+            }
+            panic!(
+                "this test creates network namespaces and needs root (`ip netns add` failed: {}). Run it as root, or \
+                 set DAFNE_SKIP_NETNS=1 to skip it",
+                text(&o).trim()
+            );
+        }
+        let _ = run(Command::new("ip").args(["netns", "del", &probe]));
+        remove_leftovers();
+        let tmp = tempfile::Builder::new().prefix("dafne-hosts-test-").tempdir().unwrap();
+        // A /24 of 10.0.0.0/8 picked by the pid, so that two runs side by
+        // side do not share one (each has its own bridge anyway).
+        let subnet = format!("10.{}.{}", 200 + pid % 50, (pid / 50) % 250);
+        let mut net = Net { hosts: Vec::new(), bridge: format!("dhb{pid}"), _tmp: tmp };
+        ip(&["link", "add", &net.bridge, "type", "bridge"]);
+        ip(&["link", "set", &net.bridge, "up"]);
+        for (k, name) in names.iter().enumerate() {
+            let h = Host {
+                name,
+                ns: format!("dafne-{pid}-{name}"),
+                veth: format!("dh{pid}{k}"),
+                addr: format!("{subnet}.{}", 10 + k),
+                dir: net._tmp.path().join(name),
+            };
+            let inner = format!("dn{pid}{k}");
+            ip(&["netns", "add", &h.ns]);
+            net.hosts.push(h);
+            let h = net.hosts.last().unwrap();
+            ip(&["link", "add", &h.veth, "type", "veth", "peer", "name", &inner]);
+            ip(&["link", "set", &inner, "netns", &h.ns]);
+            ip(&["-n", &h.ns, "link", "set", &inner, "name", "eth0"]);
+            ip(&["-n", &h.ns, "addr", "add", &format!("{}/24", h.addr), "dev", "eth0"]);
+            ip(&["-n", &h.ns, "link", "set", "eth0", "up"]);
+            ip(&["-n", &h.ns, "link", "set", "lo", "up"]);
+            ip(&["link", "set", &h.veth, "master", &net.bridge]);
+            ip(&["link", "set", &h.veth, "up"]);
+            std::fs::create_dir_all(&h.dir).unwrap();
+        }
+        Some(net)
+    }
+
+    fn host(&self, name: &str) -> &Host {
+        self.hosts.iter().find(|h| h.name == name).unwrap()
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self._tmp.path().join(name)
+    }
+}
+
+/// Removes what a run of this test that was killed (no Drop) left: the
+/// namespaces `dafne-PID-*` and bridges `dhbPID` of a PID that no longer
+/// runs, with whatever still runs in those namespaces.
+fn remove_leftovers() {
+    let o = run(Command::new("ip").args(["netns", "list"]));
+    for ns in String::from_utf8_lossy(&o.stdout).lines().filter_map(|l| l.split_whitespace().next()) {
+        let Some(pid) = ns.strip_prefix("dafne-").and_then(|r| r.split('-').next()) else { continue };
+        if pid.parse::<u32>().is_err() || Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        let o = run(Command::new("ip").args(["netns", "pids", ns]));
+        for p in String::from_utf8_lossy(&o.stdout).split_whitespace() {
+            let _ = run(Command::new("kill").args(["-9", p]));
+        }
+        let _ = run(Command::new("ip").args(["netns", "del", ns]));
+        eprintln!("removed namespace {ns}, left by a run that was killed");
+    }
+    let o = run(Command::new("ip").args(["-o", "link", "show", "type", "bridge"]));
+    for l in String::from_utf8_lossy(&o.stdout).lines() {
+        let Some(name) = l.split(": ").nth(1) else { continue };
+        let Some(pid) = name.strip_prefix("dhb").filter(|p| p.parse::<u32>().is_ok()) else { continue };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = run(Command::new("ip").args(["link", "del", name]));
+        }
+    }
+}
+
+/// Bytes a veth link carried so far, both ways (root side's counters).
+fn link_bytes(veth: &str) -> u64 {
+    ["rx_bytes", "tx_bytes"]
+        .iter()
+        .map(|f| {
+            std::fs::read_to_string(format!("/sys/class/net/{veth}/statistics/{f}"))
+                .unwrap()
+                .trim()
+                .parse::<u64>()
+                .unwrap()
+        })
+        .sum()
+}
+
+fn p(path: &Path) -> &str {
+    path.to_str().unwrap()
+}
+
+/// `dafne up` in `h`'s namespace and directory with `args`.
+fn up(h: &Host, config: &Path, args: &[&str]) -> Output {
+    run(dafne_in(&h.ns).args(["up", "--dir", p(&h.dir), "--config", p(config)]).args(args))
+}
+
+/// `dafne cp --force` from the client namespace, retried until it
+/// succeeds (an application retrying after an error) or 120 s pass;
+/// returns the errors seen.
+fn cp_until_done(client: &Host, cred: &Path, from: &str, to: &str) -> Vec<String> {
+    let start = Instant::now();
+    let mut errors = Vec::new();
+    loop {
+        let o = run(dafne_in(&client.ns).args([
+            "cp",
+            "--force",
+            "--dir",
+            p(&client.dir),
+            "--credential",
+            p(cred),
+            from,
+            to,
+        ]));
+        if o.status.success() {
+            return errors;
+        }
+        errors.push(text(&o).trim().to_string());
+        assert!(start.elapsed() < Duration::from_secs(120), "cp {from} {to} kept failing: {errors:#?}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// The long-lived client: this test's own binary, run again in the
+/// client's namespace with this variable set to "CLUSTER_DIR\nCREDENTIAL\nSTOP_FILE".
+const CLIENT_ROLE: &str = "DAFNE_MULTIHOST_CLIENT";
+const TEST_NAME: &str = "a_cluster_of_four_namespaces_serves_a_client_over_tcp_and_survives_a_cut_link";
+
+/// One process, one cluster connection for its whole life: rounds of a
+/// 1 MiB write (DataSync) and its read-back at offsets over all three io
+/// servers; a round that fails is retried after 300 ms on the same
+/// connections (which heal: `dafne_client::link`), until the stop file
+/// exists and three more rounds passed. Prints a summary line (`client:
+/// N rounds, E errors, longest round T ms`) and each error; panics (a non-zero exit) on a byte that differs or
+/// when a round keeps failing for 120 s.
+fn long_lived_client(spec: &str) {
+    use dafne_client::cluster::{Cluster, OpenOptions};
+    let mut it = spec.split('\n');
+    let (dir, cred, stop) = (it.next().unwrap(), it.next().unwrap(), it.next().unwrap());
+    let mut o = OpenOptions::new(dir, "multihost-client");
+    o.credential = Some(cred.into());
+    let c = Cluster::open(&o).expect("opening the cluster from the client's cluster.json");
+    let fs = dafne_client::file::Fs::new(c.meta.clone(), c.data.clone());
+    let root = fs.meta.resolve("/").unwrap().ino;
+    let f = fs.create(root, b"long-lived", 0o644, None).unwrap();
+    let chunk = 1 << 20;
+    let (mut round, mut after, mut errors, mut longest) = (0u64, 0, 0, Duration::ZERO);
+    while after < 3 {
+        let data = pattern(chunk, 1000 + round);
+        let off = (round % 8) * chunk as u64;
+        let started = Instant::now();
+        loop {
+            let mut back = vec![0u8; chunk];
+            let r =
+                f.write_at(off, &data, dafne_proto::io::Stability::DataSync).and_then(|_| f.read_at(off, &mut back));
+            match r {
+                Ok(n) => {
+                    assert_eq!(n, chunk, "round {round}: a short read");
+                    assert!(back == data, "round {round}: the bytes read back differ from those written");
+                    longest = longest.max(started.elapsed());
+                    break;
+                }
+                Err(e) => {
+                    errors += 1;
+                    println!("client error: round {round} after {:?}: {e} (retried)", started.elapsed());
+                    assert!(started.elapsed() < Duration::from_secs(120), "round {round} kept failing: {e}");
+                    std::thread::sleep(Duration::from_millis(300));
+                }
+            }
+        }
+        round += 1;
+        if Path::new(stop).exists() {
+            after += 1;
+        }
+    }
+    println!("\nclient: {round} rounds, {errors} errors, longest round {} ms", longest.as_millis());
+}
+
+#[test]
+fn a_cluster_of_four_namespaces_serves_a_client_over_tcp_and_survives_a_cut_link() {
+    if let Ok(spec) = std::env::var(CLIENT_ROLE) {
+        return long_lived_client(&spec);
+    }
+    let Some(net) = Net::create(&["meta", "io1", "io2", "client"]) else { return };
+    let (meta, io1, io2, client) = (net.host("meta"), net.host("io1"), net.host("io2"), net.host("client"));
+    let config = net.path("hosts.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"[cluster]
+meta_port = 7700
+io_base_port = 7710
+reclaim_after_s = 2
+[meta]
+stripe_count = 3
+stripe_unit = 65536
+[io]
+cache_mib = 8
+[ucx]
+TLS = "tcp"
+NET_DEVICES = "eth0"
+[[hosts]]
+name = "meta"
+address = "{}"
+meta = true
+[[hosts]]
+name = "io1"
+address = "{}"
+io_servers = 1
+[[hosts]]
+name = "io2"
+address = "{}"
+io_servers = 2
+"#,
+            meta.addr, io1.addr, io2.addr
+        ),
+    )
+    .unwrap();
+
+    // Mistakes are refused with what to do.
+    let o = up(meta, &config, &[]);
+    assert!(!o.status.success() && text(&o).contains("with --host NAME"), "{}", text(&o));
+    let o = up(meta, &config, &["--host", "nosuch"]);
+    assert!(text(&o).contains("no such host") && text(&o).contains("meta, io1, io2"), "{}", text(&o));
+    let o = up(io1, &config, &["--host", "io1"]);
+    assert!(!o.status.success() && text(&o).contains("needs the cluster secret first"), "{}", text(&o));
+
+    // The metadata server's host first: it creates the secret, which the
+    // operator copies to the io hosts.
+    let o = up(meta, &config, &["--host", "meta"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let secret = std::fs::read(meta.dir.join("meta/cluster.secret")).unwrap();
+    for h in [io1, io2, client] {
+        std::fs::create_dir_all(h.dir.join("meta")).unwrap();
+        std::fs::write(h.dir.join("meta/cluster.secret"), &secret).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(h.dir.join("meta/cluster.secret"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    // A host name that is not this machine's addresses.
+    let o = up(client, &config, &["--host", "io1"]);
+    assert!(!o.status.success() && text(&o).contains("is not an address of this machine"), "{}", text(&o));
+    std::fs::remove_file(client.dir.join("meta/cluster.secret")).unwrap();
+    for h in [io1, io2] {
+        let o = up(h, &config, &["--host", h.name]);
+        assert!(o.status.success(), "{}", text(&o));
+    }
+    // Each host's cluster.json lists every server of the file.
+    let info: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(io2.dir.join("cluster.json")).unwrap()).unwrap();
+    let io: Vec<&str> = info["io"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+    let want = [format!("{}:7710", io1.addr), format!("{}:7710", io2.addr), format!("{}:7711", io2.addr)];
+    assert_eq!(io, want, "io server ids follow the file");
+    assert_eq!(info["meta"], format!("{}:7700", meta.addr));
+
+    // The client: no server, no secret; a credential issued on meta's host.
+    let cred = net.path("client.cred");
+    let o = run(dafne_in(&meta.ns)
+        .args(["credential", "issue", "tester", "--uid", "0", "--gid", "0", "--root"])
+        .args(["-o", p(&cred), "--dir", p(&meta.dir)]));
+    assert!(o.status.success(), "{}", text(&o));
+    let o = up(client, &config, &["--client", "--io-servers", "2"]);
+    assert!(!o.status.success() && text(&o).contains("[[hosts]] list says how many"), "{}", text(&o));
+    let o = up(client, &config, &["--client"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = run(dafne_in(&client.ns).args(["status", "--dir", p(&client.dir)]));
+    assert!(!o.status.success() && text(&o).contains("--credential"), "without the secret: {}", text(&o));
+    let o = run(dafne_in(&client.ns).args(["status", "--dir", p(&client.dir), "--credential", p(&cred)]));
+    assert!(o.status.success(), "{}", text(&o));
+    let status = text(&o);
+    assert_eq!(status.matches("| serving").count(), 4, "meta and 3 io servers serve: {status}");
+    assert!(status.contains("no server runs here"), "{status}");
+    let o = run(dafne_in(&client.ns).args(["status", "--metrics", "--dir", p(&client.dir)]));
+    assert!(!o.status.success() && text(&o).contains("run `dafne status --metrics` there"), "{}", text(&o));
+    // A server host's status shows the other hosts' servers too.
+    let o = run(dafne_in(&meta.ns).args(["status", "--dir", p(&meta.dir)]));
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(text(&o).matches("| serving").count(), 4, "from meta's host: {}", text(&o));
+
+    // A file of some MiB in and out, every byte checked, and the bytes on
+    // the io hosts' links: UCX carried them over the network.
+    let size = 6 << 20;
+    let data = pattern(size, 13);
+    let src = net.path("src.bin");
+    std::fs::write(&src, &data).unwrap();
+    let before: u64 = [io1, io2].iter().map(|h| link_bytes(&h.veth)).sum();
+    let o =
+        run(dafne_in(&client.ns).args(["cp", "--dir", p(&client.dir), "--credential", p(&cred), p(&src), "dafne:/f"]));
+    assert!(o.status.success(), "{}", text(&o));
+    let back = net.path("back.bin");
+    let o =
+        run(dafne_in(&client.ns).args(["cp", "--dir", p(&client.dir), "--credential", p(&cred), "dafne:/f", p(&back)]));
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(std::fs::read(&back).unwrap() == data, "the copy out differs from what was written");
+    let carried: u64 = [io1, io2].iter().map(|h| link_bytes(&h.veth)).sum::<u64>() - before;
+    assert!(carried >= 2 * size as u64, "the io hosts' links carried {carried} bytes for 2 x {size}: not over TCP?");
+    eprintln!("io hosts' links carried {carried} bytes for {size} bytes written and read");
+    // TCP connections between namespaces: meta's reclaimer (which retries
+    // until the io hosts are up) to io2's servers.
+    let start = Instant::now();
+    loop {
+        let o = run(Command::new("ip").args(["netns", "exec", &io2.ns, "ss", "-tn", "state", "established"]));
+        if text(&o).contains(&format!("{}:", meta.addr)) {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "no TCP connection from meta's host on io2: {}", text(&o));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    // Cut io2 off during a write-and-read workload, bring it back: rounds
+    // of a copy in and out run from before the cut until two rounds after
+    // the link is back.
+    let outage =
+        Duration::from_secs(std::env::var("DAFNE_TEST_OUTAGE_S").ok().and_then(|v| v.parse().ok()).unwrap_or(10));
+    let restored = std::sync::atomic::AtomicBool::new(false);
+    let stop = net.path("stop");
+    let client_log = net.path("client.log");
+    let mut long_lived = Command::new("ip")
+        .args(["netns", "exec", &client.ns])
+        .arg(std::env::current_exe().unwrap())
+        .args(["--exact", TEST_NAME, "--nocapture", "--test-threads", "1"])
+        .env(CLIENT_ROLE, format!("{}\n{}\n{}", p(&client.dir), p(&cred), p(&stop)))
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&client_log).unwrap())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let (workload, rounds, during) = std::thread::scope(|s| {
+        let w = s.spawn(|| {
+            let mut errors = Vec::new();
+            let (mut round, mut after, mut during) = (0u64, 0, 0);
+            while after < 2 {
+                let back_already = restored.load(std::sync::atomic::Ordering::SeqCst);
+                let data = pattern(2 << 20, 100 + round);
+                let src = net.path(&format!("w{round}.bin"));
+                std::fs::write(&src, &data).unwrap();
+                let name = format!("dafne:/w{round}");
+                errors.extend(cp_until_done(client, &cred, p(&src), &name));
+                let back = net.path(&format!("w{round}.back"));
+                errors.extend(cp_until_done(client, &cred, &name, p(&back)));
+                assert!(std::fs::read(&back).unwrap() == data, "round {round}: the copy out differs");
+                std::fs::remove_file(&src).unwrap();
+                std::fs::remove_file(&back).unwrap();
+                if back_already {
+                    after += 1;
+                } else if restored.load(std::sync::atomic::Ordering::SeqCst) {
+                    during += 1;
+                }
+                round += 1;
+            }
+            (errors, round, during)
+        });
+        std::thread::sleep(Duration::from_millis(500));
+        ip(&["link", "set", &io2.veth, "down"]);
+        std::thread::sleep(outage);
+        ip(&["link", "set", &io2.veth, "up"]);
+        restored.store(true, std::sync::atomic::Ordering::SeqCst);
+        std::fs::write(&stop, "").unwrap();
+        w.join().unwrap()
+    });
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = long_lived.try_wait().unwrap() {
+            break s;
+        }
+        if start.elapsed() > Duration::from_secs(200) {
+            let _ = long_lived.kill();
+            panic!("the long-lived client did not finish: {}", std::fs::read_to_string(&client_log).unwrap());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let log = std::fs::read_to_string(&client_log).unwrap();
+    assert!(status.success(), "the long-lived client failed ({status}): {log}");
+    let summary = log
+        .lines()
+        .find_map(|l| l.strip_prefix("client: "))
+        .unwrap_or_else(|| panic!("no summary from the client: {log}"));
+    eprintln!("long-lived client (errors retried on the same connections): {summary}");
+    for l in log.lines().filter_map(|l| l.find("client error").map(|i| &l[i..])) {
+        eprintln!("  {l}");
+    }
+    // Every round touches every io server: one of them was held up by the
+    // cut, so the cut was under the client's workload.
+    let longest: u64 = summary.rsplit(' ').nth(1).and_then(|t| t.parse().ok()).unwrap();
+    assert!(longest >= 1000, "no round of the long-lived client was held up by the cut: {summary}");
+    assert!(during >= 1, "no round of the workload was under way when the link came back ({rounds} rounds)");
+    eprintln!(
+        "{rounds} rounds; {during} spanned the return of io2's link after {} s; failed copies, each retried: {}",
+        outage.as_secs(),
+        workload.len()
+    );
+    for e in &workload {
+        eprintln!("  cp: {}", e.lines().last().unwrap_or(""));
+    }
+    for e in &workload {
+        eprintln!("  {e}");
+    }
+    // Every server serves again, and io2's supervisor restarted nothing
+    // (its servers lived through the cut).
+    let o = run(dafne_in(&client.ns).args(["status", "--dir", p(&client.dir), "--credential", p(&cred)]));
+    assert!(o.status.success(), "{}", text(&o));
+    let states = std::fs::read_to_string(io2.dir.join("servers.json")).unwrap();
+    assert!(!states.contains("\"restarts\": 1"), "{states}");
+    let o = run(dafne_in(&client.ns).args(["down", "--dir", p(&client.dir)]));
+    assert!(o.status.success() && text(&o).contains("no server ran here"), "{}", text(&o));
+    drop(net);
+}
+
+/// `dafne up --foreground` (what the systemd unit runs): the supervisor
+/// in the command itself, the cluster usable while it runs, everything
+/// stopped and `cluster.json` gone when it gets SIGTERM, exit status 0.
+/// One host, no namespaces.
+#[test]
+fn the_foreground_supervisor_serves_until_sigterm() {
+    let dir = tempfile::Builder::new().prefix("dafne-foreground-test-").tempdir().unwrap();
+    let (meta, base) = common::free_ports(1);
+    let log = dir.path().join("foreground.out");
+    let mut sup = common::dafne()
+        .args(["up", "--foreground", "--dir", p(dir.path()), "--io-servers", "1", "--cache-mib", "8"])
+        .args(["--meta-port", &meta.to_string(), "--io-base-port", &base.to_string()])
+        .stdout(std::fs::File::create(&log).unwrap())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    common::wait_for("cluster.json", || dir.path().join("cluster.json").exists());
+    let o = run(common::dafne().args(["status", "--dir", p(dir.path())]));
+    assert!(o.status.success(), "{}", text(&o));
+    let info: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("cluster.json")).unwrap()).unwrap();
+    assert_eq!(info["supervisor_pid"], sup.id(), "the command itself supervises");
+    let o = run(Command::new("kill").args(["-TERM", &sup.id().to_string()]));
+    assert!(o.status.success());
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = sup.try_wait().unwrap() {
+            break s;
+        }
+        assert!(start.elapsed() < Duration::from_secs(150), "the supervisor did not stop");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let out = std::fs::read_to_string(&log).unwrap();
+    assert!(status.success(), "{status}: {out}");
+    assert!(out.contains("progress: stopping io-0") && out.contains("progress: stopped"), "{out}");
+    assert!(!dir.path().join("cluster.json").exists());
+    let states = std::fs::read_to_string(dir.path().join("servers.json")).unwrap();
+    assert_eq!(states.matches("\"stopped\"").count(), 2, "{states}");
+}
