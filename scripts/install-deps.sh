@@ -9,12 +9,14 @@
 # its FUSE ceiling); the NBD clients the `dafne nbd serve` tests and
 # `dafne bench nbd` drive (libnbd's nbdinfo/nbdcopy, nbdsh from
 # python3-libnbd, qemu-img from qemu-utils; fio's nbd engine is in fio);
-# and gcc (cc) to build the C API's test programs (crates/dafne/tests/capi.rs).
+# gcc (cc) to build the C API's test programs (crates/dafne/tests/capi.rs);
+# and iproute2 (ip, ss) for the multi-host test's network namespaces
+# (crates/dafne/tests/multihost.rs).
 set -euo pipefail
 
 pkgs=(libucx-dev ucx-utils libclang-dev clang pkg-config fuse3 libfuse3-dev
       git rsync sqlite3 tar coreutils findutils jq e2fsprogs mount util-linux
-      fio postmark bindfs attr python3 libnbd-bin python3-libnbd qemu-utils gcc python3-venv python3-pip)
+      fio postmark bindfs attr python3 libnbd-bin python3-libnbd qemu-utils gcc python3-venv python3-pip iproute2)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
