@@ -374,6 +374,10 @@ impl Drop for Guarded<'_> {
 /// The server of one runtime (lives on the loop thread).
 #[derive(Default)]
 pub(crate) struct ServerSide {
+    /// Resets sockets that never complete a UCX handshake (`sockguard`).
+    /// First, so that it is dropped before the listener it pauses and
+    /// resumes by descriptor number.
+    guard: RefCell<Option<crate::sockguard::SockGuard>>,
     listener: RefCell<Option<dafne_ucx::Listener>>,
     service: RefCell<Option<Rc<dyn Service>>>,
     /// Control endpoints waiting for their hello.
@@ -383,8 +387,6 @@ pub(crate) struct ServerSide {
     next_id: Cell<u32>,
     /// Connections in `conns` not yet proven (see `ServerConn::proven`).
     unproven: Cell<usize>,
-    /// Resets sockets that never complete a UCX handshake (`sockguard`).
-    guard: RefCell<Option<crate::sockguard::SockGuard>>,
 }
 
 /// A control endpoint waiting for its hello: when it was accepted, and the
@@ -795,11 +797,17 @@ impl Runtime {
                 return Err(TransportError::Protocol("this runtime already serves".into()));
             }
             raise_descriptor_limit();
+            // Before listening: a flood may take every descriptor at once.
+            let own = crate::sockguard::SockGuard::prepare();
             let q = l.accepts.clone();
             let listener = l.worker.listen(addr, move |req| q.borrow_mut().push(req))?;
             let bound = listener.local_addr()?;
-            *l.server.guard.borrow_mut() =
-                Some(crate::sockguard::SockGuard::start(bound.port(), l.options().connect_timeout, l.shared.clone()));
+            *l.server.guard.borrow_mut() = Some(crate::sockguard::SockGuard::start(
+                own,
+                bound.port(),
+                l.options().connect_timeout,
+                l.shared.clone(),
+            ));
             *l.server.listener.borrow_mut() = Some(listener);
             *l.server.service.borrow_mut() = Some(Rc::new(make(l)));
             Ok(bound)

@@ -274,6 +274,7 @@ impl Worker {
     /// must not progress the worker, only queue the request.
     pub fn listen(&self, addr: SocketAddr, on_request: impl FnMut(ConnRequest) + 'static) -> Result<Listener> {
         raise_async_max_events()?;
+        crate::logfilter::install();
         let sa = SockAddr::from(addr);
         let boxed: Box<ConnHandlerBox> = Box::new(ConnHandlerBox {
             f: RefCell::new(Box::new(on_request)),
