@@ -766,9 +766,12 @@ impl ServerSide {
 /// Raises this process's soft descriptor limit to its hard limit, once,
 /// before it listens. At the 1,024 most shells give, a flood of silent
 /// connections filled the table: UCX's `accept` then failed with EMFILE in
-/// a loop (gigabytes of log, most of a core) until the listener's guard
-/// reset enough of them (tested: `dafne/tests/hostile.rs`). Best effort:
-/// a limit that cannot be raised is logged, not fatal.
+/// a loop (gigabytes of log, most of a core) and the listener's guard
+/// could not run (tested: `dafne/tests/hostile.rs`). A flood past the hard
+/// limit is the guard's to handle (`sockguard`: it pauses UCX's accepting
+/// and needs no free descriptor); the higher limit keeps honest clients
+/// from waiting behind it. Best effort: a limit that cannot be raised is
+/// logged, not fatal.
 fn raise_descriptor_limit() {
     static DONE: std::sync::Once = std::sync::Once::new();
     DONE.call_once(|| {

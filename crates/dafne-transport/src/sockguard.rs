@@ -75,8 +75,8 @@ pub const MAX_PENDING_HANDSHAKES: usize = 64;
 pub const MAX_RESETS_PER_SCAN: usize = 16;
 /// At most one summary line per this period.
 pub const LOG_EVERY: Duration = Duration::from_secs(10);
-/// How often the port is looked at while UCX's accepting is paused or more
-/// handshakes are pending than allowed: resets then drain the accept queue
+/// How often the port is looked at while UCX's accepting is paused with
+/// connections queued, or more handshakes are pending than allowed: resets then drain the accept queue
 /// at up to [`MAX_RESETS_PER_SCAN`] per look (320 a second), so an honest
 /// client queued behind a flood is accepted within seconds.
 pub const SCAN_UNDER_PRESSURE: Duration = Duration::from_millis(50);
@@ -216,8 +216,14 @@ fn run(mut own: OwnSockets, port: u16, deadline: Duration, shared: &Shared, stop
     let mut listener: Option<ListenerFd> = None;
     let mut accepting = true;
     let mut pressure = false;
+    // The first look comes at once: it finds the listener, which the guard
+    // must know to pause it.
+    let mut first = true;
     while !stop.load(Ordering::Relaxed) {
-        std::thread::park_timeout(if pressure { SCAN_UNDER_PRESSURE } else { SCAN_EVERY });
+        if !first {
+            std::thread::park_timeout(if pressure { SCAN_UNDER_PRESSURE } else { SCAN_EVERY });
+        }
+        first = false;
         if stop.load(Ordering::Relaxed) {
             break;
         }
@@ -332,7 +338,9 @@ fn run(mut own: OwnSockets, port: u16, deadline: Duration, shared: &Shared, stop
                 }
             }
         }
-        pressure = !accepting || crowded;
+        // Paused with nobody queued: nothing to hurry for (a server short
+        // of descriptors for long is not scanned 20 times a second).
+        pressure = crowded || (!accepting && queued > 0);
         refused_since_log += dafne_ucx::logfilter::take_refused_accepts();
         let something = reset_since_log + refused_since_log + pauses_since_log > 0;
         if something && last_log.is_none_or(|t| now.duration_since(t) >= LOG_EVERY) {

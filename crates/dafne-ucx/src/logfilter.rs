@@ -21,9 +21,10 @@
 //! the count to the guard, which logs one summary line at most every 10 s.
 //! The first refusal after each take also wakes the threads registered with
 //! [`wake_on_refusal`] (the guards), so that a guard stops UCX's loop at
-//! once instead of at its next scan: UCX refused ~45,000 to ~100,000
-//! accepts in the up to 250 ms before a guard's scan (measured in
-//! `hostile.rs`, the flood past the hard limit, loaded 2-core machine).
+//! once instead of at its next scan: without it UCX refused 44,000 to
+//! 103,000 accepts in the up to 250 ms before a guard's scan, with it 1 to
+//! 3,843 (`hostile.rs`, the flood past the hard limit, a 2-core machine
+//! shared with other builds; ARCHITECTURE "Connection floods").
 //! Every other UCX message goes on to UCS's own printer unchanged. The
 //! handler matches the printf format (a constant in libucs), never formats
 //! the arguments, and touches nothing but atomics and (never waiting for

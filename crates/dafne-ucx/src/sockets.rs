@@ -43,6 +43,12 @@
 //! reference of its own: once the inode matches, the socket stays that
 //! socket until we let go, whatever happens to the number.
 //!
+//! The classic reserve descriptor (keep one spare open, close it on EMFILE,
+//! accept and drop the connection, reopen) does not fit here: the accepting
+//! is UCX's, on its own thread, and the number freed would most likely go
+//! to UCX's next `accept` of the flood, leaving the guard without its
+//! spare. The slot is never free, so nobody can take it.
+//!
 //! Aborting uses `connect(AF_UNSPEC)`, which disconnects a TCP socket (RST
 //! to the peer, `ECONNRESET` pending on the socket, `EPOLLERR` to whoever
 //! polls it) without closing the descriptor: UCX sees an error event on its
