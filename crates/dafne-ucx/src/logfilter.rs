@@ -8,8 +8,8 @@
 //! the limit ... (current: %d)"`, whose `%s` is `accept() failed (client
 //! addr ...)`; other releases log `accept() failed (client addr %s): %m`
 //! (`ucs_socket_accept` in `ucs/sys/sock.c`). Measured in issue 10: 2.8 GB
-//! of log in 30 s; here, before this filter, 3.9 MB in the first 0.6 s of
-//! a flood (`hostile.rs`). The listener's guard
+//! of log in 30 s; here, before this filter, 1.7 to 4.9 MB in the first
+//! 0.7 s of a flood (`hostile.rs`, three runs). The listener's guard
 //! (`dafne-transport::sockguard`) stops UCX accepting within one of its
 //! scans once descriptors run short (see [`crate::sockets`]), but the lines
 //! written before that were already megabytes.

@@ -680,7 +680,7 @@ fn sockaddr_to_std(s: &libc::sockaddr_storage) -> Option<SocketAddr> {
 /// listener's guard (`dafne-transport`'s `sockguard`) resets the flood
 /// (it needs no free descriptor: [`crate::sockets`]). At the descriptor
 /// limit UCX's `accept` fails with EMFILE in a busy loop, logging a line
-/// each time (1.7 to 3.9 MB in the first 0.7 s of a flood past a hard
+/// each time (1.7 to 4.9 MB in the first 0.7 s of a flood past a hard
 /// limit of 1,024, measured in `hostile.rs`): the guard stops the listener
 /// accepting before the table is full ([`crate::sockets::OwnSockets::set_accepting`])
 /// and the lines UCX writes before it does are counted, not logged
