@@ -88,7 +88,7 @@ pub const LOG_EVERY: Duration = Duration::from_secs(10);
 /// connections queued, or more handshakes are pending than allowed: resets
 /// then drain the accept queue at up to [`MAX_RESETS_PER_SCAN`] per look
 /// (320 a second), so an honest client queued behind a flood is accepted
-/// within seconds (2.2 to 2.4 s behind 1,500 in `hostile.rs`).
+/// within seconds (2.2 to 2.5 s behind 1,500 in `hostile.rs`).
 pub const SCAN_UNDER_PRESSURE: Duration = Duration::from_millis(50);
 /// Free descriptors below which UCX stops accepting: what the server keeps
 /// for its own files and for the sockets an honest client's connection
