@@ -374,6 +374,10 @@ impl Drop for Guarded<'_> {
 /// The server of one runtime (lives on the loop thread).
 #[derive(Default)]
 pub(crate) struct ServerSide {
+    /// Resets sockets that never complete a UCX handshake (`sockguard`).
+    /// First, so that it is dropped before the listener it pauses and
+    /// resumes by descriptor number.
+    guard: RefCell<Option<crate::sockguard::SockGuard>>,
     listener: RefCell<Option<dafne_ucx::Listener>>,
     service: RefCell<Option<Rc<dyn Service>>>,
     /// Control endpoints waiting for their hello.
@@ -383,8 +387,6 @@ pub(crate) struct ServerSide {
     next_id: Cell<u32>,
     /// Connections in `conns` not yet proven (see `ServerConn::proven`).
     unproven: Cell<usize>,
-    /// Resets sockets that never complete a UCX handshake (`sockguard`).
-    guard: RefCell<Option<crate::sockguard::SockGuard>>,
 }
 
 /// A control endpoint waiting for its hello: when it was accepted, and the
@@ -764,9 +766,12 @@ impl ServerSide {
 /// Raises this process's soft descriptor limit to its hard limit, once,
 /// before it listens. At the 1,024 most shells give, a flood of silent
 /// connections filled the table: UCX's `accept` then failed with EMFILE in
-/// a loop (gigabytes of log, most of a core) until the listener's guard
-/// reset enough of them (tested: `dafne/tests/hostile.rs`). Best effort:
-/// a limit that cannot be raised is logged, not fatal.
+/// a loop (gigabytes of log, most of a core) and the listener's guard
+/// could not run (tested: `dafne/tests/hostile.rs`). A flood past the hard
+/// limit is the guard's to handle (`sockguard`: it pauses UCX's accepting
+/// and needs no free descriptor); the higher limit keeps honest clients
+/// from waiting behind it. Best effort: a limit that cannot be raised is
+/// logged, not fatal.
 fn raise_descriptor_limit() {
     static DONE: std::sync::Once = std::sync::Once::new();
     DONE.call_once(|| {
@@ -795,11 +800,17 @@ impl Runtime {
                 return Err(TransportError::Protocol("this runtime already serves".into()));
             }
             raise_descriptor_limit();
+            // Before listening: a flood may take every descriptor at once.
+            let own = crate::sockguard::SockGuard::prepare();
             let q = l.accepts.clone();
             let listener = l.worker.listen(addr, move |req| q.borrow_mut().push(req))?;
             let bound = listener.local_addr()?;
-            *l.server.guard.borrow_mut() =
-                Some(crate::sockguard::SockGuard::start(bound.port(), l.options().connect_timeout, l.shared.clone()));
+            *l.server.guard.borrow_mut() = Some(crate::sockguard::SockGuard::start(
+                own,
+                bound.port(),
+                l.options().connect_timeout,
+                l.shared.clone(),
+            ));
             *l.server.listener.borrow_mut() = Some(listener);
             *l.server.service.borrow_mut() = Some(Rc::new(make(l)));
             Ok(bound)

@@ -21,13 +21,35 @@
 //!   oldest go first, since genuine handshakes finish at once: a client
 //!   that connects during a flood still gets through).
 //!
-//! Resetting is `dafne_ucx::sockets::abort_own_tcp_socket`: UCX sees an
+//! Resetting is `dafne_ucx::sockets::OwnSockets::abort`: UCX sees an
 //! error on its own socket and frees its endpoint; the descriptor is never
 //! closed under UCX. Sockets the server has answered are never touched.
 //!
-//! Cost: per scan ([`SCAN_EVERY`]) one read of `/proc/self/fd` and a
-//! `readlink` per descriptor; sockets already judged (answered, or not on
-//! the port) are not probed again. `/proc/net/tcp` is not used: reading it
+//! A flood larger than the descriptor limit: the guard opens what it needs
+//! before the server listens (`OwnSockets`: the `/proc/self/fd` directory
+//! and one slot it duplicates sockets into), so it works at a full table.
+//! When fewer than [`LOW_WATER`] descriptors are free it stops UCX
+//! accepting (at a full table UCX's `accept` fails with EMFILE in a busy
+//! loop) and resumes once [`HIGH_WATER`] are free again; meanwhile new
+//! connections wait in the kernel's accept queue, the server keeps
+//! descriptors for its own files, and the guard looks every
+//! [`SCAN_UNDER_PRESSURE`] so the queue drains quickly. UCX's EMFILE lines
+//! are counted instead of logged (`dafne_ucx::logfilter`) and summarised
+//! here; the first of them wakes the guard, which pauses the listener
+//! before anything else, so UCX's EMFILE loop lasts until this thread
+//! runs, not a scan period. The guard's first scan comes right after the
+//! listener is created: it must know the listener to pause it.
+//!
+//! Why pausing UCX is safe: the guard calls `ucs_async_modify_handler` with
+//! the listener's descriptor number, and UCS finds handlers by number, so
+//! the guard must never outlive the listener (a reused number could name
+//! another socket's handler). `ServerSide` drops the guard first, and
+//! `shutdown` takes it before the listener.
+//!
+//! Cost: per scan ([`SCAN_EVERY`]) one read of `/proc/self/fd`
+//! (`getdents64` on the held directory) and a `readlinkat` per
+//! descriptor; sockets already judged (answered, or not on the port) are
+//! not probed again. `/proc/net/tcp` is not used: reading it
 //! walks the kernel's whole connection hash (15 ms of system time here),
 //! which at this rate was 4% of a core per server. Resets are counted
 //! (`hostile_sockets_reset`) and logged at most once per [`LOG_EVERY`], so
@@ -38,6 +60,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+use dafne_ucx::sockets::OwnSockets;
 
 use crate::runtime::Shared;
 use crate::stats::TransportStats;
@@ -60,29 +84,40 @@ pub const MAX_PENDING_HANDSHAKES: usize = 64;
 pub const MAX_RESETS_PER_SCAN: usize = 16;
 /// At most one summary line per this period.
 pub const LOG_EVERY: Duration = Duration::from_secs(10);
+/// How often the port is looked at while UCX's accepting is paused with
+/// connections queued, or more handshakes are pending than allowed: resets
+/// then drain the accept queue at up to [`MAX_RESETS_PER_SCAN`] per look
+/// (320 a second), so an honest client queued behind a flood is accepted
+/// within seconds (2.2 to 2.5 s behind 1,500 in `hostile.rs`).
+pub const SCAN_UNDER_PRESSURE: Duration = Duration::from_millis(50);
+/// Free descriptors below which UCX stops accepting: what the server keeps
+/// for its own files and for the sockets an honest client's connection
+/// needs besides the listener's.
+pub const LOW_WATER: usize = 64;
+/// Free descriptors at which UCX accepts again.
+pub const HIGH_WATER: usize = 128;
+
+/// Whether UCX should accept, given free descriptors, whether it does now
+/// (hysteresis between [`LOW_WATER`] and [`HIGH_WATER`]), the connections
+/// waiting in the listener's accept queue, and whether more handshakes are
+/// pending than allowed. A paused listener resumes when the whole queue
+/// fits above [`LOW_WATER`], or when the guard has no excess left to reset
+/// (then waiting would free nothing more): resuming into a queue that does
+/// not fit fills the table again and UCX loops on EMFILE until the guard
+/// pauses it once more.
+pub fn should_accept(free: usize, accepting: bool, queued: usize, crowded: bool) -> bool {
+    if accepting {
+        free >= LOW_WATER
+    } else {
+        free >= HIGH_WATER && (queued + LOW_WATER <= free || !crowded)
+    }
+}
 
 /// TCP states (include/net/tcp_states.h) in which a peer can still send.
 const TCP_ESTABLISHED: u8 = 0x01;
 const TCP_CLOSE_WAIT: u8 = 0x08;
-
-/// The inode of a `socket:[N]` link target.
-pub fn socket_inode(link: &str) -> Option<u64> {
-    link.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
-}
-
-/// Our descriptors that are sockets: (inode, descriptor number).
-fn our_sockets() -> Vec<(u64, i32)> {
-    let mut v = Vec::new();
-    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else { return v };
-    for e in dir.flatten() {
-        let Some(fd) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else { continue };
-        let Ok(target) = std::fs::read_link(e.path()) else { continue };
-        if let Some(ino) = socket_inode(&target.to_string_lossy()) {
-            v.push((ino, fd));
-        }
-    }
-    v
-}
+/// A listening socket.
+const TCP_LISTEN: u8 = 0x0a;
 
 /// What the guard remembers of one socket on the port.
 #[derive(Debug, Clone, Copy)]
@@ -90,6 +125,9 @@ struct Seen {
     first_seen: Instant,
     last_rx: u32,
     still: u32,
+    /// When `still` was last counted: scans under pressure come faster
+    /// than [`SCAN_EVERY`], and stillness is counted per [`SCAN_EVERY`].
+    last_count: Instant,
 }
 
 /// Why a socket is reset.
@@ -131,13 +169,29 @@ pub(crate) struct SockGuard {
 }
 
 impl SockGuard {
-    pub(crate) fn start(port: u16, deadline: Duration, shared: Arc<Shared>) -> SockGuard {
+    /// Opens the guard's descriptors; call before listening (module docs).
+    pub(crate) fn prepare() -> Option<OwnSockets> {
+        match OwnSockets::open() {
+            Ok(o) => Some(o),
+            Err(e) => {
+                tracing::error!("could not open the listener guard's descriptors: {e}; garbage could spin UCX");
+                None
+            }
+        }
+    }
+
+    /// Starts guarding `port`. The guard must be dropped before the
+    /// listener on `port` is destroyed (it pauses and resumes that
+    /// listener's handler by descriptor number).
+    pub(crate) fn start(own: Option<OwnSockets>, port: u16, deadline: Duration, shared: Arc<Shared>) -> SockGuard {
         let stop = Arc::new(AtomicBool::new(false));
         let s = stop.clone();
-        let thread = std::thread::Builder::new()
-            .name(format!("sockguard-{port}"))
-            .spawn(move || run(port, deadline, &shared, &s))
-            .ok();
+        let thread = own.and_then(|own| {
+            std::thread::Builder::new()
+                .name(format!("sockguard-{port}"))
+                .spawn(move || run(own, port, deadline, &shared, &s))
+                .ok()
+        });
         if thread.is_none() {
             tracing::error!("could not start the guard of port {port}: garbage on it could spin UCX");
         }
@@ -155,30 +209,68 @@ impl Drop for SockGuard {
     }
 }
 
-fn run(port: u16, deadline: Duration, shared: &Shared, stop: &AtomicBool) {
+/// The listening socket on the port, once found: (descriptor, inode).
+type ListenerFd = (i32, u64);
+
+fn run(mut own: OwnSockets, port: u16, deadline: Duration, shared: &Shared, stop: &AtomicBool) {
+    // UCX refusing accepts (a full table) wakes this thread at once.
+    let _wake = dafne_ucx::logfilter::wake_on_refusal(std::thread::current());
     // Sockets judged for good: answered handshakes and sockets not on the
-    // port (client sockets, UCX's own transport sockets, the listener).
+    // port (client sockets, UCX's own transport sockets).
     let mut settled: std::collections::HashSet<u64> = std::collections::HashSet::new();
     let mut seen: HashMap<u64, Seen> = HashMap::new();
     let mut reset_since_log = 0u64;
+    let mut refused_since_log = 0u64;
+    let mut pauses_since_log = 0u64;
     let mut last_log: Option<Instant> = None;
+    let mut listener: Option<ListenerFd> = None;
+    let mut accepting = true;
+    let mut pressure = false;
+    // The first look comes at once: it finds the listener, which the guard
+    // must know to pause it.
+    let mut first = true;
     while !stop.load(Ordering::Relaxed) {
-        std::thread::park_timeout(SCAN_EVERY);
+        if !first {
+            std::thread::park_timeout(if pressure { SCAN_UNDER_PRESSURE } else { SCAN_EVERY });
+        }
+        first = false;
         if stop.load(Ordering::Relaxed) {
             break;
         }
+        // UCX is refusing accepts: the table is full. Stop it before
+        // looking at anything else (a scan of a full table takes a while).
+        if accepting && dafne_ucx::logfilter::refusing() {
+            if let Some((fd, ino)) = listener {
+                if own.set_accepting(fd, ino, false).unwrap_or(false) {
+                    accepting = false;
+                    pauses_since_log += 1;
+                }
+            }
+        }
         let now = Instant::now();
-        let socks = our_sockets();
-        let live: std::collections::HashSet<u64> = socks.iter().map(|&(i, _)| i).collect();
+        let table = match own.scan() {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::debug!("listing our descriptors: {e}");
+                continue;
+            }
+        };
+        let live: std::collections::HashSet<u64> = table.sockets.iter().map(|&(i, _)| i).collect();
         settled.retain(|ino| live.contains(ino));
         seen.retain(|ino, _| live.contains(ino));
+        if listener.is_some_and(|(_, ino)| !live.contains(&ino)) {
+            listener = None;
+        }
         let mut resets_this_scan = 0usize;
         let mut pending: Vec<(u64, i32, Instant)> = Vec::new();
-        for &(ino, fd) in &socks {
+        // Connections in the listener's accept queue (TCP_INFO of a
+        // listening socket reports its queue length as `tcpi_unacked`).
+        let mut queued = 0usize;
+        for &(ino, fd) in &table.sockets {
             if settled.contains(&ino) {
                 continue;
             }
-            let p = match dafne_ucx::sockets::probe_own_tcp_socket(fd, ino) {
+            let p = match own.probe(fd, ino) {
                 Ok(Some(p)) => p,
                 Ok(None) => {
                     settled.insert(ino); // not TCP, or gone
@@ -186,60 +278,104 @@ fn run(port: u16, deadline: Duration, shared: &Shared, stop: &AtomicBool) {
                 }
                 Err(_) => continue,
             };
-            if p.local_port != port || p.bytes_acked > 0 || p.unacked_segments > 0 {
+            if p.local_port != port {
+                settled.insert(ino);
+                continue;
+            }
+            if p.state == TCP_LISTEN {
+                listener = Some((fd, ino));
+                queued = p.unacked_segments as usize;
+                continue;
+            }
+            if p.bytes_acked > 0 || p.unacked_segments > 0 {
                 settled.insert(ino);
                 continue;
             }
             if p.state != TCP_ESTABLISHED && p.state != TCP_CLOSE_WAIT {
-                continue; // the listener itself, or a socket on its way out
+                continue; // a socket on its way out
             }
             let fresh = !seen.contains_key(&ino);
-            let e = seen.entry(ino).or_insert(Seen { first_seen: now, last_rx: p.unread, still: 0 });
+            let e = seen.entry(ino).or_insert(Seen { first_seen: now, last_rx: p.unread, still: 0, last_count: now });
             if fresh {
                 // First sighting: nothing to compare with yet.
-            } else if p.unread == e.last_rx {
-                e.still += 1;
-            } else {
+            } else if p.unread != e.last_rx {
                 e.still = 0;
                 e.last_rx = p.unread;
+                e.last_count = now;
+            } else if now.duration_since(e.last_count) >= SCAN_EVERY {
+                e.still += 1;
+                e.last_count = now;
             }
             let consumed = p.bytes_received.saturating_sub(u64::from(p.unread));
             match judge(now.duration_since(e.first_seen), p.unread, consumed, e.still, deadline) {
                 Verdict::Keep => pending.push((ino, fd, e.first_seen)),
                 _ if resets_this_scan < MAX_RESETS_PER_SCAN => {
                     resets_this_scan += 1;
-                    if reset(fd, ino, shared) {
+                    if reset(&mut own, fd, ino, shared) {
                         reset_since_log += 1;
                     }
                 }
                 _ => {}
             }
         }
-        if pending.len() > MAX_PENDING_HANDSHAKES {
+        let crowded = pending.len() > MAX_PENDING_HANDSHAKES;
+        if crowded {
             // Oldest first: a genuine handshake completes within
             // milliseconds, so the sockets that have waited longest are the
             // flood's, and a client arriving during a flood gets through.
             pending.sort_by_key(|&(_, _, t)| t);
             let excess = (pending.len() - MAX_PENDING_HANDSHAKES).min(MAX_RESETS_PER_SCAN - resets_this_scan);
             for &(ino, fd, _) in &pending[..excess] {
-                if reset(fd, ino, shared) {
+                if reset(&mut own, fd, ino, shared) {
                     reset_since_log += 1;
                 }
             }
         }
-        if reset_since_log > 0 && last_log.is_none_or(|t| now.duration_since(t) >= LOG_EVERY) {
+        // Descriptors left: stop UCX accepting before the table is full.
+        let free = descriptor_limit().map_or(usize::MAX, |l| l.saturating_sub(table.open));
+        let want = should_accept(free, accepting, queued, crowded);
+        if want != accepting {
+            if let Some((fd, ino)) = listener {
+                match own.set_accepting(fd, ino, want) {
+                    Ok(true) => {
+                        accepting = want;
+                        if !want {
+                            pauses_since_log += 1;
+                        }
+                    }
+                    Ok(false) => listener = None,
+                    Err(e) => tracing::debug!("pausing the listener: {e}"),
+                }
+            }
+        }
+        // Paused with nobody queued: nothing to hurry for (a server short
+        // of descriptors for long is not scanned 20 times a second).
+        pressure = crowded || (!accepting && queued > 0);
+        refused_since_log += dafne_ucx::logfilter::take_refused_accepts();
+        let something = reset_since_log + refused_since_log + pauses_since_log > 0;
+        if something && last_log.is_none_or(|t| now.duration_since(t) >= LOG_EVERY) {
             tracing::warn!(
                 "port {port}: reset {reset_since_log} connection(s) that never completed a UCX handshake \
-                 (garbage, stalled, or too many at once)"
+                 (garbage, stalled, or too many at once); descriptors ran short {pauses_since_log} time(s) \
+                 (UCX stops accepting below {LOW_WATER} free: {} open now), {refused_since_log} accept(s) \
+                 failed for want of one",
+                table.open
             );
             reset_since_log = 0;
+            refused_since_log = 0;
+            pauses_since_log = 0;
             last_log = Some(now);
         }
     }
 }
 
-fn reset(fd: i32, inode: u64, shared: &Shared) -> bool {
-    match dafne_ucx::sockets::abort_own_tcp_socket(fd, inode) {
+/// The process's soft descriptor limit, if it has one.
+fn descriptor_limit() -> Option<usize> {
+    rustix::process::getrlimit(rustix::process::Resource::Nofile).current.map(|c| c as usize)
+}
+
+fn reset(own: &mut OwnSockets, fd: i32, inode: u64, shared: &Shared) -> bool {
+    match own.abort(fd, inode) {
         Ok(true) => {
             TransportStats::inc(&shared.stats.hostile_sockets_reset);
             true
@@ -255,6 +391,7 @@ fn reset(fd: i32, inode: u64, shared: &Shared) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dafne_ucx::sockets::socket_inode;
 
     #[test]
     fn socket_links() {
@@ -262,6 +399,20 @@ mod tests {
         for bad in ["", "socket:[]", "socket:[12", "pipe:[5]", "/dev/null", "socket:[-1]"] {
             assert_eq!(socket_inode(bad), None, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn accepting_has_hysteresis_and_waits_for_room_for_the_queue() {
+        assert!(should_accept(LOW_WATER, true, 1000, true));
+        assert!(!should_accept(LOW_WATER - 1, true, 0, false));
+        assert!(!should_accept(HIGH_WATER - 1, false, 0, false));
+        assert!(should_accept(HIGH_WATER, false, 0, false));
+        assert!(!should_accept(0, true, 0, false));
+        // Paused with resets still to do: resume only if the queue fits.
+        assert!(!should_accept(500, false, 500, true));
+        assert!(should_accept(600, false, 500, true));
+        // Nothing left to reset: resume whatever the queue.
+        assert!(should_accept(HIGH_WATER, false, 4000, false));
     }
 
     #[test]

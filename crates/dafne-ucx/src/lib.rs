@@ -30,6 +30,7 @@
 mod context;
 mod endpoint;
 mod error;
+pub mod logfilter;
 pub mod memevents;
 mod memory;
 mod request;

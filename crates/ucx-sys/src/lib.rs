@@ -61,7 +61,40 @@ extern "C" {
         name: *const std::os::raw::c_char,
         value: *const std::os::raw::c_char,
     ) -> ucs_status_t;
+
+    /// `ucs_async_modify_handler` (`ucs/async/async_fwd.h`, exported by
+    /// libucs, not among the headers bindgen reads): changes the events
+    /// (`ucs_event_set_types_t` bits: 1 read, 2 write, 4 error) the async
+    /// handler of descriptor `fd` waits for.
+    pub fn ucs_async_modify_handler(fd: std::os::raw::c_int, events: u32) -> ucs_status_t;
+
+    /// `ucs_log_push_handler` (`ucs/debug/log_def.h`): adds a log handler,
+    /// called before those added earlier (UCS's default printer is the
+    /// first); one that returns `UCS_LOG_FUNC_RC_STOP` ends the dispatch.
+    pub fn ucs_log_push_handler(handler: ucs_log_func_t);
 }
+
+/// `ucs_log_func_rc_t::UCS_LOG_FUNC_RC_STOP`: the message is handled.
+pub const UCS_LOG_FUNC_RC_STOP: std::os::raw::c_uint = 0;
+/// `ucs_log_func_rc_t::UCS_LOG_FUNC_RC_CONTINUE`: pass it on.
+pub const UCS_LOG_FUNC_RC_CONTINUE: std::os::raw::c_uint = 1;
+
+/// `ucs_log_func_t`: (file, line, function, level, component config,
+/// printf format, `va_list` of its arguments). The `va_list` is declared
+/// as an opaque pointer (on x86-64 a `va_list` argument is passed as a
+/// pointer to its `__va_list_tag`); a handler written in Rust must not read
+/// it.
+pub type ucs_log_func_t = Option<
+    unsafe extern "C" fn(
+        file: *const std::os::raw::c_char,
+        line: std::os::raw::c_uint,
+        function: *const std::os::raw::c_char,
+        level: ucs_log_level_t,
+        comp_conf: *const ucs_log_component_config_t,
+        message: *const std::os::raw::c_char,
+        ap: *mut std::ffi::c_void,
+    ) -> std::os::raw::c_uint,
+>;
 
 #[cfg(test)]
 mod tests {
