@@ -132,6 +132,12 @@ pub fn render(server: &str, s: &IoStats, cap: &Capacity, transport: &TransportSt
         .sample(&[("path", "direct")], s.storage.direct_bytes)
         .sample(&[("path", "buffered")], s.storage.buffered_bytes);
     t.single("dafne_io_storage_syncs_total", Kind::Counter, "Syncs (fdatasync) of chunk files.", s.storage.syncs);
+    t.single(
+        "dafne_io_checksum_errors_total",
+        Kind::Counter,
+        "Blocks read from storage that did not match their checksum (each such read answered EIO).",
+        s.storage.checksum_errors,
+    );
 
     let u = &s.ucx;
     let ucx: [(&str, &str, u64); 6] = [

@@ -283,8 +283,9 @@ pub use types::{
 /// advice ([`CacheAdvice`]: unit size, replacement policy) to the io servers,
 /// and SetAttr a grow-only size (`grow_to`). 11: a Read or Write whose
 /// keys follow it (`keys_follow`) and the io op Keys (74) that brings them
-/// (FRRWP; `io` module docs, "Keys that follow").
-pub const PROTO_VERSION: u16 = 11;
+/// (FRRWP; `io` module docs, "Keys that follow"). 12: the io op Scrub (75)
+/// and `ServerInfo`'s `checksum_errors`.
+pub const PROTO_VERSION: u16 = 12;
 
 /// Request header `flags`: the body starts with the caller's supplementary
 /// groups, `n u8` (1..=[`MAX_GROUPS`]) and `n × u32`. Bits other than this
