@@ -841,7 +841,9 @@ impl IoRequest {
             IoOp::Sync => IoRequest::Sync { cap },
             IoOp::Stat => IoRequest::Stat { cap },
             IoOp::ServerInfo => IoRequest::ServerInfo { cap },
-            IoOp::Scrub => IoRequest::Scrub { cap, object: r.u64("io scrub object")?, offset: r.u64("io scrub offset")? },
+            IoOp::Scrub => {
+                IoRequest::Scrub { cap, object: r.u64("io scrub object")?, offset: r.u64("io scrub offset")? }
+            }
             IoOp::Revoke => IoRequest::Revoke { cap, batch: crate::Revocations::get(r)? },
             IoOp::Allocate => {
                 let offset = r.u64("io allocate offset")?;
@@ -1308,6 +1310,7 @@ mod tests {
                 keys_follow: None,
             },
             IoRequest::Truncate { cap: cap(), size: 12345 },
+            IoRequest::Scrub { cap: cap(), object: 7, offset: u64::MAX },
             allocate(0, 8 << 20, AllocateMode::Reserve, StripeSlots { unit: 1 << 20, count: 4, slots: vec![1] }),
             allocate(7, 1, AllocateMode::ReserveKeepSize, StripeSlots::all(4096)),
             allocate(
@@ -1379,6 +1382,18 @@ mod tests {
             (IoOp::Keys, IoResponse::Done),
             (IoOp::Stat, IoResponse::Stat { size: u64::MAX }),
             (IoOp::Revoke, IoResponse::Revoked { instance: 3, seq: u64::MAX }),
+            (
+                IoOp::Scrub,
+                IoResponse::Scrubbed(ScrubSlice {
+                    objects: 3,
+                    unverified: 1,
+                    bytes: 1 << 30,
+                    bad: vec![(9, 4096), (u64::MAX, 0)],
+                    more_bad: 2,
+                    next: Some((10, 0)),
+                }),
+            ),
+            (IoOp::Scrub, IoResponse::Scrubbed(ScrubSlice::default())),
             (
                 IoOp::ServerInfo,
                 IoResponse::ServerInfo(ServerInfo { capacity_bytes: 1 << 40, mode: 2, ..Default::default() }),
@@ -1545,7 +1560,7 @@ mod tests {
     #[test]
     fn op_numbers_are_stable() {
         let got: Vec<u16> = IoOp::ALL.iter().map(|op| u16::from(*op)).collect();
-        assert_eq!(got, (64..=74).collect::<Vec<u16>>());
+        assert_eq!(got, (64..=75).collect::<Vec<u16>>());
         for op in IoOp::ALL {
             assert_eq!(IoOp::from_u16(u16::from(*op)), Some(*op));
         }
@@ -1719,8 +1734,8 @@ mod tests {
         b[4] = 1;
         assert_eq!(decode_io_request(&b), Err(DecodeError::TooLong { what: "groups", len: 77, max: 32 }));
         let mut b = good.clone();
-        b[2..4].copy_from_slice(&75u16.to_le_bytes());
-        assert_eq!(decode_io_request(&b), Err(DecodeError::UnknownOp(75)));
+        b[2..4].copy_from_slice(&76u16.to_le_bytes());
+        assert_eq!(decode_io_request(&b), Err(DecodeError::UnknownOp(76)));
         // The header alone decodes for a server that must reply.
         let hdr = IoRequestHeader::decode(&good).unwrap();
         assert_eq!((hdr.op, hdr.envelope(), hdr.body_len), (IoOp::Truncate, ENV, 75));
@@ -1889,7 +1904,7 @@ mod tests {
         let body = IoReplyHeader::SIZE;
         w[body..body + 4].copy_from_slice(&(MAX_INFO_FIELDS as u32 + 1).to_le_bytes());
         assert!(decode_io_reply(&w).is_err());
-        assert_eq!(n, 29, "update the field count in tests/io_roundtrip.rs");
+        assert_eq!(n, 30, "update the field count in tests/io_roundtrip.rs");
     }
 
     #[test]
