@@ -400,7 +400,11 @@ impl ChunkStore {
     pub fn sync_all(&self) -> io::Result<()> {
         let failed: Vec<(u64, io::Error)> = {
             let mut unsynced = self.unsynced.lock();
-            self.open.borrow().iter().filter_map(|(&o, f)| sync_files(o, f, &mut unsynced).err().map(|e| (o, e))).collect()
+            self.open
+                .borrow()
+                .iter()
+                .filter_map(|(&o, f)| sync_files(o, f, &mut unsynced).err().map(|e| (o, e)))
+                .collect()
         };
         let mut first = None;
         for (o, e) in failed {
@@ -792,8 +796,9 @@ impl Storage for ChunkStore {
         for (r, res) in reads.iter().zip(results.iter_mut()) {
             if let Ok(n) = res {
                 let n = *n;
-                let checked = self
-                    .with_files(r.object, false, |files| self.verify(files, r.object, r.offset, &r.buf[..n], n < r.buf.len()));
+                let checked = self.with_files(r.object, false, |files| {
+                    self.verify(files, r.object, r.offset, &r.buf[..n], n < r.buf.len())
+                });
                 if let Err(e) = checked {
                     *res = Err(e);
                 }

@@ -111,7 +111,10 @@ pub fn sidecar_path(chunk: &Path) -> PathBuf {
 pub enum Entry {
     /// Never written (or punched): reads as zeros.
     Hole,
-    Written { cur: u32, prev: u32 },
+    Written {
+        cur: u32,
+        prev: u32,
+    },
 }
 
 impl Entry {
