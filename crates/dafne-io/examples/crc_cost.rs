@@ -31,8 +31,10 @@ fn main() {
     for (name, s) in &rows {
         println!("| {name} | {s:.3} | {:.1} |", 1.0 / s);
     }
-    let json: Vec<String> =
-        rows.iter().map(|(n, s)| format!("{{\"what\":\"{n}\",\"cpu_s_per_gib\":{s:.4},\"gib_per_s\":{:.2}}}", 1.0 / s)).collect();
+    let json: Vec<String> = rows
+        .iter()
+        .map(|(n, s)| format!("{{\"what\":\"{n}\",\"cpu_s_per_gib\":{s:.4},\"gib_per_s\":{:.2}}}", 1.0 / s))
+        .collect();
     let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/crc_cost.json");
     std::fs::write(&out, format!("[{}]\n", json.join(","))).expect("writing target/crc_cost.json");
     println!("(best of 3 runs over 1 GiB each; JSON in {})", out.display());

@@ -907,9 +907,6 @@ impl ChunkStore {
         for b in bad {
             if logged.len() < LOGGED_BAD_BLOCKS && logged.insert((b.object, b.offset)) {
                 tracing::error!(
-                    object = format_args!("{:x}", b.object),
-                    offset = b.offset,
-                    server = %self.dir.display(),
                     "checksum mismatch: a {} byte block of object {:x} at offset {} on this server's disk ({}) does \
                      not match its checksum; reads of it answer EIO (no replica to repair from)",
                     sums::BLOCK,
