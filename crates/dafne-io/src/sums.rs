@@ -254,35 +254,52 @@ impl UnsyncedInner {
         let all = self.overflowed.remove(&object);
         let blocks = self.blocks.remove(&object).unwrap_or_default();
         self.total -= blocks.len();
-        let mut list: Vec<u64> = blocks.into_iter().collect();
         if all {
-            list = (0..sums.metadata()?.len().div_ceil(ENTRY)).collect();
+            // Not remembered one by one: the whole sidecar, in runs.
+            let n = sums.metadata()?.len().div_ceil(ENTRY);
+            let mut b = 0;
+            while b < n {
+                let count = (n - b).min(CLEAN_RUN as u64) as usize;
+                clean_run(sums, b, count)?;
+                b += count as u64;
+            }
+            return Ok(());
         }
+        let mut list: Vec<u64> = blocks.into_iter().collect();
         list.sort_unstable();
         // Runs of consecutive blocks, each read and written once.
         let mut i = 0;
         while i < list.len() {
             let mut j = i + 1;
-            while j < list.len() && list[j] == list[j - 1] + 1 && j - i < 4096 {
+            while j < list.len() && list[j] == list[j - 1] + 1 && j - i < CLEAN_RUN {
                 j += 1;
             }
-            let mut entries = read_entries(sums, list[i], j - i)?;
-            let mut changed = false;
-            for e in &mut entries {
-                if let Entry::Written { cur, prev } = e {
-                    if cur != prev {
-                        *prev = *cur;
-                        changed = true;
-                    }
-                }
-            }
-            if changed {
-                write_entries(sums, list[i], &entries)?;
-            }
+            clean_run(sums, list[i], j - i)?;
             i = j;
         }
         Ok(())
     }
+}
+
+/// Entries cleaned per read and write of the sidecar (64 KiB).
+const CLEAN_RUN: usize = 4096;
+
+/// `prev := cur` for the entries of blocks `[first, first + count)`.
+fn clean_run(sums: &File, first: u64, count: usize) -> io::Result<()> {
+    let mut entries = read_entries(sums, first, count)?;
+    let mut changed = false;
+    for e in &mut entries {
+        if let Entry::Written { cur, prev } = e {
+            if cur != prev {
+                *prev = *cur;
+                changed = true;
+            }
+        }
+    }
+    if changed {
+        write_entries(sums, first, &entries)?;
+    }
+    Ok(())
 }
 
 /// The checksums of the blocks a write of `buf` at `offset` touched, read
@@ -389,5 +406,16 @@ mod tests {
         g.punch(&f, 5, 6).unwrap();
         assert_eq!(read_entries(&f, 5, 1).unwrap(), [Entry::Hole]);
         assert!(Entry::Hole.accepts(block_crc(&[])) && !Entry::Hole.accepts(block_crc(&[1])));
+
+        // More blocks than remembered one by one: the next sync cleans the
+        // whole sidecar.
+        let n = MAX_UNSYNCED as u64 + 1;
+        g.record(&f, 2, 0, &vec![7; n as usize]).unwrap();
+        g.record(&f, 2, 0, &[8]).unwrap();
+        assert_eq!(read_entries(&f, 0, 1).unwrap(), [Entry::Written { cur: 8, prev: zero_crc() }]);
+        g.clean(&f, 2).unwrap();
+        assert_eq!(read_entries(&f, 0, 1).unwrap(), [Entry::Written { cur: 8, prev: 8 }]);
+        assert_eq!(read_entries(&f, n - 1, 1).unwrap(), [Entry::Written { cur: 7, prev: 7 }]);
+        assert_eq!(g.total, 0);
     }
 }

@@ -739,8 +739,7 @@ fn scrub_names_a_block_flipped_on_disk_and_exits_nonzero() {
     assert!(o.status.success(), "{}", text(&o));
     assert!(std::fs::read(&back).unwrap() == good);
     let st = c.status_json();
-    let errors: u64 =
-        st["io"].as_array().unwrap().iter().map(|i| i["info"]["checksum_errors"].as_u64().unwrap()).sum();
+    let errors: u64 = st["io"].as_array().unwrap().iter().map(|i| i["info"]["checksum_errors"].as_u64().unwrap()).sum();
     assert!(errors >= 1, "not counted: {st}");
     let o = run(&["scrub", "--dir", &d]);
     let out = text(&o);
