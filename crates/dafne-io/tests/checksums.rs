@@ -237,3 +237,47 @@ fn the_normal_and_mmap_modes_answer_eio_for_a_flipped_byte() {
         assert_eq!(scrub(&d).2, [(object, 69_632)], "{mode}");
     }
 }
+
+/// A scrub longer than one slice goes on where the last one stopped, and
+/// finds a bad block past the first slices.
+#[test]
+fn scrub_goes_on_across_slices() {
+    let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    std::fs::create_dir_all(&base).unwrap();
+    let root = tempfile::tempdir_in(base).unwrap();
+    let (meta, secret) = start_meta(root.path(), 1, 1 << 20, 1);
+    let data_dir = root.path().join("io0");
+    let io = spawn_io_storage(&data_dir, &secret, 16, "127.0.0.1:0", "buffered");
+    let rt = common::runtime("checksums-slices");
+    let s = dafne_auth::Secret::load(&secret).unwrap();
+    let m = MetaSession::connect(&rt, meta.addr, &s, "checksums", 0, 0).unwrap();
+    let fs = Fs::new(m, DataClient::connect(&rt, &[io.addr], &s).unwrap());
+    let len = 2 * dafne_proto::io::SCRUB_SLICE_BYTES as usize + 12_345;
+    let f = fs.create(ROOT_INO, b"big", 0o644, None).unwrap();
+    f.write_at(0, &pattern(len, 9), Stability::Unstable).unwrap();
+    f.fsync().unwrap();
+    f.close().unwrap();
+    let (object, chunk) = chunk_of_size(&data_dir, len as u64);
+    let at = len as u64 - 5000;
+    let file = std::fs::OpenOptions::new().read(true).write(true).open(&chunk).unwrap();
+    let mut b = [0u8];
+    file.read_exact_at(&mut b, at).unwrap();
+    file.write_all_at(&[!b[0]], at).unwrap();
+    drop(file);
+    let admin = DataClient::connect(&rt, &[io.addr], &s).unwrap();
+    let (mut slices, mut bytes, mut bad, mut next) = (0, 0, Vec::new(), (0, 0));
+    loop {
+        let sl = futures::executor::block_on(admin.scrub_slice(0, next.0, next.1)).unwrap();
+        slices += 1;
+        bytes += sl.bytes;
+        bad.extend(sl.bad);
+        match sl.next {
+            Some(n) => next = n,
+            None => break,
+        }
+    }
+    assert!(slices >= 3, "{slices} slices");
+    assert_eq!(bytes, len as u64);
+    assert_eq!(bad, [(object, at / 4096 * 4096)]);
+    drop(io);
+}

@@ -1062,8 +1062,10 @@ pub enum IoResponse {
 }
 
 /// Most bytes one `Scrub` request reads from the device (module docs,
-/// "Scrub"): 64 MiB, some tens of milliseconds of the server's loop.
-pub const SCRUB_SLICE_BYTES: u64 = 64 << 20;
+/// "Scrub"): 16 MiB, some tens of milliseconds of the server's loop on a
+/// disk that reads a few hundred MiB/s (the loop serves nothing else
+/// meanwhile; other requests wait at most that long).
+pub const SCRUB_SLICE_BYTES: u64 = 16 << 20;
 /// Most bad blocks one `Scrub` reply names (the rest are counted).
 pub const MAX_SCRUB_BAD: usize = 1024;
 
