@@ -1498,6 +1498,22 @@ impl DataClient {
         }
     }
 
+    /// One slice of a scrub of server `server` from `(object, offset)` (io
+    /// op `Scrub`; `dafne_proto::io` module docs, "Scrub"). The server
+    /// answers `EACCES` unless this client logged in with the cluster
+    /// secret.
+    pub async fn scrub_slice(
+        &self,
+        server: usize,
+        object: u64,
+        offset: u64,
+    ) -> Result<dafne_proto::io::ScrubSlice, Errno> {
+        match self.call(server, &IoRequest::Scrub { cap: LOGGED_IN, object, offset }).await? {
+            IoResponse::Scrubbed(s) => Ok(s),
+            _ => Err(Errno::EPROTO),
+        }
+    }
+
     /// Every server's [`ServerInfo`], asked in parallel, in server order.
     pub async fn all_server_info(&self, cap: Capability) -> Vec<Result<ServerInfo, Errno>> {
         futures::future::join_all((0..self.servers.len()).map(|i| self.server_info(i, cap))).await

@@ -89,6 +89,8 @@ use dafne_proto::io::{AllocateMode, StripeSlots};
 use dafne_unifier::{BackgroundStorage, BackgroundWrite, BatchRead, Storage};
 use dafne_uring::{Op, Ring, RingError};
 
+use crate::sums::{self, BadBlock, Unsynced};
+
 /// Open files kept (each costs one descriptor, two on the direct path).
 const OPEN_FILES: usize = 256;
 
@@ -292,6 +294,9 @@ pub struct StorageStats {
     pub dir_syncs: u64,
     /// `io_uring_enter` calls of the ring.
     pub ring_enters: u64,
+    /// Blocks read from storage whose bytes did not match their checksum
+    /// (`sums` module): each such read answered `EIO`.
+    pub checksum_errors: u64,
 }
 
 /// One object's open files.
@@ -300,6 +305,9 @@ struct Files {
     buffered: File,
     /// The same file opened with O_DIRECT (direct path only).
     direct: Option<File>,
+    /// The checksum sidecar (`sums` module); `None`: a chunk file written
+    /// before checksums existed, served unverified.
+    sums: Option<File>,
 }
 
 /// The objects of one io server.
@@ -322,7 +330,15 @@ pub struct ChunkStore {
     /// entry per object that met a failing device, so bounded by the
     /// objects this server stores.
     damaged: RefCell<std::collections::HashSet<u64>>,
+    /// Blocks written since their object's last sync (shared with the
+    /// background writer; its lock serializes sidecar updates).
+    unsynced: Arc<Unsynced>,
+    /// Bad blocks already logged (bounded: [`LOGGED_BAD_BLOCKS`]).
+    logged: RefCell<std::collections::HashSet<(u64, u64)>>,
 }
+
+/// Bad blocks logged one by one; past that, only counted.
+const LOGGED_BAD_BLOCKS: usize = 1024;
 
 fn aligned(x: u64) -> bool {
     x.is_multiple_of(DIRECT_ALIGN as u64)
@@ -358,6 +374,8 @@ impl ChunkStore {
             dropped: RefCell::new(HashMap::new()),
             dir_unsynced: Arc::default(),
             damaged: RefCell::default(),
+            unsynced: Arc::default(),
+            logged: RefCell::default(),
         })
     }
 
@@ -380,8 +398,14 @@ impl ChunkStore {
     /// whose fsync fails here is marked, and the next call must not answer
     /// success because Linux reported each loss only once.
     pub fn sync_all(&self) -> io::Result<()> {
-        let failed: Vec<(u64, io::Error)> =
-            self.open.borrow().iter().filter_map(|(&o, f)| f.buffered.sync_all().err().map(|e| (o, e))).collect();
+        let failed: Vec<(u64, io::Error)> = {
+            let mut unsynced = self.unsynced.lock();
+            self.open
+                .borrow()
+                .iter()
+                .filter_map(|(&o, f)| sync_files(o, f, &mut unsynced).err().map(|e| (o, e)))
+                .collect()
+        };
         let mut first = None;
         for (o, e) in failed {
             self.mark_damaged(o, &e);
@@ -533,12 +557,49 @@ impl ChunkStore {
         Ok(self.with_file(object, false, |f| Ok(f.metadata()?.len()))?.unwrap_or(0))
     }
 
+    /// Cuts or extends the object to `size`; its checksums follow: the
+    /// blocks past the end become holes, and a last block cut part-way is
+    /// checksummed again (its cut bytes now read as zeros).
     pub fn truncate(&self, object: u64, size: u64) -> io::Result<()> {
-        self.with_file(object, true, |f| f.set_len(size))?;
+        self.with_files(object, true, |f| {
+            f.buffered.set_len(size)?;
+            if let Some(s) = &f.sums {
+                let mut unsynced = self.unsynced.lock();
+                if size == 0 {
+                    s.set_len(0)?;
+                    unsynced.forget(object);
+                    return Ok(());
+                }
+                let blocks = size.div_ceil(sums::BLOCK);
+                s.set_len(s.metadata()?.len().min(blocks * sums::ENTRY))?;
+                if !size.is_multiple_of(sums::BLOCK) {
+                    self.rechecksum(f, s, &mut unsynced, object, blocks - 1)?;
+                }
+            }
+            Ok(())
+        })?;
         if size == 0 {
             self.damaged.borrow_mut().remove(&object);
         }
         Ok(())
+    }
+
+    /// Checksums block `block` again from the file (after a truncate or a
+    /// punch changed part of it), unless it is a hole.
+    fn rechecksum(
+        &self,
+        f: &Files,
+        s: &File,
+        unsynced: &mut sums::UnsyncedInner,
+        object: u64,
+        block: u64,
+    ) -> io::Result<()> {
+        if sums::read_entries(s, block, 1)?[0] == sums::Entry::Hole {
+            return Ok(());
+        }
+        let mut buf = [0u8; sums::BLOCK as usize];
+        let n = sums::read_full(&f.buffered, block * sums::BLOCK, &mut buf)?;
+        unsynced.record(s, object, block, &[sums::block_crc(&buf[..n])])
     }
 
     /// `fallocate(2)` on the object's file for an io `Allocate`
@@ -557,9 +618,24 @@ impl ChunkStore {
     ) -> io::Result<()> {
         use rustix::fs::{fallocate, FallocateFlags};
         if mode.zeroes() {
-            self.with_file(object, false, |f| {
-                fallocate(f, FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE, offset, len)
-                    .map_err(io::Error::from)
+            self.with_files(object, false, |f| {
+                fallocate(&f.buffered, FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE, offset, len)
+                    .map_err(io::Error::from)?;
+                // Blocks wholly inside become holes; the blocks at the ends
+                // are checksummed again from what the punch left.
+                if let (Some(s), true) = (&f.sums, len > 0) {
+                    let mut unsynced = self.unsynced.lock();
+                    let end = offset.saturating_add(len);
+                    let (first, last) = (offset / sums::BLOCK, (end - 1) / sums::BLOCK);
+                    unsynced.punch(s, offset.div_ceil(sums::BLOCK), end / sums::BLOCK)?;
+                    if !offset.is_multiple_of(sums::BLOCK) {
+                        self.rechecksum(f, s, &mut unsynced, object, first)?;
+                    }
+                    if !end.is_multiple_of(sums::BLOCK) && (last != first || offset.is_multiple_of(sums::BLOCK)) {
+                        self.rechecksum(f, s, &mut unsynced, object, last)?;
+                    }
+                }
+                Ok(())
             })?;
         }
         if mode.reserves() {
@@ -591,10 +667,17 @@ impl ChunkStore {
         self.damaged.borrow_mut().remove(&object);
         self.open.borrow_mut().remove(&object);
         self.dropped.borrow_mut().remove(&object);
-        match std::fs::remove_file(self.path(object)) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
-            _ => Ok(()),
+        self.unsynced.lock().forget(object);
+        let path = self.path(object);
+        // The chunk file first: a sidecar without its file is harmless
+        // (emptied when the object is created again).
+        for p in [path.clone(), sums::sidecar_path(&path)] {
+            match std::fs::remove_file(p) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
         }
+        Ok(())
     }
 
     /// Reads whole aligned blocks directly into `buf` (offset and address
@@ -697,6 +780,97 @@ impl Storage for ChunkStore {
             return Err(ChunkStore::damaged_error(object));
         }
         let n = self.with_files(object, false, |files| {
+            let n = self.read_raw(files, object, offset, buf)?;
+            self.verify(files, object, offset, &buf[..n], n < buf.len())?;
+            Ok(n)
+        })?;
+        Ok(n.unwrap_or(0))
+    }
+
+    /// On the direct path, the aligned reads of the batch (unit fills) go
+    /// to the ring in one submission; the rest, and the completion of any
+    /// short read that is not at the end of the file, go through `read_at`.
+    /// Every block read is verified against its checksum.
+    fn read_batch(&self, reads: &mut [BatchRead<'_>]) -> Vec<io::Result<usize>> {
+        let mut results = self.read_batch_raw(reads);
+        for (r, res) in reads.iter().zip(results.iter_mut()) {
+            if let Ok(n) = res {
+                let n = *n;
+                let checked = self.with_files(r.object, false, |files| {
+                    self.verify(files, r.object, r.offset, &r.buf[..n], n < r.buf.len())
+                });
+                if let Err(e) = checked {
+                    *res = Err(e);
+                }
+            }
+        }
+        results
+    }
+
+    fn write_at(&self, object: u64, offset: u64, buf: &[u8]) -> io::Result<()> {
+        self.with_files(object, true, |files| {
+            self.write_raw(files, offset, buf)?;
+            if let Some(s) = &files.sums {
+                let mut unsynced = self.unsynced.lock();
+                let (first, crcs) = sums::written_crcs(&files.buffered, offset, buf)?;
+                unsynced.record(s, object, first, &crcs)?;
+            }
+            Ok(())
+        })
+        .map(|_| ())
+    }
+
+    fn sync(&self, object: u64) -> io::Result<()> {
+        if self.is_damaged(object) {
+            return Err(ChunkStore::damaged_error(object));
+        }
+        self.count(|s| s.syncs += 1);
+        let r = self.with_files(object, false, |f| sync_files(object, f, &mut self.unsynced.lock()));
+        if let Err(e) = r {
+            self.mark_damaged(object, &e);
+            return Err(ChunkStore::lost_error(object, &e));
+        }
+        self.sync_dir_if_needed()
+    }
+
+    /// A writer for the Unifier's background write-back; on the direct path
+    /// with a ring of its own (if one cannot be made, its writes go buffered).
+    fn background(&self) -> Option<Box<dyn BackgroundStorage>> {
+        let ring = match self.ring {
+            Some(_) => {
+                Ring::new(RING_ENTRIES).map_err(|e| tracing::warn!("background write-back without io_uring: {e}")).ok()
+            }
+            None => None,
+        };
+        Some(Box::new(ChunkBackground {
+            dir: self.dir.clone(),
+            ring,
+            stats: self.bg_stats.clone(),
+            dir_unsynced: self.dir_unsynced.clone(),
+            unsynced: self.unsynced.clone(),
+        }))
+    }
+}
+
+/// Syncs an object: its sidecar first (so that data that reaches the
+/// device is accepted by a durable checksum: `sums` module, "Power cut"),
+/// then its data; then its entries written since the last sync accept
+/// only their current checksum.
+fn sync_files(object: u64, f: &Files, unsynced: &mut sums::UnsyncedInner) -> io::Result<()> {
+    if let Some(s) = &f.sums {
+        s.sync_data()?;
+    }
+    f.buffered.sync_data()?;
+    if let Some(s) = &f.sums {
+        unsynced.clean(s, object)?;
+    }
+    Ok(())
+}
+
+impl ChunkStore {
+    /// Reads without verifying (the old `read_at`).
+    fn read_raw(&self, files: &Files, object: u64, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        {
             let direct_len = buf.len() - buf.len() % DIRECT_ALIGN;
             let direct =
                 files.direct.as_ref().filter(|_| aligned(offset) && aligned(buf.as_ptr() as u64) && direct_len > 0);
@@ -711,14 +885,95 @@ impl Storage for ChunkStore {
             }
             let m = self.read_buffered(&files.buffered, offset + n as u64, &mut buf[n..])?;
             Ok(n + m)
-        })?;
-        Ok(n.unwrap_or(0))
+        }
     }
 
-    /// On the direct path, the aligned reads of the batch (unit fills) go
-    /// to the ring in one submission; the rest, and the completion of any
-    /// short read that is not at the end of the file, go through `read_at`.
-    fn read_batch(&self, reads: &mut [BatchRead<'_>]) -> Vec<io::Result<usize>> {
+    /// Verifies the blocks of `data` (just read at `offset`; `at_end`: the
+    /// read was short, the rest of its last block is past the end of the
+    /// file): a bad block is counted, logged once, and the read fails.
+    fn verify(&self, files: &Files, object: u64, offset: u64, data: &[u8], at_end: bool) -> io::Result<()> {
+        let Some(s) = &files.sums else { return Ok(()) };
+        let bad = sums::verify(&files.buffered, s, object, offset, data, at_end)?;
+        if bad.is_empty() {
+            return Ok(());
+        }
+        self.report_bad(&bad);
+        Err(checksum_error(bad[0]))
+    }
+
+    fn report_bad(&self, bad: &[BadBlock]) {
+        self.count(|s| s.checksum_errors += bad.len() as u64);
+        let mut logged = self.logged.borrow_mut();
+        for b in bad {
+            if logged.len() < LOGGED_BAD_BLOCKS && logged.insert((b.object, b.offset)) {
+                tracing::error!(
+                    "checksum mismatch: a {} byte block of object {:x} at offset {} on this server's disk ({}) does \
+                     not match its checksum; reads of it answer EIO (no replica to repair from)",
+                    sums::BLOCK,
+                    b.object,
+                    b.offset,
+                    self.dir.display()
+                );
+            }
+        }
+    }
+
+    /// Reads `[offset, offset + len)` of the object in 1 MiB pieces and
+    /// verifies every block (for `mmap` mode, which maps rather than reads,
+    /// and for scrub). `Ok(bad blocks)`; counts and logs them too. With
+    /// `from_device`, each piece's clean pages are dropped from the page
+    /// cache first, so that the device's bytes are what is read.
+    pub fn check_range(&self, object: u64, offset: u64, len: u64, from_device: bool) -> io::Result<Vec<BadBlock>> {
+        let mut bad = Vec::new();
+        let mut buf = vec![0u8; 1 << 20];
+        let start = offset - offset % sums::BLOCK;
+        let end = offset.saturating_add(len);
+        self.with_files(object, false, |files| {
+            let Some(s) = &files.sums else { return Ok(()) };
+            let mut at = start;
+            while at < end {
+                let want = ((end - at).min(buf.len() as u64).div_ceil(sums::BLOCK) * sums::BLOCK) as usize;
+                if from_device {
+                    let n = std::num::NonZeroU64::new(want as u64);
+                    let _ = rustix::fs::fadvise(&files.buffered, at, n, rustix::fs::Advice::DontNeed);
+                }
+                let n = sums::read_full(&files.buffered, at, &mut buf[..want])?;
+                bad.extend(sums::verify(&files.buffered, s, object, at, &buf[..n], n < want)?);
+                if n < want {
+                    break;
+                }
+                at += n as u64;
+            }
+            Ok(())
+        })?;
+        if !bad.is_empty() {
+            self.report_bad(&bad);
+        }
+        Ok(bad)
+    }
+
+    /// Whether the object has a checksum sidecar (`None`: no such object).
+    pub fn has_sums(&self, object: u64) -> io::Result<Option<bool>> {
+        self.with_files(object, false, |f| Ok(f.sums.is_some()))
+    }
+
+    /// The objects stored here, in id order.
+    pub fn objects(&self) -> io::Result<Vec<u64>> {
+        let mut ids = Vec::new();
+        for e in std::fs::read_dir(&self.dir)? {
+            let name = e?.file_name();
+            let Some(name) = name.to_str() else { continue };
+            if name.len() == 16 {
+                if let Ok(id) = u64::from_str_radix(name, 16) {
+                    ids.push(id);
+                }
+            }
+        }
+        ids.sort_unstable();
+        Ok(ids)
+    }
+
+    fn read_batch_raw(&self, reads: &mut [BatchRead<'_>]) -> Vec<io::Result<usize>> {
         let mut results: Vec<Option<io::Result<usize>>> =
             reads.iter().map(|r| self.is_damaged(r.object).then(|| Err(ChunkStore::damaged_error(r.object)))).collect();
         if let Some(ring) = &self.ring {
@@ -764,15 +1019,19 @@ impl Storage for ChunkStore {
             .map(|(r, res)| match res {
                 // Full, or short at an unaligned count (the end of the file).
                 Some(Ok(n)) if n == r.buf.len() || n == 0 || !aligned(n as u64) => Ok(n),
-                Some(Ok(n)) => self.read_at(r.object, r.offset + n as u64, &mut r.buf[n..]).map(|m| n + m),
+                Some(Ok(n)) => self.read_unverified(r.object, r.offset + n as u64, &mut r.buf[n..]).map(|m| n + m),
                 Some(Err(e)) => Err(e),
-                None => self.read_at(r.object, r.offset, r.buf),
+                None => self.read_unverified(r.object, r.offset, r.buf),
             })
             .collect()
     }
 
-    fn write_at(&self, object: u64, offset: u64, buf: &[u8]) -> io::Result<()> {
-        self.with_files(object, true, |files| {
+    fn read_unverified(&self, object: u64, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        Ok(self.with_files(object, false, |files| self.read_raw(files, object, offset, buf))?.unwrap_or(0))
+    }
+
+    fn write_raw(&self, files: &Files, offset: u64, buf: &[u8]) -> io::Result<()> {
+        {
             match files.direct.as_ref().zip(split(offset, buf)) {
                 Some((dfile, (head, middle))) => {
                     self.write_buffered(&files.buffered, offset, &buf[..head])?;
@@ -792,38 +1051,16 @@ impl Storage for ChunkStore {
                 }
             }
             Ok(())
-        })
-        .map(|_| ())
-    }
-
-    fn sync(&self, object: u64) -> io::Result<()> {
-        if self.is_damaged(object) {
-            return Err(ChunkStore::damaged_error(object));
         }
-        self.count(|s| s.syncs += 1);
-        if let Err(e) = self.with_file(object, false, |f| f.sync_data()) {
-            self.mark_damaged(object, &e);
-            return Err(ChunkStore::lost_error(object, &e));
-        }
-        self.sync_dir_if_needed()
     }
+}
 
-    /// A writer for the Unifier's background write-back; on the direct path
-    /// with a ring of its own (if one cannot be made, its writes go buffered).
-    fn background(&self) -> Option<Box<dyn BackgroundStorage>> {
-        let ring = match self.ring {
-            Some(_) => {
-                Ring::new(RING_ENTRIES).map_err(|e| tracing::warn!("background write-back without io_uring: {e}")).ok()
-            }
-            None => None,
-        };
-        Some(Box::new(ChunkBackground {
-            dir: self.dir.clone(),
-            ring,
-            stats: self.bg_stats.clone(),
-            dir_unsynced: self.dir_unsynced.clone(),
-        }))
-    }
+/// The error of a read that met a bad block (answered `EIO`).
+fn checksum_error(b: BadBlock) -> io::Error {
+    io::Error::other(format!(
+        "object {:x}: the block at offset {} does not match its checksum (no replica to repair from)",
+        b.object, b.offset
+    ))
 }
 
 /// [`open_files`], and if it had to create the file, a note that the
@@ -831,6 +1068,10 @@ impl Storage for ChunkStore {
 fn open_noting_creation(path: &Path, create: bool, direct: bool, dir_unsynced: &AtomicBool) -> io::Result<Files> {
     match open_files(path, false, direct) {
         Err(e) if create && e.kind() == io::ErrorKind::NotFound => {
+            // The sidecar first, emptied (a leftover of a removed object
+            // must not describe the new one): a chunk file without one is
+            // taken for a file from before checksums.
+            OpenOptions::new().write(true).create(true).truncate(true).open(sums::sidecar_path(path))?;
             let f = open_files(path, true, direct)?;
             dir_unsynced.store(true, Ordering::SeqCst);
             Ok(f)
@@ -853,7 +1094,12 @@ fn open_files(path: &Path, create: bool, direct: bool) -> io::Result<Files> {
         ),
         false => None,
     };
-    Ok(Files { buffered, direct })
+    let sums = match OpenOptions::new().read(true).write(true).open(sums::sidecar_path(path)) {
+        Ok(f) => Some(f),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(e) => return Err(e),
+    };
+    Ok(Files { buffered, direct, sums })
 }
 
 /// How a write of `buf` at `offset` splits for direct I/O: `(head, middle)`
@@ -880,6 +1126,7 @@ pub struct ChunkBackground {
     ring: Option<Ring>,
     stats: Arc<Mutex<StorageStats>>,
     dir_unsynced: Arc<AtomicBool>,
+    unsynced: Arc<Unsynced>,
 }
 
 impl BackgroundStorage for ChunkBackground {
@@ -943,6 +1190,18 @@ impl BackgroundStorage for ChunkBackground {
                 }
             }
         }
+        // Checksums of what was written (module `sums`): a write whose
+        // checksum could not be recorded fails, and is written again.
+        let mut unsynced = self.unsynced.lock();
+        for (w, res) in writes.iter().zip(results.iter_mut()) {
+            if let (Ok(()), Some(Ok(f))) = (&res, files.get(&w.object)) {
+                if let Some(s) = &f.sums {
+                    *res = sums::written_crcs(&f.buffered, w.offset, w.buf)
+                        .and_then(|(first, crcs)| unsynced.record(s, w.object, first, &crcs));
+                }
+            }
+        }
+        drop(unsynced);
         let mut total = self.stats.lock().unwrap_or_else(|e| e.into_inner());
         total.direct_ops += st.direct_ops;
         total.direct_bytes += st.direct_bytes;
@@ -1014,5 +1273,80 @@ mod tests {
         assert_eq!(s.stats().dir_syncs, 2, "a background creation was not made durable");
         s.sync_all().unwrap();
         assert_eq!(s.stats().dir_syncs, 2);
+    }
+
+    /// Checksums (module `sums`) on both storage paths: a byte flipped on
+    /// the device fails the read of its block (and only that block) and is
+    /// counted; holes, an unaligned end, partial rewrites, truncates and
+    /// punches are no false alarms.
+    #[test]
+    fn a_flipped_byte_fails_its_block_and_nothing_else_does() {
+        for direct in [false, true] {
+            let d = tempfile::tempdir().unwrap();
+            std::fs::create_dir_all(ChunkStore::objects_dir(d.path())).unwrap();
+            let ring = if direct {
+                match probe_direct(&ChunkStore::objects_dir(d.path())) {
+                    Ok(r) => Some(r),
+                    Err(e) => {
+                        eprintln!("no direct path here ({e}): buffered only");
+                        continue;
+                    }
+                }
+            } else {
+                None
+            };
+            let s = ChunkStore::open_with(d.path(), ring).unwrap();
+            let mut data = AlignedBuf::new(3 * 4096);
+            data.as_mut_slice().iter_mut().enumerate().for_each(|(i, b)| *b = (i % 251) as u8 + 1);
+            s.write_at(9, 0, &data.as_slice()[..10_000]).unwrap();
+            s.write_at(9, 1 << 20, b"tail").unwrap();
+            s.sync(9).unwrap();
+            let read = |off: u64, len: usize| {
+                let mut b = AlignedBuf::new(len.div_ceil(4096) * 4096);
+                s.read_at(9, off, &mut b.as_mut_slice()[..len]).map(|n| b.as_slice()[..n].to_vec())
+            };
+            assert_eq!(read(0, 10_000).unwrap(), &data.as_slice()[..10_000]);
+            assert_eq!(read(4096 * 8, 8192).unwrap(), vec![0u8; 8192], "a hole");
+            assert_eq!(read(100, 50).unwrap(), &data.as_slice()[100..150], "an unaligned read");
+            // A partial rewrite (unsynced, then synced), a truncate into a
+            // block and a punch with unaligned ends.
+            s.write_at(9, 5000, b"rewritten").unwrap();
+            read((1 << 20) - 4096, 4100).unwrap();
+            s.sync(9).unwrap();
+            s.truncate(9, 6000).unwrap();
+            assert_eq!(read(4096, 4096).unwrap().len(), 6000 - 4096);
+            s.truncate(9, 20_000).unwrap();
+            s.fallocate(9, 100, 4500, AllocateMode::PunchHole, &StripeSlots::all(1 << 20)).unwrap();
+            let all = read(0, 20_000).unwrap();
+            assert!(all[100..4600].iter().all(|&b| b == 0) && all[4600] != 0);
+            s.sync(9).unwrap();
+            assert_eq!(s.stats().checksum_errors, 0, "a false alarm");
+            assert!(s.check_range(9, 0, u64::MAX, true).unwrap().is_empty());
+
+            // One byte flipped on the device (the file, as a disk would).
+            let path = ChunkStore::objects_dir(d.path()).join(format!("{:016x}", 9));
+            let f = OpenOptions::new().read(true).write(true).open(&path).unwrap();
+            let mut b = [0u8];
+            f.read_exact_at(&mut b, 4700).unwrap();
+            f.write_all_at(&[b[0] ^ 0x20], 4700).unwrap();
+            f.sync_all().unwrap();
+            let e = read(0, 8192).unwrap_err();
+            assert!(e.to_string().contains("checksum"), "{e}");
+            assert_eq!(s.stats().checksum_errors, 1);
+            assert!(read(4096, 100).is_err(), "an unaligned read of the block");
+            read(0, 4096).unwrap();
+            read(8192, 4096).unwrap();
+            let bad = s.check_range(9, 0, u64::MAX, true).unwrap();
+            assert_eq!(bad, [BadBlock { object: 9, offset: 4096 }]);
+            // A batch (the direct path's one submission) too.
+            let mut unit = AlignedBuf::new(8192);
+            let res = s.read_batch(&mut [BatchRead { object: 9, offset: 0, buf: unit.as_mut_slice() }]);
+            assert!(res[0].is_err());
+            // Rewriting the block repairs it; removing takes the sidecar.
+            s.write_at(9, 4096, &data.as_slice()[..4096]).unwrap();
+            read(0, 8192).unwrap();
+            s.remove(9).unwrap();
+            assert!(!sums::sidecar_path(&path).exists());
+        }
     }
 }

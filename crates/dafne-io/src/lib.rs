@@ -23,3 +23,4 @@ pub mod metrics;
 pub mod modes;
 pub mod server;
 pub mod service;
+pub mod sums;

@@ -132,6 +132,12 @@ pub fn render(server: &str, s: &IoStats, cap: &Capacity, transport: &TransportSt
         .sample(&[("path", "direct")], s.storage.direct_bytes)
         .sample(&[("path", "buffered")], s.storage.buffered_bytes);
     t.single("dafne_io_storage_syncs_total", Kind::Counter, "Syncs (fdatasync) of chunk files.", s.storage.syncs);
+    t.single(
+        "dafne_io_checksum_errors_total",
+        Kind::Counter,
+        "Blocks read from storage that did not match their checksum (each such read answered EIO).",
+        s.storage.checksum_errors,
+    );
 
     let u = &s.ucx;
     let ucx: [(&str, &str, u64); 6] = [
@@ -166,6 +172,7 @@ mod tests {
         let read = IoOp::ALL.iter().position(|&o| o == IoOp::Read).unwrap();
         s.ops.by_op[read] = crate::service::OpCount { requests: 3, errors: 1, bytes: 8192 };
         s.unifier.hits = 5;
+        s.storage.checksum_errors = 2;
         let cap = Capacity { cache_bytes: 8 << 20, ..Default::default() };
         let page = render("io-1", &s, &cap, &TransportStatsSnapshot::default());
         let families = dafne_metrics::parse(&page).unwrap_or_else(|e| panic!("{e}\n{page}"));
@@ -181,6 +188,7 @@ mod tests {
         assert_eq!(value("dafne_io_bytes_total", Some("read")), 8192.0);
         assert_eq!(value("dafne_io_bytes_total", Some("write")), 0.0);
         assert_eq!(value("dafne_io_cache_hits_total", None), 5.0);
+        assert_eq!(value("dafne_io_checksum_errors_total", None), 2.0);
         assert_eq!(value("dafne_io_cache_bytes", None), (8 << 20) as f64);
         assert!(families.iter().any(|f| f.name == "dafne_transport_requests_in_flight" && f.kind == "gauge"));
         for f in &families {

@@ -606,6 +606,12 @@ impl Direct {
     /// Maps and registers `[offset, offset + len)` of the object (inside
     /// its size). `None` if the object does not exist.
     fn map(&self, object: u64, offset: u64, len: usize) -> Result<Option<Arc<Region>>, Errno> {
+        // Verify what is mapped first (the put reads the page cache, not
+        // through this store): one read of the range's blocks.
+        let bad = self.store.check_range(object, offset, len as u64, false).map_err(eio("verifying a file range"))?;
+        if !bad.is_empty() {
+            return Err(Errno::EIO);
+        }
         let t = Instant::now();
         let r = self
             .store

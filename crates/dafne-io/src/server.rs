@@ -224,6 +224,7 @@ impl IoStats {
             storage_direct_bytes: self.storage.direct_bytes,
             storage_buffered_ops: self.storage.buffered_ops,
             storage_buffered_bytes: self.storage.buffered_bytes,
+            checksum_errors: self.storage.checksum_errors,
         }
     }
 }
@@ -294,7 +295,8 @@ counters!(
     storage_direct_ops,
     storage_direct_bytes,
     storage_buffered_ops,
-    storage_buffered_bytes
+    storage_buffered_bytes,
+    checksum_errors
 );
 
 thread_local! {

@@ -63,7 +63,9 @@ use std::time::{Duration, SystemTime};
 use futures::channel::oneshot;
 
 use dafne_auth::{CapFloors, Refusal, Secret};
-use dafne_proto::io::{IoOp, IoRequest, IoResponse, KeysFollow, Stability, NO_KEY};
+use dafne_proto::io::{
+    IoOp, IoRequest, IoResponse, KeysFollow, ScrubSlice, Stability, MAX_SCRUB_BAD, NO_KEY, SCRUB_SLICE_BYTES,
+};
 use dafne_proto::{Errno, RIGHT_READ, RIGHT_WRITE};
 use dafne_transport::{ConnHandle, Request as TRequest, RmaSeg, Service};
 use dafne_unifier::{spans, Unifier};
@@ -211,6 +213,9 @@ pub struct IoService {
     /// Requests served with keys that followed them; refused or timed out.
     frrwp_served: Cell<u64>,
     frrwp_refused: Cell<u64>,
+    /// Connections that logged in with the cluster secret (not a
+    /// credential): the only ones allowed to `Scrub`.
+    root_conns: RefCell<std::collections::HashSet<u32>>,
 }
 
 /// The least time between two warnings about refused logins.
@@ -281,6 +286,7 @@ impl IoService {
             keys_deadline: KEYS_DEADLINE,
             frrwp_served: Default::default(),
             frrwp_refused: Default::default(),
+            root_conns: Default::default(),
         }
     }
 
@@ -326,6 +332,7 @@ impl IoService {
     /// cache), so a client that reconnects cannot
     /// pile up entries against [`PARKED_MAX`].
     fn forget_connection(&self, conn_id: u32) {
+        self.root_conns.borrow_mut().remove(&conn_id);
         let mut p = self.parked.borrow_mut();
         let before = p.len();
         p.retain(|(c, _), _| *c != conn_id);
@@ -505,6 +512,7 @@ impl IoService {
             frrwp_requests: self.frrwp_served.get(),
             frrwp_refused: self.frrwp_refused.get(),
             frrwp_parked: self.parked.borrow().len() as u64,
+            checksum_errors: self.store.stats().checksum_errors,
         }
     }
 
@@ -566,7 +574,58 @@ impl IoService {
         }
         conn.set_frame_keys(key.frame_keys(conn.token(), nonce));
         conn.authenticated();
+        if credential.is_none() {
+            self.root_conns.borrow_mut().insert(conn.id());
+        }
         Ok(IoResponse::Done)
+    }
+
+    /// One slice of a scrub (`dafne_proto::io` module docs, "Scrub"): reads
+    /// at most [`dafne_proto::io::SCRUB_SLICE_BYTES`] of the stored objects
+    /// from `(object, offset)` on, from the device, and verifies every
+    /// block. An object's write-backs in flight are waited for first (the
+    /// background writer's data and checksum are then both in the files).
+    async fn scrub(&self, object: u64, offset: u64) -> Result<ScrubSlice, Errno> {
+        let mut out = ScrubSlice::default();
+        let mut budget = SCRUB_SLICE_BYTES;
+        let objects = self.store.objects().map_err(eio("scrub: listing the objects"))?;
+        for o in objects.into_iter().filter(|&o| o >= object) {
+            if budget == 0 {
+                out.next = Some((o, 0));
+                break;
+            }
+            let start = if o == object { offset - offset % crate::sums::BLOCK } else { 0 };
+            if let Backend::Unifier(u) = &self.backend {
+                u.quiesce(o).await;
+            }
+            match self.store.has_sums(o).map_err(eio("scrub: opening an object"))? {
+                None => continue, // removed meanwhile
+                Some(false) => {
+                    out.objects += 1;
+                    out.unverified += 1;
+                    continue;
+                }
+                Some(true) => {}
+            }
+            let size = self.store.size(o).map_err(eio("scrub: stat"))?;
+            let len = size.saturating_sub(start).min(budget);
+            let bad = self.store.check_range(o, start, len, true).map_err(eio("scrub: reading"))?;
+            for b in bad {
+                if out.bad.len() < MAX_SCRUB_BAD {
+                    out.bad.push((b.object, b.offset));
+                } else {
+                    out.more_bad += 1;
+                }
+            }
+            out.bytes += len;
+            budget -= len;
+            if start + len < size {
+                out.next = Some((o, start + len));
+                break;
+            }
+            out.objects += 1;
+        }
+        Ok(out)
     }
 
     async fn serve(&self, conn: &ConnHandle, mut req: IoRequest) -> Result<IoResponse, Errno> {
@@ -585,6 +644,14 @@ impl IoService {
                 return Ok(IoResponse::ServerInfo(Box::new(self.server_info(conn))));
             }
             IoRequest::Keys { tag, keys } => return self.deliver_keys(conn, *tag, std::mem::take(keys)),
+            // Only a login with the cluster secret may scrub (it reads
+            // every object); its capability is not checked.
+            IoRequest::Scrub { object, offset, .. } => {
+                if !self.root_conns.borrow().contains(&conn.id()) {
+                    return Err(Errno::EACCES);
+                }
+                return self.scrub(*object, *offset).await.map(IoResponse::Scrubbed);
+            }
             other => *other.cap().ok_or(Errno::EPROTO)?,
         };
         if self.check_cap(conn, &req, &cap)? {
@@ -717,7 +784,7 @@ impl IoService {
                 Ok(IoResponse::Revoked { instance, seq })
             }
             (IoRequest::Login { .. }, _) => Ok(IoResponse::Done),
-            (IoRequest::Keys { .. }, _) => Err(Errno::EPROTO), // answered above
+            (IoRequest::Keys { .. } | IoRequest::Scrub { .. }, _) => Err(Errno::EPROTO), // answered above
             (IoRequest::ServerInfo { .. }, _) => {
                 injected_panic();
                 Ok(IoResponse::ServerInfo(Box::new(self.server_info(conn))))

@@ -36,6 +36,7 @@
 //! | Login | 72 | client_name str, nonce \[16\], mac \[32\], credential? | `Done`: empty |
 //! | Allocate | 73 | capability, offset u64, len u64, mode u8, stripes | `Done`: empty |
 //! | Keys | 74 | tag u64, keys (1..=[`MAX_IO_KEYS`]) | `Done`: empty |
+//! | Scrub | 75 | capability, object u64, offset u64 | `Scrubbed`: [`ScrubSlice`] |
 //!
 //! Numbers are never reused: a retired op keeps its number, unassigned.
 //!
@@ -148,6 +149,18 @@
 //! field order; a decoder takes the fields it knows and ignores the rest,
 //! so fields can be added at the end without a version change.
 //!
+//! # Scrub
+//!
+//! `Scrub` asks the server to read the blocks it stores from the device
+//! and verify each against its checksum, one bounded slice per request
+//! (at most [`SCRUB_SLICE_BYTES`] read, so serving goes on between
+//! slices): from `(object, offset)`, in object id order; the reply says
+//! what the slice checked, its bad blocks (at most [`MAX_SCRUB_BAD`],
+//! the rest counted) and where the next slice starts (`None`: done).
+//! Only a connection that logged in with the cluster secret (not a
+//! credential) may ask (`EACCES` otherwise); its capability is not
+//! checked, as for `ServerInfo`.
+//!
 //! # Login
 //!
 //! An io server drops a connection that has not shown a genuine
@@ -210,6 +223,9 @@ ops! {
         /// The keys of a `Read` or `Write` sent ahead of them (module docs,
         /// "Keys that follow (FRRWP)").
         Keys = 74,
+        /// Verify a slice of the server's stored blocks against their
+        /// checksums (module docs, "Scrub").
+        Scrub = 75,
     }
 }
 
@@ -579,6 +595,13 @@ pub enum IoRequest {
     ServerInfo {
         cap: Capability,
     },
+    /// Verify the next slice of stored blocks from `(object, offset)`
+    /// (module docs, "Scrub"; the capability's object is not used).
+    Scrub {
+        cap: Capability,
+        object: u64,
+        offset: u64,
+    },
     /// Revocations from meta's log, signed by meta (the capability, with
     /// write rights, is the relay's; the batch's MAC is what counts).
     Revoke {
@@ -627,6 +650,7 @@ impl IoRequest {
             IoRequest::Sync { .. } => IoOp::Sync,
             IoRequest::Stat { .. } => IoOp::Stat,
             IoRequest::ServerInfo { .. } => IoOp::ServerInfo,
+            IoRequest::Scrub { .. } => IoOp::Scrub,
             IoRequest::Revoke { .. } => IoOp::Revoke,
             IoRequest::Login { .. } => IoOp::Login,
             IoRequest::Allocate { .. } => IoOp::Allocate,
@@ -645,6 +669,7 @@ impl IoRequest {
             | IoRequest::Sync { cap }
             | IoRequest::Stat { cap }
             | IoRequest::ServerInfo { cap }
+            | IoRequest::Scrub { cap, .. }
             | IoRequest::Revoke { cap, .. }
             | IoRequest::Allocate { cap, .. } => Some(cap),
             IoRequest::Login { .. } | IoRequest::Keys { .. } => None,
@@ -661,6 +686,7 @@ impl IoRequest {
             | IoRequest::Sync { cap }
             | IoRequest::Stat { cap }
             | IoRequest::ServerInfo { cap }
+            | IoRequest::Scrub { cap, .. }
             | IoRequest::Revoke { cap, .. }
             | IoRequest::Allocate { cap, .. } => Some(cap),
             IoRequest::Login { .. } | IoRequest::Keys { .. } => None,
@@ -679,6 +705,7 @@ impl IoRequest {
             | IoRequest::Sync { .. }
             | IoRequest::Stat { .. }
             | IoRequest::ServerInfo { .. }
+            | IoRequest::Scrub { .. }
             | IoRequest::Login { .. }
             | IoRequest::Revoke { .. }
             | IoRequest::Keys { .. }
@@ -715,6 +742,10 @@ impl IoRequest {
                 w.put_bytes(inline);
             }
             IoRequest::Truncate { size, .. } => w.put_u64(*size),
+            IoRequest::Scrub { object, offset, .. } => {
+                w.put_u64(*object);
+                w.put_u64(*offset);
+            }
             IoRequest::Revoke { batch, .. } => batch.put(w),
             IoRequest::Allocate { offset, len, mode, stripes, .. } => {
                 w.put_u64(*offset);
@@ -810,6 +841,9 @@ impl IoRequest {
             IoOp::Sync => IoRequest::Sync { cap },
             IoOp::Stat => IoRequest::Stat { cap },
             IoOp::ServerInfo => IoRequest::ServerInfo { cap },
+            IoOp::Scrub => {
+                IoRequest::Scrub { cap, object: r.u64("io scrub object")?, offset: r.u64("io scrub offset")? }
+            }
             IoOp::Revoke => IoRequest::Revoke { cap, batch: crate::Revocations::get(r)? },
             IoOp::Allocate => {
                 let offset = r.u64("io allocate offset")?;
@@ -923,6 +957,9 @@ server_info! {
     /// Requests parked now, waiting for their keys (a gauge: tests wait
     /// on it instead of sleeping).
     frrwp_parked,
+    /// Blocks read from storage that did not match their checksum (each
+    /// such read answered `EIO`).
+    checksum_errors,
 }
 
 /// A reply's byte count, at most [`MAX_IO_BYTES`].
@@ -1023,6 +1060,67 @@ pub enum IoResponse {
     /// meta instance (0, 0: none yet). A batch that did not follow on
     /// from it was not applied; the relay then sends what does.
     Revoked { instance: u64, seq: u64 },
+    /// Scrub: what one slice checked.
+    Scrubbed(ScrubSlice),
+}
+
+/// Most bytes one `Scrub` request reads from the device (module docs,
+/// "Scrub"): 16 MiB, some tens of milliseconds of the server's loop on a
+/// disk that reads a few hundred MiB/s (the loop serves nothing else
+/// meanwhile; other requests wait at most that long).
+pub const SCRUB_SLICE_BYTES: u64 = 16 << 20;
+/// Most bad blocks one `Scrub` reply names (the rest are counted).
+pub const MAX_SCRUB_BAD: usize = 1024;
+
+/// What one `Scrub` slice checked (module docs, "Scrub").
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct ScrubSlice {
+    /// Objects finished in this slice.
+    pub objects: u64,
+    /// Of those, objects stored without checksums (written before the
+    /// server had them): read, not verified.
+    pub unverified: u64,
+    /// Bytes read and verified.
+    pub bytes: u64,
+    /// Bad blocks: (object, offset of the 4 KiB block).
+    pub bad: Vec<(u64, u64)>,
+    /// Bad blocks past [`MAX_SCRUB_BAD`], not named.
+    pub more_bad: u64,
+    /// Where the next slice starts; `None`: every object was checked.
+    pub next: Option<(u64, u64)>,
+}
+
+impl Wire for ScrubSlice {
+    fn put(&self, w: &mut Writer) {
+        w.put_u64(self.objects);
+        w.put_u64(self.unverified);
+        w.put_u64(self.bytes);
+        w.put_len(self.bad.len());
+        for (o, off) in &self.bad {
+            w.put_u64(*o);
+            w.put_u64(*off);
+        }
+        w.put_u64(self.more_bad);
+        w.put_bool(self.next.is_some());
+        let (o, off) = self.next.unwrap_or_default();
+        w.put_u64(o);
+        w.put_u64(off);
+    }
+
+    fn get(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        let objects = r.u64("io scrub objects")?;
+        let unverified = r.u64("io scrub unverified")?;
+        let bytes = r.u64("io scrub bytes")?;
+        let n = r.count("io scrub bad blocks", MAX_SCRUB_BAD, 16)?;
+        let mut bad = Vec::with_capacity(n);
+        for _ in 0..n {
+            bad.push((r.u64("io scrub bad object")?, r.u64("io scrub bad offset")?));
+        }
+        let more_bad = r.u64("io scrub more bad")?;
+        let more = r.bool("io scrub more")?;
+        let next = (r.u64("io scrub next object")?, r.u64("io scrub next offset")?);
+        Ok(ScrubSlice { objects, unverified, bytes, bad, more_bad, next: more.then_some(next) })
+    }
 }
 
 impl IoResponse {
@@ -1043,6 +1141,7 @@ impl IoResponse {
             (IoResponse::Stat { .. }, IoOp::Stat) => true,
             (IoResponse::ServerInfo(_), IoOp::ServerInfo) => true,
             (IoResponse::Revoked { .. }, IoOp::Revoke) => true,
+            (IoResponse::Scrubbed(_), IoOp::Scrub) => true,
             _ => false,
         }
     }
@@ -1060,6 +1159,7 @@ impl IoResponse {
                 w.put_u64(*instance);
                 w.put_u64(*seq);
             }
+            IoResponse::Scrubbed(s) => s.put(w),
             IoResponse::ServerInfo(info) => {
                 let f = info.fields();
                 w.put_len(f.len());
@@ -1089,6 +1189,7 @@ impl IoResponse {
             IoOp::Revoke => {
                 IoResponse::Revoked { instance: r.u64("io revoked instance")?, seq: r.u64("io revoked seq")? }
             }
+            IoOp::Scrub => IoResponse::Scrubbed(ScrubSlice::get(r)?),
             IoOp::ServerInfo => {
                 let n = r.count("io server info fields", MAX_INFO_FIELDS, 8)?;
                 let mut values = Vec::with_capacity(n);
@@ -1214,6 +1315,7 @@ mod tests {
                 keys_follow: None,
             },
             IoRequest::Truncate { cap: cap(), size: 12345 },
+            IoRequest::Scrub { cap: cap(), object: 7, offset: u64::MAX },
             allocate(0, 8 << 20, AllocateMode::Reserve, StripeSlots { unit: 1 << 20, count: 4, slots: vec![1] }),
             allocate(7, 1, AllocateMode::ReserveKeepSize, StripeSlots::all(4096)),
             allocate(
@@ -1285,6 +1387,18 @@ mod tests {
             (IoOp::Keys, IoResponse::Done),
             (IoOp::Stat, IoResponse::Stat { size: u64::MAX }),
             (IoOp::Revoke, IoResponse::Revoked { instance: 3, seq: u64::MAX }),
+            (
+                IoOp::Scrub,
+                IoResponse::Scrubbed(ScrubSlice {
+                    objects: 3,
+                    unverified: 1,
+                    bytes: 1 << 30,
+                    bad: vec![(9, 4096), (u64::MAX, 0)],
+                    more_bad: 2,
+                    next: Some((10, 0)),
+                }),
+            ),
+            (IoOp::Scrub, IoResponse::Scrubbed(ScrubSlice::default())),
             (
                 IoOp::ServerInfo,
                 IoResponse::ServerInfo(Box::new(ServerInfo { capacity_bytes: 1 << 40, mode: 2, ..Default::default() })),
@@ -1451,7 +1565,7 @@ mod tests {
     #[test]
     fn op_numbers_are_stable() {
         let got: Vec<u16> = IoOp::ALL.iter().map(|op| u16::from(*op)).collect();
-        assert_eq!(got, (64..=74).collect::<Vec<u16>>());
+        assert_eq!(got, (64..=75).collect::<Vec<u16>>());
         for op in IoOp::ALL {
             assert_eq!(IoOp::from_u16(u16::from(*op)), Some(*op));
         }
@@ -1625,8 +1739,8 @@ mod tests {
         b[4] = 1;
         assert_eq!(decode_io_request(&b), Err(DecodeError::TooLong { what: "groups", len: 77, max: 32 }));
         let mut b = good.clone();
-        b[2..4].copy_from_slice(&75u16.to_le_bytes());
-        assert_eq!(decode_io_request(&b), Err(DecodeError::UnknownOp(75)));
+        b[2..4].copy_from_slice(&76u16.to_le_bytes());
+        assert_eq!(decode_io_request(&b), Err(DecodeError::UnknownOp(76)));
         // The header alone decodes for a server that must reply.
         let hdr = IoRequestHeader::decode(&good).unwrap();
         assert_eq!((hdr.op, hdr.envelope(), hdr.body_len), (IoOp::Truncate, ENV, 75));
@@ -1795,7 +1909,7 @@ mod tests {
         let body = IoReplyHeader::SIZE;
         w[body..body + 4].copy_from_slice(&(MAX_INFO_FIELDS as u32 + 1).to_le_bytes());
         assert!(decode_io_reply(&w).is_err());
-        assert_eq!(n, 30, "update the field count in tests/io_roundtrip.rs");
+        assert_eq!(n, 31, "update the field count in tests/io_roundtrip.rs");
     }
 
     #[test]

@@ -253,8 +253,8 @@ pub use frame::{
 };
 pub use io::{
     decode_io_reply, decode_io_request, encode_io_reply, encode_io_request, AllocateMode, IoExtent, IoOp, IoRequest,
-    IoResponse, KeysFollow, ServerInfo, Stability, StripeSlots, MAX_INLINE, MAX_IO_BYTES, MAX_IO_EXTENTS, MAX_IO_KEYS,
-    MAX_IO_KEY_BYTES, MAX_IO_REPLY_LEN, MAX_IO_REQUEST_LEN, NO_KEY,
+    IoResponse, KeysFollow, ScrubSlice, ServerInfo, Stability, StripeSlots, MAX_INLINE, MAX_IO_BYTES, MAX_IO_EXTENTS,
+    MAX_IO_KEYS, MAX_IO_KEY_BYTES, MAX_IO_REPLY_LEN, MAX_IO_REQUEST_LEN, MAX_SCRUB_BAD, NO_KEY,
 };
 pub use lock::{LockKind, LockRange, OwnerLocks, LOCK_FAIR, LOCK_FLAGS, LOCK_RECLAIM, LOCK_WAIT};
 pub use msg::{Change, CompoundOp, HeldOpen, LockHolder, Op, Orphan, Request, Response};
@@ -283,8 +283,9 @@ pub use types::{
 /// advice ([`CacheAdvice`]: unit size, replacement policy) to the io servers,
 /// and SetAttr a grow-only size (`grow_to`). 11: a Read or Write whose
 /// keys follow it (`keys_follow`) and the io op Keys (74) that brings them
-/// (FRRWP; `io` module docs, "Keys that follow").
-pub const PROTO_VERSION: u16 = 11;
+/// (FRRWP; `io` module docs, "Keys that follow"). 12: the io op Scrub (75)
+/// and `ServerInfo`'s `checksum_errors`.
+pub const PROTO_VERSION: u16 = 12;
 
 /// Request header `flags`: the body starts with the caller's supplementary
 /// groups, `n u8` (1..=[`MAX_GROUPS`]) and `n × u32`. Bits other than this

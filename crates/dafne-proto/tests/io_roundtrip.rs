@@ -209,6 +209,7 @@ fn request() -> impl Strategy<Value = IoRequest> {
         1 => capability().prop_map(|cap| IoRequest::Sync { cap }),
         1 => capability().prop_map(|cap| IoRequest::Stat { cap }),
         1 => capability().prop_map(|cap| IoRequest::ServerInfo { cap }),
+        1 => (capability(), any::<u64>(), any::<u64>()).prop_map(|(cap, object, offset)| IoRequest::Scrub { cap, object, offset }),
         1 => ("\\PC{0,64}", any::<[u8; 16]>(), any::<[u8; 32]>(), proptest::option::of(credential())).prop_map(
             |(client_name, nonce, mac, credential)| IoRequest::Login { client_name, nonce, mac, credential }
         ),
@@ -253,7 +254,10 @@ fn reply() -> impl Strategy<Value = (IoOp, Result<IoResponse, Errno>)> {
         2 => one_of(&[IoOp::Truncate, IoOp::Remove, IoOp::Sync, IoOp::Login, IoOp::Allocate, IoOp::Keys]).prop_map(|op| (op, Ok(IoResponse::Done))),
         1 => any::<u64>().prop_map(|size| (IoOp::Stat, Ok(IoResponse::Stat { size }))),
         1 => (any::<u64>(), any::<u64>()).prop_map(|(instance, seq)| (IoOp::Revoke, Ok(IoResponse::Revoked { instance, seq }))),
-        1 => vec(any::<u64>(), 30).prop_map(|v| (IoOp::ServerInfo, Ok(IoResponse::ServerInfo(Box::new(ServerInfo::from_values(&v)))))),
+        1 => (any::<[u64; 4]>(), vec((any::<u64>(), any::<u64>()), 0..=MAX_SCRUB_BAD), proptest::option::of((any::<u64>(), any::<u64>()))).prop_map(|(v, bad, next)| {
+            (IoOp::Scrub, Ok(IoResponse::Scrubbed(ScrubSlice { objects: v[0], unverified: v[1], bytes: v[2], bad, more_bad: v[3], next })))
+        }),
+        1 => vec(any::<u64>(), 31).prop_map(|v| (IoOp::ServerInfo, Ok(IoResponse::ServerInfo(Box::new(ServerInfo::from_values(&v)))))),
         2 => (one_of(IoOp::ALL), errno()).prop_map(|(op, e)| (op, Err(e))),
     ]
 }

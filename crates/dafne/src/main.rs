@@ -13,6 +13,7 @@ mod credential;
 mod local;
 mod mount;
 mod nbd;
+mod scrub;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -53,6 +54,10 @@ enum Cmd {
     /// 4k–64k, replacement policy lru or clock), or show it: `dafne advise
     /// dafne:/data --unit 16k --policy clock`.
     Advise(advise::AdviseArgs),
+    /// Read every stored block on every io server and verify it against
+    /// its checksum; print what was checked and every bad block (exit
+    /// status non-zero if any). Needs the cluster secret.
+    Scrub(scrub::ScrubArgs),
     /// Print a commented example configuration (the embedded defaults).
     Config,
     /// The supervisor `dafne up` starts.
@@ -633,6 +638,7 @@ fn run() -> Result<()> {
         Cmd::Status(a) => local::status(a),
         Cmd::Cp(a) => copy::cp(a),
         Cmd::Advise(a) => advise::advise(a),
+        Cmd::Scrub(a) => scrub::scrub(a),
         Cmd::Credential(c) => credential::run(c),
         Cmd::Config => {
             print!("{}", cluster::EXAMPLE);

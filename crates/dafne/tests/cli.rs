@@ -689,3 +689,62 @@ fn cp_copies_in_and_out_byte_exact_and_refuses_mistakes() {
     }
     assert!(!scratch.path().join("y").exists() && !scratch.path().join("z").exists());
 }
+
+/// `dafne scrub` (checksums, issue 13): an untouched cluster scrubs clean;
+/// after one byte of a file is flipped in its chunk file on disk while the
+/// cluster is down, a copy out of that file fails (the io server answers
+/// EIO, never the flipped bytes), `checksum_errors` counts it, and scrub
+/// names the object and the block's offset and exits non-zero; the other
+/// file still copies out byte-exact.
+#[test]
+fn scrub_names_a_block_flipped_on_disk_and_exits_nonzero() {
+    let c = Cluster::new(2);
+    assert!(c.up(2).status.success());
+    let d = c.d();
+    let scratch = tempfile::tempdir().unwrap();
+    let (good, bad) = (pattern(300_123, 1), pattern(1_000_001, 2));
+    for (name, data) in [("good", &good), ("bad", &bad)] {
+        let src = scratch.path().join(name);
+        std::fs::write(&src, data).unwrap();
+        let o = run(&["cp", "--dir", &d, src.to_str().unwrap(), &format!("dafne:/{name}")]);
+        assert!(o.status.success(), "{}", text(&o));
+    }
+    let o = run(&["scrub", "--dir", &d]);
+    assert!(o.status.success(), "an untouched cluster scrubs clean: {}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).matches(" 0 bad blocks").count() == 2, "{}", text(&o));
+    // Stopped cleanly: every byte is on disk. Flip one in the chunk file
+    // that holds the start of "bad" (found by its first bytes).
+    let o = run(&["down", "--dir", &d]);
+    assert!(o.status.success(), "{}", text(&o));
+    let chunks: Vec<PathBuf> = (0..2)
+        .flat_map(|i| std::fs::read_dir(c.path().join(format!("io-{i}")).join("objects")).unwrap())
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_none())
+        .filter(|p| std::fs::read(p).unwrap().starts_with(&bad[..4096]))
+        .collect();
+    assert_eq!(chunks.len(), 1, "{chunks:?}");
+    let object = u64::from_str_radix(chunks[0].file_name().unwrap().to_str().unwrap(), 16).unwrap();
+    let mut bytes = std::fs::read(&chunks[0]).unwrap();
+    bytes[5000] ^= 0x40;
+    std::fs::write(&chunks[0], &bytes).unwrap();
+
+    assert!(c.up(2).status.success());
+    let back = scratch.path().join("back");
+    let o = run(&["cp", "--dir", &d, "dafne:/bad", back.to_str().unwrap()]);
+    assert!(!o.status.success(), "the flipped block was served");
+    if let Ok(got) = std::fs::read(&back) {
+        assert!(got.len() < 5001 || got[5000] == bad[5000], "the flipped byte reached the copy");
+    }
+    let o = run(&["cp", "--dir", &d, "-f", "dafne:/good", back.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(std::fs::read(&back).unwrap() == good);
+    let st = c.status_json();
+    let errors: u64 = st["io"].as_array().unwrap().iter().map(|i| i["info"]["checksum_errors"].as_u64().unwrap()).sum();
+    assert!(errors >= 1, "not counted: {st}");
+    let o = run(&["scrub", "--dir", &d]);
+    let out = text(&o);
+    assert!(!o.status.success(), "scrub found a bad block and exited 0: {out}");
+    let line = format!("bad block: object {object:016x} offset 4096: no replica to repair from");
+    assert!(out.contains(&line), "{line:?} not in: {out}");
+    assert_eq!(out.matches("bad block: ").count(), 1, "{out}");
+}

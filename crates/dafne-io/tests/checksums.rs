@@ -1,0 +1,283 @@
+//! Checksums end to end on real io server processes, on both storage
+//! paths: files written through the client and synced, one byte flipped in
+//! a chunk file on disk while the server is down; after a restart, a read
+//! of that block answers `EIO` (never the flipped bytes), `checksum_errors`
+//! counts it, and a scrub names the object and the block's offset. Holes,
+//! sizes that are not a multiple of 4 KiB, a partial overwrite, a truncate
+//! and a punched hole raise no false alarm (scrub of the untouched files
+//! is clean, and every file reads back as written).
+
+mod common;
+
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use common::{pattern, spawn_io_storage, start_meta, IoProc};
+
+use dafne_client::data::{DataClient, LOGGED_IN};
+use dafne_client::file::Fs;
+use dafne_client::{MetaSession, ROOT_INO};
+use dafne_proto::io::{AllocateMode, Stability};
+use dafne_proto::{Errno, LayoutHint};
+
+/// Every slice of a scrub of the client's server 0: (objects, bytes, bad blocks).
+fn scrub(d: &DataClient) -> (u64, u64, Vec<(u64, u64)>) {
+    let (mut objects, mut bytes, mut bad, mut at) = (0, 0, Vec::new(), (0, 0));
+    loop {
+        let s = futures::executor::block_on(d.scrub_slice(0, at.0, at.1)).unwrap();
+        objects += s.objects;
+        bytes += s.bytes;
+        bad.extend(s.bad);
+        match s.next {
+            Some(n) => at = n,
+            None => return (objects, bytes, bad),
+        }
+    }
+}
+
+fn checksum_errors(d: &DataClient) -> u64 {
+    futures::executor::block_on(d.server_info(0, LOGGED_IN)).unwrap().checksum_errors
+}
+
+/// The chunk file whose length is `len` (the object of a file of that size).
+fn chunk_of_size(dir: &Path, len: u64) -> (u64, PathBuf) {
+    let objects = dir.join("objects");
+    let found: Vec<_> = std::fs::read_dir(&objects)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_none() && p.metadata().unwrap().len() == len)
+        .collect();
+    assert_eq!(found.len(), 1, "chunk files of {len} bytes in {}: {found:?}", objects.display());
+    let id = u64::from_str_radix(found[0].file_name().unwrap().to_str().unwrap(), 16).unwrap();
+    (id, found[0].clone())
+}
+
+fn a_flipped_byte_is_eio_and_scrub_names_it(storage: &str) {
+    let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    std::fs::create_dir_all(&base).unwrap();
+    let root = tempfile::tempdir_in(base).unwrap();
+    let (meta, secret) = start_meta(root.path(), 1, 64 << 10, 1);
+    let data_dir = root.path().join("io0");
+    let rt = common::runtime("checksums");
+    let s = dafne_auth::Secret::load(&secret).unwrap();
+    let m = MetaSession::connect(&rt, meta.addr, &s, "checksums", 0, 0).unwrap();
+    let hint = Some(LayoutHint { stripe_unit: 64 << 10, stripe_count: 1 });
+    let start = || -> (IoProc, Fs, DataClient) {
+        let io = spawn_io_storage(&data_dir, &secret, 16, "127.0.0.1:0", storage);
+        let fs = Fs::new(m.clone(), DataClient::connect(&rt, &[io.addr], &s).unwrap());
+        let admin = DataClient::connect(&rt, &[io.addr], &s).unwrap();
+        (io, fs, admin)
+    };
+
+    let (io, fs, admin) = start();
+    // The victim: 300 123 bytes (a partial last block), synced.
+    let victim = pattern(300_123, 1);
+    let f = fs.create(ROOT_INO, b"victim", 0o644, hint).unwrap();
+    f.write_at(0, &victim, Stability::Unstable).unwrap();
+    f.fsync().unwrap();
+    let victim_ino = f.attr().ino;
+    f.close().unwrap();
+    // Files that must stay clean: a hole between two writes, a partial
+    // overwrite of a synced block, a truncate into a block, a punched
+    // hole with unaligned ends.
+    let mut clean: Vec<(u64, Vec<u8>)> = Vec::new();
+    let f = fs.create(ROOT_INO, b"holes", 0o644, hint).unwrap();
+    let mut want = vec![0u8; (1 << 20) + 10];
+    want[..5000].copy_from_slice(&pattern(5000, 2));
+    want[1 << 20..].copy_from_slice(b"0123456789");
+    f.write_at(0, &want[..5000], Stability::Unstable).unwrap();
+    f.write_at(1 << 20, &want[1 << 20..], Stability::FileSync).unwrap();
+    f.fsync().unwrap();
+    f.write_at(3000, b"partial", Stability::Unstable).unwrap();
+    want[3000..3007].copy_from_slice(b"partial");
+    f.fsync().unwrap();
+    clean.push((f.attr().ino, want));
+    f.close().unwrap();
+    let f = fs.create(ROOT_INO, b"cut", 0o644, hint).unwrap();
+    let mut want = pattern(200_000, 3);
+    f.write_at(0, &want, Stability::Unstable).unwrap();
+    f.fsync().unwrap();
+    f.truncate(150_001).unwrap();
+    want.truncate(150_001);
+    f.fallocate(10_000, 70_000, AllocateMode::PunchHole).unwrap();
+    want[10_000..80_000].fill(0);
+    f.fsync().unwrap();
+    clean.push((f.attr().ino, want));
+    f.close().unwrap();
+
+    // On disk: synced; read back from storage by a new server.
+    drop((fs, admin, io));
+    let (io, fs, admin) = start();
+    let read_all = |fs: &Fs, ino: u64, len: usize| {
+        let f = fs.open(ino, dafne_proto::OPEN_READ).unwrap();
+        let mut got = vec![0u8; len];
+        let r = f.read_at(0, &mut got).map(|n| {
+            got.truncate(n);
+            got
+        });
+        f.close().unwrap();
+        r
+    };
+    assert_eq!(read_all(&fs, victim_ino, victim.len()).unwrap(), victim, "{storage}");
+    for (ino, want) in &clean {
+        assert!(read_all(&fs, *ino, want.len()).unwrap() == *want, "{storage}: file ino {ino} read back otherwise");
+    }
+    let (objects, bytes, bad) = scrub(&admin);
+    assert_eq!((objects, bad.len()), (3, 0), "{storage}: a scrub of untouched files ({bytes} bytes): {bad:?}");
+    assert_eq!(checksum_errors(&admin), 0, "{storage}: a false alarm");
+
+    // One byte flipped on the disk while the server is down.
+    drop((fs, admin, io));
+    let (object, chunk) = chunk_of_size(&data_dir, victim.len() as u64);
+    let file = std::fs::OpenOptions::new().read(true).write(true).open(&chunk).unwrap();
+    let mut b = [0u8];
+    file.read_exact_at(&mut b, 70_000).unwrap();
+    file.write_all_at(&[b[0] ^ 0x01], 70_000).unwrap();
+    file.sync_all().unwrap();
+    drop(file);
+
+    let (io, fs, admin) = start();
+    let f = fs.open(victim_ino, dafne_proto::OPEN_READ).unwrap();
+    let mut got = vec![0u8; 4096];
+    assert_eq!(f.read_at(68 << 10, &mut got), Err(Errno::EIO), "{storage}: the bad block was served");
+    // Not from the cache either, the second time (a failed fill keeps no unit).
+    assert_eq!(f.read_at(70_000, &mut got[..10]), Err(Errno::EIO), "{storage}: the bad block was served");
+    // The other units of the file read as before.
+    let n = f.read_at(0, &mut got).unwrap();
+    assert_eq!(&got[..n], &victim[..4096]);
+    let n = f.read_at(200_000, &mut got).unwrap();
+    assert_eq!(&got[..n], &victim[200_000..204_096]);
+    f.close().unwrap();
+    assert!(checksum_errors(&admin) >= 1, "{storage}: not counted");
+    let (objects, _, bad) = scrub(&admin);
+    assert_eq!(objects, 3);
+    assert_eq!(bad, [(object, 70_000 / 4096 * 4096)], "{storage}: scrub did not name the bad block alone");
+    for (ino, want) in &clean {
+        assert!(read_all(&fs, *ino, want.len()).unwrap() == *want, "{storage}: file ino {ino} read back otherwise");
+    }
+    drop((fs, admin, io));
+}
+
+#[test]
+fn a_flipped_byte_is_eio_and_scrub_names_it_buffered() {
+    a_flipped_byte_is_eio_and_scrub_names_it("buffered");
+}
+
+#[test]
+fn a_flipped_byte_is_eio_and_scrub_names_it_direct() {
+    a_flipped_byte_is_eio_and_scrub_names_it("direct");
+}
+
+/// Scrub reads every object: only a login with the cluster secret may ask.
+#[test]
+fn a_credential_may_not_scrub() {
+    let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    std::fs::create_dir_all(&base).unwrap();
+    let root = tempfile::tempdir_in(base).unwrap();
+    let (_meta, secret) = start_meta(root.path(), 1, 64 << 10, 1);
+    let io = spawn_io_storage(&root.path().join("io0"), &secret, 16, "127.0.0.1:0", "buffered");
+    let rt = common::runtime("checksums-cred");
+    let s = dafne_auth::Secret::load(&secret).unwrap();
+    let policy = dafne_proto::Credential {
+        name: "someone".into(),
+        uids: vec![dafne_proto::IdRange { first: 1000, last: 1000 }],
+        gids: vec![dafne_proto::IdRange { first: 1000, last: 1000 }],
+        root: false,
+    };
+    let cred = dafne_auth::CredentialFile::issue(&s, policy).unwrap();
+    let d = DataClient::connect(&rt, &[io.addr], dafne_auth::LoginKey::from(cred)).unwrap();
+    assert_eq!(futures::executor::block_on(d.scrub_slice(0, 0, 0)), Err(Errno::EACCES));
+    drop(io);
+}
+
+/// The comparison modes read through the page cache with `pread`
+/// (`normal`) or map the range (`mmap`): both verify what they serve.
+#[test]
+fn the_normal_and_mmap_modes_answer_eio_for_a_flipped_byte() {
+    use dafne_io::server::{IoArgs, ModeArgs, ServingMode};
+    for mode in [ServingMode::Normal, ServingMode::Mmap] {
+        let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+        std::fs::create_dir_all(&base).unwrap();
+        let root = tempfile::tempdir_in(base).unwrap();
+        let (meta, secret) = start_meta(root.path(), 1, 1 << 20, 1);
+        let args = IoArgs {
+            data_dir: root.path().join("io0"),
+            listen: "127.0.0.1:0".parse().unwrap(),
+            secret: secret.clone(),
+            cache_mib: 16,
+            ucx: common::ucx_args(),
+            storage: dafne_io::chunk::StorageMode::Buffered,
+        };
+        let io = dafne_io::server::start_with(&args, ModeArgs { mode, ..Default::default() }).unwrap();
+        let rt = common::runtime("checksums-modes");
+        let s = dafne_auth::Secret::load(&secret).unwrap();
+        let m = MetaSession::connect(&rt, meta.addr, &s, "checksums", 0, 0).unwrap();
+        let d = DataClient::connect(&rt, &[io.addr], &s).unwrap();
+        let a = m.create_with(ROOT_INO, b"f", 0o644, true, None).unwrap();
+        let f = m.open(a.ino, dafne_proto::OPEN_READ | dafne_proto::OPEN_WRITE).unwrap();
+        let want = pattern(300_123, 5);
+        futures::executor::block_on(d.write_at(&f, 0, &want, Stability::Unstable)).unwrap();
+        let mut got = vec![0u8; want.len()];
+        futures::executor::block_on(d.read_at(&f, 0, &mut got)).unwrap();
+        assert!(got == want, "{mode}");
+        assert_eq!(checksum_errors(&d), 0, "{mode}: a false alarm");
+
+        let (object, chunk) = chunk_of_size(&args.data_dir, want.len() as u64);
+        let file = std::fs::OpenOptions::new().read(true).write(true).open(&chunk).unwrap();
+        let mut b = [0u8];
+        file.read_exact_at(&mut b, 70_000).unwrap();
+        file.write_all_at(&[b[0] ^ 0x80], 70_000).unwrap();
+        drop(file);
+        let mut block = vec![0u8; 200_000];
+        let r = futures::executor::block_on(d.read_at(&f, 0, &mut block));
+        assert_eq!(r, Err(Errno::EIO), "{mode}: the flipped block was served");
+        futures::executor::block_on(d.read_at(&f, 0, &mut block[..65536])).unwrap();
+        assert!(block[..65536] == want[..65536], "{mode}");
+        assert!(checksum_errors(&d) >= 1, "{mode}: not counted");
+        assert_eq!(scrub(&d).2, [(object, 69_632)], "{mode}");
+    }
+}
+
+/// A scrub longer than one slice goes on where the last one stopped, and
+/// finds a bad block past the first slices.
+#[test]
+fn scrub_goes_on_across_slices() {
+    let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    std::fs::create_dir_all(&base).unwrap();
+    let root = tempfile::tempdir_in(base).unwrap();
+    let (meta, secret) = start_meta(root.path(), 1, 1 << 20, 1);
+    let data_dir = root.path().join("io0");
+    let io = spawn_io_storage(&data_dir, &secret, 16, "127.0.0.1:0", "buffered");
+    let rt = common::runtime("checksums-slices");
+    let s = dafne_auth::Secret::load(&secret).unwrap();
+    let m = MetaSession::connect(&rt, meta.addr, &s, "checksums", 0, 0).unwrap();
+    let fs = Fs::new(m, DataClient::connect(&rt, &[io.addr], &s).unwrap());
+    let len = 2 * dafne_proto::io::SCRUB_SLICE_BYTES as usize + 12_345;
+    let f = fs.create(ROOT_INO, b"big", 0o644, None).unwrap();
+    f.write_at(0, &pattern(len, 9), Stability::Unstable).unwrap();
+    f.fsync().unwrap();
+    f.close().unwrap();
+    let (object, chunk) = chunk_of_size(&data_dir, len as u64);
+    let at = len as u64 - 5000;
+    let file = std::fs::OpenOptions::new().read(true).write(true).open(&chunk).unwrap();
+    let mut b = [0u8];
+    file.read_exact_at(&mut b, at).unwrap();
+    file.write_all_at(&[!b[0]], at).unwrap();
+    drop(file);
+    let admin = DataClient::connect(&rt, &[io.addr], &s).unwrap();
+    let (mut slices, mut bytes, mut bad, mut next) = (0, 0, Vec::new(), (0, 0));
+    loop {
+        let sl = futures::executor::block_on(admin.scrub_slice(0, next.0, next.1)).unwrap();
+        slices += 1;
+        bytes += sl.bytes;
+        bad.extend(sl.bad);
+        match sl.next {
+            Some(n) => next = n,
+            None => break,
+        }
+    }
+    assert!(slices >= 3, "{slices} slices");
+    assert_eq!(bytes, len as u64);
+    assert_eq!(bad, [(object, at / 4096 * 4096)]);
+    drop(io);
+}
