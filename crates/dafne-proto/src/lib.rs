@@ -267,7 +267,9 @@ pub use io::{
     MAX_IO_KEY_BYTES, MAX_IO_REPLY_LEN, MAX_IO_REQUEST_LEN, NO_KEY,
 };
 pub use lock::{LockKind, LockRange, OwnerLocks, LOCK_FAIR, LOCK_FLAGS, LOCK_RECLAIM, LOCK_WAIT};
-pub use members::{Heartbeat, Member, MemberState, MAX_ADDR_WIRE, MAX_HOST_NAME, MAX_MEMBERS};
+pub use members::{
+    Heartbeat, Member, MemberState, HEARTBEAT_INTERVAL, MAX_ADDR_WIRE, MAX_HOST_NAME, MAX_MEMBERS, MEMBER_LEASE,
+};
 pub use msg::{Change, CompoundOp, HeldOpen, LockHolder, Op, Orphan, Request, Response};
 pub use types::{
     AdviceError, Attr, CacheAdvice, CachePolicy, Capability, Credential, DirEntry, FileType, IdRange, Layout,

@@ -25,6 +25,15 @@ pub const MAX_ADDR_WIRE: usize = 72;
 /// Most entries of a `Members` answer: one per io server a layout may name.
 pub const MAX_MEMBERS: usize = MAX_LAYOUT_SERVERS;
 
+/// How often an io server sends its heartbeat.
+pub const HEARTBEAT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// How long after its last heartbeat meta still counts an io server `up`:
+/// three intervals, so one or two late or lost heartbeats (a busy loop, a
+/// reconnect to a restarted meta) do not mark a live server down, and a
+/// dead one shows `down` 3 to 4 s after its last heartbeat.
+pub const MEMBER_LEASE: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// An io server's heartbeat ([`crate::Request::ServerHeartbeat`]).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Heartbeat {
