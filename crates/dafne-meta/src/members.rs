@@ -12,8 +12,8 @@
 //! A server is `up` while its last heartbeat is at most
 //! [`dafne_proto::MEMBER_LEASE`] (3 s, three intervals) old, `down` after,
 //! `unknown` if never heard since this metadata server started (the table
-//! lives in memory: a restarted meta hears every live server again within
-//! one interval). A heartbeat with a new instance id (chosen at random
+//! lives in memory: a restarted meta hears every live server again once
+//! its heartbeat session has reconnected, which it does by itself). A heartbeat with a new instance id (chosen at random
 //! when the io server process starts) from a known server is a restart,
 //! counted. Times are monotonic ([`Instant`]).
 //!
