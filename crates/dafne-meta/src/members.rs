@@ -43,6 +43,8 @@ struct Entry {
     restarts: u32,
     capacity_bytes: u64,
     used_bytes: u64,
+    /// Whether its lapse was logged ([`Membership::log_lapsed`]).
+    lapse_logged: bool,
 }
 
 /// The membership table (module docs).
@@ -113,6 +115,7 @@ impl Membership {
             restarts: 0,
             capacity_bytes: hb.capacity_bytes,
             used_bytes: hb.used_bytes,
+            lapse_logged: false,
         };
         match self.entries.get_mut(&hb.server) {
             None => {
@@ -134,6 +137,27 @@ impl Membership {
             }
         }
         Ok(())
+    }
+
+    /// Logs each io server that went `down` since the last call (once per
+    /// lapse; a heartbeat re-arms it) and returns their ids. The service
+    /// calls it every second, so that meta's log says when a server was
+    /// lost even if nobody asks.
+    pub fn log_lapsed(&mut self, now: Instant) -> Vec<u32> {
+        let mut lapsed = Vec::new();
+        for (&id, e) in self.entries.iter_mut() {
+            if !e.lapse_logged && !Self::is_up(e, now) {
+                e.lapse_logged = true;
+                lapsed.push(id);
+                tracing::warn!(
+                    "io server {id} ({} on host {:?}) is down: no heartbeat for {:.1} s",
+                    e.addr,
+                    e.host,
+                    now.saturating_duration_since(e.last).as_secs_f64()
+                );
+            }
+        }
+        lapsed
     }
 
     /// Every io server of the cluster, in id order, as of `now`.
@@ -207,9 +231,13 @@ mod tests {
         assert_eq!(ms[1].state, MemberState::Down);
         assert_eq!(ms[1].since_ms, MEMBER_LEASE.as_millis() as u64 + 1);
         assert_eq!(m.counts(late), StateCounts { up: 0, down: 1, unknown: 1 });
+        assert_eq!(m.log_lapsed(t0), Vec::<u32>::new());
+        assert_eq!(m.log_lapsed(late), vec![1]);
+        assert_eq!(m.log_lapsed(late), Vec::<u32>::new(), "a lapse is logged once");
         // Back with the same instance: up, no restart.
         m.heartbeat(&hb(1, 7, 9001), late).unwrap();
         assert_eq!((m.members(late)[1].state, m.members(late)[1].restarts), (MemberState::Up, 0));
+        assert_eq!(m.log_lapsed(late + MEMBER_LEASE * 2), vec![1], "a heartbeat re-arms it");
     }
 
     #[test]

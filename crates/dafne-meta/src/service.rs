@@ -32,7 +32,8 @@
 //! # Membership
 //! `ServerHeartbeat` (a session of the cluster secret, uid 0 only: `EPERM`
 //! otherwise) and `Members` (any session) are answered on the loop thread
-//! from the table of [`crate::members`], in memory.
+//! from the table of [`crate::members`], in memory; a task of the loop
+//! logs every second the servers whose heartbeats stopped.
 //!
 //! # Reads on the loop
 //! A job of only `Lookup` and `GetAttr` ops (a stat, a path walk in one
@@ -445,6 +446,16 @@ impl MetaService {
     pub fn with_io_servers(self, n: u32) -> MetaService {
         self.members.replace(Membership::new(n));
         self
+    }
+
+    /// Logs the io servers whose heartbeats stopped, every second, while
+    /// the service lives (spawn it on the service's loop).
+    pub async fn watch_members(service: std::rc::Weak<MetaService>) {
+        loop {
+            dafne_transport::sleep(Duration::from_secs(1)).await;
+            let Some(s) = service.upgrade() else { return };
+            s.members.borrow_mut().log_lapsed(Instant::now());
+        }
     }
 }
 
