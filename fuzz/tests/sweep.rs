@@ -197,6 +197,34 @@ fn proto() {
             },
         ),
         encode_reply(3, Op::ListXattr, &Ok(Response::XattrNames { names: vec![b"user.a".to_vec()] })),
+        // The membership ops (addresses and host names as text).
+        encode_request(
+            env(),
+            &Request::ServerHeartbeat(dafne_proto::Heartbeat {
+                server: 1,
+                instance: 7,
+                addr: "[::1]:7001".parse().unwrap(),
+                host: "node-b".into(),
+                capacity_bytes: 1 << 40,
+                used_bytes: 1 << 30,
+            }),
+        ),
+        encode_reply(
+            3,
+            Op::Members,
+            &Ok(Response::Members {
+                members: vec![dafne_proto::Member {
+                    server: 0,
+                    state: dafne_proto::MemberState::Down,
+                    addr: "10.0.0.2:7000".parse().unwrap(),
+                    host: "node-a".into(),
+                    since_ms: 4000,
+                    restarts: 1,
+                    capacity_bytes: 1 << 40,
+                    used_bytes: 5,
+                }],
+            }),
+        ),
         // Groups and the exactly-once session sequence, both extensions.
         encode_request(
             Envelope {

@@ -15,10 +15,13 @@
 //! * [`allocate`]: `fallocate` of an object's part of a file range
 //!   (reserve, punch a hole, zero), in the cache and the chunk file.
 //! * [`server`]: starting one.
+//! * [`heartbeat`]: joining the cluster (`--meta`): a heartbeat to the
+//!   metadata server every second, so that it knows who is up.
 //! * [`metrics`]: its counters as a Prometheus page (`--metrics-listen`).
 
 pub mod allocate;
 pub mod chunk;
+pub mod heartbeat;
 pub mod metrics;
 pub mod modes;
 pub mod server;

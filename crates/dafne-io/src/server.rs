@@ -157,6 +157,10 @@ pub struct IoCommand {
     /// (`dafne up` passes the name it gives the server).
     #[arg(long, default_value = "io")]
     pub server_name: String,
+    /// Joining the cluster through the metadata server (`--meta`,
+    /// `--server-id`, `--host-name`; [`crate::heartbeat`]).
+    #[command(flatten)]
+    pub join: crate::heartbeat::JoinArgs,
 }
 
 /// Everything an io server counts, as of the last request served.
@@ -560,6 +564,10 @@ pub fn serve_forever(c: &IoCommand) -> Result<()> {
     if let Some(m) = &metrics {
         println!("metrics on {}", m.addr());
     }
+    // After the server listens, so meta never counts up a server that
+    // does not serve; kept until the process ends (its drop stops it).
+    let ucx = dafne_transport::parse_ucx_overrides(&c.args.ucx).map_err(anyhow::Error::msg)?;
+    let _heartbeats = crate::heartbeat::start(&c.join, s.addr, &c.args.data_dir, &c.args.secret, ucx)?;
     println!("listening on {}", s.addr);
     std::io::stdout().flush()?;
     if c.stats_on_stdin {

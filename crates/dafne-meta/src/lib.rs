@@ -10,6 +10,7 @@
 //!   mount drops what its kernel cached when another client changes it.
 //! * [`locks`]: byte-range locks across clients, with leases, fairness,
 //!   deadlock detection and reclaim after a restart.
+//! * [`members`]: which io servers are alive, from their heartbeats.
 //! * Authentication and capabilities come from `dafne-auth`.
 //! * [`service`]: the server on dafne's transport: sessions, decoding,
 //!   group commit of concurrent writes, compounds.
@@ -18,6 +19,7 @@
 
 pub mod changes;
 pub mod locks;
+pub mod members;
 pub mod metrics;
 pub mod opens;
 pub mod posix;

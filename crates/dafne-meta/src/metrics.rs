@@ -1,8 +1,10 @@
 //! The metadata server's metrics page (`--metrics-listen`): requests and
 //! errors by op (counted where requests are answered), sessions, open
 //! files, locks, the store's batches and commits (group commit: jobs per
-//! batch), the transport's counters and the process's CPU time and memory,
-//! every sample labelled `server="NAME"`.
+//! batch), the io servers' states from their heartbeats (`crate::members`:
+//! a count per state, and per io server 1 or 0, labelled `io_server`,
+//! since `server` names this page's server), the transport's counters and
+//! the process's CPU time and memory, every sample labelled `server="NAME"`.
 
 use dafne_metrics::{Kind, Text};
 use dafne_transport::TransportStatsSnapshot;
@@ -48,6 +50,28 @@ pub fn render(server: &str, s: &MetaStats, transport: &TransportStatsSnapshot) -
     if let Some(c) = s.commits {
         t.single("dafne_meta_commits_total", Kind::Counter, "Store transactions committed (each one fsync).", c);
     }
+    let mut counts = [0u64; 3];
+    for m in &s.members {
+        counts[m.state as usize - 1] += 1;
+    }
+    let mut f = t.family(
+        "dafne_meta_io_servers",
+        Kind::Gauge,
+        "The cluster's io servers by state, as their heartbeats tell (up: heard within the lease; unknown: never \
+         heard since this server started).",
+    );
+    for (state, n) in [("up", counts[0]), ("down", counts[1]), ("unknown", counts[2])] {
+        f.sample(&[("state", state)], n);
+    }
+    let mut f = t.family(
+        "dafne_meta_io_server_up",
+        Kind::Gauge,
+        "1 while the io server's heartbeats arrive within the lease, else 0.",
+    );
+    for m in &s.members {
+        let name = format!("io-{}", m.server);
+        f.sample(&[("io_server", &name), ("host", &m.host)], u64::from(m.state == dafne_proto::MemberState::Up));
+    }
     dafne_metrics::write_fields(&mut t, "dafne_transport_", &transport.described(), &["requests_in_flight"]);
     dafne_metrics::write_process(&mut t);
     t.finish()
@@ -63,6 +87,28 @@ mod tests {
             ops: vec![(dafne_proto::Op::Lookup, 4, 1), (dafne_proto::Op::SessionOpen, 1, 0)],
             commits: Some(2),
             sessions: 1,
+            members: vec![
+                dafne_proto::Member {
+                    server: 0,
+                    state: dafne_proto::MemberState::Up,
+                    addr: "127.0.0.1:7001".parse().unwrap(),
+                    host: "a \"b\"".into(),
+                    since_ms: 10,
+                    restarts: 0,
+                    capacity_bytes: 0,
+                    used_bytes: 0,
+                },
+                dafne_proto::Member {
+                    server: 1,
+                    state: dafne_proto::MemberState::Down,
+                    addr: "127.0.0.1:7002".parse().unwrap(),
+                    host: "b".into(),
+                    since_ms: 9000,
+                    restarts: 2,
+                    capacity_bytes: 0,
+                    used_bytes: 0,
+                },
+            ],
             ..Default::default()
         };
         let page = render("meta", &s, &TransportStatsSnapshot::default());
@@ -73,5 +119,11 @@ mod tests {
         assert_eq!(req.samples[1].label("op"), Some("session_open"));
         assert!(page.contains("dafne_meta_commits_total{server=\"meta\"} 2\n"), "{page}");
         assert!(page.contains("dafne_meta_sessions{server=\"meta\"} 1\n"), "{page}");
+        assert!(page.contains("dafne_meta_io_servers{server=\"meta\",state=\"up\"} 1\n"), "{page}");
+        assert!(page.contains("dafne_meta_io_servers{server=\"meta\",state=\"down\"} 1\n"), "{page}");
+        let up = f.iter().find(|f| f.name == "dafne_meta_io_server_up").unwrap();
+        assert_eq!(up.samples[0].label("io_server"), Some("io-0"));
+        assert_eq!(up.samples[0].label("host"), Some("a \"b\""));
+        assert_eq!((up.samples[0].value, up.samples[1].value), (1.0, 0.0));
     }
 }

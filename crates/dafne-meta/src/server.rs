@@ -146,8 +146,10 @@ pub fn start(o: &ServeOptions) -> Result<MetaServer> {
         store.revoked_credentials().with_context(|| format!("reading the revoked credentials of {}", db.display()))?;
     let grace = o.open_grace;
     let dir = o.data_dir.clone();
-    let addr = rt.serve(o.listen, move |_| {
-        let service = Rc::new(MetaService::new(store, secret, grace, revoked, Some(&dir)));
+    let io_servers = u32::try_from(o.policy.servers.len()).unwrap_or(u32::MAX);
+    let addr = rt.serve(o.listen, move |l| {
+        let service = Rc::new(MetaService::new(store, secret, grace, revoked, Some(&dir)).with_io_servers(io_servers));
+        l.spawn(MetaService::watch_members(Rc::downgrade(&service)));
         SERVICE.with(|s| *s.borrow_mut() = Some(Rc::downgrade(&service)));
         MetaHandler(service)
     })?;

@@ -25,8 +25,15 @@
 //! uid outside the credential's uid ranges, or a primary gid outside its
 //! gid ranges, refused with `EPERM`; supplementary groups outside the gid
 //! ranges dropped. The cluster's own ops (ListOrphans, ForgetOrphans,
-//! Revocations, RevokeCredential) are refused with `EPERM` to credential
-//! sessions, root ones included: they are the servers' and the admin's.
+//! Revocations, RevokeCredential, ServerHeartbeat) are refused with `EPERM`
+//! to credential sessions, root ones included: they are the servers' and
+//! the admin's.
+//!
+//! # Membership
+//! `ServerHeartbeat` (a session of the cluster secret, uid 0 only: `EPERM`
+//! otherwise) and `Members` (any session) are answered on the loop thread
+//! from the table of [`crate::members`], in memory; a task of the loop
+//! logs every second the servers whose heartbeats stopped.
 //!
 //! # Reads on the loop
 //! A job of only `Lookup` and `GetAttr` ops (a stat, a path walk in one
@@ -102,6 +109,7 @@ use futures::channel::oneshot;
 
 use crate::changes::ChangeLog;
 use crate::locks::{LockRequest, LockTable, Outcome, Owner};
+use crate::members::Membership;
 use crate::opens::OpenTable;
 use crate::store::{Cred, Job, JobResult, MetaStore};
 
@@ -282,6 +290,8 @@ pub struct MetaService {
     undecodable: Cell<u64>,
     store: Arc<dyn MetaStore>,
     store_counts: Arc<StoreCounts>,
+    /// Which io servers are alive (module docs, "Membership").
+    members: RefCell<Membership>,
 }
 
 /// The metadata server's counters, read on its loop thread
@@ -305,6 +315,8 @@ pub struct MetaStats {
     pub store_jobs: u64,
     /// Transactions committed, if the store counts them.
     pub commits: Option<u64>,
+    /// The io servers as the membership table sees them now.
+    pub members: Vec<dafne_proto::Member>,
 }
 
 /// The environment variable of the reply-dropping test hook.
@@ -425,6 +437,24 @@ impl MetaService {
             opens,
             revoked: RefCell::new(revoked.into_iter().collect()),
             refused: Cell::new((None, 0)),
+            members: RefCell::new(Membership::new(0)),
+        }
+    }
+
+    /// The cluster has io servers `0..n` (what the layout policy names):
+    /// heartbeats from those only ([`crate::members`]).
+    pub fn with_io_servers(self, n: u32) -> MetaService {
+        self.members.replace(Membership::new(n));
+        self
+    }
+
+    /// Logs the io servers whose heartbeats stopped, every second, while
+    /// the service lives (spawn it on the service's loop).
+    pub async fn watch_members(service: std::rc::Weak<MetaService>) {
+        loop {
+            dafne_transport::sleep(Duration::from_secs(1)).await;
+            let Some(s) = service.upgrade() else { return };
+            s.members.borrow_mut().log_lapsed(Instant::now());
         }
     }
 }
@@ -478,6 +508,7 @@ impl MetaService {
             store_batches: sc.batches.load(std::sync::atomic::Ordering::Relaxed),
             store_jobs: sc.jobs.load(std::sync::atomic::Ordering::Relaxed),
             commits: self.store.commits(),
+            members: self.members.borrow().members(Instant::now()),
         }
     }
 
@@ -540,6 +571,14 @@ impl MetaService {
                 r.map(|results| Response::Compound { results })
             }
             Request::Watch { since } => self.watch(conn, since).await,
+            Request::ServerHeartbeat(hb) => {
+                if env.uid != 0 {
+                    Err(Errno::EPERM)
+                } else {
+                    self.members.borrow_mut().heartbeat(&hb, Instant::now()).map(|()| Response::Done)
+                }
+            }
+            Request::Members => Ok(Response::Members { members: self.members.borrow().members(Instant::now()) }),
             Request::Lock { ino, client, owner, pid, start, end, kind, flags } => {
                 let wait = flags & dafne_proto::LOCK_WAIT != 0;
                 let reclaim = flags & dafne_proto::LOCK_RECLAIM != 0;
@@ -787,6 +826,7 @@ impl MetaService {
                 | Request::ForgetOrphans { .. }
                 | Request::Revocations { .. }
                 | Request::RevokeCredential { .. }
+                | Request::ServerHeartbeat(_)
         ) {
             tracing::debug!("{} refused to credential {:?}: the cluster's own op", req.op(), policy.name);
             return Err(Errno::EPERM);

@@ -1541,7 +1541,9 @@ impl Tables<'_> {
             | Request::Reopen { .. }
             | Request::Lock { .. }
             | Request::TestLock { .. }
-            | Request::Watch { .. } => Err(Errno::EINVAL.into()),
+            | Request::Watch { .. }
+            | Request::ServerHeartbeat(_)
+            | Request::Members => Err(Errno::EINVAL.into()),
         }
     }
 

@@ -66,6 +66,7 @@ errnos! {
     EPROTO = 71, "Protocol error";
     EOVERFLOW = 75, "Value too large for defined data type";
     EOPNOTSUPP = 95, "Operation not supported";
+    EADDRINUSE = 98, "Address already in use";
     ENOTCONN = 107, "Transport endpoint is not connected";
     ETIMEDOUT = 110, "Connection timed out";
     ESTALE = 116, "Stale file handle";

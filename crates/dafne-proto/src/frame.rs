@@ -604,6 +604,15 @@ mod tests {
     fn requests() -> Vec<Request> {
         let n = |s: &str| s.as_bytes().to_vec();
         vec![
+            Request::ServerHeartbeat(crate::Heartbeat {
+                server: 2,
+                instance: 0xfeed,
+                addr: "[fe80::1%3]:7002".parse().unwrap(),
+                host: "node-ü".into(),
+                capacity_bytes: 1 << 40,
+                used_bytes: 1 << 20,
+            }),
+            Request::Members,
             Request::SessionOpen {
                 client_name: "host-1/pid 42 ✓".into(),
                 nonce: [1; 16],
@@ -781,6 +790,34 @@ mod tests {
             ),
             (Op::SetXattr, Response::Done),
             (Op::RemoveXattr, Response::Done),
+            (Op::ServerHeartbeat, Response::Done),
+            (
+                Op::Members,
+                Response::Members {
+                    members: vec![
+                        crate::Member {
+                            server: 0,
+                            state: crate::MemberState::Up,
+                            addr: "10.0.0.2:7000".parse().unwrap(),
+                            host: "b".into(),
+                            since_ms: 400,
+                            restarts: 1,
+                            capacity_bytes: 1 << 40,
+                            used_bytes: 5,
+                        },
+                        crate::Member {
+                            server: 3,
+                            state: crate::MemberState::Unknown,
+                            addr: "0.0.0.0:0".parse().unwrap(),
+                            host: String::new(),
+                            since_ms: 0,
+                            restarts: 0,
+                            capacity_bytes: 0,
+                            used_bytes: 0,
+                        },
+                    ],
+                },
+            ),
             (Op::GetXattr, Response::Xattr { value: vec![0xff; XATTR_SIZE_MAX] }),
             (Op::GetXattr, Response::Xattr { value: vec![] }),
             (
@@ -1425,7 +1462,7 @@ mod tests {
 
     #[test]
     fn op_numbers_are_stable() {
-        let want: Vec<u16> = (1..=27).chain(30..=33).collect();
+        let want: Vec<u16> = (1..=27).chain(30..=33).chain(35..=36).collect();
         let got: Vec<u16> = Op::ALL.iter().map(|op| u16::from(*op)).collect();
         assert_eq!(got, want);
         for op in Op::ALL {

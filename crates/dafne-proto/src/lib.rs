@@ -95,8 +95,17 @@
 //! | GetXattr | 31 | ino u64, name | `Xattr`: value (≤ [`XATTR_SIZE_MAX`]) |
 //! | ListXattr | 32 | ino u64 | `XattrNames`: n u32 (≤ [`MAX_XATTR_NAMES`]), n × name (≤ [`XATTR_NAME_MAX`]) |
 //! | RemoveXattr | 33 | ino u64, name | `Done`: empty |
+//! | ServerHeartbeat | 35 | server u32, instance u64, addr str (≤ [`MAX_ADDR_WIRE`], canonical `ip:port`), host str (≤ [`MAX_HOST_NAME`], UTF-8), capacity u64, used u64 | `Done`: empty |
+//! | Members | 36 | empty | `Members`: n u32 (≤ [`MAX_MEMBERS`]), n × {server u32 (strictly increasing), state u8 (Up 1, Down 2, Unknown 3), addr str, host str, since_ms u64, restarts u32, capacity u64, used u64} |
 //!
 //! Numbers 25–29 belong to the lock ops; 34 is reserved.
+//!
+//! ServerHeartbeat and Members are the membership ops (version 13, module
+//! `members`): an io server started with the metadata server's address
+//! sends a heartbeat every second over a session of the cluster secret as
+//! uid 0 (anyone else gets `EPERM`), and any session may ask who is up.
+//! Neither travels inside a Compound, nor does the `Members` answer (kind
+//! 17) appear among a Compound's results.
 //!
 //! Rename's flags are `renameat2(2)`'s, carried out by the server in the
 //! same store transaction as the rename: [`RENAME_NOREPLACE`] fails with
@@ -239,6 +248,7 @@ mod error;
 mod frame;
 pub mod io;
 mod lock;
+mod members;
 mod msg;
 mod types;
 mod wire;
@@ -257,6 +267,9 @@ pub use io::{
     MAX_IO_KEYS, MAX_IO_KEY_BYTES, MAX_IO_REPLY_LEN, MAX_IO_REQUEST_LEN, MAX_SCRUB_BAD, NO_KEY,
 };
 pub use lock::{LockKind, LockRange, OwnerLocks, LOCK_FAIR, LOCK_FLAGS, LOCK_RECLAIM, LOCK_WAIT};
+pub use members::{
+    Heartbeat, Member, MemberState, HEARTBEAT_INTERVAL, MAX_ADDR_WIRE, MAX_HOST_NAME, MAX_MEMBERS, MEMBER_LEASE,
+};
 pub use msg::{Change, CompoundOp, HeldOpen, LockHolder, Op, Orphan, Request, Response};
 pub use types::{
     AdviceError, Attr, CacheAdvice, CachePolicy, Capability, Credential, DirEntry, FileType, IdRange, Layout,
@@ -284,8 +297,9 @@ pub use types::{
 /// and SetAttr a grow-only size (`grow_to`). 11: a Read or Write whose
 /// keys follow it (`keys_follow`) and the io op Keys (74) that brings them
 /// (FRRWP; `io` module docs, "Keys that follow"). 12: the io op Scrub (75)
-/// and `ServerInfo`'s `checksum_errors`.
-pub const PROTO_VERSION: u16 = 12;
+/// and `ServerInfo`'s `checksum_errors`. 13: the membership ops
+/// ServerHeartbeat (35) and Members (36).
+pub const PROTO_VERSION: u16 = 13;
 
 /// Request header `flags`: the body starts with the caller's supplementary
 /// groups, `n u8` (1..=[`MAX_GROUPS`]) and `n × u32`. Bits other than this

@@ -1,6 +1,7 @@
 //! Ops, request bodies and reply bodies.
 
 use crate::lock::{LockKind, LOCK_FLAGS};
+use crate::members::{get_members, Heartbeat, Member};
 use crate::types::Revocations;
 use crate::types::{get_mode, DIRENT_MIN_SIZE};
 use crate::wire::{Reader, Wire, Writer};
@@ -123,6 +124,11 @@ ops! {
         ListXattr = 32,
         /// Remove an extended attribute.
         RemoveXattr = 33,
+        /// Root only (a session of the cluster secret itself, as uid 0): an
+        /// io server's heartbeat, every second (`crate::members`).
+        ServerHeartbeat = 35,
+        /// The io servers as meta sees them: up, down, or never heard from.
+        Members = 36,
     }
 }
 
@@ -387,6 +393,11 @@ pub enum Request {
         ino: Ino,
         name: Vec<u8>,
     },
+    /// Root only (`EPERM` for a credential session or a uid other than
+    /// 0); never inside a Compound. An io server's report that it lives.
+    ServerHeartbeat(Heartbeat),
+    /// Never inside a Compound.
+    Members,
 }
 
 /// One op of a `Compound`.
@@ -442,6 +453,7 @@ impl CompoundOp {
             | Request::GetXattr { .. }
             | Request::ListXattr { .. }
             | Request::RemoveXattr { .. } => None,
+            Request::ServerHeartbeat(_) | Request::Members => None,
         }
     }
 
@@ -522,6 +534,8 @@ impl Request {
             Request::GetXattr { .. } => Op::GetXattr,
             Request::ListXattr { .. } => Op::ListXattr,
             Request::RemoveXattr { .. } => Op::RemoveXattr,
+            Request::ServerHeartbeat(_) => Op::ServerHeartbeat,
+            Request::Members => Op::Members,
         }
     }
 
@@ -642,6 +656,8 @@ impl Request {
             }
             Request::ListXattr { ino } => w.put_u64(*ino),
             Request::Watch { since } => w.put_u64(*since),
+            Request::ServerHeartbeat(hb) => hb.put(w),
+            Request::Members => {}
             Request::Compound { ops } => {
                 w.put_len(ops.len());
                 for op in ops {
@@ -812,6 +828,8 @@ impl Request {
             Op::GetXattr => Request::GetXattr { ino: r.u64("ino")?, name: get_name(r, "xattr name")? },
             Op::ListXattr => Request::ListXattr { ino: r.u64("ino")? },
             Op::RemoveXattr => Request::RemoveXattr { ino: r.u64("ino")?, name: get_name(r, "xattr name")? },
+            Op::ServerHeartbeat => Request::ServerHeartbeat(Heartbeat::get(r)?),
+            Op::Members => Request::Members,
         })
     }
 }
@@ -852,10 +870,13 @@ fn get_compound_ops(r: &mut Reader<'_>) -> Result<Vec<CompoundOp>, DecodeError> 
             | Op::SetXattr
             | Op::GetXattr
             | Op::ListXattr
-            | Op::RemoveXattr => {
+            | Op::RemoveXattr
+            | Op::ServerHeartbeat
+            | Op::Members => {
                 return Err(DecodeError::BadValue {
                     what: "op inside a Compound (SessionOpen, the orphan ops, Close, Reopen, Recap, Revocations, \
-                           RevokeCredential, the lock ops and the xattr ops are not allowed there)",
+                           RevokeCredential, the lock ops, the xattr ops and the membership ops are not allowed \
+                           there)",
                     value: raw.into(),
                 })
             }
@@ -923,6 +944,9 @@ pub enum Response {
     /// `since` of the next Watch; `lost` when changes after `since` are no
     /// longer known (the server's log moved on, or it restarted).
     Changes { next: u64, lost: bool, changes: Vec<Change> },
+    /// Members: at most [`crate::MAX_MEMBERS`] io servers, ids strictly
+    /// increasing.
+    Members { members: Vec<Member> },
 }
 
 /// Something another session changed ([`Response::Changes`]): an inode
@@ -992,6 +1016,7 @@ pub(crate) enum Kind {
     XattrNames = 14,
     LockTest = 15,
     Changes = 16,
+    Members = 17,
 }
 
 impl Kind {
@@ -1013,6 +1038,7 @@ impl Kind {
             14 => Kind::XattrNames,
             15 => Kind::LockTest,
             16 => Kind::Changes,
+            17 => Kind::Members,
             _ => return None,
         })
     }
@@ -1033,7 +1059,8 @@ impl Kind {
             | Op::RevokeCredential
             | Op::Lock
             | Op::SetXattr
-            | Op::RemoveXattr => Kind::Done,
+            | Op::RemoveXattr
+            | Op::ServerHeartbeat => Kind::Done,
             Op::Readlink => Kind::Link,
             Op::Statfs => Kind::StatFs,
             Op::Open => Kind::Opened,
@@ -1045,6 +1072,7 @@ impl Kind {
             Op::Watch => Kind::Changes,
             Op::GetXattr => Kind::Xattr,
             Op::ListXattr => Kind::XattrNames,
+            Op::Members => Kind::Members,
         }
     }
 }
@@ -1070,7 +1098,8 @@ impl Response {
             | Response::LockTest { .. }
             | Response::Changes { .. }
             | Response::Xattr { .. }
-            | Response::XattrNames { .. } => None,
+            | Response::XattrNames { .. }
+            | Response::Members { .. } => None,
         }
     }
 
@@ -1097,6 +1126,7 @@ impl Response {
                         | Kind::XattrNames
                         | Kind::LockTest
                         | Kind::Changes
+                        | Kind::Members
                 ),
                 Err(e) => e.is_valid() && i + 1 == results.len(),
             })
@@ -1120,6 +1150,7 @@ impl Response {
             Response::Changes { .. } => Kind::Changes,
             Response::Xattr { .. } => Kind::Xattr,
             Response::XattrNames { .. } => Kind::XattrNames,
+            Response::Members { .. } => Kind::Members,
         }
     }
 
@@ -1177,6 +1208,12 @@ impl Response {
                 w.put_len(changes.len());
                 for c in changes {
                     c.put(w);
+                }
+            }
+            Response::Members { members } => {
+                w.put_len(members.len());
+                for m in members {
+                    m.put(w);
                 }
             }
             Response::Compound { results } => {
@@ -1262,6 +1299,7 @@ impl Response {
                 }
                 Response::XattrNames { names }
             }
+            Kind::Members => Response::Members { members: get_members(r)? },
         })
     }
 }
@@ -1292,7 +1330,8 @@ fn get_compound_results(r: &mut Reader<'_>) -> Result<Vec<Result<Response, Errno
                 | Kind::Xattr
                 | Kind::XattrNames
                 | Kind::LockTest
-                | Kind::Changes,
+                | Kind::Changes
+                | Kind::Members,
             )
             | None => return Err(DecodeError::BadValue { what: "compound result kind", value: raw.into() }),
             Some(k) => k,

@@ -218,6 +218,55 @@ fn open_table_request() -> impl Strategy<Value = Request> {
     ]
 }
 
+/// Any socket address (the decoder accepts exactly the text Rust prints).
+fn socket_addr() -> impl Strategy<Value = std::net::SocketAddr> {
+    prop_oneof![
+        (any::<[u8; 4]>(), any::<u16>()).prop_map(|(ip, port)| std::net::SocketAddr::from((ip, port))),
+        (any::<[u8; 16]>(), any::<u16>(), any::<u32>()).prop_map(|(ip, port, scope)| {
+            std::net::SocketAddr::V6(std::net::SocketAddrV6::new(ip.into(), port, 0, scope))
+        }),
+    ]
+}
+
+fn host_name() -> impl Strategy<Value = String> {
+    prop_oneof![4 => "\\PC{0,32}", 1 => "[a-z]{255}"]
+}
+
+/// The membership ops, which travel alone.
+fn member_request() -> impl Strategy<Value = Request> {
+    prop_oneof![
+        (any::<u32>(), any::<u64>(), socket_addr(), host_name(), any::<u64>(), any::<u64>()).prop_map(
+            |(server, instance, addr, host, capacity_bytes, used_bytes)| {
+                Request::ServerHeartbeat(Heartbeat { server, instance, addr, host, capacity_bytes, used_bytes })
+            }
+        ),
+        Just(Request::Members),
+    ]
+}
+
+/// A `Members` answer: ids strictly increasing, up to the bound.
+fn members_response() -> impl Strategy<Value = Response> {
+    let state = prop_oneof![Just(MemberState::Up), Just(MemberState::Down), Just(MemberState::Unknown)];
+    let member = (state, socket_addr(), host_name(), any::<u64>(), any::<u32>(), any::<u64>(), any::<u64>()).boxed();
+    prop_oneof![4 => vec(member.clone(), 0..8), 1 => vec(member, MAX_MEMBERS..=MAX_MEMBERS)].prop_map(|ms| {
+        let members = ms
+            .into_iter()
+            .enumerate()
+            .map(|(i, (state, addr, host, since_ms, restarts, capacity_bytes, used_bytes))| Member {
+                server: i as u32 * 2,
+                state,
+                addr,
+                host,
+                since_ms,
+                restarts,
+                capacity_bytes,
+                used_bytes,
+            })
+            .collect();
+        Response::Members { members }
+    })
+}
+
 /// A lock range the decoder accepts (start ≤ end), often to the end of the
 /// file.
 fn lock_range() -> impl Strategy<Value = (u64, u64)> {
@@ -283,6 +332,7 @@ fn request() -> impl Strategy<Value = Request> {
         1 => open_table_request(),
         1 => lock_request(),
         1 => xattr_request(),
+        1 => member_request(),
     ]
 }
 
@@ -447,6 +497,7 @@ fn reply() -> impl Strategy<Value = (Op, Result<Response, Errno>)> {
                 (Op::TestLock, Ok(Response::LockTest { conflict }))
             }),
         1 => xattr_response(),
+        1 => members_response().prop_map(|r| (Op::Members, Ok(r))),
         1 => (any::<u64>(), any::<bool>(), vec((any::<u64>(), option::of((1..=u64::MAX, name()))), 0..8)).prop_map(
             |(next, lost, c)| {
                 let changes = c
@@ -551,6 +602,23 @@ proptest! {
     fn xattr_ops_travel_alone(env in envelope(), req in xattr_request()) {
         let b = encode_request(env, &Request::Compound { ops: vec![CompoundOp { chain: false, req }] });
         prop_assert!(decode_request(&b).is_err());
+    }
+
+    /// The membership ops are refused inside a Compound, and their answer
+    /// inside a Compound's results.
+    #[test]
+    fn member_ops_travel_alone(env in envelope(), req in member_request(), resp in members_response()) {
+        let b = encode_request(env, &Request::Compound { ops: vec![CompoundOp { chain: false, req }] });
+        prop_assert!(decode_request(&b).is_err());
+        let alone = encode_reply(env.tag, Op::Members, &Ok(resp));
+        // A Compound reply of one result: errno 0, kind Members (17), body.
+        let mut body = 1u32.to_le_bytes().to_vec();
+        body.extend_from_slice(&0i32.to_le_bytes());
+        body.push(17);
+        body.extend_from_slice(&alone[ReplyHeader::SIZE..]);
+        let mut b = ReplyHeader::new(Op::Compound, env.tag, 0, body.len() as u32).encode().to_vec();
+        b.extend_from_slice(&body);
+        prop_assert!(decode_reply(&b).is_err());
     }
 
     /// Close and Reopen are refused inside a Compound.

@@ -894,6 +894,12 @@ fn supervise_locked(dir: &Path) -> Result<()> {
         args.extend(["--mode".into(), c.io.mode.clone()]);
         args.extend(["--metrics-listen".into(), c.metrics_addr(Some(i)).to_string()]);
         args.extend(["--server-name".into(), format!("io-{i}")]);
+        // Joining through meta (its membership table, `dafne status`): on
+        // whichever host meta runs, with this host's name from the file.
+        args.extend(["--meta".into(), c.meta_addr().to_string(), "--server-id".into(), i.to_string()]);
+        if !c.io_host(i).is_empty() {
+            args.extend(["--host-name".into(), c.io_host(i).to_string()]);
+        }
         args.extend(ucx.iter().cloned());
         servers.push(Managed {
             state: ServerState {
@@ -1281,7 +1287,41 @@ struct StatusReport {
     supervisor_pid: u32,
     meta: MetaStatus,
     io: Vec<IoStatus>,
+    /// The io servers as meta sees them from their heartbeats (`Members`);
+    /// `None` when meta did not answer.
+    members: Option<Vec<MemberStatus>>,
     mounts: Vec<PathBuf>,
+}
+
+/// One io server in meta's membership table (`dafne_meta::members`).
+#[derive(Debug, Serialize)]
+struct MemberStatus {
+    server: String,
+    /// `up`, `down` or `unknown` (never heard since meta started).
+    state: &'static str,
+    addr: Option<SocketAddr>,
+    host: String,
+    /// Since its last heartbeat.
+    since_ms: Option<u64>,
+    restarts: u32,
+    capacity_bytes: u64,
+    used_bytes: u64,
+}
+
+impl MemberStatus {
+    fn of(m: dafne_proto::Member) -> MemberStatus {
+        let heard = m.state != dafne_proto::MemberState::Unknown;
+        MemberStatus {
+            server: format!("io-{}", m.server),
+            state: m.state.name(),
+            addr: heard.then_some(m.addr),
+            host: m.host,
+            since_ms: heard.then_some(m.since_ms),
+            restarts: m.restarts,
+            capacity_bytes: m.capacity_bytes,
+            used_bytes: m.used_bytes,
+        }
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -1393,13 +1433,22 @@ pub fn status(a: StatusArgs) -> Result<()> {
         refused += usize::from(crate::cluster::is_refusal(&e));
         format!("{:#}", crate::cluster::explain_connect(&info, &login, e))
     };
-    let (reachable, files) = match dafne_client::MetaSession::connect(&rt, info.meta, &login.key, "status", 0, 0) {
-        Ok(s) => match s.statfs() {
-            Ok(f) => (None, f.files),
-            Err(e) => (Some(format!("statfs: {e}")), 0),
-        },
-        Err(e) => (Some(explain(e)), 0),
-    };
+    let (reachable, files, members) =
+        match dafne_client::MetaSession::connect(&rt, info.meta, &login.key, "status", 0, 0) {
+            Ok(s) => {
+                let members = match s.request(dafne_proto::Request::Members) {
+                    Ok(dafne_proto::Response::Members { members }) => {
+                        Some(members.into_iter().map(MemberStatus::of).collect())
+                    }
+                    _ => None,
+                };
+                match s.statfs() {
+                    Ok(f) => (None, f.files, members),
+                    Err(e) => (Some(format!("statfs: {e}")), 0, members),
+                }
+            }
+            Err(e) => (Some(explain(e)), 0, None),
+        };
     // The data client's connection is logged in: ServerInfo needs no
     // capability there.
     let cap = dafne_client::data::LOGGED_IN;
@@ -1421,6 +1470,7 @@ pub fn status(a: StatusArgs) -> Result<()> {
         supervisor_pid: info.supervisor_pid,
         meta: MetaStatus { server: state_of("meta"), addr: info.meta, metrics: metrics_of("meta"), reachable, files },
         io,
+        members,
         mounts: ClusterInfo::live_mounts(&dir).into_iter().map(|(_, m)| m).collect(),
     };
     if a.json {
@@ -1521,6 +1571,21 @@ fn print_status(r: &StatusReport) {
             // again once UCX lets go of it.
             g("retired_units"),
         );
+    }
+    println!();
+    match &r.members {
+        None => println!("io servers as meta sees them: unknown (meta did not answer)"),
+        Some(members) => {
+            println!("| io server | as meta sees it | host | address | last heartbeat | restarts |");
+            println!("|---|---|---|---|---|---|");
+            for m in members {
+                let addr = m.addr.map_or_else(|| "-".to_string(), |a| a.to_string());
+                let since =
+                    m.since_ms.map_or_else(|| "never".to_string(), |ms| format!("{:.1} s ago", ms as f64 / 1e3));
+                let host = if m.host.is_empty() { "-" } else { m.host.as_str() };
+                println!("| {} | {} | {host} | {addr} | {since} | {} |", m.server, m.state, m.restarts);
+            }
+        }
     }
     println!();
     if r.mounts.is_empty() {

@@ -371,6 +371,17 @@ io_servers = 2
     let status = text(&o);
     assert_eq!(status.matches("| serving").count(), 4, "meta and 3 io servers serve: {status}");
     assert!(status.contains("no server runs here"), "{status}");
+    // Every io server joined through meta, which the client's status shows
+    // with the hosts file's names (polled: the first heartbeats follow the
+    // servers' start by up to a second).
+    let joined = ["| io-0 | up | io1 |", "| io-1 | up | io2 |", "| io-2 | up | io2 |"];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut status = status;
+    while !joined.iter().all(|j| status.contains(j)) {
+        assert!(Instant::now() < deadline, "the io servers did not all join meta: {status}");
+        std::thread::sleep(Duration::from_millis(200));
+        status = text(&run(dafne_in(&client.ns).args(["status", "--dir", p(&client.dir), "--credential", p(&cred)])));
+    }
     let o = run(dafne_in(&client.ns).args(["status", "--metrics", "--dir", p(&client.dir)]));
     assert!(!o.status.success() && text(&o).contains("run `dafne status --metrics` there"), "{}", text(&o));
     // A server host's status shows the other hosts' servers too.

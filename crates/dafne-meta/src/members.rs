@@ -1,0 +1,274 @@
+//! Which io servers are alive, as the metadata server sees them.
+//!
+//! Why here: the io servers of a cluster of several hosts are started by
+//! each host's supervisor, and nothing on one host sees another host's
+//! processes. The metadata server is the one place every io server
+//! reaches, so each io server started with `--meta ADDR` sends it a
+//! heartbeat ([`dafne_proto::Heartbeat`]) every
+//! [`dafne_proto::HEARTBEAT_INTERVAL`] (1 s) over a session of the cluster
+//! secret, and `Members` (any session; what `dafne status` shows) reads
+//! the table kept from them.
+//!
+//! A server is `up` while its last heartbeat is at most
+//! [`dafne_proto::MEMBER_LEASE`] (3 s, three intervals) old, `down` after,
+//! `unknown` if never heard since this metadata server started (the table
+//! lives in memory: a restarted meta hears every live server again once
+//! its heartbeat session has reconnected, which it does by itself). A heartbeat with a new instance id (chosen at random
+//! when the io server process starts) from a known server is a restart,
+//! counted. Times are monotonic ([`Instant`]).
+//!
+//! Refused heartbeats: a server id outside the cluster's io servers
+//! (`EINVAL`: no layout may name it, and the table stays bounded by
+//! `--io-servers` ≤ [`dafne_proto::MAX_MEMBERS`]), and an address that
+//! another id holds while that one is `up` (`EADDRINUSE`: two servers
+//! configured alike; logged once per offending id until it is accepted
+//! again). A `down` server's address may be taken over by another id.
+//!
+//! This is membership only: nothing acts on a server being down yet (no
+//! replication exists; docs/REPLICATION.md is the design).
+
+use std::collections::{BTreeMap, HashSet};
+use std::net::SocketAddr;
+use std::time::Instant;
+
+use dafne_proto::{Errno, Heartbeat, Member, MemberState, MAX_MEMBERS, MEMBER_LEASE};
+
+/// What meta knows of one io server.
+#[derive(Debug, Clone)]
+struct Entry {
+    last: Instant,
+    addr: SocketAddr,
+    host: String,
+    instance: u64,
+    restarts: u32,
+    capacity_bytes: u64,
+    used_bytes: u64,
+    /// Whether its lapse was logged ([`Membership::log_lapsed`]).
+    lapse_logged: bool,
+}
+
+/// The membership table (module docs).
+#[derive(Debug)]
+pub struct Membership {
+    /// The cluster's io servers: ids `0..servers`.
+    servers: u32,
+    entries: BTreeMap<u32, Entry>,
+    /// Ids whose address conflict was logged (module docs).
+    warned: HashSet<u32>,
+}
+
+/// How many io servers are in each state ([`Membership::counts`]).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct StateCounts {
+    pub up: u64,
+    pub down: u64,
+    pub unknown: u64,
+}
+
+impl Membership {
+    /// A table for io servers `0..servers` (at most [`MAX_MEMBERS`]).
+    pub fn new(servers: u32) -> Membership {
+        Membership { servers: servers.min(MAX_MEMBERS as u32), entries: BTreeMap::new(), warned: HashSet::new() }
+    }
+
+    fn is_up(e: &Entry, now: Instant) -> bool {
+        now.saturating_duration_since(e.last) <= MEMBER_LEASE
+    }
+
+    /// Records a heartbeat received at `now` (module docs, "Refused
+    /// heartbeats").
+    pub fn heartbeat(&mut self, hb: &Heartbeat, now: Instant) -> Result<(), Errno> {
+        if hb.server >= self.servers {
+            if self.warned.len() < MAX_MEMBERS && self.warned.insert(hb.server) {
+                tracing::warn!(
+                    "heartbeat from io server {} at {} refused: this cluster has io servers 0..{}",
+                    hb.server,
+                    hb.addr,
+                    self.servers
+                );
+            }
+            return Err(Errno::EINVAL);
+        }
+        let holder = self
+            .entries
+            .iter()
+            .find(|(&id, e)| id != hb.server && e.addr == hb.addr && Self::is_up(e, now))
+            .map(|(&id, _)| id);
+        if let Some(other) = holder {
+            if self.warned.insert(hb.server) {
+                tracing::warn!(
+                    "heartbeat from io server {} refused: its address {} is io server {}'s, which is up \
+                     (two servers configured with one address?)",
+                    hb.server,
+                    hb.addr,
+                    other
+                );
+            }
+            return Err(Errno::EADDRINUSE);
+        }
+        self.warned.remove(&hb.server);
+        let fresh = Entry {
+            last: now,
+            addr: hb.addr,
+            host: hb.host.clone(),
+            instance: hb.instance,
+            restarts: 0,
+            capacity_bytes: hb.capacity_bytes,
+            used_bytes: hb.used_bytes,
+            lapse_logged: false,
+        };
+        match self.entries.get_mut(&hb.server) {
+            None => {
+                tracing::info!("io server {} joined: {} on host {:?}", hb.server, hb.addr, hb.host);
+                self.entries.insert(hb.server, fresh);
+            }
+            Some(e) => {
+                let was_up = Self::is_up(e, now);
+                let restarts = if e.instance != hb.instance {
+                    tracing::info!("io server {} restarted: {} on host {:?}", hb.server, hb.addr, hb.host);
+                    e.restarts.saturating_add(1)
+                } else {
+                    if !was_up {
+                        tracing::info!("io server {} is up again: {} on host {:?}", hb.server, hb.addr, hb.host);
+                    }
+                    e.restarts
+                };
+                *e = Entry { restarts, ..fresh };
+            }
+        }
+        Ok(())
+    }
+
+    /// Logs each io server that went `down` since the last call (once per
+    /// lapse; a heartbeat re-arms it) and returns their ids. The service
+    /// calls it every second, so that meta's log says when a server was
+    /// lost even if nobody asks.
+    pub fn log_lapsed(&mut self, now: Instant) -> Vec<u32> {
+        let mut lapsed = Vec::new();
+        for (&id, e) in self.entries.iter_mut() {
+            if !e.lapse_logged && !Self::is_up(e, now) {
+                e.lapse_logged = true;
+                lapsed.push(id);
+                tracing::warn!(
+                    "io server {id} ({} on host {:?}) is down: no heartbeat for {:.1} s",
+                    e.addr,
+                    e.host,
+                    now.saturating_duration_since(e.last).as_secs_f64()
+                );
+            }
+        }
+        lapsed
+    }
+
+    /// Every io server of the cluster, in id order, as of `now`.
+    pub fn members(&self, now: Instant) -> Vec<Member> {
+        (0..self.servers)
+            .map(|server| match self.entries.get(&server) {
+                Some(e) => Member {
+                    server,
+                    state: if Self::is_up(e, now) { MemberState::Up } else { MemberState::Down },
+                    addr: e.addr,
+                    host: e.host.clone(),
+                    since_ms: u64::try_from(now.saturating_duration_since(e.last).as_millis()).unwrap_or(u64::MAX),
+                    restarts: e.restarts,
+                    capacity_bytes: e.capacity_bytes,
+                    used_bytes: e.used_bytes,
+                },
+                None => Member {
+                    server,
+                    state: MemberState::Unknown,
+                    addr: SocketAddr::from(([0, 0, 0, 0], 0)),
+                    host: String::new(),
+                    since_ms: 0,
+                    restarts: 0,
+                    capacity_bytes: 0,
+                    used_bytes: 0,
+                },
+            })
+            .collect()
+    }
+
+    /// How many io servers are up, down and unknown at `now`.
+    pub fn counts(&self, now: Instant) -> StateCounts {
+        let mut c = StateCounts::default();
+        for m in self.members(now) {
+            match m.state {
+                MemberState::Up => c.up += 1,
+                MemberState::Down => c.down += 1,
+                MemberState::Unknown => c.unknown += 1,
+            }
+        }
+        c
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn hb(server: u32, instance: u64, port: u16) -> Heartbeat {
+        Heartbeat {
+            server,
+            instance,
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            host: "h".into(),
+            capacity_bytes: 100,
+            used_bytes: 10,
+        }
+    }
+
+    #[test]
+    fn a_server_is_up_within_the_lease_and_down_after() {
+        let t0 = Instant::now();
+        let mut m = Membership::new(2);
+        assert_eq!(m.counts(t0), StateCounts { up: 0, down: 0, unknown: 2 });
+        m.heartbeat(&hb(1, 7, 9001), t0).unwrap();
+        assert_eq!(m.members(t0 + MEMBER_LEASE)[1].state, MemberState::Up);
+        let late = t0 + MEMBER_LEASE + Duration::from_millis(1);
+        let ms = m.members(late);
+        assert_eq!(ms[0].state, MemberState::Unknown);
+        assert_eq!(ms[1].state, MemberState::Down);
+        assert_eq!(ms[1].since_ms, MEMBER_LEASE.as_millis() as u64 + 1);
+        assert_eq!(m.counts(late), StateCounts { up: 0, down: 1, unknown: 1 });
+        assert_eq!(m.log_lapsed(t0), Vec::<u32>::new());
+        assert_eq!(m.log_lapsed(late), vec![1]);
+        assert_eq!(m.log_lapsed(late), Vec::<u32>::new(), "a lapse is logged once");
+        // Back with the same instance: up, no restart.
+        m.heartbeat(&hb(1, 7, 9001), late).unwrap();
+        assert_eq!((m.members(late)[1].state, m.members(late)[1].restarts), (MemberState::Up, 0));
+        assert_eq!(m.log_lapsed(late + MEMBER_LEASE * 2), vec![1], "a heartbeat re-arms it");
+    }
+
+    #[test]
+    fn a_new_instance_is_a_restart() {
+        let t0 = Instant::now();
+        let mut m = Membership::new(1);
+        m.heartbeat(&hb(0, 1, 9001), t0).unwrap();
+        m.heartbeat(&hb(0, 1, 9001), t0).unwrap();
+        m.heartbeat(&hb(0, 2, 9001), t0).unwrap();
+        m.heartbeat(&hb(0, 3, 9001), t0).unwrap();
+        assert_eq!(m.members(t0)[0].restarts, 2);
+    }
+
+    #[test]
+    fn unknown_ids_and_taken_addresses_are_refused() {
+        let t0 = Instant::now();
+        let mut m = Membership::new(3);
+        assert_eq!(m.heartbeat(&hb(3, 1, 9001), t0), Err(Errno::EINVAL));
+        assert_eq!(m.heartbeat(&hb(u32::MAX, 1, 9001), t0), Err(Errno::EINVAL));
+        m.heartbeat(&hb(0, 1, 9001), t0).unwrap();
+        assert_eq!(m.heartbeat(&hb(1, 2, 9001), t0), Err(Errno::EADDRINUSE));
+        assert_eq!(m.members(t0)[1].state, MemberState::Unknown);
+        // Once the holder is down, another id may take the address.
+        let late = t0 + MEMBER_LEASE * 2;
+        m.heartbeat(&hb(1, 2, 9001), late).unwrap();
+        assert_eq!(m.counts(late), StateCounts { up: 1, down: 1, unknown: 1 });
+    }
+
+    #[test]
+    fn the_table_is_bounded() {
+        let m = Membership::new(u32::MAX);
+        assert_eq!(m.members(Instant::now()).len(), MAX_MEMBERS);
+    }
+}

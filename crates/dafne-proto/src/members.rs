@@ -1,0 +1,284 @@
+//! Membership on the wire: what an io server tells the metadata server in
+//! its heartbeat ([`Heartbeat`], op `ServerHeartbeat`), and how meta
+//! answers `Members` ([`Member`]).
+//!
+//! Addresses travel as text (`ip:port`, as Rust prints a `SocketAddr`) so
+//! that a person reading a capture sees them; the decoder accepts only the
+//! canonical text of an address (the one it prints back), so the encoding
+//! stays one per value. Host names are UTF-8, at most [`MAX_HOST_NAME`]
+//! bytes; a member list holds at most [`MAX_MEMBERS`] entries, ids strictly
+//! increasing.
+
+use std::net::SocketAddr;
+
+use crate::wire::{Reader, Wire, Writer};
+use crate::{DecodeError, MAX_LAYOUT_SERVERS};
+
+/// Longest host name on the wire (`HOST_NAME_MAX` is 64 on Linux; DNS
+/// names reach 253).
+pub const MAX_HOST_NAME: usize = 255;
+
+/// Longest address text: `[` + 45 bytes of IPv6 (with an IPv4 tail) +
+/// `%` + a 10-digit scope id + `]:` + 5 digits is 65.
+pub const MAX_ADDR_WIRE: usize = 72;
+
+/// Most entries of a `Members` answer: one per io server a layout may name.
+pub const MAX_MEMBERS: usize = MAX_LAYOUT_SERVERS;
+
+/// How often an io server sends its heartbeat.
+pub const HEARTBEAT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// How long after its last heartbeat meta still counts an io server `up`:
+/// three intervals, so one or two late or lost heartbeats (a busy loop, a
+/// reconnect to a restarted meta) do not mark a live server down, and a
+/// dead one shows `down` 3 to 4 s after its last heartbeat.
+pub const MEMBER_LEASE: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// An io server's heartbeat ([`crate::Request::ServerHeartbeat`]).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Heartbeat {
+    /// The server's index in the cluster's io servers (what layouts name).
+    pub server: u32,
+    /// Chosen at random when the server process starts: a new value from
+    /// the same id is a restart.
+    pub instance: u64,
+    /// Where it serves.
+    pub addr: SocketAddr,
+    /// The host it runs on (the cluster file's name for it, else the
+    /// system's host name); UTF-8, at most [`MAX_HOST_NAME`] bytes.
+    pub host: String,
+    /// Its file system's size and bytes in use.
+    pub capacity_bytes: u64,
+    pub used_bytes: u64,
+}
+
+/// How meta sees an io server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum MemberState {
+    /// Heard from within the lease.
+    Up = 1,
+    /// Heard from once, not within the lease.
+    Down = 2,
+    /// Never heard from since this metadata server started (its fields
+    /// other than `server` are zero or empty).
+    Unknown = 3,
+}
+
+impl MemberState {
+    /// As `dafne status` prints it.
+    pub fn name(self) -> &'static str {
+        match self {
+            MemberState::Up => "up",
+            MemberState::Down => "down",
+            MemberState::Unknown => "unknown",
+        }
+    }
+}
+
+/// One io server in a `Members` answer ([`crate::Response::Members`]).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Member {
+    pub server: u32,
+    pub state: MemberState,
+    /// The address and host of its last heartbeat.
+    pub addr: SocketAddr,
+    pub host: String,
+    /// Milliseconds since its last heartbeat (0 when never heard).
+    pub since_ms: u64,
+    /// Instance changes seen since meta started.
+    pub restarts: u32,
+    pub capacity_bytes: u64,
+    pub used_bytes: u64,
+}
+
+/// Smallest encoded member: server u32, state u8, addr length u32, host
+/// length u32, since u64, restarts u32, capacity u64, used u64.
+pub(crate) const MEMBER_MIN_SIZE: usize = 41;
+
+fn put_addr(w: &mut Writer, a: &SocketAddr) {
+    w.put_bytes(a.to_string().as_bytes());
+}
+
+fn get_addr(r: &mut Reader<'_>, what: &'static str) -> Result<SocketAddr, DecodeError> {
+    let b = r.bytes(what, MAX_ADDR_WIRE)?;
+    let s = std::str::from_utf8(&b).map_err(|_| DecodeError::NotUtf8(what))?;
+    match s.parse::<SocketAddr>() {
+        Ok(a) if a.to_string() == s => Ok(a),
+        _ => Err(DecodeError::BadValue { what, value: b.len() as u64 }),
+    }
+}
+
+fn get_host(r: &mut Reader<'_>, what: &'static str) -> Result<String, DecodeError> {
+    String::from_utf8(r.bytes(what, MAX_HOST_NAME)?).map_err(|_| DecodeError::NotUtf8(what))
+}
+
+impl Wire for Heartbeat {
+    fn put(&self, w: &mut Writer) {
+        w.put_u32(self.server);
+        w.put_u64(self.instance);
+        put_addr(w, &self.addr);
+        w.put_bytes(self.host.as_bytes());
+        w.put_u64(self.capacity_bytes);
+        w.put_u64(self.used_bytes);
+    }
+    fn get(r: &mut Reader<'_>) -> Result<Heartbeat, DecodeError> {
+        Ok(Heartbeat {
+            server: r.u32("heartbeat server")?,
+            instance: r.u64("heartbeat instance")?,
+            addr: get_addr(r, "heartbeat addr")?,
+            host: get_host(r, "heartbeat host")?,
+            capacity_bytes: r.u64("heartbeat capacity")?,
+            used_bytes: r.u64("heartbeat used")?,
+        })
+    }
+}
+
+impl Wire for Member {
+    fn put(&self, w: &mut Writer) {
+        w.put_u32(self.server);
+        w.put_u8(self.state as u8);
+        put_addr(w, &self.addr);
+        w.put_bytes(self.host.as_bytes());
+        w.put_u64(self.since_ms);
+        w.put_u32(self.restarts);
+        w.put_u64(self.capacity_bytes);
+        w.put_u64(self.used_bytes);
+    }
+    fn get(r: &mut Reader<'_>) -> Result<Member, DecodeError> {
+        let server = r.u32("member server")?;
+        let state = match r.u8("member state")? {
+            1 => MemberState::Up,
+            2 => MemberState::Down,
+            3 => MemberState::Unknown,
+            v => return Err(DecodeError::BadValue { what: "member state", value: v.into() }),
+        };
+        Ok(Member {
+            server,
+            state,
+            addr: get_addr(r, "member addr")?,
+            host: get_host(r, "member host")?,
+            since_ms: r.u64("member since_ms")?,
+            restarts: r.u32("member restarts")?,
+            capacity_bytes: r.u64("member capacity")?,
+            used_bytes: r.u64("member used")?,
+        })
+    }
+}
+
+/// A `Members` list: at most [`MAX_MEMBERS`], ids strictly increasing.
+pub(crate) fn get_members(r: &mut Reader<'_>) -> Result<Vec<Member>, DecodeError> {
+    let n = r.count("members", MAX_MEMBERS, MEMBER_MIN_SIZE)?;
+    let mut members: Vec<Member> = Vec::with_capacity(n);
+    for _ in 0..n {
+        let m = Member::get(r)?;
+        if members.last().is_some_and(|p| p.server >= m.server) {
+            return Err(DecodeError::BadValue {
+                what: "member server (must be strictly increasing)",
+                value: m.server.into(),
+            });
+        }
+        members.push(m);
+    }
+    Ok(members)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn beat() -> Heartbeat {
+        Heartbeat {
+            server: 3,
+            instance: 7,
+            addr: "10.0.0.2:7001".parse().unwrap(),
+            host: "node-b".into(),
+            capacity_bytes: 1 << 40,
+            used_bytes: 1 << 30,
+        }
+    }
+
+    #[test]
+    fn a_heartbeat_round_trips_and_every_prefix_is_refused() {
+        let mut w = Writer::with_prefix(0);
+        beat().put(&mut w);
+        let b = w.into_vec();
+        let mut r = Reader::new(&b);
+        assert_eq!(Heartbeat::get(&mut r), Ok(beat()));
+        assert_eq!(r.left(), 0);
+        for n in 0..b.len() {
+            assert!(Heartbeat::get(&mut Reader::new(&b[..n])).is_err(), "prefix of {n} bytes accepted");
+        }
+    }
+
+    fn with_addr(text: &[u8]) -> Vec<u8> {
+        let mut w = Writer::with_prefix(0);
+        w.put_u32(1);
+        w.put_u64(2);
+        w.put_bytes(text);
+        w.put_bytes(b"h");
+        w.put_u64(0);
+        w.put_u64(0);
+        w.into_vec()
+    }
+
+    #[test]
+    fn addresses_must_be_canonical_and_bounded() {
+        assert!(Heartbeat::get(&mut Reader::new(&with_addr(b"127.0.0.1:80"))).is_ok());
+        assert!(Heartbeat::get(&mut Reader::new(&with_addr(b"[::1]:80"))).is_ok());
+        for bad in [&b"127.0.0.1:080"[..], b"127.0.0.1", b"", b"host:80", b"\xff:1", b"[0:0::1]:80"] {
+            assert!(Heartbeat::get(&mut Reader::new(&with_addr(bad))).is_err(), "{bad:?} accepted");
+        }
+        let long = vec![b'1'; MAX_ADDR_WIRE + 1];
+        assert!(matches!(Heartbeat::get(&mut Reader::new(&with_addr(&long))), Err(DecodeError::TooLong { .. })));
+    }
+
+    #[test]
+    fn host_names_are_bounded_utf8() {
+        let mut hb = beat();
+        hb.host = "x".repeat(MAX_HOST_NAME + 1);
+        let mut w = Writer::with_prefix(0);
+        hb.put(&mut w);
+        assert!(matches!(Heartbeat::get(&mut Reader::new(&w.into_vec())), Err(DecodeError::TooLong { .. })));
+        let mut w = Writer::with_prefix(0);
+        w.put_u32(1);
+        w.put_u64(2);
+        w.put_bytes(b"127.0.0.1:80");
+        w.put_bytes(b"\xc3");
+        w.put_u64(0);
+        w.put_u64(0);
+        assert!(matches!(Heartbeat::get(&mut Reader::new(&w.into_vec())), Err(DecodeError::NotUtf8(_))));
+    }
+
+    #[test]
+    fn member_lists_are_bounded_and_ordered() {
+        let m = |server| Member {
+            server,
+            state: MemberState::Up,
+            addr: "127.0.0.1:1".parse().unwrap(),
+            host: String::new(),
+            since_ms: 1,
+            restarts: 0,
+            capacity_bytes: 0,
+            used_bytes: 0,
+        };
+        let enc = |ms: &[Member]| {
+            let mut w = Writer::with_prefix(0);
+            w.put_len(ms.len());
+            for x in ms {
+                x.put(&mut w);
+            }
+            w.into_vec()
+        };
+        assert_eq!(get_members(&mut Reader::new(&enc(&[m(0), m(2)]))).unwrap().len(), 2);
+        assert!(get_members(&mut Reader::new(&enc(&[m(2), m(0)]))).is_err());
+        assert!(get_members(&mut Reader::new(&enc(&[m(1), m(1)]))).is_err());
+        // A count above the bound is refused before anything is allocated.
+        let mut w = Writer::with_prefix(0);
+        w.put_u32(MAX_MEMBERS as u32 + 1);
+        assert!(get_members(&mut Reader::new(&w.into_vec())).is_err());
+        let mut bad_state = enc(&[m(0)]);
+        bad_state[8] = 9;
+        assert!(get_members(&mut Reader::new(&bad_state)).is_err());
+    }
+}

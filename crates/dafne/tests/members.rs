@@ -1,0 +1,209 @@
+//! Membership through the metadata server, with real processes: every io
+//! server `dafne up` starts joins meta (`--meta`) and sends a heartbeat
+//! every second; `dafne status` shows the io servers as meta sees them
+//! (up, down within a few lease periods of a kill -9, up again with the
+//! restart counted when the server returns), and only the cluster's own
+//! root session may send a heartbeat.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::cluster::{p, Cluster};
+use common::{dafne, text};
+use dafne_proto::{Errno, Heartbeat, Request, Response};
+
+/// `dafne status --json` on `dir` (its exit status is non-zero while an io
+/// server does not serve; the report is printed either way).
+fn status(dir: &Path, extra: &[&str]) -> serde_json::Value {
+    let o = dafne().args(["status", "--json", "--dir", p(dir)]).args(extra).output().unwrap();
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("dafne status --json: {e}\n{}", text(&o)))
+}
+
+/// The io servers' (state, restarts) as `dafne status` reports meta's view
+/// (empty while meta does not answer).
+fn members(dir: &Path, extra: &[&str]) -> Vec<(String, u64)> {
+    let s = status(dir, extra);
+    let Some(members) = s["members"].as_array() else { return Vec::new() };
+    members.iter().map(|m| (m["state"].as_str().unwrap().to_string(), m["restarts"].as_u64().unwrap())).collect()
+}
+
+/// Polls `dafne status` until meta's view is `want`, for at most 30 s
+/// (the lease is 3 s: a change shows within 4).
+fn wait_members(dir: &Path, want: &[(&str, u64)]) {
+    let want: Vec<(String, u64)> = want.iter().map(|(s, r)| (s.to_string(), *r)).collect();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut seen = Vec::new();
+    while std::time::Instant::now() < deadline {
+        seen = members(dir, &[]);
+        if seen == want {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    panic!("meta's view of the io servers stayed {seen:?}, waited for {want:?}");
+}
+
+/// The metadata server's `dafne_meta_io_servers{state}` gauge.
+fn meta_gauge(dir: &Path, state: &str) -> f64 {
+    let info: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("cluster.json")).unwrap()).unwrap();
+    let addr: std::net::SocketAddr = info["metrics"]
+        .as_array()
+        .and_then(|m| m.iter().find(|e| e["server"] == "meta"))
+        .and_then(|e| e["addr"].as_str())
+        .expect("cluster.json names meta's metrics port")
+        .parse()
+        .unwrap();
+    let page = dafne_metrics::http::fetch(addr, Duration::from_secs(5)).expect("meta's metrics page");
+    let families = dafne_metrics::parse::parse(&page).expect("a well-formed page");
+    let f = families.iter().find(|f| f.name == "dafne_meta_io_servers").expect("dafne_meta_io_servers on the page");
+    f.samples.iter().find(|s| s.label("state") == Some(state)).map(|s| s.value).expect("a sample per state")
+}
+
+/// Waits until meta's `dafne_meta_io_servers{state}` reads `want` (the
+/// page is rendered at most once a second), for at most 20 s.
+fn wait_gauge(dir: &Path, state: &str, want: f64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut seen = meta_gauge(dir, state);
+    while seen != want {
+        assert!(std::time::Instant::now() < deadline, "meta's io servers {state} stayed {seen}, waited for {want}");
+        std::thread::sleep(Duration::from_millis(100));
+        seen = meta_gauge(dir, state);
+    }
+}
+
+/// An io server this test started again by hand; killed when dropped.
+struct Restarted(Child);
+
+impl Drop for Restarted {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn status_shows_each_io_server_as_meta_sees_it_down_after_a_kill_and_up_again() {
+    // The supervisor does not restart it: this test does, later.
+    let c = Cluster::start_sized(2, "[cluster]\nrestart = false\n");
+    wait_members(c.dir(), &[("up", 0), ("up", 0)]);
+    let s = status(c.dir(), &[]);
+    let io1 = &s["members"][1];
+    assert_eq!(io1["server"], "io-1");
+    assert_eq!(io1["addr"], s["io"][1]["addr"], "meta's address for io-1 is the one it serves on");
+    assert!(io1["capacity_bytes"].as_u64().unwrap() > 0, "{io1}");
+    let table = text(&dafne().args(["status", "--dir", p(c.dir())]).output().unwrap());
+    assert!(table.contains("| io server | as meta sees it |") && table.contains("| io-1 | up |"), "{table}");
+    wait_gauge(c.dir(), "up", 2.0);
+
+    // kill -9 io-1 (its command line and environment kept to start it again).
+    let servers: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(c.dir().join("servers.json")).unwrap()).unwrap();
+    let pid = servers.as_array().unwrap().iter().find(|s| s["name"] == "io-1").unwrap()["pid"].as_u64().unwrap();
+    let split = |b: Vec<u8>| -> Vec<String> {
+        b.split(|&x| x == 0).filter(|a| !a.is_empty()).map(|a| String::from_utf8_lossy(a).into_owned()).collect()
+    };
+    let cmdline = split(std::fs::read(format!("/proc/{pid}/cmdline")).unwrap());
+    let environ = split(std::fs::read(format!("/proc/{pid}/environ")).unwrap());
+    assert!(cmdline.iter().any(|a| a == "--meta"), "the supervisor passes --meta: {cmdline:?}");
+    Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap();
+    wait_members(c.dir(), &[("up", 0), ("down", 0)]);
+    wait_gauge(c.dir(), "down", 1.0);
+    wait_gauge(c.dir(), "up", 1.0);
+    let table = text(&dafne().args(["status", "--dir", p(c.dir())]).output().unwrap());
+    assert!(table.contains("| io-1 | down |"), "{table}");
+
+    // Started again (a new instance on the same address): up, one restart.
+    let log = std::fs::File::create(c.dir().join("io-1-again.log")).unwrap();
+    let child = Command::new(&cmdline[0])
+        .args(&cmdline[1..])
+        .env_clear()
+        .envs(environ.iter().filter_map(|kv| kv.split_once('=')))
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let _again = Restarted(child);
+    wait_members(c.dir(), &[("up", 0), ("up", 1)]);
+    wait_gauge(c.dir(), "down", 0.0);
+}
+
+#[test]
+fn only_the_clusters_root_session_may_send_a_heartbeat() {
+    let c = Cluster::start_sized(2, "");
+    wait_members(c.dir(), &[("up", 0), ("up", 0)]);
+    let cred = c.dir().join("alice.cred");
+    let o = dafne()
+        .args(["credential", "issue", "alice", "--dir", p(c.dir()), "-o", p(&cred)])
+        .args(["--uid", "1000", "--gid", "1000", "--root"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "dafne credential issue failed:\n{}", text(&o));
+    let info: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(c.dir().join("cluster.json")).unwrap()).unwrap();
+    let meta: std::net::SocketAddr = info["meta"].as_str().unwrap().parse().unwrap();
+    let io0: std::net::SocketAddr = info["io"][0].as_str().unwrap().parse().unwrap();
+    let rt = dafne_transport::Runtime::new(dafne_transport::RuntimeOptions {
+        name: "members-test".into(),
+        ..Default::default()
+    })
+    .unwrap();
+    // A heartbeat that would change the table, were it accepted.
+    let beat = |server, addr| {
+        Request::ServerHeartbeat(Heartbeat {
+            server,
+            instance: 1,
+            addr,
+            host: "intruder".into(),
+            capacity_bytes: 0,
+            used_bytes: 0,
+        })
+    };
+    let elsewhere: std::net::SocketAddr = "127.0.0.1:9".parse().unwrap();
+
+    // A credential, even one that keeps root: refused; it may read the table.
+    let key: dafne_auth::LoginKey = dafne_auth::CredentialFile::load(&cred).unwrap().into();
+    let s = dafne_client::MetaSession::connect(&rt, meta, key, "members-test", 0, 0).unwrap();
+    assert_eq!(s.request(beat(0, elsewhere)), Err(Errno::EPERM));
+    assert!(matches!(s.request(Request::Members), Ok(Response::Members { members }) if members.len() == 2));
+
+    // The cluster secret as another uid: refused.
+    let secret = dafne_auth::Secret::load(&c.dir().join("meta").join("cluster.secret")).unwrap();
+    let s = dafne_client::MetaSession::connect(&rt, meta, &secret, "members-test", 1000, 1000).unwrap();
+    assert_eq!(s.request(beat(0, elsewhere)), Err(Errno::EPERM));
+
+    // As root: an id outside the cluster's io servers, and io-0's address
+    // for io-1 while io-0 is up, are refused.
+    let s = dafne_client::MetaSession::connect(&rt, meta, &secret, "members-test", 0, 0).unwrap();
+    assert_eq!(s.request(beat(2, elsewhere)), Err(Errno::EINVAL));
+    assert_eq!(s.request(beat(1, io0)), Err(Errno::EADDRINUSE));
+    let Ok(Response::Members { members }) = s.request(Request::Members) else { panic!("no Members answer") };
+    assert!(
+        members.iter().all(|m| m.host != "intruder" && m.restarts == 0),
+        "a refused heartbeat counted: {members:?}"
+    );
+    assert_eq!(members[0].addr, io0);
+}
+
+#[test]
+fn a_restarted_meta_hears_every_io_server_again() {
+    let c = Cluster::start_sized(2, "");
+    wait_members(c.dir(), &[("up", 0), ("up", 0)]);
+    let servers = || -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(c.dir().join("servers.json")).unwrap()).unwrap()
+    };
+    let meta = |s: &serde_json::Value| s.as_array().unwrap().iter().find(|s| s["name"] == "meta").unwrap().clone();
+    let pid = meta(&servers())["pid"].as_u64().unwrap();
+    Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap();
+    common::wait_for("meta's restart", || {
+        let m = meta(&servers());
+        m["restarts"] == 1 && m["state"] == "running"
+    });
+    // The new meta's table starts empty: up again means the io servers'
+    // sessions reconnected by themselves.
+    wait_members(c.dir(), &[("up", 0), ("up", 0)]);
+}
