@@ -1119,6 +1119,11 @@ impl Wire for ScrubSlice {
         let more_bad = r.u64("io scrub more bad")?;
         let more = r.bool("io scrub more")?;
         let next = (r.u64("io scrub next object")?, r.u64("io scrub next offset")?);
+        // Without a next slice its position must be zero: one encoding per
+        // message (the fuzz targets re-encode and compare).
+        if !more && next != (0, 0) {
+            return Err(DecodeError::BadValue { what: "io scrub next without more", value: next.0 | next.1 });
+        }
         Ok(ScrubSlice { objects, unverified, bytes, bad, more_bad, next: more.then_some(next) })
     }
 }
@@ -1953,5 +1958,17 @@ mod tests {
         assert_eq!(r[presence], 0);
         r[presence] = 2;
         assert!(decode_io_request(&r).is_err());
+    }
+
+    /// Found by the fuzz sweep: a slice without a next one carried a next
+    /// position that decoding dropped, so the message had two encodings.
+    #[test]
+    fn a_scrub_slice_without_more_must_carry_a_zero_position() {
+        let ok = encode_io_reply(1, IoOp::Scrub, &Ok(IoResponse::Scrubbed(ScrubSlice::default())));
+        assert!(decode_io_reply(&ok).is_ok());
+        let mut bad = ok.clone();
+        let n = bad.len();
+        bad[n - 16] = 12;
+        assert!(decode_io_reply(&bad).is_err(), "a position without a next slice was accepted");
     }
 }
