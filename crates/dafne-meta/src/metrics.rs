@@ -48,7 +48,12 @@ pub fn render(server: &str, s: &MetaStats, transport: &TransportStatsSnapshot) -
     if let Some(c) = s.commits {
         t.single("dafne_meta_commits_total", Kind::Counter, "Store transactions committed (each one fsync).", c);
     }
-    dafne_metrics::write_fields(&mut t, "dafne_transport_", &transport.described(), &["requests_in_flight"]);
+    dafne_metrics::write_fields(
+        &mut t,
+        "dafne_transport_",
+        &transport.described(),
+        &["requests_in_flight", "listener_paused"],
+    );
     dafne_metrics::write_process(&mut t);
     t.finish()
 }

@@ -213,17 +213,29 @@ impl Drop for SockGuard {
 type ListenerFd = (i32, u64);
 
 fn run(mut own: OwnSockets, port: u16, deadline: Duration, shared: &Shared, stop: &AtomicBool) {
-    // UCX refusing accepts (a full table) wakes this thread at once.
-    let _wake = dafne_ucx::logfilter::wake_on_refusal(std::thread::current());
+    use dafne_ucx::acceptgate;
+    // A refused accept (the table at the gate's limit) wakes this thread.
+    let _wake = acceptgate::wake_on_refusal(std::thread::current());
+    let gate = acceptgate::register(port);
+    if gate.is_none() {
+        tracing::warn!("port {port}: no room to register with the accept gate; a flood may fill the descriptor table");
+    }
     // Sockets judged for good: answered handshakes and sockets not on the
     // port (client sockets, UCX's own transport sockets).
     let mut settled: std::collections::HashSet<u64> = std::collections::HashSet::new();
     let mut seen: HashMap<u64, Seen> = HashMap::new();
     let mut reset_since_log = 0u64;
-    let mut refused_since_log = 0u64;
     let mut pauses_since_log = 0u64;
+    let mut gate_since_log = acceptgate::GateCounts::default();
     let mut last_log: Option<Instant> = None;
+    // Pause and resume lines, at most one per LOG_EVERY (one is owed when a
+    // change came sooner; a long pause is reported every LOG_EVERY).
+    let mut last_state_log: Option<Instant> = None;
+    let mut state_log_owed = false;
+    let mut paused_since: Option<Instant> = None;
     let mut listener: Option<ListenerFd> = None;
+    // Whether UCX accepts, as this thread last saw it: the gate may pause
+    // the listener from UCX's thread meanwhile.
     let mut accepting = true;
     let mut pressure = false;
     // The first look comes at once: it finds the listener, which the guard
@@ -237,17 +249,14 @@ fn run(mut own: OwnSockets, port: u16, deadline: Duration, shared: &Shared, stop
         if stop.load(Ordering::Relaxed) {
             break;
         }
-        // UCX is refusing accepts: the table is full. Stop it before
-        // looking at anything else (a scan of a full table takes a while).
-        if accepting && dafne_ucx::logfilter::refusing() {
-            if let Some((fd, ino)) = listener {
-                if own.set_accepting(fd, ino, false).unwrap_or(false) {
-                    accepting = false;
-                    pauses_since_log += 1;
-                }
-            }
-        }
         let now = Instant::now();
+        let gated_pause = gate.as_ref().is_some_and(|g| g.paused());
+        if accepting && gated_pause {
+            // Paused by the gate, inside UCX's accept.
+            accepting = false;
+            pauses_since_log += 1;
+            TransportStats::inc(&shared.stats.listener_pauses);
+        }
         let table = match own.scan() {
             Ok(t) => t,
             Err(e) => {
@@ -283,6 +292,11 @@ fn run(mut own: OwnSockets, port: u16, deadline: Duration, shared: &Shared, stop
                 continue;
             }
             if p.state == TCP_LISTEN {
+                if listener.is_none() {
+                    if let Some(g) = &gate {
+                        g.set_listener(fd);
+                    }
+                }
                 listener = Some((fd, ino));
                 queued = p.unacked_segments as usize;
                 continue;
@@ -331,42 +345,97 @@ fn run(mut own: OwnSockets, port: u16, deadline: Duration, shared: &Shared, stop
                 }
             }
         }
-        // Descriptors left: stop UCX accepting before the table is full.
-        let free = descriptor_limit().map_or(usize::MAX, |l| l.saturating_sub(table.open));
+        // Descriptors left below the limit the listener may fill (the
+        // gate's soft limit, whatever the soft limit is now): stop UCX
+        // accepting before the table is full.
+        let limit = acceptgate::limits().map(|(s, _)| s as usize).or_else(descriptor_limit);
+        let free = limit.map_or(usize::MAX, |l| l.saturating_sub(table.open));
         let want = should_accept(free, accepting, queued, crowded);
         if want != accepting {
             if let Some((fd, ino)) = listener {
-                match own.set_accepting(fd, ino, want) {
+                let done = match (&gate, want) {
+                    (Some(g), false) => g.pause(&mut own, fd, ino),
+                    (Some(g), true) => g.resume(&mut own, fd, ino),
+                    (None, on) => own.set_accepting(fd, ino, on),
+                };
+                match done {
                     Ok(true) => {
                         accepting = want;
                         if !want {
                             pauses_since_log += 1;
+                            TransportStats::inc(&shared.stats.listener_pauses);
                         }
                     }
                     Ok(false) => listener = None,
-                    Err(e) => tracing::debug!("pausing the listener: {e}"),
+                    Err(e) => tracing::warn!(
+                        "port {port}: could not {} the listener: {e}",
+                        if want { "resume" } else { "pause" }
+                    ),
                 }
             }
         }
+        shared.stats.listener_paused.store(u64::from(!accepting), Ordering::Relaxed);
         // Paused with nobody queued: nothing to hurry for (a server short
         // of descriptors for long is not scanned 20 times a second).
         pressure = crowded || (!accepting && queued > 0);
-        refused_since_log += dafne_ucx::logfilter::take_refused_accepts();
-        let something = reset_since_log + refused_since_log + pauses_since_log > 0;
+        let counts = acceptgate::take_counts();
+        for (c, n) in [
+            (&shared.stats.accepts_refused, counts.refused + counts.short),
+            (&shared.stats.accepts_from_reserve, counts.rescued),
+        ] {
+            c.fetch_add(n, Ordering::Relaxed);
+        }
+        gate_since_log.refused += counts.refused;
+        gate_since_log.rescued += counts.rescued;
+        gate_since_log.short += counts.short;
+        // Pause and resume, said at most once per LOG_EVERY, and a pause
+        // that lasts said again every LOG_EVERY.
+        let changed = accepting == paused_since.is_some();
+        if changed {
+            paused_since = if accepting { None } else { Some(now) };
+            state_log_owed = true;
+        }
+        let due = last_state_log.is_none_or(|t| now.duration_since(t) >= LOG_EVERY);
+        if due && (state_log_owed || paused_since.is_some()) {
+            let lim = match acceptgate::limits() {
+                Some((s, h)) => format!("{s}, {} more kept for UCX's data listener", h - s),
+                None => limit.map_or("none".to_string(), |l| l.to_string()),
+            };
+            match paused_since {
+                Some(t) => tracing::warn!(
+                    "port {port}: UCX's accepting is paused (for {:.1} s): {} descriptors open, limit {lim}; \
+                     it resumes at {HIGH_WATER} free once the {queued} queued connection(s) fit or nothing is \
+                     left to reset",
+                    now.duration_since(t).as_secs_f64(),
+                    table.open
+                ),
+                None => tracing::warn!("port {port}: UCX accepts again: {} descriptors open, limit {lim}", table.open),
+            }
+            state_log_owed = false;
+            last_state_log = Some(now);
+        }
+        let g = gate_since_log;
+        let something = reset_since_log + pauses_since_log + g.refused + g.rescued + g.short > 0;
         if something && last_log.is_none_or(|t| now.duration_since(t) >= LOG_EVERY) {
             tracing::warn!(
                 "port {port}: reset {reset_since_log} connection(s) that never completed a UCX handshake \
                  (garbage, stalled, or too many at once); descriptors ran short {pauses_since_log} time(s) \
-                 (UCX stops accepting below {LOW_WATER} free: {} open now), {refused_since_log} accept(s) \
-                 failed for want of one",
-                table.open
+                 (UCX stops accepting below {LOW_WATER} free: {} open now); {} accept(s) on this listener \
+                 refused at the limit, {} on UCX's data listener served from the reserve, {} refused there \
+                 with the reserve full (UCX retries)",
+                table.open,
+                g.refused,
+                g.rescued,
+                g.short
             );
             reset_since_log = 0;
-            refused_since_log = 0;
             pauses_since_log = 0;
+            gate_since_log = acceptgate::GateCounts::default();
             last_log = Some(now);
         }
     }
+    shared.stats.listener_paused.store(0, Ordering::Relaxed);
+    // `gate` drops here, before the listener (SockGuard's contract).
 }
 
 /// The process's soft descriptor limit, if it has one.
