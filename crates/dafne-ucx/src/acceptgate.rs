@@ -114,7 +114,7 @@ pub fn in_effect() -> bool {
     // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name reads
     // nothing else; the result is only compared.
     let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"accept".as_ptr()) };
-    p as usize == dafne_gated_accept as *const () as usize
+    std::ptr::eq(p as *const (), dafne_gated_accept as *const ())
 }
 
 /// Sets the soft descriptor limit to the hard one less the reserve, if the
