@@ -374,6 +374,15 @@ fn run(mut own: OwnSockets, port: u16, deadline: Duration, shared: &Shared, stop
                 }
             }
         }
+        // UCX's data listener, paused by the gate at a full table: resumed
+        // once descriptors are free below the hard limit again.
+        if acceptgate::others_paused() {
+            let hard_free = acceptgate::limits().map_or(0, |(_, h)| (h as usize).saturating_sub(table.open));
+            if hard_free >= LOW_WATER {
+                let n = acceptgate::resume_others(&mut own);
+                tracing::debug!("UCX's data listener accepts again ({n} resumed): {} descriptors open", table.open);
+            }
+        }
         shared.stats.listener_paused.store(u64::from(!accepting), Ordering::Relaxed);
         // Paused with nobody queued: nothing to hurry for (a server short
         // of descriptors for long is not scanned 20 times a second).

@@ -47,9 +47,13 @@
 //! at `S` with dafne's listener still on (the two race on UCX's thread): it
 //! pauses dafne's listeners and raises the limit the same way, then accepts
 //! again from the reserve. Only if that fails too (the whole table, reserve
-//! included, is full: nothing of dafne's listener can have caused that,
-//! it stopped at `S`) does it answer EAGAIN instead of EMFILE: UCX keeps
-//! the listener and retries, instead of closing it for good.
+//! included, is full: dafne's listener stopped at `S`, so something else
+//! took the reserve, e.g. a flood aimed at the data listener's own port)
+//! does it answer EAGAIN instead of EMFILE, so that UCX keeps its listener
+//! instead of closing it for good, and turns that listener's handler off
+//! (level-triggered, it would call `accept` again at once: a core spinning
+//! until a descriptor frees); the guard turns it back on once 64
+//! descriptors are free below `H` ([`resume_others`]).
 //!
 //! The guard resumes dafne's listener ([`Gate::resume`]) once the table has
 //! room below `S` again: it lowers the soft limit back to `S` first, then
@@ -96,6 +100,12 @@ static PORTS: [AtomicU32; SLOTS] = [const { AtomicU32::new(0) }; SLOTS];
 static FDS: [AtomicI32; SLOTS] = [const { AtomicI32::new(-1) }; SLOTS];
 /// Whether each is paused (by the guard or here).
 static PAUSED: [AtomicBool; SLOTS] = [const { AtomicBool::new(false) }; SLOTS];
+
+/// Other listeners (UCX's data listener) paused here because even the
+/// reserve was full: (descriptor, inode), -1 = free; the guard resumes them
+/// ([`resume_others`]).
+static OTHERS_FD: [AtomicI32; SLOTS] = [const { AtomicI32::new(-1) }; SLOTS];
+static OTHERS_INO: [AtomicU64; SLOTS] = [const { AtomicU64::new(0) }; SLOTS];
 
 static REFUSED: AtomicU64 = AtomicU64::new(0);
 static RESCUED: AtomicU64 = AtomicU64::new(0);
@@ -396,9 +406,65 @@ pub unsafe extern "C" fn dafne_gated_accept(fd: c_int, addr: *mut libc::sockaddr
     let e = errno();
     if e == libc::EMFILE || e == libc::ENFILE {
         SHORT.fetch_add(1, Relaxed);
+        pause_other(fd);
         set_errno(libc::EAGAIN);
     }
     -1
+}
+
+/// Turns off the handler of another listener that met a full table (its
+/// handler is level-triggered: answered EAGAIN, UCX would call `accept`
+/// again at once, a core spinning until a descriptor frees) and records it
+/// for [`resume_others`]. Without a free record it is left on.
+fn pause_other(fd: c_int) {
+    // SAFETY: stat is plain old data; all-zero is a valid value.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `st` is valid for writes; `fd` is the listening socket UCX is
+    // accepting on (live for its call). fstat needs no free descriptor.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return;
+    }
+    if OTHERS_FD.iter().any(|f| f.load(Relaxed) == fd) {
+        return; // already recorded (and paused)
+    }
+    for slot in 0..SLOTS {
+        if OTHERS_FD[slot].compare_exchange(-1, -2, Relaxed, Relaxed).is_ok() {
+            // SAFETY: as in `pause_slot`; `fd` is live for UCX's call.
+            if unsafe { ucx_sys::ucs_async_modify_handler(fd, 0) } == ucx_sys::UCS_OK as ucx_sys::ucs_status_t {
+                OTHERS_INO[slot].store(st.st_ino, Relaxed);
+                OTHERS_FD[slot].store(fd, std::sync::atomic::Ordering::Release);
+            } else {
+                OTHERS_FD[slot].store(-1, Relaxed);
+            }
+            return;
+        }
+    }
+}
+
+/// Resumes the other listeners [`dafne_gated_accept`] paused at a full
+/// table (the guard calls this once descriptors are free again); the
+/// inode check skips a number that names something else by now. Returns
+/// how many were resumed.
+pub fn resume_others(own: &mut OwnSockets) -> usize {
+    let mut n = 0;
+    for slot in 0..SLOTS {
+        let fd = OTHERS_FD[slot].load(std::sync::atomic::Ordering::Acquire);
+        if fd < 0 {
+            continue;
+        }
+        let ino = OTHERS_INO[slot].load(Relaxed);
+        if OTHERS_FD[slot].compare_exchange(fd, -1, Relaxed, Relaxed).is_ok()
+            && own.set_accepting(fd, ino, true).unwrap_or(false)
+        {
+            n += 1;
+        }
+    }
+    n
+}
+
+/// Whether another listener is paused at a full table now.
+pub fn others_paused() -> bool {
+    OTHERS_FD.iter().any(|f| f.load(Relaxed) >= 0)
 }
 
 #[cfg(test)]
