@@ -28,17 +28,26 @@
 //! A flood larger than the descriptor limit: the guard opens what it needs
 //! before the server listens (`OwnSockets`: the `/proc/self/fd` directory
 //! and one slot it duplicates sockets into), so it works at a full table.
-//! When fewer than [`LOW_WATER`] descriptors are free it stops UCX
-//! accepting (at a full table UCX's `accept` fails with EMFILE in a busy
-//! loop) and resumes once [`HIGH_WATER`] are free again; meanwhile new
-//! connections wait in the kernel's accept queue, the server keeps
-//! descriptors for its own files, and the guard looks every
-//! [`SCAN_UNDER_PRESSURE`] so the queue drains quickly. UCX's EMFILE lines
-//! are counted instead of logged (`dafne_ucx::logfilter`) and summarised
-//! here; the first of them wakes the guard, which pauses the listener
-//! before anything else, so UCX's EMFILE loop lasts until this thread
-//! runs, not a scan period. The guard's first scan comes right after the
-//! listener is created: it must know the listener to pause it.
+//! UCX accepts far faster than the guard looks (a thousand connections
+//! between two scans), so the guard alone cannot keep the table from
+//! filling; `dafne_ucx::acceptgate` does, from inside UCX's `accept`: the
+//! process's soft limit `S` is the hard one `H` less a reserve (256 at
+//! `H` = 1,024), and the first `accept` on this listener that meets `S`
+//! pauses it and opens the reserve (soft limit to `H`), so UCX's data
+//! listener, the server's files and honest clients' sockets always find a
+//! descriptor (at a full table UCX 1.13.1 closes its data listener for
+//! good). The guard pauses too, below [`LOW_WATER`] free under `S`, and
+//! resumes once [`HIGH_WATER`] are free under `S` and the accept queue
+//! fits (or nothing is left to reset), lowering the soft limit back to `S`
+//! first. Meanwhile new connections wait in the kernel's accept queue and
+//! the guard looks every [`SCAN_UNDER_PRESSURE`] so the queue drains
+//! quickly; a refused accept wakes it at once. Every pause and resume is
+//! logged (at most one line per [`LOG_EVERY`]; a pause that lasts is
+//! reported again every [`LOG_EVERY`], with what it waits for) and shown
+//! in the stats (`listener_paused`, a gauge; `listener_pauses`;
+//! `accepts_refused`; `accepts_from_reserve`). The guard's first scan comes
+//! right after the listener is created: it must know the listener's number
+//! for its own pauses (the gate's use the number UCX accepts on).
 //!
 //! Why pausing UCX is safe: the guard calls `ucs_async_modify_handler` with
 //! the listener's descriptor number, and UCS finds handlers by number, so
@@ -90,11 +99,12 @@ pub const LOG_EVERY: Duration = Duration::from_secs(10);
 /// (320 a second), so an honest client queued behind a flood is accepted
 /// within seconds (2.2 to 2.5 s behind 1,500 in `hostile.rs`).
 pub const SCAN_UNDER_PRESSURE: Duration = Duration::from_millis(50);
-/// Free descriptors below which UCX stops accepting: what the server keeps
-/// for its own files and for the sockets an honest client's connection
-/// needs besides the listener's.
+/// Free descriptors (below the accept gate's soft limit `S`, module docs)
+/// under which UCX stops accepting: the guard's own margin; the gate's
+/// reserve above `S` is what the server's files and honest clients'
+/// sockets keep whatever happens.
 pub const LOW_WATER: usize = 64;
-/// Free descriptors at which UCX accepts again.
+/// Free descriptors (below `S`) at which UCX accepts again.
 pub const HIGH_WATER: usize = 128;
 
 /// Whether UCX should accept, given free descriptors, whether it does now
