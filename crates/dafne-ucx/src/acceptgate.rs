@@ -479,6 +479,74 @@ mod tests {
         assert_eq!(reserve_for(63), 0);
     }
 
+    /// The gate's decisions at a full table, on plain sockets (no UCX
+    /// handler to pause: `ucs_async_modify_handler` fails, which the gate
+    /// tolerates). Runs in a child process: it changes the descriptor
+    /// limit and the gate's process-wide state.
+    #[test]
+    fn at_the_soft_limit_a_guarded_listener_is_refused_and_another_served_from_the_reserve() {
+        if std::env::var_os("DAFNE_GATE_CHILD").is_none() {
+            let exe = std::env::current_exe().unwrap();
+            let o = std::process::Command::new(exe)
+                .args(["--exact", "acceptgate::tests::at_the_soft_limit_a_guarded_listener_is_refused_and_another_served_from_the_reserve", "--nocapture"])
+                .env("DAFNE_GATE_CHILD", "1")
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+            return;
+        }
+        use std::os::fd::AsRawFd;
+        let accept = |l: &std::net::TcpListener| {
+            // SAFETY: null address pointers are allowed.
+            let fd = unsafe { dafne_gated_accept(l.as_raw_fd(), std::ptr::null_mut(), std::ptr::null_mut()) };
+            (fd, errno())
+        };
+        let guarded = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let other = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let _c1 = std::net::TcpStream::connect(guarded.local_addr().unwrap()).unwrap();
+        let _c2 = std::net::TcpStream::connect(other.local_addr().unwrap()).unwrap();
+        let _c3 = std::net::TcpStream::connect(other.local_addr().unwrap()).unwrap();
+        let gate = register(guarded.local_addr().unwrap().port()).unwrap();
+        gate.set_listener(guarded.as_raw_fd());
+        // S = 200, H = 208: fill the table up to S.
+        let mut old = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: `old` is valid for writes of one rlimit.
+        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut old) }, 0);
+        let lim = libc::rlimit { rlim_cur: 200, rlim_max: old.rlim_max };
+        // SAFETY: `lim` is a valid rlimit for the call.
+        assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) }, 0);
+        HARD_LIMIT.store(208, Relaxed);
+        RESERVE_LIMIT.store(200, Relaxed);
+        let mut filler = Vec::new();
+        while let Ok(f) = std::fs::File::open("/dev/null") {
+            filler.push(f);
+            assert!(filler.len() <= 200);
+        }
+        take_counts();
+        // dafne's listener at S: refused with EAGAIN, the reserve opened.
+        assert_eq!(accept(&guarded), (-1, libc::EAGAIN));
+        let mut now = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut now) }, 0);
+        assert_eq!(now.rlim_cur, 208, "the reserve was not opened");
+        assert!(refusing());
+        assert_eq!(take_counts(), GateCounts { refused: 1, rescued: 0, short: 0 });
+        // Another listener at S (limit back to S): served from the reserve.
+        set_soft(200).unwrap();
+        let (fd, _) = accept(&other);
+        assert!(fd >= 0, "the other listener was refused at S");
+        assert_eq!(take_counts(), GateCounts { refused: 0, rescued: 1, short: 0 });
+        // The whole table full, reserve included: EAGAIN, never EMFILE.
+        while let Ok(f) = std::fs::File::open("/dev/null") {
+            filler.push(f);
+        }
+        assert_eq!(accept(&other), (-1, libc::EAGAIN));
+        assert_eq!(take_counts(), GateCounts { refused: 0, rescued: 0, short: 1 });
+        drop(filler);
+        // SAFETY: the descriptor was returned to us above.
+        unsafe { libc::close(fd) };
+    }
+
     /// A test binary does not define `accept`: the gate stays off and the
     /// function is a plain accept.
     #[test]
