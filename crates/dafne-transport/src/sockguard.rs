@@ -399,9 +399,11 @@ fn run(mut own: OwnSockets, port: u16, deadline: Duration, shared: &Shared, stop
             }
         }
         shared.stats.listener_paused.store(u64::from(!accepting), Ordering::Relaxed);
-        // Paused with nobody queued: nothing to hurry for (a server short
-        // of descriptors for long is not scanned 20 times a second).
-        pressure = crowded || (!accepting && queued > 0);
+        // Paused with nobody queued, or with nothing this look could reset
+        // (the table shrinks only as the server finishes with its own
+        // descriptors): nothing to hurry for, so a server short of
+        // descriptors for long is not scanned 20 times a second.
+        pressure = crowded || (!accepting && queued > 0 && resets_this_scan > 0);
         let counts = acceptgate::take_counts();
         for (c, n) in [
             (&shared.stats.accepts_refused, counts.refused + counts.short),

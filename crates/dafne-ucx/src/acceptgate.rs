@@ -57,13 +57,23 @@
 //!
 //! The guard resumes dafne's listener ([`Gate::resume`]) once the table has
 //! room below `S` again: it lowers the soft limit back to `S` first, then
-//! turns the handler on. Arithmetic at `ulimit -Hn 1024`: `S` = 768; a
-//! server's baseline is ~40 descriptors, so a flood may hold ~700 sockets;
-//! the guard pauses at 64 free below `S` (704 open) and resumes at 128
-//! free (640 open) once the queue fits; while paused, the server's own
-//! files and honest clients' sockets have the 256 of the reserve plus
-//! whatever the guard frees. At `H` = 20,000 (this machine's default)
-//! `S` = 19,744.
+//! turns the handler on. Arithmetic at `ulimit -Hn 1024`: `S` = 768; an
+//! idle server holds 25 to 28 descriptors (`/proc/PID/fd`, measured), so
+//! a flood may hold ~740 sockets. The guard would pause at 64 free below
+//! `S` (704 open), but UCX fills the table faster than the guard looks,
+//! so the gate pauses first, at `S` (the guard's log shows 767 open at
+//! the pause in `hostile.rs`); the guard resumes at 128 free below `S`
+//! (640 open) once the queue fits. While paused, the server's own files
+//! and honest clients' sockets have the 256 of the reserve plus whatever
+//! the guard frees: the flood cannot take them, since dafne's listener is
+//! off until the soft limit is back at `S`. At `H` = 20,000 (this
+//! machine's default) `S` = 19,744.
+//!
+//! Other executables that serve (test binaries, benchmarks) do not define
+//! `accept`: [`configure`] finds the gate not in effect and raises the
+//! soft limit to the hard one, as before; there a flood past the hard
+//! limit meets only the guard's pause (a loop of EMFILE lines from UCX
+//! until the guard's next look, and the data listener at risk).
 //!
 //! Counts ([`take_counts`]) go to the guard's stats and its log summary:
 //! nothing is hidden from the log (UCX never sees the refusals, so it
