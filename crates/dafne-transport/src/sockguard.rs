@@ -91,8 +91,8 @@ pub const MAX_PENDING_HANDSHAKES: usize = 64;
 /// before `ASYNC_MAX_EVENTS` was raised) were seen to make UCX 1.13 close
 /// descriptors twice; a flood is worked off over a few scans instead.
 /// Was 16; at 64 an honest round trip behind a reconnecting flood of
-/// 1,500 took 2.9 to 5.4 s instead of 9.4 to 18.6 s, and no double close
-/// showed (`hostile.rs`, the four flood tests, two runs; ARCHITECTURE
+/// 1,500 took 2.9 to 6.0 s instead of 9.4 to 18.6 s, and no double close
+/// showed (`hostile.rs`, the flood tests, four runs; ARCHITECTURE
 /// "Connection floods").
 pub const MAX_RESETS_PER_SCAN: usize = 64;
 /// At most one summary line per this period.
@@ -101,8 +101,8 @@ pub const LOG_EVERY: Duration = Duration::from_secs(10);
 /// connections queued, or more handshakes are pending than allowed: resets
 /// then drain the accept queue at up to [`MAX_RESETS_PER_SCAN`] per look
 /// (1,280 a second), so an honest client queued behind a flood is accepted
-/// within seconds (a round trip 1.1 to 1.2 s behind a one-shot flood of
-/// 1,500, 2.9 to 5.4 s behind a reconnecting one, in `hostile.rs`).
+/// within seconds (a round trip 1.1 to 1.5 s behind a one-shot flood of
+/// 1,500, 2.9 to 6.0 s behind a reconnecting one, in `hostile.rs`).
 pub const SCAN_UNDER_PRESSURE: Duration = Duration::from_millis(50);
 /// Free descriptors (below the accept gate's soft limit `S`, module docs)
 /// under which UCX stops accepting: the guard's own margin; the gate's
