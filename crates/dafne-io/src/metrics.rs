@@ -155,7 +155,12 @@ pub fn render(server: &str, s: &IoStats, cap: &Capacity, transport: &TransportSt
     for (name, help, v) in ucx {
         t.single(name, Kind::Counter, help, v);
     }
-    dafne_metrics::write_fields(&mut t, "dafne_transport_", &transport.described(), &["requests_in_flight"]);
+    dafne_metrics::write_fields(
+        &mut t,
+        "dafne_transport_",
+        &transport.described(),
+        &["requests_in_flight", "listener_paused"],
+    );
     dafne_metrics::write_process(&mut t);
     t.finish()
 }

@@ -72,7 +72,12 @@ pub fn render(server: &str, s: &MetaStats, transport: &TransportStatsSnapshot) -
         let name = format!("io-{}", m.server);
         f.sample(&[("io_server", &name), ("host", &m.host)], u64::from(m.state == dafne_proto::MemberState::Up));
     }
-    dafne_metrics::write_fields(&mut t, "dafne_transport_", &transport.described(), &["requests_in_flight"]);
+    dafne_metrics::write_fields(
+        &mut t,
+        "dafne_transport_",
+        &transport.described(),
+        &["requests_in_flight", "listener_paused"],
+    );
     dafne_metrics::write_process(&mut t);
     t.finish()
 }

@@ -763,27 +763,24 @@ impl ServerSide {
     }
 }
 
-/// Raises this process's soft descriptor limit to its hard limit, once,
-/// before it listens. At the 1,024 most shells give, a flood of silent
-/// connections filled the table: UCX's `accept` then failed with EMFILE in
-/// a loop (gigabytes of log, most of a core) and the listener's guard
-/// could not run (tested: `dafne/tests/hostile.rs`). A flood past the hard
-/// limit is the guard's to handle (`sockguard`: it pauses UCX's accepting
-/// and needs no free descriptor); the higher limit keeps honest clients
-/// from waiting behind it. Best effort: a limit that cannot be raised is
-/// logged, not fatal.
+/// Sets this process's soft descriptor limit, once, before it listens: the
+/// hard limit less a reserve when `dafne_ucx::acceptgate` is in effect
+/// (the `dafne` executable), else the hard limit. At the 1,024 most shells
+/// give, a flood of silent connections filled the table: UCX's `accept`
+/// then failed with EMFILE in a loop (gigabytes of log, most of a core) and
+/// the listener's guard could not run (tested: `dafne/tests/hostile.rs`).
+/// The higher limit keeps honest clients from waiting behind a flood; the
+/// reserve is what a flood past the hard limit cannot take (the gate's
+/// module docs: UCX's data listener closes for good at a full table).
+/// Best effort: a limit that cannot be set is logged, not fatal.
 fn raise_descriptor_limit() {
     static DONE: std::sync::Once = std::sync::Once::new();
-    DONE.call_once(|| {
-        use rustix::process::{getrlimit, setrlimit, Resource};
-        let lim = getrlimit(Resource::Nofile);
-        if lim.current.is_some() && lim.current != lim.maximum {
-            let raised = rustix::process::Rlimit { current: lim.maximum, maximum: lim.maximum };
-            match setrlimit(Resource::Nofile, raised) {
-                Ok(()) => tracing::debug!("descriptor limit raised from {:?} to {:?}", lim.current, lim.maximum),
-                Err(e) => tracing::warn!("could not raise the descriptor limit from {:?}: {e}", lim.current),
-            }
+    DONE.call_once(|| match dafne_ucx::acceptgate::configure() {
+        Ok(Some((soft, hard))) => {
+            tracing::debug!("descriptor limit {soft}, {} more kept for UCX's data listener (hard {hard})", hard - soft)
         }
+        Ok(None) => tracing::debug!("descriptor limit raised to the hard one (no accept gate in this executable)"),
+        Err(e) => tracing::warn!("could not set the descriptor limit: {e}"),
     });
 }
 

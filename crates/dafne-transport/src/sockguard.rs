@@ -28,17 +28,26 @@
 //! A flood larger than the descriptor limit: the guard opens what it needs
 //! before the server listens (`OwnSockets`: the `/proc/self/fd` directory
 //! and one slot it duplicates sockets into), so it works at a full table.
-//! When fewer than [`LOW_WATER`] descriptors are free it stops UCX
-//! accepting (at a full table UCX's `accept` fails with EMFILE in a busy
-//! loop) and resumes once [`HIGH_WATER`] are free again; meanwhile new
-//! connections wait in the kernel's accept queue, the server keeps
-//! descriptors for its own files, and the guard looks every
-//! [`SCAN_UNDER_PRESSURE`] so the queue drains quickly. UCX's EMFILE lines
-//! are counted instead of logged (`dafne_ucx::logfilter`) and summarised
-//! here; the first of them wakes the guard, which pauses the listener
-//! before anything else, so UCX's EMFILE loop lasts until this thread
-//! runs, not a scan period. The guard's first scan comes right after the
-//! listener is created: it must know the listener to pause it.
+//! UCX accepts far faster than the guard looks (a thousand connections
+//! between two scans), so the guard alone cannot keep the table from
+//! filling; `dafne_ucx::acceptgate` does, from inside UCX's `accept`: the
+//! process's soft limit `S` is the hard one `H` less a reserve (256 at
+//! `H` = 1,024), and the first `accept` on this listener that meets `S`
+//! pauses it and opens the reserve (soft limit to `H`), so UCX's data
+//! listener, the server's files and honest clients' sockets always find a
+//! descriptor (at a full table UCX 1.13.1 closes its data listener for
+//! good). The guard pauses too, below [`LOW_WATER`] free under `S`, and
+//! resumes once [`HIGH_WATER`] are free under `S` and the accept queue
+//! fits (or nothing is left to reset), lowering the soft limit back to `S`
+//! first. Meanwhile new connections wait in the kernel's accept queue and
+//! the guard looks every [`SCAN_UNDER_PRESSURE`] so the queue drains
+//! quickly; a refused accept wakes it at once. Every pause and resume is
+//! logged (at most one line per [`LOG_EVERY`]; a pause that lasts is
+//! reported again every [`LOG_EVERY`], with what it waits for) and shown
+//! in the stats (`listener_paused`, a gauge; `listener_pauses`;
+//! `accepts_refused`; `accepts_from_reserve`). The guard's first scan comes
+//! right after the listener is created: it must know the listener's number
+//! for its own pauses (the gate's use the number UCX accepts on).
 //!
 //! Why pausing UCX is safe: the guard calls `ucs_async_modify_handler` with
 //! the listener's descriptor number, and UCS finds handlers by number, so
@@ -78,23 +87,29 @@ pub const STUCK_SCANS: u32 = 3;
 /// UCX a descriptor and its private-data buffer (~2 KiB).
 pub const MAX_PENDING_HANDSHAKES: usize = 64;
 /// Resets per scan, at most: UCX tears each reset endpoint down on its
-/// async thread, and hundreds at once (a flood past ~1,000 descriptors)
-/// were seen to make UCX 1.13 close descriptors twice; a flood is worked
-/// off over a few seconds instead.
-pub const MAX_RESETS_PER_SCAN: usize = 16;
+/// async thread, and hundreds at once (a flood past ~1,000 descriptors,
+/// before `ASYNC_MAX_EVENTS` was raised) were seen to make UCX 1.13 close
+/// descriptors twice; a flood is worked off over a few scans instead.
+/// Was 16; at 64 an honest round trip behind a reconnecting flood of
+/// 1,500 took 2.9 to 6.0 s instead of 9.4 to 18.6 s, and no double close
+/// showed (`hostile.rs`, the flood tests, four runs; ARCHITECTURE
+/// "Connection floods").
+pub const MAX_RESETS_PER_SCAN: usize = 64;
 /// At most one summary line per this period.
 pub const LOG_EVERY: Duration = Duration::from_secs(10);
 /// How often the port is looked at while UCX's accepting is paused with
 /// connections queued, or more handshakes are pending than allowed: resets
 /// then drain the accept queue at up to [`MAX_RESETS_PER_SCAN`] per look
-/// (320 a second), so an honest client queued behind a flood is accepted
-/// within seconds (2.2 to 2.5 s behind 1,500 in `hostile.rs`).
+/// (1,280 a second), so an honest client queued behind a flood is accepted
+/// within seconds (a round trip 1.1 to 1.5 s behind a one-shot flood of
+/// 1,500, 2.9 to 6.0 s behind a reconnecting one, in `hostile.rs`).
 pub const SCAN_UNDER_PRESSURE: Duration = Duration::from_millis(50);
-/// Free descriptors below which UCX stops accepting: what the server keeps
-/// for its own files and for the sockets an honest client's connection
-/// needs besides the listener's.
+/// Free descriptors (below the accept gate's soft limit `S`, module docs)
+/// under which UCX stops accepting: the guard's own margin; the gate's
+/// reserve above `S` is what the server's files and honest clients'
+/// sockets keep whatever happens.
 pub const LOW_WATER: usize = 64;
-/// Free descriptors at which UCX accepts again.
+/// Free descriptors (below `S`) at which UCX accepts again.
 pub const HIGH_WATER: usize = 128;
 
 /// Whether UCX should accept, given free descriptors, whether it does now
@@ -213,17 +228,29 @@ impl Drop for SockGuard {
 type ListenerFd = (i32, u64);
 
 fn run(mut own: OwnSockets, port: u16, deadline: Duration, shared: &Shared, stop: &AtomicBool) {
-    // UCX refusing accepts (a full table) wakes this thread at once.
-    let _wake = dafne_ucx::logfilter::wake_on_refusal(std::thread::current());
+    use dafne_ucx::acceptgate;
+    // A refused accept (the table at the gate's limit) wakes this thread.
+    let _wake = acceptgate::wake_on_refusal(std::thread::current());
+    let gate = acceptgate::register(port);
+    if gate.is_none() {
+        tracing::warn!("port {port}: no room to register with the accept gate; a flood may fill the descriptor table");
+    }
     // Sockets judged for good: answered handshakes and sockets not on the
     // port (client sockets, UCX's own transport sockets).
     let mut settled: std::collections::HashSet<u64> = std::collections::HashSet::new();
     let mut seen: HashMap<u64, Seen> = HashMap::new();
     let mut reset_since_log = 0u64;
-    let mut refused_since_log = 0u64;
     let mut pauses_since_log = 0u64;
+    let mut gate_since_log = acceptgate::GateCounts::default();
     let mut last_log: Option<Instant> = None;
+    // Pause and resume lines, at most one per LOG_EVERY (one is owed when a
+    // change came sooner; a long pause is reported every LOG_EVERY).
+    let mut last_state_log: Option<Instant> = None;
+    let mut state_log_owed = false;
+    let mut paused_since: Option<Instant> = None;
     let mut listener: Option<ListenerFd> = None;
+    // Whether UCX accepts, as this thread last saw it: the gate may pause
+    // the listener from UCX's thread meanwhile.
     let mut accepting = true;
     let mut pressure = false;
     // The first look comes at once: it finds the listener, which the guard
@@ -237,17 +264,14 @@ fn run(mut own: OwnSockets, port: u16, deadline: Duration, shared: &Shared, stop
         if stop.load(Ordering::Relaxed) {
             break;
         }
-        // UCX is refusing accepts: the table is full. Stop it before
-        // looking at anything else (a scan of a full table takes a while).
-        if accepting && dafne_ucx::logfilter::refusing() {
-            if let Some((fd, ino)) = listener {
-                if own.set_accepting(fd, ino, false).unwrap_or(false) {
-                    accepting = false;
-                    pauses_since_log += 1;
-                }
-            }
-        }
         let now = Instant::now();
+        let gated_pause = gate.as_ref().is_some_and(|g| g.paused());
+        if accepting && gated_pause {
+            // Paused by the gate, inside UCX's accept.
+            accepting = false;
+            pauses_since_log += 1;
+            TransportStats::inc(&shared.stats.listener_pauses);
+        }
         let table = match own.scan() {
             Ok(t) => t,
             Err(e) => {
@@ -283,6 +307,11 @@ fn run(mut own: OwnSockets, port: u16, deadline: Duration, shared: &Shared, stop
                 continue;
             }
             if p.state == TCP_LISTEN {
+                if listener.is_none() {
+                    if let Some(g) = &gate {
+                        g.set_listener(fd);
+                    }
+                }
                 listener = Some((fd, ino));
                 queued = p.unacked_segments as usize;
                 continue;
@@ -331,42 +360,108 @@ fn run(mut own: OwnSockets, port: u16, deadline: Duration, shared: &Shared, stop
                 }
             }
         }
-        // Descriptors left: stop UCX accepting before the table is full.
-        let free = descriptor_limit().map_or(usize::MAX, |l| l.saturating_sub(table.open));
+        // Descriptors left below the limit the listener may fill (the
+        // gate's soft limit, whatever the soft limit is now): stop UCX
+        // accepting before the table is full.
+        let limit = acceptgate::limits().map(|(s, _)| s as usize).or_else(descriptor_limit);
+        let free = limit.map_or(usize::MAX, |l| l.saturating_sub(table.open));
         let want = should_accept(free, accepting, queued, crowded);
         if want != accepting {
             if let Some((fd, ino)) = listener {
-                match own.set_accepting(fd, ino, want) {
+                let done = match (&gate, want) {
+                    (Some(g), false) => g.pause(&mut own, fd, ino),
+                    (Some(g), true) => g.resume(&mut own, fd, ino),
+                    (None, on) => own.set_accepting(fd, ino, on),
+                };
+                match done {
                     Ok(true) => {
                         accepting = want;
                         if !want {
                             pauses_since_log += 1;
+                            TransportStats::inc(&shared.stats.listener_pauses);
                         }
                     }
                     Ok(false) => listener = None,
-                    Err(e) => tracing::debug!("pausing the listener: {e}"),
+                    Err(e) => tracing::warn!(
+                        "port {port}: could not {} the listener: {e}",
+                        if want { "resume" } else { "pause" }
+                    ),
                 }
             }
         }
-        // Paused with nobody queued: nothing to hurry for (a server short
-        // of descriptors for long is not scanned 20 times a second).
-        pressure = crowded || (!accepting && queued > 0);
-        refused_since_log += dafne_ucx::logfilter::take_refused_accepts();
-        let something = reset_since_log + refused_since_log + pauses_since_log > 0;
+        // UCX's data listener, paused by the gate at a full table: resumed
+        // once descriptors are free below the hard limit again.
+        if acceptgate::others_paused() {
+            let hard_free = acceptgate::limits().map_or(0, |(_, h)| (h as usize).saturating_sub(table.open));
+            if hard_free >= LOW_WATER {
+                let n = acceptgate::resume_others(&mut own);
+                tracing::debug!("UCX's data listener accepts again ({n} resumed): {} descriptors open", table.open);
+            }
+        }
+        shared.stats.listener_paused.store(u64::from(!accepting), Ordering::Relaxed);
+        // Paused with nobody queued, or with nothing this look could reset
+        // (the table shrinks only as the server finishes with its own
+        // descriptors): nothing to hurry for, so a server short of
+        // descriptors for long is not scanned 20 times a second.
+        pressure = crowded || (!accepting && queued > 0 && resets_this_scan > 0);
+        let counts = acceptgate::take_counts();
+        for (c, n) in [
+            (&shared.stats.accepts_refused, counts.refused + counts.short),
+            (&shared.stats.accepts_from_reserve, counts.rescued),
+        ] {
+            c.fetch_add(n, Ordering::Relaxed);
+        }
+        gate_since_log.refused += counts.refused;
+        gate_since_log.rescued += counts.rescued;
+        gate_since_log.short += counts.short;
+        // Pause and resume, said at most once per LOG_EVERY, and a pause
+        // that lasts said again every LOG_EVERY.
+        let changed = accepting == paused_since.is_some();
+        if changed {
+            paused_since = if accepting { None } else { Some(now) };
+            state_log_owed = true;
+        }
+        let due = last_state_log.is_none_or(|t| now.duration_since(t) >= LOG_EVERY);
+        if due && (state_log_owed || paused_since.is_some()) {
+            let lim = match acceptgate::limits() {
+                Some((s, h)) => format!("{s}, {} more kept for UCX's data listener", h - s),
+                None => limit.map_or("none".to_string(), |l| l.to_string()),
+            };
+            match paused_since {
+                Some(t) => tracing::warn!(
+                    "port {port}: UCX's accepting is paused (for {:.1} s): {} descriptors open, limit {lim}; \
+                     it resumes at {HIGH_WATER} free once the {queued} queued connection(s) fit or nothing is \
+                     left to reset",
+                    now.duration_since(t).as_secs_f64(),
+                    table.open
+                ),
+                None => tracing::warn!("port {port}: UCX accepts again: {} descriptors open, limit {lim}", table.open),
+            }
+            state_log_owed = false;
+            last_state_log = Some(now);
+        }
+        let g = gate_since_log;
+        let something = reset_since_log + pauses_since_log + g.refused + g.rescued + g.short > 0;
         if something && last_log.is_none_or(|t| now.duration_since(t) >= LOG_EVERY) {
             tracing::warn!(
                 "port {port}: reset {reset_since_log} connection(s) that never completed a UCX handshake \
                  (garbage, stalled, or too many at once); descriptors ran short {pauses_since_log} time(s) \
-                 (UCX stops accepting below {LOW_WATER} free: {} open now), {refused_since_log} accept(s) \
-                 failed for want of one",
-                table.open
+                 (UCX stops accepting below {LOW_WATER} free: {} open now); {} accept(s) on this listener \
+                 refused at the limit, {} on UCX's data listener served from the reserve, {} refused there \
+                 with the reserve full (UCX retries)",
+                table.open,
+                g.refused,
+                g.rescued,
+                g.short
             );
             reset_since_log = 0;
-            refused_since_log = 0;
             pauses_since_log = 0;
+            gate_since_log = acceptgate::GateCounts::default();
             last_log = Some(now);
         }
     }
+    shared.stats.listener_paused.store(0, Ordering::Relaxed);
+    // `gate` drops here, before the listener (SockGuard's contract).
 }
 
 /// The process's soft descriptor limit, if it has one.

@@ -65,6 +65,18 @@ counters! {
     /// answered (garbage, an incomplete or stalled handshake, past the
     /// handshake bound) and the guard reset (`sockguard`).
     hostile_sockets_reset,
+    /// Whether UCX's accepting on this server's listener is paused now
+    /// because descriptors ran short (1) or not (0): a gauge
+    /// (`sockguard`, `dafne_ucx::acceptgate`).
+    listener_paused,
+    /// Times the listener was paused because descriptors ran short.
+    listener_pauses,
+    /// Accepts on the listener refused at the descriptor limit (each
+    /// pauses the listener; many mean the pause did not hold).
+    accepts_refused,
+    /// Accepts on UCX's data listener that met the limit and were served
+    /// from the descriptor reserve (without it UCX closes that listener).
+    accepts_from_reserve,
     /// Connections dropped because they did not authenticate in time
     /// (the service never marked them; see `ConnHandle::authenticated`).
     unauthenticated_drops,

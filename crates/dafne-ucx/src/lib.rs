@@ -27,10 +27,10 @@
 //! example because the peer died and the operation will never complete), the
 //! memory is leaked rather than freed under UCX's feet.
 
+pub mod acceptgate;
 mod context;
 mod endpoint;
 mod error;
-pub mod logfilter;
 pub mod memevents;
 mod memory;
 mod request;

@@ -67,8 +67,10 @@
 //! events of a socket's handler): the guard stops UCX accepting while few
 //! descriptors are left, resets what it must, and lets UCX accept again
 //! once there is room. Connections that arrive meanwhile wait in the
-//! kernel's accept queue. The EMFILE lines that still come before the
-//! guard's next look are kept out of the log (`crate::logfilter`).
+//! kernel's accept queue. The guard's looks are too slow to keep the table
+//! from filling (UCX accepts a thousand connections between two of them):
+//! [`crate::acceptgate`] pauses the listener from inside UCX's own
+//! `accept` at a soft limit that keeps a reserve.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
@@ -113,9 +115,7 @@ pub struct OwnSockets {
     buf: Vec<u8>,
 }
 
-/// Events UCX's TCP listener registers its handler for (`tcp_listener.c`:
-/// `UCS_EVENT_SET_EVREAD | UCS_EVENT_SET_EVERR`).
-const LISTENER_EVENTS: u32 = 1 | 4;
+use crate::acceptgate::LISTENER_EVENTS;
 
 fn open_cstr(path: &std::ffi::CStr, flags: libc::c_int) -> io::Result<OwnedFd> {
     // SAFETY: `path` is NUL-terminated and lives for the call.

@@ -291,14 +291,11 @@ impl Worker {
     }
 
     /// Listens on `addr` (port 0 picks a free port: see [`Listener::local_addr`]).
-    /// Raises UCS's process-wide event limit first ([`ASYNC_MAX_EVENTS`])
-    /// and keeps UCX's EMFILE accept lines out of the log
-    /// ([`crate::logfilter`]).
+    /// Raises UCS's process-wide event limit first ([`ASYNC_MAX_EVENTS`]).
     /// `on_request` runs inside progress for every incoming connection; it
     /// must not progress the worker, only queue the request.
     pub fn listen(&self, addr: SocketAddr, on_request: impl FnMut(ConnRequest) + 'static) -> Result<Listener> {
         raise_async_max_events()?;
-        crate::logfilter::install();
         let sa = SockAddr::from(addr);
         let boxed: Box<ConnHandlerBox> = Box::new(ConnHandlerBox {
             f: RefCell::new(Box::new(on_request)),
@@ -703,11 +700,9 @@ fn sockaddr_to_std(s: &libc::sockaddr_storage) -> Option<SocketAddr> {
 /// (it needs no free descriptor: [`crate::sockets`]). At the descriptor
 /// limit UCX's `accept` fails with EMFILE in a busy loop, logging a line
 /// each time (1.7 to 4.9 MB in the first 0.7 s of a flood past a hard
-/// limit of 1,024, measured in `hostile.rs`): the guard stops the listener
-/// accepting before the table is full ([`crate::sockets::OwnSockets::set_accepting`])
-/// and the lines UCX writes before it does are counted, not logged
-/// ([`crate::logfilter`]). Servers also raise their soft limit to the hard
-/// one (`dafne-transport`).
+/// limit of 1,024, measured in `hostile.rs`): [`crate::acceptgate`] pauses
+/// the listener from inside UCX's `accept` at a soft limit that keeps a
+/// reserve, so UCX never meets EMFILE there.
 pub const ASYNC_MAX_EVENTS: u32 = 1 << 20;
 
 /// Sets UCS's `ASYNC_MAX_EVENTS` to [`ASYNC_MAX_EVENTS`] unless the user

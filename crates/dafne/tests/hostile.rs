@@ -332,8 +332,9 @@ fn a_flood_of_1500_silent_connections_leaves_the_servers_whole() {
 /// failed" log in 30 s, most of a core), and the listener's guard, which
 /// listed `/proc/self/fd`, could not open it, so the flood was never reset
 /// (the server held 1,024 descriptors until the peer left). Servers now
-/// raise their soft descriptor limit to the hard one (20,000 here); a
-/// flood past the hard limit is the next test.
+/// raise their soft descriptor limit to the hard one less a reserve of 256
+/// (19,744 here, `dafne_ucx::acceptgate`); a flood past the hard limit is
+/// the next test.
 #[test]
 fn a_flood_at_the_usual_descriptor_limit_is_reset_and_floods_no_log() {
     let lim = rustix::process::getrlimit(rustix::process::Resource::Nofile);
@@ -389,8 +390,9 @@ fn a_flood_at_the_usual_descriptor_limit_is_reset_and_floods_no_log() {
 /// needed a free descriptor to list `/proc/self/fd` and to `dup` a
 /// socket, reset nothing. Now the guard opens what it needs before the
 /// server listens, stops UCX accepting while fewer than 64 descriptors are
-/// free (`dafne_transport::sockguard`), and UCX's EMFILE lines are counted
-/// instead of logged (`dafne_ucx::logfilter`). Checked: an honest client
+/// free (`dafne_transport::sockguard`), and UCX's `accept` at the soft limit
+/// pauses the listener and answers EAGAIN, so UCX logs nothing
+/// (`dafne_ucx::acceptgate`). Checked: an honest client
 /// copies in and out while the tables are full and again after, each log
 /// stays under 1 MiB, the servers are idle once the flood has gone, the
 /// same processes serve throughout, and `down` is clean.
@@ -428,7 +430,8 @@ fn a_flood_past_the_hard_descriptor_limit_is_reset_quietly_and_leaves_the_server
         let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
         let line = limits.lines().find(|l| l.starts_with("Max open files")).unwrap();
         let f: Vec<&str> = line.split_whitespace().collect();
-        assert_eq!((f[3], f[4]), ("1024", "1024"), "{name} runs with other limits: {line}");
+        // The soft limit keeps 256 back (`dafne_ucx::acceptgate`).
+        assert_eq!((f[3], f[4]), ("768", "1024"), "{name} runs with other limits: {line}");
     }
     let fds = |pid: u32| std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0);
     let log_len = |name: &str| std::fs::metadata(c.dir.path().join(format!("logs/{name}.log"))).map_or(0, |m| m.len());
@@ -450,12 +453,14 @@ fn a_flood_past_the_hard_descriptor_limit_is_reset_quietly_and_leaves_the_server
         let before = flood.len();
         flood.extend((0..1500).filter_map(|_| TcpStream::connect(("127.0.0.1", *port)).ok()));
         assert!(flood.len() - before >= 1400, "{name}: only {} connections were accepted", flood.len() - before);
-        // The state this test is about: the table (nearly) full. The guard
-        // stops UCX at 64 free and resets at most 16 sockets a look, so
-        // the table stays this full for a few seconds.
+        // The state this test is about: the table (nearly) full up to the
+        // soft limit, 768 (the hard one less the 256 the accept gate keeps
+        // back). The guard resets at most 64 sockets a look (1,280 a second)
+        // and UCX refills what it frees from the queue, so the table stays
+        // this full for about a second.
         wait_for(&format!("{name}'s descriptor table to fill"), || {
             logs_small();
-            fds(*pid) >= LIMIT - 200
+            fds(*pid) >= LIMIT - 256 - 100
         });
     }
     // An honest client while the tables are full, the logs watched
@@ -511,6 +516,168 @@ fn a_flood_past_the_hard_descriptor_limit_is_reset_quietly_and_leaves_the_server
         eprintln!("{name}: log {} bytes; its guard said:", log.len());
         for l in log.lines().filter(|l| l.contains("descriptors ran short")) {
             eprintln!("  {l}");
+        }
+    }
+    assert_eq!(c.servers(), servers, "a server was restarted");
+    let o = run(&["down", "--dir", &c.d()]);
+    assert!(o.status.success(), "the cluster did not stop cleanly after the flood: {}", text(&o));
+}
+
+/// Opens `n` connections to `port` and, until `stop`, opens a new one for
+/// every one the server ends: a peer that keeps reconnecting. Returns how
+/// many it opened in all.
+fn reconnecting_flood(port: u16, n: usize, stop: &std::sync::atomic::AtomicBool) -> u64 {
+    use std::sync::atomic::Ordering;
+    let connect = || {
+        let s = TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(300)).ok()?;
+        s.set_nonblocking(true).ok()?;
+        Some(s)
+    };
+    let mut live: Vec<TcpStream> = Vec::new();
+    let mut opened = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let mut buf = [0u8; 64];
+        live.retain_mut(|s| match s.read(&mut buf) {
+            Ok(0) => false,
+            Ok(_) => true,
+            Err(e) => e.kind() == std::io::ErrorKind::WouldBlock,
+        });
+        let mut added = 0;
+        while live.len() < n && added < 200 && !stop.load(Ordering::Relaxed) {
+            match connect() {
+                Some(s) => {
+                    live.push(s);
+                    opened += 1;
+                    added += 1;
+                }
+                None => break,
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    opened
+}
+
+/// One value of `name` (the first sample) on server `server`'s metrics
+/// page, from cluster.json.
+fn metric(dir: &Path, server: &str, name: &str) -> Option<f64> {
+    let info: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("cluster.json")).ok()?).ok()?;
+    let addr: std::net::SocketAddr =
+        info["metrics"].as_array()?.iter().find(|e| e["server"] == server)?["addr"].as_str()?.parse().ok()?;
+    let page = dafne_metrics::http::fetch(addr, Duration::from_secs(5)).ok()?;
+    let families = dafne_metrics::parse::parse(&page).ok()?;
+    families.iter().find(|f| f.name == name)?.samples.first().map(|s| s.value)
+}
+
+/// Review of the change above: a flood that keeps reconnecting (every
+/// reset socket opened again at once) past the hard limit refilled the
+/// table on every resume, and once UCX's TCP *data* listener met a full
+/// table its `accept` failed, UCX 1.13.1 closed that listener for good
+/// (clients: "Destination is unreachable"), and meta died of SIGSEGV at
+/// `down`. After such a flood every server still listens on every port it
+/// listened on, an honest client works, the listener was paused (not left
+/// to UCX's EMFILE loop: the refused accepts stay few), and `down` is clean.
+#[test]
+fn a_reconnecting_flood_past_the_hard_limit_breaks_no_listener() {
+    let lim = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+    if lim.current.is_some_and(|c| c < 4096) {
+        let raised = rustix::process::Rlimit { current: lim.maximum.map(|m| m.min(8192)), maximum: lim.maximum };
+        rustix::process::setrlimit(rustix::process::Resource::Nofile, raised).unwrap();
+    }
+    const LIMIT: usize = 1024;
+    const FLOOD: Duration = Duration::from_secs(15);
+    let (meta, io) = free_ports(1);
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display().to_string();
+    let exe = dafne().get_program().to_string_lossy().into_owned();
+    let o = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -Sn {LIMIT} && ulimit -Hn {LIMIT} && exec {exe} up --dir {d} --io-servers 1 --cache-mib 8 \
+             --meta-port {meta} --io-base-port {io}"
+        ))
+        .env_remove("DAFNE_HOME")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let c = Up { dir, _serial };
+    let servers = c.servers();
+    let flooded: Vec<(String, u32, u16)> =
+        servers.iter().filter(|(n, _, _)| n == "meta" || n == "io-0").cloned().collect();
+    assert_eq!(flooded.len(), 2);
+    // Every server's ports, the UCX data listener's among them.
+    let ports_before: Vec<Vec<u16>> = servers.iter().map(|(_, p, _)| listening_ports(*p)).collect();
+    for ((name, _, _), p) in servers.iter().zip(&ports_before) {
+        assert!(p.len() >= 2, "{name} listens on {p:?} only");
+    }
+    honest_client_round_trip(&c, 20);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let floods: Vec<_> = flooded
+        .iter()
+        .map(|(_, _, port)| {
+            let (port, stop) = (*port, stop.clone());
+            std::thread::spawn(move || reconnecting_flood(port, 1500, &stop))
+        })
+        .collect();
+    // Honest clients during the flood (their outcome is printed: a flood
+    // from one address may still delay them, ARCHITECTURE "Trust").
+    let t = Instant::now();
+    let mut tag = 21;
+    while t.elapsed() < FLOOD {
+        let s = Instant::now();
+        let d = c.d();
+        let r = std::thread::spawn(move || honest_round_trip_in(&d, tag)).join();
+        eprintln!(
+            "honest client during the flood at {:?}: {} in {:?}",
+            s - t,
+            if r.is_ok() { "ok" } else { "FAILED" },
+            s.elapsed()
+        );
+        tag += 1;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for ((name, _, _), f) in flooded.iter().zip(floods) {
+        eprintln!("{name}: the flood opened {} connections", f.join().unwrap());
+    }
+    for (name, pid, _) in &servers {
+        assert!(alive(*pid), "{name} died under the flood:\n{}", c.log_tails());
+    }
+    // Once the flood has gone the servers come back: same ports listening.
+    let t = Instant::now();
+    loop {
+        let now: Vec<Vec<u16>> = servers.iter().map(|(_, p, _)| listening_ports(*p)).collect();
+        if now == ports_before {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "a listener is gone after the flood: before {ports_before:?}, now {now:?}\n{}",
+            c.log_tails()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    honest_client_round_trip(&c, 40);
+    honest_client_round_trip(&c, 41);
+    // The pause worked: the listener was paused, and UCX was not left
+    // calling `accept` on a full table (with the pause a no-op, UCX
+    // refused hundreds of thousands in 10 s; review, defect 4).
+    for (name, _, _) in &flooded {
+        let pauses = metric(c.dir.path(), name, "dafne_transport_listener_pauses_total").unwrap_or(0.0);
+        let refused = metric(c.dir.path(), name, "dafne_transport_accepts_refused_total").unwrap_or(f64::NAN);
+        let paused = metric(c.dir.path(), name, "dafne_transport_listener_paused").unwrap_or(f64::NAN);
+        eprintln!("{name}: listener paused {pauses} time(s), {refused} accept(s) refused, paused now: {paused}");
+        assert!(pauses >= 1.0, "{name}'s listener was never paused under the flood");
+        assert!(refused < 20_000.0, "{name}: UCX was refused {refused} accepts: the pause did not hold");
+        assert_eq!(paused, 0.0, "{name}'s listener is still paused after the flood");
+    }
+    for (name, _, _) in &servers {
+        let log = std::fs::read_to_string(c.dir.path().join(format!("logs/{name}.log"))).unwrap_or_default();
+        assert!(!log.contains("failed to close fd"), "{name}: UCX closed descriptors twice:\n{log}");
+        eprintln!("{name}: log {} bytes; its guard said:", log.len());
+        for l in log.lines().filter(|l| l.contains("port ")) {
+            eprintln!("  {}", &l[..l.len().min(400)]);
         }
     }
     assert_eq!(c.servers(), servers, "a server was restarted");

@@ -64,9 +64,10 @@ extern "C" {
 
     /// `ucs_async_modify_handler` (`ucs/async/async_fwd.h`, exported by
     /// libucs, not among the headers bindgen reads): changes the events
-    /// (`ucs_event_set_types_t` bits: 1 read, 2 write, 4 error) the async
-    /// handler of descriptor `fd` waits for.
-    pub fn ucs_async_modify_handler(fd: std::os::raw::c_int, events: u32) -> ucs_status_t;
+    /// (`ucs_event_set_types_t`, a `uint8_t` in `ucs/sys/event_set.h`:
+    /// bits 1 read, 2 write, 4 error) the async handler of descriptor `fd`
+    /// waits for.
+    pub fn ucs_async_modify_handler(fd: std::os::raw::c_int, events: u8) -> ucs_status_t;
 
     /// `ucs_log_push_handler` (`ucs/debug/log_def.h`): adds a log handler,
     /// called before those added earlier (UCS's default printer is the
