@@ -732,7 +732,9 @@ fn object_files(c: &Cluster) -> std::collections::BTreeSet<PathBuf> {
     let mut out = std::collections::BTreeSet::new();
     for i in 0..4 {
         if let Ok(rd) = std::fs::read_dir(c.dir().join(format!("io-{i}/objects"))) {
-            out.extend(rd.map(|e| e.unwrap().path()));
+            // Chunk files only: each one's checksum sidecar (`.crc`) is
+            // not an object.
+            out.extend(rd.map(|e| e.unwrap().path()).filter(|p| p.extension().is_none()));
         }
     }
     out
