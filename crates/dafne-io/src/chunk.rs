@@ -810,6 +810,7 @@ impl Storage for ChunkStore {
     fn write_at(&self, object: u64, offset: u64, buf: &[u8]) -> io::Result<()> {
         self.with_files(object, true, |files| {
             self.write_raw(files, offset, buf)?;
+            injected_crash();
             if let Some(s) = &files.sums {
                 let mut unsynced = self.unsynced.lock();
                 let (first, crcs) = sums::written_crcs(&files.buffered, offset, buf)?;
@@ -1190,6 +1191,7 @@ impl BackgroundStorage for ChunkBackground {
                 }
             }
         }
+        injected_crash();
         // Checksums of what was written (module `sums`): a write whose
         // checksum could not be recorded fails, and is written again.
         let mut unsynced = self.unsynced.lock();
@@ -1210,6 +1212,23 @@ impl BackgroundStorage for ChunkBackground {
         total.background_batches += st.background_batches;
         total.ring_enters += st.ring_enters;
         results
+    }
+}
+
+/// Fault injection for the crash tests (`tests/checksums.rs`): a process
+/// killed between a write of data and the settling of its checksums
+/// cannot be timed from outside. If `DAFNE_FAULT_CRASH_AFTER_DATA` names a
+/// file that exists, the write that reaches this point removes it and the
+/// process dies at once (`SIGKILL` to itself: no unwinding, no flush; what
+/// it wrote is in the page cache, as after a `kill -9`). Nothing happens
+/// without the variable.
+fn injected_crash() {
+    static FLAG: std::sync::OnceLock<Option<std::ffi::OsString>> = std::sync::OnceLock::new();
+    if let Some(flag) = FLAG.get_or_init(|| std::env::var_os("DAFNE_FAULT_CRASH_AFTER_DATA")) {
+        if std::fs::remove_file(flag).is_ok() {
+            let _ = rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL);
+            std::process::abort();
+        }
     }
 }
 
