@@ -398,14 +398,12 @@ impl ChunkStore {
     /// whose fsync fails here is marked, and the next call must not answer
     /// success because Linux reported each loss only once.
     pub fn sync_all(&self) -> io::Result<()> {
-        let failed: Vec<(u64, io::Error)> = {
-            let mut unsynced = self.unsynced.lock();
-            self.open
-                .borrow()
-                .iter()
-                .filter_map(|(&o, f)| sync_files(o, f, &mut unsynced).err().map(|e| (o, e)))
-                .collect()
-        };
+        let failed: Vec<(u64, io::Error)> = self
+            .open
+            .borrow()
+            .iter()
+            .filter_map(|(&o, f)| sync_files(o, f, &self.unsynced).err().map(|e| (o, e)))
+            .collect();
         let mut first = None;
         for (o, e) in failed {
             self.mark_damaged(o, &e);
@@ -538,7 +536,7 @@ impl ChunkStore {
             return f(files).map(Some);
         }
         let path = self.path(object);
-        let files = match open_noting_creation(&path, create, self.ring.is_some(), &self.dir_unsynced) {
+        let files = match open_noting_creation(&path, create, self.ring.is_some(), &self.dir_unsynced, &self.unsynced) {
             Ok(files) => files,
             Err(e) if e.kind() == io::ErrorKind::NotFound && !create => return Ok(None),
             Err(e) => return Err(e),
@@ -559,22 +557,34 @@ impl ChunkStore {
 
     /// Cuts or extends the object to `size`; its checksums follow: the
     /// blocks past the end become holes, and a last block cut part-way is
-    /// checksummed again (its cut bytes now read as zeros).
+    /// checksummed again (its cut bytes now read as zeros). In the order
+    /// that a crash at any point leaves no false alarm (module `sums`,
+    /// "Crashes"): the entries first accept both contents, then the data
+    /// changes, then the entries are settled.
     pub fn truncate(&self, object: u64, size: u64) -> io::Result<()> {
         self.with_files(object, true, |f| {
+            let Some(s) = &f.sums else { return f.buffered.set_len(size) };
+            let mut unsynced = self.unsynced.lock();
+            let len = f.buffered.metadata()?.len();
+            // Blocks wholly past the shorter of the two ends read as zeros
+            // after (entries there past the old end are a crash's leftovers).
+            let keep = size.min(len).div_ceil(sums::BLOCK);
+            unsynced.accept_zeros(&f.buffered, s, keep, u64::MAX)?;
+            let cut = (size < len && !size.is_multiple_of(sums::BLOCK)).then_some(size / sums::BLOCK);
+            if let Some(b) = cut {
+                let lo = size % sums::BLOCK;
+                self.begin_zeroing(f, s, &mut unsynced, object, b, lo, sums::BLOCK)?;
+            }
             f.buffered.set_len(size)?;
-            if let Some(s) = &f.sums {
-                let mut unsynced = self.unsynced.lock();
-                if size == 0 {
-                    s.set_len(0)?;
-                    unsynced.forget(object);
-                    return Ok(());
-                }
-                let blocks = size.div_ceil(sums::BLOCK);
-                s.set_len(s.metadata()?.len().min(blocks * sums::ENTRY))?;
-                if !size.is_multiple_of(sums::BLOCK) {
-                    self.rechecksum(f, s, &mut unsynced, object, blocks - 1)?;
-                }
+            injected_crash();
+            if size == 0 {
+                s.set_len(0)?;
+                unsynced.forget(object);
+                return Ok(());
+            }
+            s.set_len(s.metadata()?.len().min(keep * sums::ENTRY))?;
+            if let Some(b) = cut {
+                self.rechecksum(f, s, &mut unsynced, object, b)?;
             }
             Ok(())
         })?;
@@ -582,6 +592,31 @@ impl ChunkStore {
             self.damaged.borrow_mut().remove(&object);
         }
         Ok(())
+    }
+
+    /// Before bytes `[lo, hi)` of block `block` become zeros (a truncate or
+    /// a punch): its entry accepts the content before and after. Nothing
+    /// for a hole.
+    #[allow(clippy::too_many_arguments)]
+    fn begin_zeroing(
+        &self,
+        f: &Files,
+        s: &File,
+        unsynced: &mut sums::UnsyncedInner,
+        object: u64,
+        block: u64,
+        lo: u64,
+        hi: u64,
+    ) -> io::Result<()> {
+        if sums::read_entries(s, block, 1)?[0] == sums::Entry::Hole {
+            return Ok(());
+        }
+        let mut buf = [0u8; sums::BLOCK as usize];
+        let n = sums::read_full(&f.buffered, block * sums::BLOCK, &mut buf)?;
+        let before = sums::block_crc(&buf[..n]);
+        buf[lo as usize..hi as usize].fill(0);
+        let after = sums::block_crc(&buf[..n]);
+        unsynced.begin(s, object, block, &[before], &[after])
     }
 
     /// Checksums block `block` again from the file (after a truncate or a
@@ -599,7 +634,7 @@ impl ChunkStore {
         }
         let mut buf = [0u8; sums::BLOCK as usize];
         let n = sums::read_full(&f.buffered, block * sums::BLOCK, &mut buf)?;
-        unsynced.record(s, object, block, &[sums::block_crc(&buf[..n])])
+        unsynced.settle(s, object, block, &[sums::block_crc(&buf[..n])])
     }
 
     /// `fallocate(2)` on the object's file for an io `Allocate`
@@ -619,21 +654,35 @@ impl ChunkStore {
         use rustix::fs::{fallocate, FallocateFlags};
         if mode.zeroes() {
             self.with_files(object, false, |f| {
+                let Some(s) = f.sums.as_ref().filter(|_| len > 0) else {
+                    return fallocate(&f.buffered, FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE, offset, len)
+                        .map_err(io::Error::from);
+                };
+                // Blocks wholly inside become holes; the blocks at the ends
+                // are checksummed again from what the punch left. Entries
+                // first accept both contents (module `sums`, "Crashes").
+                let mut unsynced = self.unsynced.lock();
+                let end = offset.saturating_add(len);
+                let (first, last) = (offset / sums::BLOCK, (end - 1) / sums::BLOCK);
+                let (inner, inner_end) = (offset.div_ceil(sums::BLOCK), end / sums::BLOCK);
+                unsynced.accept_zeros(&f.buffered, s, inner, inner_end)?;
+                let mut ends = Vec::new();
+                if !offset.is_multiple_of(sums::BLOCK) {
+                    ends.push(first);
+                }
+                if !end.is_multiple_of(sums::BLOCK) && (last != first || offset.is_multiple_of(sums::BLOCK)) {
+                    ends.push(last);
+                }
+                for &b in &ends {
+                    let bs = b * sums::BLOCK;
+                    let (lo, hi) = (offset.max(bs) - bs, end.min(bs + sums::BLOCK) - bs);
+                    self.begin_zeroing(f, s, &mut unsynced, object, b, lo, hi)?;
+                }
                 fallocate(&f.buffered, FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE, offset, len)
                     .map_err(io::Error::from)?;
-                // Blocks wholly inside become holes; the blocks at the ends
-                // are checksummed again from what the punch left.
-                if let (Some(s), true) = (&f.sums, len > 0) {
-                    let mut unsynced = self.unsynced.lock();
-                    let end = offset.saturating_add(len);
-                    let (first, last) = (offset / sums::BLOCK, (end - 1) / sums::BLOCK);
-                    unsynced.punch(s, offset.div_ceil(sums::BLOCK), end / sums::BLOCK)?;
-                    if !offset.is_multiple_of(sums::BLOCK) {
-                        self.rechecksum(f, s, &mut unsynced, object, first)?;
-                    }
-                    if !end.is_multiple_of(sums::BLOCK) && (last != first || offset.is_multiple_of(sums::BLOCK)) {
-                        self.rechecksum(f, s, &mut unsynced, object, last)?;
-                    }
+                unsynced.punch(s, inner, inner_end)?;
+                for &b in &ends {
+                    self.rechecksum(f, s, &mut unsynced, object, b)?;
                 }
                 Ok(())
             })?;
@@ -809,12 +858,20 @@ impl Storage for ChunkStore {
 
     fn write_at(&self, object: u64, offset: u64, buf: &[u8]) -> io::Result<()> {
         self.with_files(object, true, |files| {
+            // The entries first, accepting the content before and after
+            // (a crash in the write leaves either), then the data, then
+            // the entries settled (module `sums`, "Crashes").
+            if let Some(s) = &files.sums {
+                let mut unsynced = self.unsynced.lock();
+                let (first, befores, news) = sums::plan(&files.buffered, s, offset, buf)?;
+                unsynced.begin(s, object, first, &befores, &news)?;
+            }
             self.write_raw(files, offset, buf)?;
             injected_crash();
             if let Some(s) = &files.sums {
                 let mut unsynced = self.unsynced.lock();
                 let (first, crcs) = sums::written_crcs(&files.buffered, offset, buf)?;
-                unsynced.record(s, object, first, &crcs)?;
+                unsynced.settle(s, object, first, &crcs)?;
             }
             Ok(())
         })
@@ -826,7 +883,7 @@ impl Storage for ChunkStore {
             return Err(ChunkStore::damaged_error(object));
         }
         self.count(|s| s.syncs += 1);
-        let r = self.with_files(object, false, |f| sync_files(object, f, &mut self.unsynced.lock()));
+        let r = self.with_files(object, false, |f| sync_files(object, f, &self.unsynced));
         if let Err(e) = r {
             self.mark_damaged(object, &e);
             return Err(ChunkStore::lost_error(object, &e));
@@ -857,13 +914,16 @@ impl Storage for ChunkStore {
 /// device is accepted by a durable checksum: `sums` module, "Power cut"),
 /// then its data; then its entries written since the last sync accept
 /// only their current checksum.
-fn sync_files(object: u64, f: &Files, unsynced: &mut sums::UnsyncedInner) -> io::Result<()> {
+/// The lock is not held across the fdatasyncs (the background writer would
+/// wait for the device): an entry changed meanwhile is cleaned too, which
+/// is right (a write under way keeps both its contents, module `sums`).
+fn sync_files(object: u64, f: &Files, unsynced: &Unsynced) -> io::Result<()> {
     if let Some(s) = &f.sums {
         s.sync_data()?;
     }
     f.buffered.sync_data()?;
     if let Some(s) = &f.sums {
-        unsynced.clean(s, object)?;
+        unsynced.lock().clean(s, object)?;
     }
     Ok(())
 }
@@ -1065,10 +1125,25 @@ fn checksum_error(b: BadBlock) -> io::Error {
 }
 
 /// [`open_files`], and if it had to create the file, a note that the
-/// directory needs an fsync before the next sync counts as durable.
-fn open_noting_creation(path: &Path, create: bool, direct: bool, dir_unsynced: &AtomicBool) -> io::Result<Files> {
+/// directory needs an fsync before the next sync counts as durable. The
+/// loop and the background writer may both create the same new object:
+/// the creation is done under the `unsynced` lock (which every sidecar
+/// update takes), looking again under it, so a sidecar another writer
+/// already created and filled is never emptied.
+fn open_noting_creation(
+    path: &Path,
+    create: bool,
+    direct: bool,
+    dir_unsynced: &AtomicBool,
+    unsynced: &Unsynced,
+) -> io::Result<Files> {
     match open_files(path, false, direct) {
         Err(e) if create && e.kind() == io::ErrorKind::NotFound => {
+            let _creating = unsynced.lock();
+            match open_files(path, false, direct) {
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                r => return r,
+            }
             // The sidecar first, emptied (a leftover of a removed object
             // must not describe the new one): a chunk file without one is
             // taken for a file from before checksums.
@@ -1136,10 +1211,23 @@ impl BackgroundStorage for ChunkBackground {
         let mut files: HashMap<u64, io::Result<Files>> = HashMap::new();
         for w in writes {
             let path = self.dir.join(format!("{:016x}", w.object));
-            files
-                .entry(w.object)
-                .or_insert_with(|| open_noting_creation(&path, true, self.ring.is_some(), &self.dir_unsynced));
+            files.entry(w.object).or_insert_with(|| {
+                open_noting_creation(&path, true, self.ring.is_some(), &self.dir_unsynced, &self.unsynced)
+            });
         }
+        // The entries of every write first (module `sums`, "Crashes"): a
+        // write whose entries could not be begun is not made, and fails.
+        let mut begun: Vec<io::Result<()>> = {
+            let mut unsynced = self.unsynced.lock();
+            writes
+                .iter()
+                .map(|w| match &files[&w.object] {
+                    Ok(Files { buffered, sums: Some(s), .. }) => sums::plan(buffered, s, w.offset, w.buf)
+                        .and_then(|(first, befores, news)| unsynced.begin(s, w.object, first, &befores, &news)),
+                    _ => Ok(()),
+                })
+                .collect()
+        };
         let mut results: Vec<io::Result<()>> = Vec::with_capacity(writes.len());
         // Buffered parts first (heads, tails, whole unaligned writes), then
         // every direct middle of the batch in one submission.
@@ -1152,6 +1240,10 @@ impl BackgroundStorage for ChunkBackground {
                     continue;
                 }
             };
+            if let Err(e) = std::mem::replace(&mut begun[i], Ok(())) {
+                results.push(Err(e));
+                continue;
+            }
             let res = match f.direct.as_ref().zip(split(w.offset, w.buf)) {
                 Some((_, (head, middle))) => {
                     direct.push((i, w.offset + head as u64, &w.buf[head..head + middle]));
@@ -1192,14 +1284,15 @@ impl BackgroundStorage for ChunkBackground {
             }
         }
         injected_crash();
-        // Checksums of what was written (module `sums`): a write whose
-        // checksum could not be recorded fails, and is written again.
+        // The entries settled to what was written (module `sums`): a write
+        // whose checksums could not be recorded fails, and is written again
+        // (its entries still accept what it wrote).
         let mut unsynced = self.unsynced.lock();
         for (w, res) in writes.iter().zip(results.iter_mut()) {
             if let (Ok(()), Some(Ok(f))) = (&res, files.get(&w.object)) {
                 if let Some(s) = &f.sums {
                     *res = sums::written_crcs(&f.buffered, w.offset, w.buf)
-                        .and_then(|(first, crcs)| unsynced.record(s, w.object, first, &crcs));
+                        .and_then(|(first, crcs)| unsynced.settle(s, w.object, first, &crcs));
                 }
             }
         }
