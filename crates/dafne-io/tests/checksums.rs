@@ -352,6 +352,36 @@ fn a_crash_between_data_and_checksum_leaves_no_false_alarm(storage: &str) {
         f.close().unwrap();
         drop((fs, admin, io));
     }
+
+    // A crash in a truncate into a block, between the data's new length and
+    // the sidecar's; then a write far past the end (the blocks between read
+    // as zeros) and a scrub.
+    let mut io = common::spawn_io_env(&data_dir, &secret, 16, "127.0.0.1:0", storage, &env);
+    let fs = Fs::new(m.clone(), DataClient::connect(&rt, &[io.addr], &s).unwrap());
+    let f = fs.open(ino, dafne_proto::OPEN_READ | dafne_proto::OPEN_WRITE).unwrap();
+    let cut = 100_001;
+    std::fs::write(&flag, b"").unwrap();
+    let _ = f.truncate(cut as u64);
+    assert!(io.child.wait().unwrap().code().is_none(), "{storage}: the server was not killed in the truncate");
+    drop((f, fs, io));
+    let io = spawn_io_storage(&data_dir, &secret, 16, "127.0.0.1:0", storage);
+    let fs = Fs::new(m.clone(), DataClient::connect(&rt, &[io.addr], &s).unwrap());
+    let admin = DataClient::connect(&rt, &[io.addr], &s).unwrap();
+    let f = fs.open(ino, dafne_proto::OPEN_READ | dafne_proto::OPEN_WRITE).unwrap();
+    let mut got = vec![0u8; cut];
+    let n = f.read_at(0, &mut got).unwrap_or_else(|e| panic!("{storage}: read after a crash in a truncate: {e:?}"));
+    assert!(n >= cut && got == want[..cut], "{storage}: {n} bytes read after a crash in a truncate");
+    let far = 1u64 << 20;
+    f.write_at(far, b"far", Stability::FileSync).unwrap();
+    let mut got = vec![0u8; far as usize + 3];
+    let n = f.read_at(0, &mut got).unwrap_or_else(|e| panic!("{storage}: read after extending: {e:?}"));
+    assert_eq!(n, got.len(), "{storage}");
+    assert!(got[..cut] == want[..cut] && got[cut..far as usize].iter().all(|&b| b == 0), "{storage}");
+    let (_, _, bad) = scrub(&admin);
+    assert_eq!(bad, vec![], "{storage}: a false alarm after a crash in a truncate");
+    assert_eq!(checksum_errors(&admin), 0, "{storage}: a false alarm after a crash in a truncate");
+    f.close().unwrap();
+    drop((fs, admin, io));
 }
 
 #[test]
