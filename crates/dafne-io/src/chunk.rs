@@ -1013,6 +1013,79 @@ impl ChunkStore {
         Ok(bad)
     }
 
+    /// One object's part of a scrub slice: from `start` (block-aligned),
+    /// reads at most `budget` bytes of its *data* from the device and
+    /// verifies each block; its holes (`SEEK_DATA`/`SEEK_HOLE`) are not
+    /// read, only their entries checked (a hole must read as zeros), so a
+    /// sparse 16 TiB file costs what its data and sidecar extents cost.
+    /// Stops at `deadline` once something was read. The object's files are
+    /// used if open and otherwise opened for this call only (the open
+    /// table of hot objects is left alone). An object without a sidecar
+    /// is read all the same (a device error surfaces), unverified.
+    /// `Ok(None)`: no such object.
+    pub fn scrub_part(
+        &self,
+        object: u64,
+        start: u64,
+        budget: u64,
+        deadline: std::time::Instant,
+    ) -> io::Result<Option<ScrubPart>> {
+        use rustix::fs::{seek, SeekFrom};
+        let own = match self.open.borrow().contains_key(&object) {
+            true => None,
+            false => match open_files(&self.path(object), false, false) {
+                Ok(f) => Some(f),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+                Err(e) => return Err(e),
+            },
+        };
+        let open = self.open.borrow();
+        let files = own.as_ref().or_else(|| open.get(&object)).expect("opened above");
+        let size = files.buffered.metadata()?.len();
+        let mut part = ScrubPart { verified: files.sums.is_some(), size, end: start, read: 0, bad: Vec::new() };
+        let mut buf = vec![0u8; 1 << 20];
+        let mut at = start - start % sums::BLOCK;
+        while at < size && part.read < budget && (part.read == 0 || std::time::Instant::now() < deadline) {
+            let data = match seek(&files.buffered, SeekFrom::Data(at)) {
+                Ok(d) => d.min(size),
+                Err(rustix::io::Errno::NXIO) => size,
+                Err(e) => return Err(e.into()),
+            };
+            let data = data - data % sums::BLOCK;
+            if data > at {
+                if let Some(s) = &files.sums {
+                    part.bad.extend(sums::check_hole(s, object, at / sums::BLOCK, data / sums::BLOCK)?);
+                }
+                at = data;
+                continue;
+            }
+            let hole = match seek(&files.buffered, SeekFrom::Hole(at)) {
+                Ok(h) => h.min(size),
+                Err(rustix::io::Errno::NXIO) => size,
+                Err(e) => return Err(e.into()),
+            };
+            let stop = hole.max(at + 1).min(at + (budget - part.read)).min(at + buf.len() as u64);
+            let want = ((stop - at).div_ceil(sums::BLOCK) * sums::BLOCK) as usize;
+            let n = std::num::NonZeroU64::new(want as u64);
+            let _ = rustix::fs::fadvise(&files.buffered, at, n, rustix::fs::Advice::DontNeed);
+            let n = sums::read_full(&files.buffered, at, &mut buf[..want])?;
+            if let Some(s) = &files.sums {
+                part.bad.extend(sums::verify(&files.buffered, s, object, at, &buf[..n], n < want)?);
+            }
+            part.read += n as u64;
+            at += n as u64;
+            if n < want {
+                at = at.max(size);
+                break;
+            }
+        }
+        part.end = at.min(size);
+        if !part.bad.is_empty() {
+            self.report_bad(&part.bad);
+        }
+        Ok(Some(part))
+    }
+
     /// Whether the object has a checksum sidecar (`None`: no such object).
     pub fn has_sums(&self, object: u64) -> io::Result<Option<bool>> {
         self.with_files(object, false, |f| Ok(f.sums.is_some()))
@@ -1114,6 +1187,20 @@ impl ChunkStore {
             Ok(())
         }
     }
+}
+
+/// What [`ChunkStore::scrub_part`] did with one object.
+#[derive(Debug)]
+pub struct ScrubPart {
+    /// It has a checksum sidecar (otherwise read, not verified).
+    pub verified: bool,
+    /// Its length.
+    pub size: u64,
+    /// Where this part stopped (`size`: the object is done).
+    pub end: u64,
+    /// Bytes read from the device (holes are not).
+    pub read: u64,
+    pub bad: Vec<BadBlock>,
 }
 
 /// The error of a read that met a bad block (answered `EIO`).

@@ -468,6 +468,21 @@ pub fn read_full(file: &File, offset: u64, buf: &mut [u8]) -> io::Result<usize> 
     Ok(done)
 }
 
+/// The blocks of `[first, end)`, a hole of the data file (they read as
+/// zeros), whose entries do not accept zeros. Only the sidecar's data
+/// extents are read.
+pub fn check_hole(sums: &File, object: u64, first: u64, end: u64) -> io::Result<Vec<BadBlock>> {
+    let mut bad = Vec::new();
+    for (a, b) in data_runs(sums, first, end)? {
+        for (i, e) in read_entries(sums, a, (b - a) as usize)?.into_iter().enumerate() {
+            if !e.accepts(zero_crc()) {
+                bad.push(BadBlock { object, offset: (a + i as u64) * BLOCK });
+            }
+        }
+    }
+    Ok(bad)
+}
+
 /// A block whose bytes do not match its checksum.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BadBlock {
