@@ -10,7 +10,9 @@
 //! unit's own memory, with no extra I/O; a larger grain (a unit) would
 //! change with the per-file unit size, and a checksum per unit would have
 //! to be recomputed from other bytes at every partial write. The cost is
-//! 16 bytes of sidecar per 4 KiB (0.4 %).
+//! 16 bytes of sidecar per 4 KiB of the file's written span (0.4 % for a
+//! dense file; a one-block object's sidecar still takes a 4 KiB block of
+//! the file system, and a sparse file's sidecar is sparse too).
 //!
 //! A block's checksum covers all its 4096 bytes, those past the end of the
 //! file counted as zeros (what a read of them returns), so the last,
@@ -18,54 +20,85 @@
 //!
 //! # The sidecar: `objects/<id>.crc`
 //! Entry `i` (16 bytes at `16 · i`, little-endian u32s) is block `i`'s:
-//! `tag, cur, prev, 0`. `tag` = [`TAG`] marks a block that was written;
-//! an entry of zeros (never written, or past the sidecar's end: a sparse
-//! file) is a *hole*, which must read as zeros. So a hole never raises a
-//! false alarm and garbage in a hole does. `cur` is the checksum of the
-//! last write; `prev` the one the block had when it was last stable.
+//! `tag, cur, stable, next`. `tag` = [`TAG`] marks a block that was
+//! written; an entry of zeros (never written, or past the sidecar's end: a
+//! sparse file) is a *hole*, which must read as zeros. So a hole never
+//! raises a false alarm and garbage in a hole does. A read accepts any of
+//! the three checksums:
+//! * `cur`: the block's content (with no write of it under way);
+//! * `stable`: its content at its object's last sync (a power cut may
+//!   bring it back);
+//! * `next`: the content a write under way leaves (`== cur` when none is).
 //!
-//! A write of a block whose entry is *clean* (`prev == cur`) moves `cur`
-//! to `prev` and puts the new checksum in `cur`; a write of a *dirty*
-//! block (written since its last sync) replaces `cur` only, so `prev`
-//! keeps the stable one however often the block is rewritten before the
-//! next sync. A hole's `prev` is the checksum of a zero block. A read
-//! accepts `cur` or `prev`. A sync makes the sidecar durable, then the
-//! data, then cleans the entries it wrote since the last sync (`prev :=
-//! cur`, not synced: either state accepts the synced data) — so after a
-//! sync a block accepts exactly one content again. Entries to clean are
-//! remembered in memory per object (at most [`MAX_UNSYNCED`] blocks in
-//! all; past that an object's whole sidecar is cleaned at its next sync).
+//! (Entries of the first format, tag [`TAG_V1`]: `tag, cur, prev, 0`, are
+//! read as `cur, stable = prev, next = cur`.)
 //!
-//! # Power cut between data and checksum (what remains)
-//! Data and checksum are two writes to two files and cannot be made
-//! atomic. The sidecar is written after the data (a partial block's
-//! checksum needs the whole block, which is then in the file) and both
-//! reach the device in any order before the sync. At a power cut:
+//! # Crashes: begin, write, settle
+//! Every change of a block's content (a write-back, a truncate or punch
+//! that cuts into it) goes: (1) *begin*, under the [`Unsynced`] lock: the
+//! entry becomes `cur` = the content now, `next` = the content after,
+//! `stable` kept ([`plan`] reads a partial block to know both; a whole
+//! block's content now is its settled entry's, zeros past the end of the
+//! file, or else read); (2) the data is written; (3) *settle*: `cur :=
+//! next :=` the checksum of what the file now holds. A truncate or punch
+//! first makes the entries of the blocks it removes accept zeros too
+//! ([`UnsyncedInner::accept_zeros`]), then changes the data, then cuts or
+//! punches the sidecar. The data write is outside the lock; a block is
+//! changed by one writer at a time (the Unifier writes a unit back from
+//! one place at a time, and truncates and punches wait for an object's
+//! write-backs).
+//!
+//! **What holds after a process crash** (`kill -9`, a panic, at any
+//! instant; the page cache survives): every block reads correctly, never
+//! `EIO`. A write's data and entry are in the page cache in the order
+//! above, so a crash before (1) leaves the old entry and the old bytes;
+//! between (1) and (3) the entry accepts the old and the new content and
+//! the block holds one of them (a pwrite copies a 4 KiB page whole: a
+//! crash does not split one); after (3), the new. Tested by
+//! `tests/checksums.rs` (a fault hook that kills the server between (2)
+//! and (3), and `kill -9` at random instants under four writers).
+//!
+//! # Syncs and cleaning
+//! A sync makes the sidecar durable, then the data, then *cleans* the
+//! entries written since the last sync (`stable := cur`; an entry with a
+//! write under way keeps `next`: the synced content is one of the two).
+//! The lock is not held across the fdatasyncs. Entries to clean are
+//! remembered in memory per object, at most [`MAX_UNSYNCED`] blocks in
+//! all; blocks written while the table is full are not remembered and not
+//! cleaned: they keep accepting their older stable content too (a weaker
+//! check of those blocks, never a false alarm, and a sync never walks a
+//! sidecar). Objects never synced stay in the table until their object is
+//! synced, removed or the server drains.
+//!
+//! # Power cut (what remains)
+//! Data and sidecar reach the device in any order before a sync (the
+//! sidecar is not made durable before each data write: that would cost an
+//! fsync per write-back batch). At a power cut:
 //! * neither reached it, or only the sidecar: the block holds its stable
-//!   content, which `prev` accepts;
-//! * both: `cur` accepts it;
+//!   content, which `stable` (or the begun entry's `cur`) accepts;
+//! * both: `cur` or `next` accepts it;
 //! * a sync was under way: the sidecar is made durable *first*, so data
-//!   that reached the device is accepted by `cur`, data that did not by
-//!   `prev`; once the sync returned, only acknowledged bytes remain;
-//! * **what remains**: the data reached the device and the sidecar entry
-//!   did not, for a block written after its last sync (between a
-//!   write-back and the next sync; on the direct path the data goes to
-//!   the device at write-back, the sidecar up to the kernel's dirty
-//!   expiry, ~30 s, later). That block then reads `EIO`, including those
-//!   of its bytes that were stable before and not rewritten. Nothing is
-//!   ever served wrong, and no byte acknowledged stable is lost *unless
-//!   its block was rewritten after that sync and not synced again*.
-//!   Closing it needs the sidecar durable before each data write (an
-//!   fsync per write-back batch) or a journal; not built. Likewise a
-//!   torn write inside a block reads `EIO`. After a power cut, entries
-//!   left dirty keep accepting two contents until their block is written
-//!   and synced again.
+//!   that reached the device is accepted by a durable entry; once the sync
+//!   returned, only acknowledged bytes remain;
+//! * **what remains**: a block's data reached the device and its begun
+//!   entry did not, for a block written after its last sync (on the direct
+//!   path the data goes to the device at write-back, the sidecar up to the
+//!   kernel's dirty expiry, ~30 s, later). That block then reads `EIO`,
+//!   including those of its bytes that were stable before and not
+//!   rewritten. Nothing is ever served wrong, and no byte acknowledged
+//!   stable is lost *unless its block was rewritten after that sync and
+//!   not synced again*. Closing it needs the sidecar durable before each
+//!   data write (an fsync per write-back batch) or a journal; not built.
+//!   Likewise a block torn by the device reads `EIO`.
 //!
 //! # Objects without a sidecar
 //! Chunk files written before checksums existed have no sidecar and are
-//! served unverified (scrub counts them apart); the sidecar is created
-//! with the chunk file (before it), never later: a sidecar made for an old
-//! file would call its written blocks holes.
+//! served unverified (scrub counts them apart and still reads them, so a
+//! device error surfaces); the sidecar is created with the chunk file
+//! (before it, under the [`Unsynced`] lock, looking again under it: the
+//! loop and the background writer may both create a new object, and a
+//! sidecar one of them filled is never emptied), never later: a sidecar
+//! made for an old file would call its written blocks holes.
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
@@ -214,9 +247,9 @@ pub struct Unsynced {
 pub struct UnsyncedInner {
     blocks: HashMap<u64, HashSet<u64>>,
     total: usize,
-    /// Objects whose blocks were not all remembered (their whole sidecar is
-    /// cleaned at the next sync).
-    overflowed: HashSet<u64>,
+    /// Blocks not remembered because the table was full (they keep
+    /// accepting their older stable content too).
+    dropped: u64,
 }
 
 impl Unsynced {
@@ -226,13 +259,11 @@ impl Unsynced {
 }
 
 impl UnsyncedInner {
+    /// Remembers blocks to clean at their object's next sync; past
+    /// [`MAX_UNSYNCED`] they are not (module docs, "Cleaning").
     fn note(&mut self, object: u64, blocks: std::ops::Range<u64>) {
-        if self.overflowed.contains(&object) {
-            return;
-        }
         if self.total + (blocks.end - blocks.start) as usize > MAX_UNSYNCED {
-            self.forget(object);
-            self.overflowed.insert(object);
+            self.dropped += blocks.end - blocks.start;
             return;
         }
         let set = self.blocks.entry(object).or_default();
@@ -248,7 +279,6 @@ impl UnsyncedInner {
         if let Some(s) = self.blocks.remove(&object) {
             self.total -= s.len();
         }
-        self.overflowed.remove(&object);
     }
 
     /// Before a write: blocks `first..` go from checksums `befores` to
@@ -312,17 +342,8 @@ impl UnsyncedInner {
     /// After a successful sync of the object's data: its dirty entries
     /// accept only their current checksum again.
     pub fn clean(&mut self, sums: &File, object: u64) -> io::Result<()> {
-        let all = self.overflowed.remove(&object);
         let blocks = self.blocks.remove(&object).unwrap_or_default();
         self.total -= blocks.len();
-        if all {
-            // Not remembered one by one: the written extents of the
-            // sidecar (its holes skipped), in runs.
-            for (a, b) in data_runs(sums, 0, u64::MAX)? {
-                clean_run(sums, a, (b - a) as usize)?;
-            }
-            return Ok(());
-        }
         let mut list: Vec<u64> = blocks.into_iter().collect();
         list.sort_unstable();
         // Runs of consecutive blocks, each read and written once.
@@ -574,15 +595,16 @@ mod tests {
         v1[8..12].copy_from_slice(&20u32.to_le_bytes());
         assert_eq!(Entry::decode(&v1), w(21, 20, 21));
 
-        // More blocks than remembered one by one: the next sync cleans the
-        // whole sidecar (its written extents).
+        // More blocks than remembered: not cleaned (they keep accepting
+        // their older stable content), and a sync costs nothing for them.
         let n = MAX_UNSYNCED as u64 + 1;
         g.settle(&f, 2, 0, &vec![7; n as usize]).unwrap();
+        assert_eq!(g.dropped, n);
         g.settle(&f, 2, 0, &[8]).unwrap();
         assert_eq!(read_entries(&f, 0, 1).unwrap(), [w(8, zero_crc(), 8)]);
         g.clean(&f, 2).unwrap();
         assert_eq!(read_entries(&f, 0, 1).unwrap(), [w(8, 8, 8)]);
-        assert_eq!(read_entries(&f, n - 1, 1).unwrap(), [w(7, 7, 7)]);
+        assert_eq!(read_entries(&f, n - 1, 1).unwrap(), [w(7, zero_crc(), 7)]);
         assert_eq!(g.total, 0);
     }
 
