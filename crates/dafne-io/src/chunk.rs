@@ -91,7 +91,8 @@ use dafne_uring::{Op, Ring, RingError};
 
 use crate::sums::{self, BadBlock, Unsynced};
 
-/// Open files kept (each costs one descriptor, two on the direct path).
+/// Objects whose files are kept open (each costs two descriptors: the
+/// file and its checksum sidecar; three on the direct path, 768 at most).
 const OPEN_FILES: usize = 256;
 
 /// The granularity of page-cache drops: the largest page-cache folio on
@@ -333,9 +334,14 @@ pub struct ChunkStore {
     /// Blocks written since their object's last sync (shared with the
     /// background writer; its lock serializes sidecar updates).
     unsynced: Arc<Unsynced>,
-    /// Bad blocks already logged (bounded: [`LOGGED_BAD_BLOCKS`]).
-    logged: RefCell<std::collections::HashSet<(u64, u64)>>,
+    /// Bad blocks already logged (bounded: [`LOGGED_BAD_BLOCKS`]) and when
+    /// the set was last emptied (every [`LOGGED_WINDOW`], so that new bad
+    /// blocks are logged again after a storm).
+    logged: RefCell<(std::collections::HashSet<(u64, u64)>, Option<std::time::Instant>)>,
 }
+
+/// How long a bad block logged once is not logged again.
+const LOGGED_WINDOW: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// Bad blocks logged one by one; past that, only counted.
 const LOGGED_BAD_BLOCKS: usize = 1024;
@@ -964,7 +970,13 @@ impl ChunkStore {
 
     fn report_bad(&self, bad: &[BadBlock]) {
         self.count(|s| s.checksum_errors += bad.len() as u64);
-        let mut logged = self.logged.borrow_mut();
+        let mut guard = self.logged.borrow_mut();
+        let (logged, since) = &mut *guard;
+        let now = std::time::Instant::now();
+        if since.is_none_or(|t| now.duration_since(t) >= LOGGED_WINDOW) {
+            logged.clear();
+            *since = Some(now);
+        }
         for b in bad {
             if logged.len() < LOGGED_BAD_BLOCKS && logged.insert((b.object, b.offset)) {
                 tracing::error!(
