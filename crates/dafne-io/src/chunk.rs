@@ -337,8 +337,11 @@ pub struct ChunkStore {
     /// Bad blocks already logged (bounded: [`LOGGED_BAD_BLOCKS`]) and when
     /// the set was last emptied (every [`LOGGED_WINDOW`], so that new bad
     /// blocks are logged again after a storm).
-    logged: RefCell<(std::collections::HashSet<(u64, u64)>, Option<std::time::Instant>)>,
+    logged: RefCell<(Logged, Option<std::time::Instant>)>,
 }
+
+/// (object, block offset) pairs.
+type Logged = std::collections::HashSet<(u64, u64)>;
 
 /// How long a bad block logged once is not logged again.
 const LOGGED_WINDOW: std::time::Duration = std::time::Duration::from_secs(3600);

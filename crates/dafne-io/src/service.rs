@@ -222,7 +222,7 @@ pub struct IoService {
 
 /// Objects one scrub slice may visit at most (each costs an open, a stat
 /// and a wait for its write-backs even if empty).
-const SCRUB_SLICE_OBJECTS: u32 = 64;
+const SCRUB_SLICE_OBJECTS: usize = 64;
 /// The time after which a scrub slice stops (at the next object or 1 MiB
 /// piece), so that requests queued behind it wait little.
 const SCRUB_SLICE_TIME: Duration = Duration::from_millis(10);
@@ -610,13 +610,11 @@ impl IoService {
         }
         let list = self.scrub_list.borrow().clone();
         let from = list.partition_point(|&o| o < object);
-        let mut done = 0;
-        for &o in &list[from..] {
+        for (done, &o) in list[from..].iter().enumerate() {
             if budget == 0 || (done > 0 && (done >= SCRUB_SLICE_OBJECTS || std::time::Instant::now() >= deadline)) {
                 out.next = Some((o, 0));
                 break;
             }
-            done += 1;
             let start = if o == object { offset - offset % crate::sums::BLOCK } else { 0 };
             if let Backend::Unifier(u) = &self.backend {
                 u.quiesce(o).await;

@@ -336,8 +336,9 @@ fn a_crash_between_data_and_checksum_leaves_no_false_alarm(storage: &str) {
         for b in (0..want.len()).step_by(4096) {
             let e = (b + 4096).min(want.len());
             let mut new_block = want[b..e].to_vec();
-            for i in b.max(at)..e.min(at + len) {
-                new_block[i - b] = new[i - at];
+            let (lo, hi) = (b.max(at), e.min(at + len));
+            if lo < hi {
+                new_block[lo - b..hi - b].copy_from_slice(&new[lo - at..hi - at]);
             }
             assert!(got[b..e] == want[b..e] || got[b..e] == new_block[..], "{storage} round {round}: block at {b}");
         }
