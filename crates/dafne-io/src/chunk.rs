@@ -1240,22 +1240,27 @@ fn open_noting_creation(
     unsynced: &Unsynced,
 ) -> io::Result<Files> {
     match open_files(path, false, direct) {
-        Err(e) if create && e.kind() == io::ErrorKind::NotFound => {
-            let _creating = unsynced.lock();
-            match open_files(path, false, direct) {
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                r => return r,
-            }
-            // The sidecar first, emptied (a leftover of a removed object
-            // must not describe the new one): a chunk file without one is
-            // taken for a file from before checksums.
-            OpenOptions::new().write(true).create(true).truncate(true).open(sums::sidecar_path(path))?;
-            let f = open_files(path, true, direct)?;
-            dir_unsynced.store(true, Ordering::SeqCst);
-            Ok(f)
-        }
+        Err(e) if create && e.kind() == io::ErrorKind::NotFound => create_files(path, direct, dir_unsynced, unsynced),
         r => r,
     }
+}
+
+/// The creating half of [`open_noting_creation`], after an open found no
+/// chunk file: under the lock, looks again (another writer may have
+/// created it since) and creates only if it still is not there.
+fn create_files(path: &Path, direct: bool, dir_unsynced: &AtomicBool, unsynced: &Unsynced) -> io::Result<Files> {
+    let _creating = unsynced.lock();
+    match open_files(path, false, direct) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        r => return r,
+    }
+    // The sidecar first, emptied (a leftover of a removed object must not
+    // describe the new one): a chunk file without one is taken for a file
+    // from before checksums.
+    OpenOptions::new().write(true).create(true).truncate(true).open(sums::sidecar_path(path))?;
+    let f = open_files(path, true, direct)?;
+    dir_unsynced.store(true, Ordering::SeqCst);
+    Ok(f)
 }
 
 /// Opens an object's file (creating it with `create`), and with `direct`
@@ -1562,5 +1567,23 @@ mod tests {
             s.remove(9).unwrap();
             assert!(!sums::sidecar_path(&path).exists());
         }
+    }
+
+    /// Review defect 4: the loop and the background writer both found a
+    /// new object missing; the first created it and recorded checksums;
+    /// the second's creation must not empty its sidecar.
+    #[test]
+    fn a_second_creation_of_an_object_keeps_the_first_ones_checksums() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("0000000000000007");
+        let (dir_unsynced, unsynced) = (AtomicBool::new(false), Unsynced::default());
+        let a = create_files(&path, false, &dir_unsynced, &unsynced).unwrap();
+        let s = a.sums.as_ref().unwrap();
+        unsynced.lock().settle(s, 7, 0, &[sums::block_crc(b"abc")]).unwrap();
+        a.buffered.write_all_at(b"abc", 0).unwrap();
+        // The second writer, whose open failed before the first created it.
+        let b = create_files(&path, false, &dir_unsynced, &unsynced).unwrap();
+        let entry = sums::read_entries(b.sums.as_ref().unwrap(), 0, 1).unwrap()[0];
+        assert!(entry.accepts(sums::block_crc(b"abc")), "the sidecar was emptied: {entry:?}");
     }
 }
