@@ -300,6 +300,36 @@ pub struct StorageStats {
     pub checksum_errors: u64,
 }
 
+/// Whether every chunk file in `dir` should have a checksum sidecar: the
+/// marker [`CHECKSUMMED`] is there, or is written now because every chunk
+/// file has one (a new directory, or one written only by servers with
+/// checksums). A directory with files from before checksums never gets it.
+fn all_checksummed(dir: &Path) -> io::Result<bool> {
+    let marker = dir.join(CHECKSUMMED);
+    if marker.exists() {
+        return Ok(true);
+    }
+    let mut names = std::collections::HashSet::new();
+    for e in std::fs::read_dir(dir)? {
+        names.insert(e?.file_name());
+    }
+    let chunk =
+        |n: &std::ffi::OsString| n.to_str().is_some_and(|n| n.len() == 16 && u64::from_str_radix(n, 16).is_ok());
+    let every = names.iter().filter(|n| chunk(n)).all(|n| {
+        let mut crc = n.clone();
+        crc.push(".crc");
+        names.contains(&crc)
+    });
+    if every {
+        File::create(&marker)?.sync_all()?;
+        File::open(dir)?.sync_all()?;
+    }
+    Ok(every)
+}
+
+/// The marker of a data directory whose chunk files all have sidecars.
+const CHECKSUMMED: &str = "all-checksummed";
+
 /// One object's open files.
 #[derive(Debug)]
 struct Files {
@@ -315,6 +345,9 @@ struct Files {
 #[derive(Debug)]
 pub struct ChunkStore {
     dir: PathBuf,
+    /// Every chunk file here should have a sidecar ([`all_checksummed`]):
+    /// one without is reported by scrub (its sidecar was lost).
+    all_checksummed: bool,
     open: RefCell<HashMap<u64, Files>>,
     /// The direct path's ring (`None`: buffered path).
     ring: Option<RefCell<Ring>>,
@@ -372,8 +405,10 @@ impl ChunkStore {
     pub fn open_with(data_dir: &Path, ring: Option<Ring>) -> io::Result<ChunkStore> {
         let dir = ChunkStore::objects_dir(data_dir);
         std::fs::create_dir_all(&dir)?;
+        let all_checksummed = all_checksummed(&dir)?;
         let stats = StorageStats { direct: ring.is_some(), ..Default::default() };
         Ok(ChunkStore {
+            all_checksummed,
             dir,
             open: RefCell::new(HashMap::new()),
             ring: ring.map(RefCell::new),
@@ -1058,6 +1093,14 @@ impl ChunkStore {
         let files = own.as_ref().or_else(|| open.get(&object)).expect("opened above");
         let size = files.buffered.metadata()?.len();
         let mut part = ScrubPart { verified: files.sums.is_some(), size, end: start, read: 0, bad: Vec::new() };
+        if files.sums.is_none() && self.all_checksummed && start == 0 {
+            tracing::error!(
+                "object {object:x} on this server's disk ({}) has no checksum sidecar though every object here should \
+                 have one (lost): it is served unverified",
+                self.dir.display()
+            );
+            part.bad.push(BadBlock { object, offset: sums::NO_SIDECAR });
+        }
         let mut buf = vec![0u8; 1 << 20];
         let mut at = start - start % sums::BLOCK;
         while at < size && part.read < budget && (part.read == 0 || std::time::Instant::now() < deadline) {
@@ -1095,8 +1138,9 @@ impl ChunkStore {
             }
         }
         part.end = at.min(size);
-        if !part.bad.is_empty() {
-            self.report_bad(&part.bad);
+        let blocks: Vec<BadBlock> = part.bad.iter().copied().filter(|b| b.offset != sums::NO_SIDECAR).collect();
+        if !blocks.is_empty() {
+            self.report_bad(&blocks);
         }
         Ok(Some(part))
     }

@@ -94,7 +94,10 @@
 //! # Objects without a sidecar
 //! Chunk files written before checksums existed have no sidecar and are
 //! served unverified (scrub counts them apart and still reads them, so a
-//! device error surfaces); the sidecar is created with the chunk file
+//! device error surfaces). A data directory whose chunk files all have one
+//! when the server starts gets a marker, `objects/all-checksummed`; from
+//! then on, a chunk file without a sidecar there lost it, and scrub
+//! reports it as a bad block at offset [`NO_SIDECAR`]; the sidecar is created with the chunk file
 //! (before it, under the [`Unsynced`] lock, looking again under it: the
 //! loop and the background writer may both create a new object, and a
 //! sidecar one of them filled is never emptied), never later: a sidecar
@@ -503,6 +506,9 @@ pub fn check_hole(sums: &File, object: u64, first: u64, end: u64) -> io::Result<
     }
     Ok(bad)
 }
+
+/// The offset of a [`BadBlock`] that stands for a lost sidecar (scrub).
+pub const NO_SIDECAR: u64 = u64::MAX;
 
 /// A block whose bytes do not match its checksum.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
