@@ -178,15 +178,19 @@ fn a_credential_may_not_scrub() {
     let io = spawn_io_storage(&root.path().join("io0"), &secret, 16, "127.0.0.1:0", "buffered");
     let rt = common::runtime("checksums-cred");
     let s = dafne_auth::Secret::load(&secret).unwrap();
-    let policy = dafne_proto::Credential {
-        name: "someone".into(),
-        uids: vec![dafne_proto::IdRange { first: 1000, last: 1000 }],
-        gids: vec![dafne_proto::IdRange { first: 1000, last: 1000 }],
-        root: false,
-    };
-    let cred = dafne_auth::CredentialFile::issue(&s, policy).unwrap();
-    let d = DataClient::connect(&rt, &[io.addr], dafne_auth::LoginKey::from(cred)).unwrap();
-    assert_eq!(futures::executor::block_on(d.scrub_slice(0, 0, 0)), Err(Errno::EACCES));
+    // A credential with root rights is refused too: scrub is for the
+    // cluster secret.
+    for root in [false, true] {
+        let policy = dafne_proto::Credential {
+            name: "someone".into(),
+            uids: vec![dafne_proto::IdRange { first: 1000, last: 1000 }],
+            gids: vec![dafne_proto::IdRange { first: 1000, last: 1000 }],
+            root,
+        };
+        let cred = dafne_auth::CredentialFile::issue(&s, policy).unwrap();
+        let d = DataClient::connect(&rt, &[io.addr], dafne_auth::LoginKey::from(cred)).unwrap();
+        assert_eq!(futures::executor::block_on(d.scrub_slice(0, 0, 0)), Err(Errno::EACCES), "root: {root}");
+    }
     drop(io);
 }
 
