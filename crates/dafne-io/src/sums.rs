@@ -43,7 +43,10 @@
 //! next :=` the checksum of what the file now holds. A truncate or punch
 //! first makes the entries of the blocks it removes accept zeros too
 //! ([`UnsyncedInner::accept_zeros`]), then changes the data, then cuts or
-//! punches the sidecar. The data write is outside the lock; a block is
+//! punches the sidecar (so a truncate or punch now reads and writes the
+//! sidecar entries it removes, 16 bytes per 4 KiB of data removed, on the
+//! loop; holes of the sidecar are skipped). The data write is outside the
+//! lock; a block is
 //! changed by one writer at a time (the Unifier writes a unit back from
 //! one place at a time, and truncates and punches wait for an object's
 //! write-backs).
