@@ -724,6 +724,7 @@ impl ChunkStore {
                 }
                 fallocate(&f.buffered, FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE, offset, len)
                     .map_err(io::Error::from)?;
+                injected_crash();
                 unsynced.punch(s, inner, inner_end)?;
                 for &b in &ends {
                     self.rechecksum(f, s, &mut unsynced, object, b)?;

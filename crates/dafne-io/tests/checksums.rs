@@ -385,6 +385,29 @@ fn a_crash_between_data_and_checksum_leaves_no_false_alarm(storage: &str) {
     let (_, _, bad) = scrub(&admin);
     assert_eq!(bad, vec![], "{storage}: a false alarm after a crash in a truncate");
     assert_eq!(checksum_errors(&admin), 0, "{storage}: a false alarm after a crash in a truncate");
+    f.fsync().unwrap();
+    f.close().unwrap();
+    drop((fs, admin, io));
+
+    // A crash in a punch with unaligned ends, between the data's hole and
+    // the sidecar's.
+    let mut io = common::spawn_io_env(&data_dir, &secret, 16, "127.0.0.1:0", storage, &env);
+    let fs = Fs::new(m.clone(), DataClient::connect(&rt, &[io.addr], &s).unwrap());
+    let f = fs.open(ino, dafne_proto::OPEN_READ | dafne_proto::OPEN_WRITE).unwrap();
+    std::fs::write(&flag, b"").unwrap();
+    let _ = f.fallocate(10_000, 70_000, AllocateMode::PunchHole);
+    assert!(io.child.wait().unwrap().code().is_none(), "{storage}: the server was not killed in the punch");
+    drop((f, fs, io));
+    let io = spawn_io_storage(&data_dir, &secret, 16, "127.0.0.1:0", storage);
+    let fs = Fs::new(m.clone(), DataClient::connect(&rt, &[io.addr], &s).unwrap());
+    let admin = DataClient::connect(&rt, &[io.addr], &s).unwrap();
+    let f = fs.open(ino, dafne_proto::OPEN_READ).unwrap();
+    let mut got = vec![0u8; cut];
+    f.read_at(0, &mut got).unwrap_or_else(|e| panic!("{storage}: read after a crash in a punch: {e:?}"));
+    assert!(got[..10_000] == want[..10_000] && got[80_000..cut] == want[80_000..cut], "{storage}");
+    assert!(got[10_000..80_000].iter().all(|&b| b == 0), "{storage}: the punch was done (before the sidecar)");
+    let (_, _, bad) = scrub(&admin);
+    assert_eq!(bad, vec![], "{storage}: a false alarm after a crash in a punch");
     f.close().unwrap();
     drop((fs, admin, io));
 }
