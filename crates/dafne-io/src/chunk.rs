@@ -91,7 +91,8 @@ use dafne_uring::{Op, Ring, RingError};
 
 use crate::sums::{self, BadBlock, Unsynced};
 
-/// Open files kept (each costs one descriptor, two on the direct path).
+/// Objects whose files are kept open (each costs two descriptors: the
+/// file and its checksum sidecar; three on the direct path, 768 at most).
 const OPEN_FILES: usize = 256;
 
 /// The granularity of page-cache drops: the largest page-cache folio on
@@ -299,6 +300,36 @@ pub struct StorageStats {
     pub checksum_errors: u64,
 }
 
+/// Whether every chunk file in `dir` should have a checksum sidecar: the
+/// marker [`CHECKSUMMED`] is there, or is written now because every chunk
+/// file has one (a new directory, or one written only by servers with
+/// checksums). A directory with files from before checksums never gets it.
+fn all_checksummed(dir: &Path) -> io::Result<bool> {
+    let marker = dir.join(CHECKSUMMED);
+    if marker.exists() {
+        return Ok(true);
+    }
+    let mut names = std::collections::HashSet::new();
+    for e in std::fs::read_dir(dir)? {
+        names.insert(e?.file_name());
+    }
+    let chunk =
+        |n: &std::ffi::OsString| n.to_str().is_some_and(|n| n.len() == 16 && u64::from_str_radix(n, 16).is_ok());
+    let every = names.iter().filter(|n| chunk(n)).all(|n| {
+        let mut crc = n.clone();
+        crc.push(".crc");
+        names.contains(&crc)
+    });
+    if every {
+        File::create(&marker)?.sync_all()?;
+        File::open(dir)?.sync_all()?;
+    }
+    Ok(every)
+}
+
+/// The marker of a data directory whose chunk files all have sidecars.
+const CHECKSUMMED: &str = "all-checksummed";
+
 /// One object's open files.
 #[derive(Debug)]
 struct Files {
@@ -314,6 +345,9 @@ struct Files {
 #[derive(Debug)]
 pub struct ChunkStore {
     dir: PathBuf,
+    /// Every chunk file here should have a sidecar ([`all_checksummed`]):
+    /// one without is reported by scrub (its sidecar was lost).
+    all_checksummed: bool,
     open: RefCell<HashMap<u64, Files>>,
     /// The direct path's ring (`None`: buffered path).
     ring: Option<RefCell<Ring>>,
@@ -333,9 +367,17 @@ pub struct ChunkStore {
     /// Blocks written since their object's last sync (shared with the
     /// background writer; its lock serializes sidecar updates).
     unsynced: Arc<Unsynced>,
-    /// Bad blocks already logged (bounded: [`LOGGED_BAD_BLOCKS`]).
-    logged: RefCell<std::collections::HashSet<(u64, u64)>>,
+    /// Bad blocks already logged (bounded: [`LOGGED_BAD_BLOCKS`]) and when
+    /// the set was last emptied (every [`LOGGED_WINDOW`], so that new bad
+    /// blocks are logged again after a storm).
+    logged: RefCell<(Logged, Option<std::time::Instant>)>,
 }
+
+/// (object, block offset) pairs.
+type Logged = std::collections::HashSet<(u64, u64)>;
+
+/// How long a bad block logged once is not logged again.
+const LOGGED_WINDOW: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// Bad blocks logged one by one; past that, only counted.
 const LOGGED_BAD_BLOCKS: usize = 1024;
@@ -363,8 +405,10 @@ impl ChunkStore {
     pub fn open_with(data_dir: &Path, ring: Option<Ring>) -> io::Result<ChunkStore> {
         let dir = ChunkStore::objects_dir(data_dir);
         std::fs::create_dir_all(&dir)?;
+        let all_checksummed = all_checksummed(&dir)?;
         let stats = StorageStats { direct: ring.is_some(), ..Default::default() };
         Ok(ChunkStore {
+            all_checksummed,
             dir,
             open: RefCell::new(HashMap::new()),
             ring: ring.map(RefCell::new),
@@ -398,14 +442,12 @@ impl ChunkStore {
     /// whose fsync fails here is marked, and the next call must not answer
     /// success because Linux reported each loss only once.
     pub fn sync_all(&self) -> io::Result<()> {
-        let failed: Vec<(u64, io::Error)> = {
-            let mut unsynced = self.unsynced.lock();
-            self.open
-                .borrow()
-                .iter()
-                .filter_map(|(&o, f)| sync_files(o, f, &mut unsynced).err().map(|e| (o, e)))
-                .collect()
-        };
+        let failed: Vec<(u64, io::Error)> = self
+            .open
+            .borrow()
+            .iter()
+            .filter_map(|(&o, f)| sync_files(o, f, &self.unsynced).err().map(|e| (o, e)))
+            .collect();
         let mut first = None;
         for (o, e) in failed {
             self.mark_damaged(o, &e);
@@ -538,7 +580,7 @@ impl ChunkStore {
             return f(files).map(Some);
         }
         let path = self.path(object);
-        let files = match open_noting_creation(&path, create, self.ring.is_some(), &self.dir_unsynced) {
+        let files = match open_noting_creation(&path, create, self.ring.is_some(), &self.dir_unsynced, &self.unsynced) {
             Ok(files) => files,
             Err(e) if e.kind() == io::ErrorKind::NotFound && !create => return Ok(None),
             Err(e) => return Err(e),
@@ -559,22 +601,34 @@ impl ChunkStore {
 
     /// Cuts or extends the object to `size`; its checksums follow: the
     /// blocks past the end become holes, and a last block cut part-way is
-    /// checksummed again (its cut bytes now read as zeros).
+    /// checksummed again (its cut bytes now read as zeros). In the order
+    /// that a crash at any point leaves no false alarm (module `sums`,
+    /// "Crashes"): the entries first accept both contents, then the data
+    /// changes, then the entries are settled.
     pub fn truncate(&self, object: u64, size: u64) -> io::Result<()> {
         self.with_files(object, true, |f| {
+            let Some(s) = &f.sums else { return f.buffered.set_len(size) };
+            let mut unsynced = self.unsynced.lock();
+            let len = f.buffered.metadata()?.len();
+            // Blocks wholly past the shorter of the two ends read as zeros
+            // after (entries there past the old end are a crash's leftovers).
+            let keep = size.min(len).div_ceil(sums::BLOCK);
+            unsynced.accept_zeros(&f.buffered, s, keep, u64::MAX)?;
+            let cut = (size < len && !size.is_multiple_of(sums::BLOCK)).then_some(size / sums::BLOCK);
+            if let Some(b) = cut {
+                let lo = size % sums::BLOCK;
+                self.begin_zeroing(f, s, &mut unsynced, object, b, lo, sums::BLOCK)?;
+            }
             f.buffered.set_len(size)?;
-            if let Some(s) = &f.sums {
-                let mut unsynced = self.unsynced.lock();
-                if size == 0 {
-                    s.set_len(0)?;
-                    unsynced.forget(object);
-                    return Ok(());
-                }
-                let blocks = size.div_ceil(sums::BLOCK);
-                s.set_len(s.metadata()?.len().min(blocks * sums::ENTRY))?;
-                if !size.is_multiple_of(sums::BLOCK) {
-                    self.rechecksum(f, s, &mut unsynced, object, blocks - 1)?;
-                }
+            injected_crash();
+            if size == 0 {
+                s.set_len(0)?;
+                unsynced.forget(object);
+                return Ok(());
+            }
+            s.set_len(s.metadata()?.len().min(keep * sums::ENTRY))?;
+            if let Some(b) = cut {
+                self.rechecksum(f, s, &mut unsynced, object, b)?;
             }
             Ok(())
         })?;
@@ -582,6 +636,31 @@ impl ChunkStore {
             self.damaged.borrow_mut().remove(&object);
         }
         Ok(())
+    }
+
+    /// Before bytes `[lo, hi)` of block `block` become zeros (a truncate or
+    /// a punch): its entry accepts the content before and after. Nothing
+    /// for a hole.
+    #[allow(clippy::too_many_arguments)]
+    fn begin_zeroing(
+        &self,
+        f: &Files,
+        s: &File,
+        unsynced: &mut sums::UnsyncedInner,
+        object: u64,
+        block: u64,
+        lo: u64,
+        hi: u64,
+    ) -> io::Result<()> {
+        if sums::read_entries(s, block, 1)?[0] == sums::Entry::Hole {
+            return Ok(());
+        }
+        let mut buf = [0u8; sums::BLOCK as usize];
+        let n = sums::read_full(&f.buffered, block * sums::BLOCK, &mut buf)?;
+        let before = sums::block_crc(&buf[..n]);
+        buf[lo as usize..hi as usize].fill(0);
+        let after = sums::block_crc(&buf[..n]);
+        unsynced.begin(s, object, block, &[before], &[after])
     }
 
     /// Checksums block `block` again from the file (after a truncate or a
@@ -599,7 +678,7 @@ impl ChunkStore {
         }
         let mut buf = [0u8; sums::BLOCK as usize];
         let n = sums::read_full(&f.buffered, block * sums::BLOCK, &mut buf)?;
-        unsynced.record(s, object, block, &[sums::block_crc(&buf[..n])])
+        unsynced.settle(s, object, block, &[sums::block_crc(&buf[..n])])
     }
 
     /// `fallocate(2)` on the object's file for an io `Allocate`
@@ -619,21 +698,36 @@ impl ChunkStore {
         use rustix::fs::{fallocate, FallocateFlags};
         if mode.zeroes() {
             self.with_files(object, false, |f| {
+                let Some(s) = f.sums.as_ref().filter(|_| len > 0) else {
+                    return fallocate(&f.buffered, FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE, offset, len)
+                        .map_err(io::Error::from);
+                };
+                // Blocks wholly inside become holes; the blocks at the ends
+                // are checksummed again from what the punch left. Entries
+                // first accept both contents (module `sums`, "Crashes").
+                let mut unsynced = self.unsynced.lock();
+                let end = offset.saturating_add(len);
+                let (first, last) = (offset / sums::BLOCK, (end - 1) / sums::BLOCK);
+                let (inner, inner_end) = (offset.div_ceil(sums::BLOCK), end / sums::BLOCK);
+                unsynced.accept_zeros(&f.buffered, s, inner, inner_end)?;
+                let mut ends = Vec::new();
+                if !offset.is_multiple_of(sums::BLOCK) {
+                    ends.push(first);
+                }
+                if !end.is_multiple_of(sums::BLOCK) && (last != first || offset.is_multiple_of(sums::BLOCK)) {
+                    ends.push(last);
+                }
+                for &b in &ends {
+                    let bs = b * sums::BLOCK;
+                    let (lo, hi) = (offset.max(bs) - bs, end.min(bs + sums::BLOCK) - bs);
+                    self.begin_zeroing(f, s, &mut unsynced, object, b, lo, hi)?;
+                }
                 fallocate(&f.buffered, FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE, offset, len)
                     .map_err(io::Error::from)?;
-                // Blocks wholly inside become holes; the blocks at the ends
-                // are checksummed again from what the punch left.
-                if let (Some(s), true) = (&f.sums, len > 0) {
-                    let mut unsynced = self.unsynced.lock();
-                    let end = offset.saturating_add(len);
-                    let (first, last) = (offset / sums::BLOCK, (end - 1) / sums::BLOCK);
-                    unsynced.punch(s, offset.div_ceil(sums::BLOCK), end / sums::BLOCK)?;
-                    if !offset.is_multiple_of(sums::BLOCK) {
-                        self.rechecksum(f, s, &mut unsynced, object, first)?;
-                    }
-                    if !end.is_multiple_of(sums::BLOCK) && (last != first || offset.is_multiple_of(sums::BLOCK)) {
-                        self.rechecksum(f, s, &mut unsynced, object, last)?;
-                    }
+                injected_crash();
+                unsynced.punch(s, inner, inner_end)?;
+                for &b in &ends {
+                    self.rechecksum(f, s, &mut unsynced, object, b)?;
                 }
                 Ok(())
             })?;
@@ -809,11 +903,20 @@ impl Storage for ChunkStore {
 
     fn write_at(&self, object: u64, offset: u64, buf: &[u8]) -> io::Result<()> {
         self.with_files(object, true, |files| {
+            // The entries first, accepting the content before and after
+            // (a crash in the write leaves either), then the data, then
+            // the entries settled (module `sums`, "Crashes").
+            if let Some(s) = &files.sums {
+                let mut unsynced = self.unsynced.lock();
+                let (first, befores, news) = sums::plan(&files.buffered, s, offset, buf)?;
+                unsynced.begin(s, object, first, &befores, &news)?;
+            }
             self.write_raw(files, offset, buf)?;
+            injected_crash();
             if let Some(s) = &files.sums {
                 let mut unsynced = self.unsynced.lock();
                 let (first, crcs) = sums::written_crcs(&files.buffered, offset, buf)?;
-                unsynced.record(s, object, first, &crcs)?;
+                unsynced.settle(s, object, first, &crcs)?;
             }
             Ok(())
         })
@@ -825,7 +928,7 @@ impl Storage for ChunkStore {
             return Err(ChunkStore::damaged_error(object));
         }
         self.count(|s| s.syncs += 1);
-        let r = self.with_files(object, false, |f| sync_files(object, f, &mut self.unsynced.lock()));
+        let r = self.with_files(object, false, |f| sync_files(object, f, &self.unsynced));
         if let Err(e) = r {
             self.mark_damaged(object, &e);
             return Err(ChunkStore::lost_error(object, &e));
@@ -856,13 +959,16 @@ impl Storage for ChunkStore {
 /// device is accepted by a durable checksum: `sums` module, "Power cut"),
 /// then its data; then its entries written since the last sync accept
 /// only their current checksum.
-fn sync_files(object: u64, f: &Files, unsynced: &mut sums::UnsyncedInner) -> io::Result<()> {
+/// The lock is not held across the fdatasyncs (the background writer would
+/// wait for the device): an entry changed meanwhile is cleaned too, which
+/// is right (a write under way keeps both its contents, module `sums`).
+fn sync_files(object: u64, f: &Files, unsynced: &Unsynced) -> io::Result<()> {
     if let Some(s) = &f.sums {
         s.sync_data()?;
     }
     f.buffered.sync_data()?;
     if let Some(s) = &f.sums {
-        unsynced.clean(s, object)?;
+        unsynced.lock().clean(s, object)?;
     }
     Ok(())
 }
@@ -903,7 +1009,13 @@ impl ChunkStore {
 
     fn report_bad(&self, bad: &[BadBlock]) {
         self.count(|s| s.checksum_errors += bad.len() as u64);
-        let mut logged = self.logged.borrow_mut();
+        let mut guard = self.logged.borrow_mut();
+        let (logged, since) = &mut *guard;
+        let now = std::time::Instant::now();
+        if since.is_none_or(|t| now.duration_since(t) >= LOGGED_WINDOW) {
+            logged.clear();
+            *since = Some(now);
+        }
         for b in bad {
             if logged.len() < LOGGED_BAD_BLOCKS && logged.insert((b.object, b.offset)) {
                 tracing::error!(
@@ -950,6 +1062,88 @@ impl ChunkStore {
             self.report_bad(&bad);
         }
         Ok(bad)
+    }
+
+    /// One object's part of a scrub slice: from `start` (block-aligned),
+    /// reads at most `budget` bytes of its *data* from the device and
+    /// verifies each block; its holes (`SEEK_DATA`/`SEEK_HOLE`) are not
+    /// read, only their entries checked (a hole must read as zeros), so a
+    /// sparse 16 TiB file costs what its data and sidecar extents cost.
+    /// Stops at `deadline` once something was read. The object's files are
+    /// used if open and otherwise opened for this call only (the open
+    /// table of hot objects is left alone). An object without a sidecar
+    /// is read all the same (a device error surfaces), unverified.
+    /// `Ok(None)`: no such object.
+    pub fn scrub_part(
+        &self,
+        object: u64,
+        start: u64,
+        budget: u64,
+        deadline: std::time::Instant,
+    ) -> io::Result<Option<ScrubPart>> {
+        use rustix::fs::{seek, SeekFrom};
+        let own = match self.open.borrow().contains_key(&object) {
+            true => None,
+            false => match open_files(&self.path(object), false, false) {
+                Ok(f) => Some(f),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+                Err(e) => return Err(e),
+            },
+        };
+        let open = self.open.borrow();
+        let files = own.as_ref().or_else(|| open.get(&object)).expect("opened above");
+        let size = files.buffered.metadata()?.len();
+        let mut part = ScrubPart { verified: files.sums.is_some(), size, end: start, read: 0, bad: Vec::new() };
+        if files.sums.is_none() && self.all_checksummed && start == 0 {
+            tracing::error!(
+                "object {object:x} on this server's disk ({}) has no checksum sidecar though every object here should \
+                 have one (lost): it is served unverified",
+                self.dir.display()
+            );
+            part.bad.push(BadBlock { object, offset: sums::NO_SIDECAR });
+        }
+        let mut buf = vec![0u8; 1 << 20];
+        let mut at = start - start % sums::BLOCK;
+        while at < size && part.read < budget && (part.read == 0 || std::time::Instant::now() < deadline) {
+            let data = match seek(&files.buffered, SeekFrom::Data(at)) {
+                Ok(d) => d.min(size),
+                Err(rustix::io::Errno::NXIO) => size,
+                Err(e) => return Err(e.into()),
+            };
+            let data = data - data % sums::BLOCK;
+            if data > at {
+                if let Some(s) = &files.sums {
+                    part.bad.extend(sums::check_hole(s, object, at / sums::BLOCK, data / sums::BLOCK)?);
+                }
+                at = data;
+                continue;
+            }
+            let hole = match seek(&files.buffered, SeekFrom::Hole(at)) {
+                Ok(h) => h.min(size),
+                Err(rustix::io::Errno::NXIO) => size,
+                Err(e) => return Err(e.into()),
+            };
+            let stop = hole.max(at + 1).min(at + (budget - part.read)).min(at + buf.len() as u64);
+            let want = ((stop - at).div_ceil(sums::BLOCK) * sums::BLOCK) as usize;
+            let n = std::num::NonZeroU64::new(want as u64);
+            let _ = rustix::fs::fadvise(&files.buffered, at, n, rustix::fs::Advice::DontNeed);
+            let n = sums::read_full(&files.buffered, at, &mut buf[..want])?;
+            if let Some(s) = &files.sums {
+                part.bad.extend(sums::verify(&files.buffered, s, object, at, &buf[..n], n < want)?);
+            }
+            part.read += n as u64;
+            at += n as u64;
+            if n < want {
+                at = at.max(size);
+                break;
+            }
+        }
+        part.end = at.min(size);
+        let blocks: Vec<BadBlock> = part.bad.iter().copied().filter(|b| b.offset != sums::NO_SIDECAR).collect();
+        if !blocks.is_empty() {
+            self.report_bad(&blocks);
+        }
+        Ok(Some(part))
     }
 
     /// Whether the object has a checksum sidecar (`None`: no such object).
@@ -1055,6 +1249,20 @@ impl ChunkStore {
     }
 }
 
+/// What [`ChunkStore::scrub_part`] did with one object.
+#[derive(Debug)]
+pub struct ScrubPart {
+    /// It has a checksum sidecar (otherwise read, not verified).
+    pub verified: bool,
+    /// Its length.
+    pub size: u64,
+    /// Where this part stopped (`size`: the object is done).
+    pub end: u64,
+    /// Bytes read from the device (holes are not).
+    pub read: u64,
+    pub bad: Vec<BadBlock>,
+}
+
 /// The error of a read that met a bad block (answered `EIO`).
 fn checksum_error(b: BadBlock) -> io::Error {
     io::Error::other(format!(
@@ -1064,20 +1272,40 @@ fn checksum_error(b: BadBlock) -> io::Error {
 }
 
 /// [`open_files`], and if it had to create the file, a note that the
-/// directory needs an fsync before the next sync counts as durable.
-fn open_noting_creation(path: &Path, create: bool, direct: bool, dir_unsynced: &AtomicBool) -> io::Result<Files> {
+/// directory needs an fsync before the next sync counts as durable. The
+/// loop and the background writer may both create the same new object:
+/// the creation is done under the `unsynced` lock (which every sidecar
+/// update takes), looking again under it, so a sidecar another writer
+/// already created and filled is never emptied.
+fn open_noting_creation(
+    path: &Path,
+    create: bool,
+    direct: bool,
+    dir_unsynced: &AtomicBool,
+    unsynced: &Unsynced,
+) -> io::Result<Files> {
     match open_files(path, false, direct) {
-        Err(e) if create && e.kind() == io::ErrorKind::NotFound => {
-            // The sidecar first, emptied (a leftover of a removed object
-            // must not describe the new one): a chunk file without one is
-            // taken for a file from before checksums.
-            OpenOptions::new().write(true).create(true).truncate(true).open(sums::sidecar_path(path))?;
-            let f = open_files(path, true, direct)?;
-            dir_unsynced.store(true, Ordering::SeqCst);
-            Ok(f)
-        }
+        Err(e) if create && e.kind() == io::ErrorKind::NotFound => create_files(path, direct, dir_unsynced, unsynced),
         r => r,
     }
+}
+
+/// The creating half of [`open_noting_creation`], after an open found no
+/// chunk file: under the lock, looks again (another writer may have
+/// created it since) and creates only if it still is not there.
+fn create_files(path: &Path, direct: bool, dir_unsynced: &AtomicBool, unsynced: &Unsynced) -> io::Result<Files> {
+    let _creating = unsynced.lock();
+    match open_files(path, false, direct) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        r => return r,
+    }
+    // The sidecar first, emptied (a leftover of a removed object must not
+    // describe the new one): a chunk file without one is taken for a file
+    // from before checksums.
+    OpenOptions::new().write(true).create(true).truncate(true).open(sums::sidecar_path(path))?;
+    let f = open_files(path, true, direct)?;
+    dir_unsynced.store(true, Ordering::SeqCst);
+    Ok(f)
 }
 
 /// Opens an object's file (creating it with `create`), and with `direct`
@@ -1135,10 +1363,23 @@ impl BackgroundStorage for ChunkBackground {
         let mut files: HashMap<u64, io::Result<Files>> = HashMap::new();
         for w in writes {
             let path = self.dir.join(format!("{:016x}", w.object));
-            files
-                .entry(w.object)
-                .or_insert_with(|| open_noting_creation(&path, true, self.ring.is_some(), &self.dir_unsynced));
+            files.entry(w.object).or_insert_with(|| {
+                open_noting_creation(&path, true, self.ring.is_some(), &self.dir_unsynced, &self.unsynced)
+            });
         }
+        // The entries of every write first (module `sums`, "Crashes"): a
+        // write whose entries could not be begun is not made, and fails.
+        let mut begun: Vec<io::Result<()>> = {
+            let mut unsynced = self.unsynced.lock();
+            writes
+                .iter()
+                .map(|w| match &files[&w.object] {
+                    Ok(Files { buffered, sums: Some(s), .. }) => sums::plan(buffered, s, w.offset, w.buf)
+                        .and_then(|(first, befores, news)| unsynced.begin(s, w.object, first, &befores, &news)),
+                    _ => Ok(()),
+                })
+                .collect()
+        };
         let mut results: Vec<io::Result<()>> = Vec::with_capacity(writes.len());
         // Buffered parts first (heads, tails, whole unaligned writes), then
         // every direct middle of the batch in one submission.
@@ -1151,6 +1392,10 @@ impl BackgroundStorage for ChunkBackground {
                     continue;
                 }
             };
+            if let Err(e) = std::mem::replace(&mut begun[i], Ok(())) {
+                results.push(Err(e));
+                continue;
+            }
             let res = match f.direct.as_ref().zip(split(w.offset, w.buf)) {
                 Some((_, (head, middle))) => {
                     direct.push((i, w.offset + head as u64, &w.buf[head..head + middle]));
@@ -1190,14 +1435,16 @@ impl BackgroundStorage for ChunkBackground {
                 }
             }
         }
-        // Checksums of what was written (module `sums`): a write whose
-        // checksum could not be recorded fails, and is written again.
+        injected_crash();
+        // The entries settled to what was written (module `sums`): a write
+        // whose checksums could not be recorded fails, and is written again
+        // (its entries still accept what it wrote).
         let mut unsynced = self.unsynced.lock();
         for (w, res) in writes.iter().zip(results.iter_mut()) {
             if let (Ok(()), Some(Ok(f))) = (&res, files.get(&w.object)) {
                 if let Some(s) = &f.sums {
                     *res = sums::written_crcs(&f.buffered, w.offset, w.buf)
-                        .and_then(|(first, crcs)| unsynced.record(s, w.object, first, &crcs));
+                        .and_then(|(first, crcs)| unsynced.settle(s, w.object, first, &crcs));
                 }
             }
         }
@@ -1210,6 +1457,23 @@ impl BackgroundStorage for ChunkBackground {
         total.background_batches += st.background_batches;
         total.ring_enters += st.ring_enters;
         results
+    }
+}
+
+/// Fault injection for the crash tests (`tests/checksums.rs`): a process
+/// killed between a write of data and the settling of its checksums
+/// cannot be timed from outside. If `DAFNE_FAULT_CRASH_AFTER_DATA` names a
+/// file that exists, the write that reaches this point removes it and the
+/// process dies at once (`SIGKILL` to itself: no unwinding, no flush; what
+/// it wrote is in the page cache, as after a `kill -9`). Nothing happens
+/// without the variable.
+fn injected_crash() {
+    static FLAG: std::sync::OnceLock<Option<std::ffi::OsString>> = std::sync::OnceLock::new();
+    if let Some(flag) = FLAG.get_or_init(|| std::env::var_os("DAFNE_FAULT_CRASH_AFTER_DATA")) {
+        if std::fs::remove_file(flag).is_ok() {
+            let _ = rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL);
+            std::process::abort();
+        }
     }
 }
 
@@ -1348,5 +1612,23 @@ mod tests {
             s.remove(9).unwrap();
             assert!(!sums::sidecar_path(&path).exists());
         }
+    }
+
+    /// Review defect 4: the loop and the background writer both found a
+    /// new object missing; the first created it and recorded checksums;
+    /// the second's creation must not empty its sidecar.
+    #[test]
+    fn a_second_creation_of_an_object_keeps_the_first_ones_checksums() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("0000000000000007");
+        let (dir_unsynced, unsynced) = (AtomicBool::new(false), Unsynced::default());
+        let a = create_files(&path, false, &dir_unsynced, &unsynced).unwrap();
+        let s = a.sums.as_ref().unwrap();
+        unsynced.lock().settle(s, 7, 0, &[sums::block_crc(b"abc")]).unwrap();
+        a.buffered.write_all_at(b"abc", 0).unwrap();
+        // The second writer, whose open failed before the first created it.
+        let b = create_files(&path, false, &dir_unsynced, &unsynced).unwrap();
+        let entry = sums::read_entries(b.sums.as_ref().unwrap(), 0, 1).unwrap()[0];
+        assert!(entry.accepts(sums::block_crc(b"abc")), "the sidecar was emptied: {entry:?}");
     }
 }

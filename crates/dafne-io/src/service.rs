@@ -216,7 +216,16 @@ pub struct IoService {
     /// Connections that logged in with the cluster secret (not a
     /// credential): the only ones allowed to `Scrub`.
     root_conns: RefCell<std::collections::HashSet<u32>>,
+    /// The objects of the scrub under way (`scrub`).
+    scrub_list: RefCell<Vec<u64>>,
 }
+
+/// Objects one scrub slice may visit at most (each costs an open, a stat
+/// and a wait for its write-backs even if empty).
+const SCRUB_SLICE_OBJECTS: usize = 64;
+/// The time after which a scrub slice stops (at the next object or 1 MiB
+/// piece), so that requests queued behind it wait little.
+const SCRUB_SLICE_TIME: Duration = Duration::from_millis(10);
 
 /// The least time between two warnings about refused logins.
 const LOGIN_WARN_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
@@ -287,6 +296,7 @@ impl IoService {
             frrwp_served: Default::default(),
             frrwp_refused: Default::default(),
             root_conns: Default::default(),
+            scrub_list: Default::default(),
         }
     }
 
@@ -585,12 +595,23 @@ impl IoService {
     /// from `(object, offset)` on, from the device, and verifies every
     /// block. An object's write-backs in flight are waited for first (the
     /// background writer's data and checksum are then both in the files).
+    /// A slice is bounded by bytes, by [`SCRUB_SLICE_OBJECTS`] and by
+    /// [`SCRUB_SLICE_TIME`] too, so that serving goes on between slices
+    /// whatever the objects (thousands of tiny ones, huge sparse ones: holes
+    /// are not read, `ChunkStore::scrub_part`). The object list is made at
+    /// a scrub's first slice and kept for the next ones (objects created
+    /// meanwhile are checked by the next scrub).
     async fn scrub(&self, object: u64, offset: u64) -> Result<ScrubSlice, Errno> {
         let mut out = ScrubSlice::default();
         let mut budget = SCRUB_SLICE_BYTES;
-        let objects = self.store.objects().map_err(eio("scrub: listing the objects"))?;
-        for o in objects.into_iter().filter(|&o| o >= object) {
-            if budget == 0 {
+        let deadline = std::time::Instant::now() + SCRUB_SLICE_TIME;
+        if (object, offset) == (0, 0) || self.scrub_list.borrow().is_empty() {
+            *self.scrub_list.borrow_mut() = self.store.objects().map_err(eio("scrub: listing the objects"))?;
+        }
+        let list = self.scrub_list.borrow().clone();
+        let from = list.partition_point(|&o| o < object);
+        for (done, &o) in list[from..].iter().enumerate() {
+            if budget == 0 || (done > 0 && (done >= SCRUB_SLICE_OBJECTS || std::time::Instant::now() >= deadline)) {
                 out.next = Some((o, 0));
                 break;
             }
@@ -598,32 +619,26 @@ impl IoService {
             if let Backend::Unifier(u) = &self.backend {
                 u.quiesce(o).await;
             }
-            match self.store.has_sums(o).map_err(eio("scrub: opening an object"))? {
-                None => continue, // removed meanwhile
-                Some(false) => {
-                    out.objects += 1;
-                    out.unverified += 1;
-                    continue;
-                }
-                Some(true) => {}
-            }
-            let size = self.store.size(o).map_err(eio("scrub: stat"))?;
-            let len = size.saturating_sub(start).min(budget);
-            let bad = self.store.check_range(o, start, len, true).map_err(eio("scrub: reading"))?;
-            for b in bad {
+            let Some(part) = self.store.scrub_part(o, start, budget, deadline).map_err(eio("scrub: reading"))? else {
+                continue; // removed meanwhile
+            };
+            for b in part.bad {
                 if out.bad.len() < MAX_SCRUB_BAD {
                     out.bad.push((b.object, b.offset));
                 } else {
                     out.more_bad += 1;
                 }
             }
-            out.bytes += len;
-            budget -= len;
-            if start + len < size {
-                out.next = Some((o, start + len));
+            out.bytes += part.read;
+            budget = budget.saturating_sub(part.read);
+            if part.end < part.size {
+                out.next = Some((o, part.end));
                 break;
             }
             out.objects += 1;
+            if !part.verified {
+                out.unverified += 1;
+            }
         }
         Ok(out)
     }

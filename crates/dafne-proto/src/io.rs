@@ -1082,7 +1082,9 @@ pub struct ScrubSlice {
     pub unverified: u64,
     /// Bytes read and verified.
     pub bytes: u64,
-    /// Bad blocks: (object, offset of the 4 KiB block).
+    /// Bad blocks: (object, offset of the 4 KiB block); offset `u64::MAX`:
+    /// the object's checksum sidecar is missing where every object should
+    /// have one (it was lost; the object is read unverified).
     pub bad: Vec<(u64, u64)>,
     /// Bad blocks past [`MAX_SCRUB_BAD`], not named.
     pub more_bad: u64,

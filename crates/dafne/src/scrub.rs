@@ -58,7 +58,13 @@ pub fn scrub(a: ScrubArgs) -> Result<()> {
                     s.objects, s.bytes
                 );
                 for (o, off) in &s.bad {
-                    println!("  bad block: object {o:016x} offset {off}: no replica to repair from");
+                    match *off {
+                        u64::MAX => println!(
+                            "  object {o:016x}: its checksum sidecar is missing (lost): read unverified, no replica to \
+                             repair from"
+                        ),
+                        off => println!("  bad block: object {o:016x} offset {off}: no replica to repair from"),
+                    }
                 }
                 if s.more_bad > 0 {
                     println!("  and {} more bad blocks (see the server's log)", s.more_bad);

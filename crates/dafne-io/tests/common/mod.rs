@@ -118,8 +118,22 @@ pub fn spawn_io(dir: &Path, secret: &Path, cache_mib: usize, listen: &str) -> Io
 /// Starts `dafne-io` with `--storage storage` and waits for its address
 /// (a server that cannot serve that way exits, and this panics).
 pub fn spawn_io_storage(dir: &Path, secret: &Path, cache_mib: usize, listen: &str, storage: &str) -> IoProc {
+    spawn_io_env(dir, secret, cache_mib, listen, storage, &[])
+}
+
+/// [`spawn_io_storage`] with extra environment variables (fault injection).
+#[allow(dead_code)]
+pub fn spawn_io_env(
+    dir: &Path,
+    secret: &Path,
+    cache_mib: usize,
+    listen: &str,
+    storage: &str,
+    env: &[(&str, &std::ffi::OsStr)],
+) -> IoProc {
     let mut child = Command::new(env!("CARGO_BIN_EXE_dafne-io"))
         .env("DAFNE_DATA_PATH", data_path())
+        .envs(env.iter().copied())
         .args(["--data-dir", dir.to_str().unwrap(), "--secret", secret.to_str().unwrap(), "--listen", listen])
         .args(["--cache-mib", &cache_mib.to_string(), "--storage", storage])
         .args(ucx_args().into_iter().flat_map(|kv| ["--ucx".to_string(), kv]))
