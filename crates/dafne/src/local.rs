@@ -32,8 +32,9 @@
 //! (`dafne_auth`'s module docs, "Revocation").
 //!
 //! # Relaying revocations
-//! The same thread relays meta's revocation log to the io servers every
-//! [`RELAY_EVERY`]: it asks meta (as uid 0) for the entries after the last
+//! A thread per io server relays meta's revocation log to it every
+//! [`RELAY_EVERY`] (one per server, so that a host that does not answer
+//! delays nothing but its own servers): it asks meta (as uid 0) for the entries after the last
 //! one each io server reports having applied, and sends them on. Meta signs
 //! each batch; an io server checks the signature and that the batch
 //! follows on from what it has, so the relay is trusted with nothing but
@@ -69,7 +70,7 @@ use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -969,7 +970,7 @@ fn supervise_locked(dir: &Path) -> Result<()> {
     // Where the metadata server runs: the reclaimer and the revocation
     // relay (they reach every io server, on whichever host).
     if !stop.load(Ordering::Relaxed) && runs_meta {
-        let r = Reclaimer::new(&info, c.cluster.reclaim_after_s);
+        let r = Reclaimer::new(&info, c.cluster.reclaim_after_s)?;
         let stop = stop.clone();
         std::thread::Builder::new()
             .name("reclaimer".into())
@@ -1055,126 +1056,200 @@ fn supervise_locked(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The reclaimer (module docs, "Reclaiming deleted files' data"). Its
-/// connections are made at its first round, after the cluster is up, and
-/// again after a round that could not make them; once made, they
-/// reconnect by themselves.
+/// The reclaimer (module docs, "Reclaiming deleted files' data") and the
+/// revocation relay. One transport runtime (one UCX context and worker)
+/// serves them for the supervisor's whole life: a failed connection
+/// attempt drops its endpoints in that worker (forced closed when the peer
+/// never answered) rather than a whole runtime each time. Each io server
+/// has a connection of its own, made and used by a relay thread of its
+/// own, so that a host that does not answer (a connect or a call waiting
+/// out its timeout) holds up nothing but its own servers: revocations
+/// still reach the others within [`RELAY_EVERY`] or so.
 struct Reclaimer {
-    meta: SocketAddr,
-    io: Vec<SocketAddr>,
-    ucx: Vec<(String, String)>,
-    secret: PathBuf,
     after_s: u32,
-    conn: Option<ReclaimerConn>,
-    /// Per io server, the (meta instance, log sequence) it last reported
-    /// having applied ((0, 0): nothing yet, or not asked yet).
-    applied: Vec<(u64, u64)>,
+    shared: Arc<ReclaimShared>,
 }
 
-struct ReclaimerConn {
-    // Kept alive for the two clients below.
-    _rt: dafne_transport::Runtime,
-    meta: dafne_client::MetaSession,
-    data: dafne_client::data::DataClient,
-    secret: dafne_auth::Secret,
+/// What the reclaimer's threads share: the runtime, the metadata session
+/// (made by the reclaimer's thread) and one data connection per io server
+/// (each made by that server's relay thread).
+struct ReclaimShared {
+    meta_addr: SocketAddr,
+    io_addrs: Vec<SocketAddr>,
+    secret_path: PathBuf,
+    rt: dafne_transport::Runtime,
+    meta: Mutex<Option<(dafne_client::MetaSession, dafne_auth::Secret)>>,
+    /// Per io server, a client of that one server (its id there is 0).
+    io: Vec<Mutex<Option<dafne_client::data::DataClient>>>,
+}
+
+impl ReclaimShared {
+    fn meta(&self) -> Option<(dafne_client::MetaSession, dafne_auth::Secret)> {
+        self.meta.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn secret(&self) -> Result<dafne_auth::Secret> {
+        dafne_auth::Secret::load(&self.secret_path)
+            .with_context(|| format!("reading the cluster secret {}", self.secret_path.display()))
+    }
+
+    /// The metadata session, made if there is none yet.
+    fn meta_or_connect(&self) -> Result<(dafne_client::MetaSession, dafne_auth::Secret)> {
+        if let Some(m) = self.meta() {
+            return Ok(m);
+        }
+        let secret = self.secret()?;
+        let meta = dafne_client::MetaSession::connect(&self.rt, self.meta_addr, &secret, "reclaimer", 0, 0)
+            .context("connecting to the metadata server")?;
+        *self.meta.lock().unwrap_or_else(|p| p.into_inner()) = Some((meta.clone(), secret.clone()));
+        Ok((meta, secret))
+    }
+
+    /// Io server `server`'s client, made if there is none yet (this
+    /// blocks while that server does not answer: only its own thread
+    /// calls this).
+    fn io_or_connect(&self, server: usize) -> Result<dafne_client::data::DataClient> {
+        if let Some(d) = self.io[server].lock().unwrap_or_else(|p| p.into_inner()).clone() {
+            return Ok(d);
+        }
+        let secret = self.secret()?;
+        let addr = self.io_addrs[server];
+        let d = dafne_client::data::DataClient::connect(&self.rt, &[addr], &secret)
+            .with_context(|| format!("connecting to io-{server} at {addr}"))?;
+        *self.io[server].lock().unwrap_or_else(|p| p.into_inner()) = Some(d.clone());
+        Ok(d)
+    }
 }
 
 impl Reclaimer {
-    fn new(info: &ClusterInfo, after_s: u32) -> Reclaimer {
-        Reclaimer {
-            meta: info.meta,
-            io: info.io.clone(),
-            ucx: info.ucx.clone(),
-            secret: info.secret.clone(),
+    fn new(info: &ClusterInfo, after_s: u32) -> Result<Reclaimer> {
+        let rt = dafne_transport::Runtime::new(dafne_transport::RuntimeOptions {
+            name: "reclaimer".into(),
+            ucx_config: info.ucx.clone(),
+            ..Default::default()
+        })
+        .context("starting the reclaimer's transport")?;
+        Ok(Reclaimer {
             after_s,
-            conn: None,
-            applied: vec![(0, 0); info.io.len()],
-        }
+            shared: Arc::new(ReclaimShared {
+                meta_addr: info.meta,
+                io_addrs: info.io.clone(),
+                secret_path: info.secret.clone(),
+                rt,
+                meta: Mutex::new(None),
+                io: info.io.iter().map(|_| Mutex::new(None)).collect(),
+            }),
+        })
+    }
+
+    fn every(&self) -> Duration {
+        Duration::from_secs(u64::from(self.after_s / 2).clamp(1, 5))
     }
 
     /// A round every `reclaim_after_s / 2` seconds, between 1 and 5 (the
-    /// first at once), and a relay of revocations every [`RELAY_EVERY`],
-    /// until `stop`, which is looked at as often.
-    fn run(mut self, stop: &AtomicBool) {
-        let every = Duration::from_secs(u64::from(self.after_s / 2).clamp(1, 5));
-        // The first round at once: it makes the connections the relay uses.
-        let mut next = std::time::Instant::now();
+    /// first at once), until `stop`; and one relay thread per io server
+    /// ([`Reclaimer::relay_thread`]). Returns when they all stopped.
+    fn run(self, stop: &AtomicBool) {
+        let every = self.every();
+        std::thread::scope(|s| {
+            for server in 0..self.shared.io_addrs.len() {
+                let shared = &self.shared;
+                let _ = std::thread::Builder::new()
+                    .name(format!("relay-io-{server}"))
+                    .spawn_scoped(s, move || Self::relay_thread(shared, server, every, stop));
+            }
+            let mut next = Instant::now();
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(RELAY_EVERY);
+                if Instant::now() < next {
+                    continue;
+                }
+                // While the cluster stops, failures are expected, not errors
+                // (`down` reports every `error:` line of this log).
+                if let Err(e) = self.round(stop) {
+                    if !stop.load(Ordering::Relaxed) {
+                        println!("error: reclaiming deleted files' data: {e:#} (retried in {}s)", every.as_secs());
+                    }
+                }
+                next = Instant::now() + every;
+            }
+        });
+    }
+
+    /// Relays revocations to io server `server` every [`RELAY_EVERY`]
+    /// (module docs, "Relaying revocations"): the batch that follows what
+    /// it reports having applied. A server that did not answer keeps its
+    /// position and is tried again next time; its connection is made again
+    /// at most every `every` while it cannot be.
+    fn relay_thread(shared: &ReclaimShared, server: usize, every: Duration, stop: &AtomicBool) {
+        // (meta instance, log sequence) last applied ((0, 0): not asked yet).
+        let mut at = (0u64, 0u64);
+        let mut next_connect = Instant::now();
         while !stop.load(Ordering::Relaxed) {
             std::thread::sleep(RELAY_EVERY);
-            // Failures here are the round's to report (the same connections).
-            let _ = self.relay();
-            if std::time::Instant::now() < next {
-                continue;
-            }
-            // While the cluster stops, failures are expected, not errors
-            // (`down` reports every `error:` line of this log).
-            if let Err(e) = self.round(stop) {
-                if !stop.load(Ordering::Relaxed) {
-                    println!("error: reclaiming deleted files' data: {e:#} (retried in {}s)", every.as_secs());
+            let Some((meta, secret)) = shared.meta() else { continue };
+            if shared.io[server].lock().unwrap_or_else(|p| p.into_inner()).is_none() {
+                if Instant::now() < next_connect {
+                    continue;
                 }
+                next_connect = Instant::now() + every;
             }
-            next = std::time::Instant::now() + every;
-        }
-    }
-
-    fn connect(&self) -> Result<ReclaimerConn> {
-        let secret = dafne_auth::Secret::load(&self.secret)
-            .with_context(|| format!("reading the cluster secret {}", self.secret.display()))?;
-        let rt = dafne_transport::Runtime::new(dafne_transport::RuntimeOptions {
-            name: "reclaimer".into(),
-            ucx_config: self.ucx.clone(),
-            ..Default::default()
-        })?;
-        let meta = dafne_client::MetaSession::connect(&rt, self.meta, &secret, "reclaimer", 0, 0)?;
-        let data = dafne_client::data::DataClient::connect(&rt, &self.io, &secret)?;
-        Ok(ReclaimerConn { _rt: rt, meta, data, secret })
-    }
-
-    /// One relay of revocations (module docs, "Relaying revocations"): per
-    /// io server, the batch that follows what it applied; meta is asked
-    /// once per distinct position (usually once). An io server that did
-    /// not answer keeps its position and is tried again next time.
-    fn relay(&mut self) -> Result<()> {
-        let Some(c) = &self.conn else { return Ok(()) };
-        let mut batches: Vec<((u64, u64), dafne_proto::Revocations)> = Vec::new();
-        let cap = dafne_client::data::object_capability(&c.secret, 0);
-        for (server, at) in self.applied.iter_mut().enumerate() {
-            let batch = match batches.iter().find(|(k, _)| k == at) {
-                Some((_, b)) => b.clone(),
-                None => {
-                    let b = c.meta.revocations(at.0, at.1).context("asking meta for revocations")?;
-                    batches.push((*at, b.clone()));
-                    b
-                }
-            };
-            if let Ok(now) = block_on(c.data.revoke(server, cap, batch)) {
-                *at = now;
+            // Failures are the round's to report (a server that is down).
+            let Ok(data) = shared.io_or_connect(server) else { continue };
+            let Ok(batch) = meta.revocations(at.0, at.1) else { continue };
+            let cap = dafne_client::data::object_capability(&secret, 0);
+            if let Ok(now) = block_on(data.revoke(0, cap, batch)) {
+                at = now;
             }
         }
-        Ok(())
     }
 
     /// One round: list, remove, forget. An object whose removal failed
-    /// stays listed and is tried again next round.
-    fn round(&mut self, stop: &AtomicBool) -> Result<()> {
-        if self.conn.is_none() {
-            self.conn = Some(self.connect().context("connecting to the cluster")?);
-        }
-        let Some(c) = &self.conn else { return Ok(()) };
+    /// (one of its servers not connected yet, or failing) stays listed and
+    /// is tried again next round.
+    fn round(&self, stop: &AtomicBool) -> Result<()> {
+        let (meta, secret) = self.shared.meta_or_connect()?;
         let (orphans, generation) =
-            c.meta.list_orphans_at(self.after_s, dafne_proto::MAX_ORPHANS as u32).context("listing orphans")?;
+            meta.list_orphans_at(self.after_s, dafne_proto::MAX_ORPHANS as u32).context("listing orphans")?;
         let mut removed = Vec::with_capacity(orphans.len());
-        for o in orphans {
-            let cap = dafne_client::data::removal_capability(&c.secret, o.object_id, generation);
-            match block_on(c.data.remove_object(&o.servers, cap)) {
-                Ok(()) | Err(dafne_client::Errno::ENOENT) => removed.push(o.object_id),
-                Err(_) if stop.load(Ordering::Relaxed) => return Ok(()),
-                Err(e) => println!("error: removing the data of deleted object {}: {e} (retried later)", o.object_id),
+        let mut unreachable = std::collections::BTreeSet::new();
+        'objects: for o in orphans {
+            let cap = dafne_client::data::removal_capability(&secret, o.object_id, generation);
+            let mut servers = o.servers.clone();
+            servers.sort_unstable();
+            servers.dedup();
+            for server in servers {
+                let client = self
+                    .shared
+                    .io
+                    .get(server as usize)
+                    .and_then(|c| c.lock().unwrap_or_else(|p| p.into_inner()).clone());
+                let Some(client) = client else {
+                    // Not connected yet (its relay thread makes it).
+                    unreachable.insert(server);
+                    continue 'objects;
+                };
+                match block_on(client.remove_object(&[0], cap)) {
+                    Ok(()) | Err(dafne_client::Errno::ENOENT) => {}
+                    Err(_) if stop.load(Ordering::Relaxed) => return Ok(()),
+                    Err(e) => {
+                        println!(
+                            "error: removing the data of deleted object {} from io-{server}: {e} (retried later)",
+                            o.object_id
+                        );
+                        continue 'objects;
+                    }
+                }
             }
+            removed.push(o.object_id);
+        }
+        if !unreachable.is_empty() {
+            let names: Vec<String> = unreachable.iter().map(|s| format!("io-{s}")).collect();
+            println!("error: reclaiming deleted files' data: not connected to {} (retried later)", names.join(", "));
         }
         if !removed.is_empty() {
             let n = removed.len();
-            c.meta.forget_orphans(removed).context("forgetting reclaimed orphans")?;
+            meta.forget_orphans(removed).context("forgetting reclaimed orphans")?;
             println!("reclaimed the data of {n} deleted file(s)");
         }
         Ok(())

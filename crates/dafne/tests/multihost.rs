@@ -546,3 +546,219 @@ fn the_foreground_supervisor_serves_until_sigterm() {
     let states = std::fs::read_to_string(dir.path().join("servers.json")).unwrap();
     assert_eq!(states.matches("\"stopped\"").count(), 2, "{states}");
 }
+
+/// The revoking client of `a_silent_host_neither_leaks_nor_delays_revocations`:
+/// this test's binary run again in the metadata server's namespace (it
+/// logs in with the cluster secret there) with this variable set to
+/// "CLUSTER_DIR\nREADY_FILE\nGO_FILE".
+const REVOKER_ROLE: &str = "DAFNE_MULTIHOST_REVOKER";
+const SILENT_TEST: &str = "a_silent_host_neither_leaks_nor_delays_revocations";
+
+/// Before the cut: a file of mode 0666 on io server 1 (io2's), written by
+/// root; then READY_FILE, and a wait for GO_FILE. After: user 1000 opens
+/// it, keeps the capability and closes; the capability writes (io2
+/// honours it); root chmods the file 0600, and the capability is tried
+/// until io2 refuses it (`ESTALE`: meta's revocation, relayed by the
+/// supervisor), for at most 60 s. Prints `revoked after N ms`.
+fn revoker(spec: &str) {
+    let mut it = spec.split('\n');
+    let (dir, ready, go) = (it.next().unwrap(), it.next().unwrap(), it.next().unwrap());
+    let info: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(Path::new(dir).join("cluster.json")).unwrap()).unwrap();
+    let addr = |v: &serde_json::Value| v.as_str().unwrap().parse::<std::net::SocketAddr>().unwrap();
+    let meta = addr(&info["meta"]);
+    let io: Vec<std::net::SocketAddr> = info["io"].as_array().unwrap().iter().map(addr).collect();
+    let ucx: Vec<(String, String)> = serde_json::from_value(info["ucx"].clone()).unwrap();
+    let secret = dafne_auth::Secret::load(Path::new(info["secret"].as_str().unwrap())).unwrap();
+    let rt = dafne_transport::Runtime::new(dafne_transport::RuntimeOptions {
+        name: "revoker".into(),
+        ucx_config: ucx,
+        ..Default::default()
+    })
+    .unwrap();
+    let data = dafne_client::data::DataClient::connect(&rt, &io, &secret).unwrap();
+    let session = |uid| dafne_client::MetaSession::connect(&rt, meta, &secret, "revoker", uid, uid).unwrap();
+    let root = dafne_client::file::Fs::new(session(0), data.clone());
+    let hint = dafne_proto::LayoutHint { stripe_unit: 65536, stripe_count: 1 };
+    let payload = pattern(65536, 7);
+    let ino = (0..64)
+        .find_map(|k| {
+            let f = root.create(root.meta.root(), format!("r{k}").as_bytes(), 0o666, Some(hint)).unwrap();
+            let on_io2 = f.handle().layout.servers == [1];
+            if on_io2 {
+                f.write_at(0, &payload, dafne_proto::io::Stability::FileSync).unwrap();
+            }
+            let ino = f.attr().ino;
+            f.close().unwrap();
+            on_io2.then_some(ino)
+        })
+        .expect("no file of 64 placed on io server 1");
+    std::fs::write(ready, "").unwrap();
+    while !Path::new(go).exists() {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Meta restarted meanwhile: the root session reconnects by itself.
+    let attacker = session(1000);
+    let stolen = attacker.open(ino, dafne_proto::OPEN_READ | dafne_proto::OPEN_WRITE).unwrap();
+    attacker.close(stolen.layout.object_id).unwrap();
+    let write = |f: &dafne_client::OpenFile| {
+        futures::executor::block_on(data.write_at(f, 0, &payload[..4096], dafne_proto::io::Stability::FileSync))
+    };
+    assert_eq!(write(&stolen), Ok(4096), "io2 honours the capability before the chmod");
+    let mut tries = 0;
+    while let Err(e) = root.meta.setattr(ino, dafne_proto::SetAttr { mode: Some(0o600), ..Default::default() }) {
+        tries += 1;
+        assert!(tries < 100, "chmod kept failing: {e:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let start = Instant::now();
+    loop {
+        match write(&stolen) {
+            Err(dafne_proto::Errno::ESTALE) => break,
+            r => assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "io2 still answers {r:?} to a capability revoked 60 s ago (the relay is held up)"
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    println!("\nrevoked after {} ms", start.elapsed().as_millis());
+}
+
+/// The open file descriptors of process `pid`.
+fn fds(pid: u64) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0)
+}
+
+/// Found by review: while an io host did not answer (its link down), the
+/// metadata host's supervisor made a new UCX context and worker for each
+/// failed connection attempt of its reclaimer and leaked them (the close
+/// of an endpoint to a silent peer never finished, so the worker could
+/// not be destroyed): +7 descriptors per attempt, never freed. And its
+/// revocation relay went through the io servers one after the other, a
+/// silent one holding up the others for its connect timeout, or (as
+/// here: the supervisor started while the host was cut off) for ever.
+/// Now the descriptors stay bounded over several attempts, and a chmod's
+/// revocation reaches the healthy host's io server while the other is
+/// still cut off.
+#[test]
+fn a_silent_host_neither_leaks_nor_delays_revocations() {
+    if let Ok(spec) = std::env::var(REVOKER_ROLE) {
+        return revoker(&spec);
+    }
+    let Some(net) = Net::create(&["meta", "io1", "io2"]) else { return };
+    let (meta, io1, io2) = (net.host("meta"), net.host("io1"), net.host("io2"));
+    let config = net.path("hosts.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"[cluster]
+meta_port = 7700
+io_base_port = 7710
+reclaim_after_s = 2
+[meta]
+stripe_count = 1
+open_grace_s = 1
+[io]
+cache_mib = 8
+[ucx]
+TLS = "tcp"
+NET_DEVICES = "eth0"
+[[hosts]]
+name = "meta"
+address = "{}"
+meta = true
+[[hosts]]
+name = "io1"
+address = "{}"
+io_servers = 1
+[[hosts]]
+name = "io2"
+address = "{}"
+io_servers = 1
+"#,
+            meta.addr, io1.addr, io2.addr
+        ),
+    )
+    .unwrap();
+    let o = up(meta, &config, &["--host", "meta"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let secret = std::fs::read(meta.dir.join("meta/cluster.secret")).unwrap();
+    for h in [io1, io2] {
+        std::fs::create_dir_all(h.dir.join("meta")).unwrap();
+        std::fs::write(h.dir.join("meta/cluster.secret"), &secret).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(h.dir.join("meta/cluster.secret"), std::fs::Permissions::from_mode(0o600)).unwrap();
+        let o = up(h, &config, &["--host", h.name]);
+        assert!(o.status.success(), "{}", text(&o));
+    }
+    // The revoking client prepares its file while every host answers.
+    let (ready, go, log) = (net.path("ready"), net.path("go"), net.path("revoker.log"));
+    let mut revoker = Command::new("ip")
+        .args(["netns", "exec", &meta.ns])
+        .arg(std::env::current_exe().unwrap())
+        .args(["--exact", SILENT_TEST, "--nocapture", "--test-threads", "1"])
+        .env(REVOKER_ROLE, format!("{}\n{}\n{}", p(&meta.dir), p(&ready), p(&go)))
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&log).unwrap())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let guard = KillOnDrop(revoker.id());
+    let start = Instant::now();
+    while !ready.exists() {
+        if let Some(s) = revoker.try_wait().unwrap() {
+            panic!("the revoking client exited ({s}): {}", std::fs::read_to_string(&log).unwrap());
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "the revoking client did not get ready");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // io1 goes silent, and meta's supervisor starts again meanwhile (its
+    // reclaimer and relay cannot reach io1 from the start).
+    ip(&["link", "set", &io1.veth, "down"]);
+    let o = run(dafne_in(&meta.ns).args(["down", "--dir", p(&meta.dir)]));
+    assert!(o.status.success(), "{}", text(&o));
+    let o = up(meta, &config, &["--host", "meta"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let info: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(meta.dir.join("cluster.json")).unwrap()).unwrap();
+    let sup = info["supervisor_pid"].as_u64().unwrap();
+    // Several reclaimer rounds and connection attempts to io1 (each waits
+    // out the 10 s connect timeout).
+    std::thread::sleep(Duration::from_secs(5));
+    let first = fds(sup);
+    let mut counts = vec![first];
+    for _ in 0..8 {
+        std::thread::sleep(Duration::from_secs(5));
+        counts.push(fds(sup));
+    }
+    eprintln!("meta host's supervisor's descriptors every 5 s while io1 is cut off: {counts:?}");
+    let most = *counts.iter().max().unwrap();
+    assert!(most <= first + 4, "the supervisor's descriptors grow while io1 is cut off: {counts:?}");
+    // A chmod's revocation reaches io2 while io1 is still cut off.
+    std::fs::write(&go, "").unwrap();
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = revoker.try_wait().unwrap() {
+            break s;
+        }
+        assert!(start.elapsed() < Duration::from_secs(150), "the revoking client did not finish");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    drop(guard);
+    let out = std::fs::read_to_string(&log).unwrap();
+    assert!(status.success(), "the revoking client failed ({status}): {out}");
+    let line = out.lines().find(|l| l.starts_with("revoked after")).unwrap_or_else(|| panic!("{out}"));
+    eprintln!("while io1 is cut off, io2 refused a capability {line} the chmod");
+    ip(&["link", "set", &io1.veth, "up"]);
+    drop(net);
+}
+
+/// Kills a process by pid when dropped (a panicking test too).
+struct KillOnDrop(u32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = run(Command::new("kill").args(["-9", &self.0.to_string()]));
+    }
+}
