@@ -208,6 +208,22 @@ fn effective_config(a: &UpArgs, dir: &Path) -> Result<(Config, Option<String>)> 
     if c.multi_host() && a.io_servers.is_some() {
         bail!("--io-servers: this configuration's [[hosts]] list says how many io servers each host runs");
     }
+    // Every host (and client) must agree on the ports: they come from the
+    // one file, never from one host's command line.
+    if c.multi_host() {
+        for (flag, given, key) in [
+            ("--meta-port", a.meta_port.is_some(), "meta_port"),
+            ("--io-base-port", a.io_base_port.is_some(), "io_base_port"),
+            ("--metrics-base-port", a.metrics_base_port.is_some(), "metrics_base_port"),
+        ] {
+            if given {
+                bail!(
+                    "{flag}: with a [[hosts]] list every host must use the same ports: set [cluster] {key} in the \
+                     configuration file (the same file on every host) instead"
+                );
+            }
+        }
+    }
     if let Some(n) = a.io_servers {
         c.cluster.io_servers = n;
         c.meta.stripe_count = c.meta.stripe_count.min(n.max(1));
@@ -303,6 +319,14 @@ fn check_ports(c: &Config, host: Option<&str>) -> Result<()> {
                     "{} (for the {what}) is not an address of this machine: host {h:?}'s address in [[hosts]] \
                      must be one of this machine's (is this machine {h:?}? `ip addr` lists its addresses)",
                     addr.ip()
+                );
+            }
+            if e.kind() == std::io::ErrorKind::AddrInUse && host.is_some() {
+                bail!(
+                    "address {addr} (for the {what}) is already in use, by another dafne cluster or another program \
+                     (`ss -ltnp | grep {}` shows which): stop it, or choose other ports with [cluster] meta_port / \
+                     io_base_port / metrics_base_port in the configuration file, changed on every host",
+                    addr.port()
                 );
             }
             if e.kind() == std::io::ErrorKind::AddrInUse {
