@@ -800,7 +800,7 @@ impl ClusterInfo {
         let text = match std::fs::read_to_string(&path) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                bail!("no dafne cluster is running in {}: start one with `dafne up{}`", dir.display(), dir_flag(dir))
+                bail!("no dafne cluster is running in {}: start one with `{}`", dir.display(), up_command(dir))
             }
             Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
         };
@@ -812,10 +812,10 @@ impl ClusterInfo {
         }
         if !supervisor_running(dir) || !pid_alive(info.supervisor_pid) {
             bail!(
-                "the dafne cluster in {} is not running (its supervisor, pid {}, is gone): run `dafne up{}` again",
+                "the dafne cluster in {} is not running (its supervisor, pid {}, is gone): run `{}` again",
                 dir.display(),
                 info.supervisor_pid,
-                dir_flag(dir)
+                up_command(dir)
             );
         }
         Ok(info)
@@ -881,6 +881,22 @@ impl ClusterInfo {
 }
 
 /// ` --dir DIR` when `dir` is not what the command finds by default.
+/// The `dafne up` that starts `dir`'s cluster again: with the host its
+/// last `up --host` recorded (`DIR/host`), `--client` for a machine of a
+/// multi-host cluster that recorded none, plain otherwise.
+pub fn up_command(dir: &Path) -> String {
+    let f = dir_flag(dir);
+    if let Some(h) = std::fs::read_to_string(dir.join("host")).ok().map(|s| s.trim().to_string()) {
+        if !h.is_empty() {
+            return format!("dafne up --host {h}{f}");
+        }
+    }
+    if Config::load(&dir.join("config.toml")).is_ok_and(|c| c.multi_host()) {
+        return format!("dafne up --client{f}` (or `dafne up --host NAME{f}` on a server's host");
+    }
+    format!("dafne up{f}")
+}
+
 pub fn dir_flag(dir: &Path) -> String {
     match resolve_dir(None) {
         Ok(d) if d == dir => String::new(),

@@ -366,6 +366,11 @@ pub fn up(a: UpArgs) -> Result<()> {
         if a.config.is_some() || flags_given(&a) {
             eprintln!("warning: the configuration and flags given were not applied: `dafne down` first to change them");
         }
+        if a.foreground {
+            // A service manager must not take this for a supervisor that
+            // ran and stopped cleanly.
+            bail!("--foreground: a supervisor already runs this cluster (pid {})", info.supervisor_pid);
+        }
         return Ok(());
     }
     // Held while this command prepares the directory, so that a second
@@ -378,17 +383,29 @@ pub fn up(a: UpArgs) -> Result<()> {
     if a.client {
         return up_client(&dir, &c, save);
     }
-    let host = this_host(&c, a.host.as_deref())?;
+    // Without --host, the host this directory's last `up --host` ran.
+    let recorded = a.host.is_none().then(|| recorded_host(&dir)).flatten().filter(|_| c.multi_host());
+    let host = this_host(&c, a.host.as_deref().or(recorded.as_deref()))?;
     if let Some(h) = &host {
+        // Is this machine `h` at all? Asked first: the other checks'
+        // advice is for the right machine only.
+        let address = c.host(h)?.address;
+        if let Err(e) = TcpListener::bind(SocketAddr::new(address, 0)) {
+            if e.kind() == std::io::ErrorKind::AddrNotAvailable {
+                bail!(
+                    "{address} is not an address of this machine: host {h:?}'s address in [[hosts]] must be one of \
+                     this machine's (is this machine {h:?}? `ip addr` lists its addresses)"
+                );
+            }
+        }
         // Io servers of a host without the metadata server need the
         // secret it created, before they start.
         let secret = dir.join("meta").join("cluster.secret");
         if c.meta_host() != h && !secret.exists() {
             bail!(
                 "host {h:?} runs io servers without the metadata server, so it needs the cluster secret first: copy \
-                 {} from host {:?} (created by its first `dafne up --host {}`) to {} on this machine, mode 0600 \
-                 (e.g. `install -D -m 600 SECRET {}`)",
-                secret.display(),
+                 meta/cluster.secret from the cluster directory of host {:?} (its --dir there; created by its first \
+                 `dafne up --host {}`) to {} on this machine, mode 0600 (e.g. `install -D -m 600 SECRET {}`)",
                 c.meta_host(),
                 c.meta_host(),
                 secret.display(),
@@ -446,8 +463,15 @@ pub fn up(a: UpArgs) -> Result<()> {
     }
     let _ = std::fs::remove_file(ClusterInfo::path(&dir));
     if a.foreground {
+        STOP_WITH_SUPERVISOR.store(true, Ordering::Relaxed);
         crate::cluster::set_lock_owner(&prep, std::process::id())?;
-        return supervise_locked(&dir);
+        // What it prints goes to the service manager's journal and to
+        // DIR/logs/supervisor.log, which `dafne down` follows (progress
+        // and errors of the stop).
+        let tee = Tee::start(&logs_dir(&dir).join("supervisor.log"))?;
+        let r = supervise_locked(&dir);
+        tee.finish();
+        return r;
     }
     let log_path = logs_dir(&dir).join("supervisor.log");
     let log = std::fs::File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
@@ -723,6 +747,86 @@ struct Spawned {
     metrics: Option<SocketAddr>,
 }
 
+/// Copies this process's stdout and stderr to where they went and to a
+/// log file (`up --foreground`), until [`Tee::finish`].
+struct Tee {
+    saved: (std::os::fd::OwnedFd, std::os::fd::OwnedFd),
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Tee {
+    fn start(log: &Path) -> Result<Tee> {
+        use std::io::Write as _;
+        use std::os::fd::AsFd as _;
+        let mut file = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
+        let out = std::io::stdout().as_fd().try_clone_to_owned().context("duplicating stdout")?;
+        let err = std::io::stderr().as_fd().try_clone_to_owned().context("duplicating stderr")?;
+        let (mut reader, writer) = std::io::pipe().context("creating a pipe")?;
+        let mut to = std::fs::File::from(out.try_clone().context("duplicating stdout")?);
+        rustix::stdio::dup2_stdout(&writer).context("redirecting stdout")?;
+        rustix::stdio::dup2_stderr(&writer).context("redirecting stderr")?;
+        drop(writer);
+        let thread = std::thread::spawn(move || {
+            let mut buf = [0u8; 8192];
+            while let Ok(n) = std::io::Read::read(&mut reader, &mut buf) {
+                if n == 0 {
+                    break;
+                }
+                let _ = to.write_all(&buf[..n]);
+                let _ = file.write_all(&buf[..n]);
+            }
+        });
+        Ok(Tee { saved: (out, err), thread })
+    }
+
+    /// Puts stdout and stderr back and copies what is left.
+    fn finish(self) {
+        use std::io::Write as _;
+        let _ = std::io::stdout().flush();
+        let _ = rustix::stdio::dup2_stdout(&self.saved.0);
+        let _ = rustix::stdio::dup2_stderr(&self.saved.1);
+        // The pipe ends when the servers' inherited copies close too;
+        // a server left running (it did not stop) would hold it open.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while !self.thread.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if self.thread.is_finished() {
+            let _ = self.thread.join();
+        }
+    }
+}
+
+/// Set by `up --foreground`: its servers stop (SIGTERM: io servers write
+/// back their caches) when the supervisor dies, instead of running on
+/// unsupervised. Under a service manager nothing else would stop them
+/// (systemd's `KillMode=mixed` signals the main process only, then waits
+/// out `TimeoutStopSec` to SIGKILL the rest), and the next supervisor
+/// would refuse to start beside them. The background supervisor's
+/// servers outlive it, as `dafne down` expects.
+static STOP_WITH_SUPERVISOR: AtomicBool = AtomicBool::new(false);
+
+/// The variable that tells a server the pid of the supervisor it stops
+/// with ([`STOP_WITH_SUPERVISOR`], [`stop_with_supervisor`]).
+const SUPERVISOR_ENV: &str = "DAFNE_STOP_WITH_SUPERVISOR";
+
+/// Called first by `dafne serve`: when started by a foreground
+/// supervisor, asks the kernel for SIGTERM at the supervisor's death
+/// (`PR_SET_PDEATHSIG`; servers are spawned from the supervisor's main
+/// thread, whose end is the process's), and exits at once if it died
+/// already.
+pub fn stop_with_supervisor() -> Result<()> {
+    let Ok(pid) = std::env::var(SUPERVISOR_ENV) else { return Ok(()) };
+    std::env::remove_var(SUPERVISOR_ENV);
+    rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::TERM))
+        .context("asking to be stopped with the supervisor")?;
+    let parent = rustix::process::getppid().map(|p| p.as_raw_nonzero().get().to_string());
+    if parent.as_deref() != Some(pid.as_str()) {
+        bail!("the supervisor (pid {pid}) that started this server is gone");
+    }
+    Ok(())
+}
+
 /// Starts `dafne serve …`, waits for `listening on ADDR` (after it,
 /// `metrics on ADDR` when it serves metrics); output goes to `log`
 /// (stdout's banner lines are read here first).
@@ -741,6 +845,8 @@ fn spawn_server(args: &[String], log: &Path) -> Result<Spawned> {
         // The metadata server's test hook that drops replies must never
         // reach a cluster from a variable left set in the user's shell.
         .env_remove(dafne_meta::service::FAULT_DROP_REPLY)
+        .env_remove(SUPERVISOR_ENV)
+        .envs(STOP_WITH_SUPERVISOR.load(Ordering::Relaxed).then(|| (SUPERVISOR_ENV, std::process::id().to_string())))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(logf.try_clone()?)

@@ -326,6 +326,10 @@ io_servers = 2
     assert!(text(&o).contains("no such host") && text(&o).contains("meta, io1, io2"), "{}", text(&o));
     let o = up(io1, &config, &["--host", "io1"]);
     assert!(!o.status.success() && text(&o).contains("needs the cluster secret first"), "{}", text(&o));
+    assert!(text(&o).contains("from the cluster directory of host \"meta\""), "{}", text(&o));
+    // Found by review: on another machine, the secret's advice came first.
+    let o = up(client, &config, &["--host", "io1"]);
+    assert!(!o.status.success() && text(&o).contains("is not an address of this machine"), "{}", text(&o));
 
     // The metadata server's host first: it creates the secret, which the
     // operator copies to the io hosts.
@@ -504,47 +508,120 @@ io_servers = 2
     assert!(!states.contains("\"restarts\": 1"), "{states}");
     let o = run(dafne_in(&client.ns).args(["down", "--dir", p(&client.dir)]));
     assert!(o.status.success() && text(&o).contains("no server ran here"), "{}", text(&o));
+    // Found by review: the hints to start again named a plain `dafne up`,
+    // which a host's or a client's directory refuses.
+    let o = run(dafne_in(&client.ns).args(["down", "--dir", p(&client.dir)]));
+    assert!(!o.status.success() && text(&o).contains("dafne up --client"), "{}", text(&o));
+    let info: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(io1.dir.join("cluster.json")).unwrap()).unwrap();
+    let o = run(Command::new("kill").args(["-KILL", &info["supervisor_pid"].to_string()]));
+    assert!(o.status.success());
+    common::wait_for("io1's supervisor to die", || !common::alive(info["supervisor_pid"].as_u64().unwrap()));
+    let o = run(dafne_in(&io1.ns).args(["status", "--dir", p(&io1.dir)]));
+    assert!(!o.status.success() && text(&o).contains("dafne up --host io1"), "{}", text(&o));
+    let o = run(dafne_in(&io1.ns).args(["down", "--dir", p(&io1.dir)]));
+    assert!(o.status.success(), "{}", text(&o));
+    // `up` without --host starts the host this directory ran.
+    let o = run(dafne_in(&io1.ns).args(["up", "--dir", p(&io1.dir)]));
+    assert!(o.status.success() && text(&o).contains("host \"io1\""), "{}", text(&o));
     drop(net);
 }
 
 /// `dafne up --foreground` (what the systemd unit runs): the supervisor
 /// in the command itself, the cluster usable while it runs, everything
 /// stopped and `cluster.json` gone when it gets SIGTERM, exit status 0.
-/// One host, no namespaces.
+/// Found by review: a second `up --foreground` beside it exited 0 (a
+/// service manager took that for success); `dafne down` on it showed no
+/// progress (no supervisor.log); and when it died (SIGKILL) its servers ran
+/// on unsupervised, so the next `up --foreground` refused to start. Now
+/// the second one fails, `down` follows its log, and its servers stop
+/// with it. One host, no namespaces.
 #[test]
 fn the_foreground_supervisor_serves_until_sigterm() {
     let dir = tempfile::Builder::new().prefix("dafne-foreground-test-").tempdir().unwrap();
+    let d = p(dir.path()).to_string();
     let (meta, base) = common::free_ports(1);
+    let (meta, base) = (meta.to_string(), base.to_string());
     let log = dir.path().join("foreground.out");
-    let mut sup = common::dafne()
-        .args(["up", "--foreground", "--dir", p(dir.path()), "--io-servers", "1", "--cache-mib", "8"])
-        .args(["--meta-port", &meta.to_string(), "--io-base-port", &base.to_string()])
-        .stdout(std::fs::File::create(&log).unwrap())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    common::wait_for("cluster.json", || dir.path().join("cluster.json").exists());
-    let o = run(common::dafne().args(["status", "--dir", p(dir.path())]));
+    let start = |log: &Path| {
+        let sup = common::dafne()
+            .args(["up", "--foreground", "--dir", &d, "--io-servers", "1", "--cache-mib", "8"])
+            .args(["--meta-port", &meta, "--io-base-port", &base])
+            .stdout(std::fs::File::create(log).unwrap())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let guard = KillOnDrop(sup.id());
+        common::wait_for("cluster.json", || {
+            std::fs::read_to_string(dir.path().join("cluster.json"))
+                .ok()
+                .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+                .is_some_and(|i| i["supervisor_pid"] == sup.id())
+        });
+        (sup, guard)
+    };
+    let wait = |sup: &mut std::process::Child| {
+        let start = Instant::now();
+        loop {
+            if let Some(s) = sup.try_wait().unwrap() {
+                break s;
+            }
+            assert!(start.elapsed() < Duration::from_secs(150), "the supervisor did not stop");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    // Stopped when a `down` of this directory leaves anything behind
+    // (after a panic too).
+    struct Down(String);
+    impl Drop for Down {
+        fn drop(&mut self) {
+            let _ = common::dafne().args(["down", "--dir", &self.0]).output();
+        }
+    }
+    let _down = Down(d.clone());
+
+    let (mut sup, guard) = start(&log);
+    let o = run(common::dafne().args(["status", "--dir", &d]));
     assert!(o.status.success(), "{}", text(&o));
-    let info: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.path().join("cluster.json")).unwrap()).unwrap();
-    assert_eq!(info["supervisor_pid"], sup.id(), "the command itself supervises");
+    let o = run(common::dafne().args(["up", "--foreground", "--dir", &d]));
+    assert!(!o.status.success() && text(&o).contains("already runs this cluster"), "{}", text(&o));
     let o = run(Command::new("kill").args(["-TERM", &sup.id().to_string()]));
     assert!(o.status.success());
-    let start = Instant::now();
-    let status = loop {
-        if let Some(s) = sup.try_wait().unwrap() {
-            break s;
-        }
-        assert!(start.elapsed() < Duration::from_secs(150), "the supervisor did not stop");
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let status = wait(&mut sup);
+    drop(guard);
     let out = std::fs::read_to_string(&log).unwrap();
     assert!(status.success(), "{status}: {out}");
     assert!(out.contains("progress: stopping io-0") && out.contains("progress: stopped"), "{out}");
     assert!(!dir.path().join("cluster.json").exists());
     let states = std::fs::read_to_string(dir.path().join("servers.json")).unwrap();
     assert_eq!(states.matches("\"stopped\"").count(), 2, "{states}");
+
+    // A supervisor killed: its servers stop too, and a new one starts.
+    let (mut sup, guard) = start(&log);
+    let states: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("servers.json")).unwrap()).unwrap();
+    let pids: Vec<u64> = states.as_array().unwrap().iter().map(|s| s["pid"].as_u64().unwrap()).collect();
+    assert_eq!(pids.len(), 2, "{states}");
+    assert!(pids.iter().all(|&p| common::alive(p)), "{states}");
+    let o = run(Command::new("kill").args(["-KILL", &sup.id().to_string()]));
+    assert!(o.status.success());
+    wait(&mut sup);
+    drop(guard);
+    let start_wait = Instant::now();
+    while pids.iter().any(|&p| common::alive(p)) {
+        assert!(
+            start_wait.elapsed() < Duration::from_secs(150),
+            "servers {pids:?} still run 150 s after their foreground supervisor was killed"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (mut sup, guard) = start(&log);
+    // `down` follows the foreground supervisor's stop.
+    let o = run(common::dafne().args(["down", "--dir", &d]));
+    assert!(o.status.success() && text(&o).contains("stopping io-0"), "{}", text(&o));
+    let status = wait(&mut sup);
+    drop(guard);
+    assert!(status.success(), "{status}");
 }
 
 /// The revoking client of `a_silent_host_neither_leaks_nor_delays_revocations`:
