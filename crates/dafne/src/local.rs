@@ -130,6 +130,11 @@ pub struct UpArgs {
     /// `--credential`).
     #[arg(long, conflicts_with_all = ["host", "foreground"])]
     pub client: bool,
+    /// Of --client: this machine's network devices for UCX, over the
+    /// file's `[ucx] NET_DEVICES` (a NIC named differently here), as
+    /// UCX_NET_DEVICES takes them (e.g. `ens9` or `mlx5_0:1`).
+    #[arg(long, value_name = "DEVICES", requires = "client")]
+    pub net_devices: Option<String>,
     /// Run the supervisor in this command until SIGTERM (for systemd and
     /// other service managers), its log on stdout, instead of in the
     /// background.
@@ -381,7 +386,7 @@ pub fn up(a: UpArgs) -> Result<()> {
         .with_context(|| format!("another `dafne up` or a supervisor is starting in {}: wait for it", dir.display()))?;
     let (c, save) = effective_config(&a, &dir)?;
     if a.client {
-        return up_client(&dir, &c, save);
+        return up_client(&dir, &c, save, a.net_devices.as_deref());
     }
     // Without --host, the host this directory's last `up --host` ran.
     let recorded = a.host.is_none().then(|| recorded_host(&dir)).flatten().filter(|_| c.multi_host());
@@ -535,12 +540,23 @@ pub fn up(a: UpArgs) -> Result<()> {
 }
 
 /// `dafne up --client`: the cluster file of a machine that runs no server.
-fn up_client(dir: &Path, c: &Config, save: Option<String>) -> Result<()> {
+fn up_client(dir: &Path, c: &Config, save: Option<String>, net_devices: Option<&str>) -> Result<()> {
     if !c.multi_host() {
         bail!(
             "--client: this configuration lists no [[hosts]]; a one-host cluster's clients use the cluster.json \
              its `dafne up` wrote"
         );
+    }
+    let mut ucx = c.ucx.clone();
+    if let Some(d) = net_devices {
+        let valid = |x: &str| !x.is_empty() && x.chars().all(|ch| ch.is_ascii_alphanumeric() || "_.:-".contains(ch));
+        if d.len() > 256 || !d.split(',').all(valid) {
+            bail!(
+                "--net-devices {d:?}: give this machine's network devices as UCX names them, comma-separated (e.g. \
+                 ens9, or mlx5_0:1); `ucx_info -d` lists them"
+            );
+        }
+        ucx.insert("NET_DEVICES".into(), d.to_string());
     }
     if let Some(text) = save {
         let path = dir.join("config.toml");
@@ -552,7 +568,7 @@ fn up_client(dir: &Path, c: &Config, save: Option<String>) -> Result<()> {
         meta: c.meta_addr(),
         io: (0..c.cluster.io_servers).map(|i| c.io_addr(i)).collect(),
         secret: dir.join("meta").join("cluster.secret"),
-        ucx: c.ucx.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        ucx: ucx.into_iter().collect(),
         supervisor_pid: 0,
         attr_timeout_ms: c.mount.attr_timeout_ms,
         entry_timeout_ms: c.mount.entry_timeout_ms,

@@ -781,4 +781,20 @@ fn a_hosts_list_refuses_port_flags() {
     assert!(o.status.success(), "{}", text(&o));
     let info = std::fs::read_to_string(Path::new(&d).join("cluster.json")).unwrap();
     assert!(info.contains("127.0.0.3:7710"), "{info}");
+    // Found by review: a client machine could not name its own network
+    // device (the file's, or the hosts', went into its cluster.json).
+    let o = run(&["down", "--dir", &d]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = run(&["up", "--client", "--dir", &d, "--config", cfg.to_str().unwrap(), "--net-devices", "ens9"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let info: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(Path::new(&d).join("cluster.json")).unwrap()).unwrap();
+    let ucx: Vec<(String, String)> = serde_json::from_value(info["ucx"].clone()).unwrap();
+    assert!(ucx.contains(&("NET_DEVICES".into(), "ens9".into())), "{ucx:?}");
+    let o = run(&["down", "--dir", &d]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = run(&["up", "--client", "--dir", &d, "--config", cfg.to_str().unwrap(), "--net-devices", "a b"]);
+    assert!(!o.status.success() && text(&o).contains("--net-devices \"a b\""), "{}", text(&o));
+    let o = run(&["up", "--dir", &d, "--config", cfg.to_str().unwrap(), "--net-devices", "ens9"]);
+    assert!(!o.status.success() && text(&o).contains("--client"), "{}", text(&o));
 }

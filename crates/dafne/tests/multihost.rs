@@ -366,7 +366,14 @@ io_servers = 2
     assert!(o.status.success(), "{}", text(&o));
     let o = up(client, &config, &["--client", "--io-servers", "2"]);
     assert!(!o.status.success() && text(&o).contains("[[hosts]] list says how many"), "{}", text(&o));
-    let o = up(client, &config, &["--client"]);
+    // The client's network device is named otherwise than the file's
+    // `[ucx] NET_DEVICES`: `--net-devices` names its own.
+    for args in
+        [&["link", "set", "eth0", "down"][..], &["link", "set", "eth0", "name", "ens9"], &["link", "set", "ens9", "up"]]
+    {
+        ip(&[&["-n", client.ns.as_str()][..], args].concat());
+    }
+    let o = up(client, &config, &["--client", "--net-devices", "ens9"]);
     assert!(o.status.success(), "{}", text(&o));
     let o = run(dafne_in(&client.ns).args(["status", "--dir", p(&client.dir)]));
     assert!(!o.status.success() && text(&o).contains("--credential"), "without the secret: {}", text(&o));
