@@ -57,6 +57,25 @@ struct Net {
     hosts: Vec<Host>,
     bridge: String,
     _tmp: tempfile::TempDir,
+    /// Locked while this run lives ([`run_lock`]); dropped last.
+    _lock: std::fs::File,
+}
+
+/// The lock file of the run of pid `pid`: held (flock) while the run
+/// lives, so that another run, even from another pid namespace (where
+/// `/proc/PID` says nothing), can tell a live run's namespaces from those
+/// of a run that was killed.
+fn run_lock(pid: u32) -> PathBuf {
+    std::env::temp_dir().join(format!("dafne-multihost-{pid}.lock"))
+}
+
+/// Whether the run of pid `pid` is gone: its lock file is free (or, for a
+/// run older than the lock files, no such process exists here).
+fn run_gone(pid: u32) -> bool {
+    match std::fs::File::open(run_lock(pid)) {
+        Ok(f) => f.try_lock().is_ok(),
+        Err(_) => !Path::new(&format!("/proc/{pid}")).exists(),
+    }
 }
 
 impl Drop for Net {
@@ -80,6 +99,7 @@ impl Drop for Net {
             let _ = run(Command::new("ip").args(["link", "del", &h.veth]));
         }
         let _ = run(Command::new("ip").args(["link", "del", &self.bridge]));
+        let _ = std::fs::remove_file(run_lock(std::process::id()));
     }
 }
 
@@ -105,12 +125,14 @@ impl Net {
             );
         }
         let _ = run(Command::new("ip").args(["netns", "del", &probe]));
+        let lock = std::fs::File::create(run_lock(pid)).unwrap();
+        lock.lock().unwrap();
         remove_leftovers();
         let tmp = tempfile::Builder::new().prefix("dafne-hosts-test-").tempdir().unwrap();
         // A /24 of 10.0.0.0/8 picked by the pid, so that two runs side by
         // side do not share one (each has its own bridge anyway).
         let subnet = format!("10.{}.{}", 200 + pid % 50, (pid / 50) % 250);
-        let mut net = Net { hosts: Vec::new(), bridge: format!("dhb{pid}"), _tmp: tmp };
+        let mut net = Net { hosts: Vec::new(), bridge: format!("dhb{pid}"), _tmp: tmp, _lock: lock };
         ip(&["link", "add", &net.bridge, "type", "bridge"]);
         ip(&["link", "set", &net.bridge, "up"]);
         for (k, name) in names.iter().enumerate() {
@@ -154,7 +176,7 @@ fn remove_leftovers() {
     let o = run(Command::new("ip").args(["netns", "list"]));
     for ns in String::from_utf8_lossy(&o.stdout).lines().filter_map(|l| l.split_whitespace().next()) {
         let Some(pid) = ns.strip_prefix("dafne-").and_then(|r| r.split('-').next()) else { continue };
-        if pid.parse::<u32>().is_err() || Path::new(&format!("/proc/{pid}")).exists() {
+        if !pid.parse::<u32>().is_ok_and(run_gone) {
             continue;
         }
         let o = run(Command::new("ip").args(["netns", "pids", ns]));
@@ -167,8 +189,8 @@ fn remove_leftovers() {
     let o = run(Command::new("ip").args(["-o", "link", "show", "type", "bridge"]));
     for l in String::from_utf8_lossy(&o.stdout).lines() {
         let Some(name) = l.split(": ").nth(1) else { continue };
-        let Some(pid) = name.strip_prefix("dhb").filter(|p| p.parse::<u32>().is_ok()) else { continue };
-        if !Path::new(&format!("/proc/{pid}")).exists() {
+        let Some(pid) = name.strip_prefix("dhb").and_then(|p| p.parse::<u32>().ok()) else { continue };
+        if run_gone(pid) {
             let _ = run(Command::new("ip").args(["link", "del", name]));
         }
     }
@@ -217,6 +239,9 @@ fn cp_until_done(client: &Host, cred: &Path, from: &str, to: &str) -> Vec<String
         if o.status.success() {
             return errors;
         }
+        // An error is retried; a crash or an abort (killed by a signal,
+        // UCX's assertions) is a failure of the test.
+        assert!(o.status.code().is_some(), "cp {from} {to} crashed ({}): {}", o.status, text(&o));
         errors.push(text(&o).trim().to_string());
         assert!(start.elapsed() < Duration::from_secs(120), "cp {from} {to} kept failing: {errors:#?}");
         std::thread::sleep(Duration::from_millis(500));
@@ -511,8 +536,11 @@ io_servers = 2
     // (its servers lived through the cut).
     let o = run(dafne_in(&client.ns).args(["status", "--dir", p(&client.dir), "--credential", p(&cred)]));
     assert!(o.status.success(), "{}", text(&o));
-    let states = std::fs::read_to_string(io2.dir.join("servers.json")).unwrap();
-    assert!(!states.contains("\"restarts\": 1"), "{states}");
+    let states: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(io2.dir.join("servers.json")).unwrap()).unwrap();
+    let servers = states.as_array().unwrap();
+    assert_eq!(servers.len(), 2, "{states}");
+    assert!(servers.iter().all(|s| s["restarts"] == 0), "io2's servers were restarted: {states}");
     let o = run(dafne_in(&client.ns).args(["down", "--dir", p(&client.dir)]));
     assert!(o.status.success() && text(&o).contains("no server ran here"), "{}", text(&o));
     // Found by review: the hints to start again named a plain `dafne up`,
@@ -665,7 +693,7 @@ fn revoker(spec: &str) {
     let root = dafne_client::file::Fs::new(session(0), data.clone());
     let hint = dafne_proto::LayoutHint { stripe_unit: 65536, stripe_count: 1 };
     let payload = pattern(65536, 7);
-    let ino = (0..64)
+    let (ino, name) = (0..64)
         .find_map(|k| {
             let f = root.create(root.meta.root(), format!("r{k}").as_bytes(), 0o666, Some(hint)).unwrap();
             let on_io2 = f.handle().layout.servers == [1];
@@ -674,9 +702,12 @@ fn revoker(spec: &str) {
             }
             let ino = f.attr().ino;
             f.close().unwrap();
-            on_io2.then_some(ino)
+            on_io2.then_some((ino, format!("r{k}")))
         })
         .expect("no file of 64 placed on io server 1");
+    let f = root.open(ino, dafne_proto::OPEN_READ).unwrap();
+    println!("\nobject {:016x}", f.handle().layout.object_id);
+    f.close().unwrap();
     std::fs::write(ready, "").unwrap();
     while !Path::new(go).exists() {
         std::thread::sleep(Duration::from_millis(100));
@@ -707,6 +738,9 @@ fn revoker(spec: &str) {
         std::thread::sleep(Duration::from_millis(20));
     }
     println!("\nrevoked after {} ms", start.elapsed().as_millis());
+    // Its data is reclaimed from io2 too (the test watches the file).
+    root.meta.unlink(root.meta.root(), name.as_bytes()).unwrap();
+    println!("unlinked its object");
 }
 
 /// The open file descriptors of process `pid`.
@@ -724,7 +758,7 @@ fn fds(pid: u64) -> usize {
 /// here: the supervisor started while the host was cut off) for ever.
 /// Now the descriptors stay bounded over several attempts, and a chmod's
 /// revocation reaches the healthy host's io server while the other is
-/// still cut off.
+/// still cut off, as does the reclaiming of a deleted file's data.
 #[test]
 fn a_silent_host_neither_leaks_nor_delays_revocations() {
     if let Ok(spec) = std::env::var(REVOKER_ROLE) {
@@ -797,6 +831,10 @@ io_servers = 1
         assert!(start.elapsed() < Duration::from_secs(60), "the revoking client did not get ready");
         std::thread::sleep(Duration::from_millis(100));
     }
+    let log_text = std::fs::read_to_string(&log).unwrap();
+    let object = log_text.lines().find_map(|l| l.strip_prefix("object ")).unwrap_or_else(|| panic!("{log_text}"));
+    let data = io2.dir.join("io-1/objects").join(object);
+    assert!(data.exists(), "{} holds the file's data", data.display());
     // io1 goes silent, and meta's supervisor starts again meanwhile (its
     // reclaimer and relay cannot reach io1 from the start).
     ip(&["link", "set", &io1.veth, "down"]);
@@ -834,6 +872,13 @@ io_servers = 1
     assert!(status.success(), "the revoking client failed ({status}): {out}");
     let line = out.lines().find(|l| l.starts_with("revoked after")).unwrap_or_else(|| panic!("{out}"));
     eprintln!("while io1 is cut off, io2 refused a capability {line} the chmod");
+    // And the reclaimer removes a deleted file's data from io2 meanwhile.
+    assert!(out.contains("unlinked its object"), "{out}");
+    let start = Instant::now();
+    while data.exists() {
+        assert!(start.elapsed() < Duration::from_secs(60), "{} not reclaimed while io1 is cut off", data.display());
+        std::thread::sleep(Duration::from_millis(100));
+    }
     ip(&["link", "set", &io1.veth, "up"]);
     drop(net);
 }
