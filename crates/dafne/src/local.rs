@@ -1024,10 +1024,12 @@ fn supervise_locked(dir: &Path) -> Result<()> {
     }
     // Computed once, so every io server gets the same cache.
     let cache_mib = c.io_cache_mib_for(local_io.len() as u32);
-    progress(format_args!(
-        "io caches: {cache_mib} MiB each{}",
-        if c.io.cache_mib.is_some() { "" } else { " (a share of available memory; set [io] cache_mib to choose)" }
-    ));
+    if !local_io.is_empty() {
+        progress(format_args!(
+            "io caches: {cache_mib} MiB each{}",
+            if c.io.cache_mib.is_some() { "" } else { " (a share of available memory; set [io] cache_mib to choose)" }
+        ));
+    }
     for &i in &local_io {
         let mut args: Vec<String> = vec!["serve".into(), "io".into(), "--data-dir".into()];
         args.push(dir.join(format!("io-{i}")).display().to_string());

@@ -33,12 +33,15 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Start a local cluster (1 metadata server and N io servers as
-    /// separate processes, supervised) with the embedded defaults or a
-    /// configuration file; returns once every server listens.
+    /// Start a cluster's servers on this machine (1 metadata server and N
+    /// io servers as separate processes, supervised) with the embedded
+    /// defaults or a configuration file; with a [[hosts]] list, this
+    /// host's servers (--host NAME) or none (--client). Returns once
+    /// every server listens.
     Up(local::UpArgs),
-    /// Stop the local cluster: unmount its mounts, write back the io
-    /// servers' caches, stop every server. Data stays in the directory.
+    /// Stop this machine's servers of the cluster: unmount its mounts,
+    /// write back the io servers' caches, stop every server. Data stays
+    /// in the directory.
     Down(local::DirArgs),
     /// The cluster's servers, capacity, cache and registration counters,
     /// credits in use, and mounts.
