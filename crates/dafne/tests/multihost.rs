@@ -272,6 +272,7 @@ fn long_lived_client(spec: &str) {
     let f = fs.create(root, b"long-lived", 0o644, None).unwrap();
     let chunk = 1 << 20;
     let (mut round, mut after, mut errors, mut longest) = (0u64, 0, 0, Duration::ZERO);
+    let mut first_fds = 0;
     while after < 3 {
         let data = pattern(chunk, 1000 + round);
         let off = (round % 8) * chunk as u64;
@@ -295,11 +296,16 @@ fn long_lived_client(spec: &str) {
                 }
             }
         }
+        if round == 0 {
+            first_fds = fds(u64::from(std::process::id()));
+        }
         round += 1;
         if Path::new(stop).exists() {
             after += 1;
         }
     }
+    let last_fds = fds(u64::from(std::process::id()));
+    println!("\nclient fds: {first_fds} after its first round, {last_fds} at the end");
     println!("\nclient: {round} rounds, {errors} errors, longest round {} ms", longest.as_millis());
 }
 
@@ -513,6 +519,15 @@ io_servers = 2
         .find_map(|l| l.strip_prefix("client: "))
         .unwrap_or_else(|| panic!("no summary from the client: {log}"));
     eprintln!("long-lived client (errors retried on the same connections): {summary}");
+    // Found by review: the endpoints of the connection that died were
+    // closed gracefully, which never finished (the peer was gone), and
+    // kept their sockets: 28 descriptors after the first round, 34 at the
+    // end, here. With forced closes, 28 and 30 (the 2 more are not
+    // explained yet); the bound leaves one of slack.
+    let fd_line = log.lines().find(|l| l.starts_with("client fds: ")).unwrap_or_else(|| panic!("{log}"));
+    eprintln!("long-lived {fd_line}");
+    let counts: Vec<usize> = fd_line.split(' ').filter_map(|w| w.parse().ok()).collect();
+    assert!(counts.len() == 2 && counts[1] <= counts[0] + 3, "the long-lived client's descriptors grew: {fd_line}");
     for l in log.lines().filter_map(|l| l.find("client error").map(|i| &l[i..])) {
         eprintln!("  {l}");
     }
