@@ -522,8 +522,11 @@ io_servers = 2
     // Found by review: the endpoints of the connection that died were
     // closed gracefully, which never finished (the peer was gone), and
     // kept their sockets: 28 descriptors after the first round, 34 at the
-    // end, here. With forced closes, 28 and 30 (the 2 more are not
-    // explained yet); the bound leaves one of slack.
+    // end, here. With forced closes, 28 and 30: the 2 more were, in one
+    // run looked at with `ss`, the old incoming connections of io2's
+    // server-side data endpoints, still ESTABLISHED with 366 bytes unsent
+    // (TCP's retransmission backoff after the outage; not followed to
+    // their end). The bound leaves one of slack.
     let fd_line = log.lines().find(|l| l.starts_with("client fds: ")).unwrap_or_else(|| panic!("{log}"));
     eprintln!("long-lived {fd_line}");
     let counts: Vec<usize> = fd_line.split(' ').filter_map(|w| w.parse().ok()).collect();
