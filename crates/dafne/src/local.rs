@@ -1254,8 +1254,9 @@ impl ReclaimShared {
     }
 
     /// Io server `server`'s client, made if there is none yet (this
-    /// blocks while that server does not answer: only its own thread
-    /// calls this).
+    /// blocks while that server does not answer: called by that server's
+    /// relay thread and by the reclaimer's round, never by another relay
+    /// thread).
     fn io_or_connect(&self, server: usize) -> Result<dafne_client::data::DataClient> {
         if let Some(d) = self.io[server].lock().unwrap_or_else(|p| p.into_inner()).clone() {
             return Ok(d);
@@ -1360,22 +1361,24 @@ impl Reclaimer {
         let (orphans, generation) =
             meta.list_orphans_at(self.after_s, dafne_proto::MAX_ORPHANS as u32).context("listing orphans")?;
         let mut removed = Vec::with_capacity(orphans.len());
-        let mut unreachable = std::collections::BTreeSet::new();
+        // Servers that could not be connected this round: their objects
+        // wait for the next (one connection attempt per server and round).
+        let mut unreachable = std::collections::BTreeMap::new();
         'objects: for o in orphans {
             let cap = dafne_client::data::removal_capability(&secret, o.object_id, generation);
             let mut servers = o.servers.clone();
             servers.sort_unstable();
             servers.dedup();
             for server in servers {
-                let client = self
-                    .shared
-                    .io
-                    .get(server as usize)
-                    .and_then(|c| c.lock().unwrap_or_else(|p| p.into_inner()).clone());
-                let Some(client) = client else {
-                    // Not connected yet (its relay thread makes it).
-                    unreachable.insert(server);
+                if server as usize >= self.shared.io.len() || unreachable.contains_key(&server) {
                     continue 'objects;
+                }
+                let client = match self.shared.io_or_connect(server as usize) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        unreachable.insert(server, format!("{e:#}"));
+                        continue 'objects;
+                    }
                 };
                 match block_on(client.remove_object(&[0], cap)) {
                     Ok(()) | Err(dafne_client::Errno::ENOENT) => {}
@@ -1391,9 +1394,10 @@ impl Reclaimer {
             }
             removed.push(o.object_id);
         }
-        if !unreachable.is_empty() {
-            let names: Vec<String> = unreachable.iter().map(|s| format!("io-{s}")).collect();
-            println!("error: reclaiming deleted files' data: not connected to {} (retried later)", names.join(", "));
+        for (server, e) in &unreachable {
+            if !stop.load(Ordering::Relaxed) {
+                println!("error: reclaiming deleted files' data on io-{server}: {e} (retried later)");
+            }
         }
         if !removed.is_empty() {
             let n = removed.len();
