@@ -423,6 +423,10 @@ impl ClientSide {
             TransportStats::inc(&l.stats().peer_failures);
         }
         tracing::debug!("client connection to {} failed: {err}", c.addr);
+        // The peer is known gone (it failed, or never answered: a shutdown
+        // while still connecting too): its endpoints' closes are forced, a
+        // graceful one would wait forever for it (`Endpoint::mark_peer_dead`).
+        let peer_dead = !matches!(err, TransportError::Shutdown) || c.state.get() == State::Connecting;
         c.state.set(State::Dead);
         *c.failure.borrow_mut() = Some(err.clone());
         if let Some(tx) = c.ready_tx.borrow_mut().take() {
@@ -432,6 +436,11 @@ impl ClientSide {
             let _ = p.tx.send(Err(err.clone()));
         }
         c.queue.borrow_mut().clear();
+        if peer_dead {
+            for ep in [&*c.ctrl.borrow(), &*c.data.borrow()].into_iter().flatten() {
+                ep.mark_peer_dead();
+            }
+        }
         Self::forget_endpoints(l, &c);
     }
 

@@ -701,6 +701,11 @@ impl ServerSide {
         }
         conn.keys.borrow_mut().clear();
         for ep in [conn.ctrl.borrow_mut().take(), conn.data.borrow_mut().take()].into_iter().flatten() {
+            if failed {
+                // Gone or silent: a graceful close would wait for it
+                // forever (`Endpoint::mark_peer_dead`).
+                ep.mark_peer_dead();
+            }
             l.server.by_ep.borrow_mut().remove(&ep.id());
         }
     }
@@ -748,7 +753,14 @@ impl ServerSide {
             }
         }
         let timeout = o.connect_timeout;
-        l.server.accepted.borrow_mut().retain(|_, (_, t, _)| now.duration_since(*t) < timeout);
+        l.server.accepted.borrow_mut().retain(|_, (ep, t, _)| {
+            let keep = now.duration_since(*t) < timeout;
+            if !keep {
+                // No hello within the deadline: do not wait on its close.
+                ep.mark_peer_dead();
+            }
+            keep
+        });
     }
 
     pub(crate) fn shutdown(l: &Rc<Local>) {

@@ -75,6 +75,8 @@ pub(crate) struct EpInner {
     /// Processes on this host proven to be the peer (see
     /// [`Endpoint::set_peer_processes`]); empty if none is known.
     pub(crate) peer_processes: RefCell<Vec<u32>>,
+    /// The owner knows the peer is gone ([`Endpoint::mark_peer_dead`]).
+    peer_dead: Cell<bool>,
 }
 
 impl EpInner {
@@ -91,7 +93,12 @@ impl Drop for EpInner {
     fn drop(&mut self) {
         // Closing needs progress, which may not happen here (we could be
         // inside a callback): hand the endpoint to the worker.
-        let force = self.mode == ErrMode::Peer && self.err.failed.get().is_some();
+        // A graceful close waits for the peer (a flush, then the
+        // disconnect handshake): to a peer that is gone it never finishes,
+        // and the worker could then never be destroyed (see its Drop). A
+        // forced close completes locally; UCX accepts it in PEER mode only.
+        let known_dead = self.err.failed.get().is_some() || self.peer_dead.get();
+        let force = self.mode == ErrMode::Peer && known_dead;
         self.worker.defer_close(PendingClose { h: self.h, force, err: self.err.clone() });
     }
 }
@@ -122,6 +129,7 @@ pub(crate) fn create(
             err,
             mode,
             peer_processes: RefCell::new(Vec::new()),
+            peer_dead: Cell::new(false),
         }),
     })
 }
@@ -184,6 +192,17 @@ impl Endpoint {
     /// The status the peer-failure callback reported, if it fired.
     pub fn failed(&self) -> Option<Status> {
         self.inner.err.failed.get()
+    }
+
+    /// Records that the peer is gone although UCX did not say so (no answer
+    /// to a connect within its deadline, keepalives unanswered): the
+    /// endpoint's close, when the last handle is dropped, is then forced
+    /// (`UCP_EP_CLOSE_FLAG_FORCE`, which completes locally, outstanding
+    /// requests cancelled) instead of waiting for a peer that will not
+    /// answer. Only for [`ErrMode::Peer`] endpoints (UCX refuses a forced
+    /// close otherwise); a no-op on the others.
+    pub fn mark_peer_dead(&self) {
+        self.inner.peer_dead.set(true);
     }
 
     /// Called (inside progress) when UCX reports the peer failed. The hook

@@ -66,9 +66,11 @@ impl WorkerInner {
                 }
             }
         }
-        // Closes that never finish (a dead peer on an endpoint without error
-        // handling) are abandoned after a while: the endpoint's resources are
-        // left to the process's end (the worker is then not destroyed).
+        // Closes that never finish (a graceful close to a peer that is gone:
+        // an endpoint without error handling, or one whose owner did not
+        // know, see `Endpoint::mark_peer_dead`, which forces the close)
+        // are abandoned after a while: the endpoint's resources are left to
+        // the process's end (the worker is then not destroyed).
         self.closing.borrow_mut().retain(|(op, err, t)| {
             if op.poll_done().is_some() {
                 return false;

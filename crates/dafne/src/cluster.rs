@@ -46,6 +46,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
+/// The most io servers a cluster has.
+pub const MAX_IO_SERVERS: u32 = 64;
+
 /// The configuration file; every field has a default, so an empty file (or
 /// none) is a valid configuration. Unknown keys are refused, so that a typo
 /// is an error rather than a silently ignored setting.
@@ -332,11 +335,45 @@ impl Config {
         let multi = !c.hosts.is_empty();
         c.ucx = with_embedded_ucx(std::mem::take(&mut c.ucx), multi);
         if multi {
-            // The hosts list decides how many io servers there are.
-            c.cluster.io_servers = c.hosts.iter().map(|h| h.io_servers).sum();
+            c.apply_hosts(text).with_context(|| format!("{}", origin.display()))?;
         }
         c.check().with_context(|| format!("{}", origin.display()))?;
         Ok(c)
+    }
+
+    /// With a `[[hosts]]` list: the hosts decide how many io servers there
+    /// are (each host's count bounded first, so that the sum cannot
+    /// overflow), `[cluster] io_servers` and `host` are refused unless they
+    /// agree (a file `up` saved writes them), and an unset `[meta]
+    /// stripe_count` is clamped to the io servers, as on one host.
+    fn apply_hosts(&mut self, text: &str) -> Result<()> {
+        for h in &self.hosts {
+            if h.io_servers > MAX_IO_SERVERS {
+                bail!("host {:?}: io_servers = {}: choose between 0 and {MAX_IO_SERVERS}", h.name, h.io_servers);
+            }
+        }
+        let total: u32 = self.hosts.iter().map(|h| h.io_servers).sum();
+        let raw: toml::Table = toml::from_str(text).unwrap_or_default();
+        let section = |name: &str, key: &str| raw.get(name).and_then(|t| t.get(key)).cloned();
+        if let Some(n) = section("cluster", "io_servers") {
+            if n.as_integer() != Some(i64::from(total)) {
+                bail!(
+                    "[cluster] io_servers = {n} is not used with a [[hosts]] list (each host's io_servers is; they \
+                     add up to {total}): remove it"
+                );
+            }
+        }
+        if section("cluster", "host").is_some() && self.cluster.host != ClusterConfig::default().host {
+            bail!(
+                "[cluster] host = \"{}\" is not used with a [[hosts]] list (each host's address is): remove it",
+                self.cluster.host
+            );
+        }
+        self.cluster.io_servers = total;
+        if section("meta", "stripe_count").is_none() {
+            self.meta.stripe_count = self.meta.stripe_count.min(total.max(1));
+        }
+        Ok(())
     }
 
     pub fn load(path: &Path) -> Result<Config> {
@@ -349,14 +386,19 @@ impl Config {
     pub fn check(&self) -> Result<()> {
         self.check_hosts()?;
         let c = &self.cluster;
-        if c.io_servers == 0 || c.io_servers > 64 {
-            bail!("cluster.io_servers = {}: choose between 1 and 64", c.io_servers);
+        if c.io_servers == 0 || c.io_servers > MAX_IO_SERVERS {
+            if self.multi_host() {
+                bail!("the hosts' io_servers add up to {}: choose between 1 and {MAX_IO_SERVERS}", c.io_servers);
+            }
+            bail!("cluster.io_servers = {}: choose between 1 and {MAX_IO_SERVERS}", c.io_servers);
         }
-        if c.io_base_port as u32 + c.io_servers > u16::MAX as u32 {
+        // Ports io_base_port ..= io_base_port + io_servers - 1 (with
+        // [[hosts]], each host's own count: `check_hosts`).
+        if !self.multi_host() && c.io_base_port as u32 + c.io_servers > u16::MAX as u32 + 1 {
             bail!("cluster.io_base_port = {} leaves no room for {} io servers", c.io_base_port, c.io_servers);
         }
         let io_ports = c.io_base_port as u32..c.io_base_port as u32 + c.io_servers;
-        if c.meta_port != 0 && io_ports.contains(&(c.meta_port as u32)) {
+        if !self.multi_host() && c.meta_port != 0 && io_ports.contains(&(c.meta_port as u32)) {
             bail!("cluster.meta_port = {} collides with the io servers' ports {:?}", c.meta_port, io_ports);
         }
         if c.metrics_base_port != 0 {
@@ -456,6 +498,15 @@ impl Config {
                     h.address
                 );
             }
+            if h.address.is_loopback() != self.hosts[0].address.is_loopback() {
+                bail!(
+                    "host {:?}: address = \"{}\": a loopback address is reachable only from its own machine; give \
+                     every host its address on the cluster's network (or every host a loopback address, for a \
+                     cluster on one machine)",
+                    if h.address.is_loopback() { &h.name } else { &self.hosts[0].name },
+                    if h.address.is_loopback() { h.address } else { self.hosts[0].address }
+                );
+            }
             if !h.meta && h.io_servers == 0 {
                 bail!(
                     "host {:?} runs nothing (neither meta = true nor io_servers): remove it from [[hosts]]; a machine \
@@ -463,7 +514,7 @@ impl Config {
                     h.name
                 );
             }
-            if u32::from(self.cluster.io_base_port) + h.io_servers > u32::from(u16::MAX) {
+            if u64::from(self.cluster.io_base_port) + u64::from(h.io_servers) > u64::from(u16::MAX) + 1 {
                 bail!(
                     "host {:?}: cluster.io_base_port = {} leaves no room for its {} io servers",
                     h.name,
@@ -749,7 +800,7 @@ impl ClusterInfo {
         let text = match std::fs::read_to_string(&path) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                bail!("no dafne cluster is running in {}: start one with `dafne up{}`", dir.display(), dir_flag(dir))
+                bail!("no dafne cluster is running in {}: start one with `{}`", dir.display(), up_command(dir))
             }
             Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
         };
@@ -761,10 +812,10 @@ impl ClusterInfo {
         }
         if !supervisor_running(dir) || !pid_alive(info.supervisor_pid) {
             bail!(
-                "the dafne cluster in {} is not running (its supervisor, pid {}, is gone): run `dafne up{}` again",
+                "the dafne cluster in {} is not running (its supervisor, pid {}, is gone): run `{}` again",
                 dir.display(),
                 info.supervisor_pid,
-                dir_flag(dir)
+                up_command(dir)
             );
         }
         Ok(info)
@@ -830,6 +881,22 @@ impl ClusterInfo {
 }
 
 /// ` --dir DIR` when `dir` is not what the command finds by default.
+/// The `dafne up` that starts `dir`'s cluster again: with the host its
+/// last `up --host` recorded (`DIR/host`), `--client` for a machine of a
+/// multi-host cluster that recorded none, plain otherwise.
+pub fn up_command(dir: &Path) -> String {
+    let f = dir_flag(dir);
+    if let Some(h) = std::fs::read_to_string(dir.join("host")).ok().map(|s| s.trim().to_string()) {
+        if !h.is_empty() {
+            return format!("dafne up --host {h}{f}");
+        }
+    }
+    if Config::load(&dir.join("config.toml")).is_ok_and(|c| c.multi_host()) {
+        return format!("dafne up --client{f}` (or `dafne up --host NAME{f}` on a server's host");
+    }
+    format!("dafne up{f}")
+}
+
 pub fn dir_flag(dir: &Path) -> String {
     match resolve_dir(None) {
         Ok(d) if d == dir => String::new(),
@@ -1171,5 +1238,34 @@ ucx = { NET_DEVICES = "eth1" }
         assert!(err(&name).contains("letters, digits"), "{}", err(&name));
         let typo = THREE.replace("io_servers = 1", "io_server = 1");
         assert!(err(&typo).contains("io_server"), "{}", err(&typo));
+    }
+
+    /// Found by review: the hosts' counts were summed unchecked (a debug
+    /// build panicked, a release build wrapped to 1 io server and host b
+    /// ran nothing); one io server at port 65535 was refused; a loopback
+    /// address beside real ones, `[cluster] io_servers` and `host` were
+    /// taken silently; the default stripe count refused a smaller cluster.
+    #[test]
+    fn host_counts_ports_and_ignored_settings_are_checked() {
+        let huge = THREE.replace("io_servers = 1\n", "io_servers = 4294967295\n");
+        assert!(err(&huge).contains("host \"a\": io_servers = 4294967295: choose between 0 and 64"), "{}", err(&huge));
+        let many = THREE.replace("io_servers = 1\n", "io_servers = 63\n");
+        assert!(err(&many).contains("add up to 65: choose between 1 and 64"), "{}", err(&many));
+        let top = THREE.replace("io_base_port = 7710", "io_base_port = 65534");
+        Config::parse(&top, Path::new("h.toml")).expect("ports 65534 and 65535 for host b's two io servers");
+        let over = THREE.replace("io_base_port = 7710", "io_base_port = 65535");
+        assert!(err(&over).contains("leaves no room for its 2 io servers"), "{}", err(&over));
+        let lo = THREE.replace("10.0.0.2", "127.0.0.1");
+        assert!(err(&lo).contains("host \"a\": address = \"127.0.0.1\": a loopback address"), "{}", err(&lo));
+        let all_lo = THREE.replace("10.0.0.", "127.0.0.");
+        Config::parse(&all_lo, Path::new("h.toml")).expect("every host on loopback: one machine");
+        let count = THREE.replace("[cluster]\n", "[cluster]\nio_servers = 8\n");
+        assert!(err(&count).contains("[cluster] io_servers = 8 is not used"), "{}", err(&count));
+        let agreeing = THREE.replace("[cluster]\n", "[cluster]\nio_servers = 3\n");
+        Config::parse(&agreeing, Path::new("h.toml")).expect("a count that agrees (as `up` saves it)");
+        let host = THREE.replace("[cluster]\n", "[cluster]\nhost = \"10.0.0.9\"\n");
+        assert!(err(&host).contains("[cluster] host = \"10.0.0.9\" is not used"), "{}", err(&host));
+        let small = THREE.replace("stripe_count = 3\n", "");
+        assert_eq!(Config::parse(&small, Path::new("h.toml")).unwrap().meta.stripe_count, 3, "default 4 clamped");
     }
 }

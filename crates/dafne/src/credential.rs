@@ -114,7 +114,8 @@ fn issue(a: IssueArgs) -> Result<()> {
     println!("  gids: {}", show(&c.gids));
     println!("  root: {}", if c.root { "kept" } else { "squashed to nobody (65534)" });
     println!(
-        "Give the file to the client host; it mounts with `dafne mount DIR --credential {}` (no cluster secret needed).",
+        "Give the file to the client host; it mounts with `dafne mount --dir CLUSTER_DIR --credential {} MOUNTPOINT` \
+         (no cluster secret needed).",
         out.display()
     );
     Ok(())

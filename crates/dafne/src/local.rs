@@ -32,8 +32,9 @@
 //! (`dafne_auth`'s module docs, "Revocation").
 //!
 //! # Relaying revocations
-//! The same thread relays meta's revocation log to the io servers every
-//! [`RELAY_EVERY`]: it asks meta (as uid 0) for the entries after the last
+//! A thread per io server relays meta's revocation log to it every
+//! [`RELAY_EVERY`] (one per server, so that a host that does not answer
+//! delays nothing but its own servers): it asks meta (as uid 0) for the entries after the last
 //! one each io server reports having applied, and sends them on. Meta signs
 //! each batch; an io server checks the signature and that the batch
 //! follows on from what it has, so the relay is trusted with nothing but
@@ -69,7 +70,7 @@ use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -129,6 +130,11 @@ pub struct UpArgs {
     /// `--credential`).
     #[arg(long, conflicts_with_all = ["host", "foreground"])]
     pub client: bool,
+    /// Of --client: this machine's network devices for UCX, over the
+    /// file's `[ucx] NET_DEVICES` (a NIC named differently here), as
+    /// UCX_NET_DEVICES takes them (e.g. `ens9` or `mlx5_0:1`).
+    #[arg(long, value_name = "DEVICES", requires = "client")]
+    pub net_devices: Option<String>,
     /// Run the supervisor in this command until SIGTERM (for systemd and
     /// other service managers), its log on stdout, instead of in the
     /// background.
@@ -206,6 +212,22 @@ fn effective_config(a: &UpArgs, dir: &Path) -> Result<(Config, Option<String>)> 
     };
     if c.multi_host() && a.io_servers.is_some() {
         bail!("--io-servers: this configuration's [[hosts]] list says how many io servers each host runs");
+    }
+    // Every host (and client) must agree on the ports: they come from the
+    // one file, never from one host's command line.
+    if c.multi_host() {
+        for (flag, given, key) in [
+            ("--meta-port", a.meta_port.is_some(), "meta_port"),
+            ("--io-base-port", a.io_base_port.is_some(), "io_base_port"),
+            ("--metrics-base-port", a.metrics_base_port.is_some(), "metrics_base_port"),
+        ] {
+            if given {
+                bail!(
+                    "{flag}: with a [[hosts]] list every host must use the same ports: set [cluster] {key} in the \
+                     configuration file (the same file on every host) instead"
+                );
+            }
+        }
     }
     if let Some(n) = a.io_servers {
         c.cluster.io_servers = n;
@@ -304,6 +326,14 @@ fn check_ports(c: &Config, host: Option<&str>) -> Result<()> {
                     addr.ip()
                 );
             }
+            if e.kind() == std::io::ErrorKind::AddrInUse && host.is_some() {
+                bail!(
+                    "address {addr} (for the {what}) is already in use, by another dafne cluster or another program \
+                     (`ss -ltnp | grep {}` shows which): stop it, or choose other ports with [cluster] meta_port / \
+                     io_base_port / metrics_base_port in the configuration file, changed on every host",
+                    addr.port()
+                );
+            }
             if e.kind() == std::io::ErrorKind::AddrInUse {
                 bail!(
                     "address {addr} (for the {what}) is already in use, by another dafne cluster or another program \
@@ -341,6 +371,11 @@ pub fn up(a: UpArgs) -> Result<()> {
         if a.config.is_some() || flags_given(&a) {
             eprintln!("warning: the configuration and flags given were not applied: `dafne down` first to change them");
         }
+        if a.foreground {
+            // A service manager must not take this for a supervisor that
+            // ran and stopped cleanly.
+            bail!("--foreground: a supervisor already runs this cluster (pid {})", info.supervisor_pid);
+        }
         return Ok(());
     }
     // Held while this command prepares the directory, so that a second
@@ -351,19 +386,31 @@ pub fn up(a: UpArgs) -> Result<()> {
         .with_context(|| format!("another `dafne up` or a supervisor is starting in {}: wait for it", dir.display()))?;
     let (c, save) = effective_config(&a, &dir)?;
     if a.client {
-        return up_client(&dir, &c, save);
+        return up_client(&dir, &c, save, a.net_devices.as_deref());
     }
-    let host = this_host(&c, a.host.as_deref())?;
+    // Without --host, the host this directory's last `up --host` ran.
+    let recorded = a.host.is_none().then(|| recorded_host(&dir)).flatten().filter(|_| c.multi_host());
+    let host = this_host(&c, a.host.as_deref().or(recorded.as_deref()))?;
     if let Some(h) = &host {
+        // Is this machine `h` at all? Asked first: the other checks'
+        // advice is for the right machine only.
+        let address = c.host(h)?.address;
+        if let Err(e) = TcpListener::bind(SocketAddr::new(address, 0)) {
+            if e.kind() == std::io::ErrorKind::AddrNotAvailable {
+                bail!(
+                    "{address} is not an address of this machine: host {h:?}'s address in [[hosts]] must be one of \
+                     this machine's (is this machine {h:?}? `ip addr` lists its addresses)"
+                );
+            }
+        }
         // Io servers of a host without the metadata server need the
         // secret it created, before they start.
         let secret = dir.join("meta").join("cluster.secret");
         if c.meta_host() != h && !secret.exists() {
             bail!(
                 "host {h:?} runs io servers without the metadata server, so it needs the cluster secret first: copy \
-                 {} from host {:?} (created by its first `dafne up --host {}`) to {} on this machine, mode 0600 \
-                 (e.g. `install -D -m 600 SECRET {}`)",
-                secret.display(),
+                 meta/cluster.secret from the cluster directory of host {:?} (its --dir there; created by its first \
+                 `dafne up --host {}`) to {} on this machine, mode 0600 (e.g. `install -D -m 600 SECRET {}`)",
                 c.meta_host(),
                 c.meta_host(),
                 secret.display(),
@@ -421,8 +468,15 @@ pub fn up(a: UpArgs) -> Result<()> {
     }
     let _ = std::fs::remove_file(ClusterInfo::path(&dir));
     if a.foreground {
+        STOP_WITH_SUPERVISOR.store(true, Ordering::Relaxed);
         crate::cluster::set_lock_owner(&prep, std::process::id())?;
-        return supervise_locked(&dir);
+        // What it prints goes to the service manager's journal and to
+        // DIR/logs/supervisor.log, which `dafne down` follows (progress
+        // and errors of the stop).
+        let tee = Tee::start(&logs_dir(&dir).join("supervisor.log"))?;
+        let r = supervise_locked(&dir);
+        tee.finish();
+        return r;
     }
     let log_path = logs_dir(&dir).join("supervisor.log");
     let log = std::fs::File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
@@ -486,12 +540,23 @@ pub fn up(a: UpArgs) -> Result<()> {
 }
 
 /// `dafne up --client`: the cluster file of a machine that runs no server.
-fn up_client(dir: &Path, c: &Config, save: Option<String>) -> Result<()> {
+fn up_client(dir: &Path, c: &Config, save: Option<String>, net_devices: Option<&str>) -> Result<()> {
     if !c.multi_host() {
         bail!(
             "--client: this configuration lists no [[hosts]]; a one-host cluster's clients use the cluster.json \
              its `dafne up` wrote"
         );
+    }
+    let mut ucx = c.ucx.clone();
+    if let Some(d) = net_devices {
+        let valid = |x: &str| !x.is_empty() && x.chars().all(|ch| ch.is_ascii_alphanumeric() || "_.:-".contains(ch));
+        if d.len() > 256 || !d.split(',').all(valid) {
+            bail!(
+                "--net-devices {d:?}: give this machine's network devices as UCX names them, comma-separated (e.g. \
+                 ens9, or mlx5_0:1); `ucx_info -d` lists them"
+            );
+        }
+        ucx.insert("NET_DEVICES".into(), d.to_string());
     }
     if let Some(text) = save {
         let path = dir.join("config.toml");
@@ -503,7 +568,7 @@ fn up_client(dir: &Path, c: &Config, save: Option<String>) -> Result<()> {
         meta: c.meta_addr(),
         io: (0..c.cluster.io_servers).map(|i| c.io_addr(i)).collect(),
         secret: dir.join("meta").join("cluster.secret"),
-        ucx: c.ucx.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        ucx: ucx.into_iter().collect(),
         supervisor_pid: 0,
         attr_timeout_ms: c.mount.attr_timeout_ms,
         entry_timeout_ms: c.mount.entry_timeout_ms,
@@ -698,6 +763,86 @@ struct Spawned {
     metrics: Option<SocketAddr>,
 }
 
+/// Copies this process's stdout and stderr to where they went and to a
+/// log file (`up --foreground`), until [`Tee::finish`].
+struct Tee {
+    saved: (std::os::fd::OwnedFd, std::os::fd::OwnedFd),
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Tee {
+    fn start(log: &Path) -> Result<Tee> {
+        use std::io::Write as _;
+        use std::os::fd::AsFd as _;
+        let mut file = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
+        let out = std::io::stdout().as_fd().try_clone_to_owned().context("duplicating stdout")?;
+        let err = std::io::stderr().as_fd().try_clone_to_owned().context("duplicating stderr")?;
+        let (mut reader, writer) = std::io::pipe().context("creating a pipe")?;
+        let mut to = std::fs::File::from(out.try_clone().context("duplicating stdout")?);
+        rustix::stdio::dup2_stdout(&writer).context("redirecting stdout")?;
+        rustix::stdio::dup2_stderr(&writer).context("redirecting stderr")?;
+        drop(writer);
+        let thread = std::thread::spawn(move || {
+            let mut buf = [0u8; 8192];
+            while let Ok(n) = std::io::Read::read(&mut reader, &mut buf) {
+                if n == 0 {
+                    break;
+                }
+                let _ = to.write_all(&buf[..n]);
+                let _ = file.write_all(&buf[..n]);
+            }
+        });
+        Ok(Tee { saved: (out, err), thread })
+    }
+
+    /// Puts stdout and stderr back and copies what is left.
+    fn finish(self) {
+        use std::io::Write as _;
+        let _ = std::io::stdout().flush();
+        let _ = rustix::stdio::dup2_stdout(&self.saved.0);
+        let _ = rustix::stdio::dup2_stderr(&self.saved.1);
+        // The pipe ends when the servers' inherited copies close too;
+        // a server left running (it did not stop) would hold it open.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while !self.thread.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if self.thread.is_finished() {
+            let _ = self.thread.join();
+        }
+    }
+}
+
+/// Set by `up --foreground`: its servers stop (SIGTERM: io servers write
+/// back their caches) when the supervisor dies, instead of running on
+/// unsupervised. Under a service manager nothing else would stop them
+/// (systemd's `KillMode=mixed` signals the main process only, then waits
+/// out `TimeoutStopSec` to SIGKILL the rest), and the next supervisor
+/// would refuse to start beside them. The background supervisor's
+/// servers outlive it, as `dafne down` expects.
+static STOP_WITH_SUPERVISOR: AtomicBool = AtomicBool::new(false);
+
+/// The variable that tells a server the pid of the supervisor it stops
+/// with ([`STOP_WITH_SUPERVISOR`], [`stop_with_supervisor`]).
+const SUPERVISOR_ENV: &str = "DAFNE_STOP_WITH_SUPERVISOR";
+
+/// Called first by `dafne serve`: when started by a foreground
+/// supervisor, asks the kernel for SIGTERM at the supervisor's death
+/// (`PR_SET_PDEATHSIG`; servers are spawned from the supervisor's main
+/// thread, whose end is the process's), and exits at once if it died
+/// already.
+pub fn stop_with_supervisor() -> Result<()> {
+    let Ok(pid) = std::env::var(SUPERVISOR_ENV) else { return Ok(()) };
+    std::env::remove_var(SUPERVISOR_ENV);
+    rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::TERM))
+        .context("asking to be stopped with the supervisor")?;
+    let parent = rustix::process::getppid().map(|p| p.as_raw_nonzero().get().to_string());
+    if parent.as_deref() != Some(pid.as_str()) {
+        bail!("the supervisor (pid {pid}) that started this server is gone");
+    }
+    Ok(())
+}
+
 /// Starts `dafne serve …`, waits for `listening on ADDR` (after it,
 /// `metrics on ADDR` when it serves metrics); output goes to `log`
 /// (stdout's banner lines are read here first).
@@ -716,6 +861,8 @@ fn spawn_server(args: &[String], log: &Path) -> Result<Spawned> {
         // The metadata server's test hook that drops replies must never
         // reach a cluster from a variable left set in the user's shell.
         .env_remove(dafne_meta::service::FAULT_DROP_REPLY)
+        .env_remove(SUPERVISOR_ENV)
+        .envs(STOP_WITH_SUPERVISOR.load(Ordering::Relaxed).then(|| (SUPERVISOR_ENV, std::process::id().to_string())))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(logf.try_clone()?)
@@ -877,10 +1024,12 @@ fn supervise_locked(dir: &Path) -> Result<()> {
     }
     // Computed once, so every io server gets the same cache.
     let cache_mib = c.io_cache_mib_for(local_io.len() as u32);
-    progress(format_args!(
-        "io caches: {cache_mib} MiB each{}",
-        if c.io.cache_mib.is_some() { "" } else { " (a share of available memory; set [io] cache_mib to choose)" }
-    ));
+    if !local_io.is_empty() {
+        progress(format_args!(
+            "io caches: {cache_mib} MiB each{}",
+            if c.io.cache_mib.is_some() { "" } else { " (a share of available memory; set [io] cache_mib to choose)" }
+        ));
+    }
     for &i in &local_io {
         let mut args: Vec<String> = vec!["serve".into(), "io".into(), "--data-dir".into()];
         args.push(dir.join(format!("io-{i}")).display().to_string());
@@ -975,7 +1124,7 @@ fn supervise_locked(dir: &Path) -> Result<()> {
     // Where the metadata server runs: the reclaimer and the revocation
     // relay (they reach every io server, on whichever host).
     if !stop.load(Ordering::Relaxed) && runs_meta {
-        let r = Reclaimer::new(&info, c.cluster.reclaim_after_s);
+        let r = Reclaimer::new(&info, c.cluster.reclaim_after_s)?;
         let stop = stop.clone();
         std::thread::Builder::new()
             .name("reclaimer".into())
@@ -1061,126 +1210,204 @@ fn supervise_locked(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The reclaimer (module docs, "Reclaiming deleted files' data"). Its
-/// connections are made at its first round, after the cluster is up, and
-/// again after a round that could not make them; once made, they
-/// reconnect by themselves.
+/// The reclaimer (module docs, "Reclaiming deleted files' data") and the
+/// revocation relay. One transport runtime (one UCX context and worker)
+/// serves them for the supervisor's whole life: a failed connection
+/// attempt drops its endpoints in that worker (forced closed when the peer
+/// never answered) rather than a whole runtime each time. Each io server
+/// has a connection of its own, made and used by a relay thread of its
+/// own, so that a host that does not answer (a connect or a call waiting
+/// out its timeout) holds up nothing but its own servers: revocations
+/// still reach the others within [`RELAY_EVERY`] or so.
 struct Reclaimer {
-    meta: SocketAddr,
-    io: Vec<SocketAddr>,
-    ucx: Vec<(String, String)>,
-    secret: PathBuf,
     after_s: u32,
-    conn: Option<ReclaimerConn>,
-    /// Per io server, the (meta instance, log sequence) it last reported
-    /// having applied ((0, 0): nothing yet, or not asked yet).
-    applied: Vec<(u64, u64)>,
+    shared: Arc<ReclaimShared>,
 }
 
-struct ReclaimerConn {
-    // Kept alive for the two clients below.
-    _rt: dafne_transport::Runtime,
-    meta: dafne_client::MetaSession,
-    data: dafne_client::data::DataClient,
-    secret: dafne_auth::Secret,
+/// What the reclaimer's threads share: the runtime, the metadata session
+/// (made by the reclaimer's thread) and one data connection per io server
+/// (each made by that server's relay thread).
+struct ReclaimShared {
+    meta_addr: SocketAddr,
+    io_addrs: Vec<SocketAddr>,
+    secret_path: PathBuf,
+    rt: dafne_transport::Runtime,
+    meta: Mutex<Option<(dafne_client::MetaSession, dafne_auth::Secret)>>,
+    /// Per io server, a client of that one server (its id there is 0).
+    io: Vec<Mutex<Option<dafne_client::data::DataClient>>>,
+}
+
+impl ReclaimShared {
+    fn meta(&self) -> Option<(dafne_client::MetaSession, dafne_auth::Secret)> {
+        self.meta.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn secret(&self) -> Result<dafne_auth::Secret> {
+        dafne_auth::Secret::load(&self.secret_path)
+            .with_context(|| format!("reading the cluster secret {}", self.secret_path.display()))
+    }
+
+    /// The metadata session, made if there is none yet.
+    fn meta_or_connect(&self) -> Result<(dafne_client::MetaSession, dafne_auth::Secret)> {
+        if let Some(m) = self.meta() {
+            return Ok(m);
+        }
+        let secret = self.secret()?;
+        let meta = dafne_client::MetaSession::connect(&self.rt, self.meta_addr, &secret, "reclaimer", 0, 0)
+            .context("connecting to the metadata server")?;
+        *self.meta.lock().unwrap_or_else(|p| p.into_inner()) = Some((meta.clone(), secret.clone()));
+        Ok((meta, secret))
+    }
+
+    /// Io server `server`'s client, made if there is none yet (this
+    /// blocks while that server does not answer: called by that server's
+    /// relay thread and by the reclaimer's round, never by another relay
+    /// thread).
+    fn io_or_connect(&self, server: usize) -> Result<dafne_client::data::DataClient> {
+        if let Some(d) = self.io[server].lock().unwrap_or_else(|p| p.into_inner()).clone() {
+            return Ok(d);
+        }
+        let secret = self.secret()?;
+        let addr = self.io_addrs[server];
+        let d = dafne_client::data::DataClient::connect(&self.rt, &[addr], &secret)
+            .with_context(|| format!("connecting to io-{server} at {addr}"))?;
+        *self.io[server].lock().unwrap_or_else(|p| p.into_inner()) = Some(d.clone());
+        Ok(d)
+    }
 }
 
 impl Reclaimer {
-    fn new(info: &ClusterInfo, after_s: u32) -> Reclaimer {
-        Reclaimer {
-            meta: info.meta,
-            io: info.io.clone(),
-            ucx: info.ucx.clone(),
-            secret: info.secret.clone(),
+    fn new(info: &ClusterInfo, after_s: u32) -> Result<Reclaimer> {
+        let rt = dafne_transport::Runtime::new(dafne_transport::RuntimeOptions {
+            name: "reclaimer".into(),
+            ucx_config: info.ucx.clone(),
+            ..Default::default()
+        })
+        .context("starting the reclaimer's transport")?;
+        Ok(Reclaimer {
             after_s,
-            conn: None,
-            applied: vec![(0, 0); info.io.len()],
-        }
+            shared: Arc::new(ReclaimShared {
+                meta_addr: info.meta,
+                io_addrs: info.io.clone(),
+                secret_path: info.secret.clone(),
+                rt,
+                meta: Mutex::new(None),
+                io: info.io.iter().map(|_| Mutex::new(None)).collect(),
+            }),
+        })
+    }
+
+    fn every(&self) -> Duration {
+        Duration::from_secs(u64::from(self.after_s / 2).clamp(1, 5))
     }
 
     /// A round every `reclaim_after_s / 2` seconds, between 1 and 5 (the
-    /// first at once), and a relay of revocations every [`RELAY_EVERY`],
-    /// until `stop`, which is looked at as often.
-    fn run(mut self, stop: &AtomicBool) {
-        let every = Duration::from_secs(u64::from(self.after_s / 2).clamp(1, 5));
-        // The first round at once: it makes the connections the relay uses.
-        let mut next = std::time::Instant::now();
+    /// first at once), until `stop`; and one relay thread per io server
+    /// ([`Reclaimer::relay_thread`]). Returns when they all stopped.
+    fn run(self, stop: &AtomicBool) {
+        let every = self.every();
+        std::thread::scope(|s| {
+            for server in 0..self.shared.io_addrs.len() {
+                let shared = &self.shared;
+                let _ = std::thread::Builder::new()
+                    .name(format!("relay-io-{server}"))
+                    .spawn_scoped(s, move || Self::relay_thread(shared, server, every, stop));
+            }
+            let mut next = Instant::now();
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(RELAY_EVERY);
+                if Instant::now() < next {
+                    continue;
+                }
+                // While the cluster stops, failures are expected, not errors
+                // (`down` reports every `error:` line of this log).
+                if let Err(e) = self.round(stop) {
+                    if !stop.load(Ordering::Relaxed) {
+                        println!("error: reclaiming deleted files' data: {e:#} (retried in {}s)", every.as_secs());
+                    }
+                }
+                next = Instant::now() + every;
+            }
+        });
+    }
+
+    /// Relays revocations to io server `server` every [`RELAY_EVERY`]
+    /// (module docs, "Relaying revocations"): the batch that follows what
+    /// it reports having applied. A server that did not answer keeps its
+    /// position and is tried again next time; its connection is made again
+    /// at most every `every` while it cannot be.
+    fn relay_thread(shared: &ReclaimShared, server: usize, every: Duration, stop: &AtomicBool) {
+        // (meta instance, log sequence) last applied ((0, 0): not asked yet).
+        let mut at = (0u64, 0u64);
+        let mut next_connect = Instant::now();
         while !stop.load(Ordering::Relaxed) {
             std::thread::sleep(RELAY_EVERY);
-            // Failures here are the round's to report (the same connections).
-            let _ = self.relay();
-            if std::time::Instant::now() < next {
-                continue;
-            }
-            // While the cluster stops, failures are expected, not errors
-            // (`down` reports every `error:` line of this log).
-            if let Err(e) = self.round(stop) {
-                if !stop.load(Ordering::Relaxed) {
-                    println!("error: reclaiming deleted files' data: {e:#} (retried in {}s)", every.as_secs());
+            let Some((meta, secret)) = shared.meta() else { continue };
+            if shared.io[server].lock().unwrap_or_else(|p| p.into_inner()).is_none() {
+                if Instant::now() < next_connect {
+                    continue;
                 }
+                next_connect = Instant::now() + every;
             }
-            next = std::time::Instant::now() + every;
-        }
-    }
-
-    fn connect(&self) -> Result<ReclaimerConn> {
-        let secret = dafne_auth::Secret::load(&self.secret)
-            .with_context(|| format!("reading the cluster secret {}", self.secret.display()))?;
-        let rt = dafne_transport::Runtime::new(dafne_transport::RuntimeOptions {
-            name: "reclaimer".into(),
-            ucx_config: self.ucx.clone(),
-            ..Default::default()
-        })?;
-        let meta = dafne_client::MetaSession::connect(&rt, self.meta, &secret, "reclaimer", 0, 0)?;
-        let data = dafne_client::data::DataClient::connect(&rt, &self.io, &secret)?;
-        Ok(ReclaimerConn { _rt: rt, meta, data, secret })
-    }
-
-    /// One relay of revocations (module docs, "Relaying revocations"): per
-    /// io server, the batch that follows what it applied; meta is asked
-    /// once per distinct position (usually once). An io server that did
-    /// not answer keeps its position and is tried again next time.
-    fn relay(&mut self) -> Result<()> {
-        let Some(c) = &self.conn else { return Ok(()) };
-        let mut batches: Vec<((u64, u64), dafne_proto::Revocations)> = Vec::new();
-        let cap = dafne_client::data::object_capability(&c.secret, 0);
-        for (server, at) in self.applied.iter_mut().enumerate() {
-            let batch = match batches.iter().find(|(k, _)| k == at) {
-                Some((_, b)) => b.clone(),
-                None => {
-                    let b = c.meta.revocations(at.0, at.1).context("asking meta for revocations")?;
-                    batches.push((*at, b.clone()));
-                    b
-                }
-            };
-            if let Ok(now) = block_on(c.data.revoke(server, cap, batch)) {
-                *at = now;
+            // Failures are the round's to report (a server that is down).
+            let Ok(data) = shared.io_or_connect(server) else { continue };
+            let Ok(batch) = meta.revocations(at.0, at.1) else { continue };
+            let cap = dafne_client::data::object_capability(&secret, 0);
+            if let Ok(now) = block_on(data.revoke(0, cap, batch)) {
+                at = now;
             }
         }
-        Ok(())
     }
 
     /// One round: list, remove, forget. An object whose removal failed
-    /// stays listed and is tried again next round.
-    fn round(&mut self, stop: &AtomicBool) -> Result<()> {
-        if self.conn.is_none() {
-            self.conn = Some(self.connect().context("connecting to the cluster")?);
-        }
-        let Some(c) = &self.conn else { return Ok(()) };
+    /// (one of its servers not connected yet, or failing) stays listed and
+    /// is tried again next round.
+    fn round(&self, stop: &AtomicBool) -> Result<()> {
+        let (meta, secret) = self.shared.meta_or_connect()?;
         let (orphans, generation) =
-            c.meta.list_orphans_at(self.after_s, dafne_proto::MAX_ORPHANS as u32).context("listing orphans")?;
+            meta.list_orphans_at(self.after_s, dafne_proto::MAX_ORPHANS as u32).context("listing orphans")?;
         let mut removed = Vec::with_capacity(orphans.len());
-        for o in orphans {
-            let cap = dafne_client::data::removal_capability(&c.secret, o.object_id, generation);
-            match block_on(c.data.remove_object(&o.servers, cap)) {
-                Ok(()) | Err(dafne_client::Errno::ENOENT) => removed.push(o.object_id),
-                Err(_) if stop.load(Ordering::Relaxed) => return Ok(()),
-                Err(e) => println!("error: removing the data of deleted object {}: {e} (retried later)", o.object_id),
+        // Servers that could not be connected this round: their objects
+        // wait for the next (one connection attempt per server and round).
+        let mut unreachable = std::collections::BTreeMap::new();
+        'objects: for o in orphans {
+            let cap = dafne_client::data::removal_capability(&secret, o.object_id, generation);
+            let mut servers = o.servers.clone();
+            servers.sort_unstable();
+            servers.dedup();
+            for server in servers {
+                if server as usize >= self.shared.io.len() || unreachable.contains_key(&server) {
+                    continue 'objects;
+                }
+                let client = match self.shared.io_or_connect(server as usize) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        unreachable.insert(server, format!("{e:#}"));
+                        continue 'objects;
+                    }
+                };
+                match block_on(client.remove_object(&[0], cap)) {
+                    Ok(()) | Err(dafne_client::Errno::ENOENT) => {}
+                    Err(_) if stop.load(Ordering::Relaxed) => return Ok(()),
+                    Err(e) => {
+                        println!(
+                            "error: removing the data of deleted object {} from io-{server}: {e} (retried later)",
+                            o.object_id
+                        );
+                        continue 'objects;
+                    }
+                }
+            }
+            removed.push(o.object_id);
+        }
+        for (server, e) in &unreachable {
+            if !stop.load(Ordering::Relaxed) {
+                println!("error: reclaiming deleted files' data on io-{server}: {e} (retried later)");
             }
         }
         if !removed.is_empty() {
             let n = removed.len();
-            c.meta.forget_orphans(removed).context("forgetting reclaimed orphans")?;
+            meta.forget_orphans(removed).context("forgetting reclaimed orphans")?;
             println!("reclaimed the data of {n} deleted file(s)");
         }
         Ok(())

@@ -33,12 +33,15 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Start a local cluster (1 metadata server and N io servers as
-    /// separate processes, supervised) with the embedded defaults or a
-    /// configuration file; returns once every server listens.
+    /// Start a cluster's servers on this machine (1 metadata server and N
+    /// io servers as separate processes, supervised) with the embedded
+    /// defaults or a configuration file; with a [[hosts]] list, this
+    /// host's servers (--host NAME) or none (--client). Returns once
+    /// every server listens.
     Up(local::UpArgs),
-    /// Stop the local cluster: unmount its mounts, write back the io
-    /// servers' caches, stop every server. Data stays in the directory.
+    /// Stop this machine's servers of the cluster: unmount its mounts,
+    /// write back the io servers' caches, stop every server. Data stays
+    /// in the directory.
     Down(local::DirArgs),
     /// The cluster's servers, capacity, cache and registration counters,
     /// credits in use, and mounts.
@@ -660,8 +663,8 @@ fn run() -> Result<()> {
         Cmd::Bench(Bench::WritersClient) => dafne_bench::writers::client_main(),
         Cmd::Bench(Bench::Registration(a)) => bench_registration(a),
         Cmd::Nbd(c) => nbd::run(c, parse_size),
-        Cmd::Serve(Serve::Meta(a)) => a.serve(),
-        Cmd::Serve(Serve::Io(a)) => dafne_io::server::serve_forever(&a),
+        Cmd::Serve(Serve::Meta(a)) => local::stop_with_supervisor().and_then(|()| a.serve()),
+        Cmd::Serve(Serve::Io(a)) => local::stop_with_supervisor().and_then(|()| dafne_io::server::serve_forever(&a)),
         Cmd::TransportPeer(p) => {
             let ucx = dafne_transport::parse_ucx_overrides(&p.ucx).map_err(anyhow::Error::msg)?;
             let opts = RuntimeOptions {

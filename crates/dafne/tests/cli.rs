@@ -748,3 +748,53 @@ fn scrub_names_a_block_flipped_on_disk_and_exits_nonzero() {
     assert!(out.contains(&line), "{line:?} not in: {out}");
     assert_eq!(out.matches("bad block: ").count(), 1, "{out}");
 }
+
+/// Found by review: with a `[[hosts]]` list, `--meta-port`,
+/// `--io-base-port` and `--metrics-base-port` were taken on one host (or
+/// client) only, so that hosts' `cluster.json` files disagreed on where
+/// the servers listen. They are refused (the file says, the same on every
+/// host), like `--io-servers`.
+#[test]
+fn a_hosts_list_refuses_port_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("hosts.toml");
+    std::fs::write(
+        &cfg,
+        "[cluster]\nmeta_port = 7700\nio_base_port = 7710\n[[hosts]]\nname = \"m\"\naddress = \"127.0.0.2\"\n\
+         meta = true\nio_servers = 1\n[[hosts]]\nname = \"a\"\naddress = \"127.0.0.3\"\nio_servers = 1\n",
+    )
+    .unwrap();
+    let d = dir.path().join("c").display().to_string();
+    for (flag, key) in
+        [("--meta-port", "meta_port"), ("--io-base-port", "io_base_port"), ("--metrics-base-port", "metrics_base_port")]
+    {
+        let o = run(&["up", "--client", "--dir", &d, "--config", cfg.to_str().unwrap(), flag, "9000"]);
+        assert!(
+            !o.status.success() && text(&o).contains(&format!("{flag}: with a [[hosts]] list every host must use")),
+            "{flag}: {}",
+            text(&o)
+        );
+        assert!(text(&o).contains(&format!("[cluster] {key}")), "{}", text(&o));
+        assert!(!Path::new(&d).join("cluster.json").exists(), "{flag}: nothing written");
+    }
+    let o = run(&["up", "--client", "--dir", &d, "--config", cfg.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let info = std::fs::read_to_string(Path::new(&d).join("cluster.json")).unwrap();
+    assert!(info.contains("127.0.0.3:7710"), "{info}");
+    // Found by review: a client machine could not name its own network
+    // device (the file's, or the hosts', went into its cluster.json).
+    let o = run(&["down", "--dir", &d]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = run(&["up", "--client", "--dir", &d, "--config", cfg.to_str().unwrap(), "--net-devices", "ens9"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let info: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(Path::new(&d).join("cluster.json")).unwrap()).unwrap();
+    let ucx: Vec<(String, String)> = serde_json::from_value(info["ucx"].clone()).unwrap();
+    assert!(ucx.contains(&("NET_DEVICES".into(), "ens9".into())), "{ucx:?}");
+    let o = run(&["down", "--dir", &d]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = run(&["up", "--client", "--dir", &d, "--config", cfg.to_str().unwrap(), "--net-devices", "a b"]);
+    assert!(!o.status.success() && text(&o).contains("--net-devices \"a b\""), "{}", text(&o));
+    let o = run(&["up", "--dir", &d, "--config", cfg.to_str().unwrap(), "--net-devices", "ens9"]);
+    assert!(!o.status.success() && text(&o).contains("--client"), "{}", text(&o));
+}

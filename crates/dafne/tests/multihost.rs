@@ -57,6 +57,25 @@ struct Net {
     hosts: Vec<Host>,
     bridge: String,
     _tmp: tempfile::TempDir,
+    /// Locked while this run lives ([`run_lock`]); dropped last.
+    _lock: std::fs::File,
+}
+
+/// The lock file of the run of pid `pid`: held (flock) while the run
+/// lives, so that another run, even from another pid namespace (where
+/// `/proc/PID` says nothing), can tell a live run's namespaces from those
+/// of a run that was killed.
+fn run_lock(pid: u32) -> PathBuf {
+    std::env::temp_dir().join(format!("dafne-multihost-{pid}.lock"))
+}
+
+/// Whether the run of pid `pid` is gone: its lock file is free (or, for a
+/// run older than the lock files, no such process exists here).
+fn run_gone(pid: u32) -> bool {
+    match std::fs::File::open(run_lock(pid)) {
+        Ok(f) => f.try_lock().is_ok(),
+        Err(_) => !Path::new(&format!("/proc/{pid}")).exists(),
+    }
 }
 
 impl Drop for Net {
@@ -80,6 +99,7 @@ impl Drop for Net {
             let _ = run(Command::new("ip").args(["link", "del", &h.veth]));
         }
         let _ = run(Command::new("ip").args(["link", "del", &self.bridge]));
+        let _ = std::fs::remove_file(run_lock(std::process::id()));
     }
 }
 
@@ -105,12 +125,14 @@ impl Net {
             );
         }
         let _ = run(Command::new("ip").args(["netns", "del", &probe]));
+        let lock = std::fs::File::create(run_lock(pid)).unwrap();
+        lock.lock().unwrap();
         remove_leftovers();
         let tmp = tempfile::Builder::new().prefix("dafne-hosts-test-").tempdir().unwrap();
         // A /24 of 10.0.0.0/8 picked by the pid, so that two runs side by
         // side do not share one (each has its own bridge anyway).
         let subnet = format!("10.{}.{}", 200 + pid % 50, (pid / 50) % 250);
-        let mut net = Net { hosts: Vec::new(), bridge: format!("dhb{pid}"), _tmp: tmp };
+        let mut net = Net { hosts: Vec::new(), bridge: format!("dhb{pid}"), _tmp: tmp, _lock: lock };
         ip(&["link", "add", &net.bridge, "type", "bridge"]);
         ip(&["link", "set", &net.bridge, "up"]);
         for (k, name) in names.iter().enumerate() {
@@ -154,7 +176,7 @@ fn remove_leftovers() {
     let o = run(Command::new("ip").args(["netns", "list"]));
     for ns in String::from_utf8_lossy(&o.stdout).lines().filter_map(|l| l.split_whitespace().next()) {
         let Some(pid) = ns.strip_prefix("dafne-").and_then(|r| r.split('-').next()) else { continue };
-        if pid.parse::<u32>().is_err() || Path::new(&format!("/proc/{pid}")).exists() {
+        if !pid.parse::<u32>().is_ok_and(run_gone) {
             continue;
         }
         let o = run(Command::new("ip").args(["netns", "pids", ns]));
@@ -167,8 +189,8 @@ fn remove_leftovers() {
     let o = run(Command::new("ip").args(["-o", "link", "show", "type", "bridge"]));
     for l in String::from_utf8_lossy(&o.stdout).lines() {
         let Some(name) = l.split(": ").nth(1) else { continue };
-        let Some(pid) = name.strip_prefix("dhb").filter(|p| p.parse::<u32>().is_ok()) else { continue };
-        if !Path::new(&format!("/proc/{pid}")).exists() {
+        let Some(pid) = name.strip_prefix("dhb").and_then(|p| p.parse::<u32>().ok()) else { continue };
+        if run_gone(pid) {
             let _ = run(Command::new("ip").args(["link", "del", name]));
         }
     }
@@ -217,6 +239,9 @@ fn cp_until_done(client: &Host, cred: &Path, from: &str, to: &str) -> Vec<String
         if o.status.success() {
             return errors;
         }
+        // An error is retried; a crash or an abort (killed by a signal,
+        // UCX's assertions) is a failure of the test.
+        assert!(o.status.code().is_some(), "cp {from} {to} crashed ({}): {}", o.status, text(&o));
         errors.push(text(&o).trim().to_string());
         assert!(start.elapsed() < Duration::from_secs(120), "cp {from} {to} kept failing: {errors:#?}");
         std::thread::sleep(Duration::from_millis(500));
@@ -247,6 +272,7 @@ fn long_lived_client(spec: &str) {
     let f = fs.create(root, b"long-lived", 0o644, None).unwrap();
     let chunk = 1 << 20;
     let (mut round, mut after, mut errors, mut longest) = (0u64, 0, 0, Duration::ZERO);
+    let mut first_fds = 0;
     while after < 3 {
         let data = pattern(chunk, 1000 + round);
         let off = (round % 8) * chunk as u64;
@@ -270,11 +296,16 @@ fn long_lived_client(spec: &str) {
                 }
             }
         }
+        if round == 0 {
+            first_fds = fds(u64::from(std::process::id()));
+        }
         round += 1;
         if Path::new(stop).exists() {
             after += 1;
         }
     }
+    let last_fds = fds(u64::from(std::process::id()));
+    println!("\nclient fds: {first_fds} after its first round, {last_fds} at the end");
     println!("\nclient: {round} rounds, {errors} errors, longest round {} ms", longest.as_millis());
 }
 
@@ -326,6 +357,10 @@ io_servers = 2
     assert!(text(&o).contains("no such host") && text(&o).contains("meta, io1, io2"), "{}", text(&o));
     let o = up(io1, &config, &["--host", "io1"]);
     assert!(!o.status.success() && text(&o).contains("needs the cluster secret first"), "{}", text(&o));
+    assert!(text(&o).contains("from the cluster directory of host \"meta\""), "{}", text(&o));
+    // Found by review: on another machine, the secret's advice came first.
+    let o = up(client, &config, &["--host", "io1"]);
+    assert!(!o.status.success() && text(&o).contains("is not an address of this machine"), "{}", text(&o));
 
     // The metadata server's host first: it creates the secret, which the
     // operator copies to the io hosts.
@@ -362,7 +397,14 @@ io_servers = 2
     assert!(o.status.success(), "{}", text(&o));
     let o = up(client, &config, &["--client", "--io-servers", "2"]);
     assert!(!o.status.success() && text(&o).contains("[[hosts]] list says how many"), "{}", text(&o));
-    let o = up(client, &config, &["--client"]);
+    // The client's network device is named otherwise than the file's
+    // `[ucx] NET_DEVICES`: `--net-devices` names its own.
+    for args in
+        [&["link", "set", "eth0", "down"][..], &["link", "set", "eth0", "name", "ens9"], &["link", "set", "ens9", "up"]]
+    {
+        ip(&[&["-n", client.ns.as_str()][..], args].concat());
+    }
+    let o = up(client, &config, &["--client", "--net-devices", "ens9"]);
     assert!(o.status.success(), "{}", text(&o));
     let o = run(dafne_in(&client.ns).args(["status", "--dir", p(&client.dir)]));
     assert!(!o.status.success() && text(&o).contains("--credential"), "without the secret: {}", text(&o));
@@ -488,6 +530,18 @@ io_servers = 2
         .find_map(|l| l.strip_prefix("client: "))
         .unwrap_or_else(|| panic!("no summary from the client: {log}"));
     eprintln!("long-lived client (errors retried on the same connections): {summary}");
+    // Found by review: the endpoints of the connection that died were
+    // closed gracefully, which never finished (the peer was gone), and
+    // kept their sockets: 28 descriptors after the first round, 34 at the
+    // end, here. With forced closes, 28 and 30: the 2 more were, in one
+    // run looked at with `ss`, the old incoming connections of io2's
+    // server-side data endpoints, still ESTABLISHED with 366 bytes unsent
+    // (TCP's retransmission backoff after the outage; not followed to
+    // their end). The bound leaves one of slack.
+    let fd_line = log.lines().find(|l| l.starts_with("client fds: ")).unwrap_or_else(|| panic!("{log}"));
+    eprintln!("long-lived {fd_line}");
+    let counts: Vec<usize> = fd_line.split(' ').filter_map(|w| w.parse().ok()).collect();
+    assert!(counts.len() == 2 && counts[1] <= counts[0] + 3, "the long-lived client's descriptors grew: {fd_line}");
     for l in log.lines().filter_map(|l| l.find("client error").map(|i| &l[i..])) {
         eprintln!("  {l}");
     }
@@ -511,49 +565,358 @@ io_servers = 2
     // (its servers lived through the cut).
     let o = run(dafne_in(&client.ns).args(["status", "--dir", p(&client.dir), "--credential", p(&cred)]));
     assert!(o.status.success(), "{}", text(&o));
-    let states = std::fs::read_to_string(io2.dir.join("servers.json")).unwrap();
-    assert!(!states.contains("\"restarts\": 1"), "{states}");
+    let states: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(io2.dir.join("servers.json")).unwrap()).unwrap();
+    let servers = states.as_array().unwrap();
+    assert_eq!(servers.len(), 2, "{states}");
+    assert!(servers.iter().all(|s| s["restarts"] == 0), "io2's servers were restarted: {states}");
     let o = run(dafne_in(&client.ns).args(["down", "--dir", p(&client.dir)]));
     assert!(o.status.success() && text(&o).contains("no server ran here"), "{}", text(&o));
+    // Found by review: the hints to start again named a plain `dafne up`,
+    // which a host's or a client's directory refuses.
+    let o = run(dafne_in(&client.ns).args(["down", "--dir", p(&client.dir)]));
+    assert!(!o.status.success() && text(&o).contains("dafne up --client"), "{}", text(&o));
+    let info: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(io1.dir.join("cluster.json")).unwrap()).unwrap();
+    let o = run(Command::new("kill").args(["-KILL", &info["supervisor_pid"].to_string()]));
+    assert!(o.status.success());
+    common::wait_for("io1's supervisor to die", || !common::alive(info["supervisor_pid"].as_u64().unwrap()));
+    let o = run(dafne_in(&io1.ns).args(["status", "--dir", p(&io1.dir)]));
+    assert!(!o.status.success() && text(&o).contains("dafne up --host io1"), "{}", text(&o));
+    let o = run(dafne_in(&io1.ns).args(["down", "--dir", p(&io1.dir)]));
+    assert!(o.status.success(), "{}", text(&o));
+    // `up` without --host starts the host this directory ran.
+    let o = run(dafne_in(&io1.ns).args(["up", "--dir", p(&io1.dir)]));
+    assert!(o.status.success() && text(&o).contains("host \"io1\""), "{}", text(&o));
     drop(net);
 }
 
 /// `dafne up --foreground` (what the systemd unit runs): the supervisor
 /// in the command itself, the cluster usable while it runs, everything
 /// stopped and `cluster.json` gone when it gets SIGTERM, exit status 0.
-/// One host, no namespaces.
+/// Found by review: a second `up --foreground` beside it exited 0 (a
+/// service manager took that for success); `dafne down` on it showed no
+/// progress (no supervisor.log); and when it died (SIGKILL) its servers ran
+/// on unsupervised, so the next `up --foreground` refused to start. Now
+/// the second one fails, `down` follows its log, and its servers stop
+/// with it. One host, no namespaces.
 #[test]
 fn the_foreground_supervisor_serves_until_sigterm() {
     let dir = tempfile::Builder::new().prefix("dafne-foreground-test-").tempdir().unwrap();
+    let d = p(dir.path()).to_string();
     let (meta, base) = common::free_ports(1);
+    let (meta, base) = (meta.to_string(), base.to_string());
     let log = dir.path().join("foreground.out");
-    let mut sup = common::dafne()
-        .args(["up", "--foreground", "--dir", p(dir.path()), "--io-servers", "1", "--cache-mib", "8"])
-        .args(["--meta-port", &meta.to_string(), "--io-base-port", &base.to_string()])
-        .stdout(std::fs::File::create(&log).unwrap())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    common::wait_for("cluster.json", || dir.path().join("cluster.json").exists());
-    let o = run(common::dafne().args(["status", "--dir", p(dir.path())]));
+    let start = |log: &Path| {
+        let sup = common::dafne()
+            .args(["up", "--foreground", "--dir", &d, "--io-servers", "1", "--cache-mib", "8"])
+            .args(["--meta-port", &meta, "--io-base-port", &base])
+            .stdout(std::fs::File::create(log).unwrap())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let guard = KillOnDrop(sup.id());
+        common::wait_for("cluster.json", || {
+            std::fs::read_to_string(dir.path().join("cluster.json"))
+                .ok()
+                .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+                .is_some_and(|i| i["supervisor_pid"] == sup.id())
+        });
+        (sup, guard)
+    };
+    let wait = |sup: &mut std::process::Child| {
+        let start = Instant::now();
+        loop {
+            if let Some(s) = sup.try_wait().unwrap() {
+                break s;
+            }
+            assert!(start.elapsed() < Duration::from_secs(150), "the supervisor did not stop");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    // Stopped when a `down` of this directory leaves anything behind
+    // (after a panic too).
+    struct Down(String);
+    impl Drop for Down {
+        fn drop(&mut self) {
+            let _ = common::dafne().args(["down", "--dir", &self.0]).output();
+        }
+    }
+    let _down = Down(d.clone());
+
+    let (mut sup, guard) = start(&log);
+    let o = run(common::dafne().args(["status", "--dir", &d]));
     assert!(o.status.success(), "{}", text(&o));
-    let info: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.path().join("cluster.json")).unwrap()).unwrap();
-    assert_eq!(info["supervisor_pid"], sup.id(), "the command itself supervises");
+    let o = run(common::dafne().args(["up", "--foreground", "--dir", &d]));
+    assert!(!o.status.success() && text(&o).contains("already runs this cluster"), "{}", text(&o));
     let o = run(Command::new("kill").args(["-TERM", &sup.id().to_string()]));
     assert!(o.status.success());
-    let start = Instant::now();
-    let status = loop {
-        if let Some(s) = sup.try_wait().unwrap() {
-            break s;
-        }
-        assert!(start.elapsed() < Duration::from_secs(150), "the supervisor did not stop");
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let status = wait(&mut sup);
+    drop(guard);
     let out = std::fs::read_to_string(&log).unwrap();
     assert!(status.success(), "{status}: {out}");
     assert!(out.contains("progress: stopping io-0") && out.contains("progress: stopped"), "{out}");
     assert!(!dir.path().join("cluster.json").exists());
     let states = std::fs::read_to_string(dir.path().join("servers.json")).unwrap();
     assert_eq!(states.matches("\"stopped\"").count(), 2, "{states}");
+
+    // A supervisor killed: its servers stop too, and a new one starts.
+    let (mut sup, guard) = start(&log);
+    let states: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("servers.json")).unwrap()).unwrap();
+    let pids: Vec<u64> = states.as_array().unwrap().iter().map(|s| s["pid"].as_u64().unwrap()).collect();
+    assert_eq!(pids.len(), 2, "{states}");
+    assert!(pids.iter().all(|&p| common::alive(p)), "{states}");
+    let o = run(Command::new("kill").args(["-KILL", &sup.id().to_string()]));
+    assert!(o.status.success());
+    wait(&mut sup);
+    drop(guard);
+    let start_wait = Instant::now();
+    while pids.iter().any(|&p| common::alive(p)) {
+        assert!(
+            start_wait.elapsed() < Duration::from_secs(150),
+            "servers {pids:?} still run 150 s after their foreground supervisor was killed"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (mut sup, guard) = start(&log);
+    // `down` follows the foreground supervisor's stop.
+    let o = run(common::dafne().args(["down", "--dir", &d]));
+    assert!(o.status.success() && text(&o).contains("stopping io-0"), "{}", text(&o));
+    let status = wait(&mut sup);
+    drop(guard);
+    assert!(status.success(), "{status}");
+}
+
+/// The revoking client of `a_silent_host_neither_leaks_nor_delays_revocations`:
+/// this test's binary run again in the metadata server's namespace (it
+/// logs in with the cluster secret there) with this variable set to
+/// "CLUSTER_DIR\nREADY_FILE\nGO_FILE".
+const REVOKER_ROLE: &str = "DAFNE_MULTIHOST_REVOKER";
+const SILENT_TEST: &str = "a_silent_host_neither_leaks_nor_delays_revocations";
+
+/// Before the cut: a file of mode 0666 on io server 1 (io2's), written by
+/// root; then READY_FILE, and a wait for GO_FILE. After: user 1000 opens
+/// it, keeps the capability and closes; the capability writes (io2
+/// honours it); root chmods the file 0600, and the capability is tried
+/// until io2 refuses it (`ESTALE`: meta's revocation, relayed by the
+/// supervisor), for at most 60 s. Prints `revoked after N ms`.
+fn revoker(spec: &str) {
+    let mut it = spec.split('\n');
+    let (dir, ready, go) = (it.next().unwrap(), it.next().unwrap(), it.next().unwrap());
+    let info: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(Path::new(dir).join("cluster.json")).unwrap()).unwrap();
+    let addr = |v: &serde_json::Value| v.as_str().unwrap().parse::<std::net::SocketAddr>().unwrap();
+    let meta = addr(&info["meta"]);
+    let io: Vec<std::net::SocketAddr> = info["io"].as_array().unwrap().iter().map(addr).collect();
+    let ucx: Vec<(String, String)> = serde_json::from_value(info["ucx"].clone()).unwrap();
+    let secret = dafne_auth::Secret::load(Path::new(info["secret"].as_str().unwrap())).unwrap();
+    let rt = dafne_transport::Runtime::new(dafne_transport::RuntimeOptions {
+        name: "revoker".into(),
+        ucx_config: ucx,
+        ..Default::default()
+    })
+    .unwrap();
+    let data = dafne_client::data::DataClient::connect(&rt, &io, &secret).unwrap();
+    let session = |uid| dafne_client::MetaSession::connect(&rt, meta, &secret, "revoker", uid, uid).unwrap();
+    let root = dafne_client::file::Fs::new(session(0), data.clone());
+    let hint = dafne_proto::LayoutHint { stripe_unit: 65536, stripe_count: 1 };
+    let payload = pattern(65536, 7);
+    let (ino, name) = (0..64)
+        .find_map(|k| {
+            let f = root.create(root.meta.root(), format!("r{k}").as_bytes(), 0o666, Some(hint)).unwrap();
+            let on_io2 = f.handle().layout.servers == [1];
+            if on_io2 {
+                f.write_at(0, &payload, dafne_proto::io::Stability::FileSync).unwrap();
+            }
+            let ino = f.attr().ino;
+            f.close().unwrap();
+            on_io2.then_some((ino, format!("r{k}")))
+        })
+        .expect("no file of 64 placed on io server 1");
+    let f = root.open(ino, dafne_proto::OPEN_READ).unwrap();
+    println!("\nobject {:016x}", f.handle().layout.object_id);
+    f.close().unwrap();
+    std::fs::write(ready, "").unwrap();
+    while !Path::new(go).exists() {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Meta restarted meanwhile: the root session reconnects by itself.
+    let attacker = session(1000);
+    let stolen = attacker.open(ino, dafne_proto::OPEN_READ | dafne_proto::OPEN_WRITE).unwrap();
+    attacker.close(stolen.layout.object_id).unwrap();
+    let write = |f: &dafne_client::OpenFile| {
+        futures::executor::block_on(data.write_at(f, 0, &payload[..4096], dafne_proto::io::Stability::FileSync))
+    };
+    assert_eq!(write(&stolen), Ok(4096), "io2 honours the capability before the chmod");
+    let mut tries = 0;
+    while let Err(e) = root.meta.setattr(ino, dafne_proto::SetAttr { mode: Some(0o600), ..Default::default() }) {
+        tries += 1;
+        assert!(tries < 100, "chmod kept failing: {e:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let start = Instant::now();
+    loop {
+        match write(&stolen) {
+            Err(dafne_proto::Errno::ESTALE) => break,
+            r => assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "io2 still answers {r:?} to a capability revoked 60 s ago (the relay is held up)"
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    println!("\nrevoked after {} ms", start.elapsed().as_millis());
+    // Its data is reclaimed from io2 too (the test watches the file).
+    root.meta.unlink(root.meta.root(), name.as_bytes()).unwrap();
+    println!("unlinked its object");
+}
+
+/// The open file descriptors of process `pid`.
+fn fds(pid: u64) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0)
+}
+
+/// Found by review: while an io host did not answer (its link down), the
+/// metadata host's supervisor made a new UCX context and worker for each
+/// failed connection attempt of its reclaimer and leaked them (the close
+/// of an endpoint to a silent peer never finished, so the worker could
+/// not be destroyed): +7 descriptors per attempt, never freed. And its
+/// revocation relay went through the io servers one after the other, a
+/// silent one holding up the others for its connect timeout, or (as
+/// here: the supervisor started while the host was cut off) for ever.
+/// Now the descriptors stay bounded over several attempts, and a chmod's
+/// revocation reaches the healthy host's io server while the other is
+/// still cut off, as does the reclaiming of a deleted file's data.
+#[test]
+fn a_silent_host_neither_leaks_nor_delays_revocations() {
+    if let Ok(spec) = std::env::var(REVOKER_ROLE) {
+        return revoker(&spec);
+    }
+    let Some(net) = Net::create(&["meta", "io1", "io2"]) else { return };
+    let (meta, io1, io2) = (net.host("meta"), net.host("io1"), net.host("io2"));
+    let config = net.path("hosts.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"[cluster]
+meta_port = 7700
+io_base_port = 7710
+reclaim_after_s = 2
+[meta]
+stripe_count = 1
+open_grace_s = 1
+[io]
+cache_mib = 8
+[ucx]
+TLS = "tcp"
+NET_DEVICES = "eth0"
+[[hosts]]
+name = "meta"
+address = "{}"
+meta = true
+[[hosts]]
+name = "io1"
+address = "{}"
+io_servers = 1
+[[hosts]]
+name = "io2"
+address = "{}"
+io_servers = 1
+"#,
+            meta.addr, io1.addr, io2.addr
+        ),
+    )
+    .unwrap();
+    let o = up(meta, &config, &["--host", "meta"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let secret = std::fs::read(meta.dir.join("meta/cluster.secret")).unwrap();
+    for h in [io1, io2] {
+        std::fs::create_dir_all(h.dir.join("meta")).unwrap();
+        std::fs::write(h.dir.join("meta/cluster.secret"), &secret).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(h.dir.join("meta/cluster.secret"), std::fs::Permissions::from_mode(0o600)).unwrap();
+        let o = up(h, &config, &["--host", h.name]);
+        assert!(o.status.success(), "{}", text(&o));
+    }
+    // The revoking client prepares its file while every host answers.
+    let (ready, go, log) = (net.path("ready"), net.path("go"), net.path("revoker.log"));
+    let mut revoker = Command::new("ip")
+        .args(["netns", "exec", &meta.ns])
+        .arg(std::env::current_exe().unwrap())
+        .args(["--exact", SILENT_TEST, "--nocapture", "--test-threads", "1"])
+        .env(REVOKER_ROLE, format!("{}\n{}\n{}", p(&meta.dir), p(&ready), p(&go)))
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&log).unwrap())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let guard = KillOnDrop(revoker.id());
+    let start = Instant::now();
+    while !ready.exists() {
+        if let Some(s) = revoker.try_wait().unwrap() {
+            panic!("the revoking client exited ({s}): {}", std::fs::read_to_string(&log).unwrap());
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "the revoking client did not get ready");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let log_text = std::fs::read_to_string(&log).unwrap();
+    let object = log_text.lines().find_map(|l| l.strip_prefix("object ")).unwrap_or_else(|| panic!("{log_text}"));
+    let data = io2.dir.join("io-1/objects").join(object);
+    assert!(data.exists(), "{} holds the file's data", data.display());
+    // io1 goes silent, and meta's supervisor starts again meanwhile (its
+    // reclaimer and relay cannot reach io1 from the start).
+    ip(&["link", "set", &io1.veth, "down"]);
+    let o = run(dafne_in(&meta.ns).args(["down", "--dir", p(&meta.dir)]));
+    assert!(o.status.success(), "{}", text(&o));
+    let o = up(meta, &config, &["--host", "meta"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let info: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(meta.dir.join("cluster.json")).unwrap()).unwrap();
+    let sup = info["supervisor_pid"].as_u64().unwrap();
+    // Several reclaimer rounds and connection attempts to io1 (each waits
+    // out the 10 s connect timeout).
+    std::thread::sleep(Duration::from_secs(5));
+    let first = fds(sup);
+    let mut counts = vec![first];
+    for _ in 0..8 {
+        std::thread::sleep(Duration::from_secs(5));
+        counts.push(fds(sup));
+    }
+    eprintln!("meta host's supervisor's descriptors every 5 s while io1 is cut off: {counts:?}");
+    let most = *counts.iter().max().unwrap();
+    assert!(most <= first + 4, "the supervisor's descriptors grow while io1 is cut off: {counts:?}");
+    // A chmod's revocation reaches io2 while io1 is still cut off.
+    std::fs::write(&go, "").unwrap();
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = revoker.try_wait().unwrap() {
+            break s;
+        }
+        assert!(start.elapsed() < Duration::from_secs(150), "the revoking client did not finish");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    drop(guard);
+    let out = std::fs::read_to_string(&log).unwrap();
+    assert!(status.success(), "the revoking client failed ({status}): {out}");
+    let line = out.lines().find(|l| l.starts_with("revoked after")).unwrap_or_else(|| panic!("{out}"));
+    eprintln!("while io1 is cut off, io2 refused a capability {line} the chmod");
+    // And the reclaimer removes a deleted file's data from io2 meanwhile.
+    assert!(out.contains("unlinked its object"), "{out}");
+    let start = Instant::now();
+    while data.exists() {
+        assert!(start.elapsed() < Duration::from_secs(60), "{} not reclaimed while io1 is cut off", data.display());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    ip(&["link", "set", &io1.veth, "up"]);
+    drop(net);
+}
+
+/// Kills a process by pid when dropped (a panicking test too).
+struct KillOnDrop(u32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = run(Command::new("kill").args(["-9", &self.0.to_string()]));
+    }
 }
