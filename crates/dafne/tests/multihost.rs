@@ -57,9 +57,16 @@ struct Net {
     hosts: Vec<Host>,
     bridge: String,
     _tmp: tempfile::TempDir,
-    /// Locked while this run lives ([`run_lock`]); dropped last.
+    /// Locked while this run lives ([`run_lock`]).
     _lock: std::fs::File,
+    /// The tests of this process take turns (their namespaces, bridge and
+    /// lock file are named by the pid); held from before the probe until
+    /// everything is removed, so dropped last.
+    _turn: std::sync::MutexGuard<'static, ()>,
 }
+
+/// Whose turn it is among this process's tests ([`Net::_turn`]).
+static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// The lock file of the run of pid `pid`: held (flock) while the run
 /// lives, so that another run, even from another pid namespace (where
@@ -110,6 +117,7 @@ impl Net {
     /// is `eth0` in the host's namespace. `None`: the test is skipped
     /// (not root, and DAFNE_SKIP_NETNS=1 said so).
     fn create(names: &[&'static str]) -> Option<Net> {
+        let turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
         let pid = std::process::id();
         let probe = format!("dafne-probe-{pid}");
         let o = run(Command::new("ip").args(["netns", "add", &probe]));
@@ -132,7 +140,7 @@ impl Net {
         // A /24 of 10.0.0.0/8 picked by the pid, so that two runs side by
         // side do not share one (each has its own bridge anyway).
         let subnet = format!("10.{}.{}", 200 + pid % 50, (pid / 50) % 250);
-        let mut net = Net { hosts: Vec::new(), bridge: format!("dhb{pid}"), _tmp: tmp, _lock: lock };
+        let mut net = Net { hosts: Vec::new(), bridge: format!("dhb{pid}"), _tmp: tmp, _lock: lock, _turn: turn };
         ip(&["link", "add", &net.bridge, "type", "bridge"]);
         ip(&["link", "set", &net.bridge, "up"]);
         for (k, name) in names.iter().enumerate() {
