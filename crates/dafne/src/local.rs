@@ -900,6 +900,12 @@ fn supervise_locked(dir: &Path) -> Result<()> {
         if !c.io_host(i).is_empty() {
             args.extend(["--host-name".into(), c.io_host(i).to_string()]);
         }
+        // `[cluster] host = "0.0.0.0"` (one host only; [[hosts]] refuse
+        // it): meta's table shows the loopback address that reaches it.
+        if c.io_addr(i).ip().is_unspecified() {
+            let lo = if c.io_addr(i).is_ipv4() { "127.0.0.1" } else { "::1" };
+            args.extend(["--advertise".into(), lo.into()]);
+        }
         args.extend(ucx.iter().cloned());
         servers.push(Managed {
             state: ServerState {

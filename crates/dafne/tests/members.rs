@@ -247,3 +247,37 @@ fn an_io_server_whose_meta_never_answers_keeps_its_descriptors_bounded() {
     assert!(io_log.contains("cannot reach meta"), "the heartbeat never tried:\n{io_log}");
     assert!(later <= first + 4, "descriptors grew from {first} to {later} over three failed connects:\n{io_log}");
 }
+
+#[test]
+fn an_io_server_refuses_to_join_with_a_wildcard_address_unless_told_what_to_advertise() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("cluster.secret");
+    dafne_auth::Secret::load_or_create(&secret).unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    // Under `timeout`: a server that wrongly starts is stopped (and the
+    // test fails on its "listening on").
+    let bounded = || {
+        let mut c = Command::new("timeout");
+        c.arg("20").arg(dafne().get_program());
+        c
+    };
+    let o = bounded()
+        .args(["serve", "io", "--data-dir", p(&data), "--secret", p(&secret), "--listen", "0.0.0.0:0"])
+        .args(["--meta", "127.0.0.1:9", "--server-id", "0"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let out = text(&o);
+    assert!(!o.status.success(), "it served:\n{out}");
+    assert!(out.contains("--advertise") && !out.contains("listening on"), "{out}");
+    // A host name the wire refuses fails before the port is taken too.
+    let o = bounded()
+        .args(["serve", "io", "--data-dir", p(&data), "--secret", p(&secret), "--listen", "127.0.0.1:0"])
+        .args(["--meta", "127.0.0.1:9", "--server-id", "0", "--host-name", "a|b"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let out = text(&o);
+    assert!(!o.status.success() && out.contains("--host-name") && !out.contains("listening on"), "{out}");
+}
