@@ -1296,6 +1296,10 @@ struct StatusReport {
     /// The io servers as meta sees them from their heartbeats (`Members`);
     /// `None` when meta did not answer.
     members: Option<Vec<MemberStatus>>,
+    /// Why `members` is `None` when meta answered `Members` with an error
+    /// (its errno) or something else: an old meta, a refusal.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    members_error: Option<String>,
     mounts: Vec<PathBuf>,
 }
 
@@ -1439,6 +1443,7 @@ pub fn status(a: StatusArgs) -> Result<()> {
         refused += usize::from(crate::cluster::is_refusal(&e));
         format!("{:#}", crate::cluster::explain_connect(&info, &login, e))
     };
+    let mut members_error = None;
     let (reachable, files, members) =
         match dafne_client::MetaSession::connect(&rt, info.meta, &login.key, "status", 0, 0) {
             Ok(s) => {
@@ -1446,7 +1451,14 @@ pub fn status(a: StatusArgs) -> Result<()> {
                     Ok(dafne_proto::Response::Members { members }) => {
                         Some(members.into_iter().map(MemberStatus::of).collect())
                     }
-                    _ => None,
+                    Ok(_) => {
+                        members_error = Some("meta answered Members with another reply".to_string());
+                        None
+                    }
+                    Err(e) => {
+                        members_error = Some(format!("meta answered Members with {e}"));
+                        None
+                    }
                 };
                 match s.statfs() {
                     Ok(f) => (None, f.files, members),
@@ -1477,6 +1489,7 @@ pub fn status(a: StatusArgs) -> Result<()> {
         meta: MetaStatus { server: state_of("meta"), addr: info.meta, metrics: metrics_of("meta"), reachable, files },
         io,
         members,
+        members_error,
         mounts: ClusterInfo::live_mounts(&dir).into_iter().map(|(_, m)| m).collect(),
     };
     if a.json {
@@ -1580,7 +1593,10 @@ fn print_status(r: &StatusReport) {
     }
     println!();
     match &r.members {
-        None => println!("io servers as meta sees them: unknown (meta did not answer)"),
+        None => println!(
+            "io servers as meta sees them: unknown ({})",
+            r.members_error.as_deref().unwrap_or("meta did not answer")
+        ),
         Some(members) => {
             println!("| io server | as meta sees it | host | address | last heartbeat | restarts |");
             println!("|---|---|---|---|---|---|");
