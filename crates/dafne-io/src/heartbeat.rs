@@ -9,14 +9,20 @@
 //! an instance id chosen at random when the process starts (so meta tells
 //! a restart from a late heartbeat) and its file system's size and use.
 //!
-//! It runs on a thread of its own with its own transport runtime and a
+//! It runs on a thread of its own with its own transport runtime (one for
+//! the thread's life: see `Beat::runtime`) and a
 //! session of the cluster secret as uid 0 (as the supervisor's reclaimer
 //! logs in), so the serving loop never waits for meta. The session
 //! reconnects by itself after meta restarts (`dafne_client`'s link); until
 //! the first connection succeeds the thread retries every interval. A
-//! refusal (meta does not know the id, another server has the address) is
-//! logged once and retried: a configuration corrected on meta's side is
+//! refusal (meta does not know the id, another server has the address,
+//! another process is up with this id elsewhere) is logged once and
+//! retried: a configuration corrected on meta's side is
 //! picked up. The thread stops when the [`Heartbeats`] handle is dropped.
+//!
+//! The options are checked before the server binds its port
+//! ([`prepare`]); a wildcard listen address needs `--advertise`, as meta's
+//! table and `dafne status` need an address that reaches the server.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
