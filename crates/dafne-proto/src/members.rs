@@ -176,7 +176,7 @@ impl Wire for Member {
             3 => MemberState::Unknown,
             v => return Err(DecodeError::BadValue { what: "member state", value: v.into() }),
         };
-        Ok(Member {
+        let m = Member {
             server,
             state,
             addr: get_addr(r, "member addr")?,
@@ -185,7 +185,16 @@ impl Wire for Member {
             restarts: r.u32("member restarts")?,
             capacity_bytes: r.u64("member capacity")?,
             used_bytes: r.u64("member used")?,
-        })
+        };
+        // An unknown server's other fields are zero or empty (one encoding
+        // per value, as MemberState::Unknown says).
+        let blank = m.addr == SocketAddr::from(([0, 0, 0, 0], 0))
+            && m.host.is_empty()
+            && (m.since_ms, m.restarts, m.capacity_bytes, m.used_bytes) == (0, 0, 0, 0);
+        if m.state == MemberState::Unknown && !blank {
+            return Err(DecodeError::BadValue { what: "unknown member with fields set", value: server.into() });
+        }
+        Ok(m)
     }
 }
 
@@ -317,6 +326,17 @@ mod tests {
         let mut w = Writer::with_prefix(0);
         w.put_u32(MAX_MEMBERS as u32 + 1);
         assert!(get_members(&mut Reader::new(&w.into_vec())).is_err());
+        // An unknown server carries nothing but its id.
+        let blank =
+            Member { state: MemberState::Unknown, addr: SocketAddr::from(([0, 0, 0, 0], 0)), since_ms: 0, ..m(3) };
+        assert_eq!(get_members(&mut Reader::new(&enc(std::slice::from_ref(&blank)))).unwrap(), vec![blank.clone()]);
+        for odd in [
+            Member { restarts: 1, ..blank.clone() },
+            Member { host: "h".into(), ..blank.clone() },
+            Member { addr: "127.0.0.1:1".parse().unwrap(), ..blank.clone() },
+        ] {
+            assert!(get_members(&mut Reader::new(&enc(std::slice::from_ref(&odd)))).is_err(), "{odd:?}");
+        }
         let mut bad_state = enc(&[m(0)]);
         bad_state[8] = 9;
         assert!(get_members(&mut Reader::new(&bad_state)).is_err());
