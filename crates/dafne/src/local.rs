@@ -1433,6 +1433,9 @@ pub fn status(a: StatusArgs) -> Result<()> {
     let rt = dafne_transport::Runtime::new(dafne_transport::RuntimeOptions {
         name: "status".into(),
         ucx_config: info.ucx.clone(),
+        // As long as a connect may take: a meta that hangs after the
+        // session opened costs 10 s a call, not 30 (review defect 6).
+        call_timeout: std::time::Duration::from_secs(10),
         ..Default::default()
     })?;
     let login = crate::cluster::ClientLogin::load(&info, a.credential.as_deref())?;
