@@ -217,7 +217,9 @@ fn fds(pid: u32) -> usize {
 fn an_io_server_whose_meta_never_answers_keeps_its_descriptors_bounded() {
     // A "meta" that takes connections (the kernel's backlog does) and never
     // answers: each heartbeat connect times out (10 s). Before the fix every
-    // try built a transport runtime and leaked it, ~10 descriptors a try.
+    // try built a transport runtime and leaked it, ~10 descriptors a try
+    // (45 -> 75 here). One socket a try still stays (ARCHITECTURE.md,
+    // "Membership"): the bound below allows it for now.
     let meta = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let dir = tempfile::tempdir().unwrap();
     let secret = dir.path().join("cluster.secret");
@@ -243,6 +245,7 @@ fn an_io_server_whose_meta_never_answers_keeps_its_descriptors_bounded() {
     // Three more tries.
     std::thread::sleep(Duration::from_secs(33));
     let later = fds(pid);
+    eprintln!("descriptors: {first} after the first try, {later} three tries later");
     let io_log = std::fs::read_to_string(dir.path().join("io.log")).unwrap();
     assert!(io_log.contains("cannot reach meta"), "the heartbeat never tried:\n{io_log}");
     assert!(later <= first + 4, "descriptors grew from {first} to {later} over three failed connects:\n{io_log}");
