@@ -158,7 +158,7 @@ pub struct IoCommand {
     #[arg(long, default_value = "io")]
     pub server_name: String,
     /// Joining the cluster through the metadata server (`--meta`,
-    /// `--server-id`, `--host-name`; [`crate::heartbeat`]).
+    /// `--server-id`, `--host-name`, `--advertise`; [`crate::heartbeat`]).
     #[command(flatten)]
     pub join: crate::heartbeat::JoinArgs,
 }
@@ -552,6 +552,9 @@ pub fn start_with(a: &IoArgs, m: ModeArgs) -> Result<IoServer> {
 pub fn serve_forever(c: &IoCommand) -> Result<()> {
     use std::io::{BufRead as _, Write as _};
     dafne_transport::fail_fast_on_panic();
+    // The join options are checked before the port is taken.
+    let join = crate::heartbeat::prepare(&c.join, c.args.listen, &c.args.secret)?;
+    let ucx = dafne_transport::parse_ucx_overrides(&c.args.ucx).map_err(anyhow::Error::msg)?;
     let s = std::sync::Arc::new(start_with(&c.args, c.serving)?);
     // Dropped before the server (it holds a reference for its page).
     // A port it cannot take (a restart whose port something took
@@ -566,8 +569,7 @@ pub fn serve_forever(c: &IoCommand) -> Result<()> {
     }
     // After the server listens, so meta never counts up a server that
     // does not serve; kept until the process ends (its drop stops it).
-    let ucx = dafne_transport::parse_ucx_overrides(&c.args.ucx).map_err(anyhow::Error::msg)?;
-    let _heartbeats = crate::heartbeat::start(&c.join, s.addr, &c.args.data_dir, &c.args.secret, ucx)?;
+    let _heartbeats = join.map(|j| j.start(s.addr, &c.args.data_dir, ucx)).transpose()?;
     println!("listening on {}", s.addr);
     std::io::stdout().flush()?;
     if c.stats_on_stdin {

@@ -21,8 +21,12 @@
 //! (`EINVAL`: no layout may name it, and the table stays bounded by
 //! `--io-servers` ≤ [`dafne_proto::MAX_MEMBERS`]), and an address that
 //! another id holds while that one is `up` (`EADDRINUSE`: two servers
-//! configured alike; logged once per offending id until it is accepted
-//! again). A `down` server's address may be taken over by another id.
+//! configured alike). A `down` server's address may be taken over by another id.
+//! An id that is `up` from another process (instance) at another address
+//! (`EEXIST`: two servers configured with one `--server-id`; before, they
+//! took turns, each counted a restart of the other). A server moved to
+//! another address is accepted once its old instance is `down` (3 s). Each
+//! refused (id, address) pair is logged at warn once until it is accepted.
 //!
 //! This is membership only: nothing acts on a server being down yet (no
 //! replication exists; docs/REPLICATION.md is the design).
@@ -53,9 +57,14 @@ pub struct Membership {
     /// The cluster's io servers: ids `0..servers`.
     servers: u32,
     entries: BTreeMap<u32, Entry>,
-    /// Ids whose address conflict was logged (module docs).
-    warned: HashSet<u32>,
+    /// (id, address) pairs whose refusal was logged (module docs); at
+    /// most [`WARNED`] entries.
+    warned: HashSet<(u32, SocketAddr)>,
 }
+
+/// The most refusals remembered as logged (beyond, refusals are not
+/// logged: the log stays bounded whatever peers send).
+const WARNED: usize = 4 * MAX_MEMBERS;
 
 /// How many io servers are in each state ([`Membership::counts`]).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -79,7 +88,7 @@ impl Membership {
     /// heartbeats").
     pub fn heartbeat(&mut self, hb: &Heartbeat, now: Instant) -> Result<(), Errno> {
         if hb.server >= self.servers {
-            if self.warned.len() < MAX_MEMBERS && self.warned.insert(hb.server) {
+            if self.first_refusal(hb) {
                 tracing::warn!(
                     "heartbeat from io server {} at {} refused: this cluster has io servers 0..{}",
                     hb.server,
@@ -95,7 +104,7 @@ impl Membership {
             .find(|(&id, e)| id != hb.server && e.addr == hb.addr && Self::is_up(e, now))
             .map(|(&id, _)| id);
         if let Some(other) = holder {
-            if self.warned.insert(hb.server) {
+            if self.first_refusal(hb) {
                 tracing::warn!(
                     "heartbeat from io server {} refused: its address {} is io server {}'s, which is up \
                      (two servers configured with one address?)",
@@ -106,7 +115,27 @@ impl Membership {
             }
             return Err(Errno::EADDRINUSE);
         }
-        self.warned.remove(&hb.server);
+        let held = self
+            .entries
+            .get(&hb.server)
+            .filter(|e| e.instance != hb.instance && e.addr != hb.addr && Self::is_up(e, now))
+            .map(|e| (e.addr, e.host.clone()));
+        if let Some((addr, host)) = held {
+            if self.first_refusal(hb) {
+                tracing::warn!(
+                    "heartbeat from io server {} at {} (host {:?}) refused: io server {} is up at {} \
+                     (host {:?}) as another process (two servers configured with one --server-id?)",
+                    hb.server,
+                    hb.addr,
+                    hb.host,
+                    hb.server,
+                    addr,
+                    host
+                );
+            }
+            return Err(Errno::EEXIST);
+        }
+        self.warned.remove(&(hb.server, hb.addr));
         let fresh = Entry {
             last: now,
             addr: hb.addr,
@@ -137,6 +166,12 @@ impl Membership {
             }
         }
         Ok(())
+    }
+
+    /// Whether `hb`'s (id, address) refusal is to be logged: the first
+    /// time, while the set is not full.
+    fn first_refusal(&mut self, hb: &Heartbeat) -> bool {
+        self.warned.len() < WARNED && self.warned.insert((hb.server, hb.addr))
     }
 
     /// Logs each io server that went `down` since the last call (once per
@@ -264,6 +299,34 @@ mod tests {
         let late = t0 + MEMBER_LEASE * 2;
         m.heartbeat(&hb(1, 2, 9001), late).unwrap();
         assert_eq!(m.counts(late), StateCounts { up: 1, down: 1, unknown: 1 });
+    }
+
+    #[test]
+    fn one_id_up_from_another_process_at_another_address_is_refused() {
+        let t0 = Instant::now();
+        let mut m = Membership::new(2);
+        m.heartbeat(&hb(1, 7, 9001), t0).unwrap();
+        // Another process claiming id 1 from elsewhere: refused, the table
+        // keeps the first, no restart counted, however often it tries.
+        for _ in 0..5 {
+            assert_eq!(m.heartbeat(&hb(1, 8, 9002), t0), Err(Errno::EEXIST));
+            m.heartbeat(&hb(1, 7, 9001), t0).unwrap();
+        }
+        let ms = m.members(t0);
+        assert_eq!((ms[1].addr.port(), ms[1].restarts), (9001, 0));
+        assert!(
+            m.warned.contains(&(1, SocketAddr::from(([127, 0, 0, 1], 9002)))),
+            "the refusal is remembered as logged"
+        );
+        // A restart on the same address is still a restart.
+        m.heartbeat(&hb(1, 9, 9001), t0).unwrap();
+        assert_eq!(m.members(t0)[1].restarts, 1);
+        // Once the holder is down, the other address is taken (a move).
+        let late = t0 + MEMBER_LEASE * 2;
+        m.heartbeat(&hb(1, 8, 9002), late).unwrap();
+        let ms = m.members(late);
+        assert_eq!((ms[1].addr.port(), ms[1].restarts, ms[1].state), (9002, 2, MemberState::Up));
+        assert!(m.warned.is_empty(), "accepted: logged again if refused later");
     }
 
     #[test]

@@ -608,7 +608,7 @@ mod tests {
                 server: 2,
                 instance: 0xfeed,
                 addr: "[fe80::1%3]:7002".parse().unwrap(),
-                host: "node-ü".into(),
+                host: "node-1.example.org".into(),
                 capacity_bytes: 1 << 40,
                 used_bytes: 1 << 20,
             }),

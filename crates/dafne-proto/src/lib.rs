@@ -268,7 +268,8 @@ pub use io::{
 };
 pub use lock::{LockKind, LockRange, OwnerLocks, LOCK_FAIR, LOCK_FLAGS, LOCK_RECLAIM, LOCK_WAIT};
 pub use members::{
-    Heartbeat, Member, MemberState, HEARTBEAT_INTERVAL, MAX_ADDR_WIRE, MAX_HOST_NAME, MAX_MEMBERS, MEMBER_LEASE,
+    check_host_name, host_name_byte, Heartbeat, Member, MemberState, HEARTBEAT_INTERVAL, MAX_ADDR_WIRE, MAX_HOST_NAME,
+    MAX_MEMBERS, MEMBER_LEASE,
 };
 pub use msg::{Change, CompoundOp, HeldOpen, LockHolder, Op, Orphan, Request, Response};
 pub use types::{

@@ -5,8 +5,9 @@
 //! Addresses travel as text (`ip:port`, as Rust prints a `SocketAddr`) so
 //! that a person reading a capture sees them; the decoder accepts only the
 //! canonical text of an address (the one it prints back), so the encoding
-//! stays one per value. Host names are UTF-8, at most [`MAX_HOST_NAME`]
-//! bytes; a member list holds at most [`MAX_MEMBERS`] entries, ids strictly
+//! stays one per value. Host names are printable ASCII without spaces or
+//! `|` ([`check_host_name`]: `dafne status` prints them in a table and a
+//! terminal, unescaped), at most [`MAX_HOST_NAME`] bytes; a member list holds at most [`MAX_MEMBERS`] entries, ids strictly
 //! increasing.
 
 use std::net::SocketAddr;
@@ -45,7 +46,7 @@ pub struct Heartbeat {
     /// Where it serves.
     pub addr: SocketAddr,
     /// The host it runs on (the cluster file's name for it, else the
-    /// system's host name); UTF-8, at most [`MAX_HOST_NAME`] bytes.
+    /// system's host name); [`check_host_name`]'s rules.
     pub host: String,
     /// Its file system's size and bytes in use.
     pub capacity_bytes: u64,
@@ -109,8 +110,30 @@ fn get_addr(r: &mut Reader<'_>, what: &'static str) -> Result<SocketAddr, Decode
     }
 }
 
+/// Whether `b` may appear in a host name: printable ASCII, not a space or
+/// `|` (a table's column separator).
+pub fn host_name_byte(b: u8) -> bool {
+    b.is_ascii_graphic() && b != b'|'
+}
+
+/// Checks a host name as the wire accepts it (module docs): at most
+/// [`MAX_HOST_NAME`] bytes of [`host_name_byte`]s (empty: unknown).
+pub fn check_host_name(h: &str) -> Result<(), String> {
+    if h.len() > MAX_HOST_NAME {
+        return Err(format!("{} bytes, above {MAX_HOST_NAME}", h.len()));
+    }
+    match h.bytes().find(|&b| !host_name_byte(b)) {
+        Some(b) => Err(format!("byte {b:#04x} is not printable ASCII other than a space or '|'")),
+        None => Ok(()),
+    }
+}
+
 fn get_host(r: &mut Reader<'_>, what: &'static str) -> Result<String, DecodeError> {
-    String::from_utf8(r.bytes(what, MAX_HOST_NAME)?).map_err(|_| DecodeError::NotUtf8(what))
+    let b = r.bytes(what, MAX_HOST_NAME)?;
+    if let Some(&bad) = b.iter().find(|&&x| !host_name_byte(x)) {
+        return Err(DecodeError::BadValue { what, value: u64::from(bad) });
+    }
+    String::from_utf8(b).map_err(|_| DecodeError::NotUtf8(what))
 }
 
 impl Wire for Heartbeat {
@@ -153,7 +176,7 @@ impl Wire for Member {
             3 => MemberState::Unknown,
             v => return Err(DecodeError::BadValue { what: "member state", value: v.into() }),
         };
-        Ok(Member {
+        let m = Member {
             server,
             state,
             addr: get_addr(r, "member addr")?,
@@ -162,7 +185,16 @@ impl Wire for Member {
             restarts: r.u32("member restarts")?,
             capacity_bytes: r.u64("member capacity")?,
             used_bytes: r.u64("member used")?,
-        })
+        };
+        // An unknown server's other fields are zero or empty (one encoding
+        // per value, as MemberState::Unknown says).
+        let blank = m.addr == SocketAddr::from(([0, 0, 0, 0], 0))
+            && m.host.is_empty()
+            && (m.since_ms, m.restarts, m.capacity_bytes, m.used_bytes) == (0, 0, 0, 0);
+        if m.state == MemberState::Unknown && !blank {
+            return Err(DecodeError::BadValue { what: "unknown member with fields set", value: server.into() });
+        }
+        Ok(m)
     }
 }
 
@@ -234,7 +266,7 @@ mod tests {
     }
 
     #[test]
-    fn host_names_are_bounded_utf8() {
+    fn host_names_are_bounded_printable_ascii() {
         let mut hb = beat();
         hb.host = "x".repeat(MAX_HOST_NAME + 1);
         let mut w = Writer::with_prefix(0);
@@ -247,7 +279,24 @@ mod tests {
         w.put_bytes(b"\xc3");
         w.put_u64(0);
         w.put_u64(0);
-        assert!(matches!(Heartbeat::get(&mut Reader::new(&w.into_vec())), Err(DecodeError::NotUtf8(_))));
+        assert!(Heartbeat::get(&mut Reader::new(&w.into_vec())).is_err());
+        // Printable ASCII only, without spaces or '|' (status prints them).
+        for bad in ["a|b", "a b", "esc\u{1b}[2J", "new\nline", "é", "del\u{7f}"] {
+            hb.host = bad.into();
+            let mut w = Writer::with_prefix(0);
+            hb.put(&mut w);
+            assert!(
+                matches!(Heartbeat::get(&mut Reader::new(&w.into_vec())), Err(DecodeError::BadValue { .. })),
+                "{bad:?} accepted"
+            );
+            assert!(check_host_name(bad).is_err());
+        }
+        hb.host = "node-1.example.org_(x)".into();
+        let mut w = Writer::with_prefix(0);
+        hb.put(&mut w);
+        assert_eq!(Heartbeat::get(&mut Reader::new(&w.into_vec())).unwrap(), hb);
+        assert_eq!(check_host_name(&hb.host), Ok(()));
+        assert_eq!(check_host_name(""), Ok(()));
     }
 
     #[test]
@@ -277,6 +326,17 @@ mod tests {
         let mut w = Writer::with_prefix(0);
         w.put_u32(MAX_MEMBERS as u32 + 1);
         assert!(get_members(&mut Reader::new(&w.into_vec())).is_err());
+        // An unknown server carries nothing but its id.
+        let blank =
+            Member { state: MemberState::Unknown, addr: SocketAddr::from(([0, 0, 0, 0], 0)), since_ms: 0, ..m(3) };
+        assert_eq!(get_members(&mut Reader::new(&enc(std::slice::from_ref(&blank)))).unwrap(), vec![blank.clone()]);
+        for odd in [
+            Member { restarts: 1, ..blank.clone() },
+            Member { host: "h".into(), ..blank.clone() },
+            Member { addr: "127.0.0.1:1".parse().unwrap(), ..blank.clone() },
+        ] {
+            assert!(get_members(&mut Reader::new(&enc(std::slice::from_ref(&odd)))).is_err(), "{odd:?}");
+        }
         let mut bad_state = enc(&[m(0)]);
         bad_state[8] = 9;
         assert!(get_members(&mut Reader::new(&bad_state)).is_err());

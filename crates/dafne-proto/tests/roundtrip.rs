@@ -229,7 +229,8 @@ fn socket_addr() -> impl Strategy<Value = std::net::SocketAddr> {
 }
 
 fn host_name() -> impl Strategy<Value = String> {
-    prop_oneof![4 => "\\PC{0,32}", 1 => "[a-z]{255}"]
+    // Printable ASCII without spaces or '|' (what the decoder accepts).
+    prop_oneof![4 => "[!-{}~]{0,32}", 1 => "[a-z]{255}"]
 }
 
 /// The membership ops, which travel alone.
@@ -252,15 +253,22 @@ fn members_response() -> impl Strategy<Value = Response> {
         let members = ms
             .into_iter()
             .enumerate()
-            .map(|(i, (state, addr, host, since_ms, restarts, capacity_bytes, used_bytes))| Member {
-                server: i as u32 * 2,
-                state,
-                addr,
-                host,
-                since_ms,
-                restarts,
-                capacity_bytes,
-                used_bytes,
+            .map(|(i, (state, addr, host, since_ms, restarts, capacity_bytes, used_bytes))| {
+                let m =
+                    Member { server: i as u32 * 2, state, addr, host, since_ms, restarts, capacity_bytes, used_bytes };
+                // An unknown server carries nothing but its id.
+                match state {
+                    MemberState::Unknown => Member {
+                        addr: "0.0.0.0:0".parse().unwrap(),
+                        host: String::new(),
+                        since_ms: 0,
+                        restarts: 0,
+                        capacity_bytes: 0,
+                        used_bytes: 0,
+                        ..m
+                    },
+                    _ => m,
+                }
             })
             .collect();
         Response::Members { members }

@@ -83,11 +83,53 @@ pub fn parse_ucx_overrides(v: &[String]) -> std::result::Result<Vec<(String, Str
         .collect()
 }
 
+/// Whether a `UCX_TLS` value (`None`: unset, every transport) can include
+/// a shared-memory transport: unset, `all`, an exclusion list (`^...`), or
+/// one of `posix`, `sysv`, `sm`, `shm`, `mm` named.
+pub fn tls_has_shared_memory(tls: Option<&str>) -> bool {
+    tls.is_none_or(|t| {
+        let t = t.trim();
+        t.is_empty()
+            || t.starts_with('^')
+            || t.split(',').any(|x| matches!(x.trim(), "all" | "posix" | "sysv" | "mm" | "sm" | "shm"))
+    })
+}
+
+/// `config` with [`crate::SHM_FIFO`] added when neither it nor the
+/// environment (`UCX_MM_FIFO_SIZE`) sets the FIFO size and its transports
+/// (its `TLS`, else `UCX_TLS`) can include shared memory.
+///
+/// Why every runtime: UCX's shared-memory transport assumes both ends use
+/// one FIFO size; a hand-started io server without the cluster's setting
+/// wedged the metadata server's loop over shared memory (issue 13 review,
+/// defect 2). With the default here, every dafne process agrees unless one
+/// is told otherwise.
+pub fn with_shm_fifo(config: Vec<(String, String)>) -> Vec<(String, String)> {
+    let env_fifo = std::env::var_os(format!("UCX_{}", crate::SHM_FIFO.0)).is_some();
+    fifo_default(config, env_fifo, std::env::var("UCX_TLS").ok())
+}
+
+/// [`with_shm_fifo`] given the environment: whether it sets the FIFO size,
+/// and its `UCX_TLS`.
+fn fifo_default(mut config: Vec<(String, String)>, env_fifo: bool, env_tls: Option<String>) -> Vec<(String, String)> {
+    let (fifo, size) = crate::SHM_FIFO;
+    let set = |k: &str| config.iter().rev().find(|(key, _)| key == k).map(|(_, v)| v.clone());
+    if set(fifo).is_some() || env_fifo {
+        return config;
+    }
+    let tls = set("TLS").or(env_tls);
+    if tls_has_shared_memory(tls.as_deref()) {
+        config.push((fifo.to_string(), size.to_string()));
+    }
+    config
+}
+
 /// Settings of a runtime; every limit has a stated default.
 #[derive(Debug, Clone)]
 pub struct RuntimeOptions {
     pub name: String,
     /// UCX overrides (`UCX_` keys without prefix), on top of the environment.
+    /// [`Runtime::new`] adds the shared-memory FIFO size ([`with_shm_fifo`]).
     pub ucx_config: Vec<(String, String)>,
     /// Keep progressing this long after activity before sleeping (default
     /// [`default_spin`], or `DAFNE_SPIN_US` microseconds: see
@@ -307,7 +349,8 @@ impl std::fmt::Debug for Runtime {
 
 impl Runtime {
     pub fn new(opts: RuntimeOptions) -> Result<Runtime> {
-        let ctx = Context::new(&ContextOptions { name: opts.name.clone(), config: opts.ucx_config.clone() })?;
+        let config = with_shm_fifo(opts.ucx_config.clone());
+        let ctx = Context::new(&ContextOptions { name: opts.name.clone(), config })?;
         let (cmd_tx, cmd_rx) = crossbeam_channel::unbounded::<Cmd>();
         let (run_tx, run_rx) = crossbeam_channel::unbounded::<async_task::Runnable>();
         let wake_fd =
@@ -804,6 +847,24 @@ pub(crate) fn random_u64() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_runtime_that_may_use_shared_memory_asks_for_one_fifo_size() {
+        let kv = |k: &str, v: &str| (k.to_string(), v.to_string());
+        let fifo = kv(crate::SHM_FIFO.0, crate::SHM_FIFO.1);
+        assert_eq!(fifo_default(vec![], false, None), vec![fifo.clone()], "unset TLS: every transport");
+        let shm = vec![kv("TLS", "posix,sysv,cma,self,tcp")];
+        assert_eq!(fifo_default(shm.clone(), false, None), [shm.clone(), vec![fifo.clone()]].concat());
+        assert_eq!(fifo_default(vec![], false, Some("sm,tcp".into())), vec![fifo.clone()]);
+        assert_eq!(fifo_default(vec![kv("TLS", "^ib")], false, None), vec![kv("TLS", "^ib"), fifo.clone()]);
+        // Given elsewhere, or no shared memory: untouched.
+        let own = vec![kv("MM_FIFO_SIZE", "64")];
+        assert_eq!(fifo_default(own.clone(), false, None), own);
+        assert_eq!(fifo_default(vec![], true, None), vec![]);
+        let tcp = vec![kv("TLS", "tcp,self")];
+        assert_eq!(fifo_default(tcp.clone(), false, Some("posix".into())), tcp, "the config's TLS wins");
+        assert_eq!(fifo_default(vec![], false, Some("tcp".into())), vec![]);
+    }
 
     #[test]
     fn ucx_overrides_parse_and_refuse_nonsense() {

@@ -305,9 +305,7 @@ fn with_embedded_ucx(mut ucx: BTreeMap<String, String>, multi_host: bool) -> BTr
         }
         ucx.entry(k).or_insert(v);
     }
-    let shm = ucx.get("TLS").is_none_or(|t| {
-        t == "all" || t.starts_with('^') || t.split(',').any(|x| matches!(x.trim(), "posix" | "sysv" | "mm" | "shm"))
-    });
+    let shm = dafne_transport::tls_has_shared_memory(ucx.get("TLS").map(String::as_str));
     let (fifo, _) = dafne_transport::SHM_FIFO;
     if !shm && ucx.get(fifo).map(String::as_str) == Some(dafne_transport::SHM_FIFO.1) {
         ucx.remove(fifo);

@@ -1049,6 +1049,12 @@ fn supervise_locked(dir: &Path) -> Result<()> {
         if !c.io_host(i).is_empty() {
             args.extend(["--host-name".into(), c.io_host(i).to_string()]);
         }
+        // `[cluster] host = "0.0.0.0"` (one host only; [[hosts]] refuse
+        // it): meta's table shows the loopback address that reaches it.
+        if c.io_addr(i).ip().is_unspecified() {
+            let lo = if c.io_addr(i).is_ipv4() { "127.0.0.1" } else { "::1" };
+            args.extend(["--advertise".into(), lo.into()]);
+        }
         args.extend(ucx.iter().cloned());
         servers.push(Managed {
             state: ServerState {
@@ -1517,6 +1523,10 @@ struct StatusReport {
     /// The io servers as meta sees them from their heartbeats (`Members`);
     /// `None` when meta did not answer.
     members: Option<Vec<MemberStatus>>,
+    /// Why `members` is `None` when meta answered `Members` with an error
+    /// (its errno) or something else: an old meta, a refusal.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    members_error: Option<String>,
     mounts: Vec<PathBuf>,
 }
 
@@ -1650,6 +1660,9 @@ pub fn status(a: StatusArgs) -> Result<()> {
     let rt = dafne_transport::Runtime::new(dafne_transport::RuntimeOptions {
         name: "status".into(),
         ucx_config: info.ucx.clone(),
+        // As long as a connect may take: a meta that hangs after the
+        // session opened costs 10 s a call, not 30 (review defect 6).
+        call_timeout: std::time::Duration::from_secs(10),
         ..Default::default()
     })?;
     let login = crate::cluster::ClientLogin::load(&info, a.credential.as_deref())?;
@@ -1660,6 +1673,7 @@ pub fn status(a: StatusArgs) -> Result<()> {
         refused += usize::from(crate::cluster::is_refusal(&e));
         format!("{:#}", crate::cluster::explain_connect(&info, &login, e))
     };
+    let mut members_error = None;
     let (reachable, files, members) =
         match dafne_client::MetaSession::connect(&rt, info.meta, &login.key, "status", 0, 0) {
             Ok(s) => {
@@ -1667,7 +1681,14 @@ pub fn status(a: StatusArgs) -> Result<()> {
                     Ok(dafne_proto::Response::Members { members }) => {
                         Some(members.into_iter().map(MemberStatus::of).collect())
                     }
-                    _ => None,
+                    Ok(_) => {
+                        members_error = Some("meta answered Members with another reply".to_string());
+                        None
+                    }
+                    Err(e) => {
+                        members_error = Some(format!("meta answered Members with {e}"));
+                        None
+                    }
                 };
                 match s.statfs() {
                     Ok(f) => (None, f.files, members),
@@ -1698,6 +1719,7 @@ pub fn status(a: StatusArgs) -> Result<()> {
         meta: MetaStatus { server: state_of("meta"), addr: info.meta, metrics: metrics_of("meta"), reachable, files },
         io,
         members,
+        members_error,
         mounts: ClusterInfo::live_mounts(&dir).into_iter().map(|(_, m)| m).collect(),
     };
     if a.json {
@@ -1801,7 +1823,10 @@ fn print_status(r: &StatusReport) {
     }
     println!();
     match &r.members {
-        None => println!("io servers as meta sees them: unknown (meta did not answer)"),
+        None => println!(
+            "io servers as meta sees them: unknown ({})",
+            r.members_error.as_deref().unwrap_or("meta did not answer")
+        ),
         Some(members) => {
             println!("| io server | as meta sees it | host | address | last heartbeat | restarts |");
             println!("|---|---|---|---|---|---|");
