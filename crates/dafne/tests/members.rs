@@ -48,15 +48,7 @@ fn wait_members(dir: &Path, want: &[(&str, u64)]) {
 
 /// The metadata server's `dafne_meta_io_servers{state}` gauge.
 fn meta_gauge(dir: &Path, state: &str) -> f64 {
-    let info: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("cluster.json")).unwrap()).unwrap();
-    let addr: std::net::SocketAddr = info["metrics"]
-        .as_array()
-        .and_then(|m| m.iter().find(|e| e["server"] == "meta"))
-        .and_then(|e| e["addr"].as_str())
-        .expect("cluster.json names meta's metrics port")
-        .parse()
-        .unwrap();
+    let addr = common::cluster::meta_metrics_addr(dir);
     let page = dafne_metrics::http::fetch(addr, Duration::from_secs(5)).expect("meta's metrics page");
     let families = dafne_metrics::parse::parse(&page).expect("a well-formed page");
     let f = families.iter().find(|f| f.name == "dafne_meta_io_servers").expect("dafne_meta_io_servers on the page");

@@ -11,6 +11,19 @@ pub fn p(path: &Path) -> &str {
     path.to_str().unwrap()
 }
 
+/// The metadata server's metrics address, from the `cluster.json` of `dir`.
+pub fn meta_metrics_addr(dir: &Path) -> std::net::SocketAddr {
+    let info: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("cluster.json")).unwrap()).unwrap();
+    info["metrics"]
+        .as_array()
+        .and_then(|m| m.iter().find(|e| e["server"] == "meta"))
+        .and_then(|e| e["addr"].as_str())
+        .expect("cluster.json names meta's metrics port")
+        .parse()
+        .unwrap()
+}
+
 /// A running cluster in its own directory; `dafne down` when dropped.
 pub struct Cluster {
     pub dir: tempfile::TempDir,
@@ -63,15 +76,7 @@ impl Cluster {
     /// at most 20 s: for a test that must know the server has a request
     /// (a lock waiter, say) rather than guess with a sleep.
     pub fn wait_meta_gauge(&self, name: &str, want: f64) {
-        let info: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(self.dir().join("cluster.json")).unwrap()).unwrap();
-        let addr: std::net::SocketAddr = info["metrics"]
-            .as_array()
-            .and_then(|m| m.iter().find(|e| e["server"] == "meta"))
-            .and_then(|e| e["addr"].as_str())
-            .expect("cluster.json names meta's metrics port")
-            .parse()
-            .unwrap();
+        let addr = meta_metrics_addr(self.dir());
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
         let mut seen = None;
         while std::time::Instant::now() < deadline {
