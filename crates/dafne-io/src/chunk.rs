@@ -652,11 +652,7 @@ impl ChunkStore {
         lo: u64,
         hi: u64,
     ) -> io::Result<()> {
-        if sums::read_entries(s, block, 1)?[0] == sums::Entry::Hole {
-            return Ok(());
-        }
-        let mut buf = [0u8; sums::BLOCK as usize];
-        let n = sums::read_full(&f.buffered, block * sums::BLOCK, &mut buf)?;
+        let Some((mut buf, n)) = Self::stored_block(f, s, block)? else { return Ok(()) };
         let before = sums::block_crc(&buf[..n]);
         buf[lo as usize..hi as usize].fill(0);
         let after = sums::block_crc(&buf[..n]);
@@ -673,12 +669,19 @@ impl ChunkStore {
         object: u64,
         block: u64,
     ) -> io::Result<()> {
+        let Some((buf, n)) = Self::stored_block(f, s, block)? else { return Ok(()) };
+        unsynced.settle(s, object, block, &[sums::block_crc(&buf[..n])])
+    }
+
+    /// Block `block`'s bytes as the file holds them (and how many precede
+    /// the end of the file), unless its sidecar entry says it is a hole.
+    fn stored_block(f: &Files, s: &File, block: u64) -> io::Result<Option<([u8; sums::BLOCK as usize], usize)>> {
         if sums::read_entries(s, block, 1)?[0] == sums::Entry::Hole {
-            return Ok(());
+            return Ok(None);
         }
         let mut buf = [0u8; sums::BLOCK as usize];
         let n = sums::read_full(&f.buffered, block * sums::BLOCK, &mut buf)?;
-        unsynced.settle(s, object, block, &[sums::block_crc(&buf[..n])])
+        Ok(Some((buf, n)))
     }
 
     /// `fallocate(2)` on the object's file for an io `Allocate`
@@ -823,15 +826,7 @@ impl ChunkStore {
     }
 
     fn read_buffered(&self, file: &File, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
-        let mut done = 0;
-        while done < buf.len() {
-            match file.read_at(&mut buf[done..], offset + done as u64) {
-                Ok(0) => break,
-                Ok(n) => done += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
+        let done = sums::read_full(file, offset, buf)?;
         self.count(|s| {
             s.buffered_ops += 1;
             s.buffered_bytes += done as u64;

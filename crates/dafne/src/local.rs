@@ -190,6 +190,22 @@ pub struct ServerState {
     pub metrics: Option<SocketAddr>,
 }
 
+impl ServerState {
+    /// A server about to be started for the first time.
+    fn starting(name: impl Into<String>, addr: SocketAddr) -> ServerState {
+        ServerState {
+            name: name.into(),
+            addr,
+            pid: 0,
+            state: "starting".into(),
+            restarts: 0,
+            last_exit: None,
+            start: 0,
+            metrics: None,
+        }
+    }
+}
+
 fn logs_dir(dir: &Path) -> PathBuf {
     dir.join("logs")
 }
@@ -1007,20 +1023,7 @@ fn supervise_locked(dir: &Path) -> Result<()> {
     meta_args.extend(["--server-name".into(), "meta".into()]);
     meta_args.extend(ucx.iter().cloned());
     if runs_meta {
-        servers.push(Managed {
-            state: ServerState {
-                name: "meta".into(),
-                addr: c.meta_addr(),
-                pid: 0,
-                state: "starting".into(),
-                restarts: 0,
-                last_exit: None,
-                start: 0,
-                metrics: None,
-            },
-            args: meta_args,
-            child: None,
-        });
+        servers.push(Managed { state: ServerState::starting("meta", c.meta_addr()), args: meta_args, child: None });
     }
     // Computed once, so every io server gets the same cache.
     let cache_mib = c.io_cache_mib_for(local_io.len() as u32);
@@ -1056,20 +1059,7 @@ fn supervise_locked(dir: &Path) -> Result<()> {
             args.extend(["--advertise".into(), lo.into()]);
         }
         args.extend(ucx.iter().cloned());
-        servers.push(Managed {
-            state: ServerState {
-                name: format!("io-{i}"),
-                addr: c.io_addr(i),
-                pid: 0,
-                state: "starting".into(),
-                restarts: 0,
-                last_exit: None,
-                start: 0,
-                metrics: None,
-            },
-            args,
-            child: None,
-        });
+        servers.push(Managed { state: ServerState::starting(format!("io-{i}"), c.io_addr(i)), args, child: None });
     }
     let n = local_io.len();
     for (k, m) in servers.iter_mut().enumerate() {
