@@ -108,7 +108,10 @@
 //! thread of its own, so the FUSE workers go on (the holder's unlock
 //! among them). Known limits: the kernel does not tell `flock` from a
 //! whole-file `fcntl` lock (fuser drops the flag), so the two kinds
-//! conflict with each other here as on NFS; and a waiting lock cannot be
+//! conflict with each other here as on NFS; an open file's `flock` ends
+//! when the kernel's `release` of it arrives, which FUSE sends without
+//! waiting after the last close (so for a moment after a process exits,
+//! another process may still find its `flock` held); and a waiting lock cannot be
 //! interrupted (fuser does not handle FUSE_INTERRUPT): a signal, Ctrl-C,
 //! `alarm` + `F_SETLKW` or `flock -w` do not end the wait, which ends
 //! when the lock is granted (a killed process then exits and releases

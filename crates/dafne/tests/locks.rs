@@ -249,8 +249,12 @@ fn flock_and_fcntl_locks_exclude_across_mounts_and_waiters_wake_when_they_free()
     assert!(waiter.0.wait().unwrap().success(), "the waiter was not woken when the lock freed");
 
     // fcntl byte ranges: writers exclude, readers share, F_GETLK reports.
+    // The waiter's flock (a whole-file lock here, which excludes fcntl
+    // ranges as on NFS) ends with the kernel's RELEASE of its open file,
+    // which FUSE sends asynchronously after the process has exited: wait
+    // for it to arrive rather than race it (CI saw EAGAIN here once).
     let mut other = Locker::start(&locker, &b.path("f"));
-    assert_eq!(holder.ask("posix w 0 100 nowait"), "ok");
+    wait_for("the exited waiter's flock to end with its release", || holder.ask("posix w 0 100 nowait") == "ok");
     assert_eq!(other.ask("posix w 50 10 nowait"), "err EAGAIN");
     assert_eq!(other.ask("posix r 100 10 nowait"), "ok", "bytes past the holder's range are free");
     // Another client's lock: its range and kind, and pid 0 (not a process
