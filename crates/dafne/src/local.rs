@@ -1784,7 +1784,7 @@ fn print_status(r: &StatusReport) {
         println!("| io-{i} | {} | {} | {} | {} |", s.addr, st(&s.server), state, metrics(&s.metrics));
     }
     println!();
-    println!("| io server | mode | capacity | available | cache | dirty | hits | misses | evictions | bytes copied | registrations (start-up) | requests | credits in use | connections | units retired |");
+    println!("| io server | mode | capacity | available | cache | dirty | hits | misses | evictions | bytes copied | registrations (start-up) | requests | credits in use | connections accepted | units retired |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for (i, s) in r.io.iter().enumerate() {
         let Some(f) = &s.info else { continue };
