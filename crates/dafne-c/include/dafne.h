@@ -173,8 +173,10 @@ int dafne_cq_poll(const dafne_cq *q, struct dafne_completion *out);
 // Waits up to `timeout_ms` (negative: without limit) for the operation
 // `ticket` and takes its completion: 0 and `*out` filled, or
 // `-ETIMEDOUT`. Other completions stay queued. A ticket that is neither
-// outstanding nor queued (taken already, or never posted on `q`) waits
-// the whole timeout.
+// outstanding nor queued (taken already, or never posted on `q`) is
+// `-ENOENT` at once, `*out` untouched. An operation that itself failed
+// (with any errno, `ETIMEDOUT` included) is a completion: 0, and its
+// `-errno` in `out->result`.
 //
 // # Safety
 // `q` is a queue handle; `out` writable.

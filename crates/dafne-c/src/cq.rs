@@ -14,7 +14,7 @@ use std::ffi::c_int;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
-use ::dafne_client::cq::{Completion, CompletionQueue, Ticket};
+use ::dafne_client::cq::{Completion, CompletionQueue, Ticket, Waited};
 use ::dafne_client::Errno;
 use dafne_proto::io::Stability;
 
@@ -148,8 +148,10 @@ pub unsafe extern "C" fn dafne_cq_poll(q: *const dafne_cq, out: *mut dafne_compl
 /// Waits up to `timeout_ms` (negative: without limit) for the operation
 /// `ticket` and takes its completion: 0 and `*out` filled, or
 /// `-ETIMEDOUT`. Other completions stay queued. A ticket that is neither
-/// outstanding nor queued (taken already, or never posted on `q`) waits
-/// the whole timeout.
+/// outstanding nor queued (taken already, or never posted on `q`) is
+/// `-ENOENT` at once, `*out` untouched. An operation that itself failed
+/// (with any errno, `ETIMEDOUT` included) is a completion: 0, and its
+/// `-errno` in `out->result`.
 ///
 /// # Safety
 /// `q` is a queue handle; `out` writable.
@@ -167,11 +169,12 @@ pub unsafe extern "C" fn dafne_cq_wait(
             return Err(Errno::EINVAL);
         }
         let t = Ticket(ticket);
-        let r = wait_steps(timeout(timeout_ms), |d| match q.cq.wait(t, d) {
-            Err(Errno::ETIMEDOUT) => None,
-            r => Some(r),
+        let r = wait_steps(timeout(timeout_ms), |d| match q.cq.wait_ticket(t, d) {
+            Waited::TimedOut => None,
+            Waited::Unknown => Some(Err(Errno::ENOENT)),
+            Waited::Done(r) => Some(Ok(r)),
         })
-        .ok_or(Errno::ETIMEDOUT)?;
+        .ok_or(Errno::ETIMEDOUT)??;
         // SAFETY: `out` is writable by the caller's contract.
         unsafe { put(out, (t, r).into()) }
     })
@@ -325,7 +328,7 @@ mod tests {
             assert_eq!(dafne_cq_poll(q, &mut c), -11);
             assert_eq!(dafne_cq_wait_any(q, 10, &mut c), -2);
             assert_eq!(dafne_cq_wait_any(q, -1, &mut c), -2, "no wait for ever on an idle queue");
-            assert_eq!(dafne_cq_wait(q, 1, 10, &mut c), -110);
+            assert_eq!(dafne_cq_wait(q, 1, -1, &mut c), -2, "no wait for ever on a ticket never posted");
             assert_eq!(dafne_cq_poll(q, std::ptr::null_mut()), -22);
             assert_eq!(dafne_cq_destroy(q), 0);
             assert_eq!(dafne_cq_destroy(std::ptr::null_mut()), -22);
@@ -349,6 +352,14 @@ mod tests {
             let failing = (*q).cq.post(async { Err(Errno::ENOSPC) });
             assert_eq!(dafne_cq_wait(q, failing.0, -1, &mut c), 0);
             assert_eq!(c.result, -28);
+            // An operation that failed with ETIMEDOUT (an io server's
+            // deadline) is its completion, not a timeout of the wait: it
+            // was taken from the queue and then lost.
+            let late = (*q).cq.post(async { Err(Errno::ETIMEDOUT) });
+            c = dafne_completion::default();
+            assert_eq!(dafne_cq_wait(q, late.0, 5000, &mut c), 0);
+            assert_eq!((c.ticket, c.result), (late.0, -110));
+            assert_eq!(dafne_cq_wait(q, late.0, -1, &mut c), -2, "taken already: no wait for ever");
             assert_eq!(dafne_cq_destroy(q), 0);
         }
     }

@@ -13,7 +13,7 @@
 //! so an outcome nobody asks for (a prefetch dropped by an invalidation)
 //! does not pile up in the queue.
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Condvar, Mutex};
@@ -39,6 +39,9 @@ type Running = Pin<Box<dyn Future<Output = (Option<Ticket>, Result<usize, Errno>
 struct State {
     done: VecDeque<Completion>,
     outstanding: usize,
+    /// The tickets posted and not yet completed (`wait` on any other
+    /// ticket that is not in `done` would wait for nothing).
+    running: HashSet<Ticket>,
     next: u64,
 }
 
@@ -85,6 +88,7 @@ impl CompletionQueue {
                         let (lock, cv) = &*sh;
                         let mut st = lock.lock().unwrap_or_else(|e| e.into_inner());
                         st.outstanding -= 1;
+                        st.running.remove(&t);
                         st.done.push_back((t, r));
                         cv.notify_all();
                     }
@@ -105,11 +109,14 @@ impl CompletionQueue {
             let mut st = self.lock();
             st.next += 1;
             st.outstanding += 1;
-            Ticket(st.next)
+            let t = Ticket(st.next);
+            st.running.insert(t);
+            t
         };
         if self.tx.unbounded_send((Some(t), Box::pin(op))).is_err() {
             let mut st = self.lock();
             st.outstanding -= 1;
+            st.running.remove(&t);
             st.done.push_back((t, Err(Errno::EIO)));
         }
         t
@@ -164,27 +171,68 @@ impl CompletionQueue {
     }
 
     /// Waits for one ticket; other completions stay queued for `poll` /
-    /// `wait_any`. `Err(ETIMEDOUT)` if it did not complete in `timeout`.
+    /// `wait_any`. `Err(ETIMEDOUT)` if it did not complete in `timeout`,
+    /// `Err(ENOENT)` for a ticket that is neither running nor queued. An
+    /// operation may itself end with those errnos: [`Self::wait_ticket`]
+    /// tells them apart.
     pub fn wait(&self, ticket: Ticket, timeout: Duration) -> Result<usize, Errno> {
+        match self.wait_ticket(ticket, timeout) {
+            Waited::Done(r) => r,
+            Waited::TimedOut => Err(Errno::ETIMEDOUT),
+            Waited::Unknown => Err(Errno::ENOENT),
+        }
+    }
+
+    /// Waits for one ticket and says why it stopped: the operation's
+    /// outcome (taken from the queue), the timeout, or at once a ticket
+    /// that is neither running nor queued (taken already, or never posted
+    /// here), which nothing would ever complete.
+    pub fn wait_ticket(&self, ticket: Ticket, timeout: Duration) -> Waited {
         let deadline = Instant::now() + timeout;
         let (_, cv) = &*self.shared;
         let mut st = self.lock();
         loop {
             if let Some(i) = st.done.iter().position(|(t, _)| *t == ticket) {
-                return st.done.remove(i).map(|(_, r)| r).unwrap_or(Err(Errno::EIO));
+                return Waited::Done(st.done.remove(i).map(|(_, r)| r).unwrap_or(Err(Errno::EIO)));
+            }
+            if !st.running.contains(&ticket) {
+                return Waited::Unknown;
             }
             let now = Instant::now();
             if now >= deadline {
-                return Err(Errno::ETIMEDOUT);
+                return Waited::TimedOut;
             }
             st = cv.wait_timeout(st, deadline - now).map(|(g, _)| g).unwrap_or_else(|e| e.into_inner().0);
         }
     }
 }
 
+/// What [`CompletionQueue::wait_ticket`] saw.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Waited {
+    /// The operation completed with this outcome (now taken).
+    Done(Result<usize, Errno>),
+    /// Still running at the timeout.
+    TimedOut,
+    /// Neither running nor queued: taken already, or never posted here.
+    Unknown,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn waiting_for_an_unknown_or_taken_ticket_ends_at_once_and_an_errno_outcome_is_delivered() {
+        let cq = CompletionQueue::new();
+        let start = Instant::now();
+        assert_eq!(cq.wait_ticket(Ticket(42), Duration::from_secs(30)), Waited::Unknown, "never posted");
+        let t = cq.post(async { Err(Errno::ETIMEDOUT) });
+        assert_eq!(cq.wait_ticket(t, Duration::from_secs(30)), Waited::Done(Err(Errno::ETIMEDOUT)));
+        assert_eq!(cq.wait_ticket(t, Duration::from_secs(30)), Waited::Unknown, "taken already");
+        assert_eq!(cq.wait(t, Duration::from_secs(30)), Err(Errno::ENOENT));
+        assert!(start.elapsed() < Duration::from_secs(30), "a wait for nothing waited out its timeout");
+    }
 
     #[test]
     fn post_poll_wait_one_and_wait_any() {

@@ -209,9 +209,17 @@ impl File {
 
     /// Learns meta's size where it is larger than this handle's (writes
     /// another client published since the open); returns the size known
-    /// now. Sizes only grow here, as in publishing.
+    /// now. Sizes only grow here, as in publishing. A file unlinked while
+    /// open is no longer in meta (its data object waits for the last
+    /// close as an orphan), so nobody else can grow it: `ENOENT` there
+    /// means the size this handle knows, not an error of the caller's
+    /// read (`tempfile.TemporaryFile` reads back such a file).
     pub fn refresh_size(&self) -> Result<u64, Errno> {
-        let current = self.fs.meta.getattr(self.open.attr.ino)?.size;
+        let current = match self.fs.meta.getattr(self.open.attr.ino) {
+            Ok(a) => a.size,
+            Err(Errno::ENOENT) => return Ok(self.size()),
+            Err(e) => return Err(e),
+        };
         Ok(self.size.fetch_max(current, Ordering::Relaxed).max(current))
     }
 

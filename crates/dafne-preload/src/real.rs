@@ -171,8 +171,8 @@ pub fn seek(fd: c_int, offset: i64, whence: c_int) -> Result<u64, c_int> {
     }
 }
 
-/// The kernel's `st_dev`, `st_ino` and file type of a descriptor.
-pub fn identity(fd: c_int) -> Option<(u64, u64, u32)> {
+/// The kernel's `fstat` of a descriptor (the real one, not ours).
+fn stat_of(fd: c_int) -> Option<libc::stat> {
     let mut st = std::mem::MaybeUninit::<libc::stat>::zeroed();
     // SAFETY: `st` is a writable stat buffer of the right size; fstat
     // fills it or fails without touching anything else.
@@ -181,8 +181,18 @@ pub fn identity(fd: c_int) -> Option<(u64, u64, u32)> {
         return None;
     }
     // SAFETY: fstat succeeded, so it initialised the buffer (zeroed before).
-    let st = unsafe { st.assume_init() };
+    Some(unsafe { st.assume_init() })
+}
+
+/// The kernel's `st_dev`, `st_ino` and file type of a descriptor.
+pub fn identity(fd: c_int) -> Option<(u64, u64, u32)> {
+    let st = stat_of(fd)?;
     Some((st.st_dev, st.st_ino, st.st_mode & libc::S_IFMT))
+}
+
+/// The size the kernel has for a descriptor's file.
+pub fn size(fd: c_int) -> Option<u64> {
+    stat_of(fd).map(|st| st.st_size.max(0) as u64)
 }
 
 /// Makes the kernel ask the mount for the attributes of `fd`'s file now

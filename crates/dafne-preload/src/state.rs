@@ -403,6 +403,9 @@ pub fn opened(fd: c_int, flags: c_int) {
     // descriptor (an O_APPEND one the kernel serves, or a new entry that
     // learns the size from meta) starts from their size.
     publish_writers_of(p, ino);
+    if flags & libc::O_TRUNC != 0 {
+        truncated_by_open(p, ino, fd);
+    }
     let fallback = |why: &str| {
         count(&STATS.opens_fallback, 1);
         debug(format_args!("fd {fd} (inode {ino}) stays on the FUSE path: {why}"));
@@ -476,6 +479,22 @@ fn publish_writers_of(p: &Proc, ino: u64) {
             seen.push(Arc::as_ptr(&e));
             e.sync_kernel(fd);
         }
+    }
+}
+
+/// An open with `O_TRUNC` cut the file through the kernel (after this
+/// process's writers of it published): its other entries learn the size
+/// the kernel has now and their read-ahead drops what it holds, as an
+/// `ftruncate` on one of them would. Without this, a reader kept reading
+/// the old bytes from its read-ahead and `SEEK_END` gave the old size.
+fn truncated_by_open(p: &Proc, ino: u64, fd: c_int) {
+    let Some(size) = real::size(fd) else { return };
+    let entries: Vec<Arc<Entry>> = match p.table.read() {
+        Ok(t) => t.values().filter(|e| e.ino == ino).cloned().collect(),
+        Err(_) => return,
+    };
+    for e in entries {
+        e.resized(Some(size));
     }
 }
 

@@ -593,3 +593,73 @@ for i in range(30):
     assert_eq!(get(&st, "python", "opens_fallback"), 1 + 30, "the O_APPEND opens: {st:?}");
     assert_eq!(get(&st, "python", "read_bytes"), 6010, "{st:?}");
 }
+
+/// A file unlinked while open (what `tempfile.TemporaryFile` makes where
+/// `O_TMPFILE` is not offered, as on FUSE) is still the process's: reads
+/// through the library past the size it knows, and `SEEK_END`, use the
+/// handle's size when meta no longer has the inode. Before the fix they
+/// failed with `ENOENT`, which no read of the mount returns.
+#[test]
+fn a_file_unlinked_while_open_reads_back_through_the_library() {
+    let _g = serial();
+    let s = Setup::new();
+    let dir = s.m.path("tmp");
+    std::fs::create_dir(&dir).unwrap();
+    let script = r#"
+import os, sys, tempfile
+f = tempfile.TemporaryFile(dir=sys.argv[1])
+f.write(bytes(range(256)) * 400)
+f.flush()
+f.seek(0)
+back = f.read()
+assert back == bytes(range(256)) * 400, len(back)
+fd = os.open(os.path.join(sys.argv[1], "u"), os.O_CREAT | os.O_RDWR | os.O_TRUNC, 0o644)
+os.write(fd, b"before")
+os.unlink(os.path.join(sys.argv[1], "u"))
+os.write(fd, b"after")
+assert os.pread(fd, 100, 0) == b"beforeafter", os.pread(fd, 100, 0)
+assert os.lseek(fd, 0, os.SEEK_END) == 11
+os.close(fd)
+print("ok")
+"#;
+    assert_eq!(s.run("python3", &["-c", script, p(&dir)]).trim(), "ok");
+    let stats = s.take_stats();
+    assert!(get(&stats, "python", "read_bytes") >= 102_400, "the reads did not go through the library: {stats:?}");
+}
+
+/// An open with `O_TRUNC` in the same process cuts the file under its
+/// other library descriptors: a reader whose read-ahead held the old bytes
+/// reads the new end (nothing past it), and `SEEK_END` is the new size on
+/// every descriptor, as through the mount. Before the fix the reader kept
+/// reading 1 MiB of the old bytes and `SEEK_END` said 8 MiB.
+#[test]
+fn an_o_trunc_open_cuts_the_file_under_the_other_descriptors() {
+    let _g = serial();
+    let s = Setup::new();
+    let f = s.m.path("cut");
+    let script = r#"
+import os, sys
+p = sys.argv[1]
+with open(p, "wb") as f:
+    f.write(b"O" * (8 << 20))
+r = os.open(p, os.O_RDONLY)
+for i in range(4):
+    assert len(os.read(r, 1 << 20)) == 1 << 20
+w = os.open(p, os.O_WRONLY)
+os.pwrite(w, b"W" * 100, 0)
+with open(p, "wb") as f:
+    f.write(b"new")
+got = os.read(r, 1 << 20)
+assert got == b"", (len(got), got[:3])
+assert os.pread(r, 10, 0) == b"new", os.pread(r, 10, 0)
+assert os.lseek(r, 0, os.SEEK_END) == 3, os.lseek(r, 0, os.SEEK_END)
+assert os.lseek(w, 0, os.SEEK_END) == 3, os.lseek(w, 0, os.SEEK_END)
+os.close(w)
+os.close(r)
+print("ok")
+"#;
+    assert_eq!(s.run("python3", &["-c", script, p(&f)]).trim(), "ok");
+    assert_eq!(through_fuse(&f), b"new");
+    let stats = s.take_stats();
+    assert!(get(&stats, "python", "read_bytes") >= 4 << 20, "the reads did not go through the library: {stats:?}");
+}
