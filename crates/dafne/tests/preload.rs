@@ -663,3 +663,98 @@ print("ok")
     let stats = s.take_stats();
     assert!(get(&stats, "python", "read_bytes") >= 4 << 20, "the reads did not go through the library: {stats:?}");
 }
+
+/// A stat by path in the writing process sees its own writes, as through
+/// the mount: `os.path.getsize` (stat), `os.lstat`, a `dir_fd` stat
+/// (fstatat), `statx` (what `ls -l` and `stat(1)` call, asked for the size
+/// alone) and the ABI before glibc 2.33 (`__xstat`, `__lxstat`), each after
+/// fresh unpublished writes. The size is then in meta for every process:
+/// a second run ends by `_exit` with the file still open (no exit handler
+/// publishes), and this test reads the size through the mount. Before the
+/// fix `getsize` gave 0.
+#[test]
+fn a_stat_by_path_in_the_writing_process_sees_its_writes() {
+    let _g = serial();
+    let s = Setup::new();
+    let f = s.m.path("grown");
+    let script = r#"
+import ctypes, os, struct, sys
+p = sys.argv[1]
+libc = ctypes.CDLL(None, use_errno=True)
+def statx_size(path):
+    buf = ctypes.create_string_buffer(256)
+    # AT_FDCWD, flags 0, STATX_SIZE only
+    assert libc.statx(-100, path.encode(), 0, 0x200, buf) == 0, ctypes.get_errno()
+    return struct.unpack_from("Q", buf.raw, 40)[0]
+def old_abi(fn):
+    def size(path):
+        buf = ctypes.create_string_buffer(256)
+        assert getattr(libc, fn)(1, path.encode(), buf) == 0, ctypes.get_errno()
+        return struct.unpack_from("q", buf.raw, 48)[0]
+    return size
+d = os.open(os.path.dirname(p), os.O_RDONLY | os.O_DIRECTORY)
+ways = [
+    ("getsize", os.path.getsize),
+    ("lstat", lambda q: os.lstat(q).st_size),
+    ("fstatat", lambda q: os.stat(os.path.basename(q), dir_fd=d).st_size),
+    ("statx", statx_size),
+    ("__xstat", old_abi("__xstat")),
+    ("__lxstat", old_abi("__lxstat")),
+]
+f = open(p, "wb")
+got = []
+for i, (name, way) in enumerate(ways):
+    f.write(b"x" * 100)
+    f.flush()
+    got.append((name, way(p), 100 * (i + 1)))
+bad = [g for g in got if g[1] != g[2]]
+print("ok" if not bad else bad, flush=True)
+if sys.argv[2] == "_exit":
+    os._exit(0)
+"#;
+    // A normal exit (the counters are written at exit) ...
+    assert_eq!(s.run("python3", &["-c", script, p(&f), "exit"]).trim(), "ok");
+    let stats = s.take_stats();
+    assert!(get(&stats, "python", "write_bytes") >= 600, "the writes did not go through the library: {stats:?}");
+    // ... and one that skips the exit handler, the file still open.
+    let g = s.m.path("grown-exit");
+    assert_eq!(s.run("python3", &["-c", script, p(&g), "_exit"]).trim(), "ok");
+    let len = std::fs::metadata(&g).unwrap().len();
+    assert_eq!(len, 600, "another process sees the size the writer's stat published");
+}
+
+/// `fstat` of a file unlinked while open after library writes gives the
+/// bytes written, as through the mount (meta no longer has the inode, so
+/// the size cannot be published to the kernel). Before the fix: 0.
+#[test]
+fn fstat_of_a_file_unlinked_while_open_shows_its_writes() {
+    let _g = serial();
+    let s = Setup::new();
+    let dir = s.m.path("tmp");
+    std::fs::create_dir(&dir).unwrap();
+    let script = r#"
+import ctypes, os, struct, sys, tempfile
+d = sys.argv[1]
+p = os.path.join(d, "u")
+fd = os.open(p, os.O_CREAT | os.O_RDWR | os.O_TRUNC, 0o644)
+os.write(fd, b"a" * 5000)
+os.unlink(p)
+got = [os.fstat(fd).st_size]
+os.write(fd, b"b" * 3000)
+got.append(os.fstat(fd).st_size)
+libc = ctypes.CDLL(None, use_errno=True)
+buf = ctypes.create_string_buffer(256)
+# AT_EMPTY_PATH, STATX_BASIC_STATS
+assert libc.statx(fd, b"", 0x1000, 0x7ff, buf) == 0, ctypes.get_errno()
+got.append(struct.unpack_from("Q", buf.raw, 40)[0])
+os.close(fd)
+t = tempfile.TemporaryFile(dir=d)
+t.write(b"c" * 7000)
+t.flush()
+got.append(os.fstat(t.fileno()).st_size)
+print(got)
+"#;
+    assert_eq!(s.run("python3", &["-c", script, p(&dir)]).trim(), "[5000, 8000, 8000, 7000]");
+    let stats = s.take_stats();
+    assert!(get(&stats, "python", "write_bytes") >= 15_000, "the writes did not go through the library: {stats:?}");
+}
