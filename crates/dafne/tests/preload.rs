@@ -758,3 +758,91 @@ print(got)
     let stats = s.take_stats();
     assert!(get(&stats, "python", "write_bytes") >= 15_000, "the writes did not go through the library: {stats:?}");
 }
+
+/// The largest file the file system under `dir` allows, probed as the io
+/// servers do at start (`ftruncate` of a sparse file; `None`: no limit
+/// below the largest offset a client accepts).
+fn file_size_limit(dir: &Path) -> Option<u64> {
+    let path = dir.join("size-limit-probe");
+    let f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let max = i64::MAX as u64;
+    if f.set_len(max).is_ok() {
+        return None;
+    }
+    let (mut lo, mut hi) = (0u64, max);
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if f.set_len(mid).is_ok() {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    Some(lo)
+}
+
+/// A write past what the io servers' chunk files can hold fails with
+/// `EFBIG`, as on a local file system, and its byte never counts in the
+/// size: through the library at the write itself; through the mount, whose
+/// writes return before the servers answer, at the next write, fsync or
+/// close, as `EFBIG` (never `EIO`). Before the fix the servers cached the
+/// byte and answered success, the write-back failed, fsync and close gave
+/// `EIO`, and meta kept the size past the limit. (On a file system without
+/// a limit below 2^63 − 1, tmpfs or XFS, there is nothing to refuse.)
+#[test]
+fn a_write_past_what_the_storage_holds_fails_with_efbig() {
+    let _g = serial();
+    let s = Setup::new();
+    let Some(limit) = file_size_limit(s.c.dir()) else {
+        eprintln!("the file system under {} has no size limit to test", s.c.dir().display());
+        return;
+    };
+    let script = r#"
+import errno, os, sys
+p, at = sys.argv[1], int(sys.argv[2])
+def errno_of(f):
+    try:
+        f()
+        return 0
+    except OSError as e:
+        return e.errno
+fd = os.open(p, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+os.write(fd, b"hello")
+got = [errno_of(lambda: os.pwrite(fd, b"x", at)), errno_of(lambda: os.fsync(fd))]
+size = os.fstat(fd).st_size
+got.append(errno_of(lambda: os.close(fd)))
+print(got, size, os.stat(p).st_size)
+"#;
+    let at = limit.to_string();
+    // Through the library: refused at the write.
+    let lib = s.m.path("big-lib");
+    let out = s.run("python3", &["-c", script, p(&lib), &at]);
+    assert_eq!(
+        out.trim(),
+        "[27, 0, 0] 5 5",
+        "pwrite at {limit} through the library: [pwrite, fsync, close] errnos, fstat after the fsync, stat after the close"
+    );
+    assert_eq!(std::fs::metadata(&lib).unwrap().len(), 5);
+    let st = s.take_stats();
+    assert_eq!(get(&st, "python", "opens"), 1, "the file was not the library's: {st:?}");
+    // Through the mount: the first error reported is EFBIG.
+    let mnt = s.m.path("big-mount");
+    let o = Command::new("timeout")
+        .args(["-k", "10", "300", "python3", "-c", script, p(&mnt), &at])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    eprintln!("through the mount, [pwrite, fsync, close] errnos, fstat and stat sizes: {}", out.trim());
+    let (errnos, sizes) = out.trim().split_once("] ").unwrap();
+    assert_eq!(
+        sizes, "5 5",
+        "the refused byte counted in the size (fstat after the fsync, stat after the close): {out}"
+    );
+    let first = errnos.trim_matches(['[', ']']).split(", ").map(|e| e.parse::<i32>().unwrap()).find(|&e| e != 0);
+    assert_eq!(first, Some(27), "through the mount [pwrite, fsync, close]: {errnos}");
+    assert_eq!(std::fs::metadata(&mnt).unwrap().len(), 5);
+    assert_eq!(through_fuse(&mnt), b"hello");
+}
