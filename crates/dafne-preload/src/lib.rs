@@ -481,7 +481,7 @@ unsafe fn overlay_unlinked(e: &Entry, st: *mut libc::stat) {
     // SAFETY: the function's contract.
     let st = unsafe { &mut *st };
     if st.st_nlink == 0 {
-        let size = state::unlinked_size(e);
+        let size = state::process_size(e);
         if size > st.st_size.max(0) as u64 {
             st.st_size = size as libc::off_t;
             st.st_blocks = st.st_blocks.max(size.div_ceil(512) as libc::blkcnt_t);
@@ -497,7 +497,7 @@ unsafe fn overlay_unlinked_x(e: &Entry, stx: *mut libc::statx) {
     // SAFETY: the function's contract.
     let stx = unsafe { &mut *stx };
     if stx.stx_mask & libc::STATX_NLINK != 0 && stx.stx_nlink == 0 && stx.stx_mask & libc::STATX_SIZE != 0 {
-        let size = state::unlinked_size(e);
+        let size = state::process_size(e);
         if size > stx.stx_size {
             stx.stx_size = size;
             stx.stx_blocks = stx.stx_blocks.max(size.div_ceil(512));
@@ -808,7 +808,7 @@ macro_rules! ftruncate_like {
             // SAFETY: forwarded unchanged.
             let r = unsafe { real::$real()(fd, len) };
             if let (0, Some(e)) = (r, e) {
-                e.resized(Some(len as u64));
+                state::truncated(&e, len as u64);
             }
             r
         }

@@ -517,8 +517,9 @@ pub fn publish_for_path(dev: u64, ino: u64) -> bool {
 /// The largest size this process's library descriptors of `e`'s inode
 /// know (their own writes included): the size of a file unlinked while
 /// open, which meta no longer has and so cannot be published to the
-/// kernel (an `fstat` of it overlays this).
-pub fn unlinked_size(e: &Entry) -> u64 {
+/// kernel (an `fstat` of it overlays this), and the end a descriptor reads
+/// to while another one's writes are unpublished ([`Entry::read_at`]).
+pub fn process_size(e: &Entry) -> u64 {
     let own = e.file.size();
     let Some(p) = proc() else { return own };
     match p.table.read() {
@@ -540,6 +541,22 @@ fn truncated_by_open(p: &Proc, ino: u64, fd: c_int) {
     };
     for e in entries {
         e.resized(Some(size));
+    }
+}
+
+/// An `ftruncate` through one descriptor set the size of `e`'s inode:
+/// every entry of it in this process learns it (the others kept their
+/// larger size, and a read through them gave zeros past the new end).
+pub fn truncated(e: &Entry, size: u64) {
+    let entries: Vec<Arc<Entry>> = match proc().map(|p| p.table.read()) {
+        Some(Ok(t)) => t.values().filter(|x| x.ino == e.ino).cloned().collect(),
+        _ => Vec::new(),
+    };
+    e.resized(Some(size));
+    for x in entries {
+        if !std::ptr::eq(Arc::as_ptr(&x), e) {
+            x.resized(Some(size));
+        }
     }
 }
 
@@ -737,7 +754,7 @@ impl Entry {
         let end = offset.saturating_add(buf.len() as u64);
         let mut size = self.file.size();
         if end > size {
-            size = self.file.refresh_size()?;
+            size = self.with_siblings(self.file.refresh_size()?);
         }
         if offset >= size || buf.is_empty() {
             return Ok(0);
@@ -788,7 +805,21 @@ impl Entry {
     /// The size as the file's end for `SEEK_END`.
     pub fn size(&self) -> Result<u64, Errno> {
         let _b = Busy::enter();
-        self.file.refresh_size()
+        Ok(self.with_siblings(self.file.refresh_size()?))
+    }
+
+    /// `size`, or the larger end another library descriptor of the same
+    /// file in this process knows while writes are unpublished: through
+    /// the mount every descriptor sees the process's writes at once, but
+    /// meta, which this handle asks, has only published sizes (before, a
+    /// reader opened before a writer's growth read 100 of 200 bytes).
+    fn with_siblings(&self, size: u64) -> u64 {
+        if UNPUBLISHED.load(Ordering::Relaxed) == 0 {
+            return size;
+        }
+        let size = size.max(process_size(self));
+        self.file.grow_known_size(size);
+        size
     }
 
     /// `fsync`/`fdatasync`: durable on the io servers, size exact in meta,

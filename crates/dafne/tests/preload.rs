@@ -846,3 +846,34 @@ print(got, size, os.stat(p).st_size)
     assert_eq!(std::fs::metadata(&mnt).unwrap().len(), 5);
     assert_eq!(through_fuse(&mnt), b"hello");
 }
+
+/// A library descriptor opened before another one of the same process
+/// grew the file reads the new bytes and sees the new end, as through the
+/// mount (meta, which it asks past the end it knows, has only published
+/// sizes); an `ftruncate` through one descriptor cuts the file under the
+/// other. Before the fix the reader got 100 of 200 bytes.
+#[test]
+fn a_second_descriptor_reads_the_writers_unpublished_bytes() {
+    let _g = serial();
+    let s = Setup::new();
+    let f = s.m.path("sibling");
+    let script = r#"
+import os, sys
+p = sys.argv[1]
+w = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+os.write(w, b"a" * 100)
+r = os.open(p, os.O_RDONLY)
+os.write(w, b"b" * 100)
+got = [len(os.pread(r, 1000, 0)), os.lseek(r, 0, os.SEEK_END)]
+os.ftruncate(w, 50)
+got += [len(os.pread(r, 1000, 0)), os.lseek(r, 0, os.SEEK_END)]
+os.close(r)
+os.close(w)
+print(got)
+"#;
+    assert_eq!(s.run("python3", &["-c", script, p(&f)]).trim(), "[200, 200, 50, 50]");
+    assert_eq!(through_fuse(&f), vec![b'a'; 50]);
+    let stats = s.take_stats();
+    assert_eq!(get(&stats, "python", "opens"), 2, "{stats:?}");
+    assert!(get(&stats, "python", "read_bytes") >= 250, "the reads did not go through the library: {stats:?}");
+}
