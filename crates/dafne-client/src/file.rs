@@ -230,6 +230,13 @@ impl File {
         self.size.store(size, Ordering::Relaxed);
     }
 
+    /// The file is at least `size` long (another handle of the same
+    /// process wrote up to there and has not published it yet): reads
+    /// through this handle reach that far.
+    pub fn grow_known_size(&self, size: u64) {
+        self.size.fetch_max(size, Ordering::Relaxed);
+    }
+
     /// Publishes the size (as `close` does) and keeps the file open.
     pub fn publish(&self) -> Result<(), Errno> {
         self.publish_size()

@@ -839,6 +839,17 @@ impl Core {
         }
         // Also after a failed write: some servers may have taken their part.
         t.changed(ino, offset, offset.saturating_add(data.len() as u64));
+        drop(t);
+        if r == Err(Errno::EFBIG) {
+            // An earlier write of the file was refused (or this one, past
+            // the largest offset): its end must not count in the size.
+            self.settle(&file);
+            self.forget_refused_end(fh);
+            if let Err(e) = self.publish_dirty(fh) {
+                tracing::debug!("publishing inode {ino} after a refused write: {e}");
+            }
+        }
+        let mut t = self.table();
         let n = r?;
         if let Some(st) = t.inodes.get_mut(&ino) {
             st.written_end = st.written_end.max(offset + n as u64);
@@ -982,6 +993,12 @@ impl Core {
             self.close_in_meta(&sync_file);
             r
         };
+        if drained == Err(Errno::EFBIG) {
+            self.forget_refused_end(fh);
+            if let Err(e) = self.publish_dirty(fh) {
+                tracing::debug!("publishing inode {ino} after a refused write: {e}");
+            }
+        }
         drained?;
         r?;
         if let Some(st) = self.table().inodes.get_mut(&ino) {
@@ -1044,7 +1061,26 @@ impl Core {
             Some(file) => self.drain(fh, &file),
             None => return Err(Errno::EBADF),
         };
+        if drained == Err(Errno::EFBIG) {
+            self.forget_refused_end(fh);
+        }
         self.publish_dirty(fh).and(drained)
+    }
+
+    /// An io server refused a write of this handle's file with `EFBIG`
+    /// (past what its storage holds) after the write had returned
+    /// (write-behind), which counted its end in `written_end`: the end is
+    /// forgotten and the file marked for a publish, which takes the size
+    /// from the bytes the servers hold. Without this, `fstat` and `stat`
+    /// showed the refused byte's end (16 TiB on ext4) until the inode left
+    /// the table. Called with the writes settled.
+    fn forget_refused_end(&self, fh: u64) {
+        let mut t = self.table();
+        let Some(ino) = t.handles.get(&fh).map(|h| h.ino) else { return };
+        if let Some(st) = t.inodes.get_mut(&ino) {
+            st.written_end = 0;
+            st.dirty = true;
+        }
     }
 
     fn publish_dirty(&self, fh: u64) -> Result<(), Errno> {

@@ -371,6 +371,49 @@ pub struct ChunkStore {
     /// the set was last emptied (every [`LOGGED_WINDOW`], so that new bad
     /// blocks are logged again after a storm).
     logged: RefCell<(Logged, Option<std::time::Instant>)>,
+    /// The largest chunk file the directory's file system allows
+    /// ([`probe_max_size`]): a write, truncation or allocation past it is
+    /// refused with `EFBIG` before anything is cached.
+    max_size: u64,
+}
+
+/// The largest size a file in `dir` may have, found with `ftruncate` on a
+/// sparse probe file (unlinked at once; no block is allocated): the file
+/// system's limit, which `pwrite` and `ftruncate` both enforce (ext4 with
+/// 4 KiB blocks: 16 TiB − 4 KiB; tmpfs: no limit below
+/// [`dafne_proto::io::MAX_FILE_SIZE`]). Without this, a write past it was
+/// taken into the cache, answered as done, and failed at write-back (an
+/// `EIO` at the next fsync and close) instead of `EFBIG` at the write, as
+/// a local file system answers. About 63 `ftruncate` calls at start.
+pub fn probe_max_size(dir: &Path) -> io::Result<u64> {
+    let max = dafne_proto::io::MAX_FILE_SIZE;
+    let path = dir.join(format!(".max-size-probe-{}", std::process::id()));
+    let f = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path)?;
+    std::fs::remove_file(&path)?;
+    let fits = |size: u64| match f.set_len(size) {
+        Ok(()) => Ok(true),
+        Err(e)
+            if e.raw_os_error() == Some(rustix::io::Errno::FBIG.raw_os_error())
+                || e.raw_os_error() == Some(rustix::io::Errno::INVAL.raw_os_error()) =>
+        {
+            Ok(false)
+        }
+        Err(e) => Err(e),
+    };
+    if fits(max)? {
+        return Ok(max);
+    }
+    // `lo` fits, `hi` does not.
+    let (mut lo, mut hi) = (0u64, max);
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if fits(mid)? {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    Ok(lo)
 }
 
 /// (object, block offset) pairs.
@@ -406,6 +449,7 @@ impl ChunkStore {
         let dir = ChunkStore::objects_dir(data_dir);
         std::fs::create_dir_all(&dir)?;
         let all_checksummed = all_checksummed(&dir)?;
+        let max_size = probe_max_size(&dir)?;
         let stats = StorageStats { direct: ring.is_some(), ..Default::default() };
         Ok(ChunkStore {
             all_checksummed,
@@ -420,7 +464,23 @@ impl ChunkStore {
             damaged: RefCell::default(),
             unsynced: Arc::default(),
             logged: RefCell::default(),
+            max_size,
         })
+    }
+
+    /// The largest chunk file this store can hold ([`probe_max_size`]).
+    pub fn max_size(&self) -> u64 {
+        self.max_size
+    }
+
+    /// `EFBIG` unless every byte of `[offset, offset + len)` fits in a
+    /// chunk file (checked before a write, truncation or allocation is
+    /// cached or applied).
+    pub fn check_fits(&self, offset: u64, len: u64) -> Result<(), dafne_proto::Errno> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.max_size => Ok(()),
+            _ => Err(dafne_proto::Errno::EFBIG),
+        }
     }
 
     /// fsyncs the objects directory if a chunk file was created since the
@@ -1486,6 +1546,27 @@ fn buffered(file: &File, offset: u64, buf: &[u8], st: &mut StorageStats) -> io::
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The probed limit is the file system's: a chunk file can be cut to
+    /// it and not one byte past (unless there is no limit below the
+    /// largest offset), the probe file is gone, and `check_fits` refuses
+    /// exactly the ranges that end past it.
+    #[test]
+    fn the_largest_chunk_file_is_probed_exactly() {
+        let d = tempfile::tempdir().unwrap();
+        let s = ChunkStore::open(d.path()).unwrap();
+        let max = s.max_size();
+        let names: Vec<_> = std::fs::read_dir(ChunkStore::objects_dir(d.path())).unwrap().collect();
+        assert!(names.iter().all(|n| !n.as_ref().unwrap().file_name().to_string_lossy().contains("probe")));
+        let f = tempfile::tempfile_in(d.path()).unwrap();
+        f.set_len(max).unwrap();
+        if max < dafne_proto::io::MAX_FILE_SIZE {
+            assert!(f.set_len(max + 1).is_err(), "{max} is not the limit");
+            assert_eq!(s.check_fits(max, 1), Err(dafne_proto::Errno::EFBIG));
+        }
+        assert_eq!(s.check_fits(max - 1, 1), Ok(()));
+        assert_eq!(s.check_fits(u64::MAX, 1), Err(dafne_proto::Errno::EFBIG));
+    }
 
     #[test]
     fn sparse_objects_read_back_with_holes_as_zeros() {

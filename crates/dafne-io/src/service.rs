@@ -728,6 +728,11 @@ impl IoService {
                 d.read(conn, object, &keys, &extents, inline_reply).await
             }
             (IoRequest::Write { keys, extents, stability, inline, .. }, backend) => {
+                // Past what a chunk file can hold: refused before anything
+                // is cached (it would fail only at write-back).
+                for e in &extents {
+                    store.check_fits(e.offset, e.len.into())?;
+                }
                 let bytes = extents.iter().map(|e| e.len as u64).sum();
                 match backend {
                     Backend::Unifier(u) => {
@@ -746,6 +751,8 @@ impl IoService {
                 dafne_unifier::Storage::sync(store, object).map_err(crate::modes::io_errno("sync"))?;
                 Ok(IoResponse::Done)
             }
+            // Every chunk file of the object takes the file's size.
+            (IoRequest::Truncate { size, .. }, _) if store.check_fits(size, 0).is_err() => Err(Errno::EFBIG),
             (IoRequest::Truncate { size, .. }, Backend::Unifier(u)) => {
                 u.truncate(object, size).await.map_err(eio("truncate (cache)"))?;
                 store.truncate(object, size).map_err(eio("truncate"))?;

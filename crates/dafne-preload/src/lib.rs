@@ -21,7 +21,14 @@
 //! (`F_DUPFD*`, `F_SETFL`), `close`, `close_range` and `fclose` keep the
 //! table right; `fstat` (all its names), `statx`, `mmap`, `ftruncate`,
 //! `fallocate` and lock calls first bring the kernel's view up to date
-//! and then go to the kernel ([`state`]'s coherence rules). `execve`,
+//! and then go to the kernel ([`state`]'s coherence rules); `fstat` of a
+//! file unlinked while open overlays the size this process knows (meta no
+//! longer has the inode to publish to). A stat by path (`stat`, `lstat`,
+//! `fstatat`, `statx` and the `__xstat` family of programs built before
+//! glibc 2.33) of a file this process wrote through the library and has
+//! not published publishes it first, so `os.path.getsize`, `ls -l`,
+//! `stat(1)` and `du` in the writing process see its writes, as through
+//! the mount (one atomic load per stat while nothing is unpublished). `execve`,
 //! `execv`, `execvp`, `execvpe`, `execveat`, `fexecve`, `posix_spawn` and
 //! `posix_spawnp` publish every entry's writes before the real call.
 //!
@@ -462,6 +469,75 @@ lseek_like!(lseek64, lseek64);
 
 // ---- attributes, sync, size -------------------------------------------------
 
+/// After a successful `fstat` of a dafne descriptor: a file unlinked while
+/// open has no inode in meta to publish its size to, so the kernel keeps
+/// the size of the last publish; the size this process's descriptors know
+/// is overlaid (nobody else can reach the file by a name). The mount has
+/// no links left for such a file (`st_nlink` 0).
+///
+/// # Safety
+/// `st` points to the stat buffer the successful call filled.
+unsafe fn overlay_unlinked(e: &Entry, st: *mut libc::stat) {
+    // SAFETY: the function's contract.
+    let st = unsafe { &mut *st };
+    if st.st_nlink == 0 {
+        let size = state::process_size(e);
+        if size > st.st_size.max(0) as u64 {
+            st.st_size = size as libc::off_t;
+            st.st_blocks = st.st_blocks.max(size.div_ceil(512) as libc::blkcnt_t);
+        }
+    }
+}
+
+/// As [`overlay_unlinked`], for `statx`.
+///
+/// # Safety
+/// `stx` points to the statx buffer the successful call filled.
+unsafe fn overlay_unlinked_x(e: &Entry, stx: *mut libc::statx) {
+    // SAFETY: the function's contract.
+    let stx = unsafe { &mut *stx };
+    if stx.stx_mask & libc::STATX_NLINK != 0 && stx.stx_nlink == 0 && stx.stx_mask & libc::STATX_SIZE != 0 {
+        let size = state::process_size(e);
+        if size > stx.stx_size {
+            stx.stx_size = size;
+            stx.stx_blocks = stx.stx_blocks.max(size.div_ceil(512));
+        }
+    }
+}
+
+/// After a successful stat by path: whether the file found is one this
+/// process wrote through the library without publishing yet; if so, it
+/// was published now and the caller stats again ([`state::publish_for_path`]).
+/// One atomic load when nothing is unpublished.
+///
+/// # Safety
+/// `st` points to the stat buffer the successful call filled.
+unsafe fn published_for(st: *const libc::stat) -> bool {
+    if !state::unpublished() {
+        return false;
+    }
+    // SAFETY: the function's contract.
+    let st = unsafe { &*st };
+    st.st_mode & libc::S_IFMT == libc::S_IFREG && state::publish_for_path(st.st_dev, st.st_ino)
+}
+
+/// As [`published_for`], for `statx` (which may not have been asked for
+/// the inode number).
+///
+/// # Safety
+/// `stx` points to the statx buffer the successful call filled.
+unsafe fn published_for_x(stx: *const libc::statx) -> bool {
+    if !state::unpublished() {
+        return false;
+    }
+    // SAFETY: the function's contract.
+    let stx = unsafe { &*stx };
+    let regular = stx.stx_mask & libc::STATX_TYPE != 0 && u32::from(stx.stx_mode) & libc::S_IFMT == libc::S_IFREG;
+    regular
+        && stx.stx_mask & libc::STATX_INO != 0
+        && state::publish_for_path(libc::makedev(stx.stx_dev_major, stx.stx_dev_minor), stx.stx_ino)
+}
+
 macro_rules! fstat_like {
     ($name:ident, $real:ident) => {
         /// Interposed: the kernel answers, after the library published what
@@ -471,11 +547,17 @@ macro_rules! fstat_like {
         /// fstat(2)'s contract.
         #[cfg_attr(not(test), no_mangle)]
         pub unsafe extern "C" fn $name(fd: c_int, st: *mut libc::stat) -> c_int {
-            if let Some(e) = state::entry(fd) {
+            let e = state::entry(fd);
+            if let Some(e) = &e {
                 e.sync_kernel(fd);
             }
             // SAFETY: forwarded unchanged.
-            unsafe { real::$real()(fd, st) }
+            let r = unsafe { real::$real()(fd, st) };
+            if let (0, Some(e)) = (r, e) {
+                // SAFETY: the call succeeded, so `st` is its filled buffer.
+                unsafe { overlay_unlinked(&e, st) };
+            }
+            r
         }
     };
 }
@@ -490,16 +572,73 @@ macro_rules! fxstat_like {
         /// The C function's contract.
         #[cfg_attr(not(test), no_mangle)]
         pub unsafe extern "C" fn $name(ver: c_int, fd: c_int, st: *mut libc::stat) -> c_int {
-            if let Some(e) = state::entry(fd) {
+            let e = state::entry(fd);
+            if let Some(e) = &e {
                 e.sync_kernel(fd);
             }
             // SAFETY: forwarded unchanged.
-            unsafe { real::$real()(ver, fd, st) }
+            let r = unsafe { real::$real()(ver, fd, st) };
+            if let (0, Some(e)) = (r, e) {
+                // SAFETY: the call succeeded, so `st` is its filled buffer.
+                unsafe { overlay_unlinked(&e, st) };
+            }
+            r
         }
     };
 }
 fxstat_like!(__fxstat, fxstat);
 fxstat_like!(__fxstat64, fxstat64);
+
+macro_rules! stat_like {
+    ($name:ident, $real:ident) => {
+        /// Interposed: a stat by path of a file this process wrote through
+        /// the library sees those writes, as through the mount (the writes
+        /// are published first; [`published_for`]).
+        ///
+        /// # Safety
+        /// stat(2)'s contract.
+        #[cfg_attr(not(test), no_mangle)]
+        pub unsafe extern "C" fn $name(path: *const c_char, st: *mut libc::stat) -> c_int {
+            // SAFETY: forwarded unchanged.
+            let r = unsafe { real::$real()(path, st) };
+            // SAFETY: on success `st` is the buffer the call filled.
+            if r == 0 && unsafe { published_for(st) } {
+                // SAFETY: forwarded unchanged, again.
+                return unsafe { real::$real()(path, st) };
+            }
+            r
+        }
+    };
+}
+stat_like!(stat, stat);
+stat_like!(stat64, stat64);
+stat_like!(lstat, lstat);
+stat_like!(lstat64, lstat64);
+
+macro_rules! xstat_like {
+    ($name:ident, $real:ident) => {
+        /// Interposed: as `stat`, in the ABI of programs built before
+        /// glibc 2.33.
+        ///
+        /// # Safety
+        /// The C function's contract.
+        #[cfg_attr(not(test), no_mangle)]
+        pub unsafe extern "C" fn $name(ver: c_int, path: *const c_char, st: *mut libc::stat) -> c_int {
+            // SAFETY: forwarded unchanged.
+            let r = unsafe { real::$real()(ver, path, st) };
+            // SAFETY: on success `st` is the buffer the call filled.
+            if r == 0 && unsafe { published_for(st) } {
+                // SAFETY: forwarded unchanged, again.
+                return unsafe { real::$real()(ver, path, st) };
+            }
+            r
+        }
+    };
+}
+xstat_like!(__xstat, xstat);
+xstat_like!(__xstat64, xstat64);
+xstat_like!(__lxstat, lxstat);
+xstat_like!(__lxstat64, lxstat64);
 
 /// Whether a `*at` call names `dirfd` itself (`AT_EMPTY_PATH` and "").
 ///
@@ -512,27 +651,84 @@ unsafe fn names_fd(path: *const c_char, flags: c_int) -> bool {
 
 macro_rules! fstatat_like {
     ($name:ident, $real:ident) => {
-        /// Interposed: as `fstat` when the call names a descriptor.
+        /// Interposed: as `fstat` when the call names a descriptor, as
+        /// `stat` when it names a path.
         ///
         /// # Safety
         /// fstatat(2)'s contract.
         #[cfg_attr(not(test), no_mangle)]
         pub unsafe extern "C" fn $name(dirfd: c_int, path: *const c_char, st: *mut libc::stat, flags: c_int) -> c_int {
             // SAFETY: `path` is the caller's NUL-terminated string.
-            if unsafe { names_fd(path, flags) } {
-                if let Some(e) = state::entry(dirfd) {
-                    e.sync_kernel(dirfd);
-                }
+            let e = if unsafe { names_fd(path, flags) } { state::entry(dirfd) } else { None };
+            if let Some(e) = &e {
+                e.sync_kernel(dirfd);
             }
             // SAFETY: forwarded unchanged.
-            unsafe { real::$real()(dirfd, path, st, flags) }
+            let r = unsafe { real::$real()(dirfd, path, st, flags) };
+            if r != 0 {
+                return r;
+            }
+            match e {
+                // SAFETY: the call succeeded, so `st` is its filled buffer.
+                Some(e) => unsafe { overlay_unlinked(&e, st) },
+                // SAFETY: as above.
+                None if unsafe { published_for(st) } => {
+                    // SAFETY: forwarded unchanged, again.
+                    return unsafe { real::$real()(dirfd, path, st, flags) };
+                }
+                None => {}
+            }
+            r
         }
     };
 }
 fstatat_like!(fstatat, fstatat);
 fstatat_like!(fstatat64, fstatat64);
 
-/// Interposed: as `fstat` when the call names a descriptor.
+macro_rules! fxstatat_like {
+    ($name:ident, $real:ident) => {
+        /// Interposed: `fstatat` in the ABI of programs built before glibc
+        /// 2.33.
+        ///
+        /// # Safety
+        /// The C function's contract.
+        #[cfg_attr(not(test), no_mangle)]
+        pub unsafe extern "C" fn $name(
+            ver: c_int,
+            dirfd: c_int,
+            path: *const c_char,
+            st: *mut libc::stat,
+            flags: c_int,
+        ) -> c_int {
+            // SAFETY: `path` is the caller's NUL-terminated string.
+            let e = if unsafe { names_fd(path, flags) } { state::entry(dirfd) } else { None };
+            if let Some(e) = &e {
+                e.sync_kernel(dirfd);
+            }
+            // SAFETY: forwarded unchanged.
+            let r = unsafe { real::$real()(ver, dirfd, path, st, flags) };
+            if r != 0 {
+                return r;
+            }
+            match e {
+                // SAFETY: the call succeeded, so `st` is its filled buffer.
+                Some(e) => unsafe { overlay_unlinked(&e, st) },
+                // SAFETY: as above.
+                None if unsafe { published_for(st) } => {
+                    // SAFETY: forwarded unchanged, again.
+                    return unsafe { real::$real()(ver, dirfd, path, st, flags) };
+                }
+                None => {}
+            }
+            r
+        }
+    };
+}
+fxstatat_like!(__fxstatat, fxstatat);
+fxstatat_like!(__fxstatat64, fxstatat64);
+
+/// Interposed: as `fstat` when the call names a descriptor, as `stat`
+/// when it names a path.
 ///
 /// # Safety
 /// statx(2)'s contract.
@@ -545,13 +741,29 @@ pub unsafe extern "C" fn statx(
     stx: *mut libc::statx,
 ) -> c_int {
     // SAFETY: `path` is the caller's NUL-terminated string.
-    if unsafe { names_fd(path, flags) } {
-        if let Some(e) = state::entry(dirfd) {
-            e.sync_kernel(dirfd);
-        }
+    let e = if unsafe { names_fd(path, flags) } { state::entry(dirfd) } else { None };
+    if let Some(e) = &e {
+        e.sync_kernel(dirfd);
     }
-    // SAFETY: forwarded unchanged.
-    unsafe { real::statx()(dirfd, path, flags, mask, stx) }
+    // The inode number and type too, to know the file found by a path.
+    let asked = if e.is_none() && state::unpublished() { mask | libc::STATX_INO | libc::STATX_TYPE } else { mask };
+    // SAFETY: forwarded with a mask that asks for as much or more (the
+    // kernel fills what it was asked for into the same buffer).
+    let r = unsafe { real::statx()(dirfd, path, flags, asked, stx) };
+    if r != 0 {
+        return r;
+    }
+    match e {
+        // SAFETY: the call succeeded, so `stx` is its filled buffer.
+        Some(e) => unsafe { overlay_unlinked_x(&e, stx) },
+        // SAFETY: as above.
+        None if unsafe { published_for_x(stx) } => {
+            // SAFETY: forwarded unchanged, again.
+            return unsafe { real::statx()(dirfd, path, flags, mask, stx) };
+        }
+        None => {}
+    }
+    r
 }
 
 macro_rules! fsync_like {
@@ -596,7 +808,7 @@ macro_rules! ftruncate_like {
             // SAFETY: forwarded unchanged.
             let r = unsafe { real::$real()(fd, len) };
             if let (0, Some(e)) = (r, e) {
-                e.resized(Some(len as u64));
+                state::truncated(&e, len as u64);
             }
             r
         }

@@ -65,7 +65,7 @@
 
 use std::cell::Cell;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 
 use dafne_client::cluster::{Cluster, OpenOptions};
@@ -87,6 +87,10 @@ const WORDS: usize = MAX_FDS / 64;
 const ZERO: AtomicU64 = AtomicU64::new(0);
 static OURS: [AtomicU64; WORDS] = [ZERO; WORDS];
 static DISABLED: AtomicBool = AtomicBool::new(false);
+/// Entries of this process with writes not yet published: a stat by path
+/// looks at the table only while this is not zero (one atomic load for
+/// every other stat).
+static UNPUBLISHED: AtomicUsize = AtomicUsize::new(0);
 
 /// What belongs to one process: its table and its connection. A forked
 /// child gets a fresh one in the fork handler (the parent's is left
@@ -464,21 +468,63 @@ pub fn opened(fd: c_int, flags: c_int) {
 
 /// Publishes what this process's entries of `ino` wrote (and brings the
 /// kernel's view up to date), before another open of the inode is used.
-fn publish_writers_of(p: &Proc, ino: u64) {
+/// Returns whether there was any.
+fn publish_writers_of(p: &Proc, ino: u64) -> bool {
     let writers: Vec<(c_int, Arc<Entry>)> = match p.table.read() {
         Ok(t) => t
             .iter()
             .filter(|(_, e)| e.ino == ino && e.written.load(Ordering::Relaxed))
             .map(|(k, v)| (*k, v.clone()))
             .collect(),
-        Err(_) => return,
+        Err(_) => return false,
     };
+    let any = !writers.is_empty();
     let mut seen: Vec<*const Entry> = Vec::new();
     for (fd, e) in writers {
         if !seen.contains(&Arc::as_ptr(&e)) {
             seen.push(Arc::as_ptr(&e));
             e.sync_kernel(fd);
         }
+    }
+    any
+}
+
+/// Whether a stat by path must look at what it found: this process has
+/// library writes not yet published (and the call is not the library's
+/// own).
+pub fn unpublished() -> bool {
+    UNPUBLISHED.load(Ordering::Relaxed) != 0 && !busy()
+}
+
+/// After a stat by path found the regular file `(dev, ino)`: publishes
+/// what this process's library descriptors of it wrote and brings the
+/// kernel's attributes up to date, as before another open of the inode.
+/// Returns true when something was published (the caller stats again);
+/// the writer's `os.path.getsize`, `ls -l`, `stat(1)` and `du` then see
+/// its writes, as through the mount, and so does every other process.
+pub fn publish_for_path(dev: u64, ino: u64) -> bool {
+    if !unpublished() {
+        return false;
+    }
+    let (Some(m), Some(p)) = (mounts(), proc()) else { return false };
+    if !m.contains(dev) || m.is_foreign(dev) {
+        return false;
+    }
+    let _b = Busy::enter();
+    publish_writers_of(p, ino)
+}
+
+/// The largest size this process's library descriptors of `e`'s inode
+/// know (their own writes included): the size of a file unlinked while
+/// open, which meta no longer has and so cannot be published to the
+/// kernel (an `fstat` of it overlays this), and the end a descriptor reads
+/// to while another one's writes are unpublished ([`Entry::read_at`]).
+pub fn process_size(e: &Entry) -> u64 {
+    let own = e.file.size();
+    let Some(p) = proc() else { return own };
+    match p.table.read() {
+        Ok(t) => t.values().filter(|x| x.ino == e.ino).map(|x| x.file.size()).fold(own, u64::max),
+        Err(_) => own,
     }
 }
 
@@ -495,6 +541,22 @@ fn truncated_by_open(p: &Proc, ino: u64, fd: c_int) {
     };
     for e in entries {
         e.resized(Some(size));
+    }
+}
+
+/// An `ftruncate` through one descriptor set the size of `e`'s inode:
+/// every entry of it in this process learns it (the others kept their
+/// larger size, and a read through them gave zeros past the new end).
+pub fn truncated(e: &Entry, size: u64) {
+    let entries: Vec<Arc<Entry>> = match proc().map(|p| p.table.read()) {
+        Some(Ok(t)) => t.values().filter(|x| x.ino == e.ino).cloned().collect(),
+        _ => Vec::new(),
+    };
+    e.resized(Some(size));
+    for x in entries {
+        if !std::ptr::eq(Arc::as_ptr(&x), e) {
+            x.resized(Some(size));
+        }
     }
 }
 
@@ -565,6 +627,7 @@ fn install_handlers() {
         for w in &OURS {
             w.store(0, Ordering::Relaxed);
         }
+        UNPUBLISHED.store(0, Ordering::Relaxed);
         STATS.reset();
         // SAFETY: as in `proc`: PROC is null or points to a leaked Proc
         // (here the parent's, read and left as it is).
@@ -664,6 +727,22 @@ impl Entry {
         self.readable
     }
 
+    /// Marks writes not yet published (counted in [`UNPUBLISHED`]).
+    fn set_written(&self) {
+        if !self.written.swap(true, Ordering::Relaxed) {
+            UNPUBLISHED.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Clears the mark; returns whether it was set.
+    fn take_written(&self) -> bool {
+        let was = self.written.swap(false, Ordering::Relaxed);
+        if was {
+            UNPUBLISHED.fetch_sub(1, Ordering::Relaxed);
+        }
+        was
+    }
+
     pub fn writable(&self) -> bool {
         self.writable
     }
@@ -675,7 +754,7 @@ impl Entry {
         let end = offset.saturating_add(buf.len() as u64);
         let mut size = self.file.size();
         if end > size {
-            size = self.file.refresh_size()?;
+            size = self.with_siblings(self.file.refresh_size()?);
         }
         if offset >= size || buf.is_empty() {
             return Ok(0);
@@ -702,7 +781,7 @@ impl Entry {
     pub fn write_at(&self, offset: u64, data: &[u8]) -> Result<usize, Errno> {
         let _b = Busy::enter();
         offset.checked_add(data.len() as u64).filter(|&e| e <= i64::MAX as u64).ok_or(Errno::EFBIG)?;
-        self.written.store(true, Ordering::Relaxed);
+        self.set_written();
         let r = self.file.write_from(offset, data, Stability::Unstable);
         // Read-ahead of this file in this process drops what the write
         // may have changed (also after a failure: some servers may have
@@ -726,7 +805,21 @@ impl Entry {
     /// The size as the file's end for `SEEK_END`.
     pub fn size(&self) -> Result<u64, Errno> {
         let _b = Busy::enter();
-        self.file.refresh_size()
+        Ok(self.with_siblings(self.file.refresh_size()?))
+    }
+
+    /// `size`, or the larger end another library descriptor of the same
+    /// file in this process knows while writes are unpublished: through
+    /// the mount every descriptor sees the process's writes at once, but
+    /// meta, which this handle asks, has only published sizes (before, a
+    /// reader opened before a writer's growth read 100 of 200 bytes).
+    fn with_siblings(&self, size: u64) -> u64 {
+        if UNPUBLISHED.load(Ordering::Relaxed) == 0 {
+            return size;
+        }
+        let size = size.max(process_size(self));
+        self.file.grow_known_size(size);
+        size
     }
 
     /// `fsync`/`fdatasync`: durable on the io servers, size exact in meta,
@@ -735,7 +828,7 @@ impl Entry {
         let _b = Busy::enter();
         self.file.fsync()?;
         count(&STATS.fsyncs, 1);
-        self.written.store(false, Ordering::Relaxed);
+        self.take_written();
         real::refresh_kernel_attributes(fd);
         real::drop_cached_pages(fd);
         Ok(())
@@ -746,13 +839,13 @@ impl Entry {
     /// attributes, drop cached pages.
     pub fn sync_kernel(&self, fd: c_int) {
         count(&STATS.kernel_calls, 1);
-        if !self.written.swap(false, Ordering::Relaxed) {
+        if !self.take_written() {
             return;
         }
         let _b = Busy::enter();
         if let Err(e) = self.file.publish() {
             debug(format_args!("publishing the size of fd {fd}: {e:?}"));
-            self.written.store(true, Ordering::Relaxed);
+            self.set_written();
         }
         count(&STATS.publishes, 1);
         real::refresh_kernel_attributes(fd);
@@ -779,7 +872,7 @@ impl Entry {
     /// is still open: its close follows).
     fn close(self, fd: c_int) -> Result<(), Errno> {
         let _b = Busy::enter();
-        if self.written.load(Ordering::Relaxed) {
+        if self.take_written() {
             count(&STATS.publishes, 1);
             let r = self.file.close();
             real::refresh_kernel_attributes(fd);

@@ -392,8 +392,27 @@ impl Config {
         }
         // Ports io_base_port ..= io_base_port + io_servers - 1 (with
         // [[hosts]], each host's own count: `check_hosts`).
+        // 0 is not "a free port each" (as for meta_port): io server i
+        // would listen on port i (io server 1 on port 1).
+        if c.io_base_port == 0 {
+            bail!(
+                "cluster.io_base_port = 0 (--io-base-port 0): io server i listens on io_base_port + i, so 0 would \
+                 put io server 1 on port 1; pass a free base port with {} free ports after it (e.g. --io-base-port \
+                 7710, the default)",
+                c.io_servers
+            );
+        }
         if !self.multi_host() && c.io_base_port as u32 + c.io_servers > u16::MAX as u32 + 1 {
-            bail!("cluster.io_base_port = {} leaves no room for {} io servers", c.io_base_port, c.io_servers);
+            bail!(
+                "cluster.io_base_port = {} leaves no room for {} io servers (ports {}..={} would pass 65535): the \
+                 highest base for {} io servers is {}",
+                c.io_base_port,
+                c.io_servers,
+                c.io_base_port,
+                c.io_base_port as u32 + c.io_servers - 1,
+                c.io_servers,
+                u16::MAX as u32 + 1 - c.io_servers
+            );
         }
         let io_ports = c.io_base_port as u32..c.io_base_port as u32 + c.io_servers;
         if !self.multi_host() && c.meta_port != 0 && io_ports.contains(&(c.meta_port as u32)) {

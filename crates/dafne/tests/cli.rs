@@ -798,3 +798,35 @@ fn a_hosts_list_refuses_port_flags() {
     let o = run(&["up", "--dir", &d, "--config", cfg.to_str().unwrap(), "--net-devices", "ens9"]);
     assert!(!o.status.success() && text(&o).contains("--client"), "{}", text(&o));
 }
+
+/// `--io-base-port 0` is refused with what to pass: io server i listens on
+/// base + i, so 0 put io server 1 on port 1 (a new user reads 0 as "free
+/// ports", as it is for `--meta-port`). So is a base whose io ports would
+/// pass 65535, with the highest base that fits. Nothing is started.
+#[test]
+fn an_io_base_port_of_0_or_one_that_overflows_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap().to_string();
+    // Were it started after all (the bug), it is stopped.
+    struct Down(String);
+    impl Drop for Down {
+        fn drop(&mut self) {
+            let _ = run(&["down", "--dir", &self.0]);
+        }
+    }
+    let _down = Down(d.clone());
+    let o = run(&["up", "--dir", &d, "--io-servers", "2", "--meta-port", "0", "--io-base-port", "0"]);
+    let t = text(&o);
+    assert!(!o.status.success(), "{t}");
+    assert!(t.contains("io_base_port = 0") && t.contains("--io-base-port 7710"), "says what to pass: {t}");
+    assert!(!dir.path().join("cluster.json").exists(), "{t}");
+    let o = run(&["up", "--dir", &d, "--io-servers", "4", "--meta-port", "0", "--io-base-port", "65534"]);
+    let t = text(&o);
+    assert!(!o.status.success(), "{t}");
+    assert!(
+        t.contains("leaves no room for 4 io servers") && t.contains("the highest base for 4 io servers is 65532"),
+        "{t}"
+    );
+    assert!(!t.contains("panicked"), "{t}");
+    assert!(!dir.path().join("cluster.json").exists(), "{t}");
+}

@@ -663,3 +663,217 @@ print("ok")
     let stats = s.take_stats();
     assert!(get(&stats, "python", "read_bytes") >= 4 << 20, "the reads did not go through the library: {stats:?}");
 }
+
+/// A stat by path in the writing process sees its own writes, as through
+/// the mount: `os.path.getsize` (stat), `os.lstat`, a `dir_fd` stat
+/// (fstatat), `statx` (what `ls -l` and `stat(1)` call, asked for the size
+/// alone) and the ABI before glibc 2.33 (`__xstat`, `__lxstat`), each after
+/// fresh unpublished writes. The size is then in meta for every process:
+/// a second run ends by `_exit` with the file still open (no exit handler
+/// publishes), and this test reads the size through the mount. Before the
+/// fix `getsize` gave 0.
+#[test]
+fn a_stat_by_path_in_the_writing_process_sees_its_writes() {
+    let _g = serial();
+    let s = Setup::new();
+    let f = s.m.path("grown");
+    let script = r#"
+import ctypes, os, struct, sys
+p = sys.argv[1]
+libc = ctypes.CDLL(None, use_errno=True)
+def statx_size(path):
+    buf = ctypes.create_string_buffer(256)
+    # AT_FDCWD, flags 0, STATX_SIZE only
+    assert libc.statx(-100, path.encode(), 0, 0x200, buf) == 0, ctypes.get_errno()
+    return struct.unpack_from("Q", buf.raw, 40)[0]
+def old_abi(fn):
+    def size(path):
+        buf = ctypes.create_string_buffer(256)
+        assert getattr(libc, fn)(1, path.encode(), buf) == 0, ctypes.get_errno()
+        return struct.unpack_from("q", buf.raw, 48)[0]
+    return size
+d = os.open(os.path.dirname(p), os.O_RDONLY | os.O_DIRECTORY)
+ways = [
+    ("getsize", os.path.getsize),
+    ("lstat", lambda q: os.lstat(q).st_size),
+    ("fstatat", lambda q: os.stat(os.path.basename(q), dir_fd=d).st_size),
+    ("statx", statx_size),
+    ("__xstat", old_abi("__xstat")),
+    ("__lxstat", old_abi("__lxstat")),
+]
+f = open(p, "wb")
+got = []
+for i, (name, way) in enumerate(ways):
+    f.write(b"x" * 100)
+    f.flush()
+    got.append((name, way(p), 100 * (i + 1)))
+bad = [g for g in got if g[1] != g[2]]
+print("ok" if not bad else bad, flush=True)
+if sys.argv[2] == "_exit":
+    os._exit(0)
+"#;
+    // A normal exit (the counters are written at exit) ...
+    assert_eq!(s.run("python3", &["-c", script, p(&f), "exit"]).trim(), "ok");
+    let stats = s.take_stats();
+    assert!(get(&stats, "python", "write_bytes") >= 600, "the writes did not go through the library: {stats:?}");
+    // ... and one that skips the exit handler, the file still open.
+    let g = s.m.path("grown-exit");
+    assert_eq!(s.run("python3", &["-c", script, p(&g), "_exit"]).trim(), "ok");
+    let len = std::fs::metadata(&g).unwrap().len();
+    assert_eq!(len, 600, "another process sees the size the writer's stat published");
+}
+
+/// `fstat` of a file unlinked while open after library writes gives the
+/// bytes written, as through the mount (meta no longer has the inode, so
+/// the size cannot be published to the kernel). Before the fix: 0.
+#[test]
+fn fstat_of_a_file_unlinked_while_open_shows_its_writes() {
+    let _g = serial();
+    let s = Setup::new();
+    let dir = s.m.path("tmp");
+    std::fs::create_dir(&dir).unwrap();
+    let script = r#"
+import ctypes, os, struct, sys, tempfile
+d = sys.argv[1]
+p = os.path.join(d, "u")
+fd = os.open(p, os.O_CREAT | os.O_RDWR | os.O_TRUNC, 0o644)
+os.write(fd, b"a" * 5000)
+os.unlink(p)
+got = [os.fstat(fd).st_size]
+os.write(fd, b"b" * 3000)
+got.append(os.fstat(fd).st_size)
+libc = ctypes.CDLL(None, use_errno=True)
+buf = ctypes.create_string_buffer(256)
+# AT_EMPTY_PATH, STATX_BASIC_STATS
+assert libc.statx(fd, b"", 0x1000, 0x7ff, buf) == 0, ctypes.get_errno()
+got.append(struct.unpack_from("Q", buf.raw, 40)[0])
+os.close(fd)
+t = tempfile.TemporaryFile(dir=d)
+t.write(b"c" * 7000)
+t.flush()
+got.append(os.fstat(t.fileno()).st_size)
+print(got)
+"#;
+    assert_eq!(s.run("python3", &["-c", script, p(&dir)]).trim(), "[5000, 8000, 8000, 7000]");
+    let stats = s.take_stats();
+    assert!(get(&stats, "python", "write_bytes") >= 15_000, "the writes did not go through the library: {stats:?}");
+}
+
+/// The largest file the file system under `dir` allows, probed as the io
+/// servers do at start (`ftruncate` of a sparse file; `None`: no limit
+/// below the largest offset a client accepts).
+fn file_size_limit(dir: &Path) -> Option<u64> {
+    let path = dir.join("size-limit-probe");
+    let f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let max = i64::MAX as u64;
+    if f.set_len(max).is_ok() {
+        return None;
+    }
+    let (mut lo, mut hi) = (0u64, max);
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if f.set_len(mid).is_ok() {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    Some(lo)
+}
+
+/// A write past what the io servers' chunk files can hold fails with
+/// `EFBIG`, as on a local file system, and its byte never counts in the
+/// size: through the library at the write itself; through the mount, whose
+/// writes return before the servers answer, at the next write, fsync or
+/// close, as `EFBIG` (never `EIO`). Before the fix the servers cached the
+/// byte and answered success, the write-back failed, fsync and close gave
+/// `EIO`, and meta kept the size past the limit. (On a file system without
+/// a limit below 2^63 − 1, tmpfs or XFS, there is nothing to refuse.)
+#[test]
+fn a_write_past_what_the_storage_holds_fails_with_efbig() {
+    let _g = serial();
+    let s = Setup::new();
+    let Some(limit) = file_size_limit(s.c.dir()) else {
+        eprintln!("the file system under {} has no size limit to test", s.c.dir().display());
+        return;
+    };
+    let script = r#"
+import errno, os, sys
+p, at = sys.argv[1], int(sys.argv[2])
+def errno_of(f):
+    try:
+        f()
+        return 0
+    except OSError as e:
+        return e.errno
+fd = os.open(p, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+os.write(fd, b"hello")
+got = [errno_of(lambda: os.pwrite(fd, b"x", at)), errno_of(lambda: os.fsync(fd))]
+size = os.fstat(fd).st_size
+got.append(errno_of(lambda: os.close(fd)))
+print(got, size, os.stat(p).st_size)
+"#;
+    let at = limit.to_string();
+    // Through the library: refused at the write.
+    let lib = s.m.path("big-lib");
+    let out = s.run("python3", &["-c", script, p(&lib), &at]);
+    assert_eq!(
+        out.trim(),
+        "[27, 0, 0] 5 5",
+        "pwrite at {limit} through the library: [pwrite, fsync, close] errnos, fstat after the fsync, stat after the close"
+    );
+    assert_eq!(std::fs::metadata(&lib).unwrap().len(), 5);
+    let st = s.take_stats();
+    assert_eq!(get(&st, "python", "opens"), 1, "the file was not the library's: {st:?}");
+    // Through the mount: the first error reported is EFBIG.
+    let mnt = s.m.path("big-mount");
+    let o = Command::new("timeout")
+        .args(["-k", "10", "300", "python3", "-c", script, p(&mnt), &at])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    eprintln!("through the mount, [pwrite, fsync, close] errnos, fstat and stat sizes: {}", out.trim());
+    let (errnos, sizes) = out.trim().split_once("] ").unwrap();
+    assert_eq!(
+        sizes, "5 5",
+        "the refused byte counted in the size (fstat after the fsync, stat after the close): {out}"
+    );
+    let first = errnos.trim_matches(['[', ']']).split(", ").map(|e| e.parse::<i32>().unwrap()).find(|&e| e != 0);
+    assert_eq!(first, Some(27), "through the mount [pwrite, fsync, close]: {errnos}");
+    assert_eq!(std::fs::metadata(&mnt).unwrap().len(), 5);
+    assert_eq!(through_fuse(&mnt), b"hello");
+}
+
+/// A library descriptor opened before another one of the same process
+/// grew the file reads the new bytes and sees the new end, as through the
+/// mount (meta, which it asks past the end it knows, has only published
+/// sizes); an `ftruncate` through one descriptor cuts the file under the
+/// other. Before the fix the reader got 100 of 200 bytes.
+#[test]
+fn a_second_descriptor_reads_the_writers_unpublished_bytes() {
+    let _g = serial();
+    let s = Setup::new();
+    let f = s.m.path("sibling");
+    let script = r#"
+import os, sys
+p = sys.argv[1]
+w = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+os.write(w, b"a" * 100)
+r = os.open(p, os.O_RDONLY)
+os.write(w, b"b" * 100)
+got = [len(os.pread(r, 1000, 0)), os.lseek(r, 0, os.SEEK_END)]
+os.ftruncate(w, 50)
+got += [len(os.pread(r, 1000, 0)), os.lseek(r, 0, os.SEEK_END)]
+os.close(r)
+os.close(w)
+print(got)
+"#;
+    assert_eq!(s.run("python3", &["-c", script, p(&f)]).trim(), "[200, 200, 50, 50]");
+    assert_eq!(through_fuse(&f), vec![b'a'; 50]);
+    let stats = s.take_stats();
+    assert_eq!(get(&stats, "python", "opens"), 2, "{stats:?}");
+    assert!(get(&stats, "python", "read_bytes") >= 250, "the reads did not go through the library: {stats:?}");
+}
