@@ -67,6 +67,12 @@ pub enum FrameKind {
     Pong = 6,
     /// Orderly goodbye on the control endpoint.
     Bye = 7,
+    /// Server -> client, once its login was verified, on the new data
+    /// endpoint to the client's worker with every transport (shared memory
+    /// on one host): payload = the server's full worker address (before,
+    /// the welcome gave its network-only one). Tagged with the login's
+    /// keys; see `server` module docs, "Shared memory after the login".
+    Upgrade = 8,
 }
 
 impl FrameKind {
@@ -79,6 +85,7 @@ impl FrameKind {
             5 => FrameKind::Ping,
             6 => FrameKind::Pong,
             7 => FrameKind::Bye,
+            8 => FrameKind::Upgrade,
             _ => return None,
         })
     }
@@ -357,6 +364,14 @@ pub struct Welcome {
     pub max_request: u32,
     pub worker_address: Vec<u8>,
 }
+
+/// In a welcome's header `status`: the server made its data endpoint with
+/// UCX error handling on and sent its network-only worker address, until
+/// the client's login is verified (`FrameKind::Upgrade` then follows). The
+/// client's data endpoint must have error handling on too: UCX refuses a
+/// pair of endpoints whose error handling differs ("asymmetric endpoint
+/// configuration"). 0: the data endpoints are made as the host ids say.
+pub const WELCOME_SHM_AFTER_LOGIN: i32 = 1;
 
 /// Bound on a worker address inside a hello/welcome.
 pub const MAX_ADDRESS: usize = dafne_ucx::MAX_WORKER_ADDRESS_BYTES;

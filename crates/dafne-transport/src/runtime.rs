@@ -168,6 +168,16 @@ pub struct RuntimeOptions {
     /// Servers do not take the claim for RMA decisions
     /// (`ConnHandle::requires_direct_keys`). None: the real one.
     pub claim_host_id: Option<[u8; 16]>,
+    /// Whether a server gives a client on this host shared memory before
+    /// the client logged in (`ConnHandle::set_frame_keys`). Off by default:
+    /// until the login a same-host connection's data endpoints run over
+    /// TCP, and the server moves them to shared memory when the login is
+    /// verified (`server` module docs, "Shared memory after the login"),
+    /// because UCX's shared-memory transports trust the peer (a peer with
+    /// another FIFO size wedged the server's loop for good). On for the
+    /// reference test service, whose tests and benchmarks measure shared
+    /// memory without logging in.
+    pub shm_before_login: bool,
 }
 
 /// How long an event loop keeps progressing after activity on a machine
@@ -230,6 +240,7 @@ impl Default for RuntimeOptions {
             data_path: DataPath::from_env(),
             auth_timeout: None,
             claim_host_id: None,
+            shm_before_login: false,
             watchdog: None,
         }
     }
@@ -312,6 +323,7 @@ impl Gate {
                 (self.conns.borrow().get(&hdr.conn_id) == Some(&hdr.token)).then_some(opts.max_request)
             }
             FrameKind::Reply => self.client_tokens.borrow().contains(&hdr.token).then_some(opts.max_reply),
+            FrameKind::Upgrade => self.client_tokens.borrow().contains(&hdr.token).then_some(crate::frame::MAX_ADDRESS),
         }
     }
 }
@@ -529,7 +541,9 @@ impl Local {
     fn dispatch(self: &Rc<Self>, m: Inbound) {
         match m.hdr.kind {
             FrameKind::Hello | FrameKind::Request | FrameKind::Ping | FrameKind::Bye => ServerSide::on_frame(self, m),
-            FrameKind::Welcome | FrameKind::Reply | FrameKind::Pong => ClientSide::on_frame(self, m),
+            FrameKind::Welcome | FrameKind::Reply | FrameKind::Pong | FrameKind::Upgrade => {
+                ClientSide::on_frame(self, m)
+            }
         }
     }
 

@@ -83,6 +83,17 @@ pub(crate) struct ServerConn {
     /// The frame keys the service installed after a login
     /// (`ConnHandle::set_frame_keys`); from then on every frame is tagged.
     auth: RefCell<Option<ConnKeys>>,
+    /// The client's worker address, while its data endpoint avoids shared
+    /// memory until the login (module docs, "Shared memory after the
+    /// login"): the first reply after `set_frame_keys` moves to a new
+    /// endpoint made from it with error handling off.
+    upgrade: RefCell<Option<Vec<u8>>>,
+    /// Data endpoints replaced by that move, open until the connection
+    /// ends (keys unpacked on them, and their operations, stay valid).
+    retired: RefCell<Vec<Endpoint>>,
+    /// The client's processes as `lookup_peer` found them, for the data
+    /// endpoint that replaces the first.
+    owners: RefCell<Option<Vec<u32>>>,
 }
 
 /// A client connection as seen by a handler: the way to reach the client's
@@ -189,8 +200,10 @@ impl ConnHandle {
                 );
             }
             self.0.local.set(Some(owners.is_some()));
+            let owners = owners.unwrap_or_default();
+            *self.0.owners.borrow_mut() = Some(owners.clone());
             if let Ok(data) = self.data() {
-                data.set_peer_processes(owners.unwrap_or_default());
+                data.set_peer_processes(owners);
             }
         }
     }
@@ -500,8 +513,14 @@ impl ServerSide {
                 TransportStats::inc(&stats.requests_in_flight);
                 let corr = m.hdr.corr;
                 let fut = service.call(Request { conn: ConnHandle(conn.clone()), payload: m.payload });
+                let weak = Rc::downgrade(l);
                 l.spawn(async move {
                     let reply = fut.await;
+                    if conn.auth.borrow().is_some() && conn.upgrade.borrow().is_some() {
+                        if let Some(l) = weak.upgrade() {
+                            Self::upgrade(&l, &conn);
+                        }
+                    }
                     conn.inflight.set(conn.inflight.get() - 1);
                     conn.shared.stats.requests_in_flight.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
                     Self::reply(&conn, corr, TransportStatus::Ok, reply);
@@ -565,7 +584,13 @@ impl ServerSide {
             }
         };
         let mode = l.options().data_path.mode_for(&hello.host_id, &l.shared.host_id);
-        let data = match l.worker.connect_address(&hello.worker_address, mode) {
+        // Shared memory only after the login (module docs): until then the
+        // data endpoint has error handling on, which keeps UCX 1.13 off
+        // shared memory and cma, and the welcome carries this worker's
+        // network-only address.
+        let gated = mode == dafne_ucx::ErrMode::None && !l.options().shm_before_login;
+        let first_mode = if gated { dafne_ucx::ErrMode::Peer } else { mode };
+        let data = match l.worker.connect_address(&hello.worker_address, first_mode) {
             Ok(ep) => ep,
             Err(e) => {
                 TransportStats::inc(&stats.malformed_frames);
@@ -581,7 +606,7 @@ impl ServerSide {
         let peer_lookup = client.zip(port);
         let id = l.server.next_id.get().wrapping_add(1).max(1);
         l.server.next_id.set(id);
-        if mode == dafne_ucx::ErrMode::Peer {
+        if first_mode == dafne_ucx::ErrMode::Peer {
             // Across hosts the data endpoint detects failures itself (e.g. a
             // remote access error): it must tear the connection down too.
             l.watch_failure(&data);
@@ -611,8 +636,11 @@ impl ServerSide {
             created: Instant::now(),
             proven: Cell::new(false),
             auth: RefCell::new(None),
+            upgrade: RefCell::new(gated.then(|| hello.worker_address.clone())),
+            retired: RefCell::new(Vec::new()),
+            owners: RefCell::new(None),
         });
-        let address = match l.worker.address() {
+        let address = match if gated { l.worker.network_address() } else { l.worker.address() } {
             Ok(a) => a,
             Err(e) => return tracing::error!("worker address: {e}"),
         };
@@ -625,6 +653,9 @@ impl ServerSide {
         h.token = token;
         h.credits = conn.granted;
         h.payload_len = w.len() as u32;
+        if gated {
+            h.status = crate::frame::WELCOME_SHM_AFTER_LOGIN;
+        }
         // The welcome (and with it the token every later frame must carry)
         // goes to the worker address the hello claimed, not back over the
         // control connection: only the process that owns that address can
@@ -644,6 +675,49 @@ impl ServerSide {
         l.server.conns.borrow_mut().insert(id, conn);
         l.server.unproven.set(l.server.unproven.get() + 1);
         TransportStats::inc(&stats.connections_accepted);
+    }
+
+    /// Moves a connection whose login was just verified to a data endpoint
+    /// with error handling off (shared memory and cma on one host) and
+    /// sends the client this worker's full address over it
+    /// (`FrameKind::Upgrade`, tagged). The old endpoint is retired, not
+    /// closed. On failure the connection stays on the endpoint it has.
+    fn upgrade(l: &Rc<Local>, conn: &Rc<ServerConn>) {
+        let Some(address) = conn.upgrade.borrow_mut().take() else { return };
+        if conn.dead.get() || conn.broken.get() {
+            return;
+        }
+        let full = match l.worker.address() {
+            Ok(a) => a,
+            Err(e) => return tracing::warn!("worker address: {e}: connection {} stays on the network path", conn.id),
+        };
+        let data = match l.worker.connect_address(&address, dafne_ucx::ErrMode::None) {
+            Ok(ep) => ep,
+            Err(e) => {
+                return tracing::warn!(
+                    "cannot reach connection {}'s worker with shared memory ({e}): it stays on the network path",
+                    conn.id
+                )
+            }
+        };
+        if let Some(owners) = conn.owners.borrow().clone() {
+            data.set_peer_processes(owners);
+        }
+        let mut h = FrameHeader::new(FrameKind::Upgrade);
+        h.conn_id = conn.id;
+        h.token = conn.token;
+        h.payload_len = full.len() as u32;
+        if let Some(k) = &*conn.auth.borrow() {
+            k.seal(&mut h, &full);
+        }
+        if let Err(e) = data.am_send(AM_ID, h.encode().to_vec(), full, false) {
+            return tracing::warn!("upgrade of connection {} failed ({e}): it stays on the network path", conn.id);
+        }
+        conn.keys.borrow_mut().clear();
+        if let Some(old) = conn.data.borrow_mut().replace(data) {
+            conn.retired.borrow_mut().push(old);
+        }
+        TransportStats::inc(&l.stats().upgrades);
     }
 
     fn reply(conn: &ServerConn, corr: u64, status: TransportStatus, payload: Vec<u8>) {
@@ -700,7 +774,8 @@ impl ServerSide {
             w.wake();
         }
         conn.keys.borrow_mut().clear();
-        for ep in [conn.ctrl.borrow_mut().take(), conn.data.borrow_mut().take()].into_iter().flatten() {
+        let retired = std::mem::take(&mut *conn.retired.borrow_mut());
+        for ep in [conn.ctrl.borrow_mut().take(), conn.data.borrow_mut().take()].into_iter().flatten().chain(retired) {
             if failed {
                 // Gone or silent: a graceful close would wait for it
                 // forever (`Endpoint::mark_peer_dead`).

@@ -91,6 +91,10 @@ counters! {
     /// already or is older than the replay window (a copied frame sent
     /// again).
     replayed_frames,
+    /// Connections on this host moved to shared memory after their login
+    /// was verified (before it, their data endpoints avoid shared memory:
+    /// `server` module docs).
+    upgrades,
 }
 
 impl TransportStats {

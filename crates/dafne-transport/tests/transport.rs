@@ -626,3 +626,85 @@ fn read_read_leases_are_bounded_owned_and_returned() {
         }
     }
 }
+
+/// CPU time (user + system) process `pid` has used so far.
+fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let f: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+    // Fields 14 and 15 of stat(5); the slice starts at field 3.
+    let ticks: u64 = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
+    Duration::from_millis(ticks * 10) // USER_HZ is 100 on Linux
+}
+
+/// A same-host peer that chose another shared-memory FIFO size than the
+/// server's (`UCX_MM_FIFO_SIZE`, which UCX never sends: each end assumes
+/// its own for the other's FIFO) floods the server with calls and is
+/// killed. Before the server gave shared memory only after a login (the
+/// `server` module docs), a FIFO larger than the server's (1024 against
+/// 256) left the server's loop spinning for good, even after the peer was
+/// gone (measured: 1.85–2.09 s of CPU per 3 s), and no client got an
+/// answer again. Now the peer, which does not log in, talks TCP; the server
+/// is idle afterwards, and an honest client logs in, moves to shared
+/// memory, and moves bytes that are checked.
+#[test]
+fn a_peer_with_another_shm_fifo_size_cannot_wedge_the_server() {
+    let server = spawn_server(Tls::Shm, &["--shm-after-login"]);
+    let pid = server.child.id();
+    let mut hostile = Command::new(peer_bin())
+        .args(Tls::Shm.args())
+        .args(["--ucx", "MM_FIFO_SIZE=1024", "flood", "--connect", &server.addr.to_string(), "--seconds", "2"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(hostile.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "flooding");
+    // Whether its calls are answered is the peer's business; it is killed
+    // at the latest a few seconds after its flood should have ended.
+    let deadline = Instant::now() + Duration::from_secs(6);
+    while hostile.try_wait().unwrap().is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = hostile.kill();
+    hostile.wait().unwrap();
+    // The server is idle: at most a quarter of a core over two seconds.
+    std::thread::sleep(Duration::from_millis(500));
+    let before = cpu_time(pid);
+    std::thread::sleep(Duration::from_secs(2));
+    let used = cpu_time(pid) - before;
+    assert!(used < Duration::from_millis(500), "the server burnt {used:?} of CPU in 2 s after the peer was gone");
+    // An honest client is served, over TCP until its login and over shared
+    // memory after it.
+    let rt = client_runtime(Tls::Shm);
+    let c = Client::connect(&rt, server.addr).unwrap();
+    let before_login = c.data_path_info().unwrap();
+    assert!(
+        !before_login.contains("posix") && !before_login.contains("sysv"),
+        "shared memory before the login: {before_login}"
+    );
+    put_and_check(&c, 65536 + 3, true, FLAG_VERIFY, 21);
+    let nonce = [3u8; 16];
+    let r = c.login(testsvc::encode_login(&nonce), testsvc::test_frame_keys(c.token(), &nonce)).unwrap();
+    testsvc::parse_reply(&r).unwrap();
+    // The upgrade travels beside the login's answer: wait until it is in.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut info = c.data_path_info().unwrap();
+    while !(info.contains("posix") || info.contains("sysv")) {
+        assert!(Instant::now() < deadline, "no shared memory after the login: {info}");
+        std::thread::sleep(Duration::from_millis(20));
+        info = c.data_path_info().unwrap();
+    }
+    for (i, len) in [1usize, 4099, 1 << 20, (4 << 20) + 11].into_iter().enumerate() {
+        put_and_check(&c, len, true, FLAG_VERIFY, 30 + i as u64);
+        get_and_check(&c, len, i % 2 == 0, FLAG_VERIFY, 40 + i as u64);
+    }
+    let echo: Vec<u8> = (0..300_000u32).map(|i| i as u8).collect();
+    let r = c.call([vec![testsvc::OP_ECHO], echo.clone()].concat()).unwrap();
+    assert_eq!(testsvc::parse_reply(&r).unwrap(), &echo[..]);
+    let s = server_stats(&c);
+    assert!(s["transport"]["upgrades"].as_u64().unwrap() >= 1, "{s}");
+    for k in ["unauthenticated_frames", "replayed_frames"] {
+        assert_eq!(s["transport"][k].as_u64(), Some(0), "the server refused honest frames: {s}");
+    }
+}
