@@ -154,6 +154,7 @@ impl ClientSide {
                     return id;
                 }
             },
+            shm_geometry: l.shared.shm_geometry.clone(),
         }
         .encode();
         let mut h = FrameHeader::new(FrameKind::Hello);

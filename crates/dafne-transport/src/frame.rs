@@ -354,7 +354,14 @@ pub struct Hello {
     pub max_reply: u32,
     /// The client worker's UCX address.
     pub worker_address: Vec<u8>,
+    /// The client's shared-memory FIFO geometry (`shm_geometry`), at most
+    /// [`MAX_SHM_GEOMETRY`] bytes: the server moves the connection to
+    /// shared memory after the login only if it equals its own.
+    pub shm_geometry: Vec<u8>,
 }
+
+/// Bound on [`Hello::shm_geometry`].
+pub const MAX_SHM_GEOMETRY: usize = 512;
 
 /// Server's answer: the connection id, token, credits and its worker address.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -378,11 +385,13 @@ pub const MAX_ADDRESS: usize = dafne_ucx::MAX_WORKER_ADDRESS_BYTES;
 
 impl Hello {
     pub fn encode(&self) -> Vec<u8> {
-        let mut v = Vec::with_capacity(24 + self.worker_address.len());
+        let mut v = Vec::with_capacity(28 + self.worker_address.len() + self.shm_geometry.len());
         v.extend_from_slice(&self.host_id);
         v.extend_from_slice(&self.max_reply.to_le_bytes());
         v.extend_from_slice(&(self.worker_address.len() as u32).to_le_bytes());
         v.extend_from_slice(&self.worker_address);
+        v.extend_from_slice(&(self.shm_geometry.len() as u32).to_le_bytes());
+        v.extend_from_slice(&self.shm_geometry);
         v
     }
 
@@ -392,8 +401,26 @@ impl Hello {
             return Err("hello truncated before max_reply".into());
         }
         let max_reply = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]);
-        let worker_address = take_blob(&rest[4..])?;
-        Ok(Hello { host_id, max_reply, worker_address })
+        let rest = &rest[4..];
+        if rest.len() < 4 {
+            return Err("hello truncated before the address length".into());
+        }
+        let n = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+        if n == 0 || n > MAX_ADDRESS || rest.len() < 4 + n {
+            return Err(format!("hello: worker address length {n} outside 1..={MAX_ADDRESS} or past the end"));
+        }
+        let worker_address = rest[4..4 + n].to_vec();
+        let rest = &rest[4 + n..];
+        if rest.len() < 4 {
+            return Err("hello truncated before the shared-memory geometry".into());
+        }
+        let g = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+        if g > MAX_SHM_GEOMETRY || rest.len() != 4 + g {
+            return Err(format!(
+                "hello: shared-memory geometry of {g} bytes (at most {MAX_SHM_GEOMETRY}) does not fit"
+            ));
+        }
+        Ok(Hello { host_id, max_reply, worker_address, shm_geometry: rest[4..].to_vec() })
     }
 }
 
@@ -594,7 +621,12 @@ mod tests {
 
     #[test]
     fn hello_and_welcome_round_trip_and_reject_lies() {
-        let h = Hello { host_id: [3; 16], max_reply: 1 << 24, worker_address: vec![1, 2, 3] };
+        let h = Hello {
+            host_id: [3; 16],
+            max_reply: 1 << 24,
+            worker_address: vec![1, 2, 3],
+            shm_geometry: b"a=1".to_vec(),
+        };
         assert_eq!(Hello::decode(&h.encode()), Ok(h.clone()));
         let w = Welcome { host_id: [4; 16], max_request: 1 << 20, worker_address: vec![9; 200] };
         assert_eq!(Welcome::decode(&w.encode()), Ok(w));
@@ -604,5 +636,8 @@ mod tests {
         let mut short = h.encode();
         short.pop();
         assert!(Hello::decode(&short).is_err());
+        let mut long_geometry = h.encode();
+        long_geometry[27..31].copy_from_slice(&10_000u32.to_le_bytes());
+        assert!(Hello::decode(&long_geometry).is_err());
     }
 }

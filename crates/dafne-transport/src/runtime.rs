@@ -95,6 +95,37 @@ pub fn tls_has_shared_memory(tls: Option<&str>) -> bool {
     })
 }
 
+/// The UCX settings both ends of a shared-memory connection must agree on,
+/// as `KEY=VALUE` lines, sorted: every `UCX_...` setting in `config` (which
+/// wins) or the environment whose name ends in `FIFO_SIZE`,
+/// `FIFO_ELEM_SIZE` or `SEG_SIZE`, TCP's excepted. Why: UCX's `posix`/`sysv`
+/// transports size the peer's receive FIFO, its elements and its receive
+/// buffers with their *own* settings (they travel nowhere), so two ends
+/// that differ write where the other does not read: a FIFO larger than a
+/// server's wedged its loop for good (`server` module docs). A server moves
+/// a logged-in client to shared memory only when the client's hello states
+/// the same geometry. Values are compared as written (`8256` and `8.06K`
+/// differ): a false difference only keeps that client on TCP.
+pub(crate) fn shm_geometry(config: &[(String, String)]) -> Vec<u8> {
+    let wanted =
+        |k: &str| ["FIFO_SIZE", "FIFO_ELEM_SIZE", "SEG_SIZE"].iter().any(|s| k.ends_with(s)) && !k.starts_with("TCP_");
+    let mut m = std::collections::BTreeMap::new();
+    for (k, v) in std::env::vars() {
+        if let Some(k) = k.strip_prefix("UCX_").filter(|k| wanted(k)) {
+            m.insert(k.to_string(), v);
+        }
+    }
+    for (k, v) in config {
+        let k = k.strip_prefix("UCX_").unwrap_or(k);
+        if wanted(k) {
+            m.insert(k.to_string(), v.clone());
+        }
+    }
+    let mut out: Vec<u8> = m.into_iter().flat_map(|(k, v)| format!("{k}={v}\n").into_bytes()).collect();
+    out.truncate(crate::frame::MAX_SHM_GEOMETRY);
+    out
+}
+
 /// `config` with [`crate::SHM_FIFO`] added when neither it nor the
 /// environment (`UCX_MM_FIFO_SIZE`) sets the FIFO size and its transports
 /// (its `TLS`, else `UCX_TLS`) can include shared memory.
@@ -259,6 +290,9 @@ pub(crate) struct Shared {
     sleeping: AtomicBool,
     stopping: AtomicBool,
     pub(crate) host_id: [u8; 16],
+    /// This runtime's `shm_geometry`, stated in hellos and compared with
+    /// clients' by servers.
+    pub(crate) shm_geometry: Vec<u8>,
     /// Bounds warnings caused by peers (bad frames, refused hellos): a
     /// hostile peer must not be able to flood the log.
     pub(crate) log_limit: LogLimit,
@@ -310,7 +344,8 @@ pub(crate) struct Gate {
 
 /// Largest hello or welcome payload: host id, a u32, the address length and
 /// a worker address of at most `MAX_ADDRESS` bytes.
-pub(crate) const HANDSHAKE_MAX_PAYLOAD: usize = 16 + 4 + 4 + crate::frame::MAX_ADDRESS;
+pub(crate) const HANDSHAKE_MAX_PAYLOAD: usize =
+    16 + 4 + 4 + crate::frame::MAX_ADDRESS + 4 + crate::frame::MAX_SHM_GEOMETRY;
 
 impl Gate {
     /// The largest payload a frame of this kind may bring, or `None` if the
@@ -362,6 +397,7 @@ impl std::fmt::Debug for Runtime {
 impl Runtime {
     pub fn new(opts: RuntimeOptions) -> Result<Runtime> {
         let config = with_shm_fifo(opts.ucx_config.clone());
+        let geometry = shm_geometry(&config);
         let ctx = Context::new(&ContextOptions { name: opts.name.clone(), config })?;
         let (cmd_tx, cmd_rx) = crossbeam_channel::unbounded::<Cmd>();
         let (run_tx, run_rx) = crossbeam_channel::unbounded::<async_task::Runnable>();
@@ -378,6 +414,7 @@ impl Runtime {
             sleeping: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
             host_id: opts.claim_host_id.unwrap_or_else(host_id),
+            shm_geometry: geometry,
             log_limit: LogLimit::new(),
             heartbeat: std::sync::atomic::AtomicU64::new(0),
             born: Instant::now(),

@@ -1,5 +1,46 @@
 //! The server half: accepting connections, granting credits, running the
 //! service's handlers, and the server-driven RMA they use.
+//!
+//! # Shared memory after the login
+//! A client on this host gets shared memory (UCX `posix`/`sysv`, and `cma`)
+//! only once the service verified its login ([`ConnHandle::set_frame_keys`]).
+//! Until then its data endpoints have UCX error handling on, which in UCX
+//! 1.13 keeps them on TCP, and the welcome carries this worker's
+//! network-only address (`Worker::network_address`), so a peer that never
+//! logs in never maps this worker's shared-memory receive FIFO through UCX
+//! and this worker never maps the peer's. After the login the first reply
+//! moves the connection: a new data endpoint with error handling off, and
+//! a tagged `FrameKind::Upgrade` over it with the full worker address, from
+//! which the client makes its own; the TCP endpoints stay open, idle, until
+//! the connection ends.
+//!
+//! Why: UCX's shared-memory transports trust the peer. Each end uses its
+//! *own* `UCX_MM_FIFO_SIZE` (and `FIFO_ELEM_SIZE`) for the other's FIFO; the
+//! sizes travel nowhere. A same-host peer with a FIFO of 1024 elements
+//! against this server's 256 wrote its messages where the server does not
+//! read and advanced the FIFO's head past them: `uct_mm_iface_event_fd_arm`
+//! then answers BUSY for ever (head > read index) while polling finds
+//! nothing, so the loop spun a core for good, after the peer was killed
+//! too, and no client was answered again (measured: 1.85–2.09 s of CPU per
+//! 3 s, `tests/transport.rs`, `a_peer_with_another_shm_fifo_size_...`).
+//! The rest of the FIFO is the peer's to write as well: element lengths,
+//! the owner bits, and the descriptors (segment id, size and offset) that
+//! a *sender* attaches and writes into, so a peer whose FIFO this server
+//! sends to chooses which segment the server maps and where it writes.
+//! No check on our side can make that safe; keeping unauthenticated peers
+//! off shared memory does. Only a peer with the cluster's secret (or a
+//! credential) gets there: it is trusted with it as with its data, and a
+//! same-user process could `ptrace` the server anyway. What this does not
+//! stop is a process that maps this worker's FIFO by itself, without UCX
+//! telling it where: a `posix` FIFO is reached through `/proc/PID/fd`,
+//! which needs ptrace rights on the server (its user, or root), but UCX
+//! creates `sysv` segments with mode 0660, so a process of the server's
+//! *group* can attach them (`ipcs` lists them). Where other users share
+//! the servers' group, leave `sysv` out of the servers' `UCX_TLS`.
+//!
+//! The reference test service offers shared memory at once
+//! (`RuntimeOptions::shm_before_login`): its tests and benchmarks measure it
+//! without logging in.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -590,6 +631,20 @@ impl ServerSide {
         // network-only address.
         let gated = mode == dafne_ucx::ErrMode::None && !l.options().shm_before_login;
         let first_mode = if gated { dafne_ucx::ErrMode::Peer } else { mode };
+        // After the login, only if both ends' FIFOs have the same shape
+        // (`runtime::shm_geometry`): else this client stays on TCP.
+        let same_geometry = hello.shm_geometry == l.shared.shm_geometry;
+        if gated && !same_geometry {
+            TransportStats::inc(&stats.upgrades_refused);
+            if l.shared.log_limit.allow() {
+                tracing::warn!(
+                    "a client on this host has other UCX shared-memory settings ({:?}) than this server ({:?}): \
+                     it is served over TCP",
+                    String::from_utf8_lossy(&hello.shm_geometry),
+                    String::from_utf8_lossy(&l.shared.shm_geometry)
+                );
+            }
+        }
         let data = match l.worker.connect_address(&hello.worker_address, first_mode) {
             Ok(ep) => ep,
             Err(e) => {
@@ -636,7 +691,7 @@ impl ServerSide {
             created: Instant::now(),
             proven: Cell::new(false),
             auth: RefCell::new(None),
-            upgrade: RefCell::new(gated.then(|| hello.worker_address.clone())),
+            upgrade: RefCell::new((gated && same_geometry).then(|| hello.worker_address.clone())),
             retired: RefCell::new(Vec::new()),
             owners: RefCell::new(None),
         });

@@ -95,6 +95,10 @@ counters! {
     /// was verified (before it, their data endpoints avoid shared memory:
     /// `server` module docs).
     upgrades,
+    /// Clients on this host kept on TCP after their login because their
+    /// hello stated other UCX shared-memory FIFO settings than this
+    /// server's (`UCX_MM_FIFO_SIZE` and the like: see `server` module docs).
+    upgrades_refused,
 }
 
 impl TransportStats {

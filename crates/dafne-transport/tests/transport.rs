@@ -707,4 +707,60 @@ fn a_peer_with_another_shm_fifo_size_cannot_wedge_the_server() {
     for k in ["unauthenticated_frames", "replayed_frames"] {
         assert_eq!(s["transport"][k].as_u64(), Some(0), "the server refused honest frames: {s}");
     }
+    // A client that wants UCX error handling on its data endpoints
+    // (`DAFNE_DATA_PATH=peer`) does not follow the upgrade and is served
+    // over TCP after its login too.
+    let rt = client_runtime_with(Tls::Shm, |o| o.data_path = dafne_transport::DataPath::PeerErrorHandling);
+    let c = Client::connect(&rt, server.addr).unwrap();
+    let r = c.login(testsvc::encode_login(&nonce), testsvc::test_frame_keys(c.token(), &nonce)).unwrap();
+    testsvc::parse_reply(&r).unwrap();
+    for (i, len) in [7usize, (1 << 20) + 5].into_iter().enumerate() {
+        put_and_check(&c, len, true, FLAG_VERIFY, 50 + i as u64);
+        get_and_check(&c, len, false, FLAG_VERIFY, 60 + i as u64);
+    }
+    let info = c.data_path_info().unwrap();
+    assert!(info.contains("tcp") && !info.contains("posix"), "{info}");
+}
+
+/// A client that holds the login but has another shared-memory FIFO size
+/// (a user's `UCX_MM_FIFO_SIZE=1024`): its hello states it, and the server
+/// keeps it on TCP after the login instead of moving it to shared memory,
+/// where it would wedge the server's loop as the peer above did.
+#[test]
+fn a_logged_in_client_with_another_shm_fifo_size_stays_on_tcp() {
+    let server = spawn_server(Tls::Shm, &["--shm-after-login"]);
+    let rt = client_runtime_with(Tls::Shm, |o| o.ucx_config.push(("MM_FIFO_SIZE".into(), "1024".into())));
+    let c = Client::connect(&rt, server.addr).unwrap();
+    let nonce = [4u8; 16];
+    let r = c.login(testsvc::encode_login(&nonce), testsvc::test_frame_keys(c.token(), &nonce)).unwrap();
+    testsvc::parse_reply(&r).unwrap();
+    // Enough calls to go round a 256-element FIFO many times.
+    for round in 0..40u8 {
+        let futs: Vec<_> = (0..50u8).map(|i| c.call_async(vec![testsvc::OP_ECHO, round, i])).collect();
+        for (i, f) in futs.into_iter().enumerate() {
+            let r = futures::executor::block_on(f).unwrap();
+            assert_eq!(testsvc::parse_reply(&r).unwrap(), &[round, i as u8]);
+        }
+    }
+    put_and_check(&c, (1 << 20) + 5, true, FLAG_VERIFY, 70);
+    get_and_check(&c, (1 << 20) + 5, false, FLAG_VERIFY, 71);
+    let info = c.data_path_info().unwrap();
+    assert!(!info.contains("posix") && !info.contains("sysv"), "shared memory with another FIFO size: {info}");
+    let s = server_stats(&c);
+    assert_eq!(s["transport"]["upgrades"].as_u64(), Some(0), "{s}");
+    assert!(s["transport"]["upgrades_refused"].as_u64().unwrap() >= 1, "{s}");
+    drop(c);
+    drop(rt);
+    let pid = server.child.id();
+    std::thread::sleep(Duration::from_millis(500));
+    let before = cpu_time(pid);
+    std::thread::sleep(Duration::from_secs(2));
+    let used = cpu_time(pid) - before;
+    assert!(used < Duration::from_millis(500), "the server burnt {used:?} of CPU in 2 s after the client left");
+    // And a client with the server's settings is served over shared memory.
+    let rt = client_runtime(Tls::Shm);
+    let c = Client::connect(&rt, server.addr).unwrap();
+    let r = c.login(testsvc::encode_login(&nonce), testsvc::test_frame_keys(c.token(), &nonce)).unwrap();
+    testsvc::parse_reply(&r).unwrap();
+    put_and_check(&c, 4099, true, FLAG_VERIFY, 72);
 }
