@@ -28,7 +28,14 @@
 //! a *sender* attaches and writes into, so a peer whose FIFO this server
 //! sends to chooses which segment the server maps and where it writes.
 //! No check on our side can make that safe; keeping unauthenticated peers
-//! off shared memory does. Only a peer with the cluster's secret (or a
+//! off shared memory does. A logged-in client is moved only if its hello
+//! stated the same FIFO settings as this server's (`runtime::shm_geometry`;
+//! else it stays on TCP, `upgrades_refused`): without that check a client
+//! with the login and `MM_FIFO_SIZE=1024` left the server spinning and
+//! itself crashed in UCX (SIGSEGV in `ucs_mpool_cleanup`), `tests/transport.rs`
+//! `a_logged_in_client_with_another_shm_fifo_size_stays_on_tcp`. Its word
+//! is trusted: it protects against a misconfigured client, not a hostile
+//! one with the secret. Only a peer with the cluster's secret (or a
 //! credential) gets there: it is trusted with it as with its data, and a
 //! same-user process could `ptrace` the server anyway. What this does not
 //! stop is a process that maps this worker's FIFO by itself, without UCX
