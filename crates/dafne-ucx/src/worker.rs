@@ -228,7 +228,7 @@ impl Worker {
     pub fn network_address(&self) -> Result<Vec<u8>> {
         let mut attr = sys::ucp_worker_attr_t {
             field_mask: (sys::UCP_WORKER_ATTR_FIELD_ADDRESS | sys::UCP_WORKER_ATTR_FIELD_ADDRESS_FLAGS) as u64,
-            address_flags: sys::UCP_WORKER_ADDRESS_FLAG_NET_ONLY as u32,
+            address_flags: sys::UCP_WORKER_ADDRESS_FLAG_NET_ONLY,
             ..Default::default()
         };
         // SAFETY: live worker; `attr` is a valid, initialised attribute struct.
