@@ -1431,5 +1431,15 @@ fn peers_with_another_shm_fifo_size_leave_the_servers_idle_and_serving() {
         assert!(used < Duration::from_millis(500), "{name} burnt {used:?} of CPU in 2 s after the peers left");
     }
     honest_client_round_trip(&up, 60);
+    // An honest session with the cluster's settings is moved to shared
+    // memory by its login (the data path keeps its speed).
+    let s = dafne_client::MetaSession::connect(&c.rt, c.info.meta, &c.secret, "honest", 0, 0).unwrap();
+    s.request(dafne_proto::Request::GetAttr { ino: s.root() }).unwrap();
+    let t = s.transport().unwrap();
+    wait_for("the honest session to move to shared memory", || {
+        let info = t.data_path_info().unwrap();
+        info.contains("posix") || info.contains("sysv")
+    });
+    s.request(dafne_proto::Request::GetAttr { ino: s.root() }).unwrap();
     assert_eq!(up.servers(), servers, "a server was restarted");
 }
