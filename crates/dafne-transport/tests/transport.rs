@@ -707,6 +707,11 @@ fn a_peer_with_another_shm_fifo_size_cannot_wedge_the_server() {
     for k in ["unauthenticated_frames", "replayed_frames"] {
         assert_eq!(s["transport"][k].as_u64(), Some(0), "the server refused honest frames: {s}");
     }
+    // The client took the upgrade and every tagged frame after it (at most
+    // the untagged pong to its first ping, arriving after the login's
+    // answer, is refused: see `a_keyed_connection_tags_every_frame_both_ways`).
+    let mine = rt.stats().snapshot();
+    assert!(mine.unauthenticated_frames <= 1 && mine.replayed_frames == 0, "the client refused frames: {mine:?}");
     // A client that wants UCX error handling on its data endpoints
     // (`DAFNE_DATA_PATH=peer`) does not follow the upgrade and is served
     // over TCP after its login too.
