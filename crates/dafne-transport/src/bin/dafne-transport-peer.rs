@@ -1,7 +1,8 @@
 //! A dafne transport peer for tests and benchmarks: `serve` runs the
 //! reference service; `hammer` is a client that keeps large transfers in
-//! flight (to be killed mid-transfer by a test); `garbage` sends malformed
-//! frames at a server.
+//! flight (to be killed mid-transfer by a test); `flood` keeps small calls
+//! in flight (with other UCX settings: the peer of the shared-memory FIFO
+//! test); `garbage` sends malformed frames at a server.
 
 use std::net::SocketAddr;
 use std::time::Duration;
