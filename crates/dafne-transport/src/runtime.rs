@@ -105,7 +105,9 @@ pub fn tls_has_shared_memory(tls: Option<&str>) -> bool {
 /// server's wedged its loop for good (`server` module docs). A server moves
 /// a logged-in client to shared memory only when the client's hello states
 /// the same geometry. Values are compared as written (`8256` and `8.06K`
-/// differ): a false difference only keeps that client on TCP.
+/// differ): a false difference only keeps that client on TCP. Empty when
+/// the transports cannot include shared memory (no FIFO default is added
+/// then) and nothing sets these keys.
 pub(crate) fn shm_geometry(config: &[(String, String)]) -> Vec<u8> {
     let wanted =
         |k: &str| ["FIFO_SIZE", "FIFO_ELEM_SIZE", "SEG_SIZE"].iter().any(|s| k.ends_with(s)) && !k.starts_with("TCP_");
@@ -898,6 +900,28 @@ pub(crate) fn random_u64() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The FIFO settings both ends must share, from the configuration
+    /// (its `UCX_` prefix optional), sorted; TCP's segment size and other
+    /// settings are not part of it.
+    #[test]
+    fn shm_geometry_takes_the_fifo_settings_only() {
+        let kv = |k: &str, v: &str| (k.to_string(), v.to_string());
+        let g = shm_geometry(&[
+            kv("TLS", "posix,sysv,cma,self,tcp"),
+            kv("MM_FIFO_SIZE", "256"),
+            kv("UCX_MM_SEG_SIZE", "8256"),
+            kv("TCP_SEG_SIZE", "64k"),
+            kv("MM_FIFO_ELEM_SIZE", "128"),
+        ]);
+        let g = String::from_utf8(g).unwrap();
+        for want in ["MM_FIFO_SIZE=256\n", "MM_SEG_SIZE=8256\n", "MM_FIFO_ELEM_SIZE=128\n"] {
+            assert!(g.contains(want), "{g:?} lacks {want:?}");
+        }
+        assert!(!g.contains("TCP_") && !g.contains("TLS"), "{g:?}");
+        let other = String::from_utf8(shm_geometry(&[kv("MM_FIFO_SIZE", "1024")])).unwrap();
+        assert_ne!(g, other);
+    }
 
     #[test]
     fn every_runtime_that_may_use_shared_memory_asks_for_one_fifo_size() {

@@ -636,12 +636,15 @@ impl ServerSide {
         // data endpoint has error handling on, which keeps UCX 1.13 off
         // shared memory and cma, and the welcome carries this worker's
         // network-only address.
-        let gated = mode == dafne_ucx::ErrMode::None && !l.options().shm_before_login;
+        // An empty geometry: transports without shared memory (this
+        // server's: nothing to keep anyone off; the client's: it wants none).
+        let gated =
+            mode == dafne_ucx::ErrMode::None && !l.options().shm_before_login && !l.shared.shm_geometry.is_empty();
         let first_mode = if gated { dafne_ucx::ErrMode::Peer } else { mode };
         // After the login, only if both ends' FIFOs have the same shape
         // (`runtime::shm_geometry`): else this client stays on TCP.
         let same_geometry = hello.shm_geometry == l.shared.shm_geometry;
-        if gated && !same_geometry {
+        if gated && !same_geometry && !hello.shm_geometry.is_empty() {
             TransportStats::inc(&stats.upgrades_refused);
             if l.shared.log_limit.allow() {
                 tracing::warn!(
