@@ -154,7 +154,19 @@ impl ClientSide {
                     return id;
                 }
             },
-            shm_geometry: l.shared.shm_geometry.clone(),
+            // None where this client will not follow an `Upgrade`
+            // (`DAFNE_DATA_PATH=peer`): the server must not make the
+            // endpoint it would send it on. UCX pairs the endpoints two
+            // workers make to each other in the order each made them, so
+            // one the client never matched paired the client's next data
+            // endpoint with error handling on to one with it off: that
+            // connection failed ("asymmetric endpoint configuration",
+            // `a_client_that_keeps_error_handling_connects_again`).
+            shm_geometry: if l.options().data_path == crate::DataPath::PeerErrorHandling {
+                Vec::new()
+            } else {
+                l.shared.shm_geometry.clone()
+            },
         }
         .encode();
         let mut h = FrameHeader::new(FrameKind::Hello);
@@ -518,6 +530,16 @@ impl ClientSide {
         }
         for (_, p) in c.pending.borrow_mut().drain() {
             let _ = p.tx.send(Err(TransportError::Shutdown));
+        }
+        // The data endpoints (nothing is pending on them any more) close in
+        // force mode, the Bye's control endpoint gracefully. A graceful
+        // close of a data endpoint with error handling (TCP: across hosts,
+        // and on one host until the upgrade) left its socket open at both
+        // ends until this runtime ended, one descriptor per connection in
+        // the server too (`connections_leave_no_descriptors_behind`).
+        // A no-op on the endpoints without error handling.
+        for ep in c.data.borrow().iter().chain(c.retired.borrow().iter()) {
+            ep.mark_peer_dead();
         }
         Self::forget_endpoints(l, &c);
     }

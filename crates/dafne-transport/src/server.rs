@@ -840,7 +840,19 @@ impl ServerSide {
         }
         conn.keys.borrow_mut().clear();
         let retired = std::mem::take(&mut *conn.retired.borrow_mut());
-        for ep in [conn.ctrl.borrow_mut().take(), conn.data.borrow_mut().take()].into_iter().flatten().chain(retired) {
+        let data: Vec<Endpoint> = conn.data.borrow_mut().take().into_iter().chain(retired).collect();
+        for ep in &data {
+            // The connection is over (the client said Bye, or failed): a
+            // graceful close of a data endpoint with error handling (TCP)
+            // left its socket open until the client's runtime ended, one
+            // descriptor per connection (`connections_leave_no_descriptors_
+            // behind`). The client forces its side too. A no-op on
+            // endpoints without error handling.
+            ep.mark_peer_dead();
+            l.server.by_ep.borrow_mut().remove(&ep.id());
+        }
+        let ctrl = conn.ctrl.borrow_mut().take();
+        if let Some(ep) = ctrl {
             if failed {
                 // Gone or silent: a graceful close would wait for it
                 // forever (`Endpoint::mark_peer_dead`).

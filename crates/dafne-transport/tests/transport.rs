@@ -769,3 +769,110 @@ fn a_logged_in_client_with_another_shm_fifo_size_stays_on_tcp() {
     testsvc::parse_reply(&r).unwrap();
     put_and_check(&c, 4099, true, FLAG_VERIFY, 72);
 }
+
+/// Open descriptors of process `pid`.
+fn fd_count(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count()
+}
+
+fn login(c: &Client, n: u8) {
+    let nonce = [n; 16];
+    let r = c.login(testsvc::encode_login(&nonce), testsvc::test_frame_keys(c.token(), &nonce)).unwrap();
+    testsvc::parse_reply(&r).unwrap();
+}
+
+/// 200 connections of one long-lived client runtime come and go, logged in
+/// (moved to shared memory) or not (on TCP until the end), on this host
+/// and as from another (`claim_host_id`: TCP throughout): the server's
+/// descriptors stay flat. Before, a data endpoint with error handling
+/// (TCP) closed gracefully kept its socket open at both ends until the
+/// client's runtime ended: 25 -> 225 descriptors in the server over 200
+/// connections, same-host ones without a login included.
+#[test]
+fn connections_leave_no_descriptors_behind() {
+    let server = spawn_server(Tls::Shm, &["--shm-after-login"]);
+    let pid = server.child.id();
+    for (remote, logged_in) in [(false, true), (false, false), (true, false)] {
+        let rt = client_runtime_with(Tls::Shm, |o| {
+            if remote {
+                o.claim_host_id = Some([7; 16]);
+            }
+        });
+        let warm = Client::connect(&rt, server.addr).unwrap();
+        login(&warm, 1);
+        put_and_check(&warm, 4099, true, FLAG_VERIFY, 1);
+        drop(warm);
+        std::thread::sleep(Duration::from_millis(500));
+        let before = fd_count(pid);
+        for i in 0..200u32 {
+            let c = Client::connect(&rt, server.addr).unwrap();
+            if logged_in {
+                login(&c, (i % 250) as u8 + 2);
+            }
+            let r = c.call(vec![testsvc::OP_ECHO, 1, 2]).unwrap();
+            assert_eq!(testsvc::parse_reply(&r).unwrap(), &[1, 2]);
+        }
+        std::thread::sleep(Duration::from_secs(1));
+        let after = fd_count(pid);
+        assert!(
+            after <= before + 10,
+            "server descriptors {before} -> {after} over 200 connections (remote {remote}, login {logged_in})"
+        );
+        let c = Client::connect(&rt, server.addr).unwrap();
+        login(&c, 9);
+        put_and_check(&c, 1 << 20, true, FLAG_VERIFY, 2);
+    }
+}
+
+/// A client that keeps UCX error handling on its data endpoints
+/// (`DAFNE_DATA_PATH=peer`) does not follow an upgrade, so its hello asks
+/// for none: before, the server made the endpoint for it anyway, UCX paired
+/// it (error handling off) with the client's next data endpoint (on), and
+/// the client's second connection failed: "ucp_ep_create(address) failed:
+/// Unsupported operation" after UCX's "asymmetric endpoint configuration".
+#[test]
+fn a_client_that_keeps_error_handling_connects_again() {
+    let server = spawn_server(Tls::Shm, &["--shm-after-login"]);
+    let rt = client_runtime_with(Tls::Shm, |o| o.data_path = dafne_transport::DataPath::PeerErrorHandling);
+    for round in 0..4u8 {
+        let c = Client::connect(&rt, server.addr).unwrap();
+        login(&c, round + 1);
+        for (i, len) in [7usize, (1 << 20) + 5].into_iter().enumerate() {
+            put_and_check(&c, len, true, FLAG_VERIFY, 50 + i as u64);
+            get_and_check(&c, len, false, FLAG_VERIFY, 60 + i as u64);
+        }
+        let info = c.data_path_info().unwrap();
+        assert!(info.contains("tcp") && !info.contains("posix"), "{info}");
+        // Let the server's side settle before the next connection.
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let s = server_stats(&Client::connect(&rt, server.addr).unwrap());
+    assert_eq!(s["transport"]["upgrades"].as_u64(), Some(0), "{s}");
+}
+
+/// Two connections of one runtime to one server, one logging in (and
+/// moving to shared memory) while the other connects and logs in: both
+/// serve RMA whose bytes are checked (UCX pairs the endpoints two workers
+/// make to each other by order; an upgrade must not pair one with error
+/// handling against one without).
+#[test]
+fn connections_of_one_runtime_upgrade_side_by_side() {
+    let server = spawn_server(Tls::Shm, &["--shm-after-login"]);
+    let rt = client_runtime(Tls::Shm);
+    for round in 0..10u8 {
+        let a = Client::connect(&rt, server.addr).unwrap();
+        let addr = server.addr;
+        let nonce = [round + 1; 16];
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let r = a.login(testsvc::encode_login(&nonce), testsvc::test_frame_keys(a.token(), &nonce)).unwrap();
+                testsvc::parse_reply(&r).unwrap();
+            });
+            let b = Client::connect(&rt, addr).unwrap();
+            login(&b, 200 - round);
+            put_and_check(&b, 4099, true, FLAG_VERIFY, 90);
+        });
+        put_and_check(&a, 4099, true, FLAG_VERIFY, 91);
+        get_and_check(&a, 1 << 20, true, FLAG_VERIFY, 92);
+    }
+}
