@@ -4,7 +4,7 @@
 //! ```text
 //! offset size field
 //!      0    2 magic        0xDAF0
-//!      2    1 version      FRAME_VERSION (4)
+//!      2    1 version      FRAME_VERSION (5)
 //!      3    1 kind         FrameKind
 //!      4    4 status       transport status (0 = ok; see TransportStatus)
 //!      8    4 conn_id      connection id assigned by the server (0 before)
@@ -39,7 +39,10 @@
 /// Size of the encoded header.
 pub const FRAME_HEADER_LEN: usize = 64;
 pub const FRAME_MAGIC: u16 = 0xDAF0;
-pub const FRAME_VERSION: u8 = 4;
+/// 5: the hello states the client's shared-memory FIFO settings and the
+/// server may send `FrameKind::Upgrade` (4: hellos without them, which a
+/// version-5 server cannot decode; 3: HMAC-SHA256 tags).
+pub const FRAME_VERSION: u8 = 5;
 /// The header bytes a tag covers: everything before the tag.
 pub const TAGGED_HEADER_LEN: usize = 48;
 /// Length of a frame's tag.
@@ -639,5 +642,17 @@ mod tests {
         let mut long_geometry = h.encode();
         long_geometry[27..31].copy_from_slice(&10_000u32.to_le_bytes());
         assert!(Hello::decode(&long_geometry).is_err());
+    }
+
+    /// A peer of the previous layout (version 4: its hello has no FIFO
+    /// settings, no `Upgrade` frame) is refused by its version, a clear
+    /// error, not by a hello that fails to decode (and, the other way, its
+    /// decoder misreading ours). Before, the layout changed without a new
+    /// version.
+    #[test]
+    fn a_version_4_peer_is_refused_by_its_version() {
+        let mut b = FrameHeader::new(FrameKind::Hello).encode();
+        b[2] = 4;
+        assert_eq!(FrameHeader::decode(&b, 0, 0), Err(FrameError::BadVersion(4)));
     }
 }
