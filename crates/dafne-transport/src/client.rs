@@ -64,6 +64,13 @@ struct ClientConn {
     /// The server's packed keys unpacked on the data endpoint, for
     /// [`Client::get_on_loop`] only (bounded like the server's cache).
     server_keys: RefCell<HashMap<Vec<u8>, Rc<dafne_ucx::RemoteKey>>>,
+    /// The error mode the data endpoint gets from the welcome's host id
+    /// (the first may have error handling on: `WELCOME_SHM_AFTER_LOGIN`):
+    /// a server's `Upgrade` is followed only where it is `None`.
+    data_mode: Cell<ErrMode>,
+    /// Data endpoints replaced by an `Upgrade`, kept open until the
+    /// connection ends: frames and keys still in flight on them stay valid.
+    retired: RefCell<Vec<Endpoint>>,
 }
 
 /// Server keys a client keeps unpacked ([`Client::get_on_loop`]);
@@ -123,6 +130,8 @@ impl ClientSide {
             server_worker: RefCell::new(Vec::new()),
             auth: RefCell::new(None),
             server_keys: RefCell::new(HashMap::new()),
+            data_mode: Cell::new(ErrMode::Peer),
+            retired: RefCell::new(Vec::new()),
         });
         cs.conns.borrow_mut().insert(id, conn.clone());
         let ctrl = match l.worker.connect_sockaddr(addr) {
@@ -144,6 +153,19 @@ impl ClientSide {
                     Self::fail(l, id, e.into());
                     return id;
                 }
+            },
+            // None where this client will not follow an `Upgrade`
+            // (`DAFNE_DATA_PATH=peer`): the server must not make the
+            // endpoint it would send it on. UCX pairs the endpoints two
+            // workers make to each other in the order each made them, so
+            // one the client never matched paired the client's next data
+            // endpoint with error handling on to one with it off: that
+            // connection failed ("asymmetric endpoint configuration",
+            // `a_client_that_keeps_error_handling_connects_again`).
+            shm_geometry: if l.options().data_path == crate::DataPath::PeerErrorHandling {
+                Vec::new()
+            } else {
+                l.shared.shm_geometry.clone()
             },
         }
         .encode();
@@ -196,8 +218,38 @@ impl ClientSide {
                 Self::pump(l, &conn);
             }
             FrameKind::Pong => {}
+            FrameKind::Upgrade => Self::on_upgrade(l, &conn, m.payload),
             _ => TransportStats::inc(&l.stats().malformed_frames),
         }
+    }
+
+    /// The server verified our login and offers its full worker address
+    /// (`FrameKind::Upgrade`): requests move to an endpoint made from it
+    /// (shared memory on one host). Only on a logged-in connection (the
+    /// frame was then checked against the login's keys by `admit`), and
+    /// only where the data endpoint may have error handling off: with it
+    /// on, UCX would choose TCP again. On failure the connection stays on the
+    /// endpoint it has, which works.
+    fn on_upgrade(l: &Rc<Local>, conn: &Rc<ClientConn>, address: Vec<u8>) {
+        if conn.auth.borrow().is_none() || conn.state.get() != State::Ready {
+            TransportStats::inc(&l.stats().malformed_frames);
+            return;
+        }
+        if conn.data_mode.get() != ErrMode::None {
+            return;
+        }
+        let data = match l.worker.connect_address(&address, ErrMode::None) {
+            Ok(ep) => ep,
+            Err(e) => {
+                tracing::warn!("cannot reach the server's full worker address ({e}): staying on the network path");
+                return;
+            }
+        };
+        conn.server_keys.borrow_mut().clear();
+        if let Some(old) = conn.data.borrow_mut().replace(data) {
+            conn.retired.borrow_mut().push(old);
+        }
+        *conn.server_worker.borrow_mut() = address;
     }
 
     fn on_welcome(l: &Rc<Local>, id: u64, conn: &Rc<ClientConn>, m: &Inbound) {
@@ -212,7 +264,11 @@ impl ClientSide {
         if m.hdr.credits == 0 || m.hdr.token == 0 {
             return Self::fail(l, id, TransportError::Protocol("welcome granted no credit or no token".into()));
         }
-        let mode = l.options().data_path.mode_for(&w.host_id, &l.shared.host_id);
+        let eventual = l.options().data_path.mode_for(&w.host_id, &l.shared.host_id);
+        // Until the login, a server may keep the data endpoints off shared
+        // memory (`WELCOME_SHM_AFTER_LOGIN`): ours must then match its
+        // error handling.
+        let mode = if m.hdr.status == crate::frame::WELCOME_SHM_AFTER_LOGIN { ErrMode::Peer } else { eventual };
         let data = match l.worker.connect_address(&w.worker_address, mode) {
             Ok(ep) => ep,
             Err(e) => return Self::fail(l, id, TransportError::Protocol(format!("data endpoint: {e}"))),
@@ -222,6 +278,7 @@ impl ClientSide {
             l.client.by_ep.borrow_mut().insert(data.id(), id);
         }
         *conn.data.borrow_mut() = Some(data);
+        conn.data_mode.set(eventual);
         *conn.server_worker.borrow_mut() = w.worker_address;
         conn.conn_id.set(m.hdr.conn_id);
         conn.token.set(m.hdr.token);
@@ -440,6 +497,9 @@ impl ClientSide {
             for ep in [&*c.ctrl.borrow(), &*c.data.borrow()].into_iter().flatten() {
                 ep.mark_peer_dead();
             }
+            for ep in c.retired.borrow().iter() {
+                ep.mark_peer_dead();
+            }
         }
         Self::forget_endpoints(l, &c);
     }
@@ -449,7 +509,8 @@ impl ClientSide {
         cs.by_token.borrow_mut().remove(&c.token.get());
         l.gate.client_tokens.borrow_mut().remove(&c.token.get());
         cs.by_nonce.borrow_mut().remove(&c.nonce);
-        for ep in [c.ctrl.borrow_mut().take(), c.data.borrow_mut().take()].into_iter().flatten() {
+        let retired = std::mem::take(&mut *c.retired.borrow_mut());
+        for ep in [c.ctrl.borrow_mut().take(), c.data.borrow_mut().take()].into_iter().flatten().chain(retired) {
             cs.by_ep.borrow_mut().remove(&ep.id());
         }
     }
@@ -469,6 +530,16 @@ impl ClientSide {
         }
         for (_, p) in c.pending.borrow_mut().drain() {
             let _ = p.tx.send(Err(TransportError::Shutdown));
+        }
+        // The data endpoints (nothing is pending on them any more) close in
+        // force mode, the Bye's control endpoint gracefully. A graceful
+        // close of a data endpoint with error handling (TCP: across hosts,
+        // and on one host until the upgrade) left its socket open at both
+        // ends until this runtime ended, one descriptor per connection in
+        // the server too (`connections_leave_no_descriptors_behind`).
+        // A no-op on the endpoints without error handling.
+        for ep in c.data.borrow().iter().chain(c.retired.borrow().iter()) {
+            ep.mark_peer_dead();
         }
         Self::forget_endpoints(l, &c);
     }

@@ -4,7 +4,7 @@
 //! ```text
 //! offset size field
 //!      0    2 magic        0xDAF0
-//!      2    1 version      FRAME_VERSION (4)
+//!      2    1 version      FRAME_VERSION (5)
 //!      3    1 kind         FrameKind
 //!      4    4 status       transport status (0 = ok; see TransportStatus)
 //!      8    4 conn_id      connection id assigned by the server (0 before)
@@ -39,7 +39,10 @@
 /// Size of the encoded header.
 pub const FRAME_HEADER_LEN: usize = 64;
 pub const FRAME_MAGIC: u16 = 0xDAF0;
-pub const FRAME_VERSION: u8 = 4;
+/// 5: the hello states the client's shared-memory FIFO settings and the
+/// server may send `FrameKind::Upgrade` (4: hellos without them, which a
+/// version-5 server cannot decode; 3: HMAC-SHA256 tags).
+pub const FRAME_VERSION: u8 = 5;
 /// The header bytes a tag covers: everything before the tag.
 pub const TAGGED_HEADER_LEN: usize = 48;
 /// Length of a frame's tag.
@@ -67,6 +70,12 @@ pub enum FrameKind {
     Pong = 6,
     /// Orderly goodbye on the control endpoint.
     Bye = 7,
+    /// Server -> client, once its login was verified, on the new data
+    /// endpoint to the client's worker with every transport (shared memory
+    /// on one host): payload = the server's full worker address (before,
+    /// the welcome gave its network-only one). Tagged with the login's
+    /// keys; see `server` module docs, "Shared memory after the login".
+    Upgrade = 8,
 }
 
 impl FrameKind {
@@ -79,6 +88,7 @@ impl FrameKind {
             5 => FrameKind::Ping,
             6 => FrameKind::Pong,
             7 => FrameKind::Bye,
+            8 => FrameKind::Upgrade,
             _ => return None,
         })
     }
@@ -347,7 +357,14 @@ pub struct Hello {
     pub max_reply: u32,
     /// The client worker's UCX address.
     pub worker_address: Vec<u8>,
+    /// The client's shared-memory FIFO geometry (`shm_geometry`), at most
+    /// [`MAX_SHM_GEOMETRY`] bytes: the server moves the connection to
+    /// shared memory after the login only if it equals its own.
+    pub shm_geometry: Vec<u8>,
 }
+
+/// Bound on [`Hello::shm_geometry`].
+pub const MAX_SHM_GEOMETRY: usize = 512;
 
 /// Server's answer: the connection id, token, credits and its worker address.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -358,16 +375,26 @@ pub struct Welcome {
     pub worker_address: Vec<u8>,
 }
 
+/// In a welcome's header `status`: the server made its data endpoint with
+/// UCX error handling on and sent its network-only worker address, until
+/// the client's login is verified (`FrameKind::Upgrade` then follows). The
+/// client's data endpoint must have error handling on too: UCX refuses a
+/// pair of endpoints whose error handling differs ("asymmetric endpoint
+/// configuration"). 0: the data endpoints are made as the host ids say.
+pub const WELCOME_SHM_AFTER_LOGIN: i32 = 1;
+
 /// Bound on a worker address inside a hello/welcome.
 pub const MAX_ADDRESS: usize = dafne_ucx::MAX_WORKER_ADDRESS_BYTES;
 
 impl Hello {
     pub fn encode(&self) -> Vec<u8> {
-        let mut v = Vec::with_capacity(24 + self.worker_address.len());
+        let mut v = Vec::with_capacity(28 + self.worker_address.len() + self.shm_geometry.len());
         v.extend_from_slice(&self.host_id);
         v.extend_from_slice(&self.max_reply.to_le_bytes());
         v.extend_from_slice(&(self.worker_address.len() as u32).to_le_bytes());
         v.extend_from_slice(&self.worker_address);
+        v.extend_from_slice(&(self.shm_geometry.len() as u32).to_le_bytes());
+        v.extend_from_slice(&self.shm_geometry);
         v
     }
 
@@ -377,8 +404,26 @@ impl Hello {
             return Err("hello truncated before max_reply".into());
         }
         let max_reply = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]);
-        let worker_address = take_blob(&rest[4..])?;
-        Ok(Hello { host_id, max_reply, worker_address })
+        let rest = &rest[4..];
+        if rest.len() < 4 {
+            return Err("hello truncated before the address length".into());
+        }
+        let n = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+        if n == 0 || n > MAX_ADDRESS || rest.len() < 4 + n {
+            return Err(format!("hello: worker address length {n} outside 1..={MAX_ADDRESS} or past the end"));
+        }
+        let worker_address = rest[4..4 + n].to_vec();
+        let rest = &rest[4 + n..];
+        if rest.len() < 4 {
+            return Err("hello truncated before the shared-memory geometry".into());
+        }
+        let g = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+        if g > MAX_SHM_GEOMETRY || rest.len() != 4 + g {
+            return Err(format!(
+                "hello: shared-memory geometry of {g} bytes (at most {MAX_SHM_GEOMETRY}) does not fit"
+            ));
+        }
+        Ok(Hello { host_id, max_reply, worker_address, shm_geometry: rest[4..].to_vec() })
     }
 }
 
@@ -579,7 +624,12 @@ mod tests {
 
     #[test]
     fn hello_and_welcome_round_trip_and_reject_lies() {
-        let h = Hello { host_id: [3; 16], max_reply: 1 << 24, worker_address: vec![1, 2, 3] };
+        let h = Hello {
+            host_id: [3; 16],
+            max_reply: 1 << 24,
+            worker_address: vec![1, 2, 3],
+            shm_geometry: b"a=1".to_vec(),
+        };
         assert_eq!(Hello::decode(&h.encode()), Ok(h.clone()));
         let w = Welcome { host_id: [4; 16], max_request: 1 << 20, worker_address: vec![9; 200] };
         assert_eq!(Welcome::decode(&w.encode()), Ok(w));
@@ -589,5 +639,20 @@ mod tests {
         let mut short = h.encode();
         short.pop();
         assert!(Hello::decode(&short).is_err());
+        let mut long_geometry = h.encode();
+        long_geometry[27..31].copy_from_slice(&10_000u32.to_le_bytes());
+        assert!(Hello::decode(&long_geometry).is_err());
+    }
+
+    /// A peer of the previous layout (version 4: its hello has no FIFO
+    /// settings, no `Upgrade` frame) is refused by its version, a clear
+    /// error, not by a hello that fails to decode (and, the other way, its
+    /// decoder misreading ours). Before, the layout changed without a new
+    /// version.
+    #[test]
+    fn a_version_4_peer_is_refused_by_its_version() {
+        let mut b = FrameHeader::new(FrameKind::Hello).encode();
+        b[2] = 4;
+        assert_eq!(FrameHeader::decode(&b, 0, 0), Err(FrameError::BadVersion(4)));
     }
 }

@@ -15,6 +15,10 @@
 //!   cluster RDMA. Because on one host the data endpoints cannot detect a dead
 //!   peer, liveness comes from the control endpoint, keepalives, and a timeout
 //!   on every call and every RMA.
+//!   On one host, shared memory only after the client's login was verified
+//!   and only with the same FIFO settings on both ends (`server` module
+//!   docs, "Shared memory after the login"): UCX's shared memory trusts the
+//!   peer.
 //! * Requests carry a correlation id and consume a credit; replies return
 //!   the credit. The server grants the credits (it decides how much work a
 //!   client may have in flight), and refuses requests beyond them.

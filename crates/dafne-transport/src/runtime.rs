@@ -95,6 +95,39 @@ pub fn tls_has_shared_memory(tls: Option<&str>) -> bool {
     })
 }
 
+/// The UCX settings both ends of a shared-memory connection must agree on,
+/// as `KEY=VALUE` lines, sorted: every `UCX_...` setting in `config` (which
+/// wins) or the environment whose name ends in `FIFO_SIZE`,
+/// `FIFO_ELEM_SIZE` or `SEG_SIZE`, TCP's excepted. Why: UCX's `posix`/`sysv`
+/// transports size the peer's receive FIFO, its elements and its receive
+/// buffers with their *own* settings (they travel nowhere), so two ends
+/// that differ write where the other does not read: a FIFO larger than a
+/// server's wedged its loop for good (`server` module docs). A server moves
+/// a logged-in client to shared memory only when the client's hello states
+/// the same geometry. Values are compared as written (`8256` and `8.06K`
+/// differ): a false difference only keeps that client on TCP. Empty when
+/// the transports cannot include shared memory (no FIFO default is added
+/// then) and nothing sets these keys.
+pub(crate) fn shm_geometry(config: &[(String, String)]) -> Vec<u8> {
+    let wanted =
+        |k: &str| ["FIFO_SIZE", "FIFO_ELEM_SIZE", "SEG_SIZE"].iter().any(|s| k.ends_with(s)) && !k.starts_with("TCP_");
+    let mut m = std::collections::BTreeMap::new();
+    for (k, v) in std::env::vars() {
+        if let Some(k) = k.strip_prefix("UCX_").filter(|k| wanted(k)) {
+            m.insert(k.to_string(), v);
+        }
+    }
+    for (k, v) in config {
+        let k = k.strip_prefix("UCX_").unwrap_or(k);
+        if wanted(k) {
+            m.insert(k.to_string(), v.clone());
+        }
+    }
+    let mut out: Vec<u8> = m.into_iter().flat_map(|(k, v)| format!("{k}={v}\n").into_bytes()).collect();
+    out.truncate(crate::frame::MAX_SHM_GEOMETRY);
+    out
+}
+
 /// `config` with [`crate::SHM_FIFO`] added when neither it nor the
 /// environment (`UCX_MM_FIFO_SIZE`) sets the FIFO size and its transports
 /// (its `TLS`, else `UCX_TLS`) can include shared memory.
@@ -168,6 +201,16 @@ pub struct RuntimeOptions {
     /// Servers do not take the claim for RMA decisions
     /// (`ConnHandle::requires_direct_keys`). None: the real one.
     pub claim_host_id: Option<[u8; 16]>,
+    /// Whether a server gives a client on this host shared memory before
+    /// the client logged in (`ConnHandle::set_frame_keys`). Off by default:
+    /// until the login a same-host connection's data endpoints run over
+    /// TCP, and the server moves them to shared memory when the login is
+    /// verified (`server` module docs, "Shared memory after the login"),
+    /// because UCX's shared-memory transports trust the peer (a peer with
+    /// another FIFO size wedged the server's loop for good). On for the
+    /// reference test service, whose tests and benchmarks measure shared
+    /// memory without logging in.
+    pub shm_before_login: bool,
 }
 
 /// How long an event loop keeps progressing after activity on a machine
@@ -230,6 +273,7 @@ impl Default for RuntimeOptions {
             data_path: DataPath::from_env(),
             auth_timeout: None,
             claim_host_id: None,
+            shm_before_login: false,
             watchdog: None,
         }
     }
@@ -248,6 +292,9 @@ pub(crate) struct Shared {
     sleeping: AtomicBool,
     stopping: AtomicBool,
     pub(crate) host_id: [u8; 16],
+    /// This runtime's `shm_geometry`, stated in hellos and compared with
+    /// clients' by servers.
+    pub(crate) shm_geometry: Vec<u8>,
     /// Bounds warnings caused by peers (bad frames, refused hellos): a
     /// hostile peer must not be able to flood the log.
     pub(crate) log_limit: LogLimit,
@@ -299,7 +346,8 @@ pub(crate) struct Gate {
 
 /// Largest hello or welcome payload: host id, a u32, the address length and
 /// a worker address of at most `MAX_ADDRESS` bytes.
-pub(crate) const HANDSHAKE_MAX_PAYLOAD: usize = 16 + 4 + 4 + crate::frame::MAX_ADDRESS;
+pub(crate) const HANDSHAKE_MAX_PAYLOAD: usize =
+    16 + 4 + 4 + crate::frame::MAX_ADDRESS + 4 + crate::frame::MAX_SHM_GEOMETRY;
 
 impl Gate {
     /// The largest payload a frame of this kind may bring, or `None` if the
@@ -312,6 +360,7 @@ impl Gate {
                 (self.conns.borrow().get(&hdr.conn_id) == Some(&hdr.token)).then_some(opts.max_request)
             }
             FrameKind::Reply => self.client_tokens.borrow().contains(&hdr.token).then_some(opts.max_reply),
+            FrameKind::Upgrade => self.client_tokens.borrow().contains(&hdr.token).then_some(crate::frame::MAX_ADDRESS),
         }
     }
 }
@@ -350,6 +399,7 @@ impl std::fmt::Debug for Runtime {
 impl Runtime {
     pub fn new(opts: RuntimeOptions) -> Result<Runtime> {
         let config = with_shm_fifo(opts.ucx_config.clone());
+        let geometry = shm_geometry(&config);
         let ctx = Context::new(&ContextOptions { name: opts.name.clone(), config })?;
         let (cmd_tx, cmd_rx) = crossbeam_channel::unbounded::<Cmd>();
         let (run_tx, run_rx) = crossbeam_channel::unbounded::<async_task::Runnable>();
@@ -366,6 +416,7 @@ impl Runtime {
             sleeping: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
             host_id: opts.claim_host_id.unwrap_or_else(host_id),
+            shm_geometry: geometry,
             log_limit: LogLimit::new(),
             heartbeat: std::sync::atomic::AtomicU64::new(0),
             born: Instant::now(),
@@ -529,7 +580,9 @@ impl Local {
     fn dispatch(self: &Rc<Self>, m: Inbound) {
         match m.hdr.kind {
             FrameKind::Hello | FrameKind::Request | FrameKind::Ping | FrameKind::Bye => ServerSide::on_frame(self, m),
-            FrameKind::Welcome | FrameKind::Reply | FrameKind::Pong => ClientSide::on_frame(self, m),
+            FrameKind::Welcome | FrameKind::Reply | FrameKind::Pong | FrameKind::Upgrade => {
+                ClientSide::on_frame(self, m)
+            }
         }
     }
 
@@ -847,6 +900,28 @@ pub(crate) fn random_u64() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The FIFO settings both ends must share, from the configuration
+    /// (its `UCX_` prefix optional), sorted; TCP's segment size and other
+    /// settings are not part of it.
+    #[test]
+    fn shm_geometry_takes_the_fifo_settings_only() {
+        let kv = |k: &str, v: &str| (k.to_string(), v.to_string());
+        let g = shm_geometry(&[
+            kv("TLS", "posix,sysv,cma,self,tcp"),
+            kv("MM_FIFO_SIZE", "256"),
+            kv("UCX_MM_SEG_SIZE", "8256"),
+            kv("TCP_SEG_SIZE", "64k"),
+            kv("MM_FIFO_ELEM_SIZE", "128"),
+        ]);
+        let g = String::from_utf8(g).unwrap();
+        for want in ["MM_FIFO_SIZE=256\n", "MM_SEG_SIZE=8256\n", "MM_FIFO_ELEM_SIZE=128\n"] {
+            assert!(g.contains(want), "{g:?} lacks {want:?}");
+        }
+        assert!(!g.contains("TCP_") && !g.contains("TLS"), "{g:?}");
+        let other = String::from_utf8(shm_geometry(&[kv("MM_FIFO_SIZE", "1024")])).unwrap();
+        assert_ne!(g, other);
+    }
 
     #[test]
     fn every_runtime_that_may_use_shared_memory_asks_for_one_fifo_size() {

@@ -1,5 +1,53 @@
 //! The server half: accepting connections, granting credits, running the
 //! service's handlers, and the server-driven RMA they use.
+//!
+//! # Shared memory after the login
+//! A client on this host gets shared memory (UCX `posix`/`sysv`, and `cma`)
+//! only once the service verified its login ([`ConnHandle::set_frame_keys`]).
+//! Until then its data endpoints have UCX error handling on, which in UCX
+//! 1.13 keeps them on TCP, and the welcome carries this worker's
+//! network-only address (`Worker::network_address`), so a peer that never
+//! logs in never maps this worker's shared-memory receive FIFO through UCX
+//! and this worker never maps the peer's. After the login the first reply
+//! moves the connection: a new data endpoint with error handling off, and
+//! a tagged `FrameKind::Upgrade` over it with the full worker address, from
+//! which the client makes its own; the TCP endpoints stay open, idle, until
+//! the connection ends.
+//!
+//! Why: UCX's shared-memory transports trust the peer. Each end uses its
+//! *own* `UCX_MM_FIFO_SIZE` (and `FIFO_ELEM_SIZE`) for the other's FIFO; the
+//! sizes travel nowhere. A same-host peer with a FIFO of 1024 elements
+//! against this server's 256 wrote its messages where the server does not
+//! read and advanced the FIFO's head past them: `uct_mm_iface_event_fd_arm`
+//! then answers BUSY for ever (head > read index) while polling finds
+//! nothing, so the loop spun a core for good, after the peer was killed
+//! too, and no client was answered again (measured: 1.85–2.09 s of CPU per
+//! 3 s, `tests/transport.rs`, `a_peer_with_another_shm_fifo_size_...`).
+//! The rest of the FIFO is the peer's to write as well: element lengths,
+//! the owner bits, and the descriptors (segment id, size and offset) that
+//! a *sender* attaches and writes into, so a peer whose FIFO this server
+//! sends to chooses which segment the server maps and where it writes.
+//! No check on our side can make that safe; keeping unauthenticated peers
+//! off shared memory does. A logged-in client is moved only if its hello
+//! stated the same FIFO settings as this server's (`runtime::shm_geometry`;
+//! else it stays on TCP, `upgrades_refused`): without that check a client
+//! with the login and `MM_FIFO_SIZE=1024` left the server spinning and
+//! itself crashed in UCX (SIGSEGV in `ucs_mpool_cleanup`), `tests/transport.rs`
+//! `a_logged_in_client_with_another_shm_fifo_size_stays_on_tcp`. Its word
+//! is trusted: it protects against a misconfigured client, not a hostile
+//! one with the secret. Only a peer with the cluster's secret (or a
+//! credential) gets there: it is trusted with it as with its data, and a
+//! same-user process could `ptrace` the server anyway. What this does not
+//! stop is a process that maps this worker's FIFO by itself, without UCX
+//! telling it where: a `posix` FIFO is reached through `/proc/PID/fd`,
+//! which needs ptrace rights on the server (its user, or root), but UCX
+//! creates `sysv` segments with mode 0660, so a process of the server's
+//! *group* can attach them (`ipcs` lists them). Where other users share
+//! the servers' group, leave `sysv` out of the servers' `UCX_TLS`.
+//!
+//! The reference test service offers shared memory at once
+//! (`RuntimeOptions::shm_before_login`): its tests and benchmarks measure it
+//! without logging in.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -83,6 +131,17 @@ pub(crate) struct ServerConn {
     /// The frame keys the service installed after a login
     /// (`ConnHandle::set_frame_keys`); from then on every frame is tagged.
     auth: RefCell<Option<ConnKeys>>,
+    /// The client's worker address, while its data endpoint avoids shared
+    /// memory until the login (module docs, "Shared memory after the
+    /// login"): the first reply after `set_frame_keys` moves to a new
+    /// endpoint made from it with error handling off.
+    upgrade: RefCell<Option<Vec<u8>>>,
+    /// Data endpoints replaced by that move, open until the connection
+    /// ends (keys unpacked on them, and their operations, stay valid).
+    retired: RefCell<Vec<Endpoint>>,
+    /// The client's processes as `lookup_peer` found them, for the data
+    /// endpoint that replaces the first.
+    owners: RefCell<Option<Vec<u32>>>,
 }
 
 /// A client connection as seen by a handler: the way to reach the client's
@@ -189,8 +248,10 @@ impl ConnHandle {
                 );
             }
             self.0.local.set(Some(owners.is_some()));
+            let owners = owners.unwrap_or_default();
+            *self.0.owners.borrow_mut() = Some(owners.clone());
             if let Ok(data) = self.data() {
-                data.set_peer_processes(owners.unwrap_or_default());
+                data.set_peer_processes(owners);
             }
         }
     }
@@ -500,8 +561,14 @@ impl ServerSide {
                 TransportStats::inc(&stats.requests_in_flight);
                 let corr = m.hdr.corr;
                 let fut = service.call(Request { conn: ConnHandle(conn.clone()), payload: m.payload });
+                let weak = Rc::downgrade(l);
                 l.spawn(async move {
                     let reply = fut.await;
+                    if conn.auth.borrow().is_some() && conn.upgrade.borrow().is_some() {
+                        if let Some(l) = weak.upgrade() {
+                            Self::upgrade(&l, &conn);
+                        }
+                    }
                     conn.inflight.set(conn.inflight.get() - 1);
                     conn.shared.stats.requests_in_flight.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
                     Self::reply(&conn, corr, TransportStatus::Ok, reply);
@@ -565,7 +632,30 @@ impl ServerSide {
             }
         };
         let mode = l.options().data_path.mode_for(&hello.host_id, &l.shared.host_id);
-        let data = match l.worker.connect_address(&hello.worker_address, mode) {
+        // Shared memory only after the login (module docs): until then the
+        // data endpoint has error handling on, which keeps UCX 1.13 off
+        // shared memory and cma, and the welcome carries this worker's
+        // network-only address.
+        // An empty geometry: transports without shared memory (this
+        // server's: nothing to keep anyone off; the client's: it wants none).
+        let gated =
+            mode == dafne_ucx::ErrMode::None && !l.options().shm_before_login && !l.shared.shm_geometry.is_empty();
+        let first_mode = if gated { dafne_ucx::ErrMode::Peer } else { mode };
+        // After the login, only if both ends' FIFOs have the same shape
+        // (`runtime::shm_geometry`): else this client stays on TCP.
+        let same_geometry = hello.shm_geometry == l.shared.shm_geometry;
+        if gated && !same_geometry && !hello.shm_geometry.is_empty() {
+            TransportStats::inc(&stats.upgrades_refused);
+            if l.shared.log_limit.allow() {
+                tracing::warn!(
+                    "a client on this host has other UCX shared-memory settings ({:?}) than this server ({:?}): \
+                     it is served over TCP",
+                    String::from_utf8_lossy(&hello.shm_geometry),
+                    String::from_utf8_lossy(&l.shared.shm_geometry)
+                );
+            }
+        }
+        let data = match l.worker.connect_address(&hello.worker_address, first_mode) {
             Ok(ep) => ep,
             Err(e) => {
                 TransportStats::inc(&stats.malformed_frames);
@@ -581,7 +671,7 @@ impl ServerSide {
         let peer_lookup = client.zip(port);
         let id = l.server.next_id.get().wrapping_add(1).max(1);
         l.server.next_id.set(id);
-        if mode == dafne_ucx::ErrMode::Peer {
+        if first_mode == dafne_ucx::ErrMode::Peer {
             // Across hosts the data endpoint detects failures itself (e.g. a
             // remote access error): it must tear the connection down too.
             l.watch_failure(&data);
@@ -611,8 +701,11 @@ impl ServerSide {
             created: Instant::now(),
             proven: Cell::new(false),
             auth: RefCell::new(None),
+            upgrade: RefCell::new((gated && same_geometry).then(|| hello.worker_address.clone())),
+            retired: RefCell::new(Vec::new()),
+            owners: RefCell::new(None),
         });
-        let address = match l.worker.address() {
+        let address = match if gated { l.worker.network_address() } else { l.worker.address() } {
             Ok(a) => a,
             Err(e) => return tracing::error!("worker address: {e}"),
         };
@@ -625,6 +718,9 @@ impl ServerSide {
         h.token = token;
         h.credits = conn.granted;
         h.payload_len = w.len() as u32;
+        if gated {
+            h.status = crate::frame::WELCOME_SHM_AFTER_LOGIN;
+        }
         // The welcome (and with it the token every later frame must carry)
         // goes to the worker address the hello claimed, not back over the
         // control connection: only the process that owns that address can
@@ -644,6 +740,49 @@ impl ServerSide {
         l.server.conns.borrow_mut().insert(id, conn);
         l.server.unproven.set(l.server.unproven.get() + 1);
         TransportStats::inc(&stats.connections_accepted);
+    }
+
+    /// Moves a connection whose login was just verified to a data endpoint
+    /// with error handling off (shared memory and cma on one host) and
+    /// sends the client this worker's full address over it
+    /// (`FrameKind::Upgrade`, tagged). The old endpoint is retired, not
+    /// closed. On failure the connection stays on the endpoint it has.
+    fn upgrade(l: &Rc<Local>, conn: &Rc<ServerConn>) {
+        let Some(address) = conn.upgrade.borrow_mut().take() else { return };
+        if conn.dead.get() || conn.broken.get() {
+            return;
+        }
+        let full = match l.worker.address() {
+            Ok(a) => a,
+            Err(e) => return tracing::warn!("worker address: {e}: connection {} stays on the network path", conn.id),
+        };
+        let data = match l.worker.connect_address(&address, dafne_ucx::ErrMode::None) {
+            Ok(ep) => ep,
+            Err(e) => {
+                return tracing::warn!(
+                    "cannot reach connection {}'s worker with shared memory ({e}): it stays on the network path",
+                    conn.id
+                )
+            }
+        };
+        if let Some(owners) = conn.owners.borrow().clone() {
+            data.set_peer_processes(owners);
+        }
+        let mut h = FrameHeader::new(FrameKind::Upgrade);
+        h.conn_id = conn.id;
+        h.token = conn.token;
+        h.payload_len = full.len() as u32;
+        if let Some(k) = &*conn.auth.borrow() {
+            k.seal(&mut h, &full);
+        }
+        if let Err(e) = data.am_send(AM_ID, h.encode().to_vec(), full, false) {
+            return tracing::warn!("upgrade of connection {} failed ({e}): it stays on the network path", conn.id);
+        }
+        conn.keys.borrow_mut().clear();
+        if let Some(old) = conn.data.borrow_mut().replace(data) {
+            conn.retired.borrow_mut().push(old);
+        }
+        TransportStats::inc(&l.stats().upgrades);
     }
 
     fn reply(conn: &ServerConn, corr: u64, status: TransportStatus, payload: Vec<u8>) {
@@ -700,7 +839,20 @@ impl ServerSide {
             w.wake();
         }
         conn.keys.borrow_mut().clear();
-        for ep in [conn.ctrl.borrow_mut().take(), conn.data.borrow_mut().take()].into_iter().flatten() {
+        let retired = std::mem::take(&mut *conn.retired.borrow_mut());
+        let data: Vec<Endpoint> = conn.data.borrow_mut().take().into_iter().chain(retired).collect();
+        for ep in &data {
+            // The connection is over (the client said Bye, or failed): a
+            // graceful close of a data endpoint with error handling (TCP)
+            // left its socket open until the client's runtime ended, one
+            // descriptor per connection (`connections_leave_no_descriptors_
+            // behind`). The client forces its side too. A no-op on
+            // endpoints without error handling.
+            ep.mark_peer_dead();
+            l.server.by_ep.borrow_mut().remove(&ep.id());
+        }
+        let ctrl = conn.ctrl.borrow_mut().take();
+        if let Some(ep) = ctrl {
             if failed {
                 // Gone or silent: a graceful close would wait for it
                 // forever (`Endpoint::mark_peer_dead`).

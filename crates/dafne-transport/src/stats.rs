@@ -91,6 +91,14 @@ counters! {
     /// already or is older than the replay window (a copied frame sent
     /// again).
     replayed_frames,
+    /// Connections on this host moved to shared memory after their login
+    /// was verified (before it, their data endpoints avoid shared memory:
+    /// `server` module docs).
+    upgrades,
+    /// Clients on this host kept on TCP after their login because their
+    /// hello stated other UCX shared-memory FIFO settings than this
+    /// server's (`UCX_MM_FIFO_SIZE` and the like: see `server` module docs).
+    upgrades_refused,
 }
 
 impl TransportStats {

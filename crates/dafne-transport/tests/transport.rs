@@ -626,3 +626,253 @@ fn read_read_leases_are_bounded_owned_and_returned() {
         }
     }
 }
+
+/// CPU time (user + system) process `pid` has used so far.
+fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let f: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+    // Fields 14 and 15 of stat(5); the slice starts at field 3.
+    let ticks: u64 = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
+    Duration::from_millis(ticks * 10) // USER_HZ is 100 on Linux
+}
+
+/// A same-host peer that chose another shared-memory FIFO size than the
+/// server's (`UCX_MM_FIFO_SIZE`, which UCX never sends: each end assumes
+/// its own for the other's FIFO) floods the server with calls and is
+/// killed. Before the server gave shared memory only after a login (the
+/// `server` module docs), a FIFO larger than the server's (1024 against
+/// 256) left the server's loop spinning for good, even after the peer was
+/// gone (measured: 1.85–2.09 s of CPU per 3 s), and no client got an
+/// answer again. Now the peer, which does not log in, talks TCP; the server
+/// is idle afterwards, and an honest client logs in, moves to shared
+/// memory, and moves bytes that are checked.
+#[test]
+fn a_peer_with_another_shm_fifo_size_cannot_wedge_the_server() {
+    let server = spawn_server(Tls::Shm, &["--shm-after-login"]);
+    let pid = server.child.id();
+    let mut hostile = Command::new(peer_bin())
+        .args(Tls::Shm.args())
+        .args(["--ucx", "MM_FIFO_SIZE=1024", "flood", "--connect", &server.addr.to_string(), "--seconds", "2"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(hostile.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "flooding");
+    // Whether its calls are answered is the peer's business; it is killed
+    // at the latest a few seconds after its flood should have ended.
+    let deadline = Instant::now() + Duration::from_secs(6);
+    while hostile.try_wait().unwrap().is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = hostile.kill();
+    hostile.wait().unwrap();
+    // The server is idle: at most a quarter of a core over two seconds.
+    std::thread::sleep(Duration::from_millis(500));
+    let before = cpu_time(pid);
+    std::thread::sleep(Duration::from_secs(2));
+    let used = cpu_time(pid) - before;
+    assert!(used < Duration::from_millis(500), "the server burnt {used:?} of CPU in 2 s after the peer was gone");
+    // An honest client is served, over TCP until its login and over shared
+    // memory after it.
+    let rt = client_runtime(Tls::Shm);
+    let c = Client::connect(&rt, server.addr).unwrap();
+    let before_login = c.data_path_info().unwrap();
+    assert!(
+        !before_login.contains("posix") && !before_login.contains("sysv"),
+        "shared memory before the login: {before_login}"
+    );
+    put_and_check(&c, 65536 + 3, true, FLAG_VERIFY, 21);
+    let nonce = [3u8; 16];
+    let r = c.login(testsvc::encode_login(&nonce), testsvc::test_frame_keys(c.token(), &nonce)).unwrap();
+    testsvc::parse_reply(&r).unwrap();
+    // The upgrade travels beside the login's answer: wait until it is in.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut info = c.data_path_info().unwrap();
+    while !(info.contains("posix") || info.contains("sysv")) {
+        assert!(Instant::now() < deadline, "no shared memory after the login: {info}");
+        std::thread::sleep(Duration::from_millis(20));
+        info = c.data_path_info().unwrap();
+    }
+    for (i, len) in [1usize, 4099, 1 << 20, (4 << 20) + 11].into_iter().enumerate() {
+        put_and_check(&c, len, true, FLAG_VERIFY, 30 + i as u64);
+        get_and_check(&c, len, i % 2 == 0, FLAG_VERIFY, 40 + i as u64);
+    }
+    let echo: Vec<u8> = (0..300_000u32).map(|i| i as u8).collect();
+    let r = c.call([vec![testsvc::OP_ECHO], echo.clone()].concat()).unwrap();
+    assert_eq!(testsvc::parse_reply(&r).unwrap(), &echo[..]);
+    let s = server_stats(&c);
+    assert!(s["transport"]["upgrades"].as_u64().unwrap() >= 1, "{s}");
+    for k in ["unauthenticated_frames", "replayed_frames"] {
+        assert_eq!(s["transport"][k].as_u64(), Some(0), "the server refused honest frames: {s}");
+    }
+    // The client took the upgrade and every tagged frame after it (at most
+    // the untagged pong to its first ping, arriving after the login's
+    // answer, is refused: see `a_keyed_connection_tags_every_frame_both_ways`).
+    let mine = rt.stats().snapshot();
+    assert!(mine.unauthenticated_frames <= 1 && mine.replayed_frames == 0, "the client refused frames: {mine:?}");
+    // A client that wants UCX error handling on its data endpoints
+    // (`DAFNE_DATA_PATH=peer`) does not follow the upgrade and is served
+    // over TCP after its login too.
+    let rt = client_runtime_with(Tls::Shm, |o| o.data_path = dafne_transport::DataPath::PeerErrorHandling);
+    let c = Client::connect(&rt, server.addr).unwrap();
+    let r = c.login(testsvc::encode_login(&nonce), testsvc::test_frame_keys(c.token(), &nonce)).unwrap();
+    testsvc::parse_reply(&r).unwrap();
+    for (i, len) in [7usize, (1 << 20) + 5].into_iter().enumerate() {
+        put_and_check(&c, len, true, FLAG_VERIFY, 50 + i as u64);
+        get_and_check(&c, len, false, FLAG_VERIFY, 60 + i as u64);
+    }
+    let info = c.data_path_info().unwrap();
+    assert!(info.contains("tcp") && !info.contains("posix"), "{info}");
+}
+
+/// A client that holds the login but has another shared-memory FIFO size
+/// (a user's `UCX_MM_FIFO_SIZE=1024`): its hello states it, and the server
+/// keeps it on TCP after the login instead of moving it to shared memory,
+/// where it would wedge the server's loop as the peer above did.
+#[test]
+fn a_logged_in_client_with_another_shm_fifo_size_stays_on_tcp() {
+    let server = spawn_server(Tls::Shm, &["--shm-after-login"]);
+    let rt = client_runtime_with(Tls::Shm, |o| o.ucx_config.push(("MM_FIFO_SIZE".into(), "1024".into())));
+    let c = Client::connect(&rt, server.addr).unwrap();
+    let nonce = [4u8; 16];
+    let r = c.login(testsvc::encode_login(&nonce), testsvc::test_frame_keys(c.token(), &nonce)).unwrap();
+    testsvc::parse_reply(&r).unwrap();
+    // Enough calls to go round a 256-element FIFO many times.
+    for round in 0..40u8 {
+        let futs: Vec<_> = (0..50u8).map(|i| c.call_async(vec![testsvc::OP_ECHO, round, i])).collect();
+        for (i, f) in futs.into_iter().enumerate() {
+            let r = futures::executor::block_on(f).unwrap();
+            assert_eq!(testsvc::parse_reply(&r).unwrap(), &[round, i as u8]);
+        }
+    }
+    put_and_check(&c, (1 << 20) + 5, true, FLAG_VERIFY, 70);
+    get_and_check(&c, (1 << 20) + 5, false, FLAG_VERIFY, 71);
+    let info = c.data_path_info().unwrap();
+    assert!(!info.contains("posix") && !info.contains("sysv"), "shared memory with another FIFO size: {info}");
+    let s = server_stats(&c);
+    assert_eq!(s["transport"]["upgrades"].as_u64(), Some(0), "{s}");
+    assert!(s["transport"]["upgrades_refused"].as_u64().unwrap() >= 1, "{s}");
+    drop(c);
+    drop(rt);
+    let pid = server.child.id();
+    std::thread::sleep(Duration::from_millis(500));
+    let before = cpu_time(pid);
+    std::thread::sleep(Duration::from_secs(2));
+    let used = cpu_time(pid) - before;
+    assert!(used < Duration::from_millis(500), "the server burnt {used:?} of CPU in 2 s after the client left");
+    // And a client with the server's settings is served over shared memory.
+    let rt = client_runtime(Tls::Shm);
+    let c = Client::connect(&rt, server.addr).unwrap();
+    let r = c.login(testsvc::encode_login(&nonce), testsvc::test_frame_keys(c.token(), &nonce)).unwrap();
+    testsvc::parse_reply(&r).unwrap();
+    put_and_check(&c, 4099, true, FLAG_VERIFY, 72);
+}
+
+/// Open descriptors of process `pid`.
+fn fd_count(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count()
+}
+
+fn login(c: &Client, n: u8) {
+    let nonce = [n; 16];
+    let r = c.login(testsvc::encode_login(&nonce), testsvc::test_frame_keys(c.token(), &nonce)).unwrap();
+    testsvc::parse_reply(&r).unwrap();
+}
+
+/// 200 connections of one long-lived client runtime come and go, logged in
+/// (moved to shared memory) or not (on TCP until the end), on this host
+/// and as from another (`claim_host_id`: TCP throughout): the server's
+/// descriptors stay flat. Before, a data endpoint with error handling
+/// (TCP) closed gracefully kept its socket open at both ends until the
+/// client's runtime ended: 25 -> 225 descriptors in the server over 200
+/// connections, same-host ones without a login included.
+#[test]
+fn connections_leave_no_descriptors_behind() {
+    let server = spawn_server(Tls::Shm, &["--shm-after-login"]);
+    let pid = server.child.id();
+    for (remote, logged_in) in [(false, true), (false, false), (true, false)] {
+        let rt = client_runtime_with(Tls::Shm, |o| {
+            if remote {
+                o.claim_host_id = Some([7; 16]);
+            }
+        });
+        let warm = Client::connect(&rt, server.addr).unwrap();
+        login(&warm, 1);
+        put_and_check(&warm, 4099, true, FLAG_VERIFY, 1);
+        drop(warm);
+        std::thread::sleep(Duration::from_millis(500));
+        let before = fd_count(pid);
+        for i in 0..200u32 {
+            let c = Client::connect(&rt, server.addr).unwrap();
+            if logged_in {
+                login(&c, (i % 250) as u8 + 2);
+            }
+            let r = c.call(vec![testsvc::OP_ECHO, 1, 2]).unwrap();
+            assert_eq!(testsvc::parse_reply(&r).unwrap(), &[1, 2]);
+        }
+        std::thread::sleep(Duration::from_secs(1));
+        let after = fd_count(pid);
+        assert!(
+            after <= before + 10,
+            "server descriptors {before} -> {after} over 200 connections (remote {remote}, login {logged_in})"
+        );
+        let c = Client::connect(&rt, server.addr).unwrap();
+        login(&c, 9);
+        put_and_check(&c, 1 << 20, true, FLAG_VERIFY, 2);
+    }
+}
+
+/// A client that keeps UCX error handling on its data endpoints
+/// (`DAFNE_DATA_PATH=peer`) does not follow an upgrade, so its hello asks
+/// for none: before, the server made the endpoint for it anyway, UCX paired
+/// it (error handling off) with the client's next data endpoint (on), and
+/// the client's second connection failed: "ucp_ep_create(address) failed:
+/// Unsupported operation" after UCX's "asymmetric endpoint configuration".
+#[test]
+fn a_client_that_keeps_error_handling_connects_again() {
+    let server = spawn_server(Tls::Shm, &["--shm-after-login"]);
+    let rt = client_runtime_with(Tls::Shm, |o| o.data_path = dafne_transport::DataPath::PeerErrorHandling);
+    for round in 0..4u8 {
+        let c = Client::connect(&rt, server.addr).unwrap();
+        login(&c, round + 1);
+        for (i, len) in [7usize, (1 << 20) + 5].into_iter().enumerate() {
+            put_and_check(&c, len, true, FLAG_VERIFY, 50 + i as u64);
+            get_and_check(&c, len, false, FLAG_VERIFY, 60 + i as u64);
+        }
+        let info = c.data_path_info().unwrap();
+        assert!(info.contains("tcp") && !info.contains("posix"), "{info}");
+        // Let the server's side settle before the next connection.
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let s = server_stats(&Client::connect(&rt, server.addr).unwrap());
+    assert_eq!(s["transport"]["upgrades"].as_u64(), Some(0), "{s}");
+}
+
+/// Two connections of one runtime to one server, one logging in (and
+/// moving to shared memory) while the other connects and logs in: both
+/// serve RMA whose bytes are checked (UCX pairs the endpoints two workers
+/// make to each other by order; an upgrade must not pair one with error
+/// handling against one without).
+#[test]
+fn connections_of_one_runtime_upgrade_side_by_side() {
+    let server = spawn_server(Tls::Shm, &["--shm-after-login"]);
+    let rt = client_runtime(Tls::Shm);
+    for round in 0..10u8 {
+        let a = Client::connect(&rt, server.addr).unwrap();
+        let addr = server.addr;
+        let nonce = [round + 1; 16];
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let r = a.login(testsvc::encode_login(&nonce), testsvc::test_frame_keys(a.token(), &nonce)).unwrap();
+                testsvc::parse_reply(&r).unwrap();
+            });
+            let b = Client::connect(&rt, addr).unwrap();
+            login(&b, 200 - round);
+            put_and_check(&b, 4099, true, FLAG_VERIFY, 90);
+        });
+        put_and_check(&a, 4099, true, FLAG_VERIFY, 91);
+        get_and_check(&a, 1 << 20, true, FLAG_VERIFY, 92);
+    }
+}

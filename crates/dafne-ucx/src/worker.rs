@@ -219,6 +219,30 @@ impl Worker {
         Ok(v)
     }
 
+    /// This worker's address with its network transports only
+    /// (`UCP_WORKER_ADDRESS_FLAG_NET_ONLY`): no shared memory, cma or self.
+    /// A peer that connects to it reaches this worker over the network
+    /// (TCP on loopback on one host), so it never maps this worker's
+    /// shared-memory receive FIFO through UCX. Fails when the worker has no
+    /// network transport (`UCX_TLS` without `tcp` or RDMA).
+    pub fn network_address(&self) -> Result<Vec<u8>> {
+        let mut attr = sys::ucp_worker_attr_t {
+            field_mask: (sys::UCP_WORKER_ATTR_FIELD_ADDRESS | sys::UCP_WORKER_ATTR_FIELD_ADDRESS_FLAGS) as u64,
+            address_flags: sys::UCP_WORKER_ADDRESS_FLAG_NET_ONLY,
+            ..Default::default()
+        };
+        // SAFETY: live worker; `attr` is a valid, initialised attribute struct.
+        check("ucp_worker_query(address)", unsafe { sys::ucp_worker_query(self.inner.h, &mut attr) })?;
+        if attr.address.is_null() {
+            return Err(Error::Invalid { op: "ucp_worker_query(address)", reason: "no address returned".into() });
+        }
+        // SAFETY: UCX returned `address_length` readable bytes at `address`.
+        let v = unsafe { std::slice::from_raw_parts(attr.address as *const u8, attr.address_length) }.to_vec();
+        // SAFETY: the address came from ucp_worker_query on this worker.
+        unsafe { sys::ucp_worker_release_address(self.inner.h, attr.address) };
+        Ok(v)
+    }
+
     /// Connects to a listener by socket address. Such endpoints only get TCP
     /// lanes in UCX 1.13 (see UCX-NOTES): dafne uses them as control
     /// connections, always with peer error handling.

@@ -671,6 +671,9 @@ fn run() -> Result<()> {
                 name: "bench-server".into(),
                 ucx_config: ucx,
                 spin: Duration::from_micros(p.spin_us),
+                // The benchmark's clients measure shared memory without
+                // logging in (`RuntimeOptions::shm_before_login`).
+                shm_before_login: true,
                 ..Default::default()
             };
             match p.cmd {

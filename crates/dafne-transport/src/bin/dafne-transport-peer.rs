@@ -1,7 +1,8 @@
 //! A dafne transport peer for tests and benchmarks: `serve` runs the
 //! reference service; `hammer` is a client that keeps large transfers in
-//! flight (to be killed mid-transfer by a test); `garbage` sends malformed
-//! frames at a server.
+//! flight (to be killed mid-transfer by a test); `flood` keeps small calls
+//! in flight (with other UCX settings: the peer of the shared-memory FIFO
+//! test); `garbage` sends malformed frames at a server.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -39,11 +40,30 @@ enum Cmd {
         /// Abort when the event loop stalls this long (milliseconds).
         #[arg(long)]
         watchdog_ms: Option<u64>,
+        /// Give same-host clients shared memory only once they logged in,
+        /// as dafne's servers do (`RuntimeOptions::shm_before_login`).
+        /// Without it this reference service offers it at once: its tests
+        /// and benchmarks measure shared memory without logging in.
+        #[arg(long)]
+        shm_after_login: bool,
     },
     /// Keep 16 MiB server puts in flight forever (prints `hammering` once going).
     Hammer {
         #[arg(long)]
         connect: SocketAddr,
+    },
+    /// Keep small echo calls in flight, `--window` at a time, for
+    /// `--seconds` (forever without it), printing `flooding` once going.
+    /// Started with other UCX settings than the server's (e.g. `--ucx
+    /// MM_FIFO_SIZE=64`), it is the hostile same-host peer of the
+    /// shared-memory test (`tests/transport.rs`).
+    Flood {
+        #[arg(long)]
+        connect: SocketAddr,
+        #[arg(long, default_value_t = 32)]
+        window: usize,
+        #[arg(long)]
+        seconds: Option<u64>,
     },
     /// Send malformed frames over raw UCX endpoints, then exit.
     Garbage {
@@ -75,10 +95,11 @@ fn main() -> Result<()> {
         ..Default::default()
     };
     match cli.cmd {
-        Cmd::Serve { listen, credits, watchdog_ms } => {
+        Cmd::Serve { listen, credits, watchdog_ms, shm_after_login } => {
             dafne_transport::fail_fast_on_panic();
             let watchdog = watchdog_ms.map(Duration::from_millis);
-            Ok(testsvc::serve_forever(RuntimeOptions { credits, watchdog, ..opts }, listen)?)
+            let shm_before_login = !shm_after_login;
+            Ok(testsvc::serve_forever(RuntimeOptions { credits, watchdog, shm_before_login, ..opts }, listen)?)
         }
         Cmd::Hammer { connect } => {
             let rt = Runtime::new(opts)?;
@@ -105,8 +126,33 @@ fn main() -> Result<()> {
                 }
             }
         }
+        Cmd::Flood { connect, window, seconds } => flood(connect, window, seconds, opts),
         Cmd::Garbage { connect } => garbage(connect, opts),
     }
+}
+
+/// See `Cmd::Flood`. Failed calls (the server cut the connection, or the
+/// calls time out) end it with an error.
+fn flood(connect: SocketAddr, window: usize, seconds: Option<u64>, opts: RuntimeOptions) -> Result<()> {
+    let rt = Runtime::new(opts)?;
+    let client = Client::connect(&rt, connect)?;
+    let end = seconds.map(|s| std::time::Instant::now() + Duration::from_secs(s));
+    let mut first = true;
+    let mut done = 0u64;
+    while end.is_none_or(|e| std::time::Instant::now() < e) {
+        let futs: Vec<_> =
+            (0..window.max(1)).map(|i| client.call_async(vec![testsvc::OP_ECHO, i as u8, 7, 7])).collect();
+        if first {
+            println!("flooding");
+            first = false;
+        }
+        for f in futs {
+            futures::executor::block_on(f)?;
+            done += 1;
+        }
+    }
+    println!("{done} calls answered");
+    Ok(())
 }
 
 /// Malformed traffic that bypasses the transport's encoder: raw frames with
