@@ -787,6 +787,7 @@ impl DataClient {
         let epoch = check.map(|(object, _)| self.verifier().epoch(object, server));
         let req = stable_instead.as_ref().unwrap_or(req);
         let reply = async {
+            crate::calls::io_sent();
             let bytes = c.call_async(encode_io_request(Envelope::new(0, 0, 0), req)).await.map_err(|e| {
                 link.failed(generation, &e);
                 io_err(e)

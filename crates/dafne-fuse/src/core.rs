@@ -46,7 +46,9 @@
 //! becomes the largest byte any io server stores (a `Stat` of every server
 //! of the layout, which also writes the file's cached units back and runs
 //! the write verifier), sent as a grow-only size (`SetAttr::grow_to`, one
-//! round trip to meta), as in `dafne_client::file::File`. This runs as the
+//! round trip to meta, `lazy`: no fsync in meta, as `close(2)` promises
+//! no durability; `fsync` publishes durably), as in
+//! `dafne_client::file::File`. This runs as the
 //! daemon's own (root) session: the writer was allowed to write when it
 //! opened; publishing what it wrote must not fail on a later chmod.
 //!
@@ -61,8 +63,9 @@
 //! Every namespace operation runs as the caller (`MetaSession::as_caller`, with the caller's groups), so
 //! the metadata server applies POSIX rules to the right user and its errno
 //! is the answer. Exceptions, each for a reason: the publishing above; a
-//! `Stat` for a write-only handle uses a read capability the daemon asks
-//! for (the io servers demand read rights for `Stat`), and an `fsync`
+//! `Stat` for a write-only handle, where an io server older than protocol
+//! 14 demands read rights for it, uses a read capability the daemon asks
+//! for (newer ones take the writer's own), and an `fsync`
 //! through a read-only handle a write capability (they demand write rights
 //! for `Sync`; POSIX lets any descriptor flush the file); and a file just
 //! created exclusively by the caller is opened as root if its own mode
@@ -113,6 +116,14 @@
 //! `alarm` + `F_SETLKW` or `flock -w` do not end the wait, which ends
 //! when the lock is granted (a killed process then exits and releases
 //! it).
+//!
+//! # Round trips
+//! Each operation counts the requests it waited for, to meta and to io
+//! servers (`dafne_client::calls`: per thread, so other threads' requests
+//! meanwhile do not count), by operation ([`Core::op_counts`]; the stats
+//! file's `op_*` lines). Writes that write-behind sends later count on its
+//! thread, not on the `write` that queued them. The small-file path's
+//! costs, measured with them, are in docs/BENCHMARKS.md ("PostMark").
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -349,6 +360,72 @@ pub struct RegistrationCounters {
     pub registered_bytes: u64,
 }
 
+/// The operations whose round trips are counted (module docs, "Round
+/// trips").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    Lookup,
+    Getattr,
+    Setattr,
+    Create,
+    Open,
+    Read,
+    Write,
+    Flush,
+    Fsync,
+    Release,
+    Unlink,
+    Mkdir,
+    Rename,
+}
+
+impl Op {
+    pub const ALL: [Op; 13] = [
+        Op::Lookup,
+        Op::Getattr,
+        Op::Setattr,
+        Op::Create,
+        Op::Open,
+        Op::Read,
+        Op::Write,
+        Op::Flush,
+        Op::Fsync,
+        Op::Release,
+        Op::Unlink,
+        Op::Mkdir,
+        Op::Rename,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Lookup => "lookup",
+            Op::Getattr => "getattr",
+            Op::Setattr => "setattr",
+            Op::Create => "create",
+            Op::Open => "open",
+            Op::Read => "read",
+            Op::Write => "write",
+            Op::Flush => "flush",
+            Op::Fsync => "fsync",
+            Op::Release => "release",
+            Op::Unlink => "unlink",
+            Op::Mkdir => "mkdir",
+            Op::Rename => "rename",
+        }
+    }
+}
+
+/// What the operations of one kind cost so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OpCount {
+    /// Operations answered.
+    pub calls: u64,
+    /// Requests they sent to meta and waited for.
+    pub meta: u64,
+    /// Requests they sent to io servers and waited for.
+    pub io: u64,
+}
+
 /// Most lock owners a handle remembers (module docs, "Locks"); an open
 /// file shared by more processes that all lock through it leaves the
 /// locks of the later ones to their own closes (`flush`) or leases.
@@ -363,6 +440,8 @@ pub struct Core {
     stats_file: Option<PathBuf>,
     readahead: Option<ReadAhead>,
     writebehind: Option<WriteBehind>,
+    /// By [`Op`], in [`Op::ALL`]'s order.
+    ops: Mutex<[OpCount; Op::ALL.len()]>,
 }
 
 impl std::fmt::Debug for Core {
@@ -390,7 +469,28 @@ impl Core {
             stats_file: None,
             readahead: None,
             writebehind: None,
+            ops: Mutex::new([OpCount::default(); Op::ALL.len()]),
         }
+    }
+
+    /// Runs operation `op`, counting its round trips (module docs, "Round
+    /// trips").
+    fn counted<T>(&self, op: Op, f: impl FnOnce() -> T) -> T {
+        let before = dafne_client::calls::this_thread();
+        let r = f();
+        let d = dafne_client::calls::this_thread().since(before);
+        let mut ops = self.ops.lock().unwrap_or_else(|p| p.into_inner());
+        let c = &mut ops[op as usize];
+        c.calls += 1;
+        c.meta += d.meta;
+        c.io += d.io;
+        r
+    }
+
+    /// The round trips of each operation so far.
+    pub fn op_counts(&self) -> Vec<(Op, OpCount)> {
+        let ops = *self.ops.lock().unwrap_or_else(|p| p.into_inner());
+        Op::ALL.iter().map(|&op| (op, ops[op as usize])).collect()
     }
 
     /// Sequential reads through this mount's handles are answered from
@@ -437,7 +537,9 @@ impl Core {
         r
     }
 
-    /// Writes [`RegistrationCounters`] to `path` after each `flush`.
+    /// Writes [`RegistrationCounters`], read-ahead, write-behind and the
+    /// operations' round trips ([`Core::op_counts`]) to `path` after each
+    /// `flush` and `release`.
     pub fn with_stats_file(mut self, path: PathBuf) -> Core {
         self.stats_file = Some(path);
         self
@@ -481,15 +583,15 @@ impl Core {
     }
 
     pub fn lookup(&self, c: Caller, parent: Ino, name: &[u8]) -> Result<Attr, Errno> {
-        self.session(c).lookup(parent, name).map(|a| self.local(a))
+        self.counted(Op::Lookup, || self.session(c).lookup(parent, name).map(|a| self.local(a)))
     }
 
     pub fn getattr(&self, c: Caller, ino: Ino) -> Result<Attr, Errno> {
-        match self.session(c).getattr(ino) {
+        self.counted(Op::Getattr, || match self.session(c).getattr(ino) {
             Ok(a) => Ok(self.local(a)),
             Err(Errno::ENOENT) => self.unlinked(ino).ok_or(Errno::ENOENT),
             Err(e) => Err(e),
-        }
+        })
     }
 
     /// `setattr`; a size truncates or extends the data on the io servers
@@ -499,6 +601,10 @@ impl Core {
     /// through the descriptor that created it). Otherwise the caller must
     /// be allowed to open the file for writing.
     pub fn setattr(&self, c: Caller, ino: Ino, fh: Option<u64>, set: SetAttr) -> Result<Attr, Errno> {
+        self.counted(Op::Setattr, || self.setattr_counted(c, ino, fh, set))
+    }
+
+    fn setattr_counted(&self, c: Caller, ino: Ino, fh: Option<u64>, set: SetAttr) -> Result<Attr, Errno> {
         let mut last = None;
         if let Some(size) = set.size {
             let by_fd = fh.and_then(|fh| self.handle_file(fh)).filter(|f| f.cap.rights & RIGHT_WRITE != 0);
@@ -555,11 +661,11 @@ impl Core {
     }
 
     pub fn mkdir(&self, c: Caller, parent: Ino, name: &[u8], mode: u32) -> Result<Attr, Errno> {
-        self.session(c).mkdir(parent, name, mode & 0o7777)
+        self.counted(Op::Mkdir, || self.session(c).mkdir(parent, name, mode & 0o7777))
     }
 
     pub fn unlink(&self, c: Caller, parent: Ino, name: &[u8]) -> Result<(), Errno> {
-        self.session(c).unlink(parent, name)
+        self.counted(Op::Unlink, || self.session(c).unlink(parent, name))
     }
 
     pub fn rmdir(&self, c: Caller, parent: Ino, name: &[u8]) -> Result<(), Errno> {
@@ -587,7 +693,7 @@ impl Core {
         new_name: &[u8],
         flags: u32,
     ) -> Result<(), Errno> {
-        self.session(c).rename_flags(parent, name, new_parent, new_name, flags)
+        self.counted(Op::Rename, || self.session(c).rename_flags(parent, name, new_parent, new_name, flags))
     }
 
     /// `setxattr` (`flags`: `XATTR_CREATE`, `XATTR_REPLACE`); meta applies
@@ -713,8 +819,10 @@ impl Core {
 
     /// Opens a regular file; `O_TRUNC` empties it on the io servers too.
     pub fn open(&self, c: Caller, ino: Ino, mode: OpenMode) -> Result<(u64, Attr), Errno> {
-        let file = self.session(c).open(ino, mode.meta_flags())?;
-        self.opened(file, mode.trunc)
+        self.counted(Op::Open, || {
+            let file = self.session(c).open(ino, mode.meta_flags())?;
+            self.opened(file, mode.trunc)
+        })
     }
 
     fn opened(&self, file: OpenFile, trunc: bool) -> Result<(u64, Attr), Errno> {
@@ -736,6 +844,18 @@ impl Core {
     /// Creates and opens `name` in one round trip (create + open chained).
     /// Without `exclusive`, an existing file is opened instead.
     pub fn create(
+        &self,
+        c: Caller,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        open: OpenMode,
+        exclusive: bool,
+    ) -> Result<(u64, Attr), Errno> {
+        self.counted(Op::Create, || self.create_counted(c, parent, name, mode, open, exclusive))
+    }
+
+    fn create_counted(
         &self,
         c: Caller,
         parent: Ino,
@@ -779,6 +899,10 @@ impl Core {
     /// requests, handed to `f`: no allocation (and no page faults on fresh
     /// memory) per request on the hot path.
     pub fn read_with<R>(&self, fh: u64, offset: u64, size: u32, f: impl FnOnce(Result<&[u8], Errno>) -> R) -> R {
+        self.counted(Op::Read, || self.read_counted(fh, offset, size, f))
+    }
+
+    fn read_counted<R>(&self, fh: u64, offset: u64, size: u32, f: impl FnOnce(Result<&[u8], Errno>) -> R) -> R {
         thread_local! {
             static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
         }
@@ -821,6 +945,10 @@ impl Core {
     /// Writes `data` at `offset` (unstable: the io servers may cache it
     /// until `fsync`).
     pub fn write(&self, fh: u64, offset: u64, data: &[u8]) -> Result<usize, Errno> {
+        self.counted(Op::Write, || self.write_counted(fh, offset, data))
+    }
+
+    fn write_counted(&self, fh: u64, offset: u64, data: &[u8]) -> Result<usize, Errno> {
         let (file, ino, mut cursor, changes) = {
             let t = self.table();
             let h = t.handles.get(&fh).ok_or(Errno::EBADF)?;
@@ -890,7 +1018,7 @@ impl Core {
 
     /// Publishes the size if this mount wrote since the last publish.
     pub fn flush(&self, fh: u64) -> Result<(), Errno> {
-        let r = self.publish_if_dirty(fh);
+        let r = self.counted(Op::Flush, || self.publish_if_dirty(fh));
         self.write_stats();
         r
     }
@@ -962,6 +1090,10 @@ impl Core {
 
     /// Makes the written data durable on the io servers and the size exact.
     pub fn fsync(&self, fh: u64) -> Result<(), Errno> {
+        self.counted(Op::Fsync, || self.fsync_counted(fh))
+    }
+
+    fn fsync_counted(&self, fh: u64) -> Result<(), Errno> {
         let (file, ino) = {
             let t = self.table();
             let h = t.handles.get(&fh).ok_or(Errno::EBADF)?;
@@ -984,12 +1116,19 @@ impl Core {
         if let Some(st) = self.table().inodes.get_mut(&ino) {
             st.dirty = false;
         }
-        self.publish(ino, &file)
+        self.publish(ino, &file, false)
     }
 
     /// Forgets a handle, publishing the size first if needed, and closes
     /// it in meta (the last close of an unlinked file lets its data go).
     pub fn release(&self, fh: u64) -> Result<(), Errno> {
+        let r = self.counted(Op::Release, || self.release_counted(fh));
+        // After each release too: a test reads a close's whole cost.
+        self.write_stats();
+        r
+    }
+
+    fn release_counted(&self, fh: u64) -> Result<(), Errno> {
         let r = self.publish_if_dirty(fh);
         let (file, unlocked) = {
             let mut t = self.table();
@@ -1057,7 +1196,7 @@ impl Core {
             }
             (file, ino)
         };
-        self.publish(ino, &file)
+        self.publish(ino, &file, true)
     }
 
     /// Sets the size or times this mount's writes made, as the daemon;
@@ -1079,17 +1218,29 @@ impl Core {
     /// the write verifier (`dafne_client::data`), so a close reports a
     /// write an io server lost, and a size never counts bytes that did not
     /// arrive or that another mount's truncate removed.
-    fn publish(&self, ino: Ino, file: &Arc<OpenFile>) -> Result<(), Errno> {
-        let stored = if file.cap.rights & RIGHT_READ != 0 {
-            block(self.data.stored_size(file))
-        } else {
-            let stat_file = self.meta.open(ino, OPEN_READ)?;
-            let r = block(self.data.stored_size(&stat_file));
-            self.close_in_meta(&stat_file);
-            r
+    ///
+    /// The `Stat` goes with the handle's own capability, read or write (io
+    /// servers from protocol 14 on answer a `Stat` for either: a writer
+    /// may know the size it writes to); only an io server that still
+    /// wants read rights (`EACCES`) costs the daemon a read open in meta
+    /// and its close, two round trips more. `lazy` (at close and before an
+    /// unlock, not at fsync): meta need not make the size durable before
+    /// it answers (`SetAttr::lazy`; `dafne_meta` store docs, "Lazy
+    /// commits"): `close(2)` promises visibility, not durability, and
+    /// saves meta's fsync.
+    fn publish(&self, ino: Ino, file: &Arc<OpenFile>, lazy: bool) -> Result<(), Errno> {
+        let stored = match block(self.data.stored_size(file)) {
+            Err(Errno::EACCES) if file.cap.rights & RIGHT_READ == 0 => {
+                let stat_file = self.meta.open(ino, OPEN_READ)?;
+                let r = block(self.data.stored_size(&stat_file));
+                self.close_in_meta(&stat_file);
+                r
+            }
+            r => r,
         }?;
         let mtime_set = self.table().inodes.get(&ino).is_some_and(|st| st.mtime_set);
-        let set = SetAttr { grow_to: Some(stored), mtime: (!mtime_set).then_some(TimeSet::Now), ..Default::default() };
+        let set =
+            SetAttr { grow_to: Some(stored), mtime: (!mtime_set).then_some(TimeSet::Now), lazy, ..Default::default() };
         let Some(a) = self.set_size_attrs(ino, set)? else { return Ok(()) };
         if let Some(st) = self.table().inodes.get_mut(&ino) {
             st.meta_size = a.size;
@@ -1143,6 +1294,10 @@ impl Core {
                  writebehind_budget_bytes {}\n",
                 w.writes, w.bytes, w.waits_for_memory, w.waits_for_overlap, w.errors, w.peak_bytes, w.budget_bytes
             ));
+        }
+        for (op, n) in self.op_counts() {
+            let op = op.name();
+            text.push_str(&format!("op_{op}_calls {}\nop_{op}_meta {}\nop_{op}_io {}\n", n.calls, n.meta, n.io));
         }
         let tmp = path.with_extension("tmp");
         if std::fs::write(&tmp, text).and_then(|_| std::fs::rename(&tmp, path)).is_err() {

@@ -364,6 +364,7 @@ impl fuser::Filesystem for FuseFs {
             atime: atime.map(time_set),
             mtime: mtime.map(time_set),
             grow_to: None,
+            lazy: false,
         };
         match self.core.setattr(caller(req), self.ino(ino), fh.map(|f| f.0), set) {
             Ok(a) => reply.attr(&self.attr_ttl, &self.attr(&a)),

@@ -313,8 +313,10 @@ pub struct MetaStats {
     /// Store batches (one transaction each) and the client jobs in them.
     pub store_batches: u64,
     pub store_jobs: u64,
-    /// Transactions committed, if the store counts them.
+    /// Transactions committed durably, and without an fsync, if the store
+    /// counts them.
     pub commits: Option<u64>,
+    pub lazy_commits: Option<u64>,
     /// The io servers as the membership table sees them now.
     pub members: Vec<dafne_proto::Member>,
 }
@@ -508,6 +510,7 @@ impl MetaService {
             store_batches: sc.batches.load(std::sync::atomic::Ordering::Relaxed),
             store_jobs: sc.jobs.load(std::sync::atomic::Ordering::Relaxed),
             commits: self.store.commits(),
+            lazy_commits: self.store.lazy_commits(),
             members: self.members.borrow().members(Instant::now()),
         }
     }

@@ -75,6 +75,21 @@
 //! kernel's check for it before every write without a round trip
 //! (`dafne_fuse::core`).
 //!
+//! # Lazy commits
+//! A batch whose only changes are `SetAttr`s marked `lazy` (a mount's size
+//! publish at `close`: `dafne_fuse::core`, "Publishing the size") commits
+//! without an fsync (redb's `Durability::None`): its answer, and every
+//! later read, sees the change at once, and the next durable commit (any
+//! other change, by any client) makes it durable with its own. A crash
+//! before that loses the new size and mtime, never more: the create that
+//! made the file was durable, and `close(2)` promises no durability (the
+//! io servers do not fsync the bytes at a close either; `fsync(2)`
+//! publishes without `lazy`, durably, and so makes every lazy commit
+//! before it durable too). Its replay-cache entry and the purges it makes
+//! are as lazy: a retry after such a crash runs the `SetAttr` again, which
+//! is harmless (a grow-only size, mtime now). A batch that revoked
+//! (below) commits durably whatever it holds.
+//!
 //! # Exactly-once replay cache
 //! A job that carries its client's session sequence ([`Job::replay`]: a
 //! non-idempotent request, `Request::is_exactly_once`) is looked up in
@@ -343,9 +358,15 @@ pub trait MetaStore: Send + Sync + 'static {
     /// which the service refuses at login.
     fn revoked_credentials(&self) -> Result<Vec<String>, StoreError>;
 
-    /// Transactions committed since the store was opened (each one fsync),
-    /// if the engine counts them.
+    /// Transactions committed durably since the store was opened (each
+    /// one fsync), if the engine counts them.
     fn commits(&self) -> Option<u64> {
+        None
+    }
+
+    /// Transactions committed without an fsync (module docs, "Lazy
+    /// commits"), if the engine counts them.
+    fn lazy_commits(&self) -> Option<u64> {
         None
     }
 
@@ -585,6 +606,9 @@ pub struct RedbStore {
     log: std::sync::Mutex<RevocationLog>,
     /// Write transactions committed (the metrics page).
     commits: std::sync::atomic::AtomicU64,
+    /// Write transactions committed without an fsync (module docs, "Lazy
+    /// commits").
+    lazy_commits: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for RedbStore {
@@ -650,7 +674,13 @@ impl RedbStore {
             }
         }
         txn.commit()?;
-        Ok(RedbStore { db, policy, log: std::sync::Mutex::new(RevocationLog::new()), commits: Default::default() })
+        Ok(RedbStore {
+            db,
+            policy,
+            log: std::sync::Mutex::new(RevocationLog::new()),
+            commits: Default::default(),
+            lazy_commits: Default::default(),
+        })
     }
 
     /// Removes every entry of the first orphan table; returns their objects.
@@ -724,6 +754,12 @@ pub fn is_read_only(req: &Request) -> bool {
         Request::Open { flags, .. } => flags & dafne_proto::OPEN_TRUNC == 0,
         _ => false,
     }
+}
+
+/// Whether an operation's change need not be durable before its answer
+/// (module docs, "Lazy commits").
+pub fn is_lazy(req: &Request) -> bool {
+    matches!(req, Request::SetAttr { set, .. } if set.lazy)
 }
 
 /// Now, in unix milliseconds (the replay cache's clock).
@@ -801,7 +837,8 @@ impl MetaStore for RedbStore {
 
     fn execute(&self, jobs: &[Job]) -> Result<Vec<JobResult>, StoreError> {
         let read_only = jobs.iter().all(|j| j.replay.is_none() && j.ops.iter().all(|o| is_read_only(&o.req)));
-        let txn = self.db.begin_write()?;
+        let lazy = jobs.iter().all(|j| j.ops.iter().all(|o| is_read_only(&o.req) || is_lazy(&o.req)));
+        let mut txn = self.db.begin_write()?;
         let mut out = Vec::with_capacity(jobs.len());
         let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
         let revoked = {
@@ -838,6 +875,10 @@ impl MetaStore for RedbStore {
         // not be handed out again after a restart.
         if read_only && revoked.is_empty() {
             txn.abort()?;
+        } else if lazy && revoked.is_empty() && txn.set_durability(redb::Durability::None).is_ok() {
+            // (Refused only where the engine cannot: then durably, below.)
+            txn.commit()?;
+            self.lazy_commits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         } else {
             txn.commit()?;
             self.commits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -855,6 +896,10 @@ impl MetaStore for RedbStore {
 
     fn commits(&self) -> Option<u64> {
         Some(self.commits.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    fn lazy_commits(&self) -> Option<u64> {
+        Some(self.lazy_commits.load(std::sync::atomic::Ordering::Relaxed))
     }
 
     fn revoked_credentials(&self) -> Result<Vec<String>, StoreError> {
@@ -2513,6 +2558,67 @@ mod tests {
             assert_eq!(ask(&s, &root, Request::SetAttr { ino: f.ino, set }).map(|_| ()), Err(Errno::EFBIG));
         }
         assert_eq!(size_of(ask(&s, &root, grow(dafne_proto::io::MAX_FILE_SIZE))), dafne_proto::io::MAX_FILE_SIZE);
+    }
+
+    /// Lazy commits (module docs): a batch of lazy size publishes commits
+    /// without an fsync, is seen at once, and is made durable by the next
+    /// durable commit; a batch that also changes anything else, or a
+    /// publish without the flag (fsync's), commits durably.
+    #[test]
+    fn lazy_size_publishes_commit_without_an_fsync_until_the_next_durable_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("meta.redb");
+        let root = Cred::root();
+        let ino = {
+            let s = RedbStore::open(&path, LayoutPolicy::default()).unwrap();
+            let f = mk(&s, &root, ROOT_INO, "f", false, 0o644);
+            let publish = |n, lazy| Request::SetAttr {
+                ino: f.ino,
+                set: SetAttr { grow_to: Some(n), mtime: Some(TimeSet::Now), lazy, ..Default::default() },
+            };
+            let (durable, lazy) = (s.commits().unwrap(), s.lazy_commits().unwrap());
+            ask(&s, &root, publish(100, true)).unwrap();
+            assert_eq!((s.commits().unwrap(), s.lazy_commits().unwrap()), (durable, lazy + 1));
+            let seen = |s: &RedbStore| match ask(s, &root, Request::GetAttr { ino: f.ino }).unwrap() {
+                Response::Attr { attr } | Response::Entry { attr } => attr.size,
+                r => panic!("{r:?}"),
+            };
+            assert_eq!(seen(&s), 100, "a lazy commit is seen at once");
+            // With another change in the same batch: durable.
+            let job = |req| Job {
+                cred: root.clone(),
+                ops: vec![CompoundOp { chain: false, req }],
+                protected: None,
+                replay: None,
+            };
+            let mixed = [
+                job(publish(200, true)),
+                job(Request::Create {
+                    parent: ROOT_INO,
+                    name: b"g".to_vec(),
+                    mode: 0o644,
+                    exclusive: true,
+                    hint: None,
+                }),
+            ];
+            s.execute(&mixed).unwrap();
+            assert_eq!((s.commits().unwrap(), s.lazy_commits().unwrap()), (durable + 1, lazy + 1));
+            // fsync's publish: durable.
+            ask(&s, &root, publish(300, false)).unwrap();
+            assert_eq!((s.commits().unwrap(), s.lazy_commits().unwrap()), (durable + 2, lazy + 1));
+            // A lazy one last, then a durable change of something else.
+            ask(&s, &root, publish(400, true)).unwrap();
+            mk(&s, &root, ROOT_INO, "h", false, 0o644);
+            assert_eq!(seen(&s), 400);
+            f.ino
+        };
+        let s = RedbStore::open(&path, LayoutPolicy::default()).unwrap();
+        match ask(&s, &root, Request::GetAttr { ino }).unwrap() {
+            Response::Attr { attr } | Response::Entry { attr } => {
+                assert_eq!(attr.size, 400, "the lazy commit became durable with the next durable one")
+            }
+            r => panic!("{r:?}"),
+        }
     }
 
     #[test]

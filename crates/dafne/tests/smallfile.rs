@@ -1,0 +1,171 @@
+//! The small-file and metadata path through a mount (issue 9, item 5):
+//! what each FUSE operation costs in round trips to meta and to the io
+//! servers (the mount's stats file, `op_*` lines: `dafne_fuse::core`,
+//! "Round trips") and in meta's commits (its metrics page), and the edges
+//! the cuts must keep: the size visible to another mount at close, an
+//! `fsync` that commits durably.
+
+mod common;
+
+use std::collections::HashMap;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::Path;
+use std::time::Duration;
+
+use common::cluster::{meta_metrics_addr, p, Cluster};
+use common::{pattern, wait_for};
+
+/// The stats file as numbers by name (empty before the first close).
+fn stats(path: &Path) -> HashMap<String, u64> {
+    let t = std::fs::read_to_string(path).unwrap_or_default();
+    t.lines()
+        .filter_map(|l| l.split_once(' ').and_then(|(k, v)| Some((k.to_string(), v.trim().parse().ok()?))))
+        .collect()
+}
+
+/// Calls, meta requests and io requests of operation `op` between `a` and `b`.
+fn cost(a: &HashMap<String, u64>, b: &HashMap<String, u64>, op: &str) -> (u64, u64, u64) {
+    let d = |k: &str| {
+        let k = format!("op_{op}_{k}");
+        b.get(&k).copied().unwrap_or(0) - a.get(&k).copied().unwrap_or(0)
+    };
+    (d("calls"), d("meta"), d("io"))
+}
+
+/// Meta's durable and lazy commits so far. Its page is rendered at most
+/// once a second: read after that long.
+fn commits(c: &Cluster) -> (u64, u64) {
+    std::thread::sleep(Duration::from_millis(1100));
+    let page = dafne_metrics::http::fetch(meta_metrics_addr(c.dir()), Duration::from_secs(5)).expect("meta's page");
+    let families = dafne_metrics::parse::parse(&page).expect("a well-formed page");
+    let get = |name: &str| {
+        families.iter().find(|f| f.name == name).and_then(|f| f.samples.first()).map_or(0, |s| s.value as u64)
+    };
+    (get("dafne_meta_commits_total"), get("dafne_meta_lazy_commits_total"))
+}
+
+/// Waits until the mount has answered `n` releases (a release reaches the
+/// daemon after `close(2)` returned) and returns the stats then.
+fn after_releases(path: &Path, n: u64) -> HashMap<String, u64> {
+    wait_for("the release to be counted", || stats(path).get("op_release_calls").copied().unwrap_or(0) >= n);
+    stats(path)
+}
+
+const OPS: [&str; 9] = ["lookup", "getattr", "create", "open", "read", "write", "flush", "release", "unlink"];
+
+fn table(what: &str, a: &HashMap<String, u64>, b: &HashMap<String, u64>, commits: (u64, u64)) {
+    let mut line = format!("{what:<24}");
+    for op in OPS {
+        let (n, m, i) = cost(a, b, op);
+        if n > 0 {
+            line.push_str(&format!(" {op} {n}x: meta {m} io {i};"));
+        }
+    }
+    eprintln!("{line} commits {} lazy {}", commits.0, commits.1);
+}
+
+/// The round trips of the small-file calls PostMark makes (docs/
+/// BENCHMARKS.md, "PostMark"): a create and close costs one compound
+/// (create + open) and the release's close in meta, nothing on the io
+/// servers; a write-only open, write and close publishes its size with
+/// one `Stat` per io server of the layout and one lazy `SetAttr` (no read
+/// open in meta for the `Stat`, no fsync in meta); a read-only open and
+/// close costs no io round trip at close; an unlink one request.
+#[test]
+fn small_file_calls_cost_the_round_trips_counted() {
+    let c = Cluster::start();
+    let st = c.dir().join("small-stats.txt");
+    let m = c.mount_with(&["--stats-file", p(&st)]);
+    std::fs::create_dir(m.path("d")).unwrap();
+    // One close first, so the stats file exists.
+    drop(std::fs::File::create(m.path("d/warm")).unwrap());
+    let mut releases = 1;
+    let s0 = after_releases(&st, releases);
+    let c0 = commits(&c);
+
+    // create + close
+    drop(std::fs::OpenOptions::new().write(true).create_new(true).mode(0o644).open(m.path("d/f")).unwrap());
+    releases += 1;
+    let s1 = after_releases(&st, releases);
+    let c1 = commits(&c);
+    table("create+close", &s0, &s1, (c1.0 - c0.0, c1.1 - c0.1));
+    assert_eq!(cost(&s0, &s1, "create"), (1, 1, 0), "create and open in one compound");
+    assert_eq!(cost(&s0, &s1, "flush"), (1, 0, 0), "nothing written: the close asks nobody");
+    assert_eq!(cost(&s0, &s1, "release"), (1, 1, 0), "the open's close in meta, no io server");
+    assert_eq!(c1.0 - c0.0, 1, "the create's commit");
+
+    // open(O_WRONLY) + write 16 KiB + close
+    let data = pattern(16 << 10, 1);
+    let f = std::fs::OpenOptions::new().write(true).open(m.path("d/f")).unwrap();
+    f.write_all_at(&data, 0).unwrap();
+    drop(f);
+    releases += 1;
+    let s2 = after_releases(&st, releases);
+    let c2 = commits(&c);
+    table("open+write 16K+close", &s1, &s2, (c2.0 - c1.0, c2.1 - c1.1));
+    assert_eq!(cost(&s1, &s2, "open"), (1, 1, 0));
+    let (_, flush_meta, flush_io) = cost(&s1, &s2, "flush");
+    assert_eq!(flush_meta, 1, "the size goes to meta in one SetAttr, without a read open (and its close) for the Stat");
+    assert!((1..=4).contains(&flush_io), "one Stat per io server of the layout: {flush_io}");
+    assert_eq!(cost(&s1, &s2, "release"), (1, 1, 0));
+    assert_eq!((c2.0 - c1.0, c2.1 - c1.1), (0, 1), "the size published at close is committed lazily: no fsync in meta");
+    assert_eq!(std::fs::metadata(m.path("d/f")).unwrap().len(), data.len() as u64);
+
+    // open(O_RDONLY) + read + close
+    let f = std::fs::File::open(m.path("d/f")).unwrap();
+    let mut back = vec![0; data.len()];
+    f.read_exact_at(&mut back, 0).unwrap();
+    assert!(back == data);
+    drop(f);
+    releases += 1;
+    let s3 = after_releases(&st, releases);
+    let c3 = commits(&c);
+    table("open+read+close", &s2, &s3, (c3.0 - c2.0, c3.1 - c2.1));
+    assert_eq!(cost(&s2, &s3, "open"), (1, 1, 0));
+    assert_eq!(cost(&s2, &s3, "flush"), (1, 0, 0), "a file this mount did not write: no io round trip at close");
+    assert_eq!(cost(&s2, &s3, "release"), (1, 1, 0));
+    assert_eq!(c3, c2, "reading commits nothing");
+
+    // stat, then unlink
+    std::fs::metadata(m.path("d/f")).unwrap();
+    std::fs::remove_file(m.path("d/f")).unwrap();
+    // The counts are written at the next close.
+    drop(std::fs::File::create(m.path("d/warm")).unwrap());
+    releases += 1;
+    let s4 = after_releases(&st, releases);
+    table("stat, unlink (+ a close)", &s3, &s4, (0, 0));
+    assert_eq!(cost(&s3, &s4, "unlink"), (1, 1, 0));
+}
+
+/// What the cuts must keep: a size published lazily at close is what
+/// another mount sees right after the close (meta answers from the commit,
+/// durable or not), and an `fsync` commits durably (a lazy commit alone
+/// would be lost with meta at a power cut).
+#[test]
+fn a_size_published_at_close_shows_on_another_mount_and_fsync_commits_it_durably() {
+    let c = Cluster::start();
+    let a = c.mount_at("a", &[]);
+    let b = c.mount_at("b", &[]);
+    let data = pattern(70_000, 2);
+    let f = std::fs::OpenOptions::new().write(true).create_new(true).open(a.path("f")).unwrap();
+    f.write_all_at(&data, 0).unwrap();
+    drop(f);
+    assert_eq!(std::fs::metadata(b.path("f")).unwrap().len(), 70_000, "the size at close, on another mount");
+    assert!(std::fs::read(b.path("f")).unwrap() == data);
+    // Grown again through a write-only handle: the other mount sees it
+    // once its attributes are dropped (the watcher) or expire.
+    let f = std::fs::OpenOptions::new().write(true).open(a.path("f")).unwrap();
+    f.write_all_at(b"more", 70_000).unwrap();
+    drop(f);
+    wait_for("the new size on the other mount", || std::fs::metadata(b.path("f")).unwrap().len() == 70_004);
+
+    let before = commits(&c);
+    let f = std::fs::OpenOptions::new().write(true).open(a.path("f")).unwrap();
+    f.write_all_at(b"tail", 80_000).unwrap();
+    f.sync_all().unwrap();
+    let after = commits(&c);
+    assert!(after.0 > before.0, "fsync's size publish commits durably: {before:?} -> {after:?}");
+    assert_eq!(after.1, before.1, "and not lazily");
+    drop(f);
+    assert_eq!(std::fs::metadata(a.path("f")).unwrap().len(), 80_004);
+}
