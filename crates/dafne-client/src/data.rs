@@ -453,6 +453,14 @@ struct Part {
     bytes: usize,
 }
 
+/// The io servers of a file's layout, each once.
+fn layout_servers(f: &OpenFile) -> Vec<usize> {
+    let mut ids: Vec<usize> = f.layout.servers.iter().map(|s| *s as usize).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
 fn io_err(e: dafne_transport::TransportError) -> Errno {
     match e {
         dafne_transport::TransportError::TimedOut { .. } => Errno::EAGAIN,
@@ -1336,11 +1344,18 @@ impl DataClient {
         &self,
         f: &OpenFile,
         req: IoRequest,
+        each: impl FnMut(IoResponse) -> T,
+    ) -> Result<Vec<T>, Errno> {
+        self.servers_of(layout_servers(f), req, each).await
+    }
+
+    /// [`Self::every_server`] on the servers `ids` only.
+    async fn servers_of<T>(
+        &self,
+        ids: Vec<usize>,
+        req: IoRequest,
         mut each: impl FnMut(IoResponse) -> T,
     ) -> Result<Vec<T>, Errno> {
-        let mut ids: Vec<usize> = f.layout.servers.iter().map(|s| *s as usize).collect();
-        ids.sort_unstable();
-        ids.dedup();
         let calls = ids.into_iter().map(|id| {
             let req = req.clone();
             async move { self.call(id, &req).await }
@@ -1381,8 +1396,32 @@ impl DataClient {
 
     /// The file's size as the servers hold it: the largest byte stored + 1.
     pub async fn stored_size(&self, f: &OpenFile) -> Result<u64, Errno> {
+        self.stat_servers(f, layout_servers(f)).await
+    }
+
+    /// The largest byte + 1 stored on the servers of the file that hold
+    /// unstable writes of this client not yet checked by a `Stat` or
+    /// `Sync` (the write verifier's record, module docs), checking them;
+    /// on every server of the layout when there is none. What a writer
+    /// publishes at close (`dafne_fuse::core`, "Publishing the size"):
+    /// the servers it did not write to since the last check hold nothing
+    /// of its to count or verify, and what others wrote there is theirs
+    /// to publish (sizes only grow), so a small file written on one
+    /// server of a wide layout costs one `Stat`, not one per server.
+    pub async fn stored_size_of_writes(&self, f: &OpenFile) -> Result<u64, Errno> {
+        let written: Vec<usize> = {
+            let v = self.verifier();
+            layout_servers(f).into_iter().filter(|&s| v.pending.contains_key(&(f.layout.object_id, s))).collect()
+        };
+        if written.is_empty() {
+            return self.stored_size(f).await;
+        }
+        self.stat_servers(f, written).await
+    }
+
+    async fn stat_servers(&self, f: &OpenFile, ids: Vec<usize>) -> Result<u64, Errno> {
         let sizes = self
-            .every_server(f, IoRequest::Stat { cap: f.cap }, |r| match r {
+            .servers_of(ids, IoRequest::Stat { cap: f.cap }, |r| match r {
                 IoResponse::Stat { size } => size,
                 _ => 0,
             })

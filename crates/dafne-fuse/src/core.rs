@@ -1219,7 +1219,10 @@ impl Core {
     /// write an io server lost, and a size never counts bytes that did not
     /// arrive or that another mount's truncate removed.
     ///
-    /// The `Stat` goes with the handle's own capability, read or write (io
+    /// The `Stat` goes to the servers this mount wrote the file on since
+    /// the last check (`DataClient::stored_size_of_writes`: one for a
+    /// small file, whatever the layout's width), or to all of them when
+    /// that is none (after an `fsync`'s `Sync`), with the handle's own capability, read or write (io
     /// servers from protocol 14 on answer a `Stat` for either: a writer
     /// may know the size it writes to); only an io server that still
     /// wants read rights (`EACCES`) costs the daemon a read open in meta
@@ -1229,7 +1232,7 @@ impl Core {
     /// commits"): `close(2)` promises visibility, not durability, and
     /// saves meta's fsync.
     fn publish(&self, ino: Ino, file: &Arc<OpenFile>, lazy: bool) -> Result<(), Errno> {
-        let stored = match block(self.data.stored_size(file)) {
+        let stored = match block(self.data.stored_size_of_writes(file)) {
             Err(Errno::EACCES) if file.cap.rights & RIGHT_READ == 0 => {
                 let stat_file = self.meta.open(ino, OPEN_READ)?;
                 let r = block(self.data.stored_size(&stat_file));
