@@ -170,3 +170,36 @@ fn a_size_published_at_close_shows_on_another_mount_and_fsync_commits_it_durably
     drop(f);
     assert_eq!(std::fs::metadata(a.path("f")).unwrap().len(), 80_004);
 }
+
+/// Negative entries (`dafne_fuse::fuse` module docs): a name that does not
+/// exist is asked of meta once per entry timeout, not once per probe; and
+/// when another mount makes it, this mount sees it at once (the watcher
+/// drops the negative entry), not after the timeout, here a minute.
+#[test]
+fn a_missing_name_is_asked_once_and_shows_at_once_when_another_mount_makes_it() {
+    let c = Cluster::start_with_config("[mount]\nentry_timeout_ms = 60000\n");
+    let st = c.dir().join("neg-stats.txt");
+    let a = c.mount_at("a", &["--stats-file", p(&st)]);
+    let b = c.mount_at("b", &[]);
+    drop(std::fs::File::create(a.path("warm")).unwrap());
+    let s0 = after_releases(&st, 1);
+    for _ in 0..5 {
+        assert_eq!(std::fs::metadata(a.path("missing")).unwrap_err().kind(), std::io::ErrorKind::NotFound);
+    }
+    drop(std::fs::File::create(a.path("warm")).unwrap());
+    let s1 = after_releases(&st, 2);
+    let (lookups, ..) = cost(&s0, &s1, "lookup");
+    assert!(lookups <= 2, "five stats of a missing name (and one open of a cached one) made {lookups} lookups");
+
+    std::fs::write(b.path("missing"), b"now here").unwrap();
+    std::fs::create_dir(b.path("missing-dir")).unwrap();
+    wait_for("the name made on the other mount", || std::fs::read(a.path("missing")).is_ok_and(|d| d == b"now here"));
+    // A name first looked up (negative) after this mount's watcher heard of
+    // the change is simply found.
+    assert!(std::fs::metadata(a.path("missing-dir")).unwrap().is_dir());
+    // This mount's own create over its negative entry.
+    assert!(std::fs::metadata(a.path("mine")).is_err());
+    std::fs::write(a.path("mine"), b"x").unwrap();
+    assert_eq!(std::fs::read(a.path("mine")).unwrap(), b"x");
+    assert_eq!(std::fs::read(b.path("mine")).unwrap(), b"x");
+}
