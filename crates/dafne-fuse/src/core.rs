@@ -117,6 +117,19 @@
 //! when the lock is granted (a killed process then exits and releases
 //! it).
 //!
+//! # Directories just changed
+//! The kernel (with `default_permissions`) drops a directory's attributes
+//! after each create, unlink, mkdir or rmdir in it, and asks for them again
+//! (`GETATTR`) before the next path walk through it: one more round trip to
+//! meta per created or removed file. So those changes go to meta in one
+//! compound with a `GetAttr` of the directory, whose answer (the directory
+//! as the change left it) is kept for the kernel's next `GETATTR` of it:
+//! used once, within [`FRESH_DIR_FOR`], and dropped when the watcher says
+//! another session changed the directory ([`Core::changed_elsewhere`]).
+//! A change another mount makes between the compound and that `GETATTR`,
+//! not yet heard of, is missed as the kernel's own attribute cache would
+//! miss it (for up to the attribute timeout): the next `GETATTR` asks.
+//!
 //! # Round trips
 //! Each operation counts the requests it waited for, to meta and to io
 //! servers (`dafne_client::calls`: per thread, so other threads' requests
@@ -426,6 +439,14 @@ pub struct OpCount {
     pub io: u64,
 }
 
+/// How long a directory's attributes fetched with a change in it answer
+/// the kernel's next `GETATTR` of it (module docs, "Directories just
+/// changed"); the kernel asks right after the change returns.
+pub const FRESH_DIR_FOR: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Most directories whose fresh attributes are kept.
+const FRESH_DIRS_MAX: usize = 1024;
+
 /// Most lock owners a handle remembers (module docs, "Locks"); an open
 /// file shared by more processes that all lock through it leaves the
 /// locks of the later ones to their own closes (`flush`) or leases.
@@ -442,6 +463,9 @@ pub struct Core {
     writebehind: Option<WriteBehind>,
     /// By [`Op`], in [`Op::ALL`]'s order.
     ops: Mutex<[OpCount; Op::ALL.len()]>,
+    /// Directories just changed through this mount, with their attributes
+    /// after the change (module docs, "Directories just changed").
+    fresh_dirs: Mutex<HashMap<Ino, (Attr, std::time::Instant)>>,
 }
 
 impl std::fmt::Debug for Core {
@@ -470,7 +494,42 @@ impl Core {
             readahead: None,
             writebehind: None,
             ops: Mutex::new([OpCount::default(); Op::ALL.len()]),
+            fresh_dirs: Mutex::new(HashMap::new()),
         }
+    }
+
+    fn fresh_dirs(&self) -> MutexGuard<'_, HashMap<Ino, (Attr, std::time::Instant)>> {
+        self.fresh_dirs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Keeps directory attributes fetched with a change in it (module
+    /// docs, "Directories just changed").
+    fn keep_fresh_dir(&self, r: Option<&Result<Response, Errno>>) {
+        if let Some(Ok(Response::Attr { attr } | Response::Entry { attr })) = r {
+            let mut f = self.fresh_dirs();
+            if f.len() >= FRESH_DIRS_MAX {
+                f.clear();
+            }
+            f.insert(attr.ino, (*attr, std::time::Instant::now()));
+        }
+    }
+
+    /// The attributes of directory `ino` as this mount's change in it just
+    /// left them, once, if that was within [`FRESH_DIR_FOR`].
+    fn take_fresh_dir(&self, ino: Ino) -> Option<Attr> {
+        let (a, at) = self.fresh_dirs().remove(&ino)?;
+        (at.elapsed() < FRESH_DIR_FOR).then_some(a)
+    }
+
+    /// Runs `req`, a change in directory `parent`, in one compound with a
+    /// `GetAttr` of `parent`, whose answer is kept (module docs,
+    /// "Directories just changed"); the change's own answer.
+    fn change_in_dir(&self, s: &MetaSession, parent: Ino, req: Request) -> Result<Response, Errno> {
+        let ops =
+            vec![CompoundOp { chain: false, req }, CompoundOp { chain: false, req: Request::GetAttr { ino: parent } }];
+        let results = s.compound(ops)?;
+        self.keep_fresh_dir(results.get(1));
+        results.into_iter().next().ok_or(Errno::EPROTO)?
     }
 
     /// Runs operation `op`, counting its round trips (module docs, "Round
@@ -587,6 +646,9 @@ impl Core {
     }
 
     pub fn getattr(&self, c: Caller, ino: Ino) -> Result<Attr, Errno> {
+        if let Some(a) = self.take_fresh_dir(ino) {
+            return self.counted(Op::Getattr, || Ok(a));
+        }
         self.counted(Op::Getattr, || match self.session(c).getattr(ino) {
             Ok(a) => Ok(self.local(a)),
             Err(Errno::ENOENT) => self.unlinked(ino).ok_or(Errno::ENOENT),
@@ -661,15 +723,31 @@ impl Core {
     }
 
     pub fn mkdir(&self, c: Caller, parent: Ino, name: &[u8], mode: u32) -> Result<Attr, Errno> {
-        self.counted(Op::Mkdir, || self.session(c).mkdir(parent, name, mode & 0o7777))
+        self.counted(Op::Mkdir, || {
+            let req = Request::Mkdir { parent, name: name.to_vec(), mode: mode & 0o7777 };
+            match self.change_in_dir(&self.session(c), parent, req)? {
+                Response::Entry { attr } | Response::Attr { attr } => Ok(attr),
+                _ => Err(Errno::EPROTO),
+            }
+        })
     }
 
     pub fn unlink(&self, c: Caller, parent: Ino, name: &[u8]) -> Result<(), Errno> {
-        self.counted(Op::Unlink, || self.session(c).unlink(parent, name))
+        self.counted(Op::Unlink, || {
+            let req = Request::Unlink { parent, name: name.to_vec() };
+            match self.change_in_dir(&self.session(c), parent, req)? {
+                Response::Done => Ok(()),
+                _ => Err(Errno::EPROTO),
+            }
+        })
     }
 
     pub fn rmdir(&self, c: Caller, parent: Ino, name: &[u8]) -> Result<(), Errno> {
-        self.session(c).rmdir(parent, name)
+        let req = Request::Rmdir { parent, name: name.to_vec() };
+        match self.change_in_dir(&self.session(c), parent, req)? {
+            Response::Done => Ok(()),
+            _ => Err(Errno::EPROTO),
+        }
     }
 
     pub fn symlink(&self, c: Caller, parent: Ino, name: &[u8], target: &[u8]) -> Result<Attr, Errno> {
@@ -841,7 +919,9 @@ impl Core {
         Ok((fh, attr))
     }
 
-    /// Creates and opens `name` in one round trip (create + open chained).
+    /// Creates and opens `name` in one round trip (create + open chained,
+    /// with the directory's attributes: module docs, "Directories just
+    /// changed").
     /// Without `exclusive`, an existing file is opened instead.
     pub fn create(
         &self,
@@ -871,8 +951,13 @@ impl Core {
                 req: Request::Create { parent, name: name.to_vec(), mode: mode & 0o7777, exclusive: true, hint: None },
             },
             CompoundOp { chain: true, req: Request::Open { ino: 0, flags: open.meta_flags() & !OPEN_TRUNC } },
+            // The directory as the create left it (module docs, "Directories
+            // just changed").
+            CompoundOp { chain: false, req: Request::GetAttr { ino: parent } },
         ];
-        let mut results = s.compound(ops)?.into_iter();
+        let results = s.compound(ops)?;
+        self.keep_fresh_dir(results.get(2));
+        let mut results = results.into_iter();
         match (results.next(), results.next()) {
             (Some(Ok(_)), Some(Ok(Response::Opened { attr, layout, cap }))) => {
                 self.opened(OpenFile { attr, layout, cap }, false)
@@ -1046,6 +1131,7 @@ impl Core {
     /// mount has it open, what it knows of its bytes and size is refreshed
     /// as after a lock grant.
     pub fn changed_elsewhere(&self, ino: Ino) {
+        self.fresh_dirs().remove(&ino);
         if self.table().inodes.contains_key(&ino) {
             self.lock_granted(ino);
         }

@@ -138,6 +138,47 @@ fn small_file_calls_cost_the_round_trips_counted() {
     assert_eq!(cost(&s3, &s4, "unlink"), (1, 1, 0));
 }
 
+/// Creates and unlinks back to back, as PostMark makes them: the kernel
+/// asks for the directory's attributes again after each (it drops them at
+/// every change in it), and the mount answers from the `GetAttr` that went
+/// to meta in the same compound as the change (`dafne_fuse::core`,
+/// "Directories just changed"), not with another round trip each.
+#[test]
+fn the_directory_getattr_after_each_create_and_unlink_costs_no_round_trip() {
+    let c = Cluster::start();
+    let st = c.dir().join("dir-stats.txt");
+    let m = c.mount_with(&["--stats-file", p(&st)]);
+    std::fs::create_dir(m.path("d")).unwrap();
+    drop(std::fs::File::create(m.path("warm")).unwrap());
+    let mut releases = 1;
+    let s0 = after_releases(&st, releases);
+    const N: u64 = 20;
+    for i in 0..N {
+        drop(std::fs::OpenOptions::new().write(true).create_new(true).open(m.path(&format!("d/f{i}"))).unwrap());
+    }
+    releases += N;
+    let s1 = after_releases(&st, releases);
+    for i in 0..N {
+        std::fs::remove_file(m.path(&format!("d/f{i}"))).unwrap();
+    }
+    drop(std::fs::File::create(m.path("warm")).unwrap());
+    releases += 1;
+    let s2 = after_releases(&st, releases);
+    table("20 creates", &s0, &s1, (0, 0));
+    table("20 unlinks", &s1, &s2, (0, 0));
+    let (calls, meta, _) = cost(&s0, &s1, "getattr");
+    assert!(calls >= N - 1, "the kernel asks for the directory after each create: {calls} getattrs");
+    assert!(meta <= 3, "{meta} of {calls} getattrs after {N} creates went to meta");
+    let (calls, meta, _) = cost(&s1, &s2, "getattr");
+    assert!(calls >= N - 1, "the kernel asks for the directory after each unlink: {calls} getattrs");
+    assert!(meta <= 3, "{meta} of {calls} getattrs after {N} unlinks went to meta");
+    assert_eq!(cost(&s0, &s1, "create"), (N, N, 0), "one compound per create, the directory's attributes in it");
+    assert_eq!(cost(&s1, &s2, "unlink"), (N, N, 0));
+    // The directory's attributes are right: its mtime moved with the
+    // changes, and its listing is empty.
+    assert!(std::fs::read_dir(m.path("d")).unwrap().next().is_none());
+}
+
 /// What the cuts must keep: a size published lazily at close is what
 /// another mount sees right after the close (meta answers from the commit,
 /// durable or not), and an `fsync` commits durably (a lazy commit alone
