@@ -238,7 +238,23 @@ fn start_store_thread(store: Arc<dyn MetaStore>, opens: Opens, counts: Arc<Store
     std::thread::Builder::new()
         .name("meta-store".into())
         .spawn(move || {
-            while let Ok(first) = rx.recv() {
+            loop {
+                // Lazy commits become durable within their deadline also
+                // when no further batch comes (store docs, "Lazy commits").
+                let first = match store.lazy_deadline() {
+                    None => rx.recv().map_err(|_| crossbeam_channel::RecvTimeoutError::Disconnected),
+                    Some(d) => rx.recv_deadline(d),
+                };
+                let first = match first {
+                    Ok(w) => w,
+                    Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                        if let Err(e) = store.settle() {
+                            tracing::error!("making lazy commits durable: {e}");
+                        }
+                        continue;
+                    }
+                    Err(crossbeam_channel::RecvTimeoutError::Disconnected) => break,
+                };
                 let mut batch = vec![first];
                 while batch.len() < MAX_BATCH {
                     match rx.try_recv() {

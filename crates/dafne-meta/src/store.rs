@@ -88,7 +88,10 @@
 //! before it durable too). Its replay-cache entry and the purges it makes
 //! are as lazy: a retry after such a crash runs the `SetAttr` again, which
 //! is harmless (a grow-only size, mtime now). A batch that revoked
-//! (below) commits durably whatever it holds.
+//! (below) commits durably whatever it holds. Lazy commits stay so for at
+//! most [`LAZY_DURABLE_WITHIN`]: a batch after that commits durably, and
+//! an idle store thread makes them durable then (`MetaStore::settle`), so
+//! a crash loses at most about the last second's size publishes.
 //!
 //! # Exactly-once replay cache
 //! A job that carries its client's session sequence ([`Job::replay`]: a
@@ -370,6 +373,17 @@ pub trait MetaStore: Send + Sync + 'static {
         None
     }
 
+    /// When the lazy commits not yet durable must become so (module docs,
+    /// "Lazy commits"); `None` when there are none.
+    fn lazy_deadline(&self) -> Option<std::time::Instant> {
+        None
+    }
+
+    /// Makes every lazy commit durable (an empty durable commit).
+    fn settle(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
     /// Runs `job` at once on the caller's thread from a read snapshot, if
     /// it only reads names and attributes (`GetAttr`, `Lookup`, chained or
     /// not, with no exactly-once identity): answers exactly as
@@ -609,6 +623,8 @@ pub struct RedbStore {
     /// Write transactions committed without an fsync (module docs, "Lazy
     /// commits").
     lazy_commits: std::sync::atomic::AtomicU64,
+    /// When the oldest lazy commit not yet durable was made.
+    lazy_since: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 impl std::fmt::Debug for RedbStore {
@@ -680,6 +696,7 @@ impl RedbStore {
             log: std::sync::Mutex::new(RevocationLog::new()),
             commits: Default::default(),
             lazy_commits: Default::default(),
+            lazy_since: Default::default(),
         })
     }
 
@@ -755,6 +772,10 @@ pub fn is_read_only(req: &Request) -> bool {
         _ => false,
     }
 }
+
+/// The longest a lazy commit stays not durable (module docs, "Lazy
+/// commits").
+pub const LAZY_DURABLE_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Whether an operation's change need not be durable before its answer
 /// (module docs, "Lazy commits").
@@ -875,13 +896,19 @@ impl MetaStore for RedbStore {
         // not be handed out again after a restart.
         if read_only && revoked.is_empty() {
             txn.abort()?;
-        } else if lazy && revoked.is_empty() && txn.set_durability(redb::Durability::None).is_ok() {
+        } else if lazy
+            && revoked.is_empty()
+            && self.lazy_deadline().is_none_or(|d| std::time::Instant::now() < d)
+            && txn.set_durability(redb::Durability::None).is_ok()
+        {
             // (Refused only where the engine cannot: then durably, below.)
             txn.commit()?;
             self.lazy_commits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.lazy_since.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(std::time::Instant::now);
         } else {
             txn.commit()?;
             self.commits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            *self.lazy_since.lock().unwrap_or_else(|p| p.into_inner()) = None;
         }
         // In the log once committed, in commit order (one store thread).
         for r in revoked {
@@ -900,6 +927,20 @@ impl MetaStore for RedbStore {
 
     fn lazy_commits(&self) -> Option<u64> {
         Some(self.lazy_commits.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    fn lazy_deadline(&self) -> Option<std::time::Instant> {
+        self.lazy_since.lock().unwrap_or_else(|p| p.into_inner()).map(|t| t + LAZY_DURABLE_WITHIN)
+    }
+
+    fn settle(&self) -> Result<(), StoreError> {
+        if self.lazy_deadline().is_none() {
+            return Ok(());
+        }
+        self.db.begin_write()?.commit()?;
+        self.commits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        *self.lazy_since.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        Ok(())
     }
 
     fn revoked_credentials(&self) -> Result<Vec<String>, StoreError> {
@@ -2610,12 +2651,30 @@ mod tests {
             ask(&s, &root, publish(400, true)).unwrap();
             mk(&s, &root, ROOT_INO, "h", false, 0o644);
             assert_eq!(seen(&s), 400);
+            drop(s);
+            let s = RedbStore::open(&path, LayoutPolicy::default()).unwrap();
+            assert_eq!(seen(&s), 400, "the lazy commit became durable with the next durable one");
+            // Lazy again, then settled: one durable commit, nothing lazy left.
+            ask(&s, &root, publish(500, true)).unwrap();
+            assert!(s.lazy_deadline().is_some());
+            let durable = s.commits().unwrap();
+            s.settle().unwrap();
+            assert_eq!(s.commits().unwrap(), durable + 1);
+            assert!(s.lazy_deadline().is_none());
+            s.settle().unwrap();
+            assert_eq!(s.commits().unwrap(), durable + 1, "nothing to settle: no commit");
+            // Past the deadline a lazy publish commits durably.
+            ask(&s, &root, publish(600, true)).unwrap();
+            std::thread::sleep(LAZY_DURABLE_WITHIN + std::time::Duration::from_millis(50));
+            let (durable, lazy) = (s.commits().unwrap(), s.lazy_commits().unwrap());
+            ask(&s, &root, publish(700, true)).unwrap();
+            assert_eq!((s.commits().unwrap(), s.lazy_commits().unwrap()), (durable + 1, lazy));
             f.ino
         };
         let s = RedbStore::open(&path, LayoutPolicy::default()).unwrap();
         match ask(&s, &root, Request::GetAttr { ino }).unwrap() {
             Response::Attr { attr } | Response::Entry { attr } => {
-                assert_eq!(attr.size, 400, "the lazy commit became durable with the next durable one")
+                assert_eq!(attr.size, 700, "every lazy commit became durable with a later durable one")
             }
             r => panic!("{r:?}"),
         }

@@ -591,7 +591,7 @@ pub struct SetAttr {
     /// The change need not be durable before the answer: the metadata
     /// server may commit it without an fsync, and it becomes durable with
     /// the next durable commit (any client's create, unlink, or a setattr
-    /// without this flag). What a mount's size publish at `close` sends
+    /// without this flag), at most about a second later. What a mount's size publish at `close` sends
     /// (POSIX asks no durability of `close`; `fsync` publishes without it).
     /// Honoured only where the batch holds nothing else that changes the
     /// namespace (`dafne_meta` store docs, "Lazy commits").

@@ -109,7 +109,11 @@ fn small_file_calls_cost_the_round_trips_counted() {
     assert_eq!(flush_meta, 1, "the size goes to meta in one SetAttr, without a read open (and its close) for the Stat");
     assert_eq!(flush_io, 1, "one Stat, of the one io server the 16 KiB went to (of the layout's 4)");
     assert_eq!(cost(&s1, &s2, "release"), (1, 1, 0));
-    assert_eq!((c2.0 - c1.0, c2.1 - c1.1), (0, 1), "the size published at close is committed lazily: no fsync in meta");
+    // The close's publish is one lazy commit; the store makes it durable
+    // a second later (an empty durable commit: store docs, "Lazy
+    // commits"), which may fall inside this measurement.
+    assert_eq!(c2.1 - c1.1, 1, "the size published at close is committed lazily: no fsync in meta");
+    assert!(c2.0 - c1.0 <= 1, "no durable commit but the settling one: {c1:?} -> {c2:?}");
     assert_eq!(std::fs::metadata(m.path("d/f")).unwrap().len(), data.len() as u64);
 
     // open(O_RDONLY) + read + close
