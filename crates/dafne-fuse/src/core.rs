@@ -43,9 +43,9 @@
 //! The io servers hold the bytes; meta holds the size. After writes, the
 //! size and mtime go to meta on `flush` (each `close(2)`, so the size is exact
 //! when `close` returns), `fsync`, `release` and a lock's release: the size
-//! becomes the largest byte any io server stores (a `Stat` of every server
-//! of the layout, which also writes the file's cached units back and runs
-//! the write verifier), sent as a grow-only size (`SetAttr::grow_to`, one
+//! becomes the largest byte any io server stores (a `Stat` of the servers
+//! of the layout this mount wrote the file on since the last check, which
+//! also writes the file's cached units back and runs the write verifier), sent as a grow-only size (`SetAttr::grow_to`, one
 //! round trip to meta, `lazy`: no fsync in meta, as `close(2)` promises
 //! no durability; `fsync` publishes durably), as in
 //! `dafne_client::file::File`. This runs as the
@@ -125,7 +125,10 @@
 //! compound with a `GetAttr` of the directory, whose answer (the directory
 //! as the change left it) is kept for the kernel's next `GETATTR` of it:
 //! used once, within [`FRESH_DIR_FOR`], and dropped when the watcher says
-//! another session changed the directory ([`Core::changed_elsewhere`]).
+//! another session changed the directory ([`Core::changed_elsewhere`]) or
+//! this mount changes it otherwise (a rename, link, symlink or mknod in
+//! it, a setattr or xattr change of it). The kernel's next path walk
+//! through the directory asks for it, so it is normally used at once.
 //! A change another mount makes between the compound and that `GETATTR`,
 //! not yet heard of, is missed as the kernel's own attribute cache would
 //! miss it (for up to the attribute timeout): the next `GETATTR` asks.
@@ -514,6 +517,15 @@ impl Core {
         }
     }
 
+    /// Another change through this mount to these inodes, one that does
+    /// not bring their new attributes: what was kept of them is old now.
+    fn not_fresh(&self, inos: &[Ino]) {
+        let mut f = self.fresh_dirs();
+        for ino in inos {
+            f.remove(ino);
+        }
+    }
+
     /// The attributes of directory `ino` as this mount's change in it just
     /// left them, once, if that was within [`FRESH_DIR_FOR`].
     fn take_fresh_dir(&self, ino: Ino) -> Option<Attr> {
@@ -667,6 +679,7 @@ impl Core {
     }
 
     fn setattr_counted(&self, c: Caller, ino: Ino, fh: Option<u64>, set: SetAttr) -> Result<Attr, Errno> {
+        self.not_fresh(&[ino]);
         let mut last = None;
         if let Some(size) = set.size {
             let by_fd = fh.and_then(|fh| self.handle_file(fh)).filter(|f| f.cap.rights & RIGHT_WRITE != 0);
@@ -718,6 +731,7 @@ impl Core {
     /// root). Type bits of a directory or symlink, or none that exist, are
     /// `EINVAL` here (the kernel refuses those before asking).
     pub fn mknod(&self, c: Caller, parent: Ino, name: &[u8], mode: u32, rdev: u64) -> Result<Attr, Errno> {
+        self.not_fresh(&[parent]);
         let kind = node_kind(mode).ok_or(Errno::EINVAL)?;
         self.session(c).mknod(parent, name, kind, mode & 0o7777, rdev)
     }
@@ -751,10 +765,12 @@ impl Core {
     }
 
     pub fn symlink(&self, c: Caller, parent: Ino, name: &[u8], target: &[u8]) -> Result<Attr, Errno> {
+        self.not_fresh(&[parent]);
         self.session(c).symlink(parent, name, target)
     }
 
     pub fn link(&self, c: Caller, ino: Ino, new_parent: Ino, new_name: &[u8]) -> Result<Attr, Errno> {
+        self.not_fresh(&[ino, new_parent]);
         self.session(c).link(ino, new_parent, new_name).map(|a| self.local(a))
     }
 
@@ -771,6 +787,7 @@ impl Core {
         new_name: &[u8],
         flags: u32,
     ) -> Result<(), Errno> {
+        self.not_fresh(&[parent, new_parent]);
         self.counted(Op::Rename, || self.session(c).rename_flags(parent, name, new_parent, new_name, flags))
     }
 
@@ -778,6 +795,7 @@ impl Core {
     /// the rules. `security.capability` is refused here as meta refuses it
     /// (see [`Core::getxattr`]).
     pub fn setxattr(&self, c: Caller, ino: Ino, name: &[u8], value: &[u8], flags: u32) -> Result<(), Errno> {
+        self.not_fresh(&[ino]);
         if name == XATTR_FILE_CAPS {
             return Err(Errno::EOPNOTSUPP);
         }
@@ -804,6 +822,7 @@ impl Core {
     }
 
     pub fn removexattr(&self, c: Caller, ino: Ino, name: &[u8]) -> Result<(), Errno> {
+        self.not_fresh(&[ino]);
         self.session(c).removexattr(ino, name)
     }
 
