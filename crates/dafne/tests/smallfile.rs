@@ -8,7 +8,7 @@
 mod common;
 
 use std::collections::HashMap;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
 use std::time::Duration;
 
@@ -178,9 +178,30 @@ fn the_directory_getattr_after_each_create_and_unlink_costs_no_round_trip() {
     assert!(meta <= 3, "{meta} of {calls} getattrs after {N} unlinks went to meta");
     assert_eq!(cost(&s0, &s1, "create"), (N, N, 0), "one compound per create, the directory's attributes in it");
     assert_eq!(cost(&s1, &s2, "unlink"), (N, N, 0));
-    // The directory's attributes are right: its mtime moved with the
-    // changes, and its listing is empty.
+    // The directory's attributes are right: its listing is empty, and
+    // after a create and a rename in it (the rename brings no attributes:
+    // what the create brought is old then) its mtime is what another
+    // mount reads from meta.
     assert!(std::fs::read_dir(m.path("d")).unwrap().next().is_none());
+    let other = c.mount_at("other", &[]);
+    std::fs::write(m.path("d/x"), b"x").unwrap();
+    std::fs::rename(m.path("d/x"), m.path("d/y")).unwrap();
+    let here = std::fs::metadata(m.path("d")).unwrap().modified().unwrap();
+    let there = std::fs::metadata(other.path("d")).unwrap().modified().unwrap();
+    assert_eq!(here, there, "the directory's mtime after the rename");
+    // A create in it, then an attribute set on the directory itself (no
+    // path walk through it between, which would use what the create
+    // brought): the directory's ctime is the attribute's, not the create's.
+    std::fs::write(m.path("d/z"), b"z").unwrap();
+    let d = m.path("d");
+    let set = format!("import os; os.setxattr({:?}, 'user.k', b'v')", p(&d));
+    let o = std::process::Command::new("python3").args(["-c", &set]).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let ctime = |path: &Path| {
+        let md = std::fs::metadata(path).unwrap();
+        (md.ctime(), md.ctime_nsec())
+    };
+    assert_eq!(ctime(&d), ctime(&other.path("d")), "the directory's ctime after the xattr change");
 }
 
 /// What the cuts must keep: a size published lazily at close is what
