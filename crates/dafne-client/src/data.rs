@@ -211,6 +211,11 @@ struct Verifier {
     /// Unstable writes recorded so far.
     seq: u64,
     max: usize,
+    /// A write found the record full and went unrecorded (sent stable):
+    /// from then on the record no longer names every server this client
+    /// wrote a file on, so a close asks them all
+    /// ([`DataClient::stored_size_of_writes`]).
+    overflowed: bool,
 }
 
 impl std::fmt::Debug for Verifier {
@@ -221,7 +226,7 @@ impl std::fmt::Debug for Verifier {
 
 impl Verifier {
     fn new(max: usize) -> Verifier {
-        Verifier { pending: HashMap::new(), seq: 0, max }
+        Verifier { pending: HashMap::new(), seq: 0, max, overflowed: false }
     }
 
     /// Records an unstable write of `object` about to be sent to `server`
@@ -230,6 +235,7 @@ impl Verifier {
     /// instead).
     fn note_write(&mut self, object: u64, server: usize, generation: Generation) -> Option<u64> {
         if self.pending.len() >= self.max && !self.pending.contains_key(&(object, server)) {
+            self.overflowed = true;
             return None;
         }
         self.seq += 1;
@@ -1407,11 +1413,17 @@ impl DataClient {
     /// the servers it did not write to since the last check hold nothing
     /// of its to count or verify, and what others wrote there is theirs
     /// to publish (sizes only grow), so a small file written on one
-    /// server of a wide layout costs one `Stat`, not one per server.
+    /// server of a wide layout costs one `Stat`, not one per server. Once
+    /// the record was full (a write went stable and unrecorded, so it no
+    /// longer names every server written), every server is asked.
     pub async fn stored_size_of_writes(&self, f: &OpenFile) -> Result<u64, Errno> {
         let written: Vec<usize> = {
             let v = self.verifier();
-            layout_servers(f).into_iter().filter(|&s| v.pending.contains_key(&(f.layout.object_id, s))).collect()
+            if v.overflowed {
+                Vec::new()
+            } else {
+                layout_servers(f).into_iter().filter(|&s| v.pending.contains_key(&(f.layout.object_id, s))).collect()
+            }
         };
         if written.is_empty() {
             return self.stored_size(f).await;
@@ -1914,6 +1926,25 @@ mod tests {
         d.servers[0].failed(0, &loss());
         assert_eq!(block_on(d.sync(&g)), Ok(()), "the stable write needs no check");
         assert_eq!(block_on(d.sync(&f)), Err(Errno::EIO), "the recorded one is still checked");
+    }
+
+    /// A write the full record could not hold (sent stable, unrecorded)
+    /// still counts in the size published at close: the close asks every
+    /// server, not only those the record names.
+    #[test]
+    fn past_the_bound_a_close_asks_every_server_for_the_size() {
+        let (_s0, addr0, faults0) = fake_io::start();
+        let (_s1, addr1, faults1) = fake_io::start();
+        let rt = fake_io::runtime("verifier-full-size");
+        let mut d = DataClient::connect(&rt, &[addr0, addr1], crate::fake_io::secret()).unwrap();
+        d.verifier = std::sync::Arc::new(Mutex::new(Verifier::new(1)));
+        let f = fake_io::file_on(31, 2);
+        block_on(d.write_at(&f, 0, b"recorded", Stability::Unstable)).unwrap();
+        block_on(d.write_at(&f, 1 << 20, b"no room", Stability::Unstable)).unwrap();
+        assert_eq!(faults1.stable_writes.load(Ordering::Relaxed), 1, "the second pair did not fit");
+        faults0.stat_size.store(8, Ordering::Relaxed);
+        faults1.stat_size.store((1 << 20) + 7, Ordering::Relaxed);
+        assert_eq!(block_on(d.stored_size_of_writes(&f)), Ok((1 << 20) + 7), "the unrecorded write was not counted");
     }
 
     #[test]
