@@ -778,9 +778,14 @@ pub fn is_read_only(req: &Request) -> bool {
 pub const LAZY_DURABLE_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Whether an operation's change need not be durable before its answer
-/// (module docs, "Lazy commits").
+/// (module docs, "Lazy commits"): a `SetAttr` marked `lazy` that only
+/// grows the size and sets times, the shape of a size publish. The bit on
+/// anything else (a truncate's size, a mode, an owner: a client's own
+/// choice, but not what the bit is for) is ignored: such a change is
+/// durable before its answer, as it was before the bit.
 pub fn is_lazy(req: &Request) -> bool {
-    matches!(req, Request::SetAttr { set, .. } if set.lazy)
+    matches!(req, Request::SetAttr { set, .. }
+        if set.lazy && set.size.is_none() && set.mode.is_none() && set.uid.is_none() && set.gid.is_none())
 }
 
 /// Now, in unix milliseconds (the replay cache's clock).
@@ -2669,12 +2674,20 @@ mod tests {
             let (durable, lazy) = (s.commits().unwrap(), s.lazy_commits().unwrap());
             ask(&s, &root, publish(700, true)).unwrap();
             assert_eq!((s.commits().unwrap(), s.lazy_commits().unwrap()), (durable + 1, lazy));
+            // The bit on anything but a publish (a size, a mode) is
+            // ignored: durable.
+            let (durable, lazy) = (s.commits().unwrap(), s.lazy_commits().unwrap());
+            let set = SetAttr { size: Some(800), lazy: true, ..Default::default() };
+            ask(&s, &root, Request::SetAttr { ino: f.ino, set }).unwrap();
+            let set = SetAttr { mode: Some(0o600), lazy: true, ..Default::default() };
+            ask(&s, &root, Request::SetAttr { ino: f.ino, set }).unwrap();
+            assert_eq!((s.commits().unwrap(), s.lazy_commits().unwrap()), (durable + 2, lazy));
             f.ino
         };
         let s = RedbStore::open(&path, LayoutPolicy::default()).unwrap();
         match ask(&s, &root, Request::GetAttr { ino }).unwrap() {
             Response::Attr { attr } | Response::Entry { attr } => {
-                assert_eq!(attr.size, 700, "every lazy commit became durable with a later durable one")
+                assert_eq!(attr.size, 800, "every lazy commit became durable with a later durable one")
             }
             r => panic!("{r:?}"),
         }
