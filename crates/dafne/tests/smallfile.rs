@@ -269,3 +269,33 @@ fn a_missing_name_is_asked_once_and_shows_at_once_when_another_mount_makes_it() 
     assert_eq!(std::fs::read(a.path("mine")).unwrap(), b"x");
     assert_eq!(std::fs::read(b.path("mine")).unwrap(), b"x");
 }
+
+/// Every way another mount makes a name drops this mount's negative entry
+/// for it at once (the entry timeout is a minute: only the watcher can):
+/// mkdir, symlink, a hard link, a rename into the name, and a rename that
+/// replaces nothing in another directory.
+#[test]
+fn every_kind_of_new_name_elsewhere_drops_a_negative_entry() {
+    let c = Cluster::start_with_config("[mount]\nentry_timeout_ms = 60000\n");
+    let a = c.mount_at("a", &[]);
+    let b = c.mount_at("b", &[]);
+    std::fs::create_dir(b.path("sub")).unwrap();
+    std::fs::write(b.path("src"), b"linked").unwrap();
+    std::fs::write(b.path("sub/moved"), b"moved").unwrap();
+    std::fs::write(b.path("sub/other"), b"other").unwrap();
+    wait_for("b's files on a", || a.path("sub/other").exists() && a.path("src").exists());
+    let names = ["n-dir", "n-sym", "n-link", "n-renamed", "sub/n-renamed-here"];
+    for n in names {
+        assert_eq!(std::fs::symlink_metadata(a.path(n)).unwrap_err().kind(), std::io::ErrorKind::NotFound, "{n}");
+    }
+    std::fs::create_dir(b.path("n-dir")).unwrap();
+    std::os::unix::fs::symlink("src", b.path("n-sym")).unwrap();
+    std::fs::hard_link(b.path("src"), b.path("n-link")).unwrap();
+    std::fs::rename(b.path("sub/moved"), b.path("n-renamed")).unwrap();
+    std::fs::rename(b.path("sub/other"), b.path("sub/n-renamed-here")).unwrap();
+    wait_for("mkdir elsewhere", || a.path("n-dir").is_dir());
+    wait_for("symlink elsewhere", || std::fs::read_link(a.path("n-sym")).is_ok());
+    wait_for("link elsewhere", || std::fs::read(a.path("n-link")).is_ok_and(|d| d == b"linked"));
+    wait_for("rename elsewhere", || std::fs::read(a.path("n-renamed")).is_ok_and(|d| d == b"moved"));
+    wait_for("rename in a subdirectory", || std::fs::read(a.path("sub/n-renamed-here")).is_ok_and(|d| d == b"other"));
+}
