@@ -211,6 +211,11 @@ struct Verifier {
     /// Unstable writes recorded so far.
     seq: u64,
     max: usize,
+    /// A write found the record full and went unrecorded (sent stable):
+    /// from then on the record no longer names every server this client
+    /// wrote a file on, so a close asks them all
+    /// ([`DataClient::stored_size_of_writes`]).
+    overflowed: bool,
 }
 
 impl std::fmt::Debug for Verifier {
@@ -221,7 +226,7 @@ impl std::fmt::Debug for Verifier {
 
 impl Verifier {
     fn new(max: usize) -> Verifier {
-        Verifier { pending: HashMap::new(), seq: 0, max }
+        Verifier { pending: HashMap::new(), seq: 0, max, overflowed: false }
     }
 
     /// Records an unstable write of `object` about to be sent to `server`
@@ -230,6 +235,7 @@ impl Verifier {
     /// instead).
     fn note_write(&mut self, object: u64, server: usize, generation: Generation) -> Option<u64> {
         if self.pending.len() >= self.max && !self.pending.contains_key(&(object, server)) {
+            self.overflowed = true;
             return None;
         }
         self.seq += 1;
@@ -451,6 +457,14 @@ struct Part {
     server: usize,
     extents: Vec<IoExtent>,
     bytes: usize,
+}
+
+/// The io servers of a file's layout, each once.
+fn layout_servers(f: &OpenFile) -> Vec<usize> {
+    let mut ids: Vec<usize> = f.layout.servers.iter().map(|s| *s as usize).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids
 }
 
 fn io_err(e: dafne_transport::TransportError) -> Errno {
@@ -787,6 +801,7 @@ impl DataClient {
         let epoch = check.map(|(object, _)| self.verifier().epoch(object, server));
         let req = stable_instead.as_ref().unwrap_or(req);
         let reply = async {
+            crate::calls::io_sent();
             let bytes = c.call_async(encode_io_request(Envelope::new(0, 0, 0), req)).await.map_err(|e| {
                 link.failed(generation, &e);
                 io_err(e)
@@ -1335,11 +1350,18 @@ impl DataClient {
         &self,
         f: &OpenFile,
         req: IoRequest,
+        each: impl FnMut(IoResponse) -> T,
+    ) -> Result<Vec<T>, Errno> {
+        self.servers_of(layout_servers(f), req, each).await
+    }
+
+    /// [`Self::every_server`] on the servers `ids` only.
+    async fn servers_of<T>(
+        &self,
+        ids: Vec<usize>,
+        req: IoRequest,
         mut each: impl FnMut(IoResponse) -> T,
     ) -> Result<Vec<T>, Errno> {
-        let mut ids: Vec<usize> = f.layout.servers.iter().map(|s| *s as usize).collect();
-        ids.sort_unstable();
-        ids.dedup();
         let calls = ids.into_iter().map(|id| {
             let req = req.clone();
             async move { self.call(id, &req).await }
@@ -1380,8 +1402,38 @@ impl DataClient {
 
     /// The file's size as the servers hold it: the largest byte stored + 1.
     pub async fn stored_size(&self, f: &OpenFile) -> Result<u64, Errno> {
+        self.stat_servers(f, layout_servers(f)).await
+    }
+
+    /// The largest byte + 1 stored on the servers of the file that hold
+    /// unstable writes of this client not yet checked by a `Stat` or
+    /// `Sync` (the write verifier's record, module docs), checking them;
+    /// on every server of the layout when there is none. What a writer
+    /// publishes at close (`dafne_fuse::core`, "Publishing the size"):
+    /// the servers it did not write to since the last check hold nothing
+    /// of its to count or verify, and what others wrote there is theirs
+    /// to publish (sizes only grow), so a small file written on one
+    /// server of a wide layout costs one `Stat`, not one per server. Once
+    /// the record was full (a write went stable and unrecorded, so it no
+    /// longer names every server written), every server is asked.
+    pub async fn stored_size_of_writes(&self, f: &OpenFile) -> Result<u64, Errno> {
+        let written: Vec<usize> = {
+            let v = self.verifier();
+            if v.overflowed {
+                Vec::new()
+            } else {
+                layout_servers(f).into_iter().filter(|&s| v.pending.contains_key(&(f.layout.object_id, s))).collect()
+            }
+        };
+        if written.is_empty() {
+            return self.stored_size(f).await;
+        }
+        self.stat_servers(f, written).await
+    }
+
+    async fn stat_servers(&self, f: &OpenFile, ids: Vec<usize>) -> Result<u64, Errno> {
         let sizes = self
-            .every_server(f, IoRequest::Stat { cap: f.cap }, |r| match r {
+            .servers_of(ids, IoRequest::Stat { cap: f.cap }, |r| match r {
                 IoResponse::Stat { size } => size,
                 _ => 0,
             })
@@ -1816,7 +1868,9 @@ mod tests {
         block_on(d.write_at(&g, 0, b"again", Stability::Unstable)).unwrap();
         d.servers[0].failed(1, &loss());
         std::thread::sleep(crate::link::RETRY_EVERY); // the link tries again only after this
-        assert_eq!(block_on(d.stored_size(&f)), Err(Errno::EIO), "a close after the loss");
+                                                      // (Only the servers written are asked: the one that lost them.)
+        assert_eq!(block_on(d.stored_size_of_writes(&f)), Err(Errno::EIO), "a close after the loss");
+        assert_eq!(block_on(d.stored_size(&f)), Err(Errno::EIO), "every stat until a sync reported it");
         assert_eq!(block_on(d.sync(&f)), Err(Errno::EIO), "fsync after a close that reported the loss");
         assert_eq!(block_on(d.sync(&f)), Ok(()));
         block_on(d.remove(&g)).unwrap();
@@ -1872,6 +1926,25 @@ mod tests {
         d.servers[0].failed(0, &loss());
         assert_eq!(block_on(d.sync(&g)), Ok(()), "the stable write needs no check");
         assert_eq!(block_on(d.sync(&f)), Err(Errno::EIO), "the recorded one is still checked");
+    }
+
+    /// A write the full record could not hold (sent stable, unrecorded)
+    /// still counts in the size published at close: the close asks every
+    /// server, not only those the record names.
+    #[test]
+    fn past_the_bound_a_close_asks_every_server_for_the_size() {
+        let (_s0, addr0, faults0) = fake_io::start();
+        let (_s1, addr1, faults1) = fake_io::start();
+        let rt = fake_io::runtime("verifier-full-size");
+        let mut d = DataClient::connect(&rt, &[addr0, addr1], crate::fake_io::secret()).unwrap();
+        d.verifier = std::sync::Arc::new(Mutex::new(Verifier::new(1)));
+        let f = fake_io::file_on(31, 2);
+        block_on(d.write_at(&f, 0, b"recorded", Stability::Unstable)).unwrap();
+        block_on(d.write_at(&f, 1 << 20, b"no room", Stability::Unstable)).unwrap();
+        assert_eq!(faults1.stable_writes.load(Ordering::Relaxed), 1, "the second pair did not fit");
+        faults0.stat_size.store(8, Ordering::Relaxed);
+        faults1.stat_size.store((1 << 20) + 7, Ordering::Relaxed);
+        assert_eq!(block_on(d.stored_size_of_writes(&f)), Ok((1 << 20) + 7), "the unrecorded write was not counted");
     }
 
     #[test]

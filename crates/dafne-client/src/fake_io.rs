@@ -29,6 +29,8 @@ pub(crate) struct Faults {
     /// Writes arrived and not yet answered, and the most at once.
     pub writes_in_flight: AtomicU64,
     pub max_writes_in_flight: AtomicU64,
+    /// What a `Stat` answers (0 unless set).
+    pub stat_size: AtomicU64,
 }
 
 struct FakeIo {
@@ -48,7 +50,7 @@ impl Service for FakeIo {
                     IoRequest::Write { .. } => Ok(IoResponse::Write { bytes: r.total_bytes() }),
                     IoRequest::Sync { .. } if faults.fail_syncs.load(Ordering::Relaxed) => Err(Errno::EAGAIN),
                     IoRequest::Read { .. } => Err(Errno::EIO),
-                    IoRequest::Stat { .. } => Ok(IoResponse::Stat { size: 0 }),
+                    IoRequest::Stat { .. } => Ok(IoResponse::Stat { size: faults.stat_size.load(Ordering::Relaxed) }),
                     IoRequest::ServerInfo { .. } => Err(Errno::ENOSYS),
                     // Like an io server: the login keys the frames.
                     IoRequest::Login { client_name, nonce, mac, credential } => {

@@ -297,18 +297,11 @@ impl File {
 
     fn try_publish_size(&self) -> Result<(), Errno> {
         let ino = self.open.attr.ino;
-        let stored = if self.open.cap.rights & dafne_proto::RIGHT_READ != 0 {
-            futures::executor::block_on(self.fs.data.stored_size(&self.open))?
-        } else {
-            // The io servers tell the stored size only to a capability that
-            // may read: a write-only handle asks meta for one (as the mount
-            // does), and releases that open right away.
-            let reader = self.fs.meta.open(ino, dafne_proto::OPEN_READ)?;
-            let r = futures::executor::block_on(self.fs.data.stored_size(&reader));
-            if let Err(e) = self.fs.meta.close(reader.layout.object_id) {
-                tracing::debug!("closing object {} in meta: {e}", reader.layout.object_id);
+        let stored = match futures::executor::block_on(self.fs.data.stored_size(&self.open)) {
+            Err(Errno::EACCES) if self.open.cap.rights & dafne_proto::RIGHT_READ == 0 => {
+                self.stored_size_as_reader(ino)?
             }
-            r?
+            r => r?,
         };
         let current = self.fs.meta.getattr(ino)?.size;
         if stored > current {
@@ -316,6 +309,19 @@ impl File {
         }
         self.size.store(stored.max(current), Ordering::Relaxed);
         Ok(())
+    }
+
+    /// The stored size through a reading capability: io servers before
+    /// protocol 14 tell it only to one that may read, so a write-only
+    /// handle asks meta for one (as the mount does), and releases that
+    /// open right away. (Newer ones answer the writer's own.)
+    fn stored_size_as_reader(&self, ino: Ino) -> Result<u64, Errno> {
+        let reader = self.fs.meta.open(ino, dafne_proto::OPEN_READ)?;
+        let r = futures::executor::block_on(self.fs.data.stored_size(&reader));
+        if let Err(e) = self.fs.meta.close(reader.layout.object_id) {
+            tracing::debug!("closing object {} in meta: {e}", reader.layout.object_id);
+        }
+        r
     }
 }
 

@@ -46,6 +46,7 @@
 //! claimed back on every new connection like the opens (module [`locks`]).
 //! The keepalive also runs while the session holds a lock.
 
+pub mod calls;
 pub mod cluster;
 pub mod cq;
 pub mod data;
@@ -436,6 +437,7 @@ impl MetaSession {
         });
         let env = Envelope { session: session.as_ref().map(|(s, _)| *s), ..self.envelope(tag) };
         let payload = encode_request(env, &req);
+        calls::meta_sent();
         let call = self.inner.link.get().map(|(c, generation)| (c.call_async(payload.clone()), generation));
         let (uid, gid) = (self.uid, self.gid);
         async move {
@@ -447,6 +449,7 @@ impl MetaSession {
                 let Some((pending, generation)) = call.take() else {
                     if retrying && began.elapsed() < RETRY_DEADLINE {
                         std::thread::sleep(link::RETRY_EVERY);
+                        calls::meta_sent();
                         call = inner.link.get().map(|(c, g)| (c.call_async(payload.clone()), g));
                         continue;
                     }
@@ -460,6 +463,7 @@ impl MetaSession {
                             return Err(io_err(e));
                         }
                         tracing::debug!("connection lost under a non-idempotent call ({e}): sending it again");
+                        calls::meta_sent();
                         call = inner.link.get().map(|(c, g)| (c.call_async(payload.clone()), g));
                     }
                 }
@@ -477,6 +481,7 @@ impl MetaSession {
                     if let Some((c, g)) = (!late.is_empty()).then(|| inner.link.get()).flatten() {
                         let req = Request::Reopen { held: late };
                         let tag = inner.next_tag.fetch_add(1, Ordering::Relaxed);
+                        calls::meta_sent();
                         if let Err(e) = c.call_async(encode_request(Envelope::new(tag, uid, gid), &req)).await {
                             inner.link.failed(g, &e);
                         }

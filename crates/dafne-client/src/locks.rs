@@ -334,6 +334,9 @@ impl MetaSession {
                 continue;
             };
             let payload = encode_request(self.envelope(tag), &req);
+            if !matches!(req, Request::Watch { .. }) {
+                crate::calls::meta_sent();
+            }
             let answer = if unbounded {
                 futures::executor::block_on(c.call_async_unbounded(payload))
             } else {

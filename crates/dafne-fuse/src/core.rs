@@ -43,10 +43,12 @@
 //! The io servers hold the bytes; meta holds the size. After writes, the
 //! size and mtime go to meta on `flush` (each `close(2)`, so the size is exact
 //! when `close` returns), `fsync`, `release` and a lock's release: the size
-//! becomes the largest byte any io server stores (a `Stat` of every server
-//! of the layout, which also writes the file's cached units back and runs
-//! the write verifier), sent as a grow-only size (`SetAttr::grow_to`, one
-//! round trip to meta), as in `dafne_client::file::File`. This runs as the
+//! becomes the largest byte any io server stores (a `Stat` of the servers
+//! of the layout this mount wrote the file on since the last check, which
+//! also writes the file's cached units back and runs the write verifier), sent as a grow-only size (`SetAttr::grow_to`, one
+//! round trip to meta, `lazy`: no fsync in meta, as `close(2)` promises
+//! no durability; `fsync` publishes durably), as in
+//! `dafne_client::file::File`. This runs as the
 //! daemon's own (root) session: the writer was allowed to write when it
 //! opened; publishing what it wrote must not fail on a later chmod.
 //!
@@ -61,8 +63,9 @@
 //! Every namespace operation runs as the caller (`MetaSession::as_caller`, with the caller's groups), so
 //! the metadata server applies POSIX rules to the right user and its errno
 //! is the answer. Exceptions, each for a reason: the publishing above; a
-//! `Stat` for a write-only handle uses a read capability the daemon asks
-//! for (the io servers demand read rights for `Stat`), and an `fsync`
+//! `Stat` for a write-only handle, where an io server older than protocol
+//! 14 demands read rights for it, uses a read capability the daemon asks
+//! for (newer ones take the writer's own), and an `fsync`
 //! through a read-only handle a write capability (they demand write rights
 //! for `Sync`; POSIX lets any descriptor flush the file); and a file just
 //! created exclusively by the caller is opened as root if its own mode
@@ -116,6 +119,30 @@
 //! `alarm` + `F_SETLKW` or `flock -w` do not end the wait, which ends
 //! when the lock is granted (a killed process then exits and releases
 //! it).
+//!
+//! # Directories just changed
+//! The kernel (with `default_permissions`) drops a directory's attributes
+//! after each create, unlink, mkdir or rmdir in it, and asks for them again
+//! (`GETATTR`) before the next path walk through it: one more round trip to
+//! meta per created or removed file. So those changes go to meta in one
+//! compound with a `GetAttr` of the directory, whose answer (the directory
+//! as the change left it) is kept for the kernel's next `GETATTR` of it:
+//! used once, within [`FRESH_DIR_FOR`], and dropped when the watcher says
+//! another session changed the directory ([`Core::changed_elsewhere`]) or
+//! this mount changes it otherwise (a rename, link, symlink or mknod in
+//! it, a setattr or xattr change of it). The kernel's next path walk
+//! through the directory asks for it, so it is normally used at once.
+//! A change another mount makes between the compound and that `GETATTR`,
+//! not yet heard of, is missed as the kernel's own attribute cache would
+//! miss it (for up to the attribute timeout): the next `GETATTR` asks.
+//!
+//! # Round trips
+//! Each operation counts the requests it waited for, to meta and to io
+//! servers (`dafne_client::calls`: per thread, so other threads' requests
+//! meanwhile do not count), by operation ([`Core::op_counts`]; the stats
+//! file's `op_*` lines). Writes that write-behind sends later count on its
+//! thread, not on the `write` that queued them. The small-file path's
+//! costs, measured with them, are in docs/BENCHMARKS.md ("PostMark").
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -352,6 +379,80 @@ pub struct RegistrationCounters {
     pub registered_bytes: u64,
 }
 
+/// The operations whose round trips are counted (module docs, "Round
+/// trips").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    Lookup,
+    Getattr,
+    Setattr,
+    Create,
+    Open,
+    Read,
+    Write,
+    Flush,
+    Fsync,
+    Release,
+    Unlink,
+    Mkdir,
+    Rename,
+}
+
+impl Op {
+    pub const ALL: [Op; 13] = [
+        Op::Lookup,
+        Op::Getattr,
+        Op::Setattr,
+        Op::Create,
+        Op::Open,
+        Op::Read,
+        Op::Write,
+        Op::Flush,
+        Op::Fsync,
+        Op::Release,
+        Op::Unlink,
+        Op::Mkdir,
+        Op::Rename,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Lookup => "lookup",
+            Op::Getattr => "getattr",
+            Op::Setattr => "setattr",
+            Op::Create => "create",
+            Op::Open => "open",
+            Op::Read => "read",
+            Op::Write => "write",
+            Op::Flush => "flush",
+            Op::Fsync => "fsync",
+            Op::Release => "release",
+            Op::Unlink => "unlink",
+            Op::Mkdir => "mkdir",
+            Op::Rename => "rename",
+        }
+    }
+}
+
+/// What the operations of one kind cost so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OpCount {
+    /// Operations answered.
+    pub calls: u64,
+    /// Requests they sent to meta and waited for.
+    pub meta: u64,
+    /// Requests they sent to io servers and waited for.
+    pub io: u64,
+}
+
+/// How long a directory's attributes fetched with a change in it answer
+/// the kernel's next `GETATTR` of it (module docs, "Directories just
+/// changed"); the kernel asks right after the change returns.
+pub const FRESH_DIR_FOR: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Most directories whose fresh attributes are kept.
+const FRESH_DIRS_MAX: usize = 1024;
+
 /// Most lock owners a handle remembers (module docs, "Locks"); an open
 /// file shared by more processes that all lock through it leaves the
 /// locks of the later ones to their own closes (`flush`) or leases.
@@ -366,6 +467,11 @@ pub struct Core {
     stats_file: Option<PathBuf>,
     readahead: Option<ReadAhead>,
     writebehind: Option<WriteBehind>,
+    /// By [`Op`], in [`Op::ALL`]'s order.
+    ops: Mutex<[OpCount; Op::ALL.len()]>,
+    /// Directories just changed through this mount, with their attributes
+    /// after the change (module docs, "Directories just changed").
+    fresh_dirs: Mutex<HashMap<Ino, (Attr, std::time::Instant)>>,
 }
 
 impl std::fmt::Debug for Core {
@@ -393,7 +499,72 @@ impl Core {
             stats_file: None,
             readahead: None,
             writebehind: None,
+            ops: Mutex::new([OpCount::default(); Op::ALL.len()]),
+            fresh_dirs: Mutex::new(HashMap::new()),
         }
+    }
+
+    fn fresh_dirs(&self) -> MutexGuard<'_, HashMap<Ino, (Attr, std::time::Instant)>> {
+        self.fresh_dirs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Keeps directory attributes fetched with a change in it (module
+    /// docs, "Directories just changed").
+    fn keep_fresh_dir(&self, r: Option<&Result<Response, Errno>>) {
+        if let Some(Ok(Response::Attr { attr } | Response::Entry { attr })) = r {
+            let mut f = self.fresh_dirs();
+            if f.len() >= FRESH_DIRS_MAX {
+                f.clear();
+            }
+            f.insert(attr.ino, (*attr, std::time::Instant::now()));
+        }
+    }
+
+    /// Another change through this mount to these inodes, one that does
+    /// not bring their new attributes: what was kept of them is old now.
+    fn not_fresh(&self, inos: &[Ino]) {
+        let mut f = self.fresh_dirs();
+        for ino in inos {
+            f.remove(ino);
+        }
+    }
+
+    /// The attributes of directory `ino` as this mount's change in it just
+    /// left them, once, if that was within [`FRESH_DIR_FOR`].
+    fn take_fresh_dir(&self, ino: Ino) -> Option<Attr> {
+        let (a, at) = self.fresh_dirs().remove(&ino)?;
+        (at.elapsed() < FRESH_DIR_FOR).then_some(a)
+    }
+
+    /// Runs `req`, a change in directory `parent`, in one compound with a
+    /// `GetAttr` of `parent`, whose answer is kept (module docs,
+    /// "Directories just changed"); the change's own answer.
+    fn change_in_dir(&self, s: &MetaSession, parent: Ino, req: Request) -> Result<Response, Errno> {
+        let ops =
+            vec![CompoundOp { chain: false, req }, CompoundOp { chain: false, req: Request::GetAttr { ino: parent } }];
+        let results = s.compound(ops)?;
+        self.keep_fresh_dir(results.get(1));
+        results.into_iter().next().ok_or(Errno::EPROTO)?
+    }
+
+    /// Runs operation `op`, counting its round trips (module docs, "Round
+    /// trips").
+    fn counted<T>(&self, op: Op, f: impl FnOnce() -> T) -> T {
+        let before = dafne_client::calls::this_thread();
+        let r = f();
+        let d = dafne_client::calls::this_thread().since(before);
+        let mut ops = self.ops.lock().unwrap_or_else(|p| p.into_inner());
+        let c = &mut ops[op as usize];
+        c.calls += 1;
+        c.meta += d.meta;
+        c.io += d.io;
+        r
+    }
+
+    /// The round trips of each operation so far.
+    pub fn op_counts(&self) -> Vec<(Op, OpCount)> {
+        let ops = *self.ops.lock().unwrap_or_else(|p| p.into_inner());
+        Op::ALL.iter().map(|&op| (op, ops[op as usize])).collect()
     }
 
     /// Sequential reads through this mount's handles are answered from
@@ -440,7 +611,9 @@ impl Core {
         r
     }
 
-    /// Writes [`RegistrationCounters`] to `path` after each `flush`.
+    /// Writes [`RegistrationCounters`], read-ahead, write-behind and the
+    /// operations' round trips ([`Core::op_counts`]) to `path` after each
+    /// `flush` and `release`.
     pub fn with_stats_file(mut self, path: PathBuf) -> Core {
         self.stats_file = Some(path);
         self
@@ -484,15 +657,18 @@ impl Core {
     }
 
     pub fn lookup(&self, c: Caller, parent: Ino, name: &[u8]) -> Result<Attr, Errno> {
-        self.session(c).lookup(parent, name).map(|a| self.local(a))
+        self.counted(Op::Lookup, || self.session(c).lookup(parent, name).map(|a| self.local(a)))
     }
 
     pub fn getattr(&self, c: Caller, ino: Ino) -> Result<Attr, Errno> {
-        match self.session(c).getattr(ino) {
+        if let Some(a) = self.take_fresh_dir(ino) {
+            return self.counted(Op::Getattr, || Ok(a));
+        }
+        self.counted(Op::Getattr, || match self.session(c).getattr(ino) {
             Ok(a) => Ok(self.local(a)),
             Err(Errno::ENOENT) => self.unlinked(ino).ok_or(Errno::ENOENT),
             Err(e) => Err(e),
-        }
+        })
     }
 
     /// `setattr`; a size truncates or extends the data on the io servers
@@ -502,6 +678,11 @@ impl Core {
     /// through the descriptor that created it). Otherwise the caller must
     /// be allowed to open the file for writing.
     pub fn setattr(&self, c: Caller, ino: Ino, fh: Option<u64>, set: SetAttr) -> Result<Attr, Errno> {
+        self.counted(Op::Setattr, || self.setattr_counted(c, ino, fh, set))
+    }
+
+    fn setattr_counted(&self, c: Caller, ino: Ino, fh: Option<u64>, set: SetAttr) -> Result<Attr, Errno> {
+        self.not_fresh(&[ino]);
         let mut last = None;
         if let Some(size) = set.size {
             let by_fd = fh.and_then(|fh| self.handle_file(fh)).filter(|f| f.cap.rights & RIGHT_WRITE != 0);
@@ -553,27 +734,46 @@ impl Core {
     /// root). Type bits of a directory or symlink, or none that exist, are
     /// `EINVAL` here (the kernel refuses those before asking).
     pub fn mknod(&self, c: Caller, parent: Ino, name: &[u8], mode: u32, rdev: u64) -> Result<Attr, Errno> {
+        self.not_fresh(&[parent]);
         let kind = node_kind(mode).ok_or(Errno::EINVAL)?;
         self.session(c).mknod(parent, name, kind, mode & 0o7777, rdev)
     }
 
     pub fn mkdir(&self, c: Caller, parent: Ino, name: &[u8], mode: u32) -> Result<Attr, Errno> {
-        self.session(c).mkdir(parent, name, mode & 0o7777)
+        self.counted(Op::Mkdir, || {
+            let req = Request::Mkdir { parent, name: name.to_vec(), mode: mode & 0o7777 };
+            match self.change_in_dir(&self.session(c), parent, req)? {
+                Response::Entry { attr } | Response::Attr { attr } => Ok(attr),
+                _ => Err(Errno::EPROTO),
+            }
+        })
     }
 
     pub fn unlink(&self, c: Caller, parent: Ino, name: &[u8]) -> Result<(), Errno> {
-        self.session(c).unlink(parent, name)
+        self.counted(Op::Unlink, || {
+            let req = Request::Unlink { parent, name: name.to_vec() };
+            match self.change_in_dir(&self.session(c), parent, req)? {
+                Response::Done => Ok(()),
+                _ => Err(Errno::EPROTO),
+            }
+        })
     }
 
     pub fn rmdir(&self, c: Caller, parent: Ino, name: &[u8]) -> Result<(), Errno> {
-        self.session(c).rmdir(parent, name)
+        let req = Request::Rmdir { parent, name: name.to_vec() };
+        match self.change_in_dir(&self.session(c), parent, req)? {
+            Response::Done => Ok(()),
+            _ => Err(Errno::EPROTO),
+        }
     }
 
     pub fn symlink(&self, c: Caller, parent: Ino, name: &[u8], target: &[u8]) -> Result<Attr, Errno> {
+        self.not_fresh(&[parent]);
         self.session(c).symlink(parent, name, target)
     }
 
     pub fn link(&self, c: Caller, ino: Ino, new_parent: Ino, new_name: &[u8]) -> Result<Attr, Errno> {
+        self.not_fresh(&[ino, new_parent]);
         self.session(c).link(ino, new_parent, new_name).map(|a| self.local(a))
     }
 
@@ -590,13 +790,15 @@ impl Core {
         new_name: &[u8],
         flags: u32,
     ) -> Result<(), Errno> {
-        self.session(c).rename_flags(parent, name, new_parent, new_name, flags)
+        self.not_fresh(&[parent, new_parent]);
+        self.counted(Op::Rename, || self.session(c).rename_flags(parent, name, new_parent, new_name, flags))
     }
 
     /// `setxattr` (`flags`: `XATTR_CREATE`, `XATTR_REPLACE`); meta applies
     /// the rules. `security.capability` is refused here as meta refuses it
     /// (see [`Core::getxattr`]).
     pub fn setxattr(&self, c: Caller, ino: Ino, name: &[u8], value: &[u8], flags: u32) -> Result<(), Errno> {
+        self.not_fresh(&[ino]);
         if name == XATTR_FILE_CAPS {
             return Err(Errno::EOPNOTSUPP);
         }
@@ -623,6 +825,7 @@ impl Core {
     }
 
     pub fn removexattr(&self, c: Caller, ino: Ino, name: &[u8]) -> Result<(), Errno> {
+        self.not_fresh(&[ino]);
         self.session(c).removexattr(ino, name)
     }
 
@@ -716,8 +919,10 @@ impl Core {
 
     /// Opens a regular file; `O_TRUNC` empties it on the io servers too.
     pub fn open(&self, c: Caller, ino: Ino, mode: OpenMode) -> Result<(u64, Attr), Errno> {
-        let file = self.session(c).open(ino, mode.meta_flags())?;
-        self.opened(file, mode.trunc)
+        self.counted(Op::Open, || {
+            let file = self.session(c).open(ino, mode.meta_flags())?;
+            self.opened(file, mode.trunc)
+        })
     }
 
     fn opened(&self, file: OpenFile, trunc: bool) -> Result<(u64, Attr), Errno> {
@@ -736,9 +941,23 @@ impl Core {
         Ok((fh, attr))
     }
 
-    /// Creates and opens `name` in one round trip (create + open chained).
+    /// Creates and opens `name` in one round trip (create + open chained,
+    /// with the directory's attributes: module docs, "Directories just
+    /// changed").
     /// Without `exclusive`, an existing file is opened instead.
     pub fn create(
+        &self,
+        c: Caller,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        open: OpenMode,
+        exclusive: bool,
+    ) -> Result<(u64, Attr), Errno> {
+        self.counted(Op::Create, || self.create_counted(c, parent, name, mode, open, exclusive))
+    }
+
+    fn create_counted(
         &self,
         c: Caller,
         parent: Ino,
@@ -754,8 +973,13 @@ impl Core {
                 req: Request::Create { parent, name: name.to_vec(), mode: mode & 0o7777, exclusive: true, hint: None },
             },
             CompoundOp { chain: true, req: Request::Open { ino: 0, flags: open.meta_flags() & !OPEN_TRUNC } },
+            // The directory as the create left it (module docs, "Directories
+            // just changed").
+            CompoundOp { chain: false, req: Request::GetAttr { ino: parent } },
         ];
-        let mut results = s.compound(ops)?.into_iter();
+        let results = s.compound(ops)?;
+        self.keep_fresh_dir(results.get(2));
+        let mut results = results.into_iter();
         match (results.next(), results.next()) {
             (Some(Ok(_)), Some(Ok(Response::Opened { attr, layout, cap }))) => {
                 self.opened(OpenFile { attr, layout, cap }, false)
@@ -782,6 +1006,10 @@ impl Core {
     /// requests, handed to `f`: no allocation (and no page faults on fresh
     /// memory) per request on the hot path.
     pub fn read_with<R>(&self, fh: u64, offset: u64, size: u32, f: impl FnOnce(Result<&[u8], Errno>) -> R) -> R {
+        self.counted(Op::Read, || self.read_counted(fh, offset, size, f))
+    }
+
+    fn read_counted<R>(&self, fh: u64, offset: u64, size: u32, f: impl FnOnce(Result<&[u8], Errno>) -> R) -> R {
         thread_local! {
             static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
         }
@@ -824,6 +1052,10 @@ impl Core {
     /// Writes `data` at `offset` (unstable: the io servers may cache it
     /// until `fsync`).
     pub fn write(&self, fh: u64, offset: u64, data: &[u8]) -> Result<usize, Errno> {
+        self.counted(Op::Write, || self.write_counted(fh, offset, data))
+    }
+
+    fn write_counted(&self, fh: u64, offset: u64, data: &[u8]) -> Result<usize, Errno> {
         let (file, ino, mut cursor, changes) = {
             let t = self.table();
             let h = t.handles.get(&fh).ok_or(Errno::EBADF)?;
@@ -904,7 +1136,7 @@ impl Core {
 
     /// Publishes the size if this mount wrote since the last publish.
     pub fn flush(&self, fh: u64) -> Result<(), Errno> {
-        let r = self.publish_if_dirty(fh);
+        let r = self.counted(Op::Flush, || self.publish_if_dirty(fh));
         self.write_stats();
         r
     }
@@ -932,6 +1164,7 @@ impl Core {
     /// mount has it open, what it knows of its bytes and size is refreshed
     /// as after a lock grant.
     pub fn changed_elsewhere(&self, ino: Ino) {
+        self.fresh_dirs().remove(&ino);
         if self.table().inodes.contains_key(&ino) {
             self.lock_granted(ino);
         }
@@ -976,6 +1209,10 @@ impl Core {
 
     /// Makes the written data durable on the io servers and the size exact.
     pub fn fsync(&self, fh: u64) -> Result<(), Errno> {
+        self.counted(Op::Fsync, || self.fsync_counted(fh))
+    }
+
+    fn fsync_counted(&self, fh: u64) -> Result<(), Errno> {
         let (file, ino) = {
             let t = self.table();
             let h = t.handles.get(&fh).ok_or(Errno::EBADF)?;
@@ -1004,12 +1241,19 @@ impl Core {
         if let Some(st) = self.table().inodes.get_mut(&ino) {
             st.dirty = false;
         }
-        self.publish(ino, &file)
+        self.publish(ino, &file, false)
     }
 
     /// Forgets a handle, publishing the size first if needed, and closes
     /// it in meta (the last close of an unlinked file lets its data go).
     pub fn release(&self, fh: u64) -> Result<(), Errno> {
+        let r = self.counted(Op::Release, || self.release_counted(fh));
+        // After each release too: a test reads a close's whole cost.
+        self.write_stats();
+        r
+    }
+
+    fn release_counted(&self, fh: u64) -> Result<(), Errno> {
         let r = self.publish_if_dirty(fh);
         let (file, unlocked) = {
             let mut t = self.table();
@@ -1096,7 +1340,7 @@ impl Core {
             }
             (file, ino)
         };
-        self.publish(ino, &file)
+        self.publish(ino, &file, true)
     }
 
     /// Sets the size or times this mount's writes made, as the daemon;
@@ -1118,17 +1362,32 @@ impl Core {
     /// the write verifier (`dafne_client::data`), so a close reports a
     /// write an io server lost, and a size never counts bytes that did not
     /// arrive or that another mount's truncate removed.
-    fn publish(&self, ino: Ino, file: &Arc<OpenFile>) -> Result<(), Errno> {
-        let stored = if file.cap.rights & RIGHT_READ != 0 {
-            block(self.data.stored_size(file))
-        } else {
-            let stat_file = self.meta.open(ino, OPEN_READ)?;
-            let r = block(self.data.stored_size(&stat_file));
-            self.close_in_meta(&stat_file);
-            r
+    ///
+    /// The `Stat` goes to the servers this mount wrote the file on since
+    /// the last check (`DataClient::stored_size_of_writes`: one for a
+    /// small file, whatever the layout's width), or to all of them when
+    /// that is none (after an `fsync`'s `Sync`), with the handle's own capability, read or write (io
+    /// servers from protocol 14 on answer a `Stat` for either: a writer
+    /// may know the size it writes to); only an io server that still
+    /// wants read rights (`EACCES`) costs the daemon a read open in meta
+    /// and its close, two round trips more. `lazy` (at close and before an
+    /// unlock, not at fsync): meta need not make the size durable before
+    /// it answers (`SetAttr::lazy`; `dafne_meta` store docs, "Lazy
+    /// commits"): `close(2)` promises visibility, not durability, and
+    /// saves meta's fsync.
+    fn publish(&self, ino: Ino, file: &Arc<OpenFile>, lazy: bool) -> Result<(), Errno> {
+        let stored = match block(self.data.stored_size_of_writes(file)) {
+            Err(Errno::EACCES) if file.cap.rights & RIGHT_READ == 0 => {
+                let stat_file = self.meta.open(ino, OPEN_READ)?;
+                let r = block(self.data.stored_size(&stat_file));
+                self.close_in_meta(&stat_file);
+                r
+            }
+            r => r,
         }?;
         let mtime_set = self.table().inodes.get(&ino).is_some_and(|st| st.mtime_set);
-        let set = SetAttr { grow_to: Some(stored), mtime: (!mtime_set).then_some(TimeSet::Now), ..Default::default() };
+        let set =
+            SetAttr { grow_to: Some(stored), mtime: (!mtime_set).then_some(TimeSet::Now), lazy, ..Default::default() };
         let Some(a) = self.set_size_attrs(ino, set)? else { return Ok(()) };
         if let Some(st) = self.table().inodes.get_mut(&ino) {
             st.meta_size = a.size;
@@ -1182,6 +1441,10 @@ impl Core {
                  writebehind_budget_bytes {}\n",
                 w.writes, w.bytes, w.waits_for_memory, w.waits_for_overlap, w.errors, w.peak_bytes, w.budget_bytes
             ));
+        }
+        for (op, n) in self.op_counts() {
+            let op = op.name();
+            text.push_str(&format!("op_{op}_calls {}\nop_{op}_meta {}\nop_{op}_io {}\n", n.calls, n.meta, n.io));
         }
         let tmp = path.with_extension("tmp");
         if std::fs::write(&tmp, text).and_then(|_| std::fs::rename(&tmp, path)).is_err() {

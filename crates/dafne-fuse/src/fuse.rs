@@ -12,6 +12,19 @@
 //!   paging does ([`resume_cookie`]). `readdirplus` (the kernel's AUTO
 //!   mode: used when a listing's attributes are wanted, as by `ls -l`)
 //!   uses the same offsets and brings the attributes in compounds of 16.
+//! * Negative entries: a lookup of a name that does not exist is answered
+//!   as an entry with inode 0 and the entry timeout, which the kernel keeps
+//!   as "no such name" (a negative dentry) for that long, so a program
+//!   probing for missing files (include paths, `$PATH`, imports) asks once
+//!   per timeout, not once per probe. Another client creating the name
+//!   drops it within a round trip: meta logs every new name with its name
+//!   (`dafne_meta::changes`) and the watcher has the kernel drop that
+//!   entry (`FUSE_NOTIFY_INVAL_ENTRY`, `core` module docs, "Coherence").
+//!   Where the watcher hears no names (a credential session) or lost
+//!   changes, a name made elsewhere shows once the timeout (default 1 s,
+//!   `[mount] entry_timeout_ms`) expires, as other cached entries do. This
+//!   mount's own creates replace the entry in the kernel; `O_EXCL` creates
+//!   always ask (the kernel revalidates for them).
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -52,6 +65,26 @@ pub fn swap_root(ino: u64, root: u64) -> u64 {
         ino
     }
 }
+
+/// The entry of a name that does not exist: inode 0 (module docs,
+/// "Negative entries"; the kernel reads nothing else of it).
+const NO_SUCH_NAME: fuser::FileAttr = fuser::FileAttr {
+    ino: INodeNo(0),
+    size: 0,
+    blocks: 0,
+    atime: UNIX_EPOCH,
+    mtime: UNIX_EPOCH,
+    ctime: UNIX_EPOCH,
+    crtime: UNIX_EPOCH,
+    kind: fuser::FileType::RegularFile,
+    perm: 0,
+    nlink: 0,
+    uid: 0,
+    gid: 0,
+    rdev: 0,
+    blksize: 0,
+    flags: 0,
+};
 
 /// Offset of `.` and `..` in a listing; entries follow at cookie + 2.
 const DOT: u64 = 1;
@@ -328,7 +361,13 @@ impl fuser::Filesystem for FuseFs {
     }
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        self.entry(self.core.lookup(caller(req), self.ino(parent), name.as_bytes()), reply)
+        match self.core.lookup(caller(req), self.ino(parent), name.as_bytes()) {
+            // A negative entry (module docs).
+            Err(dafne_client::Errno::ENOENT) if !self.entry_ttl.is_zero() => {
+                reply.entry_with_ttls(&Duration::ZERO, &self.entry_ttl, &NO_SUCH_NAME, Generation(0))
+            }
+            r => self.entry(r, reply),
+        }
     }
 
     fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
@@ -364,6 +403,7 @@ impl fuser::Filesystem for FuseFs {
             atime: atime.map(time_set),
             mtime: mtime.map(time_set),
             grow_to: None,
+            lazy: false,
         };
         match self.core.setattr(caller(req), self.ino(ino), fh.map(|f| f.0), set) {
             Ok(a) => reply.attr(&self.attr_ttl, &self.attr(&a)),

@@ -357,6 +357,9 @@ impl IoService {
     fn check_cap(&self, conn: &ConnHandle, req: &IoRequest, cap: &dafne_proto::Capability) -> Result<bool, Errno> {
         let rights = match req {
             IoRequest::Read { .. } => RIGHT_READ,
+            // A writer may know the size of what it writes (a FUSE mount
+            // publishes it at close with the writer's own capability).
+            IoRequest::Stat { .. } if cap.rights & RIGHT_WRITE != 0 => RIGHT_WRITE,
             IoRequest::Stat { .. } | IoRequest::ServerInfo { .. } => RIGHT_READ,
             _ => RIGHT_WRITE,
         };

@@ -83,10 +83,11 @@ fn size_is_exact_after_close_with_several_writers_on_several_stripes() {
     drop(w);
 }
 
-/// The io servers tell a file's stored size only to a capability that may
-/// read, so a handle opened only for writing (Python's `wb`) asks meta for
-/// a reading one to publish its size at close, as the mount does; a file
-/// unlinked while open has no size to publish (no error at close).
+/// A handle opened only for writing (Python's `wb`) publishes its size at
+/// close and fsync: the io servers tell the stored size to a writing
+/// capability too (protocol 14), so it needs no reading open in meta
+/// (none is left held); a file unlinked while open has no size to publish
+/// (no error at close).
 #[test]
 fn a_write_only_handle_publishes_its_size_at_close_and_fsync() {
     let c = cluster(8);
@@ -98,7 +99,12 @@ fn a_write_only_handle_publishes_its_size_at_close_and_fsync() {
     w.fsync().unwrap();
     assert_eq!(a.meta.getattr(ino).unwrap().size, 300_000);
     w.write_at(300_000, &[8u8; 1000], Stability::Unstable).unwrap();
+    let before = dafne_client::calls::this_thread();
     w.close().unwrap();
+    let cost = dafne_client::calls::this_thread().since(before);
+    // The size read and set in meta and the open closed: no reading open
+    // (and its close) for the Stat.
+    assert_eq!(cost.meta, 3, "{cost:?}");
     assert_eq!(a.meta.getattr(ino).unwrap().size, 301_000);
     assert_eq!(a.meta.held_opens(), 0, "the reading open made for the size is closed again");
     // Unlinked while open for writing: nothing to publish, and no error.

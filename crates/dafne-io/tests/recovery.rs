@@ -144,10 +144,10 @@ fn a_loss_a_close_reported_is_reported_again_by_the_next_sync() {
     futures::executor::block_on(s.d.write_at(&f, 0, &data, Stability::Unstable)).unwrap();
     s.crash_and_restart();
     s.wait_for_healed_connection();
-    // A close (the FUSE daemon publishes the size with a Stat) reports the
-    // loss; its error may be discarded, so the writer's fsync must see it
-    // too.
-    assert_eq!(futures::executor::block_on(s.d.stored_size(&f)), Err(Errno::EIO));
+    // A close (the FUSE daemon publishes the size with a Stat of the
+    // servers it wrote to: `stored_size_of_writes`) reports the loss; its
+    // error may be discarded, so the writer's fsync must see it too.
+    assert_eq!(futures::executor::block_on(s.d.stored_size_of_writes(&f)), Err(Errno::EIO));
     assert_eq!(
         futures::executor::block_on(s.d.sync(&f)),
         Err(Errno::EIO),

@@ -156,11 +156,14 @@ pub fn of_request(req: &Request) -> Vec<Change> {
             vec![changed(*ino)]
         }
         Request::Open { ino, flags } if flags & OPEN_TRUNC != 0 => vec![changed(*ino)],
-        Request::Create { parent, .. }
-        | Request::Mkdir { parent, .. }
-        | Request::Mknod { parent, .. }
-        | Request::Symlink { parent, .. } => vec![changed(*parent)],
-        Request::Link { ino, new_parent, .. } => vec![changed(*ino), changed(*new_parent)],
+        // A new name is logged with its name (not only its directory): a
+        // mount may cache that the name did not exist (a negative entry,
+        // `dafne_fuse`), which must go when another client makes it.
+        Request::Create { parent, name, .. }
+        | Request::Mkdir { parent, name, .. }
+        | Request::Mknod { parent, name, .. }
+        | Request::Symlink { parent, name, .. } => vec![named(*parent, name)],
+        Request::Link { ino, new_parent, new_name } => vec![changed(*ino), named(*new_parent, new_name)],
         Request::Unlink { parent, name } | Request::Rmdir { parent, name } => vec![named(*parent, name)],
         Request::Rename { src_parent, src_name, dst_parent, dst_name, .. } => {
             vec![named(*src_parent, src_name), named(*dst_parent, dst_name)]
@@ -257,5 +260,22 @@ mod tests {
         let results = vec![Ok(Response::Session { session_id: 1, root: 42 }), Ok(Response::Done)];
         assert_eq!(of_compound(&ops, &results), vec![named(42, b"f")]);
         assert_eq!(of_compound(&ops, &[Err(Errno::ENOENT)]), vec![]);
+    }
+
+    /// Negative entries (a name cached as absent) go when another client
+    /// makes the name: every op that makes one logs it.
+    #[test]
+    fn new_names_are_logged_with_their_name() {
+        let n = b"n".to_vec();
+        for req in [
+            Request::Create { parent: 7, name: n.clone(), mode: 0o644, exclusive: true, hint: None },
+            Request::Mkdir { parent: 7, name: n.clone(), mode: 0o755 },
+            Request::Mknod { parent: 7, name: n.clone(), kind: dafne_proto::FileType::Fifo, mode: 0o644, rdev: 0 },
+            Request::Symlink { parent: 7, name: n.clone(), target: b"t".to_vec() },
+        ] {
+            assert_eq!(of_request(&req), vec![named(7, b"n")], "{req:?}");
+        }
+        let link = Request::Link { ino: 3, new_parent: 7, new_name: n };
+        assert_eq!(of_request(&link), vec![changed(3), named(7, b"n")]);
     }
 }

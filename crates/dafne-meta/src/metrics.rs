@@ -50,6 +50,14 @@ pub fn render(server: &str, s: &MetaStats, transport: &TransportStatsSnapshot) -
     if let Some(c) = s.commits {
         t.single("dafne_meta_commits_total", Kind::Counter, "Store transactions committed (each one fsync).", c);
     }
+    if let Some(c) = s.lazy_commits {
+        t.single(
+            "dafne_meta_lazy_commits_total",
+            Kind::Counter,
+            "Store transactions committed without an fsync (only lazy size publishes), durable with the next commit.",
+            c,
+        );
+    }
     let mut counts = [0u64; 3];
     for m in &s.members {
         counts[m.state as usize - 1] += 1;

@@ -100,6 +100,31 @@ impl MetaArgs {
 pub struct MetaServer {
     pub addr: SocketAddr,
     rt: Runtime,
+    /// Dropped after `rt` (fields drop in order): once the loop has
+    /// stopped, so nothing more is answered.
+    _settle: SettleOnDrop,
+}
+
+/// Makes the store's lazy commits durable when dropped
+/// (`MetaStore::settle`; `crate::store` docs, "Lazy commits"): a stop
+/// (SIGTERM: `dafne down`) right after a size publish must not lose it.
+/// The store thread may outlive the server (it is not joined) and the
+/// process may exit before it closes the store, which would otherwise
+/// have made them durable.
+struct SettleOnDrop(Arc<dyn MetaStore>);
+
+impl std::fmt::Debug for SettleOnDrop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SettleOnDrop")
+    }
+}
+
+impl Drop for SettleOnDrop {
+    fn drop(&mut self) {
+        if let Err(e) = self.0.settle() {
+            tracing::error!("making lazy commits durable at the stop: {e}");
+        }
+    }
 }
 
 thread_local! {
@@ -142,6 +167,7 @@ pub fn start(o: &ServeOptions) -> Result<MetaServer> {
         ..Default::default()
     })?;
     let store: Arc<dyn MetaStore> = Arc::new(store);
+    let settle = SettleOnDrop(store.clone());
     let revoked =
         store.revoked_credentials().with_context(|| format!("reading the revoked credentials of {}", db.display()))?;
     let grace = o.open_grace;
@@ -153,7 +179,7 @@ pub fn start(o: &ServeOptions) -> Result<MetaServer> {
         SERVICE.with(|s| *s.borrow_mut() = Some(Rc::downgrade(&service)));
         MetaHandler(service)
     })?;
-    Ok(MetaServer { addr, rt })
+    Ok(MetaServer { addr, rt, _settle: settle })
 }
 
 /// Starts a server, prints `listening on ADDR`, and serves until killed.

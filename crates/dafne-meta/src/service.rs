@@ -238,7 +238,23 @@ fn start_store_thread(store: Arc<dyn MetaStore>, opens: Opens, counts: Arc<Store
     std::thread::Builder::new()
         .name("meta-store".into())
         .spawn(move || {
-            while let Ok(first) = rx.recv() {
+            loop {
+                // Lazy commits become durable within their deadline also
+                // when no further batch comes (store docs, "Lazy commits").
+                let first = match store.lazy_deadline() {
+                    None => rx.recv().map_err(|_| crossbeam_channel::RecvTimeoutError::Disconnected),
+                    Some(d) => rx.recv_deadline(d),
+                };
+                let first = match first {
+                    Ok(w) => w,
+                    Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                        if let Err(e) = store.settle() {
+                            tracing::error!("making lazy commits durable: {e}");
+                        }
+                        continue;
+                    }
+                    Err(crossbeam_channel::RecvTimeoutError::Disconnected) => break,
+                };
                 let mut batch = vec![first];
                 while batch.len() < MAX_BATCH {
                     match rx.try_recv() {
@@ -313,8 +329,10 @@ pub struct MetaStats {
     /// Store batches (one transaction each) and the client jobs in them.
     pub store_batches: u64,
     pub store_jobs: u64,
-    /// Transactions committed, if the store counts them.
+    /// Transactions committed durably, and without an fsync, if the store
+    /// counts them.
     pub commits: Option<u64>,
+    pub lazy_commits: Option<u64>,
     /// The io servers as the membership table sees them now.
     pub members: Vec<dafne_proto::Member>,
 }
@@ -508,6 +526,7 @@ impl MetaService {
             store_batches: sc.batches.load(std::sync::atomic::Ordering::Relaxed),
             store_jobs: sc.jobs.load(std::sync::atomic::Ordering::Relaxed),
             commits: self.store.commits(),
+            lazy_commits: self.store.lazy_commits(),
             members: self.members.borrow().members(Instant::now()),
         }
     }

@@ -75,6 +75,36 @@
 //! kernel's check for it before every write without a round trip
 //! (`dafne_fuse::core`).
 //!
+//! # Lazy commits
+//! A batch whose only changes are `SetAttr`s marked `lazy` (a mount's size
+//! publish at `close`: `dafne_fuse::core`, "Publishing the size") commits
+//! without an fsync (redb's `Durability::None`): its answer, and every
+//! later read, sees the change at once, and the next durable commit (any
+//! other change, by any client) makes it durable with its own. A power
+//! loss before that loses the new size and mtime, never more: the create that
+//! made the file was durable, and `close(2)` promises no durability (the
+//! io servers do not fsync the bytes at a close either; `fsync(2)`
+//! publishes without `lazy`, durably, and so makes every lazy commit
+//! before it durable too). Its replay-cache entry and the purges it makes
+//! are as lazy: a retry after such a crash runs the `SetAttr` again, which
+//! is harmless (a grow-only size, mtime now). A batch that revoked
+//! (below) commits durably whatever it holds. Lazy commits stay so for at
+//! most [`LAZY_DURABLE_WITHIN`]: a batch after that commits durably, and
+//! an idle store thread makes them durable then (`MetaStore::settle`), so
+//! a power loss loses at most about the last second's size publishes.
+//!
+//! A process crash (`kill -9`, an abort) loses none: redb holds a
+//! `Durability::None` commit only in the process's memory, so each lazy
+//! commit also appends what it changed to the lazy log (`meta.lazy` next
+//! to the store: each inode's stored bytes before and after, written with
+//! `write(2)`, no fsync, before the answer leaves), which the kernel keeps
+//! when the process dies. Opening the store replays it: an inode still
+//! exactly as it was before a logged change gets the change (the commit was
+//! lost); one that differs (the commit became durable, or a durable change
+//! came after it) is left alone, so a replay never undoes a later truncate
+//! or chmod. Each durable commit empties the log (after the commit: a
+//! crash between the two replays nothing, every inode having moved on).
+//!
 //! # Exactly-once replay cache
 //! A job that carries its client's session sequence ([`Job::replay`]: a
 //! non-idempotent request, `Request::is_exactly_once`) is looked up in
@@ -343,10 +373,27 @@ pub trait MetaStore: Send + Sync + 'static {
     /// which the service refuses at login.
     fn revoked_credentials(&self) -> Result<Vec<String>, StoreError>;
 
-    /// Transactions committed since the store was opened (each one fsync),
-    /// if the engine counts them.
+    /// Transactions committed durably since the store was opened (each
+    /// one fsync), if the engine counts them.
     fn commits(&self) -> Option<u64> {
         None
+    }
+
+    /// Transactions committed without an fsync (module docs, "Lazy
+    /// commits"), if the engine counts them.
+    fn lazy_commits(&self) -> Option<u64> {
+        None
+    }
+
+    /// When the lazy commits not yet durable must become so (module docs,
+    /// "Lazy commits"); `None` when there are none.
+    fn lazy_deadline(&self) -> Option<std::time::Instant> {
+        None
+    }
+
+    /// Makes every lazy commit durable (an empty durable commit).
+    fn settle(&self) -> Result<(), StoreError> {
+        Ok(())
     }
 
     /// Runs `job` at once on the caller's thread from a read snapshot, if
@@ -585,6 +632,50 @@ pub struct RedbStore {
     log: std::sync::Mutex<RevocationLog>,
     /// Write transactions committed (the metrics page).
     commits: std::sync::atomic::AtomicU64,
+    /// Write transactions committed without an fsync (module docs, "Lazy
+    /// commits").
+    lazy_commits: std::sync::atomic::AtomicU64,
+    /// When the oldest lazy commit not yet durable was made.
+    lazy_since: std::sync::Mutex<Option<std::time::Instant>>,
+    /// The lazy log (module docs, "Lazy commits"), and whether it holds
+    /// records.
+    lazy_log: std::sync::Mutex<(std::fs::File, bool)>,
+}
+
+/// The lazy log of the store at `path` (module docs, "Lazy commits").
+fn lazy_log_path(path: &Path) -> std::path::PathBuf {
+    path.with_extension("lazy")
+}
+
+/// One lazy log record: an inode's stored bytes before and after.
+fn lazy_record(out: &mut Vec<u8>, ino: Ino, before: &[u8], after: &[u8]) {
+    out.extend_from_slice(&ino.to_le_bytes());
+    for b in [before, after] {
+        out.extend_from_slice(&(b.len() as u32).to_le_bytes());
+        out.extend_from_slice(b);
+    }
+}
+
+/// The records of a lazy log; a torn last record (a crash mid-write) ends
+/// it.
+fn lazy_records(mut b: &[u8]) -> Vec<(Ino, Vec<u8>, Vec<u8>)> {
+    fn take<'a>(b: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+        let (h, t) = (b.get(..n)?, b.get(n..)?);
+        *b = t;
+        Some(h)
+    }
+    fn bytes(b: &mut &[u8]) -> Option<Vec<u8>> {
+        let n = u32::from_le_bytes(take(b, 4)?.try_into().ok()?) as usize;
+        Some(take(b, n)?.to_vec())
+    }
+    let mut out = Vec::new();
+    while let Some(r) = (|| {
+        let ino = u64::from_le_bytes(take(&mut b, 8)?.try_into().ok()?);
+        Some((ino, bytes(&mut b)?, bytes(&mut b)?))
+    })() {
+        out.push(r);
+    }
+    out
 }
 
 impl std::fmt::Debug for RedbStore {
@@ -621,6 +712,18 @@ impl RedbStore {
                 let rec = OrphanRecord { orphaned_at_unix_s: at, servers: policy.servers.clone() };
                 orphans.insert(object, rec.encode().as_slice())?;
             }
+            // Lazy commits a crash lost (module docs, "Lazy commits").
+            let logged = std::fs::read(lazy_log_path(path)).unwrap_or_default();
+            let mut replayed = 0;
+            for (ino, before, after) in lazy_records(&logged) {
+                if inodes.get(ino)?.is_some_and(|v| v.value() == before.as_slice()) {
+                    inodes.insert(ino, after.as_slice())?;
+                    replayed += 1;
+                }
+            }
+            if replayed > 0 {
+                tracing::info!("{replayed} size publishes lost in a crash replayed from the lazy log");
+            }
             let mut counters = txn.open_table(COUNTERS)?;
             if inodes.get(ROOT_INO)?.is_none() {
                 let t = now();
@@ -650,7 +753,31 @@ impl RedbStore {
             }
         }
         txn.commit()?;
-        Ok(RedbStore { db, policy, log: std::sync::Mutex::new(RevocationLog::new()), commits: Default::default() })
+        let io = |e: std::io::Error| StoreError::Redb(format!("the lazy log {}: {e}", lazy_log_path(path).display()));
+        let lazy_log = std::fs::OpenOptions::new().create(true).append(true).open(lazy_log_path(path)).map_err(io)?;
+        lazy_log.set_len(0).map_err(io)?;
+        Ok(RedbStore {
+            db,
+            policy,
+            log: std::sync::Mutex::new(RevocationLog::new()),
+            commits: Default::default(),
+            lazy_commits: Default::default(),
+            lazy_since: Default::default(),
+            lazy_log: std::sync::Mutex::new((lazy_log, false)),
+        })
+    }
+
+    /// Empties the lazy log after a durable commit (module docs, "Lazy
+    /// commits"): what it holds is durable now. A failure only leaves
+    /// records a replay skips.
+    fn empty_lazy_log(&self) {
+        let mut l = self.lazy_log.lock().unwrap_or_else(|p| p.into_inner());
+        if l.1 {
+            match l.0.set_len(0) {
+                Ok(()) => l.1 = false,
+                Err(e) => tracing::warn!("emptying the lazy log: {e}"),
+            }
+        }
     }
 
     /// Removes every entry of the first orphan table; returns their objects.
@@ -724,6 +851,21 @@ pub fn is_read_only(req: &Request) -> bool {
         Request::Open { flags, .. } => flags & dafne_proto::OPEN_TRUNC == 0,
         _ => false,
     }
+}
+
+/// The longest a lazy commit stays not durable (module docs, "Lazy
+/// commits").
+pub const LAZY_DURABLE_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Whether an operation's change need not be durable before its answer
+/// (module docs, "Lazy commits"): a `SetAttr` marked `lazy` that only
+/// grows the size and sets times, the shape of a size publish. The bit on
+/// anything else (a truncate's size, a mode, an owner: a client's own
+/// choice, but not what the bit is for) is ignored: such a change is
+/// durable before its answer, as it was before the bit.
+pub fn is_lazy(req: &Request) -> bool {
+    matches!(req, Request::SetAttr { set, .. }
+        if set.lazy && set.size.is_none() && set.mode.is_none() && set.uid.is_none() && set.gid.is_none())
 }
 
 /// Now, in unix milliseconds (the replay cache's clock).
@@ -801,10 +943,22 @@ impl MetaStore for RedbStore {
 
     fn execute(&self, jobs: &[Job]) -> Result<Vec<JobResult>, StoreError> {
         let read_only = jobs.iter().all(|j| j.replay.is_none() && j.ops.iter().all(|o| is_read_only(&o.req)));
-        let txn = self.db.begin_write()?;
+        let lazy = jobs.iter().all(|j| j.ops.iter().all(|o| is_read_only(&o.req) || is_lazy(&o.req)));
+        let mut txn = self.db.begin_write()?;
         let mut out = Vec::with_capacity(jobs.len());
         let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
-        let revoked = {
+        // The inodes a lazy batch may change (module docs, "Lazy commits").
+        let mut lazy_inos: Vec<Ino> = Vec::new();
+        if lazy {
+            for o in jobs.iter().flat_map(|j| &j.ops) {
+                if let Request::SetAttr { ino, .. } = o.req {
+                    if is_lazy(&o.req) && !lazy_inos.contains(&ino) {
+                        lazy_inos.push(ino);
+                    }
+                }
+            }
+        }
+        let (revoked, lazy_changes) = {
             let mut t = Tables {
                 inodes: txn.open_table(INODES)?,
                 dirents: txn.open_table(DIRENTS)?,
@@ -822,6 +976,13 @@ impl MetaStore for RedbStore {
                 revoked: Vec::new(),
             };
             let now_ms = unix_ms();
+            let stored = |t: &Tables, ino: Ino| -> Result<Option<Vec<u8>>, StoreError> {
+                Ok(t.inodes.get(ino)?.map(|v| v.value().to_vec()))
+            };
+            let mut before = Vec::with_capacity(lazy_inos.len());
+            for &ino in &lazy_inos {
+                before.push(stored(&t, ino)?);
+            }
             for job in jobs {
                 out.push(match job.replay {
                     Some(key) => t.run_once(job, key, now_ms)?,
@@ -831,16 +992,47 @@ impl MetaStore for RedbStore {
             if !read_only {
                 purge_replies(&mut t.replies, &mut t.replies_by_time, now_ms, PURGE_PER_BATCH)?;
             }
-            t.revoked
+            let mut changes = Vec::new();
+            for (&ino, b) in lazy_inos.iter().zip(before) {
+                if let (Some(b), Some(a)) = (b, stored(&t, ino)?) {
+                    if a != b {
+                        lazy_record(&mut changes, ino, &b, &a);
+                    }
+                }
+            }
+            (t.revoked, changes)
         };
         // A listing that revoked (module docs of `dafne_auth`) commits
         // although it is otherwise read-only: the generation it took must
         // not be handed out again after a restart.
         if read_only && revoked.is_empty() {
             txn.abort()?;
+        } else if lazy
+            && revoked.is_empty()
+            && self.lazy_deadline().is_none_or(|d| std::time::Instant::now() < d)
+            && txn.set_durability(redb::Durability::None).is_ok()
+        {
+            // (Refused only where the engine cannot: then durably, below.)
+            txn.commit()?;
+            self.lazy_commits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.lazy_since.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(std::time::Instant::now);
+            if !lazy_changes.is_empty() {
+                let mut l = self.lazy_log.lock().unwrap_or_else(|p| p.into_inner());
+                l.1 = true;
+                // Before the answer leaves: a crash after it finds the record.
+                if let Err(e) = std::io::Write::write_all(&mut l.0, &lazy_changes) {
+                    drop(l);
+                    // Without the record a crash could lose the answered
+                    // change: make it durable instead.
+                    tracing::warn!("writing the lazy log: {e}; committing durably");
+                    self.settle()?;
+                }
+            }
         } else {
             txn.commit()?;
             self.commits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            *self.lazy_since.lock().unwrap_or_else(|p| p.into_inner()) = None;
+            self.empty_lazy_log();
         }
         // In the log once committed, in commit order (one store thread).
         for r in revoked {
@@ -855,6 +1047,25 @@ impl MetaStore for RedbStore {
 
     fn commits(&self) -> Option<u64> {
         Some(self.commits.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    fn lazy_commits(&self) -> Option<u64> {
+        Some(self.lazy_commits.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    fn lazy_deadline(&self) -> Option<std::time::Instant> {
+        self.lazy_since.lock().unwrap_or_else(|p| p.into_inner()).map(|t| t + LAZY_DURABLE_WITHIN)
+    }
+
+    fn settle(&self) -> Result<(), StoreError> {
+        if self.lazy_deadline().is_none() {
+            return Ok(());
+        }
+        self.db.begin_write()?.commit()?;
+        self.commits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        *self.lazy_since.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        self.empty_lazy_log();
+        Ok(())
     }
 
     fn revoked_credentials(&self) -> Result<Vec<String>, StoreError> {
@@ -2513,6 +2724,150 @@ mod tests {
             assert_eq!(ask(&s, &root, Request::SetAttr { ino: f.ino, set }).map(|_| ()), Err(Errno::EFBIG));
         }
         assert_eq!(size_of(ask(&s, &root, grow(dafne_proto::io::MAX_FILE_SIZE))), dafne_proto::io::MAX_FILE_SIZE);
+    }
+
+    /// Lazy commits (module docs): a batch of lazy size publishes commits
+    /// without an fsync, is seen at once, and is made durable by the next
+    /// durable commit; a batch that also changes anything else, or a
+    /// publish without the flag (fsync's), commits durably.
+    #[test]
+    fn lazy_size_publishes_commit_without_an_fsync_until_the_next_durable_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("meta.redb");
+        let root = Cred::root();
+        let ino = {
+            let s = RedbStore::open(&path, LayoutPolicy::default()).unwrap();
+            let f = mk(&s, &root, ROOT_INO, "f", false, 0o644);
+            let publish = |n, lazy| Request::SetAttr {
+                ino: f.ino,
+                set: SetAttr { grow_to: Some(n), mtime: Some(TimeSet::Now), lazy, ..Default::default() },
+            };
+            let (durable, lazy) = (s.commits().unwrap(), s.lazy_commits().unwrap());
+            ask(&s, &root, publish(100, true)).unwrap();
+            assert_eq!((s.commits().unwrap(), s.lazy_commits().unwrap()), (durable, lazy + 1));
+            let seen = |s: &RedbStore| match ask(s, &root, Request::GetAttr { ino: f.ino }).unwrap() {
+                Response::Attr { attr } | Response::Entry { attr } => attr.size,
+                r => panic!("{r:?}"),
+            };
+            assert_eq!(seen(&s), 100, "a lazy commit is seen at once");
+            // With another change in the same batch: durable.
+            let job = |req| Job {
+                cred: root.clone(),
+                ops: vec![CompoundOp { chain: false, req }],
+                protected: None,
+                replay: None,
+            };
+            let mixed = [
+                job(publish(200, true)),
+                job(Request::Create {
+                    parent: ROOT_INO,
+                    name: b"g".to_vec(),
+                    mode: 0o644,
+                    exclusive: true,
+                    hint: None,
+                }),
+            ];
+            s.execute(&mixed).unwrap();
+            assert_eq!((s.commits().unwrap(), s.lazy_commits().unwrap()), (durable + 1, lazy + 1));
+            // fsync's publish: durable.
+            ask(&s, &root, publish(300, false)).unwrap();
+            assert_eq!((s.commits().unwrap(), s.lazy_commits().unwrap()), (durable + 2, lazy + 1));
+            // A lazy one last, then a durable change of something else.
+            ask(&s, &root, publish(400, true)).unwrap();
+            mk(&s, &root, ROOT_INO, "h", false, 0o644);
+            assert_eq!(seen(&s), 400);
+            drop(s);
+            let s = RedbStore::open(&path, LayoutPolicy::default()).unwrap();
+            assert_eq!(seen(&s), 400, "the lazy commit became durable with the next durable one");
+            // Lazy again, then settled: one durable commit, nothing lazy left.
+            ask(&s, &root, publish(500, true)).unwrap();
+            assert!(s.lazy_deadline().is_some());
+            let durable = s.commits().unwrap();
+            s.settle().unwrap();
+            assert_eq!(s.commits().unwrap(), durable + 1);
+            assert!(s.lazy_deadline().is_none());
+            s.settle().unwrap();
+            assert_eq!(s.commits().unwrap(), durable + 1, "nothing to settle: no commit");
+            // Past the deadline a lazy publish commits durably.
+            ask(&s, &root, publish(600, true)).unwrap();
+            std::thread::sleep(LAZY_DURABLE_WITHIN + std::time::Duration::from_millis(50));
+            let (durable, lazy) = (s.commits().unwrap(), s.lazy_commits().unwrap());
+            ask(&s, &root, publish(700, true)).unwrap();
+            assert_eq!((s.commits().unwrap(), s.lazy_commits().unwrap()), (durable + 1, lazy));
+            // The bit on anything but a publish (a size, a mode) is
+            // ignored: durable.
+            let (durable, lazy) = (s.commits().unwrap(), s.lazy_commits().unwrap());
+            let set = SetAttr { size: Some(800), lazy: true, ..Default::default() };
+            ask(&s, &root, Request::SetAttr { ino: f.ino, set }).unwrap();
+            let set = SetAttr { mode: Some(0o600), lazy: true, ..Default::default() };
+            ask(&s, &root, Request::SetAttr { ino: f.ino, set }).unwrap();
+            assert_eq!((s.commits().unwrap(), s.lazy_commits().unwrap()), (durable + 2, lazy));
+            f.ino
+        };
+        let s = RedbStore::open(&path, LayoutPolicy::default()).unwrap();
+        match ask(&s, &root, Request::GetAttr { ino }).unwrap() {
+            Response::Attr { attr } | Response::Entry { attr } => {
+                assert_eq!(attr.size, 800, "every lazy commit became durable with a later durable one")
+            }
+            r => panic!("{r:?}"),
+        }
+    }
+
+    /// The lazy log (module docs, "Lazy commits"): opening the store
+    /// replays a logged change onto an inode still as it was before it (a
+    /// lazy commit a crash lost), and onto no other (one a durable change
+    /// came after, whose commit a crash kept but whose log was not yet
+    /// emptied).
+    #[test]
+    fn the_lazy_log_replays_lost_changes_and_never_undoes_later_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("meta.redb");
+        let (log, saved) = (lazy_log_path(&path), dir.path().join("saved.redb"));
+        let root = Cred::root();
+        let publish = |ino, n| Request::SetAttr {
+            ino,
+            set: SetAttr { grow_to: Some(n), mtime: Some(TimeSet::Now), lazy: true, ..Default::default() },
+        };
+        let size = |s: &RedbStore, ino| match ask(s, &root, Request::GetAttr { ino }).unwrap() {
+            Response::Attr { attr } | Response::Entry { attr } => attr.size,
+            r => panic!("{r:?}"),
+        };
+        let ino = {
+            let s = RedbStore::open(&path, LayoutPolicy::default()).unwrap();
+            mk(&s, &root, ROOT_INO, "f", false, 0o644).ino
+        };
+        // The store before the lazy commit, as a crash would leave it.
+        std::fs::copy(&path, &saved).unwrap();
+        let logged = {
+            let s = RedbStore::open(&path, LayoutPolicy::default()).unwrap();
+            ask(&s, &root, publish(ino, 100)).unwrap();
+            std::fs::read(&log).unwrap()
+        };
+        assert!(!logged.is_empty(), "a lazy commit wrote no record");
+        std::fs::copy(&saved, &path).unwrap();
+        std::fs::write(&log, &logged).unwrap();
+        {
+            let s = RedbStore::open(&path, LayoutPolicy::default()).unwrap();
+            assert_eq!(size(&s, ino), 100, "the lost lazy commit was not replayed");
+            assert!(std::fs::read(&log).unwrap().is_empty(), "the replayed log was kept");
+            // A lazy grow, then a durable truncate; the crash comes before
+            // the log is emptied.
+            ask(&s, &root, publish(ino, 200)).unwrap();
+            let logged = std::fs::read(&log).unwrap();
+            let set = SetAttr { size: Some(5), ..Default::default() };
+            ask(&s, &root, Request::SetAttr { ino, set }).unwrap();
+            assert!(std::fs::read(&log).unwrap().is_empty(), "a durable commit left the log");
+            drop(s);
+            std::fs::write(&log, &logged).unwrap();
+        }
+        let s = RedbStore::open(&path, LayoutPolicy::default()).unwrap();
+        assert_eq!(size(&s, ino), 5, "the replay undid a durable truncate");
+        // A torn record is ignored.
+        drop(s);
+        std::fs::write(&log, &logged[..logged.len() - 1]).unwrap();
+        std::fs::copy(&saved, &path).unwrap();
+        let s = RedbStore::open(&path, LayoutPolicy::default()).unwrap();
+        assert_eq!(size(&s, ino), 0);
     }
 
     #[test]

@@ -299,8 +299,9 @@ pub use types::{
 /// keys follow it (`keys_follow`) and the io op Keys (74) that brings them
 /// (FRRWP; `io` module docs, "Keys that follow"). 12: the io op Scrub (75)
 /// and `ServerInfo`'s `checksum_errors`. 13: the membership ops
-/// ServerHeartbeat (35) and Members (36).
-pub const PROTO_VERSION: u16 = 13;
+/// ServerHeartbeat (35) and Members (36). 14: SetAttr's `lazy` bit (a
+/// size publish that need not be durable before the answer).
+pub const PROTO_VERSION: u16 = 14;
 
 /// Request header `flags`: the body starts with the caller's supplementary
 /// groups, `n u8` (1..=[`MAX_GROUPS`]) and `n × u32`. Bits other than this

@@ -588,6 +588,14 @@ pub struct SetAttr {
     /// does not by itself change mtime. With `size` too, `size` applies
     /// first.
     pub grow_to: Option<u64>,
+    /// The change need not be durable before the answer: the metadata
+    /// server may commit it without an fsync, and it becomes durable with
+    /// the next durable commit (any client's create, unlink, or a setattr
+    /// without this flag), at most about a second later. What a mount's size publish at `close` sends
+    /// (POSIX asks no durability of `close`; `fsync` publishes without it).
+    /// Honoured only where the batch holds nothing else that changes the
+    /// namespace (`dafne_meta` store docs, "Lazy commits").
+    pub lazy: bool,
 }
 
 // SetAttr mask bits; the fields follow in this order.
@@ -600,7 +608,8 @@ const SET_ATIME_NOW: u32 = 1 << 5;
 const SET_MTIME: u32 = 1 << 6;
 const SET_MTIME_NOW: u32 = 1 << 7;
 const SET_GROW: u32 = 1 << 8;
-const SET_ALL: u32 = (1 << 9) - 1;
+const SET_LAZY: u32 = 1 << 9;
+const SET_ALL: u32 = (1 << 10) - 1;
 
 impl SetAttr {
     /// Whether it changes nothing.
@@ -622,6 +631,7 @@ impl SetAttr {
             | time(self.atime, SET_ATIME, SET_ATIME_NOW)
             | time(self.mtime, SET_MTIME, SET_MTIME_NOW)
             | bit(self.grow_to.is_some(), SET_GROW)
+            | bit(self.lazy, SET_LAZY)
     }
 }
 
@@ -681,6 +691,7 @@ impl Wire for SetAttr {
             atime: get_time(r, mask, SET_ATIME, SET_ATIME_NOW)?,
             mtime: get_time(r, mask, SET_MTIME, SET_MTIME_NOW)?,
             grow_to: has(SET_GROW).then(|| r.u64("setattr grow_to")).transpose()?,
+            lazy: has(SET_LAZY),
         })
     }
 }
@@ -943,9 +954,10 @@ pub(crate) mod tests {
             atime: Some(TimeSet::Now),
             mtime: Some(TimeSet::At(Timespec { sec: 4, nsec: 5 })),
             grow_to: Some(6),
+            lazy: true,
         };
         let b = round_trip(&full);
-        assert_eq!(b[..4], 0b1_0110_1111u32.to_le_bytes());
+        assert_eq!(b[..4], 0b11_0110_1111u32.to_le_bytes());
         assert_eq!(b.len(), 4 + 4 + 4 + 4 + 8 + 12 + 8);
         round_trip(&SetAttr {
             atime: Some(TimeSet::At(Timespec { sec: 9, nsec: 0 })),
@@ -958,7 +970,12 @@ pub(crate) mod tests {
 
     #[test]
     fn setattr_refuses_bad_masks() {
-        assert!(matches!(decode::<SetAttr>(&(1u32 << 9).to_le_bytes()), Err(DecodeError::BadValue { value: 512, .. })));
+        assert!(matches!(
+            decode::<SetAttr>(&(1u32 << 10).to_le_bytes()),
+            Err(DecodeError::BadValue { value: 1024, .. })
+        ));
+        // The lazy bit alone carries no field.
+        assert_eq!(decode::<SetAttr>(&SET_LAZY.to_le_bytes()).unwrap(), SetAttr { lazy: true, ..SetAttr::default() });
         assert!(matches!(
             decode::<SetAttr>(&(SET_MTIME | SET_MTIME_NOW).to_le_bytes()),
             Err(DecodeError::BadValue { value: 0xc0, .. })

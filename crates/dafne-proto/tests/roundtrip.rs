@@ -79,8 +79,9 @@ fn set_attr() -> impl Strategy<Value = SetAttr> {
         option::of(time_set()),
         option::of(time_set()),
         option::of(any::<u64>()),
+        any::<bool>(),
     )
-        .prop_map(|(mode, uid, gid, size, atime, mtime, grow_to)| SetAttr {
+        .prop_map(|(mode, uid, gid, size, atime, mtime, grow_to, lazy)| SetAttr {
             mode,
             uid,
             gid,
@@ -88,6 +89,7 @@ fn set_attr() -> impl Strategy<Value = SetAttr> {
             atime,
             mtime,
             grow_to,
+            lazy,
         })
 }
 

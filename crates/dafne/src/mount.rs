@@ -61,8 +61,10 @@ pub struct MountArgs {
     /// next write, fsync or close of the file.
     #[arg(long, default_value_t = (dafne_client::writebehind::DEFAULT_BUDGET >> 20) as u64)]
     pub write_behind_mib: u64,
-    /// Write the client's registration counters to this file after every
-    /// close of a file (for tests and diagnosis).
+    /// Write the client's counters (registrations, read-ahead,
+    /// write-behind, and each FUSE operation's round trips to meta and the
+    /// io servers: `op_<op>_calls/meta/io`) to this file after every close
+    /// of a file (for tests and diagnosis).
     #[arg(long, hide = true)]
     pub stats_file: Option<PathBuf>,
     /// Honour setuid/setgid bits of programs on the mount (default:
