@@ -135,6 +135,12 @@
 //! A change another mount makes between the compound and that `GETATTR`,
 //! not yet heard of, is missed as the kernel's own attribute cache would
 //! miss it (for up to the attribute timeout): the next `GETATTR` asks.
+//! This mount's own changes are ordered by [`FreshDirs`]: a copy is kept
+//! only if its change overlapped no other change of this mount (none in
+//! flight when it began, none begun before it ended), and every other
+//! change drops the copies of the inodes it touches both before it is sent
+//! and after it is answered, so a copy older than a change this mount made
+//! is never served.
 //!
 //! # Round trips
 //! Each operation counts the requests it waited for, to meta and to io
@@ -471,7 +477,95 @@ pub struct Core {
     ops: Mutex<[OpCount; Op::ALL.len()]>,
     /// Directories just changed through this mount, with their attributes
     /// after the change (module docs, "Directories just changed").
-    fresh_dirs: Mutex<HashMap<Ino, (Attr, std::time::Instant)>>,
+    fresh_dirs: Mutex<FreshDirs>,
+}
+
+/// The directory attributes kept after this mount's changes, and the
+/// order of those changes (module docs, "Directories just changed").
+#[derive(Debug, Default)]
+struct FreshDirs {
+    dirs: HashMap<Ino, (Attr, std::time::Instant)>,
+    /// Changes begun (or heard of from elsewhere) so far.
+    epoch: u64,
+    /// Changes sent and not yet answered.
+    in_flight: u32,
+}
+
+/// One change of this mount on its way: [`FreshDirs::begin`] to
+/// [`FreshDirs::end`].
+#[derive(Debug)]
+struct ChangeTicket {
+    epoch: u64,
+    /// No other change was in flight when this one began.
+    alone: bool,
+}
+
+impl FreshDirs {
+    /// A change of `inos` is about to be sent: what was kept of them is old.
+    fn begin(&mut self, inos: &[Ino]) -> ChangeTicket {
+        self.epoch += 1;
+        let alone = self.in_flight == 0;
+        self.in_flight += 1;
+        for ino in inos {
+            self.dirs.remove(ino);
+        }
+        ChangeTicket { epoch: self.epoch, alone }
+    }
+
+    /// The change of `t` was answered (or failed); `kept`, the directory
+    /// as it left it, is kept only if no other change overlapped it.
+    fn end(&mut self, t: ChangeTicket, inos: &[Ino], kept: Option<Attr>, now: std::time::Instant) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+        for ino in inos {
+            self.dirs.remove(ino);
+        }
+        if let Some(a) = kept {
+            if t.alone && t.epoch == self.epoch {
+                if self.dirs.len() >= FRESH_DIRS_MAX {
+                    self.dirs.clear();
+                }
+                self.dirs.insert(a.ino, (a, now));
+            }
+        }
+    }
+
+    /// Another session changed `ino`.
+    fn changed_elsewhere(&mut self, ino: Ino) {
+        self.epoch += 1;
+        self.dirs.remove(&ino);
+    }
+
+    /// The kept attributes of `ino`, once, if kept within [`FRESH_DIR_FOR`].
+    fn take(&mut self, ino: Ino, now: std::time::Instant) -> Option<Attr> {
+        let (a, at) = self.dirs.remove(&ino)?;
+        (now.saturating_duration_since(at) < FRESH_DIR_FOR).then_some(a)
+    }
+}
+
+/// A change of this mount between [`FreshDirs::begin`] and
+/// [`FreshDirs::end`] (which its drop calls, on every path out).
+struct Changing<'a> {
+    core: &'a Core,
+    ticket: Option<ChangeTicket>,
+    inos: Vec<Ino>,
+    kept: Option<Attr>,
+}
+
+impl Changing<'_> {
+    /// Keeps the directory attributes a compound brought with the change.
+    fn keep(&mut self, r: Option<&Result<Response, Errno>>) {
+        if let Some(Ok(Response::Attr { attr } | Response::Entry { attr })) = r {
+            self.kept = Some(*attr);
+        }
+    }
+}
+
+impl Drop for Changing<'_> {
+    fn drop(&mut self) {
+        if let Some(t) = self.ticket.take() {
+            self.core.fresh_dirs().end(t, &self.inos, self.kept.take(), std::time::Instant::now());
+        }
+    }
 }
 
 impl std::fmt::Debug for Core {
@@ -500,40 +594,27 @@ impl Core {
             readahead: None,
             writebehind: None,
             ops: Mutex::new([OpCount::default(); Op::ALL.len()]),
-            fresh_dirs: Mutex::new(HashMap::new()),
+            fresh_dirs: Mutex::new(FreshDirs::default()),
         }
     }
 
-    fn fresh_dirs(&self) -> MutexGuard<'_, HashMap<Ino, (Attr, std::time::Instant)>> {
+    fn fresh_dirs(&self) -> MutexGuard<'_, FreshDirs> {
         self.fresh_dirs.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Keeps directory attributes fetched with a change in it (module
-    /// docs, "Directories just changed").
-    fn keep_fresh_dir(&self, r: Option<&Result<Response, Errno>>) {
-        if let Some(Ok(Response::Attr { attr } | Response::Entry { attr })) = r {
-            let mut f = self.fresh_dirs();
-            if f.len() >= FRESH_DIRS_MAX {
-                f.clear();
-            }
-            f.insert(attr.ino, (*attr, std::time::Instant::now()));
-        }
-    }
-
-    /// Another change through this mount to these inodes, one that does
-    /// not bring their new attributes: what was kept of them is old now.
-    fn not_fresh(&self, inos: &[Ino]) {
-        let mut f = self.fresh_dirs();
-        for ino in inos {
-            f.remove(ino);
-        }
+    /// A change through this mount to these inodes is about to be sent:
+    /// what was kept of them is old now, and again when the returned guard
+    /// drops (after the answer); a compound's directory attributes given
+    /// to [`Changing::keep`] are kept then if no other change overlapped.
+    fn changing(&self, inos: &[Ino]) -> Changing<'_> {
+        let ticket = self.fresh_dirs().begin(inos);
+        Changing { core: self, ticket: Some(ticket), inos: inos.to_vec(), kept: None }
     }
 
     /// The attributes of directory `ino` as this mount's change in it just
     /// left them, once, if that was within [`FRESH_DIR_FOR`].
     fn take_fresh_dir(&self, ino: Ino) -> Option<Attr> {
-        let (a, at) = self.fresh_dirs().remove(&ino)?;
-        (at.elapsed() < FRESH_DIR_FOR).then_some(a)
+        self.fresh_dirs().take(ino, std::time::Instant::now())
     }
 
     /// Runs `req`, a change in directory `parent`, in one compound with a
@@ -542,8 +623,10 @@ impl Core {
     fn change_in_dir(&self, s: &MetaSession, parent: Ino, req: Request) -> Result<Response, Errno> {
         let ops =
             vec![CompoundOp { chain: false, req }, CompoundOp { chain: false, req: Request::GetAttr { ino: parent } }];
+        let mut changing = self.changing(&[parent]);
         let results = s.compound(ops)?;
-        self.keep_fresh_dir(results.get(1));
+        changing.keep(results.get(1));
+        drop(changing);
         results.into_iter().next().ok_or(Errno::EPROTO)?
     }
 
@@ -682,7 +765,7 @@ impl Core {
     }
 
     fn setattr_counted(&self, c: Caller, ino: Ino, fh: Option<u64>, set: SetAttr) -> Result<Attr, Errno> {
-        self.not_fresh(&[ino]);
+        let _changing = self.changing(&[ino]);
         let mut last = None;
         if let Some(size) = set.size {
             let by_fd = fh.and_then(|fh| self.handle_file(fh)).filter(|f| f.cap.rights & RIGHT_WRITE != 0);
@@ -734,7 +817,7 @@ impl Core {
     /// root). Type bits of a directory or symlink, or none that exist, are
     /// `EINVAL` here (the kernel refuses those before asking).
     pub fn mknod(&self, c: Caller, parent: Ino, name: &[u8], mode: u32, rdev: u64) -> Result<Attr, Errno> {
-        self.not_fresh(&[parent]);
+        let _changing = self.changing(&[parent]);
         let kind = node_kind(mode).ok_or(Errno::EINVAL)?;
         self.session(c).mknod(parent, name, kind, mode & 0o7777, rdev)
     }
@@ -768,12 +851,12 @@ impl Core {
     }
 
     pub fn symlink(&self, c: Caller, parent: Ino, name: &[u8], target: &[u8]) -> Result<Attr, Errno> {
-        self.not_fresh(&[parent]);
+        let _changing = self.changing(&[parent]);
         self.session(c).symlink(parent, name, target)
     }
 
     pub fn link(&self, c: Caller, ino: Ino, new_parent: Ino, new_name: &[u8]) -> Result<Attr, Errno> {
-        self.not_fresh(&[ino, new_parent]);
+        let _changing = self.changing(&[ino, new_parent]);
         self.session(c).link(ino, new_parent, new_name).map(|a| self.local(a))
     }
 
@@ -790,7 +873,7 @@ impl Core {
         new_name: &[u8],
         flags: u32,
     ) -> Result<(), Errno> {
-        self.not_fresh(&[parent, new_parent]);
+        let _changing = self.changing(&[parent, new_parent]);
         self.counted(Op::Rename, || self.session(c).rename_flags(parent, name, new_parent, new_name, flags))
     }
 
@@ -798,7 +881,7 @@ impl Core {
     /// the rules. `security.capability` is refused here as meta refuses it
     /// (see [`Core::getxattr`]).
     pub fn setxattr(&self, c: Caller, ino: Ino, name: &[u8], value: &[u8], flags: u32) -> Result<(), Errno> {
-        self.not_fresh(&[ino]);
+        let _changing = self.changing(&[ino]);
         if name == XATTR_FILE_CAPS {
             return Err(Errno::EOPNOTSUPP);
         }
@@ -825,7 +908,7 @@ impl Core {
     }
 
     pub fn removexattr(&self, c: Caller, ino: Ino, name: &[u8]) -> Result<(), Errno> {
-        self.not_fresh(&[ino]);
+        let _changing = self.changing(&[ino]);
         self.session(c).removexattr(ino, name)
     }
 
@@ -977,8 +1060,10 @@ impl Core {
             // just changed").
             CompoundOp { chain: false, req: Request::GetAttr { ino: parent } },
         ];
+        let mut changing = self.changing(&[parent]);
         let results = s.compound(ops)?;
-        self.keep_fresh_dir(results.get(2));
+        changing.keep(results.get(2));
+        drop(changing);
         let mut results = results.into_iter();
         match (results.next(), results.next()) {
             (Some(Ok(_)), Some(Ok(Response::Opened { attr, layout, cap }))) => {
@@ -1164,7 +1249,7 @@ impl Core {
     /// mount has it open, what it knows of its bytes and size is refreshed
     /// as after a lock grant.
     pub fn changed_elsewhere(&self, ino: Ino) {
-        self.fresh_dirs().remove(&ino);
+        self.fresh_dirs().changed_elsewhere(ino);
         if self.table().inodes.contains_key(&ino) {
             self.lock_granted(ino);
         }
@@ -1461,6 +1546,61 @@ mod tests {
     fn attr(kind: FileType, mode: u32, uid: u32, gid: u32) -> Attr {
         let t = Timespec::default();
         Attr { ino: 5, kind, mode, nlink: 1, uid, gid, rdev: 0, size: 0, blocks: 0, atime: t, mtime: t, ctime: t }
+    }
+
+    fn dir(ino: Ino, nlink: u32) -> Attr {
+        Attr { ino, nlink, ..attr(FileType::Directory, 0o755, 0, 0) }
+    }
+
+    #[test]
+    fn a_directory_copy_is_kept_only_when_its_change_overlapped_no_other() {
+        let now = std::time::Instant::now();
+        let d = 7;
+        // Alone: kept, used once.
+        let mut f = FreshDirs::default();
+        let t = f.begin(&[d]);
+        f.end(t, &[d], Some(dir(d, 3)), now);
+        assert_eq!(f.take(d, now).map(|a| a.nlink), Some(3));
+        assert_eq!(f.take(d, now), None, "used once");
+
+        // A rename in the directory begins while a create's compound is on
+        // its way and ends after it: the create's copy may predate the
+        // rename at meta, so it is not kept (review of the small-file path).
+        let mut f = FreshDirs::default();
+        let create = f.begin(&[d]);
+        let rename = f.begin(&[d]);
+        f.end(create, &[d], Some(dir(d, 3)), now);
+        assert_eq!(f.take(d, now), None, "a copy older than an overlapping change");
+        f.end(rename, &[d], None, now);
+        assert_eq!(f.take(d, now), None);
+
+        // Another change begins and ends while the create is on its way.
+        let mut f = FreshDirs::default();
+        let create = f.begin(&[d]);
+        let mkdir = f.begin(&[d]);
+        f.end(mkdir, &[d], Some(dir(d, 4)), now);
+        f.end(create, &[d], Some(dir(d, 3)), now);
+        assert_eq!(f.take(d, now), None, "two overlapping creates keep neither copy");
+
+        // A change that begins after the copy was kept drops it at once.
+        let mut f = FreshDirs::default();
+        let t = f.begin(&[d]);
+        f.end(t, &[d], Some(dir(d, 3)), now);
+        let _link = f.begin(&[d]);
+        assert_eq!(f.take(d, now), None);
+
+        // Another session's change heard of while a create is on its way.
+        let mut f = FreshDirs::default();
+        let t = f.begin(&[d]);
+        f.changed_elsewhere(d);
+        f.end(t, &[d], Some(dir(d, 3)), now);
+        assert_eq!(f.take(d, now), None);
+
+        // Too old to use.
+        let mut f = FreshDirs::default();
+        let t = f.begin(&[d]);
+        f.end(t, &[d], Some(dir(d, 3)), now);
+        assert_eq!(f.take(d, now + FRESH_DIR_FOR), None);
     }
 
     #[test]
