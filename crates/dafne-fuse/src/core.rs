@@ -361,6 +361,9 @@ pub struct Core {
     table: Mutex<Table>,
     next_fh: AtomicU64,
     stats_file: Option<PathBuf>,
+    /// Requests served through the FUSE ring and through /dev/fuse (set
+    /// by the mount once its session exists).
+    request_counters: std::sync::OnceLock<crate::ring::RequestCounters>,
     readahead: Option<ReadAhead>,
     writebehind: Option<WriteBehind>,
 }
@@ -388,6 +391,7 @@ impl Core {
             table: Mutex::new(Table::default()),
             next_fh: AtomicU64::new(1),
             stats_file: None,
+            request_counters: std::sync::OnceLock::new(),
             readahead: None,
             writebehind: None,
         }
@@ -435,6 +439,11 @@ impl Core {
             h.wb_cursor = h.wb_cursor.max(cursor);
         }
         r
+    }
+
+    /// Where the mount counts its requests (ring and /dev/fuse).
+    pub fn set_request_counters(&self, c: crate::ring::RequestCounters) {
+        let _ = self.request_counters.set(c);
     }
 
     /// Writes [`RegistrationCounters`] to `path` after each `flush`.
@@ -1134,6 +1143,13 @@ impl Core {
                 r.posts_refused,
                 r.peak_bytes,
                 r.budget_bytes
+            ));
+        }
+        if let Some(c) = self.request_counters.get() {
+            text.push_str(&format!(
+                "fuse_requests_ring {}\nfuse_requests_dev {}\n",
+                c.ring.load(std::sync::atomic::Ordering::Relaxed),
+                c.dev.load(std::sync::atomic::Ordering::Relaxed)
             ));
         }
         if let Some(w) = self.write_behind_stats() {

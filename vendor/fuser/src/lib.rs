@@ -73,8 +73,10 @@ pub use crate::reply::ReplyPoll;
 pub use crate::reply::ReplyStatfs;
 pub use crate::reply::ReplyWrite;
 pub use crate::reply::ReplyXattr;
+pub use crate::reply::ReplySink; // DAFNE PATCH
 pub use crate::request_param::Request;
 pub use crate::session::BackgroundSession;
+pub use crate::session::Dispatcher; // DAFNE PATCH
 use crate::session::MAX_WRITE_SIZE;
 pub use crate::session::Session;
 pub use crate::session::SessionACL;

@@ -34,10 +34,21 @@ use crate::ll::reply::Response;
 use crate::ll::{self};
 use crate::passthrough::BackingId;
 
+/// DAFNE PATCH: where a reply goes when the request did not come from
+/// `read(/dev/fuse)` (FUSE over io_uring): the caller's sink gets the
+/// reply's bytes (`fuse_out_header` first, then the reply's arguments),
+/// possibly from another thread than the one that dispatched the request.
+pub trait ReplySink: Send + Sync + std::fmt::Debug + 'static {
+    /// Takes the reply of one request; called at most once per request.
+    fn send(&self, data: &[IoSlice<'_>]) -> std::io::Result<()>;
+}
+
 /// Generic reply callback to send data
 #[derive(Debug)]
 pub(crate) enum ReplySender {
     Channel(ChannelSender),
+    /// DAFNE PATCH: a caller's sink; the channel serves backing files.
+    Sink(SinkSender),
     #[cfg(test)]
     Assert(AssertSender),
     #[cfg(test)]
@@ -49,6 +60,7 @@ impl ReplySender {
     pub(crate) fn send(&self, data: &[IoSlice<'_>]) -> std::io::Result<()> {
         match self {
             ReplySender::Channel(sender) => sender.send(data),
+            ReplySender::Sink(sender) => sender.sink.send(data), // DAFNE PATCH
             #[cfg(test)]
             ReplySender::Assert(sender) => sender.send(data),
             #[cfg(test)]
@@ -63,6 +75,7 @@ impl ReplySender {
     pub(crate) fn open_backing(&self, fd: BorrowedFd<'_>) -> std::io::Result<BackingId> {
         match self {
             ReplySender::Channel(sender) => sender.open_backing(fd),
+            ReplySender::Sink(sender) => sender.channel.open_backing(fd), // DAFNE PATCH
             #[cfg(test)]
             ReplySender::Assert(_) => unreachable!(),
             #[cfg(test)]
@@ -74,11 +87,26 @@ impl ReplySender {
     pub(crate) unsafe fn wrap_backing(&self, id: u32) -> BackingId {
         match self {
             ReplySender::Channel(sender) => unsafe { sender.wrap_backing(id) },
+            // DAFNE PATCH: same call as the arm above, on the session's channel.
+            ReplySender::Sink(sender) => unsafe { sender.channel.wrap_backing(id) },
             #[cfg(test)]
             ReplySender::Assert(_) => unreachable!(),
             #[cfg(test)]
             ReplySender::Sync(_) => unreachable!(),
         }
+    }
+}
+
+/// DAFNE PATCH: a caller's reply sink and the session's channel.
+#[derive(Clone)]
+pub(crate) struct SinkSender {
+    pub(crate) sink: std::sync::Arc<dyn ReplySink>,
+    pub(crate) channel: ChannelSender,
+}
+
+impl std::fmt::Debug for SinkSender {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SinkSender").finish_non_exhaustive()
     }
 }
 

@@ -34,6 +34,8 @@ use crate::session::SessionEventLoop;
 pub(crate) struct RequestWithSender<'a> {
     /// Channel sender for sending the reply
     ch: ChannelSender,
+    /// DAFNE PATCH: where replies go instead of `ch`, when set.
+    sink: Option<std::sync::Arc<dyn crate::reply::ReplySink>>,
     /// Parsed request
     pub(crate) request: ll::AnyRequest<'a>,
 }
@@ -49,7 +51,29 @@ impl<'a> RequestWithSender<'a> {
             }
         };
 
-        Some(Self { ch, request })
+        Some(Self { ch, sink: None, request })
+    }
+
+    /// DAFNE PATCH: a request whose replies go to `sink` (FUSE over io_uring).
+    pub(crate) fn with_sink(
+        ch: ChannelSender,
+        sink: std::sync::Arc<dyn crate::reply::ReplySink>,
+        data: &'a [u8],
+    ) -> Option<RequestWithSender<'a>> {
+        let mut req = Self::new(ch, data)?;
+        req.sink = Some(sink);
+        Some(req)
+    }
+
+    /// DAFNE PATCH: the sender a reply of this request uses.
+    fn sender(&self) -> ReplySender {
+        match &self.sink {
+            Some(sink) => ReplySender::Sink(crate::reply::SinkSender {
+                sink: sink.clone(),
+                channel: self.ch.clone(),
+            }),
+            None => ReplySender::Channel(self.ch.clone()),
+        }
     }
 
     /// Dispatch request to the given filesystem.
@@ -304,7 +328,7 @@ impl<'a> RequestWithSender<'a> {
                     x.offset(),
                     ReplyDirectory::new(
                         self.request.unique(),
-                        ReplySender::Channel(self.ch.clone()),
+                        self.sender(), // DAFNE PATCH
                         x.size() as usize,
                     ),
                 );
@@ -479,7 +503,7 @@ impl<'a> RequestWithSender<'a> {
                     x.offset(),
                     ReplyDirectoryPlus::new(
                         self.request.unique(),
-                        ReplySender::Channel(self.ch.clone()),
+                        self.sender(), // DAFNE PATCH
                         x.size() as usize,
                     ),
                 );
@@ -552,7 +576,7 @@ impl<'a> RequestWithSender<'a> {
     /// Create a reply object for this request that can be passed to the filesystem
     /// implementation and makes sure that a request is replied exactly once
     pub(crate) fn reply<T: Reply>(&self) -> T {
-        Reply::new(self.request.unique(), ReplySender::Channel(self.ch.clone()))
+        Reply::new(self.request.unique(), self.sender()) // DAFNE PATCH
     }
 
     /// Returns a Request reference for this request

@@ -139,6 +139,10 @@ pub struct Session<FS: Filesystem> {
     /// The field is set to `Some` when the init message is received.
     pub(crate) proto_version: Option<Version>,
     pub(crate) config: Config,
+    /// DAFNE PATCH: `max_write` and `max_pages` of this session's INIT reply.
+    init_limits: Option<(u32, u16)>,
+    /// DAFNE PATCH: requests read from /dev/fuse by the workers.
+    dev_requests: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl<FS: Filesystem> AsFd for Session<FS> {
@@ -186,6 +190,8 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config: options.clone(),
+            init_limits: None,                // DAFNE PATCH
+            dev_requests: Default::default(), // DAFNE PATCH
         };
 
         session.handshake()?;
@@ -214,6 +220,8 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config,
+            init_limits: None,                // DAFNE PATCH
+            dev_requests: Default::default(), // DAFNE PATCH
         };
 
         session.handshake()?;
@@ -244,6 +252,20 @@ impl<FS: Filesystem> Session<FS> {
     /// # Errors
     /// Returns any final error when the session comes to an end.
     pub fn run(self) -> io::Result<()> {
+        self.run_with(|_| Ok(())) // DAFNE PATCH: the loop moved to run_with
+    }
+
+    /// DAFNE PATCH: like [`Session::run`], but first hands `start` a
+    /// [`Dispatcher`] for requests that do not come from `read(/dev/fuse)`
+    /// (FUSE over io_uring). The classic workers still serve `/dev/fuse`
+    /// (FORGET and INTERRUPT always come that way). The file system's
+    /// `destroy` runs when the last dispatcher and worker are gone.
+    /// # Errors
+    /// What `start` returns, or any final error of the session.
+    pub fn run_with<F>(self, start: F) -> io::Result<()>
+    where
+        F: FnOnce(Dispatcher<FS>) -> io::Result<()>,
+    {
         let Session {
             filesystem,
             ch,
@@ -252,6 +274,8 @@ impl<FS: Filesystem> Session<FS> {
             session_owner,
             proto_version: _,
             config,
+            init_limits: _, // DAFNE PATCH
+            dev_requests,   // DAFNE PATCH
         } = self;
 
         let n_threads = config.n_threads.unwrap_or(1);
@@ -268,6 +292,17 @@ impl<FS: Filesystem> Session<FS> {
         };
 
         let mut filesystem = Arc::new(filesystem);
+
+        // DAFNE PATCH: the caller's dispatcher, sharing this file system.
+        start(Dispatcher {
+            event_loop: Arc::new(SessionEventLoop {
+                thread_name: "fuser-dispatch".to_string(),
+                filesystem: filesystem.clone(),
+                ch: ch.clone(),
+                allowed,
+                session_owner,
+            }),
+        })?;
 
         let mut channels = Vec::with_capacity(n_threads);
 
@@ -299,10 +334,11 @@ impl<FS: Filesystem> Session<FS> {
                 allowed,
                 session_owner,
             };
+            let counter = dev_requests.clone(); // DAFNE PATCH
             threads.push(
                 thread::Builder::new()
                     .name(thread_name)
-                    .spawn(move || event_loop.event_loop())?,
+                    .spawn(move || event_loop.event_loop(&counter))?, // DAFNE PATCH
             );
         }
 
@@ -322,9 +358,9 @@ impl<FS: Filesystem> Session<FS> {
         }
 
         let Some(filesystem) = Arc::get_mut(&mut filesystem) else {
-            return Err(io::Error::other(
-                "BUG: must have one refcount for filesystem",
-            ));
+            // DAFNE PATCH: a dispatcher still holds the file system; its
+            // holder's Drop calls `destroy` when the last one goes.
+            return reply;
         };
 
         filesystem.destroy();
@@ -469,12 +505,24 @@ impl<FS: Filesystem> Session<FS> {
                 config.max_write
             );
 
+            self.init_limits = Some((config.max_write, config.max_pages())); // DAFNE PATCH
             let response = init.reply(&config);
             <ReplyRaw as Reply>::new(request.unique(), ReplySender::Channel(self.ch.sender()))
                 .send_ll(&response);
 
             return Ok(());
         }
+    }
+
+    /// DAFNE PATCH: `max_write` and `max_pages` as sent in the INIT reply
+    /// (the kernel may lower `max_pages` to its limit); `None` before INIT.
+    pub fn init_limits(&self) -> Option<(u32, u16)> {
+        self.init_limits
+    }
+
+    /// DAFNE PATCH: counts the requests the workers read from /dev/fuse.
+    pub fn dev_requests(&self) -> Arc<std::sync::atomic::AtomicU64> {
+        self.dev_requests.clone()
     }
 
     /// Unmount the filesystem
@@ -521,7 +569,7 @@ pub(crate) struct SessionEventLoop<FS: Filesystem> {
 }
 
 impl<FS: Filesystem> SessionEventLoop<FS> {
-    fn event_loop(&self) -> io::Result<()> {
+    fn event_loop(&self, dev_requests: &std::sync::atomic::AtomicU64) -> io::Result<()> {
         // Buffer for receiving requests from the kernel. Only one is allocated and
         // it is reused immediately after dispatching to conserve memory and allocations.
         let mut buf = FuseReadBuf::new();
@@ -530,7 +578,10 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
             // Read the next request from the given channel to kernel driver
             // The kernel driver makes sure that we get exactly one request per read
             match self.ch.receive_retrying(buf) {
-                Ok(size) => match RequestWithSender::new(self.ch.sender(), &buf[..size]) {
+                Ok(size) => match {
+                    dev_requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed); // DAFNE PATCH
+                    RequestWithSender::new(self.ch.sender(), &buf[..size])
+                } {
                     // Dispatch request
                     Some(req) => {
                         if let Ok(Operation::Destroy(_)) = req.request.operation() {
@@ -552,6 +603,50 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
                 Err(err) => return Err(err.into()),
             }
         }
+    }
+}
+
+/// DAFNE PATCH: dispatches requests that the caller received itself (FUSE
+/// over io_uring) to the session's file system; replies go to a caller's
+/// [`crate::ReplySink`]. Cloning is cheap; any thread may dispatch.
+pub struct Dispatcher<FS: Filesystem> {
+    event_loop: Arc<SessionEventLoop<FS>>,
+}
+
+impl<FS: Filesystem> Clone for Dispatcher<FS> {
+    fn clone(&self) -> Self {
+        Dispatcher { event_loop: self.event_loop.clone() }
+    }
+}
+
+impl<FS: Filesystem> std::fmt::Debug for Dispatcher<FS> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dispatcher").finish_non_exhaustive()
+    }
+}
+
+impl<FS: Filesystem> Dispatcher<FS> {
+    /// Parses one request (`fuse_in_header` and its arguments, contiguous,
+    /// 8-byte aligned, as `read(/dev/fuse)` would return it) and calls the
+    /// file system; its reply goes to `sink`, now or later, from whichever
+    /// thread the file system replies on. DESTROY is answered here.
+    /// # Errors
+    /// `InvalidData` when the bytes are not a request.
+    pub fn dispatch(
+        &self,
+        data: &[u8],
+        sink: Arc<dyn crate::reply::ReplySink>,
+    ) -> io::Result<()> {
+        let se = &*self.event_loop;
+        let Some(req) = RequestWithSender::with_sink(se.ch.sender(), sink, data) else {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "Invalid request"));
+        };
+        if let Ok(Operation::Destroy(_)) = req.request.operation() {
+            req.reply::<ReplyEmpty>().ok();
+        } else {
+            req.dispatch(se);
+        }
+        Ok(())
     }
 }
 

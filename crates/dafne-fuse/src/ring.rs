@@ -1,0 +1,276 @@
+//! Serving the mount over FUSE-over-io_uring, with the classic
+//! `/dev/fuse` workers beside it.
+//!
+//! # Why
+//! Classic FUSE costs two system calls per request (`read` and `writev`
+//! on `/dev/fuse`) and one shared queue for all CPUs. With the kernel's
+//! FUSE ring (Linux ≥ 6.14, module parameter `fuse.enable_uring`), a
+//! request is a completion on a ring entry of the issuing CPU's queue, and
+//! its reply plus the wait for the next request is one `io_uring_enter`.
+//!
+//! # Shape
+//! * [`Uring`] is the choice (`--fuse-uring auto|on|off`); [`decide`] reads
+//!   the kernel parameter and probes io_uring *before* the mount, since a
+//!   connection that agreed to the ring holds every request until the ring
+//!   is registered.
+//! * One thread per ring entry: `threads` threads for each queue (one
+//!   queue per possible CPU), each with its own io_uring and one entry
+//!   (`dafne_uring::fuse`). A thread takes a request, dispatches it inline
+//!   through fuser's [`fuser::Dispatcher`] (the vendored patch), waits for
+//!   its reply (which write-behind or a lock wait may send from another
+//!   thread) and commits it. One entry per thread means the kernel never
+//!   queues a request behind a busy thread while another is idle.
+//! * The classic workers still read `/dev/fuse`: FORGET and INTERRUPT
+//!   always come that way, and so does everything if the ring is refused.
+//! * Counters: requests served by the ring and by `/dev/fuse` go to the
+//!   stats file (`fuse_requests_ring`, `fuse_requests_dev`).
+//!
+//! # Limits
+//! A request whose reply comes later from another thread (a lock wait)
+//! keeps its ring thread: `threads` such waits on one CPU's queue stall
+//! that queue until one is answered (classic mode has no such limit: its
+//! workers read on).
+
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use dafne_uring::fuse::{FuseReplier, FuseRing, FuseRingError};
+
+use crate::fuse::FuseFs;
+
+/// Where the kernel's switch for FUSE over io_uring is.
+pub const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
+
+/// Whether the mount uses FUSE over io_uring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Uring {
+    /// The ring if the kernel offers it, else classic (with one info line).
+    #[default]
+    Auto,
+    /// The ring, or no mount.
+    On,
+    /// Classic `/dev/fuse` only.
+    Off,
+}
+
+impl std::str::FromStr for Uring {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Uring, String> {
+        match s {
+            "auto" => Ok(Uring::Auto),
+            "on" => Ok(Uring::On),
+            "off" => Ok(Uring::Off),
+            _ => Err(format!("--fuse-uring takes auto, on or off, not {s:?}")),
+        }
+    }
+}
+
+impl std::fmt::Display for Uring {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Uring::Auto => "auto",
+            Uring::On => "on",
+            Uring::Off => "off",
+        })
+    }
+}
+
+/// What the kernel offers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Offer {
+    /// Parameter Y and io_uring works.
+    Yes,
+    /// Why not, in words for the user.
+    No(String),
+}
+
+/// Reads the kernel parameter and probes io_uring with 128-byte SQEs.
+pub fn offer() -> Offer {
+    match std::fs::read_to_string(ENABLE_URING) {
+        Err(_) => Offer::No(format!("this kernel has no FUSE over io_uring ({ENABLE_URING} is missing; Linux 6.14 or later built with CONFIG_FUSE_IO_URING)")),
+        Ok(v) if v.trim() != "Y" => Offer::No(format!(
+            "FUSE over io_uring is off in this kernel ({ENABLE_URING} is {}); as root: echo Y > {ENABLE_URING}",
+            v.trim()
+        )),
+        Ok(_) => match FuseRing::probe() {
+            Ok(()) => Offer::Yes,
+            Err(e) => Offer::No(format!("io_uring cannot be set up here: {e}")),
+        },
+    }
+}
+
+/// The choice for one mount: ask the kernel for the ring or not. `Err`
+/// (with the reason) when `on` cannot be honoured.
+pub fn decide(mode: Uring) -> Result<bool, String> {
+    match (mode, offer()) {
+        (Uring::Off, _) => Ok(false),
+        (_, Offer::Yes) => Ok(true),
+        (Uring::On, Offer::No(why)) => Err(why),
+        (Uring::Auto, Offer::No(why)) => {
+            tracing::info!("serving the mount through /dev/fuse: {why}");
+            Ok(false)
+        }
+    }
+}
+
+/// How many queues the kernel makes: one per possible CPU.
+pub fn queues() -> usize {
+    let text = std::fs::read_to_string("/sys/devices/system/cpu/possible").unwrap_or_default();
+    parse_cpu_list(text.trim()).unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+/// `0-3,5` → 6 (highest + 1, as the kernel's `num_possible_cpus` for a
+/// contiguous list; a gap only adds idle queues we register anyway).
+pub fn parse_cpu_list(s: &str) -> Option<usize> {
+    let mut max = None::<usize>;
+    for part in s.split(',').filter(|p| !p.is_empty()) {
+        let hi = part.rsplit('-').next()?.trim().parse::<usize>().ok()?;
+        max = Some(max.map_or(hi, |m| m.max(hi)));
+    }
+    max.map(|m| m + 1)
+}
+
+/// Requests served per path.
+#[derive(Debug, Default)]
+pub struct RequestCounters {
+    pub ring: Arc<AtomicU64>,
+    pub dev: Arc<AtomicU64>,
+}
+
+/// The reply sink fuser gets for a ring request.
+#[derive(Debug)]
+struct RingSink(FuseReplier);
+
+impl fuser::ReplySink for RingSink {
+    fn send(&self, data: &[std::io::IoSlice<'_>]) -> std::io::Result<()> {
+        self.0.reply(data)
+    }
+}
+
+/// The ring threads of one mount, registered and waiting for requests.
+#[derive(Debug)]
+pub struct RingThreads {
+    handles: Vec<JoinHandle<()>>,
+    dispatchers: Vec<mpsc::Sender<fuser::Dispatcher<FuseFs>>>,
+}
+
+impl RingThreads {
+    /// Starts `per_queue` threads for each queue, each registering one
+    /// entry of `payload` bytes on a duplicate of `dev`. Returns when every
+    /// registration is done (or refused: then the error, and the kernel
+    /// has switched the connection back to `/dev/fuse`).
+    pub fn start(dev: &OwnedFd, payload: usize, per_queue: usize, ring_count: Arc<AtomicU64>) -> Result<RingThreads, String> {
+        let nq = queues();
+        let mut threads = RingThreads { handles: Vec::new(), dispatchers: Vec::new() };
+        let (done_tx, done_rx) = mpsc::channel::<Result<(), String>>();
+        let mut started = 0;
+        for qid in 0..nq {
+            for i in 0..per_queue.max(1) {
+                let fd = dev.try_clone().map_err(|e| format!("duplicating /dev/fuse: {e}"))?;
+                let qid16 = u16::try_from(qid).map_err(|_| format!("queue {qid} out of range"))?;
+                let mut ring = FuseRing::new(fd, qid16, payload).map_err(|e| e.to_string())?;
+                let (tx, rx) = mpsc::channel();
+                let done = done_tx.clone();
+                let count = ring_count.clone();
+                let h = std::thread::Builder::new()
+                    .name(format!("fuse-ring-{qid}.{i}"))
+                    .spawn(move || {
+                        let reg = ring.register();
+                        let ok = reg.is_ok();
+                        let _ = done.send(reg.map_err(|e| e.to_string()));
+                        if ok {
+                            serve_ring(ring, rx, &count);
+                        }
+                    })
+                    .map_err(|e| format!("starting a ring thread: {e}"))?;
+                threads.handles.push(h);
+                threads.dispatchers.push(tx);
+                started += 1;
+            }
+        }
+        drop(done_tx);
+        for _ in 0..started {
+            match done_rx.recv_timeout(Duration::from_secs(10)) {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(format!("registering a FUSE ring entry: {e}")),
+                Err(_) => return Err("a FUSE ring thread did not report its registration".into()),
+            }
+        }
+        Ok(threads)
+    }
+
+    /// Hands every thread the dispatcher (once the session runs).
+    pub fn dispatch_with(&mut self, d: &fuser::Dispatcher<FuseFs>) {
+        for tx in self.dispatchers.drain(..) {
+            let _ = tx.send(d.clone());
+        }
+    }
+
+    /// Waits for the threads (they end when the kernel tears the ring
+    /// down at unmount).
+    pub fn join(self) {
+        drop(self.dispatchers);
+        for h in self.handles {
+            let _ = h.join();
+        }
+    }
+}
+
+/// One ring thread: wait, dispatch, commit, until the unmount.
+fn serve_ring(mut ring: FuseRing, dispatcher: mpsc::Receiver<fuser::Dispatcher<FuseFs>>, count: &AtomicU64) {
+    if let Err(e) = ring.wait() {
+        log_end(&ring, &e);
+        return;
+    }
+    // The first request may come before the session runs; wait for it.
+    let Ok(d) = dispatcher.recv() else { return };
+    loop {
+        match ring.request() {
+            Ok(req) => {
+                count.fetch_add(1, Ordering::Relaxed);
+                let sink: Arc<dyn fuser::ReplySink> = Arc::new(RingSink(req.replier()));
+                if let Err(e) = d.dispatch(req.bytes(), sink) {
+                    tracing::warn!("FUSE ring queue {}: {e}", ring.qid());
+                }
+            }
+            // Answered with EIO by `commit`.
+            Err(e) => tracing::warn!("FUSE ring queue {}: {e}", ring.qid()),
+        }
+        if let Err(e) = ring.commit() {
+            log_end(&ring, &e);
+            return;
+        }
+    }
+}
+
+fn log_end(ring: &FuseRing, e: &FuseRingError) {
+    if e.is_disconnected() {
+        tracing::debug!("FUSE ring queue {}: unmounted", ring.qid());
+    } else {
+        tracing::error!("FUSE ring queue {} stopped: {e}", ring.qid());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_lists_give_the_queue_count() {
+        assert_eq!(parse_cpu_list("0-1"), Some(2));
+        assert_eq!(parse_cpu_list("0"), Some(1));
+        assert_eq!(parse_cpu_list("0-3,8-11"), Some(12));
+        assert_eq!(parse_cpu_list("x"), None);
+    }
+
+    #[test]
+    fn modes_parse() {
+        assert_eq!("on".parse::<Uring>(), Ok(Uring::On));
+        assert_eq!("auto".parse::<Uring>(), Ok(Uring::Auto));
+        assert_eq!("off".parse::<Uring>(), Ok(Uring::Off));
+        assert!("yes".parse::<Uring>().is_err());
+    }
+}
