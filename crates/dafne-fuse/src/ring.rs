@@ -162,7 +162,12 @@ impl RingThreads {
     /// entry of `payload` bytes on a duplicate of `dev`. Returns when every
     /// registration is done (or refused: then the error, and the kernel
     /// has switched the connection back to `/dev/fuse`).
-    pub fn start(dev: &OwnedFd, payload: usize, per_queue: usize, ring_count: Arc<AtomicU64>) -> Result<RingThreads, String> {
+    pub fn start(
+        dev: &OwnedFd,
+        payload: usize,
+        per_queue: usize,
+        ring_count: Arc<AtomicU64>,
+    ) -> Result<RingThreads, String> {
         let nq = queues();
         let mut threads = RingThreads { handles: Vec::new(), dispatchers: Vec::new() };
         let (done_tx, done_rx) = mpsc::channel::<Result<(), String>>();

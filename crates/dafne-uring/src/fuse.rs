@@ -224,7 +224,10 @@ impl Drop for Entry {
 /// gives it) as the ring wants it: the first 16 bytes for `in_out`, the
 /// rest for the payload. Returns the out header and the body length, and
 /// calls `body` with each body piece in order.
-pub fn split_reply(data: &[IoSlice<'_>], mut body: impl FnMut(usize, &[u8])) -> io::Result<([u8; OUT_HEADER_SIZE], usize)> {
+pub fn split_reply(
+    data: &[IoSlice<'_>],
+    mut body: impl FnMut(usize, &[u8]),
+) -> io::Result<([u8; OUT_HEADER_SIZE], usize)> {
     let mut header = [0u8; OUT_HEADER_SIZE];
     let mut pos = 0usize;
     for piece in data {
@@ -647,7 +650,7 @@ pub fn request_layout(total: usize, payload_sz: usize, payload_cap: usize) -> Re
         return Err(FuseRingError::Malformed("first argument larger than op_in"));
     }
     // In place needs the start 8-byte aligned (fuser reads the structs in place).
-    let in_place = payload_sz > COPY_LIMIT && (IN_HEADER_SIZE + arg0) % 8 == 0;
+    let in_place = payload_sz > COPY_LIMIT && (IN_HEADER_SIZE + arg0).is_multiple_of(8);
     Ok(RequestLayout { arg0, in_place })
 }
 

@@ -35,7 +35,9 @@ impl Param {
     /// `None` (after printing why) when the kernel has no FUSE ring.
     fn set(value: &str) -> Option<Param> {
         let Ok(old) = std::fs::read_to_string(PARAM) else {
-            eprintln!("SKIPPED: this kernel has no {PARAM} (FUSE over io_uring needs Linux 6.14+ with CONFIG_FUSE_IO_URING)");
+            eprintln!(
+                "SKIPPED: this kernel has no {PARAM} (FUSE over io_uring needs Linux 6.14+ with CONFIG_FUSE_IO_URING)"
+            );
             return None;
         };
         std::fs::write(PARAM, value).unwrap_or_else(|e| panic!("setting {PARAM} to {value} (needs root): {e}"));
@@ -145,7 +147,10 @@ fn auto_falls_back_to_dev_fuse_when_the_parameter_is_off() {
         .unwrap()
         .filter_map(|e| std::fs::read_to_string(e.unwrap().path()).ok())
         .collect::<String>();
-    assert!(log.contains("serving the mount through /dev/fuse") && log.contains("enable_uring"), "the info line:\n{log}");
+    assert!(
+        log.contains("serving the mount through /dev/fuse") && log.contains("enable_uring"),
+        "the info line:\n{log}"
+    );
 }
 
 #[test]
