@@ -205,6 +205,109 @@ impl Entry {
         unsafe { std::ptr::copy_nonoverlapping(self.base().add(off), out.as_mut_ptr(), N) };
         out
     }
+
+    /// Takes the request the kernel wrote into the entry: its commit id,
+    /// and its bytes made contiguous (in `scratch`, or in place before the
+    /// payload for large ones) with this request's reply generation. Called
+    /// by the owning thread after the kernel completed the entry's command.
+    fn assemble<'a>(&'a self, scratch: &'a mut Vec<u64>) -> (u64, Result<(&'a [u8], u64), FuseRingError>) {
+        let entry = self;
+        // SAFETY: the kernel completed the command, so the entry is with
+        // user space; no replier exists for this generation yet.
+        let in_header: [u8; IN_HEADER_SIZE] = unsafe { entry.read_at(0) };
+        // SAFETY: as above.
+        let commit_id = u64::from_ne_bytes(unsafe { entry.read_at(ENT_COMMIT_ID) });
+        // SAFETY: as above.
+        let payload_sz = u32::from_ne_bytes(unsafe { entry.read_at(ENT_PAYLOAD_SZ) }) as usize;
+        let total = u32::from_ne_bytes(in_header[0..4].try_into().unwrap_or([0; 4])) as usize;
+        let layout = match request_layout(total, payload_sz, entry.payload_cap) {
+            Ok(l) => l,
+            Err(e) => return (commit_id, Err(e)),
+        };
+        let generation = {
+            let mut st = entry.lock();
+            st.generation += 1;
+            st.replied = false;
+            st.pending_used = false;
+            st.body_len = 0;
+            st.repliers = 0;
+            st.dispatching = true;
+            st.request_in_payload = layout.in_place;
+            st.generation
+        };
+        let start = PAYLOAD_OFFSET - IN_HEADER_SIZE - layout.arg0;
+        let bytes: &[u8] = if layout.in_place {
+            // SAFETY: the gap [start, PAYLOAD_OFFSET) is in the allocation
+            // (arg0 ≤ 128) and disjoint from the header buffer; nobody else
+            // touches gap or payload until this borrow ends (repliers hold
+            // their body back while `request_in_payload && dispatching`).
+            unsafe {
+                entry.write_at(start, &in_header);
+                let op_in: [u8; OP_IN_SIZE] = entry.read_at(OP_IN);
+                entry.write_at(start + IN_HEADER_SIZE, &op_in[..layout.arg0]);
+                std::slice::from_raw_parts(entry.base().add(start), total)
+            }
+        } else {
+            scratch.clear();
+            scratch.resize(total.div_ceil(8), 0);
+            // SAFETY: u64 → u8 view of an owned Vec, within its length.
+            let dst = unsafe { std::slice::from_raw_parts_mut(scratch.as_mut_ptr().cast::<u8>(), total) };
+            dst[..IN_HEADER_SIZE].copy_from_slice(&in_header);
+            // SAFETY: op_in and payload[..payload_sz] are in the allocation
+            // and with user space; repliers write the payload only after
+            // this copy (they take the lock we held above, and the copy is
+            // done before the request is handed out).
+            unsafe {
+                let op_in: [u8; OP_IN_SIZE] = entry.read_at(OP_IN);
+                dst[IN_HEADER_SIZE..IN_HEADER_SIZE + layout.arg0].copy_from_slice(&op_in[..layout.arg0]);
+                std::ptr::copy_nonoverlapping(
+                    entry.base().add(PAYLOAD_OFFSET),
+                    dst[IN_HEADER_SIZE + layout.arg0..].as_mut_ptr(),
+                    payload_sz,
+                );
+            }
+            &dst[..]
+        };
+        (commit_id, Ok((bytes, generation)))
+    }
+
+    /// Waits until the current request is answered (or every replier is
+    /// gone: then answers `EIO`), and lays the answer out for the kernel:
+    /// out header in `in_out`, body at the payload's start, `payload_sz`.
+    /// Called by the owning thread once the request's bytes are no longer
+    /// borrowed.
+    fn finish_reply(&self, commit_id: u64) {
+        let entry = self;
+        let mut st = entry.lock();
+        st.dispatching = false;
+        while !st.replied && st.repliers > 0 {
+            st = entry.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+        if !st.replied {
+            // Nobody will answer: EIO, so the caller does not hang.
+            let mut h = [0u8; OUT_HEADER_SIZE];
+            h[0..4].copy_from_slice(&(OUT_HEADER_SIZE as u32).to_ne_bytes());
+            h[4..8].copy_from_slice(&(-EIO).to_ne_bytes());
+            h[8..16].copy_from_slice(&commit_id.to_ne_bytes());
+            // SAFETY: lock held; the entry is with user space.
+            unsafe { entry.write_at(0, &h) };
+            st.body_len = 0;
+            st.replied = true;
+        }
+        if st.pending_used {
+            let pending = std::mem::take(&mut st.pending);
+            // SAFETY: the request borrow ended (the caller's contract); lock held; body_len ≤ payload_cap was checked.
+            unsafe { entry.write_at(PAYLOAD_OFFSET, &pending[..st.body_len]) };
+            st.pending = pending;
+            st.pending_used = false;
+        }
+        let sz = u32::try_from(st.body_len).unwrap_or(u32::MAX);
+        // SAFETY: lock held; the entry is with user space.
+        unsafe { entry.write_at(ENT_PAYLOAD_SZ, &sz.to_ne_bytes()) };
+        // Late repliers of this generation must not write any more.
+        st.generation += 1;
+        st.repliers = 0;
+    }
 }
 
 impl Drop for Entry {
@@ -507,62 +610,11 @@ impl FuseRing {
     /// # Errors
     /// [`FuseRingError::Malformed`] when the kernel's sizes do not add up.
     pub fn request(&mut self) -> Result<FuseRequest<'_>, FuseRingError> {
-        let entry = &*self.entry;
-        // SAFETY: the kernel completed the command, so the entry is with
-        // user space; no replier exists for this generation yet.
-        let in_header: [u8; IN_HEADER_SIZE] = unsafe { entry.read_at(0) };
-        // SAFETY: as above.
-        let commit_id = u64::from_ne_bytes(unsafe { entry.read_at(ENT_COMMIT_ID) });
-        // SAFETY: as above.
-        let payload_sz = u32::from_ne_bytes(unsafe { entry.read_at(ENT_PAYLOAD_SZ) }) as usize;
-        let total = u32::from_ne_bytes(in_header[0..4].try_into().unwrap_or([0; 4])) as usize;
-        // Set first, so that a malformed request is still answered (EIO).
+        // The commit id is taken first, so that a malformed request is
+        // still answered (EIO).
+        let (commit_id, assembled) = self.entry.assemble(&mut self.scratch);
         self.commit_id = Some(commit_id);
-        let layout = request_layout(total, payload_sz, entry.payload_cap)?;
-        let generation = {
-            let mut st = entry.lock();
-            st.generation += 1;
-            st.replied = false;
-            st.pending_used = false;
-            st.body_len = 0;
-            st.repliers = 0;
-            st.dispatching = true;
-            st.request_in_payload = layout.in_place;
-            st.generation
-        };
-        let start = PAYLOAD_OFFSET - IN_HEADER_SIZE - layout.arg0;
-        let bytes: &[u8] = if layout.in_place {
-            // SAFETY: the gap [start, PAYLOAD_OFFSET) is in the allocation
-            // (arg0 ≤ 128) and disjoint from the header buffer; nobody else
-            // touches gap or payload until this borrow ends (repliers hold
-            // their body back while `request_in_payload && dispatching`).
-            unsafe {
-                entry.write_at(start, &in_header);
-                let op_in: [u8; OP_IN_SIZE] = entry.read_at(OP_IN);
-                entry.write_at(start + IN_HEADER_SIZE, &op_in[..layout.arg0]);
-                std::slice::from_raw_parts(entry.base().add(start), total)
-            }
-        } else {
-            self.scratch.clear();
-            self.scratch.resize(total.div_ceil(8), 0);
-            // SAFETY: u64 → u8 view of an owned Vec, within its length.
-            let dst = unsafe { std::slice::from_raw_parts_mut(self.scratch.as_mut_ptr().cast::<u8>(), total) };
-            dst[..IN_HEADER_SIZE].copy_from_slice(&in_header);
-            // SAFETY: op_in and payload[..payload_sz] are in the allocation
-            // and with user space; repliers write the payload only after
-            // this copy (they take the lock we held above, and the copy is
-            // done before the request is handed out).
-            unsafe {
-                let op_in: [u8; OP_IN_SIZE] = entry.read_at(OP_IN);
-                dst[IN_HEADER_SIZE..IN_HEADER_SIZE + layout.arg0].copy_from_slice(&op_in[..layout.arg0]);
-                std::ptr::copy_nonoverlapping(
-                    entry.base().add(PAYLOAD_OFFSET),
-                    dst[IN_HEADER_SIZE + layout.arg0..].as_mut_ptr(),
-                    payload_sz,
-                );
-            }
-            &dst[..]
-        };
+        let (bytes, generation) = assembled?;
         Ok(FuseRequest { bytes, entry: &self.entry, generation })
     }
 
@@ -576,39 +628,7 @@ impl FuseRing {
         let Some(commit_id) = self.commit_id.take() else {
             return Err(FuseRingError::Malformed("commit without a request"));
         };
-        {
-            let entry = &*self.entry;
-            let mut st = entry.lock();
-            st.dispatching = false;
-            while !st.replied && st.repliers > 0 {
-                st = entry.cv.wait(st).unwrap_or_else(|p| p.into_inner());
-            }
-            if !st.replied {
-                // Nobody will answer: EIO, so the caller does not hang.
-                let mut h = [0u8; OUT_HEADER_SIZE];
-                h[0..4].copy_from_slice(&(OUT_HEADER_SIZE as u32).to_ne_bytes());
-                h[4..8].copy_from_slice(&(-EIO).to_ne_bytes());
-                h[8..16].copy_from_slice(&commit_id.to_ne_bytes());
-                // SAFETY: lock held; the entry is with user space.
-                unsafe { entry.write_at(0, &h) };
-                st.body_len = 0;
-                st.replied = true;
-            }
-            if st.pending_used {
-                let pending = std::mem::take(&mut st.pending);
-                // SAFETY: the request borrow ended (`commit` takes &mut
-                // self); lock held; body_len ≤ payload_cap was checked.
-                unsafe { entry.write_at(PAYLOAD_OFFSET, &pending[..st.body_len]) };
-                st.pending = pending;
-                st.pending_used = false;
-            }
-            let sz = u32::try_from(st.body_len).unwrap_or(u32::MAX);
-            // SAFETY: lock held; the entry is with user space.
-            unsafe { entry.write_at(ENT_PAYLOAD_SZ, &sz.to_ne_bytes()) };
-            // Late repliers of this generation must not write any more.
-            st.generation += 1;
-            st.repliers = 0;
-        }
+        self.entry.finish_reply(commit_id);
         self.submit(CMD_COMMIT_AND_FETCH, commit_id)?;
         self.reap(true).map(drop)
     }
@@ -668,6 +688,122 @@ mod tests {
         assert_eq!(l, RequestLayout { arg0: 0, in_place: false });
         // GETATTR: fuse_getattr_in in op_in, nothing in the payload.
         assert_eq!(request_layout(56, 0, 8192).unwrap().arg0, 16);
+    }
+
+    /// An entry as the kernel leaves it after a request: `in_out` holds
+    /// the in header (len, opcode, unique), `op_in` the first argument,
+    /// the payload the rest.
+    fn kernel_writes(e: &Entry, opcode: u32, unique: u64, arg0: &[u8], payload: &[u8]) {
+        let mut h = [0u8; IN_HEADER_SIZE];
+        let len = (IN_HEADER_SIZE + arg0.len() + payload.len()) as u32;
+        h[0..4].copy_from_slice(&len.to_ne_bytes());
+        h[4..8].copy_from_slice(&opcode.to_ne_bytes());
+        h[8..16].copy_from_slice(&unique.to_ne_bytes());
+        // SAFETY: test: in bounds, nothing else uses the entry.
+        unsafe {
+            e.write_at(0, &h);
+            e.write_at(OP_IN, arg0);
+            e.write_at(PAYLOAD_OFFSET, payload);
+            e.write_at(ENT_COMMIT_ID, &unique.to_ne_bytes());
+            e.write_at(ENT_PAYLOAD_SZ, &(payload.len() as u32).to_ne_bytes());
+        }
+    }
+
+    /// What the kernel reads at commit: out header, body.
+    fn kernel_reads(e: &Entry) -> ([u8; OUT_HEADER_SIZE], Vec<u8>) {
+        // SAFETY: test: in bounds, nothing else uses the entry.
+        unsafe {
+            let h: [u8; OUT_HEADER_SIZE] = e.read_at(0);
+            let sz = u32::from_ne_bytes(e.read_at(ENT_PAYLOAD_SZ)) as usize;
+            let body = std::slice::from_raw_parts(e.base().add(PAYLOAD_OFFSET), sz).to_vec();
+            (h, body)
+        }
+    }
+
+    fn out_header(unique: u64, error: i32, len: usize) -> [u8; OUT_HEADER_SIZE] {
+        let mut h = [0u8; OUT_HEADER_SIZE];
+        h[0..4].copy_from_slice(&((OUT_HEADER_SIZE + len) as u32).to_ne_bytes());
+        h[4..8].copy_from_slice(&error.to_ne_bytes());
+        h[8..16].copy_from_slice(&unique.to_ne_bytes());
+        h
+    }
+
+    fn replier(e: &Arc<Entry>, generation: u64) -> FuseReplier {
+        e.lock().repliers += 1;
+        FuseReplier { entry: e.clone(), generation }
+    }
+
+    #[test]
+    fn a_small_request_is_copied_out_and_its_reply_goes_straight_to_the_payload() {
+        let e = Arc::new(Entry::new(MIN_PAYLOAD).unwrap());
+        // LOOKUP (1): empty first argument, the name in the payload.
+        kernel_writes(&e, 1, 77, &[], b"name\0");
+        let mut scratch = Vec::new();
+        let (id, r) = e.assemble(&mut scratch);
+        let (bytes, generation) = r.unwrap();
+        assert_eq!(id, 77);
+        assert_eq!(bytes.len(), IN_HEADER_SIZE + 5);
+        assert_eq!(&bytes[IN_HEADER_SIZE..], b"name\0");
+        assert_eq!(bytes.as_ptr() as usize % 8, 0, "fuser reads the header in place");
+        // The reply, from another thread, while the request is dispatched.
+        let rep = replier(&e, generation);
+        let body = [9u8; 144];
+        let h = out_header(77, 0, body.len());
+        std::thread::scope(|s| {
+            s.spawn(|| rep.reply(&[IoSlice::new(&h[..5]), IoSlice::new(&h[5..]), IoSlice::new(&body)]).unwrap());
+        });
+        drop(rep);
+        e.finish_reply(77);
+        assert_eq!(kernel_reads(&e), (h, body.to_vec()));
+        e.lock().released = true;
+    }
+
+    #[test]
+    fn a_large_write_is_made_contiguous_in_place_and_its_reply_waits_for_the_borrow() {
+        let e = Arc::new(Entry::new(1 << 20).unwrap());
+        // WRITE (16): fuse_write_in (40 bytes) in op_in, the data in the payload.
+        let arg0: Vec<u8> = (0..40).collect();
+        let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+        kernel_writes(&e, 16, 5, &arg0, &data);
+        let mut scratch = Vec::new();
+        let (id, r) = e.assemble(&mut scratch);
+        let (bytes, generation) = r.unwrap();
+        assert_eq!(id, 5);
+        assert_eq!(bytes.as_ptr() as usize, e.base() as usize + PAYLOAD_OFFSET - IN_HEADER_SIZE - 40);
+        assert_eq!(&bytes[IN_HEADER_SIZE..IN_HEADER_SIZE + 40], &arg0[..]);
+        assert!(bytes[IN_HEADER_SIZE + 40..] == data[..]);
+        // fuse_write_out (8 bytes) while the data is still borrowed: held back.
+        let rep = replier(&e, generation);
+        let h = out_header(5, 0, 8);
+        rep.reply(&[IoSlice::new(&h), IoSlice::new(&200_000u64.to_ne_bytes())]).unwrap();
+        assert!(bytes[IN_HEADER_SIZE + 40..] == data[..], "the request's bytes are untouched");
+        assert!(rep.reply(&[IoSlice::new(&h)]).is_err(), "a second reply is refused");
+        drop(rep);
+        e.finish_reply(5);
+        assert_eq!(kernel_reads(&e), (h, 200_000u64.to_ne_bytes().to_vec()));
+        e.lock().released = true;
+    }
+
+    #[test]
+    fn a_request_nobody_answers_gets_eio_and_a_late_reply_is_refused() {
+        let e = Arc::new(Entry::new(MIN_PAYLOAD).unwrap());
+        kernel_writes(&e, 3, 9, &[0u8; 16], &[]);
+        let mut scratch = Vec::new();
+        let (_, r) = e.assemble(&mut scratch);
+        let generation = r.unwrap().1;
+        drop(replier(&e, generation));
+        e.finish_reply(9);
+        assert_eq!(kernel_reads(&e), (out_header(9, -EIO, 0), vec![]));
+        let late = FuseReplier { entry: e.clone(), generation };
+        assert!(late.reply(&[IoSlice::new(&out_header(9, 0, 0))]).is_err());
+        // Sizes that do not add up still give the commit id (answered EIO).
+        kernel_writes(&e, 3, 10, &[], &[]);
+        // SAFETY: test: in bounds, nothing else uses the entry.
+        unsafe { e.write_at(0, &10u32.to_ne_bytes()) };
+        let (id, r) = e.assemble(&mut scratch);
+        assert_eq!(id, 10);
+        assert!(r.is_err());
+        e.lock().released = true;
     }
 
     #[test]
