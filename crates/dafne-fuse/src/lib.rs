@@ -199,17 +199,18 @@ fn start_ring(
     // The kernel's max payload: max(8 KiB, max_write, max_pages × page).
     let (max_write, max_pages) = session.init_limits().unwrap_or((MAX_IO, 0));
     let payload = (max_write as usize).max(usize::from(max_pages) * 4096);
-    let dev = match session.as_fd().try_clone_to_owned() {
-        Ok(d) => d,
-        Err(e) => return fail(format!("duplicating /dev/fuse: {e}")),
-    };
+    // Without a descriptor nothing can register the ring or turn it off,
+    // and the kernel would hold every request: no mount.
+    let dev =
+        session.as_fd().try_clone_to_owned().map_err(|e| MountError::Uring(format!("duplicating /dev/fuse: {e}")))?;
     match ring::RingThreads::start(&dev, payload, opts.threads.max(1), ring_count) {
-        Ok(t) => {
+        (t, Ok(())) => {
             tracing::info!("serving the mount over FUSE io_uring ({} queues)", ring::queues());
             Ok(Some(t))
         }
-        // A refused registration switched the connection back to /dev/fuse.
-        Err(why) => fail(why),
+        // The connection is back on /dev/fuse; the threads still serve
+        // whatever reaches the entries that did register.
+        (t, Err(why)) => fail(why).map(|none: Option<ring::RingThreads>| none.or(Some(t))),
     }
 }
 
@@ -274,11 +275,6 @@ impl Mounted {
             t.join();
         }
         r.map_err(|source| MountError::Serve { mountpoint, source })
-    }
-
-    /// Whether this mount serves FUSE over io_uring.
-    pub fn uses_ring(&self) -> bool {
-        self.ring.is_some()
     }
 }
 

@@ -159,52 +159,94 @@ pub struct RingThreads {
 
 impl RingThreads {
     /// Starts `per_queue` threads for each queue, each registering one
-    /// entry of `payload` bytes on a duplicate of `dev`. Returns when every
-    /// registration is done (or refused: then the error, and the kernel
-    /// has switched the connection back to `/dev/fuse`).
+    /// entry of `payload` bytes on a duplicate of `dev`, and waits until
+    /// every registration is done. The threads are returned also when one
+    /// failed (the error beside them): an entry that did register may get
+    /// requests and must be served. On a failure the connection is set back
+    /// to `/dev/fuse` ([`FuseRing::refuse_registration`]), which the kernel
+    /// does by itself when it refused a registration.
     pub fn start(
         dev: &OwnedFd,
         payload: usize,
         per_queue: usize,
         ring_count: Arc<AtomicU64>,
-    ) -> Result<RingThreads, String> {
-        let nq = queues();
+    ) -> (RingThreads, Result<(), String>) {
         let mut threads = RingThreads { handles: Vec::new(), dispatchers: Vec::new() };
+        let r = threads.spawn_all(dev, payload, per_queue, ring_count);
+        if r.is_err() {
+            match dev
+                .try_clone()
+                .map_err(|e| e.to_string())
+                .and_then(|d| FuseRing::refuse_registration(d).map_err(|e| e.to_string()))
+            {
+                Ok(()) => {}
+                Err(e) => tracing::error!("could not switch the mount back to /dev/fuse: {e}"),
+            }
+        }
+        (threads, r)
+    }
+
+    fn spawn_all(
+        &mut self,
+        dev: &OwnedFd,
+        payload: usize,
+        per_queue: usize,
+        ring_count: Arc<AtomicU64>,
+    ) -> Result<(), String> {
+        let nq = queues();
         let (done_tx, done_rx) = mpsc::channel::<Result<(), String>>();
         let mut started = 0;
-        for qid in 0..nq {
+        let mut first_err = None;
+        'spawn: for qid in 0..nq {
             for i in 0..per_queue.max(1) {
-                let fd = dev.try_clone().map_err(|e| format!("duplicating /dev/fuse: {e}"))?;
-                let qid16 = u16::try_from(qid).map_err(|_| format!("queue {qid} out of range"))?;
-                let mut ring = FuseRing::new(fd, qid16, payload).map_err(|e| e.to_string())?;
+                let ring = dev.try_clone().map_err(|e| format!("duplicating /dev/fuse: {e}")).and_then(|fd| {
+                    let q = u16::try_from(qid).map_err(|_| format!("queue {qid} out of range"))?;
+                    FuseRing::new(fd, q, payload).map_err(|e| e.to_string())
+                });
+                let mut ring = match ring {
+                    Ok(r) => r,
+                    Err(e) => {
+                        first_err = Some(e);
+                        break 'spawn;
+                    }
+                };
                 let (tx, rx) = mpsc::channel();
                 let done = done_tx.clone();
                 let count = ring_count.clone();
-                let h = std::thread::Builder::new()
-                    .name(format!("fuse-ring-{qid}.{i}"))
-                    .spawn(move || {
-                        let reg = ring.register();
-                        let ok = reg.is_ok();
-                        let _ = done.send(reg.map_err(|e| e.to_string()));
-                        if ok {
-                            serve_ring(ring, rx, &count);
-                        }
-                    })
-                    .map_err(|e| format!("starting a ring thread: {e}"))?;
-                threads.handles.push(h);
-                threads.dispatchers.push(tx);
-                started += 1;
+                let spawned = std::thread::Builder::new().name(format!("fuse-ring-{qid}.{i}")).spawn(move || {
+                    let reg = ring.register();
+                    let ok = reg.is_ok();
+                    let _ = done.send(reg.map_err(|e| e.to_string()));
+                    if ok {
+                        serve_ring(ring, rx, &count);
+                    }
+                });
+                match spawned {
+                    Ok(h) => {
+                        self.handles.push(h);
+                        self.dispatchers.push(tx);
+                        started += 1;
+                    }
+                    Err(e) => {
+                        first_err = Some(format!("starting a ring thread: {e}"));
+                        break 'spawn;
+                    }
+                }
             }
         }
         drop(done_tx);
         for _ in 0..started {
             match done_rx.recv_timeout(Duration::from_secs(10)) {
                 Ok(Ok(())) => {}
-                Ok(Err(e)) => return Err(format!("registering a FUSE ring entry: {e}")),
-                Err(_) => return Err("a FUSE ring thread did not report its registration".into()),
+                Ok(Err(e)) => {
+                    first_err.get_or_insert(format!("registering a FUSE ring entry: {e}"));
+                }
+                Err(_) => {
+                    first_err.get_or_insert("a FUSE ring thread did not report its registration".into());
+                }
             }
         }
-        Ok(threads)
+        first_err.map_or(Ok(()), Err)
     }
 
     /// Hands every thread the dispatcher (once the session runs).

@@ -503,6 +503,23 @@ impl FuseRing {
         IoUring::<squeue::Entry128, cqueue::Entry>::builder().build(2).map(drop).map_err(FuseRingError::Setup)
     }
 
+    /// Turns FUSE over io_uring off for the connection of `dev` after INIT
+    /// agreed to it, when the daemon cannot register its ring after all:
+    /// the kernel holds every request until the ring is ready, and sets the
+    /// connection back to `/dev/fuse` on a refused registration. This sends
+    /// one that is always refused (queue 65535: `EINVAL`).
+    ///
+    /// # Errors
+    /// io_uring cannot be set up, or the kernel accepted the registration.
+    pub fn refuse_registration(dev: OwnedFd) -> Result<(), FuseRingError> {
+        let mut ring = FuseRing::new(dev, u16::MAX, MIN_PAYLOAD)?;
+        match ring.register() {
+            Err(FuseRingError::Command { .. }) => Ok(()),
+            Err(e) => Err(e),
+            Ok(()) => Err(FuseRingError::Malformed("the kernel accepted queue 65535")),
+        }
+    }
+
     /// The queue this ring serves.
     pub fn qid(&self) -> u16 {
         self.qid
