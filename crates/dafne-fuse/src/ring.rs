@@ -22,6 +22,10 @@
 //!   queues a request behind a busy thread while another is idle.
 //! * The classic workers still read `/dev/fuse`: FORGET and INTERRUPT
 //!   always come that way, and so does everything if the ring is refused.
+//!   A registration that fails after INIT agreed is followed by one the
+//!   kernel always refuses (`FuseRing::refuse_registration`): only a
+//!   refused registration sets the connection back to `/dev/fuse`, and
+//!   until then the kernel holds every request.
 //! * Counters: requests served by the ring and by `/dev/fuse` go to the
 //!   stats file (`fuse_requests_ring`, `fuse_requests_dev`).
 //!
