@@ -203,7 +203,7 @@ fn start_ring(
     // and the kernel would hold every request: no mount.
     let dev =
         session.as_fd().try_clone_to_owned().map_err(|e| MountError::Uring(format!("duplicating /dev/fuse: {e}")))?;
-    match ring::RingThreads::start(&dev, payload, opts.threads.max(1), ring_count) {
+    match ring::RingThreads::start(&dev, payload, ring::threads_per_queue(opts.threads, ring::queues()), ring_count) {
         (t, Ok(())) => {
             tracing::info!("serving the mount over FUSE io_uring ({} queues)", ring::queues());
             Ok(Some(t))

@@ -14,8 +14,8 @@
 //!   connection that agreed to the ring holds every request until the ring
 //!   is registered.
 //! * One thread per ring entry: `threads` threads for each queue (one
-//!   queue per possible CPU), each with its own io_uring and one entry
-//!   (`dafne_uring::fuse`). A thread takes a request, dispatches it inline
+//!   queue per possible CPU; fewer beyond 8 queues, [`threads_per_queue`]),
+//!   each with its own io_uring and one entry (`dafne_uring::fuse`). A thread takes a request, dispatches it inline
 //!   through fuser's [`fuser::Dispatcher`] (the vendored patch), waits for
 //!   its reply (which write-behind or a lock wait may send from another
 //!   thread) and commits it. One entry per thread means the kernel never
@@ -135,6 +135,16 @@ pub fn parse_cpu_list(s: &str) -> Option<usize> {
         max = Some(max.map_or(hi, |m| m.max(hi)));
     }
     max.map(|m| m + 1)
+}
+
+/// Ring threads per queue for `threads` (`--threads`): as many as
+/// `threads`, so that one CPU's processes get as many concurrent handlers
+/// as the classic workers give, while there are at most 8 queues; beyond
+/// that fewer, down to one, so that all queues together have at most
+/// `8 × threads` threads (each holds a payload buffer of `max_write`, 1 MiB).
+pub fn threads_per_queue(threads: usize, queues: usize) -> usize {
+    let threads = threads.max(1);
+    threads.min(threads * 8 / queues.max(1)).max(1)
 }
 
 /// Requests served per path.
@@ -315,6 +325,15 @@ mod tests {
         assert_eq!(parse_cpu_list("0"), Some(1));
         assert_eq!(parse_cpu_list("0-3,8-11"), Some(12));
         assert_eq!(parse_cpu_list("x"), None);
+    }
+
+    #[test]
+    fn big_machines_get_fewer_ring_threads_per_queue() {
+        assert_eq!(threads_per_queue(4, 2), 4);
+        assert_eq!(threads_per_queue(4, 8), 4);
+        assert_eq!(threads_per_queue(4, 16), 2);
+        assert_eq!(threads_per_queue(4, 64), 1);
+        assert_eq!(threads_per_queue(0, 1), 1);
     }
 
     #[test]

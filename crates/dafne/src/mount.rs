@@ -313,7 +313,10 @@ fn serve(info: &ClusterInfo, mp: &Path, a: &MountArgs) -> Result<()> {
     let handlers = match a.fuse_uring {
         dafne_fuse::ring::Uring::Off => a.threads,
         _ if dafne_fuse::ring::offer() != dafne_fuse::ring::Offer::Yes => a.threads,
-        _ => a.threads * dafne_fuse::ring::queues(),
+        _ => {
+            let q = dafne_fuse::ring::queues();
+            dafne_fuse::ring::threads_per_queue(a.threads, q) * q
+        }
     };
     data.prefill_bounce(handlers).map_err(|e| anyhow::anyhow!("registering the I/O buffers: {e}"))?;
     let readahead = match a.readahead_mib {
