@@ -17,8 +17,7 @@
 //!   queue per possible CPU; fewer beyond 8 queues, [`threads_per_queue`]),
 //!   each with its own io_uring and one entry (`dafne_uring::fuse`). A thread takes a request, dispatches it inline
 //!   through fuser's [`fuser::Dispatcher`] (the vendored patch), waits for
-//!   its reply (which write-behind or a lock wait may send from another
-//!   thread) and commits it. One entry per thread means the kernel never
+//!   its reply (which a lock wait sends from another thread) and commits it. One entry per thread means the kernel never
 //!   queues a request behind a busy thread while another is idle.
 //! * The classic workers still read `/dev/fuse`: FORGET and INTERRUPT
 //!   always come that way, and so does everything if the ring is refused.
@@ -29,15 +28,25 @@
 //! * Counters: requests served by the ring and by `/dev/fuse` go to the
 //!   stats file (`fuse_requests_ring`, `fuse_requests_dev`).
 //!
+//! * A request whose reply comes later from another thread (an `F_SETLKW`
+//!   that waits) keeps its ring entry busy until then: the kernel has no
+//!   way to take a request back from an entry. So that the queue keeps its
+//!   capacity (the unlock that frees the wait may come on the same CPU),
+//!   the thread that finds its reply deferred starts a spare entry on its
+//!   queue whenever fewer than `threads` of the queue's entries are free
+//!   of deferred replies ([`Spares`]). The kernel has no unregistration:
+//!   a spare stays until the unmount and serves like the others.
+//!
 //! # Limits
-//! A request whose reply comes later from another thread (a lock wait)
-//! keeps its ring thread: `threads` such waits on one CPU's queue stall
-//! that queue until one is answered (classic mode has no such limit: its
-//! workers read on).
+//! Spares are bounded per mount by [`crate::fuse::MAX_LOCK_WAITERS`], the
+//! bound on deferred replies (a lock wait beyond it gets `ENOLCK` at once),
+//! so a queue can always serve while lock waits are deferred. Each spare
+//! holds a thread and a payload buffer (`max_write`, 1 MiB, of which only
+//! what a request uses is touched).
 
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -164,11 +173,78 @@ impl fuser::ReplySink for RingSink {
     }
 }
 
+/// Spare ring entries: what a ring thread needs to start one on its
+/// queue, and how many of each queue's entries are free of a deferred reply.
+#[derive(Debug)]
+struct Spares {
+    dev: OwnedFd,
+    payload: usize,
+    /// Entries per queue that should be free of deferred replies.
+    per_queue: usize,
+    /// Per queue: registered entries not holding a deferred reply.
+    free: Vec<AtomicUsize>,
+    /// Spares started on this mount (at most `MAX_LOCK_WAITERS`).
+    started: AtomicUsize,
+    count: Arc<AtomicU64>,
+    handles: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Spares {
+    /// The request just dispatched on queue `qid` waits for a later reply:
+    /// one entry fewer is free; start a spare if the queue is now short.
+    fn deferred(self: &Arc<Self>, qid: u16, d: &fuser::Dispatcher<FuseFs>) {
+        let Some(free) = self.free.get(usize::from(qid)) else { return };
+        let now = free.fetch_sub(1, Ordering::AcqRel).saturating_sub(1);
+        if now >= self.per_queue {
+            return;
+        }
+        if self.started.fetch_add(1, Ordering::AcqRel) >= crate::fuse::MAX_LOCK_WAITERS {
+            self.started.fetch_sub(1, Ordering::AcqRel);
+            return;
+        }
+        let ring = self
+            .dev
+            .try_clone()
+            .map_err(|e| format!("duplicating /dev/fuse: {e}"))
+            .and_then(|fd| FuseRing::new(fd, qid, self.payload).map_err(|e| e.to_string()));
+        let mut ring = match ring {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!("FUSE ring queue {qid}: no spare entry for a deferred reply: {e}");
+                return;
+            }
+        };
+        let (me, d) = (self.clone(), d.clone());
+        let spawned =
+            std::thread::Builder::new().name(format!("fuse-ring-{qid}.s")).spawn(move || match ring.register() {
+                Ok(()) => {
+                    me.free[usize::from(qid)].fetch_add(1, Ordering::AcqRel);
+                    let (tx, rx) = mpsc::channel();
+                    let _ = tx.send(d);
+                    serve_ring(ring, rx, &me);
+                }
+                Err(e) => tracing::warn!("FUSE ring queue {qid}: registering a spare entry: {e}"),
+            });
+        match spawned {
+            Ok(h) => self.handles.lock().unwrap_or_else(|p| p.into_inner()).push(h),
+            Err(e) => tracing::warn!("FUSE ring queue {qid}: no thread for a spare entry: {e}"),
+        }
+    }
+
+    /// The deferred reply on queue `qid` came: its entry is free again.
+    fn answered(&self, qid: u16) {
+        if let Some(free) = self.free.get(usize::from(qid)) {
+            free.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+}
+
 /// The ring threads of one mount, registered and waiting for requests.
 #[derive(Debug)]
 pub struct RingThreads {
     handles: Vec<JoinHandle<()>>,
     dispatchers: Vec<mpsc::Sender<fuser::Dispatcher<FuseFs>>>,
+    spares: Option<Arc<Spares>>,
 }
 
 impl RingThreads {
@@ -185,7 +261,7 @@ impl RingThreads {
         per_queue: usize,
         ring_count: Arc<AtomicU64>,
     ) -> (RingThreads, Result<(), String>) {
-        let mut threads = RingThreads { handles: Vec::new(), dispatchers: Vec::new() };
+        let mut threads = RingThreads { handles: Vec::new(), dispatchers: Vec::new(), spares: None };
         let r = threads.spawn_all(dev, payload, per_queue, ring_count);
         if r.is_err() {
             match dev
@@ -208,6 +284,16 @@ impl RingThreads {
         ring_count: Arc<AtomicU64>,
     ) -> Result<(), String> {
         let nq = queues();
+        let spares = Arc::new(Spares {
+            dev: dev.try_clone().map_err(|e| format!("duplicating /dev/fuse: {e}"))?,
+            payload,
+            per_queue: per_queue.max(1),
+            free: (0..nq).map(|_| AtomicUsize::new(0)).collect(),
+            started: AtomicUsize::new(0),
+            count: ring_count,
+            handles: Mutex::new(Vec::new()),
+        });
+        self.spares = Some(spares.clone());
         let (done_tx, done_rx) = mpsc::channel::<Result<(), String>>();
         let mut started = 0;
         let mut first_err = None;
@@ -226,13 +312,16 @@ impl RingThreads {
                 };
                 let (tx, rx) = mpsc::channel();
                 let done = done_tx.clone();
-                let count = ring_count.clone();
+                let spares = spares.clone();
                 let spawned = std::thread::Builder::new().name(format!("fuse-ring-{qid}.{i}")).spawn(move || {
                     let reg = ring.register();
                     let ok = reg.is_ok();
+                    if ok {
+                        spares.free[qid].fetch_add(1, Ordering::AcqRel);
+                    }
                     let _ = done.send(reg.map_err(|e| e.to_string()));
                     if ok {
-                        serve_ring(ring, rx, &count);
+                        serve_ring(ring, rx, &spares);
                     }
                 });
                 match spawned {
@@ -277,11 +366,24 @@ impl RingThreads {
         for h in self.handles {
             let _ = h.join();
         }
+        // Spares end like the others; one may start another meanwhile.
+        if let Some(spares) = self.spares {
+            loop {
+                let more: Vec<_> = std::mem::take(&mut *spares.handles.lock().unwrap_or_else(|p| p.into_inner()));
+                if more.is_empty() {
+                    break;
+                }
+                for h in more {
+                    let _ = h.join();
+                }
+            }
+        }
     }
 }
 
 /// One ring thread: wait, dispatch, commit, until the unmount.
-fn serve_ring(mut ring: FuseRing, dispatcher: mpsc::Receiver<fuser::Dispatcher<FuseFs>>, count: &AtomicU64) {
+fn serve_ring(mut ring: FuseRing, dispatcher: mpsc::Receiver<fuser::Dispatcher<FuseFs>>, spares: &Arc<Spares>) {
+    let count = &spares.count;
     if let Err(e) = ring.wait() {
         log_end(&ring, &e);
         return;
@@ -295,6 +397,13 @@ fn serve_ring(mut ring: FuseRing, dispatcher: mpsc::Receiver<fuser::Dispatcher<F
                 let sink: Arc<dyn fuser::ReplySink> = Arc::new(RingSink(req.replier()));
                 if let Err(e) = d.dispatch(req.bytes(), sink) {
                     tracing::warn!("FUSE ring queue {}: {e}", ring.qid());
+                }
+                if !ring.answered() {
+                    // Answered later from another thread (a lock wait):
+                    // keep the queue's capacity meanwhile.
+                    spares.deferred(ring.qid(), &d);
+                    ring.wait_answered();
+                    spares.answered(ring.qid());
                 }
             }
             // Answered with EIO by `commit`.

@@ -635,6 +635,24 @@ impl FuseRing {
         Ok(FuseRequest { bytes, entry: &self.entry, generation })
     }
 
+    /// Whether the current request needs no more waiting: it has its
+    /// reply, or nobody can answer it any more ([`FuseRing::commit`] then
+    /// answers `EIO`). False after its dispatch returned means the reply
+    /// comes later from another thread (a lock wait).
+    pub fn answered(&self) -> bool {
+        let st = self.entry.lock();
+        st.replied || st.repliers == 0
+    }
+
+    /// Waits until the current request is answered or every replier is
+    /// gone (what [`FuseRing::commit`] waits for before it commits).
+    pub fn wait_answered(&self) {
+        let mut st = self.entry.lock();
+        while !st.replied && st.repliers > 0 {
+            st = self.entry.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
     /// Waits until the current request is answered (or every replier is
     /// gone: then it answers `EIO` itself), commits the answer and waits for
     /// the next request.

@@ -167,3 +167,127 @@ fn on_is_refused_with_how_to_enable_it_when_the_parameter_is_off() {
     let (_, o) = c.try_mount_at("mnt", &["--fuse-uring=maybe"]);
     assert!(!o.status.success() && text(&o).contains("auto, on or off"), "{}", text(&o));
 }
+
+/// A `python3 -c` process pinned to CPU 0 (so that its FUSE requests go
+/// to ring queue 0), with its stdout lines read on a thread.
+struct Pinned {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl Pinned {
+    fn start(code: &str, file: &Path) -> Pinned {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new("taskset")
+            .args(["-c", "0", "python3", "-c", code])
+            .arg(file)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("taskset and python3 (scripts/install-deps.sh installs them)");
+        let out = child.stdout.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for l in std::io::BufReader::new(out).lines() {
+                let Ok(l) = l else { return };
+                if tx.send(l.trim().to_string()).is_err() {
+                    return;
+                }
+            }
+        });
+        Pinned { child, lines }
+    }
+
+    /// The next line within 30 s, if any.
+    fn line(&self) -> Option<String> {
+        self.lines.recv_timeout(std::time::Duration::from_secs(30)).ok()
+    }
+}
+
+/// Kills and reaps the processes when dropped (also after a failed check).
+struct Reaper(Vec<Pinned>);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        // One whose FUSE request the daemon has taken cannot be killed
+        // until it is answered: reap only those that go.
+        for p in &mut self.0 {
+            let c = &mut p.child;
+            let _ = c.kill();
+            for _ in 0..100 {
+                if c.try_wait().is_ok_and(|s| s.is_some()) {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+const HOLDER: &str = r#"
+import fcntl, os, struct, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+fcntl.fcntl(fd, fcntl.F_SETLK, struct.pack("hhqqi", fcntl.F_WRLCK, 0, 0, 0, 0))
+print("locked", flush=True)
+sys.stdin.readline()
+fcntl.fcntl(fd, fcntl.F_SETLK, struct.pack("hhqqi", fcntl.F_UNLCK, 0, 0, 0, 0))
+print("unlocked", flush=True)
+"#;
+
+const WAITER: &str = r#"
+import fcntl, os, struct, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+fcntl.fcntl(fd, fcntl.F_SETLKW, struct.pack("hhqqi", fcntl.F_RDLCK, 0, 0, 0, 0))
+print("got", flush=True)
+"#;
+
+/// A lock wait is answered later, from another thread: its ring entry
+/// stays busy meanwhile. More waiters than the queue has entries, all on
+/// CPU 0, and then the holder's unlock on CPU 0 too: the unlock must still
+/// be served (it was not: every entry of queue 0 waited for a lock only
+/// that unlock could free, while classic mode's workers read on).
+#[test]
+fn lock_waits_on_one_cpu_leave_its_ring_queue_able_to_serve_the_unlock() {
+    let _g = serial();
+    let Some(_param) = Param::set("Y") else { return };
+    let c = Cluster::start();
+    let stats = c.dir().join("lock-stats.txt");
+    // Two ring threads per queue: three waiters are more than queue 0 has.
+    let m = c.mount_with(&["--fuse-uring=on", "--threads", "2", "--stats-file", p(&stats)]);
+    let file = m.mp.join("f");
+    std::fs::write(&file, b"x").unwrap();
+    let mut procs = Reaper(Vec::new());
+    procs.0.push(Pinned::start(HOLDER, &file));
+    assert_eq!(procs.0[0].line().as_deref(), Some("locked"));
+    for _ in 0..3 {
+        let w = Pinned::start(WAITER, &file);
+        let pid = w.child.id();
+        procs.0.push(w);
+        let t = std::time::Instant::now();
+        while std::fs::read_to_string(format!("/proc/{pid}/wchan")).map_or(true, |w| w != "request_wait_answer") {
+            assert!(t.elapsed().as_secs() < 30, "waiter {pid} never waited in a FUSE request");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        // Its lock request, not its open: give the open's reply time.
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    }
+    use std::io::Write;
+    let holder = &mut procs.0[0].child;
+    writeln!(holder.stdin.as_mut().unwrap(), "u").unwrap();
+    holder.stdin.as_mut().unwrap().flush().unwrap();
+    let unlocked = procs.0[0].line();
+    if unlocked.as_deref() != Some("unlocked") {
+        // Stuck: kill the daemon, which frees the waiters and the unmount.
+        for e in std::fs::read_dir(c.dir().join("mounts")).unwrap() {
+            let pid = e.unwrap().file_name().to_string_lossy().into_owned();
+            let _ = std::process::Command::new("kill").args(["-9", &pid]).status();
+        }
+        panic!("the unlock on CPU 0 was never served ({unlocked:?}): the waiters hold every ring entry of queue 0");
+    }
+    for w in &procs.0[1..] {
+        assert_eq!(w.line().as_deref(), Some("got"), "a waiter was not granted its read lock");
+    }
+    drop(procs);
+    std::fs::write(m.mp.join("last"), b"last").unwrap();
+    assert!(stat(&stats, "fuse_requests_ring") > 0, "the ring served the requests");
+}
