@@ -222,7 +222,19 @@ impl Entry {
         let total = u32::from_ne_bytes(in_header[0..4].try_into().unwrap_or([0; 4])) as usize;
         let layout = match request_layout(total, payload_sz, entry.payload_cap) {
             Ok(l) => l,
-            Err(e) => return (commit_id, Err(e)),
+            Err(e) => {
+                // A new request nobody will answer: `finish_reply` must
+                // answer it EIO, not commit the previous request's reply.
+                let mut st = entry.lock();
+                st.generation += 1;
+                st.replied = false;
+                st.pending_used = false;
+                st.body_len = 0;
+                st.repliers = 0;
+                st.dispatching = false;
+                st.request_in_payload = false;
+                return (commit_id, Err(e));
+            }
         };
         let generation = {
             let mut st = entry.lock();
@@ -838,6 +850,9 @@ mod tests {
         let (id, r) = e.assemble(&mut scratch);
         assert_eq!(id, 10);
         assert!(r.is_err());
+        // ... and are answered EIO, not with the previous request's reply.
+        e.finish_reply(10);
+        assert_eq!(kernel_reads(&e), (out_header(10, -EIO, 0), vec![]));
         e.lock().released = true;
     }
 
