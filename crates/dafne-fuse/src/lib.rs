@@ -198,7 +198,7 @@ fn start_ring(
     }
     // The kernel's max payload: max(8 KiB, max_write, max_pages × page).
     let (max_write, max_pages) = session.init_limits().unwrap_or((MAX_IO, 0));
-    let payload = (max_write as usize).max(usize::from(max_pages) * 4096);
+    let payload = (max_write as usize).max(usize::from(max_pages) * ring::page_size());
     // Without a descriptor nothing can register the ring or turn it off,
     // and the kernel would hold every request: no mount.
     let dev =

@@ -135,6 +135,24 @@ pub fn queues() -> usize {
     parse_cpu_list(text.trim()).unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
+/// The kernel's page size (`AT_PAGESZ` from `/proc/self/auxv`), which the
+/// kernel's max payload is counted in (`max_pages × PAGE_SIZE`): 4 KiB on
+/// x86-64, 16 or 64 KiB on some arm64 kernels, where a payload counted in
+/// 4 KiB pages would be too small and the registration refused.
+pub fn page_size() -> usize {
+    std::fs::read("/proc/self/auxv").ok().and_then(|a| auxv_page_size(&a)).unwrap_or(4096)
+}
+
+/// `AT_PAGESZ` (6) in an auxiliary vector of native-endian `usize` pairs.
+pub fn auxv_page_size(auxv: &[u8]) -> Option<usize> {
+    const W: usize = std::mem::size_of::<usize>();
+    let word = |c: &[u8]| c.try_into().ok().map(usize::from_ne_bytes);
+    auxv.chunks_exact(2 * W)
+        .map(|p| (word(&p[..W]), word(&p[W..])))
+        .take_while(|(k, _)| *k != Some(0))
+        .find_map(|(k, v)| if k == Some(6) { v.filter(|v| v.is_power_of_two()) } else { None })
+}
+
 /// `0-3,5` → 6 (highest + 1, as the kernel's `num_possible_cpus` for a
 /// contiguous list; a gap only adds idle queues we register anyway).
 pub fn parse_cpu_list(s: &str) -> Option<usize> {
@@ -443,6 +461,16 @@ mod tests {
         assert_eq!(threads_per_queue(4, 16), 2);
         assert_eq!(threads_per_queue(4, 64), 1);
         assert_eq!(threads_per_queue(0, 1), 1);
+    }
+
+    #[test]
+    fn the_page_size_comes_from_the_auxiliary_vector() {
+        let pair = |k: usize, v: usize| [k.to_ne_bytes(), v.to_ne_bytes()].concat();
+        let auxv = [pair(33, 7), pair(6, 65536), pair(0, 0)].concat();
+        assert_eq!(auxv_page_size(&auxv), Some(65536));
+        assert_eq!(auxv_page_size(&[pair(33, 7), pair(0, 0), pair(6, 4096)].concat()), None);
+        assert_eq!(auxv_page_size(&pair(6, 3000)), None);
+        assert!(page_size() >= 4096 && page_size().is_power_of_two());
     }
 
     #[test]
