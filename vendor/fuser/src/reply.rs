@@ -88,6 +88,9 @@ impl ReplySender {
         match self {
             ReplySender::Channel(sender) => unsafe { sender.wrap_backing(id) },
             // DAFNE PATCH: same call as the arm above, on the session's channel.
+            // SAFETY: this function's contract (the id is open, belongs to
+            // this session, stays open while the BackingId lives) is the
+            // callee's, and the channel is this session's.
             ReplySender::Sink(sender) => unsafe { sender.channel.wrap_backing(id) },
             #[cfg(test)]
             ReplySender::Assert(_) => unreachable!(),
