@@ -33,7 +33,14 @@ if ! command -v cargo >/dev/null 2>&1; then
   [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
 fi
 if ! command -v cargo >/dev/null 2>&1; then
-  echo "error: cargo (Rust >= 1.80) is not installed; install it with rustup (https://rustup.rs) and run this again" >&2
+  echo "error: cargo (Rust >= 1.90) is not installed; install it with rustup (https://rustup.rs) and run this again" >&2
+  exit 1
+fi
+# The workspace's rust-version (Cargo.toml): redb needs 1.90, the vendored
+# fuser edition 2024.
+rust_minor=$(rustc --version 2>/dev/null | sed -n 's/^rustc 1\.\([0-9]*\).*/\1/p')
+if [ -z "$rust_minor" ] || [ "$rust_minor" -lt 90 ]; then
+  echo "error: Rust >= 1.90 is needed ($(rustc --version 2>/dev/null || echo 'no rustc')); update it: rustup update stable" >&2
   exit 1
 fi
 for c in clippy rustfmt; do

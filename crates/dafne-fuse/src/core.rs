@@ -471,6 +471,9 @@ pub struct Core {
     table: Mutex<Table>,
     next_fh: AtomicU64,
     stats_file: Option<PathBuf>,
+    /// Requests served through the FUSE ring and through /dev/fuse (set
+    /// by the mount once its session exists).
+    request_counters: std::sync::OnceLock<crate::ring::RequestCounters>,
     readahead: Option<ReadAhead>,
     writebehind: Option<WriteBehind>,
     /// By [`Op`], in [`Op::ALL`]'s order.
@@ -591,6 +594,7 @@ impl Core {
             table: Mutex::new(Table::default()),
             next_fh: AtomicU64::new(1),
             stats_file: None,
+            request_counters: std::sync::OnceLock::new(),
             readahead: None,
             writebehind: None,
             ops: Mutex::new([OpCount::default(); Op::ALL.len()]),
@@ -694,9 +698,15 @@ impl Core {
         r
     }
 
-    /// Writes [`RegistrationCounters`], read-ahead, write-behind and the
-    /// operations' round trips ([`Core::op_counts`]) to `path` after each
-    /// `flush` and `release`.
+    /// Where the mount counts its requests (ring and /dev/fuse).
+    pub fn set_request_counters(&self, c: crate::ring::RequestCounters) {
+        let _ = self.request_counters.set(c);
+    }
+
+    /// Writes [`RegistrationCounters`], read-ahead, write-behind, the
+    /// operations' round trips ([`Core::op_counts`]) and the requests
+    /// served through the ring and /dev/fuse to `path` after each `flush`
+    /// and `release`.
     pub fn with_stats_file(mut self, path: PathBuf) -> Core {
         self.stats_file = Some(path);
         self
@@ -1517,6 +1527,13 @@ impl Core {
                 r.posts_refused,
                 r.peak_bytes,
                 r.budget_bytes
+            ));
+        }
+        if let Some(c) = self.request_counters.get() {
+            text.push_str(&format!(
+                "fuse_requests_ring {}\nfuse_requests_dev {}\n",
+                c.ring.load(std::sync::atomic::Ordering::Relaxed),
+                c.dev.load(std::sync::atomic::Ordering::Relaxed)
             ));
         }
         if let Some(w) = self.write_behind_stats() {

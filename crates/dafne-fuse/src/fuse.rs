@@ -168,6 +168,10 @@ pub struct FuseFs {
     /// Tells the kernel to drop cached pages and attributes (set once the
     /// session exists: [`FuseFs::notifier_slot`]).
     notifier: Arc<OnceLock<fuser::Notifier>>,
+    /// Ask the kernel for FUSE over io_uring in INIT (`crate::ring`).
+    want_uring: bool,
+    /// INIT agreed to FUSE over io_uring.
+    uring_agreed: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Most lock requests of this mount waiting at once, each on a thread of
@@ -208,7 +212,21 @@ impl FuseFs {
             attr_ttl: opts.attr_ttl,
             entry_ttl: opts.entry_ttl,
             lock_waiters: Arc::new(AtomicUsize::new(0)),
+            want_uring: false,
+            uring_agreed: Arc::default(),
         }
+    }
+
+    /// Asks the kernel for FUSE over io_uring in INIT; the returned flag
+    /// says, after INIT, whether it agreed.
+    pub fn ask_uring(&mut self) -> Arc<std::sync::atomic::AtomicBool> {
+        self.want_uring = true;
+        self.uring_agreed.clone()
+    }
+
+    /// The core, for the mount's counters.
+    pub fn core(&self) -> &Arc<Core> {
+        &self.core
     }
 
     /// Where the session's notifier goes once the session is made (the
@@ -357,6 +375,12 @@ impl fuser::Filesystem for FuseFs {
         // to the metadata server, so they exclude processes on every mount.
         // Without these flags the kernel would keep them to itself.
         let _ = config.add_capabilities(InitFlags::FUSE_POSIX_LOCKS | InitFlags::FUSE_FLOCK_LOCKS);
+        // FUSE over io_uring (`crate::ring`), only when the mount decided
+        // to register a ring: once agreed, the kernel holds every request
+        // until the ring is ready.
+        if self.want_uring && config.add_capabilities(InitFlags::FUSE_OVER_IO_URING).is_ok() {
+            self.uring_agreed.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
         Ok(())
     }
 

@@ -51,10 +51,15 @@
 //! * **Threads.** The session runs several fuser worker threads (each
 //!   blocks on its own request), so one slow operation (an fsync) does not
 //!   stall the others.
+//! * **FUSE over io_uring.** Where the kernel offers it ([`ring`]), the
+//!   requests come through per-CPU ring entries, `threads` ring threads
+//!   per CPU, and the classic workers serve what still comes through
+//!   `/dev/fuse` (FORGET, INTERRUPT).
 
 pub mod core;
 pub mod fuse;
 pub mod groups;
+pub mod ring;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -77,6 +82,8 @@ pub struct MountOptions {
     /// Honour device nodes (`dev`); off by default (`nodev`): a device node
     /// made on the cluster must not open this host's devices.
     pub dev: bool,
+    /// FUSE over io_uring ([`ring`]).
+    pub fuse_uring: ring::Uring,
 }
 
 impl Default for MountOptions {
@@ -87,6 +94,7 @@ impl Default for MountOptions {
             threads: 4,
             suid: false,
             dev: false,
+            fuse_uring: ring::Uring::Auto,
         }
     }
 }
@@ -102,6 +110,9 @@ pub enum MountError {
     Mount { mountpoint: PathBuf, source: std::io::Error },
     #[error("serving the mount at {mountpoint}: {source}")]
     Serve { mountpoint: PathBuf, source: std::io::Error },
+    /// `--fuse-uring on` and the ring cannot be used.
+    #[error("--fuse-uring=on: {0} (or mount with --fuse-uring=auto or off)")]
+    Uring(String),
 }
 
 /// A mounted file system whose requests are not served yet; [`Mounted::serve`]
@@ -109,6 +120,8 @@ pub enum MountError {
 pub struct Mounted {
     session: fuser::Session<fuse::FuseFs>,
     mountpoint: PathBuf,
+    /// The ring threads, when the mount serves FUSE over io_uring.
+    ring: Option<ring::RingThreads>,
 }
 
 impl std::fmt::Debug for Mounted {
@@ -139,16 +152,66 @@ pub fn mount(core: core::Core, mountpoint: &Path, opts: &MountOptions) -> Result
     // (default_permissions) and the metadata server decide what each may do.
     config.acl = fuser::SessionACL::All;
     config.n_threads = Some(opts.threads.max(1));
-    let fs = fuse::FuseFs::new(core, opts);
+    // Decided before the mount: once INIT agrees to the ring, the kernel
+    // holds every request until a ring is registered.
+    let want_ring = ring::decide(opts.fuse_uring).map_err(MountError::Uring)?;
+    let mut fs = fuse::FuseFs::new(core, opts);
+    let agreed = want_ring.then(|| fs.ask_uring());
     let notifier = fs.notifier_slot();
+    let core = fs.core().clone();
     fs.start_watcher();
     let session = fuser::Session::new(fs, mountpoint, &config)
         .map_err(|source| MountError::Mount { mountpoint: mountpoint.to_path_buf(), source })?;
     let _ = notifier.set(session.notifier());
+    let counters = ring::RequestCounters { ring: Default::default(), dev: session.dev_requests() };
+    let ring_count = counters.ring.clone();
+    core.set_request_counters(counters);
     if let Err(e) = raise_readahead(mountpoint, MAX_IO / 1024) {
         tracing::warn!("could not raise the readahead of {}: {e}", mountpoint.display());
     }
-    Ok(Mounted { session, mountpoint: mountpoint.to_path_buf() })
+    let ring = match agreed {
+        Some(agreed) => start_ring(&session, &agreed, opts, ring_count)?,
+        None => None,
+    };
+    Ok(Mounted { session, mountpoint: mountpoint.to_path_buf(), ring })
+}
+
+/// Registers the ring entries of a mount whose INIT asked for the ring.
+/// `Err` only for `--fuse-uring=on` (dropping the session unmounts).
+fn start_ring(
+    session: &fuser::Session<fuse::FuseFs>,
+    agreed: &std::sync::atomic::AtomicBool,
+    opts: &MountOptions,
+    ring_count: std::sync::Arc<std::sync::atomic::AtomicU64>,
+) -> Result<Option<ring::RingThreads>, MountError> {
+    use std::os::fd::AsFd;
+    let fail = |why: String| {
+        if opts.fuse_uring == ring::Uring::On {
+            Err(MountError::Uring(why))
+        } else {
+            tracing::info!("serving the mount through /dev/fuse: {why}");
+            Ok(None)
+        }
+    };
+    if !agreed.load(std::sync::atomic::Ordering::SeqCst) {
+        return fail("the kernel's INIT did not offer FUSE over io_uring".into());
+    }
+    // The kernel's max payload: max(8 KiB, max_write, max_pages × page).
+    let (max_write, max_pages) = session.init_limits().unwrap_or((MAX_IO, 0));
+    let payload = (max_write as usize).max(usize::from(max_pages) * ring::page_size());
+    // Without a descriptor nothing can register the ring or turn it off,
+    // and the kernel would hold every request: no mount.
+    let dev =
+        session.as_fd().try_clone_to_owned().map_err(|e| MountError::Uring(format!("duplicating /dev/fuse: {e}")))?;
+    match ring::RingThreads::start(&dev, payload, ring::threads_per_queue(opts.threads, ring::queues()), ring_count) {
+        (t, Ok(())) => {
+            tracing::info!("serving the mount over FUSE io_uring ({} queues)", ring::queues());
+            Ok(Some(t))
+        }
+        // The connection is back on /dev/fuse; the threads still serve
+        // whatever reaches the entries that did register.
+        (t, Err(why)) => fail(why).map(|none: Option<ring::RingThreads>| none.or(Some(t))),
+    }
 }
 
 /// Sets the mount's readahead (its backing device info in sysfs) to `kib`.
@@ -201,8 +264,17 @@ impl Mounted {
 
     /// Serves requests until the file system is unmounted.
     pub fn serve(self) -> Result<(), MountError> {
-        let mountpoint = self.mountpoint;
-        self.session.run().map_err(|source| MountError::Serve { mountpoint, source })
+        let Mounted { session, mountpoint, mut ring } = self;
+        let r = session.run_with(|d| {
+            if let Some(t) = ring.as_mut() {
+                t.dispatch_with(&d);
+            }
+            Ok(())
+        });
+        if let Some(t) = ring {
+            t.join();
+        }
+        r.map_err(|source| MountError::Serve { mountpoint, source })
     }
 }
 

@@ -34,6 +34,8 @@
 //! A [`Ring`] is `Send` but not `Sync`: one thread owns it at a time (each
 //! call needs `&mut`). The io server keeps one ring on its event loop.
 
+pub mod fuse;
+
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
 

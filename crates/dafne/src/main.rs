@@ -627,7 +627,9 @@ fn run() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("DAFNE_LOG")
-                .unwrap_or_else(|_| "warn,dafne_io::storage=info".into()),
+                // The storage's and the mount's choices (O_DIRECT, FUSE
+                // over io_uring or /dev/fuse) are one info line each.
+                .unwrap_or_else(|_| "warn,dafne_io::storage=info,dafne_fuse=info".into()),
         )
         .with_writer(std::io::stderr)
         // Colour only on a terminal: the supervisor writes servers' output

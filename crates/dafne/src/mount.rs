@@ -82,6 +82,11 @@ pub struct MountArgs {
     /// unless it grants root.
     #[arg(long, value_name = "FILE")]
     pub credential: Option<PathBuf>,
+    /// FUSE over io_uring: `auto` uses it where the kernel offers it
+    /// (`/sys/module/fuse/parameters/enable_uring` is Y), else classic
+    /// `/dev/fuse`; `on` refuses to mount without it; `off` never uses it.
+    #[arg(long, value_name = "auto|on|off", default_value = "auto")]
+    pub fuse_uring: dafne_fuse::ring::Uring,
 }
 
 #[derive(Debug, clap::Args)]
@@ -186,6 +191,13 @@ pub fn mount(a: MountArgs) -> Result<()> {
     if a.threads == 0 || a.threads > max_threads {
         bail!("--threads {}: choose between 1 and {max_threads} (one pre-registered 1 MiB buffer each)", a.threads);
     }
+    // `--fuse-uring=on` where the kernel does not offer the ring is refused
+    // here, not in the daemon's log.
+    if a.fuse_uring == dafne_fuse::ring::Uring::On {
+        if let dafne_fuse::ring::Offer::No(why) = dafne_fuse::ring::offer() {
+            bail!("--fuse-uring=on: {why} (or mount with --fuse-uring=auto or off)");
+        }
+    }
     // A credential or secret this process cannot use is refused here, not
     // in the daemon's log.
     cluster::ClientLogin::load(&info, a.credential.as_deref())?;
@@ -215,6 +227,7 @@ fn spawn_daemon(info: &ClusterInfo, mp: &Path, a: &MountArgs) -> Result<()> {
     if a.suid {
         cmd.arg("--suid");
     }
+    cmd.arg(format!("--fuse-uring={}", a.fuse_uring));
     if a.dev {
         cmd.arg("--dev");
     }
@@ -298,7 +311,16 @@ fn serve(info: &ClusterInfo, mp: &Path, a: &MountArgs) -> Result<()> {
         .context("connecting to the io servers")?;
     // Registered now, one per worker thread: FUSE data then leaves through
     // buffers registered before the first request.
-    data.prefill_bounce(a.threads).map_err(|e| anyhow::anyhow!("registering the I/O buffers: {e}"))?;
+    // With FUSE over io_uring, `threads` ring threads per CPU queue.
+    let handlers = match a.fuse_uring {
+        dafne_fuse::ring::Uring::Off => a.threads,
+        _ if dafne_fuse::ring::offer() != dafne_fuse::ring::Offer::Yes => a.threads,
+        _ => {
+            let q = dafne_fuse::ring::queues();
+            dafne_fuse::ring::threads_per_queue(a.threads, q) * q
+        }
+    };
+    data.prefill_bounce(handlers).map_err(|e| anyhow::anyhow!("registering the I/O buffers: {e}"))?;
     let readahead = match a.readahead_mib {
         0 => None,
         mib => {
@@ -336,6 +358,7 @@ fn serve(info: &ClusterInfo, mp: &Path, a: &MountArgs) -> Result<()> {
         threads: a.threads,
         suid: a.suid,
         dev: a.dev,
+        fuse_uring: a.fuse_uring,
     };
     let mut mounted = dafne_fuse::mount(core, mp, &opts)?;
     let pid = std::process::id();
