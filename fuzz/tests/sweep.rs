@@ -115,7 +115,13 @@ fn cap() -> Capability {
 fn frame() {
     use dafne_transport::frame::{Hello, Welcome};
     let seeds = vec![
-        Hello { host_id: [3; 16], max_reply: 1 << 20, worker_address: vec![1; 180] }.encode(),
+        Hello {
+            host_id: [3; 16],
+            max_reply: 1 << 20,
+            worker_address: vec![1; 180],
+            shm_geometry: b"MM_FIFO_SIZE=256\n".to_vec(),
+        }
+        .encode(),
         Welcome { host_id: [4; 16], max_request: 1 << 20, worker_address: vec![2; 180] }.encode(),
     ];
     sweep("frame", dafne_fuzz::frame, seeds, 1);
