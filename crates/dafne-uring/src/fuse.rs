@@ -137,6 +137,21 @@ struct ReplyState {
     released: bool,
 }
 
+impl ReplyState {
+    /// A new request arrived in the entry: nothing of the previous one's
+    /// reply stays; its generation.
+    fn next_request(&mut self, dispatching: bool, request_in_payload: bool) -> u64 {
+        self.generation += 1;
+        self.replied = false;
+        self.pending_used = false;
+        self.body_len = 0;
+        self.repliers = 0;
+        self.dispatching = dispatching;
+        self.request_in_payload = request_in_payload;
+        self.generation
+    }
+}
+
 /// One entry's memory and the reply hand-off.
 struct Entry {
     mem: NonNull<u8>,
@@ -225,28 +240,11 @@ impl Entry {
             Err(e) => {
                 // A new request nobody will answer: `finish_reply` must
                 // answer it EIO, not commit the previous request's reply.
-                let mut st = entry.lock();
-                st.generation += 1;
-                st.replied = false;
-                st.pending_used = false;
-                st.body_len = 0;
-                st.repliers = 0;
-                st.dispatching = false;
-                st.request_in_payload = false;
+                entry.lock().next_request(false, false);
                 return (commit_id, Err(e));
             }
         };
-        let generation = {
-            let mut st = entry.lock();
-            st.generation += 1;
-            st.replied = false;
-            st.pending_used = false;
-            st.body_len = 0;
-            st.repliers = 0;
-            st.dispatching = true;
-            st.request_in_payload = layout.in_place;
-            st.generation
-        };
+        let generation = entry.lock().next_request(true, layout.in_place);
         let start = PAYLOAD_OFFSET - IN_HEADER_SIZE - layout.arg0;
         let bytes: &[u8] = if layout.in_place {
             // SAFETY: the gap [start, PAYLOAD_OFFSET) is in the allocation
