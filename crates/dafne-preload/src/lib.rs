@@ -817,6 +817,37 @@ macro_rules! ftruncate_like {
 ftruncate_like!(ftruncate, ftruncate);
 ftruncate_like!(ftruncate64, ftruncate64);
 
+macro_rules! truncate_like {
+    ($name:ident, $real:ident) => {
+        /// Interposed: the mount truncates; this process's library
+        /// descriptors of the file publish their writes before (a later
+        /// publish would grow it back past the cut) and learn the new size
+        /// after ([`state::truncated_by_path`]).
+        ///
+        /// # Safety
+        /// truncate(2)'s contract.
+        #[cfg_attr(not(test), no_mangle)]
+        pub unsafe extern "C" fn $name(path: *const c_char, len: off_t) -> c_int {
+            let found = if state::foreign() {
+                None
+            } else {
+                // SAFETY: `path` is the caller's NUL-terminated path
+                // (truncate(2)'s contract).
+                unsafe { real::path_identity(path) }
+                    .filter(|&(dev, ino, kind)| kind == libc::S_IFREG && state::before_path_truncate(dev, ino))
+            };
+            // SAFETY: forwarded unchanged.
+            let r = unsafe { real::$real()(path, len) };
+            if let (0, Some((_, ino, _))) = (r, found) {
+                state::truncated_by_path(ino, len.max(0) as u64);
+            }
+            r
+        }
+    };
+}
+truncate_like!(truncate, truncate);
+truncate_like!(truncate64, truncate64);
+
 macro_rules! fallocate_like {
     ($name:ident, $real:ident) => {
         /// Interposed: the mount allocates; the library learns the size.

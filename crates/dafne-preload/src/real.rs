@@ -68,6 +68,7 @@ pub type Dup2Fn = unsafe extern "C" fn(c_int, c_int) -> c_int;
 pub type Dup3Fn = unsafe extern "C" fn(c_int, c_int, c_int) -> c_int;
 pub type FcntlFn = unsafe extern "C" fn(c_int, c_int, ...) -> c_int;
 pub type FtruncateFn = unsafe extern "C" fn(c_int, off_t) -> c_int;
+pub type TruncateFn = unsafe extern "C" fn(*const c_char, off_t) -> c_int;
 pub type FallocateFn = unsafe extern "C" fn(c_int, c_int, off_t, off_t) -> c_int;
 pub type CloseRangeFn = unsafe extern "C" fn(c_uint, c_uint, c_int) -> c_int;
 pub type FcloseFn = unsafe extern "C" fn(*mut libc::FILE) -> c_int;
@@ -143,6 +144,8 @@ real_fn!(fcntl, "fcntl", FcntlFn);
 real_fn!(fcntl64, "fcntl64", FcntlFn);
 real_fn!(ftruncate, "ftruncate", FtruncateFn);
 real_fn!(ftruncate64, "ftruncate64", FtruncateFn);
+real_fn!(truncate, "truncate", TruncateFn);
+real_fn!(truncate64, "truncate64", TruncateFn);
 real_fn!(fallocate, "fallocate", FallocateFn);
 real_fn!(fallocate64, "fallocate64", FallocateFn);
 real_fn!(close_range, "close_range", CloseRangeFn);
@@ -195,6 +198,24 @@ fn stat_of(fd: c_int) -> Option<libc::stat> {
     }
     // SAFETY: fstat succeeded, so it initialised the buffer (zeroed before).
     Some(unsafe { st.assume_init() })
+}
+
+/// The kernel's `st_dev`, `st_ino` and file type of what `path` names
+/// (following symlinks, as `truncate(2)` does), by the real `stat`.
+///
+/// # Safety
+/// `path` is a NUL-terminated string (or null: the real `stat` fails).
+pub unsafe fn path_identity(path: *const c_char) -> Option<(u64, u64, u32)> {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::zeroed();
+    // SAFETY: `path` per this function's contract; `st` is a writable stat
+    // buffer of the right size, filled or left alone.
+    let r = unsafe { stat()(path, st.as_mut_ptr()) };
+    if r != 0 {
+        return None;
+    }
+    // SAFETY: stat succeeded, so it initialised the buffer (zeroed before).
+    let st = unsafe { st.assume_init() };
+    Some((st.st_dev, st.st_ino, st.st_mode & libc::S_IFMT))
 }
 
 /// The kernel's `st_dev`, `st_ino` and file type of a descriptor.

@@ -544,6 +544,41 @@ fn truncated_by_open(p: &Proc, ino: u64, fd: c_int) {
     }
 }
 
+/// Before `truncate(path)` of the regular file `(dev, ino)`: when this
+/// process has library descriptors of it, what they wrote is published
+/// first (a later publish would grow the file back past the cut), and the
+/// answer is true: [`truncated_by_path`] must follow a successful cut.
+pub fn before_path_truncate(dev: u64, ino: u64) -> bool {
+    if busy() {
+        return false;
+    }
+    let (Some(m), Some(p)) = (mounts(), proc()) else { return false };
+    if !m.contains(dev) || m.is_foreign(dev) {
+        return false;
+    }
+    let ours = matches!(p.table.read(), Ok(t) if t.values().any(|e| e.ino == ino));
+    if ours {
+        let _b = Busy::enter();
+        publish_writers_of(p, ino);
+    }
+    ours
+}
+
+/// `truncate(path)` cut the file `ino` to `size`: every library descriptor
+/// of it in this process learns the size and drops read-ahead past it, as
+/// after an `ftruncate` through one of them (before, a descriptor read the
+/// old bytes or zeros past the new end, and `SEEK_END` used the old size).
+pub fn truncated_by_path(ino: u64, size: u64) {
+    let Some(p) = proc() else { return };
+    let entries: Vec<Arc<Entry>> = match p.table.read() {
+        Ok(t) => t.values().filter(|e| e.ino == ino).cloned().collect(),
+        Err(_) => return,
+    };
+    for e in entries {
+        e.resized(Some(size));
+    }
+}
+
 /// An `ftruncate` through one descriptor set the size of `e`'s inode:
 /// every entry of it in this process learns it (the others kept their
 /// larger size, and a read through them gave zeros past the new end).

@@ -664,6 +664,45 @@ print("ok")
     assert!(get(&stats, "python", "read_bytes") >= 4 << 20, "the reads did not go through the library: {stats:?}");
 }
 
+/// `truncate(path)` in the same process cuts the file under its library
+/// descriptors, as `ftruncate` on one of them does: a writer's unpublished
+/// bytes are published first (a later publish would grow the file back
+/// past the cut), a reader whose read-ahead held the old bytes reads the
+/// new end, and `SEEK_END` is the new size on every descriptor. Before
+/// the fix the reader read 300 bytes where the mount has 50 (review of
+/// issue 12).
+#[test]
+fn a_truncate_by_path_cuts_the_file_under_the_library_descriptors() {
+    let _g = serial();
+    let s = Setup::new();
+    let f = s.m.path("cutpath");
+    let script = r#"
+import os, sys
+p = sys.argv[1]
+with open(p, "wb") as f:
+    f.write(b"O" * (8 << 20))
+r = os.open(p, os.O_RDONLY)
+for i in range(4):
+    assert len(os.read(r, 1 << 20)) == 1 << 20
+w = os.open(p, os.O_WRONLY)
+os.pwrite(w, b"W" * 300, 0)
+os.truncate(p, 50)
+got = os.read(r, 1 << 20)
+assert got == b"", (len(got), got[:3])
+got = os.pread(r, 1000, 0)
+assert got == b"W" * 50, (len(got), got[:3])
+assert os.lseek(r, 0, os.SEEK_END) == 50, os.lseek(r, 0, os.SEEK_END)
+assert os.lseek(w, 0, os.SEEK_END) == 50, os.lseek(w, 0, os.SEEK_END)
+os.close(w)
+os.close(r)
+print("ok")
+"#;
+    assert_eq!(s.run("python3", &["-c", script, p(&f)]).trim(), "ok");
+    assert_eq!(through_fuse(&f), b"W".repeat(50));
+    let stats = s.take_stats();
+    assert!(get(&stats, "python", "read_bytes") >= 4 << 20, "the reads did not go through the library: {stats:?}");
+}
+
 /// A stat by path in the writing process sees its own writes, as through
 /// the mount: `os.path.getsize` (stat), `os.lstat`, a `dir_fd` stat
 /// (fstatat), `statx` (what `ls -l` and `stat(1)` call, asked for the size
