@@ -110,16 +110,36 @@ impl Cluster {
     /// `dafne mount DIR/name EXTRA...`, whatever it answers: the mount
     /// point and the output.
     pub fn try_mount_at(&self, name: &str, extra: &[&str]) -> (PathBuf, Output) {
+        self.try_mount_at_env(name, extra, &[])
+    }
+
+    /// [`Cluster::try_mount_at`] with more environment for `dafne mount`
+    /// (and so its daemon): e.g. `DAFNE_LOG=info` for a test that reads an
+    /// info line, which CI's `DAFNE_LOG=error` would hide.
+    pub fn try_mount_at_env(&self, name: &str, extra: &[&str], env: &[(&str, &str)]) -> (PathBuf, Output) {
         let mp = self.dir().join(name);
         std::fs::create_dir_all(&mp).unwrap();
-        let o = dafne().arg("mount").arg(&mp).args(["--dir", p(self.dir())]).args(extra).output().unwrap();
+        let o = dafne()
+            .envs(env.iter().copied())
+            .arg("mount")
+            .arg(&mp)
+            .args(["--dir", p(self.dir())])
+            .args(extra)
+            .output()
+            .unwrap();
         (mp, o)
     }
 
     /// Another mount of the same cluster sees only what reached the
     /// servers (no shared kernel cache).
     pub fn mount_at(&self, name: &str, extra: &[&str]) -> Mount {
-        let (mp, o) = self.try_mount_at(name, extra);
+        self.mount_at_env(name, extra, &[])
+    }
+
+    /// [`Cluster::mount_at`] with more environment (see
+    /// [`Cluster::try_mount_at_env`]).
+    pub fn mount_at_env(&self, name: &str, extra: &[&str], env: &[(&str, &str)]) -> Mount {
+        let (mp, o) = self.try_mount_at_env(name, extra, env);
         assert!(o.status.success(), "dafne mount failed:\n{}", text(&o));
         let out = text(&o);
         assert!(out.contains("mounted dafne at"), "{out}");
