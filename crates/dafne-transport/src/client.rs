@@ -618,6 +618,10 @@ impl Client {
     }
 
     fn connect_on(shared: &Arc<Shared>, addr: SocketAddr, claim: Option<Vec<u8>>) -> Result<Client> {
+        // No login with this server meanwhile (the data endpoints'
+        // creation order: `Shared::endpoint_order`).
+        let order = shared.endpoint_order(addr);
+        let _order = order.read().unwrap_or_else(|p| p.into_inner());
         let (tx, rx) = oneshot::channel();
         let (idtx, idrx) = crossbeam_channel::bounded(1);
         shared.submit(move |l| {
@@ -710,6 +714,11 @@ impl Client {
     /// is answered untagged and still reaches the caller; the connection
     /// is then of no further use. Once per connection.
     pub fn login(&self, payload: Vec<u8>, keys: dafne_auth::FrameKeys) -> Result<Vec<u8>> {
+        // The server may answer with an `Upgrade` (a new data endpoint on
+        // each side): no connect with this server meanwhile
+        // (`Shared::endpoint_order`).
+        let order = self.inner.shared.endpoint_order(self.inner.addr);
+        let _order = order.write().unwrap_or_else(|p| p.into_inner());
         self.call_blocking(payload, Some(keys))
     }
 

@@ -303,6 +303,29 @@ pub(crate) struct Shared {
     born: Instant,
     /// Set by `Runtime::disarm_watchdog` (a clean stop's long write-back).
     watchdog_off: AtomicBool,
+    /// One lock per server address, so that this runtime's worker and that
+    /// server's make their data endpoints to each other in the same order
+    /// where it matters: UCX pairs the endpoints two workers make to each
+    /// other by creation order, and a connect racing another connection's
+    /// upgrade paired an endpoint with error handling against one without
+    /// ("asymmetric endpoint configuration": the connect failed, seen in CI
+    /// under load). A login (which may bring an `Upgrade`: a shared-memory
+    /// endpoint without error handling on each side) holds it exclusively
+    /// until its answer; connects hold it shared until their welcome
+    /// (their endpoints all have error handling, so their order among
+    /// themselves does not matter, and a connect that never gets a welcome
+    /// delays no other connect).
+    pub(crate) endpoint_order:
+        std::sync::Mutex<std::collections::HashMap<std::net::SocketAddr, Arc<std::sync::RwLock<()>>>>,
+}
+
+impl Shared {
+    /// The lock that orders endpoint creation with the server at `addr`
+    /// (see `endpoint_order`).
+    pub(crate) fn endpoint_order(&self, addr: std::net::SocketAddr) -> Arc<std::sync::RwLock<()>> {
+        let mut m = self.endpoint_order.lock().unwrap_or_else(|p| p.into_inner());
+        m.entry(addr).or_default().clone()
+    }
 }
 
 /// At most one warning per period for events a peer can cause at will;
@@ -421,6 +444,7 @@ impl Runtime {
             heartbeat: std::sync::atomic::AtomicU64::new(0),
             born: Instant::now(),
             watchdog_off: AtomicBool::new(false),
+            endpoint_order: Default::default(),
         });
         let (ready_tx, ready_rx) = crossbeam_channel::bounded::<Result<()>>(1);
         let sh = shared.clone();
