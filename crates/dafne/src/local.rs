@@ -11,8 +11,10 @@
 //! `DIR/cluster.json` once all of them listen, and `DIR/servers.json` with
 //! each server's pid, state and restarts whenever that changes. A server
 //! that exits unexpectedly is reported (in the log and in `dafne status`)
-//! and restarted, up to `max_restarts` times, when the configuration asks
-//! for it (`[cluster] restart`).
+//! and restarted, when the configuration asks for it (`[cluster] restart`),
+//! up to `max_restarts` times in a row: a server that has run
+//! `restart_window_s` since its last start has that count
+//! (`restarts_in_window`) reset; `restarts` is the total.
 //!
 //! # Reclaiming deleted files' data
 //! When a file's last link goes, the metadata server lists its data
