@@ -1910,7 +1910,7 @@ fn print_status(r: &StatusReport) {
             g("requests_served"),
             // This status request is one of them.
             g("requests_in_flight").saturating_sub(1),
-            g("connections"),
+            g("connections_accepted"),
             // Unifier mode, since start; a retired unit's memory is carved
             // again once UCX lets go of it.
             g("retired_units"),

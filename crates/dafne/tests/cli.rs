@@ -84,6 +84,10 @@ fn up_status_down_and_up_again() {
         assert_eq!(io["info"]["mode"].as_u64(), Some(2), "unifier mode: {io}");
         assert_eq!(io["info"]["cache_bytes"].as_u64(), Some(8 << 20), "{io}");
         assert_eq!(io["info"]["bytes_copied"].as_u64(), Some(0), "{io}");
+        // A count since start is named as one (it was `connections`, read
+        // as the connections open now).
+        assert!(io["info"]["connections_accepted"].as_u64() >= Some(1), "{io}");
+        assert!(io["info"].get("connections").is_none(), "{io}");
         assert_eq!(io["server"]["state"], "running");
     }
     assert!(s["meta"]["reachable"].is_null(), "{s}");
