@@ -149,6 +149,15 @@
 //! file's `op_*` lines). Writes that write-behind sends later count on its
 //! thread, not on the `write` that queued them. The small-file path's
 //! costs, measured with them, are in docs/BENCHMARKS.md ("PostMark").
+//! Every FUSE operation that reaches `Core` is counted under its own name,
+//! except: `opendir` (a `getattr`, counted as one), the `..` lookup of a
+//! listing ([`Core::parent`], inside the `readdir` it serves), `fsyncdir`
+//! (answered without a request: meta commits every change before it
+//! answers), and `getlk`/`setlk`, which go to the lock session directly
+//! (module docs, "Locks"; a blocking `setlk` waits for other holders, so
+//! its count would measure them). The stats file is rewritten whole after
+//! each `flush` and `release`, every [`STATS_EVERY`] while its counters
+//! change ([`Core::start_stats_writer`]), and at unmount.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -402,10 +411,24 @@ pub enum Op {
     Unlink,
     Mkdir,
     Rename,
+    Readlink,
+    Mknod,
+    Rmdir,
+    Symlink,
+    Link,
+    Setxattr,
+    Getxattr,
+    Listxattr,
+    Removexattr,
+    Readdir,
+    ReaddirPlus,
+    Statfs,
+    Access,
+    Fallocate,
 }
 
 impl Op {
-    pub const ALL: [Op; 13] = [
+    pub const ALL: [Op; 27] = [
         Op::Lookup,
         Op::Getattr,
         Op::Setattr,
@@ -419,6 +442,20 @@ impl Op {
         Op::Unlink,
         Op::Mkdir,
         Op::Rename,
+        Op::Readlink,
+        Op::Mknod,
+        Op::Rmdir,
+        Op::Symlink,
+        Op::Link,
+        Op::Setxattr,
+        Op::Getxattr,
+        Op::Listxattr,
+        Op::Removexattr,
+        Op::Readdir,
+        Op::ReaddirPlus,
+        Op::Statfs,
+        Op::Access,
+        Op::Fallocate,
     ];
 
     pub fn name(self) -> &'static str {
@@ -436,6 +473,20 @@ impl Op {
             Op::Unlink => "unlink",
             Op::Mkdir => "mkdir",
             Op::Rename => "rename",
+            Op::Readlink => "readlink",
+            Op::Mknod => "mknod",
+            Op::Rmdir => "rmdir",
+            Op::Symlink => "symlink",
+            Op::Link => "link",
+            Op::Setxattr => "setxattr",
+            Op::Getxattr => "getxattr",
+            Op::Listxattr => "listxattr",
+            Op::Removexattr => "removexattr",
+            Op::Readdir => "readdir",
+            Op::ReaddirPlus => "readdirplus",
+            Op::Statfs => "statfs",
+            Op::Access => "access",
+            Op::Fallocate => "fallocate",
         }
     }
 }
@@ -450,6 +501,10 @@ pub struct OpCount {
     /// Requests they sent to io servers and waited for.
     pub io: u64,
 }
+
+/// How often the stats file is written while its counters change
+/// ([`Core::start_stats_writer`]).
+pub const STATS_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// How long a directory's attributes fetched with a change in it answer
 /// the kernel's next `GETATTR` of it (module docs, "Directories just
@@ -471,6 +526,9 @@ pub struct Core {
     table: Mutex<Table>,
     next_fh: AtomicU64,
     stats_file: Option<PathBuf>,
+    /// The text last written to the stats file; held while writing it, so
+    /// that writers from several threads do not share its temporary file.
+    stats_written: Mutex<String>,
     /// Requests served through the FUSE ring and through /dev/fuse (set
     /// by the mount once its session exists).
     request_counters: std::sync::OnceLock<crate::ring::RequestCounters>,
@@ -594,6 +652,7 @@ impl Core {
             table: Mutex::new(Table::default()),
             next_fh: AtomicU64::new(1),
             stats_file: None,
+            stats_written: Mutex::new(String::new()),
             request_counters: std::sync::OnceLock::new(),
             readahead: None,
             writebehind: None,
@@ -706,7 +765,8 @@ impl Core {
     /// Writes [`RegistrationCounters`], read-ahead, write-behind, the
     /// operations' round trips ([`Core::op_counts`]) and the requests
     /// served through the ring and /dev/fuse to `path` after each `flush`
-    /// and `release`.
+    /// and `release`, every [`STATS_EVERY`] when they changed (once
+    /// [`Core::start_stats_writer`] runs) and at unmount.
     pub fn with_stats_file(mut self, path: PathBuf) -> Core {
         self.stats_file = Some(path);
         self
@@ -816,7 +876,7 @@ impl Core {
     }
 
     pub fn readlink(&self, c: Caller, ino: Ino) -> Result<Vec<u8>, Errno> {
-        self.session(c).readlink(ino)
+        self.counted(Op::Readlink, || self.session(c).readlink(ino))
     }
 
     /// `mknod`: a FIFO, socket, character or block device, or a regular
@@ -827,9 +887,11 @@ impl Core {
     /// root). Type bits of a directory or symlink, or none that exist, are
     /// `EINVAL` here (the kernel refuses those before asking).
     pub fn mknod(&self, c: Caller, parent: Ino, name: &[u8], mode: u32, rdev: u64) -> Result<Attr, Errno> {
-        let _changing = self.changing(&[parent]);
-        let kind = node_kind(mode).ok_or(Errno::EINVAL)?;
-        self.session(c).mknod(parent, name, kind, mode & 0o7777, rdev)
+        self.counted(Op::Mknod, || {
+            let _changing = self.changing(&[parent]);
+            let kind = node_kind(mode).ok_or(Errno::EINVAL)?;
+            self.session(c).mknod(parent, name, kind, mode & 0o7777, rdev)
+        })
     }
 
     pub fn mkdir(&self, c: Caller, parent: Ino, name: &[u8], mode: u32) -> Result<Attr, Errno> {
@@ -853,21 +915,27 @@ impl Core {
     }
 
     pub fn rmdir(&self, c: Caller, parent: Ino, name: &[u8]) -> Result<(), Errno> {
-        let req = Request::Rmdir { parent, name: name.to_vec() };
-        match self.change_in_dir(&self.session(c), parent, req)? {
-            Response::Done => Ok(()),
-            _ => Err(Errno::EPROTO),
-        }
+        self.counted(Op::Rmdir, || {
+            let req = Request::Rmdir { parent, name: name.to_vec() };
+            match self.change_in_dir(&self.session(c), parent, req)? {
+                Response::Done => Ok(()),
+                _ => Err(Errno::EPROTO),
+            }
+        })
     }
 
     pub fn symlink(&self, c: Caller, parent: Ino, name: &[u8], target: &[u8]) -> Result<Attr, Errno> {
-        let _changing = self.changing(&[parent]);
-        self.session(c).symlink(parent, name, target)
+        self.counted(Op::Symlink, || {
+            let _changing = self.changing(&[parent]);
+            self.session(c).symlink(parent, name, target)
+        })
     }
 
     pub fn link(&self, c: Caller, ino: Ino, new_parent: Ino, new_name: &[u8]) -> Result<Attr, Errno> {
-        let _changing = self.changing(&[ino, new_parent]);
-        self.session(c).link(ino, new_parent, new_name).map(|a| self.local(a))
+        self.counted(Op::Link, || {
+            let _changing = self.changing(&[ino, new_parent]);
+            self.session(c).link(ino, new_parent, new_name).map(|a| self.local(a))
+        })
     }
 
     /// `renameat2`: `flags` 0 replaces the destination,
@@ -891,11 +959,13 @@ impl Core {
     /// the rules. `security.capability` is refused here as meta refuses it
     /// (see [`Core::getxattr`]).
     pub fn setxattr(&self, c: Caller, ino: Ino, name: &[u8], value: &[u8], flags: u32) -> Result<(), Errno> {
-        let _changing = self.changing(&[ino]);
-        if name == XATTR_FILE_CAPS {
-            return Err(Errno::EOPNOTSUPP);
-        }
-        self.session(c).setxattr(ino, name, value, flags)
+        self.counted(Op::Setxattr, || {
+            let _changing = self.changing(&[ino]);
+            if name == XATTR_FILE_CAPS {
+                return Err(Errno::EOPNOTSUPP);
+            }
+            self.session(c).setxattr(ino, name, value, flags)
+        })
     }
 
     /// `getxattr`: the whole value. The kernel asks for
@@ -904,27 +974,33 @@ impl Core {
     /// docs, "Extended attributes"), so that answer is `ENODATA` from here,
     /// without a round trip on the data path.
     pub fn getxattr(&self, c: Caller, ino: Ino, name: &[u8]) -> Result<Vec<u8>, Errno> {
-        if name == XATTR_FILE_CAPS {
-            return Err(Errno::ENODATA);
-        }
-        self.session(c).getxattr(ino, name)
+        self.counted(Op::Getxattr, || {
+            if name == XATTR_FILE_CAPS {
+                return Err(Errno::ENODATA);
+            }
+            self.session(c).getxattr(ino, name)
+        })
     }
 
     /// `listxattr`: the names the caller may see, each followed by a NUL
     /// (the kernel's format).
     pub fn listxattr(&self, c: Caller, ino: Ino) -> Result<Vec<u8>, Errno> {
-        let names = self.session(c).listxattr(ino)?;
-        Ok(xattr_list(&names))
+        self.counted(Op::Listxattr, || {
+            let names = self.session(c).listxattr(ino)?;
+            Ok(xattr_list(&names))
+        })
     }
 
     pub fn removexattr(&self, c: Caller, ino: Ino, name: &[u8]) -> Result<(), Errno> {
-        let _changing = self.changing(&[ino]);
-        self.session(c).removexattr(ino, name)
+        self.counted(Op::Removexattr, || {
+            let _changing = self.changing(&[ino]);
+            self.session(c).removexattr(ino, name)
+        })
     }
 
     /// One page of a directory after `cookie` (0 = from the start).
     pub fn readdir(&self, c: Caller, ino: Ino, cookie: u64, max: u32) -> Result<(Vec<DirEntry>, bool), Errno> {
-        self.session(c).readdir_page(ino, cookie, max)
+        self.counted(Op::Readdir, || self.session(c).readdir_page(ino, cookie, max))
     }
 
     /// A page of a listing with every entry's attributes (`readdirplus`):
@@ -934,30 +1010,33 @@ impl Core {
     /// complete and the cookie to continue after this page (which differs
     /// from the last entry's when that one was left out).
     pub fn readdir_plus(&self, c: Caller, ino: Ino, cookie: u64, max: u32) -> Result<PlusPage, Errno> {
-        let s = self.session(c);
-        let (entries, eof) = s.readdir_page(ino, cookie, max)?;
-        let next = entries.last().map_or(cookie, |e| e.cookie);
-        let mut out = Vec::with_capacity(entries.len());
-        for chunk in entries.chunks(dafne_proto::MAX_COMPOUND) {
-            let ops = chunk.iter().map(|e| CompoundOp { chain: false, req: Request::GetAttr { ino: e.ino } }).collect();
-            let results = s.compound(ops)?;
-            for (i, e) in chunk.iter().enumerate() {
-                let attr = match results.get(i) {
-                    Some(Ok(Response::Attr { attr } | Response::Entry { attr })) => Ok(*attr),
-                    Some(Ok(_)) => Err(Errno::EPROTO),
-                    Some(Err(err)) => Err(*err),
-                    // A compound stops at its first error: ask the rest one
-                    // by one.
-                    None => s.getattr(e.ino),
-                };
-                match attr {
-                    Ok(a) => out.push((e.clone(), self.local(a))),
-                    Err(Errno::ENOENT) => {}
-                    Err(err) => return Err(err),
+        self.counted(Op::ReaddirPlus, || {
+            let s = self.session(c);
+            let (entries, eof) = s.readdir_page(ino, cookie, max)?;
+            let next = entries.last().map_or(cookie, |e| e.cookie);
+            let mut out = Vec::with_capacity(entries.len());
+            for chunk in entries.chunks(dafne_proto::MAX_COMPOUND) {
+                let ops =
+                    chunk.iter().map(|e| CompoundOp { chain: false, req: Request::GetAttr { ino: e.ino } }).collect();
+                let results = s.compound(ops)?;
+                for (i, e) in chunk.iter().enumerate() {
+                    let attr = match results.get(i) {
+                        Some(Ok(Response::Attr { attr } | Response::Entry { attr })) => Ok(*attr),
+                        Some(Ok(_)) => Err(Errno::EPROTO),
+                        Some(Err(err)) => Err(*err),
+                        // A compound stops at its first error: ask the rest one
+                        // by one.
+                        None => s.getattr(e.ino),
+                    };
+                    match attr {
+                        Ok(a) => out.push((e.clone(), self.local(a))),
+                        Err(Errno::ENOENT) => {}
+                        Err(err) => return Err(err),
+                    }
                 }
             }
-        }
-        Ok(PlusPage { entries: out, eof, next })
+            Ok(PlusPage { entries: out, eof, next })
+        })
     }
 
     /// The parent directory of directory `ino` (for `..` in listings).
@@ -967,26 +1046,30 @@ impl Core {
 
     /// Inodes from meta; blocks from the io servers' file systems.
     pub fn statfs(&self, c: Caller) -> Result<StatFs, Errno> {
-        let mut s = self.session(c).statfs()?;
-        // The data client's connections are logged in, which is what lets
-        // it ask (no capability needed: `dafne_proto::io`, "Login").
-        if let Ok((total, avail)) = block(self.data.capacity(dafne_client::data::LOGGED_IN)) {
-            let bsize = if s.bsize == 0 { 4096 } else { s.bsize as u64 };
-            s.blocks = total / bsize;
-            s.bfree = avail / bsize;
-            s.bavail = avail / bsize;
-        }
-        Ok(s)
+        self.counted(Op::Statfs, || {
+            let mut s = self.session(c).statfs()?;
+            // The data client's connections are logged in, which is what lets
+            // it ask (no capability needed: `dafne_proto::io`, "Login").
+            if let Ok((total, avail)) = block(self.data.capacity(dafne_client::data::LOGGED_IN)) {
+                let bsize = if s.bsize == 0 { 4096 } else { s.bsize as u64 };
+                s.blocks = total / bsize;
+                s.bfree = avail / bsize;
+                s.bavail = avail / bsize;
+            }
+            Ok(s)
+        })
     }
 
     /// `access(2)` from fresh attributes ([`may_access`]).
     pub fn access(&self, c: Caller, ino: Ino, want: u32) -> Result<(), Errno> {
-        let a = self.session(c).getattr(ino)?;
-        if may_access(c, &a, want) {
-            Ok(())
-        } else {
-            Err(Errno::EACCES)
-        }
+        self.counted(Op::Access, || {
+            let a = self.session(c).getattr(ino)?;
+            if may_access(c, &a, want) {
+                Ok(())
+            } else {
+                Err(Errno::EACCES)
+            }
+        })
     }
 
     fn add_handle(&self, file: OpenFile) -> (u64, Attr) {
@@ -1196,37 +1279,42 @@ impl Core {
     /// changes bytes sets mtime (and so ctime) to now, as Linux does. The
     /// read-ahead over the range goes.
     pub fn fallocate(&self, fh: u64, offset: u64, len: u64, mode: i32) -> Result<(), Errno> {
-        let mode = fallocate_mode(mode)?;
-        let (file, ino) = {
-            let t = self.table();
-            let h = t.handles.get(&fh).ok_or(Errno::EBADF)?;
-            (h.file.clone(), h.ino)
-        };
-        if file.cap.rights & RIGHT_WRITE == 0 {
-            return Err(Errno::EBADF);
-        }
-        let end = offset.checked_add(len).ok_or(Errno::EFBIG)?;
-        self.settle(&file);
-        let r = block(self.data.fallocate(&file, offset, len, mode));
-        // Also after a failure: some servers may have done their part.
-        self.table().changed(ino, offset, end);
-        r?;
-        let known = self.table().inodes.get(&ino).map(|st| st.size()).unwrap_or(0);
-        let grows = !mode.keeps_size() && end > known;
-        if !grows && !mode.zeroes() {
-            return Ok(());
-        }
-        let set =
-            SetAttr { size: grows.then_some(end), mtime: mode.zeroes().then_some(TimeSet::Now), ..Default::default() };
-        let Some(a) = self.set_size_attrs(ino, set)? else { return Ok(()) };
-        if let Some(st) = self.table().inodes.get_mut(&ino) {
-            st.meta_size = a.size;
-            st.attr = Some(a);
-            if mode.zeroes() {
-                st.mtime_set = false;
+        self.counted(Op::Fallocate, || {
+            let mode = fallocate_mode(mode)?;
+            let (file, ino) = {
+                let t = self.table();
+                let h = t.handles.get(&fh).ok_or(Errno::EBADF)?;
+                (h.file.clone(), h.ino)
+            };
+            if file.cap.rights & RIGHT_WRITE == 0 {
+                return Err(Errno::EBADF);
             }
-        }
-        Ok(())
+            let end = offset.checked_add(len).ok_or(Errno::EFBIG)?;
+            self.settle(&file);
+            let r = block(self.data.fallocate(&file, offset, len, mode));
+            // Also after a failure: some servers may have done their part.
+            self.table().changed(ino, offset, end);
+            r?;
+            let known = self.table().inodes.get(&ino).map(|st| st.size()).unwrap_or(0);
+            let grows = !mode.keeps_size() && end > known;
+            if !grows && !mode.zeroes() {
+                return Ok(());
+            }
+            let set = SetAttr {
+                size: grows.then_some(end),
+                mtime: mode.zeroes().then_some(TimeSet::Now),
+                ..Default::default()
+            };
+            let Some(a) = self.set_size_attrs(ino, set)? else { return Ok(()) };
+            if let Some(st) = self.table().inodes.get_mut(&ino) {
+                st.meta_size = a.size;
+                st.attr = Some(a);
+                if mode.zeroes() {
+                    st.mtime_set = false;
+                }
+            }
+            Ok(())
+        })
     }
 
     /// Publishes the size if this mount wrote since the last publish.
@@ -1502,10 +1590,56 @@ impl Core {
         })
     }
 
+    /// Writes the stats file every [`STATS_EVERY`] while its counters
+    /// change, so that a file held open (whose close would write it) shows
+    /// its operations meanwhile; the thread ends with the last reference
+    /// to `core` (the mount's end). Nothing without a stats file.
+    pub fn start_stats_writer(core: &Arc<Core>) {
+        if core.stats_file.is_none() {
+            return;
+        }
+        let weak = Arc::downgrade(core);
+        let spawned = std::thread::Builder::new().name("stats-file".into()).spawn(move || loop {
+            std::thread::sleep(STATS_EVERY);
+            let Some(core) = weak.upgrade() else { return };
+            core.write_stats_if_changed();
+        });
+        if let Err(e) = spawned {
+            tracing::warn!("no periodic stats file (it is still written at closes): {e}");
+        }
+    }
+
     /// Writes the counters to the stats file, if any, atomically (a reader
     /// never sees half a file).
-    fn write_stats(&self) {
-        let (Some(path), Some(c)) = (&self.stats_file, self.registration_counters()) else { return };
+    pub fn write_stats(&self) {
+        self.write_stats_when(|_| true)
+    }
+
+    fn write_stats_if_changed(&self) {
+        self.write_stats_when(|changed| changed)
+    }
+
+    /// Writes the stats file if `write(changed)` says so, `changed` being
+    /// whether the counters differ from the last text written.
+    fn write_stats_when(&self, write: impl FnOnce(bool) -> bool) {
+        let Some(path) = &self.stats_file else { return };
+        let Some(text) = self.stats_text() else { return };
+        let mut last = self.stats_written.lock().unwrap_or_else(|p| p.into_inner());
+        if !write(*last != text) {
+            return;
+        }
+        let tmp = path.with_extension("tmp");
+        if std::fs::write(&tmp, &text).and_then(|_| std::fs::rename(&tmp, path)).is_err() {
+            tracing::warn!("could not write the stats file {}", path.display());
+            return;
+        }
+        *last = text;
+    }
+
+    /// The stats file's text (`None` before the data client can say its
+    /// registrations).
+    fn stats_text(&self) -> Option<String> {
+        let c = self.registration_counters()?;
         let mut text = format!(
             "registrations {}\nderegistrations {}\nregistered_bytes {}\n",
             c.registrations, c.deregistrations, c.registered_bytes
@@ -1548,10 +1682,7 @@ impl Core {
             let op = op.name();
             text.push_str(&format!("op_{op}_calls {}\nop_{op}_meta {}\nop_{op}_io {}\n", n.calls, n.meta, n.io));
         }
-        let tmp = path.with_extension("tmp");
-        if std::fs::write(&tmp, text).and_then(|_| std::fs::rename(&tmp, path)).is_err() {
-            tracing::warn!("could not write the stats file {}", path.display());
-        }
+        Some(text)
     }
 }
 

@@ -122,6 +122,8 @@ pub struct Mounted {
     mountpoint: PathBuf,
     /// The ring threads, when the mount serves FUSE over io_uring.
     ring: Option<ring::RingThreads>,
+    /// For the stats file's last write, at unmount.
+    core: std::sync::Arc<core::Core>,
 }
 
 impl std::fmt::Debug for Mounted {
@@ -166,6 +168,7 @@ pub fn mount(core: core::Core, mountpoint: &Path, opts: &MountOptions) -> Result
     let counters = ring::RequestCounters { ring: Default::default(), dev: session.dev_requests() };
     let ring_count = counters.ring.clone();
     core.set_request_counters(counters);
+    core::Core::start_stats_writer(&core);
     if let Err(e) = raise_readahead(mountpoint, MAX_IO / 1024) {
         tracing::warn!("could not raise the readahead of {}: {e}", mountpoint.display());
     }
@@ -173,7 +176,7 @@ pub fn mount(core: core::Core, mountpoint: &Path, opts: &MountOptions) -> Result
         Some(agreed) => start_ring(&session, &agreed, opts, ring_count)?,
         None => None,
     };
-    Ok(Mounted { session, mountpoint: mountpoint.to_path_buf(), ring })
+    Ok(Mounted { session, mountpoint: mountpoint.to_path_buf(), ring, core })
 }
 
 /// Registers the ring entries of a mount whose INIT asked for the ring.
@@ -264,7 +267,7 @@ impl Mounted {
 
     /// Serves requests until the file system is unmounted.
     pub fn serve(self) -> Result<(), MountError> {
-        let Mounted { session, mountpoint, mut ring } = self;
+        let Mounted { session, mountpoint, mut ring, core } = self;
         let r = session.run_with(|d| {
             if let Some(t) = ring.as_mut() {
                 t.dispatch_with(&d);
@@ -274,6 +277,7 @@ impl Mounted {
         if let Some(t) = ring {
             t.join();
         }
+        core.write_stats();
         r.map_err(|source| MountError::Serve { mountpoint, source })
     }
 }

@@ -509,7 +509,7 @@ impl IoService {
             startup_registrations: u.startup_registrations + m.startup_registrations,
             requests_served: t.requests_served,
             requests_in_flight: t.requests_in_flight,
-            connections: t.connections_accepted,
+            connections_accepted: t.connections_accepted,
             filesystem_id,
             retired_units: u.retired_units,
             units_4k: u.units_by_class[0],

@@ -903,7 +903,8 @@ server_info! {
     available_bytes,
     /// Serving mode: 0 normal, 1 mmap, 2 unifier.
     mode,
-    /// The cache's registered memory, bytes.
+    /// The cache's size, bytes (`--cache-mib`; how much of it is
+    /// registered now: `pinned_bytes`).
     cache_bytes,
     /// Dirty bytes waiting for write-back.
     dirty_bytes,
@@ -919,10 +920,12 @@ server_info! {
     startup_registrations,
     /// Requests served since start.
     requests_served,
-    /// Requests being served now (credits in use, over all clients).
+    /// Requests being served now (credits in use, over all clients; the
+    /// `ServerInfo` request that asks counts itself).
     requests_in_flight,
-    /// Connections accepted since start.
-    connections,
+    /// Connections accepted since start (a count, not the connections
+    /// open now).
+    connections_accepted,
     /// The file system holding the data (`statvfs` f_fsid), so that
     /// servers sharing one are counted once.
     filesystem_id,
@@ -1902,7 +1905,7 @@ mod tests {
 
     #[test]
     fn server_info_takes_known_fields_and_ignores_the_rest() {
-        let info = ServerInfo { capacity_bytes: 7, connections: 9, ..Default::default() };
+        let info = ServerInfo { capacity_bytes: 7, connections_accepted: 9, ..Default::default() };
         let n = info.fields().len();
         let bytes = encode_io_reply(3, IoOp::ServerInfo, &Ok(IoResponse::ServerInfo(Box::new(info))));
         assert_eq!(decode_io_reply(&bytes).unwrap().2, Ok(IoResponse::ServerInfo(Box::new(info))));

@@ -101,8 +101,14 @@ pub struct ClusterConfig {
     pub io_servers: u32,
     /// Restart a server that exits unexpectedly.
     pub restart: bool,
-    /// Restarts allowed per server before the supervisor gives up on it.
+    /// Restarts allowed per server within a window before the supervisor
+    /// gives up on it.
     pub max_restarts: u32,
+    /// The window: a server that has run this many seconds since its last
+    /// (re)start has its count against `max_restarts` reset, so a rare
+    /// crash is always restarted and only a crash loop is given up. 0: no
+    /// window (`max_restarts` over the supervisor's lifetime).
+    pub restart_window_s: u64,
     /// Seconds after a file's last unlink before the supervisor removes its
     /// data from the io servers, counted from the unlink; a file still open
     /// somewhere keeps its data until its last close whatever this says
@@ -129,12 +135,17 @@ impl Default for ClusterConfig {
             io_servers: 4,
             restart: true,
             max_restarts: 5,
+            restart_window_s: DEFAULT_RESTART_WINDOW_S,
             reclaim_after_s: 60,
             metrics_host: IpAddr::from([127, 0, 0, 1]),
             metrics_base_port: 0,
         }
     }
 }
+
+/// `[cluster] restart_window_s` by default: ten minutes of running make a
+/// server's crashes a new series.
+pub const DEFAULT_RESTART_WINDOW_S: u64 = 600;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
@@ -239,7 +250,9 @@ meta_port = 7700        # the metadata server
 io_base_port = 7710     # io server i listens on io_base_port + i
 io_servers = 4          # number of io server processes
 restart = true          # restart a server that exits unexpectedly
-max_restarts = 5        # ... at most this many times per server
+max_restarts = 5        # ... at most this many times per server in a row:
+restart_window_s = 600  # a server that ran this long since its last start
+                        # gets its count reset (0: count over the lifetime)
 reclaim_after_s = 60    # remove an unlinked file's data this many seconds
                         # later, or at its last close if it is still open
 metrics_host = "127.0.0.1" # every server's metrics port (Prometheus text,

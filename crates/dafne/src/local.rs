@@ -11,8 +11,10 @@
 //! `DIR/cluster.json` once all of them listen, and `DIR/servers.json` with
 //! each server's pid, state and restarts whenever that changes. A server
 //! that exits unexpectedly is reported (in the log and in `dafne status`)
-//! and restarted, up to `max_restarts` times, when the configuration asks
-//! for it (`[cluster] restart`).
+//! and restarted, when the configuration asks for it (`[cluster] restart`),
+//! up to `max_restarts` times in a row: a server that has run
+//! `restart_window_s` since its last start has that count
+//! (`restarts_in_window`) reset; `restarts` is the total.
 //!
 //! # Reclaiming deleted files' data
 //! When a file's last link goes, the metadata server lists its data
@@ -177,7 +179,14 @@ pub struct ServerState {
     pub pid: u32,
     /// `running`, `restarting`, `failed` or `stopped`.
     pub state: String,
+    /// Restarts since the supervisor started it: the total, which
+    /// `dafne status` shows.
     pub restarts: u32,
+    /// Restarts that count against `[cluster] max_restarts`: those since
+    /// the server last ran `restart_window_s` seconds in a row (reset to 0
+    /// then).
+    #[serde(default)]
+    pub restarts_in_window: u32,
     /// How the last run ended, if it did.
     pub last_exit: Option<String>,
     /// When the process started (see `cluster::start_time`), so that a
@@ -199,6 +208,7 @@ impl ServerState {
             pid: 0,
             state: "starting".into(),
             restarts: 0,
+            restarts_in_window: 0,
             last_exit: None,
             start: 0,
             metrics: None,
@@ -269,6 +279,54 @@ fn effective_config(a: &UpArgs, dir: &Path) -> Result<(Config, Option<String>)> 
         ));
     }
     Ok((c, save))
+}
+
+/// What the configuration and flags of `a` change from the one a running
+/// cluster in `dir` uses (`DIR/config.toml`, which `up` wrote before its
+/// supervisor read it): each difference as "KEY: RUNNING running, GIVEN
+/// given"; empty when they ask for what runs.
+fn differs_from_running(a: &UpArgs, dir: &Path) -> Result<Vec<String>> {
+    let saved = dir.join("config.toml");
+    let running = Config::load(&saved).with_context(|| {
+        format!(
+            "dafne already runs in {}, but the configuration it uses, {}, cannot be read to compare with the one \
+             given: `dafne down{}` first, then `dafne up` with it",
+            dir.display(),
+            saved.display(),
+            dir_flag(dir)
+        )
+    })?;
+    let (given, _) = effective_config(a, dir)?;
+    let mut out = Vec::new();
+    let value = |c: &Config| toml::Value::try_from(c).context("serializing the configuration");
+    diff_values("", &value(&running)?, &value(&given)?, &mut out);
+    let host = recorded_host(dir);
+    if a.client {
+        out.push("--client: this directory runs servers".to_string());
+    } else if let Some(h) = a.host.as_deref().filter(|h| Some(*h) != host.as_deref()) {
+        out.push(format!("--host: {} running, {h:?} given", host.map_or("none".to_string(), |r| format!("{r:?}"))));
+    }
+    Ok(out)
+}
+
+/// Appends to `out` the keys whose values differ between `running` and
+/// `given` (TOML tables compared key by key; `at` is the path so far).
+fn diff_values(at: &str, running: &toml::Value, given: &toml::Value, out: &mut Vec<String>) {
+    let show = |v: Option<&toml::Value>| v.map_or("unset".to_string(), |v| v.to_string());
+    match (running, given) {
+        (toml::Value::Table(r), toml::Value::Table(g)) => {
+            let keys: std::collections::BTreeSet<&String> = r.keys().chain(g.keys()).collect();
+            for k in keys {
+                let key = if at.is_empty() { k.clone() } else { format!("{at}.{k}") };
+                match (r.get(k), g.get(k)) {
+                    (Some(rv), Some(gv)) => diff_values(&key, rv, gv, out),
+                    (rv, gv) => out.push(format!("{key}: {} running, {} given", show(rv), show(gv))),
+                }
+            }
+        }
+        (r, g) if r != g => out.push(format!("{at}: {} running, {} given", show(Some(r)), show(Some(g)))),
+        _ => {}
+    }
 }
 
 /// Whether flags that change the configuration were given.
@@ -377,6 +435,21 @@ pub fn up(a: UpArgs) -> Result<()> {
                 dir_flag(&dir)
             );
         };
+        // A script that asked for another configuration must not be told
+        // success: what was given is compared with what the cluster runs.
+        if a.config.is_some() || flags_given(&a) || a.host.is_some() || a.client {
+            let differences = differs_from_running(&a, &dir)?;
+            if !differences.is_empty() {
+                bail!(
+                    "dafne is already running in {} (supervisor pid {}) with another configuration than the one \
+                     given: {}. Nothing was changed; `dafne down{}` first, then `dafne up` with it",
+                    dir.display(),
+                    info.supervisor_pid,
+                    differences.join("; "),
+                    dir_flag(&dir)
+                );
+            }
+        }
         println!(
             "dafne is already running in {} (supervisor pid {}); `dafne status{}` shows it, `dafne down{}` stops it",
             dir.display(),
@@ -384,9 +457,6 @@ pub fn up(a: UpArgs) -> Result<()> {
             dir_flag(&dir),
             dir_flag(&dir)
         );
-        if a.config.is_some() || flags_given(&a) {
-            eprintln!("warning: the configuration and flags given were not applied: `dafne down` first to change them");
-        }
         if a.foreground {
             // A service manager must not take this for a supervisor that
             // ran and stopped cleanly.
@@ -766,6 +836,9 @@ struct Managed {
     state: ServerState,
     args: Vec<String>,
     child: Option<Child>,
+    /// When its current process started listening (the restart window
+    /// counts from here).
+    started: Instant,
 }
 
 fn progress(msg: impl std::fmt::Display) {
@@ -1023,7 +1096,12 @@ fn supervise_locked(dir: &Path) -> Result<()> {
     meta_args.extend(["--server-name".into(), "meta".into()]);
     meta_args.extend(ucx.iter().cloned());
     if runs_meta {
-        servers.push(Managed { state: ServerState::starting("meta", c.meta_addr()), args: meta_args, child: None });
+        servers.push(Managed {
+            state: ServerState::starting("meta", c.meta_addr()),
+            args: meta_args,
+            child: None,
+            started: Instant::now(),
+        });
     }
     // Computed once, so every io server gets the same cache.
     let cache_mib = c.io_cache_mib_for(local_io.len() as u32);
@@ -1059,7 +1137,12 @@ fn supervise_locked(dir: &Path) -> Result<()> {
             args.extend(["--advertise".into(), lo.into()]);
         }
         args.extend(ucx.iter().cloned());
-        servers.push(Managed { state: ServerState::starting(format!("io-{i}"), c.io_addr(i)), args, child: None });
+        servers.push(Managed {
+            state: ServerState::starting(format!("io-{i}"), c.io_addr(i)),
+            args,
+            child: None,
+            started: Instant::now(),
+        });
     }
     let n = local_io.len();
     for (k, m) in servers.iter_mut().enumerate() {
@@ -1086,6 +1169,7 @@ fn supervise_locked(dir: &Path) -> Result<()> {
                 m.state.metrics = metrics;
                 m.state.state = "running".into();
                 m.child = Some(child);
+                m.started = Instant::now();
             }
             Err(e) => {
                 println!("error: the {} server did not start: {e:#}", m.state.name);
@@ -1131,7 +1215,19 @@ fn supervise_locked(dir: &Path) -> Result<()> {
         std::thread::sleep(Duration::from_millis(200));
         let mut changed = false;
         let mut endpoints_changed = false;
+        // A server that has run `restart_window_s` since its last start is
+        // given its restarts afresh (0: never; the count is its lifetime's).
+        let window = Duration::from_secs(c.cluster.restart_window_s);
         for m in servers.iter_mut() {
+            let ran_window = c.cluster.restart_window_s > 0 && m.started.elapsed() >= window;
+            if ran_window && m.state.restarts_in_window > 0 && m.state.state == "running" {
+                println!(
+                    "{} ran {}s since its last restart: its count against max_restarts starts again",
+                    m.state.name, c.cluster.restart_window_s
+                );
+                m.state.restarts_in_window = 0;
+                changed = true;
+            }
             let Some(child) = m.child.as_mut() else { continue };
             let Ok(Some(status)) = child.try_wait() else { continue };
             changed = true;
@@ -1145,18 +1241,26 @@ fn supervise_locked(dir: &Path) -> Result<()> {
                 log.display(),
                 tail(&log, 10)
             );
-            if !c.cluster.restart || m.state.restarts >= c.cluster.max_restarts {
+            if !c.cluster.restart || m.state.restarts_in_window >= c.cluster.max_restarts {
                 m.state.state = "failed".into();
                 println!(
                     "error: not restarting {} ({})",
                     m.state.name,
-                    if c.cluster.restart { "max_restarts reached" } else { "restart = false" }
+                    if c.cluster.restart { "max_restarts reached within restart_window_s" } else { "restart = false" }
                 );
                 continue;
             }
             m.state.restarts += 1;
+            m.state.restarts_in_window += 1;
             m.state.state = "restarting".into();
-            println!("restarting {} ({}/{})", m.state.name, m.state.restarts, c.cluster.max_restarts);
+            println!(
+                "restarting {} ({}/{} within {}s; {} in all)",
+                m.state.name,
+                m.state.restarts_in_window,
+                c.cluster.max_restarts,
+                c.cluster.restart_window_s,
+                m.state.restarts
+            );
             // The same address, so clients and layouts stay valid, and the
             // metrics port it had if it can still take it; else it takes
             // another (or none), which is recorded below.
@@ -1183,6 +1287,7 @@ fn supervise_locked(dir: &Path) -> Result<()> {
                     m.state.start = start_time(child.id()).unwrap_or(0);
                     m.state.state = "running".into();
                     m.child = Some(child);
+                    m.started = Instant::now();
                 }
                 Err(e) => {
                     println!("error: restarting {} failed: {e:#}", m.state.name);
@@ -1805,7 +1910,7 @@ fn print_status(r: &StatusReport) {
             g("requests_served"),
             // This status request is one of them.
             g("requests_in_flight").saturating_sub(1),
-            g("connections"),
+            g("connections_accepted"),
             // Unifier mode, since start; a retired unit's memory is carved
             // again once UCX lets go of it.
             g("retired_units"),

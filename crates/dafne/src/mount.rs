@@ -63,9 +63,10 @@ pub struct MountArgs {
     pub write_behind_mib: u64,
     /// Write the client's counters (registrations, read-ahead,
     /// write-behind, and each FUSE operation's round trips to meta and the
-    /// io servers: `op_<op>_calls/meta/io`) to this file after every close
-    /// of a file (for tests and diagnosis).
-    #[arg(long, hide = true)]
+    /// io servers: `op_<op>_calls/meta/io`) to this file, replaced whole:
+    /// after every close of a file, once a second while they change, and
+    /// at unmount (for diagnosis and tests).
+    #[arg(long, value_name = "FILE")]
     pub stats_file: Option<PathBuf>,
     /// Honour setuid/setgid bits of programs on the mount (default:
     /// `nosuid`, since whoever may chmod on any mount of the cluster would

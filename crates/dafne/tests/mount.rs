@@ -950,6 +950,49 @@ fn a_daemon_killed_with_writes_in_flight_loses_only_what_was_never_fsynced() {
     }
 }
 
+/// Found by review: the stats file was written only at a close, so a file
+/// held open with writes in progress showed nothing, and operations such
+/// as listings, symlinks, rmdir and statfs were counted nowhere. It is
+/// written once a second while its counters change, and at unmount; and
+/// `--stats-file` is in `dafne mount --help`.
+#[test]
+fn the_stats_file_shows_a_file_held_open_and_every_operation() {
+    let help = text(&dafne().args(["mount", "--help"]).output().unwrap());
+    assert!(help.contains("--stats-file"), "{help}");
+    let _g = serial();
+    let c = Cluster::start();
+    let stats = c.dir().join("live-stats.txt");
+    let m = c.mount_with(&["--stats-file", p(&stats)]);
+    std::fs::write(m.path("f"), b"").unwrap();
+    let mut f = open_direct(&m.path("f"));
+    {
+        use std::io::Write;
+        for piece in pattern(4 << 17, 62).chunks(128 << 10) {
+            f.write_all(piece).unwrap();
+        }
+    }
+    // Still open: the stats file shows the writes (each 128 KiB write
+    // reached the daemon as one FUSE write at least).
+    wait_for("the open file's writes in the stats file", || stat(&stats, "op_write_calls") >= 4);
+    std::fs::create_dir(m.path("d")).unwrap();
+    std::os::unix::fs::symlink("f", m.path("d/l")).unwrap();
+    assert_eq!(std::fs::read_link(m.path("d/l")).unwrap(), Path::new("f"));
+    assert_eq!(std::fs::read_dir(m.path("d")).unwrap().count(), 1);
+    std::fs::remove_file(m.path("d/l")).unwrap();
+    std::fs::remove_dir(m.path("d")).unwrap();
+    rustix::fs::statvfs(m.path("")).unwrap();
+    wait_for("the other operations in the stats file", || {
+        stat(&stats, "op_symlink_calls") >= 1
+            && stat(&stats, "op_readlink_calls") >= 1
+            && stat(&stats, "op_readdir_calls") + stat(&stats, "op_readdirplus_calls") >= 1
+            && stat(&stats, "op_rmdir_calls") >= 1
+            && stat(&stats, "op_statfs_calls") >= 1
+    });
+    drop(f);
+    drop(m);
+    assert!(stat(&stats, "op_release_calls") >= 2, "{}", std::fs::read_to_string(&stats).unwrap());
+}
+
 /// Found by review: a close published the end of this mount's own writes
 /// as the size, so a truncate made meanwhile on another mount was undone
 /// (the size came back, filled with zeros), and a write lost on its way
