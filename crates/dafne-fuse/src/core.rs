@@ -519,6 +519,15 @@ const FRESH_DIRS_MAX: usize = 1024;
 /// locks of the later ones to their own closes (`flush`) or leases.
 const MAX_LOCK_OWNERS_PER_HANDLE: usize = 256;
 
+/// What the stats file last got.
+#[derive(Debug, Default)]
+struct StatsWritten {
+    /// The text last written.
+    text: String,
+    /// The last write failed (warned once until one succeeds).
+    failing: bool,
+}
+
 /// The file system over one metadata session and one data client.
 pub struct Core {
     meta: MetaSession,
@@ -528,7 +537,7 @@ pub struct Core {
     stats_file: Option<PathBuf>,
     /// The text last written to the stats file; held while writing it, so
     /// that writers from several threads do not share its temporary file.
-    stats_written: Mutex<String>,
+    stats_written: Mutex<StatsWritten>,
     /// Requests served through the FUSE ring and through /dev/fuse (set
     /// by the mount once its session exists).
     request_counters: std::sync::OnceLock<crate::ring::RequestCounters>,
@@ -652,7 +661,7 @@ impl Core {
             table: Mutex::new(Table::default()),
             next_fh: AtomicU64::new(1),
             stats_file: None,
-            stats_written: Mutex::new(String::new()),
+            stats_written: Mutex::new(StatsWritten::default()),
             request_counters: std::sync::OnceLock::new(),
             readahead: None,
             writebehind: None,
@@ -1623,17 +1632,29 @@ impl Core {
     /// whether the counters differ from the last text written.
     fn write_stats_when(&self, write: impl FnOnce(bool) -> bool) {
         let Some(path) = &self.stats_file else { return };
-        let Some(text) = self.stats_text() else { return };
+        // The text is read under the lock: a snapshot taken before another
+        // writer's newer one must not be written after it (at unmount
+        // nothing would repair it).
         let mut last = self.stats_written.lock().unwrap_or_else(|p| p.into_inner());
-        if !write(*last != text) {
+        let Some(text) = self.stats_text() else { return };
+        if !write(last.text != text) {
             return;
         }
         let tmp = path.with_extension("tmp");
-        if std::fs::write(&tmp, &text).and_then(|_| std::fs::rename(&tmp, path)).is_err() {
-            tracing::warn!("could not write the stats file {}", path.display());
-            return;
+        match std::fs::write(&tmp, &text).and_then(|_| std::fs::rename(&tmp, path)) {
+            Ok(()) => {
+                if std::mem::take(&mut last.failing) {
+                    tracing::warn!("the stats file {} is written again", path.display());
+                }
+                last.text = text;
+            }
+            // Once per streak of failures, not every second.
+            Err(e) if !last.failing => {
+                last.failing = true;
+                tracing::warn!("could not write the stats file {}: {e} (tried again every second)", path.display());
+            }
+            Err(_) => {}
         }
-        *last = text;
     }
 
     /// The stats file's text (`None` before the data client can say its

@@ -297,6 +297,11 @@ fn differs_from_running(a: &UpArgs, dir: &Path) -> Result<Vec<String>> {
         )
     })?;
     let (given, _) = effective_config(a, dir)?;
+    // A --host the given configuration refuses is told as that (advice to
+    // `down` and `up` with it would fail the same way).
+    if !a.client {
+        this_host(&given, a.host.as_deref())?;
+    }
     let mut out = Vec::new();
     let value = |c: &Config| toml::Value::try_from(c).context("serializing the configuration");
     diff_values("", &value(&running)?, &value(&given)?, &mut out);
@@ -1045,6 +1050,9 @@ fn supervisor_exe() -> Result<PathBuf> {
 }
 
 /// `dafne supervise --dir DIR` (hidden): run by `up`.
+/// How often the supervisor looks at its servers.
+const SUPERVISOR_TICK: Duration = Duration::from_millis(200);
+
 pub fn supervise(a: DirArgs) -> Result<()> {
     let dir = crate::cluster::resolve_dir(a.dir.as_deref())?;
     // The lock, held until this process exits: the cluster is running
@@ -1212,14 +1220,19 @@ fn supervise_locked(dir: &Path) -> Result<()> {
             .context("starting the reclaimer thread")?;
     }
     while !stop.load(Ordering::Relaxed) {
-        std::thread::sleep(Duration::from_millis(200));
+        std::thread::sleep(SUPERVISOR_TICK);
         let mut changed = false;
         let mut endpoints_changed = false;
         // A server that has run `restart_window_s` since its last start is
         // given its restarts afresh (0: never; the count is its lifetime's).
         let window = Duration::from_secs(c.cluster.restart_window_s);
         for m in servers.iter_mut() {
-            let ran_window = c.cluster.restart_window_s > 0 && m.started.elapsed() >= window;
+            let exited = m.child.as_mut().and_then(|child| child.try_wait().ok().flatten());
+            // An exit is seen up to a tick after it happened: it counts as
+            // within the window unless the server surely ran the whole
+            // window before it (so the window is never a tick shorter).
+            let slack = if exited.is_some() { SUPERVISOR_TICK } else { Duration::ZERO };
+            let ran_window = c.cluster.restart_window_s > 0 && m.started.elapsed() >= window + slack;
             if ran_window && m.state.restarts_in_window > 0 && m.state.state == "running" {
                 println!(
                     "{} ran {}s since its last restart: its count against max_restarts starts again",
@@ -1228,8 +1241,7 @@ fn supervise_locked(dir: &Path) -> Result<()> {
                 m.state.restarts_in_window = 0;
                 changed = true;
             }
-            let Some(child) = m.child.as_mut() else { continue };
-            let Ok(Some(status)) = child.try_wait() else { continue };
+            let Some(status) = exited else { continue };
             changed = true;
             m.child = None;
             m.state.last_exit = Some(status.to_string());
@@ -1253,13 +1265,13 @@ fn supervise_locked(dir: &Path) -> Result<()> {
             m.state.restarts += 1;
             m.state.restarts_in_window += 1;
             m.state.state = "restarting".into();
+            let within = match c.cluster.restart_window_s {
+                0 => "over the supervisor's lifetime".to_string(),
+                w => format!("within {w}s"),
+            };
             println!(
-                "restarting {} ({}/{} within {}s; {} in all)",
-                m.state.name,
-                m.state.restarts_in_window,
-                c.cluster.max_restarts,
-                c.cluster.restart_window_s,
-                m.state.restarts
+                "restarting {} ({}/{} {within}; {} in all)",
+                m.state.name, m.state.restarts_in_window, c.cluster.max_restarts, m.state.restarts
             );
             // The same address, so clients and layouts stay valid, and the
             // metrics port it had if it can still take it; else it takes

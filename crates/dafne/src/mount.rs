@@ -223,6 +223,7 @@ fn spawn_daemon(info: &ClusterInfo, mp: &Path, a: &MountArgs) -> Result<()> {
     cmd.args(["--readahead-mib", &a.readahead_mib.to_string()]);
     cmd.args(["--write-behind-mib", &a.write_behind_mib.to_string()]);
     if let Some(f) = &a.stats_file {
+        check_stats_file(f)?;
         cmd.arg("--stats-file").arg(std::path::absolute(f)?);
     }
     if a.suid {
@@ -351,6 +352,7 @@ fn serve(info: &ClusterInfo, mp: &Path, a: &MountArgs) -> Result<()> {
         core = core.with_write_behind(wb);
     }
     if let Some(f) = &a.stats_file {
+        check_stats_file(f)?;
         core = core.with_stats_file(f.clone());
     }
     let opts = dafne_fuse::MountOptions {
@@ -467,4 +469,24 @@ mod tests {
         assert!(e.contains("does not exist") && e.contains("mkdir -p"), "{e}");
         std::fs::remove_dir(&d).unwrap();
     }
+}
+
+/// Refuses a `--stats-file` the daemon could not write (a missing
+/// directory, no permission) before mounting: the daemon writes it every
+/// second while counters change, and would otherwise only log that it
+/// cannot. The daemon writes `PATH.tmp` beside it and renames it over, so
+/// the directory must be writable too. Creates the file if missing; an
+/// existing one keeps its content until the daemon's first write.
+fn check_stats_file(path: &Path) -> Result<()> {
+    let hint = "choose a path in a writable directory";
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .with_context(|| format!("--stats-file {}: cannot write it; {hint}", path.display()))?;
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, b"").and_then(|_| std::fs::remove_file(&tmp)).with_context(|| {
+        format!("--stats-file {}: cannot write {} beside it; {hint}", path.display(), tmp.display())
+    })?;
+    Ok(())
 }

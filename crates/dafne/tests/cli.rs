@@ -176,8 +176,13 @@ fn max_restarts_counts_within_the_restart_window() {
     .unwrap();
     let o = run(&["up", "--dir", &c.d(), "--config", cfg.to_str().unwrap()]);
     assert!(o.status.success(), "{}", text(&o));
+    // The count of the window is read from what the supervisor logged at
+    // the restart: the live count may already have been reset on a slow
+    // machine (the window is 5 s).
+    let log = || std::fs::read_to_string(c.path().join("logs/supervisor.log")).unwrap();
     let s = kill_and_wait(&c, 1, 1);
-    assert_eq!((s["state"].as_str(), s["restarts_in_window"].as_u64()), (Some("running"), Some(1)), "{s}");
+    assert_eq!(s["state"], "running", "{s}");
+    assert!(log().contains("restarting io-0 (1/1 within 5s; 1 in all)"), "{}", log());
     // Once it has run the window, its count starts again: a second crash
     // (its lifetime's second, over max_restarts = 1) is restarted.
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -187,7 +192,7 @@ fn max_restarts_counts_within_the_restart_window() {
     }
     let s = kill_and_wait(&c, 1, 2);
     assert_eq!(s["state"], "running", "a crash after a quiet window is restarted: {s}");
-    assert_eq!(s["restarts_in_window"], 1, "{s}");
+    assert!(log().contains("restarting io-0 (1/1 within 5s; 2 in all)"), "{}", log());
     // Status still shows every restart.
     let table = text(&run(&["status", "--dir", &c.d()]));
     assert!(table.contains("2 restarts"), "{table}");
@@ -196,7 +201,7 @@ fn max_restarts_counts_within_the_restart_window() {
     // logged before the exit it precedes is handled), not a guess at how
     // fast this machine is.
     let s = kill_and_wait(&c, 1, 3);
-    let log = std::fs::read_to_string(c.path().join("logs/supervisor.log")).unwrap();
+    let log = log();
     match log.matches("its count against max_restarts starts again").count() {
         1 => {
             assert_eq!(s["state"], "failed", "{s}\n{log}");

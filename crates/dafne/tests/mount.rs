@@ -961,6 +961,13 @@ fn the_stats_file_shows_a_file_held_open_and_every_operation() {
     assert!(help.contains("--stats-file"), "{help}");
     let _g = serial();
     let c = Cluster::start();
+    // A stats file the daemon could not write is refused before mounting,
+    // with why and what to do (review: the mount came up and its daemon
+    // logged a bare warning every second).
+    let bad = c.dir().join("no-such-dir/stats.txt");
+    let (mp, o) = c.try_mount_at("bad-stats", &["--stats-file", p(&bad)]);
+    assert!(!o.status.success() && !mounted(&mp), "{}", text(&o));
+    assert!(text(&o).contains("--stats-file") && text(&o).contains("writable directory"), "{}", text(&o));
     let stats = c.dir().join("live-stats.txt");
     let m = c.mount_with(&["--stats-file", p(&stats)]);
     std::fs::write(m.path("f"), b"").unwrap();
