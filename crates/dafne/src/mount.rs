@@ -454,23 +454,6 @@ fn mib_bytes(mib: u64, option: &str) -> Result<usize> {
         .with_context(|| format!("{option} {mib} is more memory than this machine can address"))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_root_is_found_as_a_mount_and_a_fresh_directory_is_not() {
-        assert!(mount_at(Path::new("/")).is_some());
-        let d = std::env::temp_dir().join(format!("dafne-mount-unit-{}", std::process::id()));
-        std::fs::create_dir_all(&d).unwrap();
-        assert!(mount_at(&d.canonicalize().unwrap()).is_none());
-        assert!(check_mountpoint(&d).is_ok());
-        let e = check_mountpoint(&d.join("missing")).unwrap_err().to_string();
-        assert!(e.contains("does not exist") && e.contains("mkdir -p"), "{e}");
-        std::fs::remove_dir(&d).unwrap();
-    }
-}
-
 /// Refuses a `--stats-file` the daemon could not write (a missing
 /// directory, no permission) before mounting: the daemon writes it every
 /// second while counters change, and would otherwise only log that it
@@ -489,4 +472,21 @@ fn check_stats_file(path: &Path) -> Result<()> {
         format!("--stats-file {}: cannot write {} beside it; {hint}", path.display(), tmp.display())
     })?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_root_is_found_as_a_mount_and_a_fresh_directory_is_not() {
+        assert!(mount_at(Path::new("/")).is_some());
+        let d = std::env::temp_dir().join(format!("dafne-mount-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        assert!(mount_at(&d.canonicalize().unwrap()).is_none());
+        assert!(check_mountpoint(&d).is_ok());
+        let e = check_mountpoint(&d.join("missing")).unwrap_err().to_string();
+        assert!(e.contains("does not exist") && e.contains("mkdir -p"), "{e}");
+        std::fs::remove_dir(&d).unwrap();
+    }
 }
