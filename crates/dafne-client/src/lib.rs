@@ -54,6 +54,7 @@ pub mod data;
 mod fake_io;
 pub mod file;
 mod link;
+pub use link::{retry_deadline, suppressed_note, throttle, Throttle, RETRY_DEADLINE_ENV, WARN_EVERY};
 pub mod locks;
 pub mod machine;
 pub mod readahead;
@@ -220,6 +221,44 @@ impl Inner {
             *late.entry(o).or_insert(0) += 1;
         }
         late.into_iter().map(|(object_id, count)| HeldOpen { object_id, count }).collect()
+    }
+}
+
+/// Whether a request that is not exactly-once may be sent again after its
+/// connection was lost, without changing what it does (module docs,
+/// "Riding over a restart"): reads of state, and `Open` without
+/// truncation (the open it registers was on the lost connection; the
+/// answer to the repeat is the one counted).
+pub(crate) fn repeatable(req: &Request) -> bool {
+    match req {
+        Request::Lookup { .. }
+        | Request::GetAttr { .. }
+        | Request::Readdir { .. }
+        | Request::Readlink { .. }
+        | Request::Statfs
+        | Request::GetXattr { .. }
+        | Request::ListXattr { .. }
+        | Request::Recap { .. }
+        | Request::ListOrphans { .. }
+        | Request::Revocations { .. }
+        | Request::Members => true,
+        Request::Open { flags, .. } => flags & dafne_proto::OPEN_TRUNC == 0,
+        Request::Compound { ops } => ops.iter().all(|o| repeatable(&o.req)),
+        _ => false,
+    }
+}
+
+/// Logs (throttled: module `link`) a metadata call that failed for a lost
+/// connection after `began`.
+fn warn_lost(link: &link::Link, began: std::time::Instant, why: &str) {
+    let (c, _) = link.peek();
+    let addr = c.remote_addr();
+    if let Some(n) = link::throttle().allow(&format!("meta call {addr}")) {
+        tracing::warn!(
+            "a call to the metadata server at {addr} failed after {:.1?} ({why}): EIO{}",
+            began.elapsed(),
+            link::suppressed_note(n)
+        );
     }
 }
 
@@ -440,29 +479,42 @@ impl MetaSession {
         calls::meta_sent();
         let call = self.inner.link.get().map(|(c, generation)| (c.call_async(payload.clone()), generation));
         let (uid, gid) = (self.uid, self.gid);
+        let retrying = session.is_some() || repeatable(&req);
+        let is_close = matches!(req, Request::Close { .. });
         async move {
             let began = std::time::Instant::now();
-            let retrying = session.is_some();
+            let deadline = link::retry_deadline();
             let _done = session.map(|(_, d)| d);
             let mut call = call;
             let (bytes, generation) = loop {
                 let Some((pending, generation)) = call.take() else {
-                    if retrying && began.elapsed() < RETRY_DEADLINE {
+                    if retrying && began.elapsed() < deadline {
                         std::thread::sleep(link::RETRY_EVERY);
                         calls::meta_sent();
                         call = inner.link.get().map(|(c, g)| (c.call_async(payload.clone()), g));
                         continue;
                     }
+                    if is_close {
+                        // Never sent: its open is on the broken connection.
+                        return Ok(Response::Done);
+                    }
+                    warn_lost(&inner.link, began, "no connection");
                     return Err(Errno::EIO);
                 };
                 match pending.await {
                     Ok(bytes) => break (bytes, generation),
                     Err(e) => {
                         inner.link.failed(generation, &e);
-                        if !(retrying && link::is_connection_loss(&e) && began.elapsed() < RETRY_DEADLINE) {
+                        if is_close && link::is_connection_loss(&e) {
+                            // The open went with its connection: module
+                            // docs, "Riding over a restart".
+                            return Ok(Response::Done);
+                        }
+                        if !(retrying && link::is_connection_loss(&e) && began.elapsed() < deadline) {
+                            warn_lost(&inner.link, began, &e.to_string());
                             return Err(io_err(e));
                         }
-                        tracing::debug!("connection lost under a non-idempotent call ({e}): sending it again");
+                        tracing::debug!("connection lost under a call that may be repeated ({e}): sending it again");
                         calls::meta_sent();
                         call = inner.link.get().map(|(c, g)| (c.call_async(payload.clone()), g));
                     }

@@ -55,6 +55,88 @@ pub const WAIT_FOR_RECONNECT: Duration = Duration::from_secs(2);
 /// How often a waiting caller looks whether the reconnection finished.
 const WAIT_POLL: Duration = Duration::from_millis(2);
 
+/// The environment variable that sets the retry deadline (whole seconds,
+/// 1 to 86400), read once per process: see [`retry_deadline`].
+pub const RETRY_DEADLINE_ENV: &str = "DAFNE_RETRY_DEADLINE_S";
+
+/// How long a call that may be repeated keeps being sent again on new
+/// connections after its connection was lost (crate docs, "Riding over a
+/// restart"): [`crate::RETRY_DEADLINE`], or the seconds in
+/// `$DAFNE_RETRY_DEADLINE_S` (an unusable value is warned about once and
+/// the default used).
+pub fn retry_deadline() -> Duration {
+    static DEADLINE: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *DEADLINE.get_or_init(|| match std::env::var(RETRY_DEADLINE_ENV) {
+        Err(_) => crate::RETRY_DEADLINE,
+        Ok(v) => match v.trim().parse::<u64>() {
+            Ok(s) if (1..=86_400).contains(&s) => Duration::from_secs(s),
+            _ => {
+                tracing::warn!(
+                    "{RETRY_DEADLINE_ENV}={v:?} is not a number of seconds from 1 to 86400: using {:?}",
+                    crate::RETRY_DEADLINE
+                );
+                crate::RETRY_DEADLINE
+            }
+        },
+    })
+}
+
+/// How often a throttled warning of one kind is written at most.
+pub const WARN_EVERY: Duration = Duration::from_secs(5);
+
+/// Warnings that repeat while a server is down (one per failed call, one
+/// per reconnect), written at most once per [`WARN_EVERY`] per key (a
+/// server's address, a kind of failure), with the count of those held back
+/// since the last one written.
+#[derive(Debug, Default)]
+pub struct Throttle {
+    last: Mutex<std::collections::HashMap<String, (Instant, u64)>>,
+}
+
+impl Throttle {
+    /// `Some(suppressed)` when a warning for `key` may be written now
+    /// (`suppressed`: how many were held back since the last one); `None`
+    /// when it is to be held back (and counted).
+    pub fn allow(&self, key: &str) -> Option<u64> {
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        match last.get_mut(key) {
+            Some((at, held)) if now.duration_since(*at) < WARN_EVERY => {
+                *held += 1;
+                None
+            }
+            Some((at, held)) => {
+                *at = now;
+                Some(std::mem::take(held))
+            }
+            None => {
+                // Bounded: keys are server addresses and kinds of failure;
+                // a map grown past any real cluster is started afresh.
+                if last.len() >= 4096 {
+                    last.clear();
+                }
+                last.insert(key.to_string(), (now, 0));
+                Some(0)
+            }
+        }
+    }
+}
+
+/// The process's throttle for the client library's repeating warnings.
+pub fn throttle() -> &'static Throttle {
+    static T: std::sync::OnceLock<Throttle> = std::sync::OnceLock::new();
+    T.get_or_init(Throttle::default)
+}
+
+/// " (N more like it in the last 5 s not shown)", or nothing.
+pub fn suppressed_note(n: u64) -> String {
+    if n == 0 {
+        String::new()
+    } else {
+        format!(" ({n} more like it since the last one not shown)")
+    }
+}
+
 /// What runs on a new connection before it is used, given the generation
 /// it will have.
 type Hello = dyn Fn(&Client, Generation) -> Result<(), String> + Send + Sync;
@@ -158,7 +240,10 @@ impl Link {
         // one, which gets the next generation.
         let next = self.peek().1 + 1;
         if let Err(e) = (self.hello)(&fresh, next) {
-            tracing::warn!("reconnected to {} but the server refused the session: {e}", old.remote_addr());
+            let addr = old.remote_addr();
+            if let Some(n) = throttle().allow(&format!("refused {addr}")) {
+                tracing::warn!("reconnected to {addr} but the server refused the session: {e}{}", suppressed_note(n));
+            }
             return None;
         }
         tracing::info!("reconnected to {}", old.remote_addr());
