@@ -85,6 +85,31 @@
 //!   recorded: the `Sync` after the restart fails although the truncate
 //!   made the lost bytes irrelevant.
 //!
+//! # Riding over a restart
+//! A request whose connection is lost (the io server crashed and is being
+//! restarted, the network broke) is sent again on the next connection,
+//! waiting `link::RETRY_EVERY` (250 ms) between tries, until the
+//! retry deadline (`crate::retry_deadline`, 30 s by default); then it fails
+//! with `EIO`, as before. Repeated: `Read` and `Write` (the same bytes at
+//! the same offsets; not those whose keys follow, whose `Keys` went on the
+//! lost connection), `Truncate`, `Allocate`, `Sync` and `Stat`. Not:
+//! `Keys`, `Login`, `Remove` and `Revoke` (the reclaimer and the relay
+//! repeat those themselves), `ServerInfo` and `Scrub` (tools that want a
+//! quick answer). Capabilities
+//! need no renewal for a new connection (they are signed by the cluster
+//! secret, not bound to one); one revoked meanwhile is answered `ESTALE`
+//! and renewed as below. The write verifier keeps working across the
+//! repeats, each try being a request of its own: a write whose connection
+//! was lost was not acknowledged (its record goes) and its repeat is
+//! recorded on the connection that answers it; writes acknowledged by the
+//! lost connection stay recorded on its generation, so a `Sync` or `Stat`
+//! repeated on the new connection reports them (`EIO`): a restart never
+//! hides a loss. The waits block the thread polling the request (a
+//! completion queue's other operations wait with it). Known limit: a read
+//! repeated after a network cut (not a crash) may still meet the first
+//! try's late RMA into the same memory, with the bytes of the same range
+//! as the server read them then.
+//!
 //! # Revoked capabilities
 //! An io server answers `ESTALE` to a capability that meta revoked (a
 //! chmod, chown, truncate or unlink since it was issued; `dafne_auth`'s
@@ -480,15 +505,14 @@ enum Attempt {
 /// (module docs, "Riding over a restart"): what it does is the same done
 /// twice. A request whose keys follow is not (its `Keys` went on the lost
 /// connection), nor `Keys`, `Login`, `Remove` and `Revoke` (the
-/// reclaimer's and the relay's, which repeat on their own), nor `Scrub`.
+/// reclaimer's and the relay's, which repeat on their own), nor
+/// `ServerInfo` and `Scrub` (tools that want a quick answer).
 fn io_repeatable(req: &IoRequest) -> bool {
     match req {
         IoRequest::Read { keys_follow, .. } | IoRequest::Write { keys_follow, .. } => keys_follow.is_none(),
-        IoRequest::Truncate { .. }
-        | IoRequest::Sync { .. }
-        | IoRequest::Stat { .. }
-        | IoRequest::ServerInfo { .. }
-        | IoRequest::Allocate { .. } => true,
+        IoRequest::Truncate { .. } | IoRequest::Sync { .. } | IoRequest::Stat { .. } | IoRequest::Allocate { .. } => {
+            true
+        }
         _ => false,
     }
 }
@@ -1954,6 +1978,21 @@ mod tests {
         assert_eq!(block_on(d.sync(&f)), Ok(()));
         block_on(d.remove(&g)).unwrap();
         assert_eq!(block_on(d.sync(&g)), Ok(()));
+    }
+
+    #[test]
+    fn reads_writes_and_checks_are_repeated_not_keys_or_removals() {
+        let cap = file(1).cap;
+        let follow = Some(dafne_proto::io::KeysFollow { tag: 1, count: 1 });
+        let read =
+            |keys_follow| IoRequest::Read { cap, keys: vec![], extents: vec![], inline_reply: false, keys_follow };
+        assert!(io_repeatable(&read(None)));
+        assert!(!io_repeatable(&read(follow)), "its Keys went on the lost connection");
+        assert!(io_repeatable(&IoRequest::Sync { cap }));
+        assert!(io_repeatable(&IoRequest::Stat { cap }));
+        assert!(io_repeatable(&IoRequest::Truncate { cap, size: 0 }));
+        assert!(!io_repeatable(&IoRequest::Remove { cap }));
+        assert!(!io_repeatable(&IoRequest::ServerInfo { cap }));
     }
 
     #[test]

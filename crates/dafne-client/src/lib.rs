@@ -35,10 +35,37 @@
 //! answers from its replay cache if it had executed it (`dafne_meta`
 //! store docs, "Exactly-once replay cache"): a retried exclusive create
 //! gets its own `Ok`, not `EEXIST`; a retried unlink does not get
-//! `ENOENT`. Other requests are not retried here (one `EIO`, and the next
-//! call reconnects; module `link`). Past the deadline the call fails with
-//! `EIO` and its seq counts as answered. The retry waits block the calling
-//! thread, like reconnecting does (module `link`).
+//! `ENOENT`. Past the deadline the call fails with `EIO` and its seq
+//! counts as answered. The retry waits block the calling thread, like
+//! reconnecting does (module `link`).
+//!
+//! # Riding over a restart
+//! A server that crashes and is restarted by the supervisor costs the
+//! application a pause, not an error (NFS's hard mount, bounded): besides
+//! the exactly-once requests above, the requests that do the same when done
+//! twice are sent again, on the next connection, when their connection is
+//! lost, for up to [`RETRY_DEADLINE`] (or `$DAFNE_RETRY_DEADLINE_S`
+//! seconds, [`retry_deadline`]); a server still down then gets the caller
+//! `EIO`, not a hang. Which (`repeatable`): reads of state (`Lookup`,
+//! `GetAttr`, `Readdir`, `Readlink`, `Statfs`, `GetXattr`, `ListXattr`,
+//! `Recap`), `Open` without `OPEN_TRUNC` (the open it registered went with
+//! the lost connection, whose opens meta drops; the repeat's open is the
+//! one counted, and re-announced like any other), and compounds of only
+//! these. Not repeated: `Open` with truncation (a second truncate could cut
+//! what another client wrote between the two), `Lock`, `TestLock` and
+//! `Watch` (module [`locks`] and [`MetaSession::watch`] retry them their
+//! own way), `Reopen` (sent by the reconnect itself), `ForgetOrphans` and
+//! `RevokeCredential` (admin calls, for the caller to repeat), and the
+//! tools' and services' calls (`Members`, `ListOrphans`, `Revocations`:
+//! `dafne status` wants a quick answer, the reclaimer and the relay repeat
+//! on their own). A `Close` whose connection is lost (or that finds none)
+//! is done: the session's count was lowered before it was sent, so no later
+//! connection was told of that open; sending it again would release another
+//! open of the same object. The data half does the same for io requests
+//! (module [`data`], "Riding over a restart"). The warnings of calls that
+//! fail anyway are throttled ([`Throttle`]: one per server and kind every
+//! [`WARN_EVERY`], with a count of those not shown). A call that times out
+//! with its connection alive is not repeated (`EAGAIN`).
 //!
 //! # Locks
 //! Byte-range locks ([`MetaSession::lock`], [`MetaSession::test_lock`])
@@ -124,8 +151,9 @@ pub struct OpenFile {
 /// (module docs, "Open files"); the server's grace must be longer.
 pub const KEEPALIVE: Duration = Duration::from_secs(1);
 
-/// How long a non-idempotent call whose connection was lost keeps being
-/// sent again on new connections (module docs, "Exactly-once").
+/// How long a call whose connection was lost keeps being sent again on new
+/// connections, by default (module docs, "Exactly-once" and "Riding over a
+/// restart"; [`retry_deadline`] reads the override).
 pub const RETRY_DEADLINE: Duration = Duration::from_secs(30);
 
 /// This session's exactly-once sequence (module docs, "Exactly-once").
@@ -238,10 +266,7 @@ pub(crate) fn repeatable(req: &Request) -> bool {
         | Request::Statfs
         | Request::GetXattr { .. }
         | Request::ListXattr { .. }
-        | Request::Recap { .. }
-        | Request::ListOrphans { .. }
-        | Request::Revocations { .. }
-        | Request::Members => true,
+        | Request::Recap { .. } => true,
         Request::Open { flags, .. } => flags & dafne_proto::OPEN_TRUNC == 0,
         Request::Compound { ops } => ops.iter().all(|o| repeatable(&o.req)),
         _ => false,
@@ -465,8 +490,9 @@ impl MetaSession {
     }
 
     /// Sends one request; resolves with the server's answer. A
-    /// non-idempotent one is sent again after a lost connection (module
-    /// docs, "Exactly-once").
+    /// non-idempotent one, and one that may be repeated, is sent again
+    /// after a lost connection (module docs, "Exactly-once", "Riding over a
+    /// restart").
     pub fn request_async(&self, req: Request) -> impl Future<Output = Result<Response, Errno>> + Send + 'static {
         let tag = self.inner.next_tag.fetch_add(1, Ordering::Relaxed);
         let inner = self.inner.clone();
@@ -1033,6 +1059,30 @@ impl MetaSession {
 #[cfg(test)]
 mod io_login_tests {
     use super::*;
+
+    #[test]
+    fn only_reads_of_state_and_opens_without_truncation_are_repeated() {
+        use dafne_proto::{OPEN_READ, OPEN_TRUNC, OPEN_WRITE};
+        let lookup = Request::Lookup { parent: 1, name: b"a".to_vec() };
+        assert!(repeatable(&lookup));
+        assert!(repeatable(&Request::GetAttr { ino: 1 }));
+        assert!(repeatable(&Request::Open { ino: 2, flags: OPEN_READ | OPEN_WRITE }));
+        assert!(!repeatable(&Request::Open { ino: 2, flags: OPEN_WRITE | OPEN_TRUNC }), "a truncate done twice");
+        assert!(!repeatable(&Request::Close { object_id: 3 }), "a second close releases another open");
+        assert!(!repeatable(&Request::Watch { since: 0 }));
+        assert!(!repeatable(&Request::Members), "dafne status wants a quick answer");
+        let open_at = |flags| Request::Compound {
+            ops: vec![
+                CompoundOp { chain: false, req: lookup.clone() },
+                CompoundOp { chain: true, req: Request::Open { ino: 0, flags } },
+            ],
+        };
+        assert!(repeatable(&open_at(OPEN_READ)));
+        assert!(!repeatable(&open_at(OPEN_TRUNC)));
+        // Changes are exactly-once (the replay cache), not repeatable.
+        let unlink = Request::Unlink { parent: 1, name: b"a".to_vec() };
+        assert!(!repeatable(&unlink) && unlink.is_exactly_once());
+    }
 
     #[test]
     fn only_a_refused_login_blames_the_secret() {

@@ -4,18 +4,22 @@
 //!
 //! # What is and is not retried
 //! The link retries nothing by itself. A call in flight when the
-//! connection fails returns its error (`EIO`): it may or may not have been
-//! applied (a write), and only the caller knows whether repeating it is
-//! safe; the metadata session repeats its non-idempotent calls, which the
-//! server's replay cache makes safe (crate docs, "Exactly-once"). The
-//! *following* calls reconnect first. Reconnection is tried at most every
-//! [`RETRY_EVERY`], so a server that is down costs callers one fast error
-//! each rather than a connection attempt each. While one thread
-//! reconnects, the others wait for it (at most [`WAIT_FOR_RECONNECT`]) and
-//! then use the new connection, so that the threads of a program all go
-//! on after a server restart; they fail (`EIO`) when that attempt failed,
-//! or when it is still under way after the wait (a server that does not
-//! answer).
+//! connection fails returns its error (`EIO`) to its caller, which decides
+//! whether repeating it is safe: the metadata session repeats its
+//! exactly-once calls (the server's replay cache makes that safe) and the
+//! calls that do the same when done twice, the data client its io
+//! requests that do (crate docs, "Exactly-once" and "Riding over a
+//! restart"; `data`), on the next connection, until [`retry_deadline`].
+//! The *following* calls reconnect first. Reconnection is tried at most
+//! every [`RETRY_EVERY`], so a server that is down costs a caller that
+//! does not repeat one fast error, and one that does a pause of that
+//! length between tries, rather than a connection attempt each. While one
+//! thread reconnects, the others wait for it (at most
+//! [`WAIT_FOR_RECONNECT`]) and then use the new connection, so that the
+//! threads of a program all go on after a server restart; they get no
+//! connection when that attempt failed, or when it is still under way
+//! after the wait (a server that does not answer). Warnings that would
+//! repeat at every call while a server is down go through [`Throttle`].
 //!
 //! # Generations
 //! Each connection has a generation: 0 for the first, one more for each
@@ -98,8 +102,12 @@ impl Throttle {
     /// (`suppressed`: how many were held back since the last one); `None`
     /// when it is to be held back (and counted).
     pub fn allow(&self, key: &str) -> Option<u64> {
+        self.allow_at(key, Instant::now())
+    }
+
+    /// [`Self::allow`] at time `now`.
+    fn allow_at(&self, key: &str, now: Instant) -> Option<u64> {
         let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
-        let now = Instant::now();
         match last.get_mut(key) {
             Some((at, held)) if now.duration_since(*at) < WARN_EVERY => {
                 *held += 1;
@@ -315,6 +323,20 @@ mod tests {
         assert!(!link.broken.load(Ordering::Acquire));
         link.failed(second, &loss());
         assert!(link.broken.load(Ordering::Acquire));
+    }
+
+    #[test]
+    fn a_throttled_warning_is_written_once_per_period_and_key_with_the_count_held_back() {
+        let t = Throttle::default();
+        let t0 = Instant::now();
+        assert_eq!(t.allow_at("io a", t0), Some(0));
+        assert_eq!(t.allow_at("io a", t0 + Duration::from_secs(1)), None);
+        assert_eq!(t.allow_at("io a", t0 + Duration::from_secs(2)), None);
+        // Another key has its own turn.
+        assert_eq!(t.allow_at("io b", t0 + Duration::from_secs(2)), Some(0));
+        // After the period: written, with the two held back.
+        assert_eq!(t.allow_at("io a", t0 + WARN_EVERY), Some(2));
+        assert_eq!(t.allow_at("io a", t0 + WARN_EVERY + Duration::from_secs(1)), None);
     }
 
     #[test]
