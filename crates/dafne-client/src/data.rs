@@ -85,6 +85,31 @@
 //!   recorded: the `Sync` after the restart fails although the truncate
 //!   made the lost bytes irrelevant.
 //!
+//! # Riding over a restart
+//! A request whose connection is lost (the io server crashed and is being
+//! restarted, the network broke) is sent again on the next connection,
+//! waiting `link::RETRY_EVERY` (250 ms) between tries, until the
+//! retry deadline (`crate::retry_deadline`, 30 s by default); then it fails
+//! with `EIO`, as before. Repeated: `Read` and `Write` (the same bytes at
+//! the same offsets; not those whose keys follow, whose `Keys` went on the
+//! lost connection), `Truncate`, `Allocate`, `Sync` and `Stat`. Not:
+//! `Keys`, `Login`, `Remove` and `Revoke` (the reclaimer and the relay
+//! repeat those themselves), `ServerInfo` and `Scrub` (tools that want a
+//! quick answer). Capabilities
+//! need no renewal for a new connection (they are signed by the cluster
+//! secret, not bound to one); one revoked meanwhile is answered `ESTALE`
+//! and renewed as below. The write verifier keeps working across the
+//! repeats, each try being a request of its own: a write whose connection
+//! was lost was not acknowledged (its record goes) and its repeat is
+//! recorded on the connection that answers it; writes acknowledged by the
+//! lost connection stay recorded on its generation, so a `Sync` or `Stat`
+//! repeated on the new connection reports them (`EIO`): a restart never
+//! hides a loss. The waits block the thread polling the request (a
+//! completion queue's other operations wait with it). Known limit: a read
+//! repeated after a network cut (not a crash) may still meet the first
+//! try's late RMA into the same memory, with the bytes of the same range
+//! as the server read them then.
+//!
 //! # Revoked capabilities
 //! An io server answers `ESTALE` to a capability that meta revoked (a
 //! chmod, chown, truncate or unlink since it was issued; `dafne_auth`'s
@@ -467,6 +492,31 @@ fn layout_servers(f: &OpenFile) -> Vec<usize> {
     ids
 }
 
+/// How one try of an io request ended, when not with an answer.
+enum Attempt {
+    /// The server answered an error, or the request failed otherwise.
+    Failed(Errno),
+    /// The connection was lost (`sent`: under the request; else there was
+    /// none to send it on).
+    Lost { errno: Errno, sent: bool },
+}
+
+/// Whether an io request may be sent again after its connection was lost
+/// (module docs, "Riding over a restart"): what it does is the same done
+/// twice. A request whose keys follow is not (its `Keys` went on the lost
+/// connection), nor `Keys`, `Login`, `Remove` and `Revoke` (the
+/// reclaimer's and the relay's, which repeat on their own), nor
+/// `ServerInfo` and `Scrub` (tools that want a quick answer).
+fn io_repeatable(req: &IoRequest) -> bool {
+    match req {
+        IoRequest::Read { keys_follow, .. } | IoRequest::Write { keys_follow, .. } => keys_follow.is_none(),
+        IoRequest::Truncate { .. } | IoRequest::Sync { .. } | IoRequest::Stat { .. } | IoRequest::Allocate { .. } => {
+            true
+        }
+        _ => false,
+    }
+}
+
 fn io_err(e: dafne_transport::TransportError) -> Errno {
     match e {
         dafne_transport::TransportError::TimedOut { .. } => Errno::EAGAIN,
@@ -768,10 +818,54 @@ impl DataClient {
         }
     }
 
+    /// Sends `req` to `server` once, or, when it may be repeated
+    /// ([`io_repeatable`]), again on a new connection each time the one it
+    /// went on is lost, until the retry deadline (module docs, "Riding
+    /// over a restart").
     async fn call_once(&self, server: usize, req: &IoRequest) -> Result<IoResponse, Errno> {
-        let link = self.servers.get(server).ok_or(Errno::EIO)?;
+        let began = Instant::now();
+        let repeat = io_repeatable(req);
+        let deadline = crate::link::retry_deadline();
+        loop {
+            match self.attempt(server, req).await {
+                Ok(r) => return Ok(r),
+                Err(Attempt::Failed(e)) => return Err(e),
+                Err(Attempt::Lost { errno, sent }) => {
+                    if !repeat || began.elapsed() >= deadline {
+                        self.warn_lost(server, began);
+                        return Err(errno);
+                    }
+                    if !sent {
+                        // No connection now: the link tries again only
+                        // after its pause. Blocks the thread, as the
+                        // reconnection itself does (module `link`).
+                        std::thread::sleep(crate::link::RETRY_EVERY);
+                    }
+                    tracing::debug!("io server {server}: connection lost under a request that may be repeated");
+                }
+            }
+        }
+    }
+
+    /// Logs (throttled, per server: module `link`) a request that failed
+    /// for a lost connection.
+    fn warn_lost(&self, server: usize, began: Instant) {
+        let Some(link) = self.servers.get(server) else { return };
+        let addr = link.peek().0.remote_addr();
+        if let Some(n) = crate::link::throttle().allow(&format!("io call {addr}")) {
+            tracing::warn!(
+                "a request to io server {server} at {addr} failed after {:.1?}: its connection was lost (EIO){}",
+                began.elapsed(),
+                crate::link::suppressed_note(n)
+            );
+        }
+    }
+
+    /// One try of [`Self::call_once`].
+    async fn attempt(&self, server: usize, req: &IoRequest) -> Result<IoResponse, Attempt> {
+        let link = self.servers.get(server).ok_or(Attempt::Failed(Errno::EIO))?;
         // A lost server is reconnected here, at the next call after the loss.
-        let (c, generation) = link.get().ok_or(Errno::EIO)?;
+        let (c, generation) = link.get().ok_or(Attempt::Lost { errno: Errno::EIO, sent: false })?;
         // The write verifier: unstable writes are recorded before they are
         // sent and until they are answered, checks note what they cover
         // (module docs).
@@ -804,17 +898,26 @@ impl DataClient {
             crate::calls::io_sent();
             let bytes = c.call_async(encode_io_request(Envelope::new(0, 0, 0), req)).await.map_err(|e| {
                 link.failed(generation, &e);
-                io_err(e)
+                if crate::link::is_connection_loss(&e) {
+                    Attempt::Lost { errno: io_err(e), sent: true }
+                } else {
+                    Attempt::Failed(io_err(e))
+                }
             })?;
-            decode_io_reply(&bytes).map_err(|_| Errno::EPROTO)?.2
+            decode_io_reply(&bytes).map_err(|_| Attempt::Failed(Errno::EPROTO))?.2.map_err(Attempt::Failed)
         }
         .await;
+        // A write that failed, lost connection or not, was not
+        // acknowledged: its record goes (`write_done`), and a repeat on the
+        // next connection is recorded afresh on that connection, after any
+        // earlier write acknowledged on the lost one, which stays recorded
+        // on its generation: the loss is still reported.
         if let Some(mut w) = in_flight {
             w.ok = reply.is_ok();
         }
         let reply = reply?;
         if let (Some((object, check)), Some(epoch)) = (check, epoch) {
-            self.verifier().settle(object, server, generation, epoch, check)?;
+            self.verifier().settle(object, server, generation, epoch, check).map_err(Attempt::Failed)?;
         }
         if let IoRequest::Remove { cap } = req {
             self.verifier().forget(cap.object_id, server);
@@ -1875,6 +1978,21 @@ mod tests {
         assert_eq!(block_on(d.sync(&f)), Ok(()));
         block_on(d.remove(&g)).unwrap();
         assert_eq!(block_on(d.sync(&g)), Ok(()));
+    }
+
+    #[test]
+    fn reads_writes_and_checks_are_repeated_not_keys_or_removals() {
+        let cap = file(1).cap;
+        let follow = Some(dafne_proto::io::KeysFollow { tag: 1, count: 1 });
+        let read =
+            |keys_follow| IoRequest::Read { cap, keys: vec![], extents: vec![], inline_reply: false, keys_follow };
+        assert!(io_repeatable(&read(None)));
+        assert!(!io_repeatable(&read(follow)), "its Keys went on the lost connection");
+        assert!(io_repeatable(&IoRequest::Sync { cap }));
+        assert!(io_repeatable(&IoRequest::Stat { cap }));
+        assert!(io_repeatable(&IoRequest::Truncate { cap, size: 0 }));
+        assert!(!io_repeatable(&IoRequest::Remove { cap }));
+        assert!(!io_repeatable(&IoRequest::ServerInfo { cap }));
     }
 
     #[test]

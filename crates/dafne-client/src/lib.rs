@@ -35,10 +35,37 @@
 //! answers from its replay cache if it had executed it (`dafne_meta`
 //! store docs, "Exactly-once replay cache"): a retried exclusive create
 //! gets its own `Ok`, not `EEXIST`; a retried unlink does not get
-//! `ENOENT`. Other requests are not retried here (one `EIO`, and the next
-//! call reconnects; module `link`). Past the deadline the call fails with
-//! `EIO` and its seq counts as answered. The retry waits block the calling
-//! thread, like reconnecting does (module `link`).
+//! `ENOENT`. Past the deadline the call fails with `EIO` and its seq
+//! counts as answered. The retry waits block the calling thread, like
+//! reconnecting does (module `link`).
+//!
+//! # Riding over a restart
+//! A server that crashes and is restarted by the supervisor costs the
+//! application a pause, not an error (NFS's hard mount, bounded): besides
+//! the exactly-once requests above, the requests that do the same when done
+//! twice are sent again, on the next connection, when their connection is
+//! lost, for up to [`RETRY_DEADLINE`] (or `$DAFNE_RETRY_DEADLINE_S`
+//! seconds, [`retry_deadline`]); a server still down then gets the caller
+//! `EIO`, not a hang. Which (`repeatable`): reads of state (`Lookup`,
+//! `GetAttr`, `Readdir`, `Readlink`, `Statfs`, `GetXattr`, `ListXattr`,
+//! `Recap`), `Open` without `OPEN_TRUNC` (the open it registered went with
+//! the lost connection, whose opens meta drops; the repeat's open is the
+//! one counted, and re-announced like any other), and compounds of only
+//! these. Not repeated: `Open` with truncation (a second truncate could cut
+//! what another client wrote between the two), `Lock`, `TestLock` and
+//! `Watch` (module [`locks`] and [`MetaSession::watch`] retry them their
+//! own way), `Reopen` (sent by the reconnect itself), `ForgetOrphans` and
+//! `RevokeCredential` (admin calls, for the caller to repeat), and the
+//! tools' and services' calls (`Members`, `ListOrphans`, `Revocations`:
+//! `dafne status` wants a quick answer, the reclaimer and the relay repeat
+//! on their own). A `Close` whose connection is lost (or that finds none)
+//! is done: the session's count was lowered before it was sent, so no later
+//! connection was told of that open; sending it again would release another
+//! open of the same object. The data half does the same for io requests
+//! (module [`data`], "Riding over a restart"). The warnings of calls that
+//! fail anyway are throttled ([`Throttle`]: one per server and kind every
+//! [`WARN_EVERY`], with a count of those not shown). A call that times out
+//! with its connection alive is not repeated (`EAGAIN`).
 //!
 //! # Locks
 //! Byte-range locks ([`MetaSession::lock`], [`MetaSession::test_lock`])
@@ -54,6 +81,7 @@ pub mod data;
 mod fake_io;
 pub mod file;
 mod link;
+pub use link::{retry_deadline, suppressed_note, throttle, Throttle, RETRY_DEADLINE_ENV, WARN_EVERY};
 pub mod locks;
 pub mod machine;
 pub mod readahead;
@@ -123,8 +151,9 @@ pub struct OpenFile {
 /// (module docs, "Open files"); the server's grace must be longer.
 pub const KEEPALIVE: Duration = Duration::from_secs(1);
 
-/// How long a non-idempotent call whose connection was lost keeps being
-/// sent again on new connections (module docs, "Exactly-once").
+/// How long a call whose connection was lost keeps being sent again on new
+/// connections, by default (module docs, "Exactly-once" and "Riding over a
+/// restart"; [`retry_deadline`] reads the override).
 pub const RETRY_DEADLINE: Duration = Duration::from_secs(30);
 
 /// This session's exactly-once sequence (module docs, "Exactly-once").
@@ -220,6 +249,41 @@ impl Inner {
             *late.entry(o).or_insert(0) += 1;
         }
         late.into_iter().map(|(object_id, count)| HeldOpen { object_id, count }).collect()
+    }
+}
+
+/// Whether a request that is not exactly-once may be sent again after its
+/// connection was lost, without changing what it does (module docs,
+/// "Riding over a restart"): reads of state, and `Open` without
+/// truncation (the open it registers was on the lost connection; the
+/// answer to the repeat is the one counted).
+pub(crate) fn repeatable(req: &Request) -> bool {
+    match req {
+        Request::Lookup { .. }
+        | Request::GetAttr { .. }
+        | Request::Readdir { .. }
+        | Request::Readlink { .. }
+        | Request::Statfs
+        | Request::GetXattr { .. }
+        | Request::ListXattr { .. }
+        | Request::Recap { .. } => true,
+        Request::Open { flags, .. } => flags & dafne_proto::OPEN_TRUNC == 0,
+        Request::Compound { ops } => ops.iter().all(|o| repeatable(&o.req)),
+        _ => false,
+    }
+}
+
+/// Logs (throttled: module `link`) a metadata call that failed for a lost
+/// connection after `began`.
+fn warn_lost(link: &link::Link, began: std::time::Instant, why: &str) {
+    let (c, _) = link.peek();
+    let addr = c.remote_addr();
+    if let Some(n) = link::throttle().allow(&format!("meta call {addr}")) {
+        tracing::warn!(
+            "a call to the metadata server at {addr} failed after {:.1?} ({why}): EIO{}",
+            began.elapsed(),
+            link::suppressed_note(n)
+        );
     }
 }
 
@@ -426,8 +490,9 @@ impl MetaSession {
     }
 
     /// Sends one request; resolves with the server's answer. A
-    /// non-idempotent one is sent again after a lost connection (module
-    /// docs, "Exactly-once").
+    /// non-idempotent one, and one that may be repeated, is sent again
+    /// after a lost connection (module docs, "Exactly-once", "Riding over a
+    /// restart").
     pub fn request_async(&self, req: Request) -> impl Future<Output = Result<Response, Errno>> + Send + 'static {
         let tag = self.inner.next_tag.fetch_add(1, Ordering::Relaxed);
         let inner = self.inner.clone();
@@ -440,29 +505,42 @@ impl MetaSession {
         calls::meta_sent();
         let call = self.inner.link.get().map(|(c, generation)| (c.call_async(payload.clone()), generation));
         let (uid, gid) = (self.uid, self.gid);
+        let retrying = session.is_some() || repeatable(&req);
+        let is_close = matches!(req, Request::Close { .. });
         async move {
             let began = std::time::Instant::now();
-            let retrying = session.is_some();
+            let deadline = link::retry_deadline();
             let _done = session.map(|(_, d)| d);
             let mut call = call;
             let (bytes, generation) = loop {
                 let Some((pending, generation)) = call.take() else {
-                    if retrying && began.elapsed() < RETRY_DEADLINE {
+                    if retrying && began.elapsed() < deadline {
                         std::thread::sleep(link::RETRY_EVERY);
                         calls::meta_sent();
                         call = inner.link.get().map(|(c, g)| (c.call_async(payload.clone()), g));
                         continue;
                     }
+                    if is_close {
+                        // Never sent: its open is on the broken connection.
+                        return Ok(Response::Done);
+                    }
+                    warn_lost(&inner.link, began, "no connection");
                     return Err(Errno::EIO);
                 };
                 match pending.await {
                     Ok(bytes) => break (bytes, generation),
                     Err(e) => {
                         inner.link.failed(generation, &e);
-                        if !(retrying && link::is_connection_loss(&e) && began.elapsed() < RETRY_DEADLINE) {
+                        if is_close && link::is_connection_loss(&e) {
+                            // The open went with its connection: module
+                            // docs, "Riding over a restart".
+                            return Ok(Response::Done);
+                        }
+                        if !(retrying && link::is_connection_loss(&e) && began.elapsed() < deadline) {
+                            warn_lost(&inner.link, began, &e.to_string());
                             return Err(io_err(e));
                         }
-                        tracing::debug!("connection lost under a non-idempotent call ({e}): sending it again");
+                        tracing::debug!("connection lost under a call that may be repeated ({e}): sending it again");
                         calls::meta_sent();
                         call = inner.link.get().map(|(c, g)| (c.call_async(payload.clone()), g));
                     }
@@ -981,6 +1059,30 @@ impl MetaSession {
 #[cfg(test)]
 mod io_login_tests {
     use super::*;
+
+    #[test]
+    fn only_reads_of_state_and_opens_without_truncation_are_repeated() {
+        use dafne_proto::{OPEN_READ, OPEN_TRUNC, OPEN_WRITE};
+        let lookup = Request::Lookup { parent: 1, name: b"a".to_vec() };
+        assert!(repeatable(&lookup));
+        assert!(repeatable(&Request::GetAttr { ino: 1 }));
+        assert!(repeatable(&Request::Open { ino: 2, flags: OPEN_READ | OPEN_WRITE }));
+        assert!(!repeatable(&Request::Open { ino: 2, flags: OPEN_WRITE | OPEN_TRUNC }), "a truncate done twice");
+        assert!(!repeatable(&Request::Close { object_id: 3 }), "a second close releases another open");
+        assert!(!repeatable(&Request::Watch { since: 0 }));
+        assert!(!repeatable(&Request::Members), "dafne status wants a quick answer");
+        let open_at = |flags| Request::Compound {
+            ops: vec![
+                CompoundOp { chain: false, req: lookup.clone() },
+                CompoundOp { chain: true, req: Request::Open { ino: 0, flags } },
+            ],
+        };
+        assert!(repeatable(&open_at(OPEN_READ)));
+        assert!(!repeatable(&open_at(OPEN_TRUNC)));
+        // Changes are exactly-once (the replay cache), not repeatable.
+        let unlink = Request::Unlink { parent: 1, name: b"a".to_vec() };
+        assert!(!repeatable(&unlink) && unlink.is_exactly_once());
+    }
 
     #[test]
     fn only_a_refused_login_blames_the_secret() {

@@ -4,18 +4,22 @@
 //!
 //! # What is and is not retried
 //! The link retries nothing by itself. A call in flight when the
-//! connection fails returns its error (`EIO`): it may or may not have been
-//! applied (a write), and only the caller knows whether repeating it is
-//! safe; the metadata session repeats its non-idempotent calls, which the
-//! server's replay cache makes safe (crate docs, "Exactly-once"). The
-//! *following* calls reconnect first. Reconnection is tried at most every
-//! [`RETRY_EVERY`], so a server that is down costs callers one fast error
-//! each rather than a connection attempt each. While one thread
-//! reconnects, the others wait for it (at most [`WAIT_FOR_RECONNECT`]) and
-//! then use the new connection, so that the threads of a program all go
-//! on after a server restart; they fail (`EIO`) when that attempt failed,
-//! or when it is still under way after the wait (a server that does not
-//! answer).
+//! connection fails returns its error (`EIO`) to its caller, which decides
+//! whether repeating it is safe: the metadata session repeats its
+//! exactly-once calls (the server's replay cache makes that safe) and the
+//! calls that do the same when done twice, the data client its io
+//! requests that do (crate docs, "Exactly-once" and "Riding over a
+//! restart"; `data`), on the next connection, until [`retry_deadline`].
+//! The *following* calls reconnect first. Reconnection is tried at most
+//! every [`RETRY_EVERY`], so a server that is down costs a caller that
+//! does not repeat one fast error, and one that does a pause of that
+//! length between tries, rather than a connection attempt each. While one
+//! thread reconnects, the others wait for it (at most
+//! [`WAIT_FOR_RECONNECT`]) and then use the new connection, so that the
+//! threads of a program all go on after a server restart; they get no
+//! connection when that attempt failed, or when it is still under way
+//! after the wait (a server that does not answer). Warnings that would
+//! repeat at every call while a server is down go through [`Throttle`].
 //!
 //! # Generations
 //! Each connection has a generation: 0 for the first, one more for each
@@ -54,6 +58,92 @@ pub const WAIT_FOR_RECONNECT: Duration = Duration::from_secs(2);
 
 /// How often a waiting caller looks whether the reconnection finished.
 const WAIT_POLL: Duration = Duration::from_millis(2);
+
+/// The environment variable that sets the retry deadline (whole seconds,
+/// 1 to 86400), read once per process: see [`retry_deadline`].
+pub const RETRY_DEADLINE_ENV: &str = "DAFNE_RETRY_DEADLINE_S";
+
+/// How long a call that may be repeated keeps being sent again on new
+/// connections after its connection was lost (crate docs, "Riding over a
+/// restart"): [`crate::RETRY_DEADLINE`], or the seconds in
+/// `$DAFNE_RETRY_DEADLINE_S` (an unusable value is warned about once and
+/// the default used).
+pub fn retry_deadline() -> Duration {
+    static DEADLINE: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *DEADLINE.get_or_init(|| match std::env::var(RETRY_DEADLINE_ENV) {
+        Err(_) => crate::RETRY_DEADLINE,
+        Ok(v) => match v.trim().parse::<u64>() {
+            Ok(s) if (1..=86_400).contains(&s) => Duration::from_secs(s),
+            _ => {
+                tracing::warn!(
+                    "{RETRY_DEADLINE_ENV}={v:?} is not a number of seconds from 1 to 86400: using {:?}",
+                    crate::RETRY_DEADLINE
+                );
+                crate::RETRY_DEADLINE
+            }
+        },
+    })
+}
+
+/// How often a throttled warning of one kind is written at most.
+pub const WARN_EVERY: Duration = Duration::from_secs(5);
+
+/// Warnings that repeat while a server is down (one per failed call, one
+/// per reconnect), written at most once per [`WARN_EVERY`] per key (a
+/// server's address, a kind of failure), with the count of those held back
+/// since the last one written.
+#[derive(Debug, Default)]
+pub struct Throttle {
+    last: Mutex<std::collections::HashMap<String, (Instant, u64)>>,
+}
+
+impl Throttle {
+    /// `Some(suppressed)` when a warning for `key` may be written now
+    /// (`suppressed`: how many were held back since the last one); `None`
+    /// when it is to be held back (and counted).
+    pub fn allow(&self, key: &str) -> Option<u64> {
+        self.allow_at(key, Instant::now())
+    }
+
+    /// [`Self::allow`] at time `now`.
+    fn allow_at(&self, key: &str, now: Instant) -> Option<u64> {
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        match last.get_mut(key) {
+            Some((at, held)) if now.duration_since(*at) < WARN_EVERY => {
+                *held += 1;
+                None
+            }
+            Some((at, held)) => {
+                *at = now;
+                Some(std::mem::take(held))
+            }
+            None => {
+                // Bounded: keys are server addresses and kinds of failure;
+                // a map grown past any real cluster is started afresh.
+                if last.len() >= 4096 {
+                    last.clear();
+                }
+                last.insert(key.to_string(), (now, 0));
+                Some(0)
+            }
+        }
+    }
+}
+
+/// The process's throttle for the client library's repeating warnings.
+pub fn throttle() -> &'static Throttle {
+    static T: std::sync::OnceLock<Throttle> = std::sync::OnceLock::new();
+    T.get_or_init(Throttle::default)
+}
+
+/// " (N more like it in the last 5 s not shown)", or nothing.
+pub fn suppressed_note(n: u64) -> String {
+    if n == 0 {
+        String::new()
+    } else {
+        format!(" ({n} more like it since the last one not shown)")
+    }
+}
 
 /// What runs on a new connection before it is used, given the generation
 /// it will have.
@@ -158,7 +248,10 @@ impl Link {
         // one, which gets the next generation.
         let next = self.peek().1 + 1;
         if let Err(e) = (self.hello)(&fresh, next) {
-            tracing::warn!("reconnected to {} but the server refused the session: {e}", old.remote_addr());
+            let addr = old.remote_addr();
+            if let Some(n) = throttle().allow(&format!("refused {addr}")) {
+                tracing::warn!("reconnected to {addr} but the server refused the session: {e}{}", suppressed_note(n));
+            }
             return None;
         }
         tracing::info!("reconnected to {}", old.remote_addr());
@@ -230,6 +323,20 @@ mod tests {
         assert!(!link.broken.load(Ordering::Acquire));
         link.failed(second, &loss());
         assert!(link.broken.load(Ordering::Acquire));
+    }
+
+    #[test]
+    fn a_throttled_warning_is_written_once_per_period_and_key_with_the_count_held_back() {
+        let t = Throttle::default();
+        let t0 = Instant::now();
+        assert_eq!(t.allow_at("io a", t0), Some(0));
+        assert_eq!(t.allow_at("io a", t0 + Duration::from_secs(1)), None);
+        assert_eq!(t.allow_at("io a", t0 + Duration::from_secs(2)), None);
+        // Another key has its own turn.
+        assert_eq!(t.allow_at("io b", t0 + Duration::from_secs(2)), Some(0));
+        // After the period: written, with the two held back.
+        assert_eq!(t.allow_at("io a", t0 + WARN_EVERY), Some(2));
+        assert_eq!(t.allow_at("io a", t0 + WARN_EVERY + Duration::from_secs(1)), None);
     }
 
     #[test]

@@ -49,7 +49,14 @@ use crate::{MountOptions, MAX_IO};
 /// refusal) are also logged, so the daemon's log explains an `EIO`.
 pub fn errno(e: dafne_client::Errno) -> fuser::Errno {
     if matches!(e, dafne_client::Errno::EIO | dafne_client::Errno::EPROTO | dafne_client::Errno::EAGAIN) {
-        tracing::warn!("answering {e}: a metadata or io server failed, timed out or answered unexpectedly");
+        // Throttled (one per errno every few seconds, with a count), so a
+        // server that stays down does not flood the log.
+        if let Some(n) = dafne_client::throttle().allow(&format!("fuse answer {}", e.0)) {
+            tracing::warn!(
+                "answering {e}: a metadata or io server failed, timed out or answered unexpectedly{}",
+                dafne_client::suppressed_note(n)
+            );
+        }
     }
     fuser::Errno::from_i32(e.0)
 }

@@ -20,6 +20,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
 
 use common::cluster::{mounted, p, Cluster, Mount};
 use common::{alive, dafne, pattern, text, wait_for};
@@ -704,27 +705,241 @@ fn a_mount_heals_after_its_servers_crash_and_restart() {
             serde_json::from_str(&std::fs::read_to_string(c.dir().join("servers.json")).unwrap()).unwrap();
         io.iter().all(|&i| s[i]["restarts"] == 1 && s[i]["state"] == "running")
     });
-    // The first operations may fail (EIO: they were in flight or met the
-    // lost connections); the mount then reconnects by itself, no remount.
-    // Drop the kernel's cached pages of the file (fadvise DONTNEED), so
-    // that reading it asks the restarted io servers.
+    // No operation fails (issue 13, item 2: calls that met the lost
+    // connections are sent again on new ones), no remount. Drop the
+    // kernel's cached pages of the file (fadvise DONTNEED), so that
+    // reading it asks the restarted io servers.
     let before = format!("if={}", p(&m.path("before")));
-    wait_for("the mount to answer again", || {
-        bounded("dd").args([&before, "iflag=nocache", "count=0", "status=none"]).status().is_ok_and(|s| s.success())
-            && std::fs::read(m.path("before")).is_ok_and(|b| b == data)
-            // Checked at fsync: with write-behind a write that met a lost
-            // connection reports it at fsync or close, and std::fs::write
-            // ignores close's result.
-            && std::fs::File::create(m.path("after")).and_then(|mut f| {
-                use std::io::Write;
-                f.write_all(b"x")?;
-                f.sync_all()
-            }).is_ok()
-    });
+    sh(bounded("dd").args([&before, "iflag=nocache", "count=0", "status=none"]));
+    assert!(std::fs::read(m.path("before")).unwrap() == data, "the fsynced file differs after the restarts");
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(m.path("after")).unwrap();
+        f.write_all(b"x").unwrap();
+        f.sync_all().unwrap();
+    }
     assert_eq!(std::fs::read(m.path("after")).unwrap(), b"x");
     let closed_back = std::fs::read(m.path("closed")).unwrap();
     assert!(closed_back == closed, "a closed file's bytes did not survive the io servers' crash");
     assert!(mounted(&m.mp));
+}
+
+/// The pid and restart count of the server named `name` (`meta`, `io-N`)
+/// in the cluster's servers.json.
+fn server_state(c: &Cluster, name: &str) -> (u64, u64, String) {
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(c.dir().join("servers.json")).unwrap()).unwrap();
+    let e = s.as_array().unwrap().iter().find(|e| e["name"] == name).unwrap_or_else(|| panic!("no {name} in {s}"));
+    (e["pid"].as_u64().unwrap_or(0), e["restarts"].as_u64().unwrap_or(0), e["state"].as_str().unwrap_or("").into())
+}
+
+/// kill -9 of the server `name`, then waits for the supervisor's restart.
+fn kill_and_wait_restart(c: &Cluster, name: &str) {
+    let (pid, restarts, _) = server_state(c, name);
+    Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap();
+    wait_for(&format!("the supervisor's restart of {name}"), || {
+        let (_, r, state) = server_state(c, name);
+        r == restarts + 1 && state == "running"
+    });
+}
+
+/// What an application workload saw: rounds done, errors, and the longest
+/// single round (the pause a restart costs; printed, never asserted).
+#[derive(Default)]
+struct Seen {
+    rounds: u64,
+    errors: Vec<String>,
+    longest: Duration,
+}
+
+/// Runs `round(i)` in a loop on a thread until `stop`, recording every
+/// error (an application sees them all; none is retried here).
+fn workload(stop: &std::sync::atomic::AtomicBool, mut round: impl FnMut(u64) -> Result<(), String>) -> Seen {
+    let mut seen = Seen::default();
+    while !stop.load(std::sync::atomic::Ordering::Acquire) {
+        let t = std::time::Instant::now();
+        if let Err(e) = round(seen.rounds) {
+            seen.errors.push(e);
+        }
+        seen.longest = seen.longest.max(t.elapsed());
+        seen.rounds += 1;
+    }
+    seen
+}
+
+/// One round of the namespace and data workload in `dir`: create, write,
+/// fsync, close, stat, read back and verify, list, rename, unlink.
+fn file_round(dir: &Path, i: u64) -> Result<(), String> {
+    use std::io::Write;
+    let data = pattern(64 << 10, i);
+    let a = dir.join(format!("a{i}"));
+    let b = dir.join(format!("b{i}"));
+    let step = |what: &str, r: std::io::Result<()>| r.map_err(|e| format!("round {i}: {what}: {e}"));
+    let mut f = std::fs::File::create(&a).map_err(|e| format!("round {i}: create: {e}"))?;
+    step("write", f.write_all(&data))?;
+    step("fsync", f.sync_all())?;
+    // close(2)'s result is not seen through std (drop); the fsync above is
+    // where a loss would show.
+    drop(f);
+    let len = std::fs::metadata(&a).map_err(|e| format!("round {i}: stat: {e}"))?.len();
+    if len != data.len() as u64 {
+        return Err(format!("round {i}: stat says {len} bytes, wrote {}", data.len()));
+    }
+    let back = std::fs::read(&a).map_err(|e| format!("round {i}: read: {e}"))?;
+    if back != data {
+        return Err(format!("round {i}: the bytes read back differ from those written"));
+    }
+    // A name never made: a lookup the kernel has not cached.
+    match std::fs::metadata(dir.join(format!("missing{i}"))) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        other => return Err(format!("round {i}: lookup of a missing name: {other:?}")),
+    }
+    let names: Vec<_> = std::fs::read_dir(dir)
+        .and_then(|rd| rd.map(|e| e.map(|e| e.file_name())).collect::<std::io::Result<Vec<_>>>())
+        .map_err(|e| format!("round {i}: readdir: {e}"))?;
+    if !names.iter().any(|n| n == a.file_name().unwrap()) {
+        return Err(format!("round {i}: a{i} missing from the listing"));
+    }
+    step("rename", std::fs::rename(&a, &b))?;
+    step("unlink", std::fs::remove_file(&b))?;
+    Ok(())
+}
+
+/// Issue 13, item 2: a kill -9 of the metadata server while an application
+/// creates, writes, fsyncs, stats, reads, lists, renames and unlinks costs
+/// the application a pause, not an error: its calls are sent again on the
+/// connection to the restarted server (exactly-once ones from the replay
+/// cache, reads of state as they are). Failed before the change (EIO).
+#[test]
+fn a_metadata_server_crash_costs_an_application_a_pause_not_an_error() {
+    let _g = serial();
+    let c = Cluster::start();
+    let m = c.mount();
+    // Four application threads, each in its own directory.
+    let dirs: Vec<PathBuf> = (0..4).map(|t| m.path(&format!("work{t}"))).collect();
+    for d in &dirs {
+        std::fs::create_dir(d).unwrap();
+    }
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let seen: Vec<Seen> = std::thread::scope(|s| {
+        let (stop, dirs) = (&stop, &dirs);
+        let workers: Vec<_> = (0..4).map(|t| s.spawn(move || workload(stop, |i| file_round(&dirs[t], i)))).collect();
+        std::thread::sleep(Duration::from_secs(1));
+        kill_and_wait_restart(&c, "meta");
+        // Keep going across and after the restart.
+        std::thread::sleep(Duration::from_secs(3));
+        stop.store(true, std::sync::atomic::Ordering::Release);
+        workers.into_iter().map(|w| w.join().unwrap()).collect()
+    });
+    let rounds: Vec<u64> = seen.iter().map(|s| s.rounds).collect();
+    let longest = seen.iter().map(|s| s.longest).max().unwrap_or_default();
+    eprintln!("meta kill -9: rounds per thread {rounds:?}, longest round {longest:?} (the application's pause)");
+    let errors: Vec<&String> = seen.iter().flat_map(|s| &s.errors).collect();
+    assert!(errors.is_empty(), "the application saw errors across the restart: {errors:?}");
+    assert!(rounds.iter().all(|&r| r > 2), "the workload did not run across the restart: {rounds:?}");
+    assert!(mounted(&m.mp));
+}
+
+/// Issue 13, item 2: a kill -9 of an io server while an application reads
+/// and verifies files fsynced before: no error, every byte verifies (reads
+/// are sent again on the connection to the restarted server). Reads are
+/// O_DIRECT, so every one reaches the io servers. Failed before the change
+/// (EIO).
+#[test]
+fn an_io_server_crash_costs_a_reader_a_pause_not_an_error() {
+    let _g = serial();
+    let c = Cluster::start();
+    let m = c.mount();
+    const FILES: u64 = 4;
+    const LEN: usize = 4 << 20;
+    for i in 0..FILES {
+        let mut f = std::fs::File::create(m.path(&format!("r{i}"))).unwrap();
+        std::io::Write::write_all(&mut f, &pattern(LEN, 100 + i)).unwrap();
+        f.sync_all().unwrap();
+    }
+    let files: Vec<std::fs::File> = (0..FILES).map(|i| open_direct(&m.path(&format!("r{i}")))).collect();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let seen = std::thread::scope(|s| {
+        let w = s.spawn(|| {
+            workload(&stop, |i| {
+                let k = i % FILES;
+                use std::os::unix::fs::FileExt;
+                let mut raw = Vec::new();
+                let buf = aligned(&mut raw, LEN);
+                let n = files[k as usize].read_at(buf, 0).map_err(|e| format!("round {i}: read of r{k}: {e}"))?;
+                if n != LEN || buf[..] != pattern(LEN, 100 + k)[..] {
+                    return Err(format!("round {i}: r{k} read back differs"));
+                }
+                Ok(())
+            })
+        });
+        std::thread::sleep(Duration::from_secs(1));
+        kill_and_wait_restart(&c, "io-1");
+        std::thread::sleep(Duration::from_secs(3));
+        stop.store(true, std::sync::atomic::Ordering::Release);
+        w.join().unwrap()
+    });
+    eprintln!("io kill -9 under reads: {} rounds, longest round {:?}", seen.rounds, seen.longest);
+    assert!(seen.errors.is_empty(), "the reader saw errors across the restart: {:?}", seen.errors);
+    assert!(seen.rounds > 2, "the workload did not run across the restart ({} rounds)", seen.rounds);
+}
+
+/// Issue 13, item 2: riding over a restart must not hide a loss. A file
+/// is written (O_DIRECT: past the kernel's cache, through write-behind to
+/// the io servers, acknowledged unstable) and not fsynced when every io
+/// server is killed; requests are now sent again on the new connections,
+/// so the fsync after the restarts either reports a loss (EIO: the write
+/// verifier, `dafne_client::data`) or succeeds only if every byte is
+/// there, read back through a second mount. (The daemon may have made the
+/// bytes durable before the kill: a `Stat` for the size writes the io
+/// servers' cached units back; then nothing was lost.)
+#[test]
+fn a_crash_of_the_io_servers_under_unsynced_writes_never_hides_a_loss() {
+    use std::io::Write;
+    let _g = serial();
+    let c = Cluster::start();
+    let m = c.mount();
+    std::fs::write(m.path("unstable"), b"").unwrap();
+    let mut f = open_direct(&m.path("unstable"));
+    let data = pattern(4 << 20, 7);
+    let mut raw = Vec::new();
+    for piece in data.chunks(128 << 10) {
+        let buf = aligned(&mut raw, piece.len());
+        buf.copy_from_slice(piece);
+        f.write_all(buf).unwrap();
+    }
+    // Write-behind sends them on; they are acknowledged before the kill.
+    std::thread::sleep(Duration::from_millis(500));
+    for i in 0..4 {
+        kill_and_wait_restart(&c, &format!("io-{i}"));
+    }
+    match f.sync_all() {
+        Err(e) => assert_eq!(e.raw_os_error(), Some(5), "fsync after the crash: {e}"),
+        Ok(()) => {
+            let other = c.mount_at("other", &[]);
+            let back = std::fs::read(other.path("unstable")).unwrap();
+            assert!(back == data, "fsync succeeded after the io servers' crash, but the bytes are not all there");
+        }
+    }
+}
+
+/// Issue 13, item 2: a server that stays down fails the application's
+/// calls with EIO after the retry deadline (here 2 s, through
+/// DAFNE_RETRY_DEADLINE_S), not never.
+#[test]
+fn a_server_that_stays_down_fails_calls_after_the_retry_deadline() {
+    let _g = serial();
+    let c = Cluster::start_with_config("[cluster]\nrestart = false\n");
+    let m = c.mount_at_env("mnt", &[], &[("DAFNE_RETRY_DEADLINE_S", "2")]);
+    std::fs::write(m.path("f"), b"x").unwrap();
+    let (pid, _, _) = server_state(&c, "meta");
+    Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap();
+    // A name the kernel has not cached: the lookup reaches the daemon.
+    let t = std::time::Instant::now();
+    let r = std::fs::metadata(m.path("never-there"));
+    let took = t.elapsed();
+    eprintln!("stat with meta down: {r:?} after {took:?}");
+    assert_eq!(r.err().and_then(|e| e.raw_os_error()), Some(5), "not EIO with the metadata server down");
 }
 
 /// The data files of every object on the cluster's io servers.
