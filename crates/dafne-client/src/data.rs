@@ -354,6 +354,14 @@ impl Verifier {
         Ok(())
     }
 
+    /// `object` was cut to size 0 on every server by a truncate sent when
+    /// the record stood at `before`: its entries made only of writes
+    /// recorded before and answered are gone with their bytes (a write
+    /// recorded later, or still in flight, may have landed after the cut).
+    fn cut_to_zero(&mut self, object: u64, before: u64) {
+        self.pending.retain(|&(o, _), u| o != object || u.in_flight > 0 || u.seq > before);
+    }
+
     /// The object is removed from `server`: nothing of it is left to check.
     fn forget(&mut self, object: u64, server: usize) {
         self.pending.remove(&(object, server));
@@ -507,12 +515,17 @@ enum Attempt {
 /// connection), nor `Keys`, `Login`, `Remove` and `Revoke` (the
 /// reclaimer's and the relay's, which repeat on their own), nor
 /// `ServerInfo` and `Scrub` (tools that want a quick answer).
-fn io_repeatable(req: &IoRequest) -> bool {
+///
+/// `Truncate` and `Allocate` (which punches and zeroes) are sent again only
+/// when their first try never went out (`sent` false): one that reached
+/// the server before its connection broke (a network cut, not a crash)
+/// could otherwise cut or zero what another client wrote and had
+/// acknowledged in between, as a repeated `O_TRUNC` open could on meta.
+fn io_repeatable(req: &IoRequest, sent: bool) -> bool {
     match req {
         IoRequest::Read { keys_follow, .. } | IoRequest::Write { keys_follow, .. } => keys_follow.is_none(),
-        IoRequest::Truncate { .. } | IoRequest::Sync { .. } | IoRequest::Stat { .. } | IoRequest::Allocate { .. } => {
-            true
-        }
+        IoRequest::Sync { .. } | IoRequest::Stat { .. } => true,
+        IoRequest::Truncate { .. } | IoRequest::Allocate { .. } => !sent,
         _ => false,
     }
 }
@@ -824,14 +837,13 @@ impl DataClient {
     /// over a restart").
     async fn call_once(&self, server: usize, req: &IoRequest) -> Result<IoResponse, Errno> {
         let began = Instant::now();
-        let repeat = io_repeatable(req);
-        let deadline = crate::link::retry_deadline();
+        let link = self.servers.get(server).ok_or(Errno::EIO)?;
         loop {
             match self.attempt(server, req).await {
                 Ok(r) => return Ok(r),
                 Err(Attempt::Failed(e)) => return Err(e),
                 Err(Attempt::Lost { errno, sent }) => {
-                    if !repeat || began.elapsed() >= deadline {
+                    if !io_repeatable(req, sent) || link.past_deadline(began) {
                         self.warn_lost(server, began);
                         return Err(errno);
                     }
@@ -1548,7 +1560,18 @@ impl DataClient {
         if size > dafne_proto::io::MAX_FILE_SIZE {
             return Err(Errno::EFBIG);
         }
-        self.every_server(f, IoRequest::Truncate { cap: f.cap, size }, |_| ()).await.map(|_| ())
+        let before = self.verifier().seq;
+        self.every_server(f, IoRequest::Truncate { cap: f.cap, size }, |_| ()).await?;
+        if size == 0 {
+            // Nothing written before the cut is left to lose: a loss the
+            // verifier holds for the object is gone with the bytes, so a
+            // writer that cuts and writes the file again (`O_TRUNC`, as
+            // `cp` over a file does) is not told of it at every close
+            // until an fsync (review: each close failed and left the file
+            // empty, its size never published).
+            self.verifier().cut_to_zero(f.layout.object_id, before);
+        }
+        Ok(())
     }
 
     /// `fallocate` of the file's bytes `[offset, offset + len)` on every
@@ -1981,18 +2004,52 @@ mod tests {
     }
 
     #[test]
+    fn a_cut_to_zero_forgets_a_loss_it_cut_away_not_a_later_write() {
+        let (_server, addr, _) = fake_io::start();
+        let rt = fake_io::runtime("verifier-cut");
+        let d = DataClient::connect(&rt, &[addr], crate::fake_io::secret()).unwrap();
+        let f = file(12);
+        // Control: a cut to a size above zero keeps the loss.
+        block_on(d.write_at(&f, 0, b"lost?", Stability::Unstable)).unwrap();
+        d.servers[0].failed(0, &loss());
+        block_on(d.truncate(&f, 2)).unwrap();
+        assert_eq!(block_on(d.stored_size_of_writes(&f)), Err(Errno::EIO), "bytes below the cut may be lost");
+        assert_eq!(block_on(d.sync(&f)), Err(Errno::EIO));
+        // A loss, then a cut to zero (O_TRUNC) and a write again: the close
+        // and the fsync succeed, the lost bytes being cut away.
+        block_on(d.write_at(&f, 0, b"lost?", Stability::Unstable)).unwrap();
+        d.servers[0].failed(1, &loss());
+        std::thread::sleep(crate::link::RETRY_EVERY);
+        block_on(d.truncate(&f, 0)).unwrap();
+        block_on(d.write_at(&f, 0, b"again", Stability::Unstable)).unwrap();
+        assert_eq!(block_on(d.stored_size_of_writes(&f)), Ok(0), "the close of the rewritten file");
+        assert_eq!(block_on(d.sync(&f)), Ok(()));
+        // A write recorded after the cut is still checked: lost after it,
+        // it is reported.
+        block_on(d.write_at(&f, 0, b"later", Stability::Unstable)).unwrap();
+        d.servers[0].failed(2, &loss());
+        std::thread::sleep(crate::link::RETRY_EVERY);
+        assert_eq!(block_on(d.sync(&f)), Err(Errno::EIO), "a loss after the cut");
+    }
+
+    #[test]
     fn reads_writes_and_checks_are_repeated_not_keys_or_removals() {
         let cap = file(1).cap;
         let follow = Some(dafne_proto::io::KeysFollow { tag: 1, count: 1 });
         let read =
             |keys_follow| IoRequest::Read { cap, keys: vec![], extents: vec![], inline_reply: false, keys_follow };
-        assert!(io_repeatable(&read(None)));
-        assert!(!io_repeatable(&read(follow)), "its Keys went on the lost connection");
-        assert!(io_repeatable(&IoRequest::Sync { cap }));
-        assert!(io_repeatable(&IoRequest::Stat { cap }));
-        assert!(io_repeatable(&IoRequest::Truncate { cap, size: 0 }));
-        assert!(!io_repeatable(&IoRequest::Remove { cap }));
-        assert!(!io_repeatable(&IoRequest::ServerInfo { cap }));
+        for sent in [false, true] {
+            assert!(io_repeatable(&read(None), sent));
+            assert!(!io_repeatable(&read(follow), sent), "its Keys went on the lost connection");
+            assert!(io_repeatable(&IoRequest::Sync { cap }, sent));
+            assert!(io_repeatable(&IoRequest::Stat { cap }, sent));
+            assert!(!io_repeatable(&IoRequest::Remove { cap }, sent));
+            assert!(!io_repeatable(&IoRequest::ServerInfo { cap }, sent));
+        }
+        // A cut that reached the server is not cut again (another client
+        // may have written since); one that never went out is sent.
+        assert!(io_repeatable(&IoRequest::Truncate { cap, size: 0 }, false));
+        assert!(!io_repeatable(&IoRequest::Truncate { cap, size: 0 }, true));
     }
 
     #[test]

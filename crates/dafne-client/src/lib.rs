@@ -46,7 +46,12 @@
 //! twice are sent again, on the next connection, when their connection is
 //! lost, for up to [`RETRY_DEADLINE`] (or `$DAFNE_RETRY_DEADLINE_S`
 //! seconds, [`retry_deadline`]); a server still down then gets the caller
-//! `EIO`, not a hang. Which (`repeatable`): reads of state (`Lookup`,
+//! `EIO`, not a hang. The deadline also runs from when the server was
+//! found out of reach: once it has been for the deadline, later calls fail
+//! after one reconnection attempt instead of each waiting a deadline of
+//! its own (a `cat` of a file on a server that stays down took two
+//! deadlines, one per read the kernel made). One system call may still
+//! take up to a deadline per request it makes before that point. Which (`repeatable`): reads of state (`Lookup`,
 //! `GetAttr`, `Readdir`, `Readlink`, `Statfs`, `GetXattr`, `ListXattr`,
 //! `Recap`), `Open` without `OPEN_TRUNC` (the open it registered went with
 //! the lost connection, whose opens meta drops; the repeat's open is the
@@ -509,12 +514,11 @@ impl MetaSession {
         let is_close = matches!(req, Request::Close { .. });
         async move {
             let began = std::time::Instant::now();
-            let deadline = link::retry_deadline();
             let _done = session.map(|(_, d)| d);
             let mut call = call;
             let (bytes, generation) = loop {
                 let Some((pending, generation)) = call.take() else {
-                    if retrying && began.elapsed() < deadline {
+                    if retrying && !inner.link.past_deadline(began) {
                         std::thread::sleep(link::RETRY_EVERY);
                         calls::meta_sent();
                         call = inner.link.get().map(|(c, g)| (c.call_async(payload.clone()), g));
@@ -536,7 +540,7 @@ impl MetaSession {
                             // docs, "Riding over a restart".
                             return Ok(Response::Done);
                         }
-                        if !(retrying && link::is_connection_loss(&e) && began.elapsed() < deadline) {
+                        if !(retrying && link::is_connection_loss(&e) && !inner.link.past_deadline(began)) {
                             warn_lost(&inner.link, began, &e.to_string());
                             return Err(io_err(e));
                         }

@@ -167,6 +167,11 @@ pub(crate) struct Link {
     broken: AtomicBool,
     /// Held by the thread that reconnects; when it last tried.
     attempt: Mutex<Option<Instant>>,
+    /// When the current connection was found lost (`None` while it
+    /// serves): calls stop repeating once the server has been out of reach
+    /// for the retry deadline, so that a server that stays down costs each
+    /// later call one reconnection attempt, not a whole deadline.
+    down_since: Mutex<Option<Instant>>,
     hello: Box<Hello>,
 }
 
@@ -192,6 +197,7 @@ impl Link {
             current: RwLock::new(Current { client, generation: 0 }),
             broken: AtomicBool::new(false),
             attempt: Mutex::new(None),
+            down_since: Mutex::new(None),
             hello,
         }
     }
@@ -266,7 +272,22 @@ impl Link {
         cur.client = fresh;
         cur.generation += 1;
         self.broken.store(false, Ordering::Release);
+        *self.down_since.lock().unwrap_or_else(|p| p.into_inner()) = None;
         cur.generation
+    }
+
+    /// How long the server has been out of reach (since its connection
+    /// was found lost, with no new one made since); zero while it serves.
+    pub(crate) fn down_for(&self) -> Duration {
+        self.down_since.lock().unwrap_or_else(|p| p.into_inner()).map_or(Duration::ZERO, |t| t.elapsed())
+    }
+
+    /// Whether a call that began at `began` and met a lost connection is
+    /// past the retry deadline: its own time, or the server's time out of
+    /// reach (module docs).
+    pub(crate) fn past_deadline(&self, began: Instant) -> bool {
+        let deadline = retry_deadline();
+        began.elapsed() >= deadline || self.down_for() >= deadline
     }
 
     /// Records the failure of a call made on the connection of
@@ -280,6 +301,7 @@ impl Link {
         let cur = self.current.read().unwrap_or_else(|p| p.into_inner());
         if cur.generation == generation {
             self.broken.store(true, Ordering::Release);
+            self.down_since.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(Instant::now);
         }
     }
 
@@ -309,9 +331,13 @@ mod tests {
         let link = link_to(&rt, addr);
         let (_, first) = link.get().unwrap();
         assert_eq!(first, 0);
+        assert_eq!(link.down_for(), Duration::ZERO);
         link.failed(first, &loss());
+        std::thread::sleep(Duration::from_millis(5));
+        assert!(link.down_for() > Duration::ZERO, "a lost connection starts the time out of reach");
         let (_, second) = link.get().expect("the server is up: the link reconnects");
         assert_eq!(second, 1);
+        assert_eq!(link.down_for(), Duration::ZERO, "a new connection ends it");
         // Another call that was in flight on the first connection fails late.
         link.failed(first, &loss());
         assert!(!link.broken.load(Ordering::Acquire), "a late error of the old connection broke the new one");
