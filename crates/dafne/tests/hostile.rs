@@ -541,7 +541,19 @@ fn a_flood_past_the_hard_descriptor_limit_is_reset_quietly_and_leaves_the_server
     }
     assert_eq!(c.servers(), servers, "a server was restarted");
     let o = run(&["down", "--dir", &c.d()]);
-    assert!(o.status.success(), "the cluster did not stop cleanly after the flood: {}", text(&o));
+    if !o.status.success() {
+        // The servers' logs go with the test's directory: their last lines
+        // say why one did not stop cleanly.
+        let logs: String = servers
+            .iter()
+            .map(|(name, _, _)| {
+                let log = std::fs::read_to_string(c.dir.path().join(format!("logs/{name}.log"))).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(30).collect::<Vec<_>>().into_iter().rev().collect();
+                format!("--- {name}.log (last lines)\n{}\n", tail.join("\n"))
+            })
+            .collect();
+        panic!("the cluster did not stop cleanly after the flood: {}\n{logs}", text(&o));
+    }
 }
 
 /// Opens `n` connections to `port` and, until `stop`, opens a new one for
