@@ -51,7 +51,9 @@
 //! after one reconnection attempt instead of each waiting a deadline of
 //! its own (a `cat` of a file on a server that stays down took two
 //! deadlines, one per read the kernel made). One system call may still
-//! take up to a deadline per request it makes before that point. Which (`repeatable`): reads of state (`Lookup`,
+//! take up to a deadline per request it makes before that point. Which
+//! (`repeatable`, from `Request::changes_nothing`, the classification meta
+//! uses to run a batch without a commit): reads of state (`Lookup`,
 //! `GetAttr`, `Readdir`, `Readlink`, `Statfs`, `GetXattr`, `ListXattr`,
 //! `Recap`), `Open` without `OPEN_TRUNC` (the open it registered went with
 //! the lost connection, whose opens meta drops; the repeat's open is the
@@ -259,22 +261,18 @@ impl Inner {
 
 /// Whether a request that is not exactly-once may be sent again after its
 /// connection was lost, without changing what it does (module docs,
-/// "Riding over a restart"): reads of state, and `Open` without
-/// truncation (the open it registers was on the lost connection; the
-/// answer to the repeat is the one counted).
+/// "Riding over a restart"): one that changes nothing stored
+/// ([`Request::changes_nothing`], the list meta also runs without a
+/// commit): reads of state, and `Open` without truncation (the open it
+/// registers was on the lost connection; the answer to the repeat is the
+/// one counted).
+/// The services' polls (`ListOrphans`, `Revocations`) are not: their
+/// callers want a quick answer and repeat on their own.
 pub(crate) fn repeatable(req: &Request) -> bool {
     match req {
-        Request::Lookup { .. }
-        | Request::GetAttr { .. }
-        | Request::Readdir { .. }
-        | Request::Readlink { .. }
-        | Request::Statfs
-        | Request::GetXattr { .. }
-        | Request::ListXattr { .. }
-        | Request::Recap { .. } => true,
-        Request::Open { flags, .. } => flags & dafne_proto::OPEN_TRUNC == 0,
+        Request::ListOrphans { .. } | Request::Revocations { .. } => false,
         Request::Compound { ops } => ops.iter().all(|o| repeatable(&o.req)),
-        _ => false,
+        _ => req.changes_nothing(),
     }
 }
 

@@ -835,22 +835,10 @@ impl RedbStore {
 }
 
 /// Whether an operation never changes the namespace (its batch then needs
-/// no commit and no fsync).
+/// no commit and no fsync): [`Request::changes_nothing`], the
+/// classification the client's repeats after a lost connection use too.
 pub fn is_read_only(req: &Request) -> bool {
-    match req {
-        Request::Lookup { .. }
-        | Request::GetAttr { .. }
-        | Request::Readdir { .. }
-        | Request::Readlink { .. }
-        | Request::Statfs
-        | Request::ListOrphans { .. }
-        | Request::Recap { .. }
-        | Request::Revocations { .. }
-        | Request::GetXattr { .. }
-        | Request::ListXattr { .. } => true,
-        Request::Open { flags, .. } => flags & dafne_proto::OPEN_TRUNC == 0,
-        _ => false,
-    }
+    req.changes_nothing()
 }
 
 /// The longest a lazy commit stays not durable (module docs, "Lazy

@@ -500,6 +500,32 @@ impl Request {
         }
     }
 
+    /// Whether this request never changes the namespace: reads of state,
+    /// and `Open` without truncation (it counts an open in meta's table of
+    /// open files, which lives with the connection, but changes nothing
+    /// stored). A Compound is when every op inside it is. The one
+    /// classification both ends use: the metadata server runs a batch of
+    /// such requests without a commit or an fsync, and the client library
+    /// sends one again on its next connection after a lost one (a repeat
+    /// answers as the first would have).
+    pub fn changes_nothing(&self) -> bool {
+        match self {
+            Request::Lookup { .. }
+            | Request::GetAttr { .. }
+            | Request::Readdir { .. }
+            | Request::Readlink { .. }
+            | Request::Statfs
+            | Request::ListOrphans { .. }
+            | Request::Recap { .. }
+            | Request::Revocations { .. }
+            | Request::GetXattr { .. }
+            | Request::ListXattr { .. } => true,
+            Request::Open { flags, .. } => flags & crate::OPEN_TRUNC == 0,
+            Request::Compound { ops } => ops.iter().all(|o| o.req.changes_nothing()),
+            _ => false,
+        }
+    }
+
     /// The op this request is.
     pub fn op(&self) -> Op {
         match self {
@@ -1377,5 +1403,35 @@ impl crate::frame::ReplyBody for Response {
     }
     fn get_body(op: Op, r: &mut Reader<'_>) -> Result<Response, DecodeError> {
         Response::get_body(op, r)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn op(req: Request) -> CompoundOp {
+        CompoundOp { chain: false, req }
+    }
+
+    #[test]
+    fn what_changes_nothing_is_never_exactly_once() {
+        let lookup = Request::Lookup { parent: 1, name: b"a".to_vec() };
+        let unlink = Request::Unlink { parent: 1, name: b"a".to_vec() };
+        let open = |flags| Request::Open { ino: 2, flags };
+        assert!(lookup.changes_nothing());
+        assert!(open(crate::OPEN_READ | crate::OPEN_WRITE).changes_nothing());
+        assert!(
+            !open(crate::OPEN_WRITE | crate::OPEN_TRUNC).changes_nothing(),
+            "a repeated truncate could cut a later write"
+        );
+        assert!(!unlink.changes_nothing());
+        let reads = Request::Compound { ops: vec![op(lookup.clone()), op(Request::GetAttr { ino: 2 })] };
+        assert!(reads.changes_nothing());
+        let mixed = Request::Compound { ops: vec![op(lookup), op(unlink)] };
+        assert!(!mixed.changes_nothing());
+        for r in [reads, mixed, Request::Statfs, open(crate::OPEN_READ)] {
+            assert!(!(r.changes_nothing() && r.is_exactly_once()), "{r:?} is in both classes");
+        }
     }
 }
