@@ -647,7 +647,10 @@ impl fuser::Filesystem for FuseFs {
             Some(k) if k != dafne_client::LockKind::Unlock => k,
             _ => return reply.error(fuser::Errno::EINVAL),
         };
-        match self.core.lock_session().test_lock(self.ino(ino), lock_owner.0, start, lock_end_in(end), kind) {
+        let held = self.core.count(crate::core::Op::Getlk, || {
+            self.core.lock_session().test_lock(self.ino(ino), lock_owner.0, start, lock_end_in(end), kind)
+        });
+        match held {
             Ok(None) => reply.locked(start, end, libc::F_UNLCK, 0),
             Ok(Some(h)) => {
                 let typ = if h.kind == dafne_client::LockKind::Write { libc::F_WRLCK } else { libc::F_RDLCK };
@@ -673,10 +676,11 @@ impl fuser::Filesystem for FuseFs {
         let Some(kind) = lock_kind(typ) else { return reply.error(fuser::Errno::EINVAL) };
         let (kernel_ino, ino, owner, end) = (ino, self.ino(ino), lock_owner.0, lock_end_in(end));
         if kind == dafne_client::LockKind::Unlock {
-            let r = self
-                .core
-                .before_unlock(fh.0)
-                .and(self.core.lock_session().lock(ino, owner, pid, start, end, kind, false));
+            let r = self.core.count(crate::core::Op::Setlk, || {
+                self.core
+                    .before_unlock(fh.0)
+                    .and(self.core.lock_session().lock(ino, owner, pid, start, end, kind, false))
+            });
             return empty(r, reply);
         }
         self.core.locking_through(fh.0, owner);
@@ -694,11 +698,13 @@ impl fuser::Filesystem for FuseFs {
         // First without waiting: most locks are free, and this keeps the
         // common case on this worker. An F_SETLKW's try is judged as a
         // waiting request (it must not jump the queue of waiters).
-        let first = if sleep {
-            self.core.lock_session().try_lock_fairly(ino, owner, pid, start, end, kind)
-        } else {
-            self.core.lock_session().lock(ino, owner, pid, start, end, kind, false)
-        };
+        let first = self.core.count(crate::core::Op::Setlk, || {
+            if sleep {
+                self.core.lock_session().try_lock_fairly(ino, owner, pid, start, end, kind)
+            } else {
+                self.core.lock_session().lock(ino, owner, pid, start, end, kind, false)
+            }
+        });
         match first {
             Err(e) if e == dafne_client::Errno::EAGAIN && sleep => {}
             Ok(()) => {

@@ -1199,6 +1199,16 @@ fn the_stats_file_shows_a_file_held_open_and_every_operation() {
     // Still open: the stats file shows the writes (each 128 KiB write
     // reached the daemon as one FUSE write at least).
     wait_for("the open file's writes in the stats file", || stat(&stats, "op_write_calls") >= 4);
+    // Locks count too (before, getlk and setlk were left out): a lock, a
+    // test of it from another process, an unlock.
+    rustix::fs::fcntl_lock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive).unwrap();
+    let probe = "import fcntl,struct,sys\nfd=open(sys.argv[1],'rb')\nr=fcntl.fcntl(fd,fcntl.F_GETLK,struct.pack('hhqqi',fcntl.F_RDLCK,0,0,0,0))\nprint(struct.unpack('hhqqi',r)[0])";
+    let o = Command::new("python3").args(["-c", probe, p(&m.path("f"))]).output().unwrap();
+    assert_eq!(text(&o).trim(), "1", "F_GETLK from another process sees the write lock: {}", text(&o));
+    rustix::fs::fcntl_lock(&f, rustix::fs::FlockOperation::Unlock).unwrap();
+    wait_for("the lock calls in the stats file", || {
+        stat(&stats, "op_setlk_calls") >= 2 && stat(&stats, "op_setlk_meta") >= 2 && stat(&stats, "op_getlk_calls") >= 1
+    });
     std::fs::create_dir(m.path("d")).unwrap();
     std::os::unix::fs::symlink("f", m.path("d/l")).unwrap();
     assert_eq!(std::fs::read_link(m.path("d/l")).unwrap(), Path::new("f"));
