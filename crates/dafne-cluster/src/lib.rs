@@ -29,7 +29,7 @@
 //!   `restart_window_s` ([`Supervisor::supervise`]); every decision is a
 //!   line on stdout, which the command sends to `DIR/logs/supervisor.log`;
 //! * where the metadata server runs, the reclaimer and the revocation relay
-//!   ([`Supervisor::start_reclaimer`], module `reclaim`'s docs);
+//!   ([`Supervisor::start_reclaimer`], [`reclaim`]);
 //! * stops everything: the cluster's FUSE mounts (recorded under
 //!   `DIR/mounts/`, [`mounts`]), then io servers (SIGTERM: they write back
 //!   their caches, [`IO_STOP_GRACE`]), then meta ([`Supervisor::stop_all`]).
@@ -71,7 +71,7 @@
 
 pub mod mounts;
 pub mod procs;
-mod reclaim;
+pub mod reclaim;
 mod spawn;
 mod states;
 mod supervisor;
