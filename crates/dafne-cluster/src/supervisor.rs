@@ -369,3 +369,111 @@ impl Supervisor {
 fn log_path(dir: &Path, name: &str) -> PathBuf {
     logs_dir(dir).join(format!("{name}.log"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Set in the process that runs a supervisor under test, and so in the
+    /// stand-in servers it starts (they inherit it).
+    const CHILD: &str = "DAFNE_CLUSTER_SUPERVISOR_CHILD";
+
+    /// This test binary as the supervisor's servers (its executable), each
+    /// running one of the stand-ins below: servers of any kind would do,
+    /// and this crate has no server executable of its own (the real
+    /// servers' restarts are tested through `dafne up` in
+    /// `crates/dafne/tests/cli.rs`).
+    fn stand_in(name: &str, test: &str) -> ServerSpec {
+        ServerSpec {
+            name: name.into(),
+            addr: "127.0.0.1:9".parse().unwrap(),
+            args: ["--exact", &format!("supervisor::tests::{test}"), "--nocapture"].map(String::from).to_vec(),
+            label: name.into(),
+        }
+    }
+
+    /// A server that listens, then crashes.
+    #[test]
+    fn stand_in_crashes_after_listening() {
+        if std::env::var_os(CHILD).is_some() {
+            println!("listening on 127.0.0.1:9");
+            std::process::exit(3);
+        }
+    }
+
+    /// A server that exits before it listens.
+    #[test]
+    fn stand_in_exits_before_listening() {
+        if std::env::var_os(CHILD).is_some() {
+            std::process::exit(2);
+        }
+    }
+
+    /// The supervisor's restart budget and its failures to start, with
+    /// processes that crash: run in a child process (the supervisor's
+    /// output is on its stdout, and its servers are this binary).
+    #[test]
+    fn a_crash_is_restarted_within_the_budget_and_a_server_that_never_listens_stops_the_start() {
+        let Some(dir) = std::env::var_os(CHILD) else {
+            let d = tempfile::tempdir().unwrap();
+            let exe = std::env::current_exe().unwrap();
+            let o = std::process::Command::new(exe)
+                .args(["--exact", "supervisor::tests::a_crash_is_restarted_within_the_budget_and_a_server_that_never_listens_stops_the_start", "--nocapture"])
+                .env(CHILD, d.path())
+                .output()
+                .unwrap();
+            let out = String::from_utf8_lossy(&o.stdout);
+            assert!(o.status.success(), "{out}{}", String::from_utf8_lossy(&o.stderr));
+            assert!(out.contains("progress: starting io-0 on 127.0.0.1:9"), "{out}");
+            assert!(out.contains("error: server io-0 (pid "), "{out}");
+            assert!(out.contains("restarting io-0 (1/1 over the supervisor's lifetime; 1 in all)"), "{out}");
+            assert!(out.contains("error: not restarting io-0 (max_restarts reached within restart_window_s)"), "{out}");
+            assert!(
+                out.contains("error: the io-1 server did not start: it exited (exit status: 2). Its log, "),
+                "{out}"
+            );
+            let states = crate::load_states(d.path());
+            assert_eq!(states.len(), 1, "{states:?}");
+            assert_eq!((states[0].state.as_str(), states[0].restarts), ("failed", 1), "{states:?}");
+            return;
+        };
+        let dir = PathBuf::from(dir);
+        std::fs::create_dir_all(logs_dir(&dir)).unwrap();
+        let plan = |servers| Plan {
+            dir: dir.clone(),
+            servers,
+            restart: RestartPolicy { restart: true, max_restarts: 1, window_s: 0 },
+            stop_with_supervisor: false,
+        };
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut sup =
+            Supervisor::new(plan(vec![stand_in("io-0", "stand_in_crashes_after_listening")]), stop.clone()).unwrap();
+        sup.start_all().unwrap();
+        // Stopped once servers.json says io-0 failed (30 s at most).
+        let watch = {
+            let dir = dir.clone();
+            std::thread::spawn(move || {
+                let deadline = Instant::now() + Duration::from_secs(30);
+                while Instant::now() < deadline
+                    && !crate::load_states(&dir).iter().any(|s| s.name == "io-0" && s.state == "failed")
+                {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                stop.store(true, Ordering::Relaxed);
+            })
+        };
+        sup.supervise(|_| {});
+        watch.join().unwrap();
+        sup.stop_all();
+        // A second plan whose server never listens: the start fails.
+        let other = PathBuf::from(format!("{}-start", dir.display()));
+        std::fs::create_dir_all(logs_dir(&other)).unwrap();
+        let mut p = plan(vec![stand_in("io-1", "stand_in_exits_before_listening")]);
+        p.dir = other.clone();
+        let mut sup = Supervisor::new(p, Arc::new(AtomicBool::new(false))).unwrap();
+        let e = sup.start_all().unwrap_err();
+        let _ = std::fs::remove_dir_all(&other);
+        assert!(matches!(&e, Error::DidNotStart { server } if server == "io-1"), "{e}");
+        assert_eq!(e.to_string(), "the cluster did not start");
+    }
+}
