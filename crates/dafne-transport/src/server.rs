@@ -943,7 +943,10 @@ fn raise_descriptor_limit() {
         Ok(Some((soft, hard))) => {
             tracing::debug!("descriptor limit {soft}, {} more kept for UCX's data listener (hard {hard})", hard - soft)
         }
-        Ok(None) => tracing::debug!("descriptor limit raised to the hard one (no accept gate in this executable)"),
+        Ok(None) => tracing::debug!(
+            "descriptor limit raised to the hard one (no accept gate in this executable: dafne-cluster's docs say \
+             how an executable gets it)"
+        ),
         Err(e) => tracing::warn!("could not set the descriptor limit: {e}"),
     });
 }

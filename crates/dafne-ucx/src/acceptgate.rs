@@ -69,8 +69,13 @@
 //! off until the soft limit is back at `S`. At `H` = 20,000 (this
 //! machine's default) `S` = 19,744.
 //!
-//! Other executables that serve (test binaries, benchmarks) do not define
-//! `accept`: [`configure`] finds the gate not in effect and raises the
+//! A build script's link arguments reach only its own package's targets,
+//! never the programs that depend on it (checked: a `--defsym` from a
+//! dependency's build script was not in the dependent binary), so no
+//! library can bring the gate along: an executable of its own (a
+//! deployment's server program beside `dafne-cluster`) needs the one line
+//! of `crates/dafne/build.rs` in its build script. Other executables that
+//! serve (test binaries, benchmarks) do not define `accept`: [`configure`] finds the gate not in effect and raises the
 //! soft limit to the hard one, as before; there a flood past the hard
 //! limit meets only the guard's pause (a loop of EMFILE lines from UCX
 //! until the guard's next look, and the data listener at risk).

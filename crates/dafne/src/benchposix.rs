@@ -506,7 +506,7 @@ pub fn run(a: PosixBench, parse_size: impl Fn(&str) -> Result<usize>) -> Result<
         .find(|(_, mp)| mp == &cluster.mnt)
         .map(|(pid, _)| pid)
         .context("the dafne mount's daemon is not recorded in the cluster directory")?;
-    let servers: Vec<(String, u32)> = crate::local::load_states(&cluster.dir)
+    let servers: Vec<(String, u32)> = dafne_cluster::load_states(&cluster.dir)
         .into_iter()
         .filter(|s| s.state == "running" && s.pid != 0)
         .map(|s| (s.name, s.pid))

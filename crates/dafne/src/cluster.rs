@@ -40,10 +40,10 @@
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
+pub use dafne_cluster::procs::{pid_alive, same_process_alive};
 use serde::{Deserialize, Serialize};
 
 /// The most io servers a cluster has.
@@ -860,53 +860,19 @@ impl ClusterInfo {
         std::fs::rename(&tmp, &path).with_context(|| format!("writing {}", path.display()))
     }
 
-    pub fn mounts_dir(dir: &Path) -> PathBuf {
-        dir.join("mounts")
-    }
-
     /// Records a live mount (by the pid of its daemon), so `down` can
-    /// unmount it.
+    /// unmount it (`dafne_cluster::mounts`).
     pub fn record_mount(dir: &Path, pid: u32, mountpoint: &Path) -> Result<()> {
-        let d = Self::mounts_dir(dir);
-        std::fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
-        // The daemon's start time on the first line, so that a reused pid
-        // is not taken for the daemon.
-        let mut record = format!("{}\n", start_time(pid).unwrap_or(0)).into_bytes();
-        record.extend_from_slice(mountpoint.as_os_str().as_encoded_bytes());
-        // Written whole then renamed, so a reader never sees half of it.
-        let tmp = d.join(format!(".{pid}.tmp"));
-        std::fs::write(&tmp, record)
-            .and_then(|()| std::fs::rename(&tmp, d.join(pid.to_string())))
-            .with_context(|| format!("recording the mount in {}", d.display()))
+        Ok(dafne_cluster::mounts::record_mount(dir, pid, mountpoint)?)
     }
 
     pub fn forget_mount(dir: &Path, pid: u32) {
-        let _ = std::fs::remove_file(Self::mounts_dir(dir).join(pid.to_string()));
+        dafne_cluster::mounts::forget_mount(dir, pid)
     }
 
     /// Recorded mounts whose daemon still runs: (pid, mount point).
     pub fn live_mounts(dir: &Path) -> Vec<(u32, PathBuf)> {
-        let mut out = Vec::new();
-        let Ok(rd) = std::fs::read_dir(Self::mounts_dir(dir)) else { return out };
-        for e in rd.flatten() {
-            let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
-            // Bytes, not UTF-8: a mount point may have any name.
-            let record = std::fs::read(e.path()).unwrap_or_default();
-            let parsed = record.iter().position(|&b| b == b'\n').and_then(|nl| {
-                let start: u64 = std::str::from_utf8(&record[..nl]).ok()?.parse().ok()?;
-                let mp = std::ffi::OsStr::from_bytes(&record[nl + 1..]);
-                Some((start, PathBuf::from(mp)))
-            });
-            match parsed {
-                Some((start, mp)) if same_process_alive(pid, start) => out.push((pid, mp)),
-                // Only the record of a daemon that is gone is removed.
-                _ if pid_alive(pid) && parsed.is_none() => {}
-                _ => {
-                    let _ = std::fs::remove_file(e.path());
-                }
-            }
-        }
-        out
+        dafne_cluster::mounts::live_mounts(dir)
     }
 }
 
@@ -997,43 +963,6 @@ pub fn holds_lock_as_stdin(dir: &Path) -> bool {
 /// The pid recorded in the lock file by a running supervisor.
 pub fn lock_owner(dir: &Path) -> Option<u32> {
     std::fs::read_to_string(lock_path(dir)).ok()?.trim().parse().ok()
-}
-
-/// When a process started (clock ticks since boot, field 22 of
-/// /proc/PID/stat): with the pid, it names one process, even after the pid
-/// is reused.
-pub fn start_time(pid: u32) -> Option<u64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let (_, rest) = s.rsplit_once(')')?;
-    // After the name: state is field 3, so starttime (22) is the 20th here.
-    rest.split_whitespace().nth(19)?.parse().ok()
-}
-
-/// Whether the process `pid` that started at `start` still runs (`start`
-/// 0: unknown, the pid alone decides).
-pub fn same_process_alive(pid: u32, start: u64) -> bool {
-    pid_alive(pid) && (start == 0 || start_time(pid) == Some(start))
-}
-
-/// Whether a process exists (and is not a zombie).
-///
-/// A process whose main thread has exited shows that thread as a zombie
-/// while its other threads are still exiting, and those still hold the
-/// process's files (the metadata store's lock, its ports): it is gone only
-/// when the zombie leader is its last task. (Seen in CI: `down` returned,
-/// and the next `up`'s meta found the store still locked.)
-pub fn pid_alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        // The state follows the command name in parentheses.
-        Ok(s) => match s.rsplit_once(')') {
-            Some((_, rest)) if rest.trim_start().starts_with('Z') => {
-                std::fs::read_dir(format!("/proc/{pid}/task")).map(|d| d.count() > 1).unwrap_or(false)
-            }
-            Some(_) => true,
-            None => false,
-        },
-        Err(_) => false,
-    }
 }
 
 /// Whether `path` is a mount point (per /proc/self/mountinfo).
@@ -1163,16 +1092,6 @@ mod tests {
         assert!(format!("{e:#}").contains("the highest base for 4 io servers is 65531"), "{e:#}");
         Config::parse("[cluster]\nmetrics_base_port = 65531\n", Path::new("c.toml")).unwrap();
         assert_eq!(Config::embedded().metrics_addr(Some(2)), "127.0.0.1:0".parse().unwrap(), "free ports by default");
-    }
-
-    #[test]
-    fn liveness_of_processes() {
-        assert!(pid_alive(std::process::id()));
-        assert!(!pid_alive(u32::MAX - 1));
-        let me = std::process::id();
-        let t = start_time(me).unwrap();
-        assert!(same_process_alive(me, t) && same_process_alive(me, 0));
-        assert!(!same_process_alive(me, t + 1), "another process that had this pid");
     }
 
     #[test]

@@ -16,32 +16,20 @@
 //! `restart_window_s` since its last start has that count
 //! (`restarts_in_window`) reset; `restarts` is the total.
 //!
-//! # Reclaiming deleted files' data
-//! When a file's last link goes, the metadata server lists its data
-//! object as an orphan; it cannot remove the data itself, as it does not
-//! know the io servers' addresses. Once the cluster is up the supervisor
-//! runs a reclaimer thread: every few seconds it asks the metadata server,
-//! as uid 0, for orphans older than `[cluster] reclaim_after_s`, sends
-//! `Remove` to each object's io servers (signing its own capability with
-//! the cluster secret), and tells the metadata server to forget the ones
-//! removed. The metadata server never lists an object some client still
-//! holds open (POSIX keeps an unlinked file readable until its last
-//! close), nor any in the first `[meta] open_grace_s` after it starts,
-//! while its clients re-announce their open files (`dafne_meta::opens`).
-//! Failures are logged and retried in the next round. The removal carries
-//! the generation of the listing, which each io server keeps as the
-//! object's tombstone: no capability of it is honoured afterwards
-//! (`dafne_auth`'s module docs, "Revocation").
+//! Where the metadata server runs, the supervisor also runs the reclaimer
+//! (deleted files' data) and the relay of revocations to the io servers
+//! (`dafne_cluster`'s module `reclaim`).
 //!
-//! # Relaying revocations
-//! A thread per io server relays meta's revocation log to it every
-//! [`RELAY_EVERY`] (one per server, so that a host that does not answer
-//! delays nothing but its own servers): it asks meta (as uid 0) for the entries after the last
-//! one each io server reports having applied, and sends them on. Meta signs
-//! each batch; an io server checks the signature and that the batch
-//! follows on from what it has, so the relay is trusted with nothing but
-//! delivery. An io server that restarted, or a restarted meta, gets a
-//! reset (every capability older than meta's current generation revoked).
+//! # What is here, what is in `dafne_cluster`
+//! This module is the command: its flags, the checks `up` makes before
+//! anything starts (configuration, ports, host, data directories), the
+//! comparison with a running cluster's configuration, following the
+//! supervisor's log, `status`, and turning the configuration into the
+//! supervisor's plan (each server's `dafne serve …` arguments) and
+//! `cluster.json`. Starting, watching, restarting and stopping the server
+//! processes, `servers.json`, the reclaimer and the relay are the
+//! library's (`crates/dafne-cluster`), which other programs that run a
+//! cluster's servers share.
 //!
 //! `dafne down` signals the supervisor (SIGTERM), which unmounts the
 //! cluster's mounts, stops the io servers (SIGTERM: each writes back its
@@ -66,35 +54,24 @@
 //! themselves: someone has to notice a crash and restart it, and the
 //! servers must not fork after UCX starts (UCX does not survive fork).
 
-use std::io::{BufRead, BufReader, Read as _, Seek as _, SeekFrom};
+use std::io::{Read as _, Seek as _, SeekFrom};
 use std::net::{SocketAddr, TcpListener};
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use serde::{Deserialize, Serialize};
+use dafne_cluster::{
+    load_states, logs_dir, tail, Plan, ReclaimTarget, RestartPolicy, ServerSpec, ServerState, Supervisor, Tee,
+    IO_STOP_GRACE,
+};
+use serde::Serialize;
 
-use crate::cluster::{dir_flag, pid_alive, same_process_alive, start_time, ClusterInfo, Config, EXAMPLE};
+use crate::cluster::{dir_flag, same_process_alive, ClusterInfo, Config, EXAMPLE};
 
 /// How long `up` waits for the cluster to come up.
 const UP_TIMEOUT: Duration = Duration::from_secs(90);
-/// How long a server may take to print its address.
-const LISTEN_TIMEOUT: Duration = Duration::from_secs(60);
-/// How long the supervisor gives the metadata server (and a mount daemon)
-/// to stop before SIGKILL.
-const STOP_GRACE: Duration = Duration::from_secs(20);
-/// How long it gives an io server, which writes back its cache first.
-const IO_STOP_GRACE: Duration = Duration::from_secs(120);
-/// How often the reclaimer thread relays meta's revocations to the io
-/// servers (module docs, "Relaying revocations"): the most a chmod,
-/// truncate or unlink takes to reach them after meta committed it, plus
-/// two round trips. Idle, it costs one request to meta and one to each io
-/// server per period.
-const RELAY_EVERY: Duration = Duration::from_millis(200);
 /// How long `down` follows a stopping supervisor (longer than its worst case).
 const DOWN_TIMEOUT: Duration = Duration::from_secs(600);
 
@@ -168,56 +145,6 @@ pub struct StatusArgs {
     /// of the tables.
     #[arg(long, conflicts_with_all = ["json", "credential"])]
     pub metrics: bool,
-}
-
-/// One server as the supervisor sees it (`DIR/servers.json`).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct ServerState {
-    /// `meta` or `io-N`.
-    pub name: String,
-    pub addr: SocketAddr,
-    pub pid: u32,
-    /// `running`, `restarting`, `failed` or `stopped`.
-    pub state: String,
-    /// Restarts since the supervisor started it: the total, which
-    /// `dafne status` shows.
-    pub restarts: u32,
-    /// Restarts that count against `[cluster] max_restarts`: those since
-    /// the server last ran `restart_window_s` seconds in a row (reset to 0
-    /// then).
-    #[serde(default)]
-    pub restarts_in_window: u32,
-    /// How the last run ended, if it did.
-    pub last_exit: Option<String>,
-    /// When the process started (see `cluster::start_time`), so that a
-    /// reused pid is not taken for it.
-    #[serde(default)]
-    pub start: u64,
-    /// Its metrics port (`GET /metrics`) as the server reported it at its
-    /// last start (`None`: it serves none).
-    #[serde(default)]
-    pub metrics: Option<SocketAddr>,
-}
-
-impl ServerState {
-    /// A server about to be started for the first time.
-    fn starting(name: impl Into<String>, addr: SocketAddr) -> ServerState {
-        ServerState {
-            name: name.into(),
-            addr,
-            pid: 0,
-            state: "starting".into(),
-            restarts: 0,
-            restarts_in_window: 0,
-            last_exit: None,
-            start: 0,
-            metrics: None,
-        }
-    }
-}
-
-fn logs_dir(dir: &Path) -> PathBuf {
-    dir.join("logs")
 }
 
 /// The configuration `up` uses: `--config`, else `DIR/config.toml`, else
@@ -559,13 +486,12 @@ pub fn up(a: UpArgs) -> Result<()> {
     }
     let _ = std::fs::remove_file(ClusterInfo::path(&dir));
     if a.foreground {
-        STOP_WITH_SUPERVISOR.store(true, Ordering::Relaxed);
         crate::cluster::set_lock_owner(&prep, std::process::id())?;
         // What it prints goes to the service manager's journal and to
         // DIR/logs/supervisor.log, which `dafne down` follows (progress
         // and errors of the stop).
         let tee = Tee::start(&logs_dir(&dir).join("supervisor.log"))?;
-        let r = supervise_locked(&dir);
+        let r = supervise_locked(&dir, true);
         tee.finish();
         return r;
     }
@@ -732,19 +658,12 @@ impl LogFollower {
     }
 }
 
-/// The last `n` lines of a file (for error messages).
-pub fn tail(path: &Path, n: usize) -> String {
-    let text = String::from_utf8_lossy(&std::fs::read(path).unwrap_or_default()).into_owned();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(n)..].iter().map(|l| format!("  | {l}\n")).collect()
-}
-
 pub fn down(a: DirArgs) -> Result<()> {
     let dir = crate::cluster::resolve_dir(a.dir.as_deref())?;
     let supervisor = match ClusterInfo::load(&dir) {
         Ok(i) if i.client => {
             // Mounts made here go with the file that found the cluster.
-            unmount_all(&dir);
+            dafne_cluster::mounts::unmount_all(&dir);
             std::fs::remove_file(ClusterInfo::path(&dir))
                 .with_context(|| format!("removing {}", ClusterInfo::path(&dir).display()))?;
             println!("removed {} (a client's: no server ran here)", ClusterInfo::path(&dir).display());
@@ -770,7 +689,7 @@ pub fn down(a: DirArgs) -> Result<()> {
             }
             // Mounts first, then io servers (they write back their caches),
             // then meta: the supervisor's order.
-            unmount_all(&dir);
+            dafne_cluster::mounts::unmount_all(&dir);
             let (meta, io): (Vec<ServerState>, Vec<ServerState>) = orphans.into_iter().partition(|o| o.name == "meta");
             for group in [io, meta] {
                 for o in &group {
@@ -835,224 +754,18 @@ pub fn down(a: DirArgs) -> Result<()> {
 }
 
 // ---------------------------------------------------------------------------
-// The supervisor
-
-struct Managed {
-    state: ServerState,
-    args: Vec<String>,
-    child: Option<Child>,
-    /// When its current process started listening (the restart window
-    /// counts from here).
-    started: Instant,
-}
-
-fn progress(msg: impl std::fmt::Display) {
-    println!("progress: {msg}");
-}
-
-/// A server that listens: its process, address and metrics address.
-struct Spawned {
-    child: Child,
-    addr: SocketAddr,
-    metrics: Option<SocketAddr>,
-}
-
-/// Copies this process's stdout and stderr to where they went and to a
-/// log file (`up --foreground`), until [`Tee::finish`].
-struct Tee {
-    saved: (std::os::fd::OwnedFd, std::os::fd::OwnedFd),
-    thread: std::thread::JoinHandle<()>,
-}
-
-impl Tee {
-    fn start(log: &Path) -> Result<Tee> {
-        use std::io::Write as _;
-        use std::os::fd::AsFd as _;
-        let mut file = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
-        let out = std::io::stdout().as_fd().try_clone_to_owned().context("duplicating stdout")?;
-        let err = std::io::stderr().as_fd().try_clone_to_owned().context("duplicating stderr")?;
-        let (mut reader, writer) = std::io::pipe().context("creating a pipe")?;
-        let mut to = std::fs::File::from(out.try_clone().context("duplicating stdout")?);
-        rustix::stdio::dup2_stdout(&writer).context("redirecting stdout")?;
-        rustix::stdio::dup2_stderr(&writer).context("redirecting stderr")?;
-        drop(writer);
-        let thread = std::thread::spawn(move || {
-            let mut buf = [0u8; 8192];
-            while let Ok(n) = std::io::Read::read(&mut reader, &mut buf) {
-                if n == 0 {
-                    break;
-                }
-                let _ = to.write_all(&buf[..n]);
-                let _ = file.write_all(&buf[..n]);
-            }
-        });
-        Ok(Tee { saved: (out, err), thread })
-    }
-
-    /// Puts stdout and stderr back and copies what is left.
-    fn finish(self) {
-        use std::io::Write as _;
-        let _ = std::io::stdout().flush();
-        let _ = rustix::stdio::dup2_stdout(&self.saved.0);
-        let _ = rustix::stdio::dup2_stderr(&self.saved.1);
-        // The pipe ends when the servers' inherited copies close too;
-        // a server left running (it did not stop) would hold it open.
-        let deadline = Instant::now() + Duration::from_secs(2);
-        while !self.thread.is_finished() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        if self.thread.is_finished() {
-            let _ = self.thread.join();
-        }
-    }
-}
-
-/// Set by `up --foreground`: its servers stop (SIGTERM: io servers write
-/// back their caches) when the supervisor dies, instead of running on
-/// unsupervised. Under a service manager nothing else would stop them
-/// (systemd's `KillMode=mixed` signals the main process only, then waits
-/// out `TimeoutStopSec` to SIGKILL the rest), and the next supervisor
-/// would refuse to start beside them. The background supervisor's
-/// servers outlive it, as `dafne down` expects.
-static STOP_WITH_SUPERVISOR: AtomicBool = AtomicBool::new(false);
-
-/// The variable that tells a server the pid of the supervisor it stops
-/// with ([`STOP_WITH_SUPERVISOR`], [`stop_with_supervisor`]).
-const SUPERVISOR_ENV: &str = "DAFNE_STOP_WITH_SUPERVISOR";
-
-/// Called first by `dafne serve`: when started by a foreground
-/// supervisor, asks the kernel for SIGTERM at the supervisor's death
-/// (`PR_SET_PDEATHSIG`; servers are spawned from the supervisor's main
-/// thread, whose end is the process's), and exits at once if it died
-/// already.
-pub fn stop_with_supervisor() -> Result<()> {
-    let Ok(pid) = std::env::var(SUPERVISOR_ENV) else { return Ok(()) };
-    std::env::remove_var(SUPERVISOR_ENV);
-    rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::TERM))
-        .context("asking to be stopped with the supervisor")?;
-    let parent = rustix::process::getppid().map(|p| p.as_raw_nonzero().get().to_string());
-    if parent.as_deref() != Some(pid.as_str()) {
-        bail!("the supervisor (pid {pid}) that started this server is gone");
-    }
-    Ok(())
-}
-
-/// Starts `dafne serve …`, waits for `listening on ADDR` (after it,
-/// `metrics on ADDR` when it serves metrics); output goes to `log`
-/// (stdout's banner lines are read here first).
-fn spawn_server(args: &[String], log: &Path) -> Result<Spawned> {
-    let exe = supervisor_exe()?;
-    let logf = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)
-        .with_context(|| format!("opening {}", log.display()))?;
-    let mut child = Command::new(exe)
-        .args(args)
-        // A server restarted on its port must not wait out the TIME_WAIT of
-        // its predecessor's connections (a UCT setting, so not in `--ucx`).
-        .env("UCX_TCP_CM_REUSEADDR", "y")
-        // The metadata server's test hook that drops replies must never
-        // reach a cluster from a variable left set in the user's shell.
-        .env_remove(dafne_meta::service::FAULT_DROP_REPLY)
-        .env_remove(SUPERVISOR_ENV)
-        .envs(STOP_WITH_SUPERVISOR.load(Ordering::Relaxed).then(|| (SUPERVISOR_ENV, std::process::id().to_string())))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(logf.try_clone()?)
-        .spawn()
-        .context("starting a server process")?;
-    let stdout = child.stdout.take().expect("piped");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        use std::io::Write as _;
-        let mut r = BufReader::new(stdout);
-        let mut logf = logf;
-        let mut metrics = None;
-        // UCX logs to stdout: pass its lines to the log until the banner.
-        let banner = loop {
-            let mut line = String::new();
-            match r.read_line(&mut line) {
-                Ok(0) => break Ok(String::new()),
-                Ok(_) if line.starts_with("listening on ") => break Ok(line),
-                Ok(_) if line.starts_with("metrics on ") => metrics = Some(line),
-                Ok(_) => {
-                    let _ = logf.write_all(line.as_bytes());
-                }
-                Err(e) => break Err(e),
-            }
-        };
-        let _ = tx.send(banner.map(|b| (b, metrics)));
-        // Keep draining stdout into the log so the server never blocks on it.
-        let _ = std::io::copy(&mut r, &mut logf);
-    });
-    match rx.recv_timeout(LISTEN_TIMEOUT) {
-        Ok(Ok((line, metrics))) if line.starts_with("listening on ") => {
-            let addr = line.trim()["listening on ".len()..].parse().context("parsing the server's address")?;
-            let metrics = match metrics {
-                Some(m) => Some(m.trim()["metrics on ".len()..].parse().context("parsing the metrics address")?),
-                None => None,
-            };
-            Ok(Spawned { child, addr, metrics })
-        }
-        other => {
-            let _ = child.kill();
-            let status = child.wait().ok();
-            let why = match other {
-                Ok(Ok((l, _))) if l.is_empty() => {
-                    format!("it exited ({})", status.map(|s| s.to_string()).unwrap_or_default())
-                }
-                Ok(Ok((l, _))) => format!("unexpected first line {l:?}"),
-                Ok(Err(e)) => format!("reading its output: {e}"),
-                Err(_) => format!("it did not listen within {}s", LISTEN_TIMEOUT.as_secs()),
-            };
-            bail!("{why}. Its log, {}:\n{}", log.display(), tail(log, 20))
-        }
-    }
-}
+// The supervisor: this host's plan from the configuration, run by
+// `dafne_cluster` (restarts, servers.json, the reclaimer, the stop).
 
 /// Where each server's metrics are now (a server without a port is left out).
-fn metrics_endpoints(servers: &[Managed]) -> Vec<crate::cluster::MetricsEndpoint> {
-    servers
-        .iter()
-        .filter_map(|m| Some(crate::cluster::MetricsEndpoint { server: m.state.name.clone(), addr: m.state.metrics? }))
+fn metrics_endpoints<'a>(states: impl IntoIterator<Item = &'a ServerState>) -> Vec<crate::cluster::MetricsEndpoint> {
+    states
+        .into_iter()
+        .filter_map(|s| Some(crate::cluster::MetricsEndpoint { server: s.name.clone(), addr: s.metrics? }))
         .collect()
 }
 
-fn save_states(dir: &Path, servers: &[Managed]) {
-    let states: Vec<&ServerState> = servers.iter().map(|m| &m.state).collect();
-    let tmp = dir.join("servers.json.tmp");
-    if let Ok(text) = serde_json::to_string_pretty(&states) {
-        if std::fs::write(&tmp, text).is_ok() {
-            let _ = std::fs::rename(&tmp, dir.join("servers.json"));
-        }
-    }
-}
-
-pub fn load_states(dir: &Path) -> Vec<ServerState> {
-    std::fs::read_to_string(dir.join("servers.json"))
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .unwrap_or_default()
-}
-
-static EXE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-
-/// The executable the servers run: the supervisor's own, as it was when it
-/// started (a rebuild or upgrade replaces the file under a running
-/// supervisor; restarts keep using a path that exists).
-fn supervisor_exe() -> Result<PathBuf> {
-    if let Some(p) = EXE.get() {
-        return Ok(p.clone());
-    }
-    let p = std::env::current_exe().context("locating the dafne executable")?;
-    Ok(EXE.get_or_init(|| p).clone())
-}
-
 /// `dafne supervise --dir DIR` (hidden): run by `up`.
-/// How often the supervisor looks at its servers.
-const SUPERVISOR_TICK: Duration = Duration::from_millis(200);
-
 pub fn supervise(a: DirArgs) -> Result<()> {
     let dir = crate::cluster::resolve_dir(a.dir.as_deref())?;
     // The lock, held until this process exits: the cluster is running
@@ -1065,61 +778,45 @@ pub fn supervise(a: DirArgs) -> Result<()> {
         crate::cluster::set_lock_owner(&l, std::process::id())?;
         Some(l)
     };
-    supervise_locked(&dir)
+    supervise_locked(&dir, false)
 }
 
-/// The supervisor's work, its lock held by the caller (`supervise`, or
-/// `up --foreground`): the servers of this host (`DIR/host`, written by
-/// `up --host`; every server without it), until SIGTERM.
-fn supervise_locked(dir: &Path) -> Result<()> {
-    supervisor_exe()?;
-    let dir = dir.to_path_buf();
-    let stop = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT, signal_hook::consts::SIGHUP] {
-        signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
-    }
-    let c = Config::load(&dir.join("config.toml"))?;
-    let host = recorded_host(&dir);
-    if let Some(h) = &host {
-        c.host(h)
-            .with_context(|| format!("{} names a host the configuration does not list", host_path(&dir).display()))?;
-    } else if c.multi_host() {
-        this_host(&c, None)?;
-    }
-    let runs_meta = host.as_deref().is_none_or(|h| c.meta_host() == h);
-    let local_io = c.local_io(host.as_deref());
-    let ucx = c.ucx_args_of(host.as_deref());
+/// The `dafne serve …` arguments of this host's servers (`host`: `DIR/host`,
+/// written by `up --host`; every server without it), meta first when this
+/// host runs it, each with the label of its `starting` progress line.
+fn plan_servers(dir: &Path, c: &Config, host: Option<&str>) -> Vec<ServerSpec> {
+    let runs_meta = host.is_none_or(|h| c.meta_host() == h);
+    let local_io = c.local_io(host);
+    let ucx = c.ucx_args_of(host);
     let meta_dir = dir.join("meta");
     let secret = meta_dir.join("cluster.secret");
     let fresh = !secret.exists();
     let mut servers = Vec::new();
-    let mut meta_args: Vec<String> = vec!["serve".into(), "meta".into(), "--data-dir".into()];
-    meta_args.push(meta_dir.display().to_string());
-    meta_args.extend(["--listen".into(), c.meta_addr().to_string()]);
-    meta_args.extend(["--io-servers".into(), c.cluster.io_servers.to_string()]);
-    meta_args.extend(["--stripe-unit".into(), c.meta.stripe_unit.to_string()]);
-    meta_args.extend(["--stripe-count".into(), c.meta.stripe_count.to_string()]);
-    meta_args.extend(["--open-grace-s".into(), c.meta.open_grace_s.to_string()]);
-    meta_args.extend(["--metrics-listen".into(), c.metrics_addr(None).to_string()]);
-    meta_args.extend(["--server-name".into(), "meta".into()]);
-    meta_args.extend(ucx.iter().cloned());
     if runs_meta {
-        servers.push(Managed {
-            state: ServerState::starting("meta", c.meta_addr()),
-            args: meta_args,
-            child: None,
-            started: Instant::now(),
-        });
+        let mut args: Vec<String> = vec!["serve".into(), "meta".into(), "--data-dir".into()];
+        args.push(meta_dir.display().to_string());
+        args.extend(["--listen".into(), c.meta_addr().to_string()]);
+        args.extend(["--io-servers".into(), c.cluster.io_servers.to_string()]);
+        args.extend(["--stripe-unit".into(), c.meta.stripe_unit.to_string()]);
+        args.extend(["--stripe-count".into(), c.meta.stripe_count.to_string()]);
+        args.extend(["--open-grace-s".into(), c.meta.open_grace_s.to_string()]);
+        args.extend(["--metrics-listen".into(), c.metrics_addr(None).to_string()]);
+        args.extend(["--server-name".into(), "meta".into()]);
+        args.extend(ucx.iter().cloned());
+        let label =
+            if fresh { "metadata server (first start: generating the cluster secret)" } else { "metadata server" };
+        servers.push(ServerSpec { name: "meta".into(), addr: c.meta_addr(), args, label: label.into() });
     }
     // Computed once, so every io server gets the same cache.
     let cache_mib = c.io_cache_mib_for(local_io.len() as u32);
     if !local_io.is_empty() {
-        progress(format_args!(
+        dafne_cluster::progress(format_args!(
             "io caches: {cache_mib} MiB each{}",
             if c.io.cache_mib.is_some() { "" } else { " (a share of available memory; set [io] cache_mib to choose)" }
         ));
     }
-    for &i in &local_io {
+    let n = local_io.len();
+    for (k, &i) in local_io.iter().enumerate() {
         let mut args: Vec<String> = vec!["serve".into(), "io".into(), "--data-dir".into()];
         args.push(dir.join(format!("io-{i}")).display().to_string());
         args.extend(["--secret".into(), secret.display().to_string()]);
@@ -1145,53 +842,49 @@ fn supervise_locked(dir: &Path) -> Result<()> {
             args.extend(["--advertise".into(), lo.into()]);
         }
         args.extend(ucx.iter().cloned());
-        servers.push(Managed {
-            state: ServerState::starting(format!("io-{i}"), c.io_addr(i)),
-            args,
-            child: None,
-            started: Instant::now(),
-        });
-    }
-    let n = local_io.len();
-    for (k, m) in servers.iter_mut().enumerate() {
-        if stop.load(Ordering::Relaxed) {
-            break;
-        }
-        let what = if m.state.name == "meta" {
-            if fresh {
-                "metadata server (first start: generating the cluster secret)".to_string()
-            } else {
-                "metadata server".to_string()
-            }
-        } else if host.is_none() {
-            format!("io server {k}/{n}")
-        } else {
-            format!("{} ({}/{n} here)", m.state.name, k + 1 - usize::from(runs_meta))
+        // Numbered as they start: meta, when here, was the first.
+        let position = k + usize::from(runs_meta);
+        let label = match host {
+            None => format!("io server {position}/{n}"),
+            Some(_) => format!("io-{i} ({}/{n} here)", k + 1),
         };
-        progress(format_args!("starting {what} on {}", m.state.addr));
-        match spawn_server(&m.args, &logs_dir(&dir).join(format!("{}.log", m.state.name))) {
-            Ok(Spawned { child, addr, metrics }) => {
-                m.state.pid = child.id();
-                m.state.start = start_time(child.id()).unwrap_or(0);
-                m.state.addr = addr;
-                m.state.metrics = metrics;
-                m.state.state = "running".into();
-                m.child = Some(child);
-                m.started = Instant::now();
-            }
-            Err(e) => {
-                println!("error: the {} server did not start: {e:#}", m.state.name);
-                stop_all(&dir, &mut servers);
-                bail!("the cluster did not start");
-            }
-        }
+        servers.push(ServerSpec { name: format!("io-{i}"), addr: c.io_addr(i), args, label });
     }
-    save_states(&dir, &servers);
+    servers
+}
+
+/// The supervisor's work, its lock held by the caller (`supervise`, or
+/// `up --foreground`, whose servers stop with it: `stop_with_supervisor`):
+/// the servers of this host (`DIR/host`, written by `up --host`; every
+/// server without it), until SIGTERM.
+fn supervise_locked(dir: &Path, stop_with_supervisor: bool) -> Result<()> {
+    let dir = dir.to_path_buf();
+    let stop = dafne_cluster::stop_on_signals()?;
+    let c = Config::load(&dir.join("config.toml"))?;
+    let host = recorded_host(&dir);
+    if let Some(h) = &host {
+        c.host(h)
+            .with_context(|| format!("{} names a host the configuration does not list", host_path(&dir).display()))?;
+    } else if c.multi_host() {
+        this_host(&c, None)?;
+    }
+    let runs_meta = host.as_deref().is_none_or(|h| c.meta_host() == h);
+    let secret = dir.join("meta").join("cluster.secret");
+    let plan = Plan {
+        dir: dir.clone(),
+        servers: plan_servers(&dir, &c, host.as_deref()),
+        restart: RestartPolicy {
+            restart: c.cluster.restart,
+            max_restarts: c.cluster.max_restarts,
+            window_s: c.cluster.restart_window_s,
+        },
+        stop_with_supervisor,
+    };
+    let mut sup = Supervisor::new(plan, stop)?;
+    sup.start_all()?;
     // Every server's address: this host's as they listen, the others' from
     // the file (fixed ports).
-    let addr_of = |name: &str, planned: SocketAddr| {
-        servers.iter().find(|m| m.state.name == name).map_or(planned, |m| m.state.addr)
-    };
+    let addr_of = |name: &str, planned: SocketAddr| sup.states().find(|s| s.name == name).map_or(planned, |s| s.addr);
     let mut info = ClusterInfo {
         dir: dir.clone(),
         meta: addr_of("meta", c.meta_addr()),
@@ -1201,421 +894,35 @@ fn supervise_locked(dir: &Path) -> Result<()> {
         supervisor_pid: std::process::id(),
         attr_timeout_ms: c.mount.attr_timeout_ms,
         entry_timeout_ms: c.mount.entry_timeout_ms,
-        metrics: metrics_endpoints(&servers),
+        metrics: metrics_endpoints(sup.states()),
         host: host.clone(),
         client: false,
     };
-    if !stop.load(Ordering::Relaxed) {
+    if !sup.stopping() {
         info.save()?;
-        progress("all servers listen");
+        dafne_cluster::progress("all servers listen");
     }
     // Where the metadata server runs: the reclaimer and the revocation
     // relay (they reach every io server, on whichever host).
-    if !stop.load(Ordering::Relaxed) && runs_meta {
-        let r = Reclaimer::new(&info, c.cluster.reclaim_after_s)?;
-        let stop = stop.clone();
-        std::thread::Builder::new()
-            .name("reclaimer".into())
-            .spawn(move || r.run(&stop))
-            .context("starting the reclaimer thread")?;
+    if !sup.stopping() && runs_meta {
+        sup.start_reclaimer(&ReclaimTarget {
+            meta: info.meta,
+            io: info.io.clone(),
+            secret: info.secret.clone(),
+            ucx: info.ucx.clone(),
+            after_s: c.cluster.reclaim_after_s,
+        })?;
     }
-    while !stop.load(Ordering::Relaxed) {
-        std::thread::sleep(SUPERVISOR_TICK);
-        let mut changed = false;
-        let mut endpoints_changed = false;
-        // A server that has run `restart_window_s` since its last start is
-        // given its restarts afresh (0: never; the count is its lifetime's).
-        let window = Duration::from_secs(c.cluster.restart_window_s);
-        for m in servers.iter_mut() {
-            let exited = m.child.as_mut().and_then(|child| child.try_wait().ok().flatten());
-            // An exit is seen up to a tick after it happened: it counts as
-            // within the window unless the server surely ran the whole
-            // window before it (so the window is never a tick shorter).
-            let slack = if exited.is_some() { SUPERVISOR_TICK } else { Duration::ZERO };
-            let ran_window = c.cluster.restart_window_s > 0 && m.started.elapsed() >= window + slack;
-            if ran_window && m.state.restarts_in_window > 0 && m.state.state == "running" {
-                println!(
-                    "{} ran {}s since its last restart: its count against max_restarts starts again",
-                    m.state.name, c.cluster.restart_window_s
-                );
-                m.state.restarts_in_window = 0;
-                changed = true;
-            }
-            let Some(status) = exited else { continue };
-            changed = true;
-            m.child = None;
-            m.state.last_exit = Some(status.to_string());
-            let log = logs_dir(&dir).join(format!("{}.log", m.state.name));
-            println!(
-                "error: server {} (pid {}) exited unexpectedly: {status}. Last lines of {}:\n{}",
-                m.state.name,
-                m.state.pid,
-                log.display(),
-                tail(&log, 10)
-            );
-            if !c.cluster.restart || m.state.restarts_in_window >= c.cluster.max_restarts {
-                m.state.state = "failed".into();
-                println!(
-                    "error: not restarting {} ({})",
-                    m.state.name,
-                    if c.cluster.restart { "max_restarts reached within restart_window_s" } else { "restart = false" }
-                );
-                continue;
-            }
-            m.state.restarts += 1;
-            m.state.restarts_in_window += 1;
-            m.state.state = "restarting".into();
-            let within = match c.cluster.restart_window_s {
-                0 => "over the supervisor's lifetime".to_string(),
-                w => format!("within {w}s"),
-            };
-            println!(
-                "restarting {} ({}/{} {within}; {} in all)",
-                m.state.name, m.state.restarts_in_window, c.cluster.max_restarts, m.state.restarts
-            );
-            // The same address, so clients and layouts stay valid, and the
-            // metrics port it had if it can still take it; else it takes
-            // another (or none), which is recorded below.
-            let mut args = m.args.clone();
-            if let Some(i) = args.iter().position(|a| a == "--listen") {
-                args[i + 1] = m.state.addr.to_string();
-            }
-            if let (Some(i), Some(addr)) = (args.iter().position(|a| a == "--metrics-listen"), m.state.metrics) {
-                args[i + 1] = addr.to_string();
-            }
-            match spawn_server(&args, &log) {
-                Ok(Spawned { child, metrics, .. }) => {
-                    if metrics != m.state.metrics {
-                        println!(
-                            "{}'s metrics port is now {} (was {})",
-                            m.state.name,
-                            metrics.map_or_else(|| "none".to_string(), |a| a.to_string()),
-                            m.state.metrics.map_or_else(|| "none".to_string(), |a| a.to_string()),
-                        );
-                        m.state.metrics = metrics;
-                        endpoints_changed = true;
-                    }
-                    m.state.pid = child.id();
-                    m.state.start = start_time(child.id()).unwrap_or(0);
-                    m.state.state = "running".into();
-                    m.child = Some(child);
-                    m.started = Instant::now();
-                }
-                Err(e) => {
-                    println!("error: restarting {} failed: {e:#}", m.state.name);
-                    m.state.state = "failed".into();
-                }
-            }
+    sup.supervise(|states| {
+        info.metrics = metrics_endpoints(states.iter().copied());
+        if let Err(e) = info.save() {
+            println!("error: recording the new metrics ports: {e:#}");
         }
-        if changed {
-            save_states(&dir, &servers);
-        }
-        if endpoints_changed {
-            info.metrics = metrics_endpoints(&servers);
-            if let Err(e) = info.save() {
-                println!("error: recording the new metrics ports: {e:#}");
-            }
-        }
-    }
-    stop_all(&dir, &mut servers);
+    });
+    sup.stop_all();
     let _ = std::fs::remove_file(ClusterInfo::path(&dir));
-    progress("stopped");
+    dafne_cluster::progress("stopped");
     Ok(())
-}
-
-/// The reclaimer (module docs, "Reclaiming deleted files' data") and the
-/// revocation relay. One transport runtime (one UCX context and worker)
-/// serves them for the supervisor's whole life: a failed connection
-/// attempt drops its endpoints in that worker (forced closed when the peer
-/// never answered) rather than a whole runtime each time. Each io server
-/// has a connection of its own, made and used by a relay thread of its
-/// own, so that a host that does not answer (a connect or a call waiting
-/// out its timeout) holds up nothing but its own servers: revocations
-/// still reach the others within [`RELAY_EVERY`] or so.
-struct Reclaimer {
-    after_s: u32,
-    shared: Arc<ReclaimShared>,
-}
-
-/// What the reclaimer's threads share: the runtime, the metadata session
-/// (made by the reclaimer's thread) and one data connection per io server
-/// (each made by that server's relay thread).
-struct ReclaimShared {
-    meta_addr: SocketAddr,
-    io_addrs: Vec<SocketAddr>,
-    secret_path: PathBuf,
-    rt: dafne_transport::Runtime,
-    meta: Mutex<Option<(dafne_client::MetaSession, dafne_auth::Secret)>>,
-    /// Per io server, a client of that one server (its id there is 0).
-    io: Vec<Mutex<Option<dafne_client::data::DataClient>>>,
-}
-
-impl ReclaimShared {
-    fn meta(&self) -> Option<(dafne_client::MetaSession, dafne_auth::Secret)> {
-        self.meta.lock().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-
-    fn secret(&self) -> Result<dafne_auth::Secret> {
-        dafne_auth::Secret::load(&self.secret_path)
-            .with_context(|| format!("reading the cluster secret {}", self.secret_path.display()))
-    }
-
-    /// The metadata session, made if there is none yet.
-    fn meta_or_connect(&self) -> Result<(dafne_client::MetaSession, dafne_auth::Secret)> {
-        if let Some(m) = self.meta() {
-            return Ok(m);
-        }
-        let secret = self.secret()?;
-        let meta = dafne_client::MetaSession::connect(&self.rt, self.meta_addr, &secret, "reclaimer", 0, 0)
-            .context("connecting to the metadata server")?;
-        *self.meta.lock().unwrap_or_else(|p| p.into_inner()) = Some((meta.clone(), secret.clone()));
-        Ok((meta, secret))
-    }
-
-    /// Io server `server`'s client, made if there is none yet (this
-    /// blocks while that server does not answer: called by that server's
-    /// relay thread and by the reclaimer's round, never by another relay
-    /// thread).
-    fn io_or_connect(&self, server: usize) -> Result<dafne_client::data::DataClient> {
-        if let Some(d) = self.io[server].lock().unwrap_or_else(|p| p.into_inner()).clone() {
-            return Ok(d);
-        }
-        let secret = self.secret()?;
-        let addr = self.io_addrs[server];
-        let d = dafne_client::data::DataClient::connect(&self.rt, &[addr], &secret)
-            .with_context(|| format!("connecting to io-{server} at {addr}"))?;
-        *self.io[server].lock().unwrap_or_else(|p| p.into_inner()) = Some(d.clone());
-        Ok(d)
-    }
-}
-
-impl Reclaimer {
-    fn new(info: &ClusterInfo, after_s: u32) -> Result<Reclaimer> {
-        let rt = dafne_transport::Runtime::new(dafne_transport::RuntimeOptions {
-            name: "reclaimer".into(),
-            ucx_config: info.ucx.clone(),
-            ..Default::default()
-        })
-        .context("starting the reclaimer's transport")?;
-        Ok(Reclaimer {
-            after_s,
-            shared: Arc::new(ReclaimShared {
-                meta_addr: info.meta,
-                io_addrs: info.io.clone(),
-                secret_path: info.secret.clone(),
-                rt,
-                meta: Mutex::new(None),
-                io: info.io.iter().map(|_| Mutex::new(None)).collect(),
-            }),
-        })
-    }
-
-    fn every(&self) -> Duration {
-        Duration::from_secs(u64::from(self.after_s / 2).clamp(1, 5))
-    }
-
-    /// A round every `reclaim_after_s / 2` seconds, between 1 and 5 (the
-    /// first at once), until `stop`; and one relay thread per io server
-    /// ([`Reclaimer::relay_thread`]). Returns when they all stopped.
-    fn run(self, stop: &AtomicBool) {
-        let every = self.every();
-        std::thread::scope(|s| {
-            for server in 0..self.shared.io_addrs.len() {
-                let shared = &self.shared;
-                let _ = std::thread::Builder::new()
-                    .name(format!("relay-io-{server}"))
-                    .spawn_scoped(s, move || Self::relay_thread(shared, server, every, stop));
-            }
-            let mut next = Instant::now();
-            while !stop.load(Ordering::Relaxed) {
-                std::thread::sleep(RELAY_EVERY);
-                if Instant::now() < next {
-                    continue;
-                }
-                // While the cluster stops, failures are expected, not errors
-                // (`down` reports every `error:` line of this log).
-                if let Err(e) = self.round(stop) {
-                    if !stop.load(Ordering::Relaxed) {
-                        println!("error: reclaiming deleted files' data: {e:#} (retried in {}s)", every.as_secs());
-                    }
-                }
-                next = Instant::now() + every;
-            }
-        });
-    }
-
-    /// Relays revocations to io server `server` every [`RELAY_EVERY`]
-    /// (module docs, "Relaying revocations"): the batch that follows what
-    /// it reports having applied. A server that did not answer keeps its
-    /// position and is tried again next time; its connection is made again
-    /// at most every `every` while it cannot be.
-    fn relay_thread(shared: &ReclaimShared, server: usize, every: Duration, stop: &AtomicBool) {
-        // (meta instance, log sequence) last applied ((0, 0): not asked yet).
-        let mut at = (0u64, 0u64);
-        let mut next_connect = Instant::now();
-        while !stop.load(Ordering::Relaxed) {
-            std::thread::sleep(RELAY_EVERY);
-            let Some((meta, secret)) = shared.meta() else { continue };
-            if shared.io[server].lock().unwrap_or_else(|p| p.into_inner()).is_none() {
-                if Instant::now() < next_connect {
-                    continue;
-                }
-                next_connect = Instant::now() + every;
-            }
-            // Failures are the round's to report (a server that is down).
-            let Ok(data) = shared.io_or_connect(server) else { continue };
-            let Ok(batch) = meta.revocations(at.0, at.1) else { continue };
-            let cap = dafne_client::data::object_capability(&secret, 0);
-            if let Ok(now) = block_on(data.revoke(0, cap, batch)) {
-                at = now;
-            }
-        }
-    }
-
-    /// One round: list, remove, forget. An object whose removal failed
-    /// (one of its servers not connected yet, or failing) stays listed and
-    /// is tried again next round.
-    fn round(&self, stop: &AtomicBool) -> Result<()> {
-        let (meta, secret) = self.shared.meta_or_connect()?;
-        let (orphans, generation) =
-            meta.list_orphans_at(self.after_s, dafne_proto::MAX_ORPHANS as u32).context("listing orphans")?;
-        let mut removed = Vec::with_capacity(orphans.len());
-        // Servers that could not be connected this round: their objects
-        // wait for the next (one connection attempt per server and round).
-        let mut unreachable = std::collections::BTreeMap::new();
-        'objects: for o in orphans {
-            let cap = dafne_client::data::removal_capability(&secret, o.object_id, generation);
-            let mut servers = o.servers.clone();
-            servers.sort_unstable();
-            servers.dedup();
-            for server in servers {
-                if server as usize >= self.shared.io.len() || unreachable.contains_key(&server) {
-                    continue 'objects;
-                }
-                let client = match self.shared.io_or_connect(server as usize) {
-                    Ok(c) => c,
-                    Err(e) => {
-                        unreachable.insert(server, format!("{e:#}"));
-                        continue 'objects;
-                    }
-                };
-                match block_on(client.remove_object(&[0], cap)) {
-                    Ok(()) | Err(dafne_client::Errno::ENOENT) => {}
-                    Err(_) if stop.load(Ordering::Relaxed) => return Ok(()),
-                    Err(e) => {
-                        println!(
-                            "error: removing the data of deleted object {} from io-{server}: {e} (retried later)",
-                            o.object_id
-                        );
-                        continue 'objects;
-                    }
-                }
-            }
-            removed.push(o.object_id);
-        }
-        for (server, e) in &unreachable {
-            if !stop.load(Ordering::Relaxed) {
-                println!("error: reclaiming deleted files' data on io-{server}: {e} (retried later)");
-            }
-        }
-        if !removed.is_empty() {
-            let n = removed.len();
-            meta.forget_orphans(removed).context("forgetting reclaimed orphans")?;
-            println!("reclaimed the data of {n} deleted file(s)");
-        }
-        Ok(())
-    }
-}
-
-/// Unmounts the cluster's recorded mounts (a busy one lazily) and waits a
-/// little for each daemon to exit.
-fn unmount_all(dir: &Path) {
-    for (pid, mp) in ClusterInfo::live_mounts(dir) {
-        progress(format_args!("unmounting {}", mp.display()));
-        let ok = Command::new("fusermount3")
-            .arg("-u")
-            .arg(&mp)
-            .stderr(Stdio::null())
-            .status()
-            .map(|s| s.success())
-            .unwrap_or(false);
-        let mut grace = STOP_GRACE;
-        if !ok {
-            // Busy (a process has files open there): detach it lazily; the
-            // daemon exits when the last of them is closed, and meanwhile
-            // answers EIO, its servers being gone.
-            let lazy = Command::new("fusermount3")
-                .args(["-u", "-z"])
-                .arg(&mp)
-                .stderr(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success());
-            if lazy {
-                progress(format_args!("{} is busy (files open there): detached it lazily", mp.display()));
-            } else {
-                println!("error: could not unmount {} (busy, and a lazy unmount failed)", mp.display());
-            }
-            grace = Duration::from_secs(2);
-        }
-        let t = Instant::now();
-        while pid_alive(pid) && t.elapsed() < grace {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        ClusterInfo::forget_mount(dir, pid);
-    }
-}
-
-/// Unmounts the cluster's mounts, then stops io servers before the
-/// metadata server (io servers write back their caches on SIGTERM).
-fn stop_all(dir: &Path, servers: &mut [Managed]) {
-    unmount_all(dir);
-    // Io servers first: they write back their caches. (The metadata
-    // server, when this host runs it, is first in the list.)
-    let split = usize::from(servers.first().is_some_and(|m| m.state.name == "meta"));
-    let (meta, io) = servers.split_at_mut(split);
-    for (group, grace) in [(io, IO_STOP_GRACE), (meta, STOP_GRACE)] {
-        for m in group.iter_mut() {
-            if let Some(c) = &m.child {
-                progress(format_args!("stopping {}", m.state.name));
-                let _ = rustix::process::kill_process(pid_of(c), rustix::process::Signal::TERM);
-            }
-        }
-        // One deadline for the group: they stop in parallel.
-        let deadline = Instant::now() + grace;
-        for m in group.iter_mut() {
-            if let Some(mut c) = m.child.take() {
-                loop {
-                    match c.try_wait() {
-                        Ok(Some(s)) => {
-                            if !s.success() {
-                                println!(
-                                    "error: {} stopped with {s} (see {})",
-                                    m.state.name,
-                                    logs_dir(dir).join(format!("{}.log", m.state.name)).display()
-                                );
-                            }
-                            m.state.last_exit = Some(s.to_string());
-                            break;
-                        }
-                        Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
-                        _ => {
-                            println!(
-                                "error: {} did not stop within {}s: killed (an io server's unsynced writes may be lost)",
-                                m.state.name,
-                                grace.as_secs()
-                            );
-                            let _ = c.kill();
-                            let _ = c.wait();
-                            m.state.last_exit = Some("killed".into());
-                            break;
-                        }
-                    }
-                }
-                m.state.state = "stopped".into();
-            }
-        }
-    }
-    save_states(dir, servers);
 }
 
 // ---------------------------------------------------------------------------

@@ -665,8 +665,14 @@ fn run() -> Result<()> {
         Cmd::Bench(Bench::WritersClient) => dafne_bench::writers::client_main(),
         Cmd::Bench(Bench::Registration(a)) => bench_registration(a),
         Cmd::Nbd(c) => nbd::run(c, parse_size),
-        Cmd::Serve(Serve::Meta(a)) => local::stop_with_supervisor().and_then(|()| a.serve()),
-        Cmd::Serve(Serve::Io(a)) => local::stop_with_supervisor().and_then(|()| dafne_io::server::serve_forever(&a)),
+        Cmd::Serve(Serve::Meta(a)) => {
+            dafne_cluster::server_entry()?;
+            a.serve()
+        }
+        Cmd::Serve(Serve::Io(a)) => {
+            dafne_cluster::server_entry()?;
+            dafne_io::server::serve_forever(&a)
+        }
         Cmd::TransportPeer(p) => {
             let ucx = dafne_transport::parse_ucx_overrides(&p.ucx).map_err(anyhow::Error::msg)?;
             let opts = RuntimeOptions {
