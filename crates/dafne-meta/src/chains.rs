@@ -93,7 +93,10 @@ pub fn build(servers: &[u32], hosts: &[String], replicas: u32) -> Result<Vec<Cha
         chains.push(Chain {
             id: c as u32,
             version: 1,
-            replicas: members.into_iter().map(|i| Replica { server: servers[i], state: ReplicaState::Serving }).collect(),
+            replicas: members
+                .into_iter()
+                .map(|i| Replica { server: servers[i], state: ReplicaState::Serving })
+                .collect(),
         });
     }
     Ok(chains)

@@ -3146,8 +3146,7 @@ mod tests {
         for name in ["a", "b", "c", "d"] {
             let l = open_layout(&s, mk(&s, &Cred::root(), ROOT_INO, name, false, 0o644).ino);
             let first = (l.object_id % chains.len() as u64) as usize;
-            let heads: Vec<u32> =
-                (0..2).map(|i| chains[(first + i) % chains.len()].replicas[0].server).collect();
+            let heads: Vec<u32> = (0..2).map(|i| chains[(first + i) % chains.len()].replicas[0].server).collect();
             assert_eq!(l.servers, heads, "{l:?}");
         }
     }

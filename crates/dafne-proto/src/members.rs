@@ -299,7 +299,10 @@ impl Wire for Chain {
             let state = ReplicaState::from_u8(raw)
                 .ok_or(DecodeError::BadValue { what: "chain replica state", value: raw.into() })?;
             if replicas.iter().any(|x| x.server == server) {
-                return Err(DecodeError::BadValue { what: "chain replica server (twice in one chain)", value: server.into() });
+                return Err(DecodeError::BadValue {
+                    what: "chain replica server (twice in one chain)",
+                    value: server.into(),
+                });
             }
             replicas.push(Replica { server, state });
         }
