@@ -248,3 +248,34 @@ pub fn serve_forever_with(o: &ServeOptions, metrics: Option<SocketAddr>, name: &
     drop(server);
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        meta: MetaArgs,
+    }
+
+    #[test]
+    fn replicas_and_hosts_reach_the_policy_and_more_than_one_replica_is_refused() {
+        let parse = |extra: &[&str]| {
+            let mut args = vec!["meta", "--data-dir", "d", "--io-servers", "3"];
+            args.extend_from_slice(extra);
+            Cli::try_parse_from(args).unwrap().meta.to_options().unwrap().policy
+        };
+        let p = parse(&[]);
+        assert_eq!((p.replicas, p.hosts.len()), (1, 0));
+        assert_eq!(check_replicas(&p), Ok(()));
+        let p = parse(&["--replicas", "2", "--io-hosts", "a,b,b"]);
+        assert_eq!(p.hosts, vec!["a", "b", "b"]);
+        assert_eq!(p.chains().unwrap().len(), 3, "a possible table");
+        let e = check_replicas(&p).unwrap_err();
+        assert!(e.contains("replication of writes is not built yet"), "{e}");
+        let e = check_replicas(&parse(&["--replicas", "3", "--io-hosts", "a,b,b"])).unwrap_err();
+        assert!(e.contains("2 distinct hosts"), "{e}");
+    }
+}
