@@ -229,6 +229,11 @@ fn proto() {
                     capacity_bytes: 1 << 40,
                     used_bytes: 5,
                 }],
+                chains: vec![dafne_proto::Chain {
+                    id: 0,
+                    version: 1,
+                    replicas: vec![dafne_proto::Replica { server: 0, state: dafne_proto::ReplicaState::Serving }],
+                }],
             }),
         ),
         // Groups and the exactly-once session sequence, both extensions.

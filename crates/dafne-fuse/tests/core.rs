@@ -32,7 +32,12 @@ fn fixture() -> Fixture {
         listen: "127.0.0.1:0".parse().unwrap(),
         secret: None,
         // 64 KiB stripes over both servers: small files already cross them.
-        policy: dafne_meta::LayoutPolicy { servers: vec![0, 1], default_stripe_unit: 65536, default_stripe_count: 2 },
+        policy: dafne_meta::LayoutPolicy {
+            servers: vec![0, 1],
+            default_stripe_unit: 65536,
+            default_stripe_count: 2,
+            ..Default::default()
+        },
         ucx: ucx(),
         open_grace: dafne_meta::opens::DEFAULT_GRACE,
     })

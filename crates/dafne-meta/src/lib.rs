@@ -11,12 +11,15 @@
 //! * [`locks`]: byte-range locks across clients, with leases, fairness,
 //!   deadlock detection and reclaim after a restart.
 //! * [`members`]: which io servers are alive, from their heartbeats.
+//! * [`chains`]: the chain table (which io servers hold the stripes of
+//!   each chain; replication's step 1).
 //! * Authentication and capabilities come from `dafne-auth`.
 //! * [`service`]: the server on dafne's transport: sessions, decoding,
 //!   group commit of concurrent writes, compounds.
 //! * [`server`]: starting one (store + secret + runtime + service).
 //! * [`metrics`]: its counters as a Prometheus page (`--metrics-listen`).
 
+pub mod chains;
 pub mod changes;
 pub mod locks;
 pub mod members;

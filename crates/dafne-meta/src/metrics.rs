@@ -80,6 +80,20 @@ pub fn render(server: &str, s: &MetaStats, transport: &TransportStatsSnapshot) -
         let name = format!("io-{}", m.server);
         f.sample(&[("io_server", &name), ("host", &m.host)], u64::from(m.state == dafne_proto::MemberState::Up));
     }
+    let mut f = t.family(
+        "dafne_meta_chains",
+        Kind::Gauge,
+        "The chain table's chains by health (healthy: every serving replica's io server up; degraded: some \
+         not; down: none up).",
+    );
+    let health: Vec<dafne_proto::ChainHealth> = s.chains.iter().map(|c| c.health(&s.members)).collect();
+    for h in [dafne_proto::ChainHealth::Healthy, dafne_proto::ChainHealth::Degraded, dafne_proto::ChainHealth::Down] {
+        f.sample(&[("health", h.name())], health.iter().filter(|&&x| x == h).count() as u64);
+    }
+    let mut f = t.family("dafne_meta_chain_version", Kind::Gauge, "Each chain's version in the chain table.");
+    for c in &s.chains {
+        f.sample(&[("chain", &c.id.to_string())], c.version);
+    }
     dafne_metrics::write_fields(
         &mut t,
         "dafne_transport_",
@@ -122,6 +136,18 @@ mod tests {
                     used_bytes: 0,
                 },
             ],
+            chains: vec![
+                dafne_proto::Chain {
+                    id: 0,
+                    version: 3,
+                    replicas: vec![dafne_proto::Replica { server: 0, state: dafne_proto::ReplicaState::Serving }],
+                },
+                dafne_proto::Chain {
+                    id: 1,
+                    version: 1,
+                    replicas: vec![dafne_proto::Replica { server: 1, state: dafne_proto::ReplicaState::Serving }],
+                },
+            ],
             ..Default::default()
         };
         let page = render("meta", &s, &TransportStatsSnapshot::default());
@@ -138,5 +164,9 @@ mod tests {
         assert_eq!(up.samples[0].label("io_server"), Some("io-0"));
         assert_eq!(up.samples[0].label("host"), Some("a \"b\""));
         assert_eq!((up.samples[0].value, up.samples[1].value), (1.0, 0.0));
+        assert!(page.contains("dafne_meta_chains{server=\"meta\",health=\"healthy\"} 1\n"), "{page}");
+        assert!(page.contains("dafne_meta_chains{server=\"meta\",health=\"down\"} 1\n"), "{page}");
+        assert!(page.contains("dafne_meta_chains{server=\"meta\",health=\"degraded\"} 0\n"), "{page}");
+        assert!(page.contains("dafne_meta_chain_version{server=\"meta\",chain=\"0\"} 3\n"), "{page}");
     }
 }

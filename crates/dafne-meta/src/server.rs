@@ -51,6 +51,15 @@ pub struct MetaArgs {
     /// Default stripe count.
     #[arg(long, default_value_t = 4)]
     pub stripe_count: u32,
+    /// Io servers per chain (`dafne_meta::chains`). Only 1 is served:
+    /// writes are not replicated yet (docs/REPLICATION.md), so a larger
+    /// value is refused at start.
+    #[arg(long, default_value_t = 1)]
+    pub replicas: u32,
+    /// Each io server's host, comma-separated in id order (what the chain
+    /// table keeps replicas apart by); none: one host.
+    #[arg(long, value_delimiter = ',')]
+    pub io_hosts: Vec<String>,
     /// UCX overrides as KEY=VALUE, repeatable.
     #[arg(long = "ucx", value_name = "KEY=VALUE")]
     pub ucx: Vec<String>,
@@ -88,6 +97,8 @@ impl MetaArgs {
                 servers: (0..self.io_servers).collect(),
                 default_stripe_unit: self.stripe_unit,
                 default_stripe_count: self.stripe_count,
+                replicas: self.replicas,
+                hosts: self.io_hosts.clone(),
             },
             ucx: dafne_transport::parse_ucx_overrides(&self.ucx).map_err(anyhow::Error::msg)?,
             open_grace: Duration::from_secs(self.open_grace_s),
@@ -149,8 +160,26 @@ impl MetaServer {
     }
 }
 
-/// Starts a metadata server and returns once it listens.
+/// Why a cluster cannot serve `policy`'s replication factor, if it
+/// cannot: the chain table it makes is impossible (`crate::chains`), or
+/// R > 1, whose writes would reach one replica only (replication of
+/// writes is not built: docs/REPLICATION.md, step 3).
+pub fn check_replicas(policy: &LayoutPolicy) -> std::result::Result<(), String> {
+    policy.chains().map_err(|e| e.to_string())?;
+    if policy.replicas > 1 {
+        return Err(format!(
+            "replicas = {}: replication of writes is not built yet (docs/REPLICATION.md, step 3), so every replica \
+             but the first would miss every write; use replicas = 1",
+            policy.replicas
+        ));
+    }
+    Ok(())
+}
+
+/// Starts a metadata server and returns once it listens. Refuses a
+/// replication factor the cluster cannot serve ([`check_replicas`]).
 pub fn start(o: &ServeOptions) -> Result<MetaServer> {
+    check_replicas(&o.policy).map_err(anyhow::Error::msg)?;
     std::fs::create_dir_all(&o.data_dir).with_context(|| format!("creating {}", o.data_dir.display()))?;
     let secret_path = o.secret.clone().unwrap_or_else(|| o.data_dir.join("cluster.secret"));
     let secret = Secret::load_or_create(&secret_path)?;
@@ -218,4 +247,35 @@ pub fn serve_forever_with(o: &ServeOptions, metrics: Option<SocketAddr>, name: &
     drop(metrics);
     drop(server);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        meta: MetaArgs,
+    }
+
+    #[test]
+    fn replicas_and_hosts_reach_the_policy_and_more_than_one_replica_is_refused() {
+        let parse = |extra: &[&str]| {
+            let mut args = vec!["meta", "--data-dir", "d", "--io-servers", "3"];
+            args.extend_from_slice(extra);
+            Cli::try_parse_from(args).unwrap().meta.to_options().unwrap().policy
+        };
+        let p = parse(&[]);
+        assert_eq!((p.replicas, p.hosts.len()), (1, 0));
+        assert_eq!(check_replicas(&p), Ok(()));
+        let p = parse(&["--replicas", "2", "--io-hosts", "a,b,b"]);
+        assert_eq!(p.hosts, vec!["a", "b", "b"]);
+        assert_eq!(p.chains().unwrap().len(), 3, "a possible table");
+        let e = check_replicas(&p).unwrap_err();
+        assert!(e.contains("replication of writes is not built yet"), "{e}");
+        let e = check_replicas(&parse(&["--replicas", "3", "--io-hosts", "a,b,b"])).unwrap_err();
+        assert!(e.contains("2 distinct hosts"), "{e}");
+    }
 }

@@ -308,6 +308,9 @@ pub struct MetaService {
     store_counts: Arc<StoreCounts>,
     /// Which io servers are alive (module docs, "Membership").
     members: RefCell<Membership>,
+    /// The chain table as the store's open made it (`crate::chains`;
+    /// nothing changes it while the server runs).
+    chains: Vec<dafne_proto::Chain>,
 }
 
 /// The metadata server's counters, read on its loop thread
@@ -335,6 +338,8 @@ pub struct MetaStats {
     pub lazy_commits: Option<u64>,
     /// The io servers as the membership table sees them now.
     pub members: Vec<dafne_proto::Member>,
+    /// The chain table (`crate::chains`).
+    pub chains: Vec<dafne_proto::Chain>,
 }
 
 /// The environment variable of the reply-dropping test hook.
@@ -442,6 +447,9 @@ impl MetaService {
         MetaService {
             ops: RefCell::new(vec![(0, 0); Op::ALL.len()]),
             undecodable: Cell::new(0),
+            // At most what a `Members` answer carries, as the membership
+            // table (servers beyond it cannot send heartbeats either).
+            chains: store.chains().into_iter().take(dafne_proto::MAX_CHAINS).collect(),
             store: store.clone(),
             store_counts: store_counts.clone(),
             faults,
@@ -528,6 +536,7 @@ impl MetaService {
             commits: self.store.commits(),
             lazy_commits: self.store.lazy_commits(),
             members: self.members.borrow().members(Instant::now()),
+            chains: self.chains.clone(),
         }
     }
 
@@ -597,7 +606,10 @@ impl MetaService {
                     self.members.borrow_mut().heartbeat(&hb, Instant::now()).map(|()| Response::Done)
                 }
             }
-            Request::Members => Ok(Response::Members { members: self.members.borrow().members(Instant::now()) }),
+            Request::Members => Ok(Response::Members {
+                members: self.members.borrow().members(Instant::now()),
+                chains: self.chains.clone(),
+            }),
             Request::Lock { ino, client, owner, pid, start, end, kind, flags } => {
                 let wait = flags & dafne_proto::LOCK_WAIT != 0;
                 let reclaim = flags & dafne_proto::LOCK_RECLAIM != 0;

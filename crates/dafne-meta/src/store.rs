@@ -22,6 +22,7 @@
 //! | `xattrs` | (ino `u64`, name bytes with prefix) | value bytes (extended attributes) |
 //! | `replies` | (client `u64`, seq `u64`) | format u8 (1), stored_at_unix_ms u64, the job's results encoded as a Compound reply (exactly-once replay cache) |
 //! | `replies_by_time` | (stored_at_unix_ms `u64`, client `u64`, seq `u64`) | `()`: the same entries in age order, for purging |
+//! | `chains` | chain id `u32` | the chain table's row (`crate::chains::encode`): version, io servers and their states |
 //!
 //! `dirseq` gives every entry a per-directory sequence number at insertion;
 //! readdir walks it in order and its cookie is the last sequence returned,
@@ -50,6 +51,17 @@
 //! `ListOrphans` skips the objects its job names as protected: files still
 //! open, which the service knows (`crate::opens`); the store keeps no
 //! record of opens.
+//!
+//! # Chains
+//! The `chains` table is the chain table (`crate::chains`,
+//! docs/REPLICATION.md). Each open builds the table the layout policy's io
+//! servers, hosts and replication factor make and reconciles the stored
+//! one with it (`crate::chains::reconcile`: an unchanged row keeps its
+//! version, a changed one gets a higher version, extra rows go). A store
+//! made before the table opens unchanged: its table is created. Layouts
+//! are not stored by chain: an inode's layout names the io servers (the
+//! heads of the chains [`LayoutPolicy`] chose), in the same format as
+//! before, so nothing is migrated.
 //!
 //! # Extended attributes
 //! One `xattrs` row per attribute, keyed by inode and full name
@@ -173,6 +185,7 @@ const REVOKED_CREDENTIALS: TableDefinition<&str, u64> = TableDefinition::new("re
 const XATTRS: TableDefinition<(u64, &[u8]), &[u8]> = TableDefinition::new("xattrs");
 const REPLIES: TableDefinition<(u64, u64), &[u8]> = TableDefinition::new("replies");
 const REPLIES_BY_TIME: TableDefinition<(u64, u64, u64), ()> = TableDefinition::new("replies_by_time");
+const CHAINS: TableDefinition<u32, &[u8]> = TableDefinition::new("chains");
 
 /// How long a cached answer is kept (module docs, "Exactly-once replay cache").
 pub const REPLY_TTL: std::time::Duration = std::time::Duration::from_secs(600);
@@ -276,6 +289,10 @@ pub enum StoreError {
     CorruptOrphan { object: u64, why: &'static str },
     #[error("corrupt cached reply of client {client:#x} seq {seq}: {why}")]
     CorruptReply { client: u64, seq: u64, why: String },
+    #[error("corrupt chain table row {id}")]
+    CorruptChain { id: u32 },
+    #[error("the chain table: {0}")]
+    Chains(#[from] crate::chains::ChainError),
 }
 
 macro_rules! from_redb {
@@ -313,17 +330,38 @@ pub struct LayoutPolicy {
     pub servers: Vec<u32>,
     pub default_stripe_unit: u32,
     pub default_stripe_count: u32,
+    /// Io servers per chain (`crate::chains`); 1: no replication.
+    pub replicas: u32,
+    /// Each io server's host, in the order of `servers`; empty when the
+    /// cluster does not know them (one host).
+    pub hosts: Vec<String>,
 }
 
 impl Default for LayoutPolicy {
     fn default() -> Self {
-        LayoutPolicy { servers: Vec::new(), default_stripe_unit: 1 << 20, default_stripe_count: 4 }
+        LayoutPolicy {
+            servers: Vec::new(),
+            default_stripe_unit: 1 << 20,
+            default_stripe_count: 4,
+            replicas: 1,
+            hosts: Vec::new(),
+        }
     }
 }
 
 impl LayoutPolicy {
+    /// The chain table these io servers, hosts and replicas make
+    /// (`crate::chains::build`).
+    pub fn chains(&self) -> Result<Vec<dafne_proto::Chain>, crate::chains::ChainError> {
+        crate::chains::build(&self.servers, &self.hosts, self.replicas)
+    }
+
     /// The layout of a new file: the client's advice if sane, else the
-    /// cluster default; servers chosen round-robin from the object id.
+    /// cluster default. Stripe slot `s` goes on chain `(first + s) %
+    /// chains` with `first` the object id modulo the chains (one chain per
+    /// io server), and the layout names that chain's head, io server
+    /// `(first + s) % servers` (`crate::chains`: chain `c` is headed by
+    /// server `c`): with one replica, the only server of the chain.
     fn choose(&self, object_id: u64, hint: Option<LayoutHint>) -> Result<Layout, Errno> {
         let (mut unit, mut count) = (self.default_stripe_unit, self.default_stripe_count);
         if let Some(h) = hint {
@@ -372,6 +410,11 @@ pub trait MetaStore: Send + Sync + 'static {
     /// The names of the credentials revoked so far (`RevokeCredential`),
     /// which the service refuses at login.
     fn revoked_credentials(&self) -> Result<Vec<String>, StoreError>;
+
+    /// Meta's chain table (`crate::chains`), if the engine keeps one.
+    fn chains(&self) -> Vec<dafne_proto::Chain> {
+        Vec::new()
+    }
 
     /// Transactions committed durably since the store was opened (each
     /// one fsync), if the engine counts them.
@@ -630,6 +673,8 @@ pub struct RedbStore {
     db: Database,
     policy: LayoutPolicy,
     log: std::sync::Mutex<RevocationLog>,
+    /// The chain table as this open made it (module docs, "Chains").
+    chains: Vec<dafne_proto::Chain>,
     /// Write transactions committed (the metrics page).
     commits: std::sync::atomic::AtomicU64,
     /// Write transactions committed without an fsync (module docs, "Lazy
@@ -688,8 +733,29 @@ impl RedbStore {
     /// Opens (or creates, with an empty root directory owned by root, mode
     /// 0755) the store at `path`.
     pub fn open(path: &Path, policy: LayoutPolicy) -> Result<RedbStore, StoreError> {
+        let built = policy.chains()?;
         let db = Database::create(path)?;
         let txn = db.begin_write()?;
+        let chains;
+        {
+            // The chain table (module docs, "Chains").
+            let mut table = txn.open_table(CHAINS)?;
+            let mut stored = Vec::new();
+            for e in table.iter()? {
+                let (k, v) = e?;
+                let id = k.value();
+                stored.push(crate::chains::decode(id, v.value()).ok_or(StoreError::CorruptChain { id })?);
+            }
+            chains = crate::chains::reconcile(&stored, built);
+            for c in &chains {
+                if !stored.contains(c) {
+                    table.insert(c.id, crate::chains::encode(c).as_slice())?;
+                }
+            }
+            for s in stored.iter().filter(|s| !chains.iter().any(|c| c.id == s.id)) {
+                table.remove(s.id)?;
+            }
+        }
         {
             let mut inodes = txn.open_table(INODES)?;
             txn.open_table(DIRENTS)?;
@@ -760,6 +826,7 @@ impl RedbStore {
             db,
             policy,
             log: std::sync::Mutex::new(RevocationLog::new()),
+            chains,
             commits: Default::default(),
             lazy_commits: Default::default(),
             lazy_since: Default::default(),
@@ -1054,6 +1121,10 @@ impl MetaStore for RedbStore {
         *self.lazy_since.lock().unwrap_or_else(|p| p.into_inner()) = None;
         self.empty_lazy_log();
         Ok(())
+    }
+
+    fn chains(&self) -> Vec<dafne_proto::Chain> {
+        self.chains.clone()
     }
 
     fn revoked_credentials(&self) -> Result<Vec<String>, StoreError> {
@@ -3044,5 +3115,97 @@ mod tests {
         let rec = OrphanRecord::decode(42, v2.get(42).unwrap().unwrap().value()).unwrap();
         assert_eq!(rec.servers, vec![0, 1]);
         assert!(rec.orphaned_at_unix_s > 0);
+    }
+
+    fn open_layout(s: &RedbStore, ino: Ino) -> Layout {
+        match ask(s, &Cred::root(), Request::Open { ino, flags: dafne_proto::OPEN_READ }) {
+            Ok(Response::Opened { layout, .. }) => layout,
+            other => panic!("open: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn layouts_place_slots_on_the_heads_of_consecutive_chains() {
+        let dir = tempfile::tempdir().unwrap();
+        let policy = LayoutPolicy { servers: vec![0, 1, 2], default_stripe_count: 2, ..LayoutPolicy::default() };
+        let s = RedbStore::open(&dir.path().join("meta.redb"), policy.clone()).unwrap();
+        let chains = s.chains();
+        assert_eq!(chains, policy.chains().unwrap());
+        for name in ["a", "b", "c", "d"] {
+            let l = open_layout(&s, mk(&s, &Cred::root(), ROOT_INO, name, false, 0o644).ino);
+            let first = (l.object_id % chains.len() as u64) as usize;
+            let heads: Vec<u32> = (0..2).map(|i| chains[(first + i) % chains.len()].replicas[0].server).collect();
+            assert_eq!(l.servers, heads, "{l:?}");
+        }
+    }
+
+    #[test]
+    fn a_store_from_before_chains_opens_with_its_layouts_and_gets_a_table() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("meta.redb");
+        let policy = LayoutPolicy { servers: vec![0, 1, 2], ..LayoutPolicy::default() };
+        let (ino, before) = {
+            let s = RedbStore::open(&path, policy.clone()).unwrap();
+            let ino = mk(&s, &Cred::root(), ROOT_INO, "f", false, 0o644).ino;
+            (ino, open_layout(&s, ino))
+        };
+        // What a store made before the chain table looks like.
+        {
+            let db = Database::create(&path).unwrap();
+            let txn = db.begin_write().unwrap();
+            assert!(txn.delete_table(CHAINS).unwrap());
+            txn.commit().unwrap();
+        }
+        let s = RedbStore::open(&path, policy.clone()).unwrap();
+        assert_eq!(open_layout(&s, ino), before);
+        assert_eq!(s.chains(), policy.chains().unwrap());
+        let r = s.db.begin_read().unwrap();
+        assert_eq!(r.open_table(CHAINS).unwrap().len().unwrap(), 3);
+    }
+
+    #[test]
+    fn the_chain_table_is_kept_and_reconciled_across_opens() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("meta.redb");
+        let three = LayoutPolicy { servers: vec![0, 1, 2], ..LayoutPolicy::default() };
+        drop(RedbStore::open(&path, three.clone()).unwrap());
+        // A row changed in the store (as a later membership step would)
+        // survives an open that builds the same servers.
+        {
+            let db = Database::create(&path).unwrap();
+            let txn = db.begin_write().unwrap();
+            {
+                let mut t = txn.open_table(CHAINS).unwrap();
+                let mut c = crate::chains::decode(1, t.get(1).unwrap().unwrap().value()).unwrap();
+                c.version = 5;
+                t.insert(1, crate::chains::encode(&c).as_slice()).unwrap();
+            }
+            txn.commit().unwrap();
+        }
+        let versions = |s: &RedbStore| s.chains().iter().map(|c| c.version).collect::<Vec<_>>();
+        let s = RedbStore::open(&path, three).unwrap();
+        assert_eq!(versions(&s), vec![1, 5, 1]);
+        drop(s);
+        // Two io servers in two-server chains: rows change, one goes.
+        let two = LayoutPolicy { servers: vec![0, 1], replicas: 2, ..LayoutPolicy::default() };
+        let s = RedbStore::open(&path, two.clone()).unwrap();
+        assert_eq!(versions(&s), vec![2, 6]);
+        assert_eq!(s.chains().iter().map(|c| c.replicas.len()).collect::<Vec<_>>(), vec![2, 2]);
+        drop(s);
+        let s = RedbStore::open(&path, two).unwrap();
+        assert_eq!(versions(&s), vec![2, 6], "read back as written");
+        drop(s);
+        // A damaged row is refused, and an impossible table too.
+        {
+            let db = Database::create(&path).unwrap();
+            let txn = db.begin_write().unwrap();
+            txn.open_table(CHAINS).unwrap().insert(0, &[9u8][..]).unwrap();
+            txn.commit().unwrap();
+        }
+        let e = RedbStore::open(&path, LayoutPolicy { servers: vec![0, 1], ..LayoutPolicy::default() }).unwrap_err();
+        assert!(matches!(e, StoreError::CorruptChain { id: 0 }), "{e}");
+        let e = RedbStore::open(&path, LayoutPolicy { servers: vec![0], replicas: 2, ..LayoutPolicy::default() })
+            .unwrap_err();
+        assert!(e.to_string().contains("replicas = 2 but the cluster has 1 io servers"), "{e}");
     }
 }

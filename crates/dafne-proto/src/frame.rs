@@ -816,6 +816,14 @@ mod tests {
                             used_bytes: 0,
                         },
                     ],
+                    chains: vec![crate::Chain {
+                        id: 0,
+                        version: 2,
+                        replicas: vec![
+                            crate::Replica { server: 0, state: crate::ReplicaState::Serving },
+                            crate::Replica { server: 3, state: crate::ReplicaState::Syncing },
+                        ],
+                    }],
                 },
             ),
             (Op::GetXattr, Response::Xattr { value: vec![0xff; XATTR_SIZE_MAX] }),

@@ -96,7 +96,7 @@
 //! | ListXattr | 32 | ino u64 | `XattrNames`: n u32 (≤ [`MAX_XATTR_NAMES`]), n × name (≤ [`XATTR_NAME_MAX`]) |
 //! | RemoveXattr | 33 | ino u64, name | `Done`: empty |
 //! | ServerHeartbeat | 35 | server u32, instance u64, addr str (≤ [`MAX_ADDR_WIRE`], canonical `ip:port`), host str (≤ [`MAX_HOST_NAME`], UTF-8), capacity u64, used u64 | `Done`: empty |
-//! | Members | 36 | empty | `Members`: n u32 (≤ [`MAX_MEMBERS`]), n × {server u32 (strictly increasing), state u8 (Up 1, Down 2, Unknown 3), addr str, host str, since_ms u64, restarts u32, capacity u64, used u64} |
+//! | Members | 36 | empty | `Members`: n u32 (≤ [`MAX_MEMBERS`]), n × {server u32 (strictly increasing), state u8 (Up 1, Down 2, Unknown 3), addr str, host str, since_ms u64, restarts u32, capacity u64, used u64}, then c u32 (≤ [`MAX_CHAINS`]), c × {id u32 (strictly increasing), version u64, r u32 (1..=[`MAX_CHAIN_REPLICAS`]), r × {server u32 (distinct), state u8 (Serving 1, Syncing 2, Offline 3)}} |
 //!
 //! Numbers 25–29 belong to the lock ops; 34 is reserved.
 //!
@@ -268,8 +268,8 @@ pub use io::{
 };
 pub use lock::{LockKind, LockRange, OwnerLocks, LOCK_FAIR, LOCK_FLAGS, LOCK_RECLAIM, LOCK_WAIT};
 pub use members::{
-    check_host_name, host_name_byte, Heartbeat, Member, MemberState, HEARTBEAT_INTERVAL, MAX_ADDR_WIRE, MAX_HOST_NAME,
-    MAX_MEMBERS, MEMBER_LEASE,
+    check_host_name, host_name_byte, Chain, ChainHealth, Heartbeat, Member, MemberState, Replica, ReplicaState,
+    HEARTBEAT_INTERVAL, MAX_ADDR_WIRE, MAX_CHAINS, MAX_CHAIN_REPLICAS, MAX_HOST_NAME, MAX_MEMBERS, MEMBER_LEASE,
 };
 pub use msg::{Change, CompoundOp, HeldOpen, LockHolder, Op, Orphan, Request, Response};
 pub use types::{
@@ -300,8 +300,9 @@ pub use types::{
 /// (FRRWP; `io` module docs, "Keys that follow"). 12: the io op Scrub (75)
 /// and `ServerInfo`'s `checksum_errors`. 13: the membership ops
 /// ServerHeartbeat (35) and Members (36). 14: SetAttr's `lazy` bit (a
-/// size publish that need not be durable before the answer).
-pub const PROTO_VERSION: u16 = 14;
+/// size publish that need not be durable before the answer). 15: the
+/// `Members` answer carries meta's chain table after the members.
+pub const PROTO_VERSION: u16 = 15;
 
 /// Request header `flags`: the body starts with the caller's supplementary
 /// groups, `n u8` (1..=[`MAX_GROUPS`]) and `n × u32`. Bits other than this

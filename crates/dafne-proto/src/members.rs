@@ -1,6 +1,6 @@
 //! Membership on the wire: what an io server tells the metadata server in
 //! its heartbeat ([`Heartbeat`], op `ServerHeartbeat`), and how meta
-//! answers `Members` ([`Member`]).
+//! answers `Members` ([`Member`], and meta's chain table: [`Chain`]).
 //!
 //! Addresses travel as text (`ip:port`, as Rust prints a `SocketAddr`) so
 //! that a person reading a capture sees them; the decoder accepts only the
@@ -215,6 +215,154 @@ pub(crate) fn get_members(r: &mut Reader<'_>) -> Result<Vec<Member>, DecodeError
     Ok(members)
 }
 
+/// Most io servers in one chain (the replication factor's bound).
+pub const MAX_CHAIN_REPLICAS: usize = 8;
+
+/// Most chains in a `Members` answer: one per io server.
+pub const MAX_CHAINS: usize = MAX_MEMBERS;
+
+/// A replica's place in its chain, as meta's chain table records it
+/// (docs/REPLICATION.md, "Chains"). Only `Serving` is ever recorded yet:
+/// nothing moves a server to `Syncing` or `Offline` (leases and resync
+/// are not built).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum ReplicaState {
+    Serving = 1,
+    Syncing = 2,
+    Offline = 3,
+}
+
+impl ReplicaState {
+    /// As `dafne status` prints it.
+    pub fn name(self) -> &'static str {
+        match self {
+            ReplicaState::Serving => "serving",
+            ReplicaState::Syncing => "syncing",
+            ReplicaState::Offline => "offline",
+        }
+    }
+
+    pub fn from_u8(v: u8) -> Option<ReplicaState> {
+        Some(match v {
+            1 => ReplicaState::Serving,
+            2 => ReplicaState::Syncing,
+            3 => ReplicaState::Offline,
+            _ => return None,
+        })
+    }
+}
+
+/// One io server of a chain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Replica {
+    pub server: u32,
+    pub state: ReplicaState,
+}
+
+/// One row of meta's chain table: the io servers that hold the stripes
+/// placed on chain `id`, head first (docs/REPLICATION.md, "Chains").
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Chain {
+    pub id: u32,
+    /// Bumped whenever the row changes.
+    pub version: u64,
+    /// 1..=[`MAX_CHAIN_REPLICAS`] replicas, servers distinct.
+    pub replicas: Vec<Replica>,
+}
+
+/// Smallest encoded chain: id u32, version u64, replica count u32 and one
+/// replica (server u32, state u8).
+pub(crate) const CHAIN_MIN_SIZE: usize = 21;
+
+impl Wire for Chain {
+    fn put(&self, w: &mut Writer) {
+        w.put_u32(self.id);
+        w.put_u64(self.version);
+        w.put_len(self.replicas.len());
+        for r in &self.replicas {
+            w.put_u32(r.server);
+            w.put_u8(r.state as u8);
+        }
+    }
+    fn get(r: &mut Reader<'_>) -> Result<Chain, DecodeError> {
+        let id = r.u32("chain id")?;
+        let version = r.u64("chain version")?;
+        let n = r.count("chain replicas", MAX_CHAIN_REPLICAS, 5)?;
+        if n == 0 {
+            return Err(DecodeError::BadValue { what: "chain without replicas", value: id.into() });
+        }
+        let mut replicas: Vec<Replica> = Vec::with_capacity(n);
+        for _ in 0..n {
+            let server = r.u32("chain replica server")?;
+            let raw = r.u8("chain replica state")?;
+            let state = ReplicaState::from_u8(raw)
+                .ok_or(DecodeError::BadValue { what: "chain replica state", value: raw.into() })?;
+            if replicas.iter().any(|x| x.server == server) {
+                return Err(DecodeError::BadValue {
+                    what: "chain replica server (twice in one chain)",
+                    value: server.into(),
+                });
+            }
+            replicas.push(Replica { server, state });
+        }
+        Ok(Chain { id, version, replicas })
+    }
+}
+
+/// A chain list: at most [`MAX_CHAINS`], ids strictly increasing.
+pub(crate) fn get_chains(r: &mut Reader<'_>) -> Result<Vec<Chain>, DecodeError> {
+    let n = r.count("chains", MAX_CHAINS, CHAIN_MIN_SIZE)?;
+    let mut chains: Vec<Chain> = Vec::with_capacity(n);
+    for _ in 0..n {
+        let c = Chain::get(r)?;
+        if chains.last().is_some_and(|p| p.id >= c.id) {
+            return Err(DecodeError::BadValue { what: "chain id (must be strictly increasing)", value: c.id.into() });
+        }
+        chains.push(c);
+    }
+    Ok(chains)
+}
+
+/// A chain's health as its serving replicas' membership makes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ChainHealth {
+    /// Every serving replica is `up`.
+    Healthy,
+    /// Some serving replica is not `up`, at least one is.
+    Degraded,
+    /// No serving replica is `up`.
+    Down,
+}
+
+impl ChainHealth {
+    pub fn name(self) -> &'static str {
+        match self {
+            ChainHealth::Healthy => "healthy",
+            ChainHealth::Degraded => "degraded",
+            ChainHealth::Down => "down",
+        }
+    }
+}
+
+impl Chain {
+    /// The chain's health from a membership table (a server missing from
+    /// `members`, or `down`, or never heard from, counts as not up).
+    pub fn health(&self, members: &[Member]) -> ChainHealth {
+        let up = |s: u32| members.iter().any(|m| m.server == s && m.state == MemberState::Up);
+        let serving: Vec<u32> =
+            self.replicas.iter().filter(|r| r.state == ReplicaState::Serving).map(|r| r.server).collect();
+        let n_up = serving.iter().filter(|&&s| up(s)).count();
+        if n_up == 0 {
+            ChainHealth::Down
+        } else if n_up == serving.len() {
+            ChainHealth::Healthy
+        } else {
+            ChainHealth::Degraded
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -340,5 +488,70 @@ mod tests {
         let mut bad_state = enc(&[m(0)]);
         bad_state[8] = 9;
         assert!(get_members(&mut Reader::new(&bad_state)).is_err());
+    }
+
+    fn chain(id: u32, servers: &[u32]) -> Chain {
+        Chain {
+            id,
+            version: 1,
+            replicas: servers.iter().map(|&server| Replica { server, state: ReplicaState::Serving }).collect(),
+        }
+    }
+
+    fn enc_chains(cs: &[Chain]) -> Vec<u8> {
+        let mut w = Writer::with_prefix(0);
+        w.put_len(cs.len());
+        for c in cs {
+            c.put(&mut w);
+        }
+        w.into_vec()
+    }
+
+    #[test]
+    fn chain_lists_round_trip_and_damage_is_refused() {
+        let cs = vec![chain(0, &[0, 1]), chain(1, &[1, 0])];
+        let b = enc_chains(&cs);
+        assert_eq!(get_chains(&mut Reader::new(&b)).unwrap(), cs);
+        for n in 0..b.len() {
+            assert!(get_chains(&mut Reader::new(&b[..n])).is_err(), "prefix of {n} bytes accepted");
+        }
+        assert!(get_chains(&mut Reader::new(&enc_chains(&[chain(1, &[0]), chain(0, &[1])]))).is_err());
+        assert!(get_chains(&mut Reader::new(&enc_chains(&[chain(0, &[2, 2])]))).is_err(), "a server twice");
+        assert!(get_chains(&mut Reader::new(&enc_chains(&[chain(0, &[])]))).is_err(), "no replica");
+        let too_long: Vec<u32> = (0..MAX_CHAIN_REPLICAS as u32 + 1).collect();
+        assert!(get_chains(&mut Reader::new(&enc_chains(&[chain(0, &too_long)]))).is_err());
+        let mut bad_state = enc_chains(&[chain(0, &[0])]);
+        let last = bad_state.len() - 1;
+        bad_state[last] = 9;
+        assert!(get_chains(&mut Reader::new(&bad_state)).is_err());
+        let mut w = Writer::with_prefix(0);
+        w.put_u32(MAX_CHAINS as u32 + 1);
+        assert!(get_chains(&mut Reader::new(&w.into_vec())).is_err());
+    }
+
+    #[test]
+    fn a_chains_health_follows_its_serving_replicas_membership() {
+        let m = |server, state| Member {
+            server,
+            state,
+            addr: "127.0.0.1:1".parse().unwrap(),
+            host: String::new(),
+            since_ms: 1,
+            restarts: 0,
+            capacity_bytes: 0,
+            used_bytes: 0,
+        };
+        let c = chain(0, &[0, 1]);
+        let all_up = [m(0, MemberState::Up), m(1, MemberState::Up)];
+        assert_eq!(c.health(&all_up), ChainHealth::Healthy);
+        assert_eq!(c.health(&[m(0, MemberState::Up), m(1, MemberState::Down)]), ChainHealth::Degraded);
+        assert_eq!(c.health(&[m(0, MemberState::Up)]), ChainHealth::Degraded, "a server not in the table");
+        assert_eq!(c.health(&[m(0, MemberState::Down), m(1, MemberState::Unknown)]), ChainHealth::Down);
+        assert_eq!(chain(1, &[1]).health(&all_up), ChainHealth::Healthy);
+        assert_eq!(chain(1, &[1]).health(&[m(1, MemberState::Down)]), ChainHealth::Down);
+        // An offline replica does not count against its chain.
+        let mut off = c.clone();
+        off.replicas[1].state = ReplicaState::Offline;
+        assert_eq!(off.health(&[m(0, MemberState::Up), m(1, MemberState::Down)]), ChainHealth::Healthy);
     }
 }

@@ -1,7 +1,7 @@
 //! Ops, request bodies and reply bodies.
 
 use crate::lock::{LockKind, LOCK_FLAGS};
-use crate::members::{get_members, Heartbeat, Member};
+use crate::members::{get_chains, get_members, Chain, Heartbeat, Member};
 use crate::types::Revocations;
 use crate::types::{get_mode, DIRENT_MIN_SIZE};
 use crate::wire::{Reader, Wire, Writer};
@@ -971,8 +971,9 @@ pub enum Response {
     /// longer known (the server's log moved on, or it restarted).
     Changes { next: u64, lost: bool, changes: Vec<Change> },
     /// Members: at most [`crate::MAX_MEMBERS`] io servers, ids strictly
-    /// increasing.
-    Members { members: Vec<Member> },
+    /// increasing, and meta's chain table (at most [`crate::MAX_CHAINS`]
+    /// chains, ids strictly increasing).
+    Members { members: Vec<Member>, chains: Vec<Chain> },
 }
 
 /// Something another session changed ([`Response::Changes`]): an inode
@@ -1236,10 +1237,14 @@ impl Response {
                     c.put(w);
                 }
             }
-            Response::Members { members } => {
+            Response::Members { members, chains } => {
                 w.put_len(members.len());
                 for m in members {
                     m.put(w);
+                }
+                w.put_len(chains.len());
+                for c in chains {
+                    c.put(w);
                 }
             }
             Response::Compound { results } => {
@@ -1325,7 +1330,7 @@ impl Response {
                 }
                 Response::XattrNames { names }
             }
-            Kind::Members => Response::Members { members: get_members(r)? },
+            Kind::Members => Response::Members { members: get_members(r)?, chains: get_chains(r)? },
         })
     }
 }

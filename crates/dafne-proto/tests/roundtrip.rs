@@ -251,7 +251,8 @@ fn member_request() -> impl Strategy<Value = Request> {
 fn members_response() -> impl Strategy<Value = Response> {
     let state = prop_oneof![Just(MemberState::Up), Just(MemberState::Down), Just(MemberState::Unknown)];
     let member = (state, socket_addr(), host_name(), any::<u64>(), any::<u32>(), any::<u64>(), any::<u64>()).boxed();
-    prop_oneof![4 => vec(member.clone(), 0..8), 1 => vec(member, MAX_MEMBERS..=MAX_MEMBERS)].prop_map(|ms| {
+    let members = prop_oneof![4 => vec(member.clone(), 0..8), 1 => vec(member, MAX_MEMBERS..=MAX_MEMBERS)];
+    (members, chains()).prop_map(|(ms, chains)| {
         let members = ms
             .into_iter()
             .enumerate()
@@ -273,7 +274,29 @@ fn members_response() -> impl Strategy<Value = Response> {
                 }
             })
             .collect();
-        Response::Members { members }
+        Response::Members { members, chains }
+    })
+}
+
+/// Meta's chain table: ids strictly increasing, each chain's servers
+/// distinct, up to the bounds.
+fn chains() -> impl Strategy<Value = Vec<dafne_proto::Chain>> {
+    use dafne_proto::{Chain, Replica, ReplicaState, MAX_CHAINS, MAX_CHAIN_REPLICAS};
+    let state = prop_oneof![Just(ReplicaState::Serving), Just(ReplicaState::Syncing), Just(ReplicaState::Offline)];
+    let chain = (any::<u64>(), any::<u32>(), vec(state, 1..=MAX_CHAIN_REPLICAS)).boxed();
+    prop_oneof![4 => vec(chain.clone(), 0..6), 1 => vec(chain, MAX_CHAINS..=MAX_CHAINS)].prop_map(|cs| {
+        cs.into_iter()
+            .enumerate()
+            .map(|(i, (version, base, states))| Chain {
+                id: i as u32 * 3,
+                version,
+                replicas: states
+                    .into_iter()
+                    .enumerate()
+                    .map(|(j, state)| Replica { server: base.wrapping_add(j as u32), state })
+                    .collect(),
+            })
+            .collect()
     })
 }
 

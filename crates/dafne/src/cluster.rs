@@ -159,6 +159,10 @@ pub struct MetaConfig {
     /// meanwhile), and for which a closed or dead client's open files stay
     /// protected (`dafne_meta::opens`).
     pub open_grace_s: u32,
+    /// Io servers per chain of meta's chain table (`dafne_meta::chains`):
+    /// distinct servers, on distinct hosts with a `[[hosts]]` list. Only 1
+    /// is accepted: writes are not replicated yet (docs/REPLICATION.md).
+    pub replicas: u32,
 }
 
 impl Default for MetaConfig {
@@ -167,6 +171,7 @@ impl Default for MetaConfig {
             stripe_unit: 1 << 20,
             stripe_count: 4,
             open_grace_s: dafne_meta::opens::DEFAULT_GRACE.as_secs() as u32,
+            replicas: 1,
         }
     }
 }
@@ -266,6 +271,8 @@ stripe_count = 4        # default stripe count (at most io_servers)
 open_grace_s = 10       # after a meta start, and after a client's connection
                         # ends, keep deleted files' data that clients may
                         # still hold open this long (they re-announce it)
+replicas = 1            # io servers per chain (`dafne status` lists the
+                        # chains); only 1: writes are not replicated yet
 
 [io]
 # cache_mib = 64        # each io server's Unifier cache, MiB; unset: an eighth
@@ -479,6 +486,7 @@ impl Config {
                 c.io_servers
             );
         }
+        dafne_meta::server::check_replicas(&self.layout_policy()).map_err(|e| anyhow::anyhow!("[meta] {e}"))?;
         if !self.meta.stripe_unit.is_power_of_two() || self.meta.stripe_unit < 4096 {
             bail!("meta.stripe_unit = {}: use a power of two of at least 4096 bytes", self.meta.stripe_unit);
         }
@@ -575,6 +583,22 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// How meta lays files out: the io servers, their hosts (with a
+    /// `[[hosts]]` list), the stripe defaults and the replicas per chain.
+    pub fn layout_policy(&self) -> dafne_meta::LayoutPolicy {
+        dafne_meta::LayoutPolicy {
+            servers: (0..self.cluster.io_servers).collect(),
+            default_stripe_unit: self.meta.stripe_unit,
+            default_stripe_count: self.meta.stripe_count,
+            replicas: self.meta.replicas,
+            hosts: if self.multi_host() {
+                (0..self.cluster.io_servers).map(|i| self.io_host(i).to_string()).collect()
+            } else {
+                Vec::new()
+            },
+        }
     }
 
     /// Whether this is a cluster of several hosts (`[[hosts]]`).
@@ -1216,5 +1240,31 @@ ucx = { NET_DEVICES = "eth1" }
         assert!(err(&host).contains("[cluster] host = \"10.0.0.9\" is not used"), "{}", err(&host));
         let small = THREE.replace("stripe_count = 3\n", "");
         assert_eq!(Config::parse(&small, Path::new("h.toml")).unwrap().meta.stripe_count, 3, "default 4 clamped");
+    }
+
+    #[test]
+    fn replicas_are_checked_against_servers_and_hosts_and_only_one_is_served() {
+        let c = Config::parse(THREE, Path::new("h.toml")).unwrap();
+        assert_eq!(c.meta.replicas, 1);
+        let p = c.layout_policy();
+        assert_eq!(p.hosts, vec!["a", "b", "b"]);
+        assert_eq!(p.chains().unwrap().len(), 3);
+        let with = |r: u32| THREE.replace("stripe_count = 3", &format!("stripe_count = 3\nreplicas = {r}"));
+        let e = err(&with(3));
+        assert!(e.contains("replicas = 3 but the io servers sit on 2 distinct hosts (a, b)"), "{e}");
+        assert!(e.contains("add hosts"), "{e}");
+        // Two hosts make chains of two, but their writes would reach one.
+        let e = err(&with(2));
+        assert!(e.contains("[meta] replicas = 2: replication of writes is not built yet"), "{e}");
+        let e = err(&with(0));
+        assert!(e.contains("replicas = 0"), "{e}");
+        let one_host = "[cluster]\nio_servers = 2\n[meta]\nstripe_count = 2\nreplicas = 3\n";
+        let e = err(one_host);
+        assert!(e.contains("replicas = 3 but the cluster has 2 io servers"), "{e}");
+        assert!(Config::parse(&one_host.replace("replicas = 3", "replicas = 1"), Path::new("h.toml"))
+            .unwrap()
+            .layout_policy()
+            .hosts
+            .is_empty());
     }
 }

@@ -800,6 +800,11 @@ fn plan_servers(dir: &Path, c: &Config, host: Option<&str>) -> Vec<ServerSpec> {
         args.extend(["--stripe-unit".into(), c.meta.stripe_unit.to_string()]);
         args.extend(["--stripe-count".into(), c.meta.stripe_count.to_string()]);
         args.extend(["--open-grace-s".into(), c.meta.open_grace_s.to_string()]);
+        args.extend(["--replicas".into(), c.meta.replicas.to_string()]);
+        let hosts = c.layout_policy().hosts;
+        if !hosts.is_empty() {
+            args.extend(["--io-hosts".into(), hosts.join(",")]);
+        }
         args.extend(["--metrics-listen".into(), c.metrics_addr(None).to_string()]);
         args.extend(["--server-name".into(), "meta".into()]);
         args.extend(ucx.iter().cloned());
@@ -941,7 +946,51 @@ struct StatusReport {
     /// (its errno) or something else: an old meta, a refusal.
     #[serde(skip_serializing_if = "Option::is_none")]
     members_error: Option<String>,
+    /// Meta's chain table (`dafne_meta::chains`), each chain's health from
+    /// the membership table; `None` when meta did not answer `Members`.
+    chains: Option<Vec<ChainStatus>>,
     mounts: Vec<PathBuf>,
+}
+
+/// One chain of meta's chain table.
+#[derive(Debug, Serialize)]
+struct ChainStatus {
+    chain: u32,
+    version: u64,
+    /// `healthy` (every serving replica's io server up), `degraded` (some
+    /// not up) or `down` (none up).
+    health: &'static str,
+    /// Head first.
+    replicas: Vec<ReplicaStatus>,
+}
+
+#[derive(Debug, Serialize)]
+struct ReplicaStatus {
+    server: String,
+    /// In the chain: `serving`, `syncing` or `offline`.
+    state: &'static str,
+    /// As meta's membership table sees the io server: `up`, `down` or
+    /// `unknown`.
+    member: &'static str,
+}
+
+impl ChainStatus {
+    fn of(c: &dafne_proto::Chain, members: &[dafne_proto::Member]) -> ChainStatus {
+        ChainStatus {
+            chain: c.id,
+            version: c.version,
+            health: c.health(members).name(),
+            replicas: c
+                .replicas
+                .iter()
+                .map(|r| ReplicaStatus {
+                    server: format!("io-{}", r.server),
+                    state: r.state.name(),
+                    member: members.iter().find(|m| m.server == r.server).map_or("unknown", |m| m.state.name()),
+                })
+                .collect(),
+        }
+    }
 }
 
 /// One io server in meta's membership table (`dafne_meta::members`).
@@ -1088,11 +1137,13 @@ pub fn status(a: StatusArgs) -> Result<()> {
         format!("{:#}", crate::cluster::explain_connect(&info, &login, e))
     };
     let mut members_error = None;
+    let mut chains = None;
     let (reachable, files, members) =
         match dafne_client::MetaSession::connect(&rt, info.meta, &login.key, "status", 0, 0) {
             Ok(s) => {
                 let members = match s.request(dafne_proto::Request::Members) {
-                    Ok(dafne_proto::Response::Members { members }) => {
+                    Ok(dafne_proto::Response::Members { members, chains: table }) => {
+                        chains = Some(table.iter().map(|c| ChainStatus::of(c, &members)).collect());
                         Some(members.into_iter().map(MemberStatus::of).collect())
                     }
                     Ok(_) => {
@@ -1134,6 +1185,7 @@ pub fn status(a: StatusArgs) -> Result<()> {
         io,
         members,
         members_error,
+        chains,
         mounts: ClusterInfo::live_mounts(&dir).into_iter().map(|(_, m)| m).collect(),
     };
     if a.json {
@@ -1251,6 +1303,16 @@ fn print_status(r: &StatusReport) {
                 let host = if m.host.is_empty() { "-" } else { m.host.as_str() };
                 println!("| {} | {} | {host} | {addr} | {since} | {} |", m.server, m.state, m.restarts);
             }
+        }
+    }
+    if let Some(chains) = &r.chains {
+        println!();
+        println!("| chain | version | health | io servers (head first: state in the chain, as meta sees it) |");
+        println!("|---|---|---|---|");
+        for c in chains {
+            let servers: Vec<String> =
+                c.replicas.iter().map(|x| format!("{} ({}, {})", x.server, x.state, x.member)).collect();
+            println!("| {} | {} | {} | {} |", c.chain, c.version, c.health, servers.join(", "));
         }
     }
     println!();

@@ -124,6 +124,73 @@ fn status_shows_each_io_server_as_meta_sees_it_down_after_a_kill_and_up_again() 
     wait_gauge(c.dir(), "down", 0.0);
 }
 
+/// Each chain of `dafne status --json` as (id, version, health, its
+/// replicas as "io-N state member").
+fn chains(dir: &Path) -> Vec<(u64, u64, String, Vec<String>)> {
+    let s = status(dir, &[]);
+    let Some(chains) = s["chains"].as_array() else { return Vec::new() };
+    chains
+        .iter()
+        .map(|c| {
+            let replicas = c["replicas"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| format!("{} {} {}", r["server"].as_str().unwrap(), r["state"], r["member"]).replace('"', ""))
+                .collect();
+            (
+                c["chain"].as_u64().unwrap(),
+                c["version"].as_u64().unwrap(),
+                c["health"].as_str().unwrap().into(),
+                replicas,
+            )
+        })
+        .collect()
+}
+
+/// The metadata server's `dafne_meta_chains{health}` gauge.
+fn chain_gauge(dir: &Path, health: &str) -> f64 {
+    let addr = common::cluster::meta_metrics_addr(dir);
+    let page = dafne_metrics::http::fetch(addr, Duration::from_secs(5)).expect("meta's metrics page");
+    let families = dafne_metrics::parse::parse(&page).expect("a well-formed page");
+    let f = families.iter().find(|f| f.name == "dafne_meta_chains").expect("dafne_meta_chains on the page");
+    f.samples.iter().find(|s| s.label("health") == Some(health)).map(|s| s.value).expect("a sample per health")
+}
+
+#[test]
+fn status_lists_the_chains_and_a_chain_is_down_once_its_io_server_is_killed() {
+    // One replica per chain (the only factor served): chain c is io-c
+    // alone. The supervisor does not restart the killed server.
+    let c = Cluster::start_sized(2, "[cluster]\nrestart = false\n");
+    wait_members(c.dir(), &[("up", 0), ("up", 0)]);
+    let one = |chain: u64, health: &str, member: &str| {
+        (chain, 1, health.to_string(), vec![format!("io-{chain} serving {member}")])
+    };
+    assert_eq!(chains(c.dir()), vec![one(0, "healthy", "up"), one(1, "healthy", "up")]);
+    let table = text(&dafne().args(["status", "--dir", p(c.dir())]).output().unwrap());
+    assert!(table.contains("| 1 | 1 | healthy | io-1 (serving, up) |"), "{table}");
+
+    let servers: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(c.dir().join("servers.json")).unwrap()).unwrap();
+    let pid = servers.as_array().unwrap().iter().find(|s| s["name"] == "io-1").unwrap()["pid"].as_u64().unwrap();
+    Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap();
+    let want = vec![one(0, "healthy", "up"), one(1, "down", "down")];
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut seen = chains(c.dir());
+    while seen != want {
+        assert!(std::time::Instant::now() < deadline, "the chains stayed {seen:?}, waited for {want:?}");
+        std::thread::sleep(Duration::from_millis(200));
+        seen = chains(c.dir());
+    }
+    let table = text(&dafne().args(["status", "--dir", p(c.dir())]).output().unwrap());
+    assert!(table.contains("| 1 | 1 | down | io-1 (serving, down) |"), "{table}");
+    assert!(table.contains("| 0 | 1 | healthy | io-0 (serving, up) |"), "{table}");
+    // The metrics page renders at most once a second: wait for it too.
+    common::wait_for("meta's chain gauge", || chain_gauge(c.dir(), "down") == 1.0);
+    assert_eq!(chain_gauge(c.dir(), "healthy"), 1.0);
+    assert_eq!(chain_gauge(c.dir(), "degraded"), 0.0);
+}
+
 #[test]
 fn only_the_clusters_root_session_may_send_a_heartbeat() {
     let c = Cluster::start_sized(2, "");
@@ -161,7 +228,9 @@ fn only_the_clusters_root_session_may_send_a_heartbeat() {
     let key: dafne_auth::LoginKey = dafne_auth::CredentialFile::load(&cred).unwrap().into();
     let s = dafne_client::MetaSession::connect(&rt, meta, key, "members-test", 0, 0).unwrap();
     assert_eq!(s.request(beat(0, elsewhere)), Err(Errno::EPERM));
-    assert!(matches!(s.request(Request::Members), Ok(Response::Members { members }) if members.len() == 2));
+    assert!(
+        matches!(s.request(Request::Members), Ok(Response::Members { members, chains }) if members.len() == 2 && chains.len() == 2)
+    );
 
     // The cluster secret as another uid: refused.
     let secret = dafne_auth::Secret::load(&c.dir().join("meta").join("cluster.secret")).unwrap();
@@ -173,7 +242,7 @@ fn only_the_clusters_root_session_may_send_a_heartbeat() {
     let s = dafne_client::MetaSession::connect(&rt, meta, &secret, "members-test", 0, 0).unwrap();
     assert_eq!(s.request(beat(2, elsewhere)), Err(Errno::EINVAL));
     assert_eq!(s.request(beat(1, io0)), Err(Errno::EADDRINUSE));
-    let Ok(Response::Members { members }) = s.request(Request::Members) else { panic!("no Members answer") };
+    let Ok(Response::Members { members, .. }) = s.request(Request::Members) else { panic!("no Members answer") };
     assert!(
         members.iter().all(|m| m.host != "intruder" && m.restarts == 0),
         "a refused heartbeat counted: {members:?}"

@@ -73,6 +73,7 @@ pub fn start_meta(
             servers: (0..servers).collect(),
             default_stripe_unit: stripe_unit,
             default_stripe_count: stripe_count,
+            ..Default::default()
         },
         ucx: ucx(),
         open_grace: dafne_meta::opens::DEFAULT_GRACE,

@@ -1,0 +1,257 @@
+//! Meta's chain table (docs/REPLICATION.md, "Chains"): chain id → version
+//! and the ordered io servers (head first) that hold the stripes placed
+//! on that chain, each `serving`, `syncing` or `offline`.
+//!
+//! Built from the configured io servers and the replication factor R
+//! ([`build`]): one chain per io server, chain `c` headed by io server `c`
+//! and followed by the next servers in id order (wrapping) that are not
+//! already in it and, when the cluster knows the io servers' hosts, sit on
+//! hosts not already in it. With R = 1 chain `c` is io server `c` alone,
+//! so a layout that places stripe slot `s` on chain `(first + s) % chains`
+//! places it on io server `(first + s) % servers`, as before chains
+//! existed.
+//!
+//! What is built is step 1 of the design: the table, kept in the store
+//! (`crate::store`, table `chains`) and shown by `Members` (`dafne
+//! status`). Every replica is `serving`: nothing changes a row yet (no
+//! leases, no resync). Layouts still name the io servers they were given
+//! at creation, the heads of their chains (`crate::store::LayoutPolicy`);
+//! writes go to those servers only, so a cluster refuses R > 1
+//! ([`crate::server::start`]): replication of writes is step 3.
+
+use dafne_proto::{Chain, Replica, ReplicaState, MAX_CHAIN_REPLICAS};
+
+/// Why a chain table cannot be built for a configuration; each says how
+/// to fix it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ChainError {
+    #[error("replicas = 0: every chain needs at least one io server; use replicas = 1 (no replication) or more")]
+    NoReplicas,
+    #[error("replicas = {replicas}: at most {max} io servers make a chain; lower replicas")]
+    TooManyReplicas { replicas: u32, max: usize },
+    #[error(
+        "replicas = {replicas} but the cluster has {servers} io servers: the replicas of a chain must be distinct \
+         servers; lower replicas to at most {servers}, or run more io servers"
+    )]
+    TooFewServers { replicas: u32, servers: usize },
+    #[error(
+        "replicas = {replicas} but the io servers sit on {hosts} distinct hosts ({names}): the replicas of a chain \
+         must be on distinct hosts; lower replicas to at most {hosts}, or add hosts with io servers to [[hosts]]"
+    )]
+    TooFewHosts { replicas: u32, hosts: usize, names: String },
+    #[error("{hosts} host names given for {servers} io servers: give one host per io server, or none")]
+    HostCount { hosts: usize, servers: usize },
+}
+
+/// The chain table of io servers `servers` (ids in order; chain `c` is
+/// headed by `servers[c]`) with `replicas` servers per chain (module
+/// docs). `hosts`: each server's host, in the same order, or empty when
+/// the cluster does not know them (one host: only distinct servers are
+/// required). No io server: no chain.
+pub fn build(servers: &[u32], hosts: &[String], replicas: u32) -> Result<Vec<Chain>, ChainError> {
+    if replicas == 0 {
+        return Err(ChainError::NoReplicas);
+    }
+    if replicas as usize > MAX_CHAIN_REPLICAS {
+        return Err(ChainError::TooManyReplicas { replicas, max: MAX_CHAIN_REPLICAS });
+    }
+    if !hosts.is_empty() && hosts.len() != servers.len() {
+        return Err(ChainError::HostCount { hosts: hosts.len(), servers: servers.len() });
+    }
+    let n = servers.len();
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    let r = replicas as usize;
+    if r > n {
+        return Err(ChainError::TooFewServers { replicas, servers: n });
+    }
+    if !hosts.is_empty() {
+        let mut distinct: Vec<&str> = hosts.iter().map(String::as_str).collect();
+        distinct.sort_unstable();
+        distinct.dedup();
+        if r > distinct.len() {
+            return Err(ChainError::TooFewHosts { replicas, hosts: distinct.len(), names: distinct.join(", ") });
+        }
+    }
+    let mut chains = Vec::with_capacity(n);
+    for c in 0..n {
+        let mut members: Vec<usize> = vec![c];
+        // With at least R distinct hosts, walking every server from c
+        // always finds R servers on distinct hosts (each host not yet
+        // used has a server somewhere in the walk).
+        for step in 1..n {
+            if members.len() == r {
+                break;
+            }
+            let i = (c + step) % n;
+            if hosts.is_empty() || members.iter().all(|&m| hosts[m] != hosts[i]) {
+                members.push(i);
+            }
+        }
+        debug_assert_eq!(members.len(), r);
+        chains.push(Chain {
+            id: c as u32,
+            version: 1,
+            replicas: members
+                .into_iter()
+                .map(|i| Replica { server: servers[i], state: ReplicaState::Serving })
+                .collect(),
+        });
+    }
+    Ok(chains)
+}
+
+/// The chain table to keep, given the one stored and the one the
+/// configuration builds: a stored row equal in servers to the built one
+/// is kept as it is (its version and states); a row that differs takes
+/// the built servers with its version bumped past the stored one; rows
+/// beyond the built ones go.
+pub fn reconcile(stored: &[Chain], built: Vec<Chain>) -> Vec<Chain> {
+    built
+        .into_iter()
+        .map(|b| match stored.iter().find(|s| s.id == b.id) {
+            Some(s) if servers(s) == servers(&b) => s.clone(),
+            Some(s) => Chain { version: s.version + 1, ..b },
+            None => b,
+        })
+        .collect()
+}
+
+fn servers(c: &Chain) -> Vec<u32> {
+    c.replicas.iter().map(|r| r.server).collect()
+}
+
+/// A stored chain row (the table's key is the id): format byte 1,
+/// version u64, replica count u8, then per replica server u32 and state
+/// u8, little-endian.
+const CHAIN_FORMAT: u8 = 1;
+
+/// The stored bytes of a chain row.
+pub fn encode(c: &Chain) -> Vec<u8> {
+    let mut v = vec![CHAIN_FORMAT];
+    v.extend_from_slice(&c.version.to_le_bytes());
+    v.push(c.replicas.len() as u8);
+    for r in &c.replicas {
+        v.extend_from_slice(&r.server.to_le_bytes());
+        v.push(r.state as u8);
+    }
+    v
+}
+
+/// Chain `id`'s stored row back; `None` if damaged or of an unknown
+/// format.
+pub fn decode(id: u32, b: &[u8]) -> Option<Chain> {
+    let (&format, rest) = b.split_first()?;
+    if format != CHAIN_FORMAT || rest.len() < 9 {
+        return None;
+    }
+    let version = u64::from_le_bytes(rest[..8].try_into().ok()?);
+    let n = rest[8] as usize;
+    let body = &rest[9..];
+    if n == 0 || n > MAX_CHAIN_REPLICAS || body.len() != 5 * n {
+        return None;
+    }
+    let mut replicas: Vec<Replica> = Vec::with_capacity(n);
+    for r in body.chunks_exact(5) {
+        let server = u32::from_le_bytes(r[..4].try_into().ok()?);
+        let state = ReplicaState::from_u8(r[4])?;
+        if replicas.iter().any(|x| x.server == server) {
+            return None;
+        }
+        replicas.push(Replica { server, state });
+    }
+    Some(Chain { id, version, replicas })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(chains: &[Chain]) -> Vec<Vec<u32>> {
+        chains.iter().map(servers).collect()
+    }
+
+    #[test]
+    fn one_replica_is_one_chain_per_io_server() {
+        let c = build(&[0, 1, 2], &[], 1).unwrap();
+        assert_eq!(ids(&c), vec![vec![0], vec![1], vec![2]]);
+        assert!(c.iter().enumerate().all(|(i, c)| c.id == i as u32 && c.version == 1));
+        assert!(c.iter().flat_map(|c| &c.replicas).all(|r| r.state == ReplicaState::Serving));
+        // Known hosts change nothing with one replica, even all on one host.
+        let one_host = vec!["a".to_string(); 3];
+        assert_eq!(build(&[0, 1, 2], &one_host, 1).unwrap(), c);
+        assert_eq!(build(&[], &[], 1).unwrap(), vec![]);
+    }
+
+    #[test]
+    fn two_replicas_sit_on_distinct_hosts() {
+        // Two hosts of two io servers each: a, a, b, b.
+        let hosts: Vec<String> = ["a", "a", "b", "b"].iter().map(|s| s.to_string()).collect();
+        let c = build(&[0, 1, 2, 3], &hosts, 2).unwrap();
+        assert_eq!(ids(&c), vec![vec![0, 2], vec![1, 2], vec![2, 0], vec![3, 0]]);
+        for chain in &c {
+            assert_ne!(hosts[chain.replicas[0].server as usize], hosts[chain.replicas[1].server as usize]);
+        }
+        // Each server heads its own chain: a layout's slot on chain c has
+        // its head on io server c.
+        assert!(c.iter().all(|chain| chain.replicas[0].server == chain.id));
+        // Hosts unknown: distinct servers, the next ones in order.
+        assert_eq!(ids(&build(&[0, 1, 2], &[], 2).unwrap()), vec![vec![0, 1], vec![1, 2], vec![2, 0]]);
+        let three: Vec<String> = ["x", "y", "z"].iter().map(|s| s.to_string()).collect();
+        assert_eq!(ids(&build(&[0, 1, 2], &three, 3).unwrap()), vec![vec![0, 1, 2], vec![1, 2, 0], vec![2, 0, 1]]);
+    }
+
+    #[test]
+    fn impossible_tables_are_refused_with_the_fix() {
+        assert_eq!(build(&[0, 1], &[], 0), Err(ChainError::NoReplicas));
+        let e = build(&[0, 1], &[], 3).unwrap_err();
+        assert_eq!(e, ChainError::TooFewServers { replicas: 3, servers: 2 });
+        assert!(e.to_string().contains("lower replicas to at most 2"), "{e}");
+        let hosts: Vec<String> = ["a", "a", "b"].iter().map(|s| s.to_string()).collect();
+        let e = build(&[0, 1, 2], &hosts, 3).unwrap_err();
+        assert_eq!(e, ChainError::TooFewHosts { replicas: 3, hosts: 2, names: "a, b".into() });
+        assert!(e.to_string().contains("add hosts"), "{e}");
+        assert!(matches!(build(&[0, 1], &["a".to_string()], 1), Err(ChainError::HostCount { .. })));
+        let many: Vec<u32> = (0..20).collect();
+        assert!(matches!(build(&many, &[], 9), Err(ChainError::TooManyReplicas { .. })));
+    }
+
+    #[test]
+    fn a_changed_row_gets_a_new_version_and_an_equal_one_keeps_its_own() {
+        let mut stored = build(&[0, 1, 2], &[], 1).unwrap();
+        stored[1].version = 7;
+        stored[1].replicas[0].state = ReplicaState::Syncing;
+        stored[2].version = 4;
+        // Two io servers now, with two replicas each.
+        let kept = reconcile(&stored, build(&[0, 1, 2], &[], 1).unwrap());
+        assert_eq!(kept, stored);
+        let changed = reconcile(&stored, build(&[0, 1], &[], 2).unwrap());
+        assert_eq!(ids(&changed), vec![vec![0, 1], vec![1, 0]]);
+        assert_eq!(changed.iter().map(|c| c.version).collect::<Vec<_>>(), vec![2, 8]);
+    }
+
+    #[test]
+    fn stored_rows_round_trip_and_damage_reads_as_none() {
+        let c = build(&[4, 5], &[], 2).unwrap();
+        for chain in &c {
+            assert_eq!(decode(chain.id, &encode(chain)).as_ref(), Some(chain));
+        }
+        let b = encode(&c[0]);
+        for n in 0..b.len() {
+            assert_eq!(decode(0, &b[..n]), None, "prefix of {n} bytes");
+        }
+        let mut longer = b.clone();
+        longer.push(0);
+        assert_eq!(decode(0, &longer), None, "trailing bytes");
+        let mut other = b.clone();
+        other[0] = 2;
+        assert_eq!(decode(0, &other), None, "unknown format");
+        let mut twice = b.clone();
+        twice.copy_within(10..14, 15);
+        assert_eq!(decode(0, &twice), None, "a server twice");
+        let mut bad_state = b;
+        bad_state[14] = 9;
+        assert_eq!(decode(0, &bad_state), None, "unknown state");
+    }
+}
