@@ -876,3 +876,54 @@ fn connections_of_one_runtime_upgrade_side_by_side() {
         get_and_check(&a, 1 << 20, true, FLAG_VERIFY, 92);
     }
 }
+
+/// Many threads make blocking round trips on one client runtime at once,
+/// each reply matched to its own call, with the loop spinning while a
+/// reply is due (`RuntimeOptions::reply_spin`: at its largest, so that
+/// most replies arrive while it spins, and off, the sleeping path), while
+/// calls that outlast the spin (a server-side sleep) and an unbounded call
+/// that is never answered during the test are pending on the same
+/// connection.
+#[test]
+fn concurrent_round_trips_match_their_replies_with_and_without_the_reply_spin() {
+    for (tls, reply_spin) in
+        [(Tls::Shm, Duration::from_millis(10)), (Tls::Shm, Duration::ZERO), (Tls::Tcp, Duration::from_millis(10))]
+    {
+        let server = spawn_server(tls, &[]);
+        let rt = client_runtime_with(tls, |o| o.reply_spin = reply_spin);
+        let c = Client::connect(&rt, server.addr).unwrap();
+        // Unbounded, and answered only after the test ends (the server
+        // sleeps 60 s): it must not keep the others from being answered.
+        let mut req = vec![testsvc::OP_SLEEP];
+        req.extend_from_slice(&60_000u32.to_le_bytes());
+        let _unbounded = c.call_async_unbounded(req);
+        std::thread::scope(|s| {
+            for t in 0..8u32 {
+                let c = &c;
+                s.spawn(move || {
+                    for i in 0..100u32 {
+                        if i % 25 == 7 {
+                            // Longer than no spin, shorter than the deadline.
+                            let mut req = vec![testsvc::OP_SLEEP];
+                            req.extend_from_slice(&20u32.to_le_bytes());
+                            testsvc::parse_reply(&c.call(req).unwrap()).unwrap();
+                            continue;
+                        }
+                        let mut req = vec![testsvc::OP_ECHO];
+                        let body: Vec<u8> = format!("thread {t} call {i} ").repeat(1 + (i as usize % 5)).into_bytes();
+                        req.extend_from_slice(&body);
+                        let r =
+                            c.call(req).unwrap_or_else(|e| panic!("{tls:?} {reply_spin:?} thread {t} call {i}: {e}"));
+                        assert_eq!(
+                            testsvc::parse_reply(&r).unwrap(),
+                            &body[..],
+                            "{tls:?} {reply_spin:?}: thread {t} call {i} got another call's reply"
+                        );
+                    }
+                });
+            }
+        });
+        let st = rt.stats().snapshot();
+        assert_eq!(st.call_timeouts, 0, "{tls:?} {reply_spin:?}: {st:?}");
+    }
+}
