@@ -340,18 +340,6 @@ impl ClientSide {
         Self::pump(l, &conn);
     }
 
-    /// Whether a bounded call of this runtime waits for its reply (the
-    /// loop keeps progressing for `RuntimeOptions::reply_spin` then).
-    /// Unbounded calls (`Client::call_async_unbounded`: watches, blocking
-    /// locks) do not count: they may wait for minutes.
-    pub(crate) fn reply_due(l: &Local) -> bool {
-        l.client
-            .conns
-            .borrow()
-            .values()
-            .any(|c| c.state.get() == State::Ready && c.pending.borrow().values().any(|p| p.deadline.is_some()))
-    }
-
     /// Sends queued requests while credits last.
     fn pump(l: &Rc<Local>, conn: &Rc<ClientConn>) {
         if conn.state.get() != State::Ready {

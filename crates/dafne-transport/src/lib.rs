@@ -51,8 +51,8 @@ pub use error::TransportError;
 /// it in its own types (`Client::call_on_loop` takes it).
 pub use runtime::Local as LoopLocal;
 pub use runtime::{
-    default_spin, fail_fast_on_panic, parse_ucx_overrides, reply_spin_from_env, spin_from_env, tls_has_shared_memory,
-    with_shm_fifo, DataPath, Runtime, RuntimeOptions, DEFAULT_REPLY_SPIN,
+    default_spin, fail_fast_on_panic, parse_ucx_overrides, spin_from_env, tls_has_shared_memory, with_shm_fifo,
+    DataPath, Runtime, RuntimeOptions,
 };
 pub use server::{ConnHandle, Request, RmaSeg, Service};
 pub use stats::{TransportStats, TransportStatsSnapshot};

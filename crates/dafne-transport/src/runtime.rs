@@ -11,16 +11,6 @@
 //! The transport benchmark reports both settings. On a machine with few
 //! cores and many dafne processes the spins take the cores the other
 //! processes need, so there the default is no spin ([`default_spin`]).
-//!
-//! # Spinning while a reply is due
-//! A client's loop that sleeps as soon as it sent a request pays a second
-//! wake-up when the reply comes (the server's loop pays the first). So a
-//! loop also keeps progressing for `reply_spin` after activity while one
-//! of its clients' bounded calls waits for its reply, whatever `spin` is:
-//! only the process that waits spins, and only while it waits, not every
-//! loop of a cluster after every request (what made `spin` lose on 2
-//! cores). Unbounded calls (watches, blocking locks) do not count. A reply
-//! later than `reply_spin` is waited for asleep, as before.
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -178,15 +168,6 @@ pub struct RuntimeOptions {
     /// [`default_spin`], or `DAFNE_SPIN_US` microseconds: see
     /// [`spin_from_env`]).
     pub spin: Duration,
-    /// Keep progressing this long after activity while a bounded call of
-    /// this runtime's clients waits for its reply, even when `spin` is 0
-    /// (default [`DEFAULT_REPLY_SPIN`], or `DAFNE_REPLY_SPIN_US`
-    /// microseconds: see [`reply_spin_from_env`]). Why: a loop that sleeps
-    /// with a reply due pays a wake-up when the reply arrives; only the
-    /// process that waits spins, and only while it waits, so a client's
-    /// round trip costs one sleeping loop (the server's) instead of two
-    /// (module docs, "Spinning while a reply is due").
-    pub reply_spin: Duration,
     /// Largest request payload a server accepts / a client sends (1 MiB:
     /// requests carry segment lists and inline small writes, not bulk data).
     pub max_request: usize,
@@ -276,34 +257,12 @@ pub fn spin_from_env() -> Duration {
     }
 }
 
-/// How long a loop keeps progressing while a reply is due
-/// ([`RuntimeOptions::reply_spin`]).
-pub const DEFAULT_REPLY_SPIN: Duration = Duration::from_micros(200);
-
-/// `DAFNE_REPLY_SPIN_US` (microseconds, at most 10 000; 0 turns it off)
-/// if set and valid, else [`DEFAULT_REPLY_SPIN`].
-pub fn reply_spin_from_env() -> Duration {
-    match std::env::var("DAFNE_REPLY_SPIN_US") {
-        Err(_) => DEFAULT_REPLY_SPIN,
-        Ok(v) => match v.trim().parse::<u64>() {
-            Ok(us) if us <= 10_000 => Duration::from_micros(us),
-            _ => {
-                tracing::warn!(
-                    "DAFNE_REPLY_SPIN_US={v:?} is not a number of microseconds up to 10000: using {DEFAULT_REPLY_SPIN:?}"
-                );
-                DEFAULT_REPLY_SPIN
-            }
-        },
-    }
-}
-
 impl Default for RuntimeOptions {
     fn default() -> Self {
         RuntimeOptions {
             name: "dafne".into(),
             ucx_config: Vec::new(),
             spin: spin_from_env(),
-            reply_spin: reply_spin_from_env(),
             max_request: 1 << 20,
             max_reply: 16 << 20,
             credits: 64,
@@ -835,12 +794,6 @@ fn run_loop(
             continue;
         }
         if now.duration_since(last_activity) < shared.opts.spin {
-            continue;
-        }
-        if now.duration_since(last_activity) < shared.opts.reply_spin && ClientSide::reply_due(&local) {
-            // The server that owes the reply may be waiting for this very
-            // core (2 cores, other work on the second): let it run first.
-            std::thread::yield_now();
             continue;
         }
         // Going to sleep: announce it, then re-check every source of work
