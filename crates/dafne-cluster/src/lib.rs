@@ -51,10 +51,10 @@
 //! for SIGTERM at the supervisor's death.
 //!
 //! The descriptor gate (`dafne_ucx::acceptgate`: a reserve of descriptors
-//! a flood on a server's listener cannot take) is not something this
-//! library, or any library, can install: it works by the *executable*
-//! defining the C symbol `accept`, so that the dynamic linker binds
-//! libucs's `accept` calls to it, and a Rust library cannot add a link
+//! a flood on a server's listener cannot take) is not installed by this
+//! library: it works by the *executable* defining the C symbol `accept`
+//! (a `--defsym` link argument), so that the dynamic linker binds libucs's
+//! `accept` calls to it, and a library's build script cannot add a link
 //! argument to the executables that use it (Cargo passes a build script's
 //! `rustc-link-arg*` to its own package's targets only). The `dafne`
 //! executable does it in `crates/dafne/build.rs`; a deployment's own server
@@ -132,6 +132,17 @@ pub enum Error {
     /// others (the `error:` line it printed says which and why).
     #[error("the cluster did not start")]
     DidNotStart { server: String },
+    /// A supervisor whose servers stop with it
+    /// ([`Plan::stop_with_supervisor`]) was asked to start one from a
+    /// thread other than the process's main thread: the kernel signals a
+    /// server when the *thread* that started it ends, so such a server
+    /// would be stopped when that thread ends, not with the supervisor.
+    #[error(
+        "a supervisor whose servers stop with it (stop_with_supervisor) starts them from the process's main \
+         thread only: the kernel stops a server when the thread that started it ends (call start_all and \
+         supervise from main, or set stop_with_supervisor to false)"
+    )]
+    NotMainThread,
     /// [`server_entry`]: the supervisor that was to stop this server with
     /// it died before the server could ask for that.
     #[error("the supervisor (pid {pid}) that started this server is gone")]

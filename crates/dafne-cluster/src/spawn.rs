@@ -43,12 +43,24 @@ pub(crate) fn server_exe() -> Result<PathBuf, Error> {
     Ok(EXE.get_or_init(|| p).clone())
 }
 
+/// Whether the calling thread is the process's main thread (its thread id
+/// is the process id), whose end is the process's: the one thread from
+/// which a server told to stop with its supervisor (`PR_SET_PDEATHSIG`,
+/// [`server_entry`]) may be started, as the kernel signals the server when
+/// the thread that forked it ends. True when /proc cannot tell.
+pub(crate) fn on_main_thread() -> bool {
+    let Ok(link) = std::fs::read_link("/proc/thread-self") else { return true };
+    // `PID/task/TID`.
+    link.to_str().and_then(|l| l.split_once("/task/")).is_none_or(|(pid, tid)| pid == tid)
+}
+
 /// What a server process started by a supervisor calls first (`dafne
 /// serve` does): when started by a supervisor that stops its servers with
 /// it ([`crate::Plan::stop_with_supervisor`]), asks the kernel for SIGTERM
-/// at the supervisor's death (`PR_SET_PDEATHSIG`; servers are spawned from
-/// the supervisor's main thread, whose end is the process's), and fails at
-/// once if it died already. Otherwise it does nothing.
+/// at the supervisor's death (`PR_SET_PDEATHSIG`; such a supervisor spawns
+/// servers from its main thread only, whose end is the process's:
+/// [`crate::Error::NotMainThread`]), and fails at once if it died already.
+/// Otherwise it does nothing.
 pub fn server_entry() -> Result<(), Error> {
     let Ok(pid) = std::env::var(SUPERVISOR_ENV) else { return Ok(()) };
     // Not for the server's own children (called first, before it starts
@@ -68,6 +80,9 @@ pub fn server_entry() -> Result<(), Error> {
 /// to `log` (stdout's banner lines are read here first). With
 /// `stop_with_me`, the server is told to stop when this process dies.
 pub(crate) fn spawn_server(args: &[String], log: &Path, stop_with_me: bool) -> Result<Spawned, Error> {
+    if stop_with_me && !on_main_thread() {
+        return Err(Error::NotMainThread);
+    }
     let exe = server_exe()?;
     let logf = std::fs::OpenOptions::new()
         .create(true)

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::procs::start_time;
 use crate::reclaim::{ReclaimTarget, Reclaimer};
-use crate::spawn::{server_exe, spawn_server, tail, Spawned};
+use crate::spawn::{on_main_thread, server_exe, spawn_server, tail, Spawned};
 use crate::states::{save_states, ServerState};
 use crate::{logs_dir, mounts, progress, Chain, Error};
 
@@ -71,7 +71,10 @@ pub struct Plan {
     /// SIGKILL the rest), and the next supervisor would refuse to start
     /// beside them. The background supervisor's servers outlive it, as
     /// `dafne down` expects. The servers must call
-    /// [`crate::server_entry`] first.
+    /// [`crate::server_entry`] first, and the supervisor must start them
+    /// ([`Supervisor::start_all`], [`Supervisor::supervise`]) from the
+    /// process's main thread: the kernel stops a server when the thread
+    /// that started it ends ([`Error::NotMainThread`]).
     pub stop_with_supervisor: bool,
 }
 
@@ -155,8 +158,14 @@ impl Supervisor {
     /// Starts the servers in order, each once the one before listens (a
     /// `progress:` line each), until the stop flag; then records them in
     /// `servers.json`. When one does not start, says so (an `error:` line),
-    /// stops the others and fails.
+    /// stops the others and fails. With [`Plan::stop_with_supervisor`], it
+    /// and [`Supervisor::supervise`] (whose restarts start servers too)
+    /// must be called from the process's main thread
+    /// ([`Error::NotMainThread`]).
     pub fn start_all(&mut self) -> Result<(), Error> {
+        if self.stop_with_me && !on_main_thread() {
+            return Err(Error::NotMainThread);
+        }
         for k in 0..self.servers.len() {
             if self.stopping() {
                 break;
@@ -399,6 +408,71 @@ mod tests {
             println!("listening on 127.0.0.1:9");
             std::process::exit(3);
         }
+    }
+
+    /// A server that listens, then runs until it is stopped; stopped with
+    /// its supervisor when that was asked for.
+    #[test]
+    fn stand_in_listens() {
+        if std::env::var_os(CHILD).is_some() {
+            crate::server_entry().unwrap();
+            println!("listening on 127.0.0.1:9");
+            std::thread::sleep(Duration::from_secs(600));
+        }
+    }
+
+    /// Found by review: a supervisor whose servers stop with it
+    /// (`PR_SET_PDEATHSIG`) started them from whichever thread called it,
+    /// so a program running it on a thread of its own had its servers
+    /// stopped by the kernel as soon as that thread ended, while the
+    /// supervisor ran on. It now refuses, before starting anything. Run
+    /// in a child process (a test never runs on its process's main
+    /// thread; its stand-in server is this binary).
+    #[test]
+    fn a_supervisor_whose_servers_stop_with_it_refuses_to_start_them_off_the_main_thread() {
+        let Some(dir) = std::env::var_os(CHILD) else {
+            let d = tempfile::tempdir().unwrap();
+            let o = std::process::Command::new(std::env::current_exe().unwrap())
+                .args([
+                    "--exact",
+                    "supervisor::tests::a_supervisor_whose_servers_stop_with_it_refuses_to_start_them_off_the_main_thread",
+                    "--nocapture",
+                ])
+                .env(CHILD, d.path())
+                .output()
+                .unwrap();
+            let out = String::from_utf8_lossy(&o.stdout);
+            assert!(o.status.success(), "{out}{}", String::from_utf8_lossy(&o.stderr));
+            return;
+        };
+        let dir = PathBuf::from(dir);
+        std::fs::create_dir_all(logs_dir(&dir)).unwrap();
+        let plan = Plan {
+            dir: dir.clone(),
+            servers: vec![stand_in("io-0", "stand_in_listens")],
+            restart: RestartPolicy { restart: false, max_restarts: 0, window_s: 0 },
+            stop_with_supervisor: true,
+        };
+        let starter = std::thread::spawn(move || {
+            let mut sup = Supervisor::new(plan, Arc::new(AtomicBool::new(false))).unwrap();
+            let r = sup.start_all();
+            (sup, r)
+        });
+        let (mut sup, r) = starter.join().unwrap();
+        let started: Vec<u32> = sup.states().map(|s| s.pid).filter(|&p| p != 0).collect();
+        // Its starting thread is gone: what the kernel did to the server.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while started.iter().any(|&p| crate::procs::pid_alive(p)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let killed = started.iter().filter(|&&p| !crate::procs::pid_alive(p)).count();
+        sup.stop_all();
+        assert!(
+            matches!(r, Err(Error::NotMainThread)),
+            "start_all off the main thread gave {r:?}; servers started: {started:?}, of them stopped by the kernel \
+             when the starting thread ended: {killed}"
+        );
+        assert!(started.is_empty(), "{started:?}");
     }
 
     /// A server that exits before it listens.
