@@ -322,11 +322,11 @@ impl Supervisor {
     pub fn stop_all(&mut self) {
         let dir = self.dir.clone();
         mounts::unmount_all(&dir);
-        // Io servers first: they write back their caches. (The metadata
-        // server, when this host runs it, is first in the list.)
-        let split = usize::from(self.servers.first().is_some_and(|m| m.state.name == "meta"));
-        let (meta, io) = self.servers.split_at_mut(split);
-        for (group, grace) in [(io, IO_STOP_GRACE), (meta, STOP_GRACE)] {
+        // Io servers first: they write back their caches. Meta after them,
+        // wherever the plan lists it.
+        let (meta, io): (Vec<&mut Managed>, Vec<&mut Managed>) =
+            self.servers.iter_mut().partition(|m| m.state.name == "meta");
+        for (mut group, grace) in [(io, IO_STOP_GRACE), (meta, STOP_GRACE)] {
             for m in group.iter_mut() {
                 if let Some(c) = &m.child {
                     progress(format_args!("stopping {}", m.state.name));
@@ -473,6 +473,80 @@ mod tests {
              when the starting thread ended: {killed}"
         );
         assert!(started.is_empty(), "{started:?}");
+    }
+
+    /// An io server that writes back for a while when told to stop, then
+    /// notes its exit in `DIR/order`.
+    #[test]
+    fn stand_in_io_stops_slowly() {
+        if let Some(dir) = std::env::var_os(CHILD) {
+            stand_in_noting_its_stop(&PathBuf::from(dir), "io-0", Duration::from_millis(500));
+        }
+    }
+
+    /// A metadata server that notes in `DIR/order` when it is told to stop.
+    #[test]
+    fn stand_in_meta_notes_its_stop() {
+        if let Some(dir) = std::env::var_os(CHILD) {
+            stand_in_noting_its_stop(&PathBuf::from(dir), "meta", Duration::ZERO);
+        }
+    }
+
+    fn stand_in_noting_its_stop(dir: &Path, name: &str, write_back: Duration) {
+        use std::io::Write as _;
+        let term = Arc::new(AtomicBool::new(false));
+        signal_hook::flag::register(signal_hook::consts::SIGTERM, term.clone()).unwrap();
+        println!("listening on 127.0.0.1:9");
+        while !term.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        std::thread::sleep(write_back);
+        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("order")).unwrap();
+        writeln!(f, "{name}").unwrap();
+        std::process::exit(0);
+    }
+
+    /// Found by review: the stop took meta for the last server only when
+    /// it was the plan's first (as `dafne` plans it), so a plan listing
+    /// meta after the io servers stopped meta alongside them, before
+    /// they had written back their caches, though `ServerSpec` says meta
+    /// is stopped after the others. Run in a child process (its servers
+    /// are this binary).
+    #[test]
+    fn meta_is_stopped_after_the_io_servers_wherever_the_plan_lists_it() {
+        let Some(dir) = std::env::var_os(CHILD) else {
+            let d = tempfile::tempdir().unwrap();
+            let o = std::process::Command::new(std::env::current_exe().unwrap())
+                .args([
+                    "--exact",
+                    "supervisor::tests::meta_is_stopped_after_the_io_servers_wherever_the_plan_lists_it",
+                    "--nocapture",
+                ])
+                .env(CHILD, d.path())
+                .output()
+                .unwrap();
+            let out = String::from_utf8_lossy(&o.stdout);
+            assert!(o.status.success(), "{out}{}", String::from_utf8_lossy(&o.stderr));
+            let order = std::fs::read_to_string(d.path().join("order")).unwrap();
+            assert_eq!(order, "io-0\nmeta\n", "the order the servers stopped in\n{out}");
+            return;
+        };
+        let dir = PathBuf::from(dir);
+        std::fs::create_dir_all(logs_dir(&dir)).unwrap();
+        let plan = Plan {
+            dir: dir.clone(),
+            servers: vec![
+                stand_in("io-0", "stand_in_io_stops_slowly"),
+                stand_in("meta", "stand_in_meta_notes_its_stop"),
+            ],
+            restart: RestartPolicy { restart: false, max_restarts: 0, window_s: 0 },
+            stop_with_supervisor: false,
+        };
+        let mut sup = Supervisor::new(plan, Arc::new(AtomicBool::new(false))).unwrap();
+        sup.start_all().unwrap();
+        sup.stop_all();
+        let states = crate::load_states(&dir);
+        assert!(states.iter().all(|s| s.state == "stopped"), "{states:?}");
     }
 
     /// A server that exits before it listens.
