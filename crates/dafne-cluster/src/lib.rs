@@ -179,6 +179,13 @@ impl std::fmt::Display for Chain<'_> {
 mod tests {
     use super::*;
 
+    /// The module docs: the gate is the executable's, so linking this
+    /// library (as this test binary does) does not bring it along.
+    #[test]
+    fn linking_the_library_does_not_bring_the_accept_gate() {
+        assert!(!accept_gate_in_effect());
+    }
+
     #[test]
     fn an_error_prints_its_step_then_its_causes() {
         let e = Error::io("opening /x/io-0.log")(std::io::Error::from_raw_os_error(2));
