@@ -112,7 +112,7 @@ pub struct ClusterConfig {
     /// Seconds after a file's last unlink before the supervisor removes its
     /// data from the io servers, counted from the unlink; a file still open
     /// somewhere keeps its data until its last close whatever this says
-    /// (the metadata server tracks opens; see `local.rs`).
+    /// (the metadata server tracks opens; see `dafne_cluster::reclaim`).
     pub reclaim_after_s: u32,
     /// Address every server's metrics port (Prometheus text over HTTP,
     /// `GET /metrics`) listens on: loopback unless the network is trusted,
