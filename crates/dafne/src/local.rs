@@ -357,7 +357,15 @@ fn check_ports(c: &Config, host: Option<&str>) -> Result<()> {
 
 pub fn up(a: UpArgs) -> Result<()> {
     let dir = crate::cluster::resolve_dir(a.dir.as_deref())?;
-    std::fs::create_dir_all(logs_dir(&dir)).with_context(|| format!("creating {}", dir.display()))?;
+    if dir.exists() && !dir.is_dir() {
+        bail!(
+            "{} is not a directory: --dir (or $DAFNE_HOME) names the cluster's directory, created if missing; \
+             pass a directory's path",
+            dir.display()
+        );
+    }
+    std::fs::create_dir_all(logs_dir(&dir))
+        .with_context(|| format!("creating {} (pass --dir a directory you may create and write)", dir.display()))?;
     let dir = dir.canonicalize().with_context(|| format!("resolving {}", dir.display()))?;
     if crate::cluster::supervisor_running(&dir) {
         let Ok(info) = ClusterInfo::load(&dir) else {

@@ -249,6 +249,14 @@ fn mistakes_get_clear_messages_and_a_nonzero_exit() {
         assert!(!t.contains("Stack backtrace") && !t.contains("panicked"), "{t}");
     }
 
+    // A file where the cluster's directory should be (review: a bare
+    // "creating F: Not a directory" said nothing of what to pass).
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, b"").unwrap();
+    let o = run(&["up", "--dir", file.to_str().unwrap()]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("is not a directory") && text(&o).contains("pass a directory"), "{}", text(&o));
+
     // A typo in the configuration.
     let cfg = dir.path().join("bad.toml");
     std::fs::write(&cfg, "[cluster]\nio_server = 3\n").unwrap();
