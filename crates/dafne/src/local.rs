@@ -1241,9 +1241,11 @@ fn print_status(r: &StatusReport) {
             .map(|s| {
                 let mut t = format!("{} pid {}", s.state, s.pid);
                 if s.restarts > 0 {
+                    // The window's count is what max_restarts limits.
                     t.push_str(&format!(
-                        ", {} restarts, last exit: {}",
+                        ", {} restarts ({} in the restart window), last exit: {}",
                         s.restarts,
+                        s.restarts_in_window,
                         s.last_exit.as_deref().unwrap_or("?")
                     ));
                 }

@@ -196,6 +196,13 @@ fn max_restarts_counts_within_the_restart_window() {
     // Status still shows every restart.
     let table = text(&run(&["status", "--dir", &c.d()]));
     assert!(table.contains("2 restarts"), "{table}");
+    // And the count max_restarts limits (before, status showed only the
+    // total); 0 or 1 by now, as the window goes.
+    assert!(
+        table.contains("2 restarts (0 in the restart window)")
+            || table.contains("2 restarts (1 in the restart window)"),
+        "{table}"
+    );
     // A crash within the window, over max_restarts: given up. Whether it
     // came within the window is the supervisor's to say (a reset is
     // logged before the exit it precedes is handled), not a guess at how
