@@ -56,8 +56,9 @@ pub struct MetaArgs {
     /// value is refused at start.
     #[arg(long, default_value_t = 1)]
     pub replicas: u32,
-    /// Each io server's host, comma-separated in id order (what the chain
-    /// table keeps replicas apart by); none: one host.
+    /// Each io server's host, comma-separated in id order, one per io
+    /// server (what the chain table keeps replicas apart by); none: one
+    /// host.
     #[arg(long, value_delimiter = ',')]
     pub io_hosts: Vec<String>,
     /// UCX overrides as KEY=VALUE, repeatable.
