@@ -229,11 +229,26 @@ fn proto() {
                     capacity_bytes: 1 << 40,
                     used_bytes: 5,
                 }],
-                chains: vec![dafne_proto::Chain {
-                    id: 0,
-                    version: 1,
-                    replicas: vec![dafne_proto::Replica { server: 0, state: dafne_proto::ReplicaState::Serving }],
-                }],
+                // Two chains of two replicas: mutations reach the id order,
+                // the repeated-server and the state checks.
+                chains: vec![
+                    dafne_proto::Chain {
+                        id: 0,
+                        version: 1,
+                        replicas: vec![
+                            dafne_proto::Replica { server: 0, state: dafne_proto::ReplicaState::Serving },
+                            dafne_proto::Replica { server: 1, state: dafne_proto::ReplicaState::Syncing },
+                        ],
+                    },
+                    dafne_proto::Chain {
+                        id: 1,
+                        version: 7,
+                        replicas: vec![
+                            dafne_proto::Replica { server: 1, state: dafne_proto::ReplicaState::Serving },
+                            dafne_proto::Replica { server: 0, state: dafne_proto::ReplicaState::Offline },
+                        ],
+                    },
+                ],
             }),
         ),
         // Groups and the exactly-once session sequence, both extensions.

@@ -102,18 +102,23 @@ pub fn build(servers: &[u32], hosts: &[String], replicas: u32) -> Result<Vec<Cha
     Ok(chains)
 }
 
-/// The chain table to keep, given the one stored and the one the
-/// configuration builds: a stored row equal in servers to the built one
-/// is kept as it is (its version and states); a row that differs takes
-/// the built servers with its version bumped past the stored one; rows
+/// The chain table to keep, given the one stored, the one the
+/// configuration builds and `highest`, the highest version any row of
+/// the table has ever had (rows that went included): a stored row equal
+/// in servers to the built one is kept as it is (its version and
+/// states); a row that differs takes the built servers with its version
+/// bumped past the stored one; a row not stored (new, or back after its
+/// io server left the configuration) gets `highest + 1`, so that a
+/// chain's version never goes back and never names two rows; rows
 /// beyond the built ones go.
-pub fn reconcile(stored: &[Chain], built: Vec<Chain>) -> Vec<Chain> {
+pub fn reconcile(stored: &[Chain], built: Vec<Chain>, highest: u64) -> Vec<Chain> {
+    let highest = stored.iter().map(|s| s.version).fold(highest, u64::max);
     built
         .into_iter()
         .map(|b| match stored.iter().find(|s| s.id == b.id) {
             Some(s) if servers(s) == servers(&b) => s.clone(),
             Some(s) => Chain { version: s.version + 1, ..b },
-            None => b,
+            None => Chain { version: highest + 1, ..b },
         })
         .collect()
 }
@@ -224,11 +229,19 @@ mod tests {
         stored[1].replicas[0].state = ReplicaState::Syncing;
         stored[2].version = 4;
         // Two io servers now, with two replicas each.
-        let kept = reconcile(&stored, build(&[0, 1, 2], &[], 1).unwrap());
+        let kept = reconcile(&stored, build(&[0, 1, 2], &[], 1).unwrap(), 0);
         assert_eq!(kept, stored);
-        let changed = reconcile(&stored, build(&[0, 1], &[], 2).unwrap());
+        let changed = reconcile(&stored, build(&[0, 1], &[], 2).unwrap(), 0);
         assert_eq!(ids(&changed), vec![vec![0, 1], vec![1, 0]]);
         assert_eq!(changed.iter().map(|c| c.version).collect::<Vec<_>>(), vec![2, 8]);
+        // A fresh table starts at version 1; a row new to the table (its
+        // io server back) starts above every version the table has had,
+        // stored rows' and gone rows' (`highest`).
+        assert!(reconcile(&[], build(&[0, 1], &[], 1).unwrap(), 0).iter().all(|c| c.version == 1));
+        let back = reconcile(&changed, build(&[0, 1, 2], &[], 1).unwrap(), 0);
+        assert_eq!(back.iter().map(|c| c.version).collect::<Vec<_>>(), vec![3, 9, 9]);
+        let back = reconcile(&changed, build(&[0, 1, 2], &[], 1).unwrap(), 20);
+        assert_eq!(back[2].version, 21);
     }
 
     #[test]

@@ -56,8 +56,9 @@ pub struct MetaArgs {
     /// value is refused at start.
     #[arg(long, default_value_t = 1)]
     pub replicas: u32,
-    /// Each io server's host, comma-separated in id order (what the chain
-    /// table keeps replicas apart by); none: one host.
+    /// Each io server's host, comma-separated in id order, one per io
+    /// server (what the chain table keeps replicas apart by); none: one
+    /// host.
     #[arg(long, value_delimiter = ',')]
     pub io_hosts: Vec<String>,
     /// UCX overrides as KEY=VALUE, repeatable.
@@ -89,6 +90,7 @@ impl MetaArgs {
     }
 
     pub fn to_options(&self) -> Result<ServeOptions> {
+        self.check_io_hosts()?;
         Ok(ServeOptions {
             data_dir: self.data_dir.clone(),
             listen: self.listen,
@@ -103,6 +105,34 @@ impl MetaArgs {
             ucx: dafne_transport::parse_ucx_overrides(&self.ucx).map_err(anyhow::Error::msg)?,
             open_grace: Duration::from_secs(self.open_grace_s),
         })
+    }
+}
+
+impl MetaArgs {
+    /// `--io-hosts`, if given, names one host per io server, each a host
+    /// name as the membership table takes it (`dafne_proto::check_host_name`)
+    /// and not empty: a stray comma would otherwise make a host named "",
+    /// which the chain table would keep replicas apart from.
+    fn check_io_hosts(&self) -> Result<()> {
+        if self.io_hosts.is_empty() {
+            return Ok(());
+        }
+        if self.io_hosts.len() != self.io_servers as usize {
+            anyhow::bail!(
+                "--io-hosts names {} hosts for --io-servers {}: give one host per io server, in id order, or leave \
+                 --io-hosts out (one host)",
+                self.io_hosts.len(),
+                self.io_servers
+            );
+        }
+        for (i, h) in self.io_hosts.iter().enumerate() {
+            if h.is_empty() {
+                anyhow::bail!("--io-hosts: io server {i}'s host name is empty (a stray comma?): name every host");
+            }
+            dafne_proto::check_host_name(h)
+                .map_err(|why| anyhow::anyhow!("--io-hosts: io server {i}'s host name {h:?}: {why}"))?;
+        }
+        Ok(())
     }
 }
 
@@ -277,5 +307,24 @@ mod tests {
         assert!(e.contains("replication of writes is not built yet"), "{e}");
         let e = check_replicas(&parse(&["--replicas", "3", "--io-hosts", "a,b,b"])).unwrap_err();
         assert!(e.contains("2 distinct hosts"), "{e}");
+    }
+
+    #[test]
+    fn bad_io_hosts_are_refused_naming_the_flag() {
+        let options = |extra: &[&str]| {
+            let mut args = vec!["meta", "--data-dir", "d", "--io-servers", "3"];
+            args.extend_from_slice(extra);
+            Cli::try_parse_from(args).unwrap().meta.to_options().map(|o| o.policy.hosts)
+        };
+        assert_eq!(options(&["--io-hosts", "a,b,b"]).unwrap(), vec!["a", "b", "b"]);
+        // Empty names (a stray comma) would be one host named "", and a
+        // name with a space or '|' is one `dafne status` cannot print.
+        for (hosts, why) in [(",,", "empty"), ("a,,b", "empty"), ("a b,c,d", "0x20"), ("a,c|d,e", "0x7c")] {
+            let e = format!("{:#}", options(&["--io-hosts", hosts]).unwrap_err());
+            assert!(e.contains("--io-hosts") && e.contains(why), "{hosts}: {e}");
+        }
+        let e = format!("{:#}", options(&["--io-hosts", "a,b"]).unwrap_err());
+        assert!(e.contains("--io-hosts names 2 hosts for --io-servers 3"), "{e}");
+        assert!(e.contains("one host per io server"), "{e}");
     }
 }

@@ -15,7 +15,7 @@
 //! | `inodes` | ino `u64` | encoded [`Inode`] (attributes, dir parent and entry sequence, file layout, symlink target, device number) |
 //! | `dirents` | (parent `u64`, name bytes) | (ino `u64`, seq `u64`) |
 //! | `dirseq` | (parent `u64`, seq `u64`) | name bytes |
-//! | `counters` | `"next_ino"`, `"next_object"` | `u64` |
+//! | `counters` | `"next_ino"`, `"next_object"`, `"chain_version"` (the highest version any chain row has had) | `u64` |
 //! | `orphans_v2` | object id `u64` | encoded orphan: objects whose file is gone, for the reclaimer |
 //! | `orphans` | object id `u64` | ino `u64` — the first orphan table, emptied into `orphans_v2` on open |
 //! | `revoked_credentials` | credential name | when it was revoked, unix seconds `u64` (`RevokeCredential`) |
@@ -57,7 +57,10 @@
 //! docs/REPLICATION.md). Each open builds the table the layout policy's io
 //! servers, hosts and replication factor make and reconciles the stored
 //! one with it (`crate::chains::reconcile`: an unchanged row keeps its
-//! version, a changed one gets a higher version, extra rows go). A store
+//! version, a changed one gets a higher version, extra rows go, and a row
+//! new to the table starts above the highest version any row has had,
+//! which `counters` keeps as `chain_version`, so a chain whose io server
+//! left and came back never reuses a version). A store
 //! made before the table opens unchanged: its table is created. Layouts
 //! are not stored by chain: an inode's layout names the io servers (the
 //! heads of the chains [`LayoutPolicy`] chose), in the same format as
@@ -186,6 +189,9 @@ const XATTRS: TableDefinition<(u64, &[u8]), &[u8]> = TableDefinition::new("xattr
 const REPLIES: TableDefinition<(u64, u64), &[u8]> = TableDefinition::new("replies");
 const REPLIES_BY_TIME: TableDefinition<(u64, u64, u64), ()> = TableDefinition::new("replies_by_time");
 const CHAINS: TableDefinition<u32, &[u8]> = TableDefinition::new("chains");
+/// The `counters` key of the highest version any chain row has had
+/// (module docs, "Chains").
+const CHAIN_VERSION_KEY: &str = "chain_version";
 
 /// How long a cached answer is kept (module docs, "Exactly-once replay cache").
 pub const REPLY_TTL: std::time::Duration = std::time::Duration::from_secs(600);
@@ -746,7 +752,11 @@ impl RedbStore {
                 let id = k.value();
                 stored.push(crate::chains::decode(id, v.value()).ok_or(StoreError::CorruptChain { id })?);
             }
-            chains = crate::chains::reconcile(&stored, built);
+            // The highest version any row has had, gone rows' included:
+            // a row that comes back starts above it.
+            let mut counters = txn.open_table(COUNTERS)?;
+            let highest = counters.get(CHAIN_VERSION_KEY)?.map_or(0, |v| v.value());
+            chains = crate::chains::reconcile(&stored, built, highest);
             for c in &chains {
                 if !stored.contains(c) {
                     table.insert(c.id, crate::chains::encode(c).as_slice())?;
@@ -754,6 +764,10 @@ impl RedbStore {
             }
             for s in stored.iter().filter(|s| !chains.iter().any(|c| c.id == s.id)) {
                 table.remove(s.id)?;
+            }
+            let now = stored.iter().chain(&chains).map(|c| c.version).fold(highest, u64::max);
+            if now != highest {
+                counters.insert(CHAIN_VERSION_KEY, now)?;
             }
         }
         {
@@ -3154,6 +3168,7 @@ mod tests {
             let db = Database::create(&path).unwrap();
             let txn = db.begin_write().unwrap();
             assert!(txn.delete_table(CHAINS).unwrap());
+            assert!(txn.open_table(COUNTERS).unwrap().remove(CHAIN_VERSION_KEY).unwrap().is_some());
             txn.commit().unwrap();
         }
         let s = RedbStore::open(&path, policy.clone()).unwrap();
@@ -3207,5 +3222,38 @@ mod tests {
         let e = RedbStore::open(&path, LayoutPolicy { servers: vec![0], replicas: 2, ..LayoutPolicy::default() })
             .unwrap_err();
         assert!(e.to_string().contains("replicas = 2 but the cluster has 1 io servers"), "{e}");
+    }
+
+    #[test]
+    fn a_chains_version_never_goes_back_when_its_io_server_leaves_and_comes_back() {
+        // Io server 2 leaves (io_servers 3 -> 2) and comes back: its chain's
+        // row goes and returns. A version must name one row of a chain for
+        // good (docs/REPLICATION.md: requests carry the chain's version),
+        // so the returning row's version is above any the chain had.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("meta.redb");
+        let policy =
+            |n: u32, replicas: u32| LayoutPolicy { servers: (0..n).collect(), replicas, ..LayoutPolicy::default() };
+        let mut seen: std::collections::HashMap<(u32, u64), Vec<u32>> = Default::default();
+        let mut last: std::collections::HashMap<u32, u64> = Default::default();
+        for (n, r) in [(3, 1), (3, 2), (2, 1), (3, 2), (2, 2), (3, 1)] {
+            let s = RedbStore::open(&path, policy(n, r)).unwrap();
+            for c in s.chains() {
+                let servers: Vec<u32> = c.replicas.iter().map(|x| x.server).collect();
+                let named = seen.entry((c.id, c.version)).or_insert_with(|| servers.clone());
+                assert_eq!(
+                    *named, servers,
+                    "chain {} version {} names two rows (open of {n} servers, R {r})",
+                    c.id, c.version
+                );
+                let prev = last.insert(c.id, c.version).unwrap_or(0);
+                assert!(
+                    c.version >= prev,
+                    "chain {} went from version {prev} to {} (open of {n} servers, R {r})",
+                    c.id,
+                    c.version
+                );
+            }
+        }
     }
 }
