@@ -8,6 +8,7 @@ bash scripts/install-deps.sh
 export CARGO_TERM_COLOR=never
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
+cargo fmt --manifest-path fuzz/Cargo.toml -- --check
 echo "== cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 echo "== fuzz targets: compiled for cargo-fuzz (nightly), and run here on stable by a mutation sweep (DAFNE_FUZZ_SECONDS per target)"

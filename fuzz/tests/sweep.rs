@@ -9,7 +9,10 @@
 use std::time::{Duration, Instant};
 
 use dafne_proto::io::{AllocateMode, IoExtent, IoRequest, KeysFollow, Stability, StripeSlots};
-use dafne_proto::{encode_io_request, encode_reply, encode_request, CacheAdvice, CachePolicy, Capability, Envelope, Op, Request, Response};
+use dafne_proto::{
+    encode_io_request, encode_reply, encode_request, CacheAdvice, CachePolicy, Capability, Envelope, Op, Request,
+    Response,
+};
 
 /// xorshift64*: a fixed seed per target, so a failure reproduces.
 struct Rng(u64);
@@ -133,7 +136,13 @@ fn io() {
     let seeds = vec![
         encode_io_request(
             env(),
-            &IoRequest::Read { cap: cap(), keys: vec![vec![0xda; 40]], extents: vec![extent], inline_reply: false, keys_follow: None },
+            &IoRequest::Read {
+                cap: cap(),
+                keys: vec![vec![0xda; 40]],
+                extents: vec![extent],
+                inline_reply: false,
+                keys_follow: None,
+            },
         ),
         encode_io_request(
             env(),

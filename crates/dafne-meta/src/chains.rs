@@ -36,7 +36,8 @@ pub enum ChainError {
     TooFewServers { replicas: u32, servers: usize },
     #[error(
         "replicas = {replicas} but the io servers sit on {hosts} distinct hosts ({names}): the replicas of a chain \
-         must be on distinct hosts; lower replicas to at most {hosts}, or add hosts with io servers to [[hosts]]"
+         must be on distinct hosts; lower replicas to at most {hosts}, or add hosts with io servers ([[hosts]] in \
+         the configuration, --io-hosts on meta's command line)"
     )]
     TooFewHosts { replicas: u32, hosts: usize, names: String },
     #[error("{hosts} host names given for {servers} io servers: give one host per io server, or none")]
