@@ -612,6 +612,7 @@ fn write_json(path: &std::path::Path, body: &str) -> Result<()> {
 }
 
 fn main() -> std::process::ExitCode {
+    quiet_on_a_closed_pipe();
     match run() {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
@@ -621,6 +622,26 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// `dafne status | head`: Rust ignores SIGPIPE, so a `println!` to a
+/// reader that went away panics ("failed printing to stdout"). That is
+/// no error of the command's: it ends quietly, as a C program killed by
+/// SIGPIPE would (status 141). Every other panic reports as before.
+fn quiet_on_a_closed_pipe() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if msg.starts_with("failed printing to stdout") && msg.contains("Broken pipe") {
+            std::process::exit(141);
+        }
+        report(info)
+    }));
 }
 
 fn run() -> Result<()> {

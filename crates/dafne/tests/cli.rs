@@ -951,3 +951,18 @@ fn an_io_base_port_of_0_or_one_that_overflows_is_refused() {
     assert!(!t.contains("panicked"), "{t}");
     assert!(!dir.path().join("cluster.json").exists(), "{t}");
 }
+
+/// Found by review: `dafne status | head` panicked ("failed printing to
+/// stdout: Broken pipe") once `head` had its lines. A reader that goes
+/// away ends the command quietly, with SIGPIPE's status 141, as a C
+/// program's. The pipe's reader is closed before the command starts, so
+/// its first line meets it.
+#[test]
+fn a_reader_that_goes_away_ends_output_quietly() {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let o = dafne().arg("config").stdout(writer).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(o.status.code(), Some(141), "{err}");
+}
