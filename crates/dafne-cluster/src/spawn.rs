@@ -60,7 +60,9 @@ pub(crate) fn on_main_thread() -> bool {
 /// at the supervisor's death (`PR_SET_PDEATHSIG`; such a supervisor spawns
 /// servers from its main thread only, whose end is the process's:
 /// [`crate::Error::NotMainThread`]), and fails at once if it died already.
-/// Otherwise it does nothing.
+/// Otherwise it does nothing. Call it before the process starts any
+/// thread: it removes the supervisor's marker from the environment
+/// (`std::env::remove_var`, sound only while one thread runs).
 pub fn server_entry() -> Result<(), Error> {
     let Ok(pid) = std::env::var(SUPERVISOR_ENV) else { return Ok(()) };
     // Not for the server's own children (called first, before it starts

@@ -101,7 +101,9 @@ struct Managed {
 /// [`Supervisor::start_all`], then what it publishes (`dafne` writes
 /// `cluster.json` from [`Supervisor::states`]), optionally
 /// [`Supervisor::start_reclaimer`], then [`Supervisor::supervise`] until
-/// the stop flag, then [`Supervisor::stop_all`].
+/// the stop flag, then [`Supervisor::stop_all`]. Dropping it without
+/// `stop_all` stops nothing: its servers run on (those of a plan with
+/// [`crate::Plan::stop_with_supervisor`] until the process ends).
 pub struct Supervisor {
     dir: PathBuf,
     servers: Vec<Managed>,
