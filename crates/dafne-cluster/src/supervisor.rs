@@ -389,6 +389,22 @@ mod tests {
     /// stand-in servers it starts (they inherit it).
     const CHILD: &str = "DAFNE_CLUSTER_SUPERVISOR_CHILD";
 
+    /// Runs test `name` of this binary again in a child process (with
+    /// [`CHILD`] set to a scratch directory) and checks that it passed:
+    /// for tests that must run on a process's main thread. The directory
+    /// and the child's stdout.
+    fn in_a_child(name: &str) -> (tempfile::TempDir, String) {
+        let d = tempfile::tempdir().unwrap();
+        let o = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", &format!("supervisor::tests::{name}"), "--nocapture"])
+            .env(CHILD, d.path())
+            .output()
+            .unwrap();
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        assert!(o.status.success(), "{out}{}", String::from_utf8_lossy(&o.stderr));
+        (d, out)
+    }
+
     /// This test binary as the supervisor's servers (its executable), each
     /// running one of the stand-ins below: servers of any kind would do,
     /// and this crate has no server executable of its own (the real
@@ -433,18 +449,7 @@ mod tests {
     #[test]
     fn a_supervisor_whose_servers_stop_with_it_refuses_to_start_them_off_the_main_thread() {
         let Some(dir) = std::env::var_os(CHILD) else {
-            let d = tempfile::tempdir().unwrap();
-            let o = std::process::Command::new(std::env::current_exe().unwrap())
-                .args([
-                    "--exact",
-                    "supervisor::tests::a_supervisor_whose_servers_stop_with_it_refuses_to_start_them_off_the_main_thread",
-                    "--nocapture",
-                ])
-                .env(CHILD, d.path())
-                .output()
-                .unwrap();
-            let out = String::from_utf8_lossy(&o.stdout);
-            assert!(o.status.success(), "{out}{}", String::from_utf8_lossy(&o.stderr));
+            in_a_child("a_supervisor_whose_servers_stop_with_it_refuses_to_start_them_off_the_main_thread");
             return;
         };
         let dir = PathBuf::from(dir);
@@ -517,18 +522,7 @@ mod tests {
     #[test]
     fn meta_is_stopped_after_the_io_servers_wherever_the_plan_lists_it() {
         let Some(dir) = std::env::var_os(CHILD) else {
-            let d = tempfile::tempdir().unwrap();
-            let o = std::process::Command::new(std::env::current_exe().unwrap())
-                .args([
-                    "--exact",
-                    "supervisor::tests::meta_is_stopped_after_the_io_servers_wherever_the_plan_lists_it",
-                    "--nocapture",
-                ])
-                .env(CHILD, d.path())
-                .output()
-                .unwrap();
-            let out = String::from_utf8_lossy(&o.stdout);
-            assert!(o.status.success(), "{out}{}", String::from_utf8_lossy(&o.stderr));
+            let (d, out) = in_a_child("meta_is_stopped_after_the_io_servers_wherever_the_plan_lists_it");
             let order = std::fs::read_to_string(d.path().join("order")).unwrap();
             assert_eq!(order, "io-0\nmeta\n", "the order the servers stopped in\n{out}");
             return;
