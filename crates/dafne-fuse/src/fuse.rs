@@ -897,14 +897,42 @@ impl fuser::Filesystem for FuseFs {
 mod tests {
     use super::*;
 
+    /// A process acting as `uid`/`gid` with supplementary groups 5 and 6
+    /// (`setpriv`, which needs root, as the mount tests do), once its
+    /// `/proc` status shows them.
+    fn with_groups(uid: u32, gid: u32) -> std::process::Child {
+        let (u, g) = (uid.to_string(), gid.to_string());
+        let child = std::process::Command::new("setpriv")
+            .args(["--reuid", &u, "--regid", &g, "--groups", "5,6", "sleep", "60"])
+            .spawn()
+            .expect("setpriv (util-linux) runs");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while crate::groups::of_process(child.id(), uid, gid).as_slice() != [5, 6] {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "setpriv never ran as {uid}/{gid} with groups 5,6 (this test needs root)"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        child
+    }
+
     #[test]
     fn a_root_caller_gets_no_groups_read_and_others_their_threads() {
-        let me = std::process::id();
-        assert!(caller_groups(me, 0, 0).is_empty());
-        // Another uid: the /proc read, which judges whether the thread
-        // acts as that uid (the non-root path is tested through a mount,
-        // tests/mount.rs, supplementary groups).
-        assert_eq!(caller_groups(me, 4242, 4242), crate::groups::of_process(me, 4242, 4242));
+        // A root thread that has supplementary groups: none are sent. (A
+        // root without groups, as root in a container often is, would
+        // pass whatever caller_groups did.)
+        let mut root = with_groups(0, 0);
+        let groups = caller_groups(root.id(), 0, 0);
+        // Another uid: its thread's groups, read from /proc.
+        let mut other = with_groups(4242, 4242);
+        let others = caller_groups(other.id(), 4242, 4242);
+        for c in [&mut root, &mut other] {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        assert!(groups.is_empty(), "root's groups were read: {groups:?}");
+        assert_eq!(others.as_slice(), [5, 6]);
     }
 
     #[test]
