@@ -156,7 +156,8 @@
 //! answers), and the wait of a blocking `setlk` whose first try found the
 //! range held: `getlk` and `setlk` go to the lock session directly (module
 //! docs, "Locks") and count their answer and their first try
-//! ([`Core::count`]); the waiting thread's requests would measure the
+//! ([`Core::count`]; an unlock's count includes the publish of the
+//! file's dirty data that precedes it); the waiting thread's requests would measure the
 //! other holders, so they do not count. The stats file is rewritten whole after
 //! each `flush` and `release`, every [`STATS_EVERY`] while its counters
 //! change ([`Core::start_stats_writer`]), and at unmount.
