@@ -109,18 +109,47 @@ fn status_shows_each_io_server_as_meta_sees_it_down_after_a_kill_and_up_again() 
     assert!(table.contains("| io-1 | down |"), "{table}");
 
     // Started again (a new instance on the same address): up, one restart.
-    let log = std::fs::File::create(c.dir().join("io-1-again.log")).unwrap();
-    let child = Command::new(&cmdline[0])
-        .args(&cmdline[1..])
-        .env_clear()
-        .envs(environ.iter().filter_map(|kv| kv.split_once('=')))
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    let _again = Restarted(child);
-    wait_members(c.dir(), &[("up", 0), ("up", 1)]);
+    // CI once saw meta's view stay down for 30 s here, with nothing to
+    // tell why: the instance is now waited for until it listens, and its
+    // log goes with any failure. While the port was free another process
+    // of this machine may have taken it (an outgoing connection's
+    // ephemeral port): that is retried, as it is no fault of the server's.
+    let log_path = c.dir().join("io-1-again.log");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let _again = loop {
+        let log = std::fs::File::create(&log_path).unwrap();
+        let mut child = Command::new(&cmdline[0])
+            .args(&cmdline[1..])
+            .env_clear()
+            .envs(environ.iter().filter_map(|kv| kv.split_once('=')))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let listening = loop {
+            let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+            if text.contains("listening on") {
+                break None;
+            }
+            if let Some(status) = child.try_wait().unwrap() {
+                break Some((status, text));
+            }
+            assert!(std::time::Instant::now() < deadline, "io-1 started again never listened:\n{text}");
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        match listening {
+            None => break Restarted(child),
+            Some((_, text)) if text.contains("in use") && std::time::Instant::now() < deadline => {
+                eprintln!("io-1's port was taken meanwhile; starting it again:\n{text}");
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            Some((status, text)) => panic!("io-1 started again exited ({status}):\n{text}"),
+        }
+    };
+    let io1_log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    let back = std::panic::catch_unwind(|| wait_members(c.dir(), &[("up", 0), ("up", 1)]));
+    assert!(back.is_ok(), "io-1 started again; its log:\n{}", io1_log());
     wait_gauge(c.dir(), "down", 0.0);
 }
 
