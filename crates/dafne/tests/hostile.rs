@@ -1018,10 +1018,15 @@ fn a_capability_revoked_by_chmod_is_refused() {
     );
     let raw = cl.raw();
     let same = &data[..4096];
+    // Both halves of the stripe refuse it, for reading and writing. Each
+    // io server hears of the revocation on its own (its relay polls meta),
+    // so the wait covers both (CI once saw the second still accept a write
+    // right after the first refused).
     wait_for("the io servers to refuse the capability taken before the chmod", || {
-        write(&raw, &stolen, 0, same).is_err() && read(&raw, &stolen, 0, 4096).is_err()
+        [0u64, 1 << 20, 3 << 20]
+            .iter()
+            .all(|&at| write(&raw, &stolen, at, same).is_err() && read(&raw, &stolen, at, 4096).is_err())
     });
-    // Both halves of the stripe refuse it, for reading and writing.
     for at in [0u64, 1 << 20, 3 << 20] {
         assert_eq!(write(&raw, &stolen, at, same), Err(dafne_proto::Errno::ESTALE), "write at {at}");
         assert!(read(&raw, &stolen, at, 10).is_err(), "read at {at}");
