@@ -269,6 +269,11 @@ fn proto() {
             },
             &Request::Unlink { parent: 1, name: b"x".to_vec() },
         ),
+        // Groups not read (a flag alone).
+        encode_request(
+            Envelope { groups: dafne_proto::Groups::OMITTED, ..env() },
+            &Request::Lookup { parent: 1, name: b"x".to_vec() },
+        ),
     ];
     sweep("proto", dafne_fuzz::proto, seeds, 3);
 }

@@ -131,6 +131,10 @@ pub fn enforce(policy: &Credential, uid: u32, gid: u32, groups: &Groups) -> Resu
     if !policy.allows_gid(gid) {
         return Err(Denied::Gid(gid));
     }
+    if groups.is_omitted() {
+        // Not read: the server stays as careful as without the policy.
+        return Ok((uid, gid, Groups::OMITTED));
+    }
     let kept: Vec<u32> = groups.as_slice().iter().copied().filter(|g| policy.allows_gid(*g)).collect();
     Ok((uid, gid, Groups::new(&kept)))
 }
@@ -385,6 +389,8 @@ mod tests {
         assert_eq!(enforce(&p, 0, 0, &g), Ok((NOBODY, NOBODY, Groups::NONE)));
         assert_eq!(enforce(&p, 1000, 1000, &g), Ok((1000, 1000, Groups::new(&[100, 1500]))));
         assert_eq!(enforce(&p, 1999, 100, &Groups::NONE), Ok((1999, 100, Groups::NONE)));
+        // Groups not read stay so: the server stays as careful.
+        assert_eq!(enforce(&p, 1000, 1000, &Groups::OMITTED), Ok((1000, 1000, Groups::OMITTED)));
         assert!(matches!(enforce(&p, 2000, 1000, &g), Err(Denied::Uid(2000))));
         assert!(matches!(enforce(&p, 999, 1000, &g), Err(Denied::Uid(999))));
         assert!(matches!(enforce(&p, 1000, 0, &g), Err(Denied::Gid(0))));

@@ -60,7 +60,7 @@
 //! own bytes until its last `close`, however long that takes.
 //!
 //! # Whose rights
-//! Every namespace operation runs as the caller (`MetaSession::as_caller`, with the caller's groups), so
+//! Every namespace operation runs as the caller (`MetaSession::as_caller`, with the caller's groups when an answer may depend on them: `crate::fuse`'s `Lazy`), so
 //! the metadata server applies POSIX rules to the right user and its errno
 //! is the answer. Exceptions, each for a reason: the publishing above; a
 //! `Stat` for a write-only handle, where an io server older than protocol
@@ -279,6 +279,9 @@ pub fn may_access(c: Caller, a: &Attr, want: u32) -> bool {
         (a.mode >> 6) & 7
     } else if c.in_group(a.gid) {
         (a.mode >> 3) & 7
+    } else if c.groups.is_omitted() {
+        // As meta: the group class may apply; grant what both grant.
+        (a.mode >> 3) & a.mode & 7
     } else {
         a.mode & 7
     };
@@ -1715,6 +1718,7 @@ impl Core {
                 w.writes, w.bytes, w.waits_for_memory, w.waits_for_overlap, w.errors, w.peak_bytes, w.budget_bytes
             ));
         }
+        text.push_str(&format!("groups_reads {}\n", crate::groups::reads()));
         for (op, n) in self.op_counts() {
             let op = op.name();
             text.push_str(&format!("op_{op}_calls {}\nop_{op}_meta {}\nop_{op}_io {}\n", n.calls, n.meta, n.io));
@@ -1804,6 +1808,12 @@ mod tests {
         let b = attr(FileType::Regular, 0o077, 10, 20);
         assert!(!may_access(owner, &b, MAY_READ));
         assert!(may_access(other, &b, MAY_READ));
+        // Groups not read: the group class may apply, so only what both it
+        // and the other class grant is granted (a refusal is asked again).
+        let omitted = Caller { groups: Groups::OMITTED, ..other };
+        let c = attr(FileType::Regular, 0o604, 10, 20);
+        assert!(may_access(other, &c, MAY_READ) && !may_access(omitted, &c, MAY_READ));
+        assert!(may_access(omitted, &a, 0) && may_access(omitted, &attr(FileType::Regular, 0o644, 10, 20), MAY_READ));
     }
 
     #[test]

@@ -155,20 +155,70 @@ pub fn kernel_rdev(rdev: u64) -> u32 {
     u32::try_from(rdev).unwrap_or(0)
 }
 
-/// The request's uid and gid, and the calling thread's supplementary
-/// groups ([`crate::groups`]): none for root, whose groups change no
-/// answer of meta's (root passes its permission checks, and the rules
-/// that read the groups, setgid cleared and chown to a group, are for
-/// other callers; a credential that squashes root drops its groups), so
-/// a root caller's request skips the `/proc` read, 15% of the daemon's
-/// CPU per lookup (docs/BENCHMARKS.md, "The hand-off to the daemon's
-/// loop, measured").
-fn caller(req: &Request) -> Caller {
-    let (uid, gid) = (req.uid(), req.gid());
-    Caller { uid, gid, groups: caller_groups(req.pid(), uid, gid) }
+/// A request's caller, whose supplementary groups are read (from
+/// `/proc`, [`crate::groups`]) only when an answer may depend on them.
+///
+/// Why: the read costs about 15% of the daemon's CPU per lookup
+/// (docs/BENCHMARKS.md, "The hand-off to the daemon's loop, measured"),
+/// and almost no answer needs it. The rules of meta's (and [`Core`]'s
+/// local checks) that read the groups either *refuse* (a permission
+/// class, a chown to a group the caller is not in: `EACCES`, `EPERM`) or
+/// *change what a successful call does* (setgid cleared by a chmod or a
+/// chown of a caller outside the file's group, a setgid file created by
+/// one). So a request goes first with its groups marked omitted
+/// ([`dafne_proto::Groups::OMITTED`]): meta (and [`Core`]'s local check)
+/// then refuses wherever a group could have changed the outcome, the
+/// group class denying what the other class grants included, and only a
+/// refusal is asked again with them ([`Lazy::run`]; a refusal changed
+/// nothing, and the second call is a new request, not a replay of the
+/// first). The requests that meta would refuse anyway whenever the groups
+/// matter (a setgid file made, a mode, owner or group set) read them first
+/// ([`Lazy::upfront`]), saving that round trip. Root's groups are never read: they change no
+/// answer (root passes its permission checks, the setgid rules are for
+/// other callers, and a credential that squashes root drops its groups).
+struct Lazy {
+    c: Caller,
+    pid: u32,
+    read: bool,
 }
 
-/// [`caller`]'s groups of thread `pid` acting as `uid`/`gid`.
+impl Lazy {
+    fn of(req: &Request) -> Lazy {
+        let (uid, gid) = (req.uid(), req.gid());
+        let groups = if uid == 0 { dafne_proto::Groups::NONE } else { dafne_proto::Groups::OMITTED };
+        Lazy { c: Caller { uid, gid, groups }, pid: req.pid(), read: uid == 0 }
+    }
+
+    /// The caller with its groups, read now if they were not yet.
+    fn upfront(&mut self) -> Caller {
+        if !self.read {
+            self.c.groups = caller_groups(self.pid, self.c.uid, self.c.gid);
+            self.read = true;
+        }
+        self.c
+    }
+
+    /// `f` as the caller; a refusal while the groups were not read is
+    /// asked again with them (even none: the first was refused wherever a
+    /// group could have changed the outcome).
+    fn run<T>(
+        &mut self,
+        mut f: impl FnMut(Caller) -> Result<T, dafne_client::Errno>,
+    ) -> Result<T, dafne_client::Errno> {
+        match f(self.c) {
+            Err(dafne_client::Errno::EACCES | dafne_client::Errno::EPERM) if !self.read => f(self.upfront()),
+            r => r,
+        }
+    }
+}
+
+/// Whether creating a node of `mode` reads the groups first: a setgid
+/// file keeps its bit only when its maker is in its group.
+fn create_needs_groups(mode: u32) -> bool {
+    mode & libc::S_ISGID != 0
+}
+
+/// [`Lazy`]'s groups of thread `pid` acting as `uid`/`gid`: none for root.
 fn caller_groups(pid: u32, uid: u32, gid: u32) -> dafne_proto::Groups {
     if uid == 0 {
         dafne_proto::Groups::NONE
@@ -407,7 +457,7 @@ impl fuser::Filesystem for FuseFs {
     }
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        match self.core.lookup(caller(req), self.ino(parent), name.as_bytes()) {
+        match Lazy::of(req).run(|c| self.core.lookup(c, self.ino(parent), name.as_bytes())) {
             // A negative entry (module docs).
             Err(dafne_client::Errno::ENOENT) if !self.entry_ttl.is_zero() => {
                 reply.entry_with_ttls(&Duration::ZERO, &self.entry_ttl, &NO_SUCH_NAME, Generation(0))
@@ -417,7 +467,7 @@ impl fuser::Filesystem for FuseFs {
     }
 
     fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.core.getattr(caller(req), self.ino(ino)) {
+        match Lazy::of(req).run(|c| self.core.getattr(c, self.ino(ino))) {
             Ok(a) => reply.attr(&self.attr_ttl, &self.attr(&a)),
             Err(e) => reply.error(errno(e)),
         }
@@ -451,14 +501,19 @@ impl fuser::Filesystem for FuseFs {
             grow_to: None,
             lazy: false,
         };
-        match self.core.setattr(caller(req), self.ino(ino), fh.map(|f| f.0), set) {
+        // A new mode, owner or group may clear setgid by the groups.
+        let mut c = Lazy::of(req);
+        if set.mode.is_some() || set.uid.is_some() || set.gid.is_some() {
+            c.upfront();
+        }
+        match c.run(|c| self.core.setattr(c, self.ino(ino), fh.map(|f| f.0), set)) {
             Ok(a) => reply.attr(&self.attr_ttl, &self.attr(&a)),
             Err(e) => reply.error(errno(e)),
         }
     }
 
     fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.core.readlink(caller(req), self.ino(ino)) {
+        match Lazy::of(req).run(|c| self.core.readlink(c, self.ino(ino))) {
             Ok(t) => reply.data(&t),
             Err(e) => reply.error(errno(e)),
         }
@@ -474,24 +529,28 @@ impl fuser::Filesystem for FuseFs {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        self.entry(self.core.mknod(caller(req), self.ino(parent), name.as_bytes(), mode, u64::from(rdev)), reply)
+        let mut c = Lazy::of(req);
+        if create_needs_groups(mode) {
+            c.upfront();
+        }
+        self.entry(c.run(|c| self.core.mknod(c, self.ino(parent), name.as_bytes(), mode, u64::from(rdev))), reply)
     }
 
     fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, reply: ReplyEntry) {
-        self.entry(self.core.mkdir(caller(req), self.ino(parent), name.as_bytes(), mode), reply)
+        self.entry(Lazy::of(req).run(|c| self.core.mkdir(c, self.ino(parent), name.as_bytes(), mode)), reply)
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        empty(self.core.unlink(caller(req), self.ino(parent), name.as_bytes()), reply)
+        empty(Lazy::of(req).run(|c| self.core.unlink(c, self.ino(parent), name.as_bytes())), reply)
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        empty(self.core.rmdir(caller(req), self.ino(parent), name.as_bytes()), reply)
+        empty(Lazy::of(req).run(|c| self.core.rmdir(c, self.ino(parent), name.as_bytes())), reply)
     }
 
     fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
         let target = target.as_os_str().as_bytes();
-        self.entry(self.core.symlink(caller(req), self.ino(parent), link_name.as_bytes(), target), reply)
+        self.entry(Lazy::of(req).run(|c| self.core.symlink(c, self.ino(parent), link_name.as_bytes(), target)), reply)
     }
 
     fn rename(
@@ -518,14 +577,9 @@ impl fuser::Filesystem for FuseFs {
             f |= dafne_client::RENAME_EXCHANGE;
         }
         empty(
-            self.core.rename(
-                caller(req),
-                self.ino(parent),
-                name.as_bytes(),
-                self.ino(newparent),
-                newname.as_bytes(),
-                f,
-            ),
+            Lazy::of(req).run(|c| {
+                self.core.rename(c, self.ino(parent), name.as_bytes(), self.ino(newparent), newname.as_bytes(), f)
+            }),
             reply,
         )
     }
@@ -545,28 +599,31 @@ impl fuser::Filesystem for FuseFs {
         if position != 0 || flags & !known != 0 {
             return reply.error(fuser::Errno::EINVAL);
         }
-        empty(self.core.setxattr(caller(req), self.ino(ino), name.as_bytes(), value, flags as u32), reply)
+        empty(Lazy::of(req).run(|c| self.core.setxattr(c, self.ino(ino), name.as_bytes(), value, flags as u32)), reply)
     }
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        let value = self.core.getxattr(caller(req), self.ino(ino), name.as_bytes());
+        let value = Lazy::of(req).run(|c| self.core.getxattr(c, self.ino(ino), name.as_bytes()));
         xattr(value, size, reply)
     }
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        xattr(self.core.listxattr(caller(req), self.ino(ino)), size, reply)
+        xattr(Lazy::of(req).run(|c| self.core.listxattr(c, self.ino(ino))), size, reply)
     }
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        empty(self.core.removexattr(caller(req), self.ino(ino), name.as_bytes()), reply)
+        empty(Lazy::of(req).run(|c| self.core.removexattr(c, self.ino(ino), name.as_bytes())), reply)
     }
 
     fn link(&self, req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
-        self.entry(self.core.link(caller(req), self.ino(ino), self.ino(newparent), newname.as_bytes()), reply)
+        self.entry(
+            Lazy::of(req).run(|c| self.core.link(c, self.ino(ino), self.ino(newparent), newname.as_bytes())),
+            reply,
+        )
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        match self.core.open(caller(req), self.ino(ino), OpenMode::from_flags(flags.0)) {
+        match Lazy::of(req).run(|c| self.core.open(c, self.ino(ino), OpenMode::from_flags(flags.0))) {
             Ok((fh, _)) => reply.opened(FileHandle(fh), FopenFlags::empty()),
             Err(e) => reply.error(errno(e)),
         }
@@ -756,11 +813,12 @@ impl fuser::Filesystem for FuseFs {
     }
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        let c = caller(req);
-        let r = self.core.getattr(c, self.ino(ino)).and_then(|a| match a.kind {
-            FileType::Directory if crate::core::may_access(c, &a, crate::core::MAY_READ) => Ok(()),
-            FileType::Directory => Err(dafne_client::Errno::EACCES),
-            _ => Err(dafne_client::Errno::ENOTDIR),
+        let r = Lazy::of(req).run(|c| {
+            self.core.getattr(c, self.ino(ino)).and_then(|a| match a.kind {
+                FileType::Directory if crate::core::may_access(c, &a, crate::core::MAY_READ) => Ok(()),
+                FileType::Directory => Err(dafne_client::Errno::EACCES),
+                _ => Err(dafne_client::Errno::ENOTDIR),
+            })
         });
         match r {
             Ok(()) => reply.opened(FileHandle(0), FopenFlags::empty()),
@@ -769,13 +827,13 @@ impl fuser::Filesystem for FuseFs {
     }
 
     fn readdir(&self, req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
-        let c = caller(req);
+        let mut c = Lazy::of(req);
         let dir = self.ino(ino);
         if offset < DOT && reply.add(ino, DOT, fuser::FileType::Directory, ".") {
             return reply.ok();
         }
         if offset < DOTDOT {
-            let parent = self.core.parent(c, dir).unwrap_or(dir);
+            let parent = c.run(|c| self.core.parent(c, dir)).unwrap_or(dir);
             if reply.add(self.kernel_ino(parent), DOTDOT, fuser::FileType::Directory, "..") {
                 return reply.ok();
             }
@@ -783,7 +841,7 @@ impl fuser::Filesystem for FuseFs {
         let mut cookie = resume_cookie(offset);
         loop {
             // A kernel listing request holds about 100 plain entries (4 KiB).
-            let (entries, eof) = match self.core.readdir(c, dir, cookie, 128) {
+            let (entries, eof) = match c.run(|c| self.core.readdir(c, dir, cookie, 128)) {
                 Ok(page) => page,
                 Err(e) => return reply.error(errno(e)),
             };
@@ -802,20 +860,20 @@ impl fuser::Filesystem for FuseFs {
     }
 
     fn readdirplus(&self, req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
-        let c = caller(req);
+        let mut c = Lazy::of(req);
         let dir = self.ino(ino);
         let ttl = self.attr_ttl.min(self.entry_ttl);
         if offset < DOTDOT {
             // The kernel does not link `.` and `..` from a listing; their
             // attributes only have to be valid.
-            let a = match self.core.getattr(c, dir) {
+            let a = match c.run(|c| self.core.getattr(c, dir)) {
                 Ok(a) => self.attr(&a),
                 Err(e) => return reply.error(errno(e)),
             };
             if offset < DOT && reply.add(ino, DOT, ".", &ttl, &a, Generation(0)) {
                 return reply.ok();
             }
-            let parent = self.kernel_ino(self.core.parent(c, dir).unwrap_or(dir));
+            let parent = self.kernel_ino(c.run(|c| self.core.parent(c, dir)).unwrap_or(dir));
             if reply.add(parent, DOTDOT, "..", &ttl, &fuser::FileAttr { ino: parent, ..a }, Generation(0)) {
                 return reply.ok();
             }
@@ -824,7 +882,7 @@ impl fuser::Filesystem for FuseFs {
         loop {
             // A kernel listing request holds about 25 entries with
             // attributes (4 KiB): 32 per page is one page and two compounds.
-            let page = match self.core.readdir_plus(c, dir, cookie, 32) {
+            let page = match c.run(|c| self.core.readdir_plus(c, dir, cookie, 32)) {
                 Ok(page) => page,
                 Err(e) => return reply.error(errno(e)),
             };
@@ -854,7 +912,7 @@ impl fuser::Filesystem for FuseFs {
     }
 
     fn statfs(&self, req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        match self.core.statfs(caller(req)) {
+        match Lazy::of(req).run(|c| self.core.statfs(c)) {
             Ok(s) => reply.statfs(s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.bsize),
             Err(e) => reply.error(errno(e)),
         }
@@ -862,7 +920,7 @@ impl fuser::Filesystem for FuseFs {
 
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
         let want = (mask & (AccessFlags::R_OK | AccessFlags::W_OK | AccessFlags::X_OK)).bits() as u32;
-        empty(self.core.access(caller(req), self.ino(ino), want), reply)
+        empty(Lazy::of(req).run(|c| self.core.access(c, self.ino(ino), want)), reply)
     }
 
     fn create(
@@ -876,14 +934,13 @@ impl fuser::Filesystem for FuseFs {
         reply: ReplyCreate,
     ) {
         let exclusive = flags & libc::O_EXCL != 0;
-        let r = self.core.create(
-            caller(req),
-            self.ino(parent),
-            name.as_bytes(),
-            mode,
-            OpenMode::from_flags(flags),
-            exclusive,
-        );
+        let mut c = Lazy::of(req);
+        if create_needs_groups(mode) {
+            c.upfront();
+        }
+        let r = c.run(|c| {
+            self.core.create(c, self.ino(parent), name.as_bytes(), mode, OpenMode::from_flags(flags), exclusive)
+        });
         match r {
             Ok((fh, a)) => {
                 reply.created(&self.entry_ttl, &self.attr(&a), Generation(0), FileHandle(fh), FopenFlags::empty())

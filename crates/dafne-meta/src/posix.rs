@@ -23,6 +23,11 @@ pub fn may(cred: &Cred, attr: &Attr, want: u32) -> bool {
         (attr.mode >> 6) & 7
     } else if cred.in_group(attr.gid) {
         (attr.mode >> 3) & 7
+    } else if cred.groups.is_omitted() {
+        // The caller may be in the file's group, whose class then applies
+        // even where it grants less than the other class: only what both
+        // grant is granted (a refusal is asked again with the groups).
+        (attr.mode >> 3) & attr.mode & 7
     } else {
         attr.mode & 7
     };

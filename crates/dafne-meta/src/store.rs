@@ -1454,6 +1454,10 @@ impl Tables<'_> {
                 mode |= S_ISGID;
             }
         } else if mode & S_ISGID != 0 && cred.uid != 0 && !cred.in_group(gid) {
+            if cred.groups.is_omitted() {
+                // Membership decides the bit: ask again with the groups.
+                return Err(Errno::EPERM.into());
+            }
             // As Linux: a setgid file may only be made by a member of its group.
             mode &= !S_ISGID;
         }
@@ -1912,6 +1916,18 @@ impl Tables<'_> {
                 FileType::Regular => posix::check(cred, &i.attr, MAY_WRITE)?,
             }
         }
+        // Membership in the file's group decides whether setgid stays (a
+        // mode given, an owner or group changed: applied below): a caller
+        // whose groups were omitted asks again with them.
+        let chown = set.uid.is_some_and(|u| u != i.attr.uid) || set.gid.is_some_and(|g| g != i.attr.gid);
+        if cred.groups.is_omitted()
+            && cred.uid != 0
+            && i.attr.kind != FileType::Directory
+            && !cred.in_group(i.attr.gid)
+            && (set.mode.is_some_and(|m| m & S_ISGID != 0) || chown)
+        {
+            return Err(Errno::EPERM.into());
+        }
         for t in [&set.atime, &set.mtime].into_iter().flatten() {
             match t {
                 TimeSet::At(_) if !owner => return Err(Errno::EPERM.into()),
@@ -1937,7 +1953,6 @@ impl Tables<'_> {
             }
             i.attr.mode = mode & 0o7777;
         }
-        let chown = set.uid.is_some_and(|u| u != i.attr.uid) || set.gid.is_some_and(|g| g != i.attr.gid);
         // As Linux for a caller without CAP_FSETID: setuid goes, and setgid
         // when group-execute is set (a privilege) or the caller is not in
         // the file's group (setgid without group-execute is a locking

@@ -309,6 +309,56 @@ fn permissions_are_checked_on_the_server() {
     assert!(bob_in_1000.lookup(private.ino, b"secret").is_ok(), "search through the group class");
 }
 
+/// A caller whose supplementary groups were not read (a FUSE daemon saves
+/// the `/proc` read, `Groups::OMITTED`) is refused wherever a group could
+/// have changed the answer, so that asking again with its groups is always
+/// right: a group class denying what the other class grants, a setgid bit
+/// a member keeps and a non-member loses (create, chmod, chown). Where no
+/// group matters it is answered as before.
+#[test]
+fn omitted_groups_are_refused_wherever_a_group_could_change_the_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = start_meta(dir.path(), 2);
+    let rt = runtime();
+    let root = session(&rt, &m, 0, 0);
+    let omitted = root.as_caller(1001, 1001, dafne_proto::Groups::OMITTED);
+    let member = root.as_caller(1001, 1001, dafne_proto::Groups::new(&[1000]));
+    let outsider = root.as_caller(1001, 1001, dafne_proto::Groups::NONE);
+    let gid = |ino, g| root.setattr(ino, SetAttr { gid: Some(g), ..Default::default() }).unwrap();
+    let pub_ = root.mkdir(ROOT_INO, b"pub", 0o755).unwrap();
+    root.create(pub_.ino, b"f", 0o644, true).unwrap();
+    assert!(omitted.lookup(pub_.ino, b"f").is_ok(), "no group matters here");
+
+    // Group 1000 may not search, others may: a member is refused.
+    let d = root.mkdir(ROOT_INO, b"d", 0o701).unwrap();
+    gid(d.ino, 1000);
+    root.create(d.ino, b"f", 0o644, true).unwrap();
+    assert!(outsider.lookup(d.ino, b"f").is_ok());
+    assert_eq!(member.lookup(d.ino, b"f"), Err(Errno::EACCES));
+    assert_eq!(omitted.lookup(d.ino, b"f"), Err(Errno::EACCES), "granted what a member is refused");
+
+    // A setgid file made in a setgid directory of group 1000.
+    let sg = root.mkdir(ROOT_INO, b"sg", 0o777).unwrap();
+    gid(sg.ino, 1000);
+    root.setattr(sg.ino, SetAttr { mode: Some(0o2777), ..Default::default() }).unwrap();
+    assert_eq!(omitted.create(sg.ino, b"o", 0o2755, true), Err(Errno::EPERM));
+    assert_eq!(member.create(sg.ino, b"m", 0o2755, true).unwrap().mode, 0o2755);
+    assert_eq!(outsider.create(sg.ino, b"x", 0o2755, true).unwrap().mode, 0o0755);
+    assert_eq!(omitted.create(sg.ino, b"plain", 0o755, true).unwrap().mode, 0o755, "no setgid asked");
+    assert_eq!(omitted.mkdir(sg.ino, b"sub", 0o755).unwrap().mode, 0o2755, "directories inherit it regardless");
+
+    // chmod keeping setgid, and chown, of a file of group 1000 by its owner.
+    let f = root.create(pub_.ino, b"mine", 0o644, true).unwrap();
+    root.setattr(f.ino, SetAttr { uid: Some(1001), gid: Some(1000), ..Default::default() }).unwrap();
+    let chmod = |s: &MetaSession, m: u32| s.setattr(f.ino, SetAttr { mode: Some(m), ..Default::default() });
+    assert_eq!(chmod(&omitted, 0o2755), Err(Errno::EPERM));
+    assert_eq!(chmod(&omitted, 0o0600).unwrap().mode, 0o600, "no setgid asked");
+    assert_eq!(chmod(&member, 0o2755).unwrap().mode, 0o2755);
+    let to_1001 = SetAttr { gid: Some(1001), ..Default::default() };
+    assert_eq!(omitted.setattr(f.ino, to_1001), Err(Errno::EPERM));
+    assert_eq!(outsider.setattr(f.ino, to_1001).unwrap().mode, 0o0755, "a non-member's chown clears setgid");
+}
+
 #[test]
 fn special_files_are_made_by_mknod_and_behave_as_inodes_without_data() {
     let dir = tempfile::tempdir().unwrap();

@@ -5,7 +5,7 @@ use crate::msg::get_errno;
 use crate::wire::{Reader, Writer};
 use crate::{
     DecodeError, Errno, IoOp, Op, Request, Response, MAX_GROUPS, PROTO_VERSION, REQUEST_FLAG_GROUPS,
-    REQUEST_FLAG_SESSION, SEQ_WINDOW,
+    REQUEST_FLAG_GROUPS_OMITTED, REQUEST_FLAG_SESSION, SEQ_WINDOW,
 };
 
 /// Who sends a request and under which id: the header fields a caller
@@ -34,7 +34,13 @@ impl Envelope {
 
     /// The header flags this envelope's extensions need.
     fn flags(&self) -> u32 {
-        let groups = if self.groups.is_empty() { 0 } else { REQUEST_FLAG_GROUPS };
+        let groups = if self.groups.is_omitted() {
+            REQUEST_FLAG_GROUPS_OMITTED
+        } else if self.groups.is_empty() {
+            0
+        } else {
+            REQUEST_FLAG_GROUPS
+        };
         let session = if self.session.is_some() { REQUEST_FLAG_SESSION } else { 0 };
         groups | session
     }
@@ -88,23 +94,38 @@ impl SessionSeq {
     }
 }
 
-/// Up to [`MAX_GROUPS`] supplementary group ids, in the order given.
-/// Unused slots are always 0, so the derived comparisons compare the list.
+/// Up to [`MAX_GROUPS`] supplementary group ids, in the order given, or
+/// [`Groups::OMITTED`]. Unused slots are always 0, so the derived
+/// comparisons compare the list.
 #[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct Groups {
     n: u8,
     ids: [u32; MAX_GROUPS],
+    omitted: bool,
 }
 
 impl std::fmt::Debug for Groups {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.omitted {
+            return f.write_str("omitted");
+        }
         f.debug_list().entries(self.as_slice()).finish()
     }
 }
 
 impl Groups {
     /// No supplementary groups.
-    pub const NONE: Groups = Groups { n: 0, ids: [0; MAX_GROUPS] };
+    pub const NONE: Groups = Groups { n: 0, ids: [0; MAX_GROUPS], omitted: false };
+
+    /// The caller's groups were not read ([`crate::REQUEST_FLAG_GROUPS_OMITTED`]):
+    /// a server refuses what they could have changed (the caller asks
+    /// again with them). Contains no group.
+    pub const OMITTED: Groups = Groups { n: 0, ids: [0; MAX_GROUPS], omitted: true };
+
+    /// Whether this is [`Groups::OMITTED`].
+    pub fn is_omitted(&self) -> bool {
+        self.omitted
+    }
 
     /// The first [`MAX_GROUPS`] of `ids` (a caller in more groups is
     /// checked with fewer: it may be refused, never granted more).
@@ -407,7 +428,7 @@ headers! {
     /// `#[repr(C)]` in wire order like [`RequestHeader`].
     ReplyHeader,
     Op,
-    REQUEST_FLAG_GROUPS | REQUEST_FLAG_SESSION
+    REQUEST_FLAG_GROUPS | REQUEST_FLAG_SESSION | REQUEST_FLAG_GROUPS_OMITTED
 }
 
 headers! {
@@ -490,7 +511,16 @@ pub(crate) fn decode_req<H: RequestFrame, B: RequestBody<Op = H::Op>>(
     check_body_len(hdr.body_len(), r.left())?;
     let mut env = hdr.envelope();
     if hdr.flags() & REQUEST_FLAG_GROUPS != 0 {
+        if hdr.flags() & REQUEST_FLAG_GROUPS_OMITTED != 0 {
+            // Groups sent and said omitted: one of the two lies.
+            return Err(DecodeError::BadValue {
+                what: "flags (groups both sent and omitted)",
+                value: hdr.flags() as u64,
+            });
+        }
         env.groups = Groups::get(&mut r)?;
+    } else if hdr.flags() & REQUEST_FLAG_GROUPS_OMITTED != 0 {
+        env.groups = Groups::OMITTED;
     }
     if hdr.flags() & REQUEST_FLAG_SESSION != 0 {
         env.session = Some(SessionSeq::get(&mut r)?);
@@ -966,6 +996,23 @@ mod tests {
         b[at..at + v.len()].copy_from_slice(v);
     }
 
+    /// Groups not read travel as a flag alone (no prefix); a header that
+    /// both carries groups and says them omitted is refused.
+    #[test]
+    fn omitted_groups_travel_as_a_flag_and_cannot_come_with_groups() {
+        let env = Envelope { groups: Groups::OMITTED, ..ENV };
+        let req = Request::GetAttr { ino: 9 };
+        let b = encode_request(env, &req);
+        assert_eq!((b.len(), b[4]), (40, REQUEST_FLAG_GROUPS_OMITTED as u8));
+        let (got, _) = decode_request(&b).unwrap();
+        assert!(got.groups.is_omitted() && got.groups.is_empty() && !got.groups.contains(0));
+        assert_eq!(got, env);
+        let with = encode_request(Envelope { groups: Groups::new(&[5]), ..ENV }, &req);
+        let mut both = with.clone();
+        both[4] |= REQUEST_FLAG_GROUPS_OMITTED as u8;
+        assert!(matches!(decode_request(&both), Err(DecodeError::BadValue { .. })), "{:?}", decode_request(&both));
+    }
+
     #[test]
     fn supplementary_groups_travel_and_hostile_counts_are_refused() {
         let ids: Vec<u32> = (100..140).collect();
@@ -1041,9 +1088,9 @@ mod tests {
             Err(DecodeError::TooLong { what: "session window (seq - acked_below)", .. })
         ));
         assert!(matches!(decode_request(&with(u64::MAX, 0)), Err(DecodeError::TooLong { .. })));
-        // A third flag bit is still refused; every truncation too.
+        // A fourth flag bit is still refused; every truncation too.
         let mut b3 = b2.clone();
-        b3[4] |= 4;
+        b3[4] |= 8;
         assert_eq!(decode_request(&b3), Err(DecodeError::Reserved));
         for n in 0..b.len() {
             assert!(decode_request(&b[..n]).is_err(), "{n} bytes");
@@ -1063,7 +1110,7 @@ mod tests {
         set(&mut b, 2, &0u16.to_le_bytes());
         assert_eq!(decode_request(&b), Err(DecodeError::UnknownOp(0)));
         let mut b = good.clone();
-        b[4] = 4;
+        b[4] = 8;
         assert_eq!(decode_request(&b), Err(DecodeError::Reserved));
         let mut b = good.clone();
         b[7] = 0x80;

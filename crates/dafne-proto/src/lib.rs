@@ -25,7 +25,9 @@
 //!                       caller's supplementary groups (body_len counts them);
 //!                       REQUEST_FLAG_SESSION (2, metadata only): then client u64, seq u64,
 //!                       acked_below u64, the exactly-once session sequence
-//!                       (acked_below <= seq < acked_below + SEQ_WINDOW)
+//!                       (acked_below <= seq < acked_below + SEQ_WINDOW);
+//!                       REQUEST_FLAG_GROUPS_OMITTED (4, metadata only, not
+//!                       with 1): the caller's groups were not read
 //!      8    8 tag       the client's request id, echoed in the reply
 //!     16    4 uid       caller's credentials, checked by the server
 //!     20    4 gid
@@ -301,13 +303,25 @@ pub use types::{
 /// and `ServerInfo`'s `checksum_errors`. 13: the membership ops
 /// ServerHeartbeat (35) and Members (36). 14: SetAttr's `lazy` bit (a
 /// size publish that need not be durable before the answer). 15: the
-/// `Members` answer carries meta's chain table after the members.
-pub const PROTO_VERSION: u16 = 15;
+/// `Members` answer carries meta's chain table after the members. 16:
+/// [`REQUEST_FLAG_GROUPS_OMITTED`].
+pub const PROTO_VERSION: u16 = 16;
 
 /// Request header `flags`: the body starts with the caller's supplementary
 /// groups, `n u8` (1..=[`MAX_GROUPS`]) and `n × u32`. Bits other than this
-/// and [`REQUEST_FLAG_SESSION`] are refused ([`DecodeError::Reserved`]).
+/// [`REQUEST_FLAG_SESSION`] and [`REQUEST_FLAG_GROUPS_OMITTED`] are refused
+/// ([`DecodeError::Reserved`]).
 pub const REQUEST_FLAG_GROUPS: u32 = 1;
+
+/// Request header `flags` (metadata only, never with
+/// [`REQUEST_FLAG_GROUPS`]): the caller's supplementary groups were not
+/// read ([`Groups::OMITTED`]; reading them is the FUSE daemon's costliest
+/// step of a lookup). The server checks the caller as one in no other
+/// group, except that it refuses (`EACCES`, `EPERM`) wherever a group
+/// could have changed the outcome the other way: a group class that
+/// denies what the other class grants, a setgid bit a non-member would
+/// lose. The caller then asks again with its groups.
+pub const REQUEST_FLAG_GROUPS_OMITTED: u32 = 4;
 
 /// Request header `flags`: after the groups (if any), the body carries the
 /// request's exactly-once identity ([`SessionSeq`]: client u64, seq u64,
