@@ -8,7 +8,7 @@
 //! * [`core::Core`] is the file system in dafne's own terms: inodes, [`Attr`],
 //!   [`Errno`]. It holds the metadata session and the data client, the table
 //!   of open files and the size rule (below). Every operation runs as the
-//!   caller (`MetaSession::as_caller`, with the caller's groups), so the metadata server, which owns the
+//!   caller (`MetaSession::as_caller`, with the caller's groups when an answer may depend on them), so the metadata server, which owns the
 //!   POSIX rules, decides; its errno travels back unchanged.
 //! * [`fuse::FuseFs`] is the `fuser::Filesystem` adapter: it converts
 //!   kernel arguments to core calls and core results to replies. The errno
@@ -21,7 +21,8 @@
 //!   it, a name cached for `entry_timeout` bypassed a directory's new
 //!   mode). The metadata server still checks every request it gets, for
 //!   the caller's uid, gid and supplementary groups ([`groups`]: read from
-//!   `/proc`, since FUSE sends only uid, gid and pid). Mounts are
+//!   `/proc`, since FUSE sends only uid, gid and pid, and only when an
+//!   answer may depend on them: `fuse`'s `Lazy`). Mounts are
 //!   `nosuid,nodev` unless [`MountOptions`] asks otherwise.
 //! * **Sizes.** A file's size in meta may lag while the file is open for
 //!   writing (the design's size rule); this mount therefore reports

@@ -1443,8 +1443,10 @@ impl Tables<'_> {
         Ok(())
     }
 
+    /// A new inode's attributes; its number is taken last, so that a
+    /// refusal here uses up nothing (the batch commits whatever its ops
+    /// answered). Callers take a data object id only after this.
     fn new_inode(&mut self, cred: &Cred, parent: &Inode, kind: FileType, mode: u32) -> R<Inode> {
-        let ino = self.next("next_ino")?;
         // BSD group semantics under a setgid directory; new subdirectories
         // inherit the setgid bit.
         let (gid, mut mode) = if parent.attr.mode & S_ISGID != 0 { (parent.attr.gid, mode) } else { (cred.gid, mode) };
@@ -1461,6 +1463,7 @@ impl Tables<'_> {
             // As Linux: a setgid file may only be made by a member of its group.
             mode &= !S_ISGID;
         }
+        let ino = self.next("next_ino")?;
         let t = self.now;
         Ok(Inode {
             attr: Attr {
@@ -1519,8 +1522,8 @@ impl Tables<'_> {
                 posix::check(cred, &d.attr, MAY_WRITE)?;
                 let object_id = self.counters.get("next_object")?.map(|v| v.value()).unwrap_or(1);
                 let layout = self.policy.choose(object_id, *hint)?;
-                self.next("next_object")?;
                 let mut f = self.new_inode(cred, &d, FileType::Regular, *mode)?;
+                self.next("next_object")?;
                 f.layout = Some(layout);
                 self.put(&f)?;
                 self.inherit_advice(*parent, f.attr.ino)?;

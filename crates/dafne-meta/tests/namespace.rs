@@ -359,6 +359,30 @@ fn omitted_groups_are_refused_wherever_a_group_could_change_the_answer() {
     assert_eq!(outsider.setattr(f.ino, to_1001).unwrap().mode, 0o0755, "a non-member's chown clears setgid");
 }
 
+/// A request refused because its groups were omitted changes nothing, so
+/// that the daemon's second try with them is the only one that counts
+/// (review of issue 9's `Groups::OMITTED`): the setgid refusal of a create
+/// or mknod came after the inode and data-object counters were taken, and
+/// the batch commits whatever its ops answered, so each refused try used up
+/// an inode number (and an object id) for good.
+#[test]
+fn a_create_refused_for_omitted_groups_uses_up_no_inode_number() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = start_meta(dir.path(), 2);
+    let rt = runtime();
+    let root = session(&rt, &m, 0, 0);
+    let omitted = root.as_caller(1001, 1001, dafne_proto::Groups::OMITTED);
+    let sg = root.mkdir(ROOT_INO, b"sg", 0o777).unwrap();
+    root.setattr(sg.ino, SetAttr { gid: Some(1000), ..Default::default() }).unwrap();
+    root.setattr(sg.ino, SetAttr { mode: Some(0o2777), ..Default::default() }).unwrap();
+    let before = root.create(sg.ino, b"before", 0o644, true).unwrap().ino;
+    assert_eq!(omitted.create(sg.ino, b"o", 0o2755, true), Err(Errno::EPERM));
+    assert_eq!(omitted.mknod(sg.ino, b"p", FileType::Fifo, 0o2644, 0), Err(Errno::EPERM));
+    assert_eq!(omitted.mknod(sg.ino, b"r", FileType::Regular, 0o2644, 0), Err(Errno::EPERM));
+    let after = root.create(sg.ino, b"after", 0o644, true).unwrap().ino;
+    assert_eq!(after, before + 1, "refused creates used up inode numbers");
+}
+
 #[test]
 fn special_files_are_made_by_mknod_and_behave_as_inodes_without_data() {
     let dir = tempfile::tempdir().unwrap();

@@ -195,8 +195,9 @@ macro_rules! headers {
             pub version: u16,
             pub op: $op,
             /// 0, or [`REQUEST_FLAG_GROUPS`] (the body starts with the
-            /// caller's supplementary groups) and/or
-            /// [`REQUEST_FLAG_SESSION`] (then the session sequence).
+            /// caller's supplementary groups) or, for metadata requests,
+            /// [`crate::REQUEST_FLAG_GROUPS_OMITTED`] (they were not read),
+            /// and/or [`REQUEST_FLAG_SESSION`] (then the session sequence).
             pub flags: u32,
             pub tag: u64,
             pub uid: u32,
