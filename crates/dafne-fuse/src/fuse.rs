@@ -176,17 +176,25 @@ pub fn kernel_rdev(rdev: u64) -> u32 {
 /// ([`Lazy::upfront`]), saving that round trip. Root's groups are never read: they change no
 /// answer (root passes its permission checks, the setgid rules are for
 /// other callers, and a credential that squashes root drops its groups).
-struct Lazy {
+/// A user whose refusal without groups was just granted with them (one
+/// working in a directory of a supplementary group) has its groups read
+/// first for a while ([`GroupHints`]): one round trip and the read, as
+/// before the lazy read, not two round trips.
+struct Lazy<'a> {
     c: Caller,
     pid: u32,
     read: bool,
+    hints: &'a GroupHints,
 }
 
-impl Lazy {
-    fn of(req: &Request) -> Lazy {
-        let (uid, gid) = (req.uid(), req.gid());
+impl<'a> Lazy<'a> {
+    fn new(uid: u32, gid: u32, pid: u32, hints: &'a GroupHints) -> Lazy<'a> {
         let groups = if uid == 0 { dafne_proto::Groups::NONE } else { dafne_proto::Groups::OMITTED };
-        Lazy { c: Caller { uid, gid, groups }, pid: req.pid(), read: uid == 0 }
+        let mut l = Lazy { c: Caller { uid, gid, groups }, pid, read: uid == 0, hints };
+        if !l.read && hints.wants(uid) {
+            l.upfront();
+        }
+        l
     }
 
     /// The caller with its groups, read now if they were not yet.
@@ -206,9 +214,50 @@ impl Lazy {
         mut f: impl FnMut(Caller) -> Result<T, dafne_client::Errno>,
     ) -> Result<T, dafne_client::Errno> {
         match f(self.c) {
-            Err(dafne_client::Errno::EACCES | dafne_client::Errno::EPERM) if !self.read => f(self.upfront()),
+            Err(dafne_client::Errno::EACCES | dafne_client::Errno::EPERM) if !self.read => {
+                let again = f(self.upfront());
+                if again.is_ok() {
+                    self.hints.note(self.c.uid);
+                }
+                again
+            }
             r => r,
         }
+    }
+}
+
+/// How long a user's groups are read first after they turned a refusal
+/// into an answer ([`Lazy`]).
+const GROUP_HINT_FOR: Duration = Duration::from_secs(10);
+
+/// Most users remembered by [`GroupHints`] (beyond it, the expired go,
+/// then all: a forgotten user only pays the second round trip again).
+const GROUP_HINTS_MAX: usize = 4096;
+
+/// The users whose groups were needed lately, and when (by uid).
+#[derive(Debug, Default)]
+struct GroupHints(std::sync::Mutex<std::collections::HashMap<u32, std::time::Instant>>);
+
+impl GroupHints {
+    fn map(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<u32, std::time::Instant>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether `uid`'s groups were needed within [`GROUP_HINT_FOR`].
+    fn wants(&self, uid: u32) -> bool {
+        self.map().get(&uid).is_some_and(|t| t.elapsed() < GROUP_HINT_FOR)
+    }
+
+    /// `uid`'s groups turned a refusal into an answer just now.
+    fn note(&self, uid: u32) {
+        let mut m = self.map();
+        if m.len() >= GROUP_HINTS_MAX && !m.contains_key(&uid) {
+            m.retain(|_, t| t.elapsed() < GROUP_HINT_FOR);
+            if m.len() >= GROUP_HINTS_MAX {
+                m.clear();
+            }
+        }
+        m.insert(uid, std::time::Instant::now());
     }
 }
 
@@ -244,6 +293,8 @@ pub struct FuseFs {
     want_uring: bool,
     /// INIT agreed to FUSE over io_uring.
     uring_agreed: Arc<std::sync::atomic::AtomicBool>,
+    /// Users whose groups are read first for now ([`Lazy`]).
+    group_hints: Arc<GroupHints>,
 }
 
 /// Most lock requests of this mount waiting at once, each on a thread of
@@ -286,7 +337,13 @@ impl FuseFs {
             lock_waiters: Arc::new(AtomicUsize::new(0)),
             want_uring: false,
             uring_agreed: Arc::default(),
+            group_hints: Arc::default(),
         }
+    }
+
+    /// The caller of `req`, its groups read when needed ([`Lazy`]).
+    fn caller(&self, req: &Request) -> Lazy<'_> {
+        Lazy::new(req.uid(), req.gid(), req.pid(), &self.group_hints)
     }
 
     /// Asks the kernel for FUSE over io_uring in INIT; the returned flag
@@ -457,7 +514,7 @@ impl fuser::Filesystem for FuseFs {
     }
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        match Lazy::of(req).run(|c| self.core.lookup(c, self.ino(parent), name.as_bytes())) {
+        match self.caller(req).run(|c| self.core.lookup(c, self.ino(parent), name.as_bytes())) {
             // A negative entry (module docs).
             Err(dafne_client::Errno::ENOENT) if !self.entry_ttl.is_zero() => {
                 reply.entry_with_ttls(&Duration::ZERO, &self.entry_ttl, &NO_SUCH_NAME, Generation(0))
@@ -467,7 +524,7 @@ impl fuser::Filesystem for FuseFs {
     }
 
     fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match Lazy::of(req).run(|c| self.core.getattr(c, self.ino(ino))) {
+        match self.caller(req).run(|c| self.core.getattr(c, self.ino(ino))) {
             Ok(a) => reply.attr(&self.attr_ttl, &self.attr(&a)),
             Err(e) => reply.error(errno(e)),
         }
@@ -502,7 +559,7 @@ impl fuser::Filesystem for FuseFs {
             lazy: false,
         };
         // A new mode, owner or group may clear setgid by the groups.
-        let mut c = Lazy::of(req);
+        let mut c = self.caller(req);
         if set.mode.is_some() || set.uid.is_some() || set.gid.is_some() {
             c.upfront();
         }
@@ -513,7 +570,7 @@ impl fuser::Filesystem for FuseFs {
     }
 
     fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
-        match Lazy::of(req).run(|c| self.core.readlink(c, self.ino(ino))) {
+        match self.caller(req).run(|c| self.core.readlink(c, self.ino(ino))) {
             Ok(t) => reply.data(&t),
             Err(e) => reply.error(errno(e)),
         }
@@ -529,7 +586,7 @@ impl fuser::Filesystem for FuseFs {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        let mut c = Lazy::of(req);
+        let mut c = self.caller(req);
         if create_needs_groups(mode) {
             c.upfront();
         }
@@ -537,20 +594,23 @@ impl fuser::Filesystem for FuseFs {
     }
 
     fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, reply: ReplyEntry) {
-        self.entry(Lazy::of(req).run(|c| self.core.mkdir(c, self.ino(parent), name.as_bytes(), mode)), reply)
+        self.entry(self.caller(req).run(|c| self.core.mkdir(c, self.ino(parent), name.as_bytes(), mode)), reply)
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        empty(Lazy::of(req).run(|c| self.core.unlink(c, self.ino(parent), name.as_bytes())), reply)
+        empty(self.caller(req).run(|c| self.core.unlink(c, self.ino(parent), name.as_bytes())), reply)
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        empty(Lazy::of(req).run(|c| self.core.rmdir(c, self.ino(parent), name.as_bytes())), reply)
+        empty(self.caller(req).run(|c| self.core.rmdir(c, self.ino(parent), name.as_bytes())), reply)
     }
 
     fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
         let target = target.as_os_str().as_bytes();
-        self.entry(Lazy::of(req).run(|c| self.core.symlink(c, self.ino(parent), link_name.as_bytes(), target)), reply)
+        self.entry(
+            self.caller(req).run(|c| self.core.symlink(c, self.ino(parent), link_name.as_bytes(), target)),
+            reply,
+        )
     }
 
     fn rename(
@@ -577,7 +637,7 @@ impl fuser::Filesystem for FuseFs {
             f |= dafne_client::RENAME_EXCHANGE;
         }
         empty(
-            Lazy::of(req).run(|c| {
+            self.caller(req).run(|c| {
                 self.core.rename(c, self.ino(parent), name.as_bytes(), self.ino(newparent), newname.as_bytes(), f)
             }),
             reply,
@@ -599,31 +659,34 @@ impl fuser::Filesystem for FuseFs {
         if position != 0 || flags & !known != 0 {
             return reply.error(fuser::Errno::EINVAL);
         }
-        empty(Lazy::of(req).run(|c| self.core.setxattr(c, self.ino(ino), name.as_bytes(), value, flags as u32)), reply)
+        empty(
+            self.caller(req).run(|c| self.core.setxattr(c, self.ino(ino), name.as_bytes(), value, flags as u32)),
+            reply,
+        )
     }
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        let value = Lazy::of(req).run(|c| self.core.getxattr(c, self.ino(ino), name.as_bytes()));
+        let value = self.caller(req).run(|c| self.core.getxattr(c, self.ino(ino), name.as_bytes()));
         xattr(value, size, reply)
     }
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        xattr(Lazy::of(req).run(|c| self.core.listxattr(c, self.ino(ino))), size, reply)
+        xattr(self.caller(req).run(|c| self.core.listxattr(c, self.ino(ino))), size, reply)
     }
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        empty(Lazy::of(req).run(|c| self.core.removexattr(c, self.ino(ino), name.as_bytes())), reply)
+        empty(self.caller(req).run(|c| self.core.removexattr(c, self.ino(ino), name.as_bytes())), reply)
     }
 
     fn link(&self, req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
         self.entry(
-            Lazy::of(req).run(|c| self.core.link(c, self.ino(ino), self.ino(newparent), newname.as_bytes())),
+            self.caller(req).run(|c| self.core.link(c, self.ino(ino), self.ino(newparent), newname.as_bytes())),
             reply,
         )
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        match Lazy::of(req).run(|c| self.core.open(c, self.ino(ino), OpenMode::from_flags(flags.0))) {
+        match self.caller(req).run(|c| self.core.open(c, self.ino(ino), OpenMode::from_flags(flags.0))) {
             Ok((fh, _)) => reply.opened(FileHandle(fh), FopenFlags::empty()),
             Err(e) => reply.error(errno(e)),
         }
@@ -813,7 +876,7 @@ impl fuser::Filesystem for FuseFs {
     }
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        let r = Lazy::of(req).run(|c| {
+        let r = self.caller(req).run(|c| {
             self.core.getattr(c, self.ino(ino)).and_then(|a| match a.kind {
                 FileType::Directory if crate::core::may_access(c, &a, crate::core::MAY_READ) => Ok(()),
                 FileType::Directory => Err(dafne_client::Errno::EACCES),
@@ -827,7 +890,7 @@ impl fuser::Filesystem for FuseFs {
     }
 
     fn readdir(&self, req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
-        let mut c = Lazy::of(req);
+        let mut c = self.caller(req);
         let dir = self.ino(ino);
         if offset < DOT && reply.add(ino, DOT, fuser::FileType::Directory, ".") {
             return reply.ok();
@@ -860,7 +923,7 @@ impl fuser::Filesystem for FuseFs {
     }
 
     fn readdirplus(&self, req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
-        let mut c = Lazy::of(req);
+        let mut c = self.caller(req);
         let dir = self.ino(ino);
         let ttl = self.attr_ttl.min(self.entry_ttl);
         if offset < DOTDOT {
@@ -912,7 +975,7 @@ impl fuser::Filesystem for FuseFs {
     }
 
     fn statfs(&self, req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        match Lazy::of(req).run(|c| self.core.statfs(c)) {
+        match self.caller(req).run(|c| self.core.statfs(c)) {
             Ok(s) => reply.statfs(s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.bsize),
             Err(e) => reply.error(errno(e)),
         }
@@ -920,7 +983,7 @@ impl fuser::Filesystem for FuseFs {
 
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
         let want = (mask & (AccessFlags::R_OK | AccessFlags::W_OK | AccessFlags::X_OK)).bits() as u32;
-        empty(Lazy::of(req).run(|c| self.core.access(c, self.ino(ino), want)), reply)
+        empty(self.caller(req).run(|c| self.core.access(c, self.ino(ino), want)), reply)
     }
 
     fn create(
@@ -934,7 +997,7 @@ impl fuser::Filesystem for FuseFs {
         reply: ReplyCreate,
     ) {
         let exclusive = flags & libc::O_EXCL != 0;
-        let mut c = Lazy::of(req);
+        let mut c = self.caller(req);
         if create_needs_groups(mode) {
             c.upfront();
         }
@@ -953,6 +1016,35 @@ impl fuser::Filesystem for FuseFs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A user whose groups turned a refusal into an answer has them read
+    /// first for its next requests (one call, not two); another user, and
+    /// one whose groups changed nothing, stay lazy. (A closure stands in
+    /// for meta's rule here; `tests/mount.rs` runs the real one.)
+    #[test]
+    fn a_user_whose_groups_were_needed_has_them_read_first() {
+        use dafne_client::Errno;
+        let hints = GroupHints::default();
+        let me = std::process::id();
+        let tries = |uid: u32, refuse_all: bool| {
+            let mut seen = Vec::new();
+            let r = Lazy::new(uid, uid, me, &hints).run(|c| {
+                seen.push(c.groups.is_omitted());
+                if refuse_all || c.groups.is_omitted() {
+                    Err(Errno::EACCES)
+                } else {
+                    Ok(())
+                }
+            });
+            (r, seen)
+        };
+        assert_eq!(tries(4242, false), (Ok(()), vec![true, false]), "lazy, then asked again");
+        assert_eq!(tries(4242, false), (Ok(()), vec![false]), "read first");
+        assert_eq!(tries(4243, false), (Ok(()), vec![true, false]), "another user");
+        assert_eq!(tries(4244, true), (Err(Errno::EACCES), vec![true, false]));
+        assert_eq!(tries(4244, true), (Err(Errno::EACCES), vec![true, false]), "groups that changed nothing");
+        assert_eq!(tries(0, true), (Err(Errno::EACCES), vec![false]), "root: never omitted");
+    }
 
     /// A process acting as `uid`/`gid` with supplementary groups 5 and 6
     /// (`setpriv`, which needs root, as the mount tests do), once its
