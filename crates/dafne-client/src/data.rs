@@ -150,8 +150,8 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use dafne_proto::io::{
-    decode_io_reply, encode_io_request, AllocateMode, IoExtent, IoRequest, IoResponse, Stability, StripeSlots, NOT_SERVING,
-    NO_KEY,
+    decode_io_reply, encode_io_request, AllocateMode, IoExtent, IoRequest, IoResponse, Stability, StripeSlots,
+    NOT_SERVING, NO_KEY,
 };
 use dafne_proto::{Capability, Envelope, Errno, ServerInfo};
 use dafne_transport::{Access, Client, Region, Runtime};

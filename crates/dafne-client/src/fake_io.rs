@@ -51,7 +51,10 @@ impl Service for FakeIo {
                     faults.stable_writes.fetch_add(1, Ordering::Relaxed);
                 }
                 let refuse = !matches!(r, IoRequest::Login { .. })
-                    && faults.not_serving.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok();
+                    && faults
+                        .not_serving
+                        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                        .is_ok();
                 let result = match &r {
                     _ if refuse => {
                         faults.refused.fetch_add(1, Ordering::SeqCst);

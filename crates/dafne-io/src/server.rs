@@ -599,9 +599,7 @@ pub fn serve_forever(c: &IoCommand) -> Result<()> {
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
         if !l.held() {
-            tracing::info!(
-                "no lease from meta yet: data requests are refused until meta answers a heartbeat"
-            );
+            tracing::info!("no lease from meta yet: data requests are refused until meta answers a heartbeat");
         }
     }
     println!("listening on {}", s.addr);

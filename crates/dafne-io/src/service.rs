@@ -484,9 +484,7 @@ impl IoService {
         let ops = *self.ops.borrow();
         let lease = self.lease_stats();
         match &self.backend {
-            Backend::Unifier(u) => {
-                ServingStats { ops, mode: ModeStats::default(), unifier: u.stats(), storage, lease }
-            }
+            Backend::Unifier(u) => ServingStats { ops, mode: ModeStats::default(), unifier: u.stats(), storage, lease },
             Backend::Direct(d) => ServingStats { ops, mode: d.stats(), unifier: Default::default(), storage, lease },
         }
     }
