@@ -884,6 +884,15 @@ fn an_io_server_crash_costs_a_reader_a_pause_not_an_error() {
     assert!(seen.rounds > 2, "the workload did not run across the restart ({} rounds)", seen.rounds);
 }
 
+/// Raises its flag when dropped.
+struct StopOnDrop<'a>(&'a std::sync::atomic::AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Release);
+    }
+}
+
 /// Issue 13, step 2: the metadata server stopping (SIGSTOP: alive, so not
 /// restarted, but answering nothing) for longer than the io servers'
 /// lease (3 s) and less than the retry deadline (6 s here) costs an application that
@@ -925,6 +934,9 @@ fn a_metadata_server_that_stops_answering_costs_an_application_a_pause_not_an_er
                 Ok(())
             })
         });
+        // Stops the workload however this thread leaves the scope (a
+        // failed wait too: else the scope would wait for it for ever).
+        let _stop = StopOnDrop(&stop);
         std::thread::sleep(Duration::from_secs(1));
         let stopped_at = std::time::Instant::now();
         let stopped = Stopped::stop(server_pid(c.dir(), "meta"));
@@ -937,7 +949,7 @@ fn a_metadata_server_that_stops_answering_costs_an_application_a_pause_not_an_er
         stopped.resume();
         // Keep going after meta answers again.
         std::thread::sleep(Duration::from_secs(2));
-        stop.store(true, std::sync::atomic::Ordering::Release);
+        drop(_stop);
         w.join().unwrap()
     });
     eprintln!(
