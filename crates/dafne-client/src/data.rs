@@ -33,7 +33,8 @@
 //! At most [`FOLLOW_MAX_PARKED`] requests of this client wait for their
 //! keys on one server at a time (the server's bound per connection): the
 //! I/O past it carries its key. A server that refuses to park a request
-//! (`EBUSY`: its table is full) is asked again with the key carried, and a
+//! (`EBUSY`: its table is full) or is not serving (`NOT_SERVING`: see
+//! "Riding over a restart") is asked again with the key carried, and a
 //! revoked capability (`ESTALE`) is renewed as for any request; requests
 //! leave with the freshest capability this client knows.
 //! Requests sent this way are counted ([`DataClient::frrwp_requests`]).
@@ -95,7 +96,15 @@
 //! lost connection), `Truncate`, `Allocate`, `Sync` and `Stat`. Not:
 //! `Keys`, `Login`, `Remove` and `Revoke` (the reclaimer and the relay
 //! repeat those themselves), `ServerInfo` and `Scrub` (tools that want a
-//! quick answer). Capabilities
+//! quick answer). A request that an io server refused because it is not
+//! serving ([`dafne_proto::io::NOT_SERVING`]: its lease from meta lapsed,
+//! meta down or out of its reach) had no effect there, and is sent again
+//! the same way, every `link::RETRY_EVERY`, until the same deadline, then
+//! fails with `EIO` (a throttled warning says why); a request of those
+//! not repeated gets the refusal, but one whose keys follow is sent again
+//! with its key carried, and so repeated (module docs, "Keys that
+//! follow"). [`DataClient::set_retry_deadline`] sets a client's own
+//! deadline. Capabilities
 //! need no renewal for a new connection (they are signed by the cluster
 //! secret, not bound to one); one revoked meanwhile is answered `ESTALE`
 //! and renewed as below. The write verifier keeps working across the
@@ -141,7 +150,8 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use dafne_proto::io::{
-    decode_io_reply, encode_io_request, AllocateMode, IoExtent, IoRequest, IoResponse, Stability, StripeSlots, NO_KEY,
+    decode_io_reply, encode_io_request, AllocateMode, IoExtent, IoRequest, IoResponse, Stability, StripeSlots,
+    NOT_SERVING, NO_KEY,
 };
 use dafne_proto::{Capability, Envelope, Errno, ServerInfo};
 use dafne_transport::{Access, Client, Region, Runtime};
@@ -451,6 +461,9 @@ pub struct DataClient {
     next_tag: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// Requests waiting for their keys, by server ([`FOLLOW_MAX_PARKED`]).
     follow_parked: std::sync::Arc<Vec<std::sync::atomic::AtomicUsize>>,
+    /// This client's retry deadline in ms ([`DataClient::set_retry_deadline`]);
+    /// 0: the process's (`crate::retry_deadline`).
+    retry_deadline_ms: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// Places taken in [`DataClient`]'s `follow_parked`, given back on drop.
@@ -600,7 +613,25 @@ impl DataClient {
             frrwp_sent: Default::default(),
             next_tag: Default::default(),
             follow_parked: std::sync::Arc::new((0..addrs.len()).map(|_| Default::default()).collect()),
+            retry_deadline_ms: Default::default(),
         })
+    }
+
+    /// How long this client (and its clones) repeats a request whose
+    /// connection was lost or that a server not serving refused (module
+    /// docs, "Riding over a restart"), instead of the process's
+    /// `crate::retry_deadline`: for a tool that wants a quick answer.
+    pub fn set_retry_deadline(&self, d: Duration) {
+        let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1);
+        self.retry_deadline_ms.store(ms, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// This client's retry deadline ([`Self::set_retry_deadline`]).
+    pub fn retry_deadline(&self) -> Duration {
+        match self.retry_deadline_ms.load(std::sync::atomic::Ordering::Relaxed) {
+            0 => crate::retry_deadline(),
+            ms => Duration::from_millis(ms),
+        }
     }
 
     /// Lets this client (and its clones) ask `meta` for a fresh capability
@@ -842,12 +873,27 @@ impl DataClient {
     async fn call_once(&self, server: usize, req: &IoRequest) -> Result<IoResponse, Errno> {
         let began = Instant::now();
         let link = self.servers.get(server).ok_or(Errno::EIO)?;
+        let deadline = self.retry_deadline();
         loop {
             match self.attempt(server, req).await {
                 Ok(r) => return Ok(r),
+                // A server not serving (its lease from meta lapsed) refused
+                // it before doing anything: sent again after a pause, as
+                // after a lost connection. A request that is not repeated
+                // gets the refusal (FRRWP's then goes with its key carried,
+                // `rma_follow`).
+                Err(Attempt::Failed(e)) if e == NOT_SERVING && io_repeatable(req) => {
+                    if began.elapsed() >= deadline {
+                        self.warn_not_serving(server, began);
+                        return Err(Errno::EIO);
+                    }
+                    tracing::debug!("io server {server}: not serving now (no lease from meta); sent again");
+                    // Blocks the thread, as the reconnection pause does.
+                    std::thread::sleep(crate::link::RETRY_EVERY);
+                }
                 Err(Attempt::Failed(e)) => return Err(e),
                 Err(Attempt::Lost { errno, sent }) => {
-                    if !io_repeatable(req) || link.past_deadline(began) {
+                    if !io_repeatable(req) || link.past_deadline_of(began, deadline) {
                         self.warn_lost(server, began);
                         return Err(errno);
                     }
@@ -871,6 +917,22 @@ impl DataClient {
         if let Some(n) = crate::link::throttle().allow(&format!("io call {addr}")) {
             tracing::warn!(
                 "a request to io server {server} at {addr} failed after {:.1?}: its connection was lost (EIO){}",
+                began.elapsed(),
+                crate::link::suppressed_note(n)
+            );
+        }
+    }
+
+    /// Logs (throttled, per server) a request that failed because the
+    /// server kept refusing it for the retry deadline: it was not serving
+    /// (its lease from meta lapsed).
+    fn warn_not_serving(&self, server: usize, began: Instant) {
+        let Some(link) = self.servers.get(server) else { return };
+        let addr = link.peek().0.remote_addr();
+        if let Some(n) = crate::link::throttle().allow(&format!("io not serving {addr}")) {
+            tracing::warn!(
+                "a request to io server {server} at {addr} failed after {:.1?}: the server is not serving \
+                 (its lease from the metadata server lapsed: meta down or out of its reach) (EIO){}",
                 began.elapsed(),
                 crate::link::suppressed_note(n)
             );
@@ -1198,7 +1260,7 @@ impl DataClient {
         for (c, k) in calls.iter_mut().zip(sent) {
             let r = c.as_mut().take_output().unwrap_or(Err(Errno::EIO));
             if let Err(e) = r {
-                only_unmoved &= e == Errno::ESTALE || e == Errno::EBUSY;
+                only_unmoved &= e == Errno::ESTALE || e == Errno::EBUSY || e == NOT_SERVING;
                 tracing::debug!("a request whose keys followed failed: {e:?} (its keys: {k:?})");
                 // Any error wins over success; a revoked capability (whose
                 // fresh one the registered path asks meta for) and a
@@ -1210,7 +1272,10 @@ impl DataClient {
         }
         // Again with the key in the request, through `call` (which asks
         // meta for a fresh capability): each part again, the same bytes.
-        if only_unmoved && ((result == Err(Errno::ESTALE) && self.meta.get().is_some()) || result == Err(Errno::EBUSY))
+        if only_unmoved
+            && ((result == Err(Errno::ESTALE) && self.meta.get().is_some())
+                || result == Err(Errno::EBUSY)
+                || result == Err(NOT_SERVING))
         {
             drop(slots);
             return carried(reg).await;
@@ -2034,6 +2099,31 @@ mod tests {
         d.servers[0].failed(2, &loss());
         std::thread::sleep(crate::link::RETRY_EVERY);
         assert_eq!(block_on(d.sync(&f)), Err(Errno::EIO), "a loss after the cut");
+    }
+
+    #[test]
+    fn a_request_refused_by_a_server_not_serving_is_sent_again_until_the_deadline() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let (_server, addr, faults) = fake_io::start();
+        let rt = fake_io::runtime("not-serving");
+        let d = DataClient::connect(&rt, &[addr], crate::fake_io::secret()).unwrap();
+        let f = file(20);
+        // Refused three times, then served: the caller sees success.
+        faults.not_serving.store(3, SeqCst);
+        assert_eq!(block_on(d.write_at(&f, 0, b"late", Stability::DataSync)), Ok(4));
+        assert_eq!(faults.refused.load(SeqCst), 3, "sent until served");
+        faults.not_serving.store(2, SeqCst);
+        assert_eq!(block_on(d.sync(&f)), Ok(()));
+        assert_eq!(faults.refused.load(SeqCst), 5);
+        // A removal is not repeated (the reclaimer repeats it): the refusal.
+        faults.not_serving.store(1, SeqCst);
+        assert_eq!(block_on(d.remove(&f)), Err(dafne_proto::io::NOT_SERVING));
+        // A server that keeps refusing: EIO after the client's deadline.
+        d.set_retry_deadline(Duration::from_millis(600));
+        faults.not_serving.store(u64::MAX, SeqCst);
+        let before = faults.refused.load(SeqCst);
+        assert_eq!(block_on(d.write_at(&f, 0, b"never", Stability::DataSync)), Err(Errno::EIO));
+        assert!(faults.refused.load(SeqCst) > before + 1, "sent again before giving up");
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! truncates and removes succeed; reads fail with `EIO` (an error the
 //! server decided, after which no RMA of the request is pending). It
 //! counts the writes it was asked to make stable, and fails writes (`EIO`)
-//! or syncs (`EAGAIN`, as a timeout reads to the caller) when told to.
+//! or syncs (`EAGAIN`, as a timeout reads to the caller) when told to, or
+//! refuses data requests as a server whose lease lapsed (`NOT_SERVING`).
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -31,6 +32,10 @@ pub(crate) struct Faults {
     pub max_writes_in_flight: AtomicU64,
     /// What a `Stat` answers (0 unless set).
     pub stat_size: AtomicU64,
+    /// Refuse this many more data requests (all but `Login`) with
+    /// `NOT_SERVING`, as a server whose lease lapsed; and how many were.
+    pub not_serving: AtomicU64,
+    pub refused: AtomicU64,
 }
 
 struct FakeIo {
@@ -45,7 +50,16 @@ impl Service for FakeIo {
                 if let IoRequest::Write { stability: Stability::DataSync | Stability::FileSync, .. } = &r {
                     faults.stable_writes.fetch_add(1, Ordering::Relaxed);
                 }
+                let refuse = !matches!(r, IoRequest::Login { .. })
+                    && faults
+                        .not_serving
+                        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                        .is_ok();
                 let result = match &r {
+                    _ if refuse => {
+                        faults.refused.fetch_add(1, Ordering::SeqCst);
+                        Err(dafne_proto::io::NOT_SERVING)
+                    }
                     IoRequest::Write { .. } if faults.fail_writes.load(Ordering::Relaxed) => Err(Errno::EIO),
                     IoRequest::Write { .. } => Ok(IoResponse::Write { bytes: r.total_bytes() }),
                     IoRequest::Sync { .. } if faults.fail_syncs.load(Ordering::Relaxed) => Err(Errno::EAGAIN),

@@ -286,7 +286,11 @@ impl Link {
     /// past the retry deadline: its own time, or the server's time out of
     /// reach (module docs).
     pub(crate) fn past_deadline(&self, began: Instant) -> bool {
-        let deadline = retry_deadline();
+        self.past_deadline_of(began, retry_deadline())
+    }
+
+    /// [`Self::past_deadline`] with a deadline of the caller's.
+    pub(crate) fn past_deadline_of(&self, began: Instant, deadline: Duration) -> bool {
         began.elapsed() >= deadline || self.down_for() >= deadline
     }
 

@@ -20,6 +20,10 @@
 //! retried: a configuration corrected on meta's side is
 //! picked up. The thread stops when the [`Heartbeats`] handle is dropped.
 //!
+//! Each heartbeat meta answers successfully renews the server's lease
+//! ([`crate::lease`]) from the time the heartbeat was sent: while the
+//! lease has lapsed the server refuses data requests.
+//!
 //! The options are checked before the server binds its port
 //! ([`prepare`]); a wildcard listen address needs `--advertise`, as meta's
 //! table and `dafne status` need an address that reaches the server.
@@ -32,6 +36,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use dafne_proto::{Heartbeat, Request, HEARTBEAT_INTERVAL, MAX_HOST_NAME};
+
+use crate::lease::Lease;
 
 /// The command-line options of joining (part of `dafne serve io`).
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -115,6 +121,7 @@ pub struct Join {
     secret: dafne_auth::Secret,
     host: String,
     advertise: Option<SocketAddr>,
+    lease: Arc<Lease>,
 }
 
 /// Checks the join options (`None` without `--meta`) before the server
@@ -148,10 +155,17 @@ pub fn prepare(j: &JoinArgs, listen: SocketAddr, secret: &Path) -> Result<Option
     };
     let secret = dafne_auth::Secret::load(secret)
         .with_context(|| format!("reading the cluster secret {} (to join meta at {meta})", secret.display()))?;
-    Ok(Some(Join { meta, server, secret, host, advertise: j.advertise }))
+    Ok(Some(Join { meta, server, secret, host, advertise: j.advertise, lease: Arc::new(Lease::new()) }))
 }
 
 impl Join {
+    /// The lease the heartbeats renew, for the io service to check
+    /// ([`crate::server::start_leased`]); not held until meta answered the
+    /// first heartbeat.
+    pub fn lease(&self) -> Arc<Lease> {
+        self.lease.clone()
+    }
+
     /// Starts the heartbeat thread: heartbeats for the server listening on
     /// `bound` (or what `--advertise` says), measuring the file system of
     /// `data_dir`.
@@ -177,7 +191,9 @@ impl Join {
             used_bytes: 0,
         };
         let stop = Arc::new(AtomicBool::new(false));
+        self.lease.watch(stop.clone()).context("starting the lease watcher thread")?;
         let thread = Beat {
+            lease: self.lease,
             meta: self.meta,
             secret: self.secret,
             ucx,
@@ -200,6 +216,7 @@ struct Beat {
     beat: Heartbeat,
     data_dir: PathBuf,
     stop: Arc<AtomicBool>,
+    lease: Arc<Lease>,
 }
 
 impl Beat {
@@ -240,8 +257,10 @@ impl Beat {
             let result = match &session {
                 Some(s) => {
                     (self.beat.capacity_bytes, self.beat.used_bytes) = capacity(&self.data_dir);
+                    // The lease runs from the sending (module `lease`).
+                    let sent = Instant::now();
                     s.request(Request::ServerHeartbeat(self.beat.clone()))
-                        .map(|_| ())
+                        .map(|_| self.lease.grant(sent))
                         .map_err(|e| format!("meta at {} answered the heartbeat with {e}", self.meta))
                 }
                 None => {

@@ -17,11 +17,14 @@
 //! * [`server`]: starting one.
 //! * [`heartbeat`]: joining the cluster (`--meta`): a heartbeat to the
 //!   metadata server every second, so that it knows who is up.
+//! * [`lease`]: what those heartbeats earn: a server cut off from meta
+//!   refuses data requests once its lease lapsed.
 //! * [`metrics`]: its counters as a Prometheus page (`--metrics-listen`).
 
 pub mod allocate;
 pub mod chunk;
 pub mod heartbeat;
+pub mod lease;
 pub mod metrics;
 pub mod modes;
 pub mod server;

@@ -7,7 +7,9 @@
 //! view of `IoStats::merged`, the same in every mode); the cache size, its
 //! dirty and pinned bytes; the data directory's size and free space; the
 //! storage path's operations and bytes; the UCX context's and the
-//! transport's counters; the process's CPU time and memory. Replication
+//! transport's counters; the process's CPU time and memory; whether it
+//! serves data now and the requests refused for a lapsed lease from meta
+//! (`crate::lease`). Replication
 //! (chain states) is not built, so there are no chain metrics.
 
 use dafne_metrics::{Kind, Text};
@@ -39,6 +41,18 @@ pub fn render(server: &str, s: &IoStats, cap: &Capacity, transport: &TransportSt
         "Bytes moved by successful requests: returned by reads, written by writes.",
         &|c| c.bytes,
         true,
+    );
+    t.single(
+        "dafne_io_lease_refusals_total",
+        Kind::Counter,
+        "Data requests refused (ENOTCONN) because the server's lease from meta had lapsed.",
+        s.lease.refusals,
+    );
+    t.single(
+        "dafne_io_serving",
+        Kind::Gauge,
+        "1 while data requests are served; 0 while the lease from meta has lapsed (or was never granted).",
+        u64::from(s.lease.serving),
     );
     t.single(
         "dafne_io_undecodable_requests_total",

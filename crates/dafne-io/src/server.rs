@@ -178,6 +178,8 @@ pub struct IoStats {
     pub storage: StorageStats,
     /// Requests, errors and bytes by op.
     pub ops: crate::service::OpStats,
+    /// The lease from meta ([`crate::lease`]).
+    pub lease: crate::service::LeaseStats,
 }
 
 impl IoStats {
@@ -343,6 +345,7 @@ impl IoServer {
             ucx: self.ucx_stats(),
             storage: s.storage,
             ops: s.ops,
+            lease: s.lease,
         }
     }
 
@@ -363,6 +366,7 @@ impl IoServer {
             ucx: self.ucx_stats(),
             storage: s.storage,
             ops: s.ops,
+            lease: s.lease,
         };
         Ok(crate::metrics::render(server, &stats, &capacity.1, &self.rt.stats().snapshot()))
     }
@@ -446,6 +450,12 @@ pub fn start(a: &IoArgs) -> Result<IoServer> {
 
 /// Starts an io server in the given mode.
 pub fn start_with(a: &IoArgs, m: ModeArgs) -> Result<IoServer> {
+    start_leased(a, m, None)
+}
+
+/// Starts an io server in the given mode that serves data only while
+/// `lease` holds, if given ([`crate::lease`]; a server that joined meta).
+pub fn start_leased(a: &IoArgs, m: ModeArgs, lease: Option<std::sync::Arc<crate::lease::Lease>>) -> Result<IoServer> {
     let secret =
         Secret::load(&a.secret).context("the io server needs the cluster secret the metadata server created")?;
     ChunkStore::open(&a.data_dir).with_context(|| format!("opening {}", a.data_dir.display()))?;
@@ -537,6 +547,9 @@ pub fn start_with(a: &IoArgs, m: ModeArgs) -> Result<IoServer> {
             )),
         };
         let mut service = IoService::new(secret, backend, store);
+        if let Some(l) = lease.clone() {
+            service.set_lease(l);
+        }
         if let Some(ms) = m.keys_deadline_ms {
             service.set_keys_deadline(std::time::Duration::from_millis(ms));
         }
@@ -547,6 +560,10 @@ pub fn start_with(a: &IoArgs, m: ModeArgs) -> Result<IoServer> {
     Ok(IoServer { addr, mode: m.mode, rt })
 }
 
+/// How long a server that joins meta waits for its first lease before it
+/// prints `listening on` (it serves data only under a lease).
+const FIRST_LEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Starts an io server, prints `listening on ADDR`, serves until killed
 /// (or, with `--stats-on-stdin`, until stdin closes).
 pub fn serve_forever(c: &IoCommand) -> Result<()> {
@@ -555,7 +572,9 @@ pub fn serve_forever(c: &IoCommand) -> Result<()> {
     // The join options are checked before the port is taken.
     let join = crate::heartbeat::prepare(&c.join, c.args.listen, &c.args.secret)?;
     let ucx = dafne_transport::parse_ucx_overrides(&c.args.ucx).map_err(anyhow::Error::msg)?;
-    let s = std::sync::Arc::new(start_with(&c.args, c.serving)?);
+    // A server that joins meta serves data only under a lease from it.
+    let lease = join.as_ref().map(|j| j.lease());
+    let s = std::sync::Arc::new(start_leased(&c.args, c.serving, lease.clone())?);
     // Dropped before the server (it holds a reference for its page).
     // A port it cannot take (a restart whose port something took
     // meanwhile) costs the metrics, never the server: another port, or
@@ -570,6 +589,19 @@ pub fn serve_forever(c: &IoCommand) -> Result<()> {
     // After the server listens, so meta never counts up a server that
     // does not serve; kept until the process ends (its drop stops it).
     let _heartbeats = join.map(|j| j.start(s.addr, &c.args.data_dir, ucx)).transpose()?;
+    // The first heartbeat is answered within milliseconds when meta is up:
+    // waited for (briefly), so that a server announced as listening
+    // serves. A meta not up yet costs at most this wait; the server then
+    // serves once meta answers.
+    if let Some(l) = &lease {
+        let deadline = std::time::Instant::now() + FIRST_LEASE_WAIT;
+        while !l.held() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        if !l.held() {
+            tracing::info!("no lease from meta yet: data requests are refused until meta answers a heartbeat");
+        }
+    }
     println!("listening on {}", s.addr);
     std::io::stdout().flush()?;
     if c.stats_on_stdin {

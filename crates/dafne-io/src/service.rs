@@ -48,6 +48,13 @@
 //! waiter leaving the table removes only its own entry (a serial per
 //! entry), never a later request's that reused the tag.
 //!
+//! # Lease
+//! A server that joined meta serves data only while its lease from meta
+//! holds ([`crate::lease`], which says which requests are refused and
+//! why): the check comes first, before the capability, the cache advice,
+//! parking or anything else a request does, so a refused request had no
+//! effect; a request parked for its keys checks it again once they came.
+//!
 //! A write's units are aborted on every early return after they were taken
 //! (`AbortUnlessCommitted`): a unit not filled from storage is dropped
 //! rather than saved as written, so an error never exposes the slot's
@@ -184,6 +191,20 @@ pub struct ServingStats {
     pub unifier: dafne_unifier::UnifierStats,
     /// The chunk store's counters (storage path, ops and bytes per path).
     pub storage: crate::chunk::StorageStats,
+    /// The lease's state and refusals.
+    pub lease: LeaseStats,
+}
+
+/// The lease as the metrics page shows it ([`crate::lease`]).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseStats {
+    /// Whether the server holds a lease at all (it joined meta).
+    pub leased: bool,
+    /// Whether data requests are served now: always without a lease,
+    /// while it holds with one.
+    pub serving: bool,
+    /// Data requests refused because the lease had lapsed.
+    pub refusals: u64,
 }
 
 /// The io service of one server. Its counters are read on demand, on the
@@ -218,6 +239,10 @@ pub struct IoService {
     root_conns: RefCell<std::collections::HashSet<u32>>,
     /// The objects of the scrub under way (`scrub`).
     scrub_list: RefCell<Vec<u64>>,
+    /// The lease from meta (module docs, "Lease"); none: always serving.
+    lease: Option<std::sync::Arc<crate::lease::Lease>>,
+    /// Data requests refused because the lease had lapsed.
+    lease_refusals: Cell<u64>,
 }
 
 /// Objects one scrub slice may visit at most (each costs an open, a stat
@@ -297,6 +322,32 @@ impl IoService {
             frrwp_refused: Default::default(),
             root_conns: Default::default(),
             scrub_list: Default::default(),
+            lease: None,
+            lease_refusals: Default::default(),
+        }
+    }
+
+    /// Serves data only while `lease` holds (module docs, "Lease").
+    pub fn set_lease(&mut self, lease: std::sync::Arc<crate::lease::Lease>) {
+        self.lease = Some(lease);
+    }
+
+    /// `Err(NOT_SERVING)`, counted, while the lease has lapsed.
+    fn check_lease(&self) -> Result<(), Errno> {
+        match &self.lease {
+            Some(l) if !l.held() => {
+                self.lease_refusals.set(self.lease_refusals.get() + 1);
+                Err(crate::lease::NOT_SERVING)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn lease_stats(&self) -> LeaseStats {
+        LeaseStats {
+            leased: self.lease.is_some(),
+            serving: self.lease.as_ref().is_none_or(|l| l.held()),
+            refusals: self.lease_refusals.get(),
         }
     }
 
@@ -431,9 +482,10 @@ impl IoService {
     pub fn stats(&self) -> ServingStats {
         let storage = self.store.stats();
         let ops = *self.ops.borrow();
+        let lease = self.lease_stats();
         match &self.backend {
-            Backend::Unifier(u) => ServingStats { ops, mode: ModeStats::default(), unifier: u.stats(), storage },
-            Backend::Direct(d) => ServingStats { ops, mode: d.stats(), unifier: Default::default(), storage },
+            Backend::Unifier(u) => ServingStats { ops, mode: ModeStats::default(), unifier: u.stats(), storage, lease },
+            Backend::Direct(d) => ServingStats { ops, mode: d.stats(), unifier: Default::default(), storage, lease },
         }
     }
 
@@ -672,6 +724,11 @@ impl IoService {
             }
             other => *other.cap().ok_or(Errno::EPROTO)?,
         };
+        // The lease first (module docs, "Lease"): nothing of a refused
+        // request is done. `Revoke` only makes the server refuse more.
+        if !matches!(req, IoRequest::Revoke { .. }) {
+            self.check_lease()?;
+        }
         if self.check_cap(conn, &req, &cap)? {
             return Ok(IoResponse::Done);
         }
@@ -704,6 +761,9 @@ impl IoService {
                 self.prepare(&req, object);
                 let raw = wait.wait().await?;
                 drop(wait);
+                // The lease may have lapsed while it waited: refused
+                // before any unit is taken.
+                self.check_lease()?;
                 if self.check_cap(conn, &req, &cap)? {
                     return Ok(IoResponse::Done);
                 }

@@ -180,6 +180,15 @@
 //! `ServerInfo` without a genuine capability (its capability is then not
 //! checked).
 //!
+//! # Not serving
+//!
+//! An io server that joined meta serves data only while it holds a lease
+//! from meta (`dafne_io::lease`). While the lease has lapsed it answers
+//! `Read`, `Write`, `Truncate`, `Allocate`, `Sync`, `Stat` and `Remove`
+//! with [`NOT_SERVING`] (`ENOTCONN`), decided before the request has any
+//! effect: the same request may be sent again, whatever it is. No other
+//! io answer is `ENOTCONN`.
+//!
 //! # Sizes
 //!
 //! The largest request is [`MAX_IO_REQUEST_LEN`] bytes (153 777, under the
@@ -189,6 +198,10 @@
 use crate::msg::ops;
 use crate::wire::{Reader, Wire, Writer};
 use crate::{Capability, DecodeError, Envelope, Errno, IoReplyHeader, IoRequestHeader};
+
+/// An io server's answer to a data request while its lease from meta has
+/// lapsed (module docs, "Not serving"): not serving now, try again.
+pub const NOT_SERVING: Errno = Errno::ENOTCONN;
 
 ops! {
     /// What an io request asks for. The numbers are the wire's, in the op

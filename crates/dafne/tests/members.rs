@@ -378,3 +378,115 @@ fn an_io_server_refuses_to_join_with_a_wildcard_address_unless_told_what_to_adve
     let out = text(&o);
     assert!(!o.status.success() && out.contains("--host-name") && !out.contains("listening on"), "{out}");
 }
+
+/// Issue 13, step 2 (docs/REPLICATION.md, "Membership: leases held from
+/// meta"): an io server whose meta stops answering (SIGSTOP: alive, so
+/// no supervisor restarts it, but no heartbeat is answered) refuses a
+/// write once its lease lapsed (L = 3 s after the last heartbeat answered
+/// was sent), having done nothing of it, and serves again once meta
+/// answers (SIGCONT): a write sent meanwhile waits, then succeeds. Failed
+/// before the change: writes were accepted 30 s after meta stopped.
+#[test]
+fn an_io_server_whose_meta_stops_answering_refuses_writes_until_meta_answers_again() {
+    use common::cluster::{server_metric, server_pid, Stopped};
+    use dafne_proto::io::Stability;
+    let c = Cluster::start_sized(2, "");
+    wait_members(c.dir(), &[("up", 0), ("up", 0)]);
+    // (Metrics pages are rendered at most once a second: waited for.)
+    common::wait_for("io-0 serving", || server_metric(c.dir(), "io-0", "dafne_io_serving") == Some(1.0));
+    let info: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(c.dir().join("cluster.json")).unwrap()).unwrap();
+    let addr = |v: &serde_json::Value| v.as_str().unwrap().parse::<std::net::SocketAddr>().unwrap();
+    let io: Vec<std::net::SocketAddr> = info["io"].as_array().unwrap().iter().map(addr).collect();
+    let ucx: Vec<(String, String)> = serde_json::from_value(info["ucx"].clone()).unwrap();
+    let rt = dafne_transport::Runtime::new(dafne_transport::RuntimeOptions {
+        name: "lease-test".into(),
+        ucx_config: ucx,
+        ..Default::default()
+    })
+    .unwrap();
+    let secret = dafne_auth::Secret::load(&c.dir().join("meta").join("cluster.secret")).unwrap();
+    let session = dafne_client::MetaSession::connect(&rt, addr(&info["meta"]), &secret, "lease-test", 0, 0).unwrap();
+    let data = dafne_client::data::DataClient::connect(&rt, &io, &secret).unwrap();
+    let fs = dafne_client::file::Fs::new(session, data.clone());
+    let f = fs.create(fs.meta.root(), b"leased", 0o644, None).unwrap();
+    let h = f.handle().clone();
+    let unit = h.layout.stripe_unit as usize;
+    // The whole file, then writes to the first stripe only: its server's.
+    let io0 = format!("io-{}", h.layout.servers[0]);
+    let io0 = io0.as_str();
+    let whole = common::pattern(2 * unit, 1);
+    f.write_at(0, &whole, Stability::FileSync).unwrap();
+    // Probes write the first half of `len`, the late write the second.
+    let len = unit.min(64 << 10);
+    let half = len / 2;
+    let write = |at: usize, seed: u64| {
+        futures::executor::block_on(data.write_at(&h, at as u64, &common::pattern(half, seed), Stability::FileSync))
+    };
+    let read = |at: u64, n: usize| {
+        let mut b = vec![0u8; n];
+        let got = futures::executor::block_on(data.read_at(&h, at, &mut b)).unwrap();
+        b.truncate(got);
+        b
+    };
+
+    // Meta stops answering. This client gives up on a request refused for
+    // 1 s (the default is 30 s), so a refusal shows as EIO.
+    data.set_retry_deadline(Duration::from_secs(1));
+    let stopped = Stopped::stop(server_pid(c.dir(), "meta"));
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    // The seed of the last write io-0 accepted.
+    let mut accepted = None;
+    for seed in 100.. {
+        match write(0, seed) {
+            Ok(n) => {
+                assert_eq!(n, half);
+                accepted = Some(seed);
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "io-0 still accepted writes 30 s after meta stopped answering"
+                );
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Err(e) => {
+                assert_eq!(e, dafne_proto::Errno::EIO, "a write refused for the client's deadline");
+                break;
+            }
+        }
+    }
+    common::wait_for("the server saying it does not serve", || {
+        server_metric(c.dir(), io0, "dafne_io_serving") == Some(0.0)
+    });
+    // The write was refused and sent again before the client gave up.
+    let mut refused = 0.0;
+    common::wait_for("the refusals counted", || {
+        refused = server_metric(c.dir(), io0, "dafne_io_lease_refusals_total").unwrap();
+        refused >= 2.0
+    });
+
+    // A write with the default deadline waits while io-0 refuses, and
+    // succeeds once meta answers again.
+    data.set_retry_deadline(Duration::from_secs(120));
+    std::thread::scope(|s| {
+        let late = s.spawn(|| write(half, 7));
+        common::wait_for("io-0 refusing the late write", || {
+            server_metric(c.dir(), io0, "dafne_io_lease_refusals_total").unwrap() >= refused + 2.0
+        });
+        assert!(!late.is_finished(), "the late write returned while io-0 refused it");
+        stopped.resume();
+        assert_eq!(late.join().unwrap(), Ok(half), "the late write once meta answers again");
+    });
+    common::wait_for("io-0 serving again", || server_metric(c.dir(), io0, "dafne_io_serving") == Some(1.0));
+    // The refused write did nothing: the first half holds the last write
+    // accepted (or the file's first bytes), the second the late write,
+    // the rest is as first written.
+    let back = read(0, 2 * unit);
+    let first = match accepted {
+        Some(seed) => common::pattern(half, seed),
+        None => whole[..half].to_vec(),
+    };
+    assert!(back[..half] == first[..], "the refused write changed the file (last accepted: {accepted:?})");
+    assert!(back[half..len] == common::pattern(half, 7)[..], "the late write is not what io-0 holds");
+    assert!(back[len..] == whole[len..], "bytes past the writes changed");
+    f.close().unwrap();
+}

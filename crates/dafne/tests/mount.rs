@@ -884,6 +884,85 @@ fn an_io_server_crash_costs_a_reader_a_pause_not_an_error() {
     assert!(seen.rounds > 2, "the workload did not run across the restart ({} rounds)", seen.rounds);
 }
 
+/// Raises its flag when dropped.
+struct StopOnDrop<'a>(&'a std::sync::atomic::AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Release);
+    }
+}
+
+/// Issue 13, step 2: the metadata server stopping (SIGSTOP: alive, so not
+/// restarted, but answering nothing) for longer than the io servers'
+/// lease (3 s) and less than the retry deadline (6 s here) costs an application that
+/// writes and reads back on the mount a pause, not an error: the io
+/// servers refuse data requests once their lease lapsed
+/// (`dafne_io_lease_refusals_total` shows it), the client library sends
+/// them again, and they are served once meta answers heartbeats again.
+/// Writes and reads are O_DIRECT on a file opened before, so every one
+/// reaches the io servers.
+#[test]
+fn a_metadata_server_that_stops_answering_costs_an_application_a_pause_not_an_error() {
+    use common::cluster::{server_metric, server_pid, Stopped};
+    let _g = serial();
+    let c = Cluster::start();
+    let m = c.mount();
+    const LEN: usize = 1 << 20;
+    std::fs::write(m.path("leased"), pattern(4 * LEN, 0)).unwrap();
+    let file = open_direct(&m.path("leased"));
+    let refusals = || -> f64 {
+        (0..4).map(|i| server_metric(c.dir(), &format!("io-{i}"), "dafne_io_lease_refusals_total").unwrap()).sum()
+    };
+    let before = refusals();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let seen = std::thread::scope(|s| {
+        let w = s.spawn(|| {
+            workload(&stop, |i| {
+                use std::os::unix::fs::FileExt;
+                let at = (i % 4) * LEN as u64;
+                let data = pattern(LEN, 1000 + i);
+                let mut raw = Vec::new();
+                let buf = aligned(&mut raw, LEN);
+                buf.copy_from_slice(&data);
+                file.write_all_at(buf, at).map_err(|e| format!("round {i}: write: {e}"))?;
+                buf.fill(0);
+                let n = file.read_at(buf, at).map_err(|e| format!("round {i}: read: {e}"))?;
+                if n != LEN || buf[..] != data[..] {
+                    return Err(format!("round {i}: read back differs ({n} bytes)"));
+                }
+                Ok(())
+            })
+        });
+        // Stops the workload however this thread leaves the scope (a
+        // failed wait too: else the scope would wait for it for ever).
+        let _stop = StopOnDrop(&stop);
+        std::thread::sleep(Duration::from_secs(1));
+        let stopped_at = std::time::Instant::now();
+        let stopped = Stopped::stop(server_pid(c.dir(), "meta"));
+        // Until the io servers have refused the workload's requests (their
+        // leases lapsed: 3 s after the last heartbeat answered was sent),
+        // and meta has been stopped for 6 s (past its sessions' 5 s
+        // keepalive: they reconnect too).
+        wait_for("the io servers refusing requests", || refusals() > before);
+        std::thread::sleep(Duration::from_secs(6).saturating_sub(stopped_at.elapsed()));
+        stopped.resume();
+        // Keep going after meta answers again.
+        std::thread::sleep(Duration::from_secs(2));
+        drop(_stop);
+        w.join().unwrap()
+    });
+    eprintln!(
+        "meta stopped: {} rounds, longest round {:?} (the application's pause), {} refusals",
+        seen.rounds,
+        seen.longest,
+        refusals() - before
+    );
+    assert!(seen.errors.is_empty(), "the application saw errors while meta was stopped: {:?}", seen.errors);
+    assert!(seen.rounds > 2, "the workload did not run across the stop ({} rounds)", seen.rounds);
+    assert!(mounted(&m.mp));
+}
+
 /// Issue 13, item 2: riding over a restart must not hide a loss. A file
 /// is written (O_DIRECT: past the kernel's cache, through write-behind to
 /// the io servers, acknowledged unstable) and not fsynced when every io

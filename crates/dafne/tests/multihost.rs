@@ -928,3 +928,118 @@ impl Drop for KillOnDrop {
         let _ = run(Command::new("kill").args(["-9", &self.0.to_string()]));
     }
 }
+
+/// Issue 13, item 6, its lease half (docs/REPLICATION.md, "Membership:
+/// leases held from meta"): an io host cut off from the metadata server
+/// while clients still reach it (blackhole routes between the two hosts
+/// only) stops accepting writes once its lease lapsed (3 s): a copy into
+/// the file system from another host fails (`EIO` after the client's
+/// retry deadline, 2 s here) instead of being accepted by a server meta
+/// no longer hears. Once the routes are back it serves again, and what
+/// was written before and after reads back. Failed before the change:
+/// copies went on succeeding.
+#[test]
+fn an_io_host_cut_off_from_meta_stops_accepting_writes() {
+    let Some(net) = Net::create(&["meta", "io1", "io2"]) else { return };
+    let (meta, io1, io2) = (net.host("meta"), net.host("io1"), net.host("io2"));
+    let config = net.path("hosts.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"[cluster]
+meta_port = 7700
+io_base_port = 7710
+[meta]
+stripe_count = 2
+stripe_unit = 65536
+[io]
+cache_mib = 8
+[ucx]
+TLS = "tcp"
+NET_DEVICES = "eth0"
+[[hosts]]
+name = "meta"
+address = "{}"
+meta = true
+[[hosts]]
+name = "io1"
+address = "{}"
+io_servers = 1
+[[hosts]]
+name = "io2"
+address = "{}"
+io_servers = 1
+"#,
+            meta.addr, io1.addr, io2.addr
+        ),
+    )
+    .unwrap();
+    let o = up(meta, &config, &["--host", "meta"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let secret = std::fs::read(meta.dir.join("meta/cluster.secret")).unwrap();
+    for h in [io1, io2] {
+        std::fs::create_dir_all(h.dir.join("meta")).unwrap();
+        std::fs::write(h.dir.join("meta/cluster.secret"), &secret).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(h.dir.join("meta/cluster.secret"), std::fs::Permissions::from_mode(0o600)).unwrap();
+        let o = up(h, &config, &["--host", h.name]);
+        assert!(o.status.success(), "{}", text(&o));
+    }
+    // The client runs on io2's host (it has the secret and reaches both
+    // io servers and meta); it gives up on a refused request after 2 s.
+    let cp = |from: &Path, to: &str| {
+        run(dafne_in(&io2.ns).env("DAFNE_RETRY_DEADLINE_S", "2").args(["cp", "--dir", p(&io2.dir), p(from), to]))
+    };
+    let cp_out = |from: &str, to: &Path| run(dafne_in(&io2.ns).args(["cp", "--dir", p(&io2.dir), from, p(to)]));
+    // 1 MiB over both io servers (64 KiB stripes, two servers).
+    let (before, after) = (pattern(1 << 20, 21), pattern(1 << 20, 22));
+    let (before_src, after_src) = (net.path("before.bin"), net.path("after.bin"));
+    std::fs::write(&before_src, &before).unwrap();
+    std::fs::write(&after_src, &after).unwrap();
+    let o = cp(&before_src, "dafne:/before");
+    assert!(o.status.success(), "{}", text(&o));
+
+    // io1's host and meta's no longer reach each other; io2 reaches both.
+    let cut = [(io1, meta), (meta, io1)];
+    for (from, to) in cut {
+        ip(&["-n", &from.ns, "route", "add", "blackhole", &format!("{}/32", to.addr)]);
+    }
+    let start = Instant::now();
+    let refused = (0..)
+        .find_map(|k| {
+            let o = cp(&after_src, &format!("dafne:/during{k}"));
+            if !o.status.success() {
+                return Some(text(&o));
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "io1 still accepted writes 60 s after its host was cut off from meta"
+            );
+            std::thread::sleep(Duration::from_millis(500));
+            None
+        })
+        .unwrap();
+    eprintln!("refused {:?} after the cut: {}", start.elapsed(), refused.trim());
+    assert!(refused.contains("Input/output error") || refused.contains("EIO"), "{refused}");
+
+    // Back: io1 serves again once meta answers its heartbeat.
+    for (from, to) in cut {
+        ip(&["-n", &from.ns, "route", "del", "blackhole", &format!("{}/32", to.addr)]);
+    }
+    let start = Instant::now();
+    loop {
+        let o = cp(&after_src, "dafne:/after");
+        if o.status.success() {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "io1 did not serve again: {}", text(&o));
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    eprintln!("served again {:?} after the routes came back", start.elapsed());
+    for (name, want) in [("before", &before), ("after", &after)] {
+        let back = net.path(&format!("{name}.back"));
+        let o = cp_out(&format!("dafne:/{name}"), &back);
+        assert!(o.status.success(), "{}", text(&o));
+        assert!(std::fs::read(&back).unwrap() == *want, "/{name} differs from what was written");
+    }
+}

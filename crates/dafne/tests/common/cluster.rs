@@ -24,6 +24,63 @@ pub fn meta_metrics_addr(dir: &Path) -> std::net::SocketAddr {
         .unwrap()
 }
 
+/// The first sample of the family `name` on the metrics page of the
+/// server `server` (`meta`, `io-N`; its address from `cluster.json` of
+/// `dir`); `None` when the page does not have it.
+pub fn server_metric(dir: &Path, server: &str, name: &str) -> Option<f64> {
+    let info: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("cluster.json")).unwrap()).unwrap();
+    let addr: std::net::SocketAddr = info["metrics"]
+        .as_array()
+        .and_then(|m| m.iter().find(|e| e["server"] == server))
+        .and_then(|e| e["addr"].as_str())
+        .unwrap_or_else(|| panic!("cluster.json names no metrics port of {server}"))
+        .parse()
+        .unwrap();
+    let page = dafne_metrics::http::fetch(addr, std::time::Duration::from_secs(5)).expect("a metrics page");
+    let families = dafne_metrics::parse::parse(&page).expect("a well-formed page");
+    families.iter().find(|f| f.name == name).and_then(|f| f.samples.first()).map(|s| s.value)
+}
+
+/// The pid of the server `name` (`meta`, `io-N`) in `servers.json` of `dir`.
+pub fn server_pid(dir: &Path, name: &str) -> u64 {
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("servers.json")).unwrap()).unwrap();
+    let e = s.as_array().unwrap().iter().find(|e| e["name"] == name).unwrap_or_else(|| panic!("no {name} in {s}"));
+    e["pid"].as_u64().unwrap()
+}
+
+/// A process stopped (`kill -STOP`): it answers nothing, yet is alive (no
+/// supervisor restarts it). Continued (`kill -CONT`) when dropped, also
+/// after a failed check, so that `dafne down` can stop it. The signals are
+/// sent by kill(2), not by running `kill`: forking this process waits
+/// while another of its threads is in an O_DIRECT read or write on a
+/// mount (the kernel holds its memory map for the request), and that
+/// request may be waiting for the stopped process (measured: the fork
+/// waited 59 s, until the client library gave up the request).
+pub struct Stopped(pub u64);
+
+fn signal(pid: u64, sig: rustix::process::Signal) -> bool {
+    let pid = i32::try_from(pid).ok().and_then(rustix::process::Pid::from_raw);
+    pid.is_some_and(|p| rustix::process::kill_process(p, sig).is_ok())
+}
+
+impl Stopped {
+    pub fn stop(pid: u64) -> Stopped {
+        assert!(signal(pid, rustix::process::Signal::STOP), "kill -STOP {pid} failed");
+        Stopped(pid)
+    }
+
+    /// `kill -CONT` now.
+    pub fn resume(self) {}
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        signal(self.0, rustix::process::Signal::CONT);
+    }
+}
+
 /// A running cluster in its own directory; `dafne down` when dropped.
 pub struct Cluster {
     pub dir: tempfile::TempDir,

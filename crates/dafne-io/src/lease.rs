@@ -1,0 +1,223 @@
+//! The lease an io server holds from the metadata server (docs/REPLICATION.md,
+//! "Membership: leases held from meta"): a server cut off from meta stops
+//! serving data within [`MEMBER_LEASE`].
+//!
+//! Who holds one: an io server that joined meta (`--meta`, so it sends
+//! heartbeats: [`crate::heartbeat`]). A server started without a meta to
+//! join holds none and serves as before.
+//!
+//! Its length is [`MEMBER_LEASE`] (3 s), the deadline after which meta
+//! counts the server `down`, so both sides agree. It runs from when the
+//! heartbeat that meta answered successfully was *sent* (monotonic time),
+//! not from when the answer came: meta counts from when it received the
+//! heartbeat, which is later, so the server's lease always ends no later
+//! than meta's view of it ([`Lease::grant`]). An answer that comes late
+//! (meta stopped and resumed) extends nothing beyond its heartbeat's
+//! sent-time + L. The heartbeat thread publishes the expiry as nanoseconds
+//! since the lease was made, in an atomic that the service reads once per
+//! request ([`Lease::held`]).
+//!
+//! What is refused while the lease has lapsed (and before the first
+//! heartbeat meta answered): every request that reads or changes file data
+//! or state — `Read`, `Write`, `Truncate`, `Allocate`, `Sync`, `Stat` and
+//! `Remove` — with [`NOT_SERVING`], decided before anything else of the
+//! request is done (`crate::service`, `IoService::serve`): a refused
+//! request had no effect, so a client may send it again whatever it is.
+//! A `Read` or `Write` whose keys follow (FRRWP) is refused before it is
+//! parked (its `Keys` then finds nothing, `ENOENT`), and one parked before
+//! the lapse checks the lease again once its keys came, before it takes a
+//! unit. Still answered: `Login` (it only keys the connection),
+//! `ServerInfo` (capacity and counters, for `statfs` and `dafne status`,
+//! which should show a server cut off from meta), `Keys` (it only hands
+//! keys to a parked request, which checks the lease itself), `Revoke`
+//! (meta's signed revocations only ever make the server refuse more) and
+//! `Scrub` (it reads the device to verify checksums and answers positions
+//! of bad blocks, not file bytes; a scrub that repairs, when built, must
+//! check the lease).
+//!
+//! Logged once each, not per request: the lapse at warn (by a watcher
+//! thread, so it shows even with no request coming) and the lease granted
+//! again at info. Refusals are counted (`dafne_io_lease_refusals_total` on
+//! the metrics page) and the state shown (`dafne_io_serving`).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dafne_proto::{Errno, MEMBER_LEASE};
+
+/// What an io server answers a data request while its lease has lapsed:
+/// "not serving now, try again" ([`dafne_proto::io::NOT_SERVING`]).
+/// `ENOTCONN` (not connected... to meta): no other io answer uses it, so
+/// a client tells it from every other error. The client library sends
+/// such a request again, as one whose connection was lost, until its
+/// retry deadline (`dafne_client::data`, "Riding over a restart"), then
+/// fails it with `EIO`.
+pub const NOT_SERVING: Errno = dafne_proto::io::NOT_SERVING;
+
+/// The lease of one io server (module docs).
+#[derive(Debug)]
+pub struct Lease {
+    /// What expiries count from.
+    epoch: Instant,
+    /// When the lease ends, in nanoseconds since `epoch`; 0: never granted.
+    expiry_ns: AtomicU64,
+    /// Its length ([`MEMBER_LEASE`]; shorter in unit tests).
+    length: Duration,
+    /// The lapse was logged and not yet the grant after it.
+    lapse_logged: AtomicBool,
+    /// Granted at least once (the first grant is logged as such).
+    granted_once: AtomicBool,
+}
+
+impl Default for Lease {
+    fn default() -> Self {
+        Lease::new()
+    }
+}
+
+impl Lease {
+    /// A lease never granted: [`Lease::held`] is false until the first
+    /// [`Lease::grant`].
+    pub fn new() -> Lease {
+        Lease::with_length(MEMBER_LEASE)
+    }
+
+    fn with_length(length: Duration) -> Lease {
+        Lease {
+            epoch: Instant::now(),
+            expiry_ns: AtomicU64::new(0),
+            length,
+            lapse_logged: AtomicBool::new(false),
+            granted_once: AtomicBool::new(false),
+        }
+    }
+
+    fn nanos(&self, t: Instant) -> u64 {
+        u64::try_from(t.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// Meta answered successfully a heartbeat sent at `sent`: the lease
+    /// runs until `sent` + L (never shortened by an older heartbeat's
+    /// answer coming after a newer one's). Logs at info when the lease was
+    /// lapsed and is held again.
+    pub fn grant(&self, sent: Instant) {
+        let until = self.nanos(sent).saturating_add(u64::try_from(self.length.as_nanos()).unwrap_or(u64::MAX));
+        self.expiry_ns.fetch_max(until, Ordering::AcqRel);
+        if !self.held_at(Instant::now()) {
+            // A late answer: nothing gained.
+            return;
+        }
+        if !self.granted_once.swap(true, Ordering::AcqRel) {
+            tracing::info!("lease from meta granted: serving data requests");
+        } else if self.lapse_logged.swap(false, Ordering::AcqRel) {
+            tracing::info!("lease from meta granted again: serving data requests again");
+        }
+    }
+
+    /// Whether the lease holds at `now`.
+    pub fn held_at(&self, now: Instant) -> bool {
+        self.nanos(now) < self.expiry_ns.load(Ordering::Acquire)
+    }
+
+    /// Whether the lease holds now (one atomic load and a clock read).
+    pub fn held(&self) -> bool {
+        self.held_at(Instant::now())
+    }
+
+    /// Logs the lapse at warn if the lease was held and is no more, once
+    /// per lapse; returns whether it logged.
+    pub fn log_if_lapsed(&self, now: Instant) -> bool {
+        if self.held_at(now) || !self.granted_once.load(Ordering::Acquire) {
+            return false;
+        }
+        if self.lapse_logged.swap(true, Ordering::AcqRel) {
+            return false;
+        }
+        tracing::warn!(
+            "lease from meta lapsed (no heartbeat answered for {} s): refusing data requests ({}) until meta \
+             answers again",
+            self.length.as_secs(),
+            NOT_SERVING
+        );
+        true
+    }
+
+    /// Starts the thread that logs a lapse when it happens (the heartbeat
+    /// thread may be waiting for an answer then); it ends when `stop` is
+    /// raised.
+    pub fn watch(self: &Arc<Self>, stop: Arc<AtomicBool>) -> std::io::Result<()> {
+        let lease = self.clone();
+        std::thread::Builder::new().name("lease".into()).spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                lease.log_if_lapsed(Instant::now());
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        })?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const L: Duration = Duration::from_secs(3);
+
+    #[test]
+    fn a_lease_never_granted_is_not_held() {
+        let l = Lease::with_length(L);
+        assert!(!l.held());
+        assert!(!l.log_if_lapsed(Instant::now()), "nothing lapsed before the first grant");
+    }
+
+    #[test]
+    fn the_lease_runs_from_the_heartbeat_sent_not_from_its_answer() {
+        let l = Lease::with_length(L);
+        let sent = l.epoch + Duration::from_secs(10);
+        l.grant(sent);
+        assert!(l.held_at(sent));
+        assert!(l.held_at(sent + L - Duration::from_millis(1)));
+        assert!(!l.held_at(sent + L), "the lease ends at sent + L");
+        assert!(!l.held_at(sent + L + Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn a_late_answer_extends_nothing_beyond_its_sent_time() {
+        let l = Lease::with_length(L);
+        let t0 = l.epoch + Duration::from_secs(100);
+        l.grant(t0 + Duration::from_secs(2));
+        // The answer of an older heartbeat, arriving after a newer one's:
+        // the lease is not shortened.
+        l.grant(t0);
+        assert!(l.held_at(t0 + Duration::from_secs(4)));
+        assert!(!l.held_at(t0 + Duration::from_secs(5)));
+        // However late the answer came, the lease is what it was sent for.
+        l.grant(t0 + Duration::from_secs(1));
+        assert!(!l.held_at(t0 + Duration::from_secs(5)));
+    }
+
+    #[test]
+    fn a_heartbeat_answered_after_its_lease_ended_grants_nothing_now() {
+        let l = Lease::with_length(Duration::from_millis(1));
+        // Sent "long" ago (the lease of 1 ms is over by now).
+        let sent = Instant::now();
+        std::thread::sleep(Duration::from_millis(5));
+        l.grant(sent);
+        assert!(!l.held(), "an answer after sent + L grants nothing");
+        assert!(!l.granted_once.load(Ordering::Relaxed), "nor counts as granted");
+    }
+
+    #[test]
+    fn a_lapse_is_logged_once_and_a_grant_again_rearms_it() {
+        let l = Lease::with_length(L);
+        let now = Instant::now();
+        l.grant(now);
+        assert!(l.granted_once.load(Ordering::Relaxed));
+        assert!(!l.log_if_lapsed(now), "held: nothing to log");
+        assert!(l.log_if_lapsed(now + L));
+        assert!(!l.log_if_lapsed(now + L + Duration::from_secs(1)), "logged once per lapse");
+        l.grant(Instant::now());
+        assert!(!l.lapse_logged.load(Ordering::Relaxed), "granted again: the next lapse is logged");
+    }
+}
