@@ -35,6 +35,16 @@
 //! of bad blocks, not file bytes; a scrub that repairs, when built, must
 //! check the lease).
 //!
+//! The lease is checked when a request is admitted (and, for a parked
+//! one, when its keys came), not again while it runs: a request admitted
+//! before the lapse completes after it, taking its units, moving its bytes
+//! by RMA (each batch bounded by the transport's call timeout, 30 s) and
+//! committing them. So "stops serving within L" holds for requests that
+//! arrive after the lapse; one already under way when it came may still
+//! change the file later. Meta acting on a lapse (moving a chain's head,
+//! docs/REPLICATION.md) must allow for that (a margin past L longer than
+//! such a request, or a check of the lease before each commit).
+//!
 //! Logged once each, not per request: the lapse at warn (by a watcher
 //! thread, so it shows even with no request coming) and the lease granted
 //! again at info. Refusals are counted (`dafne_io_lease_refusals_total` on

@@ -895,7 +895,8 @@ impl Drop for StopOnDrop<'_> {
 
 /// Issue 13, step 2: the metadata server stopping (SIGSTOP: alive, so not
 /// restarted, but answering nothing) for longer than the io servers'
-/// lease (3 s) and less than the retry deadline (6 s here) costs an application that
+/// lease (3 s) and less than the retry deadline (30 s): 6 s here, costs
+/// an application that
 /// writes and reads back on the mount a pause, not an error: the io
 /// servers refuse data requests once their lease lapsed
 /// (`dafne_io_lease_refusals_total` shows it), the client library sends
