@@ -490,3 +490,80 @@ fn an_io_server_whose_meta_stops_answering_refuses_writes_until_meta_answers_aga
     assert!(back[len..] == whole[len..], "bytes past the writes changed");
     f.close().unwrap();
 }
+
+/// Review of the lease: every request refused by a server not serving is
+/// sent again every 250 ms, however many of them share one thread. A
+/// completion queue (what the write-behind, the read-ahead and the C
+/// API's queues post to) runs all its requests on one driver thread: many
+/// refused at once must each be sent again on time, so that a lapse much
+/// shorter than the retry deadline costs a pause, not an error. Failed
+/// before the fix: each refused request slept 250 ms on the driver
+/// thread, so 128 of them took 32 s to be sent again once, and those
+/// refused a second time were past the 20 s deadline at their next turn
+/// (EIO) although meta was stopped for a few seconds only.
+#[test]
+fn many_requests_refused_at_once_on_one_queue_ride_over_a_short_lapse() {
+    use common::cluster::{server_metric, server_pid, Stopped};
+    use dafne_proto::io::Stability;
+    const N: u64 = 128;
+    let c = Cluster::start_sized(2, "");
+    wait_members(c.dir(), &[("up", 0), ("up", 0)]);
+    let info: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(c.dir().join("cluster.json")).unwrap()).unwrap();
+    let addr = |v: &serde_json::Value| v.as_str().unwrap().parse::<std::net::SocketAddr>().unwrap();
+    let io: Vec<std::net::SocketAddr> = info["io"].as_array().unwrap().iter().map(addr).collect();
+    let ucx: Vec<(String, String)> = serde_json::from_value(info["ucx"].clone()).unwrap();
+    let rt = dafne_transport::Runtime::new(dafne_transport::RuntimeOptions {
+        name: "lease-queue-test".into(),
+        ucx_config: ucx,
+        ..Default::default()
+    })
+    .unwrap();
+    let secret = dafne_auth::Secret::load(&c.dir().join("meta").join("cluster.secret")).unwrap();
+    let session =
+        dafne_client::MetaSession::connect(&rt, addr(&info["meta"]), &secret, "lease-queue-test", 0, 0).unwrap();
+    let data = dafne_client::data::DataClient::connect(&rt, &io, &secret).unwrap();
+    let fs = dafne_client::file::Fs::new(session, data.clone());
+    let f = fs.create(fs.meta.root(), b"queued", 0o644, None).unwrap();
+    let h = f.handle().clone();
+    // Every write lands in the first stripe unit: its server's.
+    let io0 = format!("io-{}", h.layout.servers[0]);
+    let io0 = io0.as_str();
+    assert!(N * 4096 <= u64::from(h.layout.stripe_unit), "the writes fit in one stripe unit");
+    common::wait_for("io-0 serving", || server_metric(c.dir(), io0, "dafne_io_serving") == Some(1.0));
+    data.set_retry_deadline(Duration::from_secs(20));
+    let refusals = || server_metric(c.dir(), io0, "dafne_io_lease_refusals_total").unwrap();
+
+    let stopped = Stopped::stop(server_pid(c.dir(), "meta"));
+    common::wait_for("the lease lapsed", || server_metric(c.dir(), io0, "dafne_io_serving") == Some(0.0));
+    let before = refusals();
+    let q = dafne_client::cq::CompletionQueue::new();
+    let tickets: Vec<_> = (0..N)
+        .map(|i| {
+            let (d, h) = (data.clone(), h.clone());
+            q.post(async move { d.write_at(&h, i * 4096, &common::pattern(4096, i), Stability::Unstable).await })
+        })
+        .collect();
+    // Each refused once and some sent again and refused: then meta
+    // answers again (a lapse of a few seconds, far from the deadline).
+    common::wait_for("the queue's writes refused and sent again", || refusals() >= before + N as f64 + 2.0);
+    stopped.resume();
+    let failed: Vec<(u64, Errno)> = tickets
+        .into_iter()
+        .enumerate()
+        .filter_map(|(i, t)| match q.wait(t, Duration::from_secs(120)) {
+            Ok(n) => {
+                assert_eq!(n, 4096);
+                None
+            }
+            Err(e) => Some((i as u64, e)),
+        })
+        .collect();
+    assert!(failed.is_empty(), "writes failed after a short lapse: {} of {N}: {failed:?}", failed.len());
+    let mut back = vec![0u8; (N * 4096) as usize];
+    assert_eq!(f.read_at(0, &mut back).unwrap(), back.len());
+    for i in 0..N as usize {
+        assert!(back[i * 4096..(i + 1) * 4096] == common::pattern(4096, i as u64)[..], "write {i} is not there");
+    }
+    f.close().unwrap();
+}
