@@ -888,8 +888,9 @@ impl DataClient {
                         return Err(Errno::EIO);
                     }
                     tracing::debug!("io server {server}: not serving now (no lease from meta); sent again");
-                    // Blocks the thread, as the reconnection pause does.
-                    std::thread::sleep(crate::link::RETRY_EVERY);
+                    // Without blocking the thread: the other requests it
+                    // runs (a completion queue's) go on meanwhile.
+                    crate::link::pause(crate::link::RETRY_EVERY).await;
                 }
                 Err(Attempt::Failed(e)) => return Err(e),
                 Err(Attempt::Lost { errno, sent }) => {

@@ -50,6 +50,66 @@ use dafne_transport::{Client, TransportError};
 /// The least time between two reconnection attempts.
 pub const RETRY_EVERY: Duration = Duration::from_millis(250);
 
+/// Pauses of [`pause`] not over yet, and the thread that ends them.
+struct Pauses {
+    due: Mutex<Vec<(Instant, futures::channel::oneshot::Sender<()>)>>,
+    changed: std::sync::Condvar,
+}
+
+impl Pauses {
+    /// The process's, its thread started at the first pause; `None` when
+    /// the thread could not be started.
+    fn get() -> Option<&'static Pauses> {
+        static PAUSES: std::sync::OnceLock<Option<&'static Pauses>> = std::sync::OnceLock::new();
+        *PAUSES.get_or_init(|| {
+            let p: &'static Pauses =
+                Box::leak(Box::new(Pauses { due: Mutex::new(Vec::new()), changed: std::sync::Condvar::new() }));
+            std::thread::Builder::new().name("dafne-pauses".into()).spawn(move || p.run()).ok().map(|_| p)
+        })
+    }
+
+    /// Ends every pause that is over, then waits for the next one's end
+    /// or a new pause.
+    fn run(&self) {
+        let mut due = self.due.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            let now = Instant::now();
+            let mut i = 0;
+            while i < due.len() {
+                if due[i].0 <= now {
+                    // A pause whose future was dropped: nobody to wake.
+                    let _ = due.swap_remove(i).1.send(());
+                } else {
+                    i += 1;
+                }
+            }
+            due = match due.iter().map(|(t, _)| *t).min() {
+                Some(next) => {
+                    self.changed.wait_timeout(due, next - now).map(|(g, _)| g).unwrap_or_else(|p| p.into_inner().0)
+                }
+                None => self.changed.wait(due).unwrap_or_else(|p| p.into_inner()),
+            };
+        }
+    }
+}
+
+/// Waits `d` without blocking the thread that polls it: a completion
+/// queue runs all its requests on one driver thread, and a request that
+/// slept there held up every other (many refused at once by a server not
+/// serving were each sent again only after all the others' sleeps, past
+/// their deadline). Falls back to sleeping the thread if the pauses'
+/// thread cannot be started.
+pub(crate) async fn pause(d: Duration) {
+    let Some(p) = Pauses::get() else {
+        std::thread::sleep(d);
+        return;
+    };
+    let (tx, rx) = futures::channel::oneshot::channel();
+    p.due.lock().unwrap_or_else(|p| p.into_inner()).push((Instant::now() + d, tx));
+    p.changed.notify_one();
+    let _ = rx.await;
+}
+
 /// The longest a caller waits for another thread's reconnection: one
 /// connection attempt to a server that is up takes milliseconds; one that
 /// takes longer is to a server that is not answering, and callers should
