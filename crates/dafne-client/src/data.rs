@@ -99,11 +99,12 @@
 //! quick answer). A request that an io server refused because it is not
 //! serving ([`dafne_proto::io::NOT_SERVING`]: its lease from meta lapsed,
 //! meta down or out of its reach) had no effect there, and is sent again
-//! the same way, every `link::RETRY_EVERY`, until the same deadline, then
-//! fails with `EIO` (a throttled warning says why); a request of those
-//! not repeated gets the refusal, but one whose keys follow is sent again
-//! with its key carried, and so repeated (module docs, "Keys that
-//! follow"). [`DataClient::set_retry_deadline`] sets a client's own
+//! the same way, every `link::RETRY_EVERY` (`link::pause`: the thread,
+//! perhaps a completion queue's driver, is not blocked), until the same
+//! deadline, then fails with `EIO` (a throttled warning says why); a
+//! request of those not repeated gets the refusal, but one whose keys
+//! follow is sent again with its key carried, and so repeated (module
+//! docs, "Keys that follow"). [`DataClient::set_retry_deadline`] sets a client's own
 //! deadline. Capabilities
 //! need no renewal for a new connection (they are signed by the cluster
 //! secret, not bound to one); one revoked meanwhile is answered `ESTALE`
