@@ -561,8 +561,12 @@ pub fn start_leased(a: &IoArgs, m: ModeArgs, lease: Option<std::sync::Arc<crate:
 }
 
 /// How long a server that joins meta waits for its first lease before it
-/// prints `listening on` (it serves data only under a lease).
-const FIRST_LEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+/// prints `listening on` (it serves data only under a lease). Milliseconds
+/// when meta is up; 10 s so that a loaded machine's slow first answer
+/// still leaves `dafne up` returning with servers that serve (2 s was
+/// within reach of CI's load: a review found two tests that would then
+/// see a refusal), while a meta not up yet delays the start by no more.
+const FIRST_LEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Starts an io server, prints `listening on ADDR`, serves until killed
 /// (or, with `--stats-on-stdin`, until stdin closes).
