@@ -379,6 +379,31 @@ fn an_io_server_refuses_to_join_with_a_wildcard_address_unless_told_what_to_adve
     assert!(!o.status.success() && out.contains("--host-name") && !out.contains("listening on"), "{out}");
 }
 
+/// A client of cluster `c` in this process named `name`: its runtime (first,
+/// so that a destructuring binding drops it last), data client and file
+/// layer (over a session of the cluster secret).
+fn native_client(
+    c: &Cluster,
+    name: &str,
+) -> (dafne_transport::Runtime, dafne_client::data::DataClient, dafne_client::file::Fs) {
+    let info: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(c.dir().join("cluster.json")).unwrap()).unwrap();
+    let addr = |v: &serde_json::Value| v.as_str().unwrap().parse::<std::net::SocketAddr>().unwrap();
+    let io: Vec<std::net::SocketAddr> = info["io"].as_array().unwrap().iter().map(addr).collect();
+    let ucx: Vec<(String, String)> = serde_json::from_value(info["ucx"].clone()).unwrap();
+    let rt = dafne_transport::Runtime::new(dafne_transport::RuntimeOptions {
+        name: name.into(),
+        ucx_config: ucx,
+        ..Default::default()
+    })
+    .unwrap();
+    let secret = dafne_auth::Secret::load(&c.dir().join("meta").join("cluster.secret")).unwrap();
+    let session = dafne_client::MetaSession::connect(&rt, addr(&info["meta"]), &secret, name, 0, 0).unwrap();
+    let data = dafne_client::data::DataClient::connect(&rt, &io, &secret).unwrap();
+    let fs = dafne_client::file::Fs::new(session, data.clone());
+    (rt, data, fs)
+}
+
 /// Issue 13, step 2 (docs/REPLICATION.md, "Membership: leases held from
 /// meta"): an io server whose meta stops answering (SIGSTOP: alive, so
 /// no supervisor restarts it, but no heartbeat is answered) refuses a
@@ -394,21 +419,7 @@ fn an_io_server_whose_meta_stops_answering_refuses_writes_until_meta_answers_aga
     wait_members(c.dir(), &[("up", 0), ("up", 0)]);
     // (Metrics pages are rendered at most once a second: waited for.)
     common::wait_for("io-0 serving", || server_metric(c.dir(), "io-0", "dafne_io_serving") == Some(1.0));
-    let info: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(c.dir().join("cluster.json")).unwrap()).unwrap();
-    let addr = |v: &serde_json::Value| v.as_str().unwrap().parse::<std::net::SocketAddr>().unwrap();
-    let io: Vec<std::net::SocketAddr> = info["io"].as_array().unwrap().iter().map(addr).collect();
-    let ucx: Vec<(String, String)> = serde_json::from_value(info["ucx"].clone()).unwrap();
-    let rt = dafne_transport::Runtime::new(dafne_transport::RuntimeOptions {
-        name: "lease-test".into(),
-        ucx_config: ucx,
-        ..Default::default()
-    })
-    .unwrap();
-    let secret = dafne_auth::Secret::load(&c.dir().join("meta").join("cluster.secret")).unwrap();
-    let session = dafne_client::MetaSession::connect(&rt, addr(&info["meta"]), &secret, "lease-test", 0, 0).unwrap();
-    let data = dafne_client::data::DataClient::connect(&rt, &io, &secret).unwrap();
-    let fs = dafne_client::file::Fs::new(session, data.clone());
+    let (_rt, data, fs) = native_client(&c, "lease-test");
     let f = fs.create(fs.meta.root(), b"leased", 0o644, None).unwrap();
     let h = f.handle().clone();
     let unit = h.layout.stripe_unit as usize;
@@ -508,22 +519,7 @@ fn many_requests_refused_at_once_on_one_queue_ride_over_a_short_lapse() {
     const N: u64 = 128;
     let c = Cluster::start_sized(2, "");
     wait_members(c.dir(), &[("up", 0), ("up", 0)]);
-    let info: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(c.dir().join("cluster.json")).unwrap()).unwrap();
-    let addr = |v: &serde_json::Value| v.as_str().unwrap().parse::<std::net::SocketAddr>().unwrap();
-    let io: Vec<std::net::SocketAddr> = info["io"].as_array().unwrap().iter().map(addr).collect();
-    let ucx: Vec<(String, String)> = serde_json::from_value(info["ucx"].clone()).unwrap();
-    let rt = dafne_transport::Runtime::new(dafne_transport::RuntimeOptions {
-        name: "lease-queue-test".into(),
-        ucx_config: ucx,
-        ..Default::default()
-    })
-    .unwrap();
-    let secret = dafne_auth::Secret::load(&c.dir().join("meta").join("cluster.secret")).unwrap();
-    let session =
-        dafne_client::MetaSession::connect(&rt, addr(&info["meta"]), &secret, "lease-queue-test", 0, 0).unwrap();
-    let data = dafne_client::data::DataClient::connect(&rt, &io, &secret).unwrap();
-    let fs = dafne_client::file::Fs::new(session, data.clone());
+    let (_rt, data, fs) = native_client(&c, "lease-queue-test");
     let f = fs.create(fs.meta.root(), b"queued", 0o644, None).unwrap();
     let h = f.handle().clone();
     // Every write lands in the first stripe unit: its server's.

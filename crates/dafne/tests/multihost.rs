@@ -785,23 +785,12 @@ fn fds(pid: u64) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0)
 }
 
-/// Found by review: while an io host did not answer (its link down), the
-/// metadata host's supervisor made a new UCX context and worker for each
-/// failed connection attempt of its reclaimer and leaked them (the close
-/// of an endpoint to a silent peer never finished, so the worker could
-/// not be destroyed): +7 descriptors per attempt, never freed. And its
-/// revocation relay went through the io servers one after the other, a
-/// silent one holding up the others for its connect timeout, or (as
-/// here: the supervisor started while the host was cut off) for ever.
-/// Now the descriptors stay bounded over several attempts, and a chmod's
-/// revocation reaches the healthy host's io server while the other is
-/// still cut off, as does the reclaiming of a deleted file's data.
-#[test]
-fn a_silent_host_neither_leaks_nor_delays_revocations() {
-    if let Ok(spec) = std::env::var(REVOKER_ROLE) {
-        return revoker(&spec);
-    }
-    let Some(net) = Net::create(&["meta", "io1", "io2"]) else { return };
+/// Writes the hosts file of a cluster of hosts `meta`, `io1` and `io2` of
+/// `net` (one io server on each io host, UCX over TCP on the links; with
+/// `cluster` and `meta_lines` added to those sections), brings up meta on
+/// its host, copies the cluster secret to the io hosts and brings up their
+/// servers. Returns the hosts file.
+fn up_three_hosts(net: &Net, cluster: &str, meta_lines: &str) -> PathBuf {
     let (meta, io1, io2) = (net.host("meta"), net.host("io1"), net.host("io2"));
     let config = net.path("hosts.toml");
     std::fs::write(
@@ -810,11 +799,8 @@ fn a_silent_host_neither_leaks_nor_delays_revocations() {
             r#"[cluster]
 meta_port = 7700
 io_base_port = 7710
-reclaim_after_s = 2
-[meta]
-stripe_count = 1
-open_grace_s = 1
-[io]
+{cluster}[meta]
+{meta_lines}[io]
 cache_mib = 8
 [ucx]
 TLS = "tcp"
@@ -847,6 +833,28 @@ io_servers = 1
         let o = up(h, &config, &["--host", h.name]);
         assert!(o.status.success(), "{}", text(&o));
     }
+    config
+}
+
+/// Found by review: while an io host did not answer (its link down), the
+/// metadata host's supervisor made a new UCX context and worker for each
+/// failed connection attempt of its reclaimer and leaked them (the close
+/// of an endpoint to a silent peer never finished, so the worker could
+/// not be destroyed): +7 descriptors per attempt, never freed. And its
+/// revocation relay went through the io servers one after the other, a
+/// silent one holding up the others for its connect timeout, or (as
+/// here: the supervisor started while the host was cut off) for ever.
+/// Now the descriptors stay bounded over several attempts, and a chmod's
+/// revocation reaches the healthy host's io server while the other is
+/// still cut off, as does the reclaiming of a deleted file's data.
+#[test]
+fn a_silent_host_neither_leaks_nor_delays_revocations() {
+    if let Ok(spec) = std::env::var(REVOKER_ROLE) {
+        return revoker(&spec);
+    }
+    let Some(net) = Net::create(&["meta", "io1", "io2"]) else { return };
+    let (meta, io1, io2) = (net.host("meta"), net.host("io1"), net.host("io2"));
+    let config = up_three_hosts(&net, "reclaim_after_s = 2\n", "stripe_count = 1\nopen_grace_s = 1\n");
     // The revoking client prepares its file while every host answers.
     let (ready, go, log) = (net.path("ready"), net.path("go"), net.path("revoker.log"));
     let mut revoker = Command::new("ip")
@@ -942,49 +950,7 @@ impl Drop for KillOnDrop {
 fn an_io_host_cut_off_from_meta_stops_accepting_writes() {
     let Some(net) = Net::create(&["meta", "io1", "io2"]) else { return };
     let (meta, io1, io2) = (net.host("meta"), net.host("io1"), net.host("io2"));
-    let config = net.path("hosts.toml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"[cluster]
-meta_port = 7700
-io_base_port = 7710
-[meta]
-stripe_count = 2
-stripe_unit = 65536
-[io]
-cache_mib = 8
-[ucx]
-TLS = "tcp"
-NET_DEVICES = "eth0"
-[[hosts]]
-name = "meta"
-address = "{}"
-meta = true
-[[hosts]]
-name = "io1"
-address = "{}"
-io_servers = 1
-[[hosts]]
-name = "io2"
-address = "{}"
-io_servers = 1
-"#,
-            meta.addr, io1.addr, io2.addr
-        ),
-    )
-    .unwrap();
-    let o = up(meta, &config, &["--host", "meta"]);
-    assert!(o.status.success(), "{}", text(&o));
-    let secret = std::fs::read(meta.dir.join("meta/cluster.secret")).unwrap();
-    for h in [io1, io2] {
-        std::fs::create_dir_all(h.dir.join("meta")).unwrap();
-        std::fs::write(h.dir.join("meta/cluster.secret"), &secret).unwrap();
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(h.dir.join("meta/cluster.secret"), std::fs::Permissions::from_mode(0o600)).unwrap();
-        let o = up(h, &config, &["--host", h.name]);
-        assert!(o.status.success(), "{}", text(&o));
-    }
+    up_three_hosts(&net, "", "stripe_count = 2\nstripe_unit = 65536\n");
     // The client runs on io2's host (it has the secret and reaches both
     // io servers and meta); it gives up on a refused request after 2 s.
     let cp = |from: &Path, to: &str| {
