@@ -20,6 +20,20 @@ use dafne_client::{MetaSession, ROOT_INO};
 use dafne_proto::io::{AllocateMode, Stability};
 use dafne_proto::{Errno, LayoutHint};
 
+/// The retry deadline of a client whose server is about to be killed and
+/// restarted at another address: its calls to the dead one give up after
+/// this instead of `dafne_client::RETRY_DEADLINE` (30 s, riding over a
+/// restart at the same address, which these tests do not do). What the
+/// tests check is the restarted server's disk, not the client's wait.
+const DOOMED_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// A client of the one server `addr`, about to be killed ([`DOOMED_RETRY`]).
+fn doomed_client(rt: &dafne_transport::Runtime, addr: std::net::SocketAddr, s: &dafne_auth::Secret) -> DataClient {
+    let d = DataClient::connect(rt, &[addr], s).unwrap();
+    d.set_retry_deadline(DOOMED_RETRY);
+    d
+}
+
 /// Every slice of a scrub of the client's server 0: (objects, bytes, bad blocks).
 fn scrub(d: &DataClient) -> (u64, u64, Vec<(u64, u64)>) {
     let (mut objects, mut bytes, mut bad, mut at) = (0, 0, Vec::new(), (0, 0));
@@ -308,7 +322,7 @@ fn a_crash_between_data_and_checksum_leaves_no_false_alarm(storage: &str) {
     let mut ino = 0;
     for round in 0..3u64 {
         let mut io = common::spawn_io_env(&data_dir, &secret, 16, "127.0.0.1:0", storage, &env);
-        let fs = Fs::new(m.clone(), DataClient::connect(&rt, &[io.addr], &s).unwrap());
+        let fs = Fs::new(m.clone(), doomed_client(&rt, io.addr, &s));
         let f = match round {
             0 => {
                 let f = fs.create(ROOT_INO, b"f", 0o644, hint).unwrap();
@@ -362,7 +376,7 @@ fn a_crash_between_data_and_checksum_leaves_no_false_alarm(storage: &str) {
     // the sidecar's; then a write far past the end (the blocks between read
     // as zeros) and a scrub.
     let mut io = common::spawn_io_env(&data_dir, &secret, 16, "127.0.0.1:0", storage, &env);
-    let fs = Fs::new(m.clone(), DataClient::connect(&rt, &[io.addr], &s).unwrap());
+    let fs = Fs::new(m.clone(), doomed_client(&rt, io.addr, &s));
     let f = fs.open(ino, dafne_proto::OPEN_READ | dafne_proto::OPEN_WRITE).unwrap();
     let cut = 100_001;
     std::fs::write(&flag, b"").unwrap();
@@ -392,7 +406,7 @@ fn a_crash_between_data_and_checksum_leaves_no_false_alarm(storage: &str) {
     // A crash in a punch with unaligned ends, between the data's hole and
     // the sidecar's.
     let mut io = common::spawn_io_env(&data_dir, &secret, 16, "127.0.0.1:0", storage, &env);
-    let fs = Fs::new(m.clone(), DataClient::connect(&rt, &[io.addr], &s).unwrap());
+    let fs = Fs::new(m.clone(), doomed_client(&rt, io.addr, &s));
     let f = fs.open(ino, dafne_proto::OPEN_READ | dafne_proto::OPEN_WRITE).unwrap();
     std::fs::write(&flag, b"").unwrap();
     let _ = f.fallocate(10_000, 70_000, AllocateMode::PunchHole);
@@ -465,6 +479,7 @@ fn kill_9_while_writing_leaves_no_false_alarm(storage: &str) {
                 sc.spawn(move || {
                     let rt = common::runtime("checksums-kill-w");
                     let Ok(d) = DataClient::connect(&rt, &[addr], s) else { return };
+                    d.set_retry_deadline(DOOMED_RETRY);
                     let fs = Fs::new(m.clone(), d);
                     let mut x = seed | 1;
                     let mut r = || {
