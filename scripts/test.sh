@@ -15,7 +15,12 @@ echo "== fuzz targets: compiled for cargo-fuzz (nightly), and run here on stable
 cargo check --quiet --manifest-path fuzz/Cargo.toml --bins
 DAFNE_FUZZ_SECONDS=${DAFNE_FUZZ_SECONDS:-10} cargo test --quiet --manifest-path fuzz/Cargo.toml
 echo "== test tools: fsx and pjdfstest (crates.io), run against a real mount"
-TOOLS="$PWD/target/tools"
+# Built once per machine, outside the clone (like cargo's own registry
+# cache), so a clean clone does not compile them again; the version check
+# below still installs the pinned one wherever the cache holds another.
+TOOLS="${DAFNE_TOOLS_CACHE:-$HOME/.cache/dafne/tools}"
+mkdir -p "$TOOLS"
+export DAFNE_TOOLS_DIR="$TOOLS/bin"
 # Pinned: a new release of a conformance tool must not change what CI tests.
 for tv in fsx@0.3.2 pjdfstest@0.2.2; do
   t=${tv%@*}; v=${tv#*@}

@@ -11,8 +11,9 @@
 //!
 //! External tools: a test whose tool is missing says so and passes only
 //! when `DAFNE_REQUIRE_TOOLS` is unset; CI sets it, so there every test
-//! runs. fsx and pjdfstest are looked for in `$DAFNE_TOOLS_DIR`, then
-//! `target/tools/bin` (where `cargo install --root target/tools` puts
+//! runs. fsx and pjdfstest are looked for in `$DAFNE_TOOLS_DIR`
+//! (`scripts/test.sh` sets it to its per-machine cache,
+//! `~/.cache/dafne/tools/bin`), then `target/tools/bin` (where `cargo install --root target/tools` puts
 //! them), then `PATH`.
 
 mod common;
