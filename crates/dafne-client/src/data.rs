@@ -465,6 +465,8 @@ pub struct DataClient {
     /// This client's retry deadline in ms ([`DataClient::set_retry_deadline`]);
     /// 0: the process's (`crate::retry_deadline`).
     retry_deadline_ms: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// Requests sent again after a lost connection ([`DataClient::repeats_after_loss`]).
+    repeats_after_loss: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// Places taken in [`DataClient`]'s `follow_parked`, given back on drop.
@@ -615,6 +617,7 @@ impl DataClient {
             next_tag: Default::default(),
             follow_parked: std::sync::Arc::new((0..addrs.len()).map(|_| Default::default()).collect()),
             retry_deadline_ms: Default::default(),
+            repeats_after_loss: Default::default(),
         })
     }
 
@@ -905,6 +908,7 @@ impl DataClient {
                         // reconnection itself does (module `link`).
                         std::thread::sleep(crate::link::RETRY_EVERY);
                     }
+                    self.repeats_after_loss.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     tracing::debug!("io server {server}: connection lost under a request that may be repeated");
                 }
             }
@@ -1011,6 +1015,13 @@ impl DataClient {
     /// client suite builds requests no well-behaved client would).
     pub async fn raw_request(&self, server: usize, req: &IoRequest) -> Result<IoResponse, Errno> {
         self.call(server, req).await
+    }
+
+    /// Io requests this client repeated because the connection they went
+    /// on, or were to go on, was lost (module docs, "Riding over a
+    /// restart"): tests' proof that a loss was met.
+    pub fn repeats_after_loss(&self) -> u64 {
+        self.repeats_after_loss.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Connections opened again after io servers were lost, over all servers.
