@@ -602,7 +602,21 @@ fn a_server_out_of_reach_does_not_hold_up_another_servers_requests_on_one_queue(
         q.post(async move { d.write_at(&h, offset, &common::pattern(4096, i), Stability::Unstable).await })
     };
 
-    let stopped = Stopped::stop(server_pid(c.dir(), &a));
+    let pid = server_pid(c.dir(), &a);
+    let stopped = Stopped::stop(pid);
+    // SIGSTOP takes each thread as it next enters the kernel: a write A
+    // answered meanwhile would be one a restarted server may have lost,
+    // which the client rightly reports at close (module `data`, "write
+    // verifier"), however A came back.
+    let all_stopped = || {
+        std::fs::read_dir(format!("/proc/{pid}/task")).is_ok_and(|tasks| {
+            tasks.flatten().all(|t| {
+                std::fs::read_to_string(t.path().join("stat"))
+                    .is_ok_and(|s| s.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('T')))
+            })
+        })
+    };
+    common::wait_for("every thread of A stopped", all_stopped);
     let to_a: Vec<_> = (0..N).map(|i| post(i * 4096, i)).collect();
     // A's connection is found lost and its writes are being repeated.
     common::wait_for("A's writes repeated after its connection was lost", || data.repeats_after_loss() > 0);
@@ -611,14 +625,12 @@ fn a_server_out_of_reach_does_not_hold_up_another_servers_requests_on_one_queue(
     let b_failed: Vec<(u64, Errno)> = to_b
         .into_iter()
         .enumerate()
-        .filter_map(|(i, t)| {
-            match q.wait(t, deadline.saturating_duration_since(std::time::Instant::now())) {
-                Ok(n) => {
-                    assert_eq!(n, 4096);
-                    None
-                }
-                Err(e) => Some((i as u64, e)),
+        .filter_map(|(i, t)| match q.wait(t, deadline.saturating_duration_since(std::time::Instant::now())) {
+            Ok(n) => {
+                assert_eq!(n, 4096);
+                None
             }
+            Err(e) => Some((i as u64, e)),
         })
         .collect();
     stopped.resume();
