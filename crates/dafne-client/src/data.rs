@@ -45,10 +45,10 @@
 //! supervisor's restart brings up a server with nothing dirty, so a later
 //! `Sync` would succeed and the loss go unseen. As NFS's write verifier
 //! does, the client notices instead: per (object, server) it records the
-//! [`Generation`] of the connection that carried the first unstable write
-//! since the object's last successful `Sync` or `Stat` on that server (a
-//! reconnection is the only way a restarted server is reached), and how
-//! many of its unstable writes are in flight. When a `Sync` or `Stat` is
+//! [`Generation`] of the oldest connection that acknowledged an unstable
+//! write since the object's last successful `Sync` or `Stat` on that
+//! server (a reconnection is the only way a restarted server is reached),
+//! and how many of its unstable writes are in flight. When a `Sync` or `Stat` is
 //! answered on a connection of another generation, the data acknowledged
 //! by the earlier one may be gone, and the check fails with `EIO`, as
 //! `fsync` does after a failed write-back:
@@ -64,9 +64,13 @@
 //!   ran and be acknowledged from its cache; it stays recorded, on the
 //!   generation of the first write not yet checked.
 //! - A write that fails (a lost connection, an error) was not
-//!   acknowledged: if it made the pair's entry and nothing was recorded
-//!   since, the entry goes, so that a caller who writes again on the new
-//!   connection and syncs is not told of a loss.
+//!   acknowledged: when none of the entry's writes was acknowledged and
+//!   none is left in flight, the entry goes, so that a caller who writes
+//!   again on the new connection and syncs is not told of a loss (all the
+//!   writes in flight on a lost connection fail together; before, the
+//!   entry the first made stayed on the lost generation and the repeats'
+//!   close reported a loss). An entry none of whose writes was
+//!   acknowledged reports none.
 //! - A request to several servers answers `EIO` if any server did, whatever
 //!   errors others gave: a loss one server's check consumed is never hidden
 //!   behind another's timeout.
@@ -89,7 +93,8 @@
 //! # Riding over a restart
 //! A request whose connection is lost (the io server crashed and is being
 //! restarted, the network broke) is sent again on the next connection,
-//! waiting `link::RETRY_EVERY` (250 ms) between tries, until the
+//! waiting `link::RETRY_EVERY` (250 ms) between tries after a failed
+//! reconnection, until the
 //! retry deadline (`crate::retry_deadline`, 30 s by default); then it fails
 //! with `EIO`, as before. Repeated: `Read` and `Write` (the same bytes at
 //! the same offsets; not those whose keys follow, whose `Keys` went on the
@@ -114,8 +119,10 @@
 //! recorded on the connection that answers it; writes acknowledged by the
 //! lost connection stay recorded on its generation, so a `Sync` or `Stat`
 //! repeated on the new connection reports them (`EIO`): a restart never
-//! hides a loss. The waits block the thread polling the request (a
-//! completion queue's other operations wait with it). Known limit: a read
+//! hides a loss. The waits do not block the thread polling the request
+//! (a completion queue's driver, which runs its other operations
+//! meanwhile): the pause between tries is `link::pause`, and the
+//! reconnection runs on a thread of its own (`link::Link::get_async`). Known limit: a read
 //! repeated after a network cut (not a crash) may still meet the first
 //! try's late RMA into the same memory, with the bytes of the same range
 //! as the server read them then.
