@@ -45,10 +45,10 @@
 //! supervisor's restart brings up a server with nothing dirty, so a later
 //! `Sync` would succeed and the loss go unseen. As NFS's write verifier
 //! does, the client notices instead: per (object, server) it records the
-//! [`Generation`] of the connection that carried the first unstable write
-//! since the object's last successful `Sync` or `Stat` on that server (a
-//! reconnection is the only way a restarted server is reached), and how
-//! many of its unstable writes are in flight. When a `Sync` or `Stat` is
+//! [`Generation`] of the oldest connection that acknowledged an unstable
+//! write since the object's last successful `Sync` or `Stat` on that
+//! server (a reconnection is the only way a restarted server is reached),
+//! and how many of its unstable writes are in flight. When a `Sync` or `Stat` is
 //! answered on a connection of another generation, the data acknowledged
 //! by the earlier one may be gone, and the check fails with `EIO`, as
 //! `fsync` does after a failed write-back:
@@ -64,9 +64,13 @@
 //!   ran and be acknowledged from its cache; it stays recorded, on the
 //!   generation of the first write not yet checked.
 //! - A write that fails (a lost connection, an error) was not
-//!   acknowledged: if it made the pair's entry and nothing was recorded
-//!   since, the entry goes, so that a caller who writes again on the new
-//!   connection and syncs is not told of a loss.
+//!   acknowledged: when none of the entry's writes was acknowledged and
+//!   none is left in flight, the entry goes, so that a caller who writes
+//!   again on the new connection and syncs is not told of a loss (all the
+//!   writes in flight on a lost connection fail together; before, the
+//!   entry the first made stayed on the lost generation and the repeats'
+//!   close reported a loss). An entry none of whose writes was
+//!   acknowledged reports none.
 //! - A request to several servers answers `EIO` if any server did, whatever
 //!   errors others gave: a loss one server's check consumed is never hidden
 //!   behind another's timeout.
@@ -89,7 +93,8 @@
 //! # Riding over a restart
 //! A request whose connection is lost (the io server crashed and is being
 //! restarted, the network broke) is sent again on the next connection,
-//! waiting `link::RETRY_EVERY` (250 ms) between tries, until the
+//! waiting `link::RETRY_EVERY` (250 ms) between tries after a failed
+//! reconnection, until the
 //! retry deadline (`crate::retry_deadline`, 30 s by default); then it fails
 //! with `EIO`, as before. Repeated: `Read` and `Write` (the same bytes at
 //! the same offsets; not those whose keys follow, whose `Keys` went on the
@@ -114,8 +119,10 @@
 //! recorded on the connection that answers it; writes acknowledged by the
 //! lost connection stay recorded on its generation, so a `Sync` or `Stat`
 //! repeated on the new connection reports them (`EIO`): a restart never
-//! hides a loss. The waits block the thread polling the request (a
-//! completion queue's other operations wait with it). Known limit: a read
+//! hides a loss. The waits do not block the thread polling the request
+//! (a completion queue's driver, which runs its other operations
+//! meanwhile): the pause between tries is `link::pause`, and the
+//! reconnection runs on a thread of its own (`link::Link::get_async`). Known limit: a read
 //! repeated after a network cut (not a crash) may still meet the first
 //! try's late RMA into the same memory, with the bytes of the same range
 //! as the server read them then.
@@ -209,8 +216,13 @@ pub const QUARANTINE_MAX: usize = 16;
 /// `Sync` or `Stat`.
 #[derive(Debug, Clone, Copy)]
 struct Unstable {
-    /// The connection that carried the first of them not yet checked.
+    /// The oldest connection that acknowledged one of them not yet
+    /// checked; until one is acknowledged, the one the first was sent on.
     generation: Generation,
+    /// One of them was acknowledged: until then none can have been lost
+    /// (writes that all failed on a lost connection and were repeated on
+    /// the next leave nothing a server acknowledged on the old one).
+    acked: bool,
     /// [`Verifier::seq`] of the write that made this entry.
     first: u64,
     /// [`Verifier::seq`] of the latest of them.
@@ -282,24 +294,33 @@ impl Verifier {
             seq,
             in_flight: 0,
             lost: false,
+            acked: false,
         });
         u.seq = seq;
         u.in_flight += 1;
         Some(seq)
     }
 
-    /// The write numbered `seq` was answered (`ok`) or failed. A failed
-    /// write that made its entry, with nothing recorded since, leaves no
-    /// entry: nothing of it was acknowledged, and the caller, told of the
-    /// failure, may write again on a new connection.
-    fn write_done(&mut self, object: u64, server: usize, seq: u64, ok: bool) {
+    /// The write numbered `seq`, sent on connection `generation`, was
+    /// answered (`ok`) or failed. A failed write leaves no entry when
+    /// nothing of the entry was acknowledged and none of its writes is in
+    /// flight: the caller, told of the failure, may write again on a new
+    /// connection (all the writes in flight on a lost connection fail
+    /// together; the first failed one left the entry to the others).
+    fn write_done(&mut self, object: u64, server: usize, seq: u64, generation: Generation, ok: bool) {
         let Some(u) = self.pending.get_mut(&(object, server)) else { return };
         if seq < u.first {
             // The entry was forgotten (`Remove`) and made again since.
             return;
         }
         u.in_flight = u.in_flight.saturating_sub(1);
-        if !ok && u.first == seq && u.seq == seq {
+        if ok {
+            // The oldest connection that acknowledged one: a later check
+            // on another connection reports them (an answer on an old
+            // connection may be taken in after one on a newer).
+            u.generation = if u.acked { u.generation.min(generation) } else { generation };
+            u.acked = true;
+        } else if !u.acked && (u.in_flight == 0 || (u.first == seq && u.seq == seq)) {
             self.pending.remove(&(object, server));
         }
     }
@@ -334,7 +355,8 @@ impl Verifier {
         check: Check,
     ) -> Result<(), Errno> {
         let Some(u) = self.pending.get_mut(&(object, server)) else { return Ok(()) };
-        let replaced = u.generation != generation;
+        // Writes none of which was acknowledged cannot have been lost.
+        let replaced = u.acked && u.generation != generation;
         if replaced {
             tracing::warn!(
                 "object {object:#x}: io server {server} restarted after acknowledging unstable writes; they may be lost"
@@ -387,12 +409,13 @@ struct InFlight<'a> {
     object: u64,
     server: usize,
     seq: u64,
+    generation: Generation,
     ok: bool,
 }
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        lock_verifier(self.verifier).write_done(self.object, self.server, self.seq, self.ok);
+        lock_verifier(self.verifier).write_done(self.object, self.server, self.seq, self.generation, self.ok);
     }
 }
 
@@ -465,6 +488,8 @@ pub struct DataClient {
     /// This client's retry deadline in ms ([`DataClient::set_retry_deadline`]);
     /// 0: the process's (`crate::retry_deadline`).
     retry_deadline_ms: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// Requests sent again after a lost connection ([`DataClient::repeats_after_loss`]).
+    repeats_after_loss: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// Places taken in [`DataClient`]'s `follow_parked`, given back on drop.
@@ -615,6 +640,7 @@ impl DataClient {
             next_tag: Default::default(),
             follow_parked: std::sync::Arc::new((0..addrs.len()).map(|_| Default::default()).collect()),
             retry_deadline_ms: Default::default(),
+            repeats_after_loss: Default::default(),
         })
     }
 
@@ -901,10 +927,12 @@ impl DataClient {
                     }
                     if !sent {
                         // No connection now: the link tries again only
-                        // after its pause. Blocks the thread, as the
-                        // reconnection itself does (module `link`).
-                        std::thread::sleep(crate::link::RETRY_EVERY);
+                        // after its pause, waited for without blocking the
+                        // thread (the reconnection does not block it
+                        // either: `Link::get_async`).
+                        crate::link::pause(crate::link::RETRY_EVERY).await;
                     }
+                    self.repeats_after_loss.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     tracing::debug!("io server {server}: connection lost under a request that may be repeated");
                 }
             }
@@ -945,7 +973,22 @@ impl DataClient {
     async fn attempt(&self, server: usize, req: &IoRequest) -> Result<IoResponse, Attempt> {
         let link = self.servers.get(server).ok_or(Attempt::Failed(Errno::EIO))?;
         // A lost server is reconnected here, at the next call after the loss.
-        let (c, generation) = link.get().ok_or(Attempt::Lost { errno: Errno::EIO, sent: false })?;
+        // Without blocking the thread (a completion queue's driver runs
+        // every request of the queue): the reconnection runs on its own.
+        let servers = self.servers.clone();
+        let (c, generation) = link
+            .get_async(move || {
+                std::thread::Builder::new()
+                    .name("dafne-reconnect".into())
+                    .spawn(move || {
+                        if let Some(l) = servers.get(server) {
+                            l.reconnect_in_background();
+                        }
+                    })
+                    .is_ok()
+            })
+            .await
+            .ok_or(Attempt::Lost { errno: Errno::EIO, sent: false })?;
         // The write verifier: unstable writes are recorded before they are
         // sent and until they are answered, checks note what they cover
         // (module docs).
@@ -957,7 +1000,8 @@ impl DataClient {
                 match self.verifier().note_write(cap.object_id, server, generation) {
                     Some(seq) => {
                         let v = &*self.verifier;
-                        in_flight = Some(InFlight { verifier: v, object: cap.object_id, server, seq, ok: false });
+                        in_flight =
+                            Some(InFlight { verifier: v, object: cap.object_id, server, seq, generation, ok: false });
                     }
                     None => {
                         let mut r = req.clone();
@@ -1011,6 +1055,13 @@ impl DataClient {
     /// client suite builds requests no well-behaved client would).
     pub async fn raw_request(&self, server: usize, req: &IoRequest) -> Result<IoResponse, Errno> {
         self.call(server, req).await
+    }
+
+    /// Io requests this client repeated because the connection they went
+    /// on, or were to go on, was lost (module docs, "Riding over a
+    /// restart"): tests' proof that a loss was met.
+    pub fn repeats_after_loss(&self) -> u64 {
+        self.repeats_after_loss.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Connections opened again after io servers were lost, over all servers.
@@ -1910,7 +1961,7 @@ mod tests {
     /// An unstable write sent and acknowledged on `generation`.
     fn written(v: &mut Verifier, object: u64, server: usize, generation: Generation) {
         let seq = v.note_write(object, server, generation).expect("room in the record");
-        v.write_done(object, server, seq, true);
+        v.write_done(object, server, seq, generation, true);
     }
 
     /// A check sent now and answered on `generation`.
@@ -1944,7 +1995,7 @@ mod tests {
         let seq = v.note_write(7, 0, 0).unwrap();
         let e = v.epoch(7, 0); // an fsync while the write is on its way
                                // The server runs the sync, then the write lands in its cache.
-        v.write_done(7, 0, seq, true);
+        v.write_done(7, 0, seq, 0, true);
         assert_eq!(v.settle(7, 0, 0, e, Check::Sync), Ok(()));
         assert!(v.pending.contains_key(&(7, 0)), "a sync sent before a write was answered covered it");
         // The server crashes and restarts: the next sync finds the write.
@@ -1972,7 +2023,7 @@ mod tests {
         let seq = v.note_write(7, 0, 1).unwrap();
         assert_eq!(check(&mut v, 7, 0, 1, Check::Sync), Err(Errno::EIO));
         assert!(v.pending.contains_key(&(7, 0)), "the write in flight went unrecorded");
-        v.write_done(7, 0, seq, true);
+        v.write_done(7, 0, seq, 1, true);
         assert_eq!(check(&mut v, 7, 0, 1, Check::Sync), Ok(()), "the reported loss came back");
         assert!(v.pending.is_empty());
     }
@@ -1994,17 +2045,44 @@ mod tests {
     fn a_failed_write_leaves_no_record_of_its_own() {
         let mut v = Verifier::new(VERIFIER_MAX);
         let seq = v.note_write(7, 0, 0).unwrap();
-        v.write_done(7, 0, seq, false);
+        v.write_done(7, 0, seq, 0, false);
         assert!(v.pending.is_empty(), "a write never acknowledged stays recorded");
         // It takes nothing acknowledged with it.
         written(&mut v, 8, 0, 0);
         let seq = v.note_write(8, 0, 0).unwrap();
-        v.write_done(8, 0, seq, false);
+        v.write_done(8, 0, seq, 0, false);
         assert_eq!(check(&mut v, 8, 0, 1, Check::Sync), Err(Errno::EIO));
         // Nor a write recorded after it.
         let first = v.note_write(9, 0, 0).unwrap();
         written(&mut v, 9, 0, 0);
-        v.write_done(9, 0, first, false);
+        v.write_done(9, 0, first, 0, false);
+        assert_eq!(check(&mut v, 9, 0, 1, Check::Sync), Err(Errno::EIO));
+    }
+
+    #[test]
+    fn writes_all_lost_with_their_connection_and_repeated_on_the_next_report_no_loss() {
+        let mut v = Verifier::new(VERIFIER_MAX);
+        // Three writes in flight on connection 0 when it is lost: none was
+        // acknowledged; each is repeated on connection 1 as it fails.
+        let lost: Vec<u64> = (0..3).map(|_| v.note_write(7, 0, 0).unwrap()).collect();
+        v.write_done(7, 0, lost[0], 0, false);
+        written(&mut v, 7, 0, 1);
+        for &seq in &lost[1..] {
+            v.write_done(7, 0, seq, 0, false);
+            written(&mut v, 7, 0, 1);
+        }
+        assert_eq!(check(&mut v, 7, 0, 1, Check::Stat), Ok(()), "a loss reported where nothing was acknowledged");
+        assert_eq!(check(&mut v, 7, 0, 1, Check::Sync), Ok(()));
+        assert!(v.pending.is_empty());
+        // All failed, none repeated: no entry left.
+        let lost: Vec<u64> = (0..3).map(|_| v.note_write(8, 0, 0).unwrap()).collect();
+        lost.iter().for_each(|&seq| v.write_done(8, 0, seq, 0, false));
+        assert!(v.pending.is_empty());
+        // One acknowledged on connection 0, taken in after one on
+        // connection 1: the loss is still reported.
+        let old = v.note_write(9, 0, 0).unwrap();
+        written(&mut v, 9, 0, 1);
+        v.write_done(9, 0, old, 0, true);
         assert_eq!(check(&mut v, 9, 0, 1, Check::Sync), Err(Errno::EIO));
     }
 
@@ -2014,9 +2092,9 @@ mod tests {
         let old = v.note_write(7, 0, 0).unwrap();
         v.forget(7, 0); // removed while the write was on its way
         let new = v.note_write(7, 0, 0).unwrap();
-        v.write_done(7, 0, old, true);
+        v.write_done(7, 0, old, 0, true);
         assert!(!v.epoch(7, 0).quiet, "the answer to an earlier write ended a later one");
-        v.write_done(7, 0, new, true);
+        v.write_done(7, 0, new, 0, true);
         assert!(v.epoch(7, 0).quiet);
     }
 

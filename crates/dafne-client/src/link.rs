@@ -37,9 +37,14 @@
 //! servers stay valid, since they are signed by the cluster secret, not
 //! bound to a connection.
 //!
-//! Reconnecting blocks the calling thread on the transport's loop, so these
-//! calls must not be made from a runtime task (as the blocking client calls
-//! already must not).
+//! Reconnecting ([`Link::get`]) blocks the calling thread on the
+//! transport's loop, so it must not be called from a runtime task (as the
+//! blocking client calls already must not), and for up to the connect
+//! timeout (10 s) where the server accepts no connection (a stopped
+//! process). A caller that runs other work on its thread (a completion
+//! queue's driver runs all its requests on one) uses [`Link::get_async`]
+//! instead: the reconnection runs on a thread of its own, and the caller
+//! waits for it without blocking.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, RwLock, TryLockError};
@@ -233,6 +238,16 @@ pub(crate) struct Link {
     /// later call one reconnection attempt, not a whole deadline.
     down_since: Mutex<Option<Instant>>,
     hello: Box<Hello>,
+    /// The reconnection [`Link::get_async`] runs on a thread of its own.
+    background: Mutex<Background>,
+}
+
+/// Whether a reconnection of [`Link::get_async`] is under way, and the
+/// callers waiting for its end.
+#[derive(Default)]
+struct Background {
+    running: bool,
+    waiting: Vec<futures::channel::oneshot::Sender<()>>,
 }
 
 impl std::fmt::Debug for Link {
@@ -259,6 +274,7 @@ impl Link {
             attempt: Mutex::new(None),
             down_since: Mutex::new(None),
             hello,
+            background: Mutex::new(Background::default()),
         }
     }
 
@@ -289,6 +305,57 @@ impl Link {
                 }
                 Err(TryLockError::WouldBlock) => return None,
             }
+        }
+    }
+
+    /// [`Self::get`] without blocking the thread that polls it: the
+    /// reconnection (a connect that waits up to the connect timeout for a
+    /// server that accepts nothing, then the owner's `hello`) runs on a
+    /// thread of its own, which `spawn` starts to run
+    /// [`Self::reconnect_in_background`] (false: it could not, and this
+    /// caller reconnects on its own thread instead). Callers that come
+    /// while it runs wait for the same one. `None` as for [`Self::get`]:
+    /// the attempt failed, one began within the last [`RETRY_EVERY`], or it
+    /// outlasted [`WAIT_FOR_RECONNECT`].
+    pub(crate) async fn get_async(&self, spawn: impl FnOnce() -> bool) -> Option<(Client, Generation)> {
+        if !self.broken.load(Ordering::Acquire) {
+            return Some(self.peek());
+        }
+        let (tx, rx) = futures::channel::oneshot::channel();
+        {
+            let mut b = self.background.lock().unwrap_or_else(|p| p.into_inner());
+            if !b.running {
+                // No thread for an attempt that would give up at once.
+                if let Ok(last) = self.attempt.try_lock() {
+                    if last.is_some_and(|t| t.elapsed() < RETRY_EVERY) {
+                        return None;
+                    }
+                }
+                b.running = true;
+                // Under the lock: the thread's end, which takes it, wakes
+                // this caller's `tx`, pushed below.
+                if !spawn() {
+                    b.running = false;
+                    drop(b);
+                    return self.get();
+                }
+            }
+            b.waiting.push(tx);
+        }
+        futures::future::select(rx, Box::pin(pause(WAIT_FOR_RECONNECT))).await;
+        (!self.broken.load(Ordering::Acquire)).then(|| self.peek())
+    }
+
+    /// The reconnection of [`Self::get_async`], on the thread it started:
+    /// wakes the callers waiting for it when done, whatever came of it.
+    pub(crate) fn reconnect_in_background(&self) {
+        let last = self.attempt.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = self.reconnect(last);
+        let mut b = self.background.lock().unwrap_or_else(|p| p.into_inner());
+        b.running = false;
+        for tx in b.waiting.drain(..) {
+            // A caller that stopped waiting dropped its end.
+            let _ = tx.send(());
         }
     }
 

@@ -564,3 +564,94 @@ fn many_requests_refused_at_once_on_one_queue_ride_over_a_short_lapse() {
     }
     f.close().unwrap();
 }
+
+/// An io server out of reach holds up no other server's requests on the
+/// same completion queue: one driver thread runs them all, and a request
+/// whose server's connection was lost must wait for the reconnection
+/// without blocking that thread. Here io server A is stopped (SIGSTOP:
+/// alive, so no supervisor restarts it; its connection is found lost by
+/// the keepalive and each reconnection to it hangs until the connect
+/// timeout) with writes to it in flight; writes to server B, posted on
+/// the same queue once A's writes are being repeated, complete while A is
+/// still stopped; A's complete once it is continued (the retry deadline
+/// is far longer than the test). Failed before the fix: the request
+/// repeated to A slept 250 ms on the driver thread after each failed
+/// reconnection, and reconnected there (10 s per try to a stopped
+/// server), in a loop that never yielded while A stayed stopped: B's
+/// writes were not even sent ("writes to B did not complete while A was
+/// stopped: ETIMEDOUT").
+#[test]
+fn a_server_out_of_reach_does_not_hold_up_another_servers_requests_on_one_queue() {
+    use common::cluster::{server_pid, Stopped};
+    use dafne_proto::io::Stability;
+    const N: u64 = 16;
+    let c = Cluster::start_sized(2, "");
+    wait_members(c.dir(), &[("up", 0), ("up", 0)]);
+    let (_rt, data, fs) = native_client(&c, "lost-queue-test");
+    let f = fs.create(fs.meta.root(), b"queued", 0o644, None).unwrap();
+    let h = f.handle().clone();
+    assert!(h.layout.servers.len() >= 2, "the file is striped over both servers: {:?}", h.layout);
+    let su = u64::from(h.layout.stripe_unit);
+    assert!(N * 4096 <= su, "the writes fit in one stripe unit");
+    // Stripe unit 0 is A's, unit 1 is B's.
+    let a = format!("io-{}", h.layout.servers[0]);
+    data.set_retry_deadline(Duration::from_secs(300));
+    let q = dafne_client::cq::CompletionQueue::new();
+    let post = |offset: u64, i: u64| {
+        let (d, h) = (data.clone(), h.clone());
+        q.post(async move { d.write_at(&h, offset, &common::pattern(4096, i), Stability::Unstable).await })
+    };
+
+    let pid = server_pid(c.dir(), &a);
+    let stopped = Stopped::stop(pid);
+    // SIGSTOP takes each thread as it next enters the kernel: a write A
+    // answered meanwhile would be one a restarted server may have lost,
+    // which the client rightly reports at close (module `data`, "write
+    // verifier"), however A came back.
+    let all_stopped = || {
+        std::fs::read_dir(format!("/proc/{pid}/task")).is_ok_and(|tasks| {
+            tasks.flatten().all(|t| {
+                std::fs::read_to_string(t.path().join("stat"))
+                    .is_ok_and(|s| s.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('T')))
+            })
+        })
+    };
+    common::wait_for("every thread of A stopped", all_stopped);
+    let to_a: Vec<_> = (0..N).map(|i| post(i * 4096, i)).collect();
+    // A's connection is found lost and its writes are being repeated.
+    common::wait_for("A's writes repeated after its connection was lost", || data.repeats_after_loss() > 0);
+    let to_b: Vec<_> = (0..N).map(|i| post(su + i * 4096, N + i)).collect();
+    let deadline = std::time::Instant::now() + Duration::from_secs(40);
+    let b_failed: Vec<(u64, Errno)> = to_b
+        .into_iter()
+        .enumerate()
+        .filter_map(|(i, t)| match q.wait(t, deadline.saturating_duration_since(std::time::Instant::now())) {
+            Ok(n) => {
+                assert_eq!(n, 4096);
+                None
+            }
+            Err(e) => Some((i as u64, e)),
+        })
+        .collect();
+    stopped.resume();
+    assert!(b_failed.is_empty(), "writes to B did not complete while A was stopped: {b_failed:?}");
+    let a_failed: Vec<(u64, Errno)> = to_a
+        .into_iter()
+        .enumerate()
+        .filter_map(|(i, t)| match q.wait(t, Duration::from_secs(120)) {
+            Ok(_) => None,
+            Err(e) => Some((i as u64, e)),
+        })
+        .collect();
+    assert!(a_failed.is_empty(), "writes to A failed after it was continued: {a_failed:?}");
+    // (Through the data client: these writes published no size to meta.)
+    for (base, first) in [(0, 0), (su, N)] {
+        let mut back = vec![0u8; (N * 4096) as usize];
+        assert_eq!(futures::executor::block_on(data.read_at(&h, base, &mut back)), Ok(back.len()));
+        for i in 0..N as usize {
+            let want = common::pattern(4096, first + i as u64);
+            assert!(back[i * 4096..(i + 1) * 4096] == want[..], "write {i} at {base} is not there");
+        }
+    }
+    f.close().unwrap();
+}
