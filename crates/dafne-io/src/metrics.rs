@@ -9,8 +9,8 @@
 //! storage path's operations and bytes; the UCX context's and the
 //! transport's counters; the process's CPU time and memory; whether it
 //! serves data now and the requests refused for a lapsed lease from meta
-//! (`crate::lease`). Replication
-//! (chain states) is not built, so there are no chain metrics.
+//! (`crate::lease`), and the version of each of its chains in meta's last
+//! answer to its heartbeat.
 
 use dafne_metrics::{Kind, Text};
 use dafne_proto::io::IoOp;
@@ -54,6 +54,14 @@ pub fn render(server: &str, s: &IoStats, cap: &Capacity, transport: &TransportSt
         "1 while data requests are served; 0 while the lease from meta has lapsed (or was never granted).",
         u64::from(s.lease.serving),
     );
+    let mut f = t.family(
+        "dafne_io_chain_version",
+        Kind::Gauge,
+        "The version of each chain that holds this server, as meta last answered its heartbeat.",
+    );
+    for c in &s.lease.chains {
+        f.sample(&[("chain", &c.chain.to_string())], c.version);
+    }
     t.single(
         "dafne_io_undecodable_requests_total",
         Kind::Counter,

@@ -28,12 +28,26 @@
 //! another address is accepted once its old instance is `down` (3 s). Each
 //! refused (id, address) pair is logged at warn once until it is accepted.
 //!
-//! This is membership only: nothing acts on a server being down yet (no
-//! replication exists; docs/REPLICATION.md is the design).
+//! # Acting on a lapsed lease
+//!
+//! Once an io server's last heartbeat is older than [`MEMBER_LEASE`] +
+//! [`OFFLINE_MARGIN`] ([`Membership::offline`]), meta marks its replica
+//! `offline` in every chain that holds it (`crate::chains::mark_offline`,
+//! written to the store; the service checks every second, on the tick
+//! that logs lapses). By then the server has stopped serving data: its
+//! own lease counts from when it *sent* the heartbeat, which is before
+//! meta received it (`dafne_io::lease`). When it heartbeats again it is
+//! marked `serving` again (`crate::chains::mark_back`) before meta
+//! answers, and the answer carries the versions of its chains
+//! ([`dafne_proto::Response::Heartbeat`]). A server never heard since
+//! this meta started counts as lapsed only once [`MEMBER_LEASE`] +
+//! [`OFFLINE_MARGIN`] passed since the start: a meta that restarts hears
+//! every live server again before then, so its restart changes no chain.
+//! Data requests do not carry chain versions yet (docs/REPLICATION.md).
 
 use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use dafne_proto::{Errno, Heartbeat, Member, MemberState, MAX_MEMBERS, MEMBER_LEASE};
 
@@ -51,11 +65,25 @@ struct Entry {
     lapse_logged: bool,
 }
 
+/// How long past [`MEMBER_LEASE`] meta waits before it marks a server
+/// whose heartbeats stopped `offline` in its chains (module docs, "Acting
+/// on a lapsed lease"): the io server stopped serving at the latest L
+/// after it sent its last answered heartbeat, which is at or before meta
+/// received it; the margin covers the ticks of meta's check (1 s) and
+/// clocks that do not tick alike on two hosts' monotonic clocks. It does
+/// not cover a data request admitted just before the lapse that is still
+/// running (`dafne_io::lease`): nothing acts on versions on data
+/// requests yet, so nothing relies on it.
+pub const OFFLINE_MARGIN: Duration = Duration::from_secs(1);
+
 /// The membership table (module docs).
 #[derive(Debug)]
 pub struct Membership {
     /// The cluster's io servers: ids `0..servers`.
     servers: u32,
+    /// When this table was made (meta's start): servers never heard count
+    /// as lapsed only [`MEMBER_LEASE`] + [`OFFLINE_MARGIN`] after it.
+    started: Instant,
     entries: BTreeMap<u32, Entry>,
     /// (id, address) pairs whose refusal was logged (module docs); at
     /// most [`WARNED`] entries.
@@ -77,7 +105,33 @@ pub struct StateCounts {
 impl Membership {
     /// A table for io servers `0..servers` (at most [`MAX_MEMBERS`]).
     pub fn new(servers: u32) -> Membership {
-        Membership { servers: servers.min(MAX_MEMBERS as u32), entries: BTreeMap::new(), warned: HashSet::new() }
+        Membership::started_at(servers, Instant::now())
+    }
+
+    /// [`Membership::new`] as of `started`.
+    pub fn started_at(servers: u32, started: Instant) -> Membership {
+        Membership {
+            servers: servers.min(MAX_MEMBERS as u32),
+            started,
+            entries: BTreeMap::new(),
+            warned: HashSet::new(),
+        }
+    }
+
+    /// The io servers to mark `offline` at `now` (module docs, "Acting on a
+    /// lapsed lease"): those whose last heartbeat is older than
+    /// [`MEMBER_LEASE`] + [`OFFLINE_MARGIN`], and those never heard once
+    /// that long has passed since the table was made. At most
+    /// [`MAX_MEMBERS`], in id order.
+    pub fn offline(&self, now: Instant) -> Vec<u32> {
+        let limit = MEMBER_LEASE + OFFLINE_MARGIN;
+        let long_ago = |t: Instant| now.saturating_duration_since(t) > limit;
+        (0..self.servers)
+            .filter(|id| match self.entries.get(id) {
+                Some(e) => long_ago(e.last),
+                None => long_ago(self.started),
+            })
+            .collect()
     }
 
     fn is_up(e: &Entry, now: Instant) -> bool {
@@ -327,6 +381,27 @@ mod tests {
         let ms = m.members(late);
         assert_eq!((ms[1].addr.port(), ms[1].restarts, ms[1].state), (9002, 2, MemberState::Up));
         assert!(m.warned.is_empty(), "accepted: logged again if refused later");
+    }
+
+    #[test]
+    fn a_server_goes_offline_a_margin_after_its_lease_and_never_heard_ones_after_a_start() {
+        let t0 = Instant::now();
+        let mut m = Membership::started_at(3, t0);
+        let limit = MEMBER_LEASE + OFFLINE_MARGIN;
+        let just = Duration::from_millis(1);
+        // A meta that just started waits L + margin before it counts a
+        // server it never heard from as lapsed.
+        assert_eq!(m.offline(t0 + limit), Vec::<u32>::new());
+        m.heartbeat(&hb(1, 7, 9001), t0 + Duration::from_secs(1)).unwrap();
+        assert_eq!(m.offline(t0 + limit + just), vec![0, 2]);
+        // Heard at t0 + 1 s: down after L, offline only after L + margin.
+        let heard = t0 + Duration::from_secs(1);
+        assert_eq!(m.members(heard + MEMBER_LEASE + just)[1].state, MemberState::Down);
+        assert_eq!(m.offline(heard + limit), vec![0, 2]);
+        assert_eq!(m.offline(heard + limit + just), vec![0, 1, 2]);
+        // A heartbeat takes it out.
+        m.heartbeat(&hb(1, 7, 9001), heard + limit + just).unwrap();
+        assert_eq!(m.offline(heard + limit + just), vec![0, 2]);
     }
 
     #[test]
