@@ -200,6 +200,7 @@ mod tests {
         s.ops.by_op[read] = crate::service::OpCount { requests: 3, errors: 1, bytes: 8192 };
         s.unifier.hits = 5;
         s.storage.checksum_errors = 2;
+        s.lease.chains = vec![dafne_proto::ChainVersion { chain: 2, version: 5 }];
         let cap = Capacity { cache_bytes: 8 << 20, ..Default::default() };
         let page = render("io-1", &s, &cap, &TransportStatsSnapshot::default());
         let families = dafne_metrics::parse(&page).unwrap_or_else(|e| panic!("{e}\n{page}"));
@@ -217,6 +218,7 @@ mod tests {
         assert_eq!(value("dafne_io_cache_hits_total", None), 5.0);
         assert_eq!(value("dafne_io_checksum_errors_total", None), 2.0);
         assert_eq!(value("dafne_io_cache_bytes", None), (8 << 20) as f64);
+        assert!(page.contains("dafne_io_chain_version{server=\"io-1\",chain=\"2\"} 5\n"), "{page}");
         assert!(families.iter().any(|f| f.name == "dafne_transport_requests_in_flight" && f.kind == "gauge"));
         for f in &families {
             assert_eq!(f.kind == "counter", f.name.ends_with("_total"), "{}", f.name);

@@ -134,13 +134,14 @@ pub fn reconcile(stored: &[Chain], built: Vec<Chain>, highest: u64) -> Vec<Chain
         .collect()
 }
 
-/// The rows of `chains` that change when io servers `down` lost their
+/// The rows of `chains` that change when io servers `down` (in id order,
+/// as [`crate::members::Membership::offline`] gives them) lost their
 /// lease: in each chain that holds one of them not already `offline`, it
 /// becomes `offline` and moves to the end (the others keep their order,
 /// so the first serving replica heads the chain), and the row's version
 /// goes up by one. Rows that do not change are not returned.
 pub fn mark_offline(chains: &[Chain], down: &[u32]) -> Vec<Chain> {
-    let goes = |r: &Replica| down.contains(&r.server) && r.state != ReplicaState::Offline;
+    let goes = |r: &Replica| r.state != ReplicaState::Offline && down.binary_search(&r.server).is_ok();
     chains
         .iter()
         .filter(|c| c.replicas.iter().any(goes))

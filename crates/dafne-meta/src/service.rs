@@ -498,7 +498,7 @@ impl MetaService {
                 members.offline(now)
             };
             let changed = crate::chains::mark_offline(&s.chains.borrow(), &down);
-            s.update_chains(changed, "offline (its lease from meta lapsed)");
+            s.update_chains(changed, "its lease from meta lapsed");
         }
     }
 
@@ -512,7 +512,7 @@ impl MetaService {
             return;
         }
         if let Err(e) = self.store.update_chains(&changed) {
-            tracing::warn!("marking io servers {why} in chains: writing the chain table: {e} (tried again)");
+            tracing::warn!("writing a chain change ({why}) to the store: {e} (tried again at the next check)");
             return;
         }
         for c in &changed {
@@ -662,7 +662,7 @@ impl MetaService {
                     let beat = self.members.borrow_mut().heartbeat(&hb, Instant::now());
                     beat.map(|()| {
                         let back = crate::chains::mark_back(&self.chains.borrow(), hb.server);
-                        self.update_chains(back, "serving again (it heartbeats again)");
+                        self.update_chains(back, "it heartbeats again");
                         Response::Heartbeat { chains: self.chain_versions(hb.server) }
                     })
                 }

@@ -1,6 +1,7 @@
 //! Membership on the wire: what an io server tells the metadata server in
-//! its heartbeat ([`Heartbeat`], op `ServerHeartbeat`), and how meta
-//! answers `Members` ([`Member`], and meta's chain table: [`Chain`]).
+//! its heartbeat ([`Heartbeat`], op `ServerHeartbeat`) and what meta
+//! answers it (the versions of its chains: [`ChainVersion`]), and how
+//! meta answers `Members` ([`Member`], and meta's chain table: [`Chain`]).
 //!
 //! Addresses travel as text (`ip:port`, as Rust prints a `SocketAddr`) so
 //! that a person reading a capture sees them; the decoder accepts only the
