@@ -115,8 +115,9 @@ pub fn build(servers: &[u32], hosts: &[String], replicas: u32) -> Result<Vec<Cha
 
 /// The chain table to keep, given the one stored, the one the
 /// configuration builds and `highest`, the highest version any row of
-/// the table has ever had (rows that went included): a stored row equal
-/// in servers to the built one is kept as it is (its version and
+/// the table has ever had (rows that went included): a stored row with
+/// the same servers as the built one, in any order (meta moves an offline
+/// replica to the end), is kept as it is (its version, order and
 /// states); a row that differs takes the built servers with its version
 /// bumped past the stored one; a row not stored (new, or back after its
 /// io server left the configuration) gets `highest + 1`, so that a
@@ -127,7 +128,7 @@ pub fn reconcile(stored: &[Chain], built: Vec<Chain>, highest: u64) -> Vec<Chain
     built
         .into_iter()
         .map(|b| match stored.iter().find(|s| s.id == b.id) {
-            Some(s) if servers(s) == servers(&b) => s.clone(),
+            Some(s) if server_set(s) == server_set(&b) => s.clone(),
             Some(s) => Chain { version: s.version + 1, ..b },
             None => Chain { version: highest + 1, ..b },
         })
@@ -186,6 +187,15 @@ pub fn replace(chains: &mut [Chain], changed: &[Chain]) {
 
 fn servers(c: &Chain) -> Vec<u32> {
     c.replicas.iter().map(|r| r.server).collect()
+}
+
+/// The servers of a row as a set (sorted): meta reorders a row when it
+/// marks a replica offline ([`mark_offline`]), which is no change of the
+/// configuration ([`reconcile`]).
+fn server_set(c: &Chain) -> Vec<u32> {
+    let mut s = servers(c);
+    s.sort_unstable();
+    s
 }
 
 /// A stored chain row (the table's key is the id): format byte 1,

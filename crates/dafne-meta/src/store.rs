@@ -3252,6 +3252,25 @@ mod tests {
     }
 
     #[test]
+    fn an_offline_replica_moved_to_the_end_stays_offline_across_an_open() {
+        // mark_offline moves the replica to the end of its chain: the row
+        // names the same servers in another order, which is not a change
+        // of configuration. Failed before reconcile compared the servers
+        // as a set: the open rebuilt the row (io-0 serving at the head
+        // again) and bumped its version.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("meta.redb");
+        let two = LayoutPolicy { servers: vec![0, 1], replicas: 2, ..LayoutPolicy::default() };
+        let s = RedbStore::open(&path, two.clone()).unwrap();
+        let off = crate::chains::mark_offline(&s.chains(), &[0]);
+        s.update_chains(&off).unwrap();
+        let written = s.chains();
+        drop(s);
+        let s = RedbStore::open(&path, two).unwrap();
+        assert_eq!(s.chains(), written, "the stored rows, as meta changed them");
+    }
+
+    #[test]
     fn the_chain_table_is_kept_and_reconciled_across_opens() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("meta.redb");
