@@ -43,6 +43,13 @@
 //! this meta started counts as lapsed only once [`MEMBER_LEASE`] +
 //! [`OFFLINE_MARGIN`] passed since the start: a meta that restarts hears
 //! every live server again before then, so its restart changes no chain.
+//! A meta that did not run for a while (stopped, or its loop blocked: the
+//! service's check sees its one-second tick come late by more than
+//! [`OFFLINE_MARGIN`]) heard no heartbeat meanwhile, so it counts
+//! [`MEMBER_LEASE`] + [`OFFLINE_MARGIN`] again from when it runs again
+//! ([`Membership::deaf_until`]) before it marks anyone `offline`: the
+//! io servers' leases lapsed because of meta, and none served data
+//! meanwhile, so none missed anything.
 //! Data requests do not carry chain versions yet (docs/REPLICATION.md).
 
 use std::collections::{BTreeMap, HashSet};
@@ -81,9 +88,11 @@ pub const OFFLINE_MARGIN: Duration = Duration::from_secs(1);
 pub struct Membership {
     /// The cluster's io servers: ids `0..servers`.
     servers: u32,
-    /// When this table was made (meta's start): servers never heard count
-    /// as lapsed only [`MEMBER_LEASE`] + [`OFFLINE_MARGIN`] after it.
-    started: Instant,
+    /// Since when meta has listened for heartbeats without a gap: its
+    /// start, or when it ran again after it did not
+    /// ([`Membership::deaf_until`]). No server counts as lapsed before
+    /// [`MEMBER_LEASE`] + [`OFFLINE_MARGIN`] past it.
+    listening: Instant,
     entries: BTreeMap<u32, Entry>,
     /// (id, address) pairs whose refusal was logged (module docs); at
     /// most [`WARNED`] entries.
@@ -112,7 +121,7 @@ impl Membership {
     pub fn started_at(servers: u32, started: Instant) -> Membership {
         Membership {
             servers: servers.min(MAX_MEMBERS as u32),
-            started,
+            listening: started,
             entries: BTreeMap::new(),
             warned: HashSet::new(),
         }
@@ -120,18 +129,26 @@ impl Membership {
 
     /// The io servers to mark `offline` at `now` (module docs, "Acting on a
     /// lapsed lease"): those whose last heartbeat is older than
-    /// [`MEMBER_LEASE`] + [`OFFLINE_MARGIN`], and those never heard once
-    /// that long has passed since the table was made. At most
-    /// [`MAX_MEMBERS`], in id order.
+    /// [`MEMBER_LEASE`] + [`OFFLINE_MARGIN`], and those never heard, once
+    /// meta has listened that long (since the table was made, or since
+    /// [`Membership::deaf_until`]). At most [`MAX_MEMBERS`], in id order.
     pub fn offline(&self, now: Instant) -> Vec<u32> {
         let limit = MEMBER_LEASE + OFFLINE_MARGIN;
-        let long_ago = |t: Instant| now.saturating_duration_since(t) > limit;
+        let long_ago = |t: Instant| now.saturating_duration_since(t.max(self.listening)) > limit;
         (0..self.servers)
             .filter(|id| match self.entries.get(id) {
                 Some(e) => long_ago(e.last),
-                None => long_ago(self.started),
+                None => long_ago(self.listening),
             })
             .collect()
+    }
+
+    /// Meta did not run until `now` (stopped, or its loop blocked): it
+    /// heard no heartbeat meanwhile, so it listens
+    /// [`MEMBER_LEASE`] + [`OFFLINE_MARGIN`] from `now` before it counts
+    /// any server as lapsed (module docs, "Acting on a lapsed lease").
+    pub fn deaf_until(&mut self, now: Instant) {
+        self.listening = self.listening.max(now);
     }
 
     fn is_up(e: &Entry, now: Instant) -> bool {
@@ -402,6 +419,26 @@ mod tests {
         // A heartbeat takes it out.
         m.heartbeat(&hb(1, 7, 9001), heard + limit + just).unwrap();
         assert_eq!(m.offline(heard + limit + just), vec![0, 2]);
+    }
+
+    #[test]
+    fn a_meta_that_did_not_run_waits_again_before_it_marks_anyone_offline() {
+        let t0 = Instant::now();
+        let mut m = Membership::started_at(2, t0);
+        let limit = MEMBER_LEASE + OFFLINE_MARGIN;
+        let just = Duration::from_millis(1);
+        m.heartbeat(&hb(1, 7, 9001), t0 + Duration::from_secs(1)).unwrap();
+        // Meta stopped from t0 + 1 s to t0 + 10 s: everyone looks lapsed.
+        let back = t0 + Duration::from_secs(10);
+        assert_eq!(m.offline(back), vec![0, 1]);
+        m.deaf_until(back);
+        assert_eq!(m.offline(back + limit), Vec::<u32>::new(), "heard nothing while it did not run");
+        assert_eq!(m.offline(back + limit + just), vec![0, 1], "still silent once it listened L + margin");
+        m.heartbeat(&hb(1, 7, 9001), back + Duration::from_secs(1)).unwrap();
+        assert_eq!(m.offline(back + limit + just), vec![0]);
+        // An earlier instant never moves it back.
+        m.deaf_until(t0);
+        assert_eq!(m.offline(back + limit), Vec::<u32>::new());
     }
 
     #[test]

@@ -487,13 +487,32 @@ impl MetaService {
     /// changes: one pass over the membership table and one over the chain
     /// table (each at most `MAX_MEMBERS` rows); the store is written only
     /// when a row changes.
+    ///
+    /// A tick later than [`crate::members::OFFLINE_MARGIN`] past its
+    /// second means meta did not run meanwhile (stopped, or its loop
+    /// blocked) and heard no heartbeat: it listens a full lease and margin
+    /// again before it marks anyone offline
+    /// ([`crate::members::Membership::deaf_until`]).
     pub async fn watch_members(service: std::rc::Weak<MetaService>) {
+        const TICK: Duration = Duration::from_secs(1);
+        let mut last = Instant::now();
         loop {
-            dafne_transport::sleep(Duration::from_secs(1)).await;
+            dafne_transport::sleep(TICK).await;
             let Some(s) = service.upgrade() else { return };
             let now = Instant::now();
+            let gap = now.saturating_duration_since(last);
+            last = now;
             let down = {
                 let mut members = s.members.borrow_mut();
+                if gap > TICK + crate::members::OFFLINE_MARGIN {
+                    tracing::warn!(
+                        "meta did not run for {:.1} s (stopped, or its loop blocked) and heard no heartbeat \
+                         meanwhile: it marks no io server offline before it has listened {} s again",
+                        gap.as_secs_f64(),
+                        (dafne_proto::MEMBER_LEASE + crate::members::OFFLINE_MARGIN).as_secs()
+                    );
+                    members.deaf_until(now);
+                }
                 members.log_lapsed(now);
                 members.offline(now)
             };

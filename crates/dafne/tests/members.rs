@@ -367,6 +367,38 @@ fn meta_marks_a_stopped_io_server_offline_in_its_chain_and_serving_when_it_retur
     });
 }
 
+/// A meta that was itself stopped (SIGSTOP for L + margin + 2 s) heard no
+/// heartbeat while it was: the io servers' leases lapsed because of meta,
+/// not of them, and none missed anything (nobody served data). It must not
+/// mark them offline when it runs again (with R > 1 each flap would cost
+/// a resync). Waits until each io server's lease is held again (it
+/// lapsed during the stop, so held means meta answered a heartbeat sent
+/// after the resume, and any flap is in the versions by then). Failed
+/// before meta noticed its own stall: io-1's chain went offline and back,
+/// two versions up.
+#[test]
+fn a_meta_that_was_stopped_marks_no_io_server_offline_when_it_runs_again() {
+    use common::cluster::{server_pid, Stopped};
+    let c = Cluster::start_sized(2, "");
+    wait_members(c.dir(), &[("up", 0), ("up", 0)]);
+    let before = meta_chains(&c);
+    assert_eq!(before.len(), 2, "{before:?}");
+    let stopped = Stopped::stop(server_pid(c.dir(), "meta"));
+    // The stop itself (not a wait for a state): long enough for meta's
+    // next tick to see every heartbeat older than L + margin.
+    std::thread::sleep(dafne_proto::MEMBER_LEASE + dafne_meta::members::OFFLINE_MARGIN + Duration::from_secs(2));
+    stopped.resume();
+    let held = |s: &serde_json::Value| (0..2).all(|i| s["io"][i]["lease"] == "held");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut s = status(c.dir(), &[]);
+    while !held(&s) {
+        assert!(std::time::Instant::now() < deadline, "the io servers' leases stayed lapsed: {s}");
+        std::thread::sleep(Duration::from_millis(200));
+        s = status(c.dir(), &[]);
+    }
+    assert_eq!(meta_chains(&c), before, "a stalled meta changed chains");
+}
+
 #[test]
 fn a_restarted_meta_hears_every_io_server_again_and_changes_no_chain() {
     let c = Cluster::start_sized(2, "");
