@@ -177,6 +177,15 @@ fn chains(dir: &Path) -> Vec<(u64, u64, String, Vec<String>)> {
         .collect()
 }
 
+/// Each chain's version (chain ids are 0..n, in order), with every chain
+/// healthy: what a test compares later versions with. Not 1: an io server
+/// that started more than L + margin after meta (`dafne up` starts them
+/// one after another; a loaded machine) was marked offline and back.
+fn base_versions<H: AsRef<str>, R>(rows: &[(u64, u64, H, R)]) -> Vec<u64> {
+    assert!(rows.iter().enumerate().all(|(i, r)| r.0 == i as u64 && r.2.as_ref() == "healthy"), "not all healthy");
+    rows.iter().map(|r| r.1).collect()
+}
+
 /// The metadata server's `dafne_meta_chains{health}` gauge.
 fn chain_gauge(dir: &Path, health: &str) -> f64 {
     let addr = common::cluster::meta_metrics_addr(dir);
@@ -192,19 +201,22 @@ fn status_lists_the_chains_and_a_chain_is_unavailable_once_its_io_server_is_kill
     // alone. The supervisor does not restart the killed server.
     let c = Cluster::start_sized(2, "[cluster]\nrestart = false\n");
     wait_members(c.dir(), &[("up", 0), ("up", 0)]);
+    // Versions as of now, not 1: an io server that started more than
+    // L + margin after meta (a loaded machine) was marked offline and back.
+    let v = base_versions(&chains(c.dir()));
     let one = |chain: u64, health: &str, member: &str| {
-        (chain, 1, health.to_string(), vec![format!("io-{chain} serving {member}")])
+        (chain, v[chain as usize], health.to_string(), vec![format!("io-{chain} serving {member}")])
     };
     assert_eq!(chains(c.dir()), vec![one(0, "healthy", "up"), one(1, "healthy", "up")]);
     let table = text(&dafne().args(["status", "--dir", p(c.dir())]).output().unwrap());
-    assert!(table.contains("| 1 | 1 | healthy | io-1 (serving, up) | 1 |"), "{table}");
+    assert!(table.contains(&format!("| 1 | {0} | healthy | io-1 (serving, up) | {0} |", v[1])), "{table}");
 
     let servers: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(c.dir().join("servers.json")).unwrap()).unwrap();
     let pid = servers.as_array().unwrap().iter().find(|s| s["name"] == "io-1").unwrap()["pid"].as_u64().unwrap();
     Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap();
     // Meta marks it offline a margin after its lease lapsed, a new version.
-    let want = vec![one(0, "healthy", "up"), (1, 2, "unavailable".into(), vec!["io-1 offline down".into()])];
+    let want = vec![one(0, "healthy", "up"), (1, v[1] + 1, "unavailable".into(), vec!["io-1 offline down".into()])];
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     let mut seen = chains(c.dir());
     while seen != want {
@@ -213,8 +225,8 @@ fn status_lists_the_chains_and_a_chain_is_unavailable_once_its_io_server_is_kill
         seen = chains(c.dir());
     }
     let table = text(&dafne().args(["status", "--dir", p(c.dir())]).output().unwrap());
-    assert!(table.contains("| 1 | 2 | unavailable | io-1 (offline, down) | - |"), "{table}");
-    assert!(table.contains("| 0 | 1 | healthy | io-0 (serving, up) | 1 |"), "{table}");
+    assert!(table.contains(&format!("| 1 | {} | unavailable | io-1 (offline, down) | - |", v[1] + 1)), "{table}");
+    assert!(table.contains(&format!("| 0 | {0} | healthy | io-0 (serving, up) | {0} |", v[0])), "{table}");
     // The metrics page renders at most once a second: wait for it too.
     common::wait_for("meta's chain gauge", || chain_gauge(c.dir(), "unavailable") == 1.0);
     assert_eq!(chain_gauge(c.dir(), "healthy"), 1.0);
@@ -333,16 +345,17 @@ fn meta_marks_a_stopped_io_server_offline_in_its_chain_and_serving_when_it_retur
     let row = |id: u32, version: u64, health: &'static str, state: &str| {
         (id, version, health, vec![format!("io-{id} {state}")])
     };
-    wait_chains(&c, &[row(0, 1, "healthy", "serving"), row(1, 1, "healthy", "serving")]);
+    let v = base_versions(&meta_chains(&c).iter().map(|r| (u64::from(r.0), r.1, r.2, ())).collect::<Vec<_>>());
+    assert_eq!(v.len(), 2);
 
     let stopped = Stopped::stop(server_pid(c.dir(), "io-1"));
-    wait_chains(&c, &[row(0, 1, "healthy", "serving"), row(1, 2, "unavailable", "offline")]);
+    wait_chains(&c, &[row(0, v[0], "healthy", "serving"), row(1, v[1] + 1, "unavailable", "offline")]);
     stopped.resume();
-    wait_chains(&c, &[row(0, 1, "healthy", "serving"), row(1, 3, "healthy", "serving")]);
+    wait_chains(&c, &[row(0, v[0], "healthy", "serving"), row(1, v[1] + 2, "healthy", "serving")]);
 
     // The io servers' own view, from their ServerInfo: the version meta
     // answered their last heartbeat with, and a lease held (waited for:
-    // io-1 hears version 3 with the heartbeat that made it).
+    // io-1 hears its new version with the heartbeat that made it).
     let own = |s: &serde_json::Value, i: usize| {
         let io = &s["io"][i];
         let chains: Vec<(u64, u64)> = io["chains"]
@@ -351,7 +364,7 @@ fn meta_marks_a_stopped_io_server_offline_in_its_chain_and_serving_when_it_retur
             .unwrap_or_default();
         (io["lease"].as_str().unwrap_or("?").to_string(), chains)
     };
-    let want = [("held".to_string(), vec![(0, 1)]), ("held".to_string(), vec![(1, 3)])];
+    let want = [("held".to_string(), vec![(0, v[0])]), ("held".to_string(), vec![(1, v[1] + 2)])];
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     let mut s = status(c.dir(), &[]);
     while [own(&s, 0), own(&s, 1)] != want {
@@ -360,10 +373,10 @@ fn meta_marks_a_stopped_io_server_offline_in_its_chain_and_serving_when_it_retur
         s = status(c.dir(), &[]);
     }
     let table = text(&dafne().args(["status", "--dir", p(c.dir())]).output().unwrap());
-    assert!(table.contains("| 1 | 3 | healthy | io-1 (serving, up) | 3 |"), "{table}");
+    assert!(table.contains(&format!("| 1 | {0} | healthy | io-1 (serving, up) | {0} |", v[1] + 2)), "{table}");
     assert!(table.contains("serving (under a lease from meta)"), "{table}");
     common::wait_for("io-1's chain version gauge", || {
-        common::cluster::server_metric(c.dir(), "io-1", "dafne_io_chain_version") == Some(3.0)
+        common::cluster::server_metric(c.dir(), "io-1", "dafne_io_chain_version") == Some((v[1] + 2) as f64)
     });
 }
 
@@ -404,7 +417,7 @@ fn a_restarted_meta_hears_every_io_server_again_and_changes_no_chain() {
     let c = Cluster::start_sized(2, "");
     wait_members(c.dir(), &[("up", 0), ("up", 0)]);
     let before = meta_chains(&c);
-    assert_eq!(before.iter().map(|c| c.1).collect::<Vec<_>>(), vec![1, 1]);
+    assert!(before.len() == 2 && before.iter().all(|c| c.2 == "healthy"), "{before:?}");
     let servers = || -> serde_json::Value {
         serde_json::from_str(&std::fs::read_to_string(c.dir().join("servers.json")).unwrap()).unwrap()
     };
