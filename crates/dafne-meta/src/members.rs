@@ -43,6 +43,9 @@
 //! this meta started counts as lapsed only once [`MEMBER_LEASE`] +
 //! [`OFFLINE_MARGIN`] passed since the start: a meta that restarts hears
 //! every live server again before then, so its restart changes no chain.
+//! (At a cluster's first start, an io server that heartbeats later than
+//! that is marked `offline` and back: nothing tells a first start from a
+//! restart here.)
 //! A meta that did not run for a while (stopped, or its loop blocked: the
 //! service's check sees its one-second tick come late by more than
 //! [`OFFLINE_MARGIN`]) heard no heartbeat meanwhile, so it counts
