@@ -179,6 +179,22 @@ fn io() {
     ];
     let mut bodies: Vec<Vec<u8>> = seeds.iter().map(|s| [&[0x80u8][..], s].concat()).collect();
     bodies.extend(seeds);
+    // ServerInfo's answer: the fields, then the chain versions (ids in
+    // order: mutations reach the order check and the count bound).
+    let info = dafne_proto::ServerInfo {
+        capacity_bytes: 1 << 40,
+        lease: dafne_proto::LEASE_HELD,
+        chains: vec![
+            dafne_proto::ChainVersion { chain: 0, version: 3 },
+            dafne_proto::ChainVersion { chain: 2, version: 9 },
+        ],
+        ..Default::default()
+    };
+    bodies.push(dafne_proto::encode_io_reply(
+        3,
+        dafne_proto::IoOp::ServerInfo,
+        &Ok(dafne_proto::IoResponse::ServerInfo(Box::new(info))),
+    ));
     sweep("io", dafne_fuzz::io, bodies, 2);
 }
 
@@ -222,6 +238,17 @@ fn proto() {
                 host: "node-b".into(),
                 capacity_bytes: 1 << 40,
                 used_bytes: 1 << 30,
+            }),
+        ),
+        // The heartbeat's answer: the versions of the sender's chains.
+        encode_reply(
+            3,
+            Op::ServerHeartbeat,
+            &Ok(Response::Heartbeat {
+                chains: vec![
+                    dafne_proto::ChainVersion { chain: 1, version: 2 },
+                    dafne_proto::ChainVersion { chain: 4, version: 7 },
+                ],
             }),
         ),
         encode_reply(

@@ -22,7 +22,8 @@
 //!
 //! Each heartbeat meta answers successfully renews the server's lease
 //! ([`crate::lease`]) from the time the heartbeat was sent: while the
-//! lease has lapsed the server refuses data requests.
+//! lease has lapsed the server refuses data requests. The answer carries
+//! the versions of the server's chains, which the lease keeps.
 //!
 //! The options are checked before the server binds its port
 //! ([`prepare`]); a wildcard listen address needs `--advertise`, as meta's
@@ -35,7 +36,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use dafne_proto::{Heartbeat, Request, HEARTBEAT_INTERVAL, MAX_HOST_NAME};
+use dafne_proto::{Heartbeat, Request, Response, HEARTBEAT_INTERVAL, MAX_HOST_NAME};
 
 use crate::lease::Lease;
 
@@ -260,7 +261,12 @@ impl Beat {
                     // The lease runs from the sending (module `lease`).
                     let sent = Instant::now();
                     s.request(Request::ServerHeartbeat(self.beat.clone()))
-                        .map(|_| self.lease.grant(sent))
+                        .map(|answer| {
+                            if let Response::Heartbeat { chains } = answer {
+                                self.lease.set_chains(chains);
+                            }
+                            self.lease.grant(sent)
+                        })
                         .map_err(|e| format!("meta at {} answered the heartbeat with {e}", self.meta))
                 }
                 None => {

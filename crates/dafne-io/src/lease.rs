@@ -45,16 +45,23 @@
 //! docs/REPLICATION.md) must allow for that (a margin past L longer than
 //! such a request, or a check of the lease before each commit).
 //!
+//! Chain versions: meta's answer to a heartbeat carries the version of
+//! each chain that holds this server (`dafne_proto::Response::Heartbeat`);
+//! the lease keeps the last ones answered ([`Lease::chains`]) and the
+//! server reports them, with whether the lease holds, in `ServerInfo`
+//! (`dafne status`) and on its metrics page (`dafne_io_chain_version`).
+//! Nothing checks them on data requests yet (docs/REPLICATION.md).
+//!
 //! Logged once each, not per request: the lapse at warn (by a watcher
 //! thread, so it shows even with no request coming) and the lease granted
 //! again at info. Refusals are counted (`dafne_io_lease_refusals_total` on
 //! the metrics page) and the state shown (`dafne_io_serving`).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use dafne_proto::{Errno, MEMBER_LEASE};
+use dafne_proto::{ChainVersion, Errno, MEMBER_LEASE};
 
 /// What an io server answers a data request while its lease has lapsed:
 /// "not serving now, try again" ([`dafne_proto::io::NOT_SERVING`]).
@@ -78,6 +85,8 @@ pub struct Lease {
     lapse_logged: AtomicBool,
     /// Granted at least once (the first grant is logged as such).
     granted_once: AtomicBool,
+    /// The chain versions of meta's last answer (module docs).
+    chains: Mutex<Vec<ChainVersion>>,
 }
 
 impl Default for Lease {
@@ -100,7 +109,20 @@ impl Lease {
             length,
             lapse_logged: AtomicBool::new(false),
             granted_once: AtomicBool::new(false),
+            chains: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Keeps the chain versions of meta's answer to a heartbeat (module
+    /// docs); the heartbeat thread sends one heartbeat at a time, so the
+    /// last kept is the newest answer's.
+    pub fn set_chains(&self, chains: Vec<ChainVersion>) {
+        *self.chains.lock().unwrap_or_else(|p| p.into_inner()) = chains;
+    }
+
+    /// The chain versions of meta's last answer (empty before the first).
+    pub fn chains(&self) -> Vec<ChainVersion> {
+        self.chains.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     fn nanos(&self, t: Instant) -> u64 {

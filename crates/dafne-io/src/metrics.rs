@@ -9,8 +9,8 @@
 //! storage path's operations and bytes; the UCX context's and the
 //! transport's counters; the process's CPU time and memory; whether it
 //! serves data now and the requests refused for a lapsed lease from meta
-//! (`crate::lease`). Replication
-//! (chain states) is not built, so there are no chain metrics.
+//! (`crate::lease`), and the version of each of its chains in meta's last
+//! answer to its heartbeat.
 
 use dafne_metrics::{Kind, Text};
 use dafne_proto::io::IoOp;
@@ -54,6 +54,14 @@ pub fn render(server: &str, s: &IoStats, cap: &Capacity, transport: &TransportSt
         "1 while data requests are served; 0 while the lease from meta has lapsed (or was never granted).",
         u64::from(s.lease.serving),
     );
+    let mut f = t.family(
+        "dafne_io_chain_version",
+        Kind::Gauge,
+        "The version of each chain that holds this server, as meta last answered its heartbeat.",
+    );
+    for c in &s.lease.chains {
+        f.sample(&[("chain", &c.chain.to_string())], c.version);
+    }
     t.single(
         "dafne_io_undecodable_requests_total",
         Kind::Counter,
@@ -192,6 +200,7 @@ mod tests {
         s.ops.by_op[read] = crate::service::OpCount { requests: 3, errors: 1, bytes: 8192 };
         s.unifier.hits = 5;
         s.storage.checksum_errors = 2;
+        s.lease.chains = vec![dafne_proto::ChainVersion { chain: 2, version: 5 }];
         let cap = Capacity { cache_bytes: 8 << 20, ..Default::default() };
         let page = render("io-1", &s, &cap, &TransportStatsSnapshot::default());
         let families = dafne_metrics::parse(&page).unwrap_or_else(|e| panic!("{e}\n{page}"));
@@ -209,6 +218,7 @@ mod tests {
         assert_eq!(value("dafne_io_cache_hits_total", None), 5.0);
         assert_eq!(value("dafne_io_checksum_errors_total", None), 2.0);
         assert_eq!(value("dafne_io_cache_bytes", None), (8 << 20) as f64);
+        assert!(page.contains("dafne_io_chain_version{server=\"io-1\",chain=\"2\"} 5\n"), "{page}");
         assert!(families.iter().any(|f| f.name == "dafne_transport_requests_in_flight" && f.kind == "gauge"));
         for f in &families {
             assert_eq!(f.kind == "counter", f.name.ends_with("_total"), "{}", f.name);

@@ -164,7 +164,7 @@ pub struct IoCommand {
 }
 
 /// Everything an io server counts, as of the last request served.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct IoStats {
     pub mode: ServingMode,
     /// The serving mode's counters (copies, registrations and the page-cache

@@ -181,7 +181,7 @@ pub struct Capacity {
 }
 
 /// The counters of a service.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct ServingStats {
     /// Requests, errors and bytes by op.
     pub ops: OpStats,
@@ -196,7 +196,7 @@ pub struct ServingStats {
 }
 
 /// The lease as the metrics page shows it ([`crate::lease`]).
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct LeaseStats {
     /// Whether the server holds a lease at all (it joined meta).
     pub leased: bool,
@@ -205,6 +205,9 @@ pub struct LeaseStats {
     pub serving: bool,
     /// Data requests refused because the lease had lapsed.
     pub refusals: u64,
+    /// The versions of the server's chains in meta's last answer to its
+    /// heartbeat ([`crate::lease::Lease::chains`]).
+    pub chains: Vec<dafne_proto::ChainVersion>,
 }
 
 /// The io service of one server. Its counters are read on demand, on the
@@ -348,6 +351,7 @@ impl IoService {
             leased: self.lease.is_some(),
             serving: self.lease.as_ref().is_none_or(|l| l.held()),
             refusals: self.lease_refusals.get(),
+            chains: self.lease.as_ref().map(|l| l.chains()).unwrap_or_default(),
         }
     }
 
@@ -578,6 +582,12 @@ impl IoService {
             frrwp_refused: self.frrwp_refused.get(),
             frrwp_parked: self.parked.borrow().len() as u64,
             checksum_errors: self.store.stats().checksum_errors,
+            lease: match &self.lease {
+                None => dafne_proto::LEASE_NONE,
+                Some(l) if l.held() => dafne_proto::LEASE_HELD,
+                Some(_) => dafne_proto::LEASE_LAPSED,
+            },
+            chains: self.lease.as_ref().map(|l| l.chains()).unwrap_or_default(),
         }
     }
 

@@ -11,13 +11,23 @@
 //! places it on io server `(first + s) % servers`, as before chains
 //! existed.
 //!
-//! What is built is step 1 of the design: the table, kept in the store
-//! (`crate::store`, table `chains`) and shown by `Members` (`dafne
-//! status`). Every replica is `serving`: nothing changes a row yet (no
-//! leases, no resync). Layouts still name the io servers they were given
-//! at creation, the heads of their chains (`crate::store::LayoutPolicy`);
-//! writes go to those servers only, so a cluster refuses R > 1
-//! ([`crate::server::start`]): replication of writes is step 3.
+//! What is built: the table, kept in the store (`crate::store`, table
+//! `chains`) and shown by `Members` (`dafne status`), and the two changes
+//! meta makes to a row as io servers' leases lapse and come back
+//! (`crate::members`, "Acting on a lapsed lease"): [`mark_offline`] (the
+//! server's replica becomes `offline` and moves to the end of every chain
+//! that holds it) and [`mark_back`] (`offline` → `serving`), each bumping
+//! the row's version by one; the service writes the changed rows in one
+//! store transaction ([`crate::store::MetaStore::update_chains`]) before
+//! it uses them. A returning replica goes back to `serving` because R = 1
+//! is the only factor a cluster accepts, so it holds the only copy; with
+//! R > 1 it would go to `syncing` until a resync brought it up to date
+//! (not built). Nothing else changes a row while meta runs, and nothing
+//! reads versions on data requests yet. Layouts still name the io servers
+//! they were given at creation, the heads of their chains
+//! (`crate::store::LayoutPolicy`); writes go to those servers only, so a
+//! cluster refuses R > 1 ([`crate::server::start`]): replication of
+//! writes is step 3.
 
 use dafne_proto::{Chain, Replica, ReplicaState, MAX_CHAIN_REPLICAS};
 
@@ -105,8 +115,9 @@ pub fn build(servers: &[u32], hosts: &[String], replicas: u32) -> Result<Vec<Cha
 
 /// The chain table to keep, given the one stored, the one the
 /// configuration builds and `highest`, the highest version any row of
-/// the table has ever had (rows that went included): a stored row equal
-/// in servers to the built one is kept as it is (its version and
+/// the table has ever had (rows that went included): a stored row with
+/// the same servers as the built one, in any order (meta moves an offline
+/// replica to the end), is kept as it is (its version, order and
 /// states); a row that differs takes the built servers with its version
 /// bumped past the stored one; a row not stored (new, or back after its
 /// io server left the configuration) gets `highest + 1`, so that a
@@ -117,15 +128,74 @@ pub fn reconcile(stored: &[Chain], built: Vec<Chain>, highest: u64) -> Vec<Chain
     built
         .into_iter()
         .map(|b| match stored.iter().find(|s| s.id == b.id) {
-            Some(s) if servers(s) == servers(&b) => s.clone(),
+            Some(s) if server_set(s) == server_set(&b) => s.clone(),
             Some(s) => Chain { version: s.version + 1, ..b },
             None => Chain { version: highest + 1, ..b },
         })
         .collect()
 }
 
+/// The rows of `chains` that change when io servers `down` (in id order,
+/// as [`crate::members::Membership::offline`] gives them) lost their
+/// lease: in each chain that holds one of them not already `offline`, it
+/// becomes `offline` and moves to the end (the others keep their order,
+/// so the first serving replica heads the chain), and the row's version
+/// goes up by one. Rows that do not change are not returned.
+pub fn mark_offline(chains: &[Chain], down: &[u32]) -> Vec<Chain> {
+    let goes = |r: &Replica| r.state != ReplicaState::Offline && down.binary_search(&r.server).is_ok();
+    chains
+        .iter()
+        .filter(|c| c.replicas.iter().any(goes))
+        .map(|c| {
+            let (gone, mut replicas): (Vec<Replica>, Vec<Replica>) = c.replicas.iter().partition(|r| goes(r));
+            replicas.extend(gone.into_iter().map(|r| Replica { state: ReplicaState::Offline, ..r }));
+            Chain { id: c.id, version: c.version + 1, replicas }
+        })
+        .collect()
+}
+
+/// The rows of `chains` that change when io server `server`, `offline`,
+/// heartbeats again: its replica becomes `serving` where it stays (the
+/// end), and the row's version goes up by one. `serving`, not `syncing`:
+/// with R = 1 (the only factor a cluster accepts) it holds the only copy
+/// (module docs).
+pub fn mark_back(chains: &[Chain], server: u32) -> Vec<Chain> {
+    let back = |r: &Replica| r.server == server && r.state == ReplicaState::Offline;
+    chains
+        .iter()
+        .filter(|c| c.replicas.iter().any(back))
+        .map(|c| Chain {
+            id: c.id,
+            version: c.version + 1,
+            replicas: c
+                .replicas
+                .iter()
+                .map(|r| if back(r) { Replica { state: ReplicaState::Serving, ..*r } } else { *r })
+                .collect(),
+        })
+        .collect()
+}
+
+/// `chains` with the rows of `changed` in place of theirs.
+pub fn replace(chains: &mut [Chain], changed: &[Chain]) {
+    for c in chains.iter_mut() {
+        if let Some(n) = changed.iter().find(|n| n.id == c.id) {
+            *c = n.clone();
+        }
+    }
+}
+
 fn servers(c: &Chain) -> Vec<u32> {
     c.replicas.iter().map(|r| r.server).collect()
+}
+
+/// The servers of a row as a set (sorted): meta reorders a row when it
+/// marks a replica offline ([`mark_offline`]), which is no change of the
+/// configuration ([`reconcile`]).
+fn server_set(c: &Chain) -> Vec<u32> {
+    let mut s = servers(c);
+    s.sort_unstable();
+    s
 }
 
 /// A stored chain row (the table's key is the id): format byte 1,
@@ -243,6 +313,51 @@ mod tests {
         assert_eq!(back.iter().map(|c| c.version).collect::<Vec<_>>(), vec![3, 9, 9]);
         let back = reconcile(&changed, build(&[0, 1, 2], &[], 1).unwrap(), 20);
         assert_eq!(back[2].version, 21);
+    }
+
+    fn states(c: &Chain) -> Vec<(u32, ReplicaState)> {
+        c.replicas.iter().map(|r| (r.server, r.state)).collect()
+    }
+
+    #[test]
+    fn a_lapsed_server_goes_offline_at_the_end_of_each_of_its_chains() {
+        use ReplicaState::{Offline, Serving};
+        let mut chains = build(&[0, 1, 2], &[], 2).unwrap();
+        chains[2].version = 7;
+        // Server 1 is in chains 0 (second) and 1 (head).
+        let changed = mark_offline(&chains, &[1]);
+        assert_eq!(changed.iter().map(|c| (c.id, c.version)).collect::<Vec<_>>(), vec![(0, 2), (1, 2)]);
+        assert_eq!(states(&changed[0]), vec![(0, Serving), (1, Offline)]);
+        assert_eq!(states(&changed[1]), vec![(2, Serving), (1, Offline)], "the next serving replica heads it");
+        replace(&mut chains, &changed);
+        assert_eq!(chains[2].version, 7, "a chain without it is untouched");
+        // Already offline: nothing changes, no version is bumped.
+        assert_eq!(mark_offline(&chains, &[1]), vec![]);
+        // With R = 1 the chain has no serving replica left.
+        let one = build(&[0, 1], &[], 1).unwrap();
+        let changed = mark_offline(&one, &[0, 1]);
+        assert_eq!(changed.len(), 2);
+        assert!(changed.iter().all(|c| c.version == 2 && c.health() == dafne_proto::ChainHealth::Unavailable));
+        assert_eq!(mark_offline(&one, &[]), vec![]);
+    }
+
+    #[test]
+    fn a_server_back_serves_again_where_it_is_with_a_new_version() {
+        use ReplicaState::{Offline, Serving};
+        let mut chains = build(&[0, 1, 2], &[], 2).unwrap();
+        assert_eq!(mark_back(&chains, 1), vec![], "serving already: no change");
+        let off = mark_offline(&chains, &[1]);
+        replace(&mut chains, &off);
+        let back = mark_back(&chains, 1);
+        assert_eq!(back.iter().map(|c| (c.id, c.version)).collect::<Vec<_>>(), vec![(0, 3), (1, 3)]);
+        assert_eq!(states(&back[1]), vec![(2, Serving), (1, Serving)], "it stays at the end");
+        replace(&mut chains, &back);
+        assert!(chains.iter().all(|c| c.health() == dafne_proto::ChainHealth::Healthy));
+        assert_eq!(mark_back(&chains, 1), vec![]);
+        let one = build(&[0], &[], 1).unwrap();
+        let off = mark_offline(&one, &[0]);
+        assert_eq!(states(&off[0]), vec![(0, Offline)]);
+        assert_eq!(states(&mark_back(&off, 0)[0]), vec![(0, Serving)]);
     }
 
     #[test]

@@ -28,12 +28,36 @@
 //! another address is accepted once its old instance is `down` (3 s). Each
 //! refused (id, address) pair is logged at warn once until it is accepted.
 //!
-//! This is membership only: nothing acts on a server being down yet (no
-//! replication exists; docs/REPLICATION.md is the design).
+//! # Acting on a lapsed lease
+//!
+//! Once an io server's last heartbeat is older than [`MEMBER_LEASE`] +
+//! [`OFFLINE_MARGIN`] ([`Membership::offline`]), meta marks its replica
+//! `offline` in every chain that holds it (`crate::chains::mark_offline`,
+//! written to the store; the service checks every second, on the tick
+//! that logs lapses). By then the server has stopped serving data: its
+//! own lease counts from when it *sent* the heartbeat, which is before
+//! meta received it (`dafne_io::lease`). When it heartbeats again it is
+//! marked `serving` again (`crate::chains::mark_back`) before meta
+//! answers, and the answer carries the versions of its chains
+//! ([`dafne_proto::Response::Heartbeat`]). A server never heard since
+//! this meta started counts as lapsed only once [`MEMBER_LEASE`] +
+//! [`OFFLINE_MARGIN`] passed since the start: a meta that restarts hears
+//! every live server again before then, so its restart changes no chain.
+//! (At a cluster's first start, an io server that heartbeats later than
+//! that is marked `offline` and back: nothing tells a first start from a
+//! restart here.)
+//! A meta that did not run for a while (stopped, or its loop blocked: the
+//! service's check sees its one-second tick come late by more than
+//! [`OFFLINE_MARGIN`]) heard no heartbeat meanwhile, so it counts
+//! [`MEMBER_LEASE`] + [`OFFLINE_MARGIN`] again from when it runs again
+//! ([`Membership::deaf_until`]) before it marks anyone `offline`: the
+//! io servers' leases lapsed because of meta, and none served data
+//! meanwhile, so none missed anything.
+//! Data requests do not carry chain versions yet (docs/REPLICATION.md).
 
 use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use dafne_proto::{Errno, Heartbeat, Member, MemberState, MAX_MEMBERS, MEMBER_LEASE};
 
@@ -51,11 +75,27 @@ struct Entry {
     lapse_logged: bool,
 }
 
+/// How long past [`MEMBER_LEASE`] meta waits before it marks a server
+/// whose heartbeats stopped `offline` in its chains (module docs, "Acting
+/// on a lapsed lease"): the io server stopped serving at the latest L
+/// after it sent its last answered heartbeat, which is at or before meta
+/// received it; the margin covers the ticks of meta's check (1 s) and
+/// clocks that do not tick alike on two hosts' monotonic clocks. It does
+/// not cover a data request admitted just before the lapse that is still
+/// running (`dafne_io::lease`): nothing acts on versions on data
+/// requests yet, so nothing relies on it.
+pub const OFFLINE_MARGIN: Duration = Duration::from_secs(1);
+
 /// The membership table (module docs).
 #[derive(Debug)]
 pub struct Membership {
     /// The cluster's io servers: ids `0..servers`.
     servers: u32,
+    /// Since when meta has listened for heartbeats without a gap: its
+    /// start, or when it ran again after it did not
+    /// ([`Membership::deaf_until`]). No server counts as lapsed before
+    /// [`MEMBER_LEASE`] + [`OFFLINE_MARGIN`] past it.
+    listening: Instant,
     entries: BTreeMap<u32, Entry>,
     /// (id, address) pairs whose refusal was logged (module docs); at
     /// most [`WARNED`] entries.
@@ -77,7 +117,41 @@ pub struct StateCounts {
 impl Membership {
     /// A table for io servers `0..servers` (at most [`MAX_MEMBERS`]).
     pub fn new(servers: u32) -> Membership {
-        Membership { servers: servers.min(MAX_MEMBERS as u32), entries: BTreeMap::new(), warned: HashSet::new() }
+        Membership::started_at(servers, Instant::now())
+    }
+
+    /// [`Membership::new`] as of `started`.
+    pub fn started_at(servers: u32, started: Instant) -> Membership {
+        Membership {
+            servers: servers.min(MAX_MEMBERS as u32),
+            listening: started,
+            entries: BTreeMap::new(),
+            warned: HashSet::new(),
+        }
+    }
+
+    /// The io servers to mark `offline` at `now` (module docs, "Acting on a
+    /// lapsed lease"): those whose last heartbeat is older than
+    /// [`MEMBER_LEASE`] + [`OFFLINE_MARGIN`], and those never heard, once
+    /// meta has listened that long (since the table was made, or since
+    /// [`Membership::deaf_until`]). At most [`MAX_MEMBERS`], in id order.
+    pub fn offline(&self, now: Instant) -> Vec<u32> {
+        let limit = MEMBER_LEASE + OFFLINE_MARGIN;
+        let long_ago = |t: Instant| now.saturating_duration_since(t.max(self.listening)) > limit;
+        (0..self.servers)
+            .filter(|id| match self.entries.get(id) {
+                Some(e) => long_ago(e.last),
+                None => long_ago(self.listening),
+            })
+            .collect()
+    }
+
+    /// Meta did not run until `now` (stopped, or its loop blocked): it
+    /// heard no heartbeat meanwhile, so it listens
+    /// [`MEMBER_LEASE`] + [`OFFLINE_MARGIN`] from `now` before it counts
+    /// any server as lapsed (module docs, "Acting on a lapsed lease").
+    pub fn deaf_until(&mut self, now: Instant) {
+        self.listening = self.listening.max(now);
     }
 
     fn is_up(e: &Entry, now: Instant) -> bool {
@@ -327,6 +401,47 @@ mod tests {
         let ms = m.members(late);
         assert_eq!((ms[1].addr.port(), ms[1].restarts, ms[1].state), (9002, 2, MemberState::Up));
         assert!(m.warned.is_empty(), "accepted: logged again if refused later");
+    }
+
+    #[test]
+    fn a_server_goes_offline_a_margin_after_its_lease_and_never_heard_ones_after_a_start() {
+        let t0 = Instant::now();
+        let mut m = Membership::started_at(3, t0);
+        let limit = MEMBER_LEASE + OFFLINE_MARGIN;
+        let just = Duration::from_millis(1);
+        // A meta that just started waits L + margin before it counts a
+        // server it never heard from as lapsed.
+        assert_eq!(m.offline(t0 + limit), Vec::<u32>::new());
+        m.heartbeat(&hb(1, 7, 9001), t0 + Duration::from_secs(1)).unwrap();
+        assert_eq!(m.offline(t0 + limit + just), vec![0, 2]);
+        // Heard at t0 + 1 s: down after L, offline only after L + margin.
+        let heard = t0 + Duration::from_secs(1);
+        assert_eq!(m.members(heard + MEMBER_LEASE + just)[1].state, MemberState::Down);
+        assert_eq!(m.offline(heard + limit), vec![0, 2]);
+        assert_eq!(m.offline(heard + limit + just), vec![0, 1, 2]);
+        // A heartbeat takes it out.
+        m.heartbeat(&hb(1, 7, 9001), heard + limit + just).unwrap();
+        assert_eq!(m.offline(heard + limit + just), vec![0, 2]);
+    }
+
+    #[test]
+    fn a_meta_that_did_not_run_waits_again_before_it_marks_anyone_offline() {
+        let t0 = Instant::now();
+        let mut m = Membership::started_at(2, t0);
+        let limit = MEMBER_LEASE + OFFLINE_MARGIN;
+        let just = Duration::from_millis(1);
+        m.heartbeat(&hb(1, 7, 9001), t0 + Duration::from_secs(1)).unwrap();
+        // Meta stopped from t0 + 1 s to t0 + 10 s: everyone looks lapsed.
+        let back = t0 + Duration::from_secs(10);
+        assert_eq!(m.offline(back), vec![0, 1]);
+        m.deaf_until(back);
+        assert_eq!(m.offline(back + limit), Vec::<u32>::new(), "heard nothing while it did not run");
+        assert_eq!(m.offline(back + limit + just), vec![0, 1], "still silent once it listened L + margin");
+        m.heartbeat(&hb(1, 7, 9001), back + Duration::from_secs(1)).unwrap();
+        assert_eq!(m.offline(back + limit + just), vec![0]);
+        // An earlier instant never moves it back.
+        m.deaf_until(t0);
+        assert_eq!(m.offline(back + limit), Vec::<u32>::new());
     }
 
     #[test]

@@ -83,11 +83,13 @@ pub fn render(server: &str, s: &MetaStats, transport: &TransportStatsSnapshot) -
     let mut f = t.family(
         "dafne_meta_chains",
         Kind::Gauge,
-        "The chain table's chains by health (healthy: every serving replica's io server up; degraded: some \
-         not; down: none up).",
+        "The chain table's chains by health (healthy: every replica serving; degraded: some offline or \
+         syncing, one serving; unavailable: none serving).",
     );
-    let health: Vec<dafne_proto::ChainHealth> = s.chains.iter().map(|c| c.health(&s.members)).collect();
-    for h in [dafne_proto::ChainHealth::Healthy, dafne_proto::ChainHealth::Degraded, dafne_proto::ChainHealth::Down] {
+    let health: Vec<dafne_proto::ChainHealth> = s.chains.iter().map(|c| c.health()).collect();
+    for h in
+        [dafne_proto::ChainHealth::Healthy, dafne_proto::ChainHealth::Degraded, dafne_proto::ChainHealth::Unavailable]
+    {
         f.sample(&[("health", h.name())], health.iter().filter(|&&x| x == h).count() as u64);
     }
     let mut f = t.family("dafne_meta_chain_version", Kind::Gauge, "Each chain's version in the chain table.");
@@ -145,7 +147,7 @@ mod tests {
                 dafne_proto::Chain {
                     id: 1,
                     version: 1,
-                    replicas: vec![dafne_proto::Replica { server: 1, state: dafne_proto::ReplicaState::Serving }],
+                    replicas: vec![dafne_proto::Replica { server: 1, state: dafne_proto::ReplicaState::Offline }],
                 },
             ],
             ..Default::default()
@@ -165,7 +167,7 @@ mod tests {
         assert_eq!(up.samples[0].label("host"), Some("a \"b\""));
         assert_eq!((up.samples[0].value, up.samples[1].value), (1.0, 0.0));
         assert!(page.contains("dafne_meta_chains{server=\"meta\",health=\"healthy\"} 1\n"), "{page}");
-        assert!(page.contains("dafne_meta_chains{server=\"meta\",health=\"down\"} 1\n"), "{page}");
+        assert!(page.contains("dafne_meta_chains{server=\"meta\",health=\"unavailable\"} 1\n"), "{page}");
         assert!(page.contains("dafne_meta_chains{server=\"meta\",health=\"degraded\"} 0\n"), "{page}");
         assert!(page.contains("dafne_meta_chain_version{server=\"meta\",chain=\"0\"} 3\n"), "{page}");
     }

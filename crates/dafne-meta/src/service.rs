@@ -33,7 +33,12 @@
 //! `ServerHeartbeat` (a session of the cluster secret, uid 0 only: `EPERM`
 //! otherwise) and `Members` (any session) are answered on the loop thread
 //! from the table of [`crate::members`], in memory; a task of the loop
-//! logs every second the servers whose heartbeats stopped.
+//! logs every second the servers whose heartbeats stopped and marks those
+//! whose lease lapsed `offline` in their chains; a heartbeat from an
+//! `offline` one marks it `serving` again before it is answered with the
+//! versions of its chains (`crate::members`, "Acting on a lapsed lease").
+//! Either change is written to the store (one transaction, on the loop
+//! thread) before meta shows or answers it.
 //!
 //! # Reads on the loop
 //! A job of only `Lookup` and `GetAttr` ops (a stat, a path walk in one
@@ -308,9 +313,10 @@ pub struct MetaService {
     store_counts: Arc<StoreCounts>,
     /// Which io servers are alive (module docs, "Membership").
     members: RefCell<Membership>,
-    /// The chain table as the store's open made it (`crate::chains`;
-    /// nothing changes it while the server runs).
-    chains: Vec<dafne_proto::Chain>,
+    /// The chain table (`crate::chains`): as the store's open made it,
+    /// then as meta marked io servers offline and back
+    /// ([`MetaService::update_chains`]).
+    chains: RefCell<Vec<dafne_proto::Chain>>,
 }
 
 /// The metadata server's counters, read on its loop thread
@@ -449,7 +455,7 @@ impl MetaService {
             undecodable: Cell::new(0),
             // At most what a `Members` answer carries, as the membership
             // table (servers beyond it cannot send heartbeats either).
-            chains: store.chains().into_iter().take(dafne_proto::MAX_CHAINS).collect(),
+            chains: RefCell::new(store.chains().into_iter().take(dafne_proto::MAX_CHAINS).collect()),
             store: store.clone(),
             store_counts: store_counts.clone(),
             faults,
@@ -474,14 +480,83 @@ impl MetaService {
         self
     }
 
-    /// Logs the io servers whose heartbeats stopped, every second, while
-    /// the service lives (spawn it on the service's loop).
+    /// Every second, while the service lives (spawn it on the service's
+    /// loop): logs the io servers whose heartbeats stopped, and marks those
+    /// whose lease lapsed a margin ago `offline` in their chains
+    /// (`crate::members`, "Acting on a lapsed lease"). Cheap when nothing
+    /// changes: one pass over the membership table and one over the chain
+    /// table (each at most `MAX_MEMBERS` rows); the store is written only
+    /// when a row changes.
+    ///
+    /// A tick later than [`crate::members::OFFLINE_MARGIN`] past its
+    /// second means meta did not run meanwhile (stopped, or its loop
+    /// blocked) and heard no heartbeat: it listens a full lease and margin
+    /// again before it marks anyone offline
+    /// ([`crate::members::Membership::deaf_until`]).
     pub async fn watch_members(service: std::rc::Weak<MetaService>) {
+        const TICK: Duration = Duration::from_secs(1);
+        let mut last = Instant::now();
         loop {
-            dafne_transport::sleep(Duration::from_secs(1)).await;
+            dafne_transport::sleep(TICK).await;
             let Some(s) = service.upgrade() else { return };
-            s.members.borrow_mut().log_lapsed(Instant::now());
+            let now = Instant::now();
+            let gap = now.saturating_duration_since(last);
+            last = now;
+            let down = {
+                let mut members = s.members.borrow_mut();
+                if gap > TICK + crate::members::OFFLINE_MARGIN {
+                    tracing::warn!(
+                        "meta did not run for {:.1} s (stopped, or its loop blocked) and heard no heartbeat \
+                         meanwhile: it marks no io server offline before it has listened {} s again",
+                        gap.as_secs_f64(),
+                        (dafne_proto::MEMBER_LEASE + crate::members::OFFLINE_MARGIN).as_secs()
+                    );
+                    members.deaf_until(now);
+                }
+                members.log_lapsed(now);
+                members.offline(now)
+            };
+            let changed = crate::chains::mark_offline(&s.chains.borrow(), &down);
+            s.update_chains(changed, "its lease from meta lapsed");
         }
+    }
+
+    /// Writes `changed` rows of the chain table to the store and, once
+    /// written, uses them; logs each at info. A failed write is logged and
+    /// changes nothing: the next tick or heartbeat tries again. The write
+    /// runs on the loop thread (an fsync), only when a server's state in
+    /// its chains changes.
+    fn update_chains(&self, changed: Vec<dafne_proto::Chain>, why: &str) {
+        if changed.is_empty() {
+            return;
+        }
+        if let Err(e) = self.store.update_chains(&changed) {
+            tracing::warn!("writing a chain change ({why}) to the store: {e} (tried again at the next check)");
+            return;
+        }
+        for c in &changed {
+            let servers: Vec<String> =
+                c.replicas.iter().map(|r| format!("io-{} {}", r.server, r.state.name())).collect();
+            tracing::info!(
+                "chain {} is version {} ({}): {} ({why})",
+                c.id,
+                c.version,
+                c.health().name(),
+                servers.join(", ")
+            );
+        }
+        crate::chains::replace(&mut self.chains.borrow_mut(), &changed);
+    }
+
+    /// The version of each chain that holds io server `server` (the
+    /// answer to its heartbeat).
+    fn chain_versions(&self, server: u32) -> Vec<dafne_proto::ChainVersion> {
+        self.chains
+            .borrow()
+            .iter()
+            .filter(|c| c.replicas.iter().any(|r| r.server == server))
+            .map(|c| dafne_proto::ChainVersion { chain: c.id, version: c.version })
+            .collect()
     }
 }
 
@@ -536,7 +611,7 @@ impl MetaService {
             commits: self.store.commits(),
             lazy_commits: self.store.lazy_commits(),
             members: self.members.borrow().members(Instant::now()),
-            chains: self.chains.clone(),
+            chains: self.chains.borrow().clone(),
         }
     }
 
@@ -603,12 +678,17 @@ impl MetaService {
                 if env.uid != 0 {
                     Err(Errno::EPERM)
                 } else {
-                    self.members.borrow_mut().heartbeat(&hb, Instant::now()).map(|()| Response::Done)
+                    let beat = self.members.borrow_mut().heartbeat(&hb, Instant::now());
+                    beat.map(|()| {
+                        let back = crate::chains::mark_back(&self.chains.borrow(), hb.server);
+                        self.update_chains(back, "it heartbeats again");
+                        Response::Heartbeat { chains: self.chain_versions(hb.server) }
+                    })
                 }
             }
             Request::Members => Ok(Response::Members {
                 members: self.members.borrow().members(Instant::now()),
-                chains: self.chains.clone(),
+                chains: self.chains.borrow().clone(),
             }),
             Request::Lock { ino, client, owner, pid, start, end, kind, flags } => {
                 let wait = flags & dafne_proto::LOCK_WAIT != 0;

@@ -422,6 +422,15 @@ pub trait MetaStore: Send + Sync + 'static {
         Vec::new()
     }
 
+    /// Writes the rows of the chain table in `changed` (meta marked an io
+    /// server offline or back: `crate::chains::mark_offline`), durably, in
+    /// one transaction, before the service uses them. An engine that keeps
+    /// no table keeps nothing.
+    fn update_chains(&self, changed: &[dafne_proto::Chain]) -> Result<(), StoreError> {
+        let _ = changed;
+        Ok(())
+    }
+
     /// Transactions committed durably since the store was opened (each
     /// one fsync), if the engine counts them.
     fn commits(&self) -> Option<u64> {
@@ -679,8 +688,9 @@ pub struct RedbStore {
     db: Database,
     policy: LayoutPolicy,
     log: std::sync::Mutex<RevocationLog>,
-    /// The chain table as this open made it (module docs, "Chains").
-    chains: Vec<dafne_proto::Chain>,
+    /// The chain table as this open made it and
+    /// [`MetaStore::update_chains`] changed it (module docs, "Chains").
+    chains: std::sync::Mutex<Vec<dafne_proto::Chain>>,
     /// Write transactions committed (the metrics page).
     commits: std::sync::atomic::AtomicU64,
     /// Write transactions committed without an fsync (module docs, "Lazy
@@ -840,7 +850,7 @@ impl RedbStore {
             db,
             policy,
             log: std::sync::Mutex::new(RevocationLog::new()),
-            chains,
+            chains: std::sync::Mutex::new(chains),
             commits: Default::default(),
             lazy_commits: Default::default(),
             lazy_since: Default::default(),
@@ -1138,7 +1148,32 @@ impl MetaStore for RedbStore {
     }
 
     fn chains(&self) -> Vec<dafne_proto::Chain> {
-        self.chains.clone()
+        self.chains.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn update_chains(&self, changed: &[dafne_proto::Chain]) -> Result<(), StoreError> {
+        if changed.is_empty() {
+            return Ok(());
+        }
+        let txn = self.db.begin_write()?;
+        {
+            let mut table = txn.open_table(CHAINS)?;
+            for c in changed {
+                table.insert(c.id, crate::chains::encode(c).as_slice())?;
+            }
+            // The highest version any row has had (a row that comes back
+            // at an open starts above it).
+            let mut counters = txn.open_table(COUNTERS)?;
+            let highest = counters.get(CHAIN_VERSION_KEY)?.map_or(0, |v| v.value());
+            let now = changed.iter().map(|c| c.version).fold(highest, u64::max);
+            if now != highest {
+                counters.insert(CHAIN_VERSION_KEY, now)?;
+            }
+        }
+        txn.commit()?;
+        self.commits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        crate::chains::replace(&mut self.chains.lock().unwrap_or_else(|p| p.into_inner()), changed);
+        Ok(())
     }
 
     fn revoked_credentials(&self) -> Result<Vec<String>, StoreError> {
@@ -3194,6 +3229,45 @@ mod tests {
         assert_eq!(s.chains(), policy.chains().unwrap());
         let r = s.db.begin_read().unwrap();
         assert_eq!(r.open_table(CHAINS).unwrap().len().unwrap(), 3);
+    }
+
+    #[test]
+    fn chain_rows_meta_changed_are_durable_and_raise_the_highest_version() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("meta.redb");
+        let two = LayoutPolicy { servers: vec![0, 1], ..LayoutPolicy::default() };
+        let s = RedbStore::open(&path, two.clone()).unwrap();
+        let off = crate::chains::mark_offline(&s.chains(), &[1]);
+        s.update_chains(&off).unwrap();
+        assert_eq!(s.chains()[1], off[0]);
+        drop(s);
+        let s = RedbStore::open(&path, two).unwrap();
+        assert_eq!(s.chains()[1].version, 2, "read back as written");
+        assert_eq!(s.chains()[1].replicas[0].state, dafne_proto::ReplicaState::Offline);
+        drop(s);
+        // A row that goes and comes back starts above the bumped version.
+        drop(RedbStore::open(&path, LayoutPolicy { servers: vec![0], ..LayoutPolicy::default() }).unwrap());
+        let s = RedbStore::open(&path, LayoutPolicy { servers: vec![0, 1], ..LayoutPolicy::default() }).unwrap();
+        assert_eq!(s.chains()[1].version, 3);
+    }
+
+    #[test]
+    fn an_offline_replica_moved_to_the_end_stays_offline_across_an_open() {
+        // mark_offline moves the replica to the end of its chain: the row
+        // names the same servers in another order, which is not a change
+        // of configuration. Failed before reconcile compared the servers
+        // as a set: the open rebuilt the row (io-0 serving at the head
+        // again) and bumped its version.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("meta.redb");
+        let two = LayoutPolicy { servers: vec![0, 1], replicas: 2, ..LayoutPolicy::default() };
+        let s = RedbStore::open(&path, two.clone()).unwrap();
+        let off = crate::chains::mark_offline(&s.chains(), &[0]);
+        s.update_chains(&off).unwrap();
+        let written = s.chains();
+        drop(s);
+        let s = RedbStore::open(&path, two).unwrap();
+        assert_eq!(s.chains(), written, "the stored rows, as meta changed them");
     }
 
     #[test]

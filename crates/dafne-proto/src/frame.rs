@@ -821,7 +821,15 @@ mod tests {
             ),
             (Op::SetXattr, Response::Done),
             (Op::RemoveXattr, Response::Done),
-            (Op::ServerHeartbeat, Response::Done),
+            (
+                Op::ServerHeartbeat,
+                Response::Heartbeat {
+                    chains: vec![
+                        crate::ChainVersion { chain: 0, version: 3 },
+                        crate::ChainVersion { chain: 4, version: 9 },
+                    ],
+                },
+            ),
             (
                 Op::Members,
                 Response::Members {

@@ -31,7 +31,7 @@
 //! | Remove | 67 | capability | `Done`: empty |
 //! | Sync | 68 | capability | `Done`: empty |
 //! | Stat | 69 | capability | `Stat`: size u64 |
-//! | ServerInfo | 70 | capability | `ServerInfo`: n u32 (≤ [`MAX_INFO_FIELDS`]), n × u64 |
+//! | ServerInfo | 70 | capability | `ServerInfo`: n u32 (≤ [`MAX_INFO_FIELDS`]), n × u64, then c u32 (≤ [`crate::MAX_CHAINS`]), c × {chain id u32 (strictly increasing), version u64} |
 //! | Revoke | 71 | capability, revocations | `Revoked`: instance u64, seq u64 |
 //! | Login | 72 | client_name str, nonce \[16\], mac \[32\], credential? | `Done`: empty |
 //! | Allocate | 73 | capability, offset u64, len u64, mode u8, stripes | `Done`: empty |
@@ -147,7 +147,9 @@
 //! rights), so only holders of the cluster secret or of an open file learn
 //! them. Its fields travel as a counted list of u64 in [`ServerInfo`]'s
 //! field order; a decoder takes the fields it knows and ignores the rest,
-//! so fields can be added at the end without a version change.
+//! so fields can be added at the end without a version change. After
+//! them come the chain versions the server last heard from meta
+//! ([`ServerInfo::chains`]; version 17).
 //!
 //! # Scrub
 //!
@@ -891,11 +893,17 @@ macro_rules! server_info {
     ($($(#[$m:meta])* $f:ident),* $(,)?) => {
         /// An io server's capacity and counters (`ServerInfo` reply). On
         /// the wire in this field order.
-        #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Hash)]
-        pub struct ServerInfo { $($(#[$m])* pub $f: u64,)* }
+        #[derive(Debug, Default, Clone, PartialEq, Eq, Hash)]
+        pub struct ServerInfo {
+            $($(#[$m])* pub $f: u64,)*
+            /// The version of each chain that holds this server, as meta's
+            /// last answer to its heartbeat carried them (empty when it
+            /// runs without meta or was never answered).
+            pub chains: Vec<crate::ChainVersion>,
+        }
 
         impl ServerInfo {
-            /// `(name, value)` in wire order.
+            /// `(name, value)` of the u64 fields, in wire order.
             pub fn fields(&self) -> Vec<(&'static str, u64)> {
                 vec![$((stringify!($f), self.$f),)*]
             }
@@ -903,7 +911,7 @@ macro_rules! server_info {
             /// From wire values: missing fields are 0, extra ones ignored.
             pub fn from_values(v: &[u64]) -> ServerInfo {
                 let mut it = v.iter().copied();
-                ServerInfo { $($f: it.next().unwrap_or(0),)* }
+                ServerInfo { $($f: it.next().unwrap_or(0),)* chains: Vec::new() }
             }
         }
     };
@@ -976,7 +984,19 @@ server_info! {
     /// Blocks read from storage that did not match their checksum (each
     /// such read answered `EIO`).
     checksum_errors,
+    /// The server's lease from meta ([`LEASE_NONE`], [`LEASE_HELD`],
+    /// [`LEASE_LAPSED`]).
+    lease,
 }
+
+/// [`ServerInfo::lease`]: the server holds no lease (started without
+/// meta: it serves without one).
+pub const LEASE_NONE: u64 = 0;
+/// [`ServerInfo::lease`]: it serves under a lease from meta.
+pub const LEASE_HELD: u64 = 1;
+/// [`ServerInfo::lease`]: its lease lapsed, or was never granted: it
+/// refuses data requests with [`NOT_SERVING`].
+pub const LEASE_LAPSED: u64 = 2;
 
 /// A reply's byte count, at most [`MAX_IO_BYTES`].
 fn get_bytes(r: &mut Reader<'_>, what: &'static str) -> Result<u64, DecodeError> {
@@ -1189,6 +1209,7 @@ impl IoResponse {
                 for (_, v) in f {
                     w.put_u64(v);
                 }
+                crate::members::put_chain_versions(w, &info.chains);
             }
         }
     }
@@ -1219,7 +1240,9 @@ impl IoResponse {
                 for _ in 0..n {
                     values.push(r.u64("io server info field")?);
                 }
-                IoResponse::ServerInfo(Box::new(ServerInfo::from_values(&values)))
+                let mut info = ServerInfo::from_values(&values);
+                info.chains = crate::members::get_chain_versions(r)?;
+                IoResponse::ServerInfo(Box::new(info))
             }
         })
     }
@@ -1918,10 +1941,20 @@ mod tests {
 
     #[test]
     fn server_info_takes_known_fields_and_ignores_the_rest() {
-        let info = ServerInfo { capacity_bytes: 7, connections_accepted: 9, ..Default::default() };
+        let info = ServerInfo {
+            capacity_bytes: 7,
+            connections_accepted: 9,
+            lease: LEASE_HELD,
+            chains: vec![crate::ChainVersion { chain: 2, version: 5 }],
+            ..Default::default()
+        };
         let n = info.fields().len();
-        let bytes = encode_io_reply(3, IoOp::ServerInfo, &Ok(IoResponse::ServerInfo(Box::new(info))));
-        assert_eq!(decode_io_reply(&bytes).unwrap().2, Ok(IoResponse::ServerInfo(Box::new(info))));
+        let bytes = encode_io_reply(3, IoOp::ServerInfo, &Ok(IoResponse::ServerInfo(Box::new(info.clone()))));
+        assert_eq!(decode_io_reply(&bytes).unwrap().2, Ok(IoResponse::ServerInfo(Box::new(info.clone()))));
+        for cut in 1..=12 {
+            assert!(decode_io_reply(&bytes[..bytes.len() - cut]).is_err(), "{cut} bytes of chain versions cut");
+        }
+        let info = ServerInfo { chains: Vec::new(), ..info };
         // A newer server with two more fields; an older one with fewer.
         let mut vals: Vec<u64> = info.fields().iter().map(|f| f.1).collect();
         vals.extend([1, 2]);
@@ -1932,7 +1965,7 @@ mod tests {
         let body = IoReplyHeader::SIZE;
         w[body..body + 4].copy_from_slice(&(MAX_INFO_FIELDS as u32 + 1).to_le_bytes());
         assert!(decode_io_reply(&w).is_err());
-        assert_eq!(n, 31, "update the field count in tests/io_roundtrip.rs");
+        assert_eq!(n, 32, "update the field count in tests/io_roundtrip.rs");
     }
 
     #[test]

@@ -97,7 +97,7 @@
 //! | GetXattr | 31 | ino u64, name | `Xattr`: value (≤ [`XATTR_SIZE_MAX`]) |
 //! | ListXattr | 32 | ino u64 | `XattrNames`: n u32 (≤ [`MAX_XATTR_NAMES`]), n × name (≤ [`XATTR_NAME_MAX`]) |
 //! | RemoveXattr | 33 | ino u64, name | `Done`: empty |
-//! | ServerHeartbeat | 35 | server u32, instance u64, addr str (≤ [`MAX_ADDR_WIRE`], canonical `ip:port`), host str (≤ [`MAX_HOST_NAME`], UTF-8), capacity u64, used u64 | `Done`: empty |
+//! | ServerHeartbeat | 35 | server u32, instance u64, addr str (≤ [`MAX_ADDR_WIRE`], canonical `ip:port`), host str (≤ [`MAX_HOST_NAME`], UTF-8), capacity u64, used u64 | `Heartbeat`: c u32 (≤ [`MAX_CHAINS`]), c × {chain id u32 (strictly increasing), version u64}: the chains that hold the sender |
 //! | Members | 36 | empty | `Members`: n u32 (≤ [`MAX_MEMBERS`]), n × {server u32 (strictly increasing), state u8 (Up 1, Down 2, Unknown 3), addr str, host str, since_ms u64, restarts u32, capacity u64, used u64}, then c u32 (≤ [`MAX_CHAINS`]), c × {id u32 (strictly increasing), version u64, r u32 (1..=[`MAX_CHAIN_REPLICAS`]), r × {server u32 (distinct), state u8 (Serving 1, Syncing 2, Offline 3)}} |
 //!
 //! Numbers 25–29 belong to the lock ops; 34 is reserved.
@@ -106,8 +106,9 @@
 //! `members`): an io server started with the metadata server's address
 //! sends a heartbeat every second over a session of the cluster secret as
 //! uid 0 (anyone else gets `EPERM`), and any session may ask who is up.
-//! Neither travels inside a Compound, nor does the `Members` answer (kind
-//! 17) appear among a Compound's results.
+//! Neither travels inside a Compound, nor do the `Members` answer (kind
+//! 17) or the `Heartbeat` answer (kind 18) appear among a Compound's
+//! results.
 //!
 //! Rename's flags are `renameat2(2)`'s, carried out by the server in the
 //! same store transaction as the rename: [`RENAME_NOREPLACE`] fails with
@@ -265,13 +266,15 @@ pub use frame::{
 };
 pub use io::{
     decode_io_reply, decode_io_request, encode_io_reply, encode_io_request, AllocateMode, IoExtent, IoOp, IoRequest,
-    IoResponse, KeysFollow, ScrubSlice, ServerInfo, Stability, StripeSlots, MAX_INLINE, MAX_IO_BYTES, MAX_IO_EXTENTS,
-    MAX_IO_KEYS, MAX_IO_KEY_BYTES, MAX_IO_REPLY_LEN, MAX_IO_REQUEST_LEN, MAX_SCRUB_BAD, NO_KEY,
+    IoResponse, KeysFollow, ScrubSlice, ServerInfo, Stability, StripeSlots, LEASE_HELD, LEASE_LAPSED, LEASE_NONE,
+    MAX_INLINE, MAX_IO_BYTES, MAX_IO_EXTENTS, MAX_IO_KEYS, MAX_IO_KEY_BYTES, MAX_IO_REPLY_LEN, MAX_IO_REQUEST_LEN,
+    MAX_SCRUB_BAD, NO_KEY,
 };
 pub use lock::{LockKind, LockRange, OwnerLocks, LOCK_FAIR, LOCK_FLAGS, LOCK_RECLAIM, LOCK_WAIT};
 pub use members::{
-    check_host_name, host_name_byte, Chain, ChainHealth, Heartbeat, Member, MemberState, Replica, ReplicaState,
-    HEARTBEAT_INTERVAL, MAX_ADDR_WIRE, MAX_CHAINS, MAX_CHAIN_REPLICAS, MAX_HOST_NAME, MAX_MEMBERS, MEMBER_LEASE,
+    check_host_name, host_name_byte, Chain, ChainHealth, ChainVersion, Heartbeat, Member, MemberState, Replica,
+    ReplicaState, HEARTBEAT_INTERVAL, MAX_ADDR_WIRE, MAX_CHAINS, MAX_CHAIN_REPLICAS, MAX_HOST_NAME, MAX_MEMBERS,
+    MEMBER_LEASE,
 };
 pub use msg::{Change, CompoundOp, HeldOpen, LockHolder, Op, Orphan, Request, Response};
 pub use types::{
@@ -304,8 +307,11 @@ pub use types::{
 /// ServerHeartbeat (35) and Members (36). 14: SetAttr's `lazy` bit (a
 /// size publish that need not be durable before the answer). 15: the
 /// `Members` answer carries meta's chain table after the members. 16:
-/// [`REQUEST_FLAG_GROUPS_OMITTED`].
-pub const PROTO_VERSION: u16 = 16;
+/// [`REQUEST_FLAG_GROUPS_OMITTED`]. 17: the `ServerHeartbeat` answer
+/// carries the versions of the sender's chains (`Heartbeat`, kind 18), and
+/// the io op `ServerInfo`'s answer the lease state and chain versions the
+/// io server holds.
+pub const PROTO_VERSION: u16 = 17;
 
 /// Request header `flags`: the body starts with the caller's supplementary
 /// groups, `n u8` (1..=[`MAX_GROUPS`]) and `n × u32`. Bits other than this

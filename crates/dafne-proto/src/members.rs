@@ -1,6 +1,7 @@
 //! Membership on the wire: what an io server tells the metadata server in
-//! its heartbeat ([`Heartbeat`], op `ServerHeartbeat`), and how meta
-//! answers `Members` ([`Member`], and meta's chain table: [`Chain`]).
+//! its heartbeat ([`Heartbeat`], op `ServerHeartbeat`) and what meta
+//! answers it (the versions of its chains: [`ChainVersion`]), and how
+//! meta answers `Members` ([`Member`], and meta's chain table: [`Chain`]).
 //!
 //! Addresses travel as text (`ip:port`, as Rust prints a `SocketAddr`) so
 //! that a person reading a capture sees them; the decoder accepts only the
@@ -222,9 +223,9 @@ pub const MAX_CHAIN_REPLICAS: usize = 8;
 pub const MAX_CHAINS: usize = MAX_MEMBERS;
 
 /// A replica's place in its chain, as meta's chain table records it
-/// (docs/REPLICATION.md, "Chains"). Only `Serving` is ever recorded yet:
-/// nothing moves a server to `Syncing` or `Offline` (leases and resync
-/// are not built).
+/// (docs/REPLICATION.md, "Chains"). Meta records `Offline` once the io
+/// server's lease lapsed and `Serving` when it heartbeats again; nothing
+/// records `Syncing` yet (resync is not built).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum ReplicaState {
@@ -324,15 +325,19 @@ pub(crate) fn get_chains(r: &mut Reader<'_>) -> Result<Vec<Chain>, DecodeError> 
     Ok(chains)
 }
 
-/// A chain's health as its serving replicas' membership makes it.
+/// A chain's health as its replicas' states in meta's chain table make it
+/// (meta marks a replica `offline` once its io server's lease lapsed:
+/// `dafne_meta::members`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ChainHealth {
-    /// Every serving replica is `up`.
+    /// Every replica is `serving`.
     Healthy,
-    /// Some serving replica is not `up`, at least one is.
+    /// Some replica is not `serving` (`offline` or `syncing`), at least one
+    /// is.
     Degraded,
-    /// No serving replica is `up`.
-    Down,
+    /// No replica is `serving`: the chain's stripes cannot be read or
+    /// written.
+    Unavailable,
 }
 
 impl ChainHealth {
@@ -340,27 +345,64 @@ impl ChainHealth {
         match self {
             ChainHealth::Healthy => "healthy",
             ChainHealth::Degraded => "degraded",
-            ChainHealth::Down => "down",
+            ChainHealth::Unavailable => "unavailable",
         }
     }
 }
 
 impl Chain {
-    /// The chain's health from a membership table (a server missing from
-    /// `members`, or `down`, or never heard from, counts as not up).
-    pub fn health(&self, members: &[Member]) -> ChainHealth {
-        let up = |s: u32| members.iter().any(|m| m.server == s && m.state == MemberState::Up);
-        let serving: Vec<u32> =
-            self.replicas.iter().filter(|r| r.state == ReplicaState::Serving).map(|r| r.server).collect();
-        let n_up = serving.iter().filter(|&&s| up(s)).count();
-        if n_up == 0 {
-            ChainHealth::Down
-        } else if n_up == serving.len() {
+    /// The chain's health from its replicas' states ([`ChainHealth`]).
+    pub fn health(&self) -> ChainHealth {
+        let serving = self.replicas.iter().filter(|r| r.state == ReplicaState::Serving).count();
+        if serving == 0 {
+            ChainHealth::Unavailable
+        } else if serving == self.replicas.len() {
             ChainHealth::Healthy
         } else {
             ChainHealth::Degraded
         }
     }
+}
+
+/// One chain's version, as meta's answer to a heartbeat carries it for
+/// each chain that holds the io server that sent it
+/// ([`crate::Response::Heartbeat`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ChainVersion {
+    pub chain: u32,
+    pub version: u64,
+}
+
+/// Encoded size of a [`ChainVersion`]: chain u32, version u64.
+pub(crate) const CHAIN_VERSION_SIZE: usize = 12;
+
+/// A heartbeat answer's chain versions.
+pub(crate) fn put_chain_versions(w: &mut Writer, v: &[ChainVersion]) {
+    w.put_len(v.len());
+    for c in v {
+        w.put_u32(c.chain);
+        w.put_u64(c.version);
+    }
+}
+
+/// A heartbeat answer's chain versions: at most [`MAX_CHAINS`] (an io
+/// server can be in every chain: with hosts known, the only io server of
+/// a host is in every chain whose head sits on another host, when R = 2),
+/// chain ids strictly increasing.
+pub(crate) fn get_chain_versions(r: &mut Reader<'_>) -> Result<Vec<ChainVersion>, DecodeError> {
+    let n = r.count("chain versions", MAX_CHAINS, CHAIN_VERSION_SIZE)?;
+    let mut out: Vec<ChainVersion> = Vec::with_capacity(n);
+    for _ in 0..n {
+        let c = ChainVersion { chain: r.u32("chain version id")?, version: r.u64("chain version")? };
+        if out.last().is_some_and(|p| p.chain >= c.chain) {
+            return Err(DecodeError::BadValue {
+                what: "chain version id (must be strictly increasing)",
+                value: c.chain.into(),
+            });
+        }
+        out.push(c);
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -530,28 +572,39 @@ mod tests {
     }
 
     #[test]
-    fn a_chains_health_follows_its_serving_replicas_membership() {
-        let m = |server, state| Member {
-            server,
-            state,
-            addr: "127.0.0.1:1".parse().unwrap(),
-            host: String::new(),
-            since_ms: 1,
-            restarts: 0,
-            capacity_bytes: 0,
-            used_bytes: 0,
+    fn a_chains_health_follows_its_replicas_states() {
+        let mut c = chain(0, &[0, 1]);
+        assert_eq!(c.health(), ChainHealth::Healthy);
+        c.replicas[1].state = ReplicaState::Offline;
+        assert_eq!(c.health(), ChainHealth::Degraded);
+        c.replicas[1].state = ReplicaState::Syncing;
+        assert_eq!(c.health(), ChainHealth::Degraded, "a syncing replica serves nothing yet");
+        c.replicas[0].state = ReplicaState::Offline;
+        assert_eq!(c.health(), ChainHealth::Unavailable);
+        let mut one = chain(1, &[1]);
+        assert_eq!(one.health(), ChainHealth::Healthy);
+        one.replicas[0].state = ReplicaState::Offline;
+        assert_eq!(one.health(), ChainHealth::Unavailable);
+    }
+
+    #[test]
+    fn chain_versions_round_trip_bounded_and_ordered() {
+        let enc = |v: &[ChainVersion]| {
+            let mut w = Writer::with_prefix(0);
+            put_chain_versions(&mut w, v);
+            w.into_vec()
         };
-        let c = chain(0, &[0, 1]);
-        let all_up = [m(0, MemberState::Up), m(1, MemberState::Up)];
-        assert_eq!(c.health(&all_up), ChainHealth::Healthy);
-        assert_eq!(c.health(&[m(0, MemberState::Up), m(1, MemberState::Down)]), ChainHealth::Degraded);
-        assert_eq!(c.health(&[m(0, MemberState::Up)]), ChainHealth::Degraded, "a server not in the table");
-        assert_eq!(c.health(&[m(0, MemberState::Down), m(1, MemberState::Unknown)]), ChainHealth::Down);
-        assert_eq!(chain(1, &[1]).health(&all_up), ChainHealth::Healthy);
-        assert_eq!(chain(1, &[1]).health(&[m(1, MemberState::Down)]), ChainHealth::Down);
-        // An offline replica does not count against its chain.
-        let mut off = c.clone();
-        off.replicas[1].state = ReplicaState::Offline;
-        assert_eq!(off.health(&[m(0, MemberState::Up), m(1, MemberState::Down)]), ChainHealth::Healthy);
+        let v = vec![ChainVersion { chain: 0, version: 3 }, ChainVersion { chain: 5, version: u64::MAX }];
+        let b = enc(&v);
+        assert_eq!(get_chain_versions(&mut Reader::new(&b)).unwrap(), v);
+        for n in 0..b.len() {
+            assert!(get_chain_versions(&mut Reader::new(&b[..n])).is_err(), "prefix of {n} bytes accepted");
+        }
+        assert_eq!(get_chain_versions(&mut Reader::new(&enc(&[]))).unwrap(), vec![]);
+        let twice = [ChainVersion { chain: 2, version: 1 }, ChainVersion { chain: 2, version: 1 }];
+        assert!(get_chain_versions(&mut Reader::new(&enc(&twice))).is_err(), "a chain twice");
+        let mut w = Writer::with_prefix(0);
+        w.put_u32(MAX_CHAINS as u32 + 1);
+        assert!(get_chain_versions(&mut Reader::new(&w.into_vec())).is_err(), "above the bound");
     }
 }

@@ -1,7 +1,9 @@
 //! Ops, request bodies and reply bodies.
 
 use crate::lock::{LockKind, LOCK_FLAGS};
-use crate::members::{get_chains, get_members, Chain, Heartbeat, Member};
+use crate::members::{
+    get_chain_versions, get_chains, get_members, put_chain_versions, Chain, ChainVersion, Heartbeat, Member,
+};
 use crate::types::Revocations;
 use crate::types::{get_mode, DIRENT_MIN_SIZE};
 use crate::wire::{Reader, Wire, Writer};
@@ -974,6 +976,10 @@ pub enum Response {
     /// increasing, and meta's chain table (at most [`crate::MAX_CHAINS`]
     /// chains, ids strictly increasing).
     Members { members: Vec<Member>, chains: Vec<Chain> },
+    /// ServerHeartbeat: the version of each chain that holds the io server
+    /// that sent it (at most [`crate::MAX_CHAINS`], ids strictly
+    /// increasing).
+    Heartbeat { chains: Vec<ChainVersion> },
 }
 
 /// Something another session changed ([`Response::Changes`]): an inode
@@ -1044,6 +1050,7 @@ pub(crate) enum Kind {
     LockTest = 15,
     Changes = 16,
     Members = 17,
+    Heartbeat = 18,
 }
 
 impl Kind {
@@ -1066,6 +1073,7 @@ impl Kind {
             15 => Kind::LockTest,
             16 => Kind::Changes,
             17 => Kind::Members,
+            18 => Kind::Heartbeat,
             _ => return None,
         })
     }
@@ -1086,8 +1094,8 @@ impl Kind {
             | Op::RevokeCredential
             | Op::Lock
             | Op::SetXattr
-            | Op::RemoveXattr
-            | Op::ServerHeartbeat => Kind::Done,
+            | Op::RemoveXattr => Kind::Done,
+            Op::ServerHeartbeat => Kind::Heartbeat,
             Op::Readlink => Kind::Link,
             Op::Statfs => Kind::StatFs,
             Op::Open => Kind::Opened,
@@ -1126,7 +1134,8 @@ impl Response {
             | Response::Changes { .. }
             | Response::Xattr { .. }
             | Response::XattrNames { .. }
-            | Response::Members { .. } => None,
+            | Response::Members { .. }
+            | Response::Heartbeat { .. } => None,
         }
     }
 
@@ -1154,6 +1163,7 @@ impl Response {
                         | Kind::LockTest
                         | Kind::Changes
                         | Kind::Members
+                        | Kind::Heartbeat
                 ),
                 Err(e) => e.is_valid() && i + 1 == results.len(),
             })
@@ -1178,6 +1188,7 @@ impl Response {
             Response::Xattr { .. } => Kind::Xattr,
             Response::XattrNames { .. } => Kind::XattrNames,
             Response::Members { .. } => Kind::Members,
+            Response::Heartbeat { .. } => Kind::Heartbeat,
         }
     }
 
@@ -1247,6 +1258,7 @@ impl Response {
                     c.put(w);
                 }
             }
+            Response::Heartbeat { chains } => put_chain_versions(w, chains),
             Response::Compound { results } => {
                 w.put_len(results.len());
                 for res in results {
@@ -1331,6 +1343,7 @@ impl Response {
                 Response::XattrNames { names }
             }
             Kind::Members => Response::Members { members: get_members(r)?, chains: get_chains(r)? },
+            Kind::Heartbeat => Response::Heartbeat { chains: get_chain_versions(r)? },
         })
     }
 }
@@ -1362,7 +1375,8 @@ fn get_compound_results(r: &mut Reader<'_>) -> Result<Vec<Result<Response, Errno
                 | Kind::XattrNames
                 | Kind::LockTest
                 | Kind::Changes
-                | Kind::Members,
+                | Kind::Members
+                | Kind::Heartbeat,
             )
             | None => return Err(DecodeError::BadValue { what: "compound result kind", value: raw.into() }),
             Some(k) => k,

@@ -257,7 +257,7 @@ fn reply() -> impl Strategy<Value = (IoOp, Result<IoResponse, Errno>)> {
         1 => (any::<[u64; 4]>(), vec((any::<u64>(), any::<u64>()), 0..=MAX_SCRUB_BAD), proptest::option::of((any::<u64>(), any::<u64>()))).prop_map(|(v, bad, next)| {
             (IoOp::Scrub, Ok(IoResponse::Scrubbed(ScrubSlice { objects: v[0], unverified: v[1], bytes: v[2], bad, more_bad: v[3], next })))
         }),
-        1 => vec(any::<u64>(), 31).prop_map(|v| (IoOp::ServerInfo, Ok(IoResponse::ServerInfo(Box::new(ServerInfo::from_values(&v)))))),
+        1 => vec(any::<u64>(), 32).prop_map(|v| (IoOp::ServerInfo, Ok(IoResponse::ServerInfo(Box::new(ServerInfo::from_values(&v)))))),
         2 => (one_of(IoOp::ALL), errno()).prop_map(|(op, e)| (op, Err(e))),
     ]
 }

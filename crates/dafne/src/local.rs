@@ -955,7 +955,7 @@ struct StatusReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     members_error: Option<String>,
     /// Meta's chain table (`dafne_meta::chains`), each chain's health from
-    /// the membership table; `None` when meta did not answer `Members`.
+    /// its replicas' states; `None` when meta did not answer `Members`.
     chains: Option<Vec<ChainStatus>>,
     mounts: Vec<PathBuf>,
 }
@@ -965,8 +965,8 @@ struct StatusReport {
 struct ChainStatus {
     chain: u32,
     version: u64,
-    /// `healthy` (every serving replica's io server up), `degraded` (some
-    /// not up) or `down` (none up).
+    /// `healthy` (every replica serving), `degraded` (some offline or
+    /// syncing, one serving) or `unavailable` (none serving).
     health: &'static str,
     /// Head first.
     replicas: Vec<ReplicaStatus>,
@@ -987,7 +987,7 @@ impl ChainStatus {
         ChainStatus {
             chain: c.id,
             version: c.version,
-            health: c.health(members).name(),
+            health: c.health().name(),
             replicas: c
                 .replicas
                 .iter()
@@ -1049,6 +1049,29 @@ struct IoStatus {
     metrics: Option<SocketAddr>,
     error: Option<String>,
     info: Option<std::collections::BTreeMap<&'static str, u64>>,
+    /// The server's own view of its lease from meta (from its
+    /// `ServerInfo`): `held` (it serves data), `lapsed` (it refuses data
+    /// requests until meta answers its heartbeat again) or `none` (it runs
+    /// without meta); `None` when it did not answer.
+    lease: Option<&'static str>,
+    /// The version of each of its chains in meta's last answer to its
+    /// heartbeat (from its `ServerInfo`).
+    chains: Vec<ChainVersionStatus>,
+}
+
+#[derive(Debug, Serialize)]
+struct ChainVersionStatus {
+    chain: u32,
+    version: u64,
+}
+
+/// [`IoStatus::lease`] of a `ServerInfo`'s `lease` field.
+fn lease_name(lease: u64) -> &'static str {
+    match lease {
+        dafne_proto::LEASE_NONE => "none",
+        dafne_proto::LEASE_HELD => "held",
+        _ => "lapsed",
+    }
 }
 
 /// How long `status --metrics` waits for each server's page.
@@ -1183,6 +1206,11 @@ pub fn status(a: StatusArgs) -> Result<()> {
             addr: *addr,
             metrics: metrics_of(&format!("io-{i}")),
             error: r.as_ref().err().cloned(),
+            lease: r.as_ref().ok().map(|s| lease_name(s.lease)),
+            chains: r.as_ref().map_or_else(
+                |_| Vec::new(),
+                |s| s.chains.iter().map(|c| ChainVersionStatus { chain: c.chain, version: c.version }).collect(),
+            ),
             info: r.ok().map(|s| s.fields().into_iter().collect()),
         });
     }
@@ -1263,9 +1291,15 @@ fn print_status(r: &StatusReport) {
     };
     println!("| meta | {} | {} | {} | {} |", r.meta.addr, st(&r.meta.server), meta_state, metrics(&r.meta.metrics));
     for (i, s) in r.io.iter().enumerate() {
-        let state = match &s.error {
-            None => "serving".to_string(),
-            Some(e) => format!("not serving: {e}"),
+        let state = match (&s.error, s.lease) {
+            (Some(e), _) => format!("not serving: {e}"),
+            (None, Some("held")) => "serving (under a lease from meta)".to_string(),
+            (None, Some("lapsed")) => {
+                "not serving: its lease from meta lapsed (it refuses data requests until meta answers its \
+                 heartbeat)"
+                    .to_string()
+            }
+            (None, _) => "serving".to_string(),
         };
         println!("| io-{i} | {} | {} | {} | {} |", s.addr, st(&s.server), state, metrics(&s.metrics));
     }
@@ -1317,12 +1351,21 @@ fn print_status(r: &StatusReport) {
     }
     if let Some(chains) = &r.chains {
         println!();
-        println!("| chain | version | health | io servers (head first: state in the chain, as meta sees it) |");
-        println!("|---|---|---|---|");
+        println!("| chain | version | health | io servers (head first: state in the chain, as meta sees it) | version as the head's io server last heard it |");
+        println!("|---|---|---|---|---|");
         for c in chains {
             let servers: Vec<String> =
                 c.replicas.iter().map(|x| format!("{} ({}, {})", x.server, x.state, x.member)).collect();
-            println!("| {} | {} | {} | {} |", c.chain, c.version, c.health, servers.join(", "));
+            // What the chain's first replica's io server reported in its
+            // ServerInfo (meta's last answer to its heartbeat).
+            let heard = c
+                .replicas
+                .first()
+                .and_then(|x| x.server.strip_prefix("io-")?.parse::<usize>().ok())
+                .and_then(|i| r.io.get(i))
+                .and_then(|s| s.chains.iter().find(|v| v.chain == c.chain))
+                .map_or_else(|| "-".to_string(), |v| v.version.to_string());
+            println!("| {} | {} | {} | {} | {heard} |", c.chain, c.version, c.health, servers.join(", "));
         }
     }
     println!();

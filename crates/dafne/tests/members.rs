@@ -177,6 +177,15 @@ fn chains(dir: &Path) -> Vec<(u64, u64, String, Vec<String>)> {
         .collect()
 }
 
+/// Each chain's version (chain ids are 0..n, in order), with every chain
+/// healthy: what a test compares later versions with. Not 1: an io server
+/// that started more than L + margin after meta (`dafne up` starts them
+/// one after another; a loaded machine) was marked offline and back.
+fn base_versions<H: AsRef<str>, R>(rows: &[(u64, u64, H, R)]) -> Vec<u64> {
+    assert!(rows.iter().enumerate().all(|(i, r)| r.0 == i as u64 && r.2.as_ref() == "healthy"), "not all healthy");
+    rows.iter().map(|r| r.1).collect()
+}
+
 /// The metadata server's `dafne_meta_chains{health}` gauge.
 fn chain_gauge(dir: &Path, health: &str) -> f64 {
     let addr = common::cluster::meta_metrics_addr(dir);
@@ -187,23 +196,27 @@ fn chain_gauge(dir: &Path, health: &str) -> f64 {
 }
 
 #[test]
-fn status_lists_the_chains_and_a_chain_is_down_once_its_io_server_is_killed() {
+fn status_lists_the_chains_and_a_chain_is_unavailable_once_its_io_server_is_killed() {
     // One replica per chain (the only factor served): chain c is io-c
     // alone. The supervisor does not restart the killed server.
     let c = Cluster::start_sized(2, "[cluster]\nrestart = false\n");
     wait_members(c.dir(), &[("up", 0), ("up", 0)]);
+    // Versions as of now, not 1: an io server that started more than
+    // L + margin after meta (a loaded machine) was marked offline and back.
+    let v = base_versions(&chains(c.dir()));
     let one = |chain: u64, health: &str, member: &str| {
-        (chain, 1, health.to_string(), vec![format!("io-{chain} serving {member}")])
+        (chain, v[chain as usize], health.to_string(), vec![format!("io-{chain} serving {member}")])
     };
     assert_eq!(chains(c.dir()), vec![one(0, "healthy", "up"), one(1, "healthy", "up")]);
     let table = text(&dafne().args(["status", "--dir", p(c.dir())]).output().unwrap());
-    assert!(table.contains("| 1 | 1 | healthy | io-1 (serving, up) |"), "{table}");
+    assert!(table.contains(&format!("| 1 | {0} | healthy | io-1 (serving, up) | {0} |", v[1])), "{table}");
 
     let servers: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(c.dir().join("servers.json")).unwrap()).unwrap();
     let pid = servers.as_array().unwrap().iter().find(|s| s["name"] == "io-1").unwrap()["pid"].as_u64().unwrap();
     Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap();
-    let want = vec![one(0, "healthy", "up"), one(1, "down", "down")];
+    // Meta marks it offline a margin after its lease lapsed, a new version.
+    let want = vec![one(0, "healthy", "up"), (1, v[1] + 1, "unavailable".into(), vec!["io-1 offline down".into()])];
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     let mut seen = chains(c.dir());
     while seen != want {
@@ -212,10 +225,10 @@ fn status_lists_the_chains_and_a_chain_is_down_once_its_io_server_is_killed() {
         seen = chains(c.dir());
     }
     let table = text(&dafne().args(["status", "--dir", p(c.dir())]).output().unwrap());
-    assert!(table.contains("| 1 | 1 | down | io-1 (serving, down) |"), "{table}");
-    assert!(table.contains("| 0 | 1 | healthy | io-0 (serving, up) |"), "{table}");
+    assert!(table.contains(&format!("| 1 | {} | unavailable | io-1 (offline, down) | - |", v[1] + 1)), "{table}");
+    assert!(table.contains(&format!("| 0 | {0} | healthy | io-0 (serving, up) | {0} |", v[0])), "{table}");
     // The metrics page renders at most once a second: wait for it too.
-    common::wait_for("meta's chain gauge", || chain_gauge(c.dir(), "down") == 1.0);
+    common::wait_for("meta's chain gauge", || chain_gauge(c.dir(), "unavailable") == 1.0);
     assert_eq!(chain_gauge(c.dir(), "healthy"), 1.0);
     assert_eq!(chain_gauge(c.dir(), "degraded"), 0.0);
 }
@@ -279,10 +292,132 @@ fn only_the_clusters_root_session_may_send_a_heartbeat() {
     assert_eq!(members[0].addr, io0);
 }
 
+/// Meta's chain table through `Members` on a session of the cluster
+/// secret (not `dafne status`, which waits 10 s on a stopped io server):
+/// each chain as (id, version, health, replicas as "io-N state").
+fn meta_chains(c: &Cluster) -> Vec<(u32, u64, &'static str, Vec<String>)> {
+    let info: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(c.dir().join("cluster.json")).unwrap()).unwrap();
+    let meta: std::net::SocketAddr = info["meta"].as_str().unwrap().parse().unwrap();
+    let ucx: Vec<(String, String)> = serde_json::from_value(info["ucx"].clone()).unwrap();
+    let rt = dafne_transport::Runtime::new(dafne_transport::RuntimeOptions {
+        name: "chains-test".into(),
+        ucx_config: ucx,
+        ..Default::default()
+    })
+    .unwrap();
+    let secret = dafne_auth::Secret::load(&c.dir().join("meta").join("cluster.secret")).unwrap();
+    let Ok(s) = dafne_client::MetaSession::connect(&rt, meta, &secret, "chains-test", 0, 0) else { return Vec::new() };
+    let Ok(Response::Members { chains, .. }) = s.request(Request::Members) else { return Vec::new() };
+    chains
+        .iter()
+        .map(|c| {
+            let replicas = c.replicas.iter().map(|r| format!("io-{} {}", r.server, r.state.name())).collect();
+            (c.id, c.version, c.health().name(), replicas)
+        })
+        .collect()
+}
+
+/// Waits (at most 30 s) until meta's chain table is `want`.
+fn wait_chains(c: &Cluster, want: &[(u32, u64, &'static str, Vec<String>)]) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut seen = meta_chains(c);
+    while seen != want {
+        assert!(std::time::Instant::now() < deadline, "meta's chains stayed {seen:?}, waited for {want:?}");
+        std::thread::sleep(Duration::from_millis(200));
+        seen = meta_chains(c);
+    }
+}
+
+/// Issue 13, step 2: meta acts on a lapsed lease. An io server that stops
+/// (SIGSTOP: alive, so nothing restarts it, but its heartbeats stop) is
+/// marked offline in its chain a margin after its lease lapsed, with a
+/// new version, and the chain (R = 1) is unavailable; when it heartbeats
+/// again (SIGCONT) it is serving again under another new version, which
+/// meta's answer to its heartbeat carried: its own `ServerInfo` reports
+/// the version meta has and a lease held. Failed before the change: the
+/// chain stayed version 1, serving, for the whole 30 s wait.
 #[test]
-fn a_restarted_meta_hears_every_io_server_again() {
+fn meta_marks_a_stopped_io_server_offline_in_its_chain_and_serving_when_it_returns() {
+    use common::cluster::{server_pid, Stopped};
     let c = Cluster::start_sized(2, "");
     wait_members(c.dir(), &[("up", 0), ("up", 0)]);
+    let row = |id: u32, version: u64, health: &'static str, state: &str| {
+        (id, version, health, vec![format!("io-{id} {state}")])
+    };
+    let v = base_versions(&meta_chains(&c).iter().map(|r| (u64::from(r.0), r.1, r.2, ())).collect::<Vec<_>>());
+    assert_eq!(v.len(), 2);
+
+    let stopped = Stopped::stop(server_pid(c.dir(), "io-1"));
+    wait_chains(&c, &[row(0, v[0], "healthy", "serving"), row(1, v[1] + 1, "unavailable", "offline")]);
+    stopped.resume();
+    wait_chains(&c, &[row(0, v[0], "healthy", "serving"), row(1, v[1] + 2, "healthy", "serving")]);
+
+    // The io servers' own view, from their ServerInfo: the version meta
+    // answered their last heartbeat with, and a lease held (waited for:
+    // io-1 hears its new version with the heartbeat that made it).
+    let own = |s: &serde_json::Value, i: usize| {
+        let io = &s["io"][i];
+        let chains: Vec<(u64, u64)> = io["chains"]
+            .as_array()
+            .map(|a| a.iter().map(|c| (c["chain"].as_u64().unwrap(), c["version"].as_u64().unwrap())).collect())
+            .unwrap_or_default();
+        (io["lease"].as_str().unwrap_or("?").to_string(), chains)
+    };
+    let want = [("held".to_string(), vec![(0, v[0])]), ("held".to_string(), vec![(1, v[1] + 2)])];
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut s = status(c.dir(), &[]);
+    while [own(&s, 0), own(&s, 1)] != want {
+        assert!(std::time::Instant::now() < deadline, "the io servers' own view stayed {s}, waited for {want:?}");
+        std::thread::sleep(Duration::from_millis(200));
+        s = status(c.dir(), &[]);
+    }
+    let table = text(&dafne().args(["status", "--dir", p(c.dir())]).output().unwrap());
+    assert!(table.contains(&format!("| 1 | {0} | healthy | io-1 (serving, up) | {0} |", v[1] + 2)), "{table}");
+    assert!(table.contains("serving (under a lease from meta)"), "{table}");
+    common::wait_for("io-1's chain version gauge", || {
+        common::cluster::server_metric(c.dir(), "io-1", "dafne_io_chain_version") == Some((v[1] + 2) as f64)
+    });
+}
+
+/// A meta that was itself stopped (SIGSTOP for L + margin + 2 s) heard no
+/// heartbeat while it was: the io servers' leases lapsed because of meta,
+/// not of them, and none missed anything (nobody served data). It must not
+/// mark them offline when it runs again (with R > 1 each flap would cost
+/// a resync). Waits until each io server's lease is held again (it
+/// lapsed during the stop, so held means meta answered a heartbeat sent
+/// after the resume, and any flap is in the versions by then). Failed
+/// before meta noticed its own stall: io-1's chain went offline and back,
+/// two versions up.
+#[test]
+fn a_meta_that_was_stopped_marks_no_io_server_offline_when_it_runs_again() {
+    use common::cluster::{server_pid, Stopped};
+    let c = Cluster::start_sized(2, "");
+    wait_members(c.dir(), &[("up", 0), ("up", 0)]);
+    let before = meta_chains(&c);
+    assert_eq!(before.len(), 2, "{before:?}");
+    let stopped = Stopped::stop(server_pid(c.dir(), "meta"));
+    // The stop itself (not a wait for a state): long enough for meta's
+    // next tick to see every heartbeat older than L + margin.
+    std::thread::sleep(dafne_proto::MEMBER_LEASE + dafne_meta::members::OFFLINE_MARGIN + Duration::from_secs(2));
+    stopped.resume();
+    let held = |s: &serde_json::Value| (0..2).all(|i| s["io"][i]["lease"] == "held");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut s = status(c.dir(), &[]);
+    while !held(&s) {
+        assert!(std::time::Instant::now() < deadline, "the io servers' leases stayed lapsed: {s}");
+        std::thread::sleep(Duration::from_millis(200));
+        s = status(c.dir(), &[]);
+    }
+    assert_eq!(meta_chains(&c), before, "a stalled meta changed chains");
+}
+
+#[test]
+fn a_restarted_meta_hears_every_io_server_again_and_changes_no_chain() {
+    let c = Cluster::start_sized(2, "");
+    wait_members(c.dir(), &[("up", 0), ("up", 0)]);
+    let before = meta_chains(&c);
+    assert!(before.len() == 2 && before.iter().all(|c| c.2 == "healthy"), "{before:?}");
     let servers = || -> serde_json::Value {
         serde_json::from_str(&std::fs::read_to_string(c.dir().join("servers.json")).unwrap()).unwrap()
     };
@@ -296,6 +431,12 @@ fn a_restarted_meta_hears_every_io_server_again() {
     // The new meta's table starts empty: up again means the io servers'
     // sessions reconnected by themselves.
     wait_members(c.dir(), &[("up", 0), ("up", 0)]);
+    // A meta that just started waits L + margin (4 s) before it counts a
+    // server it has not heard as lapsed; past that (and a tick), every
+    // chain is as it was. Failed when the new meta did not wait: both
+    // chains went offline and back, versions 3.
+    std::thread::sleep(dafne_proto::MEMBER_LEASE + Duration::from_secs(3));
+    assert_eq!(meta_chains(&c), before, "a meta restart changed chains");
 }
 
 /// The descriptors process `pid` holds.
