@@ -523,6 +523,43 @@ fn clients_reconnect_and_fsync_reports_unstable_writes_lost_in_a_crash() {
     assert_eq!(f.fsync(), Ok(()), "the loss is reported once");
 }
 
+/// The write verifier records the oldest connection that acknowledged an
+/// unstable write: writes acknowledged before a crash are reported lost
+/// even when later writes went on the lost connection and were repeated,
+/// and acknowledged, on the restarted server's (the record must not move
+/// to the newer connection), at fsync and at close alike.
+#[test]
+fn writes_repeated_after_a_crash_do_not_hide_the_loss_of_those_acknowledged_before_it() {
+    use dafne_proto::io::Stability;
+    let c = Cluster::new(1);
+    assert!(c.up(1).status.success());
+    let (_rt, fs) = connect(c.path());
+    let io = c.servers().as_array().unwrap().iter().position(|s| s["name"] == "io-0").expect("io-0 in servers.json");
+    let data: Vec<u8> = (0..600_000u32).map(|i| (i % 241) as u8).collect();
+    for (i, at_close) in [(0u64, false), (1, true)] {
+        let f = fs.create(fs.meta.root(), format!("mixed-{at_close}").as_bytes(), 0o644, None).unwrap();
+        // Acknowledged by io-0 from its cache.
+        f.write_at(0, &data[..300_000], Stability::Unstable).unwrap();
+        let pid = c.servers()[io]["pid"].as_u64().unwrap();
+        Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap();
+        wait_for("the restart", || {
+            let s = c.servers();
+            s[io]["restarts"] == i + 1 && s[io]["state"] == "running"
+        });
+        // Sent on the lost connection, then again on the next one, where
+        // the restarted server acknowledges it.
+        let repeats = fs.data.repeats_after_loss();
+        f.write_at(300_000, &data[300_000..], Stability::Unstable).unwrap();
+        assert!(fs.data.repeats_after_loss() > repeats, "the second write did not meet the lost connection");
+        if at_close {
+            assert_eq!(f.close(), Err(dafne_proto::Errno::EIO), "close hid unstable writes lost in the crash");
+        } else {
+            assert_eq!(f.fsync(), Err(dafne_proto::Errno::EIO), "fsync hid unstable writes lost in the crash");
+            assert_eq!(f.fsync(), Ok(()), "the loss is reported once");
+        }
+    }
+}
+
 #[test]
 fn a_killed_supervisor_is_seen_and_down_stops_what_it_left() {
     let c = Cluster::new(1);
