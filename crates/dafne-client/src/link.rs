@@ -541,6 +541,39 @@ mod tests {
         assert_eq!(generation, 1);
     }
 
+    /// Two requests that find the same connection lost at once start one
+    /// reconnection thread between them, and both go on on its connection.
+    #[test]
+    fn requests_that_need_one_reconnection_at_once_share_one_thread() {
+        let (_server, addr, _) = fake_io::start();
+        let rt = fake_io::runtime("link-share");
+        let link = std::sync::Arc::new(link_to(&rt, addr));
+        let started = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let spawn = |l: std::sync::Arc<Link>| {
+            let started = started.clone();
+            move || {
+                started.fetch_add(1, Ordering::SeqCst);
+                std::thread::Builder::new().spawn(move || l.reconnect_in_background()).is_ok()
+            }
+        };
+        link.failed(0, &loss());
+        // The first holds the attempt's lock as if its connect hung: the
+        // second arrives while that reconnection is under way.
+        let attempt = link.attempt.lock().unwrap();
+        let (a, b) = futures::executor::block_on(async {
+            let a = link.get_async(spawn(link.clone()));
+            let b = async {
+                // `a` was polled first (join polls in order) and started the thread.
+                drop(attempt);
+                link.get_async(spawn(link.clone())).await
+            };
+            futures::future::join(a, b).await
+        });
+        assert_eq!(started.load(Ordering::SeqCst), 1, "two reconnection threads for one lost connection");
+        assert_eq!(a.map(|(_, g)| g), Some(1));
+        assert_eq!(b.map(|(_, g)| g), Some(1));
+    }
+
     #[test]
     fn callers_wait_for_another_threads_reconnection_and_use_it() {
         let (_server, addr, _) = fake_io::start();
