@@ -2060,6 +2060,25 @@ mod tests {
     }
 
     #[test]
+    fn a_check_on_a_new_connection_while_unacknowledged_writes_are_in_flight_on_the_old_reports_no_loss() {
+        let mut v = Verifier::new(VERIFIER_MAX);
+        // A write on connection 0, not answered yet, when an fsync is
+        // answered on connection 1: nothing was acknowledged, nothing lost.
+        let seq = v.note_write(7, 0, 0).unwrap();
+        assert_eq!(check(&mut v, 7, 0, 1, Check::Sync), Ok(()), "a loss reported where nothing was acknowledged");
+        // Then the write's own answer comes late on connection 0: it was
+        // acknowledged by the old server, so the next check reports it.
+        v.write_done(7, 0, seq, 0, true);
+        assert_eq!(check(&mut v, 7, 0, 1, Check::Sync), Err(Errno::EIO));
+        assert_eq!(check(&mut v, 7, 0, 1, Check::Sync), Ok(()));
+        // Or it fails with its connection: no entry is left.
+        let seq = v.note_write(8, 0, 0).unwrap();
+        assert_eq!(check(&mut v, 8, 0, 1, Check::Stat), Ok(()));
+        v.write_done(8, 0, seq, 0, false);
+        assert!(v.pending.is_empty());
+    }
+
+    #[test]
     fn writes_all_lost_with_their_connection_and_repeated_on_the_next_report_no_loss() {
         let mut v = Verifier::new(VERIFIER_MAX);
         // Three writes in flight on connection 0 when it is lost: none was

@@ -347,16 +347,25 @@ impl Link {
     }
 
     /// The reconnection of [`Self::get_async`], on the thread it started:
-    /// wakes the callers waiting for it when done, whatever came of it.
+    /// wakes the callers waiting for it when done, whatever came of it (a
+    /// panic included: the next call starts another attempt instead of
+    /// waiting for one that is gone).
     pub(crate) fn reconnect_in_background(&self) {
+        /// Ends the attempt when dropped, also while unwinding.
+        struct Done<'a>(&'a Mutex<Background>);
+        impl Drop for Done<'_> {
+            fn drop(&mut self) {
+                let mut b = self.0.lock().unwrap_or_else(|p| p.into_inner());
+                b.running = false;
+                for tx in b.waiting.drain(..) {
+                    // A caller that stopped waiting dropped its end.
+                    let _ = tx.send(());
+                }
+            }
+        }
+        let _done = Done(&self.background);
         let last = self.attempt.lock().unwrap_or_else(|p| p.into_inner());
         let _ = self.reconnect(last);
-        let mut b = self.background.lock().unwrap_or_else(|p| p.into_inner());
-        b.running = false;
-        for tx in b.waiting.drain(..) {
-            // A caller that stopped waiting dropped its end.
-            let _ = tx.send(());
-        }
     }
 
     /// Reconnects, holding the attempt (`last`: when the last one began).
@@ -494,6 +503,75 @@ mod tests {
         // After the period: written, with the two held back.
         assert_eq!(t.allow_at("io a", t0 + WARN_EVERY), Some(2));
         assert_eq!(t.allow_at("io a", t0 + WARN_EVERY + Duration::from_secs(1)), None);
+    }
+
+    /// A reconnection of [`Link::get_async`] whose thread panics (the
+    /// owner's `hello` here: no real server can make one) still ends the
+    /// attempt: the link's later calls reconnect. Failed before its end
+    /// was a guard's: `running` stayed set, and every later call waited
+    /// [`WAIT_FOR_RECONNECT`] for a thread that was gone and got no
+    /// connection, for good.
+    #[test]
+    fn a_reconnection_thread_that_panics_leaves_the_link_able_to_reconnect() {
+        let (_server, addr, _) = fake_io::start();
+        let rt = fake_io::runtime("link-panic");
+        let panic_once = std::sync::Arc::new(AtomicBool::new(true));
+        let p = panic_once.clone();
+        let link = std::sync::Arc::new(Link::new(
+            Client::connect(&rt, addr).unwrap(),
+            Box::new(move |_: &Client, _| {
+                assert!(!p.swap(false, Ordering::SeqCst), "hello panics (test)");
+                Ok(())
+            }),
+        ));
+        let spawn = |l: std::sync::Arc<Link>| {
+            move || std::thread::Builder::new().spawn(move || l.reconnect_in_background()).is_ok()
+        };
+        link.failed(0, &loss());
+        assert_eq!(futures::executor::block_on(link.get_async(spawn(link.clone()))).map(|(_, g)| g), None);
+        assert!(!panic_once.load(Ordering::SeqCst), "the first reconnection ran its hello");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let generation = loop {
+            if let Some((_, g)) = futures::executor::block_on(link.get_async(spawn(link.clone()))) {
+                break g;
+            }
+            assert!(Instant::now() < deadline, "the link never reconnected after its reconnection thread panicked");
+            std::thread::sleep(RETRY_EVERY);
+        };
+        assert_eq!(generation, 1);
+    }
+
+    /// Two requests that find the same connection lost at once start one
+    /// reconnection thread between them, and both go on on its connection.
+    #[test]
+    fn requests_that_need_one_reconnection_at_once_share_one_thread() {
+        let (_server, addr, _) = fake_io::start();
+        let rt = fake_io::runtime("link-share");
+        let link = std::sync::Arc::new(link_to(&rt, addr));
+        let started = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let spawn = |l: std::sync::Arc<Link>| {
+            let started = started.clone();
+            move || {
+                started.fetch_add(1, Ordering::SeqCst);
+                std::thread::Builder::new().spawn(move || l.reconnect_in_background()).is_ok()
+            }
+        };
+        link.failed(0, &loss());
+        // The first holds the attempt's lock as if its connect hung: the
+        // second arrives while that reconnection is under way.
+        let attempt = link.attempt.lock().unwrap();
+        let (a, b) = futures::executor::block_on(async {
+            let a = link.get_async(spawn(link.clone()));
+            let b = async {
+                // `a` was polled first (join polls in order) and started the thread.
+                drop(attempt);
+                link.get_async(spawn(link.clone())).await
+            };
+            futures::future::join(a, b).await
+        });
+        assert_eq!(started.load(Ordering::SeqCst), 1, "two reconnection threads for one lost connection");
+        assert_eq!(a.map(|(_, g)| g), Some(1));
+        assert_eq!(b.map(|(_, g)| g), Some(1));
     }
 
     #[test]

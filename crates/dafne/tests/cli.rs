@@ -523,6 +523,92 @@ fn clients_reconnect_and_fsync_reports_unstable_writes_lost_in_a_crash() {
     assert_eq!(f.fsync(), Ok(()), "the loss is reported once");
 }
 
+/// The write verifier records the oldest connection that acknowledged an
+/// unstable write: writes acknowledged before a crash are reported lost
+/// even when later writes went on the lost connection and were repeated,
+/// and acknowledged, on the restarted server's (the record must not move
+/// to the newer connection), at fsync and at close alike.
+#[test]
+fn writes_repeated_after_a_crash_do_not_hide_the_loss_of_those_acknowledged_before_it() {
+    use dafne_proto::io::Stability;
+    let c = Cluster::new(1);
+    assert!(c.up(1).status.success());
+    let (_rt, fs) = connect(c.path());
+    let io = c.servers().as_array().unwrap().iter().position(|s| s["name"] == "io-0").expect("io-0 in servers.json");
+    let data: Vec<u8> = (0..600_000u32).map(|i| (i % 241) as u8).collect();
+    for (i, at_close) in [(0u64, false), (1, true)] {
+        let f = fs.create(fs.meta.root(), format!("mixed-{at_close}").as_bytes(), 0o644, None).unwrap();
+        // Acknowledged by io-0 from its cache.
+        f.write_at(0, &data[..300_000], Stability::Unstable).unwrap();
+        let pid = c.servers()[io]["pid"].as_u64().unwrap();
+        Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap();
+        wait_for("the restart", || {
+            let s = c.servers();
+            s[io]["restarts"] == i + 1 && s[io]["state"] == "running"
+        });
+        // Sent on the lost connection, then again on the next one, where
+        // the restarted server acknowledges it.
+        let repeats = fs.data.repeats_after_loss();
+        f.write_at(300_000, &data[300_000..], Stability::Unstable).unwrap();
+        assert!(fs.data.repeats_after_loss() > repeats, "the second write did not meet the lost connection");
+        if at_close {
+            assert_eq!(f.close(), Err(dafne_proto::Errno::EIO), "close hid unstable writes lost in the crash");
+        } else {
+            assert_eq!(f.fsync(), Err(dafne_proto::Errno::EIO), "fsync hid unstable writes lost in the crash");
+            assert_eq!(f.fsync(), Ok(()), "the loss is reported once");
+        }
+    }
+}
+
+/// `dafne cp` sends unstable writes and syncs at the end: when the io
+/// server that acknowledged a batch crashes and restarts before the copy
+/// ends, the later writes are repeated on the new connection, and the
+/// sync must still report the loss, failing the copy. The source is a
+/// FIFO, so that the crash comes between two batches: cp blocked reading
+/// it (its wchan `pipe_read`, `anon_pipe_read` on newer kernels) with
+/// all of the first batch (4 regions of 8 MiB,
+/// module `copy`) taken means that batch was acknowledged.
+#[test]
+fn cp_fails_when_the_io_server_that_acknowledged_its_writes_crashed_under_it() {
+    use std::io::Write;
+    let c = Cluster::new(1);
+    assert!(c.up(1).status.success());
+    let scratch = tempfile::tempdir().unwrap();
+    let fifo = scratch.path().join("src");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let d = c.d();
+    let mut cp = dafne()
+        .args(["cp", "--dir", &d, fifo.to_str().unwrap(), "dafne:/piped"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Blocks until cp opens it.
+    let mut w = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+    w.write_all(&pattern(4 * (8 << 20), 3)).unwrap();
+    let pid = cp.id();
+    wait_for("cp to write its first batch and read on", || {
+        std::fs::read_to_string(format!("/proc/{pid}/wchan")).is_ok_and(|w| w.ends_with("pipe_read"))
+    });
+    let io = c.servers().as_array().unwrap().iter().position(|s| s["name"] == "io-0").expect("io-0 in servers.json");
+    let server = c.servers()[io]["pid"].as_u64().unwrap();
+    Command::new("kill").args(["-9", &server.to_string()]).status().unwrap();
+    wait_for("the restart", || {
+        let s = c.servers();
+        s[io]["restarts"] == 1 && s[io]["state"] == "running"
+    });
+    w.write_all(&pattern(1 << 20, 4)).unwrap();
+    drop(w);
+    wait_for("cp to end", || cp.try_wait().unwrap().is_some());
+    let o = cp.wait_with_output().unwrap();
+    assert!(
+        !o.status.success(),
+        "cp succeeded, though the io server that acknowledged its writes crashed: {}",
+        text(&o)
+    );
+    assert!(text(&o).contains("syncing"), "cp failed, but not at its sync: {}", text(&o));
+}
+
 #[test]
 fn a_killed_supervisor_is_seen_and_down_stops_what_it_left() {
     let c = Cluster::new(1);

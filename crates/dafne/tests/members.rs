@@ -845,3 +845,37 @@ fn a_server_out_of_reach_does_not_hold_up_another_servers_requests_on_one_queue(
     }
     f.close().unwrap();
 }
+
+/// An io server that stays out of reach (SIGSTOP: alive, so no supervisor
+/// restarts it, and each reconnection to it hangs until the connect
+/// timeout) fails a request on a completion queue with `EIO` once the
+/// retry deadline passed, as it did when the reconnection ran on the
+/// request's own thread: the request's waits for the reconnection thread
+/// are bounded, and a reconnection still under way when the deadline
+/// passes does not hold the request.
+#[test]
+fn a_request_to_a_server_that_stays_stopped_fails_with_eio_after_the_retry_deadline() {
+    use common::cluster::{server_pid, Stopped};
+    use dafne_client::cq::Waited;
+    use dafne_proto::io::Stability;
+    let c = Cluster::start_sized(1, "");
+    wait_members(c.dir(), &[("up", 0)]);
+    let (_rt, data, fs) = native_client(&c, "stopped-deadline-test");
+    let f = fs.create(fs.meta.root(), b"stays-stopped", 0o644, None).unwrap();
+    let h = f.handle().clone();
+    // Longer than the keepalive takes to find the connection lost, so
+    // that the write is repeated (and waits for reconnections) first.
+    data.set_retry_deadline(Duration::from_secs(15));
+    let stopped = Stopped::stop(server_pid(c.dir(), "io-0"));
+    let q = dafne_client::cq::CompletionQueue::new();
+    let d = data.clone();
+    let t = q.post(async move { d.write_at(&h, 0, &common::pattern(4096, 1), Stability::Unstable).await });
+    let r = q.wait_ticket(t, Duration::from_secs(120));
+    stopped.resume();
+    match r {
+        Waited::Done(r) => assert_eq!(r, Err(Errno::EIO), "a write to a server stopped past the deadline"),
+        Waited::TimedOut => panic!("a write to a server stopped past the retry deadline did not end"),
+        Waited::Unknown => panic!("the ticket is unknown to its queue"),
+    }
+    assert!(data.repeats_after_loss() > 0, "the write did not meet a lost connection");
+}
