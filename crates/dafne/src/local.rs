@@ -1230,8 +1230,11 @@ pub fn status(a: StatusArgs) -> Result<()> {
         print_status(&report);
     }
     // Scripts and monitors read the exit status: non-zero when a server
-    // does not serve (the report above says which and why).
-    let failing = usize::from(report.meta.reachable.is_some()) + report.io.iter().filter(|s| s.error.is_some()).count();
+    // does not serve (the report above says which and why): one that does
+    // not answer, or an io server that answers but refuses data requests
+    // because its lease from meta lapsed.
+    let failing = usize::from(report.meta.reachable.is_some())
+        + report.io.iter().filter(|s| s.error.is_some() || s.lease == Some("lapsed")).count();
     if failing > 0 && refused == failing {
         let what = if login.key.credential().is_some() { "credential" } else { "secret file" };
         bail!(

@@ -987,6 +987,15 @@ fn an_io_host_cut_off_from_meta_stops_accepting_writes() {
         .unwrap();
     eprintln!("refused {:?} after the cut: {}", start.elapsed(), refused.trim());
     assert!(refused.contains("Input/output error") || refused.contains("EIO"), "{refused}");
+    // `dafne status` from io2's host (it reaches meta and both io servers)
+    // says io1's server does not serve, and so does its exit status
+    // (scripts and monitors read it). Failed before: the table said "not
+    // serving" and the command exited 0.
+    let o = run(dafne_in(&io2.ns).args(["status", "--dir", p(&io2.dir)]));
+    let status = text(&o);
+    assert!(status.contains("its lease from meta lapsed"), "{status}");
+    assert!(!o.status.success(), "status exited 0 while an io server's lease had lapsed: {status}");
+    assert!(status.contains("1 of 3 servers are not serving"), "{status}");
 
     // Back: io1 serves again once meta answers its heartbeat.
     for (from, to) in cut {
