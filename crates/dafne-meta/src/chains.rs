@@ -17,7 +17,8 @@
 //! (`crate::members`, "Acting on a lapsed lease"): [`mark_offline`] (the
 //! server's replica becomes `offline` and moves to the end of every chain
 //! that holds it) and [`mark_back`] (`offline` → `serving`), each bumping
-//! the row's version by one; the service writes the changed rows in one
+//! the row's version by one, and both at once when an io server's process
+//! was replaced ([`mark_restarted`]); the service writes the changed rows in one
 //! store transaction ([`crate::store::MetaStore::update_chains`]) before
 //! it uses them. A returning replica goes back to `serving` because R = 1
 //! is the only factor a cluster accepts, so it holds the only copy; with
@@ -174,6 +175,22 @@ pub fn mark_back(chains: &[Chain], server: u32) -> Vec<Chain> {
                 .collect(),
         })
         .collect()
+}
+
+/// The rows of `chains` that change when io server `server` heartbeats
+/// from a new process (`crate::members`, "A restart is a return"): the
+/// old process's lapse and the new one's return in one, [`mark_offline`]
+/// then [`mark_back`] (its replica ends `serving` at the end of each of
+/// its chains, version + 2; + 1 where it was `offline` already). The
+/// service writes them in one transaction, so nobody sees the `offline`
+/// between. With R > 1 the return would be `syncing` (not built).
+pub fn mark_restarted(chains: &[Chain], server: u32) -> Vec<Chain> {
+    let off = mark_offline(chains, &[server]);
+    let mut after = chains.to_vec();
+    replace(&mut after, &off);
+    // Every row `off` changed, `mark_back` changes again (the server is
+    // offline in it now); rows it did not, only where already offline.
+    mark_back(&after, server)
 }
 
 /// `chains` with the rows of `changed` in place of theirs.
@@ -358,6 +375,26 @@ mod tests {
         let off = mark_offline(&one, &[0]);
         assert_eq!(states(&off[0]), vec![(0, Offline)]);
         assert_eq!(states(&mark_back(&off, 0)[0]), vec![(0, Serving)]);
+    }
+
+    #[test]
+    fn a_restarted_server_goes_offline_and_back_in_one_change() {
+        use ReplicaState::{Offline, Serving};
+        let mut chains = build(&[0, 1, 2], &[], 2).unwrap();
+        // Serving in chains 0 (second) and 1 (head): both + 2, it at the end.
+        let restarted = mark_restarted(&chains, 1);
+        assert_eq!(restarted.iter().map(|c| (c.id, c.version)).collect::<Vec<_>>(), vec![(0, 3), (1, 3)]);
+        assert_eq!(states(&restarted[1]), vec![(2, Serving), (1, Serving)]);
+        // Offline already in a chain (marked before it came back): + 1 there.
+        let off = mark_offline(&chains, &[1]);
+        replace(&mut chains, &off[..1]);
+        let restarted = mark_restarted(&chains, 1);
+        assert_eq!(restarted.iter().map(|c| (c.id, c.version)).collect::<Vec<_>>(), vec![(0, 3), (1, 3)]);
+        assert!(restarted.iter().all(|c| !c.replicas.iter().any(|r| r.state == Offline)));
+        let one = build(&[0, 1], &[], 1).unwrap();
+        let restarted = mark_restarted(&one, 0);
+        assert_eq!((restarted.len(), restarted[0].version), (1, 3));
+        assert_eq!(states(&restarted[0]), vec![(0, Serving)]);
     }
 
     #[test]

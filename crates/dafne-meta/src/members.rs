@@ -54,6 +54,32 @@
 //! io servers' leases lapsed because of meta, and none served data
 //! meanwhile, so none missed anything.
 //! Data requests do not carry chain versions yet (docs/REPLICATION.md).
+//!
+//! # A restart is a return
+//!
+//! A heartbeat from another instance than the one heard last
+//! ([`Arrival::Restarted`]) comes from a new process, which lost what the
+//! old one held in memory (its cache's unwritten units), however soon it
+//! came: an io server killed and started again within L + margin was
+//! never marked `offline`, so its chains kept their versions as if
+//! nothing had happened. Meta treats it as a lapse and a return in one:
+//! `crate::chains::mark_restarted` marks the replica `offline` and then
+//! `serving` again (each a version bump, so + 2, as a restart that took
+//! longer than L + margin gives), written in one store transaction
+//! before meta answers the heartbeat. At R = 1 the replica is the only
+//! copy, so it comes back `serving`; with R > 1 it would come back
+//! `syncing` until a resync (not built). Meta's table is in memory: a
+//! meta that restarted too does not know the old instance, so a restart
+//! of both within L + margin of each other is not seen.
+//!
+//! # A return meta cannot write
+//!
+//! A heartbeat that changes chains (a return, or a restart) is recorded
+//! ([`Membership::record`]) and answered only once the change is written
+//! to the store; if the write fails meta answers `EIO`, so the io server
+//! holds no lease (it keeps refusing data, as meta's table still has it
+//! `offline`), and the table stays as it was, so the next heartbeat is
+//! seen as the same return (or restart) and tried again.
 
 use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
@@ -85,6 +111,18 @@ struct Entry {
 /// running (`dafne_io::lease`): nothing acts on versions on data
 /// requests yet, so nothing relies on it.
 pub const OFFLINE_MARGIN: Duration = Duration::from_secs(1);
+
+/// What an accepted heartbeat is ([`Membership::check`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arrival {
+    /// The first heard from this id since meta started.
+    Joined,
+    /// From the instance heard last.
+    Again,
+    /// From another instance than the one heard last: the io server
+    /// process was replaced (module docs, "A restart is a return").
+    Restarted,
+}
 
 /// The membership table (module docs).
 #[derive(Debug)]
@@ -159,8 +197,19 @@ impl Membership {
     }
 
     /// Records a heartbeat received at `now` (module docs, "Refused
-    /// heartbeats").
-    pub fn heartbeat(&mut self, hb: &Heartbeat, now: Instant) -> Result<(), Errno> {
+    /// heartbeats"): [`Membership::check`], then [`Membership::record`].
+    pub fn heartbeat(&mut self, hb: &Heartbeat, now: Instant) -> Result<Arrival, Errno> {
+        let arrival = self.check(hb, now)?;
+        self.record(hb, now);
+        Ok(arrival)
+    }
+
+    /// What a heartbeat received at `now` would be, or why it is refused
+    /// (module docs, "Refused heartbeats"; a refusal is logged once per
+    /// (id, address)); records nothing else. The service records it
+    /// ([`Membership::record`]) only once what it must change in the chains
+    /// is written (module docs, "A return meta cannot write").
+    pub fn check(&mut self, hb: &Heartbeat, now: Instant) -> Result<Arrival, Errno> {
         if hb.server >= self.servers {
             if self.first_refusal(hb) {
                 tracing::warn!(
@@ -209,6 +258,17 @@ impl Membership {
             }
             return Err(Errno::EEXIST);
         }
+        Ok(match self.entries.get(&hb.server) {
+            None => Arrival::Joined,
+            Some(e) if e.instance != hb.instance => Arrival::Restarted,
+            Some(_) => Arrival::Again,
+        })
+    }
+
+    /// Records heartbeat `hb`, received at `now`, that [`Membership::check`]
+    /// accepted: the server's last heartbeat, address, host, instance and
+    /// use; a new instance counts a restart.
+    pub fn record(&mut self, hb: &Heartbeat, now: Instant) {
         self.warned.remove(&(hb.server, hb.addr));
         let fresh = Entry {
             last: now,
@@ -239,7 +299,6 @@ impl Membership {
                 *e = Entry { restarts, ..fresh };
             }
         }
-        Ok(())
     }
 
     /// Whether `hb`'s (id, address) refusal is to be logged: the first
@@ -353,10 +412,13 @@ mod tests {
     fn a_new_instance_is_a_restart() {
         let t0 = Instant::now();
         let mut m = Membership::new(1);
-        m.heartbeat(&hb(0, 1, 9001), t0).unwrap();
-        m.heartbeat(&hb(0, 1, 9001), t0).unwrap();
-        m.heartbeat(&hb(0, 2, 9001), t0).unwrap();
-        m.heartbeat(&hb(0, 3, 9001), t0).unwrap();
+        assert_eq!(m.heartbeat(&hb(0, 1, 9001), t0), Ok(Arrival::Joined));
+        assert_eq!(m.heartbeat(&hb(0, 1, 9001), t0), Ok(Arrival::Again));
+        assert_eq!(m.heartbeat(&hb(0, 2, 9001), t0), Ok(Arrival::Restarted));
+        // Checked, not recorded: still a restart when it comes again.
+        assert_eq!(m.check(&hb(0, 3, 9001), t0), Ok(Arrival::Restarted));
+        assert_eq!(m.members(t0)[0].restarts, 1);
+        assert_eq!(m.heartbeat(&hb(0, 3, 9001), t0), Ok(Arrival::Restarted));
         assert_eq!(m.members(t0)[0].restarts, 2);
     }
 

@@ -116,7 +116,7 @@ use crate::changes::ChangeLog;
 use crate::locks::{LockRequest, LockTable, Outcome, Owner};
 use crate::members::Membership;
 use crate::opens::OpenTable;
-use crate::store::{Cred, Job, JobResult, MetaStore};
+use crate::store::{Cred, Job, JobResult, MetaStore, StoreError};
 
 /// Largest number of client requests executed in one commit.
 pub const MAX_BATCH: usize = 256;
@@ -517,22 +517,49 @@ impl MetaService {
                 members.offline(now)
             };
             let changed = crate::chains::mark_offline(&s.chains.borrow(), &down);
-            s.update_chains(changed, "its lease from meta lapsed");
+            // A failed write is logged; the next tick tries again.
+            let _ = s.update_chains(changed, "its lease from meta lapsed");
         }
     }
 
+    /// Heartbeat `hb` received at `now` from io server `hb.server`
+    /// (`crate::members`): refused as the membership table says, else what
+    /// it changes in the chains (a return: `serving` again; a new instance:
+    /// offline and back in one change, "A restart is a return") is written
+    /// first, and only then is the heartbeat recorded and answered with
+    /// the versions of the server's chains, which grants its lease. A
+    /// write that fails answers `EIO` and records nothing ("A return meta
+    /// cannot write"): the io server holds no lease while meta's table
+    /// says it does not serve, and its next heartbeat tries again.
+    pub fn server_heartbeat(&self, hb: &dafne_proto::Heartbeat, now: Instant) -> Result<Response, Errno> {
+        let arrival = self.members.borrow_mut().check(hb, now)?;
+        let (changed, why) = match arrival {
+            crate::members::Arrival::Restarted => (
+                crate::chains::mark_restarted(&self.chains.borrow(), hb.server),
+                "it restarted: a new process, offline and back",
+            ),
+            _ => (crate::chains::mark_back(&self.chains.borrow(), hb.server), "it heartbeats again"),
+        };
+        if self.update_chains(changed, why).is_err() {
+            return Err(Errno::EIO);
+        }
+        self.members.borrow_mut().record(hb, now);
+        Ok(Response::Heartbeat { chains: self.chain_versions(hb.server) })
+    }
+
     /// Writes `changed` rows of the chain table to the store and, once
-    /// written, uses them; logs each at info. A failed write is logged and
-    /// changes nothing: the next tick or heartbeat tries again. The write
+    /// written, uses them; logs each at info. A failed write is logged at
+    /// warn and changes nothing: the caller says what happens then (the
+    /// next tick tries again; a heartbeat is answered `EIO`). The write
     /// runs on the loop thread (an fsync), only when a server's state in
     /// its chains changes.
-    fn update_chains(&self, changed: Vec<dafne_proto::Chain>, why: &str) {
+    fn update_chains(&self, changed: Vec<dafne_proto::Chain>, why: &str) -> Result<(), StoreError> {
         if changed.is_empty() {
-            return;
+            return Ok(());
         }
         if let Err(e) = self.store.update_chains(&changed) {
-            tracing::warn!("writing a chain change ({why}) to the store: {e} (tried again at the next check)");
-            return;
+            tracing::warn!("writing a chain change ({why}) to the store: {e} (tried again)");
+            return Err(e);
         }
         for c in &changed {
             let servers: Vec<String> =
@@ -546,6 +573,7 @@ impl MetaService {
             );
         }
         crate::chains::replace(&mut self.chains.borrow_mut(), &changed);
+        Ok(())
     }
 
     /// The version of each chain that holds io server `server` (the
@@ -678,12 +706,7 @@ impl MetaService {
                 if env.uid != 0 {
                     Err(Errno::EPERM)
                 } else {
-                    let beat = self.members.borrow_mut().heartbeat(&hb, Instant::now());
-                    beat.map(|()| {
-                        let back = crate::chains::mark_back(&self.chains.borrow(), hb.server);
-                        self.update_chains(back, "it heartbeats again");
-                        Response::Heartbeat { chains: self.chain_versions(hb.server) }
-                    })
+                    self.server_heartbeat(&hb, Instant::now())
                 }
             }
             Request::Members => Ok(Response::Members {
@@ -1022,5 +1045,98 @@ impl MetaService {
             Ok(mut results) => results.pop().unwrap_or(Err(Errno::EIO)),
             Err(e) => Err(e),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{LayoutPolicy, RedbStore};
+    use dafne_proto::{Heartbeat, ReplicaState};
+    use std::sync::atomic::Ordering;
+
+    fn hb(server: u32, instance: u64) -> Heartbeat {
+        Heartbeat {
+            server,
+            instance,
+            addr: std::net::SocketAddr::from(([127, 0, 0, 1], 9000 + server as u16)),
+            host: "h".into(),
+            capacity_bytes: 100,
+            used_bytes: 10,
+        }
+    }
+
+    /// A service over a real store of io servers 0 and 1 (R = 1), with
+    /// io-1 marked `offline` in its chain (as a lapse leaves it) if
+    /// `io1_offline`.
+    fn service(dir: &std::path::Path, io1_offline: bool) -> (Arc<RedbStore>, MetaService) {
+        let policy = LayoutPolicy { servers: vec![0, 1], ..LayoutPolicy::default() };
+        let store = Arc::new(RedbStore::open(&dir.join("meta.redb"), policy).unwrap());
+        if io1_offline {
+            store.update_chains(&crate::chains::mark_offline(&store.chains(), &[1])).unwrap();
+        }
+        let secret = dafne_auth::Secret::from_bytes([7; dafne_auth::SECRET_LEN]);
+        let svc = MetaService::new(store.clone(), secret, Duration::from_secs(1), Vec::new(), None).with_io_servers(2);
+        (store, svc)
+    }
+
+    fn io1(svc: &MetaService) -> (u64, ReplicaState) {
+        let c = svc.chains.borrow()[1].clone();
+        (c.version, c.replicas[0].state)
+    }
+
+    fn versions(r: Result<Response, Errno>) -> Result<Vec<(u32, u64)>, Errno> {
+        match r? {
+            Response::Heartbeat { chains } => Ok(chains.iter().map(|c| (c.chain, c.version)).collect()),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// Issue 13 step 2 review: a return meta could not write to its store
+    /// was still answered, granting the io server a lease while meta's
+    /// table kept it `offline`. Now the heartbeat is answered `EIO` and the
+    /// next one, once the store writes, is the return. Failed before:
+    /// `Ok` with the old version.
+    #[test]
+    fn a_return_the_store_cannot_write_is_answered_with_an_error_and_tried_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, svc) = service(dir.path(), true);
+        let now = Instant::now();
+        assert_eq!(io1(&svc), (2, ReplicaState::Offline));
+        store.fail_chain_writes.store(true, Ordering::Relaxed);
+        assert_eq!(versions(svc.server_heartbeat(&hb(1, 5), now)), Err(Errno::EIO));
+        assert_eq!(io1(&svc), (2, ReplicaState::Offline), "nothing changed");
+        assert_eq!(svc.members.borrow().members(now)[1].state, dafne_proto::MemberState::Unknown, "not recorded");
+        // A server whose chains need no write is answered as before.
+        assert_eq!(versions(svc.server_heartbeat(&hb(0, 3), now)), Ok(vec![(0, 1)]));
+        store.fail_chain_writes.store(false, Ordering::Relaxed);
+        assert_eq!(versions(svc.server_heartbeat(&hb(1, 5), now)), Ok(vec![(1, 3)]));
+        assert_eq!(io1(&svc), (3, ReplicaState::Serving));
+        assert_eq!(store.chains()[1], svc.chains.borrow()[1], "written before it was used");
+    }
+
+    /// Issue 13 step 2 review: an io server killed and started again
+    /// within L + margin was never marked offline (its new process lost
+    /// the old one's unwritten cache). A heartbeat from a new instance is
+    /// a return: offline and back in one change (version + 2), written
+    /// before it is answered; and a restart meta cannot write is answered
+    /// `EIO` and seen as a restart again at the next heartbeat. Failed
+    /// before: the new instance was answered with the old version.
+    #[test]
+    fn a_new_instance_of_a_serving_server_is_a_return() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, svc) = service(dir.path(), false);
+        let now = Instant::now();
+        assert_eq!(versions(svc.server_heartbeat(&hb(1, 5), now)), Ok(vec![(1, 1)]));
+        assert_eq!(versions(svc.server_heartbeat(&hb(1, 5), now)), Ok(vec![(1, 1)]), "the same process");
+        store.fail_chain_writes.store(true, Ordering::Relaxed);
+        assert_eq!(versions(svc.server_heartbeat(&hb(1, 6), now)), Err(Errno::EIO));
+        assert_eq!(svc.members.borrow().members(now)[1].restarts, 0, "not recorded");
+        store.fail_chain_writes.store(false, Ordering::Relaxed);
+        assert_eq!(versions(svc.server_heartbeat(&hb(1, 6), now)), Ok(vec![(1, 3)]));
+        assert_eq!(io1(&svc), (3, ReplicaState::Serving));
+        assert_eq!(store.chains()[1].version, 3);
+        assert_eq!(svc.members.borrow().members(now)[1].restarts, 1);
+        assert_eq!(versions(svc.server_heartbeat(&hb(1, 6), now)), Ok(vec![(1, 3)]), "once");
     }
 }

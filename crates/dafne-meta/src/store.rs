@@ -693,6 +693,10 @@ pub struct RedbStore {
     chains: std::sync::Mutex<Vec<dafne_proto::Chain>>,
     /// Write transactions committed (the metrics page).
     commits: std::sync::atomic::AtomicU64,
+    /// Unit tests' fault: [`MetaStore::update_chains`] fails (a store
+    /// write that fails cannot be caused otherwise on an open database).
+    #[cfg(test)]
+    pub(crate) fail_chain_writes: std::sync::atomic::AtomicBool,
     /// Write transactions committed without an fsync (module docs, "Lazy
     /// commits").
     lazy_commits: std::sync::atomic::AtomicU64,
@@ -852,6 +856,8 @@ impl RedbStore {
             log: std::sync::Mutex::new(RevocationLog::new()),
             chains: std::sync::Mutex::new(chains),
             commits: Default::default(),
+            #[cfg(test)]
+            fail_chain_writes: Default::default(),
             lazy_commits: Default::default(),
             lazy_since: Default::default(),
             lazy_log: std::sync::Mutex::new((lazy_log, false)),
@@ -1154,6 +1160,10 @@ impl MetaStore for RedbStore {
     fn update_chains(&self, changed: &[dafne_proto::Chain]) -> Result<(), StoreError> {
         if changed.is_empty() {
             return Ok(());
+        }
+        #[cfg(test)]
+        if self.fail_chain_writes.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(StoreError::Redb("a chain write failed on purpose (unit test)".into()));
         }
         let txn = self.db.begin_write()?;
         {

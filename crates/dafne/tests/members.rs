@@ -70,6 +70,66 @@ fn wait_gauge(dir: &Path, state: &str, want: f64) {
 /// An io server this test started again by hand; killed when dropped.
 struct Restarted(Child);
 
+/// How to start a server process again: its command line and environment.
+struct Again {
+    cmdline: Vec<String>,
+    environ: Vec<String>,
+}
+
+impl Again {
+    /// Process `pid`'s command line and environment (read while it lives).
+    fn of(pid: u64) -> Again {
+        let split = |b: Vec<u8>| -> Vec<String> {
+            b.split(|&x| x == 0).filter(|a| !a.is_empty()).map(|a| String::from_utf8_lossy(a).into_owned()).collect()
+        };
+        Again {
+            cmdline: split(std::fs::read(format!("/proc/{pid}/cmdline")).unwrap()),
+            environ: split(std::fs::read(format!("/proc/{pid}/environ")).unwrap()),
+        }
+    }
+
+    /// Starts it, its output in `log_path`, and waits until it listens.
+    /// CI once saw meta's view stay down for 30 s after such a start, with
+    /// nothing to tell why: the instance is waited for until it listens,
+    /// and its log goes with any failure. While the port was free another
+    /// process of this machine may have taken it (an outgoing connection's
+    /// ephemeral port): that is retried, as it is no fault of the server's.
+    fn start(&self, log_path: &Path) -> Restarted {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let log = std::fs::File::create(log_path).unwrap();
+            let mut child = Command::new(&self.cmdline[0])
+                .args(&self.cmdline[1..])
+                .env_clear()
+                .envs(self.environ.iter().filter_map(|kv| kv.split_once('=')))
+                .stdin(Stdio::null())
+                .stdout(log.try_clone().unwrap())
+                .stderr(log)
+                .spawn()
+                .unwrap();
+            let listening = loop {
+                let text = std::fs::read_to_string(log_path).unwrap_or_default();
+                if text.contains("listening on") {
+                    break None;
+                }
+                if let Some(status) = child.try_wait().unwrap() {
+                    break Some((status, text));
+                }
+                assert!(std::time::Instant::now() < deadline, "the server started again never listened:\n{text}");
+                std::thread::sleep(Duration::from_millis(50));
+            };
+            match listening {
+                None => return Restarted(child),
+                Some((_, text)) if text.contains("in use") && std::time::Instant::now() < deadline => {
+                    eprintln!("the server's port was taken meanwhile; starting it again:\n{text}");
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+                Some((status, text)) => panic!("the server started again exited ({status}):\n{text}"),
+            }
+        }
+    }
+}
+
 impl Drop for Restarted {
     fn drop(&mut self) {
         let _ = self.0.kill();
@@ -92,15 +152,9 @@ fn status_shows_each_io_server_as_meta_sees_it_down_after_a_kill_and_up_again() 
     wait_gauge(c.dir(), "up", 2.0);
 
     // kill -9 io-1 (its command line and environment kept to start it again).
-    let servers: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(c.dir().join("servers.json")).unwrap()).unwrap();
-    let pid = servers.as_array().unwrap().iter().find(|s| s["name"] == "io-1").unwrap()["pid"].as_u64().unwrap();
-    let split = |b: Vec<u8>| -> Vec<String> {
-        b.split(|&x| x == 0).filter(|a| !a.is_empty()).map(|a| String::from_utf8_lossy(a).into_owned()).collect()
-    };
-    let cmdline = split(std::fs::read(format!("/proc/{pid}/cmdline")).unwrap());
-    let environ = split(std::fs::read(format!("/proc/{pid}/environ")).unwrap());
-    assert!(cmdline.iter().any(|a| a == "--meta"), "the supervisor passes --meta: {cmdline:?}");
+    let pid = common::cluster::server_pid(c.dir(), "io-1");
+    let again = Again::of(pid);
+    assert!(again.cmdline.iter().any(|a| a == "--meta"), "the supervisor passes --meta: {:?}", again.cmdline);
     Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap();
     wait_members(c.dir(), &[("up", 0), ("down", 0)]);
     wait_gauge(c.dir(), "down", 1.0);
@@ -109,44 +163,8 @@ fn status_shows_each_io_server_as_meta_sees_it_down_after_a_kill_and_up_again() 
     assert!(table.contains("| io-1 | down |"), "{table}");
 
     // Started again (a new instance on the same address): up, one restart.
-    // CI once saw meta's view stay down for 30 s here, with nothing to
-    // tell why: the instance is now waited for until it listens, and its
-    // log goes with any failure. While the port was free another process
-    // of this machine may have taken it (an outgoing connection's
-    // ephemeral port): that is retried, as it is no fault of the server's.
     let log_path = c.dir().join("io-1-again.log");
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    let _again = loop {
-        let log = std::fs::File::create(&log_path).unwrap();
-        let mut child = Command::new(&cmdline[0])
-            .args(&cmdline[1..])
-            .env_clear()
-            .envs(environ.iter().filter_map(|kv| kv.split_once('=')))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        let listening = loop {
-            let text = std::fs::read_to_string(&log_path).unwrap_or_default();
-            if text.contains("listening on") {
-                break None;
-            }
-            if let Some(status) = child.try_wait().unwrap() {
-                break Some((status, text));
-            }
-            assert!(std::time::Instant::now() < deadline, "io-1 started again never listened:\n{text}");
-            std::thread::sleep(Duration::from_millis(50));
-        };
-        match listening {
-            None => break Restarted(child),
-            Some((_, text)) if text.contains("in use") && std::time::Instant::now() < deadline => {
-                eprintln!("io-1's port was taken meanwhile; starting it again:\n{text}");
-                std::thread::sleep(Duration::from_millis(500));
-            }
-            Some((status, text)) => panic!("io-1 started again exited ({status}):\n{text}"),
-        }
-    };
+    let _again = again.start(&log_path);
     let io1_log = || std::fs::read_to_string(&log_path).unwrap_or_default();
     let back = std::panic::catch_unwind(|| wait_members(c.dir(), &[("up", 0), ("up", 1)]));
     assert!(back.is_ok(), "io-1 started again; its log:\n{}", io1_log());
@@ -377,6 +395,45 @@ fn meta_marks_a_stopped_io_server_offline_in_its_chain_and_serving_when_it_retur
     assert!(table.contains("serving (under a lease from meta)"), "{table}");
     common::wait_for("io-1's chain version gauge", || {
         common::cluster::server_metric(c.dir(), "io-1", "dafne_io_chain_version") == Some((v[1] + 2) as f64)
+    });
+}
+
+/// Issue 13 step 2 review: an io server killed (kill -9) and started
+/// again at once, within L + margin of its last heartbeat, was never
+/// marked offline: meta saw a new instance, counted a restart and changed
+/// no chain, though the new process lost the old one's cache (with R > 1
+/// it must come back `syncing`). A new instance is a return: its chain
+/// goes offline and back in one change, two versions up (what a restart
+/// slower than L + margin gives too, offline at the tick and back at the
+/// heartbeat, so the expected table does not depend on how fast the
+/// start was), and the new process's lease carries that version. Failed
+/// before the change: the chain stayed at its version for the 30 s wait.
+#[test]
+fn an_io_server_restarted_within_its_lease_is_a_return_with_new_versions() {
+    let c = Cluster::start_sized(2, "[cluster]\nrestart = false\n");
+    wait_members(c.dir(), &[("up", 0), ("up", 0)]);
+    let row = |id: u32, version: u64| (id, version, "healthy", vec![format!("io-{id} serving")]);
+    let v = base_versions(&meta_chains(&c).iter().map(|r| (u64::from(r.0), r.1, r.2, ())).collect::<Vec<_>>());
+    assert_eq!(v.len(), 2);
+
+    let pid = common::cluster::server_pid(c.dir(), "io-1");
+    let again = Again::of(pid);
+    Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap();
+    let killed = std::time::Instant::now();
+    let log_path = c.dir().join("io-1-again.log");
+    let _again = again.start(&log_path);
+    // Not asserted (a loaded machine starts it later): whether this run
+    // tried the fast case.
+    eprintln!("io-1 listened again {:.1} s after its kill", killed.elapsed().as_secs_f64());
+    let back = std::panic::catch_unwind(|| wait_chains(&c, &[row(0, v[0]), row(1, v[1] + 2)]));
+    assert!(back.is_ok(), "io-1 started again; its log:\n{}", std::fs::read_to_string(&log_path).unwrap_or_default());
+    wait_members(c.dir(), &[("up", 0), ("up", 1)]);
+    // The new process serves under a lease whose answer carried the new
+    // version (waited for: the heartbeat that made it carried it).
+    common::wait_for("io-1's lease held at its chain's new version", || {
+        let s = status(c.dir(), &[]);
+        let io = &s["io"][1];
+        io["lease"] == "held" && io["chains"][0]["version"].as_u64() == Some(v[1] + 2)
     });
 }
 
