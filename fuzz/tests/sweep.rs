@@ -180,10 +180,11 @@ fn io() {
     let mut bodies: Vec<Vec<u8>> = seeds.iter().map(|s| [&[0x80u8][..], s].concat()).collect();
     bodies.extend(seeds);
     // ServerInfo's answer: the fields, then the chain versions (ids in
-    // order: mutations reach the order check and the count bound).
+    // order: mutations reach the order check and the count bound); the
+    // lease state protocol 18 added (a value, not checked by the decoder).
     let info = dafne_proto::ServerInfo {
         capacity_bytes: 1 << 40,
-        lease: dafne_proto::LEASE_HELD,
+        lease: dafne_proto::LEASE_PENDING,
         chains: vec![
             dafne_proto::ChainVersion { chain: 0, version: 3 },
             dafne_proto::ChainVersion { chain: 2, version: 9 },

@@ -50,6 +50,9 @@
 //! the lease keeps the last ones answered ([`Lease::chains`]) and the
 //! server reports them, with whether the lease holds, in `ServerInfo`
 //! (`dafne status`) and on its metrics page (`dafne_io_chain_version`).
+//! `ServerInfo` tells a lease never granted yet (`pending`: the server
+//! joined and waits for meta's first answer) from one that lapsed
+//! ([`Lease::state`]); both refuse data requests alike.
 //! Nothing checks them on data requests yet (docs/REPLICATION.md).
 //!
 //! Logged once each, not per request: the lapse at warn (by a watcher
@@ -152,6 +155,20 @@ impl Lease {
         self.nanos(now) < self.expiry_ns.load(Ordering::Acquire)
     }
 
+    /// What `ServerInfo` reports of it now: [`dafne_proto::LEASE_HELD`]
+    /// while it holds, [`dafne_proto::LEASE_PENDING`] before the first
+    /// grant (waiting for meta's first answer), [`dafne_proto::LEASE_LAPSED`]
+    /// after one (module docs).
+    pub fn state(&self) -> u64 {
+        if self.held() {
+            dafne_proto::LEASE_HELD
+        } else if self.granted_once.load(Ordering::Acquire) {
+            dafne_proto::LEASE_LAPSED
+        } else {
+            dafne_proto::LEASE_PENDING
+        }
+    }
+
     /// Whether the lease holds now (one atomic load and a clock read).
     pub fn held(&self) -> bool {
         self.held_at(Instant::now())
@@ -201,6 +218,26 @@ mod tests {
         let l = Lease::with_length(L);
         assert!(!l.held());
         assert!(!l.log_if_lapsed(Instant::now()), "nothing lapsed before the first grant");
+    }
+
+    /// Issue 13 step 2 review: `ServerInfo` showed a server that never
+    /// had a lease as `lapsed`. Failed before: no `state` told them apart.
+    #[test]
+    fn the_reported_state_tells_waiting_for_the_first_lease_from_a_lapse() {
+        let l = Lease::with_length(Duration::from_millis(50));
+        assert_eq!(l.state(), dafne_proto::LEASE_PENDING);
+        // An answer too late to hold grants nothing: still waiting.
+        std::thread::sleep(Duration::from_millis(60));
+        l.grant(l.epoch);
+        assert_eq!(l.state(), dafne_proto::LEASE_PENDING);
+        l.grant(Instant::now());
+        assert_eq!(l.state(), dafne_proto::LEASE_HELD);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while l.held() {
+            assert!(Instant::now() < deadline, "a 50 ms lease still held");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(l.state(), dafne_proto::LEASE_LAPSED);
     }
 
     #[test]

@@ -584,8 +584,7 @@ impl IoService {
             checksum_errors: self.store.stats().checksum_errors,
             lease: match &self.lease {
                 None => dafne_proto::LEASE_NONE,
-                Some(l) if l.held() => dafne_proto::LEASE_HELD,
-                Some(_) => dafne_proto::LEASE_LAPSED,
+                Some(l) => l.state(),
             },
             chains: self.lease.as_ref().map(|l| l.chains()).unwrap_or_default(),
         }

@@ -985,7 +985,7 @@ server_info! {
     /// such read answered `EIO`).
     checksum_errors,
     /// The server's lease from meta ([`LEASE_NONE`], [`LEASE_HELD`],
-    /// [`LEASE_LAPSED`]).
+    /// [`LEASE_LAPSED`], [`LEASE_PENDING`]).
     lease,
 }
 
@@ -994,9 +994,13 @@ server_info! {
 pub const LEASE_NONE: u64 = 0;
 /// [`ServerInfo::lease`]: it serves under a lease from meta.
 pub const LEASE_HELD: u64 = 1;
-/// [`ServerInfo::lease`]: its lease lapsed, or was never granted: it
-/// refuses data requests with [`NOT_SERVING`].
+/// [`ServerInfo::lease`]: its lease lapsed: it refuses data requests
+/// with [`NOT_SERVING`].
 pub const LEASE_LAPSED: u64 = 2;
+/// [`ServerInfo::lease`]: it joined meta and waits for its first lease
+/// (meta has not answered a heartbeat yet): it refuses data requests with
+/// [`NOT_SERVING`] (protocol 18; before, shown as [`LEASE_LAPSED`]).
+pub const LEASE_PENDING: u64 = 3;
 
 /// A reply's byte count, at most [`MAX_IO_BYTES`].
 fn get_bytes(r: &mut Reader<'_>, what: &'static str) -> Result<u64, DecodeError> {

@@ -267,8 +267,8 @@ pub use frame::{
 pub use io::{
     decode_io_reply, decode_io_request, encode_io_reply, encode_io_request, AllocateMode, IoExtent, IoOp, IoRequest,
     IoResponse, KeysFollow, ScrubSlice, ServerInfo, Stability, StripeSlots, LEASE_HELD, LEASE_LAPSED, LEASE_NONE,
-    MAX_INLINE, MAX_IO_BYTES, MAX_IO_EXTENTS, MAX_IO_KEYS, MAX_IO_KEY_BYTES, MAX_IO_REPLY_LEN, MAX_IO_REQUEST_LEN,
-    MAX_SCRUB_BAD, NO_KEY,
+    LEASE_PENDING, MAX_INLINE, MAX_IO_BYTES, MAX_IO_EXTENTS, MAX_IO_KEYS, MAX_IO_KEY_BYTES, MAX_IO_REPLY_LEN,
+    MAX_IO_REQUEST_LEN, MAX_SCRUB_BAD, NO_KEY,
 };
 pub use lock::{LockKind, LockRange, OwnerLocks, LOCK_FAIR, LOCK_FLAGS, LOCK_RECLAIM, LOCK_WAIT};
 pub use members::{
@@ -310,8 +310,9 @@ pub use types::{
 /// [`REQUEST_FLAG_GROUPS_OMITTED`]. 17: the `ServerHeartbeat` answer
 /// carries the versions of the sender's chains (`Heartbeat`, kind 18), and
 /// the io op `ServerInfo`'s answer the lease state and chain versions the
-/// io server holds.
-pub const PROTO_VERSION: u16 = 17;
+/// io server holds. 18: `ServerInfo`'s lease state [`LEASE_PENDING`] (an
+/// io server waiting for its first lease, before shown as lapsed).
+pub const PROTO_VERSION: u16 = 18;
 
 /// Request header `flags`: the body starts with the caller's supplementary
 /// groups, `n u8` (1..=[`MAX_GROUPS`]) and `n × u32`. Bits other than this

@@ -1051,8 +1051,10 @@ struct IoStatus {
     info: Option<std::collections::BTreeMap<&'static str, u64>>,
     /// The server's own view of its lease from meta (from its
     /// `ServerInfo`): `held` (it serves data), `lapsed` (it refuses data
-    /// requests until meta answers its heartbeat again) or `none` (it runs
-    /// without meta); `None` when it did not answer.
+    /// requests until meta answers its heartbeat again), `pending` (it
+    /// joined meta and refuses data requests until meta answers its first
+    /// heartbeat) or `none` (it runs without meta); `None` when it did not
+    /// answer.
     lease: Option<&'static str>,
     /// The version of each of its chains in meta's last answer to its
     /// heartbeat (from its `ServerInfo`).
@@ -1070,8 +1072,16 @@ fn lease_name(lease: u64) -> &'static str {
     match lease {
         dafne_proto::LEASE_NONE => "none",
         dafne_proto::LEASE_HELD => "held",
+        dafne_proto::LEASE_PENDING => "pending",
         _ => "lapsed",
     }
+}
+
+/// Whether an io server serves data, as its own answer says: it answered,
+/// and holds a lease from meta or needs none (`dafne status` exits
+/// non-zero otherwise).
+fn io_serves(s: &IoStatus) -> bool {
+    s.error.is_none() && matches!(s.lease, Some("held" | "none"))
 }
 
 /// How long `status --metrics` waits for each server's page.
@@ -1232,9 +1242,8 @@ pub fn status(a: StatusArgs) -> Result<()> {
     // Scripts and monitors read the exit status: non-zero when a server
     // does not serve (the report above says which and why): one that does
     // not answer, or an io server that answers but refuses data requests
-    // because its lease from meta lapsed.
-    let failing = usize::from(report.meta.reachable.is_some())
-        + report.io.iter().filter(|s| s.error.is_some() || s.lease == Some("lapsed")).count();
+    // because its lease from meta lapsed or was not granted yet.
+    let failing = usize::from(report.meta.reachable.is_some()) + report.io.iter().filter(|s| !io_serves(s)).count();
     if failing > 0 && refused == failing {
         let what = if login.key.credential().is_some() { "credential" } else { "secret file" };
         bail!(
@@ -1302,6 +1311,9 @@ fn print_status(r: &StatusReport) {
                  heartbeat)"
                     .to_string()
             }
+            (None, Some("pending")) => "not serving: waiting for its first lease from meta (it refuses data \
+                                        requests until meta answers its heartbeat)"
+                .to_string(),
             (None, _) => "serving".to_string(),
         };
         println!("| io-{i} | {} | {} | {} | {} |", s.addr, st(&s.server), state, metrics(&s.metrics));
@@ -1378,5 +1390,33 @@ fn print_status(r: &StatusReport) {
         for m in &r.mounts {
             println!("mounted on {}", m.display());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 13 step 2 review: an io server waiting for its first lease
+    /// showed `lapsed`; it shows `pending`, and counts as not serving (a
+    /// non-zero exit) as a lapsed one does.
+    #[test]
+    fn an_io_server_waiting_for_its_first_lease_is_pending_and_not_serving() {
+        let io = |lease: u64, error: Option<&str>| IoStatus {
+            server: None,
+            addr: "127.0.0.1:1".parse().unwrap(),
+            metrics: None,
+            error: error.map(str::to_string),
+            info: None,
+            lease: error.is_none().then(|| lease_name(lease)),
+            chains: Vec::new(),
+        };
+        assert_eq!(lease_name(dafne_proto::LEASE_PENDING), "pending");
+        assert_eq!(lease_name(dafne_proto::LEASE_LAPSED), "lapsed");
+        assert!(!io_serves(&io(dafne_proto::LEASE_PENDING, None)));
+        assert!(!io_serves(&io(dafne_proto::LEASE_LAPSED, None)));
+        assert!(!io_serves(&io(dafne_proto::LEASE_HELD, Some("refused"))));
+        assert!(io_serves(&io(dafne_proto::LEASE_HELD, None)));
+        assert!(io_serves(&io(dafne_proto::LEASE_NONE, None)));
     }
 }

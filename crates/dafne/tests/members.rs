@@ -437,6 +437,41 @@ fn an_io_server_restarted_within_its_lease_is_a_return_with_new_versions() {
     });
 }
 
+/// Issue 13 step 2 review: an io server that joined meta but never had a
+/// heartbeat answered showed `lapsed`, as one whose lease ran out. With
+/// meta stopped (SIGSTOP), io-0's lease lapses, and io-1, killed and
+/// started again, waits for its first lease: `dafne status` shows them
+/// apart (`lapsed`, `pending`: "waiting for its first lease from meta")
+/// and exits non-zero; once meta runs again io-1 gets its lease. Failed
+/// before: io-1 showed `lapsed`.
+#[test]
+fn status_tells_an_io_server_waiting_for_its_first_lease_from_a_lapsed_one() {
+    use common::cluster::{server_pid, Stopped};
+    let c = Cluster::start_sized(2, "[cluster]\nrestart = false\n");
+    wait_members(c.dir(), &[("up", 0), ("up", 0)]);
+    let pid = server_pid(c.dir(), "io-1");
+    let again = Again::of(pid);
+    let meta = Stopped::stop(server_pid(c.dir(), "meta"));
+    Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap();
+    // It listens once it waited 10 s for a lease meta does not answer.
+    let _again = again.start(&c.dir().join("io-1-again.log"));
+    let leases = |s: &serde_json::Value| [s["io"][0]["lease"].clone(), s["io"][1]["lease"].clone()];
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let mut s = status(c.dir(), &[]);
+    while leases(&s) != ["lapsed", "pending"] {
+        assert!(std::time::Instant::now() < deadline, "the io servers' leases stayed {:?}: {s}", leases(&s));
+        std::thread::sleep(Duration::from_millis(200));
+        s = status(c.dir(), &[]);
+    }
+    let o = dafne().args(["status", "--dir", p(c.dir())]).output().unwrap();
+    let table = text(&o);
+    assert!(!o.status.success(), "{table}");
+    assert!(table.contains("not serving: waiting for its first lease from meta"), "{table}");
+    assert!(table.contains("not serving: its lease from meta lapsed"), "{table}");
+    meta.resume();
+    common::wait_for("io-1's first lease", || status(c.dir(), &[])["io"][1]["lease"] == "held");
+}
+
 /// A meta that was itself stopped (SIGSTOP for L + margin + 2 s) heard no
 /// heartbeat while it was: the io servers' leases lapsed because of meta,
 /// not of them, and none missed anything (nobody served data). It must not
