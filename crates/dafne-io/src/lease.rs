@@ -193,17 +193,16 @@ impl Lease {
     }
 
     /// Starts the thread that logs a lapse when it happens (the heartbeat
-    /// thread may be waiting for an answer then); it ends when `stop` is
-    /// raised.
-    pub fn watch(self: &Arc<Self>, stop: Arc<AtomicBool>) -> std::io::Result<()> {
+    /// thread may be waiting for an answer then); it ends within 100 ms of
+    /// `stop` being raised.
+    pub fn watch(self: &Arc<Self>, stop: Arc<AtomicBool>) -> std::io::Result<std::thread::JoinHandle<()>> {
         let lease = self.clone();
         std::thread::Builder::new().name("lease".into()).spawn(move || {
             while !stop.load(Ordering::Relaxed) {
                 lease.log_if_lapsed(Instant::now());
                 std::thread::sleep(Duration::from_millis(100));
             }
-        })?;
-        Ok(())
+        })
     }
 }
 
