@@ -4,7 +4,9 @@
 //! * **direct** (the goal): chunk files are opened a second time with
 //!   `O_DIRECT`, and aligned reads and writes go through an io_uring
 //!   ([`dafne_uring::Ring`]) straight between the device and the caller's
-//!   buffer: the Unifier's units are then the only cached copy of the data
+//!   buffer (a batch of one read is one `pread(2)` on the `O_DIRECT`
+//!   descriptor instead: the ring's call would block as long, and on
+//!   tmpfs the ring hands each read to a worker thread and back): the Unifier's units are then the only cached copy of the data
 //!   (no page-cache copy doubling memory, no second memcpy).
 //! * **buffered**: positioned `pread`/`pwrite` through the page cache.
 //!
@@ -424,6 +426,17 @@ const LOGGED_WINDOW: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// Bad blocks logged one by one; past that, only counted.
 const LOGGED_BAD_BLOCKS: usize = 1024;
+
+/// One `pread(2)` of `buf` at `offset` (retried when a signal interrupts
+/// it before any byte moved): what a ring of one read does, on this thread.
+fn pread_once(fd: std::os::fd::BorrowedFd<'_>, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        match rustix::io::pread(fd, &mut *buf, offset) {
+            Err(rustix::io::Errno::INTR) => continue,
+            r => return r.map_err(io::Error::from),
+        }
+    }
+}
 
 fn aligned(x: u64) -> bool {
     x.is_multiple_of(DIRECT_ALIGN as u64)
@@ -1249,7 +1262,14 @@ impl ChunkStore {
                 }
             }
             if !ops.is_empty() {
-                let out = ring.borrow_mut().run(&mut ops);
+                // One read gains nothing from the ring (its call waits for
+                // every completion anyway) and, where the file system cannot
+                // read without blocking (tmpfs), costs the kernel's hand-off
+                // to an io_uring worker thread and back: read it in place.
+                let out = match ops.as_mut_slice() {
+                    [Op::Read { fd, offset, buf }] => vec![pread_once(*fd, *offset, buf)],
+                    _ => ring.borrow_mut().run(&mut ops),
+                };
                 drop(ops);
                 for (&i, r) in idx.iter().zip(out) {
                     if let Ok(n) = &r {
