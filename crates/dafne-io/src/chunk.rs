@@ -6,8 +6,9 @@
 //!   ([`dafne_uring::Ring`]) straight between the device and the caller's
 //!   buffer (a batch of one read is one `pread(2)` on the `O_DIRECT`
 //!   descriptor instead: the ring's call would block as long, and on
-//!   tmpfs the ring hands each read to a worker thread and back): the Unifier's units are then the only cached copy of the data
-//!   (no page-cache copy doubling memory, no second memcpy).
+//!   tmpfs the ring hands each read to a worker thread and back): the
+//!   Unifier's units are then the only cached copy of the data (no
+//!   page-cache copy doubling memory, no second memcpy).
 //! * **buffered**: positioned `pread`/`pwrite` through the page cache.
 //!
 //! Which one a server uses is decided once per data directory at start
@@ -280,7 +281,9 @@ impl AlignedBuf {
 pub struct StorageStats {
     /// The direct path is in use (else buffered).
     pub direct: bool,
-    /// Reads and writes through the ring on O_DIRECT files.
+    /// Reads and writes on O_DIRECT files: through the ring, except a
+    /// batch of one read (`read_batch`), one `pread` (so `ring_enters` may
+    /// be fewer than these).
     pub direct_ops: u64,
     pub direct_bytes: u64,
     /// Reads and writes with pread/pwrite (all of them on the buffered path;
@@ -950,9 +953,10 @@ impl Storage for ChunkStore {
     }
 
     /// On the direct path, the aligned reads of the batch (unit fills) go
-    /// to the ring in one submission; the rest, and the completion of any
-    /// short read that is not at the end of the file, go through `read_at`.
-    /// Every block read is verified against its checksum.
+    /// to the ring in one submission, or, if there is only one, to one
+    /// `pread` on the `O_DIRECT` descriptor; the rest, and the completion
+    /// of any short read that is not at the end of the file, go through
+    /// `read_at`. Every block read is verified against its checksum.
     fn read_batch(&self, reads: &mut [BatchRead<'_>]) -> Vec<io::Result<usize>> {
         let mut results = self.read_batch_raw(reads);
         for (r, res) in reads.iter().zip(results.iter_mut()) {
@@ -1698,7 +1702,8 @@ mod tests {
             read(8192, 4096).unwrap();
             let bad = s.check_range(9, 0, u64::MAX, true).unwrap();
             assert_eq!(bad, [BadBlock { object: 9, offset: 4096 }]);
-            // A batch (the direct path's one submission) too.
+            // A batch of one too (on the direct path, one `pread` on the
+            // O_DIRECT descriptor, not the ring).
             let mut unit = AlignedBuf::new(8192);
             let res = s.read_batch(&mut [BatchRead { object: 9, offset: 0, buf: unit.as_mut_slice() }]);
             assert!(res[0].is_err());
