@@ -241,4 +241,15 @@ fn a_batch_of_one_unit_fill_is_read_without_the_ring() {
     assert!(b.as_slice()[..1000] == data.as_slice()[unit..]);
     assert_eq!(s.stats().ring_enters, enters, "a read of one unit went through the ring");
     assert_eq!(s.stats().direct_ops - ops, 2, "each read counts as a direct operation");
+    // Past the end of the file: nothing. Then a hole of a sparse file
+    // (written after it): zeros, the buffer's old bytes overwritten.
+    let r = s.read_batch(&mut [BatchRead { object: 9, offset: 2 * unit as u64, buf: b.as_mut_slice() }]);
+    assert_eq!(*r[0].as_ref().unwrap(), 0, "past the end of the file");
+    s.write_at(9, 3 * unit as u64, &data.as_slice()[..DIRECT_ALIGN]).unwrap();
+    let enters = s.stats().ring_enters; // the write's
+    b.as_mut_slice().fill(0xEE);
+    let r = s.read_batch(&mut [BatchRead { object: 9, offset: 2 * unit as u64, buf: b.as_mut_slice() }]);
+    assert_eq!(*r[0].as_ref().unwrap(), unit, "a hole reads in full");
+    assert!(b.as_slice().iter().all(|&x| x == 0), "a hole reads as zeros");
+    assert_eq!(s.stats().ring_enters, enters, "a read of one unit went through the ring");
 }
