@@ -4,8 +4,11 @@
 //! * **direct** (the goal): chunk files are opened a second time with
 //!   `O_DIRECT`, and aligned reads and writes go through an io_uring
 //!   ([`dafne_uring::Ring`]) straight between the device and the caller's
-//!   buffer: the Unifier's units are then the only cached copy of the data
-//!   (no page-cache copy doubling memory, no second memcpy).
+//!   buffer (a batch of one read is one `pread(2)` on the `O_DIRECT`
+//!   descriptor instead: the ring's call would block as long, and on
+//!   tmpfs the ring hands each read to a worker thread and back): the
+//!   Unifier's units are then the only cached copy of the data (no
+//!   page-cache copy doubling memory, no second memcpy).
 //! * **buffered**: positioned `pread`/`pwrite` through the page cache.
 //!
 //! Which one a server uses is decided once per data directory at start
@@ -278,7 +281,9 @@ impl AlignedBuf {
 pub struct StorageStats {
     /// The direct path is in use (else buffered).
     pub direct: bool,
-    /// Reads and writes through the ring on O_DIRECT files.
+    /// Reads and writes on O_DIRECT files: through the ring, except a
+    /// batch of one read (`read_batch`), one `pread` (so `ring_enters` may
+    /// be fewer than these).
     pub direct_ops: u64,
     pub direct_bytes: u64,
     /// Reads and writes with pread/pwrite (all of them on the buffered path;
@@ -424,6 +429,17 @@ const LOGGED_WINDOW: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// Bad blocks logged one by one; past that, only counted.
 const LOGGED_BAD_BLOCKS: usize = 1024;
+
+/// One `pread(2)` of `buf` at `offset` (retried when a signal interrupts
+/// it before any byte moved): what a ring of one read does, on this thread.
+fn pread_once(fd: std::os::fd::BorrowedFd<'_>, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        match rustix::io::pread(fd, &mut *buf, offset) {
+            Err(rustix::io::Errno::INTR) => continue,
+            r => return r.map_err(io::Error::from),
+        }
+    }
+}
 
 fn aligned(x: u64) -> bool {
     x.is_multiple_of(DIRECT_ALIGN as u64)
@@ -937,9 +953,10 @@ impl Storage for ChunkStore {
     }
 
     /// On the direct path, the aligned reads of the batch (unit fills) go
-    /// to the ring in one submission; the rest, and the completion of any
-    /// short read that is not at the end of the file, go through `read_at`.
-    /// Every block read is verified against its checksum.
+    /// to the ring in one submission, or, if there is only one, to one
+    /// `pread` on the `O_DIRECT` descriptor; the rest, and the completion
+    /// of any short read that is not at the end of the file, go through
+    /// `read_at`. Every block read is verified against its checksum.
     fn read_batch(&self, reads: &mut [BatchRead<'_>]) -> Vec<io::Result<usize>> {
         let mut results = self.read_batch_raw(reads);
         for (r, res) in reads.iter().zip(results.iter_mut()) {
@@ -1249,7 +1266,14 @@ impl ChunkStore {
                 }
             }
             if !ops.is_empty() {
-                let out = ring.borrow_mut().run(&mut ops);
+                // One read gains nothing from the ring (its call waits for
+                // every completion anyway) and, where the file system cannot
+                // read without blocking (tmpfs), costs the kernel's hand-off
+                // to an io_uring worker thread and back: read it in place.
+                let out = match ops.as_mut_slice() {
+                    [Op::Read { fd, offset, buf }] => vec![pread_once(*fd, *offset, buf)],
+                    _ => ring.borrow_mut().run(&mut ops),
+                };
                 drop(ops);
                 for (&i, r) in idx.iter().zip(out) {
                     if let Ok(n) = &r {
@@ -1678,7 +1702,8 @@ mod tests {
             read(8192, 4096).unwrap();
             let bad = s.check_range(9, 0, u64::MAX, true).unwrap();
             assert_eq!(bad, [BadBlock { object: 9, offset: 4096 }]);
-            // A batch (the direct path's one submission) too.
+            // A batch of one too (on the direct path, one `pread` on the
+            // O_DIRECT descriptor, not the ring).
             let mut unit = AlignedBuf::new(8192);
             let res = s.read_batch(&mut [BatchRead { object: 9, offset: 0, buf: unit.as_mut_slice() }]);
             assert!(res[0].is_err());

@@ -215,3 +215,41 @@ fn a_batch_of_unit_fills_is_one_ring_submission_with_holes_and_the_end_of_file()
     let r = s.read_batch(&mut [BatchRead { object: 10, offset: 0, buf: b.as_mut_slice() }]);
     assert_eq!(*r[0].as_ref().unwrap(), 0);
 }
+
+/// A batch of one read (a random read's unit fill) is read in place, not
+/// through the ring: the ring's call waits for it anyway, and on a file
+/// system that cannot read without blocking (tmpfs) the ring hands each
+/// read to an io_uring worker thread and back (docs/BENCHMARKS.md, "Random
+/// 4 KiB reads through the mount, profiled"). The bytes, the short count
+/// at the end of the file, and the direct path's counters are as through
+/// the ring.
+#[test]
+fn a_batch_of_one_unit_fill_is_read_without_the_ring() {
+    let d = disk_dir();
+    let Some(s) = direct_store(d.path()) else { return };
+    let unit = 64usize << 10;
+    let mut data = AlignedBuf::new(unit + 1000);
+    data.as_mut_slice().iter_mut().enumerate().for_each(|(i, b)| *b = (i % 253) as u8 + 1);
+    s.write_at(9, 0, data.as_slice()).unwrap();
+    let (enters, ops) = (s.stats().ring_enters, s.stats().direct_ops);
+    let mut b = AlignedBuf::new(unit);
+    let r = s.read_batch(&mut [BatchRead { object: 9, offset: 0, buf: b.as_mut_slice() }]);
+    assert_eq!(*r[0].as_ref().unwrap(), unit);
+    assert!(b.as_slice() == &data.as_slice()[..unit]);
+    let r = s.read_batch(&mut [BatchRead { object: 9, offset: unit as u64, buf: b.as_mut_slice() }]);
+    assert_eq!(*r[0].as_ref().unwrap(), 1000, "the end of the file");
+    assert!(b.as_slice()[..1000] == data.as_slice()[unit..]);
+    assert_eq!(s.stats().ring_enters, enters, "a read of one unit went through the ring");
+    assert_eq!(s.stats().direct_ops - ops, 2, "each read counts as a direct operation");
+    // Past the end of the file: nothing. Then a hole of a sparse file
+    // (written after it): zeros, the buffer's old bytes overwritten.
+    let r = s.read_batch(&mut [BatchRead { object: 9, offset: 2 * unit as u64, buf: b.as_mut_slice() }]);
+    assert_eq!(*r[0].as_ref().unwrap(), 0, "past the end of the file");
+    s.write_at(9, 3 * unit as u64, &data.as_slice()[..DIRECT_ALIGN]).unwrap();
+    let enters = s.stats().ring_enters; // the write's
+    b.as_mut_slice().fill(0xEE);
+    let r = s.read_batch(&mut [BatchRead { object: 9, offset: 2 * unit as u64, buf: b.as_mut_slice() }]);
+    assert_eq!(*r[0].as_ref().unwrap(), unit, "a hole reads in full");
+    assert!(b.as_slice().iter().all(|&x| x == 0), "a hole reads as zeros");
+    assert_eq!(s.stats().ring_enters, enters, "a read of one unit went through the ring");
+}
