@@ -50,7 +50,9 @@
 //! the lease keeps the last ones answered ([`Lease::chains`]) and the
 //! server reports them, with whether the lease holds, in `ServerInfo`
 //! (`dafne status`) and on its metrics page (`dafne_io_chain_version`).
-//! Nothing checks them on data requests yet (docs/REPLICATION.md).
+//! Data requests are checked against them ([`crate::chaincheck`]). They
+//! are kept before the lease is extended, so a request admitted under
+//! the new lease is checked against the new versions.
 //!
 //! Logged once each, not per request: the lapse at warn (by a watcher
 //! thread, so it shows even with no request coming) and the lease granted
@@ -123,6 +125,14 @@ impl Lease {
     /// The chain versions of meta's last answer (empty before the first).
     pub fn chains(&self) -> Vec<ChainVersion> {
         self.chains.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The version of `chain` in meta's last answer; `None` when it did
+    /// not name it (this server holds no replica of it): what a data
+    /// request's chain is checked against ([`crate::chaincheck`]).
+    pub fn chain_version(&self, chain: u32) -> Option<u64> {
+        let chains = self.chains.lock().unwrap_or_else(|p| p.into_inner());
+        chains.binary_search_by_key(&chain, |c| c.chain).ok().map(|i| chains[i].version)
     }
 
     fn nanos(&self, t: Instant) -> u64 {
