@@ -2,9 +2,10 @@
 //! servers' RMA against memory this client registers for each request.
 //!
 //! A file range is cut at stripe-unit boundaries; the piece at file offset
-//! `o` lives on `layout.servers[(o / stripe_unit) % stripe_count]`, stored
-//! there at the same file offset. Each server gets one request listing its
-//! extents; all servers are asked at once. Small I/O (≤ [`INLINE_MAX`] per
+//! `o` lives on chain `layout.servers[(o / stripe_unit) % stripe_count]`
+//! (below, "Chains"), stored on its io servers at the same file offset.
+//! Each chain's head gets one request listing its extents; all are asked
+//! at once. Small I/O (≤ [`INLINE_MAX`] per
 //! server request) travels inline in the request or reply instead.
 //!
 //! Memory: [`DataClient::read_region`] / [`DataClient::write_region`] (and
@@ -126,6 +127,40 @@
 //! repeated after a network cut (not a crash) may still meet the first
 //! try's late RMA into the same memory, with the bytes of the same range
 //! as the server read them then.
+//!
+//! # Chains
+//! A layout's server indices name chains of meta's chain table
+//! (docs/REPLICATION.md, "Chains"; `dafne_proto::io`, "Chains"): a
+//! chain's requests go to its head, the first `serving` replica of the
+//! table (R = 1: chain `c` is io server `c`, the placement of before).
+//! A data client attached to a meta session ([`DataClient::attach_meta`])
+//! fetches the table (`Members`) at its first data request and keeps it;
+//! each `Read`, `Write`, `Truncate`, `Sync`, `Stat` and `Allocate` carries
+//! its chain's version from it. When the io server refuses that version:
+//! - stale (the server's is newer: meta changed the chain since the
+//!   fetch), the client fetches the table again, unless another request
+//!   did meanwhile, and sends the request again at once;
+//! - ahead (the server has not heard meta's newest version yet: it will
+//!   within its next heartbeat, a second), it sends it again after
+//!   `link::RETRY_EVERY`;
+//! - not a replica (the table named the wrong server), it waits that long,
+//!   fetches the table again and sends it again.
+//! These repeats run until the retry deadline, as those after a lost
+//! connection, then the request fails with `EIO`; no error reaches the
+//! caller before. A refused request had no effect, so every request is
+//! sent again this way except one whose keys follow (it gets the refusal,
+//! `dafne_proto::io::CHAIN_REFUSED`, and is sent again with its key
+//! carried, as after `NOT_SERVING`). A chain with no serving replica
+//! sends to its first replica, which refuses unless it serves without
+//! meta (its lease lapsed before meta marked it offline, so the wait is
+//! the `NOT_SERVING` one below; once it is back its version is newer:
+//! stale). Fetches after the first are counted
+//! ([`DataClient::chain_refetches`]). The write verifier keeps its record
+//! by chain, as the layout names it. A data client without a meta session
+//! (tools, tests against a lone io server), or whose meta keeps no chain
+//! table, sends chain `c`'s requests to io server `c` with no version,
+//! and the servers check nothing of them. `Remove`, `ServerInfo`,
+//! `Revoke` and `Scrub` address an io server, not a chain.
 //!
 //! # Revoked capabilities
 //! An io server answers `ESTALE` to a capability that meta revoked (a

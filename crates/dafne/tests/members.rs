@@ -879,3 +879,159 @@ fn a_request_to_a_server_that_stays_stopped_fails_with_eio_after_the_retry_deadl
     }
     assert!(data.repeats_after_loss() > 0, "the write did not meet a lost connection");
 }
+
+/// Data requests refused for their chain version by io server `server`
+/// (`io-N`), for `reason` (`stale`, `ahead`, `not_replica`), from its
+/// metrics page (rendered at most once a second: callers wait on it).
+fn chain_refusals(dir: &Path, server: &str, reason: &str) -> f64 {
+    let info: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("cluster.json")).unwrap()).unwrap();
+    let addr: std::net::SocketAddr = info["metrics"]
+        .as_array()
+        .and_then(|m| m.iter().find(|e| e["server"] == server))
+        .and_then(|e| e["addr"].as_str())
+        .unwrap()
+        .parse()
+        .unwrap();
+    let page = dafne_metrics::http::fetch(addr, Duration::from_secs(5)).expect("a metrics page");
+    let families = dafne_metrics::parse::parse(&page).expect("a well-formed page");
+    families
+        .iter()
+        .find(|f| f.name == "dafne_io_chain_refusals_total")
+        .and_then(|f| f.samples.iter().find(|s| s.label("reason") == Some(reason)))
+        .map(|s| s.value)
+        .unwrap_or_else(|| panic!("{server}'s page has no chain refusals for {reason}"))
+}
+
+/// Issue 13, step 3 (docs/REPLICATION.md): data requests carry their
+/// chain's version and the io server checks it. A client that opened a
+/// file and wrote it fetched the chain table then; io-1 is stopped past
+/// its lease (SIGSTOP), so meta marks it offline (version + 1), and
+/// resumed, so meta marks it serving again (version + 2) and tells io-1
+/// in its heartbeat's answer. The client, whose table still says the
+/// version of before, keeps writing and reading the file with no error:
+/// io-1 refuses its first request as stale, the client fetches the table
+/// again and sends it again with the new version, and the data verifies.
+/// Failed with the server's check removed (the refusal counter stayed 0).
+#[test]
+fn a_client_rides_over_its_chains_version_changes_with_no_error() {
+    use common::cluster::{server_metric, server_pid, Stopped};
+    use dafne_proto::io::Stability;
+    let c = Cluster::start_sized(2, "");
+    wait_members(c.dir(), &[("up", 0), ("up", 0)]);
+    common::wait_for("io-1 serving", || server_metric(c.dir(), "io-1", "dafne_io_serving") == Some(1.0));
+    let (_rt, data, fs) = native_client(&c, "chain-versions");
+    let f = fs.create(fs.meta.root(), b"versioned", 0o644, None).unwrap();
+    let h = f.handle().clone();
+    let unit = h.layout.stripe_unit as usize;
+    let width = h.layout.stripe_count as usize;
+    assert!(h.layout.servers.contains(&1), "the file has a stripe on io-1: {:?}", h.layout);
+    let len = width * unit + unit / 2;
+    f.write_at(0, &common::pattern(len, 1), Stability::FileSync).unwrap();
+    let read = || {
+        let mut b = vec![0u8; len];
+        let got = futures::executor::block_on(data.read_at(&h, 0, &mut b)).unwrap();
+        b.truncate(got);
+        b
+    };
+    assert!(read() == common::pattern(len, 1));
+    // The table the client fetched for those requests.
+    let table = data.chains().expect("the client fetched the chain table");
+    let v1 = table.iter().find(|c| c.id == 1).expect("chain 1 in the client's table").version;
+    let refused_before = chain_refusals(c.dir(), "io-1", "stale");
+    let refetched_before = data.chain_refetches();
+
+    let stopped = Stopped::stop(server_pid(c.dir(), "io-1"));
+    let row = |id: u32, version: u64, health: &'static str, state: &str| {
+        (id, version, health, vec![format!("io-{id} {state}")])
+    };
+    let v0 = table.iter().find(|c| c.id == 0).unwrap().version;
+    wait_chains(&c, &[row(0, v0, "healthy", "serving"), row(1, v1 + 1, "unavailable", "offline")]);
+    stopped.resume();
+    wait_chains(&c, &[row(0, v0, "healthy", "serving"), row(1, v1 + 2, "healthy", "serving")]);
+    common::wait_for("io-1 hearing its chain's new version", || {
+        server_metric(c.dir(), "io-1", "dafne_io_chain_version") == Some((v1 + 2) as f64)
+    });
+    assert_eq!(
+        data.chains().unwrap().iter().find(|c| c.id == 1).unwrap().version,
+        v1,
+        "the client's table is the one of before the bumps"
+    );
+
+    // Write the whole file again and read it: no error reaches us.
+    f.write_at(0, &common::pattern(len, 2), Stability::FileSync).unwrap();
+    assert!(read() == common::pattern(len, 2), "the data written after the version changes");
+    f.fsync().unwrap();
+    assert_eq!(data.chains().unwrap().iter().find(|c| c.id == 1).unwrap().version, v1 + 2, "the table fetched again");
+    assert!(data.chain_refetches() > refetched_before, "the client fetched the table again");
+    let mut refused = 0.0;
+    common::wait_for("io-1 counting its stale refusal", || {
+        refused = chain_refusals(c.dir(), "io-1", "stale");
+        refused > refused_before
+    });
+    f.close().unwrap();
+}
+
+/// Issue 13, step 3: the io server refuses a request whose chain version
+/// is not its own before it has any effect, and says why with its own
+/// version: an older version is stale, a newer one ahead (the server has
+/// not heard it: the client sends again after a pause), and a chain the
+/// server holds no replica of is refused too. A write sent so leaves the
+/// file as it was; the same write with the server's version lands.
+#[test]
+fn a_request_with_another_chain_version_is_refused_before_any_effect() {
+    use common::cluster::server_metric;
+    use dafne_proto::io::{ChainRefusal, ChainRefusalReason, IoExtent, IoRequest, IoResponse, Stability};
+    use dafne_proto::ChainVersion;
+    let c = Cluster::start_sized(2, "");
+    wait_members(c.dir(), &[("up", 0), ("up", 0)]);
+    common::wait_for("io-0 serving", || server_metric(c.dir(), "io-0", "dafne_io_serving") == Some(1.0));
+    let (_rt, data, fs) = native_client(&c, "chain-check");
+    let f = fs.create(fs.meta.root(), b"checked", 0o644, None).unwrap();
+    let h = f.handle().clone();
+    let n = 4096usize;
+    f.write_at(0, &common::pattern(n, 1), Stability::FileSync).unwrap();
+    let read = || {
+        let mut b = vec![0u8; n];
+        let got = futures::executor::block_on(data.read_at(&h, 0, &mut b)).unwrap();
+        b.truncate(got);
+        b
+    };
+    // The first stripe's chain, its version, and its head (R = 1: the io
+    // server of the same id).
+    let chain = h.layout.servers[0];
+    let server = chain as usize;
+    let other = (chain + 1) % 2;
+    let table = data.chains().expect("the client fetched the chain table");
+    let v = table.iter().find(|c| c.id == chain).unwrap().version;
+    common::wait_for("the io server holding the table's version", || {
+        server_metric(c.dir(), &format!("io-{server}"), "dafne_io_chain_version") == Some(v as f64)
+    });
+    let write = |seed: u64| IoRequest::Write {
+        cap: h.cap,
+        keys: Vec::new(),
+        extents: vec![IoExtent::inline(0, n as u32)],
+        stability: Stability::FileSync,
+        inline: common::pattern(n, seed),
+        keys_follow: None,
+    };
+    let send = |cv: ChainVersion, seed: u64| {
+        futures::executor::block_on(data.raw_request_on_chain(server, Some(cv), &write(seed)))
+    };
+    let refused = |reason, version| Ok(IoResponse::ChainRefused(ChainRefusal { reason, chain, version }));
+    assert_eq!(send(ChainVersion { chain, version: v - 1 }, 2), refused(ChainRefusalReason::Stale, v));
+    assert_eq!(send(ChainVersion { chain, version: v + 1 }, 3), refused(ChainRefusalReason::Ahead, v));
+    assert_eq!(
+        send(ChainVersion { chain: other, version: v }, 4),
+        Ok(IoResponse::ChainRefused(ChainRefusal { reason: ChainRefusalReason::NotReplica, chain: other, version: 0 }))
+    );
+    assert!(read() == common::pattern(n, 1), "a refused write changed the file");
+    let io = format!("io-{server}");
+    common::wait_for("the refusals counted by reason", || {
+        ["stale", "ahead", "not_replica"].iter().all(|r| chain_refusals(c.dir(), &io, r) >= 1.0)
+    });
+    // The server's own version: served.
+    assert_eq!(send(ChainVersion { chain, version: v }, 5), Ok(IoResponse::Write { bytes: n as u64 }));
+    assert!(read() == common::pattern(n, 5), "the write with the server's version");
+    f.close().unwrap();
+}
