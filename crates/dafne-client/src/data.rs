@@ -1056,8 +1056,8 @@ impl DataClient {
     /// same id (R = 1), and its requests carry no version. `Err`: why
     /// there is no head now.
     async fn route(&self, chain: usize) -> Result<(usize, Option<ChainVersion>), &'static str> {
-        let Some(meta) = self.meta.get() else { return Ok((chain, None)) };
         if self.chain_table().is_none() {
+            let Some(meta) = self.meta.get() else { return Ok((chain, None)) };
             let fetched = fetch_chains(meta).await.map_err(|_| "meta did not answer the chain table")?;
             self.chain_table().get_or_insert(fetched);
         }
@@ -1127,6 +1127,13 @@ impl DataClient {
     /// meta session to fetch it from).
     pub fn chains(&self) -> Option<Vec<Chain>> {
         self.chain_table().clone()
+    }
+
+    /// Holds `chains` as if fetched from meta (unit tests' stand-in for a
+    /// meta session).
+    #[cfg(test)]
+    fn set_chains(&self, chains: Vec<Chain>) {
+        *self.chain_table() = Some(chains);
     }
 
     /// Logs (throttled, per chain) a request that failed because its
@@ -2464,6 +2471,44 @@ mod tests {
         let before = faults.refused.load(SeqCst);
         assert_eq!(block_on(d.write_at(&f, 0, b"never", Stability::DataSync)), Err(Errno::EIO));
         assert!(faults.refused.load(SeqCst) > before + 1, "sent again before giving up");
+    }
+
+    /// Issue 13, step 3 (module docs, "Chains"): a request the server
+    /// refuses as ahead of its version (it has not heard meta's newest
+    /// yet) is sent again after a pause, with the same version, until
+    /// served; one refused as stale by a client with no meta to fetch the
+    /// table from is sent again until the deadline, then `EIO`. No
+    /// refusal reaches the caller before.
+    #[test]
+    fn a_chain_refusal_is_sent_again_until_served_or_the_deadline() {
+        use dafne_proto::{Replica, ReplicaState};
+        use std::sync::atomic::Ordering::SeqCst;
+        let (_server, addr, faults) = fake_io::start();
+        let rt = fake_io::runtime("chain-refused");
+        let d = DataClient::connect(&rt, &[addr], crate::fake_io::secret()).unwrap();
+        let f = file(21);
+        d.set_chains(vec![Chain {
+            id: 0,
+            version: 6,
+            replicas: vec![Replica { server: 0, state: ReplicaState::Serving }],
+        }]);
+        // The server holds version 5: the client's 6 is ahead of it.
+        faults.chain_held.store(5, SeqCst);
+        faults.chain_refusals_left.store(2, SeqCst);
+        assert_eq!(block_on(d.write_at(&f, 0, b"ahead", Stability::DataSync)), Ok(5));
+        assert_eq!(faults.chain_refused.load(SeqCst), 2, "sent until the server knew the version");
+        assert_eq!(faults.chain_seen.load(SeqCst), 6, "with the client's version each time");
+        assert_eq!(d.chain_refetches(), 0, "no meta to ask");
+        // The server holds 7: the client's 6 is stale, and it has no meta
+        // to fetch a newer table from: EIO at the deadline.
+        d.set_retry_deadline(Duration::from_millis(600));
+        faults.chain_held.store(7, SeqCst);
+        faults.chain_refusals_left.store(u64::MAX, SeqCst);
+        let before = faults.chain_refused.load(SeqCst);
+        assert_eq!(block_on(d.write_at(&f, 0, b"stale", Stability::DataSync)), Err(Errno::EIO));
+        assert!(faults.chain_refused.load(SeqCst) > before + 1, "sent again before giving up");
+        // A request that carries no chain is not checked.
+        assert_eq!(block_on(d.remove(&f)), Ok(()));
     }
 
     #[test]
