@@ -134,7 +134,9 @@
 //! chain's requests go to its head, the first `serving` replica of the
 //! table (R = 1: chain `c` is io server `c`, the placement of before).
 //! A data client attached to a meta session ([`DataClient::attach_meta`])
-//! fetches the table (`Members`) at its first data request and keeps it;
+//! fetches the table (`Members`) then (or, if meta did not answer, at its
+//! first data request, which waits for meta until the retry deadline)
+//! and keeps it;
 //! each `Read`, `Write`, `Truncate`, `Sync`, `Stat` and `Allocate` carries
 //! its chain's version from it. When the io server refuses that version:
 //! - stale (the server's is newer: meta changed the chain since the
@@ -715,8 +717,21 @@ impl DataClient {
     /// Lets this client (and its clones) ask `meta` for a fresh capability
     /// when an io server answers `ESTALE` to a revoked one (module docs,
     /// "Revoked capabilities"). The first session attached stays.
+    ///
+    /// The chain table is fetched from it here, at once (module docs,
+    /// "Chains"), so that a later data request does not depend on meta
+    /// answering then; if meta does not answer now, the first data
+    /// request fetches it.
     pub fn attach_meta(&self, meta: crate::MetaSession) {
         let _ = self.meta.set(meta);
+        if self.chain_table().is_some() {
+            return;
+        }
+        if let Some(meta) = self.meta.get() {
+            if let Ok(table) = futures::executor::block_on(fetch_chains(meta)) {
+                self.chain_table().get_or_insert(table);
+            }
+        }
     }
 
     fn fresh_caps(&self) -> MutexGuard<'_, HashMap<(u64, u8), Capability>> {

@@ -904,8 +904,8 @@ fn chain_refusals(dir: &Path, server: &str, reason: &str) -> f64 {
 }
 
 /// Issue 13, step 3 (docs/REPLICATION.md): data requests carry their
-/// chain's version and the io server checks it. A client that opened a
-/// file and wrote it fetched the chain table then; io-1 is stopped past
+/// chain's version and the io server checks it. A client fetched the
+/// chain table when it was made, and wrote a file; io-1 is stopped past
 /// its lease (SIGSTOP), so meta marks it offline (version + 1), and
 /// resumed, so meta marks it serving again (version + 2) and tells io-1
 /// in its heartbeat's answer. The client, whose table still says the
