@@ -147,6 +147,7 @@
 //!   `link::RETRY_EVERY`;
 //! - not a replica (the table named the wrong server), it waits that long,
 //!   fetches the table again and sends it again.
+//!
 //! These repeats run until the retry deadline, as those after a lost
 //! connection, then the request fails with `EIO`; no error reaches the
 //! caller before. A refused request had no effect, so every request is
