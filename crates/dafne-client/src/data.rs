@@ -534,6 +534,8 @@ pub struct DataClient {
     chains: std::sync::Arc<Mutex<Option<Vec<Chain>>>>,
     /// Fetches of the chain table after the first ([`DataClient::chain_refetches`]).
     chain_refetches: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// The fetch of the chain table under way, if any ([`DataClient::fetch_chains`]).
+    chain_fetch: std::sync::Arc<Mutex<Option<ChainFetch>>>,
 }
 
 /// Places taken in [`DataClient`]'s `follow_parked`, given back on drop.
@@ -618,12 +620,21 @@ fn io_repeatable(req: &IoRequest) -> bool {
 }
 
 /// Meta's chain table (`Members`: any session may ask), ids increasing.
+/// Blocks the thread that polls it while meta's connection is lost:
+/// `MetaSession::request_async` reconnects on it (`Link::get`, up to the
+/// connect timeout for a meta that accepts nothing). Data requests fetch
+/// through [`DataClient::fetch_chains`], which runs this on a thread of
+/// its own.
 async fn fetch_chains(meta: &crate::MetaSession) -> Result<Vec<Chain>, Errno> {
     match meta.request_async(dafne_proto::Request::Members).await? {
         dafne_proto::Response::Members { chains, .. } => Ok(chains),
         _ => Err(Errno::EPROTO),
     }
 }
+
+/// A fetch of the chain table under way ([`DataClient::fetch_chains`]),
+/// shared by the requests that wait for it.
+type ChainFetch = futures::future::Shared<futures::channel::oneshot::Receiver<Result<Vec<Chain>, Errno>>>;
 
 fn io_err(e: dafne_transport::TransportError) -> Errno {
     match e {
@@ -695,6 +706,7 @@ impl DataClient {
             repeats_after_loss: Default::default(),
             chains: Default::default(),
             chain_refetches: Default::default(),
+            chain_fetch: Default::default(),
         })
     }
 
@@ -1074,7 +1086,7 @@ impl DataClient {
     async fn route(&self, chain: usize) -> Result<(usize, Option<ChainVersion>), &'static str> {
         if self.chain_table().is_none() {
             let Some(meta) = self.meta.get() else { return Ok((chain, None)) };
-            let fetched = fetch_chains(meta).await.map_err(|_| "meta did not answer the chain table")?;
+            let fetched = self.fetch_chains(meta).await.map_err(|_| "meta did not answer the chain table")?;
             self.chain_table().get_or_insert(fetched);
         }
         let table = self.chain_table();
@@ -1093,6 +1105,35 @@ impl DataClient {
             .or(row.replicas.first())
             .ok_or("the chain has no replica")?;
         Ok((head.server as usize, Some(ChainVersion { chain: row.id, version: row.version })))
+    }
+
+    /// Meta's chain table, fetched on a thread of its own so that the
+    /// thread polling the request (a completion queue's driver, which
+    /// runs its other requests meanwhile) is not held while meta is out
+    /// of reach (`fetch_chains`: its reconnection blocks). Requests that
+    /// need the table while a fetch is under way wait for that one rather
+    /// than start another: one thread at a time, however many requests
+    /// were refused.
+    async fn fetch_chains(&self, meta: &crate::MetaSession) -> Result<Vec<Chain>, Errno> {
+        let fetch = {
+            let mut slot = self.chain_fetch.lock().unwrap_or_else(|p| p.into_inner());
+            match slot.as_ref() {
+                Some(f) if f.peek().is_none() => f.clone(),
+                _ => {
+                    let (tx, rx) = futures::channel::oneshot::channel();
+                    let meta = meta.clone();
+                    // A thread that cannot be started drops `tx`: the
+                    // fetch fails (EIO below) and is tried again later.
+                    let _ = std::thread::Builder::new().name("dafne-chain-table".into()).spawn(move || {
+                        let _ = tx.send(futures::executor::block_on(fetch_chains(&meta)));
+                    });
+                    let f = futures::FutureExt::shared(rx);
+                    *slot = Some(f.clone());
+                    f
+                }
+            }
+        };
+        fetch.await.unwrap_or(Err(Errno::EIO))
     }
 
     fn chain_table(&self) -> MutexGuard<'_, Option<Vec<Chain>>> {
@@ -1114,7 +1155,7 @@ impl DataClient {
             return true;
         }
         self.chain_refetches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let Ok(fetched) = fetch_chains(meta).await else { return false };
+        let Ok(fetched) = self.fetch_chains(meta).await else { return false };
         let mut t = self.chain_table();
         // Keep the newer of each row: an answer that overtook a later
         // one must not bring a version back.

@@ -1035,3 +1035,101 @@ fn a_request_with_another_chain_version_is_refused_before_any_effect() {
     assert!(read() == common::pattern(n, 5), "the write with the server's version");
     f.close().unwrap();
 }
+
+/// Review of issue 13 step 3: a chain table fetched again while meta is
+/// out of reach of the client (its io servers still hold their leases)
+/// does not hold up the completion queue's other requests. The fetch
+/// went through `MetaSession::request_async`, which, once its connection
+/// to meta was found lost, reconnected and paused on the thread polling
+/// it (`Link::get`, `std::thread::sleep`) until meta's retry deadline
+/// (30 s): on a completion queue, its driver, so every other request of
+/// the queue waited too (the class of defect
+/// `a_server_out_of_reach_does_not_hold_up_another_servers_requests_on_one_queue`
+/// is about, for io servers). A cut between the client and meta alone
+/// cannot be made between processes of one machine, so the client's meta
+/// session is to a second cluster's meta (real, stopped by SIGSTOP),
+/// whose chain 1 is older than the first cluster's (io-1 there stopped
+/// past its lease and resumed): each write to io-1 is refused as stale
+/// and the client asks its meta for the table again. A `ServerInfo` to
+/// io-0 posted on the same queue once the client found its meta's
+/// connection lost must complete while that meta stays stopped.
+/// Failed before the fix: "io-0's ServerInfo did not complete while the
+/// client's meta was stopped: ETIMEDOUT".
+#[test]
+fn a_chain_table_fetch_while_meta_is_out_of_reach_does_not_hold_up_a_queue() {
+    use common::cluster::{server_metric, server_pid, Stopped};
+    use dafne_proto::io::Stability;
+    let c = Cluster::start_sized(2, "");
+    let other = Cluster::start_sized(2, "");
+    wait_members(c.dir(), &[("up", 0), ("up", 0)]);
+    wait_members(other.dir(), &[("up", 0), ("up", 0)]);
+    common::wait_for("io-1 serving", || server_metric(c.dir(), "io-1", "dafne_io_serving") == Some(1.0));
+    let info = |c: &Cluster| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(c.dir().join("cluster.json")).unwrap()).unwrap()
+    };
+    let addr = |v: &serde_json::Value| v.as_str().unwrap().parse::<std::net::SocketAddr>().unwrap();
+    let (ci, oi) = (info(&c), info(&other));
+    let io: Vec<std::net::SocketAddr> = ci["io"].as_array().unwrap().iter().map(addr).collect();
+    let ucx: Vec<(String, String)> = serde_json::from_value(ci["ucx"].clone()).unwrap();
+    let rt = dafne_transport::Runtime::new(dafne_transport::RuntimeOptions {
+        name: "chain-fetch-queue".into(),
+        ucx_config: ucx,
+        // A try to reach the stopped meta hangs this long: before the
+        // fix, on the queue's driver.
+        connect_timeout: Duration::from_secs(60),
+        ..Default::default()
+    })
+    .unwrap();
+    let secret = |c: &Cluster| dafne_auth::Secret::load(&c.dir().join("meta").join("cluster.secret")).unwrap();
+    let data = dafne_client::data::DataClient::connect(&rt, &io, &secret(&c)).unwrap();
+    // The client's meta, for its chain table: the other cluster's.
+    let far = dafne_client::MetaSession::connect(&rt, addr(&oi["meta"]), &secret(&other), "far", 0, 0).unwrap();
+    data.attach_meta(far);
+    let near = dafne_client::MetaSession::connect(&rt, addr(&ci["meta"]), &secret(&c), "near", 0, 0).unwrap();
+    let fs = dafne_client::file::Fs::new(near, data.clone());
+    let f = fs.create(fs.meta.root(), b"refetched", 0o644, None).unwrap();
+    let h = f.handle().clone();
+    let unit = u64::from(h.layout.stripe_unit);
+    let on_1 = h.layout.servers.iter().position(|&s| s == 1).expect("a stripe on io-1") as u64;
+    let v1 = data.chains().expect("a chain table").iter().find(|c| c.id == 1).unwrap().version;
+
+    // io-1's chain moves on past the client's table.
+    let stopped = Stopped::stop(server_pid(c.dir(), "io-1"));
+    common::wait_for("io-1 offline in its chain", || meta_chains(&c).iter().any(|r| r.0 == 1 && r.2 == "unavailable"));
+    stopped.resume();
+    common::wait_for("io-1 hearing its chain's new version", || {
+        server_metric(c.dir(), "io-1", "dafne_io_chain_version").is_some_and(|v| v >= (v1 + 2) as f64)
+            && server_metric(c.dir(), "io-1", "dafne_io_serving") == Some(1.0)
+    });
+
+    data.set_retry_deadline(Duration::from_secs(45));
+    let q = dafne_client::cq::CompletionQueue::new();
+    let dead_before = rt.stats().snapshot().peer_failures;
+    let meta = Stopped::stop(server_pid(other.dir(), "meta"));
+    let refetched_before = data.chain_refetches();
+    let to_1 = {
+        let (d, h) = (data.clone(), h.clone());
+        q.post(async move { d.write_at(&h, on_1 * unit, &common::pattern(4096, 7), Stability::FileSync).await })
+    };
+    // The first fetch fails when the connection is found lost (keepalive
+    // silence, 5 s); the write, refused again, fetches again, and that
+    // fetch tries to reconnect to the stopped meta.
+    common::wait_for("the client asking its meta for the table twice", || {
+        data.chain_refetches() >= refetched_before + 2
+    });
+    assert!(rt.stats().snapshot().peer_failures > dead_before, "the connection to the client's meta was lost");
+    let secret_c = secret(&c);
+    let to_0 = {
+        let d = data.clone();
+        let cap = dafne_client::data::info_capability(&secret_c);
+        q.post(async move { d.server_info(0, cap).await.map(|_| 0) })
+    };
+    // A third of the connect timeout that the fetch waited out on the
+    // driver's thread before the fix.
+    let got = q.wait(to_0, Duration::from_secs(20));
+    meta.resume();
+    assert_eq!(got, Ok(0), "io-0's ServerInfo did not complete while the client's meta was stopped");
+    // Its meta back, the client's table is still older than io-1's
+    // version (the other cluster's): the write fails at its deadline.
+    assert_eq!(q.wait(to_1, Duration::from_secs(180)), Err(Errno::EIO));
+}
