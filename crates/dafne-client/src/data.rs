@@ -157,8 +157,12 @@
 //! sends to its first replica, which refuses unless it serves without
 //! meta (its lease lapsed before meta marked it offline, so the wait is
 //! the `NOT_SERVING` one below; once it is back its version is newer:
-//! stale). Fetches after the first are counted
-//! ([`DataClient::chain_refetches`]). The write verifier keeps its record
+//! stale). A fetch runs on a thread of its own, one at a time (requests
+//! that need the table meanwhile wait for that one): the metadata
+//! session reconnects to meta on the thread that polls its call, which
+//! here would be a completion queue's driver, holding up its other
+//! requests while meta is out of reach. Fetches after the first are
+//! counted ([`DataClient::chain_refetches`]). The write verifier keeps its record
 //! by chain, as the layout names it. A data client without a meta session
 //! (tools, tests against a lone io server), or whose meta keeps no chain
 //! table, sends chain `c`'s requests to io server `c` with no version,

@@ -229,7 +229,13 @@
 //! A refused request had no effect. A request without a chain (a client
 //! that has no meta session to fetch the table from: tools, tests
 //! against a lone io server) is served unchecked, as is any request to a
-//! server that holds no chain versions (started without meta).
+//! server that holds no chain versions (started without meta). So the
+//! check keeps a client from acting on its own stale table; it does not
+//! hold back a client with a valid capability that leaves the chain out
+//! (the server cannot tell it from a client without meta). At R = 1 that
+//! changes nothing (a chain has one server); chain writes (step 3 of
+//! docs/REPLICATION.md, not built) must refuse such a request on a server
+//! that is not the chain's head.
 //!
 //! # Sizes
 //!
