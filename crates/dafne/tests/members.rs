@@ -1081,11 +1081,11 @@ fn a_chain_table_fetch_while_meta_is_out_of_reach_does_not_hold_up_a_queue() {
     })
     .unwrap();
     let secret = |c: &Cluster| dafne_auth::Secret::load(&c.dir().join("meta").join("cluster.secret")).unwrap();
-    let data = dafne_client::data::DataClient::connect(&rt, &io, &secret(&c)).unwrap();
+    let data = dafne_client::data::DataClient::connect(&rt, &io, secret(&c)).unwrap();
     // The client's meta, for its chain table: the other cluster's.
-    let far = dafne_client::MetaSession::connect(&rt, addr(&oi["meta"]), &secret(&other), "far", 0, 0).unwrap();
+    let far = dafne_client::MetaSession::connect(&rt, addr(&oi["meta"]), secret(&other), "far", 0, 0).unwrap();
     data.attach_meta(far);
-    let near = dafne_client::MetaSession::connect(&rt, addr(&ci["meta"]), &secret(&c), "near", 0, 0).unwrap();
+    let near = dafne_client::MetaSession::connect(&rt, addr(&ci["meta"]), secret(&c), "near", 0, 0).unwrap();
     let fs = dafne_client::file::Fs::new(near, data.clone());
     let f = fs.create(fs.meta.root(), b"refetched", 0o644, None).unwrap();
     let h = f.handle().clone();
