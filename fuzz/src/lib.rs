@@ -107,6 +107,10 @@ pub fn io(data: &[u8]) {
     let mut msg = IoReplyHeader::new(op, 1, 0, len).encode().to_vec();
     msg.extend_from_slice(rest);
     check(&msg);
+    // The one error reply with a body: a chain refusal.
+    let mut msg = IoReplyHeader::new(op, 1, dafne_proto::CHAIN_REFUSED.0, len).encode().to_vec();
+    msg.extend_from_slice(rest);
+    check(&msg);
 }
 
 /// The metadata protocol's decoders, as [`io`].

@@ -179,6 +179,20 @@ fn io() {
     ];
     let mut bodies: Vec<Vec<u8>> = seeds.iter().map(|s| [&[0x80u8][..], s].concat()).collect();
     bodies.extend(seeds);
+    // A data request carrying its chain, and a refusal of it (protocol 18).
+    bodies.push(encode_io_request(
+        Envelope { chain: Some(dafne_proto::ChainVersion { chain: 3, version: 7 }), ..env() },
+        &IoRequest::Truncate { cap: cap(), size: 4096 },
+    ));
+    bodies.push(dafne_proto::encode_io_reply(
+        4,
+        dafne_proto::IoOp::Write,
+        &Ok(dafne_proto::IoResponse::ChainRefused(dafne_proto::ChainRefusal {
+            reason: dafne_proto::ChainRefusalReason::Stale,
+            chain: 3,
+            version: 9,
+        })),
+    ));
     // ServerInfo's answer: the fields, then the chain versions (ids in
     // order: mutations reach the order check and the count bound); the
     // lease state protocol 18 added (a value, not checked by the decoder).

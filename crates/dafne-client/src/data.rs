@@ -2,9 +2,10 @@
 //! servers' RMA against memory this client registers for each request.
 //!
 //! A file range is cut at stripe-unit boundaries; the piece at file offset
-//! `o` lives on `layout.servers[(o / stripe_unit) % stripe_count]`, stored
-//! there at the same file offset. Each server gets one request listing its
-//! extents; all servers are asked at once. Small I/O (≤ [`INLINE_MAX`] per
+//! `o` lives on chain `layout.servers[(o / stripe_unit) % stripe_count]`
+//! (below, "Chains"), stored on its io servers at the same file offset.
+//! Each chain's head gets one request listing its extents; all are asked
+//! at once. Small I/O (≤ [`INLINE_MAX`] per
 //! server request) travels inline in the request or reply instead.
 //!
 //! Memory: [`DataClient::read_region`] / [`DataClient::write_region`] (and
@@ -127,6 +128,47 @@
 //! try's late RMA into the same memory, with the bytes of the same range
 //! as the server read them then.
 //!
+//! # Chains
+//! A layout's server indices name chains of meta's chain table
+//! (docs/REPLICATION.md, "Chains"; `dafne_proto::io`, "Chains"): a
+//! chain's requests go to its head, the first `serving` replica of the
+//! table (R = 1: chain `c` is io server `c`, the placement of before).
+//! A data client attached to a meta session ([`DataClient::attach_meta`])
+//! fetches the table (`Members`) then (or, if meta did not answer, at its
+//! first data request, which waits for meta until the retry deadline)
+//! and keeps it;
+//! each `Read`, `Write`, `Truncate`, `Sync`, `Stat` and `Allocate` carries
+//! its chain's version from it. When the io server refuses that version:
+//! - stale (the server's is newer: meta changed the chain since the
+//!   fetch), the client fetches the table again, unless another request
+//!   did meanwhile, and sends the request again at once;
+//! - ahead (the server has not heard meta's newest version yet: it will
+//!   within its next heartbeat, a second), it sends it again after
+//!   `link::RETRY_EVERY`;
+//! - not a replica (the table named the wrong server), it waits that long,
+//!   fetches the table again and sends it again.
+//!
+//! These repeats run until the retry deadline, as those after a lost
+//! connection, then the request fails with `EIO`; no error reaches the
+//! caller before. A refused request had no effect, so every request is
+//! sent again this way except one whose keys follow (it gets the refusal,
+//! `dafne_proto::io::CHAIN_REFUSED`, and is sent again with its key
+//! carried, as after `NOT_SERVING`). A chain with no serving replica
+//! sends to its first replica, which refuses unless it serves without
+//! meta (its lease lapsed before meta marked it offline, so the wait is
+//! the `NOT_SERVING` one below; once it is back its version is newer:
+//! stale). A fetch runs on a thread of its own, one at a time (requests
+//! that need the table meanwhile wait for that one): the metadata
+//! session reconnects to meta on the thread that polls its call, which
+//! here would be a completion queue's driver, holding up its other
+//! requests while meta is out of reach. Fetches after the first are
+//! counted ([`DataClient::chain_refetches`]). The write verifier keeps its record
+//! by chain, as the layout names it. A data client without a meta session
+//! (tools, tests against a lone io server), or whose meta keeps no chain
+//! table, sends chain `c`'s requests to io server `c` with no version,
+//! and the servers check nothing of them. `Remove`, `ServerInfo`,
+//! `Revoke` and `Scrub` address an io server, not a chain.
+//!
 //! # Revoked capabilities
 //! An io server answers `ESTALE` to a capability that meta revoked (a
 //! chmod, chown, truncate or unlink since it was issued; `dafne_auth`'s
@@ -161,7 +203,8 @@ use dafne_proto::io::{
     decode_io_reply, encode_io_request, AllocateMode, IoExtent, IoRequest, IoResponse, Stability, StripeSlots,
     NOT_SERVING, NO_KEY,
 };
-use dafne_proto::{Capability, Envelope, Errno, ServerInfo};
+use dafne_proto::io::{ChainRefusalReason, CHAIN_REFUSED};
+use dafne_proto::{Capability, Chain, ChainVersion, Envelope, Errno, ReplicaState, ServerInfo};
 use dafne_transport::{Access, Client, Region, Runtime};
 
 use crate::cq::{CompletionQueue, Ticket};
@@ -490,6 +533,13 @@ pub struct DataClient {
     retry_deadline_ms: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// Requests sent again after a lost connection ([`DataClient::repeats_after_loss`]).
     repeats_after_loss: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// Meta's chain table as this client last fetched it (module docs,
+    /// "Chains"); `None` before the first fetch.
+    chains: std::sync::Arc<Mutex<Option<Vec<Chain>>>>,
+    /// Fetches of the chain table after the first ([`DataClient::chain_refetches`]).
+    chain_refetches: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// The fetch of the chain table under way, if any ([`DataClient::fetch_chains`]).
+    chain_fetch: std::sync::Arc<Mutex<Option<ChainFetch>>>,
 }
 
 /// Places taken in [`DataClient`]'s `follow_parked`, given back on drop.
@@ -573,6 +623,23 @@ fn io_repeatable(req: &IoRequest) -> bool {
     }
 }
 
+/// Meta's chain table (`Members`: any session may ask), ids increasing.
+/// Blocks the thread that polls it while meta's connection is lost:
+/// `MetaSession::request_async` reconnects on it (`Link::get`, up to the
+/// connect timeout for a meta that accepts nothing). Data requests fetch
+/// through [`DataClient::fetch_chains`], which runs this on a thread of
+/// its own.
+async fn fetch_chains(meta: &crate::MetaSession) -> Result<Vec<Chain>, Errno> {
+    match meta.request_async(dafne_proto::Request::Members).await? {
+        dafne_proto::Response::Members { chains, .. } => Ok(chains),
+        _ => Err(Errno::EPROTO),
+    }
+}
+
+/// A fetch of the chain table under way ([`DataClient::fetch_chains`]),
+/// shared by the requests that wait for it.
+type ChainFetch = futures::future::Shared<futures::channel::oneshot::Receiver<Result<Vec<Chain>, Errno>>>;
+
 fn io_err(e: dafne_transport::TransportError) -> Errno {
     match e {
         dafne_transport::TransportError::TimedOut { .. } => Errno::EAGAIN,
@@ -641,6 +708,9 @@ impl DataClient {
             follow_parked: std::sync::Arc::new((0..addrs.len()).map(|_| Default::default()).collect()),
             retry_deadline_ms: Default::default(),
             repeats_after_loss: Default::default(),
+            chains: Default::default(),
+            chain_refetches: Default::default(),
+            chain_fetch: Default::default(),
         })
     }
 
@@ -664,8 +734,21 @@ impl DataClient {
     /// Lets this client (and its clones) ask `meta` for a fresh capability
     /// when an io server answers `ESTALE` to a revoked one (module docs,
     /// "Revoked capabilities"). The first session attached stays.
+    ///
+    /// The chain table is fetched from it here, at once (module docs,
+    /// "Chains"), so that a later data request does not depend on meta
+    /// answering then; if meta does not answer now, the first data
+    /// request fetches it.
     pub fn attach_meta(&self, meta: crate::MetaSession) {
         let _ = self.meta.set(meta);
+        if self.chain_table().is_some() {
+            return;
+        }
+        if let Some(meta) = self.meta.get() {
+            if let Ok(table) = futures::executor::block_on(fetch_chains(meta)) {
+                self.chain_table().get_or_insert(table);
+            }
+        }
     }
 
     fn fresh_caps(&self) -> MutexGuard<'_, HashMap<(u64, u8), Capability>> {
@@ -893,16 +976,70 @@ impl DataClient {
         }
     }
 
-    /// Sends `req` to `server` once, or, when it may be repeated
-    /// ([`io_repeatable`]), again on a new connection each time the one it
-    /// went on is lost, until the retry deadline (module docs, "Riding
-    /// over a restart").
-    async fn call_once(&self, server: usize, req: &IoRequest) -> Result<IoResponse, Errno> {
+    /// Sends `req` for chain `chain` (an index of a file's layout; for the
+    /// ops that address a server rather than a chain, `Remove`,
+    /// `ServerInfo`, `Revoke`, `Scrub`, `Login`, the io server `chain`)
+    /// once, or, when it may be repeated ([`io_repeatable`]), again on a
+    /// new connection each time the one it went on is lost, until the
+    /// retry deadline (module docs, "Riding over a restart"). A chain's
+    /// requests go to its head in the chain table, with the chain's
+    /// version, and a refusal of that version is met by fetching the table
+    /// again or waiting (module docs, "Chains").
+    async fn call_once(&self, chain: usize, req: &IoRequest) -> Result<IoResponse, Errno> {
         let began = Instant::now();
-        let link = self.servers.get(server).ok_or(Errno::EIO)?;
         let deadline = self.retry_deadline();
+        // `Keys` go where their request went: the chain's head.
+        let routed = req.op().carries_chain() || matches!(req, IoRequest::Keys { .. });
         loop {
-            match self.attempt(server, req).await {
+            let (server, version) = if routed {
+                match self.route(chain).await {
+                    Ok(to) => to,
+                    Err(why) => {
+                        if began.elapsed() >= deadline || !io_repeatable(req) {
+                            self.warn_no_route(chain, why, began);
+                            return Err(if io_repeatable(req) { Errno::EIO } else { CHAIN_REFUSED });
+                        }
+                        tracing::debug!("chain {chain}: {why}; waiting for the chain table to change");
+                        crate::link::pause(crate::link::RETRY_EVERY).await;
+                        self.refetch_chains(chain, None).await;
+                        continue;
+                    }
+                }
+            } else {
+                (chain, None)
+            };
+            let link = self.servers.get(server).ok_or(Errno::EIO)?;
+            let version = if req.op().carries_chain() { version } else { None };
+            match self.attempt(chain, server, version, req).await {
+                Ok(IoResponse::ChainRefused(r)) => {
+                    // Refused before it had any effect (module docs,
+                    // "Chains"). A request that is not repeated gets the
+                    // refusal (FRRWP's then goes with its key carried).
+                    if !io_repeatable(req) {
+                        return Err(CHAIN_REFUSED);
+                    }
+                    if began.elapsed() >= deadline {
+                        self.warn_no_route(chain, r.reason.name(), began);
+                        return Err(Errno::EIO);
+                    }
+                    tracing::debug!("io server {server}: chain {chain} refused ({}): sent again", r.reason.name());
+                    match r.reason {
+                        // Our table is older than the server's: fetch it
+                        // again (unless another request did meanwhile).
+                        ChainRefusalReason::Stale => {
+                            if !self.refetch_chains(chain, Some(r.version)).await {
+                                crate::link::pause(crate::link::RETRY_EVERY).await;
+                            }
+                        }
+                        // The server has not heard the version yet: its
+                        // next heartbeat (≤ 1 s) brings it.
+                        ChainRefusalReason::Ahead => crate::link::pause(crate::link::RETRY_EVERY).await,
+                        ChainRefusalReason::NotReplica => {
+                            crate::link::pause(crate::link::RETRY_EVERY).await;
+                            self.refetch_chains(chain, None).await;
+                        }
+                    }
+                }
                 Ok(r) => return Ok(r),
                 // A server not serving (its lease from meta lapsed) refused
                 // it before doing anything: sent again after a pause, as
@@ -939,6 +1076,139 @@ impl DataClient {
         }
     }
 
+    /// Where chain `chain`'s requests go now and the version they carry
+    /// (module docs, "Chains"): its head, the first `serving` replica of
+    /// the chain table fetched from meta (fetched at the first need), or,
+    /// when none is serving, its first replica, which refuses the request
+    /// unless it serves without meta (its lease lapsed before meta marked
+    /// it offline: `NOT_SERVING`, sent again until the retry deadline; a
+    /// server back since has a newer version: stale, the table fetched
+    /// again). A client without a meta session, or whose meta keeps no
+    /// chain table, has none: the chain's io server is the one of the
+    /// same id (R = 1), and its requests carry no version. `Err`: why
+    /// there is no head now.
+    async fn route(&self, chain: usize) -> Result<(usize, Option<ChainVersion>), &'static str> {
+        if self.chain_table().is_none() {
+            let Some(meta) = self.meta.get() else { return Ok((chain, None)) };
+            let fetched = self.fetch_chains(meta).await.map_err(|_| "meta did not answer the chain table")?;
+            self.chain_table().get_or_insert(fetched);
+        }
+        let table = self.chain_table();
+        let table = table.as_ref().ok_or("no chain table")?;
+        if table.is_empty() {
+            return Ok((chain, None));
+        }
+        let row = table
+            .binary_search_by_key(&chain, |c| c.id as usize)
+            .map(|i| &table[i])
+            .map_err(|_| "the chain is not in meta's chain table")?;
+        let head = row
+            .replicas
+            .iter()
+            .find(|r| r.state == ReplicaState::Serving)
+            .or(row.replicas.first())
+            .ok_or("the chain has no replica")?;
+        Ok((head.server as usize, Some(ChainVersion { chain: row.id, version: row.version })))
+    }
+
+    /// Meta's chain table, fetched on a thread of its own so that the
+    /// thread polling the request (a completion queue's driver, which
+    /// runs its other requests meanwhile) is not held while meta is out
+    /// of reach (`fetch_chains`: its reconnection blocks). Requests that
+    /// need the table while a fetch is under way wait for that one rather
+    /// than start another: one thread at a time, however many requests
+    /// were refused.
+    async fn fetch_chains(&self, meta: &crate::MetaSession) -> Result<Vec<Chain>, Errno> {
+        let fetch = {
+            let mut slot = self.chain_fetch.lock().unwrap_or_else(|p| p.into_inner());
+            match slot.as_ref() {
+                Some(f) if f.peek().is_none() => f.clone(),
+                _ => {
+                    let (tx, rx) = futures::channel::oneshot::channel();
+                    let meta = meta.clone();
+                    // A thread that cannot be started drops `tx`: the
+                    // fetch fails (EIO below) and is tried again later.
+                    let _ = std::thread::Builder::new().name("dafne-chain-table".into()).spawn(move || {
+                        let _ = tx.send(futures::executor::block_on(fetch_chains(&meta)));
+                    });
+                    let f = futures::FutureExt::shared(rx);
+                    *slot = Some(f.clone());
+                    f
+                }
+            }
+        };
+        fetch.await.unwrap_or(Err(Errno::EIO))
+    }
+
+    fn chain_table(&self) -> MutexGuard<'_, Option<Vec<Chain>>> {
+        self.chains.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Fetches the chain table from meta again, unless the one held has
+    /// `chain` at `at_least` already (another request fetched it since);
+    /// counted ([`Self::chain_refetches`]). Whether the table now holds
+    /// `chain` at `at_least` (always true without a bound). A failed fetch
+    /// keeps the table held.
+    async fn refetch_chains(&self, chain: usize, at_least: Option<u64>) -> bool {
+        let Some(meta) = self.meta.get() else { return false };
+        let fresh_enough = |t: &Option<Vec<Chain>>| match (t, at_least) {
+            (Some(t), Some(v)) => t.iter().any(|c| c.id as usize == chain && c.version >= v),
+            _ => false,
+        };
+        if fresh_enough(&self.chain_table()) {
+            return true;
+        }
+        self.chain_refetches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let Ok(fetched) = self.fetch_chains(meta).await else { return false };
+        let mut t = self.chain_table();
+        // Keep the newer of each row: an answer that overtook a later
+        // one must not bring a version back.
+        let merged = match t.take() {
+            None => fetched,
+            Some(old) => fetched
+                .into_iter()
+                .map(|c| match old.iter().find(|o| o.id == c.id) {
+                    Some(o) if o.version > c.version => o.clone(),
+                    _ => c,
+                })
+                .collect(),
+        };
+        *t = Some(merged);
+        at_least.is_none() || fresh_enough(&t)
+    }
+
+    /// Times this client fetched meta's chain table again after the first
+    /// fetch (a server refused a version as stale, a chain had no head):
+    /// tests' proof that a refusal was met (module docs, "Chains").
+    pub fn chain_refetches(&self) -> u64 {
+        self.chain_refetches.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The chain table this client holds (`None`: not fetched yet, or no
+    /// meta session to fetch it from).
+    pub fn chains(&self) -> Option<Vec<Chain>> {
+        self.chain_table().clone()
+    }
+
+    /// Holds `chains` as if fetched from meta (unit tests' stand-in for a
+    /// meta session).
+    #[cfg(test)]
+    fn set_chains(&self, chains: Vec<Chain>) {
+        *self.chain_table() = Some(chains);
+    }
+
+    /// Logs (throttled, per chain) a request that failed because its
+    /// chain had no head it could reach for the retry deadline.
+    fn warn_no_route(&self, chain: usize, why: &str, began: Instant) {
+        if let Some(n) = crate::link::throttle().allow(&format!("io chain {chain}")) {
+            tracing::warn!(
+                "a request for chain {chain} failed after {:.1?}: {why} (EIO){}",
+                began.elapsed(),
+                crate::link::suppressed_note(n)
+            );
+        }
+    }
+
     /// Logs (throttled, per server: module `link`) a request that failed
     /// for a lost connection.
     fn warn_lost(&self, server: usize, began: Instant) {
@@ -969,8 +1239,17 @@ impl DataClient {
         }
     }
 
-    /// One try of [`Self::call_once`].
-    async fn attempt(&self, server: usize, req: &IoRequest) -> Result<IoResponse, Attempt> {
+    /// One try of [`Self::call_once`]: `req`, for chain `chain` (a
+    /// layout's index) at version `version` (`None`: it carries none), to
+    /// io server `server`. The write verifier's record is by chain: what
+    /// a file's layout names.
+    async fn attempt(
+        &self,
+        chain: usize,
+        server: usize,
+        version: Option<ChainVersion>,
+        req: &IoRequest,
+    ) -> Result<IoResponse, Attempt> {
         let link = self.servers.get(server).ok_or(Attempt::Failed(Errno::EIO))?;
         // A lost server is reconnected here, at the next call after the loss.
         // Without blocking the thread (a completion queue's driver runs
@@ -997,11 +1276,17 @@ impl DataClient {
         let mut check = None;
         match req {
             IoRequest::Write { cap, stability: Stability::Unstable, .. } => {
-                match self.verifier().note_write(cap.object_id, server, generation) {
+                match self.verifier().note_write(cap.object_id, chain, generation) {
                     Some(seq) => {
                         let v = &*self.verifier;
-                        in_flight =
-                            Some(InFlight { verifier: v, object: cap.object_id, server, seq, generation, ok: false });
+                        in_flight = Some(InFlight {
+                            verifier: v,
+                            object: cap.object_id,
+                            server: chain,
+                            seq,
+                            generation,
+                            ok: false,
+                        });
                     }
                     None => {
                         let mut r = req.clone();
@@ -1016,11 +1301,12 @@ impl DataClient {
             IoRequest::Stat { cap } => check = Some((cap.object_id, Check::Stat)),
             _ => {}
         }
-        let epoch = check.map(|(object, _)| self.verifier().epoch(object, server));
+        let epoch = check.map(|(object, _)| self.verifier().epoch(object, chain));
         let req = stable_instead.as_ref().unwrap_or(req);
         let reply = async {
             crate::calls::io_sent();
-            let bytes = c.call_async(encode_io_request(Envelope::new(0, 0, 0), req)).await.map_err(|e| {
+            let env = Envelope { chain: version, ..Envelope::new(0, 0, 0) };
+            let bytes = c.call_async(encode_io_request(env, req)).await.map_err(|e| {
                 link.failed(generation, &e);
                 if crate::link::is_connection_loss(&e) {
                     Attempt::Lost { errno: io_err(e), sent: true }
@@ -1037,14 +1323,18 @@ impl DataClient {
         // earlier write acknowledged on the lost one, which stays recorded
         // on its generation: the loss is still reported.
         if let Some(mut w) = in_flight {
-            w.ok = reply.is_ok();
+            w.ok = matches!(reply, Ok(ref r) if !matches!(r, IoResponse::ChainRefused(_)));
         }
         let reply = reply?;
+        if matches!(reply, IoResponse::ChainRefused(_)) {
+            // Refused before it did anything: nothing to settle.
+            return Ok(reply);
+        }
         if let (Some((object, check)), Some(epoch)) = (check, epoch) {
-            self.verifier().settle(object, server, generation, epoch, check).map_err(Attempt::Failed)?;
+            self.verifier().settle(object, chain, generation, epoch, check).map_err(Attempt::Failed)?;
         }
         if let IoRequest::Remove { cap } = req {
-            self.verifier().forget(cap.object_id, server);
+            self.verifier().forget(cap.object_id, chain);
         }
         Ok(reply)
     }
@@ -1055,6 +1345,24 @@ impl DataClient {
     /// client suite builds requests no well-behaved client would).
     pub async fn raw_request(&self, server: usize, req: &IoRequest) -> Result<IoResponse, Errno> {
         self.call(server, req).await
+    }
+
+    /// Sends one io request once, exactly as given, to io server `server`
+    /// with `chain` in its header (`None`: none), and returns the server's
+    /// answer as it came: a refusal of the chain's version is
+    /// `Ok(IoResponse::ChainRefused)`, nothing is sent again, no table is
+    /// fetched. For tests of the servers' chain check (module docs,
+    /// "Chains").
+    pub async fn raw_request_on_chain(
+        &self,
+        server: usize,
+        chain: Option<ChainVersion>,
+        req: &IoRequest,
+    ) -> Result<IoResponse, Errno> {
+        let index = chain.map_or(server, |c| c.chain as usize);
+        self.attempt(index, server, chain, req).await.map_err(|a| match a {
+            Attempt::Failed(e) | Attempt::Lost { errno: e, .. } => e,
+        })
     }
 
     /// Io requests this client repeated because the connection they went
@@ -1313,7 +1621,7 @@ impl DataClient {
         for (c, k) in calls.iter_mut().zip(sent) {
             let r = c.as_mut().take_output().unwrap_or(Err(Errno::EIO));
             if let Err(e) = r {
-                only_unmoved &= e == Errno::ESTALE || e == Errno::EBUSY || e == NOT_SERVING;
+                only_unmoved &= e == Errno::ESTALE || e == Errno::EBUSY || e == NOT_SERVING || e == CHAIN_REFUSED;
                 tracing::debug!("a request whose keys followed failed: {e:?} (its keys: {k:?})");
                 // Any error wins over success; a revoked capability (whose
                 // fresh one the registered path asks meta for) and a
@@ -1328,7 +1636,8 @@ impl DataClient {
         if only_unmoved
             && ((result == Err(Errno::ESTALE) && self.meta.get().is_some())
                 || result == Err(Errno::EBUSY)
-                || result == Err(NOT_SERVING))
+                || result == Err(NOT_SERVING)
+                || result == Err(CHAIN_REFUSED))
         {
             drop(slots);
             return carried(reg).await;
@@ -2223,6 +2532,44 @@ mod tests {
         let before = faults.refused.load(SeqCst);
         assert_eq!(block_on(d.write_at(&f, 0, b"never", Stability::DataSync)), Err(Errno::EIO));
         assert!(faults.refused.load(SeqCst) > before + 1, "sent again before giving up");
+    }
+
+    /// Issue 13, step 3 (module docs, "Chains"): a request the server
+    /// refuses as ahead of its version (it has not heard meta's newest
+    /// yet) is sent again after a pause, with the same version, until
+    /// served; one refused as stale by a client with no meta to fetch the
+    /// table from is sent again until the deadline, then `EIO`. No
+    /// refusal reaches the caller before.
+    #[test]
+    fn a_chain_refusal_is_sent_again_until_served_or_the_deadline() {
+        use dafne_proto::{Replica, ReplicaState};
+        use std::sync::atomic::Ordering::SeqCst;
+        let (_server, addr, faults) = fake_io::start();
+        let rt = fake_io::runtime("chain-refused");
+        let d = DataClient::connect(&rt, &[addr], crate::fake_io::secret()).unwrap();
+        let f = file(21);
+        d.set_chains(vec![Chain {
+            id: 0,
+            version: 6,
+            replicas: vec![Replica { server: 0, state: ReplicaState::Serving }],
+        }]);
+        // The server holds version 5: the client's 6 is ahead of it.
+        faults.chain_held.store(5, SeqCst);
+        faults.chain_refusals_left.store(2, SeqCst);
+        assert_eq!(block_on(d.write_at(&f, 0, b"ahead", Stability::DataSync)), Ok(5));
+        assert_eq!(faults.chain_refused.load(SeqCst), 2, "sent until the server knew the version");
+        assert_eq!(faults.chain_seen.load(SeqCst), 6, "with the client's version each time");
+        assert_eq!(d.chain_refetches(), 0, "no meta to ask");
+        // The server holds 7: the client's 6 is stale, and it has no meta
+        // to fetch a newer table from: EIO at the deadline.
+        d.set_retry_deadline(Duration::from_millis(600));
+        faults.chain_held.store(7, SeqCst);
+        faults.chain_refusals_left.store(u64::MAX, SeqCst);
+        let before = faults.chain_refused.load(SeqCst);
+        assert_eq!(block_on(d.write_at(&f, 0, b"stale", Stability::DataSync)), Err(Errno::EIO));
+        assert!(faults.chain_refused.load(SeqCst) > before + 1, "sent again before giving up");
+        // A request that carries no chain is not checked.
+        assert_eq!(block_on(d.remove(&f)), Ok(()));
     }
 
     #[test]

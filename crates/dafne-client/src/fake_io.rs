@@ -4,7 +4,8 @@
 //! server decided, after which no RMA of the request is pending). It
 //! counts the writes it was asked to make stable, and fails writes (`EIO`)
 //! or syncs (`EAGAIN`, as a timeout reads to the caller) when told to, or
-//! refuses data requests as a server whose lease lapsed (`NOT_SERVING`).
+//! refuses data requests as a server whose lease lapsed (`NOT_SERVING`)
+//! or whose version of their chain is another (`CHAIN_REFUSED`).
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -36,6 +37,14 @@ pub(crate) struct Faults {
     /// `NOT_SERVING`, as a server whose lease lapsed; and how many were.
     pub not_serving: AtomicU64,
     pub refused: AtomicU64,
+    /// Refuse this many more requests that carry a chain as a server whose
+    /// version of it is `chain_held` (a request at another version is
+    /// refused `Ahead` or `Stale`); and how many were.
+    pub chain_refusals_left: AtomicU64,
+    pub chain_held: AtomicU64,
+    pub chain_refused: AtomicU64,
+    /// The version the last request that carried a chain carried (0: none).
+    pub chain_seen: AtomicU64,
 }
 
 struct FakeIo {
@@ -55,7 +64,25 @@ impl Service for FakeIo {
                         .not_serving
                         .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
                         .is_ok();
+                if let Some(c) = env.chain {
+                    faults.chain_seen.store(c.version, Ordering::SeqCst);
+                }
+                let chain_refusal = env.chain.and_then(|c| {
+                    let held = faults.chain_held.load(Ordering::SeqCst);
+                    let reason = match c.version.cmp(&held) {
+                        std::cmp::Ordering::Less => dafne_proto::io::ChainRefusalReason::Stale,
+                        std::cmp::Ordering::Greater => dafne_proto::io::ChainRefusalReason::Ahead,
+                        std::cmp::Ordering::Equal => return None,
+                    };
+                    faults
+                        .chain_refusals_left
+                        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                        .ok()?;
+                    faults.chain_refused.fetch_add(1, Ordering::SeqCst);
+                    Some(dafne_proto::io::ChainRefusal { reason, chain: c.chain, version: held })
+                });
                 let result = match &r {
+                    _ if chain_refusal.is_some() => Ok(IoResponse::ChainRefused(chain_refusal.unwrap())),
                     _ if refuse => {
                         faults.refused.fetch_add(1, Ordering::SeqCst);
                         Err(dafne_proto::io::NOT_SERVING)

@@ -489,7 +489,7 @@ impl MetaSession {
     }
 
     fn envelope(&self, tag: u64) -> Envelope {
-        Envelope { tag, uid: self.uid, gid: self.gid, groups: self.groups, session: None }
+        Envelope { tag, uid: self.uid, gid: self.gid, groups: self.groups, session: None, chain: None }
     }
 
     /// Sends one request; resolves with the server's answer. A

@@ -53,7 +53,9 @@
 //! `ServerInfo` tells a lease never granted yet (`pending`: the server
 //! joined and waits for meta's first answer) from one that lapsed
 //! ([`Lease::state`]); both refuse data requests alike.
-//! Nothing checks them on data requests yet (docs/REPLICATION.md).
+//! Data requests are checked against them ([`crate::chaincheck`]). They
+//! are kept before the lease is extended, so a request admitted under
+//! the new lease is checked against the new versions.
 //!
 //! Logged once each, not per request: the lapse at warn (by a watcher
 //! thread, so it shows even with no request coming) and the lease granted
@@ -126,6 +128,14 @@ impl Lease {
     /// The chain versions of meta's last answer (empty before the first).
     pub fn chains(&self) -> Vec<ChainVersion> {
         self.chains.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The version of `chain` in meta's last answer; `None` when it did
+    /// not name it (this server holds no replica of it): what a data
+    /// request's chain is checked against ([`crate::chaincheck`]).
+    pub fn chain_version(&self, chain: u32) -> Option<u64> {
+        let chains = self.chains.lock().unwrap_or_else(|p| p.into_inner());
+        chains.binary_search_by_key(&chain, |c| c.chain).ok().map(|i| chains[i].version)
     }
 
     fn nanos(&self, t: Instant) -> u64 {

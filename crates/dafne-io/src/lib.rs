@@ -19,9 +19,12 @@
 //!   metadata server every second, so that it knows who is up.
 //! * [`lease`]: what those heartbeats earn: a server cut off from meta
 //!   refuses data requests once its lease lapsed.
+//! * [`chaincheck`]: the chain version a data request carries, checked
+//!   against the one meta's heartbeat answers gave the server.
 //! * [`metrics`]: its counters as a Prometheus page (`--metrics-listen`).
 
 pub mod allocate;
+pub mod chaincheck;
 pub mod chunk;
 pub mod heartbeat;
 pub mod lease;

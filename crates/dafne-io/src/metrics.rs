@@ -9,8 +9,9 @@
 //! storage path's operations and bytes; the UCX context's and the
 //! transport's counters; the process's CPU time and memory; whether it
 //! serves data now and the requests refused for a lapsed lease from meta
-//! (`crate::lease`), and the version of each of its chains in meta's last
-//! answer to its heartbeat.
+//! (`crate::lease`), the version of each of its chains in meta's last
+//! answer to its heartbeat, and the data requests refused for their chain
+//! version, by reason (`crate::chaincheck`).
 
 use dafne_metrics::{Kind, Text};
 use dafne_proto::io::IoOp;
@@ -61,6 +62,15 @@ pub fn render(server: &str, s: &IoStats, cap: &Capacity, transport: &TransportSt
     );
     for c in &s.lease.chains {
         f.sample(&[("chain", &c.chain.to_string())], c.version);
+    }
+    let mut f = t.family(
+        "dafne_io_chain_refusals_total",
+        Kind::Counter,
+        "Data requests refused for their chain version, by reason: stale (older than the server's), ahead \
+         (newer: the server has not heard it yet), not_replica (the server holds no replica of the chain).",
+    );
+    for (reason, n) in s.ops.chain_refusals.by_reason() {
+        f.sample(&[("reason", reason)], n);
     }
     t.single(
         "dafne_io_undecodable_requests_total",
@@ -201,6 +211,7 @@ mod tests {
         s.unifier.hits = 5;
         s.storage.checksum_errors = 2;
         s.lease.chains = vec![dafne_proto::ChainVersion { chain: 2, version: 5 }];
+        s.ops.chain_refusals.stale = 4;
         let cap = Capacity { cache_bytes: 8 << 20, ..Default::default() };
         let page = render("io-1", &s, &cap, &TransportStatsSnapshot::default());
         let families = dafne_metrics::parse(&page).unwrap_or_else(|e| panic!("{e}\n{page}"));
@@ -219,6 +230,8 @@ mod tests {
         assert_eq!(value("dafne_io_checksum_errors_total", None), 2.0);
         assert_eq!(value("dafne_io_cache_bytes", None), (8 << 20) as f64);
         assert!(page.contains("dafne_io_chain_version{server=\"io-1\",chain=\"2\"} 5\n"), "{page}");
+        assert!(page.contains("dafne_io_chain_refusals_total{server=\"io-1\",reason=\"stale\"} 4\n"), "{page}");
+        assert!(page.contains("dafne_io_chain_refusals_total{server=\"io-1\",reason=\"ahead\"} 0\n"), "{page}");
         assert!(families.iter().any(|f| f.name == "dafne_transport_requests_in_flight" && f.kind == "gauge"));
         for f in &families {
             assert_eq!(f.kind == "counter", f.name.ends_with("_total"), "{}", f.name);

@@ -142,11 +142,14 @@ pub struct OpCount {
 pub struct OpStats {
     pub by_op: [OpCount; IoOp::ALL.len()],
     pub undecodable: u64,
+    /// Requests refused for their chain version, by reason
+    /// ([`crate::chaincheck`]; counted as errors of their op too).
+    pub chain_refusals: crate::chaincheck::ChainRefusals,
 }
 
 impl Default for OpStats {
     fn default() -> Self {
-        OpStats { by_op: [OpCount::default(); IoOp::ALL.len()], undecodable: 0 }
+        OpStats { by_op: [OpCount::default(); IoOp::ALL.len()], undecodable: 0, chain_refusals: Default::default() }
     }
 }
 
@@ -161,6 +164,10 @@ impl OpStats {
         c.requests += 1;
         match result {
             Ok(IoResponse::Read { bytes, .. }) | Ok(IoResponse::Write { bytes }) => c.bytes += bytes,
+            Ok(IoResponse::ChainRefused(r)) => {
+                c.errors += 1;
+                self.chain_refusals.count(r.reason);
+            }
             Ok(_) => {}
             Err(_) => c.errors += 1,
         }
@@ -342,6 +349,16 @@ impl IoService {
                 self.lease_refusals.set(self.lease_refusals.get() + 1);
                 Err(crate::lease::NOT_SERVING)
             }
+            _ => Ok(()),
+        }
+    }
+
+    /// The chain check of a data request that carries `chain`
+    /// ([`crate::chaincheck`]): only on a server that holds a lease (it
+    /// joined meta, which gives it its chains' versions).
+    fn check_chain(&self, chain: Option<dafne_proto::ChainVersion>) -> Result<(), dafne_proto::io::ChainRefusal> {
+        match (&self.lease, chain) {
+            (Some(l), Some(asked)) => crate::chaincheck::decide(l.chain_version(asked.chain), asked),
             _ => Ok(()),
         }
     }
@@ -600,7 +617,8 @@ impl IoService {
             }
         };
         let op = request.op();
-        let result = if self.draining.get() { Err(Errno::EAGAIN) } else { self.serve(&req.conn, request).await };
+        let result =
+            if self.draining.get() { Err(Errno::EAGAIN) } else { self.serve(&req.conn, request, env.chain).await };
         self.ops.borrow_mut().record(op, &result);
         dafne_proto::io::encode_io_reply(env.tag, op, &result)
     }
@@ -707,7 +725,12 @@ impl IoService {
         Ok(out)
     }
 
-    async fn serve(&self, conn: &ConnHandle, mut req: IoRequest) -> Result<IoResponse, Errno> {
+    async fn serve(
+        &self,
+        conn: &ConnHandle,
+        mut req: IoRequest,
+        chain: Option<dafne_proto::ChainVersion>,
+    ) -> Result<IoResponse, Errno> {
         let cap = match &mut req {
             IoRequest::Login { client_name, nonce, mac, credential } => {
                 return self.log_in(conn, client_name, nonce, mac, credential.as_ref())
@@ -737,6 +760,12 @@ impl IoService {
         // request is done. `Revoke` only makes the server refuse more.
         if !matches!(req, IoRequest::Revoke { .. }) {
             self.check_lease()?;
+        }
+        // Then the chain's version (`crate::chaincheck`; only the ops that
+        // carry one have one: the decoder refuses it on others): refused
+        // before anything of the request is done.
+        if let Err(r) = self.check_chain(chain) {
+            return Ok(IoResponse::ChainRefused(r));
         }
         if self.check_cap(conn, &req, &cap)? {
             return Ok(IoResponse::Done);
@@ -770,9 +799,12 @@ impl IoService {
                 self.prepare(&req, object);
                 let raw = wait.wait().await?;
                 drop(wait);
-                // The lease may have lapsed while it waited: refused
-                // before any unit is taken.
+                // The lease may have lapsed, or the chain changed, while
+                // it waited: refused before any unit is taken.
                 self.check_lease()?;
+                if let Err(r) = self.check_chain(chain) {
+                    return Ok(IoResponse::ChainRefused(r));
+                }
                 if self.check_cap(conn, &req, &cap)? {
                     return Ok(IoResponse::Done);
                 }

@@ -23,12 +23,12 @@
 //! it uses them. A returning replica goes back to `serving` because R = 1
 //! is the only factor a cluster accepts, so it holds the only copy; with
 //! R > 1 it would go to `syncing` until a resync brought it up to date
-//! (not built). Nothing else changes a row while meta runs, and nothing
-//! reads versions on data requests yet. Layouts still name the io servers
-//! they were given at creation, the heads of their chains
-//! (`crate::store::LayoutPolicy`); writes go to those servers only, so a
-//! cluster refuses R > 1 ([`crate::server::start`]): replication of
-//! writes is step 3.
+//! (not built). Nothing else changes a row while meta runs. Layouts name
+//! chains (`crate::store::LayoutPolicy` makes the same ids as before):
+//! clients send a chain's requests to its head with the row's version,
+//! which the io servers check (`dafne_io::chaincheck`). Writes go to the
+//! head only (chain writes are not built), so a cluster refuses R > 1
+//! ([`crate::server::start`]).
 
 use dafne_proto::{Chain, Replica, ReplicaState, MAX_CHAIN_REPLICAS};
 

@@ -53,7 +53,8 @@
 //! ([`Membership::deaf_until`]) before it marks anyone `offline`: the
 //! io servers' leases lapsed because of meta, and none served data
 //! meanwhile, so none missed anything.
-//! Data requests do not carry chain versions yet (docs/REPLICATION.md).
+//! Data requests carry their chain's version and io servers check it
+//! (`dafne_io::chaincheck`; docs/REPLICATION.md).
 //!
 //! # A restart is a return
 //!

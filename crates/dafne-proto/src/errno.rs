@@ -62,6 +62,7 @@ errnos! {
     ENOSYS = 38, "Function not implemented";
     ENOTEMPTY = 39, "Directory not empty";
     ELOOP = 40, "Too many levels of symbolic links";
+    ECHRNG = 44, "Channel number out of range";
     ENODATA = 61, "No data available";
     EPROTO = 71, "Protocol error";
     EOVERFLOW = 75, "Value too large for defined data type";

@@ -4,8 +4,8 @@
 use crate::msg::get_errno;
 use crate::wire::{Reader, Writer};
 use crate::{
-    DecodeError, Errno, IoOp, Op, Request, Response, MAX_GROUPS, PROTO_VERSION, REQUEST_FLAG_GROUPS,
-    REQUEST_FLAG_GROUPS_OMITTED, REQUEST_FLAG_SESSION, SEQ_WINDOW,
+    ChainVersion, DecodeError, Errno, IoOp, Op, Request, Response, MAX_CHAINS, MAX_GROUPS, PROTO_VERSION,
+    REQUEST_FLAG_CHAIN, REQUEST_FLAG_GROUPS, REQUEST_FLAG_GROUPS_OMITTED, REQUEST_FLAG_SESSION, SEQ_WINDOW,
 };
 
 /// Who sends a request and under which id: the header fields a caller
@@ -24,12 +24,16 @@ pub struct Envelope {
     /// The request's place in its client's exactly-once session
     /// ([`REQUEST_FLAG_SESSION`]); `None`: executed every time it arrives.
     pub session: Option<SessionSeq>,
+    /// Io data requests: the chain the request is for and the version of
+    /// its row the client knows ([`REQUEST_FLAG_CHAIN`]; `io` module docs,
+    /// "Chains"). `None`: not checked.
+    pub chain: Option<ChainVersion>,
 }
 
 impl Envelope {
-    /// An envelope without supplementary groups or session sequence.
+    /// An envelope without supplementary groups, session sequence or chain.
     pub const fn new(tag: u64, uid: u32, gid: u32) -> Envelope {
-        Envelope { tag, uid, gid, groups: Groups::NONE, session: None }
+        Envelope { tag, uid, gid, groups: Groups::NONE, session: None, chain: None }
     }
 
     /// The header flags this envelope's extensions need.
@@ -42,7 +46,8 @@ impl Envelope {
             REQUEST_FLAG_GROUPS
         };
         let session = if self.session.is_some() { REQUEST_FLAG_SESSION } else { 0 };
-        groups | session
+        let chain = if self.chain.is_some() { REQUEST_FLAG_CHAIN } else { 0 };
+        groups | session | chain
     }
 }
 
@@ -186,7 +191,7 @@ impl Groups {
 /// One definition, so the two protocols' headers cannot drift apart; a
 /// header decoder refuses the other protocol's op numbers (`UnknownOp`).
 macro_rules! headers {
-    ($(#[$rqdoc:meta])* $req:ident, $(#[$rpdoc:meta])* $rep:ident, $op:ident, $flags:expr) => {
+    ($(#[$rqdoc:meta])* $req:ident, $(#[$rpdoc:meta])* $rep:ident, $op:ident, $flags:expr, $body_errno:expr) => {
         $(#[$rqdoc])*
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
         #[repr(C)]
@@ -355,7 +360,10 @@ macro_rules! headers {
                 }
                 if hdr.errno != 0 {
                     get_errno(hdr.errno, "reply errno")?;
-                    if hdr.body_len != 0 {
+                    // The one errno whose reply has a body (an io chain
+                    // refusal; none for metadata replies).
+                    let body_errno: Option<Errno> = $body_errno;
+                    if hdr.body_len != 0 && body_errno.is_none_or(|e| e.0 != hdr.errno) {
                         return Err(DecodeError::BadValue {
                             what: "body_len of an error reply (must be 0)",
                             value: hdr.body_len.into(),
@@ -429,7 +437,8 @@ headers! {
     /// `#[repr(C)]` in wire order like [`RequestHeader`].
     ReplyHeader,
     Op,
-    REQUEST_FLAG_GROUPS | REQUEST_FLAG_SESSION | REQUEST_FLAG_GROUPS_OMITTED
+    REQUEST_FLAG_GROUPS | REQUEST_FLAG_SESSION | REQUEST_FLAG_GROUPS_OMITTED,
+    None
 }
 
 headers! {
@@ -441,8 +450,9 @@ headers! {
     IoReplyHeader,
     IoOp,
     // Io requests are repeatable (a write of the same bytes, a read):
-    // no session sequence.
-    REQUEST_FLAG_GROUPS
+    // no session sequence. Data requests carry their chain.
+    REQUEST_FLAG_GROUPS | REQUEST_FLAG_CHAIN,
+    Some(crate::io::CHAIN_REFUSED)
 }
 
 pub(crate) fn body_len(total: usize, header: usize) -> u32 {
@@ -485,6 +495,16 @@ pub(crate) trait ReplyBody: Sized + std::fmt::Debug {
     fn answers(&self, op: Self::Op) -> bool;
     fn put_body(&self, w: &mut Writer);
     fn get_body(op: Self::Op, r: &mut Reader<'_>) -> Result<Self, DecodeError>;
+    /// The errno this answer travels under (0: a success); a non-zero one
+    /// is the header's `$body_errno` and its body follows.
+    fn errno(&self) -> i32 {
+        0
+    }
+    /// The body of a reply whose header carries `errno`, for the one errno
+    /// that has a body (`None`: a plain error, no body).
+    fn get_errno_body(_op: Self::Op, _errno: i32, _r: &mut Reader<'_>) -> Result<Option<Self>, DecodeError> {
+        Ok(None)
+    }
 }
 
 /// Header + body of a request (`H` and `B` of the same protocol).
@@ -495,6 +515,10 @@ pub(crate) fn encode_req<H: RequestFrame, B: RequestBody<Op = H::Op>>(env: Envel
     }
     if let Some(s) = &env.session {
         s.put(&mut w);
+    }
+    if let Some(c) = &env.chain {
+        w.put_u32(c.chain);
+        w.put_u64(c.version);
     }
     req.put_body(&mut w);
     let mut buf = w.into_vec();
@@ -526,6 +550,13 @@ pub(crate) fn decode_req<H: RequestFrame, B: RequestBody<Op = H::Op>>(
     if hdr.flags() & REQUEST_FLAG_SESSION != 0 {
         env.session = Some(SessionSeq::get(&mut r)?);
     }
+    if hdr.flags() & REQUEST_FLAG_CHAIN != 0 {
+        let chain = r.u32("request chain id")?;
+        if chain as usize >= MAX_CHAINS {
+            return Err(DecodeError::BadValue { what: "request chain id (below MAX_CHAINS)", value: chain.into() });
+        }
+        env.chain = Some(ChainVersion { chain, version: r.u64("request chain version")? });
+    }
     let req = B::get_body(hdr.op(), &mut r)?;
     r.finish()?;
     Ok((env, req))
@@ -548,7 +579,7 @@ pub(crate) fn encode_rep<H: ReplyFrame, A: ReplyBody<Op = H::Op>>(
         Ok(resp) => {
             assert!(resp.answers(op), "not a well-formed answer to {op}: {resp:?}");
             resp.put_body(&mut w);
-            0
+            resp.errno()
         }
         Err(e) => {
             assert!(e.is_valid(), "errno {} cannot travel in a reply", e.0);
@@ -571,7 +602,13 @@ pub(crate) fn decode_rep<H: ReplyFrame, A: ReplyBody<Op = H::Op>>(
     check_body_len(hdr.body_len(), r.left())?;
     let (tag, op, errno) = hdr.parts();
     if errno != 0 {
-        // The header check made it a valid errno with an empty body.
+        // The header check made it a valid errno, with an empty body but
+        // for the protocol's one errno that has one.
+        if let Some(resp) = A::get_errno_body(op, errno, &mut r)? {
+            r.finish()?;
+            return Ok((tag, op, Ok(resp)));
+        }
+        r.finish()?;
         return Ok((tag, op, Err(get_errno(errno, "reply errno")?)));
     }
     let resp = A::get_body(op, &mut r)?;

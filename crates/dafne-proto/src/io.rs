@@ -38,6 +38,10 @@
 //! | Keys | 74 | tag u64, keys (1..=[`MAX_IO_KEYS`]) | `Done`: empty |
 //! | Scrub | 75 | capability, object u64, offset u64 | `Scrubbed`: [`ScrubSlice`] |
 //!
+//! Read, Write, Truncate, Sync, Stat and Allocate may also be answered
+//! [`CHAIN_REFUSED`] with a [`ChainRefusal`] body (below, "Chains"), and
+//! carry their chain in front of the body ([`crate::REQUEST_FLAG_CHAIN`]).
+//!
 //! Numbers are never reused: a retired op keeps its number, unassigned.
 //!
 //! Building blocks:
@@ -191,9 +195,51 @@
 //! effect: the same request may be sent again, whatever it is. No other
 //! io answer is `ENOTCONN`.
 //!
+//! # Chains
+//!
+//! A layout's server indices name *chains* of meta's chain table
+//! (docs/REPLICATION.md, "Chains"): stripe slot `s` is chain
+//! `layout.servers[s]`, and a chain's requests go to its head, the first
+//! `serving` replica in the table (R = 1: chain `c` is io server `c`
+//! alone, the placement of before). A request of an op that reads or
+//! changes a file's data on a replica ([`IoOp::carries_chain`]: `Read`,
+//! `Write`, `Truncate`, `Sync`, `Stat`, `Allocate`) carries the chain and
+//! the version of its row the client knows, once per request, in front of
+//! the body ([`crate::REQUEST_FLAG_CHAIN`]: chain u32, below
+//! [`crate::MAX_CHAINS`], version u64); any other op carrying one is
+//! refused at decoding. `Remove` carries none: the reclaimer deletes an
+//! object on every io server, whatever chain each replica is in.
+//!
+//! An io server that holds chain versions from meta (it joined meta:
+//! `dafne_io::lease`) checks the request's after its lease and before
+//! anything else of the request (`dafne_io::chaincheck`), and refuses it
+//! with the error [`CHAIN_REFUSED`] (`ECHRNG`, which no other io answer
+//! uses; the one error reply with a body, a [`ChainRefusal`]: reason u8,
+//! chain u32, version u64, decoded as [`IoResponse::ChainRefused`]) when:
+//! * the server holds no replica of the chain
+//!   ([`ChainRefusalReason::NotReplica`], version 0);
+//! * the request's version is older than the server's
+//!   ([`ChainRefusalReason::Stale`], with the server's version): the
+//!   client fetches the table from meta again and sends the request again;
+//! * the request's version is newer ([`ChainRefusalReason::Ahead`], with
+//!   the server's version): meta changed the row and the server has not
+//!   heard it yet; its next heartbeat's answer, within a second, tells it,
+//!   so the client sends again after a pause.
+//!
+//! A refused request had no effect. A request without a chain (a client
+//! that has no meta session to fetch the table from: tools, tests
+//! against a lone io server) is served unchecked, as is any request to a
+//! server that holds no chain versions (started without meta). So the
+//! check keeps a client from acting on its own stale table; it does not
+//! hold back a client with a valid capability that leaves the chain out
+//! (the server cannot tell it from a client without meta). At R = 1 that
+//! changes nothing (a chain has one server); chain writes (step 3 of
+//! docs/REPLICATION.md, not built) must refuse such a request on a server
+//! that is not the chain's head.
+//!
 //! # Sizes
 //!
-//! The largest request is [`MAX_IO_REQUEST_LEN`] bytes (153 777, under the
+//! The largest request is [`MAX_IO_REQUEST_LEN`] bytes (153 789, under the
 //! transport's default 1 MiB request limit), the largest reply
 //! [`MAX_IO_REPLY_LEN`] (65 580).
 
@@ -204,6 +250,103 @@ use crate::{Capability, DecodeError, Envelope, Errno, IoReplyHeader, IoRequestHe
 /// An io server's answer to a data request while its lease from meta has
 /// lapsed (module docs, "Not serving"): not serving now, try again.
 pub const NOT_SERVING: Errno = Errno::ENOTCONN;
+
+/// The errno of an io server's refusal of a request's chain version
+/// (module docs, "Chains"): `ECHRNG`, which no other io answer uses. The
+/// one error reply with a body, a [`ChainRefusal`]; decoded as
+/// [`IoResponse::ChainRefused`].
+pub const CHAIN_REFUSED: Errno = Errno::ECHRNG;
+
+/// Why an io server refused a request's chain (module docs, "Chains").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum ChainRefusalReason {
+    /// The request's version is older than the server's: the client's
+    /// chain table is stale (fetch it again from meta, send again).
+    Stale = 1,
+    /// The request's version is newer than the server's: meta changed the
+    /// chain and the server has not heard it yet (its next heartbeat's
+    /// answer, within a second, tells it): send again after a pause.
+    Ahead = 2,
+    /// The server is not a replica of the chain (a client whose table
+    /// names the wrong server): fetch the table again.
+    NotReplica = 3,
+}
+
+impl ChainRefusalReason {
+    /// The reason with this wire number.
+    pub fn from_u8(v: u8) -> Option<ChainRefusalReason> {
+        match v {
+            1 => Some(ChainRefusalReason::Stale),
+            2 => Some(ChainRefusalReason::Ahead),
+            3 => Some(ChainRefusalReason::NotReplica),
+            _ => None,
+        }
+    }
+
+    /// As the metrics page and logs name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            ChainRefusalReason::Stale => "stale",
+            ChainRefusalReason::Ahead => "ahead",
+            ChainRefusalReason::NotReplica => "not_replica",
+        }
+    }
+}
+
+/// An io server's refusal of a request's chain version, before the request
+/// had any effect (module docs, "Chains"): reason u8, chain u32, version
+/// u64 (the server's version of the chain; 0 for
+/// [`ChainRefusalReason::NotReplica`]). 13 bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ChainRefusal {
+    pub reason: ChainRefusalReason,
+    /// The chain the request named.
+    pub chain: u32,
+    /// The server's version of that chain (0 when it holds no replica).
+    pub version: u64,
+}
+
+impl Wire for ChainRefusal {
+    fn put(&self, w: &mut Writer) {
+        w.put_u8(self.reason as u8);
+        w.put_u32(self.chain);
+        w.put_u64(self.version);
+    }
+
+    fn get(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        let v = r.u8("io chain refusal reason")?;
+        let reason = ChainRefusalReason::from_u8(v)
+            .ok_or(DecodeError::BadValue { what: "io chain refusal reason", value: v.into() })?;
+        let chain = r.u32("io chain refusal chain")?;
+        if chain as usize >= crate::MAX_CHAINS {
+            return Err(DecodeError::BadValue {
+                what: "io chain refusal chain (below MAX_CHAINS)",
+                value: chain.into(),
+            });
+        }
+        let version = r.u64("io chain refusal version")?;
+        if reason == ChainRefusalReason::NotReplica && version != 0 {
+            // One encoding per message.
+            return Err(DecodeError::BadValue {
+                what: "io chain refusal version (0 when not a replica)",
+                value: version,
+            });
+        }
+        Ok(ChainRefusal { reason, chain, version })
+    }
+}
+
+impl IoOp {
+    /// Whether a request of this op may carry a chain
+    /// ([`crate::REQUEST_FLAG_CHAIN`]; module docs, "Chains"): the ops that
+    /// read or change a file's data on a chain's replica. Not `Remove`
+    /// (the reclaimer deletes an object on every io server, each replica
+    /// alike), nor the ops about the server or the connection.
+    pub fn carries_chain(self) -> bool {
+        matches!(self, IoOp::Read | IoOp::Write | IoOp::Truncate | IoOp::Sync | IoOp::Stat | IoOp::Allocate)
+    }
+}
 
 ops! {
     /// What an io request asks for. The numbers are the wire's, in the op
@@ -304,13 +447,15 @@ pub const MAX_FILE_SIZE: u64 = i64::MAX as u64;
 /// Encoded size of an [`IoExtent`]: offset u64, len u32, key u16, addr u64.
 const EXTENT_SIZE: usize = 8 + 4 + 2 + 8;
 
-/// The largest io request: header + a Write with every limit reached:
-/// 32 + 67 (capability) + 1 (no keys_follow: a request with keys has
-/// none) + 4 + 16 × (4 + 4096) (keys) + 4 + 1024 × 22 (extents) + 1
-/// (stability) + 4 + 65 536 (inline) = 153 777 bytes. A Revoke is
+/// The largest io request: header + its chain + a Write with every limit
+/// reached: 32 + 12 (chain, version) + 67 (capability) + 1 (no
+/// keys_follow: a request with keys has none) + 4 + 16 × (4 + 4096)
+/// (keys) + 4 + 1024 × 22 (extents) + 1 (stability) + 4 + 65 536
+/// (inline) = 153 789 bytes. A Revoke is
 /// smaller: 32 + 67 + at most 65 604 (revocations); a Keys too: 32 + 8 +
 /// the keys.
 pub const MAX_IO_REQUEST_LEN: usize = IoRequestHeader::SIZE
+    + crate::members::CHAIN_VERSION_SIZE
     + CAPABILITY_SIZE
     + 1
     + 4
@@ -324,7 +469,7 @@ pub const MAX_IO_REQUEST_LEN: usize = IoRequestHeader::SIZE
 /// 32 + 8 (bytes) + 4 + 65 536 (data) = 65 580 bytes.
 pub const MAX_IO_REPLY_LEN: usize = IoReplyHeader::SIZE + 8 + 4 + MAX_INLINE;
 
-const _: () = assert!(MAX_IO_REQUEST_LEN == 153_777 && MAX_IO_REPLY_LEN == 65_580);
+const _: () = assert!(MAX_IO_REQUEST_LEN == 153_789 && MAX_IO_REPLY_LEN == 65_580);
 const _: () = assert!(IoRequestHeader::SIZE + CAPABILITY_SIZE + crate::Revocations::MAX_SIZE <= MAX_IO_REQUEST_LEN);
 // An Allocate: 32 + 67 + 8 + 8 + 1 + 4 + 4 + 4 + 256 × 4 = 1 152 bytes.
 const _: () = assert!(
@@ -1102,6 +1247,11 @@ pub enum IoResponse {
     Revoked { instance: u64, seq: u64 },
     /// Scrub: what one slice checked.
     Scrubbed(ScrubSlice),
+    /// Any op that carries a chain ([`IoOp::carries_chain`]): the server
+    /// refused the request's chain version before doing anything (module
+    /// docs, "Chains"). Travels as the error [`CHAIN_REFUSED`] with this
+    /// body.
+    ChainRefused(ChainRefusal),
 }
 
 /// Most bytes one `Scrub` request reads from the device (module docs,
@@ -1189,6 +1339,7 @@ impl IoResponse {
             (IoResponse::ServerInfo(_), IoOp::ServerInfo) => true,
             (IoResponse::Revoked { .. }, IoOp::Revoke) => true,
             (IoResponse::Scrubbed(_), IoOp::Scrub) => true,
+            (IoResponse::ChainRefused(_), op) => op.carries_chain(),
             _ => false,
         }
     }
@@ -1207,6 +1358,7 @@ impl IoResponse {
                 w.put_u64(*seq);
             }
             IoResponse::Scrubbed(s) => s.put(w),
+            IoResponse::ChainRefused(c) => c.put(w),
             IoResponse::ServerInfo(info) => {
                 let f = info.fields();
                 w.put_len(f.len());
@@ -1265,7 +1417,14 @@ pub fn encode_io_request(env: Envelope, req: &IoRequest) -> Vec<u8> {
 /// `body_len` bytes, and nothing else. Metadata op numbers are refused with
 /// [`DecodeError::UnknownOp`].
 pub fn decode_io_request(buf: &[u8]) -> Result<(Envelope, IoRequest), DecodeError> {
-    crate::frame::decode_req::<IoRequestHeader, _>(buf)
+    let (env, req) = crate::frame::decode_req::<IoRequestHeader, IoRequest>(buf)?;
+    if env.chain.is_some() && !req.op().carries_chain() {
+        return Err(DecodeError::BadValue {
+            what: "request chain (only Read, Write, Truncate, Sync, Stat and Allocate carry one)",
+            value: u16::from(req.op()).into(),
+        });
+    }
+    Ok((env, req))
 }
 
 /// The bytes of the reply to io request `tag` of `op`: on success the body
@@ -1308,6 +1467,24 @@ impl crate::frame::ReplyBody for IoResponse {
     }
     fn get_body(op: IoOp, r: &mut Reader<'_>) -> Result<IoResponse, DecodeError> {
         IoResponse::get_body(op, r)
+    }
+    fn errno(&self) -> i32 {
+        match self {
+            IoResponse::ChainRefused(_) => CHAIN_REFUSED.0,
+            _ => 0,
+        }
+    }
+    fn get_errno_body(op: IoOp, errno: i32, r: &mut Reader<'_>) -> Result<Option<IoResponse>, DecodeError> {
+        if errno != CHAIN_REFUSED.0 {
+            return Ok(None);
+        }
+        if !op.carries_chain() {
+            return Err(DecodeError::BadValue {
+                what: "io chain refusal (answers only an op that carries a chain)",
+                value: u16::from(op).into(),
+            });
+        }
+        Ok(Some(IoResponse::ChainRefused(ChainRefusal::get(r)?)))
     }
 }
 
@@ -1579,9 +1756,10 @@ mod tests {
             keys_follow: None,
         };
         assert_eq!(req.total_bytes(), MAX_IO_BYTES as u64);
-        let b = encode_io_request(ENV, &req);
+        let env = Envelope { chain: Some(crate::ChainVersion { chain: 1, version: 2 }), ..ENV };
+        let b = encode_io_request(env, &req);
         assert_eq!(b.len(), MAX_IO_REQUEST_LEN);
-        assert_eq!(decode_io_request(&b), Ok((ENV, req)));
+        assert_eq!(decode_io_request(&b), Ok((env, req)));
         let resp = IoResponse::Read { bytes: MAX_INLINE as u64, data: vec![2; MAX_INLINE] };
         let b = encode_io_reply(1, IoOp::Read, &Ok(resp.clone()));
         assert_eq!(b.len(), MAX_IO_REPLY_LEN);
@@ -2025,5 +2203,94 @@ mod tests {
         let n = bad.len();
         bad[n - 16] = 12;
         assert!(decode_io_reply(&bad).is_err(), "a position without a next slice was accepted");
+    }
+
+    /// Issue 13, step 3: the chain travels once per request, in front of
+    /// the body, only on the ops that carry one, bounded.
+    #[test]
+    fn a_data_request_carries_its_chain_once_and_only_data_ops_may() {
+        let chain = Some(crate::ChainVersion { chain: 3, version: 7 });
+        let env = Envelope { chain, ..ENV };
+        let data_ops = [
+            read(vec![vec![1]], vec![IoExtent { offset: 0, len: 1, key: 0, addr: 4096 }], false),
+            IoRequest::Truncate { cap: cap(), size: 5 },
+            IoRequest::Sync { cap: cap() },
+            IoRequest::Stat { cap: cap() },
+        ];
+        for req in &data_ops {
+            let b = encode_io_request(env, req);
+            assert_eq!(b.len(), encode_io_request(ENV, req).len() + 12, "{req:?}: chain u32 + version u64");
+            assert_eq!(b[4] as u32 & crate::REQUEST_FLAG_CHAIN, crate::REQUEST_FLAG_CHAIN);
+            assert_eq!(decode_io_request(&b), Ok((env, req.clone())));
+            for n in 0..b.len() {
+                assert!(decode_io_request(&b[..n]).is_err(), "prefix of {n} bytes accepted");
+            }
+        }
+        // Ops that carry none refuse one.
+        for req in [
+            IoRequest::Remove { cap: cap() },
+            IoRequest::ServerInfo { cap: cap() },
+            IoRequest::Keys { tag: 1, keys: vec![vec![1]] },
+            IoRequest::Scrub { cap: cap(), object: 0, offset: 0 },
+        ] {
+            assert!(decode_io_request(&encode_io_request(ENV, &req)).is_ok());
+            assert!(
+                matches!(decode_io_request(&encode_io_request(env, &req)), Err(DecodeError::BadValue { .. })),
+                "{req:?} with a chain accepted"
+            );
+        }
+        // A chain id at or above MAX_CHAINS is refused.
+        let far = Envelope { chain: Some(crate::ChainVersion { chain: crate::MAX_CHAINS as u32, version: 1 }), ..ENV };
+        let b = encode_io_request(far, &IoRequest::Sync { cap: cap() });
+        assert!(matches!(decode_io_request(&b), Err(DecodeError::BadValue { .. })));
+        let last = Envelope {
+            chain: Some(crate::ChainVersion { chain: crate::MAX_CHAINS as u32 - 1, version: u64::MAX }),
+            ..ENV
+        };
+        assert!(decode_io_request(&encode_io_request(last, &IoRequest::Sync { cap: cap() })).is_ok());
+        // The metadata protocol knows no such flag.
+        let meta = encode_request(env, &Request::GetAttr { ino: 1 });
+        assert_eq!(decode_request(&meta), Err(DecodeError::Reserved));
+    }
+
+    /// The refusal is the one error reply with a body, only for an op that
+    /// carries a chain, and decodes strictly.
+    #[test]
+    fn a_chain_refusal_travels_as_its_errno_with_the_servers_version() {
+        let refusal = ChainRefusal { reason: ChainRefusalReason::Stale, chain: 2, version: 9 };
+        for op in [IoOp::Read, IoOp::Write, IoOp::Truncate, IoOp::Sync, IoOp::Stat, IoOp::Allocate] {
+            let b = encode_io_reply(5, op, &Ok(IoResponse::ChainRefused(refusal)));
+            let hdr = IoReplyHeader::decode(&b).unwrap();
+            assert_eq!((hdr.errno, hdr.body_len), (CHAIN_REFUSED.0, 13));
+            assert_eq!(decode_io_reply(&b), Ok((5, op, Ok(IoResponse::ChainRefused(refusal)))));
+            for n in 0..b.len() {
+                assert!(decode_io_reply(&b[..n]).is_err(), "prefix of {n} bytes accepted");
+            }
+        }
+        // Without its body, the errno is malformed, not a plain error.
+        let plain = encode_io_reply(5, IoOp::Read, &Err(CHAIN_REFUSED));
+        assert!(decode_io_reply(&plain).is_err());
+        // Another errno with a body is refused as before.
+        let mut other = encode_io_reply(5, IoOp::Read, &Ok(IoResponse::ChainRefused(refusal)));
+        other[4..8].copy_from_slice(&Errno::EIO.0.to_le_bytes());
+        assert!(decode_io_reply(&other).is_err());
+        // Not an answer to an op that carries no chain.
+        assert!(!IoResponse::ChainRefused(refusal).answers(IoOp::Remove));
+        let mut remove = encode_io_reply(5, IoOp::Read, &Ok(IoResponse::ChainRefused(refusal)));
+        remove[2..4].copy_from_slice(&u16::from(IoOp::Remove).to_le_bytes());
+        assert!(decode_io_reply(&remove).is_err());
+        // Bad reasons, chains past the bound, a version for "not a replica".
+        let at = IoReplyHeader::SIZE;
+        let good = encode_io_reply(5, IoOp::Read, &Ok(IoResponse::ChainRefused(refusal)));
+        for (i, v) in [(at, 0u8), (at, 4), (at + 4, 1)] {
+            let mut b = good.clone();
+            b[i] = v;
+            assert!(decode_io_reply(&b).is_err(), "byte {i} = {v} accepted");
+        }
+        let nr = ChainRefusal { reason: ChainRefusalReason::NotReplica, chain: 2, version: 0 };
+        let mut b = encode_io_reply(5, IoOp::Sync, &Ok(IoResponse::ChainRefused(nr)));
+        assert!(decode_io_reply(&b).is_ok());
+        b[at + 5] = 1;
+        assert!(decode_io_reply(&b).is_err(), "a version for a server that holds no replica");
     }
 }

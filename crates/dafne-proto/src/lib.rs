@@ -27,7 +27,9 @@
 //!                       acked_below u64, the exactly-once session sequence
 //!                       (acked_below <= seq < acked_below + SEQ_WINDOW);
 //!                       REQUEST_FLAG_GROUPS_OMITTED (4, metadata only, not
-//!                       with 1): the caller's groups were not read
+//!                       with 1): the caller's groups were not read;
+//!                       REQUEST_FLAG_CHAIN (8, io only): then chain u32,
+//!                       version u64, the chain the request is for
 //!      8    8 tag       the client's request id, echoed in the reply
 //!     16    4 uid       caller's credentials, checked by the server
 //!     20    4 gid
@@ -41,7 +43,8 @@
 //!      2    2 op        the op of the request answered
 //!      4    4 errno     i32: 0 = success, else a Linux errno in 1..=MAX_ERRNO
 //!      8    8 tag       the request's tag
-//!     16    4 body_len  bytes that follow; 0 when errno != 0
+//!     16    4 body_len  bytes that follow; 0 when errno != 0, except
+//!                       an io reply's io::CHAIN_REFUSED (its ChainRefusal)
 //!     20   12 reserved  must be 0
 //! ```
 //!
@@ -265,10 +268,10 @@ pub use frame::{
     ReplyHeader, RequestHeader, SessionSeq,
 };
 pub use io::{
-    decode_io_reply, decode_io_request, encode_io_reply, encode_io_request, AllocateMode, IoExtent, IoOp, IoRequest,
-    IoResponse, KeysFollow, ScrubSlice, ServerInfo, Stability, StripeSlots, LEASE_HELD, LEASE_LAPSED, LEASE_NONE,
-    LEASE_PENDING, MAX_INLINE, MAX_IO_BYTES, MAX_IO_EXTENTS, MAX_IO_KEYS, MAX_IO_KEY_BYTES, MAX_IO_REPLY_LEN,
-    MAX_IO_REQUEST_LEN, MAX_SCRUB_BAD, NO_KEY,
+    decode_io_reply, decode_io_request, encode_io_reply, encode_io_request, AllocateMode, ChainRefusal,
+    ChainRefusalReason, IoExtent, IoOp, IoRequest, IoResponse, KeysFollow, ScrubSlice, ServerInfo, Stability,
+    StripeSlots, CHAIN_REFUSED, LEASE_HELD, LEASE_LAPSED, LEASE_NONE, LEASE_PENDING, MAX_INLINE, MAX_IO_BYTES,
+    MAX_IO_EXTENTS, MAX_IO_KEYS, MAX_IO_KEY_BYTES, MAX_IO_REPLY_LEN, MAX_IO_REQUEST_LEN, MAX_SCRUB_BAD, NO_KEY,
 };
 pub use lock::{LockKind, LockRange, OwnerLocks, LOCK_FAIR, LOCK_FLAGS, LOCK_RECLAIM, LOCK_WAIT};
 pub use members::{
@@ -310,8 +313,11 @@ pub use types::{
 /// [`REQUEST_FLAG_GROUPS_OMITTED`]. 17: the `ServerHeartbeat` answer
 /// carries the versions of the sender's chains (`Heartbeat`, kind 18), and
 /// the io op `ServerInfo`'s answer the lease state and chain versions the
-/// io server holds. 18: `ServerInfo`'s lease state [`LEASE_PENDING`] (an
-/// io server waiting for its first lease, before shown as lapsed).
+/// io server holds. 18: io data requests carry the chain and its version
+/// ([`REQUEST_FLAG_CHAIN`]) and an io server refuses one whose version is
+/// not its own with [`io::CHAIN_REFUSED`], a reply whose body says why
+/// ([`io::ChainRefusal`]); `ServerInfo`'s lease state [`LEASE_PENDING`]
+/// (an io server waiting for its first lease, before shown as lapsed).
 pub const PROTO_VERSION: u16 = 18;
 
 /// Request header `flags`: the body starts with the caller's supplementary
@@ -336,6 +342,14 @@ pub const REQUEST_FLAG_GROUPS_OMITTED: u32 = 4;
 /// non-idempotent op ([`Request::is_exactly_once`]) with the cached first
 /// answer; other ops, and io servers, ignore it.
 pub const REQUEST_FLAG_SESSION: u32 = 2;
+
+/// Request header `flags` (io only): after the groups, the body carries
+/// the chain the request is for and the version of the chain table row
+/// the client knows, `chain u32, version u64` ([`ChainVersion`],
+/// [`Envelope::chain`]). Only the io ops Read, Write, Truncate, Sync, Stat
+/// and Allocate may carry it (`io` module docs, "Chains"); a chain id at
+/// or above [`MAX_CHAINS`] is refused.
+pub const REQUEST_FLAG_CHAIN: u32 = 8;
 
 /// How far a request's `seq` may run ahead of its `acked_below`
 /// (exclusive): at most this many answers per client in a server's replay

@@ -118,6 +118,8 @@ fn envelope() -> impl Strategy<Value = Envelope> {
                 seq,
                 acked_below: seq.saturating_sub(behind),
             }),
+            // Io only.
+            chain: None,
         })
 }
 

@@ -971,3 +971,257 @@ fn a_request_to_a_server_that_stays_stopped_fails_with_eio_after_the_retry_deadl
     }
     assert!(data.repeats_after_loss() > 0, "the write did not meet a lost connection");
 }
+
+/// Data requests refused for their chain version by io server `server`
+/// (`io-N`), for `reason` (`stale`, `ahead`, `not_replica`), from its
+/// metrics page (rendered at most once a second: callers wait on it).
+fn chain_refusals(dir: &Path, server: &str, reason: &str) -> f64 {
+    let info: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("cluster.json")).unwrap()).unwrap();
+    let addr: std::net::SocketAddr = info["metrics"]
+        .as_array()
+        .and_then(|m| m.iter().find(|e| e["server"] == server))
+        .and_then(|e| e["addr"].as_str())
+        .unwrap()
+        .parse()
+        .unwrap();
+    let page = dafne_metrics::http::fetch(addr, Duration::from_secs(5)).expect("a metrics page");
+    let families = dafne_metrics::parse::parse(&page).expect("a well-formed page");
+    families
+        .iter()
+        .find(|f| f.name == "dafne_io_chain_refusals_total")
+        .and_then(|f| f.samples.iter().find(|s| s.label("reason") == Some(reason)))
+        .map(|s| s.value)
+        .unwrap_or_else(|| panic!("{server}'s page has no chain refusals for {reason}"))
+}
+
+/// Issue 13, step 3 (docs/REPLICATION.md): data requests carry their
+/// chain's version and the io server checks it. A client fetched the
+/// chain table when it was made, and wrote a file; io-1 is stopped past
+/// its lease (SIGSTOP), so meta marks it offline (version + 1), and
+/// resumed, so meta marks it serving again (version + 2) and tells io-1
+/// in its heartbeat's answer. The client, whose table still says the
+/// version of before, keeps writing and reading the file with no error:
+/// io-1 refuses its first request as stale, the client fetches the table
+/// again and sends it again with the new version, and the data verifies.
+/// Failed with the server's check removed (the refusal counter stayed 0).
+#[test]
+fn a_client_rides_over_its_chains_version_changes_with_no_error() {
+    use common::cluster::{server_metric, server_pid, Stopped};
+    use dafne_proto::io::Stability;
+    let c = Cluster::start_sized(2, "");
+    wait_members(c.dir(), &[("up", 0), ("up", 0)]);
+    common::wait_for("io-1 serving", || server_metric(c.dir(), "io-1", "dafne_io_serving") == Some(1.0));
+    let (_rt, data, fs) = native_client(&c, "chain-versions");
+    let f = fs.create(fs.meta.root(), b"versioned", 0o644, None).unwrap();
+    let h = f.handle().clone();
+    let unit = h.layout.stripe_unit as usize;
+    let width = h.layout.stripe_count as usize;
+    assert!(h.layout.servers.contains(&1), "the file has a stripe on io-1: {:?}", h.layout);
+    let len = width * unit + unit / 2;
+    f.write_at(0, &common::pattern(len, 1), Stability::FileSync).unwrap();
+    let read = || {
+        let mut b = vec![0u8; len];
+        let got = futures::executor::block_on(data.read_at(&h, 0, &mut b)).unwrap();
+        b.truncate(got);
+        b
+    };
+    assert!(read() == common::pattern(len, 1));
+    // The table the client fetched for those requests.
+    let table = data.chains().expect("the client fetched the chain table");
+    let v1 = table.iter().find(|c| c.id == 1).expect("chain 1 in the client's table").version;
+    let refused_before = chain_refusals(c.dir(), "io-1", "stale");
+    let refetched_before = data.chain_refetches();
+
+    let stopped = Stopped::stop(server_pid(c.dir(), "io-1"));
+    let row = |id: u32, version: u64, health: &'static str, state: &str| {
+        (id, version, health, vec![format!("io-{id} {state}")])
+    };
+    let v0 = table.iter().find(|c| c.id == 0).unwrap().version;
+    wait_chains(&c, &[row(0, v0, "healthy", "serving"), row(1, v1 + 1, "unavailable", "offline")]);
+    stopped.resume();
+    wait_chains(&c, &[row(0, v0, "healthy", "serving"), row(1, v1 + 2, "healthy", "serving")]);
+    common::wait_for("io-1 hearing its chain's new version", || {
+        server_metric(c.dir(), "io-1", "dafne_io_chain_version") == Some((v1 + 2) as f64)
+    });
+    assert_eq!(
+        data.chains().unwrap().iter().find(|c| c.id == 1).unwrap().version,
+        v1,
+        "the client's table is the one of before the bumps"
+    );
+
+    // Write the whole file again and read it: no error reaches us.
+    f.write_at(0, &common::pattern(len, 2), Stability::FileSync).unwrap();
+    assert!(read() == common::pattern(len, 2), "the data written after the version changes");
+    f.fsync().unwrap();
+    assert_eq!(data.chains().unwrap().iter().find(|c| c.id == 1).unwrap().version, v1 + 2, "the table fetched again");
+    assert!(data.chain_refetches() > refetched_before, "the client fetched the table again");
+    let mut refused = 0.0;
+    common::wait_for("io-1 counting its stale refusal", || {
+        refused = chain_refusals(c.dir(), "io-1", "stale");
+        refused > refused_before
+    });
+    f.close().unwrap();
+}
+
+/// Issue 13, step 3: the io server refuses a request whose chain version
+/// is not its own before it has any effect, and says why with its own
+/// version: an older version is stale, a newer one ahead (the server has
+/// not heard it: the client sends again after a pause), and a chain the
+/// server holds no replica of is refused too. A write sent so leaves the
+/// file as it was; the same write with the server's version lands.
+#[test]
+fn a_request_with_another_chain_version_is_refused_before_any_effect() {
+    use common::cluster::server_metric;
+    use dafne_proto::io::{ChainRefusal, ChainRefusalReason, IoExtent, IoRequest, IoResponse, Stability};
+    use dafne_proto::ChainVersion;
+    let c = Cluster::start_sized(2, "");
+    wait_members(c.dir(), &[("up", 0), ("up", 0)]);
+    common::wait_for("io-0 serving", || server_metric(c.dir(), "io-0", "dafne_io_serving") == Some(1.0));
+    let (_rt, data, fs) = native_client(&c, "chain-check");
+    let f = fs.create(fs.meta.root(), b"checked", 0o644, None).unwrap();
+    let h = f.handle().clone();
+    let n = 4096usize;
+    f.write_at(0, &common::pattern(n, 1), Stability::FileSync).unwrap();
+    let read = || {
+        let mut b = vec![0u8; n];
+        let got = futures::executor::block_on(data.read_at(&h, 0, &mut b)).unwrap();
+        b.truncate(got);
+        b
+    };
+    // The first stripe's chain, its version, and its head (R = 1: the io
+    // server of the same id).
+    let chain = h.layout.servers[0];
+    let server = chain as usize;
+    let other = (chain + 1) % 2;
+    let table = data.chains().expect("the client fetched the chain table");
+    let v = table.iter().find(|c| c.id == chain).unwrap().version;
+    common::wait_for("the io server holding the table's version", || {
+        server_metric(c.dir(), &format!("io-{server}"), "dafne_io_chain_version") == Some(v as f64)
+    });
+    let write = |seed: u64| IoRequest::Write {
+        cap: h.cap,
+        keys: Vec::new(),
+        extents: vec![IoExtent::inline(0, n as u32)],
+        stability: Stability::FileSync,
+        inline: common::pattern(n, seed),
+        keys_follow: None,
+    };
+    let send = |cv: ChainVersion, seed: u64| {
+        futures::executor::block_on(data.raw_request_on_chain(server, Some(cv), &write(seed)))
+    };
+    let refused = |reason, version| Ok(IoResponse::ChainRefused(ChainRefusal { reason, chain, version }));
+    assert_eq!(send(ChainVersion { chain, version: v - 1 }, 2), refused(ChainRefusalReason::Stale, v));
+    assert_eq!(send(ChainVersion { chain, version: v + 1 }, 3), refused(ChainRefusalReason::Ahead, v));
+    assert_eq!(
+        send(ChainVersion { chain: other, version: v }, 4),
+        Ok(IoResponse::ChainRefused(ChainRefusal { reason: ChainRefusalReason::NotReplica, chain: other, version: 0 }))
+    );
+    assert!(read() == common::pattern(n, 1), "a refused write changed the file");
+    let io = format!("io-{server}");
+    common::wait_for("the refusals counted by reason", || {
+        ["stale", "ahead", "not_replica"].iter().all(|r| chain_refusals(c.dir(), &io, r) >= 1.0)
+    });
+    // The server's own version: served.
+    assert_eq!(send(ChainVersion { chain, version: v }, 5), Ok(IoResponse::Write { bytes: n as u64 }));
+    assert!(read() == common::pattern(n, 5), "the write with the server's version");
+    f.close().unwrap();
+}
+
+/// Review of issue 13 step 3: a chain table fetched again while meta is
+/// out of reach of the client (its io servers still hold their leases)
+/// does not hold up the completion queue's other requests. The fetch
+/// went through `MetaSession::request_async`, which, once its connection
+/// to meta was found lost, reconnected and paused on the thread polling
+/// it (`Link::get`, `std::thread::sleep`) until meta's retry deadline
+/// (30 s): on a completion queue, its driver, so every other request of
+/// the queue waited too (the class of defect
+/// `a_server_out_of_reach_does_not_hold_up_another_servers_requests_on_one_queue`
+/// is about, for io servers). A cut between the client and meta alone
+/// cannot be made between processes of one machine, so the client's meta
+/// session is to a second cluster's meta (real, stopped by SIGSTOP),
+/// whose chain 1 is older than the first cluster's (io-1 there stopped
+/// past its lease and resumed): each write to io-1 is refused as stale
+/// and the client asks its meta for the table again. A `ServerInfo` to
+/// io-0 posted on the same queue once the client found its meta's
+/// connection lost must complete while that meta stays stopped.
+/// Failed before the fix: "io-0's ServerInfo did not complete while the
+/// client's meta was stopped: ETIMEDOUT".
+#[test]
+fn a_chain_table_fetch_while_meta_is_out_of_reach_does_not_hold_up_a_queue() {
+    use common::cluster::{server_metric, server_pid, Stopped};
+    use dafne_proto::io::Stability;
+    let c = Cluster::start_sized(2, "");
+    let other = Cluster::start_sized(2, "");
+    wait_members(c.dir(), &[("up", 0), ("up", 0)]);
+    wait_members(other.dir(), &[("up", 0), ("up", 0)]);
+    common::wait_for("io-1 serving", || server_metric(c.dir(), "io-1", "dafne_io_serving") == Some(1.0));
+    let info = |c: &Cluster| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(c.dir().join("cluster.json")).unwrap()).unwrap()
+    };
+    let addr = |v: &serde_json::Value| v.as_str().unwrap().parse::<std::net::SocketAddr>().unwrap();
+    let (ci, oi) = (info(&c), info(&other));
+    let io: Vec<std::net::SocketAddr> = ci["io"].as_array().unwrap().iter().map(addr).collect();
+    let ucx: Vec<(String, String)> = serde_json::from_value(ci["ucx"].clone()).unwrap();
+    let rt = dafne_transport::Runtime::new(dafne_transport::RuntimeOptions {
+        name: "chain-fetch-queue".into(),
+        ucx_config: ucx,
+        // A try to reach the stopped meta hangs this long: before the
+        // fix, on the queue's driver.
+        connect_timeout: Duration::from_secs(60),
+        ..Default::default()
+    })
+    .unwrap();
+    let secret = |c: &Cluster| dafne_auth::Secret::load(&c.dir().join("meta").join("cluster.secret")).unwrap();
+    let data = dafne_client::data::DataClient::connect(&rt, &io, secret(&c)).unwrap();
+    // The client's meta, for its chain table: the other cluster's.
+    let far = dafne_client::MetaSession::connect(&rt, addr(&oi["meta"]), secret(&other), "far", 0, 0).unwrap();
+    data.attach_meta(far);
+    let near = dafne_client::MetaSession::connect(&rt, addr(&ci["meta"]), secret(&c), "near", 0, 0).unwrap();
+    let fs = dafne_client::file::Fs::new(near, data.clone());
+    let f = fs.create(fs.meta.root(), b"refetched", 0o644, None).unwrap();
+    let h = f.handle().clone();
+    let unit = u64::from(h.layout.stripe_unit);
+    let on_1 = h.layout.servers.iter().position(|&s| s == 1).expect("a stripe on io-1") as u64;
+    let v1 = data.chains().expect("a chain table").iter().find(|c| c.id == 1).unwrap().version;
+
+    // io-1's chain moves on past the client's table.
+    let stopped = Stopped::stop(server_pid(c.dir(), "io-1"));
+    common::wait_for("io-1 offline in its chain", || meta_chains(&c).iter().any(|r| r.0 == 1 && r.2 == "unavailable"));
+    stopped.resume();
+    common::wait_for("io-1 hearing its chain's new version", || {
+        server_metric(c.dir(), "io-1", "dafne_io_chain_version").is_some_and(|v| v >= (v1 + 2) as f64)
+            && server_metric(c.dir(), "io-1", "dafne_io_serving") == Some(1.0)
+    });
+
+    data.set_retry_deadline(Duration::from_secs(45));
+    let q = dafne_client::cq::CompletionQueue::new();
+    let dead_before = rt.stats().snapshot().peer_failures;
+    let meta = Stopped::stop(server_pid(other.dir(), "meta"));
+    let refetched_before = data.chain_refetches();
+    let to_1 = {
+        let (d, h) = (data.clone(), h.clone());
+        q.post(async move { d.write_at(&h, on_1 * unit, &common::pattern(4096, 7), Stability::FileSync).await })
+    };
+    // The first fetch fails when the connection is found lost (keepalive
+    // silence, 5 s); the write, refused again, fetches again, and that
+    // fetch tries to reconnect to the stopped meta.
+    common::wait_for("the client asking its meta for the table twice", || {
+        data.chain_refetches() >= refetched_before + 2
+    });
+    assert!(rt.stats().snapshot().peer_failures > dead_before, "the connection to the client's meta was lost");
+    let secret_c = secret(&c);
+    let to_0 = {
+        let d = data.clone();
+        let cap = dafne_client::data::info_capability(&secret_c);
+        q.post(async move { d.server_info(0, cap).await.map(|_| 0) })
+    };
+    // A third of the connect timeout that the fetch waited out on the
+    // driver's thread before the fix.
+    let got = q.wait(to_0, Duration::from_secs(20));
+    meta.resume();
+    assert_eq!(got, Ok(0), "io-0's ServerInfo did not complete while the client's meta was stopped");
+    // Its meta back, the client's table is still older than io-1's
+    // version (the other cluster's): the write fails at its deadline.
+    assert_eq!(q.wait(to_1, Duration::from_secs(180)), Err(Errno::EIO));
+}
