@@ -2339,4 +2339,71 @@ mod tests {
         assert_eq!(d.bounce_quarantined(), 2, "buffers held past their time were kept");
         assert_eq!(d.bounce_pooled(), 0);
     }
+
+    /// Review (a defect found as a user): a client started while an io
+    /// server was out of reach (killed, its restart not yet come) failed
+    /// to start ("cannot reach a dafne server at ..."), though one started
+    /// a moment earlier rode over the restart. It starts now: a request to
+    /// that server waits for it, up to the retry deadline, then fails
+    /// with `EIO`, while the other server's requests go on; once the
+    /// server listens, its requests succeed. Failed before the change: the
+    /// connect returned the unreachable server's error.
+    #[test]
+    fn a_client_starts_while_a_server_is_out_of_reach_and_uses_it_once_it_listens() {
+        let (_server0, addr0, _) = fake_io::start();
+        let addr1 = fake_io::nothing_at();
+        let rt = fake_io::runtime("out-of-reach");
+        let d = DataClient::connect(&rt, &[addr0, addr1], crate::fake_io::secret())
+            .expect("a client starts while one of its io servers is out of reach");
+        assert_eq!(d.server_count(), 2);
+        assert!(d.context().is_some(), "no UCX context to register with");
+        d.set_retry_deadline(Duration::from_secs(1));
+        // Stripe unit 0 is server 0's, unit 1 server 1's.
+        let f = fake_io::file_on(50, 2);
+        let (to_0, to_1) = block_on(futures::future::join(
+            d.write_at(&f, 0, b"server 0", Stability::Unstable),
+            d.write_at(&f, 1 << 20, b"server 1", Stability::Unstable),
+        ));
+        assert_eq!(to_0, Ok(8), "a request to the server in reach");
+        assert_eq!(to_1, Err(Errno::EIO), "a request to a server out of reach past the retry deadline");
+        assert!(d.repeats_after_loss() > 0, "the request to the server out of reach was not tried again");
+        // A buffer of the registration cache's size goes zero-copy through
+        // server 0 (the cache lives in the runtime's context).
+        let big = vec![3u8; ZERO_COPY_MIN];
+        assert_eq!(block_on(d.write_from(&f, 0, &big, Stability::Unstable)), Ok(big.len()));
+        // The server comes (back): its requests succeed, on the link's
+        // first connection.
+        let (_server1, _, faults1) = fake_io::start_at(addr1);
+        d.set_retry_deadline(Duration::from_secs(60));
+        assert_eq!(block_on(d.write_at(&f, 1 << 20, b"server 1", Stability::DataSync)), Ok(8));
+        assert_eq!(faults1.stable_writes.load(Ordering::Relaxed), 1, "the write did not reach server 1");
+        assert_eq!(d.reconnects(), 1, "the first connection to server 1 is the one connection made late");
+        assert_eq!(block_on(d.sync(&f)), Ok(()), "nothing acknowledged was lost");
+    }
+
+    /// What waiting cannot cure still fails the start: no server in reach
+    /// at all (a wrong address or cluster is told at once), and a login
+    /// refused (a wrong secret), also when another server is out of reach.
+    #[test]
+    fn a_client_does_not_start_without_a_server_in_reach_or_with_a_refused_login() {
+        let (_server, addr, _) = fake_io::start();
+        let (gone0, gone1) = (fake_io::nothing_at(), fake_io::nothing_at());
+        let rt = fake_io::runtime("none-in-reach");
+        match DataClient::connect(&rt, &[gone0, gone1], crate::fake_io::secret()) {
+            Err(ConnectError::Transport(dafne_transport::TransportError::Unreachable { addr, .. })) => {
+                assert_eq!(addr, gone0, "the first server's error")
+            }
+            Err(e) => panic!("not the unreachable server's error: {e}"),
+            Ok(_) => panic!("a client started with no io server in reach"),
+        }
+        let wrong = dafne_auth::Secret::from_bytes([8; dafne_auth::SECRET_LEN]);
+        match DataClient::connect(&rt, &[gone0, addr], &wrong) {
+            Err(ConnectError::IoLogin { addr: at, why }) => {
+                assert_eq!(at, addr);
+                assert_eq!(why, Errno::EACCES.to_string());
+            }
+            Err(e) => panic!("not the refused login: {e}"),
+            Ok(_) => panic!("a client started with a login refused"),
+        }
+    }
 }
