@@ -127,6 +127,30 @@
 //! try's late RMA into the same memory, with the bytes of the same range
 //! as the server read them then.
 //!
+//! # Starting while a server is out of reach
+//! [`DataClient::connect`] connects and logs in to every io server, but an
+//! io server out of reach at that moment (nothing listens at its address:
+//! it crashed and the supervisor is restarting it, or it is down; it does
+//! not answer within the connect timeout; it is stopping) does not fail
+//! the start: its link starts not connected (`link`, "A link not connected
+//! yet"), as one whose connection was lost at that moment, and a warning
+//! names the server. Its requests then go as after a lost connection (the
+//! section above): the first connection is made by the same machinery,
+//! on a thread of its own, and a request waits for it until the retry
+//! deadline, counted from the start for the server's time out of reach,
+//! then fails with `EIO` (a request not repeated fails at once); the other
+//! servers' requests are not held up. So a client started a moment after
+//! a server was killed rides over the restart as one started a moment
+//! before does. The start still fails on what waiting would not cure:
+//! a login an io server refused (a wrong secret or credential), a reply
+//! that makes no sense, the runtime's failure; and when no io server can
+//! be reached at all (with the first server's error, "cannot reach a dafne
+//! server at ..."): a wrong cluster directory or address is told at once,
+//! and a client has at least one connection, whose runtime's UCX context
+//! the registration cache, the bounce buffers and [`DataClient::allocate`]
+//! use and on which the other servers' first connections are made.
+//! [`DataClient::reconnects`] counts such a late first connection too.
+//!
 //! # Revoked capabilities
 //! An io server answers `ESTALE` to a capability that meta revoked (a
 //! chmod, chown, truncate or unlink since it was issued; `dafne_auth`'s
@@ -459,7 +483,9 @@ pub struct DataClient {
     /// is reconnected at the next call.
     servers: std::sync::Arc<Vec<crate::link::Link>>,
     /// A connection kept for its UCX context (the runtime's, the same for
-    /// every connection and reconnection).
+    /// every connection and reconnection): the first server reached at
+    /// the start (module docs, "Starting while a server is out of
+    /// reach"); `None` only without servers.
     anchor: Option<Client>,
     bounce: std::sync::Arc<std::sync::Mutex<Vec<Region>>>,
     /// `None` only without servers (no UCX context to register with).
@@ -588,6 +614,19 @@ impl DataClient {
     /// drops a connection that has not logged in within its login deadline
     /// (`dafne_proto::io`, "Login"). Every reconnection logs in again
     /// before it is used.
+    ///
+    /// An io server out of reach now (nothing listens at its address: it
+    /// is restarting or down; it does not answer; it is stopping) does not
+    /// fail the start (module docs, "Starting while a server is out of
+    /// reach"): its link starts not connected, as one whose connection was
+    /// just lost, and a warning says so. Fails, with the first server's
+    /// error, when no server can be reached (a wrong cluster directory or
+    /// address is told at once, not after a retry deadline), and on an
+    /// error that waiting would not cure: a login refused (a wrong secret
+    /// or credential, [`ConnectError::IoLogin`]), a reply that makes no
+    /// sense, the runtime's own failure. The servers are tried one after
+    /// the other: each that does not answer costs the start the connect
+    /// timeout (10 s).
     pub fn connect(
         rt: &Runtime,
         addrs: &[SocketAddr],
@@ -605,22 +644,52 @@ impl DataClient {
     ) -> Result<DataClient, ConnectError> {
         let secret: dafne_auth::LoginKey = key.into();
         let secret = &secret;
-        let servers: Vec<Client> = addrs.iter().map(|a| Client::connect(rt, *a)).collect::<Result<_, _>>()?;
-        for c in &servers {
-            log_in(c, secret).map_err(|why| ConnectError::IoLogin { addr: c.remote_addr(), why })?;
+        // Each server logged in to, or out of reach now (its error kept).
+        let mut reached: Vec<Result<Client, ConnectError>> = Vec::with_capacity(addrs.len());
+        for &addr in addrs {
+            reached.push(match open_logged_in(rt, addr, secret) {
+                Ok(c) => Ok(c),
+                Err(Opening::OutOfReach(e)) => Err(e),
+                Err(Opening::Failed(e)) => return Err(e),
+            });
         }
-        let regcache = servers.first().map(|c| std::sync::Arc::new(RegCache::new(c.context(), cache)));
-        let anchor = servers.first().cloned();
+        // A connection of the runtime: every registration (the cache's,
+        // bounce buffers, `allocate`) is made in its UCX context, and the
+        // first connections to the servers out of reach are made on it.
+        let anchor = reached.iter().find_map(|r| r.as_ref().ok()).cloned();
+        if anchor.is_none() {
+            // No server reachable (or none at all): the first's error.
+            if let Some(Err(e)) = reached.drain(..).next() {
+                return Err(e);
+            }
+        }
+        let regcache = anchor.as_ref().map(|c| std::sync::Arc::new(RegCache::new(c.context(), cache)));
         // Io servers keep no session: capabilities are checked per request.
         // The login keys each new connection and keeps it past the
         // server's deadline.
-        let servers = servers
-            .into_iter()
-            .map(|c| {
-                let secret = secret.clone();
-                crate::link::Link::new(c, Box::new(move |c: &Client, _| log_in(c, &secret)))
-            })
-            .collect();
+        let hello = |secret: &dafne_auth::LoginKey| -> Box<crate::link::Hello> {
+            let secret = secret.clone();
+            Box::new(move |c: &Client, _| log_in(c, &secret))
+        };
+        let servers = match &anchor {
+            None => Vec::new(), // no servers
+            Some(via) => reached
+                .into_iter()
+                .zip(addrs)
+                .enumerate()
+                .map(|(i, (r, &addr))| match r {
+                    Ok(c) => crate::link::Link::new(c, hello(secret)),
+                    Err(e) => {
+                        tracing::warn!(
+                            "io server {i} at {addr} cannot be reached now ({e}): starting without it; requests \
+                             to it wait for it to come back, for up to the retry deadline ({:?}), then fail with EIO",
+                            crate::retry_deadline()
+                        );
+                        crate::link::Link::not_connected(addr, via.clone(), hello(secret))
+                    }
+                })
+                .collect(),
+        };
         Ok(DataClient {
             servers: std::sync::Arc::new(servers),
             anchor,
@@ -943,7 +1012,7 @@ impl DataClient {
     /// for a lost connection.
     fn warn_lost(&self, server: usize, began: Instant) {
         let Some(link) = self.servers.get(server) else { return };
-        let addr = link.peek().0.remote_addr();
+        let addr = link.addr();
         if let Some(n) = crate::link::throttle().allow(&format!("io call {addr}")) {
             tracing::warn!(
                 "a request to io server {server} at {addr} failed after {:.1?}: its connection was lost (EIO){}",
@@ -958,7 +1027,7 @@ impl DataClient {
     /// (its lease from meta lapsed).
     fn warn_not_serving(&self, server: usize, began: Instant) {
         let Some(link) = self.servers.get(server) else { return };
-        let addr = link.peek().0.remote_addr();
+        let addr = link.addr();
         if let Some(n) = crate::link::throttle().allow(&format!("io not serving {addr}")) {
             tracing::warn!(
                 "a request to io server {server} at {addr} failed after {:.1?}: the server is not serving \
@@ -1064,7 +1133,8 @@ impl DataClient {
         self.repeats_after_loss.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Connections opened again after io servers were lost, over all servers.
+    /// Connections opened again after io servers were lost, over all
+    /// servers, and the first ones to servers out of reach at the start.
     pub fn reconnects(&self) -> u64 {
         self.servers.iter().map(|l| l.reconnects()).sum()
     }
@@ -1784,7 +1854,8 @@ impl DataClient {
         }
     }
 
-    /// Number of io servers this client is connected to.
+    /// Number of io servers of this client (those it has no connection to
+    /// yet included: module docs, "Starting while a server is out of reach").
     pub fn server_count(&self) -> usize {
         self.servers.len()
     }
@@ -1857,17 +1928,73 @@ const RECAP_ATTEMPTS: usize = 3;
 /// fresh nonce), so that it keeps the connection, and keys the
 /// connection's frames with the same key. Blocking.
 fn log_in(c: &Client, key: &dafne_auth::LoginKey) -> Result<(), String> {
+    try_log_in(c, key).map_err(|f| f.why)
+}
+
+/// Why a login failed, and whether the server was out of reach (a later
+/// try may succeed) rather than refusing it.
+struct LoginFailure {
+    why: String,
+    out_of_reach: bool,
+}
+
+/// [`log_in`], telling a server out of reach from a refusal.
+fn try_log_in(c: &Client, key: &dafne_auth::LoginKey) -> Result<(), LoginFailure> {
     let nonce = crate::login_nonce();
     let client_name = crate::client_name();
     let mac = key.session_mac(c.token(), &nonce, &client_name);
     let keys = key.key().frame_keys(c.token(), &nonce);
     let req = IoRequest::Login { client_name, nonce, mac, credential: key.credential().cloned() };
-    let bytes = c.login(encode_io_request(Envelope::new(0, 0, 0), &req), keys).map_err(|e| e.to_string())?;
-    match decode_io_reply(&bytes).map_err(|e| e.to_string())?.2 {
+    let refused = |why: String| LoginFailure { why, out_of_reach: false };
+    let bytes = c
+        .login(encode_io_request(Envelope::new(0, 0, 0), &req), keys)
+        .map_err(|e| LoginFailure { out_of_reach: out_of_reach(&e), why: e.to_string() })?;
+    match decode_io_reply(&bytes).map_err(|e| refused(e.to_string()))?.2 {
         Ok(IoResponse::Done) => Ok(()),
-        Ok(other) => Err(format!("unexpected reply {other:?}")),
-        Err(e) => Err(e.to_string()),
+        Ok(other) => Err(refused(format!("unexpected reply {other:?}"))),
+        // A server that is stopping answers EAGAIN: its successor may
+        // take the login.
+        Err(e) => Err(LoginFailure { out_of_reach: e == Errno::EAGAIN, why: e.to_string() }),
     }
+}
+
+/// Whether a transport error means the server is out of reach now (not
+/// listening, not answering, gone, stopping) rather than a fault a later
+/// try would meet again.
+fn out_of_reach(e: &dafne_transport::TransportError) -> bool {
+    use dafne_transport::TransportError as E;
+    matches!(
+        e,
+        E::Unreachable { .. }
+            | E::PeerFailed { .. }
+            | E::TimedOut { .. }
+            | E::Rejected(dafne_transport::frame::TransportStatus::ShuttingDown)
+    )
+}
+
+/// How opening a connection to an io server at start failed.
+enum Opening {
+    /// The server is out of reach now: the client starts without it.
+    OutOfReach(ConnectError),
+    /// Waiting would not help: the start fails.
+    Failed(ConnectError),
+}
+
+/// A connection to the io server at `addr`, logged in with `key`.
+fn open_logged_in(rt: &Runtime, addr: SocketAddr, key: &dafne_auth::LoginKey) -> Result<Client, Opening> {
+    let c = Client::connect(rt, addr).map_err(|e| match out_of_reach(&e) {
+        true => Opening::OutOfReach(e.into()),
+        false => Opening::Failed(e.into()),
+    })?;
+    try_log_in(&c, key).map_err(|f| {
+        let e = ConnectError::IoLogin { addr, why: f.why };
+        if f.out_of_reach {
+            Opening::OutOfReach(e)
+        } else {
+            Opening::Failed(e)
+        }
+    })?;
+    Ok(c)
 }
 
 /// The capability of a `ServerInfo` sent on a logged-in connection, which
