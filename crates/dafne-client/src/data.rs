@@ -137,8 +137,10 @@
 //! names the server. Its requests then go as after a lost connection (the
 //! section above): the first connection is made by the same machinery,
 //! on a thread of its own, and a request waits for it until the retry
-//! deadline, counted from the start for the server's time out of reach,
-//! then fails with `EIO` (a request not repeated fails at once); the other
+//! deadline, counted for the server's time out of reach from when the
+//! start first tried to reach it (a server that does not answer costs
+//! the start the connect timeout, 10 s, which counts), then fails with
+//! `EIO` (a request not repeated fails at once); the other
 //! servers' requests are not held up. So a client started a moment after
 //! a server was killed rides over the restart as one started a moment
 //! before does. The start still fails on what waiting would not cure:
@@ -644,12 +646,15 @@ impl DataClient {
     ) -> Result<DataClient, ConnectError> {
         let secret: dafne_auth::LoginKey = key.into();
         let secret = &secret;
-        // Each server logged in to, or out of reach now (its error kept).
-        let mut reached: Vec<Result<Client, ConnectError>> = Vec::with_capacity(addrs.len());
+        // Each server logged in to, or out of reach now (its error kept,
+        // and when the try began: a try that timed out spent part of the
+        // retry deadline already).
+        let mut reached: Vec<Result<Client, (ConnectError, Instant)>> = Vec::with_capacity(addrs.len());
         for &addr in addrs {
+            let tried = Instant::now();
             reached.push(match open_logged_in(rt, addr, secret) {
                 Ok(c) => Ok(c),
-                Err(Opening::OutOfReach(e)) => Err(e),
+                Err(Opening::OutOfReach(e)) => Err((e, tried)),
                 Err(Opening::Failed(e)) => return Err(e),
             });
         }
@@ -659,7 +664,7 @@ impl DataClient {
         let anchor = reached.iter().find_map(|r| r.as_ref().ok()).cloned();
         if anchor.is_none() {
             // No server reachable (or none at all): the first's error.
-            if let Some(Err(e)) = reached.drain(..).next() {
+            if let Some(Err((e, _))) = reached.drain(..).next() {
                 return Err(e);
             }
         }
@@ -679,13 +684,13 @@ impl DataClient {
                 .enumerate()
                 .map(|(i, (r, &addr))| match r {
                     Ok(c) => crate::link::Link::new(c, hello(secret)),
-                    Err(e) => {
+                    Err((e, tried)) => {
                         tracing::warn!(
                             "io server {i} at {addr} cannot be reached now ({e}): starting without it; requests \
                              to it wait for it to come back, for up to the retry deadline ({:?}), then fail with EIO",
                             crate::retry_deadline()
                         );
-                        crate::link::Link::not_connected(addr, via.clone(), hello(secret))
+                        crate::link::Link::not_connected(addr, via.clone(), hello(secret), tried)
                     }
                 })
                 .collect(),
@@ -2532,5 +2537,30 @@ mod tests {
             Err(e) => panic!("not the refused login: {e}"),
             Ok(_) => panic!("a client started with a login refused"),
         }
+    }
+
+    /// Review: an io server that does not answer at the start (stopped:
+    /// `kill -STOP`) cost the start the connect timeout (10 s), and its
+    /// time out of reach was counted only from the link's making, after
+    /// that: a `dafne cp` with the 30 s deadline ended with `EIO` after
+    /// 41 s (measured, `dafne up` + `kill -STOP` of io-1), not the 30 s the
+    /// deadline "counted from the start" promises. The time out of reach
+    /// now counts from when the first try to reach it began. Failed before
+    /// the fix: the link's time out of reach was the few milliseconds
+    /// since the connect returned, not the 10 s it spent on the server.
+    #[test]
+    fn a_server_out_of_reach_at_the_start_is_so_from_the_first_try() {
+        // A listener that takes the connection but never answers (a
+        // stopped server): the connect times out.
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let (_server, addr, _) = fake_io::start();
+        let rt = fake_io::runtime("silent-at-start");
+        let began = Instant::now();
+        let d = DataClient::connect(&rt, &[silent.local_addr().unwrap(), addr], crate::fake_io::secret())
+            .expect("a client starts while one of its io servers does not answer");
+        let down = d.servers[0].down_for();
+        let took = began.elapsed();
+        // The start spent nearly all of `took` on the silent server.
+        assert!(down >= took / 2, "out of reach for {down:?} of a start of {took:?} spent on it");
     }
 }

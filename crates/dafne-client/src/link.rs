@@ -26,9 +26,10 @@
 //! the data client's to an io server it could not reach when it started,
 //! one restarting or down). It starts as one whose connection was just
 //! lost: its first call makes the connection, through the same machinery
-//! and with the same pauses, and its time out of reach counts from the
-//! link's making, so a call to a server that never comes back fails as
-//! one to a server lost at that moment would. The connection is made on
+//! and with the same pauses, and its time out of reach counts from when
+//! its maker first tried to reach the server (given to the link), so a
+//! call to a server that never comes back fails as one to a server lost
+//! at that moment would. The connection is made on
 //! the runtime of another connection (`via`), which the link keeps.
 //!
 //! # Generations
@@ -300,10 +301,11 @@ impl Link {
     }
 
     /// A link to the server at `addr` with no connection yet (module docs,
-    /// "A link not connected yet"): as one whose connection was lost now.
-    /// Its connections are made on `via`'s runtime (`via`: a connection to
-    /// another server, kept).
-    pub(crate) fn not_connected(addr: SocketAddr, via: Client, hello: Box<Hello>) -> Link {
+    /// "A link not connected yet"): as one whose connection was lost at
+    /// `since` (when the first try to reach it began: a try that timed out
+    /// already spent part of the retry deadline). Its connections are made
+    /// on `via`'s runtime (`via`: a connection to another server, kept).
+    pub(crate) fn not_connected(addr: SocketAddr, via: Client, hello: Box<Hello>, since: Instant) -> Link {
         Link {
             addr,
             via: Some(via),
@@ -311,7 +313,7 @@ impl Link {
             broken: AtomicBool::new(true),
             // No attempt yet: the first call tries at once.
             attempt: Mutex::new(None),
-            down_since: Mutex::new(Some(Instant::now())),
+            down_since: Mutex::new(Some(since)),
             hello,
             background: Mutex::new(Background::default()),
         }
@@ -657,7 +659,12 @@ mod tests {
         let (_via_server, via_addr, _) = fake_io::start();
         let rt = fake_io::runtime("link-not-connected");
         let addr = fake_io::nothing_at();
-        let link = Link::not_connected(addr, Client::connect(&rt, via_addr).unwrap(), Box::new(|_: &Client, _| Ok(())));
+        let link = Link::not_connected(
+            addr,
+            Client::connect(&rt, via_addr).unwrap(),
+            Box::new(|_: &Client, _| Ok(())),
+            Instant::now(),
+        );
         assert_eq!(link.addr(), addr);
         assert!(link.peek().is_none());
         assert!(link.get().is_none(), "a connection to an address where nothing listens");
