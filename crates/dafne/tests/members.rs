@@ -1070,3 +1070,41 @@ fn a_mount_started_while_an_io_server_is_down_mounts_and_serves_once_it_is_back(
     std::fs::write(m.path("f"), &data).unwrap();
     assert!(std::fs::read(m.path("f")).unwrap() == data, "the bytes read back are not the ones written");
 }
+
+/// Review: the write verifier of a link that started not connected (its
+/// first connection is generation 1, made late). A client started while
+/// io-1 was down writes unstable data to both servers once io-1 is back,
+/// acknowledged on that late first connection; io-1 then crashes
+/// (`kill -9`: its cache, and the write, gone) and comes back: the fsync
+/// reports the loss (`EIO`), as for a link connected from the start.
+#[test]
+fn a_write_acknowledged_on_a_late_first_connection_and_lost_in_a_crash_fails_the_fsync() {
+    use dafne_proto::io::Stability;
+    let c = Cluster::start_sized(2, "[cluster]\nrestart = false\n");
+    wait_members(c.dir(), &[("up", 0), ("up", 0)]);
+    // The file is made while both servers are up (its layout names both).
+    let ino = {
+        let (_rt, _data, fs) = native_client(&c, "late-first-maker");
+        let f = fs.create(fs.meta.root(), b"f", 0o644, None).unwrap();
+        assert_eq!(f.handle().layout.servers.len(), 2, "{:?}", f.handle().layout);
+        let ino = f.attr().ino;
+        f.close().unwrap();
+        ino
+    };
+    let pid = common::cluster::server_pid(c.dir(), "io-1");
+    let again = Again::of(pid);
+    Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap();
+    common::wait_for("io-1 to be gone", || !common::alive(pid));
+    let (_rt, data, fs) = native_client(&c, "late-first-writer");
+    // However slowly io-1 comes back on a loaded machine.
+    data.set_retry_deadline(Duration::from_secs(300));
+    let f = fs.open(ino, dafne_proto::OPEN_READ | dafne_proto::OPEN_WRITE).unwrap();
+    let first = again.start(&c.dir().join("io-1-again.log"));
+    // 2 stripe units of 1 MiB: one on each server.
+    let bytes = common::pattern(2 << 20, 7);
+    assert_eq!(f.write_at(0, &bytes, Stability::Unstable), Ok(bytes.len()));
+    assert_eq!(data.reconnects(), 1, "the write went on io-1's late first connection");
+    drop(first); // kill -9: what io-1 acknowledged is gone
+    let _second = again.start(&c.dir().join("io-1-second.log"));
+    assert_eq!(f.fsync(), Err(Errno::EIO), "the crash lost acknowledged writes");
+}
