@@ -169,6 +169,32 @@
 //! and the servers check nothing of them. `Remove`, `ServerInfo`,
 //! `Revoke` and `Scrub` address an io server, not a chain.
 //!
+//! # Starting while a server is out of reach
+//! [`DataClient::connect`] connects and logs in to every io server, but an
+//! io server out of reach at that moment (nothing listens at its address:
+//! it crashed and the supervisor is restarting it, or it is down; it does
+//! not answer within the connect timeout; it is stopping) does not fail
+//! the start: its link starts not connected (`link`, "A link not connected
+//! yet"), as one whose connection was lost at that moment, and a warning
+//! names the server. Its requests then go as after a lost connection (the
+//! section above): the first connection is made by the same machinery,
+//! on a thread of its own, and a request waits for it until the retry
+//! deadline, counted for the server's time out of reach from when the
+//! start first tried to reach it (a server that does not answer costs
+//! the start the connect timeout, 10 s, which counts), then fails with
+//! `EIO` (a request not repeated fails at once); the other
+//! servers' requests are not held up. So a client started a moment after
+//! a server was killed rides over the restart as one started a moment
+//! before does. The start still fails on what waiting would not cure:
+//! a login an io server refused (a wrong secret or credential), a reply
+//! that makes no sense, the runtime's failure; and when no io server can
+//! be reached at all (with the first server's error, "cannot reach a dafne
+//! server at ..."): a wrong cluster directory or address is told at once,
+//! and a client has at least one connection, whose runtime's UCX context
+//! the registration cache, the bounce buffers and [`DataClient::allocate`]
+//! use and on which the other servers' first connections are made.
+//! [`DataClient::reconnects`] counts such a late first connection too.
+//!
 //! # Revoked capabilities
 //! An io server answers `ESTALE` to a capability that meta revoked (a
 //! chmod, chown, truncate or unlink since it was issued; `dafne_auth`'s
@@ -502,7 +528,9 @@ pub struct DataClient {
     /// is reconnected at the next call.
     servers: std::sync::Arc<Vec<crate::link::Link>>,
     /// A connection kept for its UCX context (the runtime's, the same for
-    /// every connection and reconnection).
+    /// every connection and reconnection): the first server reached at
+    /// the start (module docs, "Starting while a server is out of
+    /// reach"); `None` only without servers.
     anchor: Option<Client>,
     bounce: std::sync::Arc<std::sync::Mutex<Vec<Region>>>,
     /// `None` only without servers (no UCX context to register with).
@@ -655,6 +683,19 @@ impl DataClient {
     /// drops a connection that has not logged in within its login deadline
     /// (`dafne_proto::io`, "Login"). Every reconnection logs in again
     /// before it is used.
+    ///
+    /// An io server out of reach now (nothing listens at its address: it
+    /// is restarting or down; it does not answer; it is stopping) does not
+    /// fail the start (module docs, "Starting while a server is out of
+    /// reach"): its link starts not connected, as one whose connection was
+    /// just lost, and a warning says so. Fails, with the first server's
+    /// error, when no server can be reached (a wrong cluster directory or
+    /// address is told at once, not after a retry deadline), and on an
+    /// error that waiting would not cure: a login refused (a wrong secret
+    /// or credential, [`ConnectError::IoLogin`]), a reply that makes no
+    /// sense, the runtime's own failure. The servers are tried one after
+    /// the other: each that does not answer costs the start the connect
+    /// timeout (10 s).
     pub fn connect(
         rt: &Runtime,
         addrs: &[SocketAddr],
@@ -672,22 +713,55 @@ impl DataClient {
     ) -> Result<DataClient, ConnectError> {
         let secret: dafne_auth::LoginKey = key.into();
         let secret = &secret;
-        let servers: Vec<Client> = addrs.iter().map(|a| Client::connect(rt, *a)).collect::<Result<_, _>>()?;
-        for c in &servers {
-            log_in(c, secret).map_err(|why| ConnectError::IoLogin { addr: c.remote_addr(), why })?;
+        // Each server logged in to, or out of reach now (its error kept,
+        // and when the try began: a try that timed out spent part of the
+        // retry deadline already).
+        let mut reached: Vec<Result<Client, (ConnectError, Instant)>> = Vec::with_capacity(addrs.len());
+        for &addr in addrs {
+            let tried = Instant::now();
+            reached.push(match open_logged_in(rt, addr, secret) {
+                Ok(c) => Ok(c),
+                Err(Opening::OutOfReach(e)) => Err((e, tried)),
+                Err(Opening::Failed(e)) => return Err(e),
+            });
         }
-        let regcache = servers.first().map(|c| std::sync::Arc::new(RegCache::new(c.context(), cache)));
-        let anchor = servers.first().cloned();
+        // A connection of the runtime: every registration (the cache's,
+        // bounce buffers, `allocate`) is made in its UCX context, and the
+        // first connections to the servers out of reach are made on it.
+        let anchor = reached.iter().find_map(|r| r.as_ref().ok()).cloned();
+        if anchor.is_none() {
+            // No server reachable (or none at all): the first's error.
+            if let Some(Err((e, _))) = reached.drain(..).next() {
+                return Err(e);
+            }
+        }
+        let regcache = anchor.as_ref().map(|c| std::sync::Arc::new(RegCache::new(c.context(), cache)));
         // Io servers keep no session: capabilities are checked per request.
         // The login keys each new connection and keeps it past the
         // server's deadline.
-        let servers = servers
-            .into_iter()
-            .map(|c| {
-                let secret = secret.clone();
-                crate::link::Link::new(c, Box::new(move |c: &Client, _| log_in(c, &secret)))
-            })
-            .collect();
+        let hello = |secret: &dafne_auth::LoginKey| -> Box<crate::link::Hello> {
+            let secret = secret.clone();
+            Box::new(move |c: &Client, _| log_in(c, &secret))
+        };
+        let servers = match &anchor {
+            None => Vec::new(), // no servers
+            Some(via) => reached
+                .into_iter()
+                .zip(addrs)
+                .enumerate()
+                .map(|(i, (r, &addr))| match r {
+                    Ok(c) => crate::link::Link::new(c, hello(secret)),
+                    Err((e, tried)) => {
+                        tracing::warn!(
+                            "io server {i} at {addr} cannot be reached now ({e}): starting without it; requests \
+                             to it wait for it to come back, for up to the retry deadline ({:?}), then fail with EIO",
+                            crate::retry_deadline()
+                        );
+                        crate::link::Link::not_connected(addr, via.clone(), hello(secret), tried)
+                    }
+                })
+                .collect(),
+        };
         Ok(DataClient {
             servers: std::sync::Arc::new(servers),
             anchor,
@@ -1213,7 +1287,7 @@ impl DataClient {
     /// for a lost connection.
     fn warn_lost(&self, server: usize, began: Instant) {
         let Some(link) = self.servers.get(server) else { return };
-        let addr = link.peek().0.remote_addr();
+        let addr = link.addr();
         if let Some(n) = crate::link::throttle().allow(&format!("io call {addr}")) {
             tracing::warn!(
                 "a request to io server {server} at {addr} failed after {:.1?}: its connection was lost (EIO){}",
@@ -1228,7 +1302,7 @@ impl DataClient {
     /// (its lease from meta lapsed).
     fn warn_not_serving(&self, server: usize, began: Instant) {
         let Some(link) = self.servers.get(server) else { return };
-        let addr = link.peek().0.remote_addr();
+        let addr = link.addr();
         if let Some(n) = crate::link::throttle().allow(&format!("io not serving {addr}")) {
             tracing::warn!(
                 "a request to io server {server} at {addr} failed after {:.1?}: the server is not serving \
@@ -1372,7 +1446,8 @@ impl DataClient {
         self.repeats_after_loss.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Connections opened again after io servers were lost, over all servers.
+    /// Connections opened again after io servers were lost, over all
+    /// servers, and the first ones to servers out of reach at the start.
     pub fn reconnects(&self) -> u64 {
         self.servers.iter().map(|l| l.reconnects()).sum()
     }
@@ -2093,7 +2168,8 @@ impl DataClient {
         }
     }
 
-    /// Number of io servers this client is connected to.
+    /// Number of io servers of this client (those it has no connection to
+    /// yet included: module docs, "Starting while a server is out of reach").
     pub fn server_count(&self) -> usize {
         self.servers.len()
     }
@@ -2166,17 +2242,73 @@ const RECAP_ATTEMPTS: usize = 3;
 /// fresh nonce), so that it keeps the connection, and keys the
 /// connection's frames with the same key. Blocking.
 fn log_in(c: &Client, key: &dafne_auth::LoginKey) -> Result<(), String> {
+    try_log_in(c, key).map_err(|f| f.why)
+}
+
+/// Why a login failed, and whether the server was out of reach (a later
+/// try may succeed) rather than refusing it.
+struct LoginFailure {
+    why: String,
+    out_of_reach: bool,
+}
+
+/// [`log_in`], telling a server out of reach from a refusal.
+fn try_log_in(c: &Client, key: &dafne_auth::LoginKey) -> Result<(), LoginFailure> {
     let nonce = crate::login_nonce();
     let client_name = crate::client_name();
     let mac = key.session_mac(c.token(), &nonce, &client_name);
     let keys = key.key().frame_keys(c.token(), &nonce);
     let req = IoRequest::Login { client_name, nonce, mac, credential: key.credential().cloned() };
-    let bytes = c.login(encode_io_request(Envelope::new(0, 0, 0), &req), keys).map_err(|e| e.to_string())?;
-    match decode_io_reply(&bytes).map_err(|e| e.to_string())?.2 {
+    let refused = |why: String| LoginFailure { why, out_of_reach: false };
+    let bytes = c
+        .login(encode_io_request(Envelope::new(0, 0, 0), &req), keys)
+        .map_err(|e| LoginFailure { out_of_reach: out_of_reach(&e), why: e.to_string() })?;
+    match decode_io_reply(&bytes).map_err(|e| refused(e.to_string()))?.2 {
         Ok(IoResponse::Done) => Ok(()),
-        Ok(other) => Err(format!("unexpected reply {other:?}")),
-        Err(e) => Err(e.to_string()),
+        Ok(other) => Err(refused(format!("unexpected reply {other:?}"))),
+        // A server that is stopping answers EAGAIN: its successor may
+        // take the login.
+        Err(e) => Err(LoginFailure { out_of_reach: e == Errno::EAGAIN, why: e.to_string() }),
     }
+}
+
+/// Whether a transport error means the server is out of reach now (not
+/// listening, not answering, gone, stopping) rather than a fault a later
+/// try would meet again.
+fn out_of_reach(e: &dafne_transport::TransportError) -> bool {
+    use dafne_transport::TransportError as E;
+    matches!(
+        e,
+        E::Unreachable { .. }
+            | E::PeerFailed { .. }
+            | E::TimedOut { .. }
+            | E::Rejected(dafne_transport::frame::TransportStatus::ShuttingDown)
+    )
+}
+
+/// How opening a connection to an io server at start failed.
+enum Opening {
+    /// The server is out of reach now: the client starts without it.
+    OutOfReach(ConnectError),
+    /// Waiting would not help: the start fails.
+    Failed(ConnectError),
+}
+
+/// A connection to the io server at `addr`, logged in with `key`.
+fn open_logged_in(rt: &Runtime, addr: SocketAddr, key: &dafne_auth::LoginKey) -> Result<Client, Opening> {
+    let c = Client::connect(rt, addr).map_err(|e| match out_of_reach(&e) {
+        true => Opening::OutOfReach(e.into()),
+        false => Opening::Failed(e.into()),
+    })?;
+    try_log_in(&c, key).map_err(|f| {
+        let e = ConnectError::IoLogin { addr, why: f.why };
+        if f.out_of_reach {
+            Opening::OutOfReach(e)
+        } else {
+            Opening::Failed(e)
+        }
+    })?;
+    Ok(c)
 }
 
 /// The capability of a `ServerInfo` sent on a logged-in connection, which
@@ -2685,5 +2817,97 @@ mod tests {
         assert_eq!(block_on(d.read_at(&f, 0, &mut back)), Err(Errno::EIO));
         assert_eq!(d.bounce_quarantined(), 2, "buffers held past their time were kept");
         assert_eq!(d.bounce_pooled(), 0);
+    }
+
+    /// Review (a defect found as a user): a client started while an io
+    /// server was out of reach (killed, its restart not yet come) failed
+    /// to start ("cannot reach a dafne server at ..."), though one started
+    /// a moment earlier rode over the restart. It starts now: a request to
+    /// that server waits for it, up to the retry deadline, then fails
+    /// with `EIO`, while the other server's requests go on; once the
+    /// server listens, its requests succeed. Failed before the change: the
+    /// connect returned the unreachable server's error.
+    #[test]
+    fn a_client_starts_while_a_server_is_out_of_reach_and_uses_it_once_it_listens() {
+        let (_server0, addr0, _) = fake_io::start();
+        let addr1 = fake_io::nothing_at();
+        let rt = fake_io::runtime("out-of-reach");
+        let d = DataClient::connect(&rt, &[addr0, addr1], crate::fake_io::secret())
+            .expect("a client starts while one of its io servers is out of reach");
+        assert_eq!(d.server_count(), 2);
+        assert!(d.context().is_some(), "no UCX context to register with");
+        d.set_retry_deadline(Duration::from_secs(1));
+        // Stripe unit 0 is server 0's, unit 1 server 1's.
+        let f = fake_io::file_on(50, 2);
+        let (to_0, to_1) = block_on(futures::future::join(
+            d.write_at(&f, 0, b"server 0", Stability::Unstable),
+            d.write_at(&f, 1 << 20, b"server 1", Stability::Unstable),
+        ));
+        assert_eq!(to_0, Ok(8), "a request to the server in reach");
+        assert_eq!(to_1, Err(Errno::EIO), "a request to a server out of reach past the retry deadline");
+        assert!(d.repeats_after_loss() > 0, "the request to the server out of reach was not tried again");
+        // A buffer of the registration cache's size goes zero-copy through
+        // server 0 (the cache lives in the runtime's context).
+        let big = vec![3u8; ZERO_COPY_MIN];
+        assert_eq!(block_on(d.write_from(&f, 0, &big, Stability::Unstable)), Ok(big.len()));
+        // The server comes (back): its requests succeed, on the link's
+        // first connection.
+        let (_server1, _, faults1) = fake_io::start_at(addr1);
+        d.set_retry_deadline(Duration::from_secs(60));
+        assert_eq!(block_on(d.write_at(&f, 1 << 20, b"server 1", Stability::DataSync)), Ok(8));
+        assert_eq!(faults1.stable_writes.load(Ordering::Relaxed), 1, "the write did not reach server 1");
+        assert_eq!(d.reconnects(), 1, "the first connection to server 1 is the one connection made late");
+        assert_eq!(block_on(d.sync(&f)), Ok(()), "nothing acknowledged was lost");
+    }
+
+    /// What waiting cannot cure still fails the start: no server in reach
+    /// at all (a wrong address or cluster is told at once), and a login
+    /// refused (a wrong secret), also when another server is out of reach.
+    #[test]
+    fn a_client_does_not_start_without_a_server_in_reach_or_with_a_refused_login() {
+        let (_server, addr, _) = fake_io::start();
+        let (gone0, gone1) = (fake_io::nothing_at(), fake_io::nothing_at());
+        let rt = fake_io::runtime("none-in-reach");
+        match DataClient::connect(&rt, &[gone0, gone1], crate::fake_io::secret()) {
+            Err(ConnectError::Transport(dafne_transport::TransportError::Unreachable { addr, .. })) => {
+                assert_eq!(addr, gone0, "the first server's error")
+            }
+            Err(e) => panic!("not the unreachable server's error: {e}"),
+            Ok(_) => panic!("a client started with no io server in reach"),
+        }
+        let wrong = dafne_auth::Secret::from_bytes([8; dafne_auth::SECRET_LEN]);
+        match DataClient::connect(&rt, &[gone0, addr], &wrong) {
+            Err(ConnectError::IoLogin { addr: at, why }) => {
+                assert_eq!(at, addr);
+                assert_eq!(why, Errno::EACCES.to_string());
+            }
+            Err(e) => panic!("not the refused login: {e}"),
+            Ok(_) => panic!("a client started with a login refused"),
+        }
+    }
+
+    /// Review: an io server that does not answer at the start (stopped:
+    /// `kill -STOP`) cost the start the connect timeout (10 s), and its
+    /// time out of reach was counted only from the link's making, after
+    /// that: a `dafne cp` with the 30 s deadline ended with `EIO` after
+    /// 41 s (measured, `dafne up` + `kill -STOP` of io-1), not the 30 s the
+    /// deadline "counted from the start" promises. The time out of reach
+    /// now counts from when the first try to reach it began. Failed before
+    /// the fix: the link's time out of reach was the few milliseconds
+    /// since the connect returned, not the 10 s it spent on the server.
+    #[test]
+    fn a_server_out_of_reach_at_the_start_is_so_from_the_first_try() {
+        // A listener that takes the connection but never answers (a
+        // stopped server): the connect times out.
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let (_server, addr, _) = fake_io::start();
+        let rt = fake_io::runtime("silent-at-start");
+        let began = Instant::now();
+        let d = DataClient::connect(&rt, &[silent.local_addr().unwrap(), addr], crate::fake_io::secret())
+            .expect("a client starts while one of its io servers does not answer");
+        let down = d.servers[0].down_for();
+        let took = began.elapsed();
+        // The start spent nearly all of `took` on the silent server.
+        assert!(down >= took / 2, "out of reach for {down:?} of a start of {took:?} spent on it");
     }
 }

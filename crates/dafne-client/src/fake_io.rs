@@ -178,11 +178,23 @@ pub(crate) fn runtime(name: &str) -> Runtime {
 /// A fake io server on its own runtime (keep it alive for the test), its
 /// address, and its counters and faults.
 pub(crate) fn start() -> (Runtime, SocketAddr, Arc<Faults>) {
+    start_at("127.0.0.1:0".parse().unwrap())
+}
+
+/// [`start`] listening at `addr` (a port of 0: any free one).
+pub(crate) fn start_at(addr: SocketAddr) -> (Runtime, SocketAddr, Arc<Faults>) {
     let rt = runtime("fake-io");
     let faults = Arc::new(Faults::default());
     let shared = faults.clone();
-    let addr = rt.serve("127.0.0.1:0".parse().unwrap(), move |_| FakeIo { faults: shared.clone() }).unwrap();
+    let addr = rt.serve(addr, move |_| FakeIo { faults: shared.clone() }).unwrap();
     (rt, addr, faults)
+}
+
+/// An address of this host where nothing listens (a port the kernel gave
+/// out and took back): a connection to it is refused, as to a server
+/// that is down.
+pub(crate) fn nothing_at() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).unwrap()
 }
 
 /// The secret test clients of the fake server log in with (the fake server

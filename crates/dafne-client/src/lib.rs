@@ -279,8 +279,7 @@ pub(crate) fn repeatable(req: &Request) -> bool {
 /// Logs (throttled: module `link`) a metadata call that failed for a lost
 /// connection after `began`.
 fn warn_lost(link: &link::Link, began: std::time::Instant, why: &str) {
-    let (c, _) = link.peek();
-    let addr = c.remote_addr();
+    let addr = link.addr();
     if let Some(n) = link::throttle().allow(&format!("meta call {addr}")) {
         tracing::warn!(
             "a call to the metadata server at {addr} failed after {:.1?} ({why}): EIO{}",

@@ -21,9 +21,21 @@
 //! after the wait (a server that does not answer). Warnings that would
 //! repeat at every call while a server is down go through [`Throttle`].
 //!
+//! # A link not connected yet
+//! A link can also start without a connection ([`Link::not_connected`]:
+//! the data client's to an io server it could not reach when it started,
+//! one restarting or down). It starts as one whose connection was just
+//! lost: its first call makes the connection, through the same machinery
+//! and with the same pauses, and its time out of reach counts from when
+//! its maker first tried to reach the server (given to the link), so a
+//! call to a server that never comes back fails as one to a server lost
+//! at that moment would. The connection is made on
+//! the runtime of another connection (`via`), which the link keeps.
+//!
 //! # Generations
 //! Each connection has a generation: 0 for the first, one more for each
-//! reconnection. [`Link::get`] hands it out with the connection, and a
+//! reconnection (a link made not connected has no connection 0: its first
+//! is 1). [`Link::get`] hands it out with the connection, and a
 //! caller reports a failure with the generation of the connection that
 //! failed, so that a late error from a connection already replaced does
 //! not break its successor. The generation is also the data client's write
@@ -46,6 +58,7 @@
 //! instead: the reconnection runs on a thread of its own, and the caller
 //! waits for it without blocking.
 
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, RwLock, TryLockError};
 use std::time::{Duration, Instant};
@@ -212,7 +225,7 @@ pub fn suppressed_note(n: u64) -> String {
 
 /// What runs on a new connection before it is used, given the generation
 /// it will have.
-type Hello = dyn Fn(&Client, Generation) -> Result<(), String> + Send + Sync;
+pub(crate) type Hello = dyn Fn(&Client, Generation) -> Result<(), String> + Send + Sync;
 
 /// Which connection of a [`Link`] carried a call: 0 for the first, +1 for
 /// each reconnection.
@@ -220,15 +233,23 @@ pub(crate) type Generation = u64;
 
 /// The connection in use and its generation.
 struct Current {
-    client: Client,
+    /// `None` until the first connection of a link made not connected.
+    client: Option<Client>,
     generation: Generation,
 }
 
 pub(crate) struct Link {
+    /// The server's address.
+    addr: SocketAddr,
+    /// A connection to another server on the same runtime, through which
+    /// the first connection of a link made not connected is made
+    /// ([`Link::not_connected`]); `None` for a link made connected.
+    via: Option<Client>,
     current: RwLock<Current>,
-    /// The current connection failed; set and cleared only under
-    /// `current`'s lock (read to set, write to clear), so that setting it
-    /// for one generation cannot break the next.
+    /// The current connection failed (or there is none yet); set and
+    /// cleared only under `current`'s lock (read to set, write to clear),
+    /// so that setting it for one generation cannot break the next. Clear
+    /// only while `current` holds a connection.
     broken: AtomicBool,
     /// Held by the thread that reconnects; when it last tried.
     attempt: Mutex<Option<Instant>>,
@@ -252,10 +273,9 @@ struct Background {
 
 impl std::fmt::Debug for Link {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let (client, generation) = self.peek();
         f.debug_struct("Link")
-            .field("addr", &client.remote_addr())
-            .field("generation", &generation)
+            .field("addr", &self.addr)
+            .field("generation", &self.generation())
             .field("broken", &self.broken.load(Ordering::Relaxed))
             .finish()
     }
@@ -269,7 +289,9 @@ pub(crate) fn is_connection_loss(e: &TransportError) -> bool {
 impl Link {
     pub(crate) fn new(client: Client, hello: Box<Hello>) -> Link {
         Link {
-            current: RwLock::new(Current { client, generation: 0 }),
+            addr: client.remote_addr(),
+            via: None,
+            current: RwLock::new(Current { client: Some(client), generation: 0 }),
             broken: AtomicBool::new(false),
             attempt: Mutex::new(None),
             down_since: Mutex::new(None),
@@ -278,10 +300,51 @@ impl Link {
         }
     }
 
-    /// The current connection, whatever its state, and its generation.
-    pub(crate) fn peek(&self) -> (Client, Generation) {
+    /// A link to the server at `addr` with no connection yet (module docs,
+    /// "A link not connected yet"): as one whose connection was lost at
+    /// `since` (when the first try to reach it began: a try that timed out
+    /// already spent part of the retry deadline). Its connections are made
+    /// on `via`'s runtime (`via`: a connection to another server, kept).
+    pub(crate) fn not_connected(addr: SocketAddr, via: Client, hello: Box<Hello>, since: Instant) -> Link {
+        Link {
+            addr,
+            via: Some(via),
+            current: RwLock::new(Current { client: None, generation: 0 }),
+            broken: AtomicBool::new(true),
+            // No attempt yet: the first call tries at once.
+            attempt: Mutex::new(None),
+            down_since: Mutex::new(Some(since)),
+            hello,
+            background: Mutex::new(Background::default()),
+        }
+    }
+
+    /// The server's address.
+    pub(crate) fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The current connection, whatever its state, and its generation;
+    /// `None` before the first connection of a link made not connected.
+    pub(crate) fn peek(&self) -> Option<(Client, Generation)> {
         let c = self.current.read().unwrap_or_else(|p| p.into_inner());
-        (c.client.clone(), c.generation)
+        c.client.clone().map(|client| (client, c.generation))
+    }
+
+    /// The current connection unless it failed (or there is none yet).
+    fn serving(&self) -> Option<(Client, Generation)> {
+        // `broken` first: it is cleared after the connection is installed,
+        // so one seen clear comes with the connection that cleared it.
+        if self.broken.load(Ordering::Acquire) {
+            return None;
+        }
+        self.peek()
+    }
+
+    /// The current connection's generation (0 also before the first
+    /// connection of a link made not connected).
+    fn generation(&self) -> Generation {
+        self.current.read().unwrap_or_else(|p| p.into_inner()).generation
     }
 
     /// The connection to call on and its generation: the current one, or
@@ -292,8 +355,10 @@ impl Link {
     pub(crate) fn get(&self) -> Option<(Client, Generation)> {
         let waiting = Instant::now();
         loop {
-            if !self.broken.load(Ordering::Acquire) {
-                return Some(self.peek());
+            // Not broken: there is a connection (`broken` is cleared only
+            // with one installed).
+            if let Some(current) = self.serving() {
+                return Some(current);
             }
             match self.attempt.try_lock() {
                 Ok(last) => return self.reconnect(last),
@@ -318,8 +383,8 @@ impl Link {
     /// the attempt failed, one began within the last [`RETRY_EVERY`], or it
     /// outlasted [`WAIT_FOR_RECONNECT`].
     pub(crate) async fn get_async(&self, spawn: impl FnOnce() -> bool) -> Option<(Client, Generation)> {
-        if !self.broken.load(Ordering::Acquire) {
-            return Some(self.peek());
+        if let Some(current) = self.serving() {
+            return Some(current);
         }
         let (tx, rx) = futures::channel::oneshot::channel();
         {
@@ -343,7 +408,7 @@ impl Link {
             b.waiting.push(tx);
         }
         futures::future::select(rx, Box::pin(pause(WAIT_FOR_RECONNECT))).await;
-        (!self.broken.load(Ordering::Acquire)).then(|| self.peek())
+        self.serving()
     }
 
     /// The reconnection of [`Self::get_async`], on the thread it started:
@@ -370,33 +435,42 @@ impl Link {
 
     /// Reconnects, holding the attempt (`last`: when the last one began).
     fn reconnect(&self, mut last: MutexGuard<'_, Option<Instant>>) -> Option<(Client, Generation)> {
-        if !self.broken.load(Ordering::Acquire) {
+        if let Some(current) = self.serving() {
             // Another thread reconnected just before.
-            return Some(self.peek());
+            return Some(current);
         }
         if last.is_some_and(|t| t.elapsed() < RETRY_EVERY) {
             return None;
         }
         *last = Some(Instant::now());
-        let (old, _) = self.peek();
-        let fresh = match old.reconnect() {
+        let addr = self.addr;
+        // A new connection on the runtime of the old one, or, before the
+        // first, of `via`'s.
+        let dialed = match (self.peek(), &self.via) {
+            (Some((old, _)), _) => old.reconnect(),
+            (None, Some(via)) => via.connect_to(addr),
+            (None, None) => {
+                tracing::error!("the link to {addr} has neither a connection nor one to make one through");
+                return None;
+            }
+        };
+        let fresh = match dialed {
             Ok(c) => c,
             Err(e) => {
-                tracing::debug!("reconnecting to {}: {e}", old.remote_addr());
+                tracing::debug!("reconnecting to {addr}: {e}");
                 return None;
             }
         };
         // The attempt is held: no other connection is installed before this
         // one, which gets the next generation.
-        let next = self.peek().1 + 1;
+        let next = self.generation() + 1;
         if let Err(e) = (self.hello)(&fresh, next) {
-            let addr = old.remote_addr();
             if let Some(n) = throttle().allow(&format!("refused {addr}")) {
                 tracing::warn!("reconnected to {addr} but the server refused the session: {e}{}", suppressed_note(n));
             }
             return None;
         }
-        tracing::info!("reconnected to {}", old.remote_addr());
+        tracing::info!("{} {addr}", if next == 1 && self.via.is_some() { "connected to" } else { "reconnected to" });
         let generation = self.install(fresh.clone());
         Some((fresh, generation))
     }
@@ -405,7 +479,7 @@ impl Link {
     /// generation.
     fn install(&self, fresh: Client) -> Generation {
         let mut cur = self.current.write().unwrap_or_else(|p| p.into_inner());
-        cur.client = fresh;
+        cur.client = Some(fresh);
         cur.generation += 1;
         self.broken.store(false, Ordering::Release);
         *self.down_since.lock().unwrap_or_else(|p| p.into_inner()) = None;
@@ -445,9 +519,10 @@ impl Link {
         }
     }
 
-    /// New connections made so far.
+    /// New connections made so far (the first of a link made not
+    /// connected included).
     pub(crate) fn reconnects(&self) -> u64 {
-        self.peek().1
+        self.generation()
     }
 }
 
@@ -572,6 +647,37 @@ mod tests {
         assert_eq!(started.load(Ordering::SeqCst), 1, "two reconnection threads for one lost connection");
         assert_eq!(a.map(|(_, g)| g), Some(1));
         assert_eq!(b.map(|(_, g)| g), Some(1));
+    }
+
+    /// A link made not connected is as one whose connection was lost when
+    /// it was made: no connection to call on while its server is out of
+    /// reach, the time out of reach counted from its making, and its first
+    /// call after the server listens makes the connection (generation 1),
+    /// on the runtime of the connection it was made through.
+    #[test]
+    fn a_link_made_not_connected_connects_once_its_server_listens() {
+        let (_via_server, via_addr, _) = fake_io::start();
+        let rt = fake_io::runtime("link-not-connected");
+        let addr = fake_io::nothing_at();
+        let link = Link::not_connected(
+            addr,
+            Client::connect(&rt, via_addr).unwrap(),
+            Box::new(|_: &Client, _| Ok(())),
+            Instant::now(),
+        );
+        assert_eq!(link.addr(), addr);
+        assert!(link.peek().is_none());
+        assert!(link.get().is_none(), "a connection to an address where nothing listens");
+        std::thread::sleep(Duration::from_millis(5));
+        assert!(link.down_for() > Duration::ZERO, "out of reach since the link was made");
+        assert!(link.past_deadline_of(Instant::now(), Duration::from_millis(1)));
+        let (_server, _, _) = fake_io::start_at(addr);
+        std::thread::sleep(RETRY_EVERY); // the link tries again only after this
+        let (c, generation) = link.get().expect("the server listens: the link connects");
+        assert_eq!((c.remote_addr(), generation), (addr, 1));
+        assert_eq!(link.down_for(), Duration::ZERO);
+        assert_eq!(link.reconnects(), 1);
+        assert_eq!(link.get().map(|(_, g)| g), Some(1), "the connection is kept");
     }
 
     #[test]

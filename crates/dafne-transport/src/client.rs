@@ -617,6 +617,14 @@ impl Client {
         Self::connect_on(&self.inner.shared, self.inner.addr, None)
     }
 
+    /// A new connection to the server at `addr` on this connection's
+    /// runtime: for a holder of connections but not of the runtime (the
+    /// data client's first connection to an io server it could not reach
+    /// when it started). Blocking: not from a runtime task.
+    pub fn connect_to(&self, addr: SocketAddr) -> Result<Client> {
+        Self::connect_on(&self.inner.shared, addr, None)
+    }
+
     fn connect_on(shared: &Arc<Shared>, addr: SocketAddr, claim: Option<Vec<u8>>) -> Result<Client> {
         // No login with this server meanwhile (the data endpoints'
         // creation order: `Shared::endpoint_order`).
