@@ -976,18 +976,7 @@ fn a_request_to_a_server_that_stays_stopped_fails_with_eio_after_the_retry_deadl
 /// (`io-N`), for `reason` (`stale`, `ahead`, `not_replica`), from its
 /// metrics page (rendered at most once a second: callers wait on it).
 fn chain_refusals(dir: &Path, server: &str, reason: &str) -> f64 {
-    let info: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("cluster.json")).unwrap()).unwrap();
-    let addr: std::net::SocketAddr = info["metrics"]
-        .as_array()
-        .and_then(|m| m.iter().find(|e| e["server"] == server))
-        .and_then(|e| e["addr"].as_str())
-        .unwrap()
-        .parse()
-        .unwrap();
-    let page = dafne_metrics::http::fetch(addr, Duration::from_secs(5)).expect("a metrics page");
-    let families = dafne_metrics::parse::parse(&page).expect("a well-formed page");
-    families
+    common::cluster::server_page(dir, server)
         .iter()
         .find(|f| f.name == "dafne_io_chain_refusals_total")
         .and_then(|f| f.samples.iter().find(|s| s.label("reason") == Some(reason)))

@@ -24,10 +24,9 @@ pub fn meta_metrics_addr(dir: &Path) -> std::net::SocketAddr {
         .unwrap()
 }
 
-/// The first sample of the family `name` on the metrics page of the
-/// server `server` (`meta`, `io-N`; its address from `cluster.json` of
-/// `dir`); `None` when the page does not have it.
-pub fn server_metric(dir: &Path, server: &str, name: &str) -> Option<f64> {
+/// The metrics page of the server `server` (`meta`, `io-N`; its address
+/// from `cluster.json` of `dir`), parsed.
+pub fn server_page(dir: &Path, server: &str) -> Vec<dafne_metrics::parse::Family> {
     let info: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("cluster.json")).unwrap()).unwrap();
     let addr: std::net::SocketAddr = info["metrics"]
@@ -38,8 +37,13 @@ pub fn server_metric(dir: &Path, server: &str, name: &str) -> Option<f64> {
         .parse()
         .unwrap();
     let page = dafne_metrics::http::fetch(addr, std::time::Duration::from_secs(5)).expect("a metrics page");
-    let families = dafne_metrics::parse::parse(&page).expect("a well-formed page");
-    families.iter().find(|f| f.name == name).and_then(|f| f.samples.first()).map(|s| s.value)
+    dafne_metrics::parse::parse(&page).expect("a well-formed page")
+}
+
+/// The first sample of the family `name` on the metrics page of the
+/// server `server` ([`server_page`]); `None` when the page does not have it.
+pub fn server_metric(dir: &Path, server: &str, name: &str) -> Option<f64> {
+    server_page(dir, server).iter().find(|f| f.name == name).and_then(|f| f.samples.first()).map(|s| s.value)
 }
 
 /// The pid of the server `name` (`meta`, `io-N`) in `servers.json` of `dir`.
