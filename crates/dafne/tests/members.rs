@@ -1362,3 +1362,73 @@ fn a_write_acknowledged_on_a_late_first_connection_and_lost_in_a_crash_fails_the
     let _second = again.start(&c.dir().join("io-1-second.log"));
     assert_eq!(f.fsync(), Err(Errno::EIO), "the crash lost acknowledged writes");
 }
+
+/// A metadata call whose session's connection was lost, posted on a
+/// completion queue while that meta accepts no connection (stopped: a try
+/// to reach it hangs for the connect timeout), must not hold up the other
+/// requests of the queue: the reconnection runs on a thread of its own
+/// (`MetaSession::request_async`, as `Link::get_async` for the io links).
+/// The path of `recap_async` after an `ESTALE` and of the chain-table
+/// fetch. Here the session is a second cluster's meta, stopped; a
+/// ServerInfo to the first cluster's io-0 posted after the meta call on
+/// the same queue must complete while that meta stays stopped, and the
+/// meta call once it is back. Failed before the fix: "io-0's ServerInfo
+/// did not complete while the session's meta was stopped: ETIMEDOUT"
+/// (`Link::get`, the reconnection, ran on the queue's driver).
+#[test]
+fn a_meta_call_that_reconnects_does_not_hold_up_a_queue() {
+    use common::cluster::{server_pid, Stopped};
+    let c = Cluster::start_sized(1, "");
+    let other = Cluster::start_sized(1, "");
+    let info = |c: &Cluster| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(c.dir().join("cluster.json")).unwrap()).unwrap()
+    };
+    let addr = |v: &serde_json::Value| v.as_str().unwrap().parse::<std::net::SocketAddr>().unwrap();
+    let (ci, oi) = (info(&c), info(&other));
+    let io: Vec<std::net::SocketAddr> = ci["io"].as_array().unwrap().iter().map(addr).collect();
+    let ucx: Vec<(String, String)> = serde_json::from_value(ci["ucx"].clone()).unwrap();
+    let rt = dafne_transport::Runtime::new(dafne_transport::RuntimeOptions {
+        name: "meta-reconnect-queue".into(),
+        ucx_config: ucx,
+        // A try to reach the stopped meta hangs this long: before the
+        // fix, on the queue's driver.
+        connect_timeout: Duration::from_secs(60),
+        ..Default::default()
+    })
+    .unwrap();
+    let secret = |c: &Cluster| dafne_auth::Secret::load(&c.dir().join("meta").join("cluster.secret")).unwrap();
+    let data = dafne_client::data::DataClient::connect(&rt, &io, secret(&c)).unwrap();
+    let far = dafne_client::MetaSession::connect(&rt, addr(&oi["meta"]), secret(&other), "far", 0, 0).unwrap();
+    let root = far.root();
+    assert!(far.getattr(root).is_ok());
+
+    let q = dafne_client::cq::CompletionQueue::new();
+    let dead_before = rt.stats().snapshot().peer_failures;
+    let meta = Stopped::stop(server_pid(other.dir(), "meta"));
+    common::wait_for("the connection to the stopped meta found lost", || {
+        rt.stats().snapshot().peer_failures > dead_before
+    });
+    // A call that is not repeated fails on the lost connection: the
+    // session's next call reconnects.
+    assert_eq!(far.request(Request::ListOrphans { older_than_s: 0, max: 1 }).err(), Some(Errno::EIO));
+    let reconnects = far.reconnects();
+    let to_meta = {
+        let far = far.clone();
+        q.post(async move { far.request_async(Request::GetAttr { ino: root }).await.map(|_| 0) })
+    };
+    let secret_c = secret(&c);
+    let to_0 = {
+        let d = data.clone();
+        let cap = dafne_client::data::info_capability(&secret_c);
+        q.post(async move { d.server_info(0, cap).await.map(|_| 0) })
+    };
+    // A third of the connect timeout that the reconnection waited out on
+    // the driver's thread before the fix.
+    let got = q.wait(to_0, Duration::from_secs(20));
+    meta.resume();
+    assert_eq!(got, Ok(0), "io-0's ServerInfo did not complete while the session's meta was stopped");
+    // Its meta back, the call reconnects and is answered (within its
+    // retry deadline, 30 s from when it was posted).
+    assert_eq!(q.wait(to_meta, Duration::from_secs(120)), Ok(0));
+    assert!(far.reconnects() > reconnects, "the session did not reconnect");
+}
