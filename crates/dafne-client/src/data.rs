@@ -652,11 +652,9 @@ fn io_repeatable(req: &IoRequest) -> bool {
 }
 
 /// Meta's chain table (`Members`: any session may ask), ids increasing.
-/// Blocks the thread that polls it while meta's connection is lost:
-/// `MetaSession::request_async` reconnects on it (`Link::get`, up to the
-/// connect timeout for a meta that accepts nothing). Data requests fetch
-/// through [`DataClient::fetch_chains`], which runs this on a thread of
-/// its own.
+/// Does not block the thread that polls it (`MetaSession::request_async`
+/// reconnects on a thread of its own); data requests fetch through
+/// [`DataClient::fetch_chains`], which shares one fetch among them.
 async fn fetch_chains(meta: &crate::MetaSession) -> Result<Vec<Chain>, Errno> {
     match meta.request_async(dafne_proto::Request::Members).await? {
         dafne_proto::Response::Members { chains, .. } => Ok(chains),
@@ -1185,13 +1183,13 @@ impl DataClient {
         Ok((head.server as usize, Some(ChainVersion { chain: row.id, version: row.version })))
     }
 
-    /// Meta's chain table, fetched on a thread of its own so that the
-    /// thread polling the request (a completion queue's driver, which
-    /// runs its other requests meanwhile) is not held while meta is out
-    /// of reach (`fetch_chains`: its reconnection blocks). Requests that
+    /// Meta's chain table, fetched on a thread of its own. Requests that
     /// need the table while a fetch is under way wait for that one rather
-    /// than start another: one thread at a time, however many requests
-    /// were refused.
+    /// than start another: one fetch at a time, however many requests
+    /// were refused. The thread dates from when `fetch_chains` blocked its
+    /// poller on meta's reconnection, which it no longer does; it is kept
+    /// (one thread per fetch, and fetches are rare: a chain's version
+    /// moved on) as the tested way to share one fetch among requests.
     async fn fetch_chains(&self, meta: &crate::MetaSession) -> Result<Vec<Chain>, Errno> {
         let fetch = {
             let mut slot = self.chain_fetch.lock().unwrap_or_else(|p| p.into_inner());

@@ -36,8 +36,13 @@
 //! store docs, "Exactly-once replay cache"): a retried exclusive create
 //! gets its own `Ok`, not `EEXIST`; a retried unlink does not get
 //! `ENOENT`. Past the deadline the call fails with `EIO` and its seq
-//! counts as answered. The retry waits block the calling thread, like
-//! reconnecting does (module `link`).
+//! counts as answered. The waits do not block the thread polling
+//! [`MetaSession::request_async`] (a completion queue's driver runs its
+//! other requests meanwhile): the pause between tries is `link::pause`,
+//! and a reconnection runs on a thread of its own
+//! (`link::Link::get_async`, waited for at most
+//! `link::WAIT_FOR_RECONNECT`, 2 s, per try). The blocking calls block
+//! their own thread on the same future.
 //!
 //! # Riding over a restart
 //! A server that crashes and is restarted by the supervisor costs the
@@ -218,6 +223,25 @@ struct Inner {
     client_id: u64,
     seqs: Mutex<Seqs>,
     locks: Arc<locks::Locks>,
+}
+
+impl Inner {
+    /// The connection to call on, made again first if it was lost,
+    /// without blocking the thread that polls this: the reconnection (a
+    /// connect that waits up to the connect timeout for a meta that
+    /// accepts nothing, then the session's `hello`) runs on a thread of
+    /// its own (`link::Link::get_async`). `None` as for `get_async`.
+    async fn connection(self: &Arc<Self>) -> Option<(Client, link::Generation)> {
+        let me = self.clone();
+        self.link
+            .get_async(move || {
+                std::thread::Builder::new()
+                    .name("dafne-meta-reconnect".into())
+                    .spawn(move || me.link.reconnect_in_background())
+                    .is_ok()
+            })
+            .await
+    }
 }
 
 fn held(h: &Mutex<Held>) -> MutexGuard<'_, Held> {
@@ -504,21 +528,36 @@ impl MetaSession {
         });
         let env = Envelope { session: session.as_ref().map(|(s, _)| *s), ..self.envelope(tag) };
         let payload = encode_request(env, &req);
-        calls::meta_sent();
-        let call = self.inner.link.get().map(|(c, generation)| (c.call_async(payload.clone()), generation));
+        // Sent now when the connection serves, so that requests go out in
+        // the order their futures were made; a connection to make again is
+        // made when the future is polled, on a thread of its own
+        // (`Inner::connection`), never on the caller's: a completion
+        // queue's driver polls every request of the queue, and a
+        // reconnection to a meta that accepts nothing blocks up to the
+        // connect timeout.
+        let first = self.inner.link.serving().map(|(c, generation)| {
+            calls::meta_sent();
+            (c.call_async(payload.clone()), generation)
+        });
         let (uid, gid) = (self.uid, self.gid);
         let retrying = session.is_some() || repeatable(&req);
         let is_close = matches!(req, Request::Close { .. });
         async move {
             let began = std::time::Instant::now();
             let _done = session.map(|(_, d)| d);
-            let mut call = call;
+            let send = |(c, g): (Client, link::Generation)| {
+                calls::meta_sent();
+                (c.call_async(payload.clone()), g)
+            };
+            let mut call = match first {
+                Some(sent) => Some(sent),
+                None => inner.connection().await.map(send),
+            };
             let (bytes, generation) = loop {
                 let Some((pending, generation)) = call.take() else {
                     if retrying && !inner.link.past_deadline(began) {
-                        std::thread::sleep(link::RETRY_EVERY);
-                        calls::meta_sent();
-                        call = inner.link.get().map(|(c, g)| (c.call_async(payload.clone()), g));
+                        link::pause(link::RETRY_EVERY).await;
+                        call = inner.connection().await.map(send);
                         continue;
                     }
                     if is_close {
@@ -542,8 +581,7 @@ impl MetaSession {
                             return Err(io_err(e));
                         }
                         tracing::debug!("connection lost under a call that may be repeated ({e}): sending it again");
-                        calls::meta_sent();
-                        call = inner.link.get().map(|(c, g)| (c.call_async(payload.clone()), g));
+                        call = inner.connection().await.map(send);
                     }
                 }
             };
@@ -557,7 +595,8 @@ impl MetaSession {
                     let late = inner.record_opens(&objects, generation);
                     // Best effort: if this fails too, the connection is lost
                     // and the next one hears of them.
-                    if let Some((c, g)) = (!late.is_empty()).then(|| inner.link.get()).flatten() {
+                    let current = if late.is_empty() { None } else { inner.connection().await };
+                    if let Some((c, g)) = current {
                         let req = Request::Reopen { held: late };
                         let tag = inner.next_tag.fetch_add(1, Ordering::Relaxed);
                         calls::meta_sent();

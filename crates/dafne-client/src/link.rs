@@ -56,7 +56,8 @@
 //! process). A caller that runs other work on its thread (a completion
 //! queue's driver runs all its requests on one) uses [`Link::get_async`]
 //! instead: the reconnection runs on a thread of its own, and the caller
-//! waits for it without blocking.
+//! waits for it without blocking. The data client's io requests and the
+//! metadata session's calls (`MetaSession::request_async`) do.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -331,8 +332,9 @@ impl Link {
         c.client.clone().map(|client| (client, c.generation))
     }
 
-    /// The current connection unless it failed (or there is none yet).
-    fn serving(&self) -> Option<(Client, Generation)> {
+    /// The current connection unless it failed (or there is none yet):
+    /// never reconnects, never blocks.
+    pub(crate) fn serving(&self) -> Option<(Client, Generation)> {
         // `broken` first: it is cleared after the connection is installed,
         // so one seen clear comes with the connection that cleared it.
         if self.broken.load(Ordering::Acquire) {

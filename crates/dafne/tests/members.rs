@@ -1351,3 +1351,140 @@ fn a_write_acknowledged_on_a_late_first_connection_and_lost_in_a_crash_fails_the
     let _second = again.start(&c.dir().join("io-1-second.log"));
     assert_eq!(f.fsync(), Err(Errno::EIO), "the crash lost acknowledged writes");
 }
+
+/// A metadata call whose session's connection was lost, posted on a
+/// completion queue while that meta accepts no connection (stopped: a try
+/// to reach it hangs for the connect timeout), must not hold up the other
+/// requests of the queue: the reconnection runs on a thread of its own
+/// (`MetaSession::request_async`, as `Link::get_async` for the io links).
+/// The path of `recap_async` after an `ESTALE` and of the chain-table
+/// fetch. Here the session is a second cluster's meta, stopped; a
+/// ServerInfo to the first cluster's io-0 posted after the meta call on
+/// the same queue must complete while that meta stays stopped, and the
+/// meta call once it is back. Failed before the fix: "io-0's ServerInfo
+/// did not complete while the session's meta was stopped: ETIMEDOUT"
+/// (`Link::get`, the reconnection, ran on the queue's driver).
+#[test]
+fn a_meta_call_that_reconnects_does_not_hold_up_a_queue() {
+    use common::cluster::{server_pid, Stopped};
+    let c = Cluster::start_sized(1, "");
+    let other = Cluster::start_sized(1, "");
+    let info = |c: &Cluster| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(c.dir().join("cluster.json")).unwrap()).unwrap()
+    };
+    let addr = |v: &serde_json::Value| v.as_str().unwrap().parse::<std::net::SocketAddr>().unwrap();
+    let (ci, oi) = (info(&c), info(&other));
+    let io: Vec<std::net::SocketAddr> = ci["io"].as_array().unwrap().iter().map(addr).collect();
+    let ucx: Vec<(String, String)> = serde_json::from_value(ci["ucx"].clone()).unwrap();
+    let rt = dafne_transport::Runtime::new(dafne_transport::RuntimeOptions {
+        name: "meta-reconnect-queue".into(),
+        ucx_config: ucx,
+        // A try to reach the stopped meta hangs this long: before the
+        // fix, on the queue's driver.
+        connect_timeout: Duration::from_secs(60),
+        ..Default::default()
+    })
+    .unwrap();
+    let secret = |c: &Cluster| dafne_auth::Secret::load(&c.dir().join("meta").join("cluster.secret")).unwrap();
+    let data = dafne_client::data::DataClient::connect(&rt, &io, secret(&c)).unwrap();
+    let far = dafne_client::MetaSession::connect(&rt, addr(&oi["meta"]), secret(&other), "far", 0, 0).unwrap();
+    let root = far.root();
+    assert!(far.getattr(root).is_ok());
+
+    let q = dafne_client::cq::CompletionQueue::new();
+    let meta = Stopped::stop(server_pid(other.dir(), "meta"));
+    // A call that is not repeated fails once the connection is found lost
+    // (keepalive silence, 5 s): the session's next call reconnects.
+    common::wait_for("the session finding its connection to the stopped meta lost", || {
+        far.request(Request::ListOrphans { older_than_s: 0, max: 1 }).err() == Some(Errno::EIO)
+    });
+    let reconnects = far.reconnects();
+    let to_meta = {
+        let far = far.clone();
+        q.post(async move { far.request_async(Request::GetAttr { ino: root }).await.map(|_| 0) })
+    };
+    let secret_c = secret(&c);
+    let to_0 = {
+        let d = data.clone();
+        let cap = dafne_client::data::info_capability(&secret_c);
+        q.post(async move { d.server_info(0, cap).await.map(|_| 0) })
+    };
+    // A third of the connect timeout that the reconnection waited out on
+    // the driver's thread before the fix.
+    let got = q.wait(to_0, Duration::from_secs(20));
+    meta.resume();
+    assert_eq!(got, Ok(0), "io-0's ServerInfo did not complete while the session's meta was stopped");
+    // Its meta back, the call reconnects and is answered (within its
+    // retry deadline, 30 s from when it was posted).
+    assert_eq!(q.wait(to_meta, Duration::from_secs(120)), Ok(0));
+    assert!(far.reconnects() > reconnects, "the session did not reconnect");
+}
+
+/// The same through the data client's path to it: an io request refused
+/// with `ESTALE` (its capability revoked by a chmod) asks the client's
+/// meta to re-issue it (`recap_async`); posted on a completion queue while
+/// that meta accepts no connection, it must not hold up the queue's other
+/// requests. The client's meta is a second cluster's, stopped; a
+/// ServerInfo to io-0 posted after the write must complete while it stays
+/// stopped. Failed before the fix: "io-0's ServerInfo did not complete
+/// while the client's meta was stopped: ETIMEDOUT".
+#[test]
+fn a_recap_after_estale_while_meta_is_out_of_reach_does_not_hold_up_a_queue() {
+    use common::cluster::{server_pid, Stopped};
+    use dafne_proto::io::Stability;
+    let c = Cluster::start_sized(1, "");
+    let other = Cluster::start_sized(1, "");
+    let info = |c: &Cluster| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(c.dir().join("cluster.json")).unwrap()).unwrap()
+    };
+    let addr = |v: &serde_json::Value| v.as_str().unwrap().parse::<std::net::SocketAddr>().unwrap();
+    let (ci, oi) = (info(&c), info(&other));
+    let io: Vec<std::net::SocketAddr> = ci["io"].as_array().unwrap().iter().map(addr).collect();
+    let ucx: Vec<(String, String)> = serde_json::from_value(ci["ucx"].clone()).unwrap();
+    let rt = dafne_transport::Runtime::new(dafne_transport::RuntimeOptions {
+        name: "recap-queue".into(),
+        ucx_config: ucx,
+        connect_timeout: Duration::from_secs(60),
+        ..Default::default()
+    })
+    .unwrap();
+    let secret = |c: &Cluster| dafne_auth::Secret::load(&c.dir().join("meta").join("cluster.secret")).unwrap();
+    let near = dafne_client::MetaSession::connect(&rt, addr(&ci["meta"]), secret(&c), "near", 0, 0).unwrap();
+    let ino = near.create(near.root(), b"revoked", 0o666, true).unwrap().ino;
+    // A capability taken by a user whose open ends, then revoked by a chmod.
+    let user = near.as_user(1000, 1000);
+    let stale = user.open(ino, dafne_proto::OPEN_READ | dafne_proto::OPEN_WRITE).unwrap();
+    user.close(stale.layout.object_id).unwrap();
+    near.setattr(ino, dafne_proto::SetAttr { mode: Some(0o600), ..Default::default() }).unwrap();
+    let data = dafne_client::data::DataClient::connect(&rt, &io, secret(&c)).unwrap();
+    // The client's meta, asked to re-issue it: the other cluster's (which
+    // refuses: the io server's ESTALE stands).
+    let far = dafne_client::MetaSession::connect(&rt, addr(&oi["meta"]), secret(&other), "far", 0, 0).unwrap();
+    data.attach_meta(far.clone());
+    let bytes = common::pattern(4096, 9);
+    common::wait_for("io-0 refusing the revoked capability", || {
+        futures::executor::block_on(data.write_at(&stale, 0, &bytes, Stability::FileSync)) == Err(Errno::ESTALE)
+    });
+
+    let q = dafne_client::cq::CompletionQueue::new();
+    let meta = Stopped::stop(server_pid(other.dir(), "meta"));
+    // A call that is not repeated fails once the connection is found lost
+    // (keepalive silence, 5 s): the session's next call reconnects.
+    common::wait_for("the session finding its connection to the stopped meta lost", || {
+        far.request(Request::ListOrphans { older_than_s: 0, max: 1 }).err() == Some(Errno::EIO)
+    });
+    let refused = {
+        let (d, stale, bytes) = (data.clone(), stale.clone(), bytes.clone());
+        q.post(async move { d.write_at(&stale, 0, &bytes, Stability::FileSync).await })
+    };
+    let secret_c = secret(&c);
+    let to_0 = {
+        let d = data.clone();
+        let cap = dafne_client::data::info_capability(&secret_c);
+        q.post(async move { d.server_info(0, cap).await.map(|_| 0) })
+    };
+    let got = q.wait(to_0, Duration::from_secs(20));
+    meta.resume();
+    assert_eq!(got, Ok(0), "io-0's ServerInfo did not complete while the client's meta was stopped");
+    assert_eq!(q.wait(refused, Duration::from_secs(120)), Err(Errno::ESTALE));
+}
