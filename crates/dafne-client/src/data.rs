@@ -181,7 +181,8 @@
 //! on a thread of its own, and a request waits for it until the retry
 //! deadline, counted for the server's time out of reach from when the
 //! start first tried to reach it (a server that does not answer costs
-//! the start the connect timeout, 10 s, which counts), then fails with
+//! the start the connect timeout, 10 s, which counts; every server is
+//! tried at once, so several such servers cost it that once), then fails with
 //! `EIO` (a request not repeated fails at once); the other
 //! servers' requests are not held up. So a client started a moment after
 //! a server was killed rides over the restart as one started a moment
@@ -714,12 +715,29 @@ impl DataClient {
         // Each server logged in to, or out of reach now (its error kept,
         // and when the try began: a try that timed out spent part of the
         // retry deadline already).
+        //
+        // All are tried at once, each on a thread of its own (the
+        // connections themselves are made on the runtime's loop): a server
+        // that does not answer costs the start one connect timeout, not
+        // one per such server, one after the other.
+        let tries: Vec<(Result<Client, Opening>, Instant)> = std::thread::scope(|s| {
+            let tries: Vec<_> = addrs
+                .iter()
+                .map(|&addr| {
+                    s.spawn(move || {
+                        let tried = Instant::now();
+                        (open_logged_in(rt, addr, secret), tried)
+                    })
+                })
+                .collect();
+            tries.into_iter().map(|t| t.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
+        });
         let mut reached: Vec<Result<Client, (ConnectError, Instant)>> = Vec::with_capacity(addrs.len());
-        for &addr in addrs {
-            let tried = Instant::now();
-            reached.push(match open_logged_in(rt, addr, secret) {
+        for (r, tried) in tries {
+            reached.push(match r {
                 Ok(c) => Ok(c),
                 Err(Opening::OutOfReach(e)) => Err((e, tried)),
+                // The first in the servers' order, as when tried in turn.
                 Err(Opening::Failed(e)) => return Err(e),
             });
         }
@@ -2907,5 +2925,33 @@ mod tests {
         let took = began.elapsed();
         // The start spent nearly all of `took` on the silent server.
         assert!(down >= took / 2, "out of reach for {down:?} of a start of {took:?} spent on it");
+    }
+
+    /// Io servers out of reach at the start are tried at once, not in
+    /// turn: with three silent ones, each was out of reach for nearly the
+    /// whole start. Failed before (tried in turn): the third's try began
+    /// after the first two had timed out, so it had been out of reach for
+    /// a third of the start.
+    #[test]
+    fn io_servers_out_of_reach_at_the_start_are_tried_at_once() {
+        let silent: Vec<_> = (0..3).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap()).collect();
+        let (_server, addr, _) = fake_io::start();
+        let rt = Runtime::new(dafne_transport::RuntimeOptions {
+            name: "silent-three".into(),
+            connect_timeout: Duration::from_secs(2),
+            ..fake_io::runtime_options()
+        })
+        .unwrap();
+        let mut addrs: Vec<_> = silent.iter().map(|l| l.local_addr().unwrap()).collect();
+        addrs.push(addr);
+        let began = Instant::now();
+        let d = DataClient::connect(&rt, &addrs, crate::fake_io::secret())
+            .expect("a client starts while three of its io servers do not answer");
+        let took = began.elapsed();
+        for i in 0..3 {
+            let down = d.servers[i].down_for();
+            assert!(down >= took * 2 / 3, "io server {i}: out of reach for {down:?} of a start of {took:?}");
+        }
+        assert!(d.servers[3].serving().is_some(), "the reachable one is connected");
     }
 }

@@ -171,8 +171,13 @@ pub(crate) fn file_on(object_id: u64, servers: u32) -> crate::OpenFile {
 }
 
 pub(crate) fn runtime(name: &str) -> Runtime {
+    Runtime::new(RuntimeOptions { name: name.into(), ..runtime_options() }).unwrap()
+}
+
+/// The options of [`runtime`]: shared memory and TCP on loopback.
+pub(crate) fn runtime_options() -> RuntimeOptions {
     let ucx_config = vec![("TLS".into(), "posix,sysv,cma,self,tcp".into()), ("NET_DEVICES".into(), "lo".into())];
-    Runtime::new(RuntimeOptions { name: name.into(), ucx_config, ..Default::default() }).unwrap()
+    RuntimeOptions { ucx_config, ..Default::default() }
 }
 
 /// A fake io server on its own runtime (keep it alive for the test), its
