@@ -1507,7 +1507,9 @@ fn a_recap_after_estale_while_meta_is_out_of_reach_does_not_hold_up_a_queue() {
 /// twice is not. Failed before the fix: the close went out on the new
 /// connection, after its `Reopen` of the one open left, and meta named
 /// the still open file an orphan ("meta lost the session's remaining open
-/// ... [it]").
+/// of 1": `ListOrphans` named it), on the metaasync merge (a059b34) and
+/// on the commit before it (9b648c6, whose close reconnected on its own
+/// thread instead).
 #[test]
 fn a_close_made_while_meta_is_out_of_reach_is_not_sent_on_the_next_connection() {
     use common::cluster::{server_pid, Stopped};
