@@ -73,7 +73,11 @@
 //! on their own). A `Close` whose connection is lost (or that finds none)
 //! is done: the session's count was lowered before it was sent, so no later
 //! connection was told of that open; sending it again would release another
-//! open of the same object. The data half does the same for io requests
+//! open of the same object. For the same reason a `Close` goes only on the
+//! connection that was current when the count was lowered: one made while
+//! that connection is lost, or after it was replaced, is done without
+//! being sent (a close made while meta was out of reach used to wait for
+//! the reconnection and go out on the new connection, after its `Reopen`). The data half does the same for io requests
 //! (module [`data`], "Riding over a restart"). The warnings of calls that
 //! fail anyway are throttled ([`Throttle`]: one per server and kind every
 //! [`WARN_EVERY`], with a count of those not shown). A call that times out
@@ -520,6 +524,19 @@ impl MetaSession {
     /// after a lost connection (module docs, "Exactly-once", "Riding over a
     /// restart").
     pub fn request_async(&self, req: Request) -> impl Future<Output = Result<Response, Errno>> + Send + 'static {
+        self.request_on_async(req, None)
+    }
+
+    /// [`Self::request_async`], sent only on the connection of generation
+    /// `only_on` when given (a `Close`: the connection that was current
+    /// when the session lowered its count, [`Self::close_async`]): when
+    /// that one is lost or was replaced, nothing is sent and the call is
+    /// done, and no reconnection is made for it.
+    fn request_on_async(
+        &self,
+        req: Request,
+        only_on: Option<link::Generation>,
+    ) -> impl Future<Output = Result<Response, Errno>> + Send + 'static {
         let tag = self.inner.next_tag.fetch_add(1, Ordering::Relaxed);
         let inner = self.inner.clone();
         let session = req.is_exactly_once().then(|| {
@@ -535,10 +552,11 @@ impl MetaSession {
         // queue's driver polls every request of the queue, and a
         // reconnection to a meta that accepts nothing blocks up to the
         // connect timeout.
-        let first = self.inner.link.serving().map(|(c, generation)| {
-            calls::meta_sent();
-            (c.call_async(payload.clone()), generation)
-        });
+        let first =
+            self.inner.link.serving().filter(|&(_, g)| only_on.is_none_or(|on| on == g)).map(|(c, generation)| {
+                calls::meta_sent();
+                (c.call_async(payload.clone()), generation)
+            });
         let (uid, gid) = (self.uid, self.gid);
         let retrying = session.is_some() || repeatable(&req);
         let is_close = matches!(req, Request::Close { .. });
@@ -551,6 +569,8 @@ impl MetaSession {
             };
             let mut call = match first {
                 Some(sent) => Some(sent),
+                // Not on another connection: the one it was for is gone.
+                None if only_on.is_some() => None,
                 None => inner.connection().await.map(send),
             };
             let (bytes, generation) = loop {
@@ -848,15 +868,22 @@ impl MetaSession {
     /// no open of it. The server not knowing of the open (a reconnect's
     /// re-announce ran after this release began) is success.
     pub async fn close_async(&self, object_id: u64) -> Result<(), Errno> {
-        {
+        // Lowered under the lock that a reconnection's re-announce holds:
+        // a connection made after this hears of one open less, so the
+        // close goes only on the connection current now (module docs,
+        // "Riding over a restart"). Sent on the next one, it released
+        // another open of the object there (an unlinked file still open
+        // was named an orphan).
+        let current = {
             let mut h = held(&self.inner.held);
             let count = h.objects.get_mut(&object_id).ok_or(Errno::EBADF)?;
             *count -= 1;
             if *count == 0 {
                 h.objects.remove(&object_id);
             }
-        }
-        match self.request_async(Request::Close { object_id }).await {
+            self.inner.link.generation()
+        };
+        match self.request_on_async(Request::Close { object_id }, Some(current)).await {
             Ok(Response::Done) | Err(Errno::EBADF) => Ok(()),
             Ok(_) => Err(Errno::EPROTO),
             Err(e) => Err(e),

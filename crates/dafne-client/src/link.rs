@@ -345,7 +345,7 @@ impl Link {
 
     /// The current connection's generation (0 also before the first
     /// connection of a link made not connected).
-    fn generation(&self) -> Generation {
+    pub(crate) fn generation(&self) -> Generation {
         self.current.read().unwrap_or_else(|p| p.into_inner()).generation
     }
 
