@@ -1035,6 +1035,7 @@ impl Storage for ChunkStore {
 /// wait for the device): an entry changed meanwhile is cleaned too, which
 /// is right (a write under way keeps both its contents, module `sums`).
 fn sync_files(object: u64, f: &Files, unsynced: &Unsynced) -> io::Result<()> {
+    held_sync();
     if let Some(s) = &f.sums {
         s.sync_data()?;
     }
@@ -1552,6 +1553,26 @@ fn injected_crash() {
         if std::fs::remove_file(flag).is_ok() {
             let _ = rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL);
             std::process::abort();
+        }
+    }
+}
+
+/// Fault injection for tests only (`tests/sync_off_loop.rs`): a device
+/// whose fsync takes seconds cannot be made on tmpfs. If
+/// `DAFNE_FAULT_HOLD_SYNC` names a file that exists, every object sync
+/// that reaches this point creates `<file>.held` (so the test knows a sync
+/// is held) and waits until the file is gone, then syncs as usual.
+/// Nothing happens without the variable.
+fn held_sync() {
+    static FLAG: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
+    if let Some(flag) = FLAG.get_or_init(|| std::env::var_os("DAFNE_FAULT_HOLD_SYNC").map(PathBuf::from)) {
+        if flag.exists() {
+            let mut held = flag.clone().into_os_string();
+            held.push(".held");
+            let _ = File::create(held);
+            while flag.exists() {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
         }
     }
 }
