@@ -380,6 +380,9 @@ pub struct ChunkStore {
     /// ([`probe_max_size`]): a write, truncation or allocation past it is
     /// refused with `EFBIG` before anything is cached.
     max_size: u64,
+    /// The threads that run object syncs off the loop (module docs,
+    /// "Syncs off the loop").
+    syncer: Syncer,
 }
 
 /// The largest size a file in `dir` may have, found with `ftruncate` on a
@@ -481,6 +484,7 @@ impl ChunkStore {
             unsynced: Arc::default(),
             logged: RefCell::default(),
             max_size,
+            syncer: Syncer::new(),
         })
     }
 
@@ -502,12 +506,7 @@ impl ChunkStore {
     /// fsyncs the objects directory if a chunk file was created since the
     /// last time: a file's data is durable only with its name.
     fn sync_dir_if_needed(&self) -> io::Result<()> {
-        if self.dir_unsynced.swap(false, Ordering::SeqCst) {
-            let r = File::open(&self.dir).and_then(|d| d.sync_all());
-            if r.is_err() {
-                self.dir_unsynced.store(true, Ordering::SeqCst);
-            }
-            r?;
+        if sync_dir(&self.dir, &self.dir_unsynced)? {
             self.count(|s| s.dir_syncs += 1);
         }
         Ok(())
@@ -522,7 +521,7 @@ impl ChunkStore {
             .open
             .borrow()
             .iter()
-            .filter_map(|(&o, f)| sync_files(o, f, &self.unsynced).err().map(|e| (o, e)))
+            .filter_map(|(&o, f)| sync_files(o, &f.buffered, f.sums.as_ref(), &self.unsynced).err().map(|e| (o, e)))
             .collect();
         let mut first = None;
         for (o, e) in failed {
@@ -1000,12 +999,57 @@ impl Storage for ChunkStore {
             return Err(ChunkStore::damaged_error(object));
         }
         self.count(|s| s.syncs += 1);
-        let r = self.with_files(object, false, |f| sync_files(object, f, &self.unsynced));
+        let r = self.with_files(object, false, |f| sync_files(object, &f.buffered, f.sums.as_ref(), &self.unsynced));
         if let Err(e) = r {
             self.mark_damaged(object, &e);
             return Err(ChunkStore::lost_error(object, &e));
         }
         self.sync_dir_if_needed()
+    }
+
+    /// The sync on one of the store's sync threads (module docs, "Syncs
+    /// off the loop"): the loop serves while the device syncs. The
+    /// bookkeeping stays on the loop: the damage check before, and after,
+    /// a failed object marked damaged as [`Storage::sync`] marks it.
+    fn sync_later(&self, object: u64) -> dafne_unifier::SyncFuture<'_> {
+        Box::pin(async move {
+            if self.is_damaged(object) {
+                return Err(ChunkStore::damaged_error(object));
+            }
+            self.count(|s| s.syncs += 1);
+            // The sync thread's own descriptors (the open table may close
+            // these meanwhile); a missing object has only the directory to sync.
+            let dup = self.with_files(object, false, |f| {
+                Ok((f.buffered.try_clone()?, f.sums.as_ref().map(File::try_clone).transpose()?))
+            });
+            let files = match dup {
+                Ok(files) => files,
+                Err(e) => {
+                    self.mark_damaged(object, &e);
+                    return Err(ChunkStore::lost_error(object, &e));
+                }
+            };
+            let (unsynced, dir, dir_unsynced) = (self.unsynced.clone(), self.dir.clone(), self.dir_unsynced.clone());
+            let done = self.syncer.run(move || {
+                if let Some((data, sums)) = &files {
+                    sync_files(object, data, sums.as_ref(), &unsynced).map_err(|e| (true, e))?;
+                }
+                sync_dir(&dir, &dir_unsynced).map_err(|e| (false, e))
+            });
+            match done.await {
+                Ok(dir_synced) => {
+                    if dir_synced {
+                        self.count(|s| s.dir_syncs += 1);
+                    }
+                    Ok(())
+                }
+                Err((true, e)) => {
+                    self.mark_damaged(object, &e);
+                    Err(ChunkStore::lost_error(object, &e))
+                }
+                Err((false, e)) => Err(e),
+            }
+        })
     }
 
     /// A writer for the Unifier's background write-back; on the direct path
@@ -1034,16 +1078,134 @@ impl Storage for ChunkStore {
 /// The lock is not held across the fdatasyncs (the background writer would
 /// wait for the device): an entry changed meanwhile is cleaned too, which
 /// is right (a write under way keeps both its contents, module `sums`).
-fn sync_files(object: u64, f: &Files, unsynced: &Unsynced) -> io::Result<()> {
+fn sync_files(object: u64, data: &File, sums: Option<&File>, unsynced: &Unsynced) -> io::Result<()> {
     held_sync();
-    if let Some(s) = &f.sums {
+    if let Some(s) = sums {
         s.sync_data()?;
     }
-    f.buffered.sync_data()?;
-    if let Some(s) = &f.sums {
+    data.sync_data()?;
+    if let Some(s) = sums {
         unsynced.lock().clean(s, object)?;
     }
     Ok(())
+}
+
+/// fsyncs the objects directory `dir` if a chunk file was created since
+/// the last time (`unsynced`): a file's data is durable only with its
+/// name. Whether it synced.
+fn sync_dir(dir: &Path, unsynced: &AtomicBool) -> io::Result<bool> {
+    if !unsynced.swap(false, Ordering::SeqCst) {
+        return Ok(false);
+    }
+    let r = File::open(dir).and_then(|d| d.sync_all());
+    if r.is_err() {
+        unsynced.store(true, Ordering::SeqCst);
+    }
+    r.map(|()| true)
+}
+
+/// Threads a sync may wait on: a sync held by a slow device takes one,
+/// so this many can be under way at once; more wait for one to finish.
+const SYNC_THREADS: usize = 4;
+
+type SyncJob = Box<dyn FnOnce() + Send>;
+
+/// The store's sync threads (module docs, "Syncs off the loop"), started
+/// when a sync finds none free, up to [`SYNC_THREADS`]; they end when the
+/// store is dropped.
+struct Syncer {
+    jobs: std::sync::mpsc::Sender<SyncJob>,
+    queue: Arc<Mutex<std::sync::mpsc::Receiver<SyncJob>>>,
+    threads: Cell<usize>,
+    /// Jobs handed over and not finished.
+    busy: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl std::fmt::Debug for Syncer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Syncer").field("threads", &self.threads.get()).finish()
+    }
+}
+
+impl Syncer {
+    fn new() -> Syncer {
+        let (jobs, queue) = std::sync::mpsc::channel();
+        Syncer { jobs, queue: Arc::new(Mutex::new(queue)), threads: Cell::new(0), busy: Arc::default() }
+    }
+
+    /// Runs `work` on a sync thread; the future completes with its result.
+    /// Without a thread (none could be started) it runs here.
+    fn run<T: Send + 'static>(&self, work: impl FnOnce() -> T + Send + 'static) -> SyncDone<T> {
+        let slot: Arc<Mutex<DoneSlot<T>>> = Arc::default();
+        let theirs = slot.clone();
+        let busy = self.busy.clone();
+        let job: SyncJob = Box::new(move || {
+            let r = work();
+            let waker = {
+                let mut s = theirs.lock().unwrap_or_else(|e| e.into_inner());
+                s.result = Some(r);
+                s.waker.take()
+            };
+            busy.fetch_sub(1, Ordering::SeqCst);
+            if let Some(w) = waker {
+                w.wake();
+            }
+        });
+        if self.busy.fetch_add(1, Ordering::SeqCst) >= self.threads.get() && self.threads.get() < SYNC_THREADS {
+            self.start_thread();
+        }
+        if self.threads.get() == 0 {
+            job();
+        } else if let Err(e) = self.jobs.send(job) {
+            (e.0)(); // cannot happen: the threads hold the receiver
+        }
+        SyncDone(slot)
+    }
+
+    fn start_thread(&self) {
+        let queue = self.queue.clone();
+        let n = self.threads.get();
+        let started = std::thread::Builder::new().name(format!("dafne-sync-{n}")).spawn(move || loop {
+            let job = queue.lock().unwrap_or_else(|e| e.into_inner()).recv();
+            match job {
+                Ok(job) => job(),
+                Err(_) => return, // the store is gone
+            }
+        });
+        match started {
+            Ok(_) => self.threads.set(n + 1),
+            Err(e) => tracing::warn!("no sync thread ({e}): syncs wait for the ones under way"),
+        }
+    }
+}
+
+/// A job's result and who waits for it.
+struct DoneSlot<T> {
+    result: Option<T>,
+    waker: Option<std::task::Waker>,
+}
+
+impl<T> Default for DoneSlot<T> {
+    fn default() -> Self {
+        DoneSlot { result: None, waker: None }
+    }
+}
+
+/// The completion of a job of the [`Syncer`].
+struct SyncDone<T>(Arc<Mutex<DoneSlot<T>>>);
+
+impl<T> std::future::Future for SyncDone<T> {
+    type Output = T;
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<T> {
+        let mut s = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        match s.result.take() {
+            Some(r) => std::task::Poll::Ready(r),
+            None => {
+                s.waker = Some(cx.waker().clone());
+                std::task::Poll::Pending
+            }
+        }
+    }
 }
 
 impl ChunkStore {

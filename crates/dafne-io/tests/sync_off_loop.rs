@@ -43,9 +43,10 @@ impl Drop for Release<'_> {
     }
 }
 
-/// Client A's fsync is held on the server; meanwhile client B (its own
-/// connection) reads its cached file and writes to it, and both are
-/// served. Released, A's fsync completes and its bytes read back.
+/// Client A's fsync, and then A's data-sync write (write-through), are
+/// held on the server; meanwhile client B (its own connection) reads its
+/// cached file and writes to it, and both are served. Released, A's
+/// operations complete and its bytes read back.
 /// Before the syncs moved off the loop, B's read never came back while
 /// A's sync was held (the loop thread was inside `fdatasync`).
 #[test]
@@ -75,42 +76,72 @@ fn a_held_sync_does_not_stop_another_clients_read_or_write() {
     let fa = fs_a.create(ROOT_INO, b"a", 0o644, hint).unwrap();
     fa.write_at(0, &a_data, Stability::Unstable).unwrap();
 
-    std::fs::write(&flag, b"").unwrap();
-    let release = Release(&flag);
+    // A's fsync, then A's data-sync write (a write-through: its sync is
+    // the Unifier's), each held while B is served.
+    let fa = held_while_b_is_served(&flag, &held, fa, &fb, &b_data, |fa| fa.fsync());
+    let more = pattern(70_000, 3);
+    let fa = held_while_b_is_served(&flag, &held, fa, &fb, &b_data, {
+        let more = more.clone();
+        move |fa| fa.write_at(100_000, &more, Stability::FileSync).map(|_| ())
+    });
+    let mut want = a_data;
+    want[100_000..170_000].copy_from_slice(&more);
+    let mut got = vec![0u8; want.len()];
+    assert_eq!(fa.read_at(0, &mut got), Ok(want.len()));
+    assert!(got == want, "A's file reads back as written");
+    drop(io);
+}
+
+/// Holds the server's syncs, runs `a_op` (which syncs) on a thread of its
+/// own, and once its sync is held, has B read its file (`fb`, holding
+/// `b_data`) and write to it; both must be served while A's sync is still
+/// held. Then releases the hold: A's operation must succeed. Returns A's file.
+fn held_while_b_is_served(
+    flag: &Path,
+    held: &Path,
+    fa: dafne_client::file::File,
+    fb: &dafne_client::file::File,
+    b_data: &[u8],
+    a_op: impl FnOnce(&dafne_client::file::File) -> Result<(), dafne_proto::Errno> + Send + 'static,
+) -> dafne_client::file::File {
+    let _ = std::fs::remove_file(held);
+    std::fs::write(flag, b"").unwrap();
+    let release = Release(flag);
     let (a_tx, a_rx) = mpsc::channel();
     let a = std::thread::spawn(move || {
-        let r = fa.fsync();
-        let _ = a_tx.send(r);
+        let _ = a_tx.send(a_op(&fa));
         fa
     });
     assert!(wait_for(|| held.exists()), "A's sync never reached the server's hold");
     assert!(a_rx.try_recv().is_err(), "A's sync completed while held");
 
     // B, on its own connection, while A's sync is held.
-    let (b_tx, b_rx) = mpsc::channel();
-    let b = std::thread::spawn(move || {
-        let mut got = vec![0u8; b_data.len()];
-        let read = fb.read_at(0, &mut got).map(|n| (n, got == b_data));
-        let _ = b_tx.send(("read", read.map(|(n, same)| (n, same))));
-        let written = fb.write_at(4096, b"written meanwhile", Stability::Unstable);
-        let _ = b_tx.send(("write", written.map(|n| (n, true))));
+    std::thread::scope(|scope| {
+        let (b_tx, b_rx) = mpsc::channel();
+        scope.spawn(move || {
+            let mut got = vec![0u8; b_data.len()];
+            let read = fb.read_at(0, &mut got).map(|n| (n, got == b_data));
+            let _ = b_tx.send(("read", read));
+            let written = fb.write_at(4096, &b_data[4096..4096 + 17], Stability::Unstable);
+            let _ = b_tx.send(("write", written.map(|n| (n, true))));
+        });
+        let read = b_rx.recv_timeout(DEADLINE);
+        let write = read.is_ok().then(|| b_rx.recv_timeout(DEADLINE));
+        if read.is_err() || write.as_ref().is_some_and(|w| w.is_err()) {
+            // Released first, so that B's thread ends and the scope with it.
+            std::fs::remove_file(flag).unwrap();
+        }
+        assert!(read.is_ok(), "B's read was not served while A's sync was held");
+        assert_eq!(read.unwrap(), ("read", Ok((b_data.len(), true))), "B's read while A's sync was held");
+        let write = write.unwrap();
+        assert!(write.is_ok(), "B's write was not served while A's sync was held");
+        assert_eq!(write.unwrap(), ("write", Ok((17, true))), "B's write while A's sync was held");
     });
-    let read = b_rx.recv_timeout(DEADLINE);
-    assert!(read.is_ok(), "B's read was not served while A's sync was held");
-    assert_eq!(read.unwrap(), ("read", Ok((200_000, true))), "B's read while A's sync was held");
-    let write = b_rx.recv_timeout(DEADLINE);
-    assert!(write.is_ok(), "B's write was not served while A's sync was held");
-    assert_eq!(write.unwrap(), ("write", Ok((17, true))), "B's write while A's sync was held");
-    b.join().unwrap();
     // A's sync is still held: the server did not answer it early.
     assert!(a_rx.try_recv().is_err(), "A's sync completed while held");
 
     drop(release);
     let synced = a_rx.recv_timeout(DEADLINE).expect("A's sync did not complete once released");
-    assert_eq!(synced, Ok(()), "A's sync once released");
-    let fa = a.join().unwrap();
-    let mut got = vec![0u8; a_data.len()];
-    assert_eq!(fa.read_at(0, &mut got), Ok(a_data.len()));
-    assert!(got == a_data, "A's file reads back as written");
-    drop(io);
+    assert_eq!(synced, Ok(()), "A's operation once its sync was released");
+    a.join().unwrap()
 }
