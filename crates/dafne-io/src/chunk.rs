@@ -61,6 +61,31 @@
 //! restarted server reads what the device holds (ext4 itself marks the
 //! file system as needing `fsck`), which the operator is told in the log.
 //!
+//! # Syncs off the loop
+//! An `fdatasync` takes tens of milliseconds to seconds on a real device,
+//! and the io server has one event-loop thread: a sync on it stopped every
+//! other client of the server for as long. So every object sync of the
+//! server ([`Storage::sync_later`]: a client's `Sync`, the Unifier's flush
+//! and write-through, the comparison modes' data-sync writes) runs on a
+//! thread of the store, and the request's future awaits it while the loop
+//! serves. The threads (`SYNC_THREADS`, 4, at most) start when a sync finds
+//! none free; a sync past them waits for one. The thread gets duplicates
+//! of the object's descriptors (the open table may close its own), the
+//! `unsynced` table and the directory flag, and does what [`Storage::sync`]
+//! does, in the same order: the sidecar, then the data, then cleaning the
+//! entries (under the `unsynced` lock, which also orders it with the
+//! loop's truncates and writes), then the directory if a chunk file was
+//! created since it was last synced. The rest stays on the loop: the
+//! damage check before (a damaged object's sync fails at once) and, after
+//! a failed sync, marking the object damaged (module docs, "A sync that
+//! fails"). Meanwhile the loop may write the object again: as with the
+//! background writer, what the sync covers is what reached the file before
+//! its `fdatasync`, and an entry changed meanwhile is cleaned too (`sums`
+//! module docs, "Syncs and cleaning"). A sync that fails after a remove or
+//! truncate to zero under way marks the object damaged all the same (the
+//! failure may concern bytes written after it). [`ChunkStore::sync_all`]
+//! (a clean stop's final write-back) still syncs on the calling thread.
+//!
 //! # Drop-behind (buffered path)
 //! Without O_DIRECT, *drop-behind* ([`ChunkStore::set_drop_behind`])
 //! approximates it for the Unifier, so that its units are the only cached
@@ -1820,6 +1845,37 @@ mod tests {
         assert_eq!(s.stats().dir_syncs, 2, "a background creation was not made durable");
         s.sync_all().unwrap();
         assert_eq!(s.stats().dir_syncs, 2);
+    }
+
+    /// `sync_later` (module docs, "Syncs off the loop") does what `sync`
+    /// does, on a sync thread: the new file's name is synced once, the
+    /// entries written since are cleaned (their content is stable now),
+    /// two syncs may be awaited together, and a damaged object's sync
+    /// fails at once.
+    #[test]
+    fn a_sync_later_syncs_on_a_thread_as_sync_does() {
+        let d = tempfile::tempdir().unwrap();
+        let s = ChunkStore::open(d.path()).unwrap();
+        s.write_at(1, 0, &[1u8; 8192]).unwrap();
+        s.write_at(2, 0, b"two").unwrap();
+        let sidecar = sums::sidecar_path(&s.path(1));
+        let stable = || match sums::read_entries(&File::open(&sidecar).unwrap(), 0, 1).unwrap()[0] {
+            sums::Entry::Written { cur, stable, .. } => cur == stable,
+            sums::Entry::Hole => panic!("a written block's entry is a hole"),
+        };
+        assert!(!stable(), "a block never synced accepts its content as stable");
+        let both = futures::future::join(s.sync_later(1), s.sync_later(2));
+        let (a, b) = futures::executor::block_on(both);
+        a.unwrap();
+        b.unwrap();
+        assert!(stable(), "the entries were not cleaned");
+        assert_eq!(s.stats().syncs, 2);
+        assert_eq!(s.stats().dir_syncs, 1, "the new files' names were not made durable once");
+        assert!(s.syncer.threads.get() >= 1, "the syncs did not run on a sync thread");
+        futures::executor::block_on(s.sync_later(3)).unwrap(); // no such object: nothing to sync
+        s.damaged.borrow_mut().insert(1);
+        assert!(futures::executor::block_on(s.sync_later(1)).is_err());
+        assert_eq!(s.stats().syncs, 3, "a damaged object's sync went to the device");
     }
 
     /// Checksums (module `sums`) on both storage paths: a byte flipped on
