@@ -61,6 +61,31 @@
 //! restarted server reads what the device holds (ext4 itself marks the
 //! file system as needing `fsck`), which the operator is told in the log.
 //!
+//! # Syncs off the loop
+//! An `fdatasync` takes tens of milliseconds to seconds on a real device,
+//! and the io server has one event-loop thread: a sync on it stopped every
+//! other client of the server for as long. So every object sync of the
+//! server ([`Storage::sync_later`]: a client's `Sync`, the Unifier's flush
+//! and write-through, the comparison modes' data-sync writes) runs on a
+//! thread of the store, and the request's future awaits it while the loop
+//! serves. The threads (`SYNC_THREADS`, 4, at most) start when a sync finds
+//! none free; a sync past them waits for one. The thread gets duplicates
+//! of the object's descriptors (the open table may close its own), the
+//! `unsynced` table and the directory flag, and does what [`Storage::sync`]
+//! does, in the same order: the sidecar, then the data, then cleaning the
+//! entries (under the `unsynced` lock, which also orders it with the
+//! loop's truncates and writes), then the directory if a chunk file was
+//! created since it was last synced. The rest stays on the loop: the
+//! damage check before (a damaged object's sync fails at once) and, after
+//! a failed sync, marking the object damaged (module docs, "A sync that
+//! fails"). Meanwhile the loop may write the object again: as with the
+//! background writer, what the sync covers is what reached the file before
+//! its `fdatasync`, and an entry changed meanwhile is cleaned too (`sums`
+//! module docs, "Syncs and cleaning"). A sync that fails after a remove or
+//! truncate to zero under way marks the object damaged all the same (the
+//! failure may concern bytes written after it). [`ChunkStore::sync_all`]
+//! (a clean stop's final write-back) still syncs on the calling thread.
+//!
 //! # Drop-behind (buffered path)
 //! Without O_DIRECT, *drop-behind* ([`ChunkStore::set_drop_behind`])
 //! approximates it for the Unifier, so that its units are the only cached
@@ -380,6 +405,9 @@ pub struct ChunkStore {
     /// ([`probe_max_size`]): a write, truncation or allocation past it is
     /// refused with `EFBIG` before anything is cached.
     max_size: u64,
+    /// The threads that run object syncs off the loop (module docs,
+    /// "Syncs off the loop").
+    syncer: Syncer,
 }
 
 /// The largest size a file in `dir` may have, found with `ftruncate` on a
@@ -481,6 +509,7 @@ impl ChunkStore {
             unsynced: Arc::default(),
             logged: RefCell::default(),
             max_size,
+            syncer: Syncer::new(),
         })
     }
 
@@ -502,12 +531,7 @@ impl ChunkStore {
     /// fsyncs the objects directory if a chunk file was created since the
     /// last time: a file's data is durable only with its name.
     fn sync_dir_if_needed(&self) -> io::Result<()> {
-        if self.dir_unsynced.swap(false, Ordering::SeqCst) {
-            let r = File::open(&self.dir).and_then(|d| d.sync_all());
-            if r.is_err() {
-                self.dir_unsynced.store(true, Ordering::SeqCst);
-            }
-            r?;
+        if sync_dir(&self.dir, &self.dir_unsynced)? {
             self.count(|s| s.dir_syncs += 1);
         }
         Ok(())
@@ -522,7 +546,7 @@ impl ChunkStore {
             .open
             .borrow()
             .iter()
-            .filter_map(|(&o, f)| sync_files(o, f, &self.unsynced).err().map(|e| (o, e)))
+            .filter_map(|(&o, f)| sync_files(o, &f.buffered, f.sums.as_ref(), &self.unsynced).err().map(|e| (o, e)))
             .collect();
         let mut first = None;
         for (o, e) in failed {
@@ -1000,12 +1024,57 @@ impl Storage for ChunkStore {
             return Err(ChunkStore::damaged_error(object));
         }
         self.count(|s| s.syncs += 1);
-        let r = self.with_files(object, false, |f| sync_files(object, f, &self.unsynced));
+        let r = self.with_files(object, false, |f| sync_files(object, &f.buffered, f.sums.as_ref(), &self.unsynced));
         if let Err(e) = r {
             self.mark_damaged(object, &e);
             return Err(ChunkStore::lost_error(object, &e));
         }
         self.sync_dir_if_needed()
+    }
+
+    /// The sync on one of the store's sync threads (module docs, "Syncs
+    /// off the loop"): the loop serves while the device syncs. The
+    /// bookkeeping stays on the loop: the damage check before, and after,
+    /// a failed object marked damaged as [`Storage::sync`] marks it.
+    fn sync_later(&self, object: u64) -> dafne_unifier::SyncFuture<'_> {
+        Box::pin(async move {
+            if self.is_damaged(object) {
+                return Err(ChunkStore::damaged_error(object));
+            }
+            self.count(|s| s.syncs += 1);
+            // The sync thread's own descriptors (the open table may close
+            // these meanwhile); a missing object has only the directory to sync.
+            let dup = self.with_files(object, false, |f| {
+                Ok((f.buffered.try_clone()?, f.sums.as_ref().map(File::try_clone).transpose()?))
+            });
+            let files = match dup {
+                Ok(files) => files,
+                Err(e) => {
+                    self.mark_damaged(object, &e);
+                    return Err(ChunkStore::lost_error(object, &e));
+                }
+            };
+            let (unsynced, dir, dir_unsynced) = (self.unsynced.clone(), self.dir.clone(), self.dir_unsynced.clone());
+            let done = self.syncer.run(move || {
+                if let Some((data, sums)) = &files {
+                    sync_files(object, data, sums.as_ref(), &unsynced).map_err(|e| (true, e))?;
+                }
+                sync_dir(&dir, &dir_unsynced).map_err(|e| (false, e))
+            });
+            match done.await {
+                Ok(dir_synced) => {
+                    if dir_synced {
+                        self.count(|s| s.dir_syncs += 1);
+                    }
+                    Ok(())
+                }
+                Err((true, e)) => {
+                    self.mark_damaged(object, &e);
+                    Err(ChunkStore::lost_error(object, &e))
+                }
+                Err((false, e)) => Err(e),
+            }
+        })
     }
 
     /// A writer for the Unifier's background write-back; on the direct path
@@ -1034,15 +1103,134 @@ impl Storage for ChunkStore {
 /// The lock is not held across the fdatasyncs (the background writer would
 /// wait for the device): an entry changed meanwhile is cleaned too, which
 /// is right (a write under way keeps both its contents, module `sums`).
-fn sync_files(object: u64, f: &Files, unsynced: &Unsynced) -> io::Result<()> {
-    if let Some(s) = &f.sums {
+fn sync_files(object: u64, data: &File, sums: Option<&File>, unsynced: &Unsynced) -> io::Result<()> {
+    held_sync();
+    if let Some(s) = sums {
         s.sync_data()?;
     }
-    f.buffered.sync_data()?;
-    if let Some(s) = &f.sums {
+    data.sync_data()?;
+    if let Some(s) = sums {
         unsynced.lock().clean(s, object)?;
     }
     Ok(())
+}
+
+/// fsyncs the objects directory `dir` if a chunk file was created since
+/// the last time (`unsynced`): a file's data is durable only with its
+/// name. Whether it synced.
+fn sync_dir(dir: &Path, unsynced: &AtomicBool) -> io::Result<bool> {
+    if !unsynced.swap(false, Ordering::SeqCst) {
+        return Ok(false);
+    }
+    let r = File::open(dir).and_then(|d| d.sync_all());
+    if r.is_err() {
+        unsynced.store(true, Ordering::SeqCst);
+    }
+    r.map(|()| true)
+}
+
+/// Threads a sync may wait on: a sync held by a slow device takes one,
+/// so this many can be under way at once; more wait for one to finish.
+const SYNC_THREADS: usize = 4;
+
+type SyncJob = Box<dyn FnOnce() + Send>;
+
+/// The store's sync threads (module docs, "Syncs off the loop"), started
+/// when a sync finds none free, up to [`SYNC_THREADS`]; they end when the
+/// store is dropped.
+struct Syncer {
+    jobs: std::sync::mpsc::Sender<SyncJob>,
+    queue: Arc<Mutex<std::sync::mpsc::Receiver<SyncJob>>>,
+    threads: Cell<usize>,
+    /// Jobs handed over and not finished.
+    busy: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl std::fmt::Debug for Syncer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Syncer").field("threads", &self.threads.get()).finish()
+    }
+}
+
+impl Syncer {
+    fn new() -> Syncer {
+        let (jobs, queue) = std::sync::mpsc::channel();
+        Syncer { jobs, queue: Arc::new(Mutex::new(queue)), threads: Cell::new(0), busy: Arc::default() }
+    }
+
+    /// Runs `work` on a sync thread; the future completes with its result.
+    /// Without a thread (none could be started) it runs here.
+    fn run<T: Send + 'static>(&self, work: impl FnOnce() -> T + Send + 'static) -> SyncDone<T> {
+        let slot: Arc<Mutex<DoneSlot<T>>> = Arc::default();
+        let theirs = slot.clone();
+        let busy = self.busy.clone();
+        let job: SyncJob = Box::new(move || {
+            let r = work();
+            let waker = {
+                let mut s = theirs.lock().unwrap_or_else(|e| e.into_inner());
+                s.result = Some(r);
+                s.waker.take()
+            };
+            busy.fetch_sub(1, Ordering::SeqCst);
+            if let Some(w) = waker {
+                w.wake();
+            }
+        });
+        if self.busy.fetch_add(1, Ordering::SeqCst) >= self.threads.get() && self.threads.get() < SYNC_THREADS {
+            self.start_thread();
+        }
+        if self.threads.get() == 0 {
+            job();
+        } else if let Err(e) = self.jobs.send(job) {
+            (e.0)(); // cannot happen: the threads hold the receiver
+        }
+        SyncDone(slot)
+    }
+
+    fn start_thread(&self) {
+        let queue = self.queue.clone();
+        let n = self.threads.get();
+        let started = std::thread::Builder::new().name(format!("dafne-sync-{n}")).spawn(move || loop {
+            let job = queue.lock().unwrap_or_else(|e| e.into_inner()).recv();
+            match job {
+                Ok(job) => job(),
+                Err(_) => return, // the store is gone
+            }
+        });
+        match started {
+            Ok(_) => self.threads.set(n + 1),
+            Err(e) => tracing::warn!("no sync thread ({e}): syncs wait for the ones under way"),
+        }
+    }
+}
+
+/// A job's result and who waits for it.
+struct DoneSlot<T> {
+    result: Option<T>,
+    waker: Option<std::task::Waker>,
+}
+
+impl<T> Default for DoneSlot<T> {
+    fn default() -> Self {
+        DoneSlot { result: None, waker: None }
+    }
+}
+
+/// The completion of a job of the [`Syncer`].
+struct SyncDone<T>(Arc<Mutex<DoneSlot<T>>>);
+
+impl<T> std::future::Future for SyncDone<T> {
+    type Output = T;
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<T> {
+        let mut s = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        match s.result.take() {
+            Some(r) => std::task::Poll::Ready(r),
+            None => {
+                s.waker = Some(cx.waker().clone());
+                std::task::Poll::Pending
+            }
+        }
+    }
 }
 
 impl ChunkStore {
@@ -1556,6 +1744,26 @@ fn injected_crash() {
     }
 }
 
+/// Fault injection for tests only (`tests/sync_off_loop.rs`): a device
+/// whose fsync takes seconds cannot be made on tmpfs. If
+/// `DAFNE_FAULT_HOLD_SYNC` names a file that exists, every object sync
+/// that reaches this point creates `<file>.held` (so the test knows a sync
+/// is held) and waits until the file is gone, then syncs as usual.
+/// Nothing happens without the variable.
+fn held_sync() {
+    static FLAG: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
+    if let Some(flag) = FLAG.get_or_init(|| std::env::var_os("DAFNE_FAULT_HOLD_SYNC").map(PathBuf::from)) {
+        if flag.exists() {
+            let mut held = flag.clone().into_os_string();
+            held.push(".held");
+            let _ = File::create(held);
+            while flag.exists() {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        }
+    }
+}
+
 /// `pwrite` all of `buf` (nothing if empty), counted in `st`.
 fn buffered(file: &File, offset: u64, buf: &[u8], st: &mut StorageStats) -> io::Result<()> {
     if buf.is_empty() {
@@ -1637,6 +1845,37 @@ mod tests {
         assert_eq!(s.stats().dir_syncs, 2, "a background creation was not made durable");
         s.sync_all().unwrap();
         assert_eq!(s.stats().dir_syncs, 2);
+    }
+
+    /// `sync_later` (module docs, "Syncs off the loop") does what `sync`
+    /// does, on a sync thread: the new file's name is synced once, the
+    /// entries written since are cleaned (their content is stable now),
+    /// two syncs may be awaited together, and a damaged object's sync
+    /// fails at once.
+    #[test]
+    fn a_sync_later_syncs_on_a_thread_as_sync_does() {
+        let d = tempfile::tempdir().unwrap();
+        let s = ChunkStore::open(d.path()).unwrap();
+        s.write_at(1, 0, &[1u8; 8192]).unwrap();
+        s.write_at(2, 0, b"two").unwrap();
+        let sidecar = sums::sidecar_path(&s.path(1));
+        let stable = || match sums::read_entries(&File::open(&sidecar).unwrap(), 0, 1).unwrap()[0] {
+            sums::Entry::Written { cur, stable, .. } => cur == stable,
+            sums::Entry::Hole => panic!("a written block's entry is a hole"),
+        };
+        assert!(!stable(), "a block never synced accepts its content as stable");
+        let both = futures::future::join(s.sync_later(1), s.sync_later(2));
+        let (a, b) = futures::executor::block_on(both);
+        a.unwrap();
+        b.unwrap();
+        assert!(stable(), "the entries were not cleaned");
+        assert_eq!(s.stats().syncs, 2);
+        assert_eq!(s.stats().dir_syncs, 1, "the new files' names were not made durable once");
+        assert!(s.syncer.threads.get() >= 1, "the syncs did not run on a sync thread");
+        futures::executor::block_on(s.sync_later(3)).unwrap(); // no such object: nothing to sync
+        s.damaged.borrow_mut().insert(1);
+        assert!(futures::executor::block_on(s.sync_later(1)).is_err());
+        assert_eq!(s.stats().syncs, 3, "a damaged object's sync went to the device");
     }
 
     /// Checksums (module `sums`) on both storage paths: a byte flipped on

@@ -700,7 +700,7 @@ impl Direct {
             }
         }
         if stability != Stability::Unstable {
-            self.store.sync(object).map_err(io_errno("sync"))?;
+            self.store.sync_later(object).await.map_err(io_errno("sync"))?;
         }
         Ok(())
     }

@@ -852,7 +852,8 @@ impl IoService {
                 if let Backend::Unifier(u) = backend {
                     u.flush(object).await.map_err(storage_errno("flush"))?;
                 }
-                dafne_unifier::Storage::sync(store, object).map_err(crate::modes::io_errno("sync"))?;
+                // Off the loop (`chunk` module docs, "Syncs off the loop").
+                dafne_unifier::Storage::sync_later(store, object).await.map_err(crate::modes::io_errno("sync"))?;
                 Ok(IoResponse::Done)
             }
             // Every chunk file of the object takes the file's size.
@@ -1058,7 +1059,7 @@ impl IoService {
                 if stability == Stability::Unstable {
                     drop(g);
                 } else {
-                    g.commit_stable().map_err(storage_errno("write-through"))?;
+                    g.commit_stable().await.map_err(storage_errno("write-through"))?;
                 }
             }
         }

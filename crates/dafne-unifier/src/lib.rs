@@ -109,7 +109,9 @@
 //! request asks for stability ([`WriteGuard::commit_stable`]:
 //! write-through), and when a writer would push dirty bytes past
 //! `max_dirty_bytes` (bounded write-behind: the oldest dirty units go
-//! first). Storage is synchronous: see [`storage`] for why. If the storage
+//! first). Storage is synchronous: see [`storage`] for why; its syncs
+//! are awaited ([`Storage::sync_later`]: a storage may run them on a
+//! thread of its own while the loop serves). If the storage
 //! offers a background writer ([`Storage::background`]), write-behind
 //! starts early, at half the bound, on a thread of its own, and a writer
 //! waits (asynchronously) only when the bound itself is reached; see
@@ -156,5 +158,5 @@ mod tests;
 pub use config::{FileAdvice, Policy, UnifierConfig, MAX_ADVISED_OBJECTS, MAX_CACHE_BYTES, MAX_SLAB_SIZE, UNIT_SIZES};
 pub use error::{ConfigError, Error, Result};
 pub use stats::UnifierStats;
-pub use storage::{BackgroundStorage, BackgroundWrite, BatchRead, MemStorage, MemStorageStats, Storage};
+pub use storage::{BackgroundStorage, BackgroundWrite, BatchRead, MemStorage, MemStorageStats, Storage, SyncFuture};
 pub use unifier::{spans, ReadGuard, Span, Unifier, WriteGuard};

@@ -11,7 +11,10 @@
 //! an io_uring it submits to and reaps from); the Unifier never holds a
 //! borrow of its own state across a call, and keeps a unit being filled
 //! marked as such, so an asynchronous storage can take this trait's place
-//! without changing the cache's state machine.
+//! without changing the cache's state machine. Syncs are the exception:
+//! an `fdatasync` takes milliseconds to seconds on a real device, so the
+//! Unifier awaits [`Storage::sync_later`], which the io server's chunk
+//! store runs on threads of its own.
 //!
 //! Every call reads into or writes out of unit memory itself: the bytes move
 //! once between the device (or page cache) and the registered unit, and the
@@ -40,6 +43,14 @@ pub trait Storage {
     fn write_at(&self, object: u64, offset: u64, buf: &[u8]) -> io::Result<()>;
     /// Makes the object's written bytes durable (`fdatasync`).
     fn sync(&self, object: u64) -> io::Result<()>;
+    /// [`Storage::sync`] without blocking the caller's thread while the
+    /// device syncs: storage that can sync elsewhere (a thread of its own)
+    /// starts the sync and returns a future that completes with it. The
+    /// Unifier's flush and write-through await it, so an event loop serves
+    /// other requests meanwhile. The default syncs at once, on this thread.
+    fn sync_later(&self, object: u64) -> SyncFuture<'_> {
+        Box::pin(std::future::ready(self.sync(object)))
+    }
     /// Reads a batch of units (as [`Storage::read_at`] each; one result per
     /// read, in order). Storage that can submit several reads at once
     /// overrides it; the default reads one after the other.
@@ -56,6 +67,9 @@ pub trait Storage {
         None
     }
 }
+
+/// A sync under way ([`Storage::sync_later`]).
+pub type SyncFuture<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = io::Result<()>> + 'a>>;
 
 /// One read of a batch: a unit to fill.
 #[derive(Debug)]
@@ -94,6 +108,9 @@ impl<T: Storage + ?Sized> Storage for Rc<T> {
     fn sync(&self, object: u64) -> io::Result<()> {
         (**self).sync(object)
     }
+    fn sync_later(&self, object: u64) -> SyncFuture<'_> {
+        (**self).sync_later(object)
+    }
     fn background(&self) -> Option<Box<dyn BackgroundStorage>> {
         (**self).background()
     }
@@ -111,6 +128,9 @@ impl<T: Storage + ?Sized> Storage for Box<T> {
     }
     fn sync(&self, object: u64) -> io::Result<()> {
         (**self).sync(object)
+    }
+    fn sync_later(&self, object: u64) -> SyncFuture<'_> {
+        (**self).sync_later(object)
     }
     fn background(&self) -> Option<Box<dyn BackgroundStorage>> {
         (**self).background()

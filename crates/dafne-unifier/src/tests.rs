@@ -430,7 +430,7 @@ fn commit_stable_writes_through() {
     let (u, s) = setup(cfg(1, 4 * K, Policy::Lru));
     let mut g = block_on(u.write(4, 2, 0..4 * K)).unwrap();
     g.bytes_mut().unwrap().fill(0x5A);
-    g.commit_stable().unwrap();
+    block_on(g.commit_stable()).unwrap();
     assert_eq!(u.stats().dirty_bytes, 0);
     assert_eq!(s.stats().syncs, 1);
     assert!(s.contents(4)[8 * K..].iter().all(|&b| b == 0x5A));
@@ -904,7 +904,7 @@ fn reference_model_pinned(background: bool, max_pinned_bytes: Option<u64>) {
                             m[at + i] = byte ^ (i as u8);
                         }
                         if rng.below(20) == 0 {
-                            g.commit_stable().unwrap();
+                            block_on(g.commit_stable()).unwrap();
                         }
                     }
                 }

@@ -1207,7 +1207,7 @@ impl Inner {
             inner.release_shared(s, h.gen);
             res?;
         }
-        inner.sync(object)?;
+        Inner::sync(inner, object).await?;
         // A background failure on this object is superseded: its units were
         // written again above and synced.
         let mut b = inner.bgst.borrow_mut();
@@ -1217,14 +1217,20 @@ impl Inner {
         Ok(())
     }
 
-    fn sync(&self, object: u64) -> Result<()> {
-        match self.storage.sync(object) {
-            Ok(()) => {
-                self.st.borrow_mut().unsynced.remove(&object);
-                Ok(())
-            }
+    /// Syncs `object` through [`Storage::sync_later`] (the loop serves
+    /// while the storage syncs). It is taken off the objects to sync at
+    /// once: a write-back that completes while the sync is under way marks
+    /// it again; a failed sync puts it back.
+    async fn sync(inner: &Rc<Inner>, object: u64) -> Result<()> {
+        let was = inner.st.borrow_mut().unsynced.remove(&object);
+        match inner.storage.sync_later(object).await {
+            Ok(()) => Ok(()),
             Err(source) => {
-                self.st.borrow_mut().c.storage_errors += 1;
+                let mut st = inner.st.borrow_mut();
+                if was {
+                    st.unsynced.insert(object);
+                }
+                st.c.storage_errors += 1;
                 Err(Error::Storage { op: "sync", object, offset: 0, source })
             }
         }
@@ -1521,16 +1527,25 @@ impl WriteGuard {
         Local::View { view: self.region().clone(), offset, len }
     }
 
-    /// Commits and writes the unit through to storage before releasing it:
-    /// for a request that asks for stability. Data and a sync are in
-    /// storage when this returns `Ok`. On error the unit stays dirty.
-    pub fn commit_stable(mut self) -> Result<()> {
+    /// Commits and writes the unit through to storage, releases it, and
+    /// returns the sync of its object: for a request that asks for
+    /// stability. The write-back and the release happen in this call (a
+    /// future dropped unpolled leaves the unit written back, not held);
+    /// data and a sync are in storage when the future completes with `Ok`.
+    /// If the write-back fails the unit stays dirty. The unit is released
+    /// before the sync: what the write-back wrote is in the file then, and
+    /// the loop serves the unit's readers while the device syncs.
+    pub fn commit_stable(mut self) -> impl Future<Output = Result<()>> + 'static {
         let arc = self.arc.take().expect("guard holds memory until released");
         let inner = self.inner.clone();
         inner.st.borrow_mut().mark_dirty(self.slot, self.range.start, self.range.end);
-        let res = inner.write_back(self.slot, Some(&arc), Cause::Stable).and_then(|()| inner.sync(self.object));
+        let written = inner.write_back(self.slot, Some(&arc), Cause::Stable);
         inner.release_exclusive(self.slot, self.gen, arc, Outcome::Keep);
-        res
+        let object = self.object;
+        async move {
+            written?;
+            Inner::sync(&inner, object).await
+        }
     }
 
     /// Releases after a write that failed part-way (e.g. the RMA get
