@@ -2322,7 +2322,8 @@ mod tests {
         // Bad reasons, chains past the bound, a version for "not a replica".
         let at = IoReplyHeader::SIZE;
         let good = encode_io_reply(5, IoOp::Read, &Ok(IoResponse::ChainRefused(refusal)));
-        for (i, v) in [(at, 0u8), (at, 4), (at + 4, 1)] {
+        // (Reason 4 is `NotHead` since protocol 19: 5 is the first unknown.)
+        for (i, v) in [(at, 0u8), (at, 5), (at + 4, 1)] {
             let mut b = good.clone();
             b[i] = v;
             assert!(decode_io_reply(&b).is_err(), "byte {i} = {v} accepted");
@@ -2332,5 +2333,8 @@ mod tests {
         assert!(decode_io_reply(&b).is_ok());
         b[at + 5] = 1;
         assert!(decode_io_reply(&b).is_err(), "a version for a server that holds no replica");
+        let nh = ChainRefusal { reason: ChainRefusalReason::NotHead, chain: 2, version: 8 };
+        let b = encode_io_reply(5, IoOp::Write, &Ok(IoResponse::ChainRefused(nh)));
+        assert_eq!(decode_io_reply(&b).unwrap().2, Ok(IoResponse::ChainRefused(nh)));
     }
 }

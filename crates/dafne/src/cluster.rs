@@ -1252,7 +1252,7 @@ ucx = { NET_DEVICES = "eth1" }
     }
 
     #[test]
-    fn replicas_are_checked_against_servers_and_hosts_and_only_one_is_served() {
+    fn replicas_are_checked_against_servers_hosts_and_the_serving_mode() {
         let c = Config::parse(THREE, Path::new("h.toml")).unwrap();
         assert_eq!(c.meta.replicas, 1);
         let p = c.layout_policy();

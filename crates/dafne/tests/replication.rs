@@ -10,12 +10,16 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::cluster::{p, server_metric, server_pid, Cluster};
+use common::cluster::{p, server_metric, server_pid, Again, Cluster};
 use common::{dafne, text};
 use dafne_proto::io::Stability;
 
-/// `dafne status --json`'s chains: (chain, health, [(server, state)]).
-fn chains(dir: &Path) -> Vec<(u64, String, Vec<(String, String)>)> {
+/// One chain as `dafne status --json` shows it: (chain, health,
+/// [(server, state)], head first).
+type Row = (u64, String, Vec<(String, String)>);
+
+/// `dafne status --json`'s chains.
+fn chains(dir: &Path) -> Vec<Row> {
     let o = dafne().args(["status", "--json", "--dir", p(dir)]).output().unwrap();
     let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
     let Some(chains) = s["chains"].as_array() else { return Vec::new() };
@@ -71,9 +75,11 @@ fn metric(dir: &Path, io: &str, name: &str) -> f64 {
 /// counter of received bytes, and no byte copied by its cache); then the
 /// head is killed (-9), meta marks it offline once its lease lapsed, the
 /// other replica heads the chain, and the client reads every byte back
-/// from it with no error. Failed with the forward disabled (the head not
-/// forwarding: `DAFNE_TEST_NO_FORWARD`-free run of the code before this
-/// change): the successor's chunk file never held the bytes.
+/// from it with no error. Failed with the forward disabled (meta routing
+/// no successor): the successor's chunk file did not hold the bytes; and
+/// with the client's refetch of the chain table on a lost connection
+/// disabled: the read after the kill failed with `EIO` at the retry
+/// deadline.
 #[test]
 fn a_write_reaches_both_replicas_and_is_read_back_after_the_heads_kill() {
     let c = Cluster::start_sized(2, "[cluster]\nrestart = false\n[meta]\nstripe_count = 1\nreplicas = 2\n");
@@ -117,6 +123,7 @@ fn a_write_reaches_both_replicas_and_is_read_back_after_the_heads_kill() {
     );
 
     let pid = server_pid(c.dir(), &head);
+    let again = Again::of(pid);
     std::process::Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap();
     // Meta marks it offline a margin after its lease lapsed: the other
     // replica heads the chain.
@@ -134,13 +141,26 @@ fn a_write_reaches_both_replicas_and_is_read_back_after_the_heads_kill() {
     let n = futures::executor::block_on(data.read_at(&h, 0, &mut got)).expect("read back with no error");
     assert_eq!(n, len);
     assert!(got == want, "every byte read back from the new head");
+
+    // The old head returns: it missed nothing yet, but resync is not
+    // built, so meta makes it `syncing` (no writes, no reads) and says so.
+    let _back = again.start(&c.dir().join("returned.log"));
+    common::wait_for("the returned replica syncing behind the new head", || {
+        chains(c.dir()).iter().find(|(id, _, _)| *id == chain).is_some_and(|(_, h, r)| {
+            h == "degraded" && r[0] == (successor.clone(), "serving".into()) && r[1] == (head.clone(), "syncing".into())
+        })
+    });
     let table = text(&dafne().args(["status", "--dir", p(c.dir())]).output().unwrap());
-    assert!(table.contains("degraded"), "{table}");
+    assert!(table.contains("syncing: a replica back after being offline"), "{table}");
+    let mut again = vec![0u8; len];
+    assert_eq!(futures::executor::block_on(data.read_at(&h, 0, &mut again)), Ok(len));
+    assert!(again == want, "read from the serving head, not the syncing replica");
 }
 
 /// A client's write that reaches a replica which is not its chain's head
 /// is refused before any effect (`not_head`): only the head orders and
-/// forwards a chain's writes.
+/// forwards a chain's writes. (With the forward disabled it failed too:
+/// the follower's chunk file lacked what the head had been sent.)
 #[test]
 fn a_write_sent_to_a_replica_that_is_not_the_head_is_refused() {
     use dafne_proto::io::{decode_io_reply, encode_io_request, ChainRefusalReason, IoExtent, IoRequest, IoResponse};
