@@ -159,8 +159,10 @@ fn a_write_reaches_both_replicas_and_is_read_back_after_the_heads_kill() {
 
 /// A client's write that reaches a replica which is not its chain's head
 /// is refused before any effect (`not_head`): only the head orders and
-/// forwards a chain's writes. (With the forward disabled it failed too:
-/// the follower's chunk file lacked what the head had been sent.)
+/// forwards a chain's writes; and one marked forwarded from a connection
+/// that is not a peer's (a credential's login) is refused (`EACCES`).
+/// (With the forward disabled it failed too: the follower's chunk file
+/// lacked what the head had been sent.)
 #[test]
 fn a_write_sent_to_a_replica_that_is_not_the_head_is_refused() {
     use dafne_proto::io::{decode_io_reply, encode_io_request, ChainRefusalReason, IoExtent, IoRequest, IoResponse};
@@ -205,6 +207,29 @@ fn a_write_sent_to_a_replica_that_is_not_the_head_is_refused() {
     };
     let answer = decode_io_reply(&client.call(encode_io_request(env, &write)).unwrap()).unwrap().2;
     assert!(matches!(answer, Ok(IoResponse::ChainRefused(r)) if r.reason == ChainRefusalReason::NotHead), "{answer:?}");
+    // Marked forwarded, from a connection that logged in with a
+    // credential (even one that keeps root), not the cluster secret:
+    // refused too, before any effect (only a peer io server forwards).
+    let cred = c.dir().join("alice.cred");
+    let o = dafne()
+        .args(["credential", "issue", "alice", "--dir", p(c.dir()), "-o", p(&cred)])
+        .args(["--uid", "0", "--gid", "0", "--root"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "dafne credential issue failed:\n{}", text(&o));
+    let key: dafne_auth::LoginKey = dafne_auth::CredentialFile::load(&cred).unwrap().into();
+    let peer = dafne_transport::Client::connect(&rt, addr).unwrap();
+    let mac = key.session_mac(peer.token(), &nonce, "crafted");
+    let keys = key.key().frame_keys(peer.token(), &nonce);
+    let login = IoRequest::Login { client_name: "crafted".into(), nonce, mac, credential: key.credential().cloned() };
+    let answer =
+        decode_io_reply(&peer.login(encode_io_request(dafne_proto::Envelope::new(0, 0, 0), &login), keys).unwrap())
+            .unwrap()
+            .2;
+    assert_eq!(answer, Ok(IoResponse::Done), "the credential's login");
+    let fwd = dafne_proto::Envelope { forwarded: true, ..env };
+    let answer = decode_io_reply(&peer.call(encode_io_request(fwd, &write)).unwrap()).unwrap().2;
+    assert_eq!(answer, Err(dafne_proto::Errno::EACCES), "a forwarded write from a non-peer");
     // No effect: the follower's chunk file holds what the head forwarded.
     assert!(chunk_holds(c.dir(), &format!("io-{follower}"), b"before"));
     let mut got = vec![0u8; 6];
