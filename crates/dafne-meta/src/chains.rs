@@ -20,15 +20,17 @@
 //! the row's version by one, and both at once when an io server's process
 //! was replaced ([`mark_restarted`]); the service writes the changed rows in one
 //! store transaction ([`crate::store::MetaStore::update_chains`]) before
-//! it uses them. A returning replica goes back to `serving` because R = 1
-//! is the only factor a cluster accepts, so it holds the only copy; with
-//! R > 1 it would go to `syncing` until a resync brought it up to date
-//! (not built). Nothing else changes a row while meta runs. Layouts name
+//! it uses them. A returning replica goes to `syncing` where another
+//! replica of the row serves (it missed that one's writes; resync is not
+//! built, so it stays `syncing`: it gets no writes, serves no reads), and
+//! back to `serving` where none does (R = 1: it holds the only copy).
+//! Nothing else changes a row while meta runs. Layouts name
 //! chains (`crate::store::LayoutPolicy` makes the same ids as before):
 //! clients send a chain's requests to its head with the row's version,
-//! which the io servers check (`dafne_io::chaincheck`). Writes go to the
-//! head only (chain writes are not built), so a cluster refuses R > 1
-//! ([`crate::server::start`]).
+//! which the io servers check (`dafne_io::chaincheck`). The head forwards
+//! each write to the next serving replica (chain writes, protocol 19:
+//! `dafne_io::forward`; meta gives each io server its routes in the
+//! answer to its heartbeat), so R > 1 is served.
 
 use dafne_proto::{Chain, Replica, ReplicaState, MAX_CHAIN_REPLICAS};
 
@@ -186,7 +188,8 @@ pub fn mark_back(chains: &[Chain], server: u32) -> Vec<Chain> {
 /// then [`mark_back`] (its replica ends `serving` at the end of each of
 /// its chains, version + 2; + 1 where it was `offline` already). The
 /// service writes them in one transaction, so nobody sees the `offline`
-/// between. With R > 1 the return would be `syncing` (not built).
+/// between. Where another replica serves, the return is `syncing`
+/// ([`mark_back`]).
 pub fn mark_restarted(chains: &[Chain], server: u32) -> Vec<Chain> {
     let off = mark_offline(chains, &[server]);
     let mut after = chains.to_vec();

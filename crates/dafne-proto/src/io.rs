@@ -232,10 +232,13 @@
 //! server that holds no chain versions (started without meta). So the
 //! check keeps a client from acting on its own stale table; it does not
 //! hold back a client with a valid capability that leaves the chain out
-//! (the server cannot tell it from a client without meta). At R = 1 that
-//! changes nothing (a chain has one server); chain writes (step 3 of
-//! docs/REPLICATION.md, not built) must refuse such a request on a server
-//! that is not the chain's head.
+//! (the server cannot tell it from a client without meta), except that
+//! since chain writes (protocol 19) a `Write`, `Truncate` or `Allocate`
+//! without a chain is refused (`EINVAL`) on a server that shares a chain
+//! with another, and a client's data-changing request with a chain on a
+//! replica that is not the chain's head is refused
+//! ([`ChainRefusalReason::NotHead`]); a head forwards such requests to
+//! the next replica marked [`crate::REQUEST_FLAG_FORWARDED`].
 //!
 //! # Sizes
 //!

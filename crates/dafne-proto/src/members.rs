@@ -224,8 +224,9 @@ pub const MAX_CHAINS: usize = MAX_MEMBERS;
 
 /// A replica's place in its chain, as meta's chain table records it
 /// (docs/REPLICATION.md, "Chains"). Meta records `Offline` once the io
-/// server's lease lapsed and `Serving` when it heartbeats again; nothing
-/// records `Syncing` yet (resync is not built).
+/// server's lease lapsed, and when it heartbeats again `Syncing` where
+/// another replica of the chain serves (it stays so: resync is not
+/// built), else `Serving`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum ReplicaState {
