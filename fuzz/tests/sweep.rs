@@ -184,6 +184,18 @@ fn io() {
         Envelope { chain: Some(dafne_proto::ChainVersion { chain: 3, version: 7 }), ..env() },
         &IoRequest::Truncate { cap: cap(), size: 4096 },
     ));
+    // A write a chain's head forwards to its successor (protocol 19).
+    bodies.push(encode_io_request(
+        Envelope { chain: Some(dafne_proto::ChainVersion { chain: 3, version: 7 }), forwarded: true, ..env() },
+        &IoRequest::Write {
+            cap: cap(),
+            keys: vec![vec![1, 2, 3]],
+            extents: vec![dafne_proto::io::IoExtent { offset: 4096, len: 512, key: 0, addr: 1 << 20 }],
+            stability: dafne_proto::io::Stability::Unstable,
+            inline: vec![],
+            keys_follow: None,
+        },
+    ));
     bodies.push(dafne_proto::encode_io_reply(
         4,
         dafne_proto::IoOp::Write,
@@ -263,6 +275,18 @@ fn proto() {
                 chains: vec![
                     dafne_proto::ChainVersion { chain: 1, version: 2 },
                     dafne_proto::ChainVersion { chain: 4, version: 7 },
+                ],
+                // Protocol 19: the sender's place in each (head, successor).
+                routes: vec![
+                    dafne_proto::ChainRoute {
+                        chain: 1,
+                        head: true,
+                        successor: Some(dafne_proto::Successor {
+                            server: 4,
+                            addr: Some("127.0.0.1:7001".parse().unwrap()),
+                        }),
+                    },
+                    dafne_proto::ChainRoute { chain: 4, head: false, successor: None },
                 ],
             }),
         ),

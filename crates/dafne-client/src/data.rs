@@ -1124,7 +1124,9 @@ impl DataClient {
                         // The server has not heard the version yet: its
                         // next heartbeat (≤ 1 s) brings it.
                         ChainRefusalReason::Ahead => crate::link::pause(crate::link::RETRY_EVERY).await,
-                        ChainRefusalReason::NotReplica => {
+                        // Not a replica, or not the head a write must
+                        // reach (protocol 19): our table is wrong.
+                        ChainRefusalReason::NotReplica | ChainRefusalReason::NotHead => {
                             crate::link::pause(crate::link::RETRY_EVERY).await;
                             self.refetch_chains(chain, None).await;
                         }
@@ -1161,6 +1163,13 @@ impl DataClient {
                     }
                     self.repeats_after_loss.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     tracing::debug!("io server {server}: connection lost under a request that may be repeated");
+                    // The chain's head may be dead: once meta marked it
+                    // offline (a lease and a margin later), the table
+                    // fetched again names the next serving replica as head
+                    // (R > 1), where the request goes next.
+                    if routed && self.meta.get().is_some() {
+                        self.refetch_chains(chain, None).await;
+                    }
                 }
             }
         }

@@ -516,7 +516,15 @@ impl MetaSession {
     }
 
     fn envelope(&self, tag: u64) -> Envelope {
-        Envelope { tag, uid: self.uid, gid: self.gid, groups: self.groups, session: None, chain: None }
+        Envelope {
+            tag,
+            uid: self.uid,
+            gid: self.gid,
+            groups: self.groups,
+            session: None,
+            chain: None,
+            forwarded: false,
+        }
     }
 
     /// Sends one request; resolves with the server's answer. A

@@ -51,6 +51,7 @@ pub struct ChainRefusals {
     pub stale: u64,
     pub ahead: u64,
     pub not_replica: u64,
+    pub not_head: u64,
 }
 
 impl ChainRefusals {
@@ -60,15 +61,17 @@ impl ChainRefusals {
             ChainRefusalReason::Stale => self.stale += 1,
             ChainRefusalReason::Ahead => self.ahead += 1,
             ChainRefusalReason::NotReplica => self.not_replica += 1,
+            ChainRefusalReason::NotHead => self.not_head += 1,
         }
     }
 
     /// `(reason name, count)` for the metrics page.
-    pub fn by_reason(&self) -> [(&'static str, u64); 3] {
+    pub fn by_reason(&self) -> [(&'static str, u64); 4] {
         [
             (ChainRefusalReason::Stale.name(), self.stale),
             (ChainRefusalReason::Ahead.name(), self.ahead),
             (ChainRefusalReason::NotReplica.name(), self.not_replica),
+            (ChainRefusalReason::NotHead.name(), self.not_head),
         ]
     }
 }
@@ -115,6 +118,6 @@ mod tests {
         c.count(ChainRefusalReason::Stale);
         c.count(ChainRefusalReason::Stale);
         c.count(ChainRefusalReason::NotReplica);
-        assert_eq!(c.by_reason(), [("stale", 2), ("ahead", 0), ("not_replica", 1)]);
+        assert_eq!(c.by_reason(), [("stale", 2), ("ahead", 0), ("not_replica", 1), ("not_head", 0)]);
     }
 }

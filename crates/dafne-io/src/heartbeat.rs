@@ -292,8 +292,8 @@ impl Beat {
                     let sent = Instant::now();
                     s.request(Request::ServerHeartbeat(self.beat.clone()))
                         .map(|answer| {
-                            if let Response::Heartbeat { chains } = answer {
-                                self.lease.set_chains(chains);
+                            if let Response::Heartbeat { chains, routes } = answer {
+                                self.lease.set_chains(chains, routes);
                             }
                             self.lease.grant(sent)
                         })

@@ -66,7 +66,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use dafne_proto::{ChainVersion, Errno, MEMBER_LEASE};
+use dafne_proto::{ChainRoute, ChainVersion, Errno, MEMBER_LEASE};
 
 /// What an io server answers a data request while its lease has lapsed:
 /// "not serving now, try again" ([`dafne_proto::io::NOT_SERVING`]).
@@ -92,6 +92,9 @@ pub struct Lease {
     granted_once: AtomicBool,
     /// The chain versions of meta's last answer (module docs).
     chains: Mutex<Vec<ChainVersion>>,
+    /// This server's place in each of its chains (protocol 19): head or
+    /// not, and where it forwards the chain's writes (`crate::forward`).
+    routes: Mutex<Vec<ChainRoute>>,
 }
 
 impl Default for Lease {
@@ -115,14 +118,33 @@ impl Lease {
             lapse_logged: AtomicBool::new(false),
             granted_once: AtomicBool::new(false),
             chains: Mutex::new(Vec::new()),
+            routes: Mutex::new(Vec::new()),
         }
     }
 
     /// Keeps the chain versions of meta's answer to a heartbeat (module
     /// docs); the heartbeat thread sends one heartbeat at a time, so the
     /// last kept is the newest answer's.
-    pub fn set_chains(&self, chains: Vec<ChainVersion>) {
+    pub fn set_chains(&self, chains: Vec<ChainVersion>, routes: Vec<ChainRoute>) {
+        // Routes first: a request checked against the new versions finds
+        // the routes that came with them.
+        *self.routes.lock().unwrap_or_else(|p| p.into_inner()) = routes;
         *self.chains.lock().unwrap_or_else(|p| p.into_inner()) = chains;
+    }
+
+    /// Whether this server shares a chain with another server now (meta's
+    /// last routes: it heads one with a successor, or follows a head):
+    /// then a request that changes data without naming its chain is
+    /// refused (`crate::service`), as it would reach one replica only.
+    pub fn replicated(&self) -> bool {
+        self.routes.lock().unwrap_or_else(|p| p.into_inner()).iter().any(|r| !r.head || r.successor.is_some())
+    }
+
+    /// This server's route in `chain`, from meta's last answer (`None`:
+    /// it holds no replica of it, or meta sent no routes).
+    pub fn route(&self, chain: u32) -> Option<ChainRoute> {
+        let routes = self.routes.lock().unwrap_or_else(|p| p.into_inner());
+        routes.binary_search_by_key(&chain, |c| c.chain).ok().map(|i| routes[i])
     }
 
     /// The chain versions of meta's last answer (empty before the first).

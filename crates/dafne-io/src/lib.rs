@@ -26,6 +26,7 @@
 pub mod allocate;
 pub mod chaincheck;
 pub mod chunk;
+pub mod forward;
 pub mod heartbeat;
 pub mod lease;
 pub mod metrics;

@@ -67,11 +67,43 @@ pub fn render(server: &str, s: &IoStats, cap: &Capacity, transport: &TransportSt
         "dafne_io_chain_refusals_total",
         Kind::Counter,
         "Data requests refused for their chain version, by reason: stale (older than the server's), ahead \
-         (newer: the server has not heard it yet), not_replica (the server holds no replica of the chain).",
+         (newer: the server has not heard it yet), not_replica (the server holds no replica of the chain), \
+         not_head (a client's write reached a replica that is not the chain's head).",
     );
     for (reason, n) in s.ops.chain_refusals.by_reason() {
         f.sample(&[("reason", reason)], n);
     }
+    let fw = &s.lease.forward;
+    t.single(
+        "dafne_io_chain_forwards_total",
+        Kind::Counter,
+        "Chain writes (and Truncate, Sync, Allocate) this server forwarded to the next replica and saw done there.",
+        fw.forwards,
+    );
+    t.single(
+        "dafne_io_chain_forwarded_bytes_total",
+        Kind::Counter,
+        "Bytes of the writes this server forwarded: the next replica got them by RMA from this server's cache units.",
+        fw.forwarded_bytes,
+    );
+    t.single(
+        "dafne_io_chain_forward_failures_total",
+        Kind::Counter,
+        "Forwards to the next replica that failed (the client was answered ENOTCONN and sends again).",
+        fw.failures,
+    );
+    t.single(
+        "dafne_io_chain_received_total",
+        Kind::Counter,
+        "Forwarded writes this server received from the replica before it in a chain and served.",
+        fw.received,
+    );
+    t.single(
+        "dafne_io_chain_received_bytes_total",
+        Kind::Counter,
+        "Bytes of the forwarded writes served: got by RMA from the previous replica's cache units.",
+        fw.received_bytes,
+    );
     t.single(
         "dafne_io_undecodable_requests_total",
         Kind::Counter,

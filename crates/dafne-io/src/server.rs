@@ -547,8 +547,9 @@ pub fn start_leased(a: &IoArgs, m: ModeArgs, lease: Option<std::sync::Arc<crate:
             )),
         };
         let mut service = IoService::new(secret, backend, store);
-        if let Some(l) = lease.clone() {
-            service.set_lease(l);
+        if let Some(lease) = lease.clone() {
+            service.set_lease(lease);
+            service.set_forwarder(l.clone());
         }
         if let Some(ms) = m.keys_deadline_ms {
             service.set_keys_deadline(std::time::Duration::from_millis(ms));

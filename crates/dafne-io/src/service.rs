@@ -71,9 +71,10 @@ use futures::channel::oneshot;
 
 use dafne_auth::{CapFloors, Refusal, Secret};
 use dafne_proto::io::{
-    IoOp, IoRequest, IoResponse, KeysFollow, ScrubSlice, Stability, MAX_SCRUB_BAD, NO_KEY, SCRUB_SLICE_BYTES,
+    IoExtent, IoOp, IoRequest, IoResponse, KeysFollow, ScrubSlice, Stability, MAX_IO_EXTENTS, MAX_IO_KEYS,
+    MAX_SCRUB_BAD, NO_KEY, SCRUB_SLICE_BYTES,
 };
-use dafne_proto::{Errno, RIGHT_READ, RIGHT_WRITE};
+use dafne_proto::{Envelope, Errno, RIGHT_READ, RIGHT_WRITE};
 use dafne_transport::{ConnHandle, Request as TRequest, RmaSeg, Service};
 use dafne_unifier::{spans, Unifier};
 
@@ -215,6 +216,8 @@ pub struct LeaseStats {
     /// The versions of the server's chains in meta's last answer to its
     /// heartbeat ([`crate::lease::Lease::chains`]).
     pub chains: Vec<dafne_proto::ChainVersion>,
+    /// Chain writes forwarded and received (`crate::forward`).
+    pub forward: crate::forward::ForwardStats,
 }
 
 /// The io service of one server. Its counters are read on demand, on the
@@ -253,6 +256,9 @@ pub struct IoService {
     lease: Option<std::sync::Arc<crate::lease::Lease>>,
     /// Data requests refused because the lease had lapsed.
     lease_refusals: Cell<u64>,
+    /// Chain writes: forwarding to the next replica (`crate::forward`);
+    /// set on a server that joined meta.
+    forwarder: Option<crate::forward::Forwarder>,
 }
 
 /// Objects one scrub slice may visit at most (each costs an open, a stat
@@ -334,6 +340,80 @@ impl IoService {
             scrub_list: Default::default(),
             lease: None,
             lease_refusals: Default::default(),
+            forwarder: None,
+        }
+    }
+
+    /// Forwards the writes of the chains this server heads to their next
+    /// replica (`crate::forward`), on the loop `local`.
+    pub fn set_forwarder(&mut self, local: Rc<dafne_transport::LoopLocal>) {
+        self.forwarder = Some(crate::forward::Forwarder::new(local, self.secret.clone()));
+    }
+
+    /// Where a data request of `op` for `chain` goes on from here (module
+    /// docs of `crate::forward`), decided before anything of it is done:
+    /// `Ok(None)` served here only, `Ok(Some(addr))` forwarded to the
+    /// successor at `addr` once done here. Refused: a client's (not a
+    /// forwarded) request that changes data on a replica that is not the
+    /// chain's head (`NotHead`); a forwarded one from a connection not
+    /// logged in with the cluster secret (`EACCES`); one whose successor's
+    /// address meta does not know yet (`NOT_SERVING`: sent again); a
+    /// request without a chain that changes data on a server that is a
+    /// replica of a chain of several (`EINVAL`: it would reach one
+    /// replica only).
+    fn route(
+        &self,
+        conn: &ConnHandle,
+        op: IoOp,
+        chain: Option<dafne_proto::ChainVersion>,
+        forwarded: bool,
+    ) -> Result<Result<Option<std::net::SocketAddr>, dafne_proto::io::ChainRefusal>, Errno> {
+        if forwarded && !self.root_conns.borrow().contains(&conn.id()) {
+            tracing::debug!("connection {}: a forwarded {op} not from a peer: refused", conn.id());
+            return Err(Errno::EACCES);
+        }
+        let Some(lease) = &self.lease else { return Ok(Ok(None)) };
+        if !op.is_forwarded() {
+            return Ok(Ok(None));
+        }
+        let Some(c) = chain else {
+            if op != IoOp::Sync && lease.replicated() {
+                tracing::debug!("connection {}: a {op} without a chain on a replicated server: refused", conn.id());
+                return Err(Errno::EINVAL);
+            }
+            return Ok(Ok(None));
+        };
+        let Some(route) = lease.route(c.chain) else { return Ok(Ok(None)) };
+        if !route.head && !forwarded {
+            return Ok(Err(dafne_proto::io::ChainRefusal {
+                reason: dafne_proto::io::ChainRefusalReason::NotHead,
+                chain: c.chain,
+                version: c.version,
+            }));
+        }
+        match route.successor {
+            None => Ok(Ok(None)),
+            Some(dafne_proto::Successor { addr: Some(a), .. }) if self.forwarder.is_some() => Ok(Ok(Some(a))),
+            Some(s) => {
+                tracing::debug!("chain {}: successor {} not reachable yet: {op} refused", c.chain, s.server);
+                Err(crate::lease::NOT_SERVING)
+            }
+        }
+    }
+
+    /// Forwards `req` (done here) to `to` (see [`Self::route`]).
+    async fn forward_done(
+        &self,
+        to: Option<std::net::SocketAddr>,
+        chain: Option<dafne_proto::ChainVersion>,
+        req: &IoRequest,
+    ) -> Result<(), Errno> {
+        match (to, &self.forwarder) {
+            (Some(addr), Some(f)) => {
+                let env = Envelope { chain, ..Envelope::new(0, 0, 0) };
+                f.forward(addr, env, req, 0).await
+            }
+            _ => Ok(()),
         }
     }
 
@@ -369,6 +449,7 @@ impl IoService {
             serving: self.lease.as_ref().is_none_or(|l| l.held()),
             refusals: self.lease_refusals.get(),
             chains: self.lease.as_ref().map(|l| l.chains()).unwrap_or_default(),
+            forward: self.forwarder.as_ref().map(|f| f.stats()).unwrap_or_default(),
         }
     }
 
@@ -617,8 +698,7 @@ impl IoService {
             }
         };
         let op = request.op();
-        let result =
-            if self.draining.get() { Err(Errno::EAGAIN) } else { self.serve(&req.conn, request, env.chain).await };
+        let result = if self.draining.get() { Err(Errno::EAGAIN) } else { self.serve(&req.conn, request, env).await };
         self.ops.borrow_mut().record(op, &result);
         dafne_proto::io::encode_io_reply(env.tag, op, &result)
     }
@@ -725,12 +805,8 @@ impl IoService {
         Ok(out)
     }
 
-    async fn serve(
-        &self,
-        conn: &ConnHandle,
-        mut req: IoRequest,
-        chain: Option<dafne_proto::ChainVersion>,
-    ) -> Result<IoResponse, Errno> {
+    async fn serve(&self, conn: &ConnHandle, mut req: IoRequest, env: Envelope) -> Result<IoResponse, Errno> {
+        let chain = env.chain;
         let cap = match &mut req {
             IoRequest::Login { client_name, nonce, mac, credential } => {
                 return self.log_in(conn, client_name, nonce, mac, credential.as_ref())
@@ -767,10 +843,21 @@ impl IoService {
         if let Err(r) = self.check_chain(chain) {
             return Ok(IoResponse::ChainRefused(r));
         }
+        // Then where the request goes on to (chain writes, `crate::forward`):
+        // refused here too before anything is done.
+        let next = match self.route(conn, req.op(), chain, env.forwarded)? {
+            Ok(next) => next,
+            Err(r) => return Ok(IoResponse::ChainRefused(r)),
+        };
         if self.check_cap(conn, &req, &cap)? {
             return Ok(IoResponse::Done);
         }
         let object = cap.object_id;
+        // Forwarded as they are once done here (not `Write`, whose forward
+        // names this server's units: `Self::write`).
+        let again = matches!(req, IoRequest::Truncate { .. } | IoRequest::Sync { .. } | IoRequest::Allocate { .. })
+            .then(|| req.clone())
+            .filter(|_| next.is_some());
         if let (
             Backend::Unifier(u),
             IoRequest::Read { .. } | IoRequest::Write { .. } | IoRequest::Truncate { .. } | IoRequest::Allocate { .. },
@@ -822,7 +909,7 @@ impl IoService {
             Some(k) => Ok(k),
             None => crate::modes::remote_keys(conn, keys, extents),
         };
-        match (req, &self.backend) {
+        let result = match (req, &self.backend) {
             (IoRequest::Read { keys, extents, inline_reply, .. }, Backend::Unifier(u)) => {
                 let rkeys = rkeys(&keys, &extents)?;
                 let work = cut(u, object, &extents)?;
@@ -838,13 +925,27 @@ impl IoService {
                     store.check_fits(e.offset, e.len.into())?;
                 }
                 let bytes = extents.iter().map(|e| e.len as u64).sum();
+                let fwd = match (next, &self.forwarder) {
+                    (Some(addr), Some(f)) => Some(Forward { f, addr, cap, chain }),
+                    _ => None,
+                };
                 match backend {
                     Backend::Unifier(u) => {
                         let rkeys = rkeys(&keys, &extents)?;
                         let work = cut(u, object, &extents)?;
-                        self.write(conn, u, object, &rkeys, work, &inline, stability).await?
+                        self.write(conn, u, object, &rkeys, work, &inline, stability, fwd.as_ref()).await?
+                    }
+                    // Chain writes need the cache's registered units.
+                    Backend::Direct(_) if fwd.is_some() => {
+                        tracing::warn!("a chain write to forward in a serving mode without the Unifier: refused");
+                        return Err(Errno::EOPNOTSUPP);
                     }
                     Backend::Direct(d) => d.write(conn, object, &keys, &extents, &inline, stability).await?,
+                }
+                if env.forwarded {
+                    if let Some(f) = &self.forwarder {
+                        f.received(bytes);
+                    }
                 }
                 Ok(IoResponse::Write { bytes })
             }
@@ -923,7 +1024,13 @@ impl IoService {
                 }
                 Ok(IoResponse::Stat { size: store.size(object).map_err(eio("stat"))? })
             }
+        };
+        // Truncate, Sync and Allocate go on to the next replica once done
+        // here (`crate::forward`).
+        if let (Ok(_), Some(again)) = (&result, &again) {
+            self.forward_done(next, chain, again).await?;
         }
+        result
     }
 
     /// The units to read ahead of `work` when it continues the object's
@@ -1016,6 +1123,7 @@ impl IoService {
         work: Vec<UnitWork>,
         inline: &[u8],
         stability: Stability,
+        fwd: Option<&Forward<'_>>,
     ) -> Result<(), Errno> {
         for batch in work.chunks(Self::batch_units(unifier, object)) {
             // Every early return below aborts the batch's units (a unit not
@@ -1053,6 +1161,13 @@ impl IoService {
                     tracing::warn!("get from client failed: {e}");
                     return Err(Errno::EIO); // `guards` aborts
                 }
+            }
+            // A chain's head (or a middle replica) forwards the batch to
+            // the next replica, which gets the bytes from these units by
+            // RMA, before committing them (`crate::forward`): a failure
+            // aborts them here too.
+            if let Some(fwd) = fwd {
+                fwd.send(batch, &guards.0, stability).await?;
             }
             // Committed: what arrived is the units' content now.
             for g in std::mem::take(&mut guards.0) {
@@ -1137,6 +1252,84 @@ fn cut(unifier: &Unifier, object: u64, extents: &[dafne_proto::io::IoExtent]) ->
         }
     }
     Ok(work)
+}
+
+/// Where a write goes on to (`crate::forward`): the forwarder, the
+/// successor's address, and what the forwarded requests carry of the
+/// client's (its capability, the chain and version it was checked with).
+struct Forward<'a> {
+    f: &'a crate::forward::Forwarder,
+    addr: std::net::SocketAddr,
+    cap: dafne_proto::Capability,
+    chain: Option<dafne_proto::ChainVersion>,
+}
+
+impl Forward<'_> {
+    /// Forwards one batch: each piece as an extent of the unit that holds
+    /// its bytes now, keyed by its slab's key; in as many requests as the
+    /// limits on keys and extents per request need, one after another.
+    async fn send(
+        &self,
+        batch: &[UnitWork],
+        guards: &[dafne_unifier::WriteGuard],
+        stability: Stability,
+    ) -> Result<(), Errno> {
+        let mut keys: Vec<Vec<u8>> = Vec::new();
+        let mut slabs: Vec<u64> = Vec::new();
+        let mut extents: Vec<IoExtent> = Vec::new();
+        for (w, g) in batch.iter().zip(guards) {
+            for p in &w.pieces {
+                let (addr, slab) = g.export(p.range.start);
+                let key = match slabs.iter().position(|&a| a == slab.addr()) {
+                    Some(k) => k,
+                    None => {
+                        if keys.len() == MAX_IO_KEYS {
+                            self.flush(&mut keys, &mut slabs, &mut extents, stability).await?;
+                        }
+                        keys.push(self.f.key_of(&slab)?);
+                        slabs.push(slab.addr());
+                        keys.len() - 1
+                    }
+                };
+                extents.push(IoExtent {
+                    offset: g.object_offset() + p.range.start as u64,
+                    len: p.range.len() as u32,
+                    key: key as u16,
+                    addr,
+                });
+                if extents.len() == MAX_IO_EXTENTS {
+                    self.flush(&mut keys, &mut slabs, &mut extents, stability).await?;
+                }
+            }
+        }
+        self.flush(&mut keys, &mut slabs, &mut extents, stability).await
+    }
+
+    async fn flush(
+        &self,
+        keys: &mut Vec<Vec<u8>>,
+        slabs: &mut Vec<u64>,
+        extents: &mut Vec<IoExtent>,
+        stability: Stability,
+    ) -> Result<(), Errno> {
+        if extents.is_empty() {
+            keys.clear();
+            slabs.clear();
+            return Ok(());
+        }
+        let bytes = extents.iter().map(|e| u64::from(e.len)).sum();
+        let req = IoRequest::Write {
+            cap: self.cap,
+            keys: std::mem::take(keys),
+            extents: std::mem::take(extents),
+            stability,
+            inline: Vec::new(),
+            keys_follow: None,
+        };
+        slabs.clear();
+        let env = Envelope { chain: self.chain, ..Envelope::new(0, 0, 0) };
+        self.f.forward(self.addr, env, &req, bytes).await
+    }
 }
 
 /// A write's unit guards, aborted ([`dafne_unifier::WriteGuard::abort`])

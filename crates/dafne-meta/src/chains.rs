@@ -20,15 +20,17 @@
 //! the row's version by one, and both at once when an io server's process
 //! was replaced ([`mark_restarted`]); the service writes the changed rows in one
 //! store transaction ([`crate::store::MetaStore::update_chains`]) before
-//! it uses them. A returning replica goes back to `serving` because R = 1
-//! is the only factor a cluster accepts, so it holds the only copy; with
-//! R > 1 it would go to `syncing` until a resync brought it up to date
-//! (not built). Nothing else changes a row while meta runs. Layouts name
+//! it uses them. A returning replica goes to `syncing` where another
+//! replica of the row serves (it missed that one's writes; resync is not
+//! built, so it stays `syncing`: it gets no writes, serves no reads), and
+//! back to `serving` where none does (R = 1: it holds the only copy).
+//! Nothing else changes a row while meta runs. Layouts name
 //! chains (`crate::store::LayoutPolicy` makes the same ids as before):
 //! clients send a chain's requests to its head with the row's version,
-//! which the io servers check (`dafne_io::chaincheck`). Writes go to the
-//! head only (chain writes are not built), so a cluster refuses R > 1
-//! ([`crate::server::start`]).
+//! which the io servers check (`dafne_io::chaincheck`). The head forwards
+//! each write to the next serving replica (chain writes, protocol 19:
+//! `dafne_io::forward`; meta gives each io server its routes in the
+//! answer to its heartbeat), so R > 1 is served.
 
 use dafne_proto::{Chain, Replica, ReplicaState, MAX_CHAIN_REPLICAS};
 
@@ -156,23 +158,26 @@ pub fn mark_offline(chains: &[Chain], down: &[u32]) -> Vec<Chain> {
 }
 
 /// The rows of `chains` that change when io server `server`, `offline`,
-/// heartbeats again: its replica becomes `serving` where it stays (the
-/// end), and the row's version goes up by one. `serving`, not `syncing`:
-/// with R = 1 (the only factor a cluster accepts) it holds the only copy
-/// (module docs).
+/// heartbeats again: its replica stays where it is (the end) and the
+/// row's version goes up by one. It becomes `syncing` where another
+/// replica of the row is `serving` (that one holds the writes it missed:
+/// chain writes reach serving replicas only, and resync is not built, so
+/// it stays `syncing`: it gets no writes and serves no reads), and
+/// `serving` where none is (R = 1, or every replica was down: it holds
+/// the best copy there is).
 pub fn mark_back(chains: &[Chain], server: u32) -> Vec<Chain> {
     let back = |r: &Replica| r.server == server && r.state == ReplicaState::Offline;
     chains
         .iter()
         .filter(|c| c.replicas.iter().any(back))
-        .map(|c| Chain {
-            id: c.id,
-            version: c.version + 1,
-            replicas: c
-                .replicas
-                .iter()
-                .map(|r| if back(r) { Replica { state: ReplicaState::Serving, ..*r } } else { *r })
-                .collect(),
+        .map(|c| {
+            let others_serve = c.replicas.iter().any(|r| r.server != server && r.state == ReplicaState::Serving);
+            let state = if others_serve { ReplicaState::Syncing } else { ReplicaState::Serving };
+            Chain {
+                id: c.id,
+                version: c.version + 1,
+                replicas: c.replicas.iter().map(|r| if back(r) { Replica { state, ..*r } } else { *r }).collect(),
+            }
         })
         .collect()
 }
@@ -183,7 +188,8 @@ pub fn mark_back(chains: &[Chain], server: u32) -> Vec<Chain> {
 /// then [`mark_back`] (its replica ends `serving` at the end of each of
 /// its chains, version + 2; + 1 where it was `offline` already). The
 /// service writes them in one transaction, so nobody sees the `offline`
-/// between. With R > 1 the return would be `syncing` (not built).
+/// between. Where another replica serves, the return is `syncing`
+/// ([`mark_back`]).
 pub fn mark_restarted(chains: &[Chain], server: u32) -> Vec<Chain> {
     let off = mark_offline(chains, &[server]);
     let mut after = chains.to_vec();
@@ -359,18 +365,24 @@ mod tests {
     }
 
     #[test]
-    fn a_server_back_serves_again_where_it_is_with_a_new_version() {
-        use ReplicaState::{Offline, Serving};
+    fn a_server_back_syncs_where_another_serves_and_serves_where_none_does() {
+        use ReplicaState::{Offline, Serving, Syncing};
         let mut chains = build(&[0, 1, 2], &[], 2).unwrap();
         assert_eq!(mark_back(&chains, 1), vec![], "serving already: no change");
         let off = mark_offline(&chains, &[1]);
         replace(&mut chains, &off);
         let back = mark_back(&chains, 1);
         assert_eq!(back.iter().map(|c| (c.id, c.version)).collect::<Vec<_>>(), vec![(0, 3), (1, 3)]);
-        assert_eq!(states(&back[1]), vec![(2, Serving), (1, Serving)], "it stays at the end");
+        assert_eq!(states(&back[1]), vec![(2, Serving), (1, Syncing)], "it stays at the end, syncing");
         replace(&mut chains, &back);
-        assert!(chains.iter().all(|c| c.health() == dafne_proto::ChainHealth::Healthy));
-        assert_eq!(mark_back(&chains, 1), vec![]);
+        assert!(chains[..2].iter().all(|c| c.health() == dafne_proto::ChainHealth::Degraded));
+        assert_eq!(mark_back(&chains, 1), vec![], "syncing is not offline: no change");
+        // Every replica was down: the first back serves (none is better).
+        let mut two = build(&[0, 1], &[], 2).unwrap();
+        let off = mark_offline(&two, &[0, 1]);
+        replace(&mut two, &off);
+        let back = mark_back(&two, 1);
+        assert_eq!(states(&back[0]), vec![(0, Offline), (1, Serving)]);
         let one = build(&[0], &[], 1).unwrap();
         let off = mark_offline(&one, &[0]);
         assert_eq!(states(&off[0]), vec![(0, Offline)]);
@@ -384,7 +396,7 @@ mod tests {
         // Serving in chains 0 (second) and 1 (head): both + 2, it at the end.
         let restarted = mark_restarted(&chains, 1);
         assert_eq!(restarted.iter().map(|c| (c.id, c.version)).collect::<Vec<_>>(), vec![(0, 3), (1, 3)]);
-        assert_eq!(states(&restarted[1]), vec![(2, Serving), (1, Serving)]);
+        assert_eq!(states(&restarted[1]), vec![(2, Serving), (1, ReplicaState::Syncing)]);
         // Offline already in a chain (marked before it came back): + 1 there.
         let off = mark_offline(&chains, &[1]);
         replace(&mut chains, &off[..1]);

@@ -67,9 +67,10 @@
 //! `crate::chains::mark_restarted` marks the replica `offline` and then
 //! `serving` again (each a version bump, so + 2, as a restart that took
 //! longer than L + margin gives), written in one store transaction
-//! before meta answers the heartbeat. At R = 1 the replica is the only
-//! copy, so it comes back `serving`; with R > 1 it would come back
-//! `syncing` until a resync (not built). Meta's table is in memory: a
+//! before meta answers the heartbeat. Where another replica of a chain
+//! serves (R > 1) it comes back `syncing`, and stays so (resync is not
+//! built); where none does (R = 1) it comes back `serving`
+//! (`crate::chains::mark_back`). Meta's table is in memory: a
 //! meta that restarted too does not know the old instance, so a restart
 //! of both within L + margin of each other is not seen.
 //!

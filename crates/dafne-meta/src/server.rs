@@ -191,18 +191,12 @@ impl MetaServer {
 }
 
 /// Why a cluster cannot serve `policy`'s replication factor, if it
-/// cannot: the chain table it makes is impossible (`crate::chains`), or
-/// R > 1, whose writes would reach one replica only (replication of
-/// writes is not built: docs/REPLICATION.md, step 3).
+/// cannot: the chain table it makes is impossible (`crate::chains`). R > 1
+/// is served since chain writes (docs/REPLICATION.md, "Writes": the head
+/// forwards each write to the other serving replicas); a replica that
+/// returns is `syncing` and stays so (resync is not built).
 pub fn check_replicas(policy: &LayoutPolicy) -> std::result::Result<(), String> {
     policy.chains().map_err(|e| e.to_string())?;
-    if policy.replicas > 1 {
-        return Err(format!(
-            "replicas = {}: replication of writes is not built yet (docs/REPLICATION.md, step 3), so every replica \
-             but the first would miss every write; use replicas = 1",
-            policy.replicas
-        ));
-    }
     Ok(())
 }
 
@@ -303,8 +297,7 @@ mod tests {
         let p = parse(&["--replicas", "2", "--io-hosts", "a,b,b"]);
         assert_eq!(p.hosts, vec!["a", "b", "b"]);
         assert_eq!(p.chains().unwrap().len(), 3, "a possible table");
-        let e = check_replicas(&p).unwrap_err();
-        assert!(e.contains("replication of writes is not built yet"), "{e}");
+        assert_eq!(check_replicas(&p), Ok(()), "chain writes serve R = 2");
         let e = check_replicas(&parse(&["--replicas", "3", "--io-hosts", "a,b,b"])).unwrap_err();
         assert!(e.contains("2 distinct hosts"), "{e}");
     }

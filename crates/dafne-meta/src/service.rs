@@ -544,7 +544,7 @@ impl MetaService {
             return Err(Errno::EIO);
         }
         self.members.borrow_mut().record(hb, now);
-        Ok(Response::Heartbeat { chains: self.chain_versions(hb.server) })
+        Ok(Response::Heartbeat { chains: self.chain_versions(hb.server), routes: self.chain_routes(hb.server, now) })
     }
 
     /// Writes `changed` rows of the chain table to the store and, once
@@ -586,6 +586,39 @@ impl MetaService {
             .map(|c| dafne_proto::ChainVersion { chain: c.id, version: c.version })
             .collect()
     }
+
+    /// Io server `server`'s place in each chain that holds it, for its
+    /// heartbeat's answer (protocol 19, [`dafne_proto::ChainRoute`]):
+    /// head when it is the chain's first `serving` replica, and the next
+    /// `serving` replica after it as the one it forwards the chain's
+    /// writes to (docs/REPLICATION.md, "Writes"), with that server's
+    /// address when meta heard it since it started. A replica that is not
+    /// `serving` heads nothing and forwards to nobody.
+    fn chain_routes(&self, server: u32, now: Instant) -> Vec<dafne_proto::ChainRoute> {
+        let members = self.members.borrow().members(now);
+        let addr = |s: u32| {
+            members.iter().find(|m| m.server == s && m.state != dafne_proto::MemberState::Unknown).map(|m| m.addr)
+        };
+        self.chains
+            .borrow()
+            .iter()
+            .filter(|c| c.replicas.iter().any(|r| r.server == server))
+            .map(|c| route_of(c, server, addr))
+            .collect()
+    }
+}
+
+/// `server`'s route in chain `c` ([`MetaService::chain_routes`]).
+fn route_of(
+    c: &dafne_proto::Chain,
+    server: u32,
+    addr: impl Fn(u32) -> Option<std::net::SocketAddr>,
+) -> dafne_proto::ChainRoute {
+    use dafne_proto::ReplicaState::Serving;
+    let serving: Vec<u32> = c.replicas.iter().filter(|r| r.state == Serving).map(|r| r.server).collect();
+    let at = serving.iter().position(|&s| s == server);
+    let successor = at.and_then(|i| serving.get(i + 1)).map(|&s| dafne_proto::Successor { server: s, addr: addr(s) });
+    dafne_proto::ChainRoute { chain: c.id, head: at == Some(0), successor }
 }
 
 /// `Service` for an `Rc<MetaService>`.
@@ -1087,7 +1120,7 @@ mod tests {
 
     fn versions(r: Result<Response, Errno>) -> Result<Vec<(u32, u64)>, Errno> {
         match r? {
-            Response::Heartbeat { chains } => Ok(chains.iter().map(|c| (c.chain, c.version)).collect()),
+            Response::Heartbeat { chains, .. } => Ok(chains.iter().map(|c| (c.chain, c.version)).collect()),
             other => panic!("{other:?}"),
         }
     }
@@ -1097,6 +1130,37 @@ mod tests {
     /// table kept it `offline`. Now the heartbeat is answered `EIO` and the
     /// next one, once the store writes, is the return. Failed before:
     /// `Ok` with the old version.
+    #[test]
+    fn a_route_names_the_head_and_the_next_serving_replica() {
+        use dafne_proto::{Chain, Replica, Successor};
+        let addr = |s: u32| (s != 9).then(|| std::net::SocketAddr::from(([127, 0, 0, 1], 7000 + s as u16)));
+        let r = |server, state| Replica { server, state };
+        let c = Chain {
+            id: 4,
+            version: 7,
+            replicas: vec![
+                r(1, ReplicaState::Serving),
+                r(2, ReplicaState::Syncing),
+                r(3, ReplicaState::Serving),
+                r(9, ReplicaState::Serving),
+                r(5, ReplicaState::Offline),
+            ],
+        };
+        let to = |s: u32| Some(Successor { server: s, addr: addr(s) });
+        assert_eq!(super::route_of(&c, 1, addr), dafne_proto::ChainRoute { chain: 4, head: true, successor: to(3) });
+        assert_eq!(super::route_of(&c, 3, addr), dafne_proto::ChainRoute { chain: 4, head: false, successor: to(9) });
+        // Meta has not heard 9 since it started: no address.
+        assert_eq!(to(9).unwrap().addr, None);
+        assert_eq!(super::route_of(&c, 9, addr), dafne_proto::ChainRoute { chain: 4, head: false, successor: None });
+        // Not serving: heads nothing, forwards to nobody.
+        for s in [2, 5] {
+            assert_eq!(
+                super::route_of(&c, s, addr),
+                dafne_proto::ChainRoute { chain: 4, head: false, successor: None }
+            );
+        }
+    }
+
     #[test]
     fn a_return_the_store_cannot_write_is_answered_with_an_error_and_tried_again() {
         let dir = tempfile::tempdir().unwrap();

@@ -5,7 +5,8 @@ use crate::msg::get_errno;
 use crate::wire::{Reader, Writer};
 use crate::{
     ChainVersion, DecodeError, Errno, IoOp, Op, Request, Response, MAX_CHAINS, MAX_GROUPS, PROTO_VERSION,
-    REQUEST_FLAG_CHAIN, REQUEST_FLAG_GROUPS, REQUEST_FLAG_GROUPS_OMITTED, REQUEST_FLAG_SESSION, SEQ_WINDOW,
+    REQUEST_FLAG_CHAIN, REQUEST_FLAG_FORWARDED, REQUEST_FLAG_GROUPS, REQUEST_FLAG_GROUPS_OMITTED, REQUEST_FLAG_SESSION,
+    SEQ_WINDOW,
 };
 
 /// Who sends a request and under which id: the header fields a caller
@@ -28,12 +29,15 @@ pub struct Envelope {
     /// its row the client knows ([`REQUEST_FLAG_CHAIN`]; `io` module docs,
     /// "Chains"). `None`: not checked.
     pub chain: Option<ChainVersion>,
+    /// Io `Write` only: forwarded by a chain's replica to the next one
+    /// ([`REQUEST_FLAG_FORWARDED`]; needs a chain).
+    pub forwarded: bool,
 }
 
 impl Envelope {
     /// An envelope without supplementary groups, session sequence or chain.
     pub const fn new(tag: u64, uid: u32, gid: u32) -> Envelope {
-        Envelope { tag, uid, gid, groups: Groups::NONE, session: None, chain: None }
+        Envelope { tag, uid, gid, groups: Groups::NONE, session: None, chain: None, forwarded: false }
     }
 
     /// The header flags this envelope's extensions need.
@@ -47,7 +51,8 @@ impl Envelope {
         };
         let session = if self.session.is_some() { REQUEST_FLAG_SESSION } else { 0 };
         let chain = if self.chain.is_some() { REQUEST_FLAG_CHAIN } else { 0 };
-        groups | session | chain
+        let forwarded = if self.forwarded { REQUEST_FLAG_FORWARDED } else { 0 };
+        groups | session | chain | forwarded
     }
 }
 
@@ -451,7 +456,7 @@ headers! {
     IoOp,
     // Io requests are repeatable (a write of the same bytes, a read):
     // no session sequence. Data requests carry their chain.
-    REQUEST_FLAG_GROUPS | REQUEST_FLAG_CHAIN,
+    REQUEST_FLAG_GROUPS | REQUEST_FLAG_CHAIN | REQUEST_FLAG_FORWARDED,
     Some(crate::io::CHAIN_REFUSED)
 }
 
@@ -557,6 +562,7 @@ pub(crate) fn decode_req<H: RequestFrame, B: RequestBody<Op = H::Op>>(
         }
         env.chain = Some(ChainVersion { chain, version: r.u64("request chain version")? });
     }
+    env.forwarded = hdr.flags() & REQUEST_FLAG_FORWARDED != 0;
     let req = B::get_body(hdr.op(), &mut r)?;
     r.finish()?;
     Ok((env, req))
@@ -864,6 +870,21 @@ mod tests {
                     chains: vec![
                         crate::ChainVersion { chain: 0, version: 3 },
                         crate::ChainVersion { chain: 4, version: 9 },
+                    ],
+                    routes: vec![
+                        crate::ChainRoute {
+                            chain: 0,
+                            head: true,
+                            successor: Some(crate::Successor {
+                                server: 4,
+                                addr: Some("127.0.0.1:7001".parse().unwrap()),
+                            }),
+                        },
+                        crate::ChainRoute {
+                            chain: 4,
+                            head: false,
+                            successor: Some(crate::Successor { server: 1, addr: None }),
+                        },
                     ],
                 },
             ),

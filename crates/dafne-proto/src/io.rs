@@ -232,10 +232,13 @@
 //! server that holds no chain versions (started without meta). So the
 //! check keeps a client from acting on its own stale table; it does not
 //! hold back a client with a valid capability that leaves the chain out
-//! (the server cannot tell it from a client without meta). At R = 1 that
-//! changes nothing (a chain has one server); chain writes (step 3 of
-//! docs/REPLICATION.md, not built) must refuse such a request on a server
-//! that is not the chain's head.
+//! (the server cannot tell it from a client without meta), except that
+//! since chain writes (protocol 19) a `Write`, `Truncate` or `Allocate`
+//! without a chain is refused (`EINVAL`) on a server that shares a chain
+//! with another, and a client's data-changing request with a chain on a
+//! replica that is not the chain's head is refused
+//! ([`ChainRefusalReason::NotHead`]); a head forwards such requests to
+//! the next replica marked [`crate::REQUEST_FLAG_FORWARDED`].
 //!
 //! # Sizes
 //!
@@ -271,6 +274,11 @@ pub enum ChainRefusalReason {
     /// The server is not a replica of the chain (a client whose table
     /// names the wrong server): fetch the table again.
     NotReplica = 3,
+    /// A client's `Write` (not a forwarded one) reached a replica that is
+    /// not the chain's head (protocol 19): only the head orders and
+    /// forwards a chain's writes (docs/REPLICATION.md, "Writes"). With
+    /// the server's version: fetch the table again.
+    NotHead = 4,
 }
 
 impl ChainRefusalReason {
@@ -280,6 +288,7 @@ impl ChainRefusalReason {
             1 => Some(ChainRefusalReason::Stale),
             2 => Some(ChainRefusalReason::Ahead),
             3 => Some(ChainRefusalReason::NotReplica),
+            4 => Some(ChainRefusalReason::NotHead),
             _ => None,
         }
     }
@@ -290,6 +299,7 @@ impl ChainRefusalReason {
             ChainRefusalReason::Stale => "stale",
             ChainRefusalReason::Ahead => "ahead",
             ChainRefusalReason::NotReplica => "not_replica",
+            ChainRefusalReason::NotHead => "not_head",
         }
     }
 }
@@ -338,6 +348,13 @@ impl Wire for ChainRefusal {
 }
 
 impl IoOp {
+    /// Whether a chain's head forwards requests of this op to the next
+    /// replica (protocol 19, [`crate::REQUEST_FLAG_FORWARDED`]): the ops
+    /// that change a file's data or make it durable.
+    pub fn is_forwarded(self) -> bool {
+        matches!(self, IoOp::Write | IoOp::Truncate | IoOp::Sync | IoOp::Allocate)
+    }
+
     /// Whether a request of this op may carry a chain
     /// ([`crate::REQUEST_FLAG_CHAIN`]; module docs, "Chains"): the ops that
     /// read or change a file's data on a chain's replica. Not `Remove`
@@ -1424,6 +1441,12 @@ pub fn decode_io_request(buf: &[u8]) -> Result<(Envelope, IoRequest), DecodeErro
             value: u16::from(req.op()).into(),
         });
     }
+    if env.forwarded && (env.chain.is_none() || !req.op().is_forwarded()) {
+        return Err(DecodeError::BadValue {
+            what: "forwarded request (only Write, Truncate, Sync and Allocate, carrying their chain)",
+            value: u16::from(req.op()).into(),
+        });
+    }
     Ok((env, req))
 }
 
@@ -2248,6 +2271,26 @@ mod tests {
             ..ENV
         };
         assert!(decode_io_request(&encode_io_request(last, &IoRequest::Sync { cap: cap() })).is_ok());
+        // Forwarded: only a Write that carries its chain.
+        let fwd = Envelope { forwarded: true, ..last };
+        let write = IoRequest::Write {
+            cap: cap(),
+            keys: vec![],
+            extents: vec![IoExtent { offset: 0, len: 1, key: NO_KEY, addr: 0 }],
+            stability: Stability::Unstable,
+            inline: vec![7],
+            keys_follow: None,
+        };
+        let (got, _) = decode_io_request(&encode_io_request(fwd, &write)).unwrap();
+        assert!(got.forwarded && got.chain.is_some());
+        assert!(decode_io_request(&encode_io_request(fwd, &IoRequest::Sync { cap: cap() })).is_ok());
+        let read = IoRequest::Read { cap: cap(), keys: vec![], extents: vec![], inline_reply: true, keys_follow: None };
+        for (env, req) in [(fwd, read), (Envelope { forwarded: true, ..ENV }, write)] {
+            assert!(
+                matches!(decode_io_request(&encode_io_request(env, &req)), Err(DecodeError::BadValue { .. })),
+                "{req:?} forwarded with {env:?} accepted"
+            );
+        }
         // The metadata protocol knows no such flag.
         let meta = encode_request(env, &Request::GetAttr { ino: 1 });
         assert_eq!(decode_request(&meta), Err(DecodeError::Reserved));
@@ -2282,7 +2325,8 @@ mod tests {
         // Bad reasons, chains past the bound, a version for "not a replica".
         let at = IoReplyHeader::SIZE;
         let good = encode_io_reply(5, IoOp::Read, &Ok(IoResponse::ChainRefused(refusal)));
-        for (i, v) in [(at, 0u8), (at, 4), (at + 4, 1)] {
+        // (Reason 4 is `NotHead` since protocol 19: 5 is the first unknown.)
+        for (i, v) in [(at, 0u8), (at, 5), (at + 4, 1)] {
             let mut b = good.clone();
             b[i] = v;
             assert!(decode_io_reply(&b).is_err(), "byte {i} = {v} accepted");
@@ -2292,5 +2336,8 @@ mod tests {
         assert!(decode_io_reply(&b).is_ok());
         b[at + 5] = 1;
         assert!(decode_io_reply(&b).is_err(), "a version for a server that holds no replica");
+        let nh = ChainRefusal { reason: ChainRefusalReason::NotHead, chain: 2, version: 8 };
+        let b = encode_io_reply(5, IoOp::Write, &Ok(IoResponse::ChainRefused(nh)));
+        assert_eq!(decode_io_reply(&b).unwrap().2, Ok(IoResponse::ChainRefused(nh)));
     }
 }

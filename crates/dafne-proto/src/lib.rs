@@ -275,9 +275,9 @@ pub use io::{
 };
 pub use lock::{LockKind, LockRange, OwnerLocks, LOCK_FAIR, LOCK_FLAGS, LOCK_RECLAIM, LOCK_WAIT};
 pub use members::{
-    check_host_name, host_name_byte, Chain, ChainHealth, ChainVersion, Heartbeat, Member, MemberState, Replica,
-    ReplicaState, HEARTBEAT_INTERVAL, MAX_ADDR_WIRE, MAX_CHAINS, MAX_CHAIN_REPLICAS, MAX_HOST_NAME, MAX_MEMBERS,
-    MEMBER_LEASE,
+    check_host_name, host_name_byte, Chain, ChainHealth, ChainRoute, ChainVersion, Heartbeat, Member, MemberState,
+    Replica, ReplicaState, Successor, HEARTBEAT_INTERVAL, MAX_ADDR_WIRE, MAX_CHAINS, MAX_CHAIN_REPLICAS, MAX_HOST_NAME,
+    MAX_MEMBERS, MEMBER_LEASE,
 };
 pub use msg::{Change, CompoundOp, HeldOpen, LockHolder, Op, Orphan, Request, Response};
 pub use types::{
@@ -318,7 +318,10 @@ pub use types::{
 /// not its own with [`io::CHAIN_REFUSED`], a reply whose body says why
 /// ([`io::ChainRefusal`]); `ServerInfo`'s lease state [`LEASE_PENDING`]
 /// (an io server waiting for its first lease, before shown as lapsed).
-pub const PROTO_VERSION: u16 = 18;
+/// 19: chain writes: the `ServerHeartbeat` answer carries the sender's
+/// place in each of its chains ([`ChainRoute`]), and a head forwards a
+/// chain's write to its successor with [`REQUEST_FLAG_FORWARDED`].
+pub const PROTO_VERSION: u16 = 19;
 
 /// Request header `flags`: the body starts with the caller's supplementary
 /// groups, `n u8` (1..=[`MAX_GROUPS`]) and `n × u32`. Bits other than this
@@ -350,6 +353,16 @@ pub const REQUEST_FLAG_SESSION: u32 = 2;
 /// and Allocate may carry it (`io` module docs, "Chains"); a chain id at
 /// or above [`MAX_CHAINS`] is refused.
 pub const REQUEST_FLAG_CHAIN: u32 = 8;
+
+/// Request header `flags` (io only, protocol 19): a `Write` a chain's
+/// replica forwards to the next one (docs/REPLICATION.md, "Writes"): its
+/// keys and extents name the *sender's* cache units, which the receiver
+/// gets by RMA; `Truncate`, `Sync` and `Allocate` are forwarded as they
+/// are ([`IoOp::is_forwarded`]). Only with [`REQUEST_FLAG_CHAIN`] and only
+/// on those ops (refused at decoding otherwise); an io server serves one
+/// only from a connection logged in with the cluster secret
+/// ([`Envelope::forwarded`]).
+pub const REQUEST_FLAG_FORWARDED: u32 = 16;
 
 /// How far a request's `seq` may run ahead of its `acked_below`
 /// (exclusive): at most this many answers per client in a server's replay

@@ -224,8 +224,9 @@ pub const MAX_CHAINS: usize = MAX_MEMBERS;
 
 /// A replica's place in its chain, as meta's chain table records it
 /// (docs/REPLICATION.md, "Chains"). Meta records `Offline` once the io
-/// server's lease lapsed and `Serving` when it heartbeats again; nothing
-/// records `Syncing` yet (resync is not built).
+/// server's lease lapsed, and when it heartbeats again `Syncing` where
+/// another replica of the chain serves (it stays so: resync is not
+/// built), else `Serving`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum ReplicaState {
@@ -401,6 +402,86 @@ pub(crate) fn get_chain_versions(r: &mut Reader<'_>) -> Result<Vec<ChainVersion>
             });
         }
         out.push(c);
+    }
+    Ok(out)
+}
+
+/// Where an io server stands in one of its chains, as meta's answer to
+/// its heartbeat carries it ([`crate::Response::Heartbeat`], protocol 19):
+/// whether it is the chain's head (the first `serving` replica, where
+/// clients send the chain's requests) and the next `serving` replica after
+/// it, which it forwards each write of the chain to (docs/REPLICATION.md,
+/// "Writes"). `successor.addr` is `None` while meta has not heard that
+/// server since it started (the head then refuses the chain's writes
+/// until it knows where to forward them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ChainRoute {
+    pub chain: u32,
+    pub head: bool,
+    pub successor: Option<Successor>,
+}
+
+/// The replica a [`ChainRoute`]'s server forwards writes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Successor {
+    pub server: u32,
+    pub addr: Option<SocketAddr>,
+}
+
+/// Smallest encoded route: chain u32, flags u8.
+pub(crate) const CHAIN_ROUTE_MIN_SIZE: usize = 5;
+
+const ROUTE_HEAD: u8 = 1;
+const ROUTE_SUCCESSOR: u8 = 2;
+const ROUTE_ADDR: u8 = 4;
+
+/// A heartbeat answer's routes.
+pub(crate) fn put_chain_routes(w: &mut Writer, v: &[ChainRoute]) {
+    w.put_len(v.len());
+    for c in v {
+        w.put_u32(c.chain);
+        let mut flags = if c.head { ROUTE_HEAD } else { 0 };
+        if let Some(s) = &c.successor {
+            flags |= ROUTE_SUCCESSOR | if s.addr.is_some() { ROUTE_ADDR } else { 0 };
+        }
+        w.put_u8(flags);
+        if let Some(s) = &c.successor {
+            w.put_u32(s.server);
+            if let Some(a) = &s.addr {
+                put_addr(w, a);
+            }
+        }
+    }
+}
+
+/// A heartbeat answer's routes: at most [`MAX_CHAINS`], chain ids
+/// strictly increasing, no unknown flag, an address only with a
+/// successor.
+pub(crate) fn get_chain_routes(r: &mut Reader<'_>) -> Result<Vec<ChainRoute>, DecodeError> {
+    let n = r.count("chain routes", MAX_CHAINS, CHAIN_ROUTE_MIN_SIZE)?;
+    let mut out: Vec<ChainRoute> = Vec::with_capacity(n);
+    for _ in 0..n {
+        let chain = r.u32("chain route id")?;
+        if chain as usize >= MAX_CHAINS || out.last().is_some_and(|p| p.chain >= chain) {
+            return Err(DecodeError::BadValue {
+                what: "chain route id (below MAX_CHAINS, strictly increasing)",
+                value: chain.into(),
+            });
+        }
+        let flags = r.u8("chain route flags")?;
+        if flags & !(ROUTE_HEAD | ROUTE_SUCCESSOR | ROUTE_ADDR) != 0
+            || (flags & ROUTE_ADDR != 0 && flags & ROUTE_SUCCESSOR == 0)
+        {
+            return Err(DecodeError::BadValue { what: "chain route flags", value: flags.into() });
+        }
+        let successor = if flags & ROUTE_SUCCESSOR != 0 {
+            let server = r.u32("chain route successor")?;
+            let addr = if flags & ROUTE_ADDR != 0 { Some(get_addr(r, "chain route successor addr")?) } else { None };
+            Some(Successor { server, addr })
+        } else {
+            None
+        };
+        out.push(ChainRoute { chain, head: flags & ROUTE_HEAD != 0, successor });
     }
     Ok(out)
 }
@@ -606,5 +687,49 @@ mod tests {
         let mut w = Writer::with_prefix(0);
         w.put_u32(MAX_CHAINS as u32 + 1);
         assert!(get_chain_versions(&mut Reader::new(&w.into_vec())).is_err(), "above the bound");
+    }
+
+    #[test]
+    fn chain_routes_round_trip_and_hostile_bytes_are_refused() {
+        let enc = |v: &[ChainRoute]| {
+            let mut w = Writer::with_prefix(0);
+            put_chain_routes(&mut w, v);
+            w.into_vec()
+        };
+        let v = vec![
+            ChainRoute { chain: 0, head: true, successor: None },
+            ChainRoute {
+                chain: 1,
+                head: true,
+                successor: Some(Successor { server: 2, addr: Some("10.0.0.2:7001".parse().unwrap()) }),
+            },
+            ChainRoute { chain: 7, head: false, successor: Some(Successor { server: 3, addr: None }) },
+        ];
+        let b = enc(&v);
+        assert_eq!(get_chain_routes(&mut Reader::new(&b)).unwrap(), v);
+        for n in 0..b.len() {
+            assert!(get_chain_routes(&mut Reader::new(&b[..n])).is_err(), "prefix of {n} bytes accepted");
+        }
+        let twice = [v[1], v[1]];
+        assert!(get_chain_routes(&mut Reader::new(&enc(&twice))).is_err(), "a chain twice");
+        let far = [ChainRoute { chain: MAX_CHAINS as u32, head: true, successor: None }];
+        assert!(get_chain_routes(&mut Reader::new(&enc(&far))).is_err(), "a chain id past the bound");
+        // Flags: unknown bits, or an address without a successor.
+        for flags in [8u8, 0x80, ROUTE_ADDR, ROUTE_ADDR | ROUTE_HEAD] {
+            let mut w = Writer::with_prefix(0);
+            w.put_len(1);
+            w.put_u32(0);
+            w.put_u8(flags);
+            assert!(get_chain_routes(&mut Reader::new(&w.into_vec())).is_err(), "flags {flags:#x} accepted");
+        }
+        let mut w = Writer::with_prefix(0);
+        w.put_u32(MAX_CHAINS as u32 + 1);
+        assert!(get_chain_routes(&mut Reader::new(&w.into_vec())).is_err(), "above the bound");
+        // Every byte flipped: refused or decoded, never a panic.
+        for i in 0..b.len() {
+            let mut m = b.clone();
+            m[i] ^= 0xff;
+            let _ = get_chain_routes(&mut Reader::new(&m));
+        }
     }
 }

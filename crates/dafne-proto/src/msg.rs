@@ -2,7 +2,8 @@
 
 use crate::lock::{LockKind, LOCK_FLAGS};
 use crate::members::{
-    get_chain_versions, get_chains, get_members, put_chain_versions, Chain, ChainVersion, Heartbeat, Member,
+    get_chain_routes, get_chain_versions, get_chains, get_members, put_chain_routes, put_chain_versions, Chain,
+    ChainRoute, ChainVersion, Heartbeat, Member,
 };
 use crate::types::Revocations;
 use crate::types::{get_mode, DIRENT_MIN_SIZE};
@@ -978,8 +979,10 @@ pub enum Response {
     Members { members: Vec<Member>, chains: Vec<Chain> },
     /// ServerHeartbeat: the version of each chain that holds the io server
     /// that sent it (at most [`crate::MAX_CHAINS`], ids strictly
-    /// increasing).
-    Heartbeat { chains: Vec<ChainVersion> },
+    /// increasing); and, for each of them, the sender's place in it
+    /// (protocol 19, [`ChainRoute`]: head or not, the replica it
+    /// forwards writes to), same bound and order.
+    Heartbeat { chains: Vec<ChainVersion>, routes: Vec<ChainRoute> },
 }
 
 /// Something another session changed ([`Response::Changes`]): an inode
@@ -1258,7 +1261,10 @@ impl Response {
                     c.put(w);
                 }
             }
-            Response::Heartbeat { chains } => put_chain_versions(w, chains),
+            Response::Heartbeat { chains, routes } => {
+                put_chain_versions(w, chains);
+                put_chain_routes(w, routes);
+            }
             Response::Compound { results } => {
                 w.put_len(results.len());
                 for res in results {
@@ -1343,7 +1349,7 @@ impl Response {
                 Response::XattrNames { names }
             }
             Kind::Members => Response::Members { members: get_members(r)?, chains: get_chains(r)? },
-            Kind::Heartbeat => Response::Heartbeat { chains: get_chain_versions(r)? },
+            Kind::Heartbeat => Response::Heartbeat { chains: get_chain_versions(r)?, routes: get_chain_routes(r)? },
         })
     }
 }

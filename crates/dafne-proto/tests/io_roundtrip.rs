@@ -34,6 +34,7 @@ fn envelope() -> impl Strategy<Value = Envelope> {
             session: None,
             // Chains are checked by the unit tests (only some ops carry one).
             chain: None,
+            forwarded: false,
         })
 }
 

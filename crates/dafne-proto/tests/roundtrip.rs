@@ -120,6 +120,7 @@ fn envelope() -> impl Strategy<Value = Envelope> {
             }),
             // Io only.
             chain: None,
+            forwarded: false,
         })
 }
 

@@ -625,6 +625,46 @@ impl Client {
         Self::connect_on(&self.inner.shared, addr, None)
     }
 
+    /// Connects to the server at `addr` from a task on `l`'s loop (a
+    /// server's runtime reaching another server: an io server forwarding
+    /// a chain's write to the next replica), without blocking the loop.
+    /// The connection's memory is this runtime's, so keys packed from the
+    /// runtime's registrations are valid for the peer's RMA on it. Unlike
+    /// [`Client::connect`] it takes no part in the endpoint order of
+    /// `Shared::endpoint_order`: its caller makes one connection to a
+    /// server at a time and logs in on it ([`Client::login_on_loop`])
+    /// before another.
+    pub fn connect_from_loop(l: &Rc<Local>, addr: SocketAddr) -> impl Future<Output = Result<Client>> + 'static {
+        let (tx, rx) = oneshot::channel();
+        let id = ClientSide::connect(l, addr, None, tx);
+        let shared = l.shared.clone();
+        let l = l.clone();
+        async move {
+            rx.await.map_err(|_| TransportError::Shutdown)??;
+            let token = ClientSide::get(&l, id).map(|c| c.token.get()).unwrap_or(0);
+            let client = Client { inner: Arc::new(ClientInner { shared, id, addr, token: Default::default() }) };
+            client.inner.token.store(token, std::sync::atomic::Ordering::Relaxed);
+            Ok(client)
+        }
+    }
+
+    /// [`Client::login`] from a task on this client's runtime loop
+    /// (a connection made by [`Client::connect_from_loop`]).
+    pub fn login_on_loop(
+        &self,
+        l: &Rc<Local>,
+        payload: Vec<u8>,
+        keys: dafne_auth::FrameKeys,
+    ) -> impl Future<Output = Result<Vec<u8>>> + 'static {
+        let (tx, rx) = oneshot::channel();
+        if Arc::ptr_eq(&l.shared, &self.inner.shared) {
+            ClientSide::call(l, self.inner.id, payload, Some(keys), true, tx);
+        } else {
+            let _ = tx.send(Err(TransportError::Protocol("login_on_loop from another runtime's loop".into())));
+        }
+        async move { rx.await.unwrap_or(Err(TransportError::Shutdown)) }
+    }
+
     fn connect_on(shared: &Arc<Shared>, addr: SocketAddr, claim: Option<Vec<u8>>) -> Result<Client> {
         // No login with this server meanwhile (the data endpoints'
         // creation order: `Shared::endpoint_order`).

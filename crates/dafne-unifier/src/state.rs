@@ -442,7 +442,11 @@ impl State {
         let size = self.slab_size;
         let t = Instant::now();
         let r = match self.slabs[slab].kind {
-            SlabKind::Ready => Region::allocate(ctx, size, Access::Local),
+            // Readable by peers with its key: an io server forwarding a
+            // chain's write hands the key to the next replica, which gets
+            // the bytes from the unit (`WriteGuard::export`). No key is
+            // given to anyone else.
+            SlabKind::Ready => Region::allocate(ctx, size, Access::RemoteRead),
             SlabKind::Raw => {
                 let buf = self.slabs[slab].parked.take().unwrap_or_else(|| vec![0u8; size + PAGE]);
                 let addr = buf.as_ptr() as usize;

@@ -1527,6 +1527,17 @@ impl WriteGuard {
         Local::View { view: self.region().clone(), offset, len }
     }
 
+    /// Where the unit's byte `offset` is for a peer's RMA, and the slab
+    /// whose key names it (`Slab::pack_key`): for an io server that
+    /// forwards a chain's write, whose successor gets the bytes from this
+    /// unit (`dafne_io::forward`). Panics if `offset` is outside the
+    /// guard's range, as [`WriteGuard::rma_local`].
+    pub fn export(&self, offset: usize) -> (u64, dafne_ucx::Slab) {
+        assert!(self.range.contains(&offset), "offset {offset} outside the guard's range {:?}", self.range);
+        let view = self.region();
+        (view.addr() + offset as u64, view.slab())
+    }
+
     /// Commits and writes the unit through to storage, releases it, and
     /// returns the sync of its object: for a request that asks for
     /// stability. The write-back and the release happen in this call (a

@@ -487,6 +487,15 @@ impl Config {
             );
         }
         dafne_meta::server::check_replicas(&self.layout_policy()).map_err(|e| anyhow::anyhow!("[meta] {e}"))?;
+        // Chain writes forward from the Unifier's registered units.
+        if self.meta.replicas > 1 && self.io.mode != "unifier" {
+            bail!(
+                "[meta] replicas = {} with io.mode = {:?}: replicated writes are forwarded from the unifier mode's \
+                 cache only; use mode = \"unifier\" or replicas = 1",
+                self.meta.replicas,
+                self.io.mode
+            );
+        }
         if !self.meta.stripe_unit.is_power_of_two() || self.meta.stripe_unit < 4096 {
             bail!("meta.stripe_unit = {}: use a power of two of at least 4096 bytes", self.meta.stripe_unit);
         }
@@ -1243,7 +1252,7 @@ ucx = { NET_DEVICES = "eth1" }
     }
 
     #[test]
-    fn replicas_are_checked_against_servers_and_hosts_and_only_one_is_served() {
+    fn replicas_are_checked_against_servers_hosts_and_the_serving_mode() {
         let c = Config::parse(THREE, Path::new("h.toml")).unwrap();
         assert_eq!(c.meta.replicas, 1);
         let p = c.layout_policy();
@@ -1253,9 +1262,11 @@ ucx = { NET_DEVICES = "eth1" }
         let e = err(&with(3));
         assert!(e.contains("replicas = 3 but the io servers sit on 2 distinct hosts (a, b)"), "{e}");
         assert!(e.contains("add hosts"), "{e}");
-        // Two hosts make chains of two, but their writes would reach one.
-        let e = err(&with(2));
-        assert!(e.contains("[meta] replicas = 2: replication of writes is not built yet"), "{e}");
+        // Two hosts make chains of two, served by chain writes (unifier
+        // mode only).
+        assert_eq!(Config::parse(&with(2), Path::new("h.toml")).unwrap().meta.replicas, 2);
+        let e = err(&with(2).replace("[meta]", "[io]\nmode = \"normal\"\n[meta]"));
+        assert!(e.contains("replicas = 2 with io.mode = \"normal\""), "{e}");
         let e = err(&with(0));
         assert!(e.contains("replicas = 0"), "{e}");
         let one_host = "[cluster]\nio_servers = 2\n[meta]\nstripe_count = 2\nreplicas = 3\n";

@@ -1382,6 +1382,13 @@ fn print_status(r: &StatusReport) {
                 .map_or_else(|| "-".to_string(), |v| v.version.to_string());
             println!("| {} | {} | {} | {} | {heard} |", c.chain, c.version, c.health, servers.join(", "));
         }
+        if chains.iter().any(|c| c.replicas.iter().any(|x| x.state == "syncing")) {
+            println!();
+            println!(
+                "syncing: a replica back after being offline; it gets no writes and serves no reads, and stays \
+                 syncing (resync is not built yet: docs/REPLICATION.md). Its chains run on the other replicas."
+            );
+        }
     }
     println!();
     if r.mounts.is_empty() {

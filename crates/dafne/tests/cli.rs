@@ -276,21 +276,19 @@ fn mistakes_get_clear_messages_and_a_nonzero_exit() {
     assert!(!o.status.success());
     assert!(text(&o).contains("io_servers"), "{}", text(&o));
 
-    // Replicas: more than the io servers; two, whose writes would reach
-    // one replica only (not built): refused before anything starts.
+    // Replicas: more than the io servers; two in a serving mode that
+    // cannot forward writes: refused before anything starts.
     let cfg = dir.path().join("replicas.toml");
     std::fs::write(&cfg, "[cluster]\nio_servers = 2\n[meta]\nstripe_count = 2\nreplicas = 3\n").unwrap();
     let o = run(&["up", "--dir", &d, "--config", cfg.to_str().unwrap()]);
     assert!(!o.status.success());
     assert!(text(&o).contains("lower replicas to at most 2, or run more io servers"), "{}", text(&o));
-    std::fs::write(&cfg, "[cluster]\nio_servers = 2\n[meta]\nstripe_count = 2\nreplicas = 2\n").unwrap();
+    std::fs::write(&cfg, "[cluster]\nio_servers = 2\n[io]\nmode = \"mmap\"\n[meta]\nstripe_count = 2\nreplicas = 2\n")
+        .unwrap();
     let o = run(&["up", "--dir", &d, "--config", cfg.to_str().unwrap()]);
     assert!(!o.status.success());
     let t = text(&o);
-    assert!(
-        t.contains("replicas = 2: replication of writes is not built yet") && t.contains("use replicas = 1"),
-        "{t}"
-    );
+    assert!(t.contains("replicas = 2 with io.mode = \"mmap\"") && t.contains("use mode = \"unifier\""), "{t}");
     assert!(!dir.path().join("cluster.json").exists(), "nothing started");
 
     // A metrics host that is none of this machine's addresses (TEST-NET-1).

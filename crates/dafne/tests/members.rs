@@ -8,10 +8,10 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::cluster::{p, Cluster};
+use common::cluster::{p, Again, Cluster, Restarted};
 use common::{dafne, text};
 use dafne_proto::{Errno, Heartbeat, Request, Response};
 
@@ -64,76 +64,6 @@ fn wait_gauge(dir: &Path, state: &str, want: f64) {
         assert!(std::time::Instant::now() < deadline, "meta's io servers {state} stayed {seen}, waited for {want}");
         std::thread::sleep(Duration::from_millis(100));
         seen = meta_gauge(dir, state);
-    }
-}
-
-/// An io server this test started again by hand; killed when dropped.
-struct Restarted(Child);
-
-/// How to start a server process again: its command line and environment.
-struct Again {
-    cmdline: Vec<String>,
-    environ: Vec<String>,
-}
-
-impl Again {
-    /// Process `pid`'s command line and environment (read while it lives).
-    fn of(pid: u64) -> Again {
-        let split = |b: Vec<u8>| -> Vec<String> {
-            b.split(|&x| x == 0).filter(|a| !a.is_empty()).map(|a| String::from_utf8_lossy(a).into_owned()).collect()
-        };
-        Again {
-            cmdline: split(std::fs::read(format!("/proc/{pid}/cmdline")).unwrap()),
-            environ: split(std::fs::read(format!("/proc/{pid}/environ")).unwrap()),
-        }
-    }
-
-    /// Starts it, its output in `log_path`, and waits until it listens.
-    /// CI once saw meta's view stay down for 30 s after such a start, with
-    /// nothing to tell why: the instance is waited for until it listens,
-    /// and its log goes with any failure. While the port was free another
-    /// process of this machine may have taken it (an outgoing connection's
-    /// ephemeral port): that is retried, as it is no fault of the server's.
-    fn start(&self, log_path: &Path) -> Restarted {
-        let deadline = std::time::Instant::now() + Duration::from_secs(60);
-        loop {
-            let log = std::fs::File::create(log_path).unwrap();
-            let mut child = Command::new(&self.cmdline[0])
-                .args(&self.cmdline[1..])
-                .env_clear()
-                .envs(self.environ.iter().filter_map(|kv| kv.split_once('=')))
-                .stdin(Stdio::null())
-                .stdout(log.try_clone().unwrap())
-                .stderr(log)
-                .spawn()
-                .unwrap();
-            let listening = loop {
-                let text = std::fs::read_to_string(log_path).unwrap_or_default();
-                if text.contains("listening on") {
-                    break None;
-                }
-                if let Some(status) = child.try_wait().unwrap() {
-                    break Some((status, text));
-                }
-                assert!(std::time::Instant::now() < deadline, "the server started again never listened:\n{text}");
-                std::thread::sleep(Duration::from_millis(50));
-            };
-            match listening {
-                None => return Restarted(child),
-                Some((_, text)) if text.contains("in use") && std::time::Instant::now() < deadline => {
-                    eprintln!("the server's port was taken meanwhile; starting it again:\n{text}");
-                    std::thread::sleep(Duration::from_millis(500));
-                }
-                Some((status, text)) => panic!("the server started again exited ({status}):\n{text}"),
-            }
-        }
-    }
-}
-
-impl Drop for Restarted {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
     }
 }
 

@@ -2,7 +2,8 @@
 //! of it, for the tests that mount (`mount.rs`, `credentials.rs`).
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
 
 use super::{dafne, free_ports, text};
 
@@ -262,4 +263,74 @@ impl Drop for Mount {
 pub fn mounted(mp: &Path) -> bool {
     let want = mp.to_string_lossy().into_owned();
     std::fs::read_to_string("/proc/self/mountinfo").unwrap().lines().any(|l| l.split(' ').nth(4) == Some(&want))
+}
+
+/// A server process a test started again by hand; killed when dropped.
+pub struct Restarted(pub Child);
+
+/// How to start a server process again: its command line and environment.
+pub struct Again {
+    pub cmdline: Vec<String>,
+    pub environ: Vec<String>,
+}
+
+impl Again {
+    /// Process `pid`'s command line and environment (read while it lives).
+    pub fn of(pid: u64) -> Again {
+        let split = |b: Vec<u8>| -> Vec<String> {
+            b.split(|&x| x == 0).filter(|a| !a.is_empty()).map(|a| String::from_utf8_lossy(a).into_owned()).collect()
+        };
+        Again {
+            cmdline: split(std::fs::read(format!("/proc/{pid}/cmdline")).unwrap()),
+            environ: split(std::fs::read(format!("/proc/{pid}/environ")).unwrap()),
+        }
+    }
+
+    /// Starts it, its output in `log_path`, and waits until it listens.
+    /// CI once saw meta's view stay down for 30 s after such a start, with
+    /// nothing to tell why: the instance is waited for until it listens,
+    /// and its log goes with any failure. While the port was free another
+    /// process of this machine may have taken it (an outgoing connection's
+    /// ephemeral port): that is retried, as it is no fault of the server's.
+    pub fn start(&self, log_path: &Path) -> Restarted {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let log = std::fs::File::create(log_path).unwrap();
+            let mut child = Command::new(&self.cmdline[0])
+                .args(&self.cmdline[1..])
+                .env_clear()
+                .envs(self.environ.iter().filter_map(|kv| kv.split_once('=')))
+                .stdin(Stdio::null())
+                .stdout(log.try_clone().unwrap())
+                .stderr(log)
+                .spawn()
+                .unwrap();
+            let listening = loop {
+                let text = std::fs::read_to_string(log_path).unwrap_or_default();
+                if text.contains("listening on") {
+                    break None;
+                }
+                if let Some(status) = child.try_wait().unwrap() {
+                    break Some((status, text));
+                }
+                assert!(std::time::Instant::now() < deadline, "the server started again never listened:\n{text}");
+                std::thread::sleep(Duration::from_millis(50));
+            };
+            match listening {
+                None => return Restarted(child),
+                Some((_, text)) if text.contains("in use") && std::time::Instant::now() < deadline => {
+                    eprintln!("the server's port was taken meanwhile; starting it again:\n{text}");
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+                Some((status, text)) => panic!("the server started again exited ({status}):\n{text}"),
+            }
+        }
+    }
+}
+
+impl Drop for Restarted {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
