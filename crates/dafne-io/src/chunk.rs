@@ -69,7 +69,10 @@
 //! and write-through, the comparison modes' data-sync writes) runs on a
 //! thread of the store, and the request's future awaits it while the loop
 //! serves. The threads (`SYNC_THREADS`, 4, at most) start when a sync finds
-//! none free; a sync past them waits for one. The thread gets duplicates
+//! none free; a sync past them waits for one on the loop, before it
+//! duplicates any descriptor (they waited in the threads' queue holding
+//! their duplicates, so one client's syncs could fill the server's
+//! descriptor table: `tests/sync_off_loop.rs`). The thread gets duplicates
 //! of the object's descriptors (the open table may close its own), the
 //! `unsynced` table and the directory flag, and does what [`Storage::sync`]
 //! does, in the same order: the sidecar, then the data, then cleaning the
@@ -1049,6 +1052,7 @@ impl Storage for ChunkStore {
                 return Err(ChunkStore::damaged_error(object));
             }
             self.count(|s| s.syncs += 1);
+            self.syncer.admit().await;
             // The sync thread's own descriptors (the open table may close
             // these meanwhile); a missing object has only the directory to sync.
             let dup = self.with_files(object, false, |f| {
@@ -1057,6 +1061,7 @@ impl Storage for ChunkStore {
             let files = match dup {
                 Ok(files) => files,
                 Err(e) => {
+                    self.syncer.give_up();
                     self.mark_damaged(object, &e);
                     return Err(ChunkStore::lost_error(object, &e));
                 }
@@ -1248,8 +1253,50 @@ struct Syncer {
     jobs: std::sync::mpsc::Sender<SyncJob>,
     queue: Arc<Mutex<std::sync::mpsc::Receiver<SyncJob>>>,
     threads: Cell<usize>,
-    /// Jobs handed over and not finished.
-    busy: Arc<std::sync::atomic::AtomicUsize>,
+    /// Jobs handed over and not finished, at most [`SYNC_THREADS`] (a
+    /// sync past them waits on the loop, [`Syncer::admit`], before it
+    /// duplicates any descriptor).
+    gate: Arc<Mutex<Gate>>,
+}
+
+/// The syncs admitted to the threads, and the loop's syncs waiting for one
+/// of them to finish.
+#[derive(Default)]
+struct Gate {
+    handed: usize,
+    waiting: Vec<std::task::Waker>,
+}
+
+impl Gate {
+    /// A job finished (or an admitted sync gave up before handing one
+    /// over): every waiting sync tries again.
+    fn release(gate: &Mutex<Gate>) {
+        let waiting = {
+            let mut g = gate.lock().unwrap_or_else(|e| e.into_inner());
+            g.handed -= 1;
+            std::mem::take(&mut g.waiting)
+        };
+        for w in waiting {
+            w.wake();
+        }
+    }
+}
+
+/// Waits for a place among the jobs handed to the sync threads.
+struct Admit(Arc<Mutex<Gate>>);
+
+impl std::future::Future for Admit {
+    type Output = ();
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        let mut g = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if g.handed < SYNC_THREADS {
+            g.handed += 1;
+            std::task::Poll::Ready(())
+        } else {
+            g.waiting.push(cx.waker().clone());
+            std::task::Poll::Pending
+        }
+    }
 }
 
 impl std::fmt::Debug for Syncer {
@@ -1261,15 +1308,30 @@ impl std::fmt::Debug for Syncer {
 impl Syncer {
     fn new() -> Syncer {
         let (jobs, queue) = std::sync::mpsc::channel();
-        Syncer { jobs, queue: Arc::new(Mutex::new(queue)), threads: Cell::new(0), busy: Arc::default() }
+        Syncer { jobs, queue: Arc::new(Mutex::new(queue)), threads: Cell::new(0), gate: Arc::default() }
     }
 
-    /// Runs `work` on a sync thread; the future completes with its result.
-    /// Without a thread (none could be started) it runs here.
+    /// A place among the jobs handed to the threads: each is followed by
+    /// one [`Syncer::run`], or [`Syncer::give_up`]. Without it, every sync
+    /// past the threads waited in their queue with its duplicated
+    /// descriptors, so a client's syncs (each connection may have 64
+    /// requests under way) could fill the server's descriptor table.
+    fn admit(&self) -> Admit {
+        Admit(self.gate.clone())
+    }
+
+    /// An admitted sync hands over no job.
+    fn give_up(&self) {
+        Gate::release(&self.gate);
+    }
+
+    /// Runs `work` on a sync thread, after [`Syncer::admit`]; the future
+    /// completes with its result. Without a thread (none could be
+    /// started) it runs here.
     fn run<T: Send + 'static>(&self, work: impl FnOnce() -> T + Send + 'static) -> SyncDone<T> {
         let slot: Arc<Mutex<DoneSlot<T>>> = Arc::default();
         let theirs = slot.clone();
-        let busy = self.busy.clone();
+        let gate = self.gate.clone();
         let job: SyncJob = Box::new(move || {
             let r = work();
             let waker = {
@@ -1277,12 +1339,13 @@ impl Syncer {
                 s.result = Some(r);
                 s.waker.take()
             };
-            busy.fetch_sub(1, Ordering::SeqCst);
+            Gate::release(&gate);
             if let Some(w) = waker {
                 w.wake();
             }
         });
-        if self.busy.fetch_add(1, Ordering::SeqCst) >= self.threads.get() && self.threads.get() < SYNC_THREADS {
+        let handed = self.gate.lock().unwrap_or_else(|e| e.into_inner()).handed;
+        if handed > self.threads.get() && self.threads.get() < SYNC_THREADS {
             self.start_thread();
         }
         if self.threads.get() == 0 {
