@@ -69,16 +69,27 @@
 //! and write-through, the comparison modes' data-sync writes) runs on a
 //! thread of the store, and the request's future awaits it while the loop
 //! serves. The threads (`SYNC_THREADS`, 4, at most) start when a sync finds
-//! none free; a sync past them waits for one. The thread gets duplicates
+//! none free; a sync past them waits for one on the loop, before it
+//! duplicates any descriptor (they waited in the threads' queue holding
+//! their duplicates, so one client's syncs could fill the server's
+//! descriptor table: `tests/sync_off_loop.rs`). The thread gets duplicates
 //! of the object's descriptors (the open table may close its own), the
 //! `unsynced` table and the directory flag, and does what [`Storage::sync`]
 //! does, in the same order: the sidecar, then the data, then cleaning the
 //! entries (under the `unsynced` lock, which also orders it with the
 //! loop's truncates and writes), then the directory if a chunk file was
-//! created since it was last synced. The rest stays on the loop: the
-//! damage check before (a damaged object's sync fails at once) and, after
-//! a failed sync, marking the object damaged (module docs, "A sync that
-//! fails"). Meanwhile the loop may write the object again: as with the
+//! created since it was last synced. One sync of an object runs at a time
+//! (a second, on another thread or the loop's `sync`/`sync_all`, waits for
+//! it), and a failed one marks the object damaged (module docs, "A sync
+//! that fails") on its thread, before the next may start, which then fails
+//! without syncing: the descriptors are duplicates of one open file, and
+//! Linux reports the loss to one `fdatasync` of it, so two syncs under way
+//! together got one error between them and the other answered success for
+//! the same lost bytes (`tests/failing_device.rs`). The loop checks for
+//! damage before too (a damaged object's sync fails at once). Likewise
+//! the directory is fsynced by one sync at a time: one that found the
+//! flag cleared by a fsync under way answered before the new names were
+//! durable; it waits for that fsync now. Meanwhile the loop may write the object again: as with the
 //! background writer, what the sync covers is what reached the file before
 //! its `fdatasync`, and an entry changed meanwhile is cleaned too (`sums`
 //! module docs, "Syncs and cleaning"). A sync that fails after a remove or
@@ -390,10 +401,9 @@ pub struct ChunkStore {
     /// A chunk file was created (here or by the background writer) and the
     /// directory has not been fsynced since.
     dir_unsynced: Arc<AtomicBool>,
-    /// Objects whose sync failed (module docs, "A sync that fails"). One
-    /// entry per object that met a failing device, so bounded by the
-    /// objects this server stores.
-    damaged: RefCell<std::collections::HashSet<u64>>,
+    /// The damaged objects, the objects being synced and the directory's
+    /// fsync, shared with the sync threads ([`SyncShared`]).
+    shared: Arc<SyncShared>,
     /// Blocks written since their object's last sync (shared with the
     /// background writer; its lock serializes sidecar updates).
     unsynced: Arc<Unsynced>,
@@ -505,7 +515,7 @@ impl ChunkStore {
             drop_behind: Cell::new(false),
             dropped: RefCell::new(HashMap::new()),
             dir_unsynced: Arc::default(),
-            damaged: RefCell::default(),
+            shared: Arc::default(),
             unsynced: Arc::default(),
             logged: RefCell::default(),
             max_size,
@@ -531,7 +541,7 @@ impl ChunkStore {
     /// fsyncs the objects directory if a chunk file was created since the
     /// last time: a file's data is durable only with its name.
     fn sync_dir_if_needed(&self) -> io::Result<()> {
-        if sync_dir(&self.dir, &self.dir_unsynced)? {
+        if sync_dir(&self.dir, &self.dir_unsynced, &self.shared.dir)? {
             self.count(|s| s.dir_syncs += 1);
         }
         Ok(())
@@ -542,22 +552,23 @@ impl ChunkStore {
     /// whose fsync fails here is marked, and the next call must not answer
     /// success because Linux reported each loss only once.
     pub fn sync_all(&self) -> io::Result<()> {
-        let failed: Vec<(u64, io::Error)> = self
+        let failed: Vec<(u64, SyncFailure)> = self
             .open
             .borrow()
             .iter()
-            .filter_map(|(&o, f)| sync_files(o, &f.buffered, f.sums.as_ref(), &self.unsynced).err().map(|e| (o, e)))
+            .filter_map(|(&o, f)| {
+                self.shared.sync_object(o, &f.buffered, f.sums.as_ref(), &self.unsynced).err().map(|e| (o, e))
+            })
             .collect();
         let mut first = None;
         for (o, e) in failed {
-            self.mark_damaged(o, &e);
-            first.get_or_insert(ChunkStore::lost_error(o, &e));
+            first.get_or_insert(e.into_error(o));
         }
         if let Some(e) = first {
             return Err(e);
         }
         self.sync_dir_if_needed()?;
-        let damaged = self.damaged.borrow().len();
+        let damaged = self.shared.state().damaged.len();
         if damaged > 0 {
             return Err(io::Error::other(format!(
                 "{damaged} objects are damaged (an earlier sync of each failed): their bytes on the device cannot \
@@ -569,18 +580,11 @@ impl ChunkStore {
 
     /// Whether a sync of `object` failed (module docs, "A sync that fails").
     pub fn is_damaged(&self, object: u64) -> bool {
-        self.damaged.borrow().contains(&object)
+        self.shared.state().damaged.contains(&object)
     }
 
     fn mark_damaged(&self, object: u64, why: &io::Error) {
-        if self.damaged.borrow_mut().insert(object) {
-            tracing::error!(
-                object = format_args!("{object:x}"),
-                "a sync failed ({why}): the device may not hold bytes already written, and a later sync cannot \
-                 tell; every sync and read of this object fails from now on until it is removed or truncated to \
-                 zero. Check the device (dmesg) and restore the file from a copy"
-            );
-        }
+        self.shared.mark_damaged(object, why);
     }
 
     /// The error of the sync that damaged `object`: not its own kind (a
@@ -733,7 +737,7 @@ impl ChunkStore {
             Ok(())
         })?;
         if size == 0 {
-            self.damaged.borrow_mut().remove(&object);
+            self.shared.state().damaged.remove(&object);
         }
         Ok(())
     }
@@ -861,7 +865,7 @@ impl ChunkStore {
     }
 
     pub fn remove(&self, object: u64) -> io::Result<()> {
-        self.damaged.borrow_mut().remove(&object);
+        self.shared.state().damaged.remove(&object);
         self.open.borrow_mut().remove(&object);
         self.dropped.borrow_mut().remove(&object);
         self.unsynced.lock().forget(object);
@@ -1024,24 +1028,31 @@ impl Storage for ChunkStore {
             return Err(ChunkStore::damaged_error(object));
         }
         self.count(|s| s.syncs += 1);
-        let r = self.with_files(object, false, |f| sync_files(object, &f.buffered, f.sums.as_ref(), &self.unsynced));
-        if let Err(e) = r {
-            self.mark_damaged(object, &e);
-            return Err(ChunkStore::lost_error(object, &e));
+        let r = self.with_files(object, false, |f| {
+            Ok(self.shared.sync_object(object, &f.buffered, f.sums.as_ref(), &self.unsynced))
+        });
+        match r {
+            Err(e) => {
+                self.mark_damaged(object, &e);
+                return Err(ChunkStore::lost_error(object, &e));
+            }
+            Ok(Some(Err(e))) => return Err(e.into_error(object)),
+            Ok(_) => {}
         }
         self.sync_dir_if_needed()
     }
 
     /// The sync on one of the store's sync threads (module docs, "Syncs
-    /// off the loop"): the loop serves while the device syncs. The
-    /// bookkeeping stays on the loop: the damage check before, and after,
-    /// a failed object marked damaged as [`Storage::sync`] marks it.
+    /// off the loop"): the loop serves while the device syncs. The thread
+    /// syncs the object as the only sync of it under way, and marks it
+    /// damaged if the sync fails, before the next sync of it may start.
     fn sync_later(&self, object: u64) -> dafne_unifier::SyncFuture<'_> {
         Box::pin(async move {
             if self.is_damaged(object) {
                 return Err(ChunkStore::damaged_error(object));
             }
             self.count(|s| s.syncs += 1);
+            self.syncer.admit().await;
             // The sync thread's own descriptors (the open table may close
             // these meanwhile); a missing object has only the directory to sync.
             let dup = self.with_files(object, false, |f| {
@@ -1050,16 +1061,18 @@ impl Storage for ChunkStore {
             let files = match dup {
                 Ok(files) => files,
                 Err(e) => {
+                    self.syncer.give_up();
                     self.mark_damaged(object, &e);
                     return Err(ChunkStore::lost_error(object, &e));
                 }
             };
             let (unsynced, dir, dir_unsynced) = (self.unsynced.clone(), self.dir.clone(), self.dir_unsynced.clone());
+            let shared = self.shared.clone();
             let done = self.syncer.run(move || {
                 if let Some((data, sums)) = &files {
-                    sync_files(object, data, sums.as_ref(), &unsynced).map_err(|e| (true, e))?;
+                    shared.sync_object(object, data, sums.as_ref(), &unsynced).map_err(Ok)?;
                 }
-                sync_dir(&dir, &dir_unsynced).map_err(|e| (false, e))
+                sync_dir(&dir, &dir_unsynced, &shared.dir).map_err(Err)
             });
             match done.await {
                 Ok(dir_synced) => {
@@ -1068,11 +1081,8 @@ impl Storage for ChunkStore {
                     }
                     Ok(())
                 }
-                Err((true, e)) => {
-                    self.mark_damaged(object, &e);
-                    Err(ChunkStore::lost_error(object, &e))
-                }
-                Err((false, e)) => Err(e),
+                Err(Ok(failed)) => Err(failed.into_error(object)),
+                Err(Err(dir_failed)) => Err(dir_failed),
             }
         })
     }
@@ -1117,8 +1127,13 @@ fn sync_files(object: u64, data: &File, sums: Option<&File>, unsynced: &Unsynced
 
 /// fsyncs the objects directory `dir` if a chunk file was created since
 /// the last time (`unsynced`): a file's data is durable only with its
-/// name. Whether it synced.
-fn sync_dir(dir: &Path, unsynced: &AtomicBool) -> io::Result<bool> {
+/// name. Whether it synced. One at a time (`one`, held across the fsync):
+/// a sync that found the flag cleared by a fsync under way on another
+/// thread answered before that fsync did, while the names it was to make
+/// durable were not yet; now it waits for it (and if that failed, the
+/// flag is set again and this one tries).
+fn sync_dir(dir: &Path, unsynced: &AtomicBool, one: &Mutex<()>) -> io::Result<bool> {
+    let _one = one.lock().unwrap_or_else(|e| e.into_inner());
     if !unsynced.swap(false, Ordering::SeqCst) {
         return Ok(false);
     }
@@ -1127,6 +1142,102 @@ fn sync_dir(dir: &Path, unsynced: &AtomicBool) -> io::Result<bool> {
         unsynced.store(true, Ordering::SeqCst);
     }
     r.map(|()| true)
+}
+
+/// What the loop and the sync threads share about syncs (module docs,
+/// "Syncs off the loop").
+#[derive(Debug, Default)]
+struct SyncShared {
+    state: Mutex<SyncState>,
+    /// Signalled when a sync of an object ends.
+    ended: std::sync::Condvar,
+    /// Held across the directory's fsync ([`sync_dir`]).
+    dir: Mutex<()>,
+}
+
+#[derive(Debug, Default)]
+struct SyncState {
+    /// Objects whose sync failed (module docs, "A sync that fails"). One
+    /// entry per object that met a failing device, so bounded by the
+    /// objects this server stores.
+    damaged: std::collections::HashSet<u64>,
+    /// Objects with a sync under way (at most one each).
+    syncing: std::collections::HashSet<u64>,
+}
+
+/// Why a sync of an object failed.
+enum SyncFailure {
+    /// It was damaged (by an earlier sync, maybe one under way when this
+    /// one was asked for): not synced.
+    Damaged,
+    /// Its sync failed now; it is marked damaged.
+    Lost(io::Error),
+}
+
+impl SyncFailure {
+    fn into_error(self, object: u64) -> io::Error {
+        match self {
+            SyncFailure::Damaged => ChunkStore::damaged_error(object),
+            SyncFailure::Lost(e) => ChunkStore::lost_error(object, &e),
+        }
+    }
+}
+
+impl SyncShared {
+    fn state(&self) -> std::sync::MutexGuard<'_, SyncState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn mark_damaged(&self, object: u64, why: &io::Error) {
+        if self.state().damaged.insert(object) {
+            tracing::error!(
+                object = format_args!("{object:x}"),
+                "a sync failed ({why}): the device may not hold bytes already written, and a later sync cannot \
+                 tell; every sync and read of this object fails from now on until it is removed or truncated to \
+                 zero. Check the device (dmesg) and restore the file from a copy"
+            );
+        }
+    }
+
+    /// [`sync_files`] as the only sync of `object` under way: waits for
+    /// one under way (on another sync thread, or the loop's) to end, and
+    /// fails without syncing if the object is damaged by then. A failure
+    /// marks the object damaged before the next sync of it starts. Linux
+    /// reports a lost write-back to one `fdatasync` of the file: two syncs
+    /// of an object at once (the descriptors are duplicates, one open file)
+    /// got one error between them, and the other answered success for the
+    /// same lost bytes.
+    fn sync_object(
+        &self,
+        object: u64,
+        data: &File,
+        sums: Option<&File>,
+        unsynced: &Unsynced,
+    ) -> Result<(), SyncFailure> {
+        {
+            let mut st = self.state();
+            while st.syncing.contains(&object) {
+                st = self.ended.wait(st).unwrap_or_else(|e| e.into_inner());
+            }
+            if st.damaged.contains(&object) {
+                return Err(SyncFailure::Damaged);
+            }
+            st.syncing.insert(object);
+        }
+        /// Ends the turn however the sync ends (a panic included).
+        struct Turn<'a>(&'a SyncShared, u64);
+        impl Drop for Turn<'_> {
+            fn drop(&mut self) {
+                self.0.state().syncing.remove(&self.1);
+                self.0.ended.notify_all();
+            }
+        }
+        let _turn = Turn(self, object);
+        sync_files(object, data, sums, unsynced).map_err(|e| {
+            self.mark_damaged(object, &e);
+            SyncFailure::Lost(e)
+        })
+    }
 }
 
 /// Threads a sync may wait on: a sync held by a slow device takes one,
@@ -1142,8 +1253,50 @@ struct Syncer {
     jobs: std::sync::mpsc::Sender<SyncJob>,
     queue: Arc<Mutex<std::sync::mpsc::Receiver<SyncJob>>>,
     threads: Cell<usize>,
-    /// Jobs handed over and not finished.
-    busy: Arc<std::sync::atomic::AtomicUsize>,
+    /// Jobs handed over and not finished, at most [`SYNC_THREADS`] (a
+    /// sync past them waits on the loop, [`Syncer::admit`], before it
+    /// duplicates any descriptor).
+    gate: Arc<Mutex<Gate>>,
+}
+
+/// The syncs admitted to the threads, and the loop's syncs waiting for one
+/// of them to finish.
+#[derive(Default)]
+struct Gate {
+    handed: usize,
+    waiting: Vec<std::task::Waker>,
+}
+
+impl Gate {
+    /// A job finished (or an admitted sync gave up before handing one
+    /// over): every waiting sync tries again.
+    fn release(gate: &Mutex<Gate>) {
+        let waiting = {
+            let mut g = gate.lock().unwrap_or_else(|e| e.into_inner());
+            g.handed -= 1;
+            std::mem::take(&mut g.waiting)
+        };
+        for w in waiting {
+            w.wake();
+        }
+    }
+}
+
+/// Waits for a place among the jobs handed to the sync threads.
+struct Admit(Arc<Mutex<Gate>>);
+
+impl std::future::Future for Admit {
+    type Output = ();
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        let mut g = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if g.handed < SYNC_THREADS {
+            g.handed += 1;
+            std::task::Poll::Ready(())
+        } else {
+            g.waiting.push(cx.waker().clone());
+            std::task::Poll::Pending
+        }
+    }
 }
 
 impl std::fmt::Debug for Syncer {
@@ -1155,15 +1308,30 @@ impl std::fmt::Debug for Syncer {
 impl Syncer {
     fn new() -> Syncer {
         let (jobs, queue) = std::sync::mpsc::channel();
-        Syncer { jobs, queue: Arc::new(Mutex::new(queue)), threads: Cell::new(0), busy: Arc::default() }
+        Syncer { jobs, queue: Arc::new(Mutex::new(queue)), threads: Cell::new(0), gate: Arc::default() }
     }
 
-    /// Runs `work` on a sync thread; the future completes with its result.
-    /// Without a thread (none could be started) it runs here.
+    /// A place among the jobs handed to the threads: each is followed by
+    /// one [`Syncer::run`], or [`Syncer::give_up`]. Without it, every sync
+    /// past the threads waited in their queue with its duplicated
+    /// descriptors, so a client's syncs (each connection may have 64
+    /// requests under way) could fill the server's descriptor table.
+    fn admit(&self) -> Admit {
+        Admit(self.gate.clone())
+    }
+
+    /// An admitted sync hands over no job.
+    fn give_up(&self) {
+        Gate::release(&self.gate);
+    }
+
+    /// Runs `work` on a sync thread, after [`Syncer::admit`]; the future
+    /// completes with its result. Without a thread (none could be
+    /// started) it runs here.
     fn run<T: Send + 'static>(&self, work: impl FnOnce() -> T + Send + 'static) -> SyncDone<T> {
         let slot: Arc<Mutex<DoneSlot<T>>> = Arc::default();
         let theirs = slot.clone();
-        let busy = self.busy.clone();
+        let gate = self.gate.clone();
         let job: SyncJob = Box::new(move || {
             let r = work();
             let waker = {
@@ -1171,12 +1339,13 @@ impl Syncer {
                 s.result = Some(r);
                 s.waker.take()
             };
-            busy.fetch_sub(1, Ordering::SeqCst);
+            Gate::release(&gate);
             if let Some(w) = waker {
                 w.wake();
             }
         });
-        if self.busy.fetch_add(1, Ordering::SeqCst) >= self.threads.get() && self.threads.get() < SYNC_THREADS {
+        let handed = self.gate.lock().unwrap_or_else(|e| e.into_inner()).handed;
+        if handed > self.threads.get() && self.threads.get() < SYNC_THREADS {
             self.start_thread();
         }
         if self.threads.get() == 0 {
@@ -1847,6 +2016,51 @@ mod tests {
         assert_eq!(s.stats().dir_syncs, 2);
     }
 
+    /// Two syncs on two sync threads, both owing the directory a fsync (a
+    /// chunk file was created): the first clears the flag and fsyncs; the
+    /// second must not answer before that fsync does (the new name is not
+    /// durable yet), and when it fails, must not answer success. The
+    /// first's fsync is held where nothing else can hold it: its
+    /// "directory" is a FIFO, whose open waits for a writer (and whose
+    /// fsync then fails, EINVAL). Before, the second saw the flag cleared
+    /// and answered at once that there was nothing to sync.
+    #[test]
+    fn a_sync_waits_for_the_directory_fsync_under_way_on_another_thread() {
+        let d = tempfile::tempdir().unwrap();
+        let fifo = d.path().join("dir");
+        assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+        let shared = Arc::new((AtomicBool::new(true), Mutex::new(())));
+        let sync = |fifo: PathBuf, shared: Arc<(AtomicBool, Mutex<()>)>| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || tx.send(sync_dir(&fifo, &shared.0, &shared.1).map_err(|e| e.kind())));
+            rx
+        };
+        let first = sync(fifo.clone(), shared.clone());
+        // The first has cleared the flag: it is in its fsync (the open).
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while shared.0.load(Ordering::SeqCst) {
+            assert!(std::time::Instant::now() < end, "the first sync never began");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let second = sync(fifo.clone(), shared.clone());
+        // Held for a while (a second answering here answered early; one
+        // slower than this would pass unseen, never fail wrongly).
+        let early = second.recv_timeout(std::time::Duration::from_secs(2));
+        // Lets each waiting open through (a writer for each reader).
+        let release = |rx: &std::sync::mpsc::Receiver<_>| loop {
+            if let Ok(r) = rx.try_recv() {
+                return r;
+            }
+            assert!(std::time::Instant::now() < end + std::time::Duration::from_secs(30), "a sync never ended");
+            let nonblock = rustix::fs::OFlags::NONBLOCK.bits() as i32;
+            let _ = OpenOptions::new().write(true).custom_flags(nonblock).open(&fifo);
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        };
+        assert_eq!(early, Err(std::sync::mpsc::RecvTimeoutError::Timeout), "answered during the first's fsync");
+        assert_eq!(release(&first), Err(io::ErrorKind::InvalidInput), "a FIFO's fsync");
+        assert!(release(&second).is_err(), "answered success after the first's fsync failed");
+    }
+
     /// `sync_later` (module docs, "Syncs off the loop") does what `sync`
     /// does, on a sync thread: the new file's name is synced once, the
     /// entries written since are cleaned (their content is stable now),
@@ -1873,7 +2087,7 @@ mod tests {
         assert_eq!(s.stats().dir_syncs, 1, "the new files' names were not made durable once");
         assert!(s.syncer.threads.get() >= 1, "the syncs did not run on a sync thread");
         futures::executor::block_on(s.sync_later(3)).unwrap(); // no such object: nothing to sync
-        s.damaged.borrow_mut().insert(1);
+        s.mark_damaged(1, &io::Error::other("a test"));
         assert!(futures::executor::block_on(s.sync_later(1)).is_err());
         assert_eq!(s.stats().syncs, 3, "a damaged object's sync went to the device");
     }

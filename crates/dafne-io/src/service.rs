@@ -950,11 +950,16 @@ impl IoService {
                 Ok(IoResponse::Write { bytes })
             }
             (IoRequest::Sync { .. }, backend) => {
-                if let Backend::Unifier(u) = backend {
-                    u.flush(object).await.map_err(storage_errno("flush"))?;
+                match backend {
+                    // The flush ends with the object's sync (one: a second
+                    // found nothing more to make durable and made every
+                    // client's fsync wait for two device syncs).
+                    Backend::Unifier(u) => u.flush(object).await.map_err(storage_errno("flush"))?,
+                    // Off the loop (`chunk` module docs, "Syncs off the loop").
+                    Backend::Direct(_) => dafne_unifier::Storage::sync_later(store, object)
+                        .await
+                        .map_err(crate::modes::io_errno("sync"))?,
                 }
-                // Off the loop (`chunk` module docs, "Syncs off the loop").
-                dafne_unifier::Storage::sync_later(store, object).await.map_err(crate::modes::io_errno("sync"))?;
                 Ok(IoResponse::Done)
             }
             // Every chunk file of the object takes the file's size.
@@ -1125,6 +1130,7 @@ impl IoService {
         stability: Stability,
         fwd: Option<&Forward<'_>>,
     ) -> Result<(), Errno> {
+        let mut written_through = false;
         for batch in work.chunks(Self::batch_units(unifier, object)) {
             // Every early return below aborts the batch's units (a unit not
             // filled from storage is dropped, not saved as written).
@@ -1169,14 +1175,20 @@ impl IoService {
             if let Some(fwd) = fwd {
                 fwd.send(batch, &guards.0, stability).await?;
             }
-            // Committed: what arrived is the units' content now.
+            // Committed: what arrived is the units' content now. A stable
+            // write writes each unit through and releases it; one sync of
+            // the object, below, covers them all.
             for g in std::mem::take(&mut guards.0) {
                 if stability == Stability::Unstable {
                     drop(g);
                 } else {
-                    g.commit_stable().await.map_err(storage_errno("write-through"))?;
+                    g.commit_through().map_err(storage_errno("write-through"))?;
+                    written_through = true;
                 }
             }
+        }
+        if written_through {
+            unifier.sync(object).await.map_err(storage_errno("write-through"))?;
         }
         Ok(())
     }

@@ -227,3 +227,42 @@ fn sync_all_marks_every_failed_object_and_does_not_forget_them() {
     drop(store);
     drop(dev);
 }
+
+/// Two syncs of one object awaited together (two clients' fsyncs, each on
+/// a sync thread of the store) while the device fails its new data: Linux
+/// reports the lost write-back once, to one `fdatasync` of the file, so
+/// the other sync's `fdatasync` returns success for the same lost bytes.
+/// Neither may answer success, and the object is damaged. (With the syncs
+/// on the loop, one after the other, the second found the object damaged;
+/// on two threads at once, the second answered success.)
+#[test]
+fn two_syncs_of_an_object_under_way_together_both_fail_when_its_write_back_fails() {
+    use dafne_io::chunk::ChunkStore;
+    use dafne_unifier::Storage;
+
+    let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    std::fs::create_dir_all(&base).unwrap();
+    let root = tempfile::tempdir_in(base).unwrap();
+    let dev = Device::new(root.path());
+    let data_dir = dev.disk.dir.join("io0");
+    std::fs::create_dir_all(&data_dir).unwrap();
+    let store = ChunkStore::open_with(&data_dir, None).unwrap();
+    store.write_at(1, 0, b"x").unwrap();
+    store.sync(1).unwrap();
+    let filler = dev.fail();
+
+    store.write_at(1, 0, &pattern(4 << 20, 1)).unwrap();
+    let (a, b) = futures::executor::block_on(futures::future::join(store.sync_later(1), store.sync_later(1)));
+    assert!(
+        a.is_err() && b.is_err(),
+        "two syncs of 4 MiB on a device that could take 512 KiB: {:?} and {:?}",
+        a.map_err(|e| e.to_string()),
+        b.map_err(|e| e.to_string())
+    );
+    assert!(store.is_damaged(1), "the object's sync failed, but it is not damaged");
+    store.remove(1).unwrap();
+    std::fs::remove_file(&filler).unwrap();
+    store.sync_all().unwrap();
+    drop(store);
+    drop(dev);
+}

@@ -145,3 +145,71 @@ fn held_while_b_is_served(
     assert_eq!(synced, Ok(()), "A's operation once its sync was released");
     a.join().unwrap()
 }
+
+/// The io server's descriptors of chunk files and sidecars (its data
+/// directory's `objects/`).
+fn object_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|target| target.to_string_lossy().contains("/objects/"))
+        .count()
+}
+
+/// Syncs past the server's sync threads (4) wait without descriptors:
+/// with every sync held, 24 fsyncs of 24 files under way add at most the
+/// threads' duplicates (data and sidecar, 2 × 4) to the server's
+/// descriptors. Before, each waited in the threads' queue holding its
+/// own two, so one client's syncs (64 per connection) could fill the
+/// descriptor table, and a duplicate that failed for want of one marked
+/// its object damaged.
+#[test]
+fn syncs_past_the_sync_threads_hold_no_descriptors() {
+    const FILES: usize = 24;
+    let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    std::fs::create_dir_all(&base).unwrap();
+    let root = tempfile::tempdir_in(base).unwrap();
+    let (meta, secret) = start_meta(root.path(), 1, 64 << 10, 1);
+    let flag = root.path().join("hold-sync");
+    let held = root.path().join("hold-sync.held");
+    let env = [("DAFNE_FAULT_HOLD_SYNC", flag.as_os_str())];
+    let io = spawn_io_env(&root.path().join("io0"), &secret, 16, "127.0.0.1:0", &common::storage(), &env);
+    let rt = common::runtime("sync-off-loop-fds");
+    let s = dafne_auth::Secret::load(&secret).unwrap();
+    let m = MetaSession::connect(&rt, meta.addr, &s, "sync-off-loop-fds", 0, 0).unwrap();
+    let data = DataClient::connect(&rt, &[io.addr], &s).unwrap();
+    let fs = Fs::new(m.clone(), data.clone());
+    let hint = Some(LayoutHint { stripe_unit: 64 << 10, stripe_count: 1 });
+    // Every file exists on the server and is open there (synced once).
+    let files: Vec<_> = (0..FILES)
+        .map(|i| {
+            let f = fs.create(ROOT_INO, format!("f{i}").as_bytes(), 0o644, hint).unwrap();
+            f.write_at(0, &pattern(5000, i as u64), Stability::Unstable).unwrap();
+            f.fsync().unwrap();
+            f
+        })
+        .collect();
+    let cap = files[0].handle().cap;
+    let pid = io.child.id();
+    let before = object_fds(pid);
+
+    let _ = std::fs::remove_file(&held);
+    std::fs::write(&flag, b"").unwrap();
+    let release = Release(&flag);
+    let syncing: Vec<_> = files.into_iter().map(|f| std::thread::spawn(move || (f.fsync(), f))).collect();
+    assert!(wait_for(|| held.exists()), "no sync reached the server's hold");
+    // Every fsync is being served (the ServerInfo asking counts itself).
+    let in_flight = || futures::executor::block_on(data.server_info(0, cap)).map(|i| i.requests_in_flight).unwrap_or(0);
+    assert!(wait_for(|| in_flight() > FILES as u64), "the fsyncs never all reached the server");
+    let during = object_fds(pid);
+    drop(release);
+    for t in syncing {
+        let (synced, _f) = t.join().unwrap();
+        assert_eq!(synced, Ok(()), "an fsync once released");
+    }
+    assert!(
+        during <= before + 2 * 4,
+        "{FILES} syncs held: the server's descriptors of objects went from {before} to {during}"
+    );
+    drop(io);
+}

@@ -363,6 +363,14 @@ impl Unifier {
         async move { Inner::flush(&inner, object).await }
     }
 
+    /// Syncs `object` in storage ([`crate::Storage::sync_later`]) without writing
+    /// back its dirty units: after [`WriteGuard::commit_through`] of each
+    /// unit a stable write wrote.
+    pub fn sync(&self, object: u64) -> impl Future<Output = Result<()>> + 'static {
+        let inner = self.inner.clone();
+        async move { Inner::sync(&inner, object).await }
+    }
+
     /// Flushes every object with dirty units or with write-backs not yet
     /// synced; returns the first error after trying them all.
     pub fn flush_all(&self) -> impl Future<Output = Result<()>> + 'static {
@@ -1546,17 +1554,28 @@ impl WriteGuard {
     /// If the write-back fails the unit stays dirty. The unit is released
     /// before the sync: what the write-back wrote is in the file then, and
     /// the loop serves the unit's readers while the device syncs.
-    pub fn commit_stable(mut self) -> impl Future<Output = Result<()>> + 'static {
+    pub fn commit_stable(self) -> impl Future<Output = Result<()>> + 'static {
+        let (inner, object) = (self.inner.clone(), self.object);
+        let written = self.commit_through();
+        async move {
+            written?;
+            Inner::sync(&inner, object).await
+        }
+    }
+
+    /// [`Self::commit_stable`] without the sync: commits, writes the unit
+    /// through to storage and releases it. For a request that writes
+    /// several units stably: each is written through, then one
+    /// [`Unifier::sync`] of the object makes them all durable (a sync per
+    /// unit would make the request wait for as many device syncs). If the
+    /// write-back fails the unit stays dirty.
+    pub fn commit_through(mut self) -> Result<()> {
         let arc = self.arc.take().expect("guard holds memory until released");
         let inner = self.inner.clone();
         inner.st.borrow_mut().mark_dirty(self.slot, self.range.start, self.range.end);
         let written = inner.write_back(self.slot, Some(&arc), Cause::Stable);
         inner.release_exclusive(self.slot, self.gen, arc, Outcome::Keep);
-        let object = self.object;
-        async move {
-            written?;
-            Inner::sync(&inner, object).await
-        }
+        written
     }
 
     /// Releases after a write that failed part-way (e.g. the RMA get

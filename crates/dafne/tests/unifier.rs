@@ -138,3 +138,74 @@ fn raw_memory_is_parked_so_pinned_bytes_stay_under_the_bound_while_the_cache_hol
     assert!(peak <= BOUND && io_sum(&c, "pinned_bytes") <= BOUND, "peak {peak} above the bound {BOUND}");
     assert!(peak > 2 << 20, "raw memory was registered when used");
 }
+
+/// From one metrics page of `io-0`: its `Sync` and `Write` requests
+/// answered and its device syncs (`dafne_io_storage_syncs_total`).
+fn io_sync_counts(c: &Cluster) -> (f64, f64, f64) {
+    let page = common::cluster::server_page(c.dir(), "io-0");
+    let requests = |op: &str| {
+        page.iter()
+            .find(|f| f.name == "dafne_io_requests_total")
+            .and_then(|f| f.samples.iter().find(|s| s.labels.iter().any(|(k, v)| k == "op" && v == op)))
+            .map(|s| s.value)
+            .expect("io-0 counts its requests by op")
+    };
+    let syncs = page.iter().find(|f| f.name == "dafne_io_storage_syncs_total").expect("io-0 counts its syncs");
+    (requests("sync"), requests("write"), syncs.samples[0].value)
+}
+
+/// The counts once the page shows one more `Sync` (`sync`) or `Write`
+/// request than `before` (the page is rendered at most once a second).
+fn io_sync_counts_after(c: &Cluster, before: (f64, f64, f64), sync: bool) -> (f64, f64, f64) {
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let now = io_sync_counts(c);
+        let shown = if sync { now.0 > before.0 } else { now.1 > before.1 };
+        if shown {
+            return now;
+        }
+        assert!(std::time::Instant::now() < end, "io-0's metrics page never showed the request");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// An fsync costs the io server one device sync of the object, and so does
+/// a data-sync write however many cache units it covers. (An fsync synced
+/// twice, once at the end of the Unifier's flush and once more after it;
+/// a stable write of N units synced N times, one after the other, each
+/// held by the device while the request waited.)
+#[test]
+fn an_fsync_and_a_stable_write_each_sync_the_object_once() {
+    use dafne_proto::io::Stability;
+    let _s = serial();
+    let c = Cluster::start_sized(1, "");
+    let cl = dafne_client::cluster::Cluster::open(&dafne_client::cluster::OpenOptions::new(c.dir(), "test")).unwrap();
+    let fs = dafne_client::file::Fs::new(cl.meta.clone(), cl.data.clone());
+    // One stripe of 1 MiB: every byte below goes to one object on io-0.
+    let hint = Some(dafne_proto::LayoutHint { stripe_unit: 1 << 20, stripe_count: 1 });
+    let f = fs.create(dafne_proto::ROOT_INO, b"once", 0o644, hint).unwrap();
+    let data = pattern(256 << 10, 7);
+    f.write_at(0, &data, Stability::Unstable).unwrap();
+
+    let before = io_sync_counts_after(&c, (0.0, 0.0, 0.0), false);
+    // The `Sync` alone (`File::fsync` also publishes the size, with a
+    // `Stat`, whose flush syncs as well).
+    futures::executor::block_on(cl.data.sync(f.handle())).unwrap();
+    let after = io_sync_counts_after(&c, before, true);
+    assert_eq!((after.0 - before.0, after.2 - before.2), (1.0, 1.0), "(Sync requests, device syncs) for one fsync");
+
+    // 256 KiB: four units of the default 64 KiB, in one request.
+    let more = pattern(256 << 10, 8);
+    assert_eq!(f.write_at(0, &more, Stability::FileSync), Ok(more.len()));
+    let last = io_sync_counts_after(&c, after, false);
+    assert_eq!(
+        (last.1 - after.1, last.2 - after.2),
+        (1.0, 1.0),
+        "(Write requests, device syncs) for one data-sync write of four units"
+    );
+
+    let mut got = vec![0u8; more.len()];
+    assert_eq!(f.read_at(0, &mut got), Ok(more.len()));
+    assert!(got == more, "the stable write reads back");
+    f.close().unwrap();
+}
