@@ -1,0 +1,159 @@
+//! Many workers in one process, each on its own thread, making and closing
+//! sockaddr connections: what a test binary of client runtimes (or a
+//! server with a second runtime) does. Each connection is a UCX
+//! `tcp_sockcm` socket whose handler UCS registers, by descriptor number,
+//! with the worker's async context in a process-wide table.
+//!
+//! UCX 1.13.1's `__ucs_async_poll_missed` asserts `handler->async == async`
+//! when a worker drains an event it queued as "missed" (its async context
+//! was blocked when UCX's async thread saw the event) for a descriptor that
+//! was closed meanwhile and reopened by another worker, whose handler the
+//! number now finds (upstream fix: openucx/ucx#9942, not in 1.13). It
+//! aborted `dafne-transport`'s `tests/transport.rs` once in CI. Without
+//! `dafne_ucx`'s ordering of handler registrations against those windows
+//! (`worker.rs`, "Descriptor numbers across workers") this test aborted
+//! within 30 s here (see the commit message for counts).
+//!
+//! The listeners run in a child process of their own, as the transport
+//! tests' servers do, so that only the clients' workers share this
+//! process. The test runs its clients in a child too, so that an abort is
+//! a failed assertion here rather than a dead test binary.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dafne_ucx::{Context, ContextOptions, Worker};
+
+const ROLE: &str = "DAFNE_ASYNC_REUSE_ROLE";
+
+fn ctx(name: &str) -> Context {
+    Context::new(&ContextOptions {
+        name: name.into(),
+        config: vec![("TLS".into(), "tcp".into()), ("NET_DEVICES".into(), "lo".into())],
+    })
+    .unwrap()
+}
+
+/// A line to the parent on stdout (not `println!`, which the test harness
+/// may capture).
+fn say(line: &str) {
+    use std::io::Write;
+    let mut o = std::io::stdout().lock();
+    writeln!(o, "{line}").unwrap();
+    o.flush().unwrap();
+}
+
+fn env_num(k: &str, default: u64) -> u64 {
+    std::env::var(k).ok().and_then(|s| s.parse().ok()).unwrap_or(default)
+}
+
+fn self_exe(role: &str) -> Command {
+    let mut c = Command::new(std::env::current_exe().unwrap());
+    c.args(["--exact", "many_workers_making_and_closing_sockaddr_connections", "--nocapture", "--test-threads=1"])
+        .env(ROLE, role);
+    c
+}
+
+/// One listening worker; accepts everything, keeps each endpoint until the
+/// client closes it. Ends when its stdin closes (the parent went away).
+fn serve() {
+    let c = ctx("srv");
+    let w = Worker::new(&c).unwrap();
+    let reqs = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+    let q = reqs.clone();
+    let l = w.listen("127.0.0.1:0".parse().unwrap(), move |r| q.borrow_mut().push(r)).unwrap();
+    say(&format!("listening on {}", l.local_addr().unwrap()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let s = stop.clone();
+    std::thread::spawn(move || {
+        let mut b = String::new();
+        let _ = std::io::stdin().read_line(&mut b);
+        s.store(true, Relaxed);
+    });
+    let mut eps = Vec::new();
+    while !stop.load(Relaxed) {
+        w.progress();
+        for r in std::mem::take(&mut *reqs.borrow_mut()) {
+            if let Ok(ep) = w.accept(r) {
+                eps.push(ep);
+            }
+        }
+        eps.retain(|ep: &dafne_ucx::Endpoint| ep.failed().is_none());
+    }
+    std::process::exit(0);
+}
+
+/// A client thread: a worker of its own (made again every 20 connections),
+/// connecting, progressing a little, closing.
+fn client(addr: SocketAddr, until: Instant, n: Arc<AtomicU64>) {
+    while Instant::now() < until {
+        let c = ctx("cli");
+        let w = Worker::new(&c).unwrap();
+        for _ in 0..20 {
+            if Instant::now() >= until {
+                break;
+            }
+            let ep = w.connect_sockaddr(addr).unwrap();
+            let t = Instant::now();
+            while t.elapsed() < Duration::from_millis(3) {
+                w.progress();
+            }
+            n.fetch_add(1, Relaxed);
+            drop(ep);
+            let t = Instant::now();
+            while t.elapsed() < Duration::from_millis(1) {
+                w.progress();
+            }
+        }
+    }
+}
+
+fn clients(addr: SocketAddr) {
+    let secs = env_num("ASYNC_REUSE_SECS", 20);
+    let threads = env_num("ASYNC_REUSE_THREADS", 8);
+    let until = Instant::now() + Duration::from_secs(secs);
+    let n = Arc::new(AtomicU64::new(0));
+    let hs: Vec<_> = (0..threads)
+        .map(|_| {
+            let n = n.clone();
+            std::thread::spawn(move || client(addr, until, n))
+        })
+        .collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+    say(&format!("{} connections", n.load(Relaxed)));
+}
+
+#[test]
+fn many_workers_making_and_closing_sockaddr_connections() {
+    match std::env::var(ROLE).as_deref() {
+        Ok("server") => return serve(),
+        Ok(addr) if addr.starts_with("clients=") => return clients(addr["clients=".len()..].parse().unwrap()),
+        _ => {}
+    }
+    let mut server = self_exe("server").stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    let mut line = String::new();
+    let mut out = BufReader::new(server.stdout.take().unwrap());
+    loop {
+        line.clear();
+        assert_ne!(out.read_line(&mut line).unwrap(), 0, "the server child ended before listening");
+        // After libtest's "test NAME ... " (no newline of its own).
+        if let Some(a) = line.trim().split("listening on ").nth(1) {
+            line = a.to_string();
+            break;
+        }
+    }
+    let o = self_exe(&format!("clients={line}")).output().unwrap();
+    drop(server.stdin.take());
+    let _ = server.wait();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "the clients' process failed ({}):\n{stdout}\n{stderr}", o.status);
+    assert!(stdout.contains(" connections"), "{stdout}\n{stderr}");
+    eprintln!("{}", stdout.lines().find(|l| l.ends_with(" connections")).unwrap_or(""));
+}
