@@ -12,13 +12,18 @@
 //! aborted `dafne-transport`'s `tests/transport.rs` once in CI. Without
 //! `dafne_ucx`'s ordering of handler registrations against those windows
 //! (`src/handler_ids.rs`) this test aborted with that assertion in 2 of 19
-//! runs of 30 s on a loaded 2-core VM (none of 19 with it): a stress test,
-//! it can pass on a run where the race did not happen.
+//! runs of 30 s (`ASYNC_REUSE_SECS=30`) on a loaded 2-core VM (none of 19
+//! with it): a stress test, it can pass on a run where the race did not
+//! happen.
 //!
 //! The listeners run in a child process of their own, as the transport
 //! tests' servers do, so that only the clients' workers share this
 //! process. The test runs its clients in a child too, so that an abort is
-//! a failed assertion here rather than a dead test binary.
+//! a failed assertion here rather than a dead test binary, and a stuck
+//! child (a deadlock) is killed and fails the test past its deadline.
+//!
+//! `ASYNC_REUSE_SECS` (default 20) and `ASYNC_REUSE_THREADS` (default 8)
+//! set the run's length and its client threads.
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -130,6 +135,51 @@ fn clients(addr: SocketAddr) {
     say(&format!("{} connections", n.load(Relaxed)));
 }
 
+/// How long the clients' process may take: its run plus a generous margin
+/// for starting UCX and joining on a loaded machine. Past it the clients
+/// are stuck (a deadlock between workers is this test's other failure:
+/// `handler_ids` orders them with a lock).
+fn clients_deadline() -> Duration {
+    Duration::from_secs(env_num("ASYNC_REUSE_SECS", 20) + 120)
+}
+
+/// Runs `cmd` to its end, its output captured, or kills it at `limit`: a
+/// stuck child fails the test instead of holding CI until its own limit.
+fn run_bounded(mut cmd: Command, limit: Duration) -> std::process::Output {
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    // Read both pipes on threads, so a full pipe never stops the child.
+    let mut so = child.stdout.take().unwrap();
+    let mut se = child.stderr.take().unwrap();
+    let out = std::thread::spawn(move || {
+        let mut b = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut so, &mut b);
+        b
+    });
+    let err = std::thread::spawn(move || {
+        let mut b = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut se, &mut b);
+        b
+    });
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            let (o, e) = (out.join().unwrap(), err.join().unwrap());
+            panic!(
+                "the clients' process did not finish within {limit:?} (stuck: a deadlock?); killed\n{}\n{}",
+                String::from_utf8_lossy(&o),
+                String::from_utf8_lossy(&e)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    std::process::Output { status, stdout: out.join().unwrap(), stderr: err.join().unwrap() }
+}
+
 #[test]
 fn many_workers_making_and_closing_sockaddr_connections() {
     match std::env::var(ROLE).as_deref() {
@@ -149,7 +199,7 @@ fn many_workers_making_and_closing_sockaddr_connections() {
             break;
         }
     }
-    let o = self_exe(&format!("clients={line}")).output().unwrap();
+    let o = run_bounded(self_exe(&format!("clients={line}")), clients_deadline());
     drop(server.stdin.take());
     let _ = server.wait();
     let stdout = String::from_utf8_lossy(&o.stdout);
