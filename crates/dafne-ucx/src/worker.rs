@@ -449,7 +449,10 @@ const ADDRESS_SLACK: usize = 64 * 1024;
 
 /// A listening socket address; dropping it (and every pending
 /// [`ConnRequest`], which keeps the listener alive to reject or accept
-/// against it) stops listening.
+/// against it) stops listening at the worker's next
+/// [`Worker::progress`] or its destruction, not at once (`handler_ids`):
+/// the port stays bound until then, so a caller that listens again on the
+/// same port must progress the worker in between.
 pub struct Listener {
     core: Rc<ListenerCore>,
 }
