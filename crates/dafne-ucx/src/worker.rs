@@ -128,10 +128,21 @@ const CLOSE_PATIENCE: Duration = Duration::from_secs(10);
 
 impl Drop for WorkerInner {
     fn drop(&mut self) {
-        let _window = crate::handler_ids::window();
-        self.start_closes();
+        // A window (`handler_ids`) per progress, not one across the wait:
+        // a registration waiting for the lock would otherwise stop every
+        // other worker of the process for up to the wait's 500 ms, the
+        // peer of these closes among them when it lives in this process
+        // (so the closes could not finish and the worker would be left).
+        // The closes started here are drained by the progress in the same
+        // window.
+        let mut first = true;
         let deadline = Instant::now() + Duration::from_millis(500);
-        while !self.closing.borrow().is_empty() && Instant::now() < deadline {
+        while first || (!self.closing.borrow().is_empty() && Instant::now() < deadline) {
+            let _window = crate::handler_ids::window();
+            if first {
+                self.start_closes();
+                first = false;
+            }
             // SAFETY: not inside a callback (Drop of the last handle runs in
             // user code, never in UCX callbacks: callbacks hold no Worker).
             unsafe { sys::ucp_worker_progress(self.h) };
@@ -153,6 +164,7 @@ impl Drop for WorkerInner {
             std::mem::forget(std::mem::take(&mut *self.closing.borrow_mut()));
             return;
         }
+        let _window = crate::handler_ids::window();
         // SAFETY: endpoints, listeners and keys hold Rc<WorkerInner>, so none
         // remain; the handler boxes (fields) are freed after this call.
         unsafe { sys::ucp_worker_destroy(self.h) };

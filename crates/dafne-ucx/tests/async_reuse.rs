@@ -22,7 +22,7 @@
 //! a failed assertion here rather than a dead test binary, and a stuck
 //! child (a deadlock) is killed and fails the test past its deadline.
 //!
-//! `ASYNC_REUSE_SECS` (default 20) and `ASYNC_REUSE_THREADS` (default 8)
+//! `ASYNC_REUSE_SECS` (default 8, to keep CI short: a longer run, `ASYNC_REUSE_SECS=30`, catches the race more often) and `ASYNC_REUSE_THREADS` (default 8)
 //! set the run's length and its client threads.
 
 use std::io::{BufRead, BufReader};
@@ -119,7 +119,7 @@ fn client(addr: SocketAddr, until: Instant, n: Arc<AtomicU64>) {
 }
 
 fn clients(addr: SocketAddr) {
-    let secs = env_num("ASYNC_REUSE_SECS", 20);
+    let secs = env_num("ASYNC_REUSE_SECS", 8);
     let threads = env_num("ASYNC_REUSE_THREADS", 8);
     let until = Instant::now() + Duration::from_secs(secs);
     let n = Arc::new(AtomicU64::new(0));
@@ -140,7 +140,7 @@ fn clients(addr: SocketAddr) {
 /// are stuck (a deadlock between workers is this test's other failure:
 /// `handler_ids` orders them with a lock).
 fn clients_deadline() -> Duration {
-    Duration::from_secs(env_num("ASYNC_REUSE_SECS", 20) + 120)
+    Duration::from_secs(env_num("ASYNC_REUSE_SECS", 8) + 120)
 }
 
 /// Runs `cmd` to its end, its output captured, or kills it at `limit`: a
