@@ -77,8 +77,11 @@ impl Context {
             ..Default::default()
         };
         let mut h: sys::ucp_context_h = ptr::null_mut();
+        // Opening devices may register handlers (`handler_ids`).
+        let registering = crate::handler_ids::registering();
         // SAFETY: params and config are valid for the call; h is an out-pointer.
         check("ucp_init", unsafe { sys::ucp_init(&params, guard.0, &mut h) })?;
+        drop(registering);
         let ctx = Context {
             inner: Arc::new(ContextInner { h, stats: Stats::default(), key_shape: std::sync::OnceLock::new() }),
         };

@@ -112,6 +112,8 @@ pub(crate) fn create(
     op: &'static str,
 ) -> Result<Endpoint> {
     let mut h: sys::ucp_ep_h = std::ptr::null_mut();
+    // A sockaddr endpoint opens a socket and registers its handler here.
+    let _registering = crate::handler_ids::registering();
     // SAFETY: params is initialised for its field_mask and everything it
     // points to (sockaddr, address, conn_request) is valid for the call; the
     // error-callback argument lives in `err`, kept until the close completes.

@@ -14,6 +14,11 @@
 //!   holds its context. Dropping handles in any order therefore destroys keys
 //!   before endpoints, endpoints before the worker, the worker before the
 //!   context, as UCX requires.
+//! * Workers of one process share UCS's table of async handlers, keyed by
+//!   descriptor number: handler removals (endpoint closes, connection
+//!   rejections, listener destructions) happen only in
+//!   [`Worker::progress`] or a worker's destruction, and registrations wait
+//!   for those to finish (`handler_ids` says why: a UCX 1.13 abort).
 //! * UCX forbids calling `ucp_worker_progress` from a callback. Callbacks here
 //!   only record results (a status in an [`Op`], an event for the caller);
 //!   endpoint closes and AM data releases requested from inside callbacks are
@@ -31,6 +36,7 @@ pub mod acceptgate;
 mod context;
 mod endpoint;
 mod error;
+mod handler_ids;
 pub mod memevents;
 mod memory;
 mod request;

@@ -27,6 +27,11 @@ pub(crate) struct WorkerInner {
     pub(crate) h: sys::ucp_worker_h,
     pub(crate) ctx: Context,
     pending_close: RefCell<Vec<PendingClose>>,
+    /// Connection requests to reject and listeners to destroy, deferred to
+    /// the next progress like endpoint closes (`handler_ids`: handlers are
+    /// removed only inside a window that ends with a drain).
+    pending_reject: RefCell<Vec<(sys::ucp_listener_h, sys::ucp_conn_request_h)>>,
+    pending_listener: RefCell<Vec<(sys::ucp_listener_h, Box<ConnHandlerBox>)>>,
     closing: RefCell<Vec<(Op, Rc<EpErr>, Instant)>>,
     /// A close was given up on ([`CLOSE_PATIENCE`]): its request is still
     /// UCX's, so the worker is not destroyed (see Drop).
@@ -46,7 +51,38 @@ impl WorkerInner {
         self.pending_close.borrow_mut().push(c);
     }
 
+    /// Whether deferred work waits for [`WorkerInner::start_closes`].
+    fn has_pending(&self) -> bool {
+        !self.pending_close.borrow().is_empty()
+            || !self.closing.borrow().is_empty()
+            || !self.pending_reject.borrow().is_empty()
+            || !self.pending_listener.borrow().is_empty()
+    }
+
+    /// Rejects deferred connection requests, then destroys deferred
+    /// listeners (a listener's requests hold it, so its rejections are
+    /// queued before it). Call inside a `handler_ids::window`.
+    fn finish_listeners(&self) {
+        let rejects = std::mem::take(&mut *self.pending_reject.borrow_mut());
+        for (l, r) in rejects {
+            // SAFETY: the request came from listener `l`, which is live (a
+            // listener is destroyed only after the rejections queued before
+            // it, below), and was neither accepted nor rejected before
+            // (ConnRequest's Drop queued it once).
+            unsafe { sys::ucp_listener_reject(l, r) };
+        }
+        let listeners = std::mem::take(&mut *self.pending_listener.borrow_mut());
+        for (h, handler) in listeners {
+            // SAFETY: live listener whose Rust handle is gone, destroyed
+            // once, after its rejections (above); its handler box is freed
+            // after the call.
+            unsafe { sys::ucp_listener_destroy(h) };
+            drop(handler);
+        }
+    }
+
     fn start_closes(&self) {
+        self.finish_listeners();
         let pending = std::mem::take(&mut *self.pending_close.borrow_mut());
         for c in pending {
             let op = Op::new("ucp_ep_close_nbx", Vec::new());
@@ -92,9 +128,21 @@ const CLOSE_PATIENCE: Duration = Duration::from_secs(10);
 
 impl Drop for WorkerInner {
     fn drop(&mut self) {
-        self.start_closes();
+        // A window (`handler_ids`) per progress, not one across the wait:
+        // a registration waiting for the lock would otherwise stop every
+        // other worker of the process for up to the wait's 500 ms, the
+        // peer of these closes among them when it lives in this process
+        // (so the closes could not finish and the worker would be left).
+        // The closes started here are drained by the progress in the same
+        // window.
+        let mut first = true;
         let deadline = Instant::now() + Duration::from_millis(500);
-        while !self.closing.borrow().is_empty() && Instant::now() < deadline {
+        while first || (!self.closing.borrow().is_empty() && Instant::now() < deadline) {
+            let _window = crate::handler_ids::window();
+            if first {
+                self.start_closes();
+                first = false;
+            }
             // SAFETY: not inside a callback (Drop of the last handle runs in
             // user code, never in UCX callbacks: callbacks hold no Worker).
             unsafe { sys::ucp_worker_progress(self.h) };
@@ -116,6 +164,7 @@ impl Drop for WorkerInner {
             std::mem::forget(std::mem::take(&mut *self.closing.borrow_mut()));
             return;
         }
+        let _window = crate::handler_ids::window();
         // SAFETY: endpoints, listeners and keys hold Rc<WorkerInner>, so none
         // remain; the handler boxes (fields) are freed after this call.
         unsafe { sys::ucp_worker_destroy(self.h) };
@@ -142,8 +191,10 @@ impl Worker {
             ..Default::default()
         };
         let mut h: sys::ucp_worker_h = ptr::null_mut();
+        let registering = crate::handler_ids::registering();
         // SAFETY: the context is live (held by the returned worker); h is an out-pointer.
         check("ucp_worker_create", unsafe { sys::ucp_worker_create(ctx.inner.h, &params, &mut h) })?;
+        drop(registering);
         let mut efd: std::ffi::c_int = -1;
         // SAFETY: h was just created; efd is an out-pointer.
         if let Err(e) = check("ucp_worker_get_efd", unsafe { sys::ucp_worker_get_efd(h, &mut efd) }) {
@@ -156,6 +207,8 @@ impl Worker {
                 h,
                 ctx: ctx.clone(),
                 pending_close: RefCell::new(Vec::new()),
+                pending_reject: RefCell::new(Vec::new()),
+                pending_listener: RefCell::new(Vec::new()),
                 closing: RefCell::new(Vec::new()),
                 abandoned: Cell::new(false),
                 handlers: RefCell::new(Vec::new()),
@@ -178,7 +231,11 @@ impl Worker {
             debug_assert!(false, "Worker::progress called from inside a UCX callback");
             return 0;
         }
-        if !self.inner.pending_close.borrow().is_empty() || !self.inner.closing.borrow().is_empty() {
+        // Handlers removed here (closes, rejections, listeners, and what
+        // UCX tears down inside progress) are drained at the end of
+        // ucp_worker_progress, before the window closes (`handler_ids`).
+        let _window = crate::handler_ids::window();
+        if self.inner.has_pending() {
             self.inner.start_closes();
         }
         // SAFETY: the worker is live; we are on its only thread and outside
@@ -326,6 +383,7 @@ impl Worker {
         let boxed: Box<ConnHandlerBox> = Box::new(ConnHandlerBox {
             f: RefCell::new(Box::new(on_request)),
             core: RefCell::new(std::rc::Weak::new()),
+            listener: Cell::new(ptr::null_mut()),
             in_callback: self.inner.in_callback.clone(),
         });
         let arg = &*boxed as *const ConnHandlerBox as *mut std::ffi::c_void;
@@ -336,9 +394,10 @@ impl Worker {
             ..Default::default()
         };
         let mut h: sys::ucp_listener_h = ptr::null_mut();
+        let _registering = crate::handler_ids::registering();
         // SAFETY: params (and the sockaddr it points to) are valid for the
         // call; `boxed` outlives the listener because Listener owns both and
-        // destroys the listener first.
+        // the worker destroys the listener before freeing the box.
         check("ucp_listener_create", unsafe { sys::ucp_listener_create(self.inner.h, &params, &mut h) }).map_err(
             |e| match e.status() {
                 Some(s) if s == Status::BUSY => Error::Invalid {
@@ -348,8 +407,11 @@ impl Worker {
                 _ => e,
             },
         )?;
-        let core = Rc::new(ListenerCore { h, _handler: boxed, worker: self.inner.clone() });
-        *core._handler.core.borrow_mut() = Rc::downgrade(&core);
+        let core = Rc::new(ListenerCore { h, handler: RefCell::new(Some(boxed)), worker: self.inner.clone() });
+        if let Some(b) = core.handler.borrow().as_ref() {
+            *b.core.borrow_mut() = Rc::downgrade(&core);
+            b.listener.set(h);
+        }
         Ok(Listener { core })
     }
 
@@ -399,14 +461,18 @@ const ADDRESS_SLACK: usize = 64 * 1024;
 
 /// A listening socket address; dropping it (and every pending
 /// [`ConnRequest`], which keeps the listener alive to reject or accept
-/// against it) stops listening.
+/// against it) stops listening at the worker's next
+/// [`Worker::progress`] or its destruction, not at once (`handler_ids`):
+/// the port stays bound until then, so a caller that listens again on the
+/// same port must progress the worker in between.
 pub struct Listener {
     core: Rc<ListenerCore>,
 }
 
 struct ListenerCore {
     h: sys::ucp_listener_h,
-    _handler: Box<ConnHandlerBox>,
+    /// Handed to the worker with the listener's destruction (Drop).
+    handler: RefCell<Option<Box<ConnHandlerBox>>>,
     worker: Rc<WorkerInner>,
 }
 
@@ -433,10 +499,12 @@ impl Listener {
 
 impl Drop for ListenerCore {
     fn drop(&mut self) {
-        let _ = &self.worker;
-        // SAFETY: live listener, destroyed once, after every ConnRequest
-        // (they hold this core); the handler box is freed after.
-        unsafe { sys::ucp_listener_destroy(self.h) };
+        // Destroyed by the worker's next progress (or its Drop), inside a
+        // window (`handler_ids`), after the rejections deferred for it:
+        // every ConnRequest (they hold this core) is gone by now.
+        if let Some(handler) = self.handler.borrow_mut().take() {
+            self.worker.pending_listener.borrow_mut().push((self.h, handler));
+        }
     }
 }
 
@@ -445,6 +513,9 @@ type ConnHandlerFn = Box<dyn FnMut(ConnRequest)>;
 struct ConnHandlerBox {
     f: RefCell<ConnHandlerFn>,
     core: RefCell<std::rc::Weak<ListenerCore>>,
+    /// The listener's handle, for requests that arrive after its Rust
+    /// handle is gone and before the worker destroyed it (deferred).
+    listener: Cell<sys::ucp_listener_h>,
     in_callback: Rc<Cell<bool>>,
 }
 
@@ -452,8 +523,17 @@ unsafe extern "C" fn conn_cb(conn_request: sys::ucp_conn_request_h, arg: *mut st
     // SAFETY: arg is the ConnHandlerBox owned by the Listener, alive while
     // the listener exists (UCX calls this only then).
     let hb = unsafe { &*(arg as *const ConnHandlerBox) };
-    let core = hb.core.borrow().upgrade();
-    let req = ConnRequest { h: conn_request, listener: core, consumed: false };
+    let Some(core) = hb.core.borrow().upgrade() else {
+        // The Listener was dropped; its destruction waits for the next
+        // progress. Refuse the request now: this runs inside progress,
+        // whose window drains what the rejection removes (`handler_ids`).
+        // SAFETY: the listener is live until the worker destroys it (not
+        // yet: it does so outside progress), and the request is its own,
+        // handed to nobody else.
+        unsafe { sys::ucp_listener_reject(hb.listener.get(), conn_request) };
+        return;
+    };
+    let req = ConnRequest { h: conn_request, listener: Some(core), consumed: false };
     hb.in_callback.set(true);
     if let Ok(mut f) = hb.f.try_borrow_mut() {
         f(req);
@@ -496,9 +576,10 @@ impl ConnRequest {
 impl Drop for ConnRequest {
     fn drop(&mut self) {
         if let (false, Some(l)) = (self.consumed, &self.listener) {
-            // SAFETY: the request came from this listener, which it keeps
-            // alive, and was neither accepted nor rejected before.
-            unsafe { sys::ucp_listener_reject(l.h, self.h) };
+            // Rejected by the worker's next progress, inside a window
+            // (`handler_ids`), before the listener is destroyed (its
+            // destruction is deferred to the same place, after rejections).
+            l.worker.pending_reject.borrow_mut().push((l.h, self.h));
         }
     }
 }
