@@ -68,7 +68,7 @@ pub fn render(server: &str, s: &IoStats, cap: &Capacity, transport: &TransportSt
         Kind::Counter,
         "Data requests refused for their chain version, by reason: stale (older than the server's), ahead \
          (newer: the server has not heard it yet), not_replica (the server holds no replica of the chain), \
-         not_head (a client's write reached a replica that is not the chain's head).",
+         not_head (a client's request reached a replica that is not the chain's head).",
     );
     for (reason, n) in s.ops.chain_refusals.by_reason() {
         f.sample(&[("reason", reason)], n);

@@ -373,7 +373,23 @@ impl IoService {
             return Err(Errno::EACCES);
         }
         let Some(lease) = &self.lease else { return Ok(Ok(None)) };
+        // A client's read (or stat) of a chain is served by its head only:
+        // another replica may be `syncing` (back after being offline, it
+        // missed writes: what it holds is stale), and its route looks like
+        // a serving tail's (not head, no successor). A client sends to a
+        // replica that does not serve only when none does (its table
+        // names no serving one), and must then get a refusal, not old
+        // bytes.
         if !op.is_forwarded() {
+            if let (Some(c), false) = (chain, forwarded) {
+                if lease.route(c.chain).is_some_and(|r| !r.head) {
+                    return Ok(Err(dafne_proto::io::ChainRefusal {
+                        reason: dafne_proto::io::ChainRefusalReason::NotHead,
+                        chain: c.chain,
+                        version: c.version,
+                    }));
+                }
+            }
             return Ok(Ok(None));
         }
         let Some(c) = chain else {

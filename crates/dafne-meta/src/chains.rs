@@ -142,16 +142,30 @@ pub fn reconcile(stored: &[Chain], built: Vec<Chain>, highest: u64) -> Vec<Chain
 /// as [`crate::members::Membership::offline`] gives them) lost their
 /// lease: in each chain that holds one of them not already `offline`, it
 /// becomes `offline` and moves to the end (the others keep their order,
-/// so the first serving replica heads the chain), and the row's version
-/// goes up by one. Rows that do not change are not returned.
+/// so the first serving replica heads the chain; a `syncing` one going
+/// down goes before the replicas down already, as its copy is stale:
+/// the last of a row is the last to go down of those that served), and
+/// the row's version goes up by one. Rows that do not change are not returned.
 pub fn mark_offline(chains: &[Chain], down: &[u32]) -> Vec<Chain> {
     let goes = |r: &Replica| r.state != ReplicaState::Offline && down.binary_search(&r.server).is_ok();
     chains
         .iter()
         .filter(|c| c.replicas.iter().any(goes))
         .map(|c| {
-            let (gone, mut replicas): (Vec<Replica>, Vec<Replica>) = c.replicas.iter().partition(|r| goes(r));
-            replicas.extend(gone.into_iter().map(|r| Replica { state: ReplicaState::Offline, ..r }));
+            let (gone, stay): (Vec<Replica>, Vec<Replica>) = c.replicas.iter().partition(|r| goes(r));
+            let off = |r: Replica| Replica { state: ReplicaState::Offline, ..r };
+            // A `syncing` replica that goes down is stale: it goes before
+            // the replicas that were down already, so that the last of an
+            // all-`offline` row is one that was `serving` when the last
+            // serving replica went down ([`mark_back`]).
+            let (stale, fresh): (Vec<Replica>, Vec<Replica>) =
+                gone.into_iter().partition(|r| r.state == ReplicaState::Syncing);
+            let (up, down): (Vec<Replica>, Vec<Replica>) =
+                stay.into_iter().partition(|r| r.state != ReplicaState::Offline);
+            let mut replicas = up;
+            replicas.extend(stale.into_iter().map(off));
+            replicas.extend(down);
+            replicas.extend(fresh.into_iter().map(off));
             Chain { id: c.id, version: c.version + 1, replicas }
         })
         .collect()
@@ -163,8 +177,11 @@ pub fn mark_offline(chains: &[Chain], down: &[u32]) -> Vec<Chain> {
 /// replica of the row is `serving` (that one holds the writes it missed:
 /// chain writes reach serving replicas only, and resync is not built, so
 /// it stays `syncing`: it gets no writes and serves no reads), and
-/// `serving` where none is (R = 1, or every replica was down: it holds
-/// the best copy there is).
+/// `serving` where none is if it is the last of the row, the last one to
+/// go down (R = 1; or every replica was down and it holds every write
+/// acknowledged); a replica that went down before another (so missed
+/// what that one served alone) comes back `syncing` there, and the chain
+/// serves nothing until the last one is back.
 pub fn mark_back(chains: &[Chain], server: u32) -> Vec<Chain> {
     let back = |r: &Replica| r.server == server && r.state == ReplicaState::Offline;
     chains
@@ -172,7 +189,14 @@ pub fn mark_back(chains: &[Chain], server: u32) -> Vec<Chain> {
         .filter(|c| c.replicas.iter().any(back))
         .map(|c| {
             let others_serve = c.replicas.iter().any(|r| r.server != server && r.state == ReplicaState::Serving);
-            let state = if others_serve { ReplicaState::Syncing } else { ReplicaState::Serving };
+            // Where none serves, only the last replica of the row went
+            // down holding every acknowledged write ([`mark_offline`]
+            // keeps the last one down at the end); one that went down
+            // before it missed what it served alone, so it comes back
+            // `syncing` (no reads of a stale copy) and the chain waits for
+            // the last one.
+            let last = c.replicas.last().is_some_and(|r| r.server == server);
+            let state = if others_serve || !last { ReplicaState::Syncing } else { ReplicaState::Serving };
             Chain {
                 id: c.id,
                 version: c.version + 1,
@@ -407,6 +431,51 @@ mod tests {
         let restarted = mark_restarted(&one, 0);
         assert_eq!((restarted.len(), restarted[0].version), (1, 3));
         assert_eq!(states(&restarted[0]), vec![(0, Serving)]);
+    }
+
+    /// Two replicas that go down one after the other: the first missed
+    /// what the second alone served (acknowledged writes), so when every
+    /// replica is down the first one back must not serve (its copy is
+    /// stale: reads would miss acknowledged writes, and the fresh one,
+    /// back later, would be `syncing` behind it for good); the last one
+    /// down serves when it comes back. A `syncing` replica that goes down
+    /// is stale too, whatever the order. Failed before: the first back
+    /// served (`mark_back` made it `serving` as no other replica served).
+    #[test]
+    fn when_every_replica_is_down_only_the_last_one_down_serves_again() {
+        use ReplicaState::{Offline, Serving, Syncing};
+        let apply = |chains: &mut Vec<Chain>, changed: Vec<Chain>| replace(chains, &changed);
+        // 1 goes down, 0 serves alone (writes only 0 holds), then 0 too.
+        let mut chains = build(&[0, 1], &[], 2).unwrap();
+        let c = mark_offline(&chains, &[1]);
+        apply(&mut chains, c);
+        let c = mark_offline(&chains, &[0]);
+        apply(&mut chains, c);
+        assert_eq!(states(&chains[0]), vec![(1, Offline), (0, Offline)]);
+        let back = mark_back(&chains, 1);
+        assert_eq!(states(&back[0]), vec![(1, Syncing), (0, Offline)], "the stale replica back first does not serve");
+        apply(&mut chains, back);
+        let back = mark_back(&chains, 0);
+        assert_eq!(states(&back[0]), vec![(1, Syncing), (0, Serving)], "the last one down serves");
+        // 1 back as `syncing` behind 0, then 0 down, then 1 down: 1 is
+        // still the stale one, though it went down last.
+        let mut chains = build(&[0, 1], &[], 2).unwrap();
+        for (server, down) in [(1, true), (1, false), (0, true), (1, true)] {
+            let c = if down { mark_offline(&chains, &[server]) } else { mark_back(&chains, server) };
+            apply(&mut chains, c);
+        }
+        assert!(chains[0].replicas.iter().all(|r| r.state == Offline));
+        let back = mark_back(&chains, 1);
+        assert!(back[0].replicas.iter().all(|r| r.state != Serving), "stale 1 back first: {:?}", states(&back[0]));
+        let back = mark_back(&chains, 0);
+        assert!(back[0].replicas.iter().any(|r| r.server == 0 && r.state == Serving), "{:?}", states(&back[0]));
+        // Down together: the last of the row serves when back first.
+        let mut two = build(&[0, 1], &[], 2).unwrap();
+        let off = mark_offline(&two, &[0, 1]);
+        apply(&mut two, off);
+        let last = two[0].replicas[1].server;
+        let back = mark_back(&two, last);
+        assert!(back[0].replicas.iter().any(|r| r.server == last && r.state == Serving));
     }
 
     #[test]

@@ -207,6 +207,24 @@ fn a_write_sent_to_a_replica_that_is_not_the_head_is_refused() {
     };
     let answer = decode_io_reply(&client.call(encode_io_request(env, &write)).unwrap()).unwrap().2;
     assert!(matches!(answer, Ok(IoResponse::ChainRefused(r)) if r.reason == ChainRefusalReason::NotHead), "{answer:?}");
+    // A client's read (and stat) of the chain goes to its head only: a
+    // replica that is not the head may be `syncing` (back from offline,
+    // missing writes: its route is the same, not head and no successor),
+    // and a client sends it one only when its table names no serving
+    // replica; it must be refused, not answered with what it holds.
+    // Failed before: the follower answered the read with its bytes.
+    let read = IoRequest::Read {
+        cap: h.cap,
+        keys: vec![],
+        extents: vec![IoExtent { offset: 0, len: 6, key: dafne_proto::io::NO_KEY, addr: 0 }],
+        inline_reply: true,
+        keys_follow: None,
+    };
+    let answer = decode_io_reply(&client.call(encode_io_request(env, &read)).unwrap()).unwrap().2;
+    assert!(
+        matches!(answer, Ok(IoResponse::ChainRefused(r)) if r.reason == ChainRefusalReason::NotHead),
+        "a client's read on a replica that is not the head: {answer:?}"
+    );
     // Marked forwarded, from a connection that logged in with a
     // credential (even one that keeps root), not the cluster secret:
     // refused too, before any effect (only a peer io server forwards).
