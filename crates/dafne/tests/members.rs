@@ -902,6 +902,28 @@ fn a_request_to_a_server_that_stays_stopped_fails_with_eio_after_the_retry_deadl
     assert!(data.repeats_after_loss() > 0, "the write did not meet a lost connection");
 }
 
+/// The check of the tests that a meta out of reach holds up no queue: io-0's
+/// `ServerInfo`, posted on `q` while the client's meta is `meta` (stopped),
+/// completes within 20 s (a third of the connect timeout that the meta
+/// call waited out on the queue's driver thread before the fixes); then
+/// meta runs again.
+fn io_0_answers_on_the_queue_while_meta_is_stopped(
+    c: &Cluster,
+    data: &dafne_client::data::DataClient,
+    q: &dafne_client::cq::CompletionQueue,
+    meta: common::cluster::Stopped,
+) {
+    let secret_c = dafne_auth::Secret::load(&c.dir().join("meta").join("cluster.secret")).unwrap();
+    let to_0 = {
+        let d = data.clone();
+        let cap = dafne_client::data::info_capability(&secret_c);
+        q.post(async move { d.server_info(0, cap).await.map(|_| 0) })
+    };
+    let got = q.wait(to_0, Duration::from_secs(20));
+    meta.resume();
+    assert_eq!(got, Ok(0), "io-0's ServerInfo did not complete while the client's meta was stopped");
+}
+
 /// Data requests refused for their chain version by io server `server`
 /// (`io-N`), for `reason` (`stale`, `ahead`, `not_replica`), from its
 /// metrics page (rendered at most once a second: callers wait on it).
@@ -1133,17 +1155,7 @@ fn a_chain_table_fetch_while_meta_is_out_of_reach_does_not_hold_up_a_queue() {
     // The write, refused as stale, asks the session for the table, which
     // tries to reconnect to the stopped meta.
     common::wait_for("the client asking its meta for the table", || data.chain_refetches() > refetched_before);
-    let secret_c = secret(&c);
-    let to_0 = {
-        let d = data.clone();
-        let cap = dafne_client::data::info_capability(&secret_c);
-        q.post(async move { d.server_info(0, cap).await.map(|_| 0) })
-    };
-    // A third of the connect timeout that the fetch waited out on the
-    // driver's thread before the fix.
-    let got = q.wait(to_0, Duration::from_secs(20));
-    meta.resume();
-    assert_eq!(got, Ok(0), "io-0's ServerInfo did not complete while the client's meta was stopped");
+    io_0_answers_on_the_queue_while_meta_is_stopped(&c, &data, &q, meta);
     // Its meta back, the client's table is still older than io-1's
     // version (the other cluster's): the write fails at its deadline.
     assert_eq!(q.wait(to_1, Duration::from_secs(180)), Err(Errno::EIO));
@@ -1337,17 +1349,7 @@ fn a_meta_call_that_reconnects_does_not_hold_up_a_queue() {
         let far = far.clone();
         q.post(async move { far.request_async(Request::GetAttr { ino: root }).await.map(|_| 0) })
     };
-    let secret_c = secret(&c);
-    let to_0 = {
-        let d = data.clone();
-        let cap = dafne_client::data::info_capability(&secret_c);
-        q.post(async move { d.server_info(0, cap).await.map(|_| 0) })
-    };
-    // A third of the connect timeout that the reconnection waited out on
-    // the driver's thread before the fix.
-    let got = q.wait(to_0, Duration::from_secs(20));
-    meta.resume();
-    assert_eq!(got, Ok(0), "io-0's ServerInfo did not complete while the session's meta was stopped");
+    io_0_answers_on_the_queue_while_meta_is_stopped(&c, &data, &q, meta);
     // Its meta back, the call reconnects and is answered (within its
     // retry deadline, 30 s from when it was posted).
     assert_eq!(q.wait(to_meta, Duration::from_secs(120)), Ok(0));
@@ -1411,15 +1413,7 @@ fn a_recap_after_estale_while_meta_is_out_of_reach_does_not_hold_up_a_queue() {
         let (d, stale, bytes) = (data.clone(), stale.clone(), bytes.clone());
         q.post(async move { d.write_at(&stale, 0, &bytes, Stability::FileSync).await })
     };
-    let secret_c = secret(&c);
-    let to_0 = {
-        let d = data.clone();
-        let cap = dafne_client::data::info_capability(&secret_c);
-        q.post(async move { d.server_info(0, cap).await.map(|_| 0) })
-    };
-    let got = q.wait(to_0, Duration::from_secs(20));
-    meta.resume();
-    assert_eq!(got, Ok(0), "io-0's ServerInfo did not complete while the client's meta was stopped");
+    io_0_answers_on_the_queue_while_meta_is_stopped(&c, &data, &q, meta);
     assert_eq!(q.wait(refused, Duration::from_secs(120)), Err(Errno::ESTALE));
 }
 
