@@ -10,7 +10,7 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::cluster::{p, server_metric, server_pid, Again, Cluster};
+use common::cluster::{native_client, p, server_metric, server_pid, Again, Cluster};
 use common::{dafne, text};
 use dafne_proto::io::Stability;
 
@@ -35,28 +35,6 @@ fn chains(dir: &Path) -> Vec<Row> {
             (c["chain"].as_u64().unwrap(), c["health"].as_str().unwrap().to_string(), replicas)
         })
         .collect()
-}
-
-fn native_client(
-    c: &Cluster,
-    name: &str,
-) -> (dafne_transport::Runtime, dafne_client::data::DataClient, dafne_client::file::Fs) {
-    let info: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(c.dir().join("cluster.json")).unwrap()).unwrap();
-    let addr = |v: &serde_json::Value| v.as_str().unwrap().parse::<std::net::SocketAddr>().unwrap();
-    let io: Vec<std::net::SocketAddr> = info["io"].as_array().unwrap().iter().map(addr).collect();
-    let ucx: Vec<(String, String)> = serde_json::from_value(info["ucx"].clone()).unwrap();
-    let rt = dafne_transport::Runtime::new(dafne_transport::RuntimeOptions {
-        name: name.into(),
-        ucx_config: ucx,
-        ..Default::default()
-    })
-    .unwrap();
-    let secret = dafne_auth::Secret::load(&c.dir().join("meta").join("cluster.secret")).unwrap();
-    let session = dafne_client::MetaSession::connect(&rt, addr(&info["meta"]), &secret, name, 0, 0).unwrap();
-    let data = dafne_client::data::DataClient::connect(&rt, &io, &secret).unwrap();
-    let fs = dafne_client::file::Fs::new(session, data.clone());
-    (rt, data, fs)
 }
 
 /// Whether a chunk file of io server `io` holds `want` from offset 0.

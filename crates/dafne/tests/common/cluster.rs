@@ -334,3 +334,28 @@ impl Drop for Restarted {
         let _ = self.0.wait();
     }
 }
+
+/// A client of cluster `c` in this process named `name`: its runtime (first,
+/// so that a destructuring binding drops it last), data client and file
+/// layer (over a session of the cluster secret).
+pub fn native_client(
+    c: &Cluster,
+    name: &str,
+) -> (dafne_transport::Runtime, dafne_client::data::DataClient, dafne_client::file::Fs) {
+    let info: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(c.dir().join("cluster.json")).unwrap()).unwrap();
+    let addr = |v: &serde_json::Value| v.as_str().unwrap().parse::<std::net::SocketAddr>().unwrap();
+    let io: Vec<std::net::SocketAddr> = info["io"].as_array().unwrap().iter().map(addr).collect();
+    let ucx: Vec<(String, String)> = serde_json::from_value(info["ucx"].clone()).unwrap();
+    let rt = dafne_transport::Runtime::new(dafne_transport::RuntimeOptions {
+        name: name.into(),
+        ucx_config: ucx,
+        ..Default::default()
+    })
+    .unwrap();
+    let secret = dafne_auth::Secret::load(&c.dir().join("meta").join("cluster.secret")).unwrap();
+    let session = dafne_client::MetaSession::connect(&rt, addr(&info["meta"]), &secret, name, 0, 0).unwrap();
+    let data = dafne_client::data::DataClient::connect(&rt, &io, &secret).unwrap();
+    let fs = dafne_client::file::Fs::new(session, data.clone());
+    (rt, data, fs)
+}
